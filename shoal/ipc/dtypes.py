@@ -2,11 +2,13 @@
 
 BYTES tensors use Triton's serialized layout: for every element, a 4-byte little-endian length
 followed by that many bytes. Encoding and decoding avoid per-element Python work beyond what
-building Python ``bytes`` objects needs.
+building Python ``bytes`` objects needs: prefixes and payloads are placed with NumPy scatter
+operations, and a tensor whose elements all have one length is decoded without any Python loop.
 """
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Sequence
 
 import numpy as np
@@ -35,7 +37,8 @@ _LENGTH = np.dtype("<u4")
 
 
 class BytesFormatError(ValueError):
-    """A serialized BYTES buffer is malformed (a length prefix runs past the end, or extra bytes)."""
+    """A serialized BYTES buffer is malformed: a length prefix runs past the end, or bytes are
+    left over."""
 
 
 def element_size(datatype: str) -> int | None:
@@ -69,35 +72,89 @@ def numpy_to_datatype(dtype: np.dtype) -> str:
     raise TypeError(f"NumPy dtype {dtype} has no KServe V2 datatype")
 
 
+_U32 = struct.Struct("<I")
+# Below this many elements, or above this mean element length, per-element slice copies are cheaper
+# than building the NumPy index arrays of the vectorised paths.
+_SMALL_COUNT = 64
+_LARGE_ITEM = 1024
+
+
 def _as_bytes_items(array: np.ndarray) -> list[bytes]:
     flat = array.reshape(-1)
     if array.dtype.kind == "S":
-        return flat.tolist()  # type: ignore[no-any-return]
+        return flat.tolist()
     if array.dtype.kind == "U":
         return [item.encode("utf-8") for item in flat.tolist()]
-    items: list[bytes] = []
-    for item in flat.tolist():
-        if isinstance(item, bytes):
-            items.append(item)
-        elif isinstance(item, str):
-            items.append(item.encode("utf-8"))
-        else:
-            items.append(str(item).encode("utf-8"))
-    return items
+    items: list[bytes] = flat.tolist()
+    if set(map(type, items)) <= {bytes}:
+        return items
+    return [_to_bytes(item) for item in items]
+
+
+def _to_bytes(item: object) -> bytes:
+    if isinstance(item, bytes):
+        return item
+    if isinstance(item, str):
+        return item.encode("utf-8")
+    return str(item).encode("utf-8")
 
 
 def serialize_bytes(array: np.ndarray) -> bytes:
     """Serialize a BYTES array (object of bytes/str, ``S`` or ``U``) in row-major order."""
     items = _as_bytes_items(array)
-    if not items:
-        return b""
-    lengths = np.fromiter(map(len, items), dtype=_LENGTH, count=len(items))
-    # Interleave prefixes and payloads with one join: prefix_i + item_i for every element.
-    prefixes = lengths.tobytes()
-    parts: list[bytes] = [b""] * (2 * len(items))
-    parts[0::2] = [prefixes[4 * i : 4 * i + 4] for i in range(len(items))]
-    parts[1::2] = items
-    return b"".join(parts)
+    out = bytearray(4 * len(items) + sum(map(len, items)))
+    _place(items, np.frombuffer(out, dtype=np.uint8))
+    return bytes(out)
+
+
+def serialize_bytes_into(array: np.ndarray, dest: memoryview) -> None:
+    """Serialize a BYTES array straight into ``dest``, which must be exactly the right size."""
+    items = _as_bytes_items(array)
+    needed = 4 * len(items) + sum(map(len, items))
+    if dest.nbytes != needed:
+        raise ValueError(
+            f"BYTES tensor of shape {list(array.shape)} needs {needed} bytes serialized, "
+            f"the destination holds {dest.nbytes}"
+        )
+    if needed:
+        _place(items, np.frombuffer(dest, dtype=np.uint8))
+
+
+def _place(items: list[bytes], out: np.ndarray) -> None:
+    """Write prefix + payload for every item into ``out`` (exactly the serialized size)."""
+    count = len(items)
+    if not count:
+        return
+    lengths = np.fromiter(map(len, items), dtype=np.int64, count=count)
+    if int(lengths.max()) >= 1 << 32:
+        raise ValueError("a BYTES element is longer than a 4-byte length prefix allows")
+    payload = np.frombuffer(b"".join(items), dtype=np.uint8)
+    prefixes = lengths.astype(_LENGTH).view(np.uint8).reshape(count, 4)
+    first = int(lengths[0])
+    if bool((lengths == first).all()):
+        rows = out.reshape(count, 4 + first)
+        rows[:, :4] = prefixes
+        rows[:, 4:] = payload.reshape(count, first)
+        return
+    starts = np.zeros(count, dtype=np.int64)
+    np.cumsum(lengths[:-1] + 4, out=starts[1:])
+    if count <= _SMALL_COUNT or payload.size >= _LARGE_ITEM * count:
+        _place_each(items, starts, prefixes, out)
+        return
+    prefix_at = (starts[:, None] + np.arange(4)).reshape(-1)
+    out[prefix_at] = prefixes.reshape(-1)
+    is_payload = np.ones(out.size, dtype=np.bool_)
+    is_payload[prefix_at] = False
+    out[is_payload] = payload
+
+
+def _place_each(
+    items: list[bytes], starts: np.ndarray, prefixes: np.ndarray, out: np.ndarray
+) -> None:
+    view = memoryview(out)  # type: ignore[arg-type]
+    for index, (start, item) in enumerate(zip(starts.tolist(), items, strict=True)):
+        view[start : start + 4] = prefixes[index].tobytes()
+        view[start + 4 : start + 4 + len(item)] = item
 
 
 def serialized_bytes_size(array: np.ndarray) -> int:
@@ -112,26 +169,57 @@ def deserialize_bytes(buffer: bytes | memoryview, count: int | None = None) -> n
     With ``count``, exactly that many elements must fill the whole buffer; otherwise the buffer is
     read to its end. Every length prefix is validated.
     """
-    view = memoryview(buffer).cast("B")
-    total = len(view)
+    raw = buffer if isinstance(buffer, bytes) else memoryview(buffer).cast("B").tobytes()
+    items = _decode_uniform(raw, count)
+    if items is None:
+        items = _decode_walk(raw, count)
+    result = np.empty(len(items), dtype=np.object_)
+    result[:] = items
+    return result
+
+
+def _decode_uniform(raw: bytes, count: int | None) -> list[bytes] | None:
+    """Vectorised decode when every element has the first element's length; else None."""
+    total = len(raw)
+    if total < 4 or (count is not None and count < _SMALL_COUNT):
+        return None
+    first = _U32.unpack_from(raw, 0)[0]
+    record = 4 + first
+    if total % record or (count is not None and total // record != count):
+        return None
+    rows = np.frombuffer(raw, dtype=np.uint8).reshape(total // record, record)
+    prefixes = np.ascontiguousarray(rows[:, :4]).view(_LENGTH).reshape(-1)
+    if not bool((prefixes == first).all()):
+        return None
+    if first == 0:
+        return [b""] * len(prefixes)
+    payloads = np.ascontiguousarray(rows[:, 4:]).view(f"V{first}").reshape(-1)
+    return payloads.tolist()
+
+
+def _decode_walk(raw: bytes, count: int | None) -> list[bytes]:
+    total = len(raw)
+    unpack = _U32.unpack_from
     items: list[bytes] = []
+    append = items.append
     offset = 0
-    raw = view.tobytes() if not isinstance(buffer, bytes) else buffer
-    while offset < total and (count is None or len(items) < count):
+    # Every element takes at least its 4-byte prefix, which bounds an unknown count.
+    for index in range((total + 3) // 4 if count is None else count):
+        if offset == total:
+            break
         if offset + 4 > total:
             raise BytesFormatError(
-                f"BYTES element {len(items)}: length prefix at byte {offset} is cut off "
+                f"BYTES element {index}: length prefix at byte {offset} is cut off "
                 f"(buffer has {total} bytes)"
             )
-        length = int.from_bytes(raw[offset : offset + 4], "little")
-        start = offset + 4
-        end = start + length
+        length = unpack(raw, offset)[0]
+        end = offset + 4 + length
         if end > total:
             raise BytesFormatError(
-                f"BYTES element {len(items)}: length {length} at byte {offset} runs past the end "
+                f"BYTES element {index}: length {length} at byte {offset} runs past the end "
                 f"of the {total}-byte buffer"
             )
-        items.append(raw[start:end])
+        append(raw[offset + 4 : end])
         offset = end
     if count is not None and len(items) != count:
         raise BytesFormatError(f"BYTES buffer holds {len(items)} elements, expected {count}")
@@ -139,6 +227,4 @@ def deserialize_bytes(buffer: bytes | memoryview, count: int | None = None) -> n
         raise BytesFormatError(
             f"BYTES buffer has {total - offset} bytes left after {len(items)} elements"
         )
-    result = np.empty(len(items), dtype=np.object_)
-    result[:] = items
-    return result
+    return items

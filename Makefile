@@ -1,0 +1,45 @@
+# The two commands of the README: `make serve` and `make test`.
+VENV ?= .venv
+PYTHON ?= python3
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.shoal-installed
+REPO ?= model_repository
+HTTP_PORT ?= 8000
+
+.PHONY: serve test check lint typecheck unit integration protos bench-ipc clean
+
+$(STAMP): setup.cfg pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+serve: $(STAMP)
+	$(BIN)/shoal serve --model-repository $(REPO) --http-port $(HTTP_PORT)
+
+test: check
+
+check: lint typecheck
+	$(BIN)/python -m pytest -q
+
+lint: $(STAMP)
+	$(BIN)/ruff format --check shoal tests benchmarks scripts
+	$(BIN)/ruff check shoal tests benchmarks scripts
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+unit: $(STAMP)
+	$(BIN)/python -m pytest -q tests/unit
+
+integration: $(STAMP)
+	$(BIN)/python -m pytest -q tests/integration
+
+protos: $(STAMP)
+	$(BIN)/python scripts/gen_protos.py
+
+bench-ipc: $(STAMP)
+	$(BIN)/python -m benchmarks.ipc
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,148 @@
+"""``shoal`` command line: ``shoal serve`` with tritonserver's flag names where they overlap.
+
+Signals are handled here only; library code raises and this module turns errors into exit codes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+
+from shoal.supervisor.options import MIB, ArenaOptions, ServerOptions
+
+
+def parse_bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got '{text}'")
+
+
+def parse_backend_config(text: str) -> tuple[str, str, str]:
+    """``python,shm-default-byte-size=1048576`` → ('python', 'shm-default-byte-size', '1048576')."""
+    backend, sep, setting = text.partition(",")
+    key, eq, value = setting.partition("=")
+    if not sep or not eq or not backend or not key:
+        raise argparse.ArgumentTypeError(
+            f"--backend-config expects <backend>,<setting>=<value>, got '{text}'"
+        )
+    return backend, key, value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="shoal", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="serve a Triton-style model repository")
+    serve.add_argument("--model-repository", "--model-store", action="append", required=True,
+                       dest="model_repository", help="model repository path (repeatable)")
+    serve.add_argument("--http-address", default="0.0.0.0")
+    serve.add_argument("--http-port", type=int, default=8000, help="0 binds a free port")
+    serve.add_argument("--grpc-address", default="0.0.0.0")
+    serve.add_argument("--grpc-port", type=int, default=8001)
+    serve.add_argument("--metrics-address", default="0.0.0.0")
+    serve.add_argument("--metrics-port", type=int, default=8002)
+    serve.add_argument("--allow-http", type=parse_bool, default=True)
+    serve.add_argument("--allow-grpc", type=parse_bool, default=True)
+    serve.add_argument("--allow-metrics", type=parse_bool, default=True)
+    serve.add_argument("--model-control-mode", choices=["none"], default="none",
+                       help="only 'none' so far (explicit and poll are not implemented yet)")
+    serve.add_argument("--load-model", action="append", default=[])
+    serve.add_argument("--strict-model-config", type=parse_bool, default=False)
+    serve.add_argument("--strict-readiness", type=parse_bool, default=True)
+    serve.add_argument("--exit-on-error", type=parse_bool, default=False,
+                       help="exit when a model fails to load (default: keep serving the others)")
+    serve.add_argument("--backend-config", action="append", type=parse_backend_config,
+                       default=[], help="<backend>,<setting>=<value>, e.g. "
+                       "python,shm-default-byte-size=67108864")
+    serve.add_argument("--log-verbose", type=int, default=0)
+    serve.add_argument("--exit-timeout-secs", type=float, default=30.0)
+    serve.add_argument("--http-max-input-size", type=int, default=64 * MIB)
+    return parser
+
+
+def _arena_options(settings: Sequence[tuple[str, str, str]]) -> ArenaOptions:
+    """Triton's python-backend shm knobs, applied to shoal's arenas."""
+    values = {}
+    for backend, key, value in settings:
+        if backend != "python":
+            continue
+        try:
+            values[key] = int(value)
+        except ValueError:
+            raise SystemExit(f"shoal: --backend-config python,{key} needs an integer") from None
+    defaults = ArenaOptions()
+    initial = values.get("shm-default-byte-size")
+    return ArenaOptions(
+        input_initial_bytes=initial or defaults.input_initial_bytes,
+        output_initial_bytes=initial or defaults.output_initial_bytes,
+        growth_bytes=values.get("shm-growth-byte-size", defaults.growth_bytes),
+        limit_bytes=values.get("shm-limit-byte-size", defaults.limit_bytes),
+    )
+
+
+def options_from_args(args: argparse.Namespace) -> ServerOptions:
+    return ServerOptions(
+        model_repositories=tuple(args.model_repository),
+        http_address=args.http_address,
+        http_port=args.http_port,
+        grpc_address=args.grpc_address,
+        grpc_port=args.grpc_port,
+        metrics_address=args.metrics_address,
+        metrics_port=args.metrics_port,
+        allow_http=args.allow_http,
+        allow_grpc=args.allow_grpc,
+        allow_metrics=args.allow_metrics,
+        model_control_mode=args.model_control_mode,
+        load_models=tuple(args.load_model),
+        strict_model_config=args.strict_model_config,
+        strict_readiness=args.strict_readiness,
+        exit_on_error=args.exit_on_error,
+        exit_timeout_secs=args.exit_timeout_secs,
+        log_verbose=args.log_verbose,
+        http_max_input_size=args.http_max_input_size,
+        arenas=_arena_options(args.backend_config),
+        backend_config=tuple(args.backend_config),
+    )
+
+
+def _configure_logging(verbose: int) -> None:
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname).1s %(name)s] %(message)s",
+    )
+
+
+async def _serve(options: ServerOptions) -> int:
+    from shoal.server import run_server
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    return await run_server(options, stop)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "serve":
+        options = options_from_args(args)
+        _configure_logging(options.log_verbose)
+        import uvloop
+
+        try:
+            return int(uvloop.run(_serve(options)))
+        except (FileNotFoundError, OSError) as error:
+            logging.getLogger("shoal").error("%s", error)
+            return 1
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,137 @@
+"""Validation of ensembles: the steps and the flow of tensors from inputs to outputs."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from shoal.protos import model_config_pb2 as pb
+
+from .defaults import ENSEMBLE_PLATFORM
+from .errors import ConfigError, FieldPath
+
+_STEPS: FieldPath = ("ensemble_scheduling", "step")
+
+
+@dataclass
+class _Tensor:
+    producer: int | None = None  # index of the step whose output_map writes it
+    consumers: list[int] = field(default_factory=list)
+    ready: bool = False
+
+
+def validate_ensemble(config: pb.ModelConfig, model: str) -> None:
+    """Raise :class:`ConfigError` for the first problem in an ensemble's configuration."""
+    _check_shape(config, model)
+    tensors = _build_graph(config.ensemble_scheduling.step, model)
+    _check_flow(config, tensors, model)
+
+
+def _check_shape(config: pb.ModelConfig, model: str) -> None:
+    if config.platform != ENSEMBLE_PLATFORM:
+        raise ConfigError(
+            f"{model} has ensemble_scheduling but platform '{config.platform}': set "
+            'platform: "ensemble" (and no backend) or remove ensemble_scheduling',
+            field_path=("platform",) if config.platform else ("ensemble_scheduling",),
+        )
+    if not config.HasField("ensemble_scheduling"):
+        raise ConfigError(
+            f'{model} has platform "ensemble" but no ensemble_scheduling: add '
+            "ensemble_scheduling { step [ ... ] } with the steps to run",
+            field_path=("platform",),
+        )
+    if not config.ensemble_scheduling.step:
+        raise ConfigError(
+            f"{model} is an ensemble without steps: add step [ ... ] to ensemble_scheduling",
+            field_path=("ensemble_scheduling",),
+        )
+    for name in ("instance_group", "model_warmup"):
+        if getattr(config, name):
+            raise ConfigError(
+                f"{model} is an ensemble and cannot have {name}: remove it (each step's model "
+                "has its own)",
+                field_path=(name,),
+            )
+    if config.HasField("optimization"):
+        raise ConfigError(
+            f"{model} is an ensemble and cannot have optimization: remove it",
+            field_path=("optimization",),
+        )
+
+
+def _build_graph(steps: Sequence[pb.ModelEnsembling.Step], model: str) -> dict[str, _Tensor]:
+    tensors: dict[str, _Tensor] = {}
+    for index, step in enumerate(steps):
+        where = (*_STEPS, index)
+        for name in ("model_name", "input_map", "output_map"):
+            if not getattr(step, name):
+                raise ConfigError(
+                    f"step {index} of ensemble {model} has no {name}: add it", field_path=where
+                )
+        for tensor_name in step.input_map.values():
+            tensors.setdefault(tensor_name, _Tensor()).consumers.append(index)
+        for tensor_name in step.output_map.values():
+            tensor = tensors.setdefault(tensor_name, _Tensor())
+            if tensor.producer is not None:
+                raise ConfigError(
+                    f"ensemble tensor '{tensor_name}' of {model} is written by steps "
+                    f"{tensor.producer} and {index}: each tensor must have one producer; rename "
+                    "one of them in output_map",
+                    field_path=(*where, "output_map"),
+                )
+            tensor.producer = index
+    return tensors
+
+
+def _check_flow(config: pb.ModelConfig, tensors: dict[str, _Tensor], model: str) -> None:
+    steps = config.ensemble_scheduling.step
+    for index, model_input in enumerate(config.input):
+        if model_input.name not in tensors or not tensors[model_input.name].consumers:
+            raise ConfigError(
+                f"ensemble input '{model_input.name}' of {model} is not used by any step: map it "
+                "in a step's input_map or remove the input",
+                field_path=("input", index),
+            )
+        tensors[model_input.name].ready = True
+    _propagate(steps, tensors)
+    outputs = {model_output.name for model_output in config.output}
+    for index, model_output in enumerate(config.output):
+        if model_output.name not in tensors:
+            raise ConfigError(
+                f"ensemble output '{model_output.name}' of {model} is not written by any step: "
+                "map a step's output to it in output_map",
+                field_path=("output", index),
+            )
+    for name, tensor in tensors.items():
+        if not tensor.ready:
+            step = tensor.consumers[0] if tensor.producer is None else tensor.producer
+            raise ConfigError(
+                f"ensemble tensor '{name}' of {model} cannot be computed: step {step} needs it "
+                "but it is neither an ensemble input nor written by a step that can run (check "
+                "the names in input_map and output_map)",
+                field_path=(*_STEPS, step),
+            )
+        if not tensor.consumers and name not in outputs:
+            raise ConfigError(
+                f"ensemble tensor '{name}' of {model} is written by step {tensor.producer} but "
+                "no step reads it and it is not an ensemble output: use it or remove it from "
+                "output_map",
+                field_path=(*_STEPS, tensor.producer or 0, "output_map"),
+            )
+
+
+def _propagate(steps: Sequence[pb.ModelEnsembling.Step], tensors: dict[str, _Tensor]) -> None:
+    """Mark every tensor that can be computed from the ensemble inputs as ready."""
+    pending = set(range(len(steps)))
+    progress = True
+    while progress:
+        progress = False
+        for index in sorted(pending):
+            if all(tensors[name].ready for name in steps[index].input_map.values()):
+                for name in steps[index].output_map.values():
+                    tensors[name].ready = True
+                pending.discard(index)
+                progress = True
+
+
+__all__ = ["validate_ensemble"]

@@ -1,0 +1,246 @@
+"""Checks on a completed ModelConfig; each failure says what to change.
+
+The checks follow Triton's (so a configuration Triton rejects is rejected here too), with
+messages that name the model, the field and the fix. Run them after :func:`fill_defaults`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from shoal.protos import model_config_pb2 as pb
+
+from ._checks import WILDCARD_DIM, check_dims, check_preferred_sizes, shape_text
+from ._ensemble import validate_ensemble
+from ._sequence import validate_sequence_batching
+from .defaults import ENSEMBLE_PLATFORM
+from .errors import ConfigError, FieldPath
+
+_Kind = pb.ModelInstanceGroup
+_Tensor = pb.ModelInput | pb.ModelOutput
+
+
+def validate_config(config: pb.ModelConfig, *, gpus: Sequence[int] = ()) -> list[str]:
+    """Raise :class:`ConfigError` for the first problem in ``config``; return warnings.
+
+    ``gpus`` are the GPU ids this server may use (instance groups may only name those). The
+    returned warnings describe settings that are accepted but have no effect.
+    """
+    model = f"model '{config.name}'"
+    _check_backend(config, model)
+    if config.max_batch_size < 0:
+        raise ConfigError(
+            f"{model} has max_batch_size {config.max_batch_size}: use 0 for a model that does "
+            "not batch, or the largest batch it accepts",
+            field_path=("max_batch_size",),
+        )
+    _check_tensors(config.input, "input", config.max_batch_size, model)
+    _check_tensors(config.output, "output", config.max_batch_size, model)
+    _check_version_policy(config.version_policy, model)
+    warnings = _check_dynamic_batching(config, model)
+    if config.HasField("sequence_batching"):
+        validate_sequence_batching(config.sequence_batching, config.max_batch_size, model)
+    if config.HasField("ensemble_scheduling") or config.platform == ENSEMBLE_PLATFORM:
+        validate_ensemble(config, model)
+    else:
+        _check_instance_groups(config.instance_group, sorted(set(gpus)), model)
+    return warnings
+
+
+def _check_backend(config: pb.ModelConfig, model: str) -> None:
+    if not config.backend and not config.platform:
+        raise ConfigError(
+            f'{model} does not say what runs it: add backend: "python" (for a model.py) to '
+            'its config.pbtxt, or platform: "ensemble" for an ensemble',
+            field_path=("backend",),
+        )
+
+
+def _check_tensors(tensors: Iterable[_Tensor], kind: str, max_batch_size: int, model: str) -> None:
+    seen: dict[str, int] = {}
+    for index, tensor in enumerate(tensors):
+        where: FieldPath = (kind, index)
+        if not tensor.name:
+            raise ConfigError(
+                f'{kind} {index} of {model} has no name: add name: "..." to it', field_path=where
+            )
+        label = f"{kind} '{tensor.name}' of {model}"
+        if tensor.name in seen:
+            raise ConfigError(
+                f"{label} is declared twice ({kind}s {seen[tensor.name]} and {index}): "
+                f"give each {kind} its own name or remove one",
+                field_path=where,
+            )
+        seen[tensor.name] = index
+        _check_tensor(tensor, label, max_batch_size, where)
+
+
+def _check_tensor(tensor: _Tensor, label: str, max_batch_size: int, where: FieldPath) -> None:
+    if tensor.data_type == pb.TYPE_INVALID:
+        raise ConfigError(
+            f"{label} has no data_type: add data_type: TYPE_FP32 (or the type it carries; "
+            "TYPE_STRING for BYTES)",
+            field_path=(*where, "data_type"),
+        )
+    if not tensor.dims:
+        raise ConfigError(
+            f"{label} has no dims: add dims: [ ... ] (use [ 1 ] for one value per batch item, "
+            "-1 for a variable-size dimension)",
+            field_path=(*where, "dims"),
+        )
+    check_dims(tensor.dims, f"{label} has dims", (*where, "dims"))
+    if tensor.HasField("reshape"):
+        _check_reshape(tensor, label, max_batch_size, (*where, "reshape"))
+    if isinstance(tensor, pb.ModelInput):
+        _check_format(tensor, label, where)
+
+
+def _check_format(tensor: pb.ModelInput, label: str, where: FieldPath) -> None:
+    if tensor.format != pb.ModelInput.FORMAT_NONE and len(tensor.dims) != 3:
+        raise ConfigError(
+            f"{label} has format {pb.ModelInput.Format.Name(tensor.format)}, which needs "
+            f"exactly 3 dims, but has {shape_text(tensor.dims)}: fix dims or use FORMAT_NONE",
+            field_path=(*where, "format"),
+        )
+
+
+def _check_reshape(tensor: _Tensor, label: str, max_batch_size: int, where: FieldPath) -> None:
+    shape = tensor.reshape.shape
+    if not shape and max_batch_size == 0:
+        raise ConfigError(
+            f"{label} has an empty reshape, which a model without batching cannot use (the "
+            "tensor would hold no data): remove the reshape or set max_batch_size",
+            field_path=where,
+        )
+    check_dims(shape, f"{label} has reshape", (*where, "shape"))
+    if _chunk_counts(tensor.dims) != _chunk_counts(shape):
+        raise ConfigError(
+            f"{label} has dims {shape_text(tensor.dims)} and reshape {shape_text(shape)}, which "
+            "hold different numbers of elements: the reshape must keep the element count (and "
+            "the same -1 dimensions between equal-sized runs of fixed ones)",
+            field_path=where,
+        )
+
+
+def _chunk_counts(dims: Sequence[int]) -> list[int]:
+    """Element counts of the runs of fixed dimensions between variable (-1) ones."""
+    counts = [1]
+    for dim in dims:
+        if dim == WILDCARD_DIM:
+            counts.append(1)
+        else:
+            counts[-1] *= dim
+    return counts
+
+
+def _check_version_policy(policy: pb.ModelVersionPolicy, model: str) -> None:
+    choice = policy.WhichOneof("policy_choice")
+    if choice == "latest" and policy.latest.num_versions < 1:
+        raise ConfigError(
+            f"{model} has version_policy latest with num_versions 0: serve at least one "
+            "version (num_versions: 1)",
+            field_path=("version_policy", "latest", "num_versions"),
+        )
+    if choice == "specific":
+        versions = list(policy.specific.versions)
+        if not versions or min(versions) < 0:
+            raise ConfigError(
+                f"{model} has version_policy specific with versions {versions}: list the "
+                "version numbers (directory names, 0 or more) to serve",
+                field_path=("version_policy", "specific", "versions"),
+            )
+
+
+def _check_dynamic_batching(config: pb.ModelConfig, model: str) -> list[str]:
+    if not config.HasField("dynamic_batching"):
+        return []
+    batching = config.dynamic_batching
+    where: FieldPath = ("dynamic_batching",)
+    check_preferred_sizes(
+        batching.preferred_batch_size,
+        config.max_batch_size,
+        model,
+        "dynamic_batching",
+        (*where, "preferred_batch_size"),
+    )
+    _check_priorities(batching, model, where)
+    if batching.preserve_ordering:
+        _check_ordering(batching, model, where)
+    if config.max_batch_size == 0:
+        return [
+            f"{model} has dynamic_batching but max_batch_size 0, so requests are queued and "
+            "run one at a time, never batched: set max_batch_size to batch them"
+        ]
+    return []
+
+
+def _check_priorities(batching: pb.ModelDynamicBatching, model: str, where: FieldPath) -> None:
+    levels = batching.priority_levels
+    if levels == 0:
+        return
+    if not 1 <= batching.default_priority_level <= levels:
+        raise ConfigError(
+            f"{model} has dynamic_batching default_priority_level "
+            f"{batching.default_priority_level}: with priority_levels {levels} it must be "
+            f"between 1 and {levels}",
+            field_path=(*where, "default_priority_level"),
+        )
+    for level in batching.priority_queue_policy:
+        if not 1 <= level <= levels:
+            raise ConfigError(
+                f"{model} has a dynamic_batching priority_queue_policy for level {level}: with "
+                f"priority_levels {levels} the levels are 1 to {levels}",
+                field_path=(*where, "priority_queue_policy"),
+            )
+
+
+def _check_ordering(batching: pb.ModelDynamicBatching, model: str, where: FieldPath) -> None:
+    if batching.priority_levels > 1:
+        raise ConfigError(
+            f"{model} has dynamic_batching preserve_ordering with priority_levels "
+            f"{batching.priority_levels}: responses can keep request order only with one "
+            "priority level; remove one of the two",
+            field_path=(*where, "preserve_ordering"),
+        )
+    policies = [batching.default_queue_policy, *batching.priority_queue_policy.values()]
+    for policy in policies:
+        if policy.default_timeout_microseconds and policy.timeout_action == policy.DELAY:
+            raise ConfigError(
+                f"{model} has dynamic_batching preserve_ordering with a queue policy whose "
+                "timeout_action is DELAY: delayed requests would reorder responses; use REJECT "
+                "or remove preserve_ordering",
+                field_path=(*where, "preserve_ordering"),
+            )
+
+
+def _check_instance_groups(
+    groups: Iterable[pb.ModelInstanceGroup], gpus: list[int], model: str
+) -> None:
+    for index, group in enumerate(groups):
+        where: FieldPath = ("instance_group", index)
+        label = f"instance group '{group.name}' of {model}"
+        kind = _Kind.Kind.Name(group.kind)
+        if group.kind == _Kind.KIND_GPU:
+            if not group.gpus:
+                raise ConfigError(
+                    f"{label} has kind KIND_GPU but no GPUs are available: use kind: KIND_CPU "
+                    "or run where a GPU is visible",
+                    field_path=(*where, "kind"),
+                )
+            for gpu in group.gpus:
+                if gpu not in gpus:
+                    available = ", ".join(map(str, gpus)) or "none"
+                    raise ConfigError(
+                        f"{label} lists GPU {gpu}, which is not available (available GPUs: "
+                        f"{available}): change gpus",
+                        field_path=(*where, "gpus"),
+                    )
+        elif group.gpus:
+            raise ConfigError(
+                f"{label} has kind {kind} but lists gpus {list(group.gpus)}: remove gpus, or "
+                "use kind: KIND_GPU",
+                field_path=(*where, "gpus"),
+            )
+
+
+__all__ = ["WILDCARD_DIM", "validate_config"]

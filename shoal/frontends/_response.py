@@ -1,0 +1,101 @@
+"""Encode an :class:`InferResponse` as a V2 infer response body.
+
+JSON outputs carry ``data`` as a flat row-major list. Binary outputs (binary tensor data
+extension) carry ``parameters.binary_data_size`` and their bytes follow the JSON header, in output
+order; the ``Inference-Header-Content-Length`` header gives the JSON header's size. Outputs the
+client placed in shared memory carry neither. The body is returned as chunks (header bytes, then
+the outputs' own memoryviews) so that the caller copies the tensor bytes exactly once, when it
+joins them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from shoal.frontends import _json
+from shoal.frontends._request import OutputFormat
+from shoal.frontends._tensor_json import json_from_output
+from shoal.ipc.dtypes import byte_size
+from shoal.supervisor.core import InferOutput, InferResponse, InternalError
+
+JSON_CONTENT_TYPE = "application/json"
+BINARY_CONTENT_TYPE = "application/octet-stream"
+HEADER_LENGTH = "inference-header-content-length"
+
+
+@dataclass(frozen=True)
+class EncodedResponse:
+    """HTTP headers and body chunks of an infer response.
+
+    The chunks may view the response's shared memory: join them (:meth:`body`) before releasing it.
+    """
+
+    headers: tuple[tuple[str, str], ...]
+    chunks: tuple[bytes | memoryview, ...]
+
+    def body(self) -> bytes:
+        """The whole body, in one copy."""
+        return b"".join(self.chunks)
+
+
+def encode_infer_response(response: InferResponse, output_format: OutputFormat) -> EncodedResponse:
+    """Render ``response`` with each output binary or JSON as ``output_format`` says."""
+    document: dict[str, Any] = {}
+    if response.id:
+        document["id"] = response.id
+    document["model_name"] = response.model_name
+    document["model_version"] = response.model_version
+    if response.parameters:
+        document["parameters"] = dict(response.parameters)
+    outputs: list[dict[str, Any]] = []
+    binary: list[memoryview] = []
+    for output in response.outputs:
+        entry, data = _encode_output(output, output_format)
+        outputs.append(entry)
+        if data is not None:
+            binary.append(data)
+    document["outputs"] = outputs
+    header = _json.dumps(document)
+    if not binary:
+        return EncodedResponse((("content-type", JSON_CONTENT_TYPE),), (header,))
+    headers = (("content-type", BINARY_CONTENT_TYPE), (HEADER_LENGTH, str(len(header))))
+    return EncodedResponse(headers, (header, *(data for data in binary if data.nbytes)))
+
+
+def _encode_output(
+    output: InferOutput, output_format: OutputFormat
+) -> tuple[dict[str, Any], memoryview | None]:
+    entry: dict[str, Any] = {
+        "name": output.name,
+        "datatype": output.datatype,
+        "shape": list(output.shape),
+    }
+    parameters: dict[str, Any] = dict(output.parameters)
+    if output.name in output_format.shared_memory:
+        if parameters:
+            entry["parameters"] = parameters
+        return entry, None
+    data = _byte_view(output)
+    if output_format.is_binary(output.name):
+        parameters["binary_data_size"] = data.nbytes
+        entry["parameters"] = parameters
+        return entry, data
+    if parameters:
+        entry["parameters"] = parameters
+    entry["data"] = json_from_output(output.name, output.datatype, output.shape, data)
+    return entry, None
+
+
+def _byte_view(output: InferOutput) -> memoryview:
+    data = memoryview(output.data)
+    if data.format != "B" or data.ndim != 1:
+        data = data.cast("B")
+    expected = byte_size(output.datatype, output.shape)
+    if expected is not None and data.nbytes != expected:
+        raise InternalError(
+            f"output tensor shape does not match size of output for '{output.name}': "
+            f"shape {list(output.shape)} of {output.datatype} needs {expected} bytes, "
+            f"got {data.nbytes}"
+        )
+    return data

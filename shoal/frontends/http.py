@@ -1,0 +1,321 @@
+"""The HTTP/REST frontend: KServe V2 endpoints, compatible with Triton and ``tritonclient.http``.
+
+:func:`build_http_app` builds a Starlette app over a :class:`~shoal.supervisor.core.CoreAPI`; it
+only parses, calls the core and renders (see :mod:`shoal.frontends.codec`). :class:`HttpServer`
+serves an app with uvicorn on the supervisor's running event loop. Core errors become
+``{"error": "<message>"}`` with the HTTP status of :data:`HTTP_STATUS`, the one table that maps
+error codes to statuses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypeVar
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from shoal.frontends import _json, codec
+from shoal.frontends._body import ClientDisconnected, read_body
+from shoal.frontends._serving import AddressInUseError, EmbeddedServer, bind_socket, wait_started
+from shoal.supervisor.core import CoreAPI, ErrorCode, InternalError, InvalidArgument, ShoalError
+
+__all__ = ["HTTP_STATUS", "AddressInUseError", "HttpServer", "build_http_app"]
+
+_logger = logging.getLogger(__name__)
+_T = TypeVar("_T")
+_Endpoint = Callable[[Request], Awaitable[Response]]
+_Headers = list[tuple[str, str]]
+
+#: HTTP status of each core error code. Triton's choices (http_server.cc, HttpCodeFromError) where
+#: Triton has the code; RESOURCE_EXHAUSTED and DEADLINE_EXCEEDED are 503 like Triton's own
+#: "queue full" and "timeout expired" errors (both UNAVAILABLE there): retry later.
+HTTP_STATUS: Mapping[ErrorCode, int] = {
+    ErrorCode.UNKNOWN: 400,
+    ErrorCode.INTERNAL: 500,
+    ErrorCode.NOT_FOUND: 404,
+    ErrorCode.INVALID_ARG: 400,
+    ErrorCode.UNAVAILABLE: 503,
+    ErrorCode.UNSUPPORTED: 501,
+    ErrorCode.ALREADY_EXISTS: 400,
+    ErrorCode.CANCELLED: 400,
+    ErrorCode.RESOURCE_EXHAUSTED: 503,
+    ErrorCode.DEADLINE_EXCEEDED: 503,
+    ErrorCode.PERMISSION_DENIED: 403,
+}
+
+_JSON = "application/json"
+# zlib releases the GIL: above this size, (de)compress in a thread so the event loop keeps serving.
+_THREAD_THRESHOLD = 1 << 20
+
+
+def build_http_app(
+    core: CoreAPI, *, max_input_size: int = codec.DEFAULT_MAX_INPUT_SIZE
+) -> Starlette:
+    """The KServe V2 REST app; infer bodies over ``max_input_size`` bytes are refused unread."""
+    infer = _InferEndpoint(core, max_input_size)
+    routes = [
+        Route("/v2/health/live", _health(core.is_live), methods=["GET"]),
+        Route("/v2/health/ready", _health(core.is_ready), methods=["GET"]),
+        Route("/v2", _server_metadata(core), methods=["GET"]),
+    ]
+    for model in ("/v2/models/{model_name}", "/v2/models/{model_name}/versions/{model_version}"):
+        routes += [
+            Route(model, _model_metadata(core), methods=["GET"]),
+            Route(model + "/ready", _model_ready(core), methods=["GET"]),
+            Route(model + "/config", _model_config(core), methods=["GET"]),
+            Route(model + "/infer", infer, methods=["POST"]),
+        ]
+    return Starlette(routes=routes, exception_handlers={HTTPException: _http_exception})
+
+
+# --- errors ---------------------------------------------------------------------------------------
+
+
+def _error_parts(error: ShoalError) -> tuple[int, _Headers, bytes]:
+    headers = [("content-type", _JSON)]
+    if isinstance(error, codec.UnsupportedEncoding):
+        headers.append(("accept-encoding", codec.SUPPORTED_ENCODINGS))  # as Triton does
+    return HTTP_STATUS.get(error.code, 500), headers, _json.dumps({"error": error.message})
+
+
+def _unexpected(what: str) -> InternalError:
+    _logger.exception("unexpected error while serving %s", what)
+    return InternalError(f"internal error while serving {what}; see the server log")
+
+
+def _error_response(error: ShoalError) -> Response:
+    status, headers, body = _error_parts(error)
+    return Response(body, status_code=status, headers=dict(headers))
+
+
+async def _http_exception(request: Request, exc: Exception) -> Response:
+    """Routing errors (404 unknown path, 405 wrong method) in the same JSON form as Triton's."""
+    assert isinstance(exc, HTTPException)
+    body = _json.dumps({"error": exc.detail})
+    return Response(body, status_code=exc.status_code, headers=exc.headers, media_type=_JSON)
+
+
+def _guarded(endpoint: _Endpoint) -> _Endpoint:
+    @functools.wraps(endpoint)
+    async def guarded(request: Request) -> Response:
+        try:
+            return await endpoint(request)
+        except ShoalError as exc:
+            return _error_response(exc)
+        except Exception:
+            return _error_response(_unexpected(request.url.path))
+
+    return guarded
+
+
+# --- health and metadata ----------------------------------------------------------------------
+
+
+def _json_response(value: Any) -> Response:
+    return Response(_json.dumps(value), media_type=_JSON)
+
+
+def _model_ref(path_params: Mapping[str, Any]) -> tuple[str, str]:
+    version: str = path_params.get("model_version", "")
+    if version and not (version.isascii() and version.isdigit()):
+        raise InvalidArgument(
+            f"failed to get model version from specified version string '{version}', "
+            "version should be an integral value > 0"
+        )
+    return path_params["model_name"], version
+
+
+def _health(check: Callable[[], bool]) -> _Endpoint:
+    @_guarded
+    async def health(request: Request) -> Response:
+        # As Triton: the status says it all; 400 (not 503) when not live / not ready.
+        return Response(status_code=200 if check() else 400)
+
+    return health
+
+
+def _server_metadata(core: CoreAPI) -> _Endpoint:
+    @_guarded
+    async def server_metadata(request: Request) -> Response:
+        return _json_response(codec.server_metadata_json(core.server_metadata()))
+
+    return server_metadata
+
+
+def _model_metadata(core: CoreAPI) -> _Endpoint:
+    @_guarded
+    async def model_metadata(request: Request) -> Response:
+        name, version = _model_ref(request.path_params)
+        return _json_response(codec.model_metadata_json(core.model_metadata(name, version)))
+
+    return model_metadata
+
+
+def _model_ready(core: CoreAPI) -> _Endpoint:
+    @_guarded
+    async def model_ready(request: Request) -> Response:
+        name, version = _model_ref(request.path_params)
+        if core.model_ready(name, version):
+            return Response(status_code=200)
+        return Response(_json.dumps({"error": "Model version not ready"}), 400, media_type=_JSON)
+
+    return model_ready
+
+
+def _model_config(core: CoreAPI) -> _Endpoint:
+    @_guarded
+    async def model_config(request: Request) -> Response:
+        name, version = _model_ref(request.path_params)
+        return _json_response(core.model_config(name, version))
+
+    return model_config
+
+
+# --- inference --------------------------------------------------------------------------------
+
+
+class _InferEndpoint:
+    """``POST .../infer`` as a bare ASGI app (Starlette's Route serves it without wrapping).
+
+    It reads the body itself, to refuse an oversized one before reading it and to copy it once, and
+    sends one pre-built body: no Request or Response objects on the hot path.
+    """
+
+    def __init__(self, core: CoreAPI, max_input_size: int) -> None:
+        self._core = core
+        self._limit = max_input_size
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        try:
+            response_headers, body = await self._infer(scope, headers, receive)
+            status = 200
+        except ClientDisconnected:
+            return  # nobody is left to answer
+        except ShoalError as exc:
+            status, response_headers, body = _error_parts(exc)
+        except Exception:
+            status, response_headers, body = _error_parts(_unexpected("an inference request"))
+        await _send(send, status, response_headers, body)
+
+    async def _infer(
+        self, scope: Scope, headers: dict[str, str], receive: Receive
+    ) -> tuple[_Headers, bytes]:
+        decoded = await self._decode(scope, headers, receive)
+        response = await self._core.infer(decoded.request)
+        try:
+            encoded = codec.encode_infer_response(response, decoded.output_format)
+            body = encoded.body()
+        finally:
+            response.release()  # the body is a copy: give the shared memory back before sending
+        return await _compressed(list(encoded.headers), body, headers.get("accept-encoding"))
+
+    async def _decode(
+        self, scope: Scope, headers: dict[str, str], receive: Receive
+    ) -> codec.DecodedRequest:
+        name, version = _model_ref(scope["path_params"])
+        encoding = codec.request_encoding(headers.get("content-encoding"))
+        header_length = headers.get(codec.HEADER_LENGTH)
+        what = "Request JSON" if header_length is None else "Request"
+        body = await read_body(receive, headers.get("content-length"), self._limit, what=what)
+        if encoding is not None:
+            inflate = functools.partial(codec.decompress, body, encoding, limit=self._limit)
+            body = await _sized_run(len(body), inflate)
+        return codec.decode_infer_request(
+            body, model_name=name, model_version=version, header_length=header_length
+        )
+
+
+async def _compressed(
+    headers: _Headers, body: bytes, accept_encoding: str | None
+) -> tuple[_Headers, bytes]:
+    encoding = codec.response_encoding(accept_encoding)
+    if encoding is None:
+        return headers, body
+    body = await _sized_run(len(body), functools.partial(codec.compress, body, encoding))
+    return [*headers, ("content-encoding", encoding)], body
+
+
+async def _sized_run(size: int, work: Callable[[], _T]) -> _T:
+    return work() if size < _THREAD_THRESHOLD else await asyncio.to_thread(work)
+
+
+async def _send(send: Send, status: int, headers: _Headers, body: bytes) -> None:
+    raw_headers = [(b"content-length", str(len(body)).encode("latin-1"))]
+    raw_headers += [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers]
+    await send({"type": "http.response.start", "status": status, "headers": raw_headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+# --- serving ----------------------------------------------------------------------------------
+
+
+class HttpServer:
+    """Serves an ASGI app (normally :func:`build_http_app`'s) with uvicorn on the running loop.
+
+    ``start`` binds and returns the bound port; ``stop`` stops accepting connections, lets
+    in-flight requests finish (cancelling them after ``shutdown_timeout`` seconds) and returns.
+    It installs no signal handlers: the CLI owns signals and calls :meth:`stop`.
+    """
+
+    def __init__(
+        self, app: ASGIApp, *, keep_alive_timeout: int = 60, shutdown_timeout: int | None = 30
+    ) -> None:
+        self._app = app
+        self._keep_alive_timeout = keep_alive_timeout
+        self._shutdown_timeout = shutdown_timeout
+        self._server: EmbeddedServer | None = None
+        self._serving: asyncio.Task[None] | None = None
+
+    async def start(self, host: str, port: int) -> int:
+        """Listen on ``host:port`` (0: any free port) and return the port.
+
+        Raises :class:`AddressInUseError` if the address is taken.
+        """
+        if self._serving is not None:
+            raise RuntimeError("the HTTP server is already running")
+        sock = bind_socket(host, port)
+        bound_port: int = sock.getsockname()[1]
+        server = EmbeddedServer(self._config())
+        serving = asyncio.create_task(server.serve(sockets=[sock]), name="shoal-http-server")
+        try:
+            await wait_started(server, serving)
+        except BaseException:
+            sock.close()
+            serving.cancel()
+            raise
+        self._server, self._serving = server, serving
+        return bound_port
+
+    async def stop(self) -> None:
+        """Stop gracefully; a no-op when not running."""
+        server, serving = self._server, self._serving
+        if server is None or serving is None:
+            return
+        self._server = self._serving = None
+        server.should_exit = True
+        await serving
+
+    def _config(self) -> uvicorn.Config:
+        return uvicorn.Config(
+            self._app,
+            http="httptools",
+            ws="none",
+            lifespan="off",
+            log_config=None,  # leave the process's logging configuration alone
+            log_level="warning",
+            access_log=False,
+            proxy_headers=False,  # no per-request header rewriting
+            server_header=False,
+            timeout_keep_alive=self._keep_alive_timeout,
+            timeout_graceful_shutdown=self._shutdown_timeout,
+        )

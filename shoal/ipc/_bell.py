@@ -1,0 +1,123 @@
+"""eventfd doorbells and the two ways to sleep on one: a blocking poll and an asyncio future."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import os
+import select
+import time
+
+from shoal.ipc._errors import PeerGone
+
+#: How long a sleeper trusts the doorbell before re-checking its ring once on its own. It bounds
+#: the delay of the one wake-up that the store->load reordering race can lose (docs/ipc.md).
+BACKSTOP_S = 0.001
+#: Without a pidfd for the peer, a blocked stub polls its parent pid this often.
+ORPHAN_CHECK_S = 0.5
+
+
+def new_bell() -> int:
+    # Non-blocking so a drain never blocks; close-on-exec so only the stub we spawn inherits it.
+    return os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+
+
+def ring_bell(fd: int) -> None:
+    os.eventfd_write(fd, 1)
+
+
+def drain_bell(fd: int) -> None:
+    with contextlib.suppress(BlockingIOError):
+        os.eventfd_read(fd)
+
+
+class BlockingSleeper:
+    """Sleeps on one doorbell while also watching the peer's pidfd (or, lacking one, its pid)."""
+
+    def __init__(self, bell: int, peer_pidfd: int | None) -> None:
+        self._bell = bell
+        self._pidfd = peer_pidfd
+        self._parent = os.getppid()
+        self._poller = select.poll()
+        self._poller.register(bell, select.POLLIN)
+        if peer_pidfd is not None:
+            self._poller.register(peer_pidfd, select.POLLIN)
+
+    def sleep(self, timeout: float | None) -> None:
+        """Return after the bell rang or ``timeout`` passed; PeerGone if the peer died."""
+        if self._pidfd is None:
+            timeout = ORPHAN_CHECK_S if timeout is None else min(timeout, ORPHAN_CHECK_S)
+        millis = -1 if timeout is None else max(1, math.ceil(timeout * 1000))
+        for fd, _ in self._poller.poll(millis):
+            if fd == self._pidfd:
+                raise PeerGone("the supervisor process exited")
+            drain_bell(fd)
+        if self._pidfd is None and os.getppid() != self._parent:
+            raise PeerGone("the supervisor process exited (re-parented)")
+
+
+class Deadline:
+    """Remaining time of an optional timeout; TimeoutError once it has passed."""
+
+    def __init__(self, timeout: float | None) -> None:
+        self._end = None if timeout is None else time.monotonic() + timeout
+
+    def remaining(self, cap: float | None = None) -> float | None:
+        if self._end is None:
+            return cap
+        left = self._end - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("timed out waiting on the channel")
+        return left if cap is None else min(left, cap)
+
+
+class AsyncSleeper:
+    """Awaits one doorbell on an event loop; ``fail_all`` wakes every waiter with PeerGone."""
+
+    def __init__(self, bell: int, peer_pidfd: int | None = None) -> None:
+        self._bell = bell
+        self._pidfd = peer_pidfd
+        self._waiters: dict[asyncio.Future[None], asyncio.AbstractEventLoop] = {}
+
+    async def sleep(self, timeout: float | None) -> None:
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[None] = loop.create_future()
+        self._waiters[waiter] = loop
+        loop.add_reader(self._bell, _wake, waiter, None)
+        if self._pidfd is not None:
+            loop.add_reader(self._pidfd, _wake, waiter, "the supervisor process exited")
+        timer = None if timeout is None else loop.call_later(timeout, _wake, waiter, None)
+        try:
+            await waiter
+        finally:
+            if timer is not None:
+                timer.cancel()
+            if self._waiters.pop(waiter, None) is not None:
+                self._unregister(loop)
+                drain_bell(self._bell)
+
+    def fail_all(self, reason: str) -> None:
+        for waiter in list(self._waiters):
+            _wake(waiter, reason)
+
+    def close(self, reason: str) -> None:
+        """Fail every waiter and unregister its fds now, before the caller closes them."""
+        waiters, self._waiters = self._waiters, {}
+        for waiter, loop in waiters.items():
+            _wake(waiter, reason)
+            self._unregister(loop)
+
+    def _unregister(self, loop: asyncio.AbstractEventLoop) -> None:
+        loop.remove_reader(self._bell)
+        if self._pidfd is not None:
+            loop.remove_reader(self._pidfd)
+
+
+def _wake(waiter: asyncio.Future[None], failure: str | None) -> None:
+    if waiter.done():
+        return
+    if failure is None:
+        waiter.set_result(None)
+    else:
+        waiter.set_exception(PeerGone(failure))

@@ -1,0 +1,126 @@
+"""One mapped shared-memory segment: memfd (passed as an fd) or a named POSIX object."""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+
+import posix_ipc
+
+PAGE = mmap.PAGESIZE
+# MAP_POPULATE makes the kernel fault every page in at mmap time, so the first write on the hot
+# path runs at memcpy speed instead of paying a page fault per 4 KiB.
+_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
+
+
+def page_align(nbytes: int) -> int:
+    return (nbytes + PAGE - 1) // PAGE * PAGE
+
+
+def segment_name(arena_id: int, index: int, pid: int | None = None) -> str:
+    """POSIX name of a named segment; it carries the owner's pid so stale ones can be swept."""
+    return f"/shoal-{os.getpid() if pid is None else pid}-{arena_id}-{index}"
+
+
+class Segment:
+    """A shared-memory mapping; ``buf`` is a writable memoryview of the whole of it.
+
+    ``fd`` is set for memfd segments (the owner keeps it to pass to peers), ``name`` for named
+    POSIX ones. ``close()`` unmaps, closes the fd and, for the creator of a named segment,
+    unlinks it.
+    """
+
+    def __init__(
+        self,
+        arena_id: int,
+        index: int,
+        size: int,
+        mapping: mmap.mmap,
+        *,
+        fd: int | None = None,
+        name: str | None = None,
+        unlink: bool = False,
+    ) -> None:
+        self.arena_id = arena_id
+        self.index = index
+        self.size = size
+        self.fd = fd
+        self.name = name
+        self._mapping: mmap.mmap | None = mapping
+        self._unlink = unlink
+        self.buf = memoryview(mapping)
+
+    @property
+    def closed(self) -> bool:
+        return self._mapping is None
+
+    def close(self) -> None:
+        mapping, self._mapping = self._mapping, None
+        if mapping is None:
+            return
+        self.buf.release()
+        # Views handed out (e.g. NumPy arrays over a block) keep the mapping exported; then the
+        # mapping is unmapped when the last of them is collected instead of now.
+        with contextlib.suppress(BufferError):
+            mapping.close()
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+        if self._unlink and self.name is not None:
+            with contextlib.suppress(posix_ipc.ExistentialError):
+                posix_ipc.unlink_shared_memory(self.name)
+
+
+def _map(fd: int, size: int) -> mmap.mmap:
+    return mmap.mmap(
+        fd,
+        size,
+        flags=mmap.MAP_SHARED | _POPULATE,
+        prot=mmap.PROT_READ | mmap.PROT_WRITE,
+    )
+
+
+def create_memfd(arena_id: int, index: int, size: int) -> Segment:
+    fd = os.memfd_create(f"shoal-arena-{arena_id}-{index}", os.MFD_CLOEXEC)
+    try:
+        # fallocate reserves the pages now: running out of memory is an error here, not a SIGBUS
+        # on some later write.
+        os.ftruncate(fd, size)
+        os.posix_fallocate(fd, 0, size)
+        return Segment(arena_id, index, size, _map(fd, size), fd=fd)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def create_named(arena_id: int, index: int, size: int) -> Segment:
+    name = segment_name(arena_id, index)
+    shm = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=0o600, size=size)
+    try:
+        os.posix_fallocate(shm.fd, 0, size)
+        mapping = _map(shm.fd, size)
+    except BaseException:
+        shm.close_fd()
+        posix_ipc.unlink_shared_memory(name)
+        raise
+    shm.close_fd()
+    return Segment(arena_id, index, size, mapping, name=name, unlink=True)
+
+
+def map_fd(arena_id: int, index: int, fd: int, size: int) -> Segment:
+    """Map a peer's memfd segment; the fd is consumed (the mapping keeps its own reference)."""
+    try:
+        mapping = _map(fd, size)
+    finally:
+        os.close(fd)
+    return Segment(arena_id, index, size, mapping)
+
+
+def map_named(arena_id: int, index: int, name: str, size: int) -> Segment:
+    shm = posix_ipc.SharedMemory(name)
+    try:
+        mapping = _map(shm.fd, size)
+    finally:
+        shm.close_fd()
+    return Segment(arena_id, index, size, mapping, name=name)

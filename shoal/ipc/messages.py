@@ -1,0 +1,244 @@
+"""Typed records that cross a stub's channel, encoded as MessagePack arrays ``[kind, *fields]``.
+
+Down (supervisor → stub): :class:`Initialize`, :class:`Execute`, :class:`Release`, :class:`Finalize`.
+Up (stub → supervisor): :class:`Ready`, :class:`Result`, :class:`Log`, :class:`Finalized`.
+
+Tensors travel as :class:`~shoal.ipc.tensor.TensorDesc` wire lists, never as bytes. File
+descriptors of new arena segments travel beside the channel on the instance's Unix socket
+(:class:`SegmentAnnounce` is the payload sent with the fd).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import msgpack
+
+from shoal.ipc.arena import Block
+from shoal.ipc.tensor import TensorDesc
+
+
+class Kind(enum.IntEnum):
+    INITIALIZE = 1
+    EXECUTE = 2
+    RELEASE = 3
+    FINALIZE = 4
+    READY = 11
+    RESULT = 12
+    LOG = 13
+    FINALIZED = 14
+
+
+@dataclass(slots=True)
+class Initialize:
+    """Load the model and call ``initialize(args)``; ``args`` holds Triton's seven keys."""
+
+    KIND: ClassVar[Kind] = Kind.INITIALIZE
+    args: dict[str, str]
+    model_file: str  # absolute path of model.py
+    output_arena_id: int
+    output_arena: tuple[int, int, int]  # initial, growth and limit bytes
+
+    def fields(self) -> list[Any]:
+        return [self.args, self.model_file, self.output_arena_id, list(self.output_arena)]
+
+    @classmethod
+    def from_fields(cls, f: list[Any]) -> Initialize:
+        return cls(f[0], f[1], f[2], tuple(f[3]))
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """One request of a batch, as the stub rebuilds it into a ``pb_utils.InferenceRequest``."""
+
+    request_id: str
+    correlation_id: int | str
+    flags: int
+    parameters: dict[str, Any]
+    requested_outputs: list[str]
+    inputs: list[TensorDesc]
+    timeout_us: int = 0
+
+    def to_wire(self) -> list[Any]:
+        return [
+            self.request_id,
+            self.correlation_id,
+            self.flags,
+            self.parameters,
+            self.requested_outputs,
+            [t.to_wire() for t in self.inputs],
+            self.timeout_us,
+        ]
+
+    @classmethod
+    def from_wire(cls, w: list[Any]) -> RequestRecord:
+        return cls(w[0], w[1], w[2], w[3], w[4], [TensorDesc.from_wire(t) for t in w[5]], w[6])
+
+
+@dataclass(slots=True)
+class Execute:
+    """Run ``execute`` on a batch of requests; answered by one :class:`Result`."""
+
+    KIND: ClassVar[Kind] = Kind.EXECUTE
+    batch_id: int
+    requests: list[RequestRecord]
+
+    def fields(self) -> list[Any]:
+        return [self.batch_id, [r.to_wire() for r in self.requests]]
+
+    @classmethod
+    def from_fields(cls, f: list[Any]) -> Execute:
+        return cls(f[0], [RequestRecord.from_wire(r) for r in f[1]])
+
+
+@dataclass(slots=True)
+class Release:
+    """The supervisor is done with these output blocks: the stub's arena may reuse them."""
+
+    KIND: ClassVar[Kind] = Kind.RELEASE
+    blocks: list[Block]
+
+    def fields(self) -> list[Any]:
+        return [[b.to_wire() for b in self.blocks]]
+
+    @classmethod
+    def from_fields(cls, f: list[Any]) -> Release:
+        return cls([Block.from_wire(b) for b in f[0]])
+
+
+@dataclass(slots=True)
+class Finalize:
+    """Call ``finalize()`` and exit."""
+
+    KIND: ClassVar[Kind] = Kind.FINALIZE
+
+    def fields(self) -> list[Any]:
+        return []
+
+    @classmethod
+    def from_fields(cls, f: list[Any]) -> Finalize:
+        return cls()
+
+
+@dataclass(slots=True)
+class Ready:
+    """``initialize`` finished; ``error`` holds the traceback text when it failed."""
+
+    KIND: ClassVar[Kind] = Kind.READY
+    error: str | None = None
+
+    def fields(self) -> list[Any]:
+        return [self.error]
+
+    @classmethod
+    def from_fields(cls, f: list[Any]) -> Ready:
+        return cls(f[0])
+
+
+@dataclass(slots=True)
+class ResponseRecord:
+    """The answer to one request: outputs, or an error with a TritonError code name."""
+
+    outputs: list[TensorDesc] = field(default_factory=list)
+    error: tuple[str, str] | None = None  # (code name, message)
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+    def to_wire(self) -> list[Any]:
+        return [[t.to_wire() for t in self.outputs], self.error, self.parameters]
+
+    @classmethod
+    def from_wire(cls, w: list[Any]) -> ResponseRecord:
+        error = None if w[1] is None else (w[1][0], w[1][1])
+        return cls([TensorDesc.from_wire(t) for t in w[0]], error, w[2])
+
+
+@dataclass(slots=True)
+class Result:
+    """Responses to an :class:`Execute`, one per request in order."""
+
+    KIND: ClassVar[Kind] = Kind.RESULT
+    batch_id: int
+    responses: list[ResponseRecord]
+    #: Time spent in the model's execute (ns), for statistics.
+    compute_ns: tuple[int, int, int] = (0, 0, 0)  # input, infer, output
+
+    def fields(self) -> list[Any]:
+        return [self.batch_id, [r.to_wire() for r in self.responses], list(self.compute_ns)]
+
+    @classmethod
+    def from_fields(cls, f: list[Any]) -> Result:
+        responses = [ResponseRecord.from_wire(r) for r in f[1]]
+        return cls(f[0], responses, tuple(f[2]))
+
+
+@dataclass(slots=True)
+class Log:
+    """A ``pb_utils.Logger`` record: level (0 info, 1 warning, 2 error, 3 verbose)."""
+
+    KIND: ClassVar[Kind] = Kind.LOG
+    level: int
+    message: str
+    filename: str = ""
+    line: int = 0
+
+    def fields(self) -> list[Any]:
+        return [self.level, self.message, self.filename, self.line]
+
+    @classmethod
+    def from_fields(cls, f: list[Any]) -> Log:
+        return cls(f[0], f[1], f[2], f[3])
+
+
+@dataclass(slots=True)
+class Finalized:
+    """``finalize()`` returned (or raised: ``error``); the stub exits next."""
+
+    KIND: ClassVar[Kind] = Kind.FINALIZED
+    error: str | None = None
+
+    def fields(self) -> list[Any]:
+        return [self.error]
+
+    @classmethod
+    def from_fields(cls, f: list[Any]) -> Finalized:
+        return cls(f[0])
+
+
+@dataclass(slots=True)
+class SegmentAnnounce:
+    """Sent on the Unix socket together with one segment fd (not through the rings)."""
+
+    arena_id: int
+    segment: int
+    size: int
+
+    def encode(self) -> bytes:
+        return msgpack.packb([self.arena_id, self.segment, self.size])  # type: ignore[no-any-return]
+
+    @classmethod
+    def decode(cls, payload: bytes) -> SegmentAnnounce:
+        a, s, n = msgpack.unpackb(payload)
+        return cls(a, s, n)
+
+
+Message = Initialize | Execute | Release | Finalize | Ready | Result | Log | Finalized
+
+_TYPES: dict[int, Any] = {
+    t.KIND: t for t in (Initialize, Execute, Release, Finalize, Ready, Result, Log, Finalized)
+}
+
+
+def encode(message: Message) -> bytes:
+    """Serialize a message for a channel ring."""
+    return msgpack.packb([int(message.KIND), *message.fields()], use_bin_type=True)  # type: ignore[no-any-return]
+
+
+def decode(payload: bytes) -> Message:
+    """Parse a message received from a channel ring."""
+    kind, *rest = msgpack.unpackb(payload, raw=False, strict_map_key=False)
+    cls = _TYPES.get(kind)
+    if cls is None:
+        raise ValueError(f"unknown message kind {kind!r}")
+    return cls.from_fields(rest)  # type: ignore[no-any-return]

@@ -1,0 +1,363 @@
+"""A stub's channel: two SPSC byte rings in one shared control segment, with eventfd doorbells.
+
+The supervisor end comes from :meth:`Channel.create`, the stub end from :meth:`Channel.attach`.
+"down" carries supervisor -> stub messages, "up" stub -> supervisor. A consumer that finds its
+ring empty marks itself asleep and sleeps on a doorbell; a producer rings that doorbell only when
+the mark is set, so a busy pipeline makes no system call per message. docs/ipc.md has the layout
+and the argument for why no wake-up is lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import mmap
+import os
+import threading
+import time
+from collections.abc import Callable
+
+from shoal.ipc._bell import (
+    BACKSTOP_S,
+    AsyncSleeper,
+    BlockingSleeper,
+    Deadline,
+    drain_bell,
+    new_bell,
+    ring_bell,
+)
+from shoal.ipc._errors import PeerGone
+from shoal.ipc._ring import HEADER_BYTES, Ring, RingCorrupted
+
+__all__ = ["DEFAULT_RING_BYTES", "Channel", "PeerGone", "RingCorrupted"]
+
+DEFAULT_RING_BYTES = 1 << 20
+#: Longest the stub spins on an empty down ring before sleeping; adapted per channel (see
+#: ``_Spinner``). 0 disables spinning.
+DEFAULT_SPIN_US = 50.0
+
+_MAGIC = int.from_bytes(b"shoalch1", "little")
+_DATA_START = 4096
+# Word indexes in the control segment: magic, ring size, then each side's "closed" flag and the
+# two ring headers, all on separate cache lines.
+_W_MAGIC, _W_RING_BYTES = 0, 1
+_W_SUPERVISOR_CLOSED, _W_STUB_CLOSED = 8, 16
+_DOWN_HEADER, _UP_HEADER = HEADER_BYTES // 8, 2 * HEADER_BYTES // 8
+
+
+class _Spinner:
+    """Adaptive spin budget: spin about twice as long as recent short waits actually took."""
+
+    def __init__(self, max_us: float) -> None:
+        self._max_ns = int(max_us * 1000)
+        self.budget_ns = self._max_ns // 2
+
+    def observe_sleep(self, waited_ns: int) -> None:
+        if waited_ns <= self._max_ns:
+            self.budget_ns = min(self._max_ns, 2 * waited_ns)
+        else:
+            self.budget_ns //= 2
+
+
+class Channel:
+    """One end of a supervisor <-> stub channel. Not shared between processes after attach."""
+
+    def __init__(self, fds: list[int], *, supervisor: bool, peer_pidfd: int | None) -> None:
+        control, self._down_bell, self._down_space, self._up_bell, self._up_space = fds
+        self._fds = list(fds)
+        self._peer_pidfd = peer_pidfd
+        self._supervisor = supervisor
+        self._mapping = mmap.mmap(control, os.fstat(control).st_size)
+        self._words = memoryview(self._mapping).cast("Q")
+        if self._words[_W_MAGIC] != _MAGIC:
+            self._mapping.close()
+            raise ValueError("fd 0 of the channel is not a shoal control segment")
+        ring_bytes = self._words[_W_RING_BYTES]
+        data = memoryview(self._mapping)
+        self._down = Ring(self._words, _DOWN_HEADER, data[_DATA_START : _DATA_START + ring_bytes])
+        self._up = Ring(self._words, _UP_HEADER, data[_DATA_START + ring_bytes :])
+        data.release()
+        self._own_closed = _W_SUPERVISOR_CLOSED if supervisor else _W_STUB_CLOSED
+        self._peer_closed = _W_STUB_CLOSED if supervisor else _W_SUPERVISOR_CLOSED
+        self._peer_dead = False
+        self._closed = False
+        self._send_lock: asyncio.Lock | None = None
+        self._up_lock = threading.Lock()
+        self._spinner = _Spinner(DEFAULT_SPIN_US)
+        self._watch: tuple[asyncio.AbstractEventLoop, Callable[[], None]] | None = None
+        self._backstop: asyncio.TimerHandle | None = None
+        self._down_sleeper = BlockingSleeper(self._down_bell, peer_pidfd)
+        self._up_space_sleeper = BlockingSleeper(self._up_space, peer_pidfd)
+        self._async_down = AsyncSleeper(self._down_bell, peer_pidfd)
+        self._async_space = AsyncSleeper(self._down_space)
+
+    # construction
+
+    @classmethod
+    def create(cls, ring_bytes: int = DEFAULT_RING_BYTES) -> Channel:
+        """The supervisor end of a new channel; pass :meth:`child_fds` to the stub."""
+        if ring_bytes < 4096 or ring_bytes & (ring_bytes - 1):
+            raise ValueError(f"ring_bytes must be a power of two >= 4096, got {ring_bytes}")
+        control = os.memfd_create("shoal-channel", os.MFD_CLOEXEC)
+        fds = [control]
+        try:
+            os.ftruncate(control, _DATA_START + 2 * ring_bytes)
+            with mmap.mmap(control, _DATA_START) as header:
+                words = memoryview(header).cast("Q")
+                words[_W_MAGIC] = _MAGIC
+                words[_W_RING_BYTES] = ring_bytes
+                # Both consumers start asleep (episode 1) so the first message rings the bell.
+                words[_DOWN_HEADER + 2] = words[_UP_HEADER + 2] = 1
+                words.release()
+            fds += [new_bell() for _ in range(4)]
+            return cls(fds, supervisor=True, peer_pidfd=None)
+        except BaseException:
+            for fd in fds:
+                os.close(fd)
+            raise
+
+    def child_fds(self) -> list[int]:
+        """[control segment, down bell, down space bell, up bell, up space bell]: for attach()."""
+        return list(self._fds)
+
+    @classmethod
+    def attach(
+        cls,
+        fds: list[int],
+        *,
+        peer_pidfd: int | None = None,
+        spin_us: float = DEFAULT_SPIN_US,
+    ) -> Channel:
+        """The stub end, from the fds of :meth:`child_fds` (owned by the channel from now on).
+
+        ``peer_pidfd`` (``os.pidfd_open(os.getppid())``, also owned) makes blocking waits raise
+        PeerGone as soon as the supervisor dies; without it they poll the parent pid.
+        """
+        if len(fds) != 5:
+            raise ValueError(f"a channel is attached from 5 fds, got {len(fds)}")
+        channel = cls(list(fds), supervisor=False, peer_pidfd=peer_pidfd)
+        channel._spinner = _Spinner(spin_us)
+        return channel
+
+    @property
+    def ring_capacity(self) -> int:
+        return self._down.capacity
+
+    @property
+    def peer_closed(self) -> bool:
+        """True once the other end called close() (a clean shutdown, unlike a crash)."""
+        return self._closed or bool(self._words[self._peer_closed])
+
+    # supervisor end
+
+    def send_down_nowait(self, payload: bytes) -> bool:
+        """Queue a message for the stub; False when the ring is full."""
+        if self._peer_dead:
+            raise PeerGone("the stub is gone")
+        if not self._down.try_write(payload):
+            return False
+        if self._down.consumer_wants_bell():
+            ring_bell(self._down_bell)
+        return True
+
+    async def send_down(self, payload: bytes) -> None:
+        """Queue a message, waiting (without blocking the loop) while the ring is full."""
+        if self._send_lock is None:
+            self._send_lock = asyncio.Lock()
+        if not self._send_lock.locked() and self.send_down_nowait(payload):
+            return
+        async with self._send_lock:
+            while not self.send_down_nowait(payload):
+                await self._wait_down_room(len(payload))
+
+    async def _wait_down_room(self, size: int) -> None:
+        self._down.begin_wait()
+        try:
+            backstop: float | None = BACKSTOP_S
+            while not self._down.has_room(size):
+                if self._peer_dead or self.peer_closed:
+                    raise PeerGone("the stub is gone")
+                await self._async_space.sleep(backstop)
+                backstop = None
+        finally:
+            self._down.end_wait()
+
+    def recv_up_nowait(self) -> bytes | None:
+        """The next message from the stub, or None; None also re-arms the doorbell."""
+        message = self._up.try_read()
+        if message is None:
+            self._up.begin_sleep()
+            message = self._up.try_read()
+            if message is None:
+                self._arm_backstop()
+                return None
+            self._up.end_sleep()
+        if self._up.producer_wants_bell():
+            ring_bell(self._up_space)
+        return message
+
+    def watch_up(self, loop: asyncio.AbstractEventLoop, on_ready: Callable[[], None]) -> None:
+        """Call ``on_ready`` on ``loop`` whenever up messages may be waiting.
+
+        ``on_ready`` must drain with :meth:`recv_up_nowait` until it returns None.
+        """
+        if self._watch is not None:
+            self._watch[0].remove_reader(self._up_bell)
+        self._watch = (loop, on_ready)
+        loop.add_reader(self._up_bell, self._on_up_bell)
+        # Messages sent before the watch began may have rung the bell before anyone listened.
+        loop.call_soon(on_ready)
+
+    def _on_up_bell(self) -> None:
+        drain_bell(self._up_bell)
+        if self._watch is not None:
+            self._watch[1]()
+
+    def _arm_backstop(self) -> None:
+        if self._watch is not None and self._backstop is None:
+            self._backstop = self._watch[0].call_later(BACKSTOP_S, self._on_backstop)
+
+    def _on_backstop(self) -> None:
+        self._backstop = None
+        if self._watch is not None and not self._closed and not self._up.is_empty():
+            self._watch[1]()
+
+    def mark_peer_dead(self) -> None:
+        """The stub died: pending and future sends raise PeerGone."""
+        self._peer_dead = True
+        self._async_space.fail_all("the stub is gone")
+
+    # stub end
+
+    def recv_down_nowait(self) -> bytes | None:
+        message = self._down.try_read()
+        if message is not None and self._down.producer_wants_bell():
+            ring_bell(self._down_space)
+        return message
+
+    def recv_down(self, timeout: float | None = None) -> bytes:
+        """The next message from the supervisor; blocks, spinning briefly first.
+
+        Raises PeerGone once the supervisor died or closed the channel (after draining it),
+        TimeoutError after ``timeout`` seconds.
+        """
+        message = self.recv_down_nowait()
+        if message is not None:
+            return message
+        started = time.perf_counter_ns()
+        message = self._spin_down(started)
+        if message is None:
+            message = self._sleep_down(Deadline(timeout))
+            self._spinner.observe_sleep(time.perf_counter_ns() - started)
+        if self._down.producer_wants_bell():
+            ring_bell(self._down_space)
+        return message
+
+    def _spin_down(self, started: int) -> bytes | None:
+        end = started + self._spinner.budget_ns
+        try_read = self._down.try_read
+        clock = time.perf_counter_ns
+        while clock() < end:
+            message = try_read()
+            if message is not None:
+                return message
+        return None
+
+    def _sleep_down(self, deadline: Deadline) -> bytes:
+        self._down.begin_sleep()
+        try:
+            backstop: float | None = BACKSTOP_S
+            while (message := self._down.try_read()) is None:
+                if self.peer_closed:
+                    raise PeerGone("the supervisor closed the channel")
+                self._down_sleeper.sleep(deadline.remaining(backstop))
+                backstop = None
+            return message
+        finally:
+            self._down.end_sleep()
+
+    async def recv_down_async(self) -> bytes:
+        """Like :meth:`recv_down` for a stub that runs an event loop (no spinning)."""
+        message = self._down.try_read()
+        if message is None:
+            self._down.begin_sleep()
+            try:
+                backstop: float | None = BACKSTOP_S
+                while (message := self._down.try_read()) is None:
+                    if self.peer_closed:
+                        raise PeerGone("the supervisor closed the channel")
+                    await self._async_down.sleep(backstop)
+                    backstop = None
+            finally:
+                self._down.end_sleep()
+        if self._down.producer_wants_bell():
+            ring_bell(self._down_space)
+        return message
+
+    def send_up(self, payload: bytes, timeout: float | None = None) -> None:
+        """Queue a message for the supervisor, blocking while the ring is full. Thread-safe."""
+        with self._up_lock:
+            if self._words[self._peer_closed]:
+                raise PeerGone("the supervisor closed the channel")
+            if not self._up.try_write(payload):
+                self._wait_up_room(len(payload), Deadline(timeout))
+                if not self._up.try_write(payload):
+                    raise RingCorrupted("up ring had room but the write failed")
+            if self._up.consumer_wants_bell():
+                ring_bell(self._up_bell)
+
+    def _wait_up_room(self, size: int, deadline: Deadline) -> None:
+        self._up.begin_wait()
+        try:
+            backstop: float | None = BACKSTOP_S
+            while not self._up.has_room(size):
+                if self.peer_closed:
+                    raise PeerGone("the supervisor closed the channel")
+                self._up_space_sleeper.sleep(deadline.remaining(backstop))
+                backstop = None
+        finally:
+            self._up.end_wait()
+
+    # both ends
+
+    def close(self) -> None:
+        """Tell the peer, unmap and close every fd (the peer pidfd too); idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._words[self._own_closed] = 1
+        # Wake whatever the peer may be sleeping on so it sees the flag now.
+        peer_bells = (
+            (self._down_bell, self._up_space)
+            if self._supervisor
+            else (self._up_bell, self._down_space)
+        )
+        for bell in peer_bells:
+            with contextlib.suppress(OSError):
+                ring_bell(bell)
+        self._detach_loop()
+        self._down.release()
+        self._up.release()
+        self._words.release()
+        with contextlib.suppress(BufferError):
+            self._mapping.close()
+        for fd in self._fds:
+            os.close(fd)
+        if self._peer_pidfd is not None:
+            os.close(self._peer_pidfd)
+
+    def _detach_loop(self) -> None:
+        if self._watch is not None:
+            self._watch[0].remove_reader(self._up_bell)
+            self._watch = None
+        if self._backstop is not None:
+            self._backstop.cancel()
+            self._backstop = None
+        self._async_space.close("the channel was closed")
+        self._async_down.close("the channel was closed")
+
+    def __enter__(self) -> Channel:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()

@@ -1,0 +1,28 @@
+"""Entry point of a stub process: ``python -m shoal.stub --socket FD --channel FD,... --parent PID``.
+
+The supervisor spawns one stub per model instance. The stub never talks to clients.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from shoal.stub.runtime import StubRuntime, die_with_parent
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m shoal.stub")
+    parser.add_argument("--socket", type=int, required=True, help="fd of the instance's Unix socket")
+    parser.add_argument("--channel", required=True, help="comma-separated channel fds")
+    parser.add_argument("--parent", type=int, required=True, help="supervisor pid")
+    parser.add_argument("--instance", required=True, help="instance name, for messages")
+    args = parser.parse_args(argv)
+    die_with_parent(args.parent)
+    channel_fds = [int(fd) for fd in args.channel.split(",")]
+    runtime = StubRuntime(args.instance, args.socket, channel_fds, args.parent)
+    return runtime.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,382 @@
+"""``InferenceRequest`` (received by ``execute`` or built for BLS), ``PreferredMemory``, traces."""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Protocol
+
+from shoal.stub._pb_errors import TritonModelException
+from shoal.stub._pb_response import (
+    Deliver,
+    InferenceResponse,
+    InferenceResponseSender,
+    ResponseIterator,
+    check_parameters,
+)
+from shoal.stub._pb_tensor import Tensor
+
+TRITONSERVER_REQUEST_RELEASE_ALL = 1
+TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = 2
+
+
+class MemoryType(enum.IntEnum):
+    """pb_utils memory types (note: not Triton's ``TRITONSERVER_MemoryType`` numbering)."""
+
+    TRITONSERVER_MEMORY_GPU = 0
+    TRITONSERVER_MEMORY_CPU = 1
+    DEFAULT = 2
+
+
+class PreferredMemory:
+    """Where a BLS call should put its outputs: ``PreferredMemory(TRITONSERVER_MEMORY_GPU, 0)``."""
+
+    __slots__ = ("_device_id", "_memory_type")
+
+    def __init__(self, preferred_memory_type: int, preferred_device_id: int = 0) -> None:
+        if isinstance(preferred_memory_type, bool) or preferred_memory_type not in (0, 1):
+            raise TypeError(
+                "preferred_memory_type must be pb_utils.TRITONSERVER_MEMORY_GPU or "
+                f"pb_utils.TRITONSERVER_MEMORY_CPU, not {preferred_memory_type!r}"
+            )
+        if isinstance(preferred_device_id, bool) or not isinstance(preferred_device_id, int):
+            raise TypeError(f"preferred_device_id must be an int, not {preferred_device_id!r}")
+        self._memory_type = MemoryType(preferred_memory_type)
+        self._device_id = preferred_device_id
+
+    @classmethod
+    def _default(cls) -> PreferredMemory:
+        memory = cls.__new__(cls)
+        memory._memory_type = MemoryType.DEFAULT
+        memory._device_id = 0
+        return memory
+
+    def _type(self) -> MemoryType:
+        """The memory type (``MemoryType.DEFAULT`` when the model expressed no preference)."""
+        return self._memory_type
+
+    def _device(self) -> int:
+        return self._device_id
+
+
+class InferenceTrace:
+    """The trace context of a request (``request.trace()``); pass it on to BLS requests."""
+
+    __slots__ = ("_context",)
+
+    def __init__(self, context: str | None = None) -> None:
+        self._context = context
+
+    def get_context(self) -> str | None:
+        """The trace context as a string, or ``None`` when the request is not traced."""
+        return self._context
+
+
+class BlsExecutor(Protocol):
+    """What the runtime installs with ``_set_bls_executor`` while ``execute`` may call BLS."""
+
+    def exec(
+        self, request: InferenceRequest, decoupled: bool
+    ) -> InferenceResponse | ResponseIterator: ...
+
+    def async_exec(
+        self, request: InferenceRequest, decoupled: bool
+    ) -> Awaitable[InferenceResponse | ResponseIterator]: ...
+
+
+_bls_executor: BlsExecutor | None = None
+
+
+def _set_bls_executor(executor: BlsExecutor | None) -> None:
+    """Install (or with ``None`` remove) the object ``exec``/``async_exec`` delegate to."""
+    global _bls_executor
+    _bls_executor = executor
+
+
+def _executor() -> BlsExecutor:
+    executor = _bls_executor
+    if executor is None:
+        raise TritonModelException("BLS is only supported during the 'execute' function.")
+    return executor
+
+
+_MISSING: Any = object()
+
+
+def _required(value: Any, name: str) -> Any:
+    if value is _MISSING:
+        raise TypeError(f"InferenceRequest() missing required argument: '{name}'")
+    return value
+
+
+def _check_int(value: object, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+    return value
+
+
+class InferenceRequest:
+    """A request: received by ``execute``, or built by the model for a BLS call.
+
+    The BLS constructor takes Triton's arguments: ``request_id``, ``correlation_id``, ``inputs``,
+    ``requested_output_names``, ``model_name``, ``model_version``, ``flags``, ``timeout`` (µs),
+    ``preferred_memory``, ``trace`` and ``parameters`` (``str`` keys, bool/int/str values).
+    """
+
+    def __init__(
+        self,
+        request_id: str = "",
+        correlation_id: int | str = 0,
+        inputs: Sequence[Tensor] = _MISSING,
+        requested_output_names: Sequence[str] = _MISSING,
+        model_name: str = _MISSING,
+        model_version: int = -1,
+        flags: int = 0,
+        timeout: int = 0,
+        preferred_memory: PreferredMemory | None = None,
+        trace: InferenceTrace | None = None,
+        parameters: dict[str, bool | int | str] | None = None,
+    ) -> None:
+        inputs = _required(inputs, "inputs")
+        requested_output_names = _required(requested_output_names, "requested_output_names")
+        model_name = _required(model_name, "model_name")
+        if not isinstance(request_id, str):
+            raise TypeError(f"request_id must be a str, not {type(request_id).__name__}")
+        if not isinstance(model_name, str):
+            raise TypeError(f"model_name must be a str, not {type(model_name).__name__}")
+        self._init(
+            request_id=request_id,
+            correlation_id=_check_correlation_id(correlation_id),
+            inputs=_check_inputs(inputs, request_id, model_name),
+            requested_output_names=_check_output_names(
+                requested_output_names, request_id, model_name
+            ),
+            flags=_check_int(flags, "flags"),
+            parameters=check_parameters(parameters),
+            timeout=_check_int(timeout, "timeout"),
+            model_name=model_name,
+            model_version=_check_int(model_version, "model_version"),
+            deliver=None,
+            decoupled=False,
+        )
+        if preferred_memory is not None:
+            if not isinstance(preferred_memory, PreferredMemory):
+                raise TypeError("preferred_memory must be a pb_utils.PreferredMemory")
+            self._memory = preferred_memory
+        if trace is not None:
+            if not isinstance(trace, InferenceTrace):
+                raise TypeError("trace must be an InferenceTrace (from request.trace())")
+            self._trace = trace
+
+    def _init(
+        self,
+        *,
+        request_id: str,
+        correlation_id: int | str,
+        inputs: list[Tensor],
+        requested_output_names: list[str],
+        flags: int,
+        parameters: dict[str, Any],
+        timeout: int,
+        model_name: str,
+        model_version: int,
+        deliver: Deliver | None,
+        decoupled: bool,
+    ) -> None:
+        self._request_id = request_id
+        self._correlation_id = correlation_id
+        self._inputs = inputs
+        self._requested_output_names = requested_output_names
+        self._flags = flags
+        self._parameters = parameters
+        self._parameters_json: str | None = None
+        self._timeout = timeout
+        self._target_name = model_name
+        self._target_version = model_version
+        self._memory = PreferredMemory._default()
+        self._trace = InferenceTrace()
+        self._release = TRITONSERVER_REQUEST_RELEASE_ALL
+        self._cancelled = False
+        self._sender = InferenceResponseSender(deliver, decoupled, self.is_cancelled)
+
+    @classmethod
+    def _from_server(
+        cls,
+        *,
+        request_id: str,
+        correlation_id: int | str,
+        inputs: list[Tensor],
+        requested_output_names: list[str],
+        flags: int,
+        parameters: dict[str, Any],
+        timeout: int,
+        model_name: str,
+        model_version: int,
+        deliver: Callable[[InferenceResponse | None, int], None] | None,
+        decoupled: bool,
+        trace_context: str | None = None,
+    ) -> InferenceRequest:
+        """A request received from the server, for ``execute`` (no copies, no validation).
+
+        ``deliver(response, flags)`` receives what ``InferenceResponseSender.send`` accepted;
+        with ``deliver=None`` the request's sender raises on ``send`` like a BLS request's.
+        """
+        request = cls.__new__(cls)
+        request._init(
+            request_id=request_id,
+            correlation_id=correlation_id,
+            inputs=inputs,
+            requested_output_names=requested_output_names,
+            flags=flags,
+            parameters=parameters,
+            timeout=timeout,
+            model_name=model_name,
+            model_version=model_version,
+            deliver=deliver,
+            decoupled=decoupled,
+        )
+        if trace_context is not None:
+            request._trace = InferenceTrace(trace_context)
+        return request
+
+    # -- public API ----------------------------------------------------------------------------
+
+    def inputs(self) -> list[Tensor]:
+        """The input tensors."""
+        return list(self._inputs)
+
+    def request_id(self) -> str:
+        """The request id (``""`` when the client set none)."""
+        return self._request_id
+
+    def correlation_id(self) -> int | str:
+        """The sequence correlation id (``0`` when none)."""
+        return self._correlation_id
+
+    def flags(self) -> int:
+        """The request flags (``TRITONSERVER_REQUEST_FLAG_SEQUENCE_START``/``_END``)."""
+        return self._flags
+
+    def set_flags(self, flags: int) -> None:
+        """Set the request flags (for BLS requests to stateful models)."""
+        self._flags = _check_int(flags, "flags")
+
+    def timeout(self) -> int:
+        """The timeout in microseconds (0: none)."""
+        return self._timeout
+
+    def parameters(self) -> str:
+        """The request parameters as a JSON string; read them with ``json.loads``."""
+        if self._parameters_json is None:
+            self._parameters_json = json.dumps(self._parameters)
+        return self._parameters_json
+
+    def trace(self) -> InferenceTrace:
+        """The request's trace (pass it to BLS requests to link the traces)."""
+        return self._trace
+
+    def requested_output_names(self) -> set[str]:
+        """The names of the outputs the client asked for, as a set."""
+        return set(self._requested_output_names)
+
+    def get_response_sender(self) -> InferenceResponseSender:
+        """The request's response sender (the same object on every call)."""
+        return self._sender
+
+    def is_cancelled(self) -> bool:
+        """Whether the client cancelled the request."""
+        return self._cancelled
+
+    def set_release_flags(self, flags: int) -> None:
+        """``TRITONSERVER_REQUEST_RELEASE_RESCHEDULE`` to reschedule the request, or ``_ALL``."""
+        flags = _check_int(flags, "flags")
+        if flags not in (TRITONSERVER_REQUEST_RELEASE_ALL, TRITONSERVER_REQUEST_RELEASE_RESCHEDULE):
+            raise TritonModelException(
+                "Release flags must be TRITONSERVER_REQUEST_RELEASE_ALL or "
+                f"TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, got {flags}"
+            )
+        self._release = flags
+
+    def exec(self, decoupled: bool = False) -> InferenceResponse | ResponseIterator:
+        """Run this request on another model (BLS) and wait for its response."""
+        return _executor().exec(self, bool(decoupled))
+
+    def async_exec(
+        self, decoupled: bool = False
+    ) -> Awaitable[InferenceResponse | ResponseIterator]:
+        """Like ``exec``, as an awaitable, for ``async def execute``."""
+        return _executor().async_exec(self, bool(decoupled))
+
+    # -- hooks for the stub runtime ------------------------------------------------------------
+
+    def _model_name(self) -> str:
+        """The target model of a BLS request (the served model for a received one)."""
+        return self._target_name
+
+    def _model_version(self) -> int:
+        return self._target_version
+
+    def _preferred_memory(self) -> PreferredMemory:
+        return self._memory
+
+    def _parameters_dict(self) -> dict[str, Any]:
+        return self._parameters
+
+    def _release_flags(self) -> int:
+        """What the model set with ``set_release_flags`` (``RELEASE_ALL`` by default)."""
+        return self._release
+
+    def _mark_cancelled(self) -> None:
+        """Record that the client cancelled the request (``is_cancelled()`` turns true)."""
+        self._cancelled = True
+
+    def __repr__(self) -> str:
+        return (
+            f"InferenceRequest(request_id={self._request_id!r}, model_name={self._target_name!r}, "
+            f"inputs={self._inputs!r})"
+        )
+
+
+def _check_correlation_id(correlation_id: object) -> int | str:
+    if isinstance(correlation_id, str):
+        return correlation_id
+    if isinstance(correlation_id, int):
+        if correlation_id < 0:
+            raise TritonModelException("Correlation ID must be a non-negative integer or string")
+        return int(correlation_id)
+    raise TritonModelException("Correlation ID must be integer or string")
+
+
+def _check_inputs(inputs: object, request_id: str, model_name: str) -> list[Tensor]:
+    if inputs is None or isinstance(inputs, str | bytes) or not isinstance(inputs, Sequence):
+        raise TypeError("inputs must be a list of pb_utils.Tensor")
+    checked: list[Tensor] = []
+    for tensor in inputs:
+        if tensor is None:
+            raise TritonModelException(
+                f"Input tensor for request with id '{request_id}' and model name "
+                f"'{model_name}' should not be empty."
+            )
+        if not isinstance(tensor, Tensor):
+            raise TypeError(
+                f"inputs must hold pb_utils.Tensor objects, not {type(tensor).__name__}"
+            )
+        checked.append(tensor)
+    return checked
+
+
+def _check_output_names(names: object, request_id: str, model_name: str) -> list[str]:
+    if names is None or isinstance(names, str | bytes) or not isinstance(names, Sequence | set):
+        raise TypeError("requested_output_names must be a list of str")
+    checked: list[str] = []
+    for name in names:
+        if not isinstance(name, str):
+            raise TypeError(f"requested output names must be str, not {type(name).__name__}")
+        if not name:
+            raise TritonModelException(
+                f"Requested output name for request with id '{request_id}' and model name "
+                f"'{model_name}' should not be empty."
+            )
+        checked.append(name)
+    return checked

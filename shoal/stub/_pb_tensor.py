@@ -1,0 +1,224 @@
+"""``pb_utils.Tensor``: a named NumPy array with its V2 datatype, and its DLPack interface."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from shoal.ipc.dtypes import numpy_to_datatype
+from shoal.stub import _pb_dlpack as dlpack
+from shoal.stub._pb_errors import TritonModelException
+
+#: V2 datatype name -> Triton's ``TRITONSERVER_DataType`` value.
+TRITON_DTYPE_VALUES: dict[str, int] = {
+    "BOOL": 1,
+    "UINT8": 2,
+    "UINT16": 3,
+    "UINT32": 4,
+    "UINT64": 5,
+    "INT8": 6,
+    "INT16": 7,
+    "INT32": 8,
+    "INT64": 9,
+    "FP16": 10,
+    "FP32": 11,
+    "FP64": 12,
+    "BYTES": 13,
+    "BF16": 14,
+}
+
+
+def _check_name(name: object) -> str:
+    if not isinstance(name, str):
+        raise TypeError(f"Tensor name must be a str, not {type(name).__name__}")
+    if not name:
+        raise TritonModelException("Tensor name cannot be an empty string.")
+    return name
+
+
+def _datatype_of(array: np.ndarray) -> str:
+    try:
+        return numpy_to_datatype(array.dtype)
+    except TypeError:
+        raise TritonModelException("NumPy dtype is not supported.") from None
+
+
+class Tensor:
+    """A named tensor: a model's input or output.
+
+    ``Tensor(name, array)`` builds an output from a NumPy array. The array is kept by reference
+    (copied only if it is not C-contiguous or not little-endian) and written to shared memory when
+    the response is sent, so it should not be changed after it is handed to a response. Object,
+    ``bytes_`` and ``str_`` arrays become BYTES tensors.
+    """
+
+    __slots__ = ("_data", "_dtype", "_name", "_object_view")
+
+    def __init__(self, name: str, array: np.ndarray) -> None:
+        self._name = _check_name(name)
+        if not isinstance(array, np.ndarray):
+            array = np.asarray(array)
+        datatype = _datatype_of(array)
+        if not array.flags.c_contiguous:
+            array = np.ascontiguousarray(array)
+        if datatype != "BYTES" and array.dtype.byteorder == ">":
+            array = array.astype(array.dtype.newbyteorder("<"))
+        self._data = array
+        self._dtype = datatype
+        self._object_view: np.ndarray | None = None
+
+    # -- hooks for the stub runtime ------------------------------------------------------------
+
+    @classmethod
+    def _wrap(cls, name: str, array: np.ndarray, datatype: str) -> Tensor:
+        """Wrap an array the runtime built (an input), without copying or validating it.
+
+        ``datatype`` is the V2 name ("FP32", "BYTES", "BF16", ...). BYTES arrays are object arrays
+        of ``bytes``; BF16 arrays hold the raw 16-bit words as ``uint16``.
+        """
+        tensor = cls.__new__(cls)
+        tensor._name = name
+        tensor._data = array
+        tensor._dtype = datatype
+        tensor._object_view = None
+        return tensor
+
+    def _datatype(self) -> str:
+        """The V2 datatype name of this tensor."""
+        return self._dtype
+
+    def _array(self) -> np.ndarray:
+        """The array for the runtime to write into shared memory (BYTES: an object array)."""
+        if self._dtype != "BYTES" or self._data.dtype.kind == "O":
+            return self._data
+        if self._object_view is None:
+            # bytes_/str_ arrays: bytes objects (trailing NULs of bytes_ are dropped, as in Triton).
+            if self._data.dtype.kind == "U":
+                items = [item.encode("utf-8") for item in self._data.reshape(-1).tolist()]
+            else:
+                items = self._data.reshape(-1).tolist()
+            view = np.empty(len(items), dtype=np.object_)
+            view[:] = items
+            self._object_view = view.reshape(self._data.shape)
+        return self._object_view
+
+    # -- public API ----------------------------------------------------------------------------
+
+    def name(self) -> str:
+        """The tensor's name."""
+        return self._name
+
+    def shape(self) -> list[int]:
+        """The tensor's shape."""
+        return [int(dim) for dim in self._data.shape]
+
+    def is_cpu(self) -> bool:
+        """Whether the data is in CPU memory (always true in shoal for now)."""
+        return True
+
+    def triton_dtype(self) -> int:
+        """The ``TRITONSERVER_DataType`` value (FP32 is 11, BYTES 13, BF16 14, ...)."""
+        return TRITON_DTYPE_VALUES[self._dtype]
+
+    def as_numpy(self) -> np.ndarray:
+        """The data as a NumPy array (BYTES: an object array of ``bytes``).
+
+        Differs from Triton for received inputs: shoal returns a **read-only zero-copy view** of
+        the shared-memory buffer, where Triton returns a private copy. Copy it
+        (``tensor.as_numpy().copy()``) before writing to it. For a tensor the model built, this is
+        the array it passed in. BF16 has no NumPy dtype: use DLPack instead.
+        """
+        if self._dtype == "BF16":
+            raise TritonModelException(
+                "Tensor of type BF16 cannot be converted to NumPy; use to_dlpack() instead."
+            )
+        return self._data
+
+    def to_dlpack(self) -> Any:
+        """A ``"dltensor"`` PyCapsule over the tensor's memory (zero-copy).
+
+        The capsule of a received input aliases read-only shared memory: consumers must not write.
+        """
+        return self._export(None)
+
+    def __dlpack__(
+        self,
+        stream: object = None,
+        *,
+        max_version: tuple[int, int] | None = None,
+        dl_device: tuple[int, int] | None = None,
+        copy: bool | None = None,
+    ) -> Any:
+        """DLPack producer protocol; CPU data needs no stream synchronization."""
+        if dl_device is not None and tuple(dl_device) != (dlpack.DEVICE_CPU, 0):
+            raise BufferError(f"Tensor '{self._name}' is on the CPU; cannot export to {dl_device}")
+        return self._export(max_version, copy=bool(copy))
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        """``(device_type, device_id)``: ``(1, 0)``, the CPU."""
+        return (dlpack.DEVICE_CPU, 0)
+
+    def _export(self, max_version: tuple[int, int] | None, copy: bool = False) -> Any:
+        if self._dtype == "BYTES":
+            raise TritonModelException("DLPack does not support BYTES tensors.")
+        array = self._data.copy() if copy else self._data
+        capsule = dlpack.export_array(array, max_version)
+        if self._dtype == "BF16":
+            dlpack.mark_bfloat16(capsule)
+        return capsule
+
+    @staticmethod
+    def from_dlpack(name: str, dlpack_obj: Any) -> Tensor:
+        """A Tensor over a DLPack producer's memory, without copying.
+
+        ``dlpack_obj`` is an object with ``__dlpack__`` (a NumPy array, a torch tensor, ...) or a
+        ``"dltensor"`` PyCapsule such as ``torch.utils.dlpack.to_dlpack`` returns. Only CPU memory
+        is supported for now; the data must be C-contiguous.
+        """
+        _check_name(name)
+        if dlpack.is_capsule(dlpack_obj):
+            capsule = dlpack_obj
+            _check_device(name, _capsule_device(capsule))
+        elif hasattr(dlpack_obj, "__dlpack__"):
+            if hasattr(dlpack_obj, "__dlpack_device__"):
+                _check_device(name, tuple(dlpack_obj.__dlpack_device__()))
+            capsule = dlpack.export_from(dlpack_obj)
+            _check_device(name, _capsule_device(capsule))
+        else:
+            raise TritonModelException(
+                "Tensor.from_dlpack expects a DLPack capsule or an object with __dlpack__, "
+                f"got {type(dlpack_obj).__name__}"
+            )
+        try:
+            bfloat16 = dlpack.check_importable(capsule)
+            array = dlpack.import_capsule(capsule)
+        except dlpack.DLPackError as error:
+            raise TritonModelException(f"Tensor.from_dlpack('{name}'): {error}") from None
+        if not array.flags.c_contiguous:
+            raise TritonModelException(
+                "DLPack tensor is not contiguous. Only contiguous DLPack tensors that are stored "
+                "in C-Order are supported."
+            )
+        datatype = "BF16" if bfloat16 else _datatype_of(array)
+        return Tensor._wrap(name, array, datatype)
+
+    def __repr__(self) -> str:
+        return f"Tensor(name={self._name!r}, datatype={self._dtype}, shape={self.shape()})"
+
+
+def _capsule_device(capsule: object) -> tuple[int, int]:
+    try:
+        return dlpack.capsule_device(capsule)
+    except dlpack.DLPackError as error:
+        raise TritonModelException(f"Tensor.from_dlpack: {error}") from None
+
+
+def _check_device(name: str, device: tuple[Any, ...]) -> None:
+    device_type = int(device[0])
+    if not dlpack.is_host_device(device_type):
+        raise TritonModelException(
+            f"Tensor.from_dlpack('{name}'): the data is in {dlpack.device_name(device_type)} "
+            f"memory (device {int(device[1])}); GPU tensors need shoal's GPU tensor path, which "
+            "is not available yet. Move the tensor to the CPU first (e.g. tensor.cpu())."
+        )

@@ -1,0 +1,48 @@
+"""Import a user's ``model.py`` the way Triton's Python backend does.
+
+The version directory is importable as a package (``<version>.model``), so ``model.py`` can do
+``import sibling`` and ``from . import sibling``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from types import ModuleType
+from typing import Any
+
+from shoal.stub import pb_utils
+
+
+def install_pb_utils() -> None:
+    """Make ``import triton_python_backend_utils`` find shoal's compatibility module."""
+    sys.modules["triton_python_backend_utils"] = pb_utils
+
+
+def import_model_module(model_file: str) -> ModuleType:
+    """Import ``model_file`` (``<model dir>/<version>/model.py``) as ``<version>.<stem>``."""
+    if not os.path.isfile(model_file):
+        version_dir = os.path.dirname(model_file)
+        raise FileNotFoundError(
+            f"Failed to preinitialize Python stub: Python model file not found in '{version_dir}'"
+        )
+    version_dir = os.path.dirname(os.path.abspath(model_file))
+    model_dir = os.path.dirname(version_dir)
+    for path in (version_dir, model_dir):
+        if path not in sys.path:
+            sys.path.append(path)
+    stem = os.path.splitext(os.path.basename(model_file))[0]
+    package = os.path.basename(version_dir)
+    return importlib.import_module(f"{package}.{stem}")
+
+
+def instantiate(module: ModuleType, model_file: str) -> Any:
+    """Create the module's ``TritonPythonModel`` and check it can execute."""
+    model_class = getattr(module, "TritonPythonModel", None)
+    if model_class is None:
+        raise AttributeError(f"Python model '{model_file}' does not define 'TritonPythonModel'")
+    model = model_class()
+    if not callable(getattr(model, "execute", None)):
+        raise AttributeError(f"Python model {model_file} does not implement `execute` method.")
+    return model

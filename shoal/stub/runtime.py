@@ -1,0 +1,153 @@
+"""The stub's main loop: receive → execute → respond, until the supervisor says finalize."""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import inspect
+import os
+import signal
+import socket
+import sys
+import traceback
+from typing import Any
+
+from shoal.ipc import messages as msg
+from shoal.ipc.arena import ArenaMap, Block, OwnedArena, Segment
+from shoal.ipc.fdpass import recv_fds, send_fds
+from shoal.ipc.queue import Channel, PeerGone
+from shoal.stub import loader, pb_utils
+from shoal.stub.executor import BatchExecutor
+
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Have the kernel SIGKILL this process when the supervisor dies, even by SIGKILL."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
+    # A Ctrl-C in the server's terminal is for the supervisor, which stops stubs in order.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+class StubRuntime:
+    """One model instance: owns its output arena, maps the supervisor's input arena."""
+
+    def __init__(self, instance: str, sock_fd: int, channel_fds: list[int], parent: int) -> None:
+        self.instance = instance
+        self.sock = socket.socket(fileno=sock_fd)
+        self.sock.setblocking(True)
+        self.channel = Channel.attach(channel_fds, peer_pidfd=os.pidfd_open(parent))
+        self.inputs = ArenaMap()
+        self.outputs: OwnedArena | None = None
+        self.model: Any = None
+        self.loop = asyncio.new_event_loop()
+
+    # -- segments ---------------------------------------------------------------------------
+
+    def _announce_segment(self, segment: Segment) -> None:
+        assert segment.fd is not None
+        announce = msg.SegmentAnnounce(segment.arena_id, segment.index, segment.size)
+        send_fds(self.sock, announce.encode(), [segment.fd])
+
+    def input_view(self, block: Block) -> memoryview:
+        """A view of an input block, receiving its segment's fd first if it is new to us."""
+        while not self.inputs.has(block.arena_id, block.segment):
+            payload, fds = recv_fds(self.sock)
+            announce = msg.SegmentAnnounce.decode(payload)
+            self.inputs.add_fd(announce.arena_id, announce.segment, fds[0], announce.size)
+        return self.inputs.view(block)
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def _send(self, message: msg.Message) -> None:
+        self.channel.send_up(msg.encode(message))
+
+    def _log_sink(self, level: int, message: str, filename: str, line: int) -> None:
+        try:
+            self._send(msg.Log(level, message, filename, line))
+        except PeerGone:
+            pass
+
+    def _initialize(self, init: msg.Initialize) -> None:
+        initial, growth, limit = init.output_arena
+        self.outputs = OwnedArena(
+            init.output_arena_id,
+            initial_bytes=initial,
+            growth_bytes=growth,
+            limit_bytes=limit,
+            on_new_segment=self._announce_segment,
+        )
+        loader.install_pb_utils()
+        pb_utils._set_model_dir(os.path.dirname(init.model_file))
+        pb_utils._set_log_sink(self._log_sink)
+        module = loader.import_model_module(init.model_file)
+        self.model = loader.instantiate(module, init.model_file)
+        initialize = getattr(self.model, "initialize", None)
+        if initialize is not None:
+            result = initialize(dict(init.args))
+            if inspect.isawaitable(result):
+                self.loop.run_until_complete(result)
+
+    def run(self) -> int:
+        """Serve until finalize or until the supervisor goes away; returns the exit code."""
+        try:
+            first = msg.decode(self.channel.recv_down())
+            if not isinstance(first, msg.Initialize):
+                raise RuntimeError(f"expected Initialize, got {type(first).__name__}")
+            try:
+                self._initialize(first)
+            except BaseException:
+                self._send(msg.Ready(error=_format_exception()))
+                return 1
+            self._send(msg.Ready())
+            assert self.outputs is not None
+            executor = BatchExecutor(self.instance, self.model, self.outputs, self.input_view,
+                                     self.loop)
+            return self._serve(executor)
+        except PeerGone:
+            return 1
+        finally:
+            self._close()
+
+    def _serve(self, executor: BatchExecutor) -> int:
+        assert self.outputs is not None
+        while True:
+            message = msg.decode(self.channel.recv_down())
+            match message:
+                case msg.Execute():
+                    self._send(executor.run(message))
+                case msg.Release(blocks=blocks):
+                    for block in blocks:
+                        self.outputs.free(block)
+                case msg.Finalize():
+                    self._send(msg.Finalized(error=self._finalize()))
+                    return 0
+                case _:
+                    raise RuntimeError(f"unexpected message {type(message).__name__}")
+
+    def _finalize(self) -> str | None:
+        finalize = getattr(self.model, "finalize", None)
+        if finalize is None:
+            return None
+        try:
+            result = finalize()
+            if inspect.isawaitable(result):
+                self.loop.run_until_complete(result)
+        except BaseException:
+            return _format_exception()
+        return None
+
+    def _close(self) -> None:
+        pb_utils._set_log_sink(None)
+        sys.stdout.flush()
+        sys.stderr.flush()
+
+
+def _format_exception() -> str:
+    return traceback.format_exc().rstrip()

@@ -1,0 +1,306 @@
+"""A model instance: one stub process at a time, restarted with back-off when it dies.
+
+The instance pulls work from its scheduler only while its stub is ready, so queued requests wait
+for the other instances or for the restart; requests already inside a dead stub fail with
+UNAVAILABLE naming the instance and how it died.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from shoal.ipc import messages as msg
+from shoal.ipc.arena import Block, OwnedArena
+from shoal.ipc.queue import PeerGone
+from shoal.supervisor.errors import Unavailable
+from shoal.supervisor.stub_process import StubLaunch, StubProcess, describe_exit
+from shoal.supervisor.work import Completion, Work
+
+log = logging.getLogger("shoal")
+
+_LOG_LEVELS = {0: logging.INFO, 1: logging.WARNING, 2: logging.ERROR, 3: logging.DEBUG}
+_arena_ids = itertools.count(1)
+
+
+class LoadError(Exception):
+    """The stub could not start or the model's ``initialize`` raised; the text says why."""
+
+
+class BatchSource(Protocol):
+    """What an instance pulls work from (a scheduler)."""
+
+    async def next_batch(self) -> list[Work]: ...
+
+    def requeue(self, batch: list[Work]) -> None: ...
+
+
+@dataclass(frozen=True)
+class InstanceSpec:
+    """Everything needed to (re)start one instance."""
+
+    model_name: str
+    instance_name: str
+    init_args: dict[str, str]
+    model_file: str
+    launch: StubLaunch
+    output_arena: tuple[int, int, int]
+    restart_backoff: tuple[float, float] = (0.1, 5.0)
+
+
+class StubInstance:
+    """Runs batches on its current stub process and restarts it when it dies."""
+
+    def __init__(self, spec: InstanceSpec, input_arena: OwnedArena,
+                 free_inputs: Callable[[list[Block]], None]) -> None:
+        self.spec = spec
+        self.name = spec.instance_name
+        self.restarts = 0
+        self.last_exit = ""
+        self._input_arena = input_arena
+        self._free_inputs = free_inputs
+        self._loop = asyncio.get_running_loop()
+        self._proc: StubProcess | None = None
+        self._ready = asyncio.Event()
+        self._stopping = False
+        self._batch_ids = itertools.count(1)
+        self._in_flight: dict[int, tuple[list[Work], asyncio.Future[None]]] = {}
+        self._init_waiter: asyncio.Future[str | None] | None = None
+        self._finalized: asyncio.Future[None] | None = None
+        self._worker: asyncio.Task[None] | None = None
+        self._restart_task: asyncio.Task[None] | None = None
+        self._release_pending: list[Block] = []
+        self._release_scheduled = False
+
+    @property
+    def ready(self) -> bool:
+        return self._ready.is_set()
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid if self._proc is not None else -1
+
+    # -- start ------------------------------------------------------------------------------
+
+    async def start(self, source: BatchSource) -> None:
+        """Spawn the stub and wait for ``initialize``; raises LoadError with the reason."""
+        await self._launch()
+        self._worker = asyncio.create_task(self._work_loop(source), name=f"worker {self.name}")
+
+    async def _launch(self) -> None:
+        proc = StubProcess(self.spec.launch, next(_arena_ids))
+        self._proc = proc
+        for segment in self._input_arena.segments:
+            proc.announce(segment)
+        self._init_waiter = self._loop.create_future()
+        proc.spawn(self._loop, lambda code: self._on_exit(proc, code))
+        proc.channel.watch_up(self._loop, lambda: self._drain(proc))
+        init = msg.Initialize(dict(self.spec.init_args), self.spec.model_file,
+                              proc.output_arena_id, self.spec.output_arena)
+        await proc.send_async(init)
+        error = await self._init_waiter
+        if error is not None:
+            await self._reap(proc)
+            raise LoadError(error)
+        self._ready.set()
+
+    def announce_segment(self, segment: Any) -> None:
+        """A new input-arena segment exists: the live stub must be able to map it."""
+        if self._proc is not None and self._proc.returncode is None:
+            try:
+                self._proc.announce(segment)
+            except OSError:
+                pass  # the stub is dying; its exit is handled on its pidfd
+
+    # -- messages from the stub -------------------------------------------------------------
+
+    def _drain(self, proc: StubProcess) -> None:
+        while (payload := proc.channel.recv_up_nowait()) is not None:
+            self._dispatch(proc, msg.decode(payload))
+
+    def _dispatch(self, proc: StubProcess, message: msg.Message) -> None:
+        match message:
+            case msg.Result():
+                self._complete(proc, message)
+            case msg.Log(level=level, message=text, filename=filename, line=line):
+                where = f" ({filename}:{line})" if filename else ""
+                log.log(_LOG_LEVELS.get(level, logging.INFO), "[%s]%s %s", self.name, where, text)
+            case msg.Ready(error=error):
+                if self._init_waiter is not None and not self._init_waiter.done():
+                    self._init_waiter.set_result(error)
+            case msg.Finalized(error=error):
+                if error:
+                    log.warning("[%s] finalize raised:\n%s", self.name, error)
+                if self._finalized is not None and not self._finalized.done():
+                    self._finalized.set_result(None)
+            case _:
+                log.error("[%s] unexpected message %s", self.name, type(message).__name__)
+
+    def _complete(self, proc: StubProcess, result: msg.Result) -> None:
+        batch, finished = self._in_flight.pop(result.batch_id, ([], None))
+        if finished is not None and not finished.done():
+            finished.set_result(None)
+        for work, response in zip(batch, result.responses, strict=True):
+            passed = {o.location for o in response.outputs if isinstance(o.location, Block)
+                      and o.location.arena_id == 0}
+            self._free_inputs([b for b in work.input_blocks if b not in passed])
+            if work.future.done():  # the client went away: nobody will release the outputs
+                self.release_outputs(proc, _blocks(response))
+            else:
+                work.future.set_result(Completion(response, self, proc))
+
+    # -- the work loop ----------------------------------------------------------------------
+
+    async def _work_loop(self, source: BatchSource) -> None:
+        while not self._stopping:
+            await self._ready.wait()
+            batch = await source.next_batch()
+            proc = self._proc
+            if self._stopping or proc is None or not self._ready.is_set():
+                source.requeue(batch)
+                continue
+            await self._run(proc, batch)
+
+    async def _run(self, proc: StubProcess, batch: list[Work]) -> None:
+        batch_id = next(self._batch_ids)
+        finished: asyncio.Future[None] = self._loop.create_future()
+        self._in_flight[batch_id] = (batch, finished)
+        try:
+            await proc.send_async(msg.Execute(batch_id, [w.record for w in batch]))
+        except PeerGone:
+            pass  # _on_exit fails the batch
+        # One batch at a time per instance (Triton's contract for a sync execute), even when
+        # the clients of this batch have gone away.
+        await finished
+
+    # -- outputs ----------------------------------------------------------------------------
+
+    def output_view(self, proc: StubProcess, block: Block) -> memoryview:
+        if block.arena_id == 0:
+            return self._input_arena.view(block).toreadonly()
+        return proc.output_view(block)
+
+    def release_outputs(self, proc: StubProcess, blocks: list[Block]) -> None:
+        """The frontend is done with these blocks: return them to their arenas."""
+        for block in blocks:
+            if block.arena_id == 0:
+                self._free_inputs([block])
+            elif proc is not None and proc is self._proc and proc.returncode is None:
+                self._release_pending.append(block)
+        if self._release_pending and not self._release_scheduled:
+            self._release_scheduled = True
+            self._loop.call_soon(self._flush_releases)
+
+    def _flush_releases(self) -> None:
+        self._release_scheduled = False
+        blocks, self._release_pending = self._release_pending, []
+        proc = self._proc
+        if not blocks or proc is None or proc.returncode is not None:
+            return
+        if not proc.send(msg.Release(blocks)):
+            asyncio.ensure_future(self._send_quietly(proc, msg.Release(blocks)))
+
+    async def _send_quietly(self, proc: StubProcess, message: msg.Message) -> None:
+        try:
+            await proc.send_async(message)
+        except PeerGone:
+            pass
+
+    # -- death and restart ------------------------------------------------------------------
+
+    def _on_exit(self, proc: StubProcess, returncode: int) -> None:
+        how = describe_exit(returncode)
+        self._ready.clear()
+        if self._init_waiter is not None and not self._init_waiter.done():
+            self._init_waiter.set_result(
+                f"stub process of instance '{self.name}' exited during initialize with {how}"
+            )
+        if self._finalized is not None and not self._finalized.done():
+            self._finalized.set_result(None)
+        if self._stopping or proc is not self._proc:
+            return
+        self.last_exit = how
+        log.error("instance '%s' stub process %d died with %s", self.name, proc.pid, how)
+        error = Unavailable(f"Stub process '{self.name}' is not healthy: it died with {how}")
+        for batch, finished in self._in_flight.values():
+            if not finished.done():
+                finished.set_result(None)
+            for work in batch:
+                self._free_inputs(work.input_blocks)
+                if not work.future.done():
+                    work.future.set_exception(error)
+        self._in_flight.clear()
+        self._release_pending.clear()
+        self._restart_task = asyncio.create_task(self._restart(proc))
+
+    async def _restart(self, dead: StubProcess) -> None:
+        await self._reap(dead)
+        first, cap = self.spec.restart_backoff
+        delay = first
+        while not self._stopping:
+            await asyncio.sleep(delay)
+            self.restarts += 1
+            try:
+                await self._launch()
+                log.info("instance '%s' restarted (restart %d)", self.name, self.restarts)
+                return
+            except LoadError as error:
+                log.error("instance '%s' failed to restart: %s", self.name, error)
+                delay = min(delay * 2, cap)
+
+    async def _reap(self, proc: StubProcess) -> None:
+        proc.close(self._loop)
+
+    # -- stop -------------------------------------------------------------------------------
+
+    async def stop(self, timeout: float) -> None:
+        """finalize() within ``timeout``, then SIGTERM, then SIGKILL; releases everything."""
+        self._stopping = True
+        self._ready.clear()
+        if self._worker is not None:
+            self._worker.cancel()
+        if self._restart_task is not None:
+            self._restart_task.cancel()
+        proc = self._proc
+        if proc is None:
+            return
+        if proc.returncode is None:
+            exited = self._loop.create_future()
+            self._finalized = exited
+            try:
+                await asyncio.wait_for(self._stop_process(proc), timeout)
+            except (asyncio.TimeoutError, PeerGone):
+                log.warning("instance '%s' did not finalize in %.1fs: killing it", self.name,
+                            timeout)
+            await self._wait_exit(proc)
+        proc.close(self._loop)
+        self._proc = None
+
+    async def _stop_process(self, proc: StubProcess) -> None:
+        await proc.send_async(msg.Finalize())
+        assert self._finalized is not None
+        await self._finalized
+
+    async def _wait_exit(self, proc: StubProcess) -> None:
+        for action, grace in ((None, 2.0), (proc.terminate, 2.0), (proc.kill, 5.0)):
+            if proc.exited.done():
+                return
+            if action is not None:
+                action()
+            try:
+                await asyncio.wait_for(asyncio.shield(proc.exited), grace)
+            except asyncio.TimeoutError:
+                continue
+
+
+def _blocks(response: msg.ResponseRecord) -> list[Block]:
+    """The distinct arena blocks a response's outputs live in."""
+    seen: dict[Block, None] = {}
+    for output in response.outputs:
+        if isinstance(output.location, Block):
+            seen[output.location] = None
+    return list(seen)

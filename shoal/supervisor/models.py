@@ -1,0 +1,124 @@
+"""Loaded model versions: their config, scheduler, instances and state."""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import json
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from shoal.ipc.arena import Block, OwnedArena
+from shoal.supervisor.instances import InstanceSpec, LoadError, StubInstance
+from shoal.supervisor.options import ArenaOptions
+from shoal.supervisor.schedulers.default import DefaultScheduler
+from shoal.supervisor.stub_process import StubLaunch
+from shoal.supervisor.work import Work
+
+log = logging.getLogger("shoal")
+
+_KIND_NAMES = {"KIND_CPU": "CPU", "KIND_GPU": "GPU", "KIND_MODEL": "MODEL", "KIND_AUTO": "AUTO"}
+
+
+class ModelState(enum.Enum):
+    LOADING = "LOADING"
+    READY = "READY"
+    UNAVAILABLE = "UNAVAILABLE"
+    UNLOADING = "UNLOADING"
+
+
+@dataclass(eq=False)
+class ModelVersion:
+    """One version of a model: config, scheduler and instances."""
+
+    name: str
+    version: int
+    config: Any
+    config_json: dict[str, Any]
+    state: ModelState = ModelState.LOADING
+    reason: str = ""
+    scheduler: DefaultScheduler | None = None
+    instances: list[StubInstance] = field(default_factory=list)
+
+    @property
+    def ready(self) -> bool:
+        return self.state is ModelState.READY
+
+    def submit(self, work: Work) -> None:
+        assert self.scheduler is not None
+        self.scheduler.submit(work)
+
+
+class ModelLoader:
+    """Starts and stops model versions with their stubs."""
+
+    def __init__(self, input_arena: OwnedArena, arenas: ArenaOptions,
+                 free_inputs: Callable[[list[Block]], None]) -> None:
+        self._input_arena = input_arena
+        self._arenas = arenas
+        self._free_inputs = free_inputs
+
+    def _specs(self, mv: ModelVersion) -> list[InstanceSpec]:
+        config = mv.config
+        model_dir = os.path.abspath(config.path)
+        model_file = os.path.join(model_dir, str(mv.version), config.default_model_filename)
+        config_text = json.dumps(mv.config_json)
+        specs = []
+        for instance_name, kind, device_id in config.instance_names():
+            args = {
+                "model_config": config_text,
+                "model_instance_kind": _KIND_NAMES.get(kind, "CPU"),
+                "model_instance_name": instance_name,
+                "model_instance_device_id": str(device_id),
+                "model_repository": model_dir,
+                "model_version": str(mv.version),
+                "model_name": mv.name,
+            }
+            specs.append(InstanceSpec(
+                model_name=mv.name,
+                instance_name=instance_name,
+                init_args=args,
+                model_file=model_file,
+                launch=StubLaunch(instance_name),
+                output_arena=(self._arenas.output_initial_bytes, self._arenas.growth_bytes,
+                              self._arenas.limit_bytes),
+            ))
+        return specs
+
+    async def start(self, mv: ModelVersion) -> None:
+        """Bring up every instance; on failure the version is UNAVAILABLE with the reason."""
+        scheduler = DefaultScheduler(lambda work: self._free_inputs(work.input_blocks))
+        mv.scheduler = scheduler
+        mv.instances = [StubInstance(spec, self._input_arena, self._free_inputs)
+                        for spec in self._specs(mv)]
+        results = await asyncio.gather(*(i.start(scheduler) for i in mv.instances),
+                                       return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            first = errors[0]
+            reason = str(first) if isinstance(first, LoadError) else repr(first)
+            await self.stop(mv, timeout=5.0)
+            mv.state = ModelState.UNAVAILABLE
+            mv.reason = f"failed to load '{mv.name}' version {mv.version}: {reason}"
+            log.error("%s", mv.reason)
+            return
+        mv.state = ModelState.READY
+        log.info("successfully loaded '%s' version %d", mv.name, mv.version)
+
+    async def stop(self, mv: ModelVersion, timeout: float) -> None:
+        mv.state = ModelState.UNLOADING
+        if mv.scheduler is not None:
+            for work in mv.scheduler.close():
+                self._free_inputs(work.input_blocks)
+                if not work.future.done():
+                    from shoal.supervisor.errors import Unavailable
+
+                    work.future.set_exception(
+                        Unavailable(f"model '{mv.name}' is unloading; the request was not run")
+                    )
+        await asyncio.gather(*(i.stop(timeout) for i in mv.instances))
+        mv.state = ModelState.UNAVAILABLE
+        mv.reason = "unloaded"

@@ -1,0 +1,41 @@
+"""Server options: one frozen object built by the CLI from tritonserver-style flags."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+MIB = 1 << 20
+
+
+@dataclass(frozen=True)
+class ArenaOptions:
+    """Shared-memory sizes (Triton's ``--backend-config=python,shm-*`` knobs map here)."""
+
+    input_initial_bytes: int = 64 * MIB
+    output_initial_bytes: int = 16 * MIB
+    growth_bytes: int = 64 * MIB
+    limit_bytes: int = 4096 * MIB
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    model_repositories: tuple[str, ...]
+    http_address: str = "0.0.0.0"
+    http_port: int = 8000
+    grpc_address: str = "0.0.0.0"
+    grpc_port: int = 8001
+    metrics_address: str = "0.0.0.0"
+    metrics_port: int = 8002
+    allow_http: bool = True
+    allow_grpc: bool = True
+    allow_metrics: bool = True
+    model_control_mode: str = "none"
+    load_models: tuple[str, ...] = ()
+    strict_model_config: bool = False
+    strict_readiness: bool = True
+    exit_on_error: bool = False
+    exit_timeout_secs: float = 30.0
+    log_verbose: int = 0
+    http_max_input_size: int = 64 * MIB
+    arenas: ArenaOptions = field(default_factory=ArenaOptions)
+    backend_config: tuple[tuple[str, str, str], ...] = ()

@@ -1,0 +1,178 @@
+"""Check a request against its model's configuration and stage its inputs in the input arena.
+
+This is the one place where client tensors are copied: from the request body into shared memory.
+Messages follow Triton's wording, which clients and tests match on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from shoal.ipc.arena import ArenaExhausted, Block, OwnedArena
+from shoal.ipc.dtypes import BytesFormatError, byte_size, deserialize_bytes, element_count
+from shoal.ipc.messages import RequestRecord
+from shoal.ipc.tensor import TensorDesc, numpy_to_buffer_size, write_numpy
+from shoal.supervisor.errors import InvalidArgument, ResourceExhausted
+from shoal.supervisor.types import InferInput, InferRequest
+
+
+def dims_text(dims: Sequence[int]) -> str:
+    return "[" + ",".join(str(int(d)) for d in dims) + "]"
+
+
+def _shape_matches(expected: Sequence[int], actual: Sequence[int]) -> bool:
+    return len(expected) == len(actual) and all(
+        e == -1 or e == a for e, a in zip(expected, actual, strict=True)
+    )
+
+
+def check_inputs(config: Any, request: InferRequest) -> None:
+    """Names, datatypes, shapes and batch size of every input, as Triton checks them."""
+    model = config.name
+    by_name = {t.name: t for t in config.inputs}
+    seen: set[str] = set()
+    for tensor in request.inputs:
+        spec = by_name.get(tensor.name)
+        if spec is None:
+            raise InvalidArgument(f"unexpected inference input '{tensor.name}' for model '{model}'")
+        if tensor.name in seen:
+            raise InvalidArgument(
+                f"input '{tensor.name}' is given more than once in the request for model '{model}'"
+            )
+        seen.add(tensor.name)
+        if tensor.datatype != spec.datatype:
+            raise InvalidArgument(
+                f"inference input '{tensor.name}' data-type is '{tensor.datatype}', but model "
+                f"'{model}' expects '{spec.datatype}'"
+            )
+        _check_shape(config, spec, tensor)
+    required = [t.name for t in config.inputs if not t.optional]
+    missing = [name for name in required if name not in seen]
+    if missing:
+        got = ", ".join(f"'{t.name}'" for t in request.inputs)
+        need = ", ".join(f"'{n}'" for n in missing)
+        raise InvalidArgument(
+            f"expected {len(required)} inputs but got {len(request.inputs)} inputs for model "
+            f"'{model}'. Got input(s) [{got}], but missing required input(s) [{need}]. "
+            "Please provide all required input(s)."
+        )
+
+
+def _check_shape(config: Any, spec: Any, tensor: InferInput) -> None:
+    model = config.name
+    if any(d < 0 for d in tensor.shape):
+        raise InvalidArgument(
+            f"input '{tensor.name}' for model '{model}' has a negative dimension in its shape "
+            f"{dims_text(tensor.shape)}"
+        )
+    expected = tuple(spec.dims)
+    actual = tuple(tensor.shape)
+    if config.max_batch_size > 0:
+        expected = (-1, *expected)
+        if not actual:
+            raise InvalidArgument(
+                f"unexpected shape for input '{tensor.name}' for model '{model}'. Expected "
+                f"{dims_text(expected)}, got {dims_text(actual)}. "
+                "The first dimension is the batch size."
+            )
+        if actual[0] > config.max_batch_size:
+            raise InvalidArgument(
+                f"inference request batch-size must be <= {config.max_batch_size} for '{model}'"
+            )
+    if not _shape_matches(expected, actual):
+        raise InvalidArgument(
+            f"unexpected shape for input '{tensor.name}' for model '{model}'. Expected "
+            f"{dims_text(expected)}, got {dims_text(actual)}"
+        )
+
+
+def check_outputs(config: Any, request: InferRequest) -> list[str]:
+    """The output names the model must produce (all of them when the client named none)."""
+    names = {t.name for t in config.outputs}
+    for output in request.outputs:
+        if output.name not in names:
+            raise InvalidArgument(
+                f"unexpected inference output '{output.name}' for model '{config.name}'"
+            )
+    if request.outputs:
+        return [o.name for o in request.outputs]
+    return [t.name for t in config.outputs]
+
+
+def _model_shape(config: Any, spec: Any, shape: tuple[int, ...]) -> tuple[int, ...]:
+    reshape = getattr(spec, "reshape", None)
+    if reshape is None:
+        return shape
+    if config.max_batch_size > 0:
+        return (shape[0], *reshape)
+    return tuple(reshape)
+
+
+def _payload_size(config: Any, tensor: InferInput) -> int:
+    """Validated size in bytes of the tensor's V2 serialized payload."""
+    if isinstance(tensor.data, np.ndarray):
+        return numpy_to_buffer_size(tensor.data, tensor.datatype)
+    actual = memoryview(tensor.data).nbytes
+    expected = byte_size(tensor.datatype, tensor.shape)
+    if expected is None:
+        try:
+            deserialize_bytes(tensor.data, element_count(tensor.shape))
+        except BytesFormatError as error:
+            raise InvalidArgument(
+                f"input '{tensor.name}' for model '{config.name}': malformed BYTES data: {error}"
+            ) from None
+    elif actual != expected:
+        raise InvalidArgument(
+            f"input byte size mismatch for input '{tensor.name}' for model '{config.name}'. "
+            f"Expected {expected}, got {actual}"
+        )
+    return actual
+
+
+def _write(tensor: InferInput, dest: memoryview) -> None:
+    if isinstance(tensor.data, np.ndarray):
+        write_numpy(tensor.data, tensor.datatype, dest)
+    else:
+        dest[:] = memoryview(tensor.data).cast("B")
+
+
+def stage_request(
+    config: Any, request: InferRequest, arena: OwnedArena, outputs: list[str]
+) -> tuple[RequestRecord, list[Block]]:
+    """Copy every input into ``arena``; the caller owns the returned blocks."""
+    specs = {t.name: t for t in config.inputs}
+    sizes = [_payload_size(config, tensor) for tensor in request.inputs]
+    blocks: list[Block] = []
+    descs: list[TensorDesc] = []
+    try:
+        for tensor, size in zip(request.inputs, sizes, strict=True):
+            block = arena.allocate(size)
+            blocks.append(block)
+            _write(tensor, arena.view(block))
+            shape = _model_shape(config, specs[tensor.name], tuple(tensor.shape))
+            descs.append(TensorDesc(tensor.name, tensor.datatype, shape, block))
+    except ArenaExhausted as error:
+        for block in blocks:
+            arena.free(block)
+        raise ResourceExhausted(
+            f"cannot stage the inputs of a request for model '{config.name}': {error}"
+        ) from None
+    params = dict(request.parameters)
+    record = RequestRecord(
+        request_id=request.id,
+        correlation_id=_correlation_id(params),
+        flags=0,
+        parameters=params,
+        requested_outputs=outputs,
+        inputs=descs,
+        timeout_us=int(params.get("timeout", 0) or 0),
+    )
+    return record, blocks
+
+
+def _correlation_id(params: dict[str, Any]) -> int | str:
+    value = params.get("sequence_id", 0)
+    return value if isinstance(value, int | str) else 0

@@ -1,0 +1,188 @@
+"""One running stub process: spawn, channel, sockets, output mappings and exit watching."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from shoal.ipc import messages as msg
+from shoal.ipc.arena import ArenaMap, Block, Segment
+from shoal.ipc.fdpass import recv_fds, send_fds
+from shoal.ipc.queue import Channel
+
+log = logging.getLogger("shoal.stub")
+
+
+@dataclass(frozen=True)
+class StubLaunch:
+    """What a stub process needs to start."""
+
+    instance_name: str
+    python: str = sys.executable
+    env: dict[str, str] = field(default_factory=dict)
+    ring_bytes: int = 1 << 20
+
+
+def describe_exit(returncode: int) -> str:
+    """'exit code 3' or 'signal 9 (SIGKILL)'."""
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = "unknown"
+        return f"signal {-returncode} ({name})"
+    return f"exit code {returncode}"
+
+
+class StubProcess:
+    """A spawned ``python -m shoal.stub``; the owner drives it with messages."""
+
+    def __init__(self, launch: StubLaunch, output_arena_id: int) -> None:
+        self.launch = launch
+        self.output_arena_id = output_arena_id
+        self.channel = Channel.create(launch.ring_bytes)
+        self.sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.outputs = ArenaMap()
+        self.returncode: int | None = None
+        self._child_sock = child_sock
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._pidfd = -1
+        self._pipes: list[int] = []
+        self._partial: dict[int, bytes] = {}
+        self.exited: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid if self._proc is not None else -1
+
+    def announce(self, segment: Segment) -> None:
+        """Hand one input-arena segment to the stub (before any message refers to it)."""
+        assert segment.fd is not None
+        payload = msg.SegmentAnnounce(segment.arena_id, segment.index, segment.size).encode()
+        send_fds(self.sock, payload, [segment.fd])
+
+    def spawn(self, loop: asyncio.AbstractEventLoop, on_exit: Callable[[int], None]) -> None:
+        fds = [self._child_sock.fileno(), *self.channel.child_fds()]
+        argv = [
+            self.launch.python, "-m", "shoal.stub",
+            "--socket", str(fds[0]),
+            "--channel", ",".join(str(fd) for fd in fds[1:]),
+            "--parent", str(os.getpid()),
+            "--instance", self.launch.instance_name,
+        ]
+        env = {**os.environ, **self.launch.env, "PYTHONUNBUFFERED": "1"}
+        self._proc = subprocess.Popen(
+            argv, pass_fds=fds, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, env=env, start_new_session=True,
+        )
+        self._child_sock.close()
+        self._pidfd = os.pidfd_open(self._proc.pid)
+        loop.add_reader(self._pidfd, self._reap, loop, on_exit)
+        for pipe in (self._proc.stdout, self._proc.stderr):
+            assert pipe is not None
+            fd = pipe.fileno()
+            os.set_blocking(fd, False)
+            self._pipes.append(fd)
+            loop.add_reader(fd, self._forward_output, fd)
+
+    def _forward_output(self, fd: int) -> None:
+        try:
+            chunk = os.read(fd, 65536)
+        except BlockingIOError:
+            return
+        if not chunk:
+            asyncio.get_running_loop().remove_reader(fd)
+            self._flush_partial(fd)
+            return
+        data = self._partial.pop(fd, b"") + chunk
+        *lines, rest = data.split(b"\n")
+        if rest:
+            self._partial[fd] = rest
+        for line in lines:
+            log.info("[%s] %s", self.launch.instance_name, line.decode(errors="replace"))
+
+    def _flush_partial(self, fd: int) -> None:
+        rest = self._partial.pop(fd, b"")
+        if rest:
+            log.info("[%s] %s", self.launch.instance_name, rest.decode(errors="replace"))
+
+    def _reap(self, loop: asyncio.AbstractEventLoop, on_exit: Callable[[int], None]) -> None:
+        loop.remove_reader(self._pidfd)
+        assert self._proc is not None
+        # Drain what the stub printed last: it often says why it died.
+        for fd in self._pipes:
+            self._drain_pipe(loop, fd)
+        self.returncode = self._proc.wait()
+        self.channel.mark_peer_dead()
+        if not self.exited.done():
+            self.exited.set_result(self.returncode)
+        on_exit(self.returncode)
+
+    def _drain_pipe(self, loop: asyncio.AbstractEventLoop, fd: int) -> None:
+        loop.remove_reader(fd)
+        while True:
+            try:
+                chunk = os.read(fd, 65536)
+            except (BlockingIOError, OSError):
+                break
+            if not chunk:
+                break
+            self._partial[fd] = self._partial.get(fd, b"") + chunk
+        data = self._partial.pop(fd, b"")
+        for line in data.splitlines():
+            log.info("[%s] %s", self.launch.instance_name, line.decode(errors="replace"))
+
+    def send(self, message: msg.Message) -> bool:
+        """Queue a message for the stub; False if the ring is full."""
+        return self.channel.send_down_nowait(msg.encode(message))
+
+    async def send_async(self, message: msg.Message) -> None:
+        await self.channel.send_down(msg.encode(message))
+
+    def output_view(self, block: Block) -> memoryview:
+        """A read-only view of a block in this stub's output arena."""
+        while not self.outputs.has(block.arena_id, block.segment):
+            self.sock.settimeout(5.0)
+            payload, fds = recv_fds(self.sock)
+            announce = msg.SegmentAnnounce.decode(payload)
+            self.outputs.add_fd(announce.arena_id, announce.segment, fds[0], announce.size)
+        return self.outputs.view(block).toreadonly()
+
+    def kill(self) -> None:
+        if self._proc is not None and self.returncode is None:
+            try:
+                self._proc.send_signal(signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def terminate(self) -> None:
+        if self._proc is not None and self.returncode is None:
+            try:
+                self._proc.send_signal(signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
+    def close(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Release every fd and mapping; the process must have exited."""
+        for fd in self._pipes:
+            loop.remove_reader(fd)
+        for pipe in (self._proc.stdout, self._proc.stderr) if self._proc else ():
+            if pipe is not None:
+                pipe.close()
+        self._pipes = []
+        if self._pidfd >= 0:
+            loop.remove_reader(self._pidfd)
+            os.close(self._pidfd)
+            self._pidfd = -1
+        self.channel.close()
+        self.sock.close()
+        if not self._child_sock._closed:  # type: ignore[attr-defined]
+            self._child_sock.close()
+        self.outputs.close()

@@ -1,0 +1,50 @@
+"""A unit of work travelling from a scheduler to an instance, and what comes back."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from shoal.ipc.arena import Block
+from shoal.ipc.messages import RequestRecord, ResponseRecord
+
+if TYPE_CHECKING:
+    from shoal.supervisor.instances import StubInstance
+    from shoal.supervisor.stub_process import StubProcess
+
+
+@dataclass(eq=False)
+class Completion:
+    """A response record and the instance whose output arena holds its blocks."""
+
+    response: ResponseRecord
+    instance: StubInstance
+    process: StubProcess
+
+    def view(self, block: Block) -> memoryview:
+        """A read-only view of one output block."""
+        return self.instance.output_view(self.process, block)
+
+    def release(self, blocks: list[Block]) -> None:
+        self.instance.release_outputs(self.process, blocks)
+
+
+@dataclass(eq=False)
+class Work:
+    """One request on its way through a scheduler.
+
+    ``input_blocks`` belong to the supervisor's input arena; whoever finishes the work (the
+    instance on a result or a crash, the scheduler when dropping it) returns them.
+    """
+
+    record: RequestRecord
+    input_blocks: list[Block]
+    future: asyncio.Future[Completion]
+    enqueued_ns: int = field(default_factory=time.monotonic_ns)
+
+    @property
+    def abandoned(self) -> bool:
+        """The client went away before the work was dispatched."""
+        return self.future.done()

@@ -1,0 +1,3 @@
+class TritonPythonModel:
+    def execute(self, requests):
+        raise ValueError("intentional failure in execute")

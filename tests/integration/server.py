@@ -1,0 +1,123 @@
+"""Start a real ``shoal serve`` process on free loopback ports and stop it cleanly."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+BUNDLED = REPO_ROOT / "model_repository"
+TEST_MODELS = Path(__file__).resolve().parent / "models"
+
+
+def _children(pid: int) -> set[int]:
+    """Stub processes whose --parent is ``pid``."""
+    found = set()
+    marker = str(pid).encode()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                args = f.read().split(b"\0")
+        except OSError:
+            continue
+        if b"shoal.stub" in args and b"--parent" in args:
+            if args[args.index(b"--parent") + 1] == marker:
+                found.add(int(entry))
+    return found
+
+
+class ShoalServer:
+    """A ``shoal serve`` subprocess; ``url`` is its HTTP address once started."""
+
+    def __init__(self, *repos: Path, extra_args: tuple[str, ...] = (), timeout: float = 60.0):
+        self.repos = repos or (BUNDLED,)
+        self.extra_args = extra_args
+        self.timeout = timeout
+        self.log = tempfile.NamedTemporaryFile(prefix="shoal-test-", suffix=".log", delete=False)
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.http_port = 0
+
+    @property
+    def url(self) -> str:
+        return f"127.0.0.1:{self.http_port}"
+
+    def start(self) -> ShoalServer:
+        args = [sys.executable, "-m", "shoal.cli", "serve", "--http-address", "127.0.0.1",
+                "--http-port", "0", "--allow-grpc", "false", "--allow-metrics", "false"]
+        for repo in self.repos:
+            args += ["--model-repository", str(repo)]
+        args += list(self.extra_args)
+        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, cwd=REPO_ROOT)
+        self.http_port = self._wait_for_port()
+        self._wait_ready()
+        return self
+
+    def _wait_for_port(self) -> int:
+        deadline = time.monotonic() + self.timeout
+        while time.monotonic() < deadline:
+            for line in Path(self.log.name).read_text(errors="replace").splitlines():
+                if line.startswith("SHOAL_LISTENING http "):
+                    return int(line.split()[-1])
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"shoal serve exited with {self.proc.returncode}:\n{self.output}")
+            time.sleep(0.02)  # polling the log for the bound port, not waiting on time
+        raise TimeoutError(f"shoal serve did not bind within {self.timeout}s:\n{self.output}")
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + self.timeout
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://{self.url}/v2/health/live", timeout=2):
+                    return
+            except (urllib.error.URLError, ConnectionError):
+                time.sleep(0.02)
+        raise TimeoutError(f"shoal serve not live within {self.timeout}s:\n{self.output}")
+
+    @property
+    def output(self) -> str:
+        return Path(self.log.name).read_text(errors="replace")
+
+    def stub_pids(self) -> set[int]:
+        assert self.proc is not None
+        return _children(self.proc.pid)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
+        """Stop the server and check it left no stub process behind."""
+        assert self.proc is not None
+        pid = self.proc.pid
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise AssertionError(f"shoal serve did not stop within {timeout}s:\n{self.output}")
+        deadline = time.monotonic() + 5
+        while _children(pid) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        left = _children(pid)
+        for stray in left:
+            os.kill(stray, signal.SIGKILL)
+        assert not left, f"stub processes outlived the server: {left}\n{self.output}"
+        return code
+
+    def __enter__(self) -> ShoalServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.stop()
+        self.log.close()
+        os.unlink(self.log.name)

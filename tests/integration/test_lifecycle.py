@@ -1,0 +1,106 @@
+"""Stub crashes, restarts and a clean shutdown that leaves nothing behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from tests.conftest import shoal_shm_segments
+from tests.integration.server import BUNDLED, TEST_MODELS, ShoalServer
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def _crash_input(value: int):
+    inp = httpclient.InferInput("CRASH", [1], "INT32")
+    inp.set_data_from_numpy(np.array([value], dtype=np.int32))
+    return inp
+
+
+def _pid_of_answer(client) -> int:
+    return int(client.infer("crasher", [_crash_input(0)]).as_numpy("PID")[0])
+
+
+def test_stub_crash_fails_its_request_and_instance_restarts():
+    with ShoalServer(TEST_MODELS) as server:
+        client = httpclient.InferenceServerClient(server.url)
+        before = server.stub_pids()
+        with pytest.raises(InferenceServerException) as info:
+            client.infer("crasher", [_crash_input(1)])
+        text = str(info.value)
+        assert "crasher_0_" in text and "SIGKILL" in text, text
+        # Later requests succeed: the other instance serves while the dead one restarts.
+        for _ in range(10):
+            assert _pid_of_answer(client) > 0
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            pids = server.stub_pids()
+            if len(pids - before) == 1 and len(pids) == len(before):
+                break
+            time.sleep(0.05)
+        pids = server.stub_pids()
+        assert len(pids) == len(before), "the crashed instance was not restarted"
+        assert len(pids - before) == 1
+        client.close()
+        assert server.stop() == 0
+
+
+def test_shutdown_drains_in_flight_and_calls_finalize():
+    segments_before = shoal_shm_segments()
+    fds_before = set(os.listdir("/proc/self/fd"))
+    server = ShoalServer(TEST_MODELS).start()
+    try:
+        client = httpclient.InferenceServerClient(server.url)
+        inp = httpclient.InferInput("SECONDS", [1], "FP32")
+        inp.set_data_from_numpy(np.array([1.0], dtype=np.float32))
+        outcome = {}
+
+        def call():
+            try:
+                outcome["result"] = client.infer("slow", [inp]).as_numpy("SECONDS_OUT")
+            except Exception as error:  # recorded and asserted below
+                outcome["error"] = error
+
+        caller = threading.Thread(target=call)
+        caller.start()
+        deadline = time.monotonic() + 20
+        while "slow: executing" not in server.output and time.monotonic() < deadline:
+            time.sleep(0.01)  # polling the log for the model's own line, not waiting on time
+        assert "slow: executing" in server.output
+        stubs = server.stub_pids()
+        assert stubs
+        assert server.stop(signal.SIGTERM) == 0
+        caller.join(10)
+        assert "error" not in outcome, outcome.get("error")
+        np.testing.assert_array_equal(outcome["result"], [1.0])
+        assert "slow: finalize called" in server.output
+        for pid in stubs:
+            assert not os.path.exists(f"/proc/{pid}") or _is_zombie(pid)
+        client.close()
+    finally:
+        if server.proc and server.proc.poll() is None:
+            server.stop()
+        server.__exit__(None, None, None)
+    assert shoal_shm_segments() == segments_before
+    assert set(os.listdir("/proc/self/fd")) <= fds_before | {"3", "4"}
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] == "Z"
+    except OSError:
+        return True
+
+
+def test_bundled_server_starts_and_stops_cleanly():
+    with ShoalServer(BUNDLED) as server:
+        assert len(server.stub_pids()) == 3
+        assert server.stop(signal.SIGINT) == 0

@@ -1,0 +1,39 @@
+"""Triton model semantics: initialize args, sibling imports, logging."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+
+from tests.integration.server import TEST_MODELS
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_initialize_args(test_client):
+    inp = httpclient.InferInput("IN", [1], "FP32")
+    inp.set_data_from_numpy(np.ones(1, dtype=np.float32))
+    result = test_client.infer("init_args", [inp])
+    args = json.loads(result.as_numpy("ARGS")[0])
+    assert args["model_name"] == "init_args"
+    assert args["model_version"] == "1"
+    assert args["model_instance_kind"] == "CPU"
+    assert args["model_instance_name"] == "init_args_0_0"
+    assert args["model_instance_device_id"] == "0"
+    assert os.path.samefile(args["model_repository"], TEST_MODELS / "init_args")
+    assert os.path.samefile(args["model_dir"], TEST_MODELS / "init_args" / "1")
+    config = json.loads(args["model_config"])
+    assert config["name"] == "init_args"
+    assert config["parameters"]["greeting"]["string_value"] == "hello"
+    assert config["output"][0]["data_type"] == "TYPE_STRING"
+
+
+def test_sibling_imports(test_client):
+    inp = httpclient.InferInput("IN", [2], "FP32")
+    inp.set_data_from_numpy(np.array([1, 2], dtype=np.float32))
+    result = test_client.infer("multi_file", [inp])
+    np.testing.assert_array_equal(result.as_numpy("OUT"), [3, 5])

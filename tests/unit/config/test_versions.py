@@ -1,0 +1,48 @@
+"""Version directories and version policies."""
+
+from __future__ import annotations
+
+import pytest
+
+from shoal.config import ConfigError, list_versions, select_versions
+
+
+def test_list_versions_takes_numeric_directories_only(tmp_path):
+    for name in ("1", "3", "10", "02", "latest", ".5", "x1"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "7").write_text("a file, not a version")
+    (tmp_path / "config.pbtxt").write_text("")
+    assert list_versions(tmp_path) == [1, 2, 3, 10]
+
+
+def test_list_versions_of_empty_model(tmp_path):
+    assert list_versions(tmp_path) == []
+
+
+@pytest.mark.parametrize(
+    ("policy", "expected"),
+    [
+        (("latest", 1), [10]),
+        (("latest", 2), [3, 10]),
+        (("latest", 9), [1, 3, 10]),
+        (("all",), [1, 3, 10]),
+        (("specific", (3,)), [3]),
+        (("specific", (10, 1)), [1, 10]),
+    ],
+)
+def test_select_versions(policy, expected):
+    assert select_versions(policy, [3, 1, 10]) == expected
+
+
+def test_specific_version_that_does_not_exist_is_named():
+    with pytest.raises(ConfigError) as info:
+        select_versions(("specific", (1, 4, 5)), [1, 2], model_name="add_sub")
+    message = info.value.message
+    assert "version_policy of model 'add_sub' lists versions 4, 5" in message
+    assert "(versions found: 1, 2)" in message
+
+
+@pytest.mark.parametrize("policy", [("latest", 1), ("all",)])
+def test_nothing_to_serve(policy):
+    with pytest.raises(ConfigError, match="model 'm' has no version to serve"):
+        select_versions(policy, [], model_name="m")

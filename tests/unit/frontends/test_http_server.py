@@ -1,0 +1,124 @@
+"""HttpServer: binding, start/stop, graceful shutdown, and signal handlers left alone."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import socket
+from typing import Any
+
+import numpy as np
+import pytest
+import requests
+import tritonclient.http as httpclient
+
+from shoal.frontends.http import AddressInUseError, HttpServer, build_http_app
+
+from .doubles import EchoCore, LoopThread
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def infer_input() -> Any:
+    tensor = httpclient.InferInput("X", [1], "INT32")
+    tensor.set_data_from_numpy(np.array([5], np.int32))
+    return tensor
+
+
+def test_port_zero_binds_a_free_port_and_stop_releases_it(loop_thread: LoopThread) -> None:
+    server = HttpServer(build_http_app(EchoCore()))
+    port = loop_thread.run(server.start("127.0.0.1", 0))
+    assert port > 0
+    assert requests.get(f"http://127.0.0.1:{port}/v2/health/live", timeout=10).status_code == 200
+    loop_thread.run(server.stop())
+    with pytest.raises(requests.ConnectionError):
+        requests.get(f"http://127.0.0.1:{port}/v2/health/live", timeout=10)
+    loop_thread.run(server.stop())  # stopping twice is a no-op
+
+
+def test_address_in_use_is_a_clear_error(loop_thread: LoopThread) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        server = HttpServer(build_http_app(EchoCore()))
+        with pytest.raises(AddressInUseError) as info:
+            loop_thread.run(server.start("127.0.0.1", port))
+    assert f"127.0.0.1:{port} is already in use" in str(info.value)
+    assert isinstance(info.value, OSError)
+
+
+def test_starting_twice_is_refused(loop_thread: LoopThread) -> None:
+    server = HttpServer(build_http_app(EchoCore()))
+    loop_thread.run(server.start("127.0.0.1", 0))
+    try:
+        with pytest.raises(RuntimeError, match="already running"):
+            loop_thread.run(server.start("127.0.0.1", 0))
+    finally:
+        loop_thread.run(server.stop())
+
+
+def test_restart_after_stop(loop_thread: LoopThread) -> None:
+    server = HttpServer(build_http_app(EchoCore()))
+    loop_thread.run(server.start("127.0.0.1", 0))
+    loop_thread.run(server.stop())
+    port = loop_thread.run(server.start("127.0.0.1", 0))
+    try:
+        assert requests.get(f"http://127.0.0.1:{port}/v2", timeout=10).status_code == 200
+    finally:
+        loop_thread.run(server.stop())
+
+
+def test_signal_handlers_are_left_to_the_cli() -> None:
+    """uvicorn replaces SIGINT/SIGTERM handlers when serving from the main thread; not here."""
+    watched = (signal.SIGINT, signal.SIGTERM)
+
+    def handlers() -> dict[int, Any]:
+        return {sig: signal.getsignal(sig) for sig in watched}
+
+    async def serve_briefly() -> tuple[dict[int, Any], ...]:
+        before = handlers()  # asyncio.run has installed its own SIGINT handler by now
+        server = HttpServer(build_http_app(EchoCore()))
+        await server.start("127.0.0.1", 0)
+        during = handlers()
+        await server.stop()
+        return before, during, handlers()
+
+    before, during, after = asyncio.run(serve_briefly())
+    assert during == before and after == before
+
+
+def test_stop_lets_in_flight_requests_finish(loop_thread: LoopThread) -> None:
+    core = EchoCore()
+    server = HttpServer(build_http_app(core))
+    port = loop_thread.run(server.start("127.0.0.1", 0))
+    core.gate = loop_thread.run(_new_event())
+    with httpclient.InferenceServerClient(f"127.0.0.1:{port}") as client:
+        pending = client.async_infer("echo", [infer_input()])
+        assert core.entered.wait(timeout=10)  # the request is inside the core
+
+        async def stop_while_in_flight() -> bool:
+            stopping = asyncio.ensure_future(server.stop())
+            # stop() would finish in well under a second if it did not wait for the request.
+            done, _ = await asyncio.wait({stopping}, timeout=1.0)
+            assert core.gate is not None
+            core.gate.set()
+            await stopping
+            return not done
+
+        assert loop_thread.run(stop_while_in_flight())
+        result = pending.get_result(timeout=10)
+    np.testing.assert_array_equal(result.as_numpy("X"), [5])
+    assert core.released == core.issued == 1
+
+
+def test_stop_closes_idle_keep_alive_connections(loop_thread: LoopThread) -> None:
+    server = HttpServer(build_http_app(EchoCore()), shutdown_timeout=5)
+    port = loop_thread.run(server.start("127.0.0.1", 0))
+    with requests.Session() as session:  # keeps its connection open after the request
+        assert session.get(f"http://127.0.0.1:{port}/v2", timeout=10).status_code == 200
+        loop_thread.run(server.stop(), timeout=5)
+
+
+async def _new_event() -> asyncio.Event:
+    return asyncio.Event()

@@ -1,0 +1,138 @@
+"""Tensor descriptors, NumPy views over buffers and the BYTES codec."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shoal.ipc.arena import Block
+from shoal.ipc.dtypes import (
+    DATATYPES,
+    NUMPY_DTYPES,
+    BytesFormatError,
+    deserialize_bytes,
+    serialize_bytes,
+)
+from shoal.ipc.tensor import (
+    CudaLocation,
+    RegionLocation,
+    TensorDesc,
+    buffer_to_numpy,
+    numpy_to_buffer_size,
+    write_numpy,
+)
+
+
+def objects(items: list[bytes]) -> np.ndarray:
+    array = np.empty(len(items), dtype=np.object_)
+    array[:] = items
+    return array
+
+
+def sample(datatype: str, shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
+    """Random data covering the whole bit range of a datatype (NaN payloads included)."""
+    rng = np.random.default_rng(seed)
+    count = int(np.prod(shape))
+    if datatype == "BYTES":
+        items = [rng.bytes(int(n)) for n in rng.integers(0, 40, count)]
+        return objects(items).reshape(shape)
+    dtype = NUMPY_DTYPES[datatype]
+    if datatype == "BOOL":
+        return rng.integers(0, 2, count).astype(np.bool_).reshape(shape)
+    return np.frombuffer(rng.bytes(count * dtype.itemsize), dtype=dtype).reshape(shape)
+
+
+def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    if a.dtype == np.object_:
+        return a.shape == b.shape and a.tolist() == b.tolist()
+    return a.shape == b.shape and a.dtype == b.dtype and a.tobytes() == b.tobytes()
+
+
+@pytest.mark.parametrize("datatype", DATATYPES)
+@pytest.mark.parametrize("shape", [(), (0,), (3, 5), (2, 1, 4)])
+def test_round_trip_every_datatype(datatype: str, shape: tuple[int, ...]) -> None:
+    array = sample(datatype, shape)
+    size = numpy_to_buffer_size(array, datatype)
+    buf = memoryview(bytearray(size))
+    write_numpy(array, datatype, buf)
+    back = buffer_to_numpy(datatype, list(shape), buf)
+    assert same_bits(back, array)
+    if datatype != "BYTES" and size:
+        assert not back.flags.writeable
+        assert np.shares_memory(back, np.frombuffer(buf, dtype=np.uint8))
+        assert buffer_to_numpy(datatype, shape, buf, readonly=False).flags.writeable
+
+
+def test_size_mismatch_errors_name_everything() -> None:
+    with pytest.raises(ValueError, match=r"FP32 tensor of shape \[2, 3\] needs 24 bytes.* 20"):
+        buffer_to_numpy("FP32", (2, 3), bytes(20))
+    with pytest.raises(ValueError, match=r"INT64 tensor of shape \[2\] needs 16 bytes.* 8"):
+        write_numpy(np.zeros(2, np.int64), "INT64", memoryview(bytearray(8)))
+    with pytest.raises(BytesFormatError, match="expected 3"):
+        buffer_to_numpy("BYTES", (3,), serialize_bytes(np.array([b"a", b"b"], dtype=object)))
+    with pytest.raises(ValueError, match="unknown tensor datatype"):
+        buffer_to_numpy("FP8", (1,), b"x")
+
+
+def test_write_converts_within_a_kind_only() -> None:
+    buf = memoryview(bytearray(8))
+    write_numpy(np.array([1, 2], dtype=np.int64), "INT32", buf)
+    assert buffer_to_numpy("INT32", (2,), buf).tolist() == [1, 2]
+    with pytest.raises(TypeError):
+        write_numpy(np.array([1.5, 2.5]), "INT32", buf)
+
+
+@pytest.mark.parametrize(
+    "location",
+    [Block(1, 2, 64, 100), RegionLocation("client-region", 8, 16), CudaLocation(0, 256, 4)],
+)
+def test_descriptor_wire_round_trip(location: Block | RegionLocation | CudaLocation) -> None:
+    desc = TensorDesc("INPUT0", "FP32", (1, 4), location)
+    wire = desc.to_wire()
+    assert isinstance(wire, list)
+    assert TensorDesc.from_wire(wire) == desc
+    with pytest.raises(ValueError, match="location"):
+        TensorDesc.from_wire([*wire[:3], 9, 1, 2, 3])
+
+
+bytes_items = st.lists(st.binary(max_size=30), max_size=300)
+
+
+@settings(max_examples=200, deadline=None)
+@given(bytes_items, st.booleans())
+def test_bytes_codec_round_trip(items: list[bytes], uniform: bool) -> None:
+    if uniform and items:
+        items = [items[0]] * len(items)
+    array = objects(items)
+    raw = serialize_bytes(array)
+    assert raw == b"".join(len(x).to_bytes(4, "little") + x for x in items)
+    assert deserialize_bytes(raw, count=len(items)).tolist() == items
+    assert deserialize_bytes(memoryview(raw)).tolist() == items
+
+
+@settings(max_examples=200, deadline=None)
+@given(bytes_items, st.integers(0, 1 << 12), st.integers(1, 1 << 32 - 1))
+def test_bytes_codec_rejects_every_bad_prefix(items: list[bytes], at: int, delta: int) -> None:
+    raw = bytearray(serialize_bytes(objects(items)))
+    if not items:
+        raw = bytearray(b"\x01\x00\x00")
+    else:
+        # Corrupt one length prefix: the buffer can no longer parse into exactly these items.
+        index = at % len(items)
+        offset = sum(4 + len(x) for x in items[:index])
+        length = (len(items[index]) + delta) % (1 << 32)
+        raw[offset : offset + 4] = length.to_bytes(4, "little")
+    with pytest.raises(BytesFormatError):
+        deserialize_bytes(bytes(raw), count=max(len(items), 1))
+
+
+def test_bytes_of_str_and_fixed_width_arrays() -> None:
+    assert deserialize_bytes(serialize_bytes(np.array(["hé", "x"]))).tolist() == [
+        "hé".encode(),
+        b"x",
+    ]
+    assert deserialize_bytes(serialize_bytes(np.array([b"ab", b"c"]))).tolist() == [b"ab", b"c"]
+    mixed = np.array([b"a", "b", 3], dtype=object)
+    assert deserialize_bytes(serialize_bytes(mixed)).tolist() == [b"a", b"b", b"3"]

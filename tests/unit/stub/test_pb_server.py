@@ -1,0 +1,92 @@
+"""Server services: model directory, model control and custom metrics."""
+
+from __future__ import annotations
+
+import pytest
+
+from shoal.stub import pb_utils
+from shoal.stub.pb_utils import TritonModelException
+
+
+def test_get_model_dir():
+    with pytest.raises(TritonModelException):
+        pb_utils.get_model_dir()
+    pb_utils._set_model_dir("/models/add/1")
+    assert pb_utils.get_model_dir() == "/models/add/1"
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: pb_utils.MetricFamily(
+            "requests", "count of requests", pb_utils.MetricFamily.COUNTER
+        ),
+        lambda: pb_utils.Metric(),
+    ],
+)
+def test_metrics_are_not_supported_yet(call):
+    with pytest.raises(TritonModelException, match="custom metrics are not supported yet by shoal"):
+        call()
+
+
+def test_metric_kinds_exist():
+    family = pb_utils.MetricFamily
+    assert (family.COUNTER, family.GAUGE, family.HISTOGRAM) == (0, 1, 2)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: pb_utils.load_model("m"),
+        lambda: pb_utils.unload_model("m"),
+        lambda: pb_utils.is_model_ready("m"),
+    ],
+)
+def test_model_control_is_not_supported_without_a_hook(call):
+    with pytest.raises(TritonModelException, match=r"model control .* not supported yet by shoal"):
+        call()
+
+
+class _Controller:
+    def __init__(self):
+        self.calls = []
+
+    def load_model(self, model_name, config, files):
+        self.calls.append(("load", model_name, config, files))
+
+    def unload_model(self, model_name, unload_dependents):
+        self.calls.append(("unload", model_name, unload_dependents))
+
+    def is_model_ready(self, model_name, model_version):
+        self.calls.append(("ready", model_name, model_version))
+        return True
+
+
+def test_model_control_delegates_to_the_hook():
+    controller = _Controller()
+    pb_utils._set_model_controller(controller)
+    pb_utils.load_model("m", config='{"backend": "python"}', files={"file:1/model.py": b"x"})
+    pb_utils.load_model("n")
+    pb_utils.unload_model("m", unload_dependents=True)
+    assert pb_utils.is_model_ready("m") is True
+    assert pb_utils.is_model_ready("m", "3") is True
+    assert controller.calls == [
+        ("load", "m", '{"backend": "python"}', {"file:1/model.py": b"x"}),
+        ("load", "n", "", {}),
+        ("unload", "m", True),
+        ("ready", "m", -1),
+        ("ready", "m", 3),
+    ]
+
+
+def test_load_model_files_need_a_config():
+    pb_utils._set_model_controller(_Controller())
+    with pytest.raises(TritonModelException, match="config"):
+        pb_utils.load_model("m", files={"file:1/model.py": b"x"})
+
+
+@pytest.mark.parametrize("version", ["-1", "one", "1.5"])
+def test_is_model_ready_version_must_be_a_non_negative_integer(version):
+    pb_utils._set_model_controller(_Controller())
+    with pytest.raises(TritonModelException, match="version"):
+        pb_utils.is_model_ready("m", version)
