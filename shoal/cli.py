@@ -39,8 +39,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="shoal", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="serve a Triton-style model repository")
-    serve.add_argument("--model-repository", "--model-store", action="append", required=True,
-                       dest="model_repository", help="model repository path (repeatable)")
+    serve.add_argument(
+        "--model-repository",
+        "--model-store",
+        action="append",
+        required=True,
+        dest="model_repository",
+        help="model repository path (repeatable)",
+    )
     serve.add_argument("--http-address", default="0.0.0.0")
     serve.add_argument("--http-port", type=int, default=8000, help="0 binds a free port")
     serve.add_argument("--grpc-address", default="0.0.0.0")
@@ -50,16 +56,28 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--allow-http", type=parse_bool, default=True)
     serve.add_argument("--allow-grpc", type=parse_bool, default=True)
     serve.add_argument("--allow-metrics", type=parse_bool, default=True)
-    serve.add_argument("--model-control-mode", choices=["none"], default="none",
-                       help="only 'none' so far (explicit and poll are not implemented yet)")
+    serve.add_argument(
+        "--model-control-mode",
+        choices=["none"],
+        default="none",
+        help="only 'none' so far (explicit and poll are not implemented yet)",
+    )
     serve.add_argument("--load-model", action="append", default=[])
     serve.add_argument("--strict-model-config", type=parse_bool, default=False)
     serve.add_argument("--strict-readiness", type=parse_bool, default=True)
-    serve.add_argument("--exit-on-error", type=parse_bool, default=False,
-                       help="exit when a model fails to load (default: keep serving the others)")
-    serve.add_argument("--backend-config", action="append", type=parse_backend_config,
-                       default=[], help="<backend>,<setting>=<value>, e.g. "
-                       "python,shm-default-byte-size=67108864")
+    serve.add_argument(
+        "--exit-on-error",
+        type=parse_bool,
+        default=False,
+        help="exit when a model fails to load (default: keep serving the others)",
+    )
+    serve.add_argument(
+        "--backend-config",
+        action="append",
+        type=parse_backend_config,
+        default=[],
+        help="<backend>,<setting>=<value>, e.g. python,shm-default-byte-size=67108864",
+    )
     serve.add_argument("--log-verbose", type=int, default=0)
     serve.add_argument("--exit-timeout-secs", type=float, default=30.0)
     serve.add_argument("--http-max-input-size", type=int, default=64 * MIB)

@@ -34,11 +34,15 @@ async def run_server(options: ServerOptions, stop: asyncio.Event) -> int:
             port = await http.start(options.http_address, options.http_port)
             announce("http", options.http_address, port)
         if options.allow_grpc:
-            log.warning("the gRPC endpoint is not implemented yet: --grpc-port %d is not bound",
-                        options.grpc_port)
+            log.warning(
+                "the gRPC endpoint is not implemented yet: --grpc-port %d is not bound",
+                options.grpc_port,
+            )
         if options.allow_metrics:
-            log.warning("the metrics endpoint is not implemented yet: --metrics-port %d is not "
-                        "bound", options.metrics_port)
+            log.warning(
+                "the metrics endpoint is not implemented yet: --metrics-port %d is not bound",
+                options.metrics_port,
+            )
         log.info("shoal is ready")
         await stop.wait()
         log.info("shutting down (exit timeout %.0fs)", options.exit_timeout_secs)

@@ -57,6 +57,24 @@ class BlockingSleeper:
             raise PeerGone("the supervisor process exited (re-parented)")
 
 
+class Backstop:
+    """When a sleep episode may stop re-checking on its own: BACKSTOP_S after it began.
+
+    Created right after the episode's flag store. A wake-up (even a spurious one, from a doorbell
+    rung for an earlier episode) does not count: only a re-check made after ``BACKSTOP_S`` does.
+    """
+
+    __slots__ = ("_until",)
+
+    def __init__(self) -> None:
+        self._until = time.monotonic() + BACKSTOP_S
+
+    def timeout(self) -> float | None:
+        """How long to sleep before the next re-check; None once the backstop time has passed."""
+        left = self._until - time.monotonic()
+        return left if left > 0 else None
+
+
 class Deadline:
     """Remaining time of an optional timeout; TimeoutError once it has passed."""
 

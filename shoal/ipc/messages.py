@@ -1,6 +1,7 @@
-"""Typed records that cross a stub's channel, encoded as MessagePack arrays ``[kind, *fields]``.
+"""Typed records that cross a stub's channel, as MessagePack arrays ``[kind, *fields]``.
 
-Down (supervisor → stub): :class:`Initialize`, :class:`Execute`, :class:`Release`, :class:`Finalize`.
+Down (supervisor → stub): :class:`Initialize`, :class:`Execute`, :class:`Release`,
+:class:`Finalize`.
 Up (stub → supervisor): :class:`Ready`, :class:`Result`, :class:`Log`, :class:`Finalized`.
 
 Tensors travel as :class:`~shoal.ipc.tensor.TensorDesc` wire lists, never as bytes. File

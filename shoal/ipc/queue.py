@@ -20,6 +20,7 @@ from collections.abc import Callable
 from shoal.ipc._bell import (
     BACKSTOP_S,
     AsyncSleeper,
+    Backstop,
     BlockingSleeper,
     Deadline,
     drain_bell,
@@ -86,6 +87,7 @@ class Channel:
         self._spinner = _Spinner(DEFAULT_SPIN_US)
         self._watch: tuple[asyncio.AbstractEventLoop, Callable[[], None]] | None = None
         self._backstop: asyncio.TimerHandle | None = None
+        self._backstop_until = 0.0
         self._down_sleeper = BlockingSleeper(self._down_bell, peer_pidfd)
         self._up_space_sleeper = BlockingSleeper(self._up_space, peer_pidfd)
         self._async_down = AsyncSleeper(self._down_bell, peer_pidfd)
@@ -173,12 +175,11 @@ class Channel:
     async def _wait_down_room(self, size: int) -> None:
         self._down.begin_wait()
         try:
-            backstop: float | None = BACKSTOP_S
+            backstop = Backstop()
             while not self._down.has_room(size):
                 if self._peer_dead or self.peer_closed:
                     raise PeerGone("the stub is gone")
-                await self._async_space.sleep(backstop)
-                backstop = None
+                await self._async_space.sleep(backstop.timeout())
         finally:
             self._down.end_wait()
 
@@ -189,7 +190,7 @@ class Channel:
             self._up.begin_sleep()
             message = self._up.try_read()
             if message is None:
-                self._arm_backstop()
+                self._arm_backstop(time.monotonic() + BACKSTOP_S)
                 return None
             self._up.end_sleep()
         if self._up.producer_wants_bell():
@@ -213,14 +214,23 @@ class Channel:
         if self._watch is not None:
             self._watch[1]()
 
-    def _arm_backstop(self) -> None:
+    def _arm_backstop(self, until: float) -> None:
+        """Make sure the up ring is re-checked at or after ``until`` (monotonic seconds)."""
+        self._backstop_until = until
         if self._watch is not None and self._backstop is None:
             self._backstop = self._watch[0].call_later(BACKSTOP_S, self._on_backstop)
 
     def _on_backstop(self) -> None:
         self._backstop = None
-        if self._watch is not None and not self._closed and not self._up.is_empty():
+        if self._watch is None or self._closed:
+            return
+        if not self._up.is_empty():
             self._watch[1]()
+        elif time.monotonic() < self._backstop_until:
+            # A later sleep episode began after this timer was armed: it needs its own re-check.
+            self._backstop = self._watch[0].call_later(
+                self._backstop_until - time.monotonic(), self._on_backstop
+            )
 
     def mark_peer_dead(self) -> None:
         """The stub died: pending and future sends raise PeerGone."""
@@ -266,12 +276,11 @@ class Channel:
     def _sleep_down(self, deadline: Deadline) -> bytes:
         self._down.begin_sleep()
         try:
-            backstop: float | None = BACKSTOP_S
+            backstop = Backstop()
             while (message := self._down.try_read()) is None:
                 if self.peer_closed:
                     raise PeerGone("the supervisor closed the channel")
-                self._down_sleeper.sleep(deadline.remaining(backstop))
-                backstop = None
+                self._down_sleeper.sleep(deadline.remaining(backstop.timeout()))
             return message
         finally:
             self._down.end_sleep()
@@ -282,12 +291,11 @@ class Channel:
         if message is None:
             self._down.begin_sleep()
             try:
-                backstop: float | None = BACKSTOP_S
+                backstop = Backstop()
                 while (message := self._down.try_read()) is None:
                     if self.peer_closed:
                         raise PeerGone("the supervisor closed the channel")
-                    await self._async_down.sleep(backstop)
-                    backstop = None
+                    await self._async_down.sleep(backstop.timeout())
             finally:
                 self._down.end_sleep()
         if self._down.producer_wants_bell():
@@ -309,12 +317,11 @@ class Channel:
     def _wait_up_room(self, size: int, deadline: Deadline) -> None:
         self._up.begin_wait()
         try:
-            backstop: float | None = BACKSTOP_S
+            backstop = Backstop()
             while not self._up.has_room(size):
                 if self.peer_closed:
                     raise PeerGone("the supervisor closed the channel")
-                self._up_space_sleeper.sleep(deadline.remaining(backstop))
-                backstop = None
+                self._up_space_sleeper.sleep(deadline.remaining(backstop.timeout()))
         finally:
             self._up.end_wait()
 

@@ -1,4 +1,4 @@
-"""Entry point of a stub process: ``python -m shoal.stub --socket FD --channel FD,... --parent PID``.
+"""Entry point of a stub: ``python -m shoal.stub --socket FD --channel FD,... --parent PID``.
 
 The supervisor spawns one stub per model instance. The stub never talks to clients.
 """
@@ -13,7 +13,9 @@ from shoal.stub.runtime import StubRuntime, die_with_parent
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m shoal.stub")
-    parser.add_argument("--socket", type=int, required=True, help="fd of the instance's Unix socket")
+    parser.add_argument(
+        "--socket", type=int, required=True, help="fd of the instance's Unix socket"
+    )
     parser.add_argument("--channel", required=True, help="comma-separated channel fds")
     parser.add_argument("--parent", type=int, required=True, help="supervisor pid")
     parser.add_argument("--instance", required=True, help="instance name, for messages")

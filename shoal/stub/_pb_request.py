@@ -101,6 +101,16 @@ def _executor() -> BlsExecutor:
     return executor
 
 
+class _Cancellation:
+    __slots__ = ("cancelled",)
+
+    def __init__(self) -> None:
+        self.cancelled = False
+
+    def is_set(self) -> bool:
+        return self.cancelled
+
+
 _MISSING: Any = object()
 
 
@@ -197,8 +207,10 @@ class InferenceRequest:
         self._memory = PreferredMemory._default()
         self._trace = InferenceTrace()
         self._release = TRITONSERVER_REQUEST_RELEASE_ALL
-        self._cancelled = False
-        self._sender = InferenceResponseSender(deliver, decoupled, self.is_cancelled)
+        # Shared with the sender without a reference back to the request: no cycle keeps the
+        # request (and its zero-copy input views) alive past its last use.
+        self._cancellation = _Cancellation()
+        self._sender = InferenceResponseSender(deliver, decoupled, self._cancellation.is_set)
 
     @classmethod
     def _from_server(
@@ -286,7 +298,7 @@ class InferenceRequest:
 
     def is_cancelled(self) -> bool:
         """Whether the client cancelled the request."""
-        return self._cancelled
+        return self._cancellation.cancelled
 
     def set_release_flags(self, flags: int) -> None:
         """``TRITONSERVER_REQUEST_RELEASE_RESCHEDULE`` to reschedule the request, or ``_ALL``."""
@@ -329,7 +341,7 @@ class InferenceRequest:
 
     def _mark_cancelled(self) -> None:
         """Record that the client cancelled the request (``is_cancelled()`` turns true)."""
-        self._cancelled = True
+        self._cancellation.cancelled = True
 
     def __repr__(self) -> str:
         return (

@@ -100,21 +100,27 @@ class BatchExecutor:
 
     def _check_return(self, result: Any, count: int) -> list[Any]:
         if not isinstance(result, list):
-            raise ExecuteError(self._failure(
-                f"Expected a list in the execute return, found type '{type(result).__name__}'."
-            ))
+            raise ExecuteError(
+                self._failure(
+                    f"Expected a list in the execute return, found type '{type(result).__name__}'."
+                )
+            )
         if len(result) != count:
-            raise ExecuteError(self._failure(
-                "Number of InferenceResponse objects do not match the number of "
-                f"InferenceRequest objects. InferenceRequest(s) size is:{count}, and "
-                f"InferenceResponse(s) size is:{len(result)}"
-            ))
+            raise ExecuteError(
+                self._failure(
+                    "Number of InferenceResponse objects do not match the number of "
+                    f"InferenceRequest objects. InferenceRequest(s) size is:{count}, and "
+                    f"InferenceResponse(s) size is:{len(result)}"
+                )
+            )
         for item in result:
             if item is not None and not isinstance(item, pb_utils.InferenceResponse):
-                raise ExecuteError(self._failure(
-                    "Expected an 'InferenceResponse' object in the execute function return "
-                    f"list, found type '{type(item).__name__}'."
-                ))
+                raise ExecuteError(
+                    self._failure(
+                        "Expected an 'InferenceResponse' object in the execute function return "
+                        f"list, found type '{type(item).__name__}'."
+                    )
+                )
         return result
 
     # -- responses --------------------------------------------------------------------------

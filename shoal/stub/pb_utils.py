@@ -28,7 +28,8 @@ from shoal.stub._pb_helpers import (
     triton_to_numpy_type,
     using_decoupled_model_transaction_policy,
 )
-from shoal.stub._pb_logger import Logger, _set_log_sink
+from shoal.stub._pb_logger import Logger
+from shoal.stub._pb_logger import _set_log_sink as _set_log_sink
 from shoal.stub._pb_model_config import ModelConfig
 from shoal.stub._pb_request import (
     TRITONSERVER_REQUEST_RELEASE_ALL,
@@ -37,8 +38,8 @@ from shoal.stub._pb_request import (
     InferenceTrace,
     MemoryType,
     PreferredMemory,
-    _set_bls_executor,
 )
+from shoal.stub._pb_request import _set_bls_executor as _set_bls_executor
 from shoal.stub._pb_response import (
     TRITONSERVER_RESPONSE_COMPLETE_FINAL,
     InferenceResponse,
@@ -48,13 +49,13 @@ from shoal.stub._pb_response import (
 from shoal.stub._pb_server import (
     Metric,
     MetricFamily,
-    _set_model_controller,
-    _set_model_dir,
     get_model_dir,
     is_model_ready,
     load_model,
     unload_model,
 )
+from shoal.stub._pb_server import _set_model_controller as _set_model_controller
+from shoal.stub._pb_server import _set_model_dir as _set_model_dir
 from shoal.stub._pb_tensor import Tensor
 
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
@@ -100,6 +101,3 @@ __all__ = [
     "unload_model",
     "using_decoupled_model_transaction_policy",
 ]
-
-# Hooks for the stub runtime (not part of the model-facing API).
-_RUNTIME_HOOKS = (_set_bls_executor, _set_log_sink, _set_model_controller, _set_model_dir)

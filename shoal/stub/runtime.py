@@ -107,8 +107,9 @@ class StubRuntime:
                 return 1
             self._send(msg.Ready())
             assert self.outputs is not None
-            executor = BatchExecutor(self.instance, self.model, self.outputs, self.input_view,
-                                     self.loop)
+            executor = BatchExecutor(
+                self.instance, self.model, self.outputs, self.input_view, self.loop
+            )
             return self._serve(executor)
         except PeerGone:
             return 1

@@ -55,8 +55,12 @@ class InstanceSpec:
 class StubInstance:
     """Runs batches on its current stub process and restarts it when it dies."""
 
-    def __init__(self, spec: InstanceSpec, input_arena: OwnedArena,
-                 free_inputs: Callable[[list[Block]], None]) -> None:
+    def __init__(
+        self,
+        spec: InstanceSpec,
+        input_arena: OwnedArena,
+        free_inputs: Callable[[list[Block]], None],
+    ) -> None:
         self.spec = spec
         self.name = spec.instance_name
         self.restarts = 0
@@ -75,6 +79,7 @@ class StubInstance:
         self._restart_task: asyncio.Task[None] | None = None
         self._release_pending: list[Block] = []
         self._release_scheduled = False
+        self._background: set[asyncio.Future[None]] = set()
 
     @property
     def ready(self) -> bool:
@@ -99,12 +104,16 @@ class StubInstance:
         self._init_waiter = self._loop.create_future()
         proc.spawn(self._loop, lambda code: self._on_exit(proc, code))
         proc.channel.watch_up(self._loop, lambda: self._drain(proc))
-        init = msg.Initialize(dict(self.spec.init_args), self.spec.model_file,
-                              proc.output_arena_id, self.spec.output_arena)
+        init = msg.Initialize(
+            dict(self.spec.init_args),
+            self.spec.model_file,
+            proc.output_arena_id,
+            self.spec.output_arena,
+        )
         await proc.send_async(init)
         error = await self._init_waiter
         if error is not None:
-            await self._reap(proc)
+            await self._discard(proc)
             raise LoadError(error)
         self._ready.set()
 
@@ -145,8 +154,11 @@ class StubInstance:
         if finished is not None and not finished.done():
             finished.set_result(None)
         for work, response in zip(batch, result.responses, strict=True):
-            passed = {o.location for o in response.outputs if isinstance(o.location, Block)
-                      and o.location.arena_id == 0}
+            passed = {
+                o.location
+                for o in response.outputs
+                if isinstance(o.location, Block) and o.location.arena_id == 0
+            }
             self._free_inputs([b for b in work.input_blocks if b not in passed])
             if work.future.done():  # the client went away: nobody will release the outputs
                 self.release_outputs(proc, _blocks(response))
@@ -202,7 +214,9 @@ class StubInstance:
         if not blocks or proc is None or proc.returncode is not None:
             return
         if not proc.send(msg.Release(blocks)):
-            asyncio.ensure_future(self._send_quietly(proc, msg.Release(blocks)))
+            task = asyncio.ensure_future(self._send_quietly(proc, msg.Release(blocks)))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
 
     async def _send_quietly(self, proc: StubProcess, message: msg.Message) -> None:
         try:
@@ -238,7 +252,7 @@ class StubInstance:
         self._restart_task = asyncio.create_task(self._restart(proc))
 
     async def _restart(self, dead: StubProcess) -> None:
-        await self._reap(dead)
+        await self._discard(dead)
         first, cap = self.spec.restart_backoff
         delay = first
         while not self._stopping:
@@ -252,8 +266,12 @@ class StubInstance:
                 log.error("instance '%s' failed to restart: %s", self.name, error)
                 delay = min(delay * 2, cap)
 
-    async def _reap(self, proc: StubProcess) -> None:
+    async def _discard(self, proc: StubProcess) -> None:
+        """Wait for (or force) the exit of a stub we are done with, then close its resources."""
+        await self._wait_exit(proc)
         proc.close(self._loop)
+        if self._proc is proc:
+            self._proc = None
 
     # -- stop -------------------------------------------------------------------------------
 
@@ -269,16 +287,14 @@ class StubInstance:
         if proc is None:
             return
         if proc.returncode is None:
-            exited = self._loop.create_future()
-            self._finalized = exited
+            self._finalized = self._loop.create_future()
             try:
                 await asyncio.wait_for(self._stop_process(proc), timeout)
             except (asyncio.TimeoutError, PeerGone):
-                log.warning("instance '%s' did not finalize in %.1fs: killing it", self.name,
-                            timeout)
-            await self._wait_exit(proc)
-        proc.close(self._loop)
-        self._proc = None
+                log.warning(
+                    "instance '%s' did not finalize in %.1fs: killing it", self.name, timeout
+                )
+        await self._discard(proc)
 
     async def _stop_process(self, proc: StubProcess) -> None:
         await proc.send_async(msg.Finalize())

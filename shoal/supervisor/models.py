@@ -55,8 +55,12 @@ class ModelVersion:
 class ModelLoader:
     """Starts and stops model versions with their stubs."""
 
-    def __init__(self, input_arena: OwnedArena, arenas: ArenaOptions,
-                 free_inputs: Callable[[list[Block]], None]) -> None:
+    def __init__(
+        self,
+        input_arena: OwnedArena,
+        arenas: ArenaOptions,
+        free_inputs: Callable[[list[Block]], None],
+    ) -> None:
         self._input_arena = input_arena
         self._arenas = arenas
         self._free_inputs = free_inputs
@@ -77,25 +81,32 @@ class ModelLoader:
                 "model_version": str(mv.version),
                 "model_name": mv.name,
             }
-            specs.append(InstanceSpec(
-                model_name=mv.name,
-                instance_name=instance_name,
-                init_args=args,
-                model_file=model_file,
-                launch=StubLaunch(instance_name),
-                output_arena=(self._arenas.output_initial_bytes, self._arenas.growth_bytes,
-                              self._arenas.limit_bytes),
-            ))
+            specs.append(
+                InstanceSpec(
+                    model_name=mv.name,
+                    instance_name=instance_name,
+                    init_args=args,
+                    model_file=model_file,
+                    launch=StubLaunch(instance_name),
+                    output_arena=(
+                        self._arenas.output_initial_bytes,
+                        self._arenas.growth_bytes,
+                        self._arenas.limit_bytes,
+                    ),
+                )
+            )
         return specs
 
     async def start(self, mv: ModelVersion) -> None:
         """Bring up every instance; on failure the version is UNAVAILABLE with the reason."""
         scheduler = DefaultScheduler(lambda work: self._free_inputs(work.input_blocks))
         mv.scheduler = scheduler
-        mv.instances = [StubInstance(spec, self._input_arena, self._free_inputs)
-                        for spec in self._specs(mv)]
-        results = await asyncio.gather(*(i.start(scheduler) for i in mv.instances),
-                                       return_exceptions=True)
+        mv.instances = [
+            StubInstance(spec, self._input_arena, self._free_inputs) for spec in self._specs(mv)
+        ]
+        results = await asyncio.gather(
+            *(i.start(scheduler) for i in mv.instances), return_exceptions=True
+        )
         errors = [r for r in results if isinstance(r, BaseException)]
         if errors:
             first = errors[0]

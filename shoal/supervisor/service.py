@@ -63,9 +63,7 @@ class InferenceService:
             self.input_arena.free(block)
 
     def _prepare(self, name: str, path: str) -> list[ModelVersion]:
-        config = model_config.load_model_config(
-            path, strict=self.options.strict_model_config
-        )
+        config = model_config.load_model_config(path, strict=self.options.strict_model_config)
         available = model_config.list_versions(path)
         chosen = model_config.select_versions(config.version_policy, available)
         if not chosen:
@@ -120,8 +118,10 @@ class InferenceService:
         versions = self.models.get(name)
         if versions is None:
             if name in self.failed:
-                raise Unavailable(f"Request for unknown model: '{name}' is not found: "
-                                  f"{self.failed[name]}", ErrorCode.UNAVAILABLE)
+                raise Unavailable(
+                    f"Request for unknown model: '{name}' is not found: {self.failed[name]}",
+                    ErrorCode.UNAVAILABLE,
+                )
             raise NotFound(f"Request for unknown model: '{name}' is not found")
         if version:
             try:
@@ -161,10 +161,12 @@ class InferenceService:
             name=name,
             versions=versions,
             platform=config.platform or config.backend,
-            inputs=tuple(TensorMetadata(t.name, t.datatype, batch + tuple(t.dims))
-                         for t in config.inputs),
-            outputs=tuple(TensorMetadata(t.name, t.datatype, batch + tuple(t.dims))
-                          for t in config.outputs),
+            inputs=tuple(
+                TensorMetadata(t.name, t.datatype, batch + tuple(t.dims)) for t in config.inputs
+            ),
+            outputs=tuple(
+                TensorMetadata(t.name, t.datatype, batch + tuple(t.dims)) for t in config.outputs
+            ),
         )
 
     def model_config(self, name: str, version: str = "") -> JsonDict:
@@ -189,8 +191,9 @@ class InferenceService:
         completion = await future
         return self._response(mv, request, completion)
 
-    def _response(self, mv: ModelVersion, request: InferRequest,
-                  completion: Completion) -> InferResponse:
+    def _response(
+        self, mv: ModelVersion, request: InferRequest, completion: Completion
+    ) -> InferResponse:
         record = completion.response
         if record.error is not None:
             code_name, message = record.error

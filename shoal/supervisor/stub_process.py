@@ -71,16 +71,27 @@ class StubProcess:
     def spawn(self, loop: asyncio.AbstractEventLoop, on_exit: Callable[[int], None]) -> None:
         fds = [self._child_sock.fileno(), *self.channel.child_fds()]
         argv = [
-            self.launch.python, "-m", "shoal.stub",
-            "--socket", str(fds[0]),
-            "--channel", ",".join(str(fd) for fd in fds[1:]),
-            "--parent", str(os.getpid()),
-            "--instance", self.launch.instance_name,
+            self.launch.python,
+            "-m",
+            "shoal.stub",
+            "--socket",
+            str(fds[0]),
+            "--channel",
+            ",".join(str(fd) for fd in fds[1:]),
+            "--parent",
+            str(os.getpid()),
+            "--instance",
+            self.launch.instance_name,
         ]
         env = {**os.environ, **self.launch.env, "PYTHONUNBUFFERED": "1"}
         self._proc = subprocess.Popen(
-            argv, pass_fds=fds, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, env=env, start_new_session=True,
+            argv,
+            pass_fds=fds,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            start_new_session=True,
         )
         self._child_sock.close()
         self._pidfd = os.pidfd_open(self._proc.pid)

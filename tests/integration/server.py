@@ -29,9 +29,12 @@ def _children(pid: int) -> set[int]:
                 args = f.read().split(b"\0")
         except OSError:
             continue
-        if b"shoal.stub" in args and b"--parent" in args:
-            if args[args.index(b"--parent") + 1] == marker:
-                found.add(int(entry))
+        if (
+            b"shoal.stub" in args
+            and b"--parent" in args
+            and (args[args.index(b"--parent") + 1] == marker)
+        ):
+            found.add(int(entry))
     return found
 
 
@@ -51,13 +54,26 @@ class ShoalServer:
         return f"127.0.0.1:{self.http_port}"
 
     def start(self) -> ShoalServer:
-        args = [sys.executable, "-m", "shoal.cli", "serve", "--http-address", "127.0.0.1",
-                "--http-port", "0", "--allow-grpc", "false", "--allow-metrics", "false"]
+        args = [
+            sys.executable,
+            "-m",
+            "shoal.cli",
+            "serve",
+            "--http-address",
+            "127.0.0.1",
+            "--http-port",
+            "0",
+            "--allow-grpc",
+            "false",
+            "--allow-metrics",
+            "false",
+        ]
         for repo in self.repos:
             args += ["--model-repository", str(repo)]
         args += list(self.extra_args)
-        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, cwd=REPO_ROOT)
+        self.proc = subprocess.Popen(
+            args, stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO_ROOT
+        )
         self.http_port = self._wait_for_port()
         self._wait_ready()
         return self
@@ -70,7 +86,9 @@ class ShoalServer:
                     return int(line.split()[-1])
             assert self.proc is not None
             if self.proc.poll() is not None:
-                raise RuntimeError(f"shoal serve exited with {self.proc.returncode}:\n{self.output}")
+                raise RuntimeError(
+                    f"shoal serve exited with {self.proc.returncode}:\n{self.output}"
+                )
             time.sleep(0.02)  # polling the log for the bound port, not waiting on time
         raise TimeoutError(f"shoal serve did not bind within {self.timeout}s:\n{self.output}")
 
@@ -103,7 +121,9 @@ class ShoalServer:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
-            raise AssertionError(f"shoal serve did not stop within {timeout}s:\n{self.output}")
+            raise AssertionError(
+                f"shoal serve did not stop within {timeout}s:\n{self.output}"
+            ) from None
         deadline = time.monotonic() + 5
         while _children(pid) and time.monotonic() < deadline:
             time.sleep(0.02)

@@ -22,7 +22,9 @@ def test_initialize_args(test_client):
     assert args["model_name"] == "init_args"
     assert args["model_version"] == "1"
     assert args["model_instance_kind"] == "CPU"
-    assert args["model_instance_name"] == "init_args_0_0"
+    assert (
+        args["model_instance_name"] == "init_args_0"
+    )  # no instance_group: one group named after the model
     assert args["model_instance_device_id"] == "0"
     assert os.path.samefile(args["model_repository"], TEST_MODELS / "init_args")
     assert os.path.samefile(args["model_dir"], TEST_MODELS / "init_args" / "1")

@@ -16,8 +16,13 @@ ALLOWED = {
     "config": {"config", "protos"},
     "protos": {"protos"},
     "supervisor": {"supervisor", "ipc", "config", "protos"},
-    "frontends": {"frontends", "supervisor.core", "supervisor.errors", "supervisor.types",
-                  "ipc.dtypes"},
+    "frontends": {
+        "frontends",
+        "supervisor.core",
+        "supervisor.errors",
+        "supervisor.types",
+        "ipc.dtypes",
+    },
 }
 
 

@@ -11,7 +11,7 @@ from shoal.supervisor.work import Work
 class DefaultScheduler:
     """FIFO of single requests. ``next_batch`` hands each to exactly one instance."""
 
-    def __init__(self, free_blocks: "collections.abc.Callable[[Work], None]") -> None:
+    def __init__(self, free_blocks: collections.abc.Callable[[Work], None]) -> None:
         self._queue: collections.deque[Work] = collections.deque()
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self._free_blocks = free_blocks

@@ -18,7 +18,7 @@ MODULE = "triton_python_backend_utils"
 
 
 @pytest.fixture
-def load_model(tmp_path, monkeypatch):
+def model_from_source(tmp_path, monkeypatch):
     """Install pb_utils as triton_python_backend_utils (restored after the test); load sources."""
     monkeypatch.setitem(sys.modules, MODULE, pb_utils)
     counter = iter(range(1000))
@@ -98,8 +98,8 @@ ADD_SUB_CONFIG = {
 }
 
 
-def test_add_sub(load_model):
-    model = load_model(ADD_SUB)()
+def test_add_sub(model_from_source):
+    model = model_from_source(ADD_SUB)()
     model.initialize(init_args(ADD_SUB_CONFIG))
     a = np.array([1, 2, 3, 4], dtype=np.float32)
     b = np.array([4, 3, 2, 1], dtype=np.float32)
@@ -138,8 +138,8 @@ class TritonPythonModel:
 """
 
 
-def test_bytes_model(load_model):
-    model = load_model(STRINGS)()
+def test_bytes_model(model_from_source):
+    model = model_from_source(STRINGS)()
     text = np.array([[b"hello", b"w\xc3\xb6rld"]], dtype=np.object_)
     (response,) = model.execute([server_request({"TEXT": text})])
     upper = pb_utils.get_output_tensor_by_name(response, "UPPER")
@@ -170,8 +170,8 @@ class TritonPythonModel:
 """
 
 
-def test_error_responses(load_model):
-    model = load_model(ERRORS)()
+def test_error_responses(model_from_source):
+    model = model_from_source(ERRORS)()
     good = server_request({"IN": np.ones(2, np.int64)})
     bad = server_request({})
     ok, failed = model.execute([good, bad])
@@ -220,8 +220,8 @@ class TritonPythonModel:
 """
 
 
-def test_decoupled_repeat_sends_from_a_thread(load_model):
-    model = load_model(REPEAT)()
+def test_decoupled_repeat_sends_from_a_thread(model_from_source):
+    model = model_from_source(REPEAT)()
     model.initialize(init_args({"model_transaction_policy": {"decoupled": True}}))
     assert model.decoupled is True
     recorders = [Recorder(), Recorder()]
@@ -256,8 +256,8 @@ class TritonPythonModel:
 """
 
 
-def test_sender_misuse_surfaces_as_triton_model_exception(load_model):
-    model = load_model(MISUSE)()
+def test_sender_misuse_surfaces_as_triton_model_exception(model_from_source):
+    model = model_from_source(MISUSE)()
     recorder = Recorder()
     assert model.execute([server_request(deliver=recorder, decoupled=True)]) == [None]
     assert model.error == "Unable to send response. Response sender has been closed."
@@ -291,8 +291,8 @@ class TritonPythonModel:
 """
 
 
-def test_auto_complete_config(load_model):
-    model_class = load_model(AUTO_COMPLETE)
+def test_auto_complete_config(model_from_source):
+    model_class = model_from_source(AUTO_COMPLETE)
     given = pb_utils.ModelConfig(json.dumps({"name": "auto", "backend": "python"}))
     completed = model_class.auto_complete_config(given)
     assert isinstance(completed, pb_utils.ModelConfig)
@@ -305,8 +305,8 @@ def test_auto_complete_config(load_model):
     assert config["model_transaction_policy"] == {"decoupled": False}
 
 
-def test_auto_complete_config_conflict_raises_value_error(load_model):
-    model_class = load_model(AUTO_COMPLETE)
+def test_auto_complete_config_conflict_raises_value_error(model_from_source):
+    model_class = model_from_source(AUTO_COMPLETE)
     given = pb_utils.ModelConfig(json.dumps({"name": "auto", "max_batch_size": 16}))
     with pytest.raises(ValueError, match="max_batch_size"):
         model_class.auto_complete_config(given)
@@ -331,8 +331,8 @@ class TritonPythonModel:
 """
 
 
-def test_inputs_are_read_only_so_models_copy(load_model):
-    model = load_model(IN_PLACE)()
+def test_inputs_are_read_only_so_models_copy(model_from_source):
+    model = model_from_source(IN_PLACE)()
     source = np.array([1.0, 2.0], dtype=np.float32)
     request = server_request({"IN": source})
     (response,) = model.execute([request])
@@ -372,11 +372,11 @@ class TritonPythonModel:
 """
 
 
-def test_parameters_logging_model_dir_and_bls_outside_execute(load_model):
+def test_parameters_logging_model_dir_and_bls_outside_execute(model_from_source):
     records = []
     pb_utils._set_log_sink(lambda *record: records.append(record))
     pb_utils._set_model_dir("/models/m/1")
-    model = load_model(PARAMS_LOG_BLS)()
+    model = model_from_source(PARAMS_LOG_BLS)()
     model.initialize(init_args({}))
     assert model.model_dir == "/models/m/1"
     assert model.bls_error == "BLS is only supported during the 'execute' function."
@@ -408,8 +408,8 @@ class TritonPythonModel:
 """
 
 
-def test_dlpack_model(load_model):
-    model = load_model(DLPACK)()
+def test_dlpack_model(model_from_source):
+    model = model_from_source(DLPACK)()
     source = np.arange(4, dtype=np.float64)
     request = server_request({"IN": source})
     (response,) = model.execute([request])
@@ -419,8 +419,8 @@ def test_dlpack_model(load_model):
     assert out._datatype() == "FP64"
 
 
-def test_sender_used_after_execute_from_another_thread(load_model):
-    model = load_model(REPEAT)()
+def test_sender_used_after_execute_from_another_thread(model_from_source):
+    model = model_from_source(REPEAT)()
     model.initialize(init_args({}))
     recorder = Recorder()
     done = threading.Event()

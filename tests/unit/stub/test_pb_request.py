@@ -289,3 +289,18 @@ def test_async_exec_delegates_to_the_installed_executor():
 def test_inference_trace():
     assert pb_utils.InferenceTrace("c").get_context() == "c"
     assert pb_utils.InferenceTrace().get_context() is None
+
+
+def test_a_request_is_freed_by_reference_counting():
+    import gc
+    import weakref
+
+    request = server_request({"IN": np.zeros(2)}, deliver=lambda response, flags: None)
+    request.get_response_sender()
+    ref = weakref.ref(request)
+    gc.disable()
+    try:
+        del request
+        assert ref() is None  # no reference cycle: input views are released promptly
+    finally:
+        gc.enable()
