@@ -60,7 +60,9 @@ def decode_infer_request(
     """Decode an infer body; ``header_length`` is the ``Inference-Header-Content-Length`` value."""
     view = memoryview(body).cast("B").toreadonly()
     json_size = parse_header_length(header_length, len(view))
-    document = _parse_document(view[:json_size])
+    # A JSON-only body is parsed as it is: slicing it would cost a copy of the whole body.
+    whole = json_size == len(view) and not isinstance(body, memoryview)
+    document = _parse_document(body if whole else view[:json_size])
     parameters, binary_default = request_parameters(document.get("parameters", {}))
     binary = BinarySection(view[json_size:], model_name, has_header=header_length is not None)
     inputs = _parse_inputs(document, binary)
@@ -100,7 +102,7 @@ def parse_header_length(value: str | None, body_size: int) -> int:
     return length
 
 
-def _parse_document(header: memoryview) -> dict[str, Any]:
+def _parse_document(header: bytes | bytearray | memoryview) -> dict[str, Any]:
     try:
         document = _json.loads(header)
     except _json.JsonDecodeError as exc:

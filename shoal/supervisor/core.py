@@ -26,14 +26,30 @@ from shoal.supervisor.types import (
     InferRequest,
     InferResponse,
     JsonDict,
+    BatchStatistics,
+    InferStatistics,
+    MemoryUsage,
     ModelMetadata,
+    ModelStatistics,
     ParamValue,
+    RepositoryEntry,
     RequestedOutput,
+    ResponseStatistics,
     ServerMetadata,
+    SharedMemoryRegion,
+    StatDuration,
     TensorMetadata,
 )
 
 __all__ = [
+    "BatchStatistics",
+    "InferStatistics",
+    "MemoryUsage",
+    "ModelStatistics",
+    "RepositoryEntry",
+    "ResponseStatistics",
+    "SharedMemoryRegion",
+    "StatDuration",
     "Cancelled",
     "CoreAPI",
     "DeadlineExceeded",
@@ -87,4 +103,48 @@ class CoreAPI(Protocol):
 
     async def infer(self, request: InferRequest) -> InferResponse:
         """Run one inference request; the caller must ``release()`` the response."""
+        ...
+
+    # -- extensions (Triton's statistics, model repository, shared memory, logging) ----------
+
+    def model_statistics(self, name: str = "", version: str = "") -> list[ModelStatistics]:
+        """Statistics of one model (version), or of every model when ``name`` is empty."""
+        ...
+
+    def repository_index(self, ready_only: bool = False) -> list[RepositoryEntry]:
+        """Every model in the repositories with its state and reason."""
+        ...
+
+    async def load_model(
+        self,
+        name: str,
+        config_json: str | None = None,
+        files: dict[str, bytes] | None = None,
+    ) -> None:
+        """Load or reload a model (explicit model control); ``files`` keys are "file:<path>"."""
+        ...
+
+    async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
+        """Unload a model once its in-flight requests have finished."""
+        ...
+
+    def register_system_shm(self, name: str, key: str, offset: int, byte_size: int) -> None:
+        """Register a client's POSIX shared-memory region (ALREADY_EXISTS if the name is taken)."""
+        ...
+
+    def unregister_system_shm(self, name: str = "") -> None:
+        """Unregister one region, or all of them when ``name`` is empty."""
+        ...
+
+    def system_shm_status(self, name: str = "") -> list[SharedMemoryRegion]:
+        """Registered regions (NOT_FOUND for an unknown ``name``)."""
+        ...
+
+    def log_settings(self) -> dict[str, ParamValue]:
+        """Triton's logging settings (log_file, log_info, log_warning, log_error, log_verbose_level,
+        log_format)."""
+        ...
+
+    def update_log_settings(self, settings: dict[str, ParamValue]) -> dict[str, ParamValue]:
+        """Apply the given settings and return all of them."""
         ...

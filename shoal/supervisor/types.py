@@ -5,6 +5,12 @@ both frontends use exactly these types.
 
 Tensor payloads use the KServe V2 binary layout: little-endian elements in row-major order, and for
 BYTES each element as a 4-byte little-endian length followed by its bytes.
+
+Shared memory (Triton's system shared-memory extension): an input whose ``parameters`` carry
+``shared_memory_region`` (+ ``shared_memory_offset``, ``shared_memory_byte_size``) has empty
+``data``; the core reads the region. A requested output with those parameters is written into the
+region by the core, and its :class:`InferOutput` keeps the parameters and has empty ``data``:
+frontends then send no data for it (neither JSON nor binary), as Triton does.
 """
 
 from __future__ import annotations
@@ -128,3 +134,93 @@ class ServerMetadata:
 
 
 JsonDict = dict[str, Any]
+
+
+@dataclass
+class StatDuration:
+    """A count and the total nanoseconds it took (Triton's StatisticDuration)."""
+
+    count: int = 0
+    ns: int = 0
+
+    def add(self, ns: int) -> None:
+        self.count += 1
+        self.ns += ns
+
+
+@dataclass
+class InferStatistics:
+    """Triton's InferStatistics: per-request outcomes and per-stage durations."""
+
+    success: StatDuration = field(default_factory=StatDuration)
+    fail: StatDuration = field(default_factory=StatDuration)
+    queue: StatDuration = field(default_factory=StatDuration)
+    compute_input: StatDuration = field(default_factory=StatDuration)
+    compute_infer: StatDuration = field(default_factory=StatDuration)
+    compute_output: StatDuration = field(default_factory=StatDuration)
+    cache_hit: StatDuration = field(default_factory=StatDuration)
+    cache_miss: StatDuration = field(default_factory=StatDuration)
+
+
+@dataclass
+class BatchStatistics:
+    """Triton's InferBatchStatistics: executions of one batch size."""
+
+    batch_size: int
+    compute_input: StatDuration = field(default_factory=StatDuration)
+    compute_infer: StatDuration = field(default_factory=StatDuration)
+    compute_output: StatDuration = field(default_factory=StatDuration)
+
+
+@dataclass
+class ResponseStatistics:
+    """Triton's InferResponseStatistics (decoupled models), keyed by response index."""
+
+    compute_infer: StatDuration = field(default_factory=StatDuration)
+    compute_output: StatDuration = field(default_factory=StatDuration)
+    success: StatDuration = field(default_factory=StatDuration)
+    fail: StatDuration = field(default_factory=StatDuration)
+    empty_response: StatDuration = field(default_factory=StatDuration)
+    cancel: StatDuration = field(default_factory=StatDuration)
+
+
+@dataclass
+class MemoryUsage:
+    type: str  # "CPU", "CPU_PINNED", "GPU"
+    id: int
+    byte_size: int
+
+
+@dataclass
+class ModelStatistics:
+    """One entry of Triton's statistics extension (``/v2/models/{m}/stats``)."""
+
+    name: str
+    version: str
+    last_inference: int = 0  # ms since the epoch
+    inference_count: int = 0
+    execution_count: int = 0
+    inference_stats: InferStatistics = field(default_factory=InferStatistics)
+    batch_stats: list[BatchStatistics] = field(default_factory=list)
+    response_stats: dict[str, ResponseStatistics] = field(default_factory=dict)
+    memory_usage: list[MemoryUsage] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class RepositoryEntry:
+    """One row of the repository index: a model (version) and its state."""
+
+    name: str
+    version: str = ""
+    state: str = ""  # "READY", "UNAVAILABLE", "LOADING", "UNLOADING"
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class SharedMemoryRegion:
+    """A client's registered system shared-memory region."""
+
+    name: str
+    key: str
+    offset: int
+    byte_size: int
