@@ -58,9 +58,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--allow-metrics", type=parse_bool, default=True)
     serve.add_argument(
         "--model-control-mode",
-        choices=["none"],
+        choices=["none", "explicit"],
         default="none",
-        help="only 'none' so far (explicit and poll are not implemented yet)",
+        help="none: load every model at start; explicit: load --load-model names (* for all) "
+        "and then what clients ask for",
     )
     serve.add_argument("--load-model", action="append", default=[])
     serve.add_argument("--strict-model-config", type=parse_bool, default=False)

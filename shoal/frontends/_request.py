@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from shoal.frontends import _json
 from shoal.frontends._binary import BinarySection, check_binary_input
 from shoal.frontends._params import input_parameters, output_parameters, request_parameters
@@ -138,7 +140,7 @@ def _parse_input(entry: dict[str, Any], binary: BinarySection) -> InferInput:
     name, datatype, shape = _tensor_spec(entry)
     parameters, binary_size = input_parameters(name, entry.get("parameters", {}))
     _check_one_source(name, entry, parameters, binary_size)
-    data: memoryview | Any
+    data: memoryview | np.ndarray
     if binary_size is not None:
         data = binary.take(name, binary_size)
         check_binary_input(name, datatype, shape, data, binary.model_name)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -18,6 +19,7 @@ from shoal.ipc import messages as msg
 from shoal.ipc.arena import Block, OwnedArena
 from shoal.ipc.queue import PeerGone
 from shoal.supervisor.errors import Unavailable
+from shoal.supervisor.stats import StatsRecorder
 from shoal.supervisor.stub_process import StubLaunch, StubProcess, describe_exit
 from shoal.supervisor.work import Completion, Work
 
@@ -60,8 +62,10 @@ class StubInstance:
         spec: InstanceSpec,
         input_arena: OwnedArena,
         free_inputs: Callable[[list[Block]], None],
+        stats: StatsRecorder,
     ) -> None:
         self.spec = spec
+        self.stats = stats
         self.name = spec.instance_name
         self.restarts = 0
         self.last_exit = ""
@@ -77,6 +81,8 @@ class StubInstance:
         self._finalized: asyncio.Future[None] | None = None
         self._worker: asyncio.Task[None] | None = None
         self._restart_task: asyncio.Task[None] | None = None
+        self._idle = asyncio.Event()
+        self._idle.set()
         self._release_pending: list[Block] = []
         self._release_scheduled = False
         self._background: set[asyncio.Future[None]] = set()
@@ -84,6 +90,10 @@ class StubInstance:
     @property
     def ready(self) -> bool:
         return self._ready.is_set()
+
+    async def wait_idle(self) -> None:
+        """Return once no batch is inside the stub."""
+        await self._idle.wait()
 
     @property
     def pid(self) -> int:
@@ -153,6 +163,8 @@ class StubInstance:
         batch, finished = self._in_flight.pop(result.batch_id, ([], None))
         if finished is not None and not finished.done():
             finished.set_result(None)
+        if batch:
+            self.stats.execution(sum(w.batch_size for w in batch), result.compute_ns)
         for work, response in zip(batch, result.responses, strict=True):
             passed = {
                 o.location
@@ -163,7 +175,10 @@ class StubInstance:
             if work.future.done():  # the client went away: nobody will release the outputs
                 self.release_outputs(proc, _blocks(response))
             else:
-                work.future.set_result(Completion(response, self, proc))
+                queue_ns = work.dispatched_ns - work.enqueued_ns
+                work.future.set_result(
+                    Completion(response, self, proc, queue_ns, result.compute_ns)
+                )
 
     # -- the work loop ----------------------------------------------------------------------
 
@@ -181,13 +196,21 @@ class StubInstance:
         batch_id = next(self._batch_ids)
         finished: asyncio.Future[None] = self._loop.create_future()
         self._in_flight[batch_id] = (batch, finished)
+        now = time.monotonic_ns()
+        for work in batch:
+            work.dispatched_ns = now
+        self._idle.clear()
         try:
             await proc.send_async(msg.Execute(batch_id, [w.record for w in batch]))
         except PeerGone:
             pass  # _on_exit fails the batch
         # One batch at a time per instance (Triton's contract for a sync execute), even when
         # the clients of this batch have gone away.
-        await finished
+        try:
+            await finished
+        finally:
+            if not self._in_flight:
+                self._idle.set()
 
     # -- outputs ----------------------------------------------------------------------------
 

@@ -12,9 +12,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shoal.ipc.arena import Block, OwnedArena
+from shoal.supervisor.errors import Unavailable
 from shoal.supervisor.instances import InstanceSpec, LoadError, StubInstance
 from shoal.supervisor.options import ArenaOptions
 from shoal.supervisor.schedulers.default import DefaultScheduler
+from shoal.supervisor.stats import StatsRecorder
 from shoal.supervisor.stub_process import StubLaunch
 from shoal.supervisor.work import Work
 
@@ -42,6 +44,10 @@ class ModelVersion:
     reason: str = ""
     scheduler: DefaultScheduler | None = None
     instances: list[StubInstance] = field(default_factory=list)
+    stats: StatsRecorder = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.stats = StatsRecorder(self.name, self.version)
 
     @property
     def ready(self) -> bool:
@@ -102,7 +108,8 @@ class ModelLoader:
         scheduler = DefaultScheduler(lambda work: self._free_inputs(work.input_blocks))
         mv.scheduler = scheduler
         mv.instances = [
-            StubInstance(spec, self._input_arena, self._free_inputs) for spec in self._specs(mv)
+            StubInstance(spec, self._input_arena, self._free_inputs, mv.stats)
+            for spec in self._specs(mv)
         ]
         results = await asyncio.gather(
             *(i.start(scheduler) for i in mv.instances), return_exceptions=True
@@ -119,14 +126,20 @@ class ModelLoader:
         mv.state = ModelState.READY
         log.info("successfully loaded '%s' version %d", mv.name, mv.version)
 
+    async def drain(self, mv: ModelVersion) -> None:
+        """Wait until every request queued for or running in ``mv`` has finished."""
+        scheduler = mv.scheduler
+        if scheduler is None:
+            return
+        await scheduler.wait_empty()
+        await asyncio.gather(*(i.wait_idle() for i in mv.instances))
+
     async def stop(self, mv: ModelVersion, timeout: float) -> None:
         mv.state = ModelState.UNLOADING
         if mv.scheduler is not None:
             for work in mv.scheduler.close():
                 self._free_inputs(work.input_blocks)
                 if not work.future.done():
-                    from shoal.supervisor.errors import Unavailable
-
                     work.future.set_exception(
                         Unavailable(f"model '{mv.name}' is unloading; the request was not run")
                     )

@@ -4,40 +4,55 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 import shoal
-from shoal import config as model_config
 from shoal.ipc.arena import Block, OwnedArena
 from shoal.supervisor import staging
-from shoal.supervisor.errors import ErrorCode, NotFound, ShoalError, Unavailable
+from shoal.supervisor.control import ModelRepositoryManager
+from shoal.supervisor.errors import ErrorCode, InvalidArgument, NotFound, ShoalError, Unavailable
+from shoal.supervisor.log_settings import LogSettings
 from shoal.supervisor.models import ModelLoader, ModelState, ModelVersion
 from shoal.supervisor.options import ServerOptions
-from shoal.supervisor.repository import scan
+from shoal.supervisor.shm_io import read_shm_inputs, write_shm_outputs
+from shoal.supervisor.shm_registry import SharedMemoryRegistry
 from shoal.supervisor.types import (
     InferOutput,
     InferRequest,
     InferResponse,
     JsonDict,
     ModelMetadata,
+    ModelStatistics,
+    ParamValue,
+    RepositoryEntry,
     ServerMetadata,
+    SharedMemoryRegion,
     TensorMetadata,
 )
 from shoal.supervisor.work import Completion, Work
 
 log = logging.getLogger("shoal")
 
-EXTENSIONS = ("binary_tensor_data", "model_configuration", "parameters")
+EXTENSIONS = (
+    "binary_tensor_data",
+    "model_configuration",
+    "model_repository",
+    "model_repository(unload_dependents)",
+    "parameters",
+    "statistics",
+    "system_shared_memory",
+    "logging",
+)
 INPUT_ARENA_ID = 0
 
 
 class InferenceService:
-    """Owns the input arena and the loaded models; frontends call it through CoreAPI."""
+    """Owns the input arena, the model repository manager and the client shm registry."""
 
     def __init__(self, options: ServerOptions) -> None:
         self.options = options
-        self.models: dict[str, dict[int, ModelVersion]] = {}
-        self.failed: dict[str, str] = {}
+        self.repository: ModelRepositoryManager | None = None
         arenas = options.arenas
         self.input_arena = OwnedArena(
             INPUT_ARENA_ID,
@@ -46,58 +61,48 @@ class InferenceService:
             limit_bytes=arenas.limit_bytes,
             on_new_segment=self._announce_segment,
         )
-        self.loader = ModelLoader(self.input_arena, arenas, self._free_inputs)
+        loader = ModelLoader(self.input_arena, arenas, self._free_inputs)
+        self.repository = ModelRepositoryManager(options, loader)
+        self.shm = SharedMemoryRegistry()
+        self.logging = LogSettings(options.log_verbose)
         self._live = True
+
+    @property
+    def failed(self) -> dict[str, str]:
+        assert self.repository is not None
+        return self.repository.failed
+
+    @property
+    def _repo(self) -> ModelRepositoryManager:
+        assert self.repository is not None
+        return self.repository
 
     # -- lifecycle --------------------------------------------------------------------------
 
     def _announce_segment(self, segment: Any) -> None:
         # Runs for the first segment too, from the arena's constructor, before any model exists.
-        for versions in self.models.values():
-            for mv in versions.values():
-                for instance in mv.instances:
-                    instance.announce_segment(segment)
+        if self.repository is None:
+            return
+        for mv in self.repository.versions():
+            for instance in mv.instances:
+                instance.announce_segment(segment)
 
     def _free_inputs(self, blocks: list[Block]) -> None:
         for block in blocks:
             self.input_arena.free(block)
 
-    def _prepare(self, name: str, path: str) -> list[ModelVersion]:
-        config = model_config.load_model_config(path, strict=self.options.strict_model_config)
-        available = model_config.list_versions(path)
-        chosen = model_config.select_versions(config.version_policy, available)
-        if not chosen:
-            raise model_config.ConfigError(
-                f"model '{name}' has no version directory to load in '{path}' "
-                "(expected numeric subdirectories such as '1/')"
-            )
-        as_json = model_config.config_to_json(config)
-        return [ModelVersion(name, v, config, as_json) for v in chosen]
-
     async def load_repository(self) -> None:
-        """Load every model found in the repositories; failures are recorded, not raised."""
-        sources, broken = scan(self.options.model_repositories)
-        self.failed.update(broken)
-        pending: list[ModelVersion] = []
-        for name, source in sources.items():
-            try:
-                versions = self._prepare(name, source.path)
-            except Exception as error:  # a bad model must not stop the others
-                self.failed[name] = str(error)
-                log.error("failed to load model '%s': %s", name, error)
-                continue
-            self.models[name] = {mv.version: mv for mv in versions}
-            pending.extend(versions)
-        await asyncio.gather(*(self.loader.start(mv) for mv in pending))
+        """Load the models the control mode asks for at start."""
+        await self._repo.load_startup()
 
     async def shutdown(self, timeout: float) -> None:
-        """Stop every model (finalize, then signals) and free the input arena."""
+        """Stop every model (finalize, then signals) and free the arenas and regions."""
         self._live = False
-        versions = [mv for versions in self.models.values() for mv in versions.values()]
-        await asyncio.gather(*(self.loader.stop(mv, timeout) for mv in versions))
+        await self._repo.shutdown(timeout)
+        self.shm.close()
         self.input_arena.close()
 
-    # -- CoreAPI: health and metadata -------------------------------------------------------
+    # -- health and metadata ----------------------------------------------------------------
 
     def is_live(self) -> bool:
         return self._live
@@ -105,61 +110,26 @@ class InferenceService:
     def is_ready(self) -> bool:
         if not self._live:
             return False
-        if not self.options.strict_readiness:
-            return True
-        if self.failed:
-            return False
-        return all(mv.ready for versions in self.models.values() for mv in versions.values())
+        return not self.options.strict_readiness or self._repo.all_ready()
 
     def server_metadata(self) -> ServerMetadata:
         return ServerMetadata("shoal", shoal.__version__, EXTENSIONS)
 
-    def _resolve(self, name: str, version: str) -> ModelVersion:
-        versions = self.models.get(name)
-        if versions is None:
-            if name in self.failed:
-                raise Unavailable(
-                    f"Request for unknown model: '{name}' is not found: {self.failed[name]}",
-                    ErrorCode.UNAVAILABLE,
-                )
-            raise NotFound(f"Request for unknown model: '{name}' is not found")
-        if version:
-            try:
-                mv = versions[int(version)]
-            except (ValueError, KeyError):
-                raise NotFound(
-                    f"Request for unknown model: '{name}' version {version} is not found"
-                ) from None
-            if not mv.ready:
-                raise Unavailable(
-                    f"Request for unavailable model: '{name}' version {version} is not ready"
-                    + (f": {mv.reason}" if mv.reason else "")
-                )
-            return mv
-        ready = [mv for mv in versions.values() if mv.ready]
-        if not ready:
-            reasons = "; ".join(mv.reason for mv in versions.values() if mv.reason)
-            raise Unavailable(
-                f"Request for unknown model: '{name}' has no available versions"
-                + (f": {reasons}" if reasons else "")
-            )
-        return max(ready, key=lambda mv: mv.version)
-
     def model_ready(self, name: str, version: str = "") -> bool:
         try:
-            self._resolve(name, version)
+            self._repo.resolve(name, version)
         except ShoalError:
             return False
         return True
 
     def model_metadata(self, name: str, version: str = "") -> ModelMetadata:
-        mv = self._resolve(name, version)
+        mv = self._repo.resolve(name, version)
         config = mv.config
         batch = (-1,) if config.max_batch_size > 0 else ()
-        versions = tuple(str(v) for v, m in sorted(self.models[name].items()) if m.ready)
+        versions = self._repo.models[name]
         return ModelMetadata(
             name=name,
-            versions=versions,
+            versions=tuple(str(v) for v, m in sorted(versions.items()) if m.ready),
             platform=config.platform or config.backend,
             inputs=tuple(
                 TensorMetadata(t.name, t.datatype, batch + tuple(t.dims)) for t in config.inputs
@@ -170,26 +140,46 @@ class InferenceService:
         )
 
     def model_config(self, name: str, version: str = "") -> JsonDict:
-        versions = self.models.get(name)
+        versions = self._repo.models.get(name)
         if versions and not version:
             # The config is served even while the model is not ready, as Triton does.
             return max(versions.values(), key=lambda mv: mv.version).config_json
-        return self._resolve(name, version).config_json
+        return self._repo.resolve(name, version).config_json
 
-    # -- CoreAPI: inference -----------------------------------------------------------------
+    # -- inference --------------------------------------------------------------------------
 
     async def infer(self, request: InferRequest) -> InferResponse:
-        mv = self._resolve(request.model_name, request.model_version)
+        mv = self._repo.resolve(request.model_name, request.model_version)
+        started = time.monotonic_ns()
+        try:
+            return await self._infer(mv, request)
+        except ShoalError:
+            mv.stats.failure(time.monotonic_ns() - started)
+            raise
+
+    async def _infer(self, mv: ModelVersion, request: InferRequest) -> InferResponse:
+        started = time.monotonic_ns()
+        read_shm_inputs(self.shm, request)
         staging.check_inputs(mv.config, request)
         outputs = staging.check_outputs(mv.config, request)
         record, blocks = staging.stage_request(mv.config, request, self.input_arena, outputs)
-        future: asyncio.Future[Completion] = asyncio.get_running_loop().create_future()
         if mv.state is not ModelState.READY:
             self._free_inputs(blocks)
             raise Unavailable(f"model '{mv.name}' version {mv.version} is not ready")
-        mv.submit(Work(record, blocks, future))
+        future: asyncio.Future[Completion] = asyncio.get_running_loop().create_future()
+        batch_size = staging.batch_size(mv.config, request)
+        mv.submit(Work(record, blocks, future, batch_size=batch_size))
         completion = await future
-        return self._response(mv, request, completion)
+        response = self._response(mv, request, completion)
+        try:
+            write_shm_outputs(self.shm, request, response)
+        except ShoalError:
+            response.release()
+            raise
+        mv.stats.success(
+            batch_size, time.monotonic_ns() - started, completion.queue_ns, completion.compute_ns
+        )
+        return response
 
     def _response(
         self, mv: ModelVersion, request: InferRequest, completion: Completion
@@ -212,3 +202,47 @@ class InferenceService:
             parameters=dict(record.parameters),
             _release=lambda: completion.release(blocks),
         )
+
+    # -- statistics -------------------------------------------------------------------------
+
+    def model_statistics(self, name: str = "", version: str = "") -> list[ModelStatistics]:
+        if not name:
+            if version:
+                raise InvalidArgument("a model version was given without a model name")
+            return [mv.stats.snapshot() for mv in self._repo.versions() if mv.ready]
+        if name not in self._repo.models:
+            raise NotFound(f"requested model '{name}' is not found")
+        if version:
+            return [self._repo.resolve(name, version).stats.snapshot()]
+        versions = self._repo.models[name].values()
+        return [mv.stats.snapshot() for mv in sorted(versions, key=lambda m: m.version) if mv.ready]
+
+    # -- model repository -------------------------------------------------------------------
+
+    def repository_index(self, ready_only: bool = False) -> list[RepositoryEntry]:
+        return self._repo.index(ready_only)
+
+    async def load_model(
+        self, name: str, config_json: str | None = None, files: dict[str, bytes] | None = None
+    ) -> None:
+        await self._repo.load(name, config_json, files)
+
+    async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
+        await self._repo.unload(name, unload_dependents)
+
+    # -- shared memory and logging ----------------------------------------------------------
+
+    def register_system_shm(self, name: str, key: str, offset: int, byte_size: int) -> None:
+        self.shm.register(name, key, offset, byte_size)
+
+    def unregister_system_shm(self, name: str = "") -> None:
+        self.shm.unregister(name)
+
+    def system_shm_status(self, name: str = "") -> list[SharedMemoryRegion]:
+        return self.shm.status(name)
+
+    def log_settings(self) -> dict[str, ParamValue]:
+        return self.logging.current()
+
+    def update_log_settings(self, settings: dict[str, ParamValue]) -> dict[str, ParamValue]:
+        return self.logging.update(settings)

@@ -114,6 +114,12 @@ def _model_shape(config: Any, spec: Any, shape: tuple[int, ...]) -> tuple[int, .
 def _payload_size(config: Any, tensor: InferInput) -> int:
     """Validated size in bytes of the tensor's V2 serialized payload."""
     if isinstance(tensor.data, np.ndarray):
+        if tensor.datatype == "BYTES" and tensor.data.size != element_count(tensor.shape):
+            raise InvalidArgument(
+                f"input '{tensor.name}' for model '{config.name}' has {tensor.data.size} "
+                f"elements, expected {element_count(tensor.shape)} for shape "
+                f"{dims_text(tensor.shape)}"
+            )
         return numpy_to_buffer_size(tensor.data, tensor.datatype)
     actual = memoryview(tensor.data).nbytes
     expected = byte_size(tensor.datatype, tensor.shape)
@@ -176,3 +182,10 @@ def stage_request(
 def _correlation_id(params: dict[str, Any]) -> int | str:
     value = params.get("sequence_id", 0)
     return value if isinstance(value, int | str) else 0
+
+
+def batch_size(config: Any, request: InferRequest) -> int:
+    """Inferences in a request: the first dimension for a batching model, else 1."""
+    if config.max_batch_size > 0 and request.inputs and request.inputs[0].shape:
+        return int(request.inputs[0].shape[0])
+    return 1

@@ -22,6 +22,8 @@ class Completion:
     response: ResponseRecord
     instance: StubInstance
     process: StubProcess
+    queue_ns: int = 0
+    compute_ns: tuple[int, int, int] = (0, 0, 0)
 
     def view(self, block: Block) -> memoryview:
         """A read-only view of one output block."""
@@ -42,7 +44,10 @@ class Work:
     record: RequestRecord
     input_blocks: list[Block]
     future: asyncio.Future[Completion]
+    #: Inferences in this request: its first dimension for a batching model, else 1.
+    batch_size: int = 1
     enqueued_ns: int = field(default_factory=time.monotonic_ns)
+    dispatched_ns: int = 0
 
     @property
     def abandoned(self) -> bool:

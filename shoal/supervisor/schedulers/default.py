@@ -16,19 +16,28 @@ class DefaultScheduler:
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self._free_blocks = free_blocks
         self._closed = False
+        self._empty = asyncio.Event()
+        self._empty.set()
 
     def submit(self, work: Work) -> None:
         self._queue.append(work)
+        self._empty.clear()
         self._wake_one()
 
     def requeue(self, batch: list[Work]) -> None:
         """Put work an instance could not send back at the head of the queue."""
         self._queue.extendleft(reversed(batch))
+        if self._queue:
+            self._empty.clear()
         self._wake_one()
 
     @property
     def pending(self) -> int:
         return len(self._queue)
+
+    async def wait_empty(self) -> None:
+        """Return once every queued request has been handed to an instance."""
+        await self._empty.wait()
 
     def _wake_one(self) -> None:
         while self._waiters:
@@ -42,6 +51,8 @@ class DefaultScheduler:
         while True:
             while self._queue:
                 work = self._queue.popleft()
+                if not self._queue:
+                    self._empty.set()
                 if work.abandoned:
                     self._free_blocks(work)
                     continue
@@ -56,6 +67,7 @@ class DefaultScheduler:
         """Stop handing out work; returns what was still queued."""
         self._closed = True
         left, self._queue = list(self._queue), collections.deque()
+        self._empty.set()
         for waiter in self._waiters:
             if not waiter.done():
                 waiter.set_result(None)

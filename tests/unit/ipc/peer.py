@@ -8,6 +8,9 @@ when the channel reports PeerGone.
 from __future__ import annotations
 
 import asyncio
+import faulthandler
+import signal as _signal
+faulthandler.register(_signal.SIGUSR1)
 import json
 import os
 import socket

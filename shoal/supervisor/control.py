@@ -1,0 +1,267 @@
+"""The model repository manager: which model versions are loaded, loading and unloading them.
+
+``--model-control-mode=none`` loads everything at start; ``explicit`` loads what ``--load-model``
+names (``*`` for all) and then what clients ask for. A reload brings the new versions up before the
+old ones are drained, so no request fails during it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from shoal import config as model_config
+from shoal.supervisor.errors import (
+    ErrorCode,
+    InvalidArgument,
+    NotFound,
+    Unavailable,
+    Unsupported,
+)
+from shoal.supervisor.models import ModelLoader, ModelState, ModelVersion
+from shoal.supervisor.options import ServerOptions
+from shoal.supervisor.repository import scan
+from shoal.supervisor.types import RepositoryEntry
+
+log = logging.getLogger("shoal")
+
+
+class ModelRepositoryManager:
+    """Loaded versions by model name, plus the reason of each model that failed to load."""
+
+    def __init__(self, options: ServerOptions, loader: ModelLoader) -> None:
+        self.options = options
+        self.loader = loader
+        self.models: dict[str, dict[int, ModelVersion]] = {}
+        self.failed: dict[str, str] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._scratch: dict[str, str] = {}  # model name -> temp dir holding uploaded files
+
+    def versions(self) -> Iterator[ModelVersion]:
+        for versions in self.models.values():
+            yield from versions.values()
+
+    # -- start-up ---------------------------------------------------------------------------
+
+    async def load_startup(self) -> None:
+        """Load what the control mode says to load at start; failures are recorded."""
+        sources, broken = scan(self.options.model_repositories)
+        self.failed.update(broken)
+        if self.options.model_control_mode == "explicit":
+            wanted = set(self.options.load_models)
+            names = sorted(sources) if "*" in wanted else sorted(wanted)
+        else:
+            names = sorted(sources)
+        await asyncio.gather(*(self._load_quietly(name) for name in names))
+
+    async def _load_quietly(self, name: str) -> None:
+        try:
+            await self.load(name, _startup=True)
+        except Exception as error:  # one model's failure must not stop the others
+            log.error("%s", error)
+
+    # -- load / unload ----------------------------------------------------------------------
+
+    def _check_control_allowed(self) -> None:
+        if self.options.model_control_mode != "explicit":
+            raise Unsupported(
+                "explicit model load / unload is not allowed if polling is enabled"
+                if self.options.model_control_mode == "poll"
+                else "explicit model load / unload requires --model-control-mode=explicit"
+            )
+
+    async def load(
+        self,
+        name: str,
+        config_json: str | None = None,
+        files: dict[str, bytes] | None = None,
+        *,
+        _startup: bool = False,
+    ) -> None:
+        if not _startup:
+            self._check_control_allowed()
+        lock = self._locks.setdefault(name, asyncio.Lock())
+        async with lock:
+            path = self._model_path(name, config_json, files)
+            override = self._override(name, config_json)
+            try:
+                new = self._prepare(name, path, override)
+            except model_config.ConfigError as error:
+                self.failed[name] = str(error)
+                raise InvalidArgument(f"failed to load '{name}': {error}") from None
+            await asyncio.gather(*(self.loader.start(mv) for mv in new))
+            broken = [mv for mv in new if not mv.ready]
+            if broken:
+                await asyncio.gather(*(self.loader.stop(mv, 5.0) for mv in new if mv.ready))
+                reason = "; ".join(mv.reason for mv in broken)
+                if name not in self.models or not any(m.ready for m in self.models[name].values()):
+                    self.models[name] = {mv.version: mv for mv in new}
+                raise InvalidArgument(f"failed to load '{name}': {reason}")
+            old = self.models.get(name, {})
+            self.models[name] = {mv.version: mv for mv in new}
+            self.failed.pop(name, None)
+            await asyncio.gather(*(self._retire(mv) for mv in old.values()))
+
+    def _model_path(
+        self, name: str, config_json: str | None, files: dict[str, bytes] | None
+    ) -> str:
+        if files:
+            if config_json is None:
+                raise InvalidArgument(
+                    f"failed to load '{name}': model files were given without a 'config' "
+                    "parameter; Triton requires the config with file overrides"
+                )
+            return self._write_files(name, files)
+        sources, _ = scan(self.options.model_repositories)
+        source = sources.get(name)
+        if source is None:
+            raise InvalidArgument(f"failed to load '{name}', failed to poll from model repository")
+        return source.path
+
+    def _write_files(self, name: str, files: dict[str, bytes]) -> str:
+        """Materialise uploaded ``file:<path>`` contents in a private directory named ``name``."""
+        root = tempfile.mkdtemp(prefix="shoal-model-")
+        model_dir = Path(root) / name
+        model_dir.mkdir()
+        try:
+            for key, content in files.items():
+                relative = key.removeprefix("file:")
+                target = (model_dir / relative).resolve()
+                if not key.startswith("file:") or not target.is_relative_to(model_dir.resolve()):
+                    raise InvalidArgument(
+                        f"failed to load '{name}': file parameter '{key}' must be "
+                        "'file:<relative path>' inside the model directory"
+                    )
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(content)
+        except BaseException:
+            shutil.rmtree(root, ignore_errors=True)
+            raise
+        previous = self._scratch.pop(name, None)
+        if previous is not None:
+            shutil.rmtree(previous, ignore_errors=True)
+        self._scratch[name] = root
+        return str(model_dir)
+
+    @staticmethod
+    def _override(name: str, config_json: str | None) -> dict[str, object] | None:
+        if config_json is None:
+            return None
+        try:
+            override = json.loads(config_json)
+        except json.JSONDecodeError as error:
+            raise InvalidArgument(
+                f"failed to load '{name}': 'config' is not JSON: {error}"
+            ) from None
+        if not isinstance(override, dict):
+            raise InvalidArgument(f"failed to load '{name}': 'config' must be a JSON object")
+        return override
+
+    def _prepare(
+        self, name: str, path: str, override: dict[str, object] | None
+    ) -> list[ModelVersion]:
+        config = model_config.load_model_config(
+            path, strict=self.options.strict_model_config, override=override
+        )
+        available = model_config.list_versions(path)
+        chosen = model_config.select_versions(config.version_policy, available, model_name=name)
+        as_json = model_config.config_to_json(config)
+        return [ModelVersion(name, v, config, as_json) for v in chosen]
+
+    async def _retire(self, mv: ModelVersion) -> None:
+        """Let a replaced or unloaded version finish what it has, then stop it."""
+        mv.state = ModelState.UNLOADING
+        try:
+            await asyncio.wait_for(self.loader.drain(mv), self.options.exit_timeout_secs)
+        except asyncio.TimeoutError:
+            log.warning(
+                "'%s' version %d did not drain in time; failing what is left", mv.name, mv.version
+            )
+        await self.loader.stop(mv, self.options.exit_timeout_secs)
+        mv.reason = "unloaded"
+
+    async def unload(self, name: str, unload_dependents: bool = False) -> None:
+        self._check_control_allowed()
+        lock = self._locks.setdefault(name, asyncio.Lock())
+        async with lock:
+            versions = self.models.get(name)
+            if versions is None:
+                if name in self.failed:
+                    self.failed.pop(name)
+                    return
+                raise InvalidArgument(
+                    f"failed to unload '{name}', model '{name}' is not loaded or does not exist"
+                )
+            await asyncio.gather(*(self._retire(mv) for mv in versions.values()))
+            scratch = self._scratch.pop(name, None)
+            if scratch is not None:
+                shutil.rmtree(scratch, ignore_errors=True)
+
+    async def shutdown(self, timeout: float) -> None:
+        await asyncio.gather(*(self.loader.stop(mv, timeout) for mv in self.versions()))
+        for scratch in self._scratch.values():
+            shutil.rmtree(scratch, ignore_errors=True)
+        self._scratch.clear()
+
+    # -- queries ----------------------------------------------------------------------------
+
+    def resolve(self, name: str, version: str) -> ModelVersion:
+        """The version a request for ``name`` (``version`` "" = the policy's latest) goes to."""
+        versions = self.models.get(name)
+        if versions is None:
+            if name in self.failed:
+                raise Unavailable(
+                    f"Request for unknown model: '{name}' is not found: {self.failed[name]}",
+                    ErrorCode.UNAVAILABLE,
+                )
+            raise NotFound(f"Request for unknown model: '{name}' is not found")
+        if version:
+            try:
+                mv = versions[int(version)]
+            except (ValueError, KeyError):
+                raise NotFound(
+                    f"Request for unknown model: '{name}' version {version} is not found"
+                ) from None
+            if not mv.ready:
+                detail = f": {mv.reason}" if mv.reason else ""
+                raise Unavailable(
+                    f"Request for unavailable model: '{name}' version {version} is not "
+                    f"ready{detail}"
+                )
+            return mv
+        ready = [mv for mv in versions.values() if mv.ready]
+        if not ready:
+            reasons = "; ".join(mv.reason for mv in versions.values() if mv.reason)
+            raise Unavailable(
+                f"Request for unknown model: '{name}' has no available versions"
+                + (f": {reasons}" if reasons else "")
+            )
+        return max(ready, key=lambda mv: mv.version)
+
+    def all_ready(self) -> bool:
+        if self.failed:
+            return False
+        return all(mv.ready or mv.reason == "unloaded" for mv in self.versions())
+
+    def index(self, ready_only: bool = False) -> list[RepositoryEntry]:
+        sources, _ = scan(self.options.model_repositories)
+        entries: list[RepositoryEntry] = []
+        for name in sorted(set(sources) | set(self.models) | set(self.failed)):
+            versions = self.models.get(name)
+            if versions:
+                for v, mv in sorted(versions.items()):
+                    entry = RepositoryEntry(name, str(v), mv.state.value, mv.reason)
+                    if not ready_only or mv.ready:
+                        entries.append(entry)
+            elif name in self.failed:
+                if not ready_only:
+                    entries.append(RepositoryEntry(name, "", "UNAVAILABLE", self.failed[name]))
+            elif not ready_only:
+                entries.append(RepositoryEntry(name))
+        return entries
+

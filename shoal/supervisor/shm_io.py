@@ -1,0 +1,62 @@
+"""Reading request inputs from, and writing outputs into, clients' shared-memory regions."""
+
+from __future__ import annotations
+
+from shoal.ipc.dtypes import byte_size
+from shoal.supervisor.errors import InvalidArgument
+from shoal.supervisor.shm_registry import SharedMemoryRegistry
+from shoal.supervisor.types import InferOutput, InferRequest, InferResponse, ParamValue
+
+REGION = "shared_memory_region"
+OFFSET = "shared_memory_offset"
+SIZE = "shared_memory_byte_size"
+
+
+def _window(params: dict[str, ParamValue], what: str) -> tuple[str, int, int]:
+    region = params[REGION]
+    offset = params.get(OFFSET, 0)
+    size = params.get(SIZE)
+    if not isinstance(region, str) or not isinstance(offset, int) or not isinstance(size, int):
+        raise InvalidArgument(f"{what}: '{REGION}' needs a string and '{OFFSET}'/'{SIZE}' integers")
+    return region, offset, size
+
+
+def read_shm_inputs(registry: SharedMemoryRegistry, request: InferRequest) -> None:
+    """Point inputs given by region at their bytes (read when the input is staged)."""
+    for tensor in request.inputs:
+        if REGION not in tensor.parameters:
+            continue
+        what = f"input '{tensor.name}' for model '{request.model_name}'"
+        region, offset, size = _window(tensor.parameters, what)
+        tensor.data = registry.view(region, offset, size, what=what)
+
+
+def write_shm_outputs(
+    registry: SharedMemoryRegistry, request: InferRequest, response: InferResponse
+) -> None:
+    """Copy outputs the client asked to receive in a region there; they then carry no data."""
+    wanted = {o.name: o.parameters for o in request.outputs if REGION in o.parameters}
+    if not wanted:
+        return
+    for index, output in enumerate(response.outputs):
+        params = wanted.get(output.name)
+        if params is None:
+            continue
+        what = f"output '{output.name}' of model '{request.model_name}'"
+        region, offset, size = _window(params, what)
+        nbytes = output.data.nbytes
+        if nbytes > size:
+            raise InvalidArgument(
+                f"shared memory size specified with the request for output '{output.name}' "
+                f"({size} bytes) should be at least {nbytes} bytes to hold the results"
+            )
+        registry.view(region, offset, nbytes, what=what)[:] = output.data
+        expected = byte_size(output.datatype, output.shape)
+        assert expected is None or expected == nbytes
+        response.outputs[index] = InferOutput(
+            output.name,
+            output.datatype,
+            output.shape,
+            memoryview(b""),
+            {**output.parameters, REGION: region, OFFSET: offset, SIZE: nbytes},
+        )

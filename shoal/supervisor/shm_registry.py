@@ -1,0 +1,101 @@
+"""Clients' system shared-memory regions (Triton's system shared-memory extension).
+
+Regions are POSIX shared-memory objects the client created and names by key. The supervisor maps
+each registered region once; request inputs are read from it and outputs written into it, with
+every offset and size checked against the registered window.
+"""
+
+from __future__ import annotations
+
+import mmap
+from dataclasses import dataclass
+
+import posix_ipc
+
+from shoal.supervisor.errors import ErrorCode, InvalidArgument, NotFound, ShoalError
+from shoal.supervisor.types import SharedMemoryRegion
+
+
+class AlreadyExists(ShoalError):
+    """A region with that name is already registered."""
+
+    code = ErrorCode.ALREADY_EXISTS
+
+
+@dataclass
+class _Mapped:
+    region: SharedMemoryRegion
+    mapping: mmap.mmap
+
+
+class SharedMemoryRegistry:
+    """Registered regions by name; each mapped once for the life of its registration."""
+
+    def __init__(self) -> None:
+        self._regions: dict[str, _Mapped] = {}
+
+    def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
+        if name in self._regions:
+            raise AlreadyExists(f"shared memory region '{name}' already in manager")
+        if offset < 0 or byte_size < 0:
+            raise InvalidArgument(
+                f"shared memory region '{name}': offset and byte_size must not be negative"
+            )
+        posix_name = key if key.startswith("/") else "/" + key
+        try:
+            shm = posix_ipc.SharedMemory(posix_name)
+        except (posix_ipc.ExistentialError, posix_ipc.PermissionsError, ValueError) as error:
+            raise InvalidArgument(
+                f"Unable to open shared memory region: '{key}': {error}"
+            ) from None
+        try:
+            if offset + byte_size > shm.size:
+                raise InvalidArgument(
+                    f"shared memory region '{name}': offset {offset} + byte_size {byte_size} "
+                    f"exceeds the size of '{key}' ({shm.size} bytes)"
+                )
+            mapping = mmap.mmap(shm.fd, shm.size)
+        finally:
+            shm.close_fd()
+        self._regions[name] = _Mapped(SharedMemoryRegion(name, key, offset, byte_size), mapping)
+
+    def unregister(self, name: str = "") -> None:
+        names = [name] if name else list(self._regions)
+        for each in names:
+            entry = self._regions.pop(each, None)
+            if entry is not None:
+                _close(entry.mapping)
+
+    def status(self, name: str = "") -> list[SharedMemoryRegion]:
+        if not name:
+            return [entry.region for entry in self._regions.values()]
+        entry = self._regions.get(name)
+        if entry is None:
+            raise NotFound(f"Unable to find system shared memory region: '{name}'")
+        return [entry.region]
+
+    def view(self, name: str, offset: int, byte_size: int, *, what: str) -> memoryview:
+        """A window of a region; ``offset`` is relative to the registered offset."""
+        entry = self._regions.get(name)
+        if entry is None:
+            raise InvalidArgument(
+                f"Unable to find system shared memory region: '{name}' (for {what})"
+            )
+        region = entry.region
+        if offset < 0 or byte_size < 0 or offset + byte_size > region.byte_size:
+            raise InvalidArgument(
+                f"{what}: offset {offset} and byte size {byte_size} do not fit in shared memory "
+                f"region '{name}' of {region.byte_size} bytes"
+            )
+        start = region.offset + offset
+        return memoryview(entry.mapping)[start : start + byte_size]
+
+    def close(self) -> None:
+        self.unregister()
+
+
+def _close(mapping: mmap.mmap) -> None:
+    try:
+        mapping.close()
+    except BufferError:
+        pass  # a view is still alive; the mapping goes when it does

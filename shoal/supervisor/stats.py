@@ -1,0 +1,54 @@
+"""Per model-version statistics with the exact shape of Triton's statistics extension.
+
+Where each duration starts and stops is defined in docs/statistics.md.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+
+from shoal.supervisor.types import BatchStatistics, ModelStatistics
+
+#: (compute_input, compute_infer, compute_output) nanoseconds of one execution.
+ComputeNs = tuple[int, int, int]
+
+
+class StatsRecorder:
+    """Accumulates one model version's statistics; ``snapshot`` returns a consistent copy."""
+
+    def __init__(self, name: str, version: int) -> None:
+        self._stats = ModelStatistics(name=name, version=str(version))
+        self._batches: dict[int, BatchStatistics] = {}
+
+    def execution(self, batch_size: int, compute: ComputeNs) -> None:
+        """One call of the model's execute over ``batch_size`` inferences."""
+        self._stats.execution_count += 1
+        batch = self._batches.get(batch_size)
+        if batch is None:
+            batch = self._batches[batch_size] = BatchStatistics(batch_size)
+        batch.compute_input.add(compute[0])
+        batch.compute_infer.add(compute[1])
+        batch.compute_output.add(compute[2])
+
+    def success(self, batch_size: int, total_ns: int, queue_ns: int, compute: ComputeNs) -> None:
+        """A request answered without error."""
+        stats = self._stats
+        stats.inference_count += batch_size
+        stats.last_inference = time.time_ns() // 1_000_000
+        infer = stats.inference_stats
+        infer.success.add(total_ns)
+        infer.queue.add(queue_ns)
+        infer.compute_input.add(compute[0])
+        infer.compute_infer.add(compute[1])
+        infer.compute_output.add(compute[2])
+
+    def failure(self, total_ns: int) -> None:
+        """A request that reached the model's queue and failed."""
+        self._stats.inference_stats.fail.add(total_ns)
+        self._stats.last_inference = time.time_ns() // 1_000_000
+
+    def snapshot(self) -> ModelStatistics:
+        stats = copy.deepcopy(self._stats)
+        stats.batch_stats = [copy.deepcopy(b) for _, b in sorted(self._batches.items())]
+        return stats
