@@ -24,6 +24,16 @@ def parse_bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got '{text}'")
 
 
+def parse_positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0  # reported below
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got '{text}'")
+    return value
+
+
 def parse_backend_config(text: str) -> tuple[str, str, str]:
     """``python,shm-default-byte-size=1048576`` → ('python', 'shm-default-byte-size', '1048576')."""
     backend, sep, setting = text.partition(",")
@@ -57,12 +67,27 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--allow-grpc", type=parse_bool, default=True)
     serve.add_argument("--allow-metrics", type=parse_bool, default=True)
     serve.add_argument(
+        "--metrics-interval-ms",
+        type=parse_positive_int,
+        default=2000,
+        help="how long a polled gauge (a stub's RSS) is reused; other metrics are computed "
+        "on each scrape",
+    )
+    for flag in ("--allow-gpu-metrics", "--allow-cpu-metrics"):
+        serve.add_argument(
+            flag,
+            type=parse_bool,
+            default=True,
+            help="accepted for tritonserver compatibility; shoal exports no GPU or CPU metrics",
+        )
+    serve.add_argument(
         "--model-control-mode",
-        choices=["none", "explicit"],
+        choices=["none", "explicit", "poll"],
         default="none",
         help="none: load every model at start; explicit: load --load-model names (* for all) "
-        "and then what clients ask for",
+        "and then what clients ask for; poll: load everything and follow changes on disk",
     )
+    serve.add_argument("--repository-poll-secs", type=float, default=15.0)
     serve.add_argument("--load-model", action="append", default=[])
     serve.add_argument("--strict-model-config", type=parse_bool, default=False)
     serve.add_argument("--strict-readiness", type=parse_bool, default=True)
@@ -117,7 +142,9 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         allow_http=args.allow_http,
         allow_grpc=args.allow_grpc,
         allow_metrics=args.allow_metrics,
+        metrics_interval_ms=args.metrics_interval_ms,
         model_control_mode=args.model_control_mode,
+        repository_poll_secs=args.repository_poll_secs,
         load_models=tuple(args.load_model),
         strict_model_config=args.strict_model_config,
         strict_readiness=args.strict_readiness,

@@ -5,9 +5,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
+from typing import TYPE_CHECKING
 
 from shoal.supervisor.options import ServerOptions
 from shoal.supervisor.service import InferenceService
+
+if TYPE_CHECKING:
+    from shoal.frontends.http import HttpServer
 
 log = logging.getLogger("shoal")
 
@@ -17,12 +21,32 @@ def announce(protocol: str, host: str, port: int) -> None:
     print(f"SHOAL_LISTENING {protocol} {host} {port}", flush=True)
 
 
+async def _start_metrics(service: InferenceService, options: ServerOptions) -> HttpServer:
+    """Serve ``/metrics`` on its own port; the values are computed from ``service`` per scrape."""
+    from shoal.frontends.http import AddressInUseError, HttpServer
+    from shoal.frontends.metrics_http import build_metrics_app
+    from shoal.supervisor.metrics import MetricsExporter
+
+    exporter = MetricsExporter(service, interval_ms=options.metrics_interval_ms)
+    server = HttpServer(build_metrics_app(exporter.render))
+    host, port = options.metrics_address, options.metrics_port
+    try:
+        bound = await server.start(host, port)
+    except AddressInUseError as exc:
+        raise AddressInUseError(
+            exc.errno, f"the metrics address {host}:{port} is already in use"
+        ) from exc
+    announce("metrics", host, bound)
+    return server
+
+
 async def run_server(options: ServerOptions, stop: asyncio.Event) -> int:
     """Serve until ``stop`` is set. Shutdown order: frontends, then models, then arenas."""
     from shoal.frontends.http import HttpServer, build_http_app
 
     service = InferenceService(options)
     http: HttpServer | None = None
+    metrics: HttpServer | None = None
     try:
         await service.load_repository()
         if options.exit_on_error and service.failed:
@@ -39,10 +63,7 @@ async def run_server(options: ServerOptions, stop: asyncio.Event) -> int:
                 options.grpc_port,
             )
         if options.allow_metrics:
-            log.warning(
-                "the metrics endpoint is not implemented yet: --metrics-port %d is not bound",
-                options.metrics_port,
-            )
+            metrics = await _start_metrics(service, options)
         log.info("shoal is ready")
         await stop.wait()
         log.info("shutting down (exit timeout %.0fs)", options.exit_timeout_secs)
@@ -53,5 +74,10 @@ async def run_server(options: ServerOptions, stop: asyncio.Event) -> int:
                 await asyncio.wait_for(http.stop(), options.exit_timeout_secs)
             except asyncio.TimeoutError:
                 log.warning("in-flight HTTP requests did not finish within the exit timeout")
+        if metrics is not None:
+            try:
+                await asyncio.wait_for(metrics.stop(), options.exit_timeout_secs)
+            except asyncio.TimeoutError:
+                log.warning("the metrics endpoint did not stop within the exit timeout")
         await service.shutdown(timeout=max(1.0, options.exit_timeout_secs))
         sys.stdout.flush()

@@ -3,7 +3,8 @@
 JSON outputs carry ``data`` as a flat row-major list. Binary outputs (binary tensor data
 extension) carry ``parameters.binary_data_size`` and their bytes follow the JSON header, in output
 order; the ``Inference-Header-Content-Length`` header gives the JSON header's size. Outputs the
-client placed in shared memory carry neither. The body is returned as chunks (header bytes, then
+client placed in shared memory (requested with, or returned with, ``shared_memory_region`` in their
+parameters) carry neither, only their parameters. The body is returned as chunks (header bytes, then
 the outputs' own memoryviews) so that the caller copies the tensor bytes exactly once, when it
 joins them.
 """
@@ -22,6 +23,7 @@ from shoal.supervisor.core import InferOutput, InferResponse, InternalError
 JSON_CONTENT_TYPE = "application/json"
 BINARY_CONTENT_TYPE = "application/octet-stream"
 HEADER_LENGTH = "inference-header-content-length"
+_SHM_REGION = "shared_memory_region"
 
 
 @dataclass(frozen=True)
@@ -72,7 +74,8 @@ def _encode_output(
         "shape": list(output.shape),
     }
     parameters: dict[str, Any] = dict(output.parameters)
-    if output.name in output_format.shared_memory:
+    if output.name in output_format.shared_memory or _SHM_REGION in parameters:
+        # The core wrote it into the client's region: only its parameters go back.
         if parameters:
             entry["parameters"] = parameters
         return entry, None

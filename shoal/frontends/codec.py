@@ -8,7 +8,11 @@ Pure functions, no I/O, so that every path can be tested without a server:
   and body chunks;
 * :func:`request_encoding` / :func:`decompress` and :func:`response_encoding` / :func:`compress`
   handle ``Content-Encoding`` and ``Accept-Encoding`` (gzip, deflate);
-* :func:`server_metadata_json` / :func:`model_metadata_json` render the metadata endpoints.
+* :func:`server_metadata_json` / :func:`model_metadata_json` render the metadata endpoints;
+* the protocol extensions' bodies: :func:`model_stats_json` (statistics),
+  :func:`parse_index_request` / :func:`repository_index_json`, :func:`parse_load_request`,
+  :func:`parse_unload_request` (model repository), :func:`parse_register_request` /
+  :func:`shm_status_json` (system shared memory) and :func:`parse_log_settings` (logging).
 
 Every malformed input raises :class:`~shoal.supervisor.core.InvalidArgument` (or ``Unsupported``)
 with a message that names the input and what was expected.
@@ -27,6 +31,14 @@ from shoal.frontends._compression import (
     response_encoding,
 )
 from shoal.frontends._limits import DEFAULT_MAX_INPUT_SIZE, too_large
+from shoal.frontends._log_settings import parse_log_settings
+from shoal.frontends._repository import (
+    LoadRequest,
+    parse_index_request,
+    parse_load_request,
+    parse_unload_request,
+    repository_index_json,
+)
 from shoal.frontends._request import (
     DecodedRequest,
     OutputFormat,
@@ -34,6 +46,8 @@ from shoal.frontends._request import (
     parse_header_length,
 )
 from shoal.frontends._response import HEADER_LENGTH, EncodedResponse, encode_infer_response
+from shoal.frontends._shared_memory import RegisterRequest, parse_register_request, shm_status_json
+from shoal.frontends._statistics import model_stats_json
 from shoal.supervisor.core import ModelMetadata, ServerMetadata, TensorMetadata
 
 __all__ = [
@@ -42,17 +56,27 @@ __all__ = [
     "SUPPORTED_ENCODINGS",
     "DecodedRequest",
     "EncodedResponse",
+    "LoadRequest",
     "OutputFormat",
+    "RegisterRequest",
     "UnsupportedEncoding",
     "compress",
     "decode_infer_request",
     "decompress",
     "encode_infer_response",
     "model_metadata_json",
+    "model_stats_json",
     "parse_header_length",
+    "parse_index_request",
+    "parse_load_request",
+    "parse_log_settings",
+    "parse_register_request",
+    "parse_unload_request",
+    "repository_index_json",
     "request_encoding",
     "response_encoding",
     "server_metadata_json",
+    "shm_status_json",
     "too_large",
 ]
 

@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import logging
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 import uvicorn
 from starlette.applications import Starlette
@@ -25,34 +24,25 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from shoal.frontends import _json, codec
 from shoal.frontends._body import ClientDisconnected, read_body
+from shoal.frontends._endpoint import (
+    HTTP_STATUS,
+    JSON_TYPE,
+    Endpoint,
+    Headers,
+    error_parts,
+    guarded,
+    json_response,
+    model_ref,
+    unexpected,
+)
+from shoal.frontends._extensions import extension_routes, model_stats_routes
 from shoal.frontends._serving import AddressInUseError, EmbeddedServer, bind_socket, wait_started
-from shoal.supervisor.core import CoreAPI, ErrorCode, InternalError, InvalidArgument, ShoalError
+from shoal.supervisor.core import CoreAPI, ShoalError
 
 __all__ = ["HTTP_STATUS", "AddressInUseError", "HttpServer", "build_http_app"]
 
-_logger = logging.getLogger(__name__)
 _T = TypeVar("_T")
-_Endpoint = Callable[[Request], Awaitable[Response]]
-_Headers = list[tuple[str, str]]
 
-#: HTTP status of each core error code. Triton's choices (http_server.cc, HttpCodeFromError) where
-#: Triton has the code; RESOURCE_EXHAUSTED and DEADLINE_EXCEEDED are 503 like Triton's own
-#: "queue full" and "timeout expired" errors (both UNAVAILABLE there): retry later.
-HTTP_STATUS: Mapping[ErrorCode, int] = {
-    ErrorCode.UNKNOWN: 400,
-    ErrorCode.INTERNAL: 500,
-    ErrorCode.NOT_FOUND: 404,
-    ErrorCode.INVALID_ARG: 400,
-    ErrorCode.UNAVAILABLE: 503,
-    ErrorCode.UNSUPPORTED: 501,
-    ErrorCode.ALREADY_EXISTS: 400,
-    ErrorCode.CANCELLED: 400,
-    ErrorCode.RESOURCE_EXHAUSTED: 503,
-    ErrorCode.DEADLINE_EXCEEDED: 503,
-    ErrorCode.PERMISSION_DENIED: 403,
-}
-
-_JSON = "application/json"
 # zlib releases the GIL: above this size, (de)compress in a thread so the event loop keeps serving.
 _THREAD_THRESHOLD = 1 << 20
 
@@ -66,6 +56,8 @@ def build_http_app(
         Route("/v2/health/live", _health(core.is_live), methods=["GET"]),
         Route("/v2/health/ready", _health(core.is_ready), methods=["GET"]),
         Route("/v2", _server_metadata(core), methods=["GET"]),
+        # Before "/v2/models/{model_name}", which would take "stats" for a model name.
+        *model_stats_routes(core),
     ]
     for model in ("/v2/models/{model_name}", "/v2/models/{model_name}/versions/{model_version}"):
         routes += [
@@ -74,68 +66,22 @@ def build_http_app(
             Route(model + "/config", _model_config(core), methods=["GET"]),
             Route(model + "/infer", infer, methods=["POST"]),
         ]
+    routes += extension_routes(core, max_input_size)
     return Starlette(routes=routes, exception_handlers={HTTPException: _http_exception})
-
-
-# --- errors ---------------------------------------------------------------------------------------
-
-
-def _error_parts(error: ShoalError) -> tuple[int, _Headers, bytes]:
-    headers = [("content-type", _JSON)]
-    if isinstance(error, codec.UnsupportedEncoding):
-        headers.append(("accept-encoding", codec.SUPPORTED_ENCODINGS))  # as Triton does
-    return HTTP_STATUS.get(error.code, 500), headers, _json.dumps({"error": error.message})
-
-
-def _unexpected(what: str) -> InternalError:
-    _logger.exception("unexpected error while serving %s", what)
-    return InternalError(f"internal error while serving {what}; see the server log")
-
-
-def _error_response(error: ShoalError) -> Response:
-    status, headers, body = _error_parts(error)
-    return Response(body, status_code=status, headers=dict(headers))
 
 
 async def _http_exception(request: Request, exc: Exception) -> Response:
     """Routing errors (404 unknown path, 405 wrong method) in the same JSON form as Triton's."""
     assert isinstance(exc, HTTPException)
     body = _json.dumps({"error": exc.detail})
-    return Response(body, status_code=exc.status_code, headers=exc.headers, media_type=_JSON)
-
-
-def _guarded(endpoint: _Endpoint) -> _Endpoint:
-    @functools.wraps(endpoint)
-    async def guarded(request: Request) -> Response:
-        try:
-            return await endpoint(request)
-        except ShoalError as exc:
-            return _error_response(exc)
-        except Exception:
-            return _error_response(_unexpected(request.url.path))
-
-    return guarded
+    return Response(body, status_code=exc.status_code, headers=exc.headers, media_type=JSON_TYPE)
 
 
 # --- health and metadata ----------------------------------------------------------------------
 
 
-def _json_response(value: Any) -> Response:
-    return Response(_json.dumps(value), media_type=_JSON)
-
-
-def _model_ref(path_params: Mapping[str, Any]) -> tuple[str, str]:
-    version: str = path_params.get("model_version", "")
-    if version and not (version.isascii() and version.isdigit()):
-        raise InvalidArgument(
-            f"failed to get model version from specified version string '{version}', "
-            "version should be an integral value > 0"
-        )
-    return path_params["model_name"], version
-
-
-def _health(check: Callable[[], bool]) -> _Endpoint:
-    @_guarded
+def _health(check: Callable[[], bool]) -> Endpoint:
+    @guarded
     async def health(request: Request) -> Response:
         # As Triton: the status says it all; 400 (not 503) when not live / not ready.
         return Response(status_code=200 if check() else 400)
@@ -143,39 +89,40 @@ def _health(check: Callable[[], bool]) -> _Endpoint:
     return health
 
 
-def _server_metadata(core: CoreAPI) -> _Endpoint:
-    @_guarded
+def _server_metadata(core: CoreAPI) -> Endpoint:
+    @guarded
     async def server_metadata(request: Request) -> Response:
-        return _json_response(codec.server_metadata_json(core.server_metadata()))
+        return json_response(codec.server_metadata_json(core.server_metadata()))
 
     return server_metadata
 
 
-def _model_metadata(core: CoreAPI) -> _Endpoint:
-    @_guarded
+def _model_metadata(core: CoreAPI) -> Endpoint:
+    @guarded
     async def model_metadata(request: Request) -> Response:
-        name, version = _model_ref(request.path_params)
-        return _json_response(codec.model_metadata_json(core.model_metadata(name, version)))
+        name, version = model_ref(request.path_params)
+        return json_response(codec.model_metadata_json(core.model_metadata(name, version)))
 
     return model_metadata
 
 
-def _model_ready(core: CoreAPI) -> _Endpoint:
-    @_guarded
+def _model_ready(core: CoreAPI) -> Endpoint:
+    @guarded
     async def model_ready(request: Request) -> Response:
-        name, version = _model_ref(request.path_params)
+        name, version = model_ref(request.path_params)
         if core.model_ready(name, version):
             return Response(status_code=200)
-        return Response(_json.dumps({"error": "Model version not ready"}), 400, media_type=_JSON)
+        body = _json.dumps({"error": "Model version not ready"})
+        return Response(body, 400, media_type=JSON_TYPE)
 
     return model_ready
 
 
-def _model_config(core: CoreAPI) -> _Endpoint:
-    @_guarded
+def _model_config(core: CoreAPI) -> Endpoint:
+    @guarded
     async def model_config(request: Request) -> Response:
-        name, version = _model_ref(request.path_params)
-        return _json_response(core.model_config(name, version))
+        name, version = model_ref(request.path_params)
+        return json_response(core.model_config(name, version))
 
     return model_config
 
@@ -202,14 +149,14 @@ class _InferEndpoint:
         except ClientDisconnected:
             return  # nobody is left to answer
         except ShoalError as exc:
-            status, response_headers, body = _error_parts(exc)
+            status, response_headers, body = error_parts(exc)
         except Exception:
-            status, response_headers, body = _error_parts(_unexpected("an inference request"))
+            status, response_headers, body = error_parts(unexpected("an inference request"))
         await _send(send, status, response_headers, body)
 
     async def _infer(
         self, scope: Scope, headers: dict[str, str], receive: Receive
-    ) -> tuple[_Headers, bytes]:
+    ) -> tuple[Headers, bytes]:
         decoded = await self._decode(scope, headers, receive)
         response = await self._core.infer(decoded.request)
         try:
@@ -222,7 +169,7 @@ class _InferEndpoint:
     async def _decode(
         self, scope: Scope, headers: dict[str, str], receive: Receive
     ) -> codec.DecodedRequest:
-        name, version = _model_ref(scope["path_params"])
+        name, version = model_ref(scope["path_params"])
         encoding = codec.request_encoding(headers.get("content-encoding"))
         header_length = headers.get(codec.HEADER_LENGTH)
         what = "Request JSON" if header_length is None else "Request"
@@ -236,8 +183,8 @@ class _InferEndpoint:
 
 
 async def _compressed(
-    headers: _Headers, body: bytes, accept_encoding: str | None
-) -> tuple[_Headers, bytes]:
+    headers: Headers, body: bytes, accept_encoding: str | None
+) -> tuple[Headers, bytes]:
     encoding = codec.response_encoding(accept_encoding)
     if encoding is None:
         return headers, body
@@ -249,7 +196,7 @@ async def _sized_run(size: int, work: Callable[[], _T]) -> _T:
     return work() if size < _THREAD_THRESHOLD else await asyncio.to_thread(work)
 
 
-async def _send(send: Send, status: int, headers: _Headers, body: bytes) -> None:
+async def _send(send: Send, status: int, headers: Headers, body: bytes) -> None:
     raw_headers = [(b"content-length", str(len(body)).encode("latin-1"))]
     raw_headers += [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers]
     await send({"type": "http.response.start", "status": status, "headers": raw_headers})

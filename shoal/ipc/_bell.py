@@ -44,17 +44,20 @@ class BlockingSleeper:
         if peer_pidfd is not None:
             self._poller.register(peer_pidfd, select.POLLIN)
 
-    def sleep(self, timeout: float | None) -> None:
-        """Return after the bell rang or ``timeout`` passed; PeerGone if the peer died."""
+    def sleep(self, timeout: float | None) -> bool:
+        """True when the bell rang, False when ``timeout`` passed; PeerGone if the peer died."""
         if self._pidfd is None:
             timeout = ORPHAN_CHECK_S if timeout is None else min(timeout, ORPHAN_CHECK_S)
         millis = -1 if timeout is None else max(1, math.ceil(timeout * 1000))
+        rang = False
         for fd, _ in self._poller.poll(millis):
             if fd == self._pidfd:
                 raise PeerGone("the supervisor process exited")
             drain_bell(fd)
+            rang = True
         if self._pidfd is None and os.getppid() != self._parent:
             raise PeerGone("the supervisor process exited (re-parented)")
+        return rang
 
 
 class Backstop:
@@ -96,18 +99,19 @@ class AsyncSleeper:
     def __init__(self, bell: int, peer_pidfd: int | None = None) -> None:
         self._bell = bell
         self._pidfd = peer_pidfd
-        self._waiters: dict[asyncio.Future[None], asyncio.AbstractEventLoop] = {}
+        self._waiters: dict[asyncio.Future[bool], asyncio.AbstractEventLoop] = {}
 
-    async def sleep(self, timeout: float | None) -> None:
+    async def sleep(self, timeout: float | None) -> bool:
+        """True when the bell rang, False when ``timeout`` passed; PeerGone if the peer died."""
         loop = asyncio.get_running_loop()
-        waiter: asyncio.Future[None] = loop.create_future()
+        waiter: asyncio.Future[bool] = loop.create_future()
         self._waiters[waiter] = loop
-        loop.add_reader(self._bell, _wake, waiter, None)
+        loop.add_reader(self._bell, _wake, waiter, True)
         if self._pidfd is not None:
             loop.add_reader(self._pidfd, _wake, waiter, "the supervisor process exited")
-        timer = None if timeout is None else loop.call_later(timeout, _wake, waiter, None)
+        timer = None if timeout is None else loop.call_later(timeout, _wake, waiter, False)
         try:
-            await waiter
+            return await waiter
         finally:
             if timer is not None:
                 timer.cancel()
@@ -132,10 +136,11 @@ class AsyncSleeper:
             loop.remove_reader(self._pidfd)
 
 
-def _wake(waiter: asyncio.Future[None], failure: str | None) -> None:
+def _wake(waiter: asyncio.Future[bool], outcome: bool | str) -> None:
+    """Resolve a sleep: True (the bell rang), False (timed out) or a PeerGone reason."""
     if waiter.done():
         return
-    if failure is None:
-        waiter.set_result(None)
+    if isinstance(outcome, str):
+        waiter.set_exception(PeerGone(outcome))
     else:
-        waiter.set_exception(PeerGone(failure))
+        waiter.set_result(outcome)

@@ -173,15 +173,19 @@ class Channel:
                 await self._wait_down_room(len(payload))
 
     async def _wait_down_room(self, size: int) -> None:
-        self._down.begin_wait()
-        try:
-            backstop = Backstop()
-            while not self._down.has_room(size):
-                if self._peer_dead or self.peer_closed:
-                    raise PeerGone("the stub is gone")
-                await self._async_space.sleep(backstop.timeout())
-        finally:
-            self._down.end_wait()
+        # The stub rings once per wait episode, and what it had freed by then may be less than
+        # this message needs: so every doorbell wake-up starts a new episode.
+        while not self._down.has_room(size):
+            self._down.begin_wait()
+            try:
+                backstop = Backstop()
+                while not self._down.has_room(size):
+                    if self._peer_dead or self.peer_closed:
+                        raise PeerGone("the stub is gone")
+                    if await self._async_space.sleep(backstop.timeout()):
+                        break
+            finally:
+                self._down.end_wait()
 
     def recv_up_nowait(self) -> bytes | None:
         """The next message from the stub, or None; None also re-arms the doorbell."""
@@ -315,15 +319,19 @@ class Channel:
                 ring_bell(self._up_bell)
 
     def _wait_up_room(self, size: int, deadline: Deadline) -> None:
-        self._up.begin_wait()
-        try:
-            backstop = Backstop()
-            while not self._up.has_room(size):
-                if self.peer_closed:
-                    raise PeerGone("the supervisor closed the channel")
-                self._up_space_sleeper.sleep(deadline.remaining(backstop.timeout()))
-        finally:
-            self._up.end_wait()
+        # As in _wait_down_room: a new wait episode after every doorbell wake-up.
+        while not self._up.has_room(size):
+            self._up.begin_wait()
+            try:
+                backstop = Backstop()
+                while not self._up.has_room(size):
+                    if self.peer_closed:
+                        raise PeerGone("the supervisor closed the channel")
+                    timeout = deadline.remaining(backstop.timeout())
+                    if self._up_space_sleeper.sleep(timeout):
+                        break
+            finally:
+                self._up.end_wait()
 
     # both ends
 

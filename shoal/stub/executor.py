@@ -40,15 +40,30 @@ class BatchExecutor:
         # Arrays that are zero-copy views of input blocks: returning one unchanged as an output
         # passes its block back instead of copying it.
         input_blocks: dict[int, tuple[TensorDesc, Any]] = {}
-        requests = [self._request(record, input_blocks) for record in execute.requests]
+        # What each request's response sender delivered (Triton's default-mode sender: one
+        # response and FINAL, with execute returning None for that request).
+        sent: list[list[Any]] = [[] for _ in execute.requests]
+        requests = [
+            self._request(record, input_blocks, sent[i])
+            for i, record in enumerate(execute.requests)
+        ]
         t1 = time.perf_counter_ns()
         try:
             responses = self._call_execute(requests)
         except ExecuteError as error:
-            failure = ("INTERNAL", str(error))
+            for request in requests:
+                request.get_response_sender()._close()
+            failure = msg.ResponseRecord(error=("INTERNAL", str(error)))
             t2 = time.perf_counter_ns()
-            records = [msg.ResponseRecord(error=failure) for _ in requests]
+            records = [
+                self._response(delivered[0], record, input_blocks) if delivered else failure
+                for delivered, record in zip(sent, execute.requests, strict=True)
+            ]
             return msg.Result(execute.batch_id, records, (t1 - t0, t2 - t1, 0))
+        responses = [
+            self._settle(returned, request, delivered)
+            for returned, request, delivered in zip(responses, requests, sent, strict=True)
+        ]
         t2 = time.perf_counter_ns()
         records = [
             self._response(resp, record, input_blocks)
@@ -60,7 +75,10 @@ class BatchExecutor:
     # -- requests ---------------------------------------------------------------------------
 
     def _request(
-        self, record: msg.RequestRecord, input_blocks: dict[int, tuple[TensorDesc, Any]]
+        self,
+        record: msg.RequestRecord,
+        input_blocks: dict[int, tuple[TensorDesc, Any]],
+        delivered: list[Any],
     ) -> Any:
         tensors = []
         for desc in record.inputs:
@@ -80,7 +98,7 @@ class BatchExecutor:
             timeout=record.timeout_us,
             model_name="",
             model_version=-1,
-            deliver=None,
+            deliver=lambda response, flags: delivered.append(response) if response else None,
             decoupled=False,
         )
 
@@ -123,6 +141,16 @@ class BatchExecutor:
                 )
         return result
 
+    def _settle(self, returned: Any, request: Any, delivered: list[Any]) -> Any:
+        """The one response of a request: returned from execute, or sent through its sender."""
+        if returned is None:
+            return delivered[0] if delivered else None
+        try:
+            request.get_response_sender()._mark_returned(returned)
+        except pb_utils.TritonModelException as error:
+            return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(error)))
+        return returned
+
     # -- responses --------------------------------------------------------------------------
 
     def _response(
@@ -133,7 +161,13 @@ class BatchExecutor:
     ) -> msg.ResponseRecord:
         if response is None:
             return msg.ResponseRecord(
-                error=("INTERNAL", self._failure("execute returned None for a request"))
+                error=(
+                    "INTERNAL",
+                    self._failure(
+                        "execute returned None for a request and sent no response for it "
+                        "through its response sender"
+                    ),
+                )
             )
         if response.has_error():
             error = response.error()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -41,6 +42,8 @@ class ModelRepositoryManager:
         self.failed: dict[str, str] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._scratch: dict[str, str] = {}  # model name -> temp dir holding uploaded files
+        self._fingerprints: dict[str, tuple[tuple[str, int, int], ...]] = {}
+        self._poller: asyncio.Task[None] | None = None
 
     def versions(self) -> Iterator[ModelVersion]:
         for versions in self.models.values():
@@ -58,6 +61,33 @@ class ModelRepositoryManager:
         else:
             names = sorted(sources)
         await asyncio.gather(*(self._load_quietly(name) for name in names))
+        if self.options.model_control_mode == "poll":
+            self._fingerprints = {n: _fingerprint(s.path) for n, s in sources.items()}
+            self._poller = asyncio.create_task(self._poll_forever(), name="repository poll")
+
+    async def _poll_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.options.repository_poll_secs)
+            try:
+                await self.poll_once()
+            except Exception:  # a bad poll must not stop polling
+                log.exception("repository poll failed")
+
+    async def poll_once(self) -> None:
+        """Load added models, reload changed ones, unload removed ones."""
+        sources, _ = scan(self.options.model_repositories)
+        current = {n: _fingerprint(s.path) for n, s in sources.items()}
+        known = set(self.models) | set(self.failed) | set(self._fingerprints)
+        changed = [n for n in current if current[n] != self._fingerprints.get(n)]
+        removed = [n for n in known if n not in current]
+        self._fingerprints = current
+        for name in removed:
+            log.info("model '%s' left the repository: unloading it", name)
+            if name in self.models:
+                await self._unload_locked(name)
+            self.models.pop(name, None)
+            self.failed.pop(name, None)
+        await asyncio.gather(*(self._load_quietly(name) for name in changed))
 
     async def _load_quietly(self, name: str) -> None:
         try:
@@ -187,6 +217,9 @@ class ModelRepositoryManager:
 
     async def unload(self, name: str, unload_dependents: bool = False) -> None:
         self._check_control_allowed()
+        await self._unload_locked(name)
+
+    async def _unload_locked(self, name: str) -> None:
         lock = self._locks.setdefault(name, asyncio.Lock())
         async with lock:
             versions = self.models.get(name)
@@ -203,6 +236,8 @@ class ModelRepositoryManager:
                 shutil.rmtree(scratch, ignore_errors=True)
 
     async def shutdown(self, timeout: float) -> None:
+        if self._poller is not None:
+            self._poller.cancel()
         await asyncio.gather(*(self.loader.stop(mv, timeout) for mv in self.versions()))
         for scratch in self._scratch.values():
             shutil.rmtree(scratch, ignore_errors=True)
@@ -265,3 +300,17 @@ class ModelRepositoryManager:
                 entries.append(RepositoryEntry(name))
         return entries
 
+
+def _fingerprint(model_dir: str) -> tuple[tuple[str, int, int], ...]:
+    """Names, sizes and modification times of every file of a model directory."""
+    entries = []
+    for root, dirs, files in os.walk(model_dir):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        for name in sorted(files):
+            path = os.path.join(root, name)
+            try:
+                st = os.stat(path)
+            except OSError:
+                continue
+            entries.append((os.path.relpath(path, model_dir), st.st_size, st.st_mtime_ns))
+    return tuple(entries)

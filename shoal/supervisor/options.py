@@ -29,7 +29,10 @@ class ServerOptions:
     allow_http: bool = True
     allow_grpc: bool = True
     allow_metrics: bool = True
+    #: How long a polled gauge (a stub's RSS) is reused before it is read again.
+    metrics_interval_ms: int = 2000
     model_control_mode: str = "none"
+    repository_poll_secs: float = 15.0
     load_models: tuple[str, ...] = ()
     strict_model_config: bool = False
     strict_readiness: bool = True

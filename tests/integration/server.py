@@ -39,11 +39,22 @@ def _children(pid: int) -> set[int]:
 
 
 class ShoalServer:
-    """A ``shoal serve`` subprocess; ``url`` is its HTTP address once started."""
+    """A ``shoal serve`` subprocess; ``url`` is its HTTP address once started.
 
-    def __init__(self, *repos: Path, extra_args: tuple[str, ...] = (), timeout: float = 60.0):
+    ``metrics=True`` also serves ``/metrics`` on a free loopback port, read into ``metrics_port``.
+    """
+
+    def __init__(
+        self,
+        *repos: Path,
+        extra_args: tuple[str, ...] = (),
+        timeout: float = 60.0,
+        metrics: bool = False,
+    ):
         self.repos = repos or (BUNDLED,)
         self.extra_args = extra_args
+        self.metrics = metrics
+        self.metrics_port = 0
         self.timeout = timeout
         self.log = tempfile.NamedTemporaryFile(prefix="shoal-test-", suffix=".log", delete=False)
         self.proc: subprocess.Popen[bytes] | None = None
@@ -65,9 +76,12 @@ class ShoalServer:
             "0",
             "--allow-grpc",
             "false",
-            "--allow-metrics",
-            "false",
         ]
+        if self.metrics:
+            args += ["--allow-metrics", "true", "--metrics-address", "127.0.0.1"]
+            args += ["--metrics-port", "0"]
+        else:
+            args += ["--allow-metrics", "false"]
         for repo in self.repos:
             args += ["--model-repository", str(repo)]
         args += list(self.extra_args)
@@ -75,14 +89,16 @@ class ShoalServer:
             args, stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO_ROOT
         )
         self.http_port = self._wait_for_port()
+        if self.metrics:
+            self.metrics_port = self._wait_for_port("metrics")
         self._wait_ready()
         return self
 
-    def _wait_for_port(self) -> int:
+    def _wait_for_port(self, protocol: str = "http") -> int:
         deadline = time.monotonic() + self.timeout
         while time.monotonic() < deadline:
             for line in Path(self.log.name).read_text(errors="replace").splitlines():
-                if line.startswith("SHOAL_LISTENING http "):
+                if line.startswith(f"SHOAL_LISTENING {protocol} "):
                     return int(line.split()[-1])
             assert self.proc is not None
             if self.proc.poll() is not None:

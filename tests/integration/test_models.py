@@ -39,3 +39,21 @@ def test_sibling_imports(test_client):
     inp.set_data_from_numpy(np.array([1, 2], dtype=np.float32))
     result = test_client.infer("multi_file", [inp])
     np.testing.assert_array_equal(result.as_numpy("OUT"), [3, 5])
+
+
+def test_default_mode_response_sender(test_client):
+    inp = httpclient.InferInput("IN", [2], "FP32")
+    inp.set_data_from_numpy(np.array([1, 2], dtype=np.float32))
+    result = test_client.infer("sender_default", [inp])
+    np.testing.assert_array_equal(result.as_numpy("OUT"), [10, 20])
+
+
+def test_execute_returning_a_non_list_fails_with_tritons_message(test_client):
+    from tritonclient.utils import InferenceServerException
+
+    inp = httpclient.InferInput("IN", [1], "FP32")
+    inp.set_data_from_numpy(np.array([1], dtype=np.float32))
+    with pytest.raises(InferenceServerException) as info:
+        test_client.infer("bad_return", [inp])
+    assert "Expected a list in the execute return, found type 'str'." in str(info.value)
+    assert test_client.is_model_ready("bad_return")

@@ -1,0 +1,219 @@
+"""``ModelInferRequest`` bytes -> :class:`InferRequest`, :class:`InferResponse` -> response bytes.
+
+Inputs take their data from one of three places, as in Triton: the input's shared-memory region
+(``shared_memory_region`` parameter: no data here, the core reads the region), the request's
+``raw_input_contents`` (one entry per input not in shared memory, in input order; zero-copy views
+of the received message, checked like the HTTP frontend's binary inputs), or the input's typed
+``contents`` (see :mod:`shoal.frontends._grpc_tensors`). A request uses raw contents or typed
+contents, never both.
+
+Responses carry every output's bytes in ``raw_output_contents``, as Triton's do; an output written
+to the client's shared memory gets an empty entry, which keeps entries and outputs aligned by
+index (tritonclient reads the entry at the output's position).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+from google.protobuf.message import DecodeError
+
+from shoal.frontends._binary import check_binary_input
+from shoal.frontends._grpc_params import (
+    FINAL_RESPONSE,
+    decode_input_parameters,
+    decode_output_parameters,
+    decode_request_parameters,
+    encode_parameters,
+)
+from shoal.frontends._grpc_tensors import array_from_contents
+from shoal.frontends._grpc_wire import Chunk, embedded_chunks, raw_field_chunks, split_raw_contents
+from shoal.ipc.dtypes import DATATYPES, byte_size
+from shoal.protos import grpc_service_pb2 as pb
+from shoal.supervisor.core import (
+    InferInput,
+    InferOutput,
+    InferRequest,
+    InferResponse,
+    InternalError,
+    InvalidArgument,
+    ParamValue,
+    RequestedOutput,
+)
+
+_RAW_INPUT_CONTENTS = pb.ModelInferRequest.RAW_INPUT_CONTENTS_FIELD_NUMBER
+_RAW_OUTPUT_CONTENTS = pb.ModelInferResponse.RAW_OUTPUT_CONTENTS_FIELD_NUMBER
+_INFER_RESPONSE = pb.ModelStreamInferResponse.INFER_RESPONSE_FIELD_NUMBER
+_SHM_REGION = "shared_memory_region"
+_NO_DATA = memoryview(b"")
+_InputTensor = pb.ModelInferRequest.InferInputTensor
+
+
+@dataclass
+class DecodedInfer:
+    """The core's request plus what only the frontend needs to render the response."""
+
+    request: InferRequest
+    #: Requested outputs the core writes to the client's shared memory.
+    shared_memory_outputs: frozenset[str] = frozenset()
+    #: The client asked for ``triton_final_response`` on the (stream) response.
+    final_response_flag: bool = False
+
+
+def decode_infer_request(data: bytes) -> DecodedInfer:
+    """Decode a serialized ``ModelInferRequest``."""
+    header, raw = split_raw_contents(data, _RAW_INPUT_CONTENTS)
+    try:
+        message = pb.ModelInferRequest.FromString(header)
+    except DecodeError as exc:
+        raise InvalidArgument(f"failed to parse the request message: {exc}") from None
+    parameters, final_flag = decode_request_parameters(message.parameters)
+    outputs = [
+        RequestedOutput(output.name, decode_output_parameters(output.name, output.parameters))
+        for output in message.outputs
+    ]
+    request = InferRequest(
+        model_name=message.model_name,
+        model_version=message.model_version,
+        id=message.id,
+        inputs=_inputs(message, raw),
+        outputs=outputs,
+        parameters=parameters,
+    )
+    shared = frozenset(o.name for o in outputs if _SHM_REGION in o.parameters)
+    return DecodedInfer(request, shared, final_flag)
+
+
+def _inputs(message: pb.ModelInferRequest, raw: list[memoryview]) -> list[InferInput]:
+    model = message.model_name
+    if raw:
+        for tensor in message.inputs:
+            if tensor.HasField("contents"):
+                raise InvalidArgument(
+                    "contents field must not be specified when using raw_input_contents for "
+                    f"'{tensor.name}' for model '{model}'"
+                )
+    inputs: list[InferInput] = []
+    seen: set[str] = set()
+    pending_raw = iter(raw)
+    for tensor in message.inputs:
+        name, datatype, shape = _tensor_spec(tensor)
+        if name in seen:
+            raise InvalidArgument(f"input '{name}' already exists in request")
+        seen.add(name)
+        parameters = decode_input_parameters(name, tensor.parameters)
+        data = _input_data(tensor, shape, parameters, pending_raw, model)
+        inputs.append(InferInput(name, datatype, shape, data, parameters))
+    _check_raw_count(inputs, raw, model)
+    return inputs
+
+
+def _tensor_spec(tensor: _InputTensor) -> tuple[str, str, tuple[int, ...]]:
+    name, datatype = tensor.name, tensor.datatype
+    if not name:
+        raise InvalidArgument("each input needs a non-empty name")
+    if datatype not in DATATYPES:
+        raise InvalidArgument(
+            f"invalid datatype '{datatype}' for input '{name}': expected one of "
+            + ", ".join(DATATYPES)
+        )
+    shape = tuple(tensor.shape)
+    if any(dim < 0 for dim in shape):
+        raise InvalidArgument(
+            f"invalid shape {list(shape)} for input '{name}': dimensions must be >= 0"
+        )
+    return name, datatype, shape
+
+
+def _input_data(
+    tensor: _InputTensor,
+    shape: tuple[int, ...],
+    parameters: dict[str, ParamValue],
+    pending_raw: Iterator[memoryview],
+    model: str,
+) -> memoryview | np.ndarray:
+    name, datatype = tensor.name, tensor.datatype
+    if _SHM_REGION in parameters:
+        if tensor.HasField("contents"):
+            raise InvalidArgument(
+                "unexpected 'content' provided when using shared memory for input tensor "
+                f"'{name}' for model '{model}'"
+            )
+        return _NO_DATA  # the core reads the client's region named in the parameters
+    if tensor.HasField("contents"):
+        return array_from_contents(name, datatype, shape, tensor.contents, model)
+    data: memoryview | None = next(pending_raw, None)
+    if data is None:
+        raise InvalidArgument(
+            f"unable to find data for input tensor '{name}' for model '{model}' in request."
+        )
+    check_binary_input(name, datatype, shape, data, model)
+    return data
+
+
+def _check_raw_count(inputs: list[InferInput], raw: list[memoryview], model: str) -> None:
+    expected = sum(1 for tensor in inputs if _SHM_REGION not in tensor.parameters)
+    if raw and len(raw) != expected:
+        raise InvalidArgument(
+            f"expected {expected} raw_input_contents entries for model '{model}' (one per "
+            f"input not in shared memory), got {len(raw)}"
+        )
+
+
+# --- responses --------------------------------------------------------------------------------
+
+
+def encode_infer_response(
+    response: InferResponse, decoded: DecodedInfer, *, final: bool = False
+) -> list[Chunk]:
+    """A serialized ``ModelInferResponse`` as chunks that may view the response's memory.
+
+    ``final`` adds ``triton_final_response`` when the client asked for it (streaming). Join the
+    chunks before releasing the response.
+    """
+    message = pb.ModelInferResponse(
+        model_name=response.model_name, model_version=response.model_version, id=response.id
+    )
+    encode_parameters(message.parameters, response.parameters)
+    if final and decoded.final_response_flag:
+        message.parameters[FINAL_RESPONSE].bool_param = True
+    payloads: list[memoryview] = []
+    for output in response.outputs:
+        tensor = message.outputs.add(
+            name=output.name, datatype=output.datatype, shape=list(output.shape)
+        )
+        encode_parameters(tensor.parameters, output.parameters)
+        in_shm = output.name in decoded.shared_memory_outputs
+        payloads.append(_NO_DATA if in_shm else _byte_view(output))
+    return [message.SerializeToString(), *raw_field_chunks(_RAW_OUTPUT_CONTENTS, payloads)]
+
+
+def stream_response_chunks(infer_response: list[Chunk]) -> list[Chunk]:
+    """A ``ModelStreamInferResponse`` holding the serialized ``infer_response``."""
+    return embedded_chunks(_INFER_RESPONSE, infer_response)
+
+
+def stream_error(message: str, request: InferRequest | None) -> bytes:
+    """A ``ModelStreamInferResponse`` that reports a failed request (the stream goes on)."""
+    reply = pb.ModelStreamInferResponse(error_message=message)
+    if request is not None:
+        reply.infer_response.model_name = request.model_name
+        reply.infer_response.model_version = request.model_version
+        reply.infer_response.id = request.id
+    return reply.SerializeToString()
+
+
+def _byte_view(output: InferOutput) -> memoryview:
+    data = memoryview(output.data)
+    if data.format != "B" or data.ndim != 1:
+        data = data.cast("B")
+    expected = byte_size(output.datatype, output.shape)
+    if expected is not None and data.nbytes != expected:
+        raise InternalError(
+            f"output tensor shape does not match size of output for '{output.name}': "
+            f"shape {list(output.shape)} of {output.datatype} needs {expected} bytes, "
+            f"got {data.nbytes}"
+        )
+    return data

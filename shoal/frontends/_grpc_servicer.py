@@ -1,0 +1,248 @@
+"""What each RPC of ``inference.GRPCInferenceService`` does: messages in, core calls, messages out.
+
+Every method takes a request message and returns a response message, or raises a
+:class:`~shoal.supervisor.core.ShoalError` that :mod:`shoal.frontends.grpc` maps to a status. The
+inference methods take and return serialized bytes instead (see :mod:`shoal.frontends._grpc_infer`
+for why). Nothing here imports gRPC.
+
+Extension methods (statistics, repository, shared memory, logging) call optional parts of the
+core: a core without the method, or one that raises ``NotImplementedError``, is UNSUPPORTED.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncGenerator, AsyncIterable, Callable, Iterator
+from typing import Any
+
+from google.protobuf import json_format
+
+from shoal.frontends import _grpc_extensions as ext
+from shoal.frontends._grpc_infer import (
+    DecodedInfer,
+    decode_infer_request,
+    encode_infer_response,
+    stream_error,
+    stream_response_chunks,
+)
+from shoal.frontends._grpc_stream import answer_stream
+from shoal.protos import grpc_service_pb2 as pb
+from shoal.supervisor.core import (
+    CoreAPI,
+    InternalError,
+    InvalidArgument,
+    ShoalError,
+    Unavailable,
+    Unsupported,
+)
+
+_logger = logging.getLogger("shoal.frontends.grpc")
+
+NO_CUDA_SHM = "CUDA shared memory is not supported by this server (no GPU support yet)"
+
+
+def unexpected(what: str) -> InternalError:
+    """Log the exception being handled; the error the client gets instead of it."""
+    _logger.exception("unexpected error while serving %s", what)
+    return InternalError(f"internal error while serving {what}; see the server log")
+
+
+def _model_version(version: str) -> str:
+    if version and not (version.isascii() and version.isdigit()):
+        raise InvalidArgument(
+            f"failed to get model version from specified version string '{version}', "
+            "version should be an integral value > 0"
+        )
+    return version
+
+
+@contextlib.contextmanager
+def _extension_call(what: str) -> Iterator[None]:
+    try:
+        yield
+    except NotImplementedError:
+        raise Unsupported(f"{what} is not supported by this server yet") from None
+
+
+class Servicer:
+    """The RPCs over one :class:`~shoal.supervisor.core.CoreAPI`."""
+
+    def __init__(self, core: CoreAPI) -> None:
+        self._core = core
+
+    def _extension(self, name: str, what: str) -> Callable[..., Any]:
+        method: Callable[..., Any] | None = getattr(self._core, name, None)
+        if method is None:
+            raise Unsupported(f"{what} is not supported by this server yet")
+        return method
+
+    # -- health and metadata ---------------------------------------------------------------
+
+    async def server_live(self, request: pb.ServerLiveRequest) -> pb.ServerLiveResponse:
+        return pb.ServerLiveResponse(live=self._core.is_live())
+
+    async def server_ready(self, request: pb.ServerReadyRequest) -> pb.ServerReadyResponse:
+        return pb.ServerReadyResponse(ready=self._core.is_ready())
+
+    async def model_ready(self, request: pb.ModelReadyRequest) -> pb.ModelReadyResponse:
+        version = _model_version(request.version)
+        return pb.ModelReadyResponse(ready=self._core.model_ready(request.name, version))
+
+    async def server_metadata(self, request: pb.ServerMetadataRequest) -> pb.ServerMetadataResponse:
+        metadata = self._core.server_metadata()
+        return pb.ServerMetadataResponse(
+            name=metadata.name, version=metadata.version, extensions=metadata.extensions
+        )
+
+    async def model_metadata(self, request: pb.ModelMetadataRequest) -> pb.ModelMetadataResponse:
+        metadata = self._core.model_metadata(request.name, _model_version(request.version))
+        response = pb.ModelMetadataResponse(
+            name=metadata.name, versions=metadata.versions, platform=metadata.platform
+        )
+        for tensors, target in (
+            (metadata.inputs, response.inputs),
+            (metadata.outputs, response.outputs),
+        ):
+            for tensor in tensors:
+                target.add(name=tensor.name, datatype=tensor.datatype, shape=tensor.shape)
+        return response
+
+    async def model_config(self, request: pb.ModelConfigRequest) -> pb.ModelConfigResponse:
+        config = self._core.model_config(request.name, _model_version(request.version))
+        response = pb.ModelConfigResponse()
+        try:
+            json_format.ParseDict(config, response.config, ignore_unknown_fields=True)
+        except json_format.ParseError as exc:
+            raise InternalError(
+                f"the configuration of model '{request.name}' cannot be sent: {exc}"
+            ) from None
+        return response
+
+    # -- inference -------------------------------------------------------------------------
+
+    async def model_infer(self, data: bytes) -> bytes:
+        decoded = decode_infer_request(data)
+        response = await self._core.infer(decoded.request)
+        try:
+            return b"".join(encode_infer_response(response, decoded))
+        finally:
+            response.release()  # the message is a copy: give the shared memory back
+
+    def model_stream_infer(self, requests: AsyncIterable[bytes]) -> AsyncGenerator[bytes, None]:
+        return answer_stream(requests, self._stream_answer)
+
+    async def _stream_answer(self, data: bytes) -> bytes:
+        decoded: DecodedInfer | None = None
+        try:
+            decoded = decode_infer_request(data)
+            response = await self._core.infer(decoded.request)
+            try:
+                chunks = encode_infer_response(response, decoded, final=True)
+                return b"".join(stream_response_chunks(chunks))
+            finally:
+                response.release()
+        except ShoalError as exc:
+            error = exc
+        except Exception:
+            error = unexpected("a streaming inference request")
+        return stream_error(error.message, None if decoded is None else decoded.request)
+
+    # -- statistics and model repository ---------------------------------------------------
+
+    async def model_statistics(
+        self, request: pb.ModelStatisticsRequest
+    ) -> pb.ModelStatisticsResponse:
+        statistics = self._extension("model_statistics", "the statistics extension")
+        with _extension_call("the statistics extension"):
+            stats = statistics(request.name, _model_version(request.version))
+        return ext.statistics_response(stats)
+
+    async def repository_index(
+        self, request: pb.RepositoryIndexRequest
+    ) -> pb.RepositoryIndexResponse:
+        ext.check_no_repository_name(request.repository_name)
+        index = self._extension("repository_index", "the model repository extension")
+        with _extension_call("the model repository extension"):
+            entries = index(ready_only=request.ready)
+        return ext.repository_index_response(entries)
+
+    async def repository_model_load(
+        self, request: pb.RepositoryModelLoadRequest
+    ) -> pb.RepositoryModelLoadResponse:
+        ext.check_no_repository_name(request.repository_name)
+        config, files = ext.load_arguments(request.parameters)
+        load = self._extension("load_model", "loading models")
+        with _extension_call("loading models"):
+            await load(request.model_name, config_json=config, files=files)
+        return pb.RepositoryModelLoadResponse()
+
+    async def repository_model_unload(
+        self, request: pb.RepositoryModelUnloadRequest
+    ) -> pb.RepositoryModelUnloadResponse:
+        ext.check_no_repository_name(request.repository_name)
+        dependents = ext.unload_dependents(request.parameters)
+        unload = self._extension("unload_model", "unloading models")
+        with _extension_call("unloading models"):
+            await unload(request.model_name, unload_dependents=dependents)
+        return pb.RepositoryModelUnloadResponse()
+
+    # -- shared memory ---------------------------------------------------------------------
+
+    async def system_shared_memory_status(
+        self, request: pb.SystemSharedMemoryStatusRequest
+    ) -> pb.SystemSharedMemoryStatusResponse:
+        status = self._extension("system_shm_status", "system shared memory")
+        with _extension_call("system shared memory"):
+            regions = status(request.name)
+        return ext.system_shm_status_response(regions)
+
+    async def system_shared_memory_register(
+        self, request: pb.SystemSharedMemoryRegisterRequest
+    ) -> pb.SystemSharedMemoryRegisterResponse:
+        register = self._extension("register_system_shm", "system shared memory")
+        with _extension_call("system shared memory"):
+            register(request.name, request.key, request.offset, request.byte_size)
+        return pb.SystemSharedMemoryRegisterResponse()
+
+    async def system_shared_memory_unregister(
+        self, request: pb.SystemSharedMemoryUnregisterRequest
+    ) -> pb.SystemSharedMemoryUnregisterResponse:
+        unregister = self._extension("unregister_system_shm", "system shared memory")
+        with _extension_call("system shared memory"):
+            unregister(request.name)
+        return pb.SystemSharedMemoryUnregisterResponse()
+
+    async def cuda_shared_memory_status(
+        self, request: pb.CudaSharedMemoryStatusRequest
+    ) -> pb.CudaSharedMemoryStatusResponse:
+        raise Unavailable(NO_CUDA_SHM)
+
+    async def cuda_shared_memory_register(
+        self, request: pb.CudaSharedMemoryRegisterRequest
+    ) -> pb.CudaSharedMemoryRegisterResponse:
+        raise Unavailable(NO_CUDA_SHM)
+
+    async def cuda_shared_memory_unregister(
+        self, request: pb.CudaSharedMemoryUnregisterRequest
+    ) -> pb.CudaSharedMemoryUnregisterResponse:
+        raise Unavailable(NO_CUDA_SHM)
+
+    # -- logging and tracing ---------------------------------------------------------------
+
+    async def trace_setting(self, request: pb.TraceSettingRequest) -> pb.TraceSettingResponse:
+        if request.settings:
+            raise Unsupported("updating trace settings is not supported by this server yet")
+        return ext.trace_settings_response()
+
+    async def log_settings(self, request: pb.LogSettingsRequest) -> pb.LogSettingsResponse:
+        update = ext.log_settings_update(request.settings)
+        if update:
+            apply = self._extension("update_log_settings", "updating log settings")
+            with _extension_call("updating log settings"):
+                settings = apply(update)
+        else:
+            read = self._extension("log_settings", "the logging extension")
+            with _extension_call("the logging extension"):
+                settings = read()
+        return ext.log_settings_response(settings)

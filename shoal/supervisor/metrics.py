@@ -1,0 +1,97 @@
+"""Triton-compatible Prometheus metrics, computed at scrape time from the service's statistics.
+
+Nothing is added to the inference path: :class:`ServiceCollector` (a ``prometheus_client``
+collector on a private registry) reads the per-version statistics, queue lengths, instances and
+the input arena when ``/metrics`` is scraped. :meth:`MetricsExporter.render` returns the exposition
+text; the composition root hands it to the metrics frontend. See docs/metrics.md.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import CollectorRegistry
+
+from shoal.supervisor._metrics_families import (
+    ArenaSample,
+    InstanceSample,
+    ModelSample,
+    render_text,
+    shoal_families,
+    triton_families,
+)
+from shoal.supervisor._metrics_rss import RssProbe
+from shoal.supervisor.models import ModelVersion
+from shoal.supervisor.service import InferenceService
+
+__all__ = ["MetricsExporter", "ServiceCollector"]
+
+
+class ServiceCollector:
+    """Yields Triton's per-model families and shoal's instance and arena families."""
+
+    def __init__(self, service: InferenceService, rss: RssProbe) -> None:
+        self._service = service
+        self._rss = rss
+
+    def collect(self) -> Iterator[Metric]:
+        versions = self._ready_versions()
+        yield from triton_families(self._models(versions))
+        arena = self._service.input_arena
+        arenas = [ArenaSample("input", arena.used_bytes, arena.capacity_bytes)]
+        yield from shoal_families(self._instances(versions), arenas)
+
+    def _ready_versions(self) -> dict[tuple[str, str], ModelVersion]:
+        repository = self._service.repository
+        if repository is None:
+            return {}
+        return {(mv.name, str(mv.version)): mv for mv in repository.versions() if mv.ready}
+
+    def _models(self, versions: dict[tuple[str, str], ModelVersion]) -> list[ModelSample]:
+        samples = []
+        for stats in self._service.model_statistics():
+            mv = versions.get((stats.name, stats.version))
+            scheduler = mv.scheduler if mv is not None else None
+            samples.append(ModelSample(stats, scheduler.pending if scheduler is not None else 0))
+        return samples
+
+    def _instances(self, versions: dict[tuple[str, str], ModelVersion]) -> list[InstanceSample]:
+        samples = []
+        pids = []
+        for (name, version), mv in sorted(versions.items()):
+            for instance in mv.instances:
+                pid, rss = instance.pid, None
+                if pid > 0:
+                    pids.append(pid)
+                    rss = self._rss.rss_bytes(pid)
+                samples.append(
+                    InstanceSample(
+                        name, version, instance.name, instance.ready, instance.restarts, rss
+                    )
+                )
+        self._rss.keep_only(pids)
+        return samples
+
+
+class MetricsExporter:
+    """A private registry holding one :class:`ServiceCollector`.
+
+    ``interval_ms`` (``--metrics-interval-ms``) is how long a stub's RSS reading is reused; every
+    other value is read afresh on each scrape.
+    """
+
+    def __init__(
+        self,
+        service: InferenceService,
+        *,
+        interval_ms: int = 2000,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(ServiceCollector(service, RssProbe(interval_ms / 1000, clock=clock)))
+
+    def render(self) -> bytes:
+        """The ``/metrics`` body (Prometheus text format 0.0.4); call it on the service's loop."""
+        return render_text(self.registry.collect())
