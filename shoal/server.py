@@ -11,6 +11,7 @@ from shoal.supervisor.options import ServerOptions
 from shoal.supervisor.service import InferenceService
 
 if TYPE_CHECKING:
+    from shoal.frontends.grpc import GrpcServer
     from shoal.frontends.http import HttpServer
 
 log = logging.getLogger("shoal")
@@ -40,6 +41,16 @@ async def _start_metrics(service: InferenceService, options: ServerOptions) -> H
     return server
 
 
+async def _start_grpc(service: InferenceService, options: ServerOptions) -> GrpcServer:
+    """Serve ``inference.GRPCInferenceService`` on the gRPC address."""
+    from shoal.frontends.grpc import GrpcServer
+
+    server = GrpcServer(service)
+    port = await server.start(options.grpc_address, options.grpc_port)
+    announce("grpc", options.grpc_address, port)
+    return server
+
+
 async def run_server(options: ServerOptions, stop: asyncio.Event) -> int:
     """Serve until ``stop`` is set. Shutdown order: frontends, then models, then arenas."""
     from shoal.frontends.http import HttpServer, build_http_app
@@ -47,6 +58,7 @@ async def run_server(options: ServerOptions, stop: asyncio.Event) -> int:
     service = InferenceService(options)
     http: HttpServer | None = None
     metrics: HttpServer | None = None
+    grpc_server: GrpcServer | None = None
     try:
         await service.load_repository()
         if options.exit_on_error and service.failed:
@@ -58,10 +70,7 @@ async def run_server(options: ServerOptions, stop: asyncio.Event) -> int:
             port = await http.start(options.http_address, options.http_port)
             announce("http", options.http_address, port)
         if options.allow_grpc:
-            log.warning(
-                "the gRPC endpoint is not implemented yet: --grpc-port %d is not bound",
-                options.grpc_port,
-            )
+            grpc_server = await _start_grpc(service, options)
         if options.allow_metrics:
             metrics = await _start_metrics(service, options)
         log.info("shoal is ready")
@@ -69,6 +78,12 @@ async def run_server(options: ServerOptions, stop: asyncio.Event) -> int:
         log.info("shutting down (exit timeout %.0fs)", options.exit_timeout_secs)
         return 0
     finally:
+        # gRPC drains (up to the exit timeout) while HTTP does.
+        grpc_stopping = (
+            None
+            if grpc_server is None
+            else asyncio.ensure_future(grpc_server.stop(grace=options.exit_timeout_secs))
+        )
         if http is not None:
             try:
                 await asyncio.wait_for(http.stop(), options.exit_timeout_secs)
@@ -79,5 +94,7 @@ async def run_server(options: ServerOptions, stop: asyncio.Event) -> int:
                 await asyncio.wait_for(metrics.stop(), options.exit_timeout_secs)
             except asyncio.TimeoutError:
                 log.warning("the metrics endpoint did not stop within the exit timeout")
+        if grpc_stopping is not None:
+            await grpc_stopping
         await service.shutdown(timeout=max(1.0, options.exit_timeout_secs))
         sys.stdout.flush()

@@ -11,6 +11,7 @@ core: a core without the method, or one that raises ``NotImplementedError``, is 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncGenerator, AsyncIterable, Callable, Iterator
@@ -70,6 +71,11 @@ class Servicer:
 
     def __init__(self, core: CoreAPI) -> None:
         self._core = core
+        self._closing = asyncio.Event()
+
+    def close_streams(self) -> None:
+        """Let every open ModelStreamInfer stream end once its running requests are answered."""
+        self._closing.set()
 
     def _extension(self, name: str, what: str) -> Callable[..., Any]:
         method: Callable[..., Any] | None = getattr(self._core, name, None)
@@ -130,7 +136,7 @@ class Servicer:
             response.release()  # the message is a copy: give the shared memory back
 
     def model_stream_infer(self, requests: AsyncIterable[bytes]) -> AsyncGenerator[bytes, None]:
-        return answer_stream(requests, self._stream_answer)
+        return answer_stream(requests, self._stream_answer, self._closing)
 
     async def _stream_answer(self, data: bytes) -> bytes:
         decoded: DecodedInfer | None = None

@@ -5,6 +5,9 @@ slow request does not hold back the answers of later, quicker ones. The stream e
 has closed its side and every request has been answered. If the stream ends early (the client
 cancels, the server stops), every request still running is cancelled.
 
+When ``closing`` is set (the server is stopping), the stream stops reading requests, answers those
+it has, and ends: an idle stream does not hold the server's shutdown until its grace period ends.
+
 The module knows nothing of gRPC or protobuf: ``answer`` turns a request message into the bytes
 of its response message and reports failures inside those bytes (``error_message``); an exception
 out of ``answer`` is a bug, and ends the stream with it.
@@ -13,44 +16,63 @@ out of ``answer`` is a bug, and ends the stream with it.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, AsyncIterable, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Awaitable, Callable
 
 Answer = Callable[[bytes], Awaitable[bytes]]
 
 
 async def answer_stream(
-    requests: AsyncIterable[bytes], answer: Answer
+    requests: AsyncIterable[bytes], answer: Answer, closing: asyncio.Event | None = None
 ) -> AsyncGenerator[bytes, None]:
     """Yield the answer of every request of ``requests``, in order of completion."""
-    # An answer; None once the client has closed its side; an exception that ends the stream.
-    done: asyncio.Queue[bytes | Exception | None] = asyncio.Queue()
-    running: set[asyncio.Task[None]] = set()
-    issued = 0
+    stream = _Stream(answer)
+    tasks = [asyncio.create_task(stream.read(requests), name="shoal-grpc-stream-reader")]
+    if closing is not None:
+        tasks.append(asyncio.create_task(stream.close_when(closing, reader=tasks[0])))
+    try:
+        async for reply in stream.replies():
+            yield reply
+    finally:
+        await _cancel([*tasks, *stream.running])
 
-    async def answer_one(message: bytes) -> None:
-        try:
-            done.put_nowait(await answer(message))
-        except Exception as exc:
-            done.put_nowait(exc)
 
-    async def read() -> None:
-        nonlocal issued
+class _Stream:
+    """The requests read, their answers as they complete, and when the stream is over."""
+
+    def __init__(self, answer: Answer) -> None:
+        self._answer = answer
+        # An answer; None once no more requests will come; an exception that ends the stream.
+        self._done: asyncio.Queue[bytes | Exception | None] = asyncio.Queue()
+        self.running: set[asyncio.Task[None]] = set()
+        self._issued = 0
+
+    async def read(self, requests: AsyncIterable[bytes]) -> None:
         try:
             async for message in requests:
-                issued += 1
-                task = asyncio.create_task(answer_one(message), name="shoal-grpc-stream-infer")
-                running.add(task)
-                task.add_done_callback(running.discard)
+                self._issued += 1
+                task = asyncio.create_task(self._answer_one(message), name="shoal-grpc-stream")
+                self.running.add(task)
+                task.add_done_callback(self.running.discard)
         except Exception as exc:
-            done.put_nowait(exc)
+            self._done.put_nowait(exc)
         else:
-            done.put_nowait(None)
+            self._done.put_nowait(None)
 
-    reader = asyncio.create_task(read(), name="shoal-grpc-stream-reader")
-    sent, ended = 0, False
-    try:
-        while not (ended and sent == issued):
-            item = await done.get()
+    async def close_when(self, closing: asyncio.Event, reader: asyncio.Task[None]) -> None:
+        await closing.wait()
+        reader.cancel()
+        self._done.put_nowait(None)
+
+    async def _answer_one(self, message: bytes) -> None:
+        try:
+            self._done.put_nowait(await self._answer(message))
+        except Exception as exc:
+            self._done.put_nowait(exc)
+
+    async def replies(self) -> AsyncIterator[bytes]:
+        sent, ended = 0, False
+        while not (ended and sent == self._issued):
+            item = await self._done.get()
             if item is None:
                 ended = True
             elif isinstance(item, Exception):
@@ -58,8 +80,6 @@ async def answer_stream(
             else:
                 sent += 1
                 yield item
-    finally:
-        await _cancel([reader, *running])
 
 
 async def _cancel(tasks: list[asyncio.Task[None]]) -> None:

@@ -145,7 +145,10 @@ def build_grpc_handler(core: CoreAPI) -> Any:
     behaviours slice tensor bytes out of the request without copies and release the core's
     response once the reply is serialized.
     """
-    servicer = Servicer(core)
+    return _generic_handler(Servicer(core))
+
+
+def _generic_handler(servicer: Servicer) -> Any:
     handlers = {
         name: grpc.unary_unary_rpc_method_handler(
             _guarded(behavior, name),
@@ -216,6 +219,7 @@ class GrpcServer:
         self._core = core
         self._max_message_bytes = max_message_bytes
         self._server: Any = None
+        self._servicer: Servicer | None = None
 
     async def start(self, host: str, port: int) -> int:
         """Listen on ``host:port`` (0: any free port) and return the port.
@@ -224,18 +228,23 @@ class GrpcServer:
         """
         if self._server is not None:
             raise RuntimeError("the gRPC server is already running")
+        servicer = Servicer(self._core)
         server = grpc.aio.server(options=self._options())
-        server.add_generic_rpc_handlers((build_grpc_handler(self._core),))
+        server.add_generic_rpc_handlers((_generic_handler(servicer),))
         bound = _bind(server, host, port)
         await server.start()
-        self._server = server
+        self._server, self._servicer = server, servicer
         return bound
 
     async def stop(self, grace: float | None = None) -> None:
-        """Stop; a no-op when not running."""
-        server, self._server = self._server, None
-        if server is not None:
-            await server.stop(grace)
+        """Stop; a no-op when not running. Open streams end once their running requests are
+        answered, so an idle stream does not hold the shutdown for all of ``grace``."""
+        server, servicer = self._server, self._servicer
+        self._server = self._servicer = None
+        if server is None or servicer is None:
+            return
+        servicer.close_streams()
+        await server.stop(grace)
 
     def _options(self) -> list[tuple[str, int]]:
         return [

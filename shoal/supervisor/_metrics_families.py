@@ -158,7 +158,7 @@ def shoal_families(
     """shoal's own metrics: per instance (stub process) and per supervisor-owned arena."""
     restarts = Metric(
         "shoal_instance_restarts_total",
-        "Number of times the instance's stub process was restarted after it died",
+        "Number of restart attempts of the instance's stub process after it died",
         "counter",
     )
     ready = Metric(

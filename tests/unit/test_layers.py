@@ -18,6 +18,7 @@ ALLOWED = {
     "supervisor": {"supervisor", "ipc", "config", "protos"},
     "frontends": {
         "frontends",
+        "protos",
         "supervisor.core",
         "supervisor.errors",
         "supervisor.types",

@@ -146,9 +146,7 @@ def _input(name: str, datatype: str, array: np.ndarray) -> Any:
 
 
 @pytest.mark.parametrize("datatype", sorted(SAMPLES))
-def test_every_datatype_round_trips(
-    grpc_client: Any, grpc_core: FullCore, datatype: str
-) -> None:
+def test_every_datatype_round_trips(grpc_client: Any, grpc_core: FullCore, datatype: str) -> None:
     array = SAMPLES[datatype]
     result = grpc_client.infer("echo", [_input("X", datatype, array)])
     output = result.as_numpy("X")
@@ -163,7 +161,10 @@ def test_every_datatype_round_trips(
 def test_response_carries_id_version_parameters_and_raw_contents(
     grpc_client: Any, grpc_core: FullCore
 ) -> None:
-    inputs = [_input("A", "INT32", np.array([1, 2], np.int32)), _input("B", "FP64", SAMPLES["FP64"])]
+    inputs = [
+        _input("A", "INT32", np.array([1, 2], np.int32)),
+        _input("B", "FP64", SAMPLES["FP64"]),
+    ]
     result = grpc_client.infer(
         "echo",
         inputs,

@@ -12,11 +12,13 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from shoal.frontends._grpc_stream import answer_stream
+from shoal.frontends.grpc import GrpcServer
 
 from .doubles import LoopThread
 from .test_grpc_double import GATED, FullCore, client_of, failure_message, serving
 
 pytestmark = pytest.mark.timeout(60)
+
 
 @pytest.fixture(scope="module")
 def stream_core() -> FullCore:
@@ -127,6 +129,40 @@ def test_closing_the_stream_cancels_running_requests(
     assert stream_core.issued == 0
 
 
+def test_stopping_the_server_ends_an_idle_stream_at_once(loop_thread: LoopThread) -> None:
+    server = GrpcServer(FullCore())
+    port = loop_thread.run(server.start("127.0.0.1", 0))
+    results: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    with client_of(f"127.0.0.1:{port}") as client:
+        client.start_stream(callback=lambda result, error: results.put((result, error)))
+        client.async_stream_infer("echo", [_input([1])])
+        assert _next(results)[1] is None
+        loop_thread.run(server.stop(grace=60), timeout=10)  # not held for the 60 s of grace
+        client.stop_stream()
+    assert results.empty()
+
+
+def test_stopping_the_server_answers_the_running_requests_of_a_stream(
+    loop_thread: LoopThread,
+) -> None:
+    core = FullCore()
+    core.gate = loop_thread.run(_new_event())
+    server = GrpcServer(core)
+    port = loop_thread.run(server.start("127.0.0.1", 0))
+    results: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    with client_of(f"127.0.0.1:{port}") as client:
+        client.start_stream(callback=lambda result, error: results.put((result, error)))
+        client.async_stream_infer(GATED, [_input([3])], request_id="running")
+        _wait_for(lambda: len(core.requests) == 1)
+        stopping = loop_thread.submit(server.stop(grace=60))
+        loop_thread.call(core.gate.set)
+        result, error = _next(results)
+        assert error is None and result.get_response().id == "running"
+        stopping.result(10)
+        client.stop_stream()
+    assert core.released == core.issued == 1
+
+
 def _wait_for(condition: Any, timeout: float = 10) -> None:
     import time
 
@@ -183,6 +219,33 @@ def test_a_bug_in_answer_ends_the_stream_with_it() -> None:
 
     with pytest.raises(ValueError, match="bug"):
         _collect(_messages(b"x"), answer)
+
+
+def test_closing_stops_reading_and_ends_once_the_running_requests_are_answered() -> None:
+    async def run() -> list[bytes]:
+        closing, gate = asyncio.Event(), asyncio.Event()
+        read: list[bytes] = []
+
+        async def requests() -> AsyncIterator[bytes]:
+            yield b"first"
+            await asyncio.Event().wait()  # the client keeps its side open, sending nothing
+            yield b"never"
+
+        async def answer(message: bytes) -> bytes:
+            read.append(message)
+            closing.set()
+            await gate.wait()
+            return b"re:" + message
+
+        replies = answer_stream(requests(), answer, closing)
+        waiting = asyncio.ensure_future(anext(replies))
+        await closing.wait()
+        gate.set()
+        answers = [await waiting] + [reply async for reply in replies]
+        assert read == [b"first"]
+        return answers
+
+    assert asyncio.run(run()) == [b"re:first"]
 
 
 def test_a_broken_request_stream_ends_the_stream_and_cancels_the_rest() -> None:

@@ -220,6 +220,17 @@ class TestRepository:
     def test_wrong_method(self, url: str) -> None:
         assert http(url, "GET", "/v2/repository/index").status_code == 405
 
+    def test_load_bodies_obey_the_size_limit(self, serve: Callable[..., str]) -> None:
+        small = EchoCore()
+        with httpclient.InferenceServerClient(serve(small, max_input_size=1024)) as triton:
+            status, message = server_error(
+                lambda: triton.load_model("m", config="{}", files={"file:w": bytes(2048)})
+            )
+            assert status == "400"
+            assert "exceeds the maximum allowed value of 1024 bytes" in message
+            triton.load_model("m", config="{}", files={"file:w": bytes(16)})
+        assert small.loads == [("m", "{}", {"file:w": bytes(16)})]
+
 
 class TestSystemSharedMemory:
     def test_register_status_unregister(self, client: Client, core: EchoCore) -> None:
