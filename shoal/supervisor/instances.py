@@ -176,9 +176,10 @@ class StubInstance:
                 self.release_outputs(proc, _blocks(response))
             else:
                 queue_ns = work.dispatched_ns - work.enqueued_ns
-                work.future.set_result(
-                    Completion(response, self, proc, queue_ns, result.compute_ns)
-                )
+                completion = Completion(response, self, proc, queue_ns, result.compute_ns)
+                if work.on_complete is not None:
+                    work.on_complete(completion)
+                work.future.set_result(completion)
 
     # -- the work loop ----------------------------------------------------------------------
 

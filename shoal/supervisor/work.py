@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from shoal.ipc.arena import Block
 from shoal.ipc.messages import RequestRecord, ResponseRecord
@@ -46,6 +47,11 @@ class Work:
     future: asyncio.Future[Completion]
     #: Inferences in this request: its first dimension for a batching model, else 1.
     batch_size: int = 1
+    #: Scheduler-specific data (priority, sequence slot, ...), opaque to instances.
+    tag: Any = None
+    #: Called by the instance with the completion before the requester sees it (e.g. the
+    #: sequence batcher keeps implicit state from it); may replace outputs or raise nothing.
+    on_complete: Callable[[Completion], None] | None = None
     enqueued_ns: int = field(default_factory=time.monotonic_ns)
     dispatched_ns: int = 0
 

@@ -39,7 +39,8 @@ def _children(pid: int) -> set[int]:
 
 
 class ShoalServer:
-    """A ``shoal serve`` subprocess; ``url`` is its HTTP address once started.
+    """A ``shoal serve`` subprocess; ``url`` and ``grpc_url`` are its HTTP and gRPC addresses once
+    started.
 
     ``metrics=True`` also serves ``/metrics`` on a free loopback port, read into ``metrics_port``.
     """
@@ -59,10 +60,15 @@ class ShoalServer:
         self.log = tempfile.NamedTemporaryFile(prefix="shoal-test-", suffix=".log", delete=False)
         self.proc: subprocess.Popen[bytes] | None = None
         self.http_port = 0
+        self.grpc_port = 0
 
     @property
     def url(self) -> str:
         return f"127.0.0.1:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
 
     def start(self) -> ShoalServer:
         args = [
@@ -75,7 +81,11 @@ class ShoalServer:
             "--http-port",
             "0",
             "--allow-grpc",
-            "false",
+            "true",
+            "--grpc-address",
+            "127.0.0.1",
+            "--grpc-port",
+            "0",
         ]
         if self.metrics:
             args += ["--allow-metrics", "true", "--metrics-address", "127.0.0.1"]
@@ -89,6 +99,7 @@ class ShoalServer:
             args, stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO_ROOT
         )
         self.http_port = self._wait_for_port()
+        self.grpc_port = self._wait_for_port("grpc")
         if self.metrics:
             self.metrics_port = self._wait_for_port("metrics")
         self._wait_ready()
