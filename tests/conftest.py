@@ -15,7 +15,8 @@ def shoal_shm_segments() -> set[str]:
 
 
 def stub_processes() -> set[int]:
-    """Pids of running ``python -m shoal.stub`` processes."""
+    """Pids of ``python -m shoal.stub`` processes this test session is responsible for: those whose
+    supervisor is gone (orphans) or is a child of this process."""
     found = set()
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -25,9 +26,19 @@ def stub_processes() -> set[int]:
                 cmdline = f.read().split(b"\0")
         except OSError:
             continue
-        if b"shoal.stub" in cmdline:
-            found.add(int(entry))
+        if b"shoal.stub" in cmdline and b"--parent" in cmdline:
+            parent = int(cmdline[cmdline.index(b"--parent") + 1])
+            if _parent_of(parent) in (None, os.getpid()):
+                found.add(int(entry))
     return found
+
+
+def _parent_of(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from shoal.supervisor.errors import InvalidArgument
+from shoal.supervisor.errors import InvalidArgument, Unsupported
 from shoal.supervisor.types import ParamValue
 
 _BOOLS = ("log_info", "log_warning", "log_error")
@@ -47,7 +47,7 @@ class LogSettings:
                 raise InvalidArgument(f"log_format must be 'default' or 'ISO8601', got {value!r}")
         elif key == "log_file":
             if value != self._settings["log_file"]:
-                raise InvalidArgument("changing log_file at run time is not supported")
+                raise Unsupported("log file location can not be updated through network protocol")
         else:
             raise InvalidArgument(f"unknown log setting '{key}'")
 

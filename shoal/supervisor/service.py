@@ -211,7 +211,7 @@ class InferenceService:
                 raise InvalidArgument("a model version was given without a model name")
             return [mv.stats.snapshot() for mv in self._repo.versions() if mv.ready]
         if name not in self._repo.models:
-            raise NotFound(f"requested model '{name}' is not found")
+            raise InvalidArgument(f"requested model '{name}' is not available")
         if version:
             return [self._repo.resolve(name, version).stats.snapshot()]
         versions = self._repo.models[name].values()
