@@ -11,7 +11,7 @@ import shoal
 from shoal.ipc.arena import Block, OwnedArena
 from shoal.supervisor import staging
 from shoal.supervisor.control import ModelRepositoryManager
-from shoal.supervisor.errors import ErrorCode, InvalidArgument, NotFound, ShoalError, Unavailable
+from shoal.supervisor.errors import ErrorCode, InvalidArgument, ShoalError, Unavailable
 from shoal.supervisor.log_settings import LogSettings
 from shoal.supervisor.models import ModelLoader, ModelState, ModelVersion
 from shoal.supervisor.options import ServerOptions
