@@ -29,11 +29,12 @@ from typing import Any
 
 import grpc  # type: ignore[import-untyped]
 import grpc.aio  # type: ignore[import-untyped]
+from google.protobuf.message import DecodeError
 
 from shoal.frontends._grpc_servicer import Servicer, unexpected
 from shoal.frontends._serving import AddressInUseError
 from shoal.protos import grpc_service_pb2 as pb
-from shoal.supervisor.core import CoreAPI, ErrorCode, ShoalError
+from shoal.supervisor.core import CoreAPI, ErrorCode, InvalidArgument, ShoalError
 
 __all__ = [
     "GRPC_STATUS",
@@ -152,7 +153,7 @@ def _generic_handler(servicer: Servicer) -> Any:
     handlers = {
         name: grpc.unary_unary_rpc_method_handler(
             _guarded(behavior, name),
-            request_deserializer=request_type.FromString,
+            request_deserializer=_parser(request_type),
             response_serializer=response_type.SerializeToString,
         )
         for name, (request_type, response_type, behavior) in _unary_methods(servicer).items()
@@ -173,9 +174,24 @@ async def _abort(context: Any, error: ShoalError) -> None:
     await context.abort(GRPC_STATUS.get(error.code, grpc.StatusCode.INTERNAL), error.message)
 
 
+def _parser(request_type: type[Any]) -> Callable[[bytes], Any]:
+    """``request_type.FromString``, with an undecodable message as an error for the handler
+    (gRPC would answer UNKNOWN to a deserializer's exception)."""
+
+    def parse(data: bytes) -> Any:
+        try:
+            return request_type.FromString(data)
+        except DecodeError as exc:
+            return InvalidArgument(f"failed to parse the request message: {exc}")
+
+    return parse
+
+
 def _guarded(behavior: _Behavior, name: str) -> Callable[[Any, Any], Awaitable[Any]]:
     async def handle(request: Any, context: Any) -> Any:
         try:
+            if isinstance(request, ShoalError):
+                raise request
             return await behavior(request)
         except ShoalError as exc:
             error = exc

@@ -16,9 +16,10 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from shoal.ipc import messages as msg
-from shoal.ipc.arena import Block, OwnedArena
+from shoal.ipc.arena import Block
 from shoal.ipc.queue import PeerGone
-from shoal.supervisor.errors import Unavailable
+from shoal.supervisor.errors import ShoalError, Unavailable
+from shoal.supervisor.segments import SegmentDirectory
 from shoal.supervisor.stats import StatsRecorder
 from shoal.supervisor.stub_process import StubLaunch, StubProcess, describe_exit
 from shoal.supervisor.work import Completion, Work
@@ -60,7 +61,7 @@ class StubInstance:
     def __init__(
         self,
         spec: InstanceSpec,
-        input_arena: OwnedArena,
+        directory: SegmentDirectory,
         free_inputs: Callable[[list[Block]], None],
         stats: StatsRecorder,
     ) -> None:
@@ -69,7 +70,7 @@ class StubInstance:
         self.name = spec.instance_name
         self.restarts = 0
         self.last_exit = ""
-        self._input_arena = input_arena
+        self._directory = directory
         self._free_inputs = free_inputs
         self._loop = asyncio.get_running_loop()
         self._proc: StubProcess | None = None
@@ -109,8 +110,9 @@ class StubInstance:
     async def _launch(self) -> None:
         proc = StubProcess(self.spec.launch, next(_arena_ids))
         self._proc = proc
-        for segment in self._input_arena.segments:
+        for segment in self._directory.input_arena.segments:
             proc.announce(segment)
+        self._directory.register(proc)
         self._init_waiter = self._loop.create_future()
         proc.spawn(self._loop, lambda code: self._on_exit(proc, code))
         proc.channel.watch_up(self._loop, lambda: self._drain(proc))
@@ -166,17 +168,16 @@ class StubInstance:
         if batch:
             self.stats.execution(sum(w.batch_size for w in batch), result.compute_ns)
         for work, response in zip(batch, result.responses, strict=True):
-            passed = {
-                o.location
-                for o in response.outputs
-                if isinstance(o.location, Block) and o.location.arena_id == 0
-            }
+            outputs = _blocks(response)
+            # An input returned unchanged as an output: its block now belongs to the response.
+            passed = [b for b in work.input_blocks if b in outputs]
             self._free_inputs([b for b in work.input_blocks if b not in passed])
+            owned = [b for b in outputs if b.arena_id == proc.output_arena_id] + passed
             if work.future.done():  # the client went away: nobody will release the outputs
-                self.release_outputs(proc, _blocks(response))
+                self.release_outputs(proc, owned)
             else:
                 queue_ns = work.dispatched_ns - work.enqueued_ns
-                completion = Completion(response, self, proc, queue_ns, result.compute_ns)
+                completion = Completion(response, self, proc, owned, queue_ns, result.compute_ns)
                 if work.on_complete is not None:
                     work.on_complete(completion)
                 work.future.set_result(completion)
@@ -202,9 +203,25 @@ class StubInstance:
             work.dispatched_ns = now
         self._idle.clear()
         try:
+            proc.forward(
+                [
+                    t.location
+                    for w in batch
+                    for t in w.record.inputs
+                    if isinstance(t.location, Block)
+                ],
+                self._directory.segment,
+            )
             await proc.send_async(msg.Execute(batch_id, [w.record for w in batch]))
         except PeerGone:
             pass  # _on_exit fails the batch
+        except ShoalError as error:  # a tensor's arena is gone (its stub died)
+            self._in_flight.pop(batch_id, None)
+            finished.set_result(None)
+            for work in batch:
+                self._free_inputs(work.input_blocks)
+                if not work.future.done():
+                    work.future.set_exception(error)
         # One batch at a time per instance (Triton's contract for a sync execute), even when
         # the clients of this batch have gone away.
         try:
@@ -216,16 +233,16 @@ class StubInstance:
     # -- outputs ----------------------------------------------------------------------------
 
     def output_view(self, proc: StubProcess, block: Block) -> memoryview:
-        if block.arena_id == 0:
-            return self._input_arena.view(block).toreadonly()
-        return proc.output_view(block)
+        if block.arena_id == proc.output_arena_id:
+            return proc.output_view(block)
+        return self._directory.view(block)
 
     def release_outputs(self, proc: StubProcess, blocks: list[Block]) -> None:
-        """The frontend is done with these blocks: return them to their arenas."""
+        """The frontend is done with these blocks (owned by a completion): return them."""
         for block in blocks:
-            if block.arena_id == 0:
-                self._free_inputs([block])
-            elif proc is not None and proc is self._proc and proc.returncode is None:
+            if block.arena_id != proc.output_arena_id:
+                self._free_inputs([block])  # a passed-through input-arena block
+            elif proc is self._proc and proc.returncode is None:
                 self._release_pending.append(block)
         if self._release_pending and not self._release_scheduled:
             self._release_scheduled = True
@@ -259,6 +276,7 @@ class StubInstance:
             )
         if self._finalized is not None and not self._finalized.done():
             self._finalized.set_result(None)
+        self._directory.unregister(proc)
         if self._stopping or proc is not self._proc:
             return
         self.last_exit = how
@@ -293,6 +311,7 @@ class StubInstance:
     async def _discard(self, proc: StubProcess) -> None:
         """Wait for (or force) the exit of a stub we are done with, then close its resources."""
         await self._wait_exit(proc)
+        self._directory.unregister(proc)
         proc.close(self._loop)
         if self._proc is proc:
             self._proc = None

@@ -11,11 +11,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from shoal.ipc.arena import Block, OwnedArena
+from shoal.ipc.arena import Block
 from shoal.supervisor.errors import Unavailable
 from shoal.supervisor.instances import InstanceSpec, LoadError, StubInstance
 from shoal.supervisor.options import ArenaOptions
 from shoal.supervisor.schedulers.default import DefaultScheduler
+from shoal.supervisor.segments import SegmentDirectory
 from shoal.supervisor.stats import StatsRecorder
 from shoal.supervisor.stub_process import StubLaunch
 from shoal.supervisor.work import Work
@@ -63,11 +64,11 @@ class ModelLoader:
 
     def __init__(
         self,
-        input_arena: OwnedArena,
+        directory: SegmentDirectory,
         arenas: ArenaOptions,
         free_inputs: Callable[[list[Block]], None],
     ) -> None:
-        self._input_arena = input_arena
+        self._directory = directory
         self._arenas = arenas
         self._free_inputs = free_inputs
 
@@ -108,7 +109,7 @@ class ModelLoader:
         scheduler = DefaultScheduler(lambda work: self._free_inputs(work.input_blocks))
         mv.scheduler = scheduler
         mv.instances = [
-            StubInstance(spec, self._input_arena, self._free_inputs, mv.stats)
+            StubInstance(spec, self._directory, self._free_inputs, mv.stats)
             for spec in self._specs(mv)
         ]
         results = await asyncio.gather(

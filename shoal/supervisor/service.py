@@ -15,6 +15,7 @@ from shoal.supervisor.errors import ErrorCode, InvalidArgument, ShoalError, Unav
 from shoal.supervisor.log_settings import LogSettings
 from shoal.supervisor.models import ModelLoader, ModelState, ModelVersion
 from shoal.supervisor.options import ServerOptions
+from shoal.supervisor.segments import SegmentDirectory
 from shoal.supervisor.shm_io import read_shm_inputs, write_shm_outputs
 from shoal.supervisor.shm_registry import SharedMemoryRegistry
 from shoal.supervisor.types import (
@@ -61,7 +62,8 @@ class InferenceService:
             limit_bytes=arenas.limit_bytes,
             on_new_segment=self._announce_segment,
         )
-        loader = ModelLoader(self.input_arena, arenas, self._free_inputs)
+        self.directory = SegmentDirectory(self.input_arena)
+        loader = ModelLoader(self.directory, arenas, self._free_inputs)
         self.repository = ModelRepositoryManager(options, loader)
         self.shm = SharedMemoryRegistry()
         self.logging = LogSettings(options.log_verbose)
@@ -193,14 +195,13 @@ class InferenceService:
             InferOutput(o.name, o.datatype, o.shape, completion.view(o.location))  # type: ignore[arg-type]
             for o in record.outputs
         ]
-        blocks = list({o.location: None for o in record.outputs if isinstance(o.location, Block)})
         return InferResponse(
             model_name=mv.name,
             model_version=str(mv.version),
             id=request.id,
             outputs=outputs,
             parameters=dict(record.parameters),
-            _release=lambda: completion.release(blocks),
+            _release=completion.release,
         )
 
     # -- statistics -------------------------------------------------------------------------

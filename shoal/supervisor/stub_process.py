@@ -56,6 +56,8 @@ class StubProcess:
         self._pidfd = -1
         self._pipes: list[int] = []
         self._partial: dict[int, bytes] = {}
+        #: Segments of other arenas this stub has been given (it owns its output arena's).
+        self.announced: set[tuple[int, int]] = set()
         self.exited: asyncio.Future[int] = asyncio.get_running_loop().create_future()
 
     @property
@@ -67,6 +69,14 @@ class StubProcess:
         assert segment.fd is not None
         payload = msg.SegmentAnnounce(segment.arena_id, segment.index, segment.size).encode()
         send_fds(self.sock, payload, [segment.fd])
+        self.announced.add((segment.arena_id, segment.index))
+
+    def forward(self, blocks: list[Block], find: Callable[[int, int], Segment]) -> None:
+        """Make sure the stub can map every block (sending fds of segments new to it)."""
+        for block in blocks:
+            key = (block.arena_id, block.segment)
+            if block.arena_id != self.output_arena_id and key not in self.announced:
+                self.announce(find(*key))
 
     def spawn(self, loop: asyncio.AbstractEventLoop, on_exit: Callable[[int], None]) -> None:
         fds = [self._child_sock.fileno(), *self.channel.child_fds()]
@@ -157,13 +167,22 @@ class StubProcess:
     async def send_async(self, message: msg.Message) -> None:
         await self.channel.send_down(msg.encode(message))
 
-    def output_view(self, block: Block) -> memoryview:
-        """A read-only view of a block in this stub's output arena."""
-        while not self.outputs.has(block.arena_id, block.segment):
+    def _receive_announcements(self, arena_id: int, index: int) -> None:
+        # The stub sends a segment's fd before any message that refers to it, so it is there.
+        while not self.outputs.has(arena_id, index):
             self.sock.settimeout(5.0)
             payload, fds = recv_fds(self.sock)
             announce = msg.SegmentAnnounce.decode(payload)
             self.outputs.add_fd(announce.arena_id, announce.segment, fds[0], announce.size)
+
+    def mapped_segment(self, arena_id: int, index: int) -> Segment:
+        """The supervisor's mapping of one of this stub's output segments."""
+        self._receive_announcements(arena_id, index)
+        return self.outputs.segment(arena_id, index)
+
+    def output_view(self, block: Block) -> memoryview:
+        """A read-only view of a block in this stub's output arena."""
+        self._receive_announcements(block.arena_id, block.segment)
         return self.outputs.view(block).toreadonly()
 
     def kill(self) -> None:

@@ -23,6 +23,9 @@ class Completion:
     response: ResponseRecord
     instance: StubInstance
     process: StubProcess
+    #: Blocks this completion must give back: outputs in the stub's arena and inputs passed
+    #: through unchanged. Blocks of other arenas (an ensemble's intermediates) belong elsewhere.
+    owned: list[Block]
     queue_ns: int = 0
     compute_ns: tuple[int, int, int] = (0, 0, 0)
 
@@ -30,7 +33,9 @@ class Completion:
         """A read-only view of one output block."""
         return self.instance.output_view(self.process, block)
 
-    def release(self, blocks: list[Block]) -> None:
+    def release(self) -> None:
+        """Give back every block this completion owns. Call once."""
+        blocks, self.owned = self.owned, []
         self.instance.release_outputs(self.process, blocks)
 
 

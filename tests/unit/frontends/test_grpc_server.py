@@ -359,9 +359,10 @@ def test_malformed_bytes_input_is_invalid(grpc_client: Any, stub: Any) -> None:
     assert "exceeds the end of the buffer" in info.value.details()
 
 
-def test_a_message_that_is_not_protobuf_is_invalid(grpc_url: str) -> None:
+@pytest.mark.parametrize("method", ["ModelInfer", "ModelMetadata"])
+def test_a_message_that_is_not_protobuf_is_invalid(grpc_url: str, method: str) -> None:
     with grpc.insecure_channel(grpc_url) as channel:
-        call = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+        call = channel.unary_unary(f"/inference.GRPCInferenceService/{method}")
         with pytest.raises(grpc.RpcError) as info:
             call(b"\x0a\x05ab", timeout=10)
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
