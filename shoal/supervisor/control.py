@@ -21,6 +21,7 @@ from shoal.supervisor.errors import (
     ErrorCode,
     InvalidArgument,
     NotFound,
+    ShoalError,
     Unavailable,
     Unsupported,
 )
@@ -44,6 +45,7 @@ class ModelRepositoryManager:
         self._scratch: dict[str, str] = {}  # model name -> temp dir holding uploaded files
         self._fingerprints: dict[str, tuple[tuple[str, int, int], ...]] = {}
         self._poller: asyncio.Task[None] | None = None
+        self._loading: set[str] = set()
 
     def versions(self) -> Iterator[ModelVersion]:
         for versions in self.models.values():
@@ -60,6 +62,8 @@ class ModelRepositoryManager:
             names = sorted(sources) if "*" in wanted else sorted(wanted)
         else:
             names = sorted(sources)
+        # Claimed before any starts, so an ensemble does not load its steps a second time.
+        self._loading.update(names)
         await asyncio.gather(*(self._load_quietly(name) for name in names))
         if self.options.model_control_mode == "poll":
             self._fingerprints = {n: _fingerprint(s.path) for n, s in sources.items()}
@@ -115,6 +119,15 @@ class ModelRepositoryManager:
     ) -> None:
         if not _startup:
             self._check_control_allowed()
+        self._loading.add(name)
+        try:
+            await self._load_locked(name, config_json, files)
+        finally:
+            self._loading.discard(name)
+
+    async def _load_locked(
+        self, name: str, config_json: str | None, files: dict[str, bytes] | None
+    ) -> None:
         lock = self._locks.setdefault(name, asyncio.Lock())
         async with lock:
             path = self._model_path(name, config_json, files)
@@ -124,6 +137,7 @@ class ModelRepositoryManager:
             except model_config.ConfigError as error:
                 self.failed[name] = str(error)
                 raise InvalidArgument(f"failed to load '{name}': {error}") from None
+            await self._load_composing(name, new)
             await asyncio.gather(*(self.loader.start(mv) for mv in new))
             broken = [mv for mv in new if not mv.ready]
             if broken:
@@ -136,6 +150,22 @@ class ModelRepositoryManager:
             self.models[name] = {mv.version: mv for mv in new}
             self.failed.pop(name, None)
             await asyncio.gather(*(self._retire(mv) for mv in old.values()))
+
+    async def _load_composing(self, name: str, versions: list[ModelVersion]) -> None:
+        """An ensemble's step models are loaded with it (explicit mode), as Triton does."""
+        steps = {s.model_name for mv in versions for s in mv.config.ensemble_steps}
+        missing = [
+            m
+            for m in sorted(steps)
+            if m != name and m not in self.models and m not in self._loading
+        ]
+        for model in missing:
+            try:
+                await self.load(model, _startup=True)
+            except ShoalError as error:
+                raise InvalidArgument(
+                    f"failed to load '{name}': its step model '{model}' failed to load: {error}"
+                ) from None
 
     def _model_path(
         self, name: str, config_json: str | None, files: dict[str, bytes] | None

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 from shoal.ipc import messages as msg
 from shoal.ipc.arena import Block
 from shoal.ipc.queue import PeerGone
-from shoal.supervisor.errors import ShoalError, Unavailable
+from shoal.supervisor.errors import InternalError, ShoalError, Unavailable
 from shoal.supervisor.segments import SegmentDirectory
 from shoal.supervisor.stats import StatsRecorder
 from shoal.supervisor.stub_process import StubLaunch, StubProcess, describe_exit
@@ -210,18 +210,16 @@ class StubInstance:
                     for t in w.record.inputs
                     if isinstance(t.location, Block)
                 ],
-                self._directory.segment,
+                self._directory.fd,
             )
             await proc.send_async(msg.Execute(batch_id, [w.record for w in batch]))
         except PeerGone:
             pass  # _on_exit fails the batch
         except ShoalError as error:  # a tensor's arena is gone (its stub died)
-            self._in_flight.pop(batch_id, None)
-            finished.set_result(None)
-            for work in batch:
-                self._free_inputs(work.input_blocks)
-                if not work.future.done():
-                    work.future.set_exception(error)
+            self._fail_unsent(batch_id, error)
+        except Exception as error:  # a bug must fail the batch, not stop this worker
+            log.exception("[%s] could not send a batch", self.name)
+            self._fail_unsent(batch_id, InternalError(f"instance '{self.name}': {error!r}"))
         # One batch at a time per instance (Triton's contract for a sync execute), even when
         # the clients of this batch have gone away.
         try:
@@ -229,6 +227,15 @@ class StubInstance:
         finally:
             if not self._in_flight:
                 self._idle.set()
+
+    def _fail_unsent(self, batch_id: int, error: ShoalError) -> None:
+        batch, finished = self._in_flight.pop(batch_id, ([], None))
+        if finished is not None and not finished.done():
+            finished.set_result(None)
+        for work in batch:
+            self._free_inputs(work.input_blocks)
+            if not work.future.done():
+                work.future.set_exception(error)
 
     # -- outputs ----------------------------------------------------------------------------
 

@@ -106,6 +106,10 @@ class ModelLoader:
 
     async def start(self, mv: ModelVersion) -> None:
         """Bring up every instance; on failure the version is UNAVAILABLE with the reason."""
+        if mv.config.is_ensemble:  # runs in the supervisor: no stub, no scheduler
+            mv.state = ModelState.READY
+            log.info("successfully loaded ensemble '%s' version %d", mv.name, mv.version)
+            return
         scheduler = DefaultScheduler(lambda work: self._free_inputs(work.input_blocks))
         mv.scheduler = scheduler
         mv.instances = [

@@ -42,6 +42,19 @@ class SegmentDirectory:
             )
         return owner.mapped_segment(arena_id, index)
 
+    def fd(self, arena_id: int, index: int) -> tuple[int, int]:
+        """(fd, size) of a segment, to send to a stub that must map it."""
+        if arena_id == INPUT_ARENA_ID:
+            segment = self.input_arena.segments[index]
+            assert segment.fd is not None
+            return segment.fd, segment.size
+        owner = self._owners.get(arena_id)
+        if owner is None:
+            raise Unavailable(
+                f"a tensor lives in the arena of a stub process that has exited (arena {arena_id})"
+            )
+        return owner.segment_fd(arena_id, index)
+
     def view(self, block: Block) -> memoryview:
         """A read-only view of any block, for writing it to a client."""
         if block.nbytes == 0:

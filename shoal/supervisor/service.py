@@ -11,6 +11,7 @@ import shoal
 from shoal.ipc.arena import Block, OwnedArena
 from shoal.supervisor import staging
 from shoal.supervisor.control import ModelRepositoryManager
+from shoal.supervisor.ensemble import EnsembleRunner
 from shoal.supervisor.errors import ErrorCode, InvalidArgument, ShoalError, Unavailable
 from shoal.supervisor.log_settings import LogSettings
 from shoal.supervisor.models import ModelLoader, ModelState, ModelVersion
@@ -65,6 +66,7 @@ class InferenceService:
         self.directory = SegmentDirectory(self.input_arena)
         loader = ModelLoader(self.directory, arenas, self._free_inputs)
         self.repository = ModelRepositoryManager(options, loader)
+        self.ensembles = EnsembleRunner(self.repository, self.directory, self._free_inputs)
         self.shm = SharedMemoryRegistry()
         self.logging = LogSettings(options.log_verbose)
         self._live = True
@@ -168,6 +170,12 @@ class InferenceService:
         if mv.state is not ModelState.READY:
             self._free_inputs(blocks)
             raise Unavailable(f"model '{mv.name}' version {mv.version} is not ready")
+        if mv.config.is_ensemble:
+            response = await self.ensembles.run(mv, request, record, blocks)
+            mv.stats.success(
+                staging.batch_size(mv.config, request), time.monotonic_ns() - started, 0, (0, 0, 0)
+            )
+            return response
         future: asyncio.Future[Completion] = asyncio.get_running_loop().create_future()
         batch_size = staging.batch_size(mv.config, request)
         mv.submit(Work(record, blocks, future, batch_size=batch_size))

@@ -58,6 +58,8 @@ class StubProcess:
         self._partial: dict[int, bytes] = {}
         #: Segments of other arenas this stub has been given (it owns its output arena's).
         self.announced: set[tuple[int, int]] = set()
+        #: Duplicates of this stub's output-segment fds, kept to forward them to other stubs.
+        self._segment_fds: dict[tuple[int, int], tuple[int, int]] = {}
         self.exited: asyncio.Future[int] = asyncio.get_running_loop().create_future()
 
     @property
@@ -67,16 +69,20 @@ class StubProcess:
     def announce(self, segment: Segment) -> None:
         """Hand one input-arena segment to the stub (before any message refers to it)."""
         assert segment.fd is not None
-        payload = msg.SegmentAnnounce(segment.arena_id, segment.index, segment.size).encode()
-        send_fds(self.sock, payload, [segment.fd])
-        self.announced.add((segment.arena_id, segment.index))
+        self.announce_fd(segment.arena_id, segment.index, segment.size, segment.fd)
 
-    def forward(self, blocks: list[Block], find: Callable[[int, int], Segment]) -> None:
+    def announce_fd(self, arena_id: int, index: int, size: int, fd: int) -> None:
+        payload = msg.SegmentAnnounce(arena_id, index, size).encode()
+        send_fds(self.sock, payload, [fd])
+        self.announced.add((arena_id, index))
+
+    def forward(self, blocks: list[Block], find: Callable[[int, int], tuple[int, int]]) -> None:
         """Make sure the stub can map every block (sending fds of segments new to it)."""
         for block in blocks:
             key = (block.arena_id, block.segment)
             if block.arena_id != self.output_arena_id and key not in self.announced:
-                self.announce(find(*key))
+                fd, size = find(*key)
+                self.announce_fd(block.arena_id, block.segment, size, fd)
 
     def spawn(self, loop: asyncio.AbstractEventLoop, on_exit: Callable[[int], None]) -> None:
         fds = [self._child_sock.fileno(), *self.channel.child_fds()]
@@ -173,12 +179,19 @@ class StubProcess:
             self.sock.settimeout(5.0)
             payload, fds = recv_fds(self.sock)
             announce = msg.SegmentAnnounce.decode(payload)
+            key = (announce.arena_id, announce.segment)
+            self._segment_fds[key] = (os.dup(fds[0]), announce.size)
             self.outputs.add_fd(announce.arena_id, announce.segment, fds[0], announce.size)
 
     def mapped_segment(self, arena_id: int, index: int) -> Segment:
         """The supervisor's mapping of one of this stub's output segments."""
         self._receive_announcements(arena_id, index)
         return self.outputs.segment(arena_id, index)
+
+    def segment_fd(self, arena_id: int, index: int) -> tuple[int, int]:
+        """(fd, size) of one of this stub's output segments, to hand to another stub."""
+        self._receive_announcements(arena_id, index)
+        return self._segment_fds[(arena_id, index)]
 
     def output_view(self, block: Block) -> memoryview:
         """A read-only view of a block in this stub's output arena."""
@@ -213,6 +226,9 @@ class StubProcess:
             self._pidfd = -1
         self.channel.close()
         self.sock.close()
+        for fd, _ in self._segment_fds.values():
+            os.close(fd)
+        self._segment_fds.clear()
         if not self._child_sock._closed:  # type: ignore[attr-defined]
             self._child_sock.close()
         self.outputs.close()

@@ -1,0 +1,195 @@
+"""Ensembles: a DAG of model steps run inside the supervisor.
+
+A step starts as soon as all of its input tensors exist, so independent steps run in parallel.
+Intermediate tensors stay where the producing stub wrote them and are handed to the consuming
+stub by descriptor (the segment directory sends it the segment's fd): no copy between steps.
+Every block stays alive until the ensemble's response is released.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from shoal.ipc.arena import Block
+from shoal.ipc.messages import RequestRecord
+from shoal.ipc.tensor import TensorDesc
+from shoal.supervisor.errors import ErrorCode, InvalidArgument, ShoalError, Unsupported
+from shoal.supervisor.models import ModelVersion
+from shoal.supervisor.segments import SegmentDirectory
+from shoal.supervisor.types import InferOutput, InferRequest, InferResponse
+from shoal.supervisor.work import Completion, Work
+
+
+class VersionResolver(Protocol):
+    def resolve(self, name: str, version: str) -> ModelVersion: ...
+
+
+class EnsembleRunner:
+    """Runs one ensemble request over the composing models' schedulers."""
+
+    def __init__(
+        self,
+        models: VersionResolver,
+        directory: SegmentDirectory,
+        free_inputs: Callable[[list[Block]], None],
+    ) -> None:
+        self._models = models
+        self._directory = directory
+        self._free_inputs = free_inputs
+
+    async def run(
+        self,
+        mv: ModelVersion,
+        request: InferRequest,
+        record: RequestRecord,
+        blocks: list[Block],
+    ) -> InferResponse:
+        """``record`` holds the staged client inputs; ``blocks`` are freed with the response."""
+        completions: list[Completion] = []
+
+        def release() -> None:
+            for completion in completions:
+                completion.release()
+            completions.clear()
+            self._free_inputs(blocks)
+
+        try:
+            tensors = await self._run_steps(mv, record, completions)
+            outputs = [self._output(mv, tensors, name) for name in record.requested_outputs]
+        except BaseException:
+            release()
+            raise
+        return InferResponse(
+            model_name=mv.name,
+            model_version=str(mv.version),
+            id=request.id,
+            outputs=outputs,
+            _release=release,
+        )
+
+    async def _run_steps(
+        self, mv: ModelVersion, record: RequestRecord, completions: list[Completion]
+    ) -> dict[str, TensorDesc]:
+        steps = list(mv.config.ensemble_steps)
+        tensors = {desc.name: desc for desc in record.inputs}
+        waiting = set(range(len(steps)))
+        running: dict[asyncio.Task[Completion], int] = {}
+        try:
+            while waiting or running:
+                for index in sorted(waiting):
+                    if all(t in tensors for t in steps[index].input_map.values()):
+                        waiting.discard(index)
+                        task = asyncio.create_task(self._step(mv, steps[index], tensors, record))
+                        running[task] = index
+                if not running:
+                    raise InvalidArgument(self._stuck(mv, steps, waiting, tensors))
+                done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    step = steps[running.pop(task)]
+                    completion = task.result()
+                    completions.append(completion)
+                    for output in completion.response.outputs:
+                        target = step.output_map.get(output.name)
+                        if target is not None:
+                            tensors[target] = TensorDesc(
+                                target, output.datatype, output.shape, output.location
+                            )
+        finally:
+            for task in running:
+                task.cancel()
+            for task in running:
+                try:
+                    completions.append(await task)
+                except BaseException:
+                    pass
+        return tensors
+
+    @staticmethod
+    def _stuck(
+        mv: ModelVersion, steps: list[Any], waiting: set[int], tensors: dict[str, Any]
+    ) -> str:
+        missing = sorted(
+            {t for i in waiting for t in steps[i].input_map.values() if t not in tensors}
+        )
+        return (
+            f"ensemble '{mv.name}' cannot run steps {sorted(waiting)}: tensors "
+            f"{missing} were never produced (an optional input was not given?)"
+        )
+
+    async def _step(
+        self, mv: ModelVersion, step: Any, tensors: dict[str, TensorDesc], parent: RequestRecord
+    ) -> Completion:
+        version = "" if step.model_version < 0 else str(step.model_version)
+        target = self._models.resolve(step.model_name, version)
+        if target.config.is_ensemble:
+            raise Unsupported(
+                f"ensemble '{mv.name}' has a step that is itself an ensemble "
+                f"('{target.name}'); nested ensembles are not supported yet"
+            )
+        inputs = [
+            self._step_input(mv, target, name, tensors[source])
+            for name, source in step.input_map.items()
+        ]
+        record = RequestRecord(
+            request_id=parent.request_id,
+            correlation_id=parent.correlation_id,
+            flags=parent.flags,
+            parameters=parent.parameters,
+            requested_outputs=list(step.output_map),
+            inputs=inputs,
+            timeout_us=parent.timeout_us,
+        )
+        started = time.monotonic_ns()
+        future: asyncio.Future[Completion] = asyncio.get_running_loop().create_future()
+        batch = (
+            inputs[0].shape[0]
+            if target.config.max_batch_size > 0 and inputs and inputs[0].shape
+            else 1
+        )
+        # The inputs belong to the ensemble request: the step's work owns no block.
+        target.submit(Work(record, [], future, batch_size=int(batch)))
+        try:
+            completion = await future
+        except ShoalError:
+            target.stats.failure(time.monotonic_ns() - started)
+            raise
+        if completion.response.error is not None:
+            completion.release()
+            target.stats.failure(time.monotonic_ns() - started)
+            code, message = completion.response.error
+            raise ShoalError(
+                f"in ensemble '{mv.name}', step '{target.name}': {message}",
+                ErrorCode.__members__.get(code, ErrorCode.INTERNAL),
+            )
+        target.stats.success(
+            int(batch), time.monotonic_ns() - started, completion.queue_ns, completion.compute_ns
+        )
+        return completion
+
+    @staticmethod
+    def _step_input(
+        mv: ModelVersion, target: ModelVersion, name: str, source: TensorDesc
+    ) -> TensorDesc:
+        spec = next((t for t in target.config.inputs if t.name == name), None)
+        if spec is None:
+            raise InvalidArgument(
+                f"ensemble '{mv.name}' maps tensor '{source.name}' to input '{name}', which "
+                f"model '{target.name}' does not have"
+            )
+        if spec.datatype != source.datatype:
+            raise InvalidArgument(
+                f"ensemble '{mv.name}': tensor '{source.name}' is {source.datatype} but input "
+                f"'{name}' of model '{target.name}' expects {spec.datatype}"
+            )
+        return TensorDesc(name, source.datatype, source.shape, source.location)
+
+    def _output(self, mv: ModelVersion, tensors: dict[str, TensorDesc], name: str) -> InferOutput:
+        desc = tensors.get(name)
+        if desc is None:
+            raise InvalidArgument(f"ensemble '{mv.name}' produced no tensor '{name}'")
+        assert isinstance(desc.location, Block)
+        view = self._directory.view(desc.location)
+        return InferOutput(name, desc.datatype, desc.shape, view)

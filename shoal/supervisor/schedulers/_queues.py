@@ -1,0 +1,131 @@
+"""The dynamic batcher's queue: priority levels, each with its queue policy (Triton's
+``PriorityQueue`` / ``PolicyQueue``).
+
+Levels are served lowest number first. Within a level, requests wait in arrival order; a request
+whose queue timeout expires is rejected (``REJECT``) or moved behind the level's unexpired
+requests (``DELAY``), where it stays without a deadline.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from shoal.config import QueuePolicy
+from shoal.supervisor.work import Work
+
+
+@dataclass(eq=False)
+class Entry:
+    """One queued request with what batch formation reads."""
+
+    work: Work
+    arrival_ns: int
+    #: When the queue policy acts on it (0: never).
+    deadline_ns: int
+    #: Inferences it adds to a batch (its first dimension, at least 1).
+    size: int
+    #: Requests share a batch only when their keys are equal (see ``_batching.shape_key``).
+    shape_key: object
+    #: Its priority level.
+    level: int = 0
+
+
+class PolicyQueue:
+    """The requests of one priority level."""
+
+    def __init__(self, policy: QueuePolicy) -> None:
+        self.policy = policy
+        self.waiting: collections.deque[Entry] = collections.deque()
+        self.delayed: collections.deque[Entry] = collections.deque()
+
+    def __len__(self) -> int:
+        return len(self.waiting) + len(self.delayed)
+
+    def timeout_us(self, requested_us: int) -> int:
+        """The timeout a request gets: the default, or a shorter one it asked for if allowed."""
+        timeout = self.policy.default_timeout_microseconds
+        if self.policy.allow_timeout_override and 0 < requested_us < timeout:
+            timeout = requested_us
+        return timeout
+
+    def expire(self, now_ns: int) -> list[Entry]:
+        """Apply the policy to every expired request; returns the rejected ones."""
+        expired = [e for e in self.waiting if e.deadline_ns and now_ns > e.deadline_ns]
+        if not expired:
+            return []
+        self.waiting = collections.deque(e for e in self.waiting if e not in expired)
+        if self.policy.timeout_action == "DELAY":
+            for entry in expired:
+                entry.deadline_ns = 0
+            self.delayed.extend(expired)
+            return []
+        return expired
+
+    def __iter__(self) -> Iterator[Entry]:
+        yield from self.waiting
+        yield from self.delayed
+
+    def remove(self, entry: Entry) -> None:
+        if entry in self.waiting:
+            self.waiting.remove(entry)
+        else:
+            self.delayed.remove(entry)
+
+
+class PriorityQueue:
+    """Priority levels ``1..levels`` (or one level ``0``), each a :class:`PolicyQueue`."""
+
+    def __init__(
+        self,
+        levels: int,
+        default_level: int,
+        default_policy: QueuePolicy,
+        level_policies: dict[int, QueuePolicy],
+    ) -> None:
+        self.levels = levels
+        self.default_level = default_level if levels else 0
+        numbers = range(1, levels + 1) if levels else (0,)
+        self._queues = {
+            level: PolicyQueue(level_policies.get(level, default_policy)) for level in numbers
+        }
+
+    def __len__(self) -> int:
+        return sum(len(q) for q in self._queues.values())
+
+    def level_of(self, priority: int) -> int:
+        """Triton's rule: priority 0 or one above the highest level means the default level."""
+        if priority == 0 or priority > self.levels:
+            return self.default_level
+        return priority
+
+    def queue(self, level: int) -> PolicyQueue:
+        return self._queues[level]
+
+    def __iter__(self) -> Iterator[Entry]:
+        """Every queued request in the order batches take them."""
+        for level in sorted(self._queues):
+            yield from self._queues[level]
+
+    def expire(self, now_ns: int) -> list[Entry]:
+        rejected: list[Entry] = []
+        for queue in self._queues.values():
+            rejected += queue.expire(now_ns)
+        return rejected
+
+    def closest_deadline(self) -> int | None:
+        deadlines = [e.deadline_ns for q in self._queues.values() for e in q.waiting]
+        live = [d for d in deadlines if d]
+        return min(live) if live else None
+
+    def remove(self, entries: list[Entry]) -> None:
+        for entry in entries:
+            self._queues[entry.level].remove(entry)
+
+    def drain(self) -> list[Entry]:
+        entries = list(self)
+        for queue in self._queues.values():
+            queue.waiting.clear()
+            queue.delayed.clear()
+        return entries

@@ -1,0 +1,171 @@
+"""Triton's dynamic batcher: one queue per model version, cut into batches for free instances.
+
+An instance asks for work (``next_batch``); the batcher cuts the best batch it can
+(:func:`~shoal.supervisor.schedulers._batching.cut_batch`) or, when waiting could still reach a
+preferred size, waits until the oldest request has waited ``max_queue_delay_microseconds`` or
+something changes. Queue policies reject or delay requests whose queue timeout expires, on a
+timer, whether or not an instance is waiting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+
+from shoal.supervisor.errors import Unavailable
+from shoal.supervisor.schedulers._batching import BatchSettings, cut_batch, shape_key
+from shoal.supervisor.schedulers._ordering import OrderedDelivery
+from shoal.supervisor.schedulers._queues import Entry, PriorityQueue
+from shoal.supervisor.schedulers.base import (
+    Alarm,
+    BatchSource,
+    Clock,
+    FreeWork,
+    LoopClock,
+    Waker,
+    fail_work,
+    log_prefix,
+)
+from shoal.supervisor.work import Work
+
+TIMEOUT_EXPIRED = "Request timeout expired"
+QUEUE_FULL = "Exceeds maximum queue size"
+
+
+class DynamicBatcher:
+    """Batches requests for all instances of one model version (also the per-instance batcher
+    of the sequence batcher's ``oldest`` strategy)."""
+
+    def __init__(
+        self, settings: BatchSettings, free_work: FreeWork, clock: Clock | None = None
+    ) -> None:
+        self.settings = settings
+        self._free_work = free_work
+        self._clock = clock or LoopClock()
+        self._queue = PriorityQueue(
+            settings.priority_levels,
+            settings.default_priority_level,
+            settings.default_policy,
+            dict(settings.level_policies),
+        )
+        self._held: collections.deque[list[Work]] = collections.deque()
+        self._waker = Waker()
+        self._delay_alarm = Alarm(self._clock, self._waker.notify)
+        self._timeout_alarm = Alarm(self._clock, self._on_timeout)
+        self._ordering = OrderedDelivery() if settings.preserve_ordering else None
+        self._closed = False
+        self._empty = asyncio.Event()
+        self._empty.set()
+
+    # -- Scheduler --------------------------------------------------------------------------
+
+    def submit(self, work: Work) -> None:
+        if self._closed:
+            fail_work(work, Unavailable("the model is unloading"), self._free_work)
+            return
+        level = self._queue.level_of(_priority(work))
+        queue = self._queue.queue(level)
+        limit = queue.policy.max_queue_size
+        if limit and len(queue) >= limit:
+            fail_work(work, Unavailable(log_prefix(work) + QUEUE_FULL), self._free_work)
+            return
+        now = self._clock.now_ns()
+        timeout_us = queue.timeout_us(work.record.timeout_us)
+        deadline = now + timeout_us * 1000 if timeout_us else 0
+        key = shape_key(work.record, self.settings)
+        queue.waiting.append(Entry(work, now, deadline, max(1, work.batch_size), key, level))
+        self._changed()
+
+    def source(self, instance: int) -> BatchSource:
+        return self
+
+    @property
+    def pending(self) -> int:
+        return len(self._queue) + sum(len(batch) for batch in self._held)
+
+    async def wait_empty(self) -> None:
+        await self._empty.wait()
+
+    def close(self) -> list[Work]:
+        self._closed = True
+        self._delay_alarm.cancel()
+        self._timeout_alarm.cancel()
+        left = [entry.work for entry in self._queue.drain()]
+        while self._held:
+            left += self._held.popleft()
+        self._empty.set()
+        self._waker.notify()
+        return left
+
+    # -- BatchSource ------------------------------------------------------------------------
+
+    async def next_batch(self) -> list[Work]:
+        while True:
+            if self._closed:
+                raise asyncio.CancelledError
+            batch = self._next_now()
+            if batch:
+                return batch
+            await self._waker.wait()
+
+    def requeue(self, batch: list[Work]) -> None:
+        self._held.append(batch)
+        self._changed()
+
+    # -- steps ------------------------------------------------------------------------------
+
+    def _next_now(self) -> list[Work] | None:
+        """A batch to run now, or None (with the delay alarm armed when waiting helps)."""
+        if self._held:
+            batch = self._held.popleft()
+            self._update_empty()
+            return batch
+        self._expire(self._clock.now_ns())
+        self._drop_abandoned()
+        cut = cut_batch(self._queue, self.settings, self._clock.now_ns())
+        if not cut.entries:
+            self._delay_alarm.arm(cut.wake_ns)
+            return None
+        self._queue.remove(cut.entries)
+        batch = [entry.work for entry in cut.entries]
+        if self._ordering is not None:
+            for work in batch:
+                self._ordering.track(work)
+        self._arm_timeouts()
+        self._update_empty()
+        return batch
+
+    def _expire(self, now_ns: int) -> None:
+        for entry in self._queue.expire(now_ns):
+            fail_work(entry.work, Unavailable(TIMEOUT_EXPIRED), self._free_work)
+
+    def _drop_abandoned(self) -> None:
+        gone = [entry for entry in self._queue if entry.work.abandoned]
+        self._queue.remove(gone)
+        for entry in gone:
+            self._free_work(entry.work)
+
+    def _on_timeout(self) -> None:
+        self._expire(self._clock.now_ns())
+        self._changed()
+
+    def _arm_timeouts(self) -> None:
+        closest = self._queue.closest_deadline()
+        # A request expires once the clock is past its deadline.
+        self._timeout_alarm.arm(None if closest is None else closest + 1)
+
+    def _changed(self) -> None:
+        self._arm_timeouts()
+        self._update_empty()
+        self._waker.notify()
+
+    def _update_empty(self) -> None:
+        if self.pending:
+            self._empty.clear()
+        else:
+            self._empty.set()
+
+
+def _priority(work: Work) -> int:
+    value = work.record.parameters.get("priority", 0)
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
