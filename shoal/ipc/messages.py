@@ -26,10 +26,14 @@ class Kind(enum.IntEnum):
     EXECUTE = 2
     RELEASE = 3
     FINALIZE = 4
+    BLS_REPLY = 5
     READY = 11
     RESULT = 12
     LOG = 13
     FINALIZED = 14
+    RESPONSE = 15
+    BLS_CALL = 16
+    BLS_DONE = 17
 
 
 @dataclass(slots=True)
@@ -61,6 +65,8 @@ class RequestRecord:
     requested_outputs: list[str]
     inputs: list[TensorDesc]
     timeout_us: int = 0
+    #: Identifies the request to its stub across messages (decoupled responses).
+    key: int = 0
 
     def to_wire(self) -> list[Any]:
         return [
@@ -71,11 +77,13 @@ class RequestRecord:
             self.requested_outputs,
             [t.to_wire() for t in self.inputs],
             self.timeout_us,
+            self.key,
         ]
 
     @classmethod
     def from_wire(cls, w: list[Any]) -> RequestRecord:
-        return cls(w[0], w[1], w[2], w[3], w[4], [TensorDesc.from_wire(t) for t in w[5]], w[6])
+        inputs = [TensorDesc.from_wire(t) for t in w[5]]
+        return cls(w[0], w[1], w[2], w[3], w[4], inputs, w[6], w[7])
 
 
 @dataclass(slots=True)
@@ -224,10 +232,117 @@ class SegmentAnnounce:
         return cls(a, s, n)
 
 
-Message = Initialize | Execute | Release | Finalize | Ready | Result | Log | Finalized
+@dataclass(slots=True)
+class Response:
+    """A decoupled model's response to request ``key`` (``final`` closes the request)."""
+
+    KIND: ClassVar[Kind] = Kind.RESPONSE
+    key: int
+    response: ResponseRecord | None
+    final: bool
+
+    def fields(self) -> list[Any]:
+        return [self.key, None if self.response is None else self.response.to_wire(), self.final]
+
+    @classmethod
+    def from_fields(cls, f: list[Any]) -> Response:
+        response = None if f[1] is None else ResponseRecord.from_wire(f[1])
+        return cls(f[0], response, f[2])
+
+
+@dataclass(slots=True)
+class BlsCall:
+    """A model's ``InferenceRequest.exec()``: run ``request`` on another model."""
+
+    KIND: ClassVar[Kind] = Kind.BLS_CALL
+    call_id: int
+    model_name: str
+    model_version: int
+    request: RequestRecord
+    decoupled: bool
+
+    def fields(self) -> list[Any]:
+        return [
+            self.call_id,
+            self.model_name,
+            self.model_version,
+            self.request.to_wire(),
+            self.decoupled,
+        ]
+
+    @classmethod
+    def from_fields(cls, f: list[Any]) -> BlsCall:
+        return cls(f[0], f[1], f[2], RequestRecord.from_wire(f[3]), f[4])
+
+
+@dataclass(slots=True)
+class BlsReply:
+    """One response to a :class:`BlsCall` (``final`` ends it; a non-decoupled call has one)."""
+
+    KIND: ClassVar[Kind] = Kind.BLS_REPLY
+    call_id: int
+    response: ResponseRecord | None
+    final: bool
+
+    def fields(self) -> list[Any]:
+        return [
+            self.call_id,
+            None if self.response is None else self.response.to_wire(),
+            self.final,
+        ]
+
+    @classmethod
+    def from_fields(cls, f: list[Any]) -> BlsReply:
+        response = None if f[1] is None else ResponseRecord.from_wire(f[1])
+        return cls(f[0], response, f[2])
+
+
+@dataclass(slots=True)
+class BlsDone:
+    """The model dropped the responses of a BLS call: their blocks may be released."""
+
+    KIND: ClassVar[Kind] = Kind.BLS_DONE
+    call_id: int
+
+    def fields(self) -> list[Any]:
+        return [self.call_id]
+
+    @classmethod
+    def from_fields(cls, f: list[Any]) -> BlsDone:
+        return cls(f[0])
+
+
+Message = (
+    Initialize
+    | Execute
+    | Release
+    | Finalize
+    | Ready
+    | Result
+    | Log
+    | Finalized
+    | Response
+    | BlsCall
+    | BlsReply
+    | BlsDone
+)
 
 _TYPES: dict[int, Any] = {
-    t.KIND: t for t in (Initialize, Execute, Release, Finalize, Ready, Result, Log, Finalized)
+    t.KIND: t
+    for t in (
+        Initialize,
+        Execute,
+        Release,
+        Finalize,
+        Ready,
+        Result,
+        Log,
+        Finalized,
+        Response,
+        BlsCall,
+        BlsReply,
+        BlsDone,
+    )
 }
 
 

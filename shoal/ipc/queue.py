@@ -278,28 +278,39 @@ class Channel:
         return None
 
     def _sleep_down(self, deadline: Deadline) -> bytes:
+        while (message := self._down_episode(deadline)) is None:
+            pass
+        return message
+
+    def _down_episode(self, deadline: Deadline) -> bytes | None:
+        """One sleep episode: a message, or None once a doorbell was consumed.
+
+        An episode must end at its first doorbell: the supervisor rings once per episode, and
+        that ring may announce a message this side already took before the episode began.
+        """
         self._down.begin_sleep()
         try:
             backstop = Backstop()
             while (message := self._down.try_read()) is None:
                 if self.peer_closed:
                     raise PeerGone("the supervisor closed the channel")
-                self._down_sleeper.sleep(deadline.remaining(backstop.timeout()))
+                if self._down_sleeper.sleep(deadline.remaining(backstop.timeout())):
+                    return self._down.try_read()
             return message
         finally:
             self._down.end_sleep()
 
     async def recv_down_async(self) -> bytes:
         """Like :meth:`recv_down` for a stub that runs an event loop (no spinning)."""
-        message = self._down.try_read()
-        if message is None:
+        while (message := self._down.try_read()) is None:
             self._down.begin_sleep()
             try:
                 backstop = Backstop()
-                while (message := self._down.try_read()) is None:
+                while self._down.is_empty():
                     if self.peer_closed:
                         raise PeerGone("the supervisor closed the channel")
-                    await self._async_down.sleep(backstop.timeout())
+                    if await self._async_down.sleep(backstop.timeout()):
+                        break  # as in _down_episode: a doorbell ends the episode
             finally:
                 self._down.end_sleep()
         if self._down.producer_wants_bell():

@@ -1,17 +1,29 @@
-"""Run one batch through the model's ``execute`` and turn its return value into a Result."""
+"""Run one batch through the model's ``execute`` and turn its return value into messages.
+
+Non-decoupled models answer with one :class:`~shoal.ipc.messages.Result` per batch. Decoupled
+models send each response as it is made (:class:`~shoal.ipc.messages.Response`), from any
+thread, and the batch's Result only says that ``execute`` returned.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import inspect
+import logging
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 from shoal.ipc import messages as msg
-from shoal.ipc.arena import ArenaExhausted, Block, OwnedArena
-from shoal.ipc.tensor import TensorDesc, buffer_to_numpy, numpy_to_buffer_size, write_numpy
+from shoal.ipc.arena import ArenaExhausted, Block
+from shoal.ipc.tensor import TensorDesc, buffer_to_numpy
 from shoal.stub import pb_utils
+from shoal.stub.tensors_out import TensorWriter, json_params
+
+FINAL = 1
+log = logging.getLogger("shoal.stub")
 
 
 class ExecuteError(Exception):
@@ -25,29 +37,33 @@ class BatchExecutor:
         self,
         instance: str,
         model: Any,
-        outputs: OwnedArena,
+        writer: TensorWriter,
         input_view: Callable[[Block], memoryview],
-        loop: asyncio.AbstractEventLoop,
+        send: Callable[[msg.Message], None],
+        decoupled: bool,
     ) -> None:
         self.instance = instance
         self.model = model
-        self.outputs = outputs
+        self.writer = writer
         self.input_view = input_view
-        self.loop = loop
+        self.send = send
+        self.decoupled = decoupled
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_lock = threading.Lock()
+
+    # -- the batch --------------------------------------------------------------------------
 
     def run(self, execute: msg.Execute) -> msg.Result:
         t0 = time.perf_counter_ns()
-        # Arrays that are zero-copy views of input blocks: returning one unchanged as an output
-        # passes its block back instead of copying it.
-        input_blocks: dict[int, tuple[TensorDesc, Any]] = {}
         # What each request's response sender delivered (Triton's default-mode sender: one
         # response and FINAL, with execute returning None for that request).
         sent: list[list[Any]] = [[] for _ in execute.requests]
-        requests = [
-            self._request(record, input_blocks, sent[i])
-            for i, record in enumerate(execute.requests)
-        ]
+        requests = [self._request(record, sent[i]) for i, record in enumerate(execute.requests)]
         t1 = time.perf_counter_ns()
+        if self.decoupled:
+            self._run_decoupled(requests, execute.requests)
+            t2 = time.perf_counter_ns()
+            return msg.Result(execute.batch_id, [], (t1 - t0, t2 - t1, 0))
         try:
             responses = self._call_execute(requests)
         except ExecuteError as error:
@@ -56,7 +72,7 @@ class BatchExecutor:
             failure = msg.ResponseRecord(error=("INTERNAL", str(error)))
             t2 = time.perf_counter_ns()
             records = [
-                self._response(delivered[0], record, input_blocks) if delivered else failure
+                self.record(delivered[0], record) if delivered else failure
                 for delivered, record in zip(sent, execute.requests, strict=True)
             ]
             return msg.Result(execute.batch_id, records, (t1 - t0, t2 - t1, 0))
@@ -66,7 +82,7 @@ class BatchExecutor:
         ]
         t2 = time.perf_counter_ns()
         records = [
-            self._response(resp, record, input_blocks)
+            self.record(resp, record)
             for resp, record in zip(responses, execute.requests, strict=True)
         ]
         t3 = time.perf_counter_ns()
@@ -74,20 +90,23 @@ class BatchExecutor:
 
     # -- requests ---------------------------------------------------------------------------
 
-    def _request(
-        self,
-        record: msg.RequestRecord,
-        input_blocks: dict[int, tuple[TensorDesc, Any]],
-        delivered: list[Any],
-    ) -> Any:
+    def _request(self, record: msg.RequestRecord, delivered: list[Any]) -> Any:
         tensors = []
         for desc in record.inputs:
             assert isinstance(desc.location, Block)
             view = self.input_view(desc.location)
             array = buffer_to_numpy(desc.datatype, desc.shape, view, readonly=True)
             if desc.datatype != "BYTES":
-                input_blocks[id(array)] = (desc, array)
+                self.writer.locations.remember(array, desc, returnable=True)
             tensors.append(pb_utils.Tensor._wrap(desc.name, array, desc.datatype))
+        if self.decoupled:
+            deliver = self._stream_to(record)
+        else:
+
+            def deliver(response: Any, flags: int) -> None:
+                if response is not None:
+                    delivered.append(response)
+
         return pb_utils.InferenceRequest._from_server(
             request_id=record.request_id,
             correlation_id=record.correlation_id,
@@ -98,34 +117,100 @@ class BatchExecutor:
             timeout=record.timeout_us,
             model_name="",
             model_version=-1,
-            deliver=lambda response, flags: delivered.append(response) if response else None,
-            decoupled=False,
+            deliver=deliver,
+            decoupled=self.decoupled,
         )
 
+    def _stream_to(self, record: msg.RequestRecord) -> Callable[[Any, int], None]:
+        def deliver(response: Any, flags: int) -> None:
+            body = None if response is None else self.record(response, record)
+            self.send(msg.Response(record.key, body, bool(flags & FINAL)))
+
+        return deliver
+
     # -- execute ----------------------------------------------------------------------------
+
+    def _event_loop(self) -> asyncio.AbstractEventLoop:
+        """A loop on its own thread for ``async def execute`` (BLS awaits run there too)."""
+        with self._loop_lock:
+            if self._loop is None:
+                loop = asyncio.new_event_loop()
+                threading.Thread(target=loop.run_forever, name="model-asyncio", daemon=True).start()
+                self._loop = loop
+            return self._loop
+
+    def await_result(self, awaitable: Any) -> Any:
+        """Run a coroutine of the model to completion on the model's event loop."""
+        future = asyncio.run_coroutine_threadsafe(awaitable, self._event_loop())
+        return future.result()
 
     def _call_execute(self, requests: list[Any]) -> list[Any]:
         try:
             result = self.model.execute(requests)
             if inspect.isawaitable(result):
-                result = self.loop.run_until_complete(result)
+                result = self.await_result(result)
         except Exception as error:  # the model's failure fails its requests, not the stub
-            raise ExecuteError(self._failure(f"{type(error).__name__}: {error}")) from error
+            raise ExecuteError(self.failure(f"{type(error).__name__}: {error}")) from error
         return self._check_return(result, len(requests))
 
-    def _failure(self, text: str) -> str:
+    def _run_decoupled(self, requests: list[Any], records: list[msg.RequestRecord]) -> None:
+        try:
+            result = self.model.execute(requests)
+            if inspect.isawaitable(result):
+                # Triton: a decoupled coroutine runs on in the background; execute is done.
+                future: concurrent.futures.Future[Any] = asyncio.run_coroutine_threadsafe(
+                    result,  # type: ignore[arg-type]
+                    self._event_loop(),
+                )
+                future.add_done_callback(lambda f: self._after_async(f, requests, records))
+                return
+            if result is not None:
+                raise ExecuteError(
+                    self.failure(
+                        f"Python model '{self.instance}' is using the decoupled mode and the "
+                        "execute function must return None."
+                    )
+                )
+        except Exception as error:
+            text = (
+                str(error)
+                if isinstance(error, ExecuteError)
+                else self.failure(f"{type(error).__name__}: {error}")
+            )
+            self._fail_open(requests, records, text)
+
+    def _after_async(
+        self,
+        future: concurrent.futures.Future[Any],
+        requests: list[Any],
+        records: list[msg.RequestRecord],
+    ) -> None:
+        error = future.exception()
+        if error is not None:
+            self._fail_open(requests, records, self.failure(f"{type(error).__name__}: {error}"))
+
+    def _fail_open(self, requests: list[Any], records: list[msg.RequestRecord], text: str) -> None:
+        """Send an error as the final response of every request whose sender is still open."""
+        for request, record in zip(requests, records, strict=True):
+            sender = request.get_response_sender()
+            if not sender._is_closed():
+                sender._close()
+                error = msg.ResponseRecord(error=("INTERNAL", text))
+                self.send(msg.Response(record.key, error, True))
+
+    def failure(self, text: str) -> str:
         return f"Failed to process the request(s) for model '{self.instance}', message: {text}"
 
     def _check_return(self, result: Any, count: int) -> list[Any]:
         if not isinstance(result, list):
             raise ExecuteError(
-                self._failure(
+                self.failure(
                     f"Expected a list in the execute return, found type '{type(result).__name__}'."
                 )
             )
         if len(result) != count:
             raise ExecuteError(
-                self._failure(
+                self.failure(
                     "Number of InferenceResponse objects do not match the number of "
                     f"InferenceRequest objects. InferenceRequest(s) size is:{count}, and "
                     f"InferenceResponse(s) size is:{len(result)}"
@@ -134,7 +219,7 @@ class BatchExecutor:
         for item in result:
             if item is not None and not isinstance(item, pb_utils.InferenceResponse):
                 raise ExecuteError(
-                    self._failure(
+                    self.failure(
                         "Expected an 'InferenceResponse' object in the execute function return "
                         f"list, found type '{type(item).__name__}'."
                     )
@@ -153,17 +238,13 @@ class BatchExecutor:
 
     # -- responses --------------------------------------------------------------------------
 
-    def _response(
-        self,
-        response: Any,
-        record: msg.RequestRecord,
-        input_blocks: dict[int, tuple[TensorDesc, Any]],
-    ) -> msg.ResponseRecord:
+    def record(self, response: Any, request: msg.RequestRecord) -> msg.ResponseRecord:
+        """A response as a record: outputs written once, unrequested outputs dropped."""
         if response is None:
             return msg.ResponseRecord(
                 error=(
                     "INTERNAL",
-                    self._failure(
+                    self.failure(
                         "execute returned None for a request and sent no response for it "
                         "through its response sender"
                     ),
@@ -173,49 +254,18 @@ class BatchExecutor:
             error = response.error()
             code = response._error_code_name() or "INTERNAL"
             return msg.ResponseRecord(error=(code, str(error.message())))
-        requested = set(record.requested_outputs)
+        requested = set(request.requested_outputs)
         written: list[Block] = []
         outputs: list[TensorDesc] = []
         try:
             for tensor in response.output_tensors():
                 if requested and tensor.name() not in requested:
                     continue  # Triton drops outputs that were not requested
-                outputs.append(self._write_output(tensor, input_blocks, written))
+                outputs.append(self.writer.describe(tensor, written, for_response=True))
         except ArenaExhausted as error:
-            for block in written:
-                self.outputs.free(block)
-            return msg.ResponseRecord(error=("RESOURCE_EXHAUSTED", self._failure(str(error))))
+            self.writer.outputs.free(written)
+            return msg.ResponseRecord(error=("RESOURCE_EXHAUSTED", self.failure(str(error))))
         except (TypeError, ValueError) as error:
-            for block in written:
-                self.outputs.free(block)
-            return msg.ResponseRecord(error=("INTERNAL", self._failure(str(error))))
-        params = response.parameters()
-        return msg.ResponseRecord(outputs=outputs, parameters=_json_params(params))
-
-    def _write_output(
-        self,
-        tensor: Any,
-        input_blocks: dict[int, tuple[TensorDesc, Any]],
-        written: list[Block],
-    ) -> TensorDesc:
-        array = tensor._array()
-        datatype = tensor._datatype()
-        shape = tuple(int(d) for d in array.shape)
-        passed = input_blocks.get(id(array))
-        if passed is not None and passed[0].datatype == datatype:
-            return TensorDesc(tensor.name(), datatype, shape, passed[0].location)
-        block = self.outputs.allocate(numpy_to_buffer_size(array, datatype))
-        written.append(block)
-        write_numpy(array, datatype, self.outputs.view(block))
-        return TensorDesc(tensor.name(), datatype, shape, block)
-
-
-def _json_params(params: str | dict[str, Any] | None) -> dict[str, Any]:
-    if not params:
-        return {}
-    if isinstance(params, dict):
-        return params
-    import json
-
-    loaded = json.loads(params)
-    return loaded if isinstance(loaded, dict) else {}
+            self.writer.outputs.free(written)
+            return msg.ResponseRecord(error=("INTERNAL", self.failure(str(error))))
+        return msg.ResponseRecord(outputs=outputs, parameters=json_params(response.parameters()))

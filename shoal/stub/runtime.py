@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import inspect
+import json
 import os
 import signal
 import socket
@@ -17,7 +18,11 @@ from shoal.ipc.arena import ArenaMap, Block, OwnedArena, Segment
 from shoal.ipc.fdpass import recv_fds, send_fds
 from shoal.ipc.queue import Channel, PeerGone
 from shoal.stub import loader, pb_utils
+from shoal.stub.bls import BlsClient
 from shoal.stub.executor import BatchExecutor
+from shoal.stub.memory import Locations, SharedOutputArena
+from shoal.stub.pump import DownPump
+from shoal.stub.tensors_out import TensorWriter
 
 _PR_SET_PDEATHSIG = 1
 
@@ -107,28 +112,30 @@ class StubRuntime:
             except BaseException:
                 self._send(msg.Ready(error=_format_exception()))
                 return 1
-            self._send(msg.Ready())
             assert self.outputs is not None
+            outputs = SharedOutputArena(self.outputs)
+            writer = TensorWriter(outputs, Locations())
+            pump = DownPump(self.channel, outputs.free)
+            decoupled = _is_decoupled(first.args)
             executor = BatchExecutor(
-                self.instance, self.model, self.outputs, self.input_view, self.loop
+                self.instance, self.model, writer, self.input_view, self._send, decoupled
             )
-            return self._serve(executor)
+            pb_utils._set_bls_executor(BlsClient(writer, pump, self._send, self.input_view))
+            self._send(msg.Ready())
+            return self._serve(executor, pump)
         except PeerGone:
             return 1
         finally:
             self._close()
 
-    def _serve(self, executor: BatchExecutor) -> int:
-        assert self.outputs is not None
+    def _serve(self, executor: BatchExecutor, pump: DownPump) -> int:
         while True:
-            message = msg.decode(self.channel.recv_down())
+            message = pump.next_main()
             match message:
                 case msg.Execute():
                     self._send(executor.run(message))
-                case msg.Release(blocks=blocks):
-                    for block in blocks:
-                        self.outputs.free(block)
                 case msg.Finalize():
+                    pb_utils._set_bls_executor(None)
                     self._send(msg.Finalized(error=self._finalize()))
                     return 0
                 case _:
@@ -150,6 +157,14 @@ class StubRuntime:
         pb_utils._set_log_sink(None)
         sys.stdout.flush()
         sys.stderr.flush()
+
+
+def _is_decoupled(args: dict[str, str]) -> bool:
+    try:
+        config = json.loads(args.get("model_config", "{}"))
+        return bool(config.get("model_transaction_policy", {}).get("decoupled", False))
+    except (ValueError, AttributeError):
+        return False
 
 
 def _format_exception() -> str:

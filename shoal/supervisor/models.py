@@ -15,7 +15,12 @@ from shoal.ipc.arena import Block
 from shoal.supervisor.errors import Unavailable
 from shoal.supervisor.instances import InstanceSpec, LoadError, StubInstance
 from shoal.supervisor.options import ArenaOptions
-from shoal.supervisor.schedulers.default import DefaultScheduler
+from shoal.supervisor.schedulers import (
+    Scheduler,
+    SchedulerConfigError,
+    arena_stager,
+    make_scheduler,
+)
 from shoal.supervisor.segments import SegmentDirectory
 from shoal.supervisor.stats import StatsRecorder
 from shoal.supervisor.stub_process import StubLaunch
@@ -43,7 +48,7 @@ class ModelVersion:
     config_json: dict[str, Any]
     state: ModelState = ModelState.LOADING
     reason: str = ""
-    scheduler: DefaultScheduler | None = None
+    scheduler: Scheduler | None = None
     instances: list[StubInstance] = field(default_factory=list)
     stats: StatsRecorder = field(init=False)
 
@@ -78,7 +83,9 @@ class ModelLoader:
         model_file = os.path.join(model_dir, str(mv.version), config.default_model_filename)
         config_text = json.dumps(mv.config_json)
         specs = []
-        for instance_name, kind, device_id in config.instance_names():
+        instances = list(config.instance_names())
+        env = thread_env(config.parameters, len(instances))
+        for instance_name, kind, device_id in instances:
             args = {
                 "model_config": config_text,
                 "model_instance_kind": _KIND_NAMES.get(kind, "CPU"),
@@ -94,7 +101,7 @@ class ModelLoader:
                     instance_name=instance_name,
                     init_args=args,
                     model_file=model_file,
-                    launch=StubLaunch(instance_name),
+                    launch=StubLaunch(instance_name, env=env),
                     output_arena=(
                         self._arenas.output_initial_bytes,
                         self._arenas.growth_bytes,
@@ -110,14 +117,26 @@ class ModelLoader:
             mv.state = ModelState.READY
             log.info("successfully loaded ensemble '%s' version %d", mv.name, mv.version)
             return
-        scheduler = DefaultScheduler(lambda work: self._free_inputs(work.input_blocks))
+        specs = self._specs(mv)
+        try:
+            scheduler = make_scheduler(
+                mv.config,
+                len(specs),
+                lambda work: self._free_inputs(work.input_blocks),
+                arena_stager(self._directory.input_arena),
+            )
+        except SchedulerConfigError as error:
+            mv.state = ModelState.UNAVAILABLE
+            mv.reason = f"failed to load '{mv.name}' version {mv.version}: {error}"
+            log.error("%s", mv.reason)
+            return
         mv.scheduler = scheduler
         mv.instances = [
-            StubInstance(spec, self._directory, self._free_inputs, mv.stats)
-            for spec in self._specs(mv)
+            StubInstance(spec, self._directory, self._free_inputs, mv.stats) for spec in specs
         ]
         results = await asyncio.gather(
-            *(i.start(scheduler) for i in mv.instances), return_exceptions=True
+            *(i.start(scheduler.source(n)) for n, i in enumerate(mv.instances)),
+            return_exceptions=True,
         )
         errors = [r for r in results if isinstance(r, BaseException)]
         if errors:
@@ -151,3 +170,25 @@ class ModelLoader:
         await asyncio.gather(*(i.stop(timeout) for i in mv.instances))
         mv.state = ModelState.UNAVAILABLE
         mv.reason = "unloaded"
+
+
+#: Thread-pool sizes each stub gets (torch follows OMP_NUM_THREADS).
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+
+def thread_env(
+    parameters: Any, instances: int, environ: Any = os.environ, cpus: int | None = None
+) -> dict[str, str]:
+    """Per-stub thread counts: a model parameter of the same name, else the server's own
+    environment (inherited, so not set here), else the CPUs this process may use divided by the
+    model's instance count (at least 1)."""
+    if cpus is None:
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    share = str(max(1, (cpus or 1) // max(1, instances)))
+    env: dict[str, str] = {}
+    for name in THREAD_VARIABLES:
+        if name in parameters:
+            env[name] = str(parameters[name])
+        elif name not in environ:
+            env[name] = share
+    return env

@@ -170,7 +170,7 @@ def stage_request(
     record = RequestRecord(
         request_id=request.id,
         correlation_id=_correlation_id(params),
-        flags=0,
+        flags=_sequence_flags(params),
         parameters=params,
         requested_outputs=outputs,
         inputs=descs,
@@ -180,8 +180,20 @@ def stage_request(
 
 
 def _correlation_id(params: dict[str, Any]) -> int | str:
+    """``sequence_id``: an unsigned integer or a string (0 and "" mean none)."""
     value = params.get("sequence_id", 0)
-    return value if isinstance(value, int | str) else 0
+    return value if isinstance(value, int | str) and not isinstance(value, bool) else 0
+
+
+#: TRITONSERVER_REQUEST_FLAG_SEQUENCE_START and _END.
+FLAG_SEQUENCE_START = 1
+FLAG_SEQUENCE_END = 2
+
+
+def _sequence_flags(params: dict[str, Any]) -> int:
+    """Request flags from the ``sequence_start`` and ``sequence_end`` parameters."""
+    flags = FLAG_SEQUENCE_START if params.get("sequence_start") is True else 0
+    return flags | (FLAG_SEQUENCE_END if params.get("sequence_end") is True else 0)
 
 
 def batch_size(config: Any, request: InferRequest) -> int:

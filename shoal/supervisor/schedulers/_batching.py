@@ -26,7 +26,7 @@ class BatchSettings:
     preserve_ordering: bool = False
     priority_levels: int = 0
     default_priority_level: int = 0
-    default_policy: QueuePolicy = QueuePolicy()
+    default_policy: QueuePolicy = field(default_factory=QueuePolicy)
     level_policies: Mapping[int, QueuePolicy] = field(default_factory=lambda: MappingProxyType({}))
     #: Inputs with variable dims that do not allow ragged batches: their shapes must agree.
     equal_shape_inputs: frozenset[str] = frozenset()

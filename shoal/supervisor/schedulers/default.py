@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import collections
 
+from shoal.supervisor.errors import Unavailable
 from shoal.supervisor.work import Work
 
 
@@ -20,9 +21,18 @@ class DefaultScheduler:
         self._empty.set()
 
     def submit(self, work: Work) -> None:
+        if self._closed:
+            self._free_blocks(work)
+            if not work.future.done():
+                work.future.set_exception(Unavailable("the model is unloading"))
+            return
         self._queue.append(work)
         self._empty.clear()
         self._wake_one()
+
+    def source(self, instance: int) -> DefaultScheduler:
+        """Every instance pulls from the one queue."""
+        return self
 
     def requeue(self, batch: list[Work]) -> None:
         """Put work an instance could not send back at the head of the queue."""

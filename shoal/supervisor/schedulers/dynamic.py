@@ -120,19 +120,20 @@ class DynamicBatcher:
             batch = self._held.popleft()
             self._update_empty()
             return batch
-        self._expire(self._clock.now_ns())
+        now = self._clock.now_ns()
+        self._expire(now)
         self._drop_abandoned()
-        cut = cut_batch(self._queue, self.settings, self._clock.now_ns())
+        cut = cut_batch(self._queue, self.settings, now)
+        self._queue.remove(cut.entries)
+        self._arm_timeouts()
+        self._update_empty()
         if not cut.entries:
             self._delay_alarm.arm(cut.wake_ns)
             return None
-        self._queue.remove(cut.entries)
         batch = [entry.work for entry in cut.entries]
         if self._ordering is not None:
             for work in batch:
                 self._ordering.track(work)
-        self._arm_timeouts()
-        self._update_empty()
         return batch
 
     def _expire(self, now_ns: int) -> None:

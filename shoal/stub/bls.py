@@ -1,0 +1,138 @@
+"""BLS from inside a model: ``InferenceRequest(...).exec()`` / ``async_exec()``.
+
+Inputs go to the supervisor by descriptor (an input of the current request or an output of an
+earlier BLS call is not copied); the called model's outputs come back as read-only zero-copy
+views of its output arena. Those blocks stay reserved until every array over them is gone: a
+keeper object referenced by the arrays tells the supervisor (``BlsDone``) when that happens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+import weakref
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from shoal.ipc import messages as msg
+from shoal.ipc.arena import Block
+from shoal.ipc.tensor import TensorDesc
+from shoal.stub import pb_utils
+from shoal.stub.memory import kept_view
+from shoal.stub.pump import DownPump
+from shoal.stub.tensors_out import TensorWriter
+
+
+class _CallKeeper:
+    """Alive while any output array of one BLS call is; its death frees the call's memory."""
+
+    def __init__(self, release: Callable[[], None]) -> None:
+        weakref.finalize(self, release)
+
+
+class BlsClient:
+    """The executor behind ``pb_utils.InferenceRequest.exec`` in a stub."""
+
+    def __init__(
+        self,
+        writer: TensorWriter,
+        pump: DownPump,
+        send: Callable[[msg.Message], None],
+        input_view: Callable[[Block], memoryview],
+    ) -> None:
+        self._writer = writer
+        self._pump = pump
+        self._send = send
+        self._input_view = input_view
+        self._ids = itertools.count(1)
+        self._ids_lock = threading.Lock()
+
+    def exec(self, request: Any, decoupled: bool) -> Any:
+        call_id, keeper = self._call(request, decoupled)
+        if decoupled:
+            iterator = pb_utils.ResponseIterator()
+            threading.Thread(
+                target=self._stream,
+                args=(call_id, iterator, keeper),
+                daemon=True,
+                name=f"bls-stream-{call_id}",
+            ).start()
+            return iterator
+        try:
+            reply = self._pump.next_reply(call_id)
+        finally:
+            self._pump.forget(call_id)
+        return self._response(reply.response, keeper)
+
+    def async_exec(self, request: Any, decoupled: bool) -> Awaitable[Any]:
+        loop = asyncio.get_running_loop()
+        return loop.run_in_executor(None, self.exec, request, decoupled)
+
+    def _call(self, request: Any, decoupled: bool) -> tuple[int, _CallKeeper]:
+        with self._ids_lock:
+            call_id = next(self._ids)
+        written: list[Block] = []
+        inputs = [
+            self._writer.describe(tensor, written, for_response=False)
+            for tensor in request.inputs()
+        ]
+
+        def release() -> None:
+            self._writer.outputs.free(written)
+            try:
+                self._send(msg.BlsDone(call_id))
+            except Exception:
+                pass  # the supervisor is gone; so is the memory
+
+        keeper = _CallKeeper(release)
+        record = msg.RequestRecord(
+            request_id=request.request_id(),
+            correlation_id=request.correlation_id(),
+            flags=request.flags(),
+            parameters=request._parameters_dict(),
+            requested_outputs=sorted(request.requested_output_names()),
+            inputs=inputs,
+            timeout_us=int(request.timeout()),
+        )
+        self._pump.expect(call_id)
+        self._send(
+            msg.BlsCall(
+                call_id, request._model_name(), int(request._model_version()), record, decoupled
+            )
+        )
+        return call_id, keeper
+
+    def _stream(self, call_id: int, iterator: Any, keeper: _CallKeeper) -> None:
+        try:
+            while True:
+                reply = self._pump.next_reply(call_id)
+                response = (
+                    None if reply.response is None else self._response(reply.response, keeper)
+                )
+                iterator._push(response, reply.final)
+                if reply.final:
+                    return
+        except Exception as error:  # the stub is going down: end the iteration with an error
+            failure = pb_utils.TritonError(f"BLS stream ended: {error}")
+            iterator._push(pb_utils.InferenceResponse(error=failure), True)
+        finally:
+            self._pump.forget(call_id)
+
+    def _response(self, record: msg.ResponseRecord | None, keeper: _CallKeeper) -> Any:
+        if record is None:
+            return pb_utils.InferenceResponse()
+        if record.error is not None:
+            code_name, message = record.error
+            code = getattr(pb_utils.TritonError, code_name, pb_utils.TritonError.INTERNAL)
+            return pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code))
+        tensors = [self._tensor(desc, keeper) for desc in record.outputs]
+        return pb_utils.InferenceResponse._from_parts(tensors, None, dict(record.parameters))
+
+    def _tensor(self, desc: TensorDesc, keeper: _CallKeeper) -> Any:
+        assert isinstance(desc.location, Block)
+        view = self._input_view(desc.location)
+        array = kept_view(desc.datatype, desc.shape, view, keeper)
+        if desc.datatype != "BYTES":
+            self._writer.locations.remember(array, desc, returnable=False)
+        return pb_utils.Tensor._wrap(desc.name, array, desc.datatype)

@@ -1,0 +1,99 @@
+"""One down ring, many waiting threads: the main loop, BLS callers, decoupled BLS readers.
+
+Whoever finds no reader reads the next message for everyone and routes it: BLS replies to the
+thread that waits for that call, ``Release`` straight to the output arena, everything else to the
+main loop. With a single thread this costs a few uncontended lock operations per message.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from collections.abc import Callable
+from typing import TypeVar, cast
+
+from shoal.ipc import messages as msg
+from shoal.ipc.arena import Block
+from shoal.ipc.queue import Channel
+
+_T = TypeVar("_T")
+
+
+class DownPump:
+    """Reads the supervisor→stub ring on behalf of every thread of the stub."""
+
+    def __init__(self, channel: Channel, release: Callable[[list[Block]], None]) -> None:
+        self._channel = channel
+        self._release = release
+        self._cond = threading.Condition()
+        self._reading = False
+        self._error: BaseException | None = None
+        self._main: collections.deque[msg.Message] = collections.deque()
+        self._replies: dict[int, collections.deque[msg.BlsReply]] = {}
+
+    def expect(self, call_id: int) -> None:
+        """Register a BLS call before its request is sent, so no reply is dropped."""
+        with self._cond:
+            self._replies[call_id] = collections.deque()
+
+    def forget(self, call_id: int) -> None:
+        with self._cond:
+            self._replies.pop(call_id, None)
+
+    def next_main(self) -> msg.Message:
+        """The next message for the main loop (Execute, Finalize, ...)."""
+        main = self._main
+
+        def take() -> msg.Message | None:
+            return main.popleft() if main else None
+
+        return cast(msg.Message, self._wait(take))
+
+    def next_reply(self, call_id: int) -> msg.BlsReply:
+        """The next reply to BLS call ``call_id``."""
+        replies = self._replies[call_id]
+
+        def take() -> msg.BlsReply | None:
+            return replies.popleft() if replies else None
+
+        return self._wait(take)
+
+    def _wait(self, take: Callable[[], _T | None]) -> _T:
+        while True:
+            with self._cond:
+                while True:
+                    if self._error is not None:
+                        raise self._error
+                    item = take()
+                    if item is not None:
+                        return item
+                    if not self._reading:
+                        self._reading = True
+                        break
+                    self._cond.wait()
+            self._read_one()
+
+    def _read_one(self) -> None:
+        try:
+            message = msg.decode(self._channel.recv_down())
+        except BaseException as error:
+            with self._cond:
+                self._reading = False
+                self._error = error
+                self._cond.notify_all()
+            raise
+        with self._cond:
+            self._reading = False
+            self._route(message)
+            self._cond.notify_all()
+
+    def _route(self, message: msg.Message) -> None:
+        match message:
+            case msg.BlsReply(call_id=call_id):
+                waiting = self._replies.get(call_id)
+                if waiting is not None:
+                    waiting.append(message)
+            case msg.Release(blocks=blocks):
+                self._release(blocks)
+            case _:
+                self._main.append(message)

@@ -1,0 +1,42 @@
+"""Writing pb_utils tensors into shared memory once, or passing them by descriptor."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from shoal.ipc.arena import Block
+from shoal.ipc.tensor import TensorDesc, numpy_to_buffer_size, write_numpy
+from shoal.stub.memory import Locations, SharedOutputArena
+
+
+class TensorWriter:
+    """Turns ``pb_utils.Tensor`` objects into descriptors for the supervisor."""
+
+    def __init__(self, outputs: SharedOutputArena, locations: Locations) -> None:
+        self.outputs = outputs
+        self.locations = locations
+
+    def describe(self, tensor: Any, written: list[Block], *, for_response: bool) -> TensorDesc:
+        """A descriptor for ``tensor``: its existing block if it is a view of one, else a new
+        block of the output arena (appended to ``written``) holding one copy of it."""
+        array = tensor._array()
+        datatype = tensor._datatype()
+        shape = tuple(int(d) for d in array.shape)
+        known = self.locations.lookup(array, for_response=for_response)
+        if known is not None and known.datatype == datatype and known.shape == shape:
+            return TensorDesc(tensor.name(), datatype, shape, known.location)
+        block = self.outputs.allocate(numpy_to_buffer_size(array, datatype))
+        written.append(block)
+        write_numpy(array, datatype, self.outputs.view(block))
+        return TensorDesc(tensor.name(), datatype, shape, block)
+
+
+def json_params(params: str | dict[str, Any] | None) -> dict[str, Any]:
+    """Response or request parameters as a dict (pb_utils keeps them as JSON text)."""
+    if not params:
+        return {}
+    if isinstance(params, dict):
+        return params
+    loaded = json.loads(params)
+    return loaded if isinstance(loaded, dict) else {}

@@ -1,0 +1,194 @@
+"""Triton's sequence batcher: stateful models, one slot per live sequence.
+
+``submit`` checks a request (batch size 1, a correlation id, START on a new sequence) and routes
+it to its sequence's slot or the backlog (:class:`~._slots.SlotTable`); the strategy turns slots
+into batches: ``direct`` (:class:`~._direct.DirectStrategy`, a fixed batch position per slot) or
+``oldest`` (:class:`~._oldest.OldestStrategy`, a dynamic batcher per instance). Before a request
+leaves its slot it gets its control tensors and implicit state (:class:`~._controls.
+SequenceTensors`). A reaper timer releases sequences idle for ``max_sequence_idle_microseconds``
+and fails backlogged sequences whose requests' ``timeout`` expired.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from shoal.supervisor.errors import InvalidArgument, ShoalError, Unavailable
+from shoal.supervisor.schedulers._batching import BatchSettings, shape_rules
+from shoal.supervisor.schedulers._controls import FLAG_END, FLAG_START, SequenceTensors
+from shoal.supervisor.schedulers._direct import DirectStrategy
+from shoal.supervisor.schedulers._oldest import OldestStrategy
+from shoal.supervisor.schedulers._slots import Slot, SlotTable
+from shoal.supervisor.schedulers.base import (
+    Alarm,
+    BatchSource,
+    Clock,
+    FreeWork,
+    LoopClock,
+    StageTensor,
+    Waker,
+    fail_work,
+)
+from shoal.supervisor.work import Work
+
+log = logging.getLogger("shoal")
+
+BACKLOG_EXPIRED = "timeout of the corresponding sequence has been expired"
+
+
+class SequenceBatcher:
+    """Routes the requests of each sequence to one slot of one instance."""
+
+    def __init__(
+        self,
+        config: Any,
+        instances: int,
+        free_work: FreeWork,
+        stage_tensor: StageTensor,
+        clock: Clock | None = None,
+    ) -> None:
+        batching = config.sequence_batching
+        self.model = config.name
+        self.free_work = free_work
+        self.clock = clock or LoopClock()
+        self.tensors = SequenceTensors(config, stage_tensor)
+        self.waker = Waker()
+        self._closed = False
+        self._idle_ns = batching.max_sequence_idle_microseconds * 1000
+        self._reaper = Alarm(self.clock, self._reap)
+        self._empty = asyncio.Event()
+        self._empty.set()
+        max_batch = max(1, config.max_batch_size)
+        settings = BatchSettings(
+            max_batch_size=max_batch,
+            preferred_batch_sizes=frozenset(batching.preferred_batch_sizes),
+            max_queue_delay_ns=batching.max_queue_delay_microseconds * 1000,
+            preserve_ordering=batching.preserve_ordering,
+            **shape_rules(config),
+        )
+        self._strategy: DirectStrategy | OldestStrategy
+        if batching.strategy == "oldest":
+            self.table = SlotTable(instances, batching.max_candidate_sequences or max_batch)
+            self._strategy = OldestStrategy(self, instances, settings)
+        else:
+            self.table = SlotTable(instances, max_batch)
+            self._strategy = DirectStrategy(
+                self,
+                instances,
+                settings,
+                settings.max_queue_delay_ns,
+                batching.minimum_slot_utilization,
+            )
+
+    # -- Scheduler --------------------------------------------------------------------------
+
+    def submit(self, work: Work) -> None:
+        error = self._check(work)
+        if error is not None:
+            fail_work(work, error, self.free_work)
+            return
+        corr = work.record.correlation_id
+        if work.record.flags & FLAG_START and self.table.known(corr):
+            log.warning(
+                "sequence %s for model '%s' has a conflict. The previous sequence did not end "
+                "before this sequence start. Previous sequence will be terminated early.",
+                corr,
+                self.model,
+            )
+        now = self.clock.now_ns()
+        work.tag = now  # arrival time, for the direct strategy's queue delay
+        slot = self.table.route(work, corr, bool(work.record.flags & FLAG_END), now)
+        self._arm_reaper(now + self._idle_ns)
+        if work.record.timeout_us and slot is None:
+            self._arm_reaper(now + work.record.timeout_us * 1000 + 1)
+        if slot is not None:
+            self._strategy.enqueued(slot)
+        self.changed()
+
+    def source(self, instance: int) -> BatchSource:
+        return self._strategy.source(instance)
+
+    @property
+    def pending(self) -> int:
+        return self.table.pending + self._strategy.pending
+
+    async def wait_empty(self) -> None:
+        while True:
+            if self.table.pending == 0:
+                await self._strategy.wait_empty()
+            if self.pending == 0:
+                return
+            await self.waker.wait()
+
+    def close(self) -> list[Work]:
+        self._closed = True
+        self._reaper.cancel()
+        left = self.table.drain() + self._strategy.close()
+        self.changed()
+        return left
+
+    # -- for the strategies -----------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def prepare(self, work: Work, slot: Slot) -> bool:
+        try:
+            self.tensors.add_controls(work)
+            self.tensors.add_state(work, slot.state)
+        except ShoalError as error:
+            fail_work(work, error, self.free_work)
+            return False
+        return True
+
+    def changed(self) -> None:
+        if self.pending:
+            self._empty.clear()
+        else:
+            self._empty.set()
+        self.waker.notify()
+
+    # -- steps ------------------------------------------------------------------------------
+
+    def _check(self, work: Work) -> ShoalError | None:
+        record = work.record
+        corr = record.correlation_id
+        if self._closed:
+            return Unavailable("the model is unloading")
+        if work.batch_size > 1:
+            return InvalidArgument(
+                f"inference request to model '{self.model}' must specify batch-size 1 due to "
+                "requirements of sequence batcher"
+            )
+        if isinstance(corr, bool) or corr in (0, ""):
+            return InvalidArgument(
+                f"inference request to model '{self.model}' must specify a non-zero or "
+                "non-empty correlation ID"
+            )
+        if not record.flags & FLAG_START and not self.table.known(corr):
+            return InvalidArgument(
+                f"inference request for sequence {corr} to model '{self.model}' must specify "
+                "the START flag on the first request of the sequence"
+            )
+        mismatch = self.tensors.corrid_mismatch(corr)
+        if mismatch is not None:
+            return InvalidArgument(f"inference request to model '{self.model}' {mismatch}")
+        return None
+
+    def _arm_reaper(self, when_ns: int) -> None:
+        current = self._reaper.when_ns
+        if current is None or when_ns < current:
+            self._reaper.arm(when_ns)
+
+    def _reap(self) -> None:
+        ended, expired, wake = self.table.reap(self.clock.now_ns(), self._idle_ns)
+        for work in expired:
+            fail_work(work, Unavailable(BACKLOG_EXPIRED), self.free_work)
+        for slot in ended:
+            self._strategy.enqueued(slot)
+        if not self._closed:
+            self._reaper.arm(wake)
+        self.changed()
