@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncGenerator, AsyncIterable, Callable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Callable, Iterator
 from typing import Any
 
 from google.protobuf import json_format
@@ -31,6 +31,7 @@ from shoal.frontends._grpc_stream import answer_stream
 from shoal.protos import grpc_service_pb2 as pb
 from shoal.supervisor.core import (
     CoreAPI,
+    InferResponse,
     InternalError,
     InvalidArgument,
     ShoalError,
@@ -138,21 +139,41 @@ class Servicer:
     def model_stream_infer(self, requests: AsyncIterable[bytes]) -> AsyncGenerator[bytes, None]:
         return answer_stream(requests, self._stream_answer, self._closing)
 
-    async def _stream_answer(self, data: bytes) -> bytes:
+    async def _stream_answer(self, data: bytes) -> AsyncIterator[bytes]:
+        """Every response of one request (several for a decoupled model); the last one carries
+        ``triton_final_response`` when the client asked for that flag."""
         decoded: DecodedInfer | None = None
         try:
             decoded = decode_infer_request(data)
-            response = await self._core.infer(decoded.request)
+            held: InferResponse | None = None
             try:
-                chunks = encode_infer_response(response, decoded, final=True)
-                return b"".join(stream_response_chunks(chunks))
+                async for response in self._core.infer_stream(decoded.request):
+                    if held is not None:
+                        yield self._stream_reply(held, decoded, final=False)
+                    held = response
+                if held is not None:
+                    yield self._stream_reply(held, decoded, final=True)
+                    held = None
+                elif decoded.final_response_flag:
+                    empty = InferResponse(decoded.request.model_name, "", decoded.request.id)
+                    yield self._stream_reply(empty, decoded, final=True)
             finally:
-                response.release()
+                if held is not None:
+                    held.release()
+            return
         except ShoalError as exc:
             error = exc
         except Exception:
             error = unexpected("a streaming inference request")
-        return stream_error(error.message, None if decoded is None else decoded.request)
+        yield stream_error(error.message, None if decoded is None else decoded.request)
+
+    @staticmethod
+    def _stream_reply(response: InferResponse, decoded: DecodedInfer, *, final: bool) -> bytes:
+        try:
+            chunks = encode_infer_response(response, decoded, final=final)
+            return b"".join(stream_response_chunks(chunks))
+        finally:
+            response.release()
 
     # -- statistics and model repository ---------------------------------------------------
 

@@ -1,4 +1,6 @@
-"""The ModelStreamInfer exchange: many requests in, one answer per request out, as each completes.
+"""The ModelStreamInfer exchange: many requests in, their answers out as they come.
+
+A request has one answer, or any number for a decoupled model.
 
 Requests are answered concurrently. An answer is written as soon as its request completes, so a
 slow request does not hold back the answers of later, quicker ones. The stream ends once the client
@@ -9,16 +11,22 @@ When ``closing`` is set (the server is stopping), the stream stops reading reque
 it has, and ends: an idle stream does not hold the server's shutdown until its grace period ends.
 
 The module knows nothing of gRPC or protobuf: ``answer`` turns a request message into the bytes
-of its response message and reports failures inside those bytes (``error_message``); an exception
-out of ``answer`` is a bug, and ends the stream with it.
+of its response messages and reports failures inside those bytes (``error_message``); an
+exception out of ``answer`` is a bug, and ends the stream with it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Awaitable, Callable
 
-Answer = Callable[[bytes], Awaitable[bytes]]
+#: One answer (an awaitable) or several (an async iterator) for a request message.
+Answer = Callable[[bytes], Awaitable[bytes] | AsyncIterator[bytes]]
+
+
+class _Answered:
+    """Marks that every answer of one request has been queued."""
 
 
 async def answer_stream(
@@ -42,7 +50,7 @@ class _Stream:
     def __init__(self, answer: Answer) -> None:
         self._answer = answer
         # An answer; None once no more requests will come; an exception that ends the stream.
-        self._done: asyncio.Queue[bytes | Exception | None] = asyncio.Queue()
+        self._done: asyncio.Queue[bytes | Exception | _Answered | None] = asyncio.Queue()
         self.running: set[asyncio.Task[None]] = set()
         self._issued = 0
 
@@ -65,20 +73,27 @@ class _Stream:
 
     async def _answer_one(self, message: bytes) -> None:
         try:
-            self._done.put_nowait(await self._answer(message))
+            answer = self._answer(message)
+            if inspect.isawaitable(answer):
+                self._done.put_nowait(await answer)
+            else:
+                async for reply in answer:
+                    self._done.put_nowait(reply)
+            self._done.put_nowait(_Answered())
         except Exception as exc:
             self._done.put_nowait(exc)
 
     async def replies(self) -> AsyncIterator[bytes]:
-        sent, ended = 0, False
-        while not (ended and sent == self._issued):
+        answered, ended = 0, False
+        while not (ended and answered == self._issued):
             item = await self._done.get()
             if item is None:
                 ended = True
             elif isinstance(item, Exception):
                 raise item
+            elif isinstance(item, _Answered):
+                answered += 1
             else:
-                sent += 1
                 yield item
 
 

@@ -6,6 +6,7 @@ the :class:`CoreAPI` protocol that the supervisor implements.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Protocol
 
 from shoal.supervisor.errors import (
@@ -103,6 +104,12 @@ class CoreAPI(Protocol):
 
     async def infer(self, request: InferRequest) -> InferResponse:
         """Run one inference request; the caller must ``release()`` the response."""
+        ...
+
+    def infer_stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
+        """All responses of a request as they come: exactly one for a non-decoupled model, any
+        number (possibly none) for a decoupled one. Each must be ``release()``d. Closing the
+        iterator early drops the rest."""
         ...
 
     # -- extensions (Triton's statistics, model repository, shared memory, logging) ----------

@@ -18,9 +18,10 @@ from typing import Any, Protocol
 from shoal.ipc import messages as msg
 from shoal.ipc.arena import Block
 from shoal.ipc.queue import PeerGone
-from shoal.supervisor.errors import InternalError, ShoalError, Unavailable
+from shoal.supervisor.errors import ErrorCode, InternalError, ShoalError, Unavailable
 from shoal.supervisor.segments import SegmentDirectory
 from shoal.supervisor.stats import StatsRecorder
+from shoal.supervisor.streams import OpenStream, response_blocks
 from shoal.supervisor.stub_process import StubLaunch, StubProcess, describe_exit
 from shoal.supervisor.work import Completion, Work
 
@@ -32,6 +33,16 @@ _arena_ids = itertools.count(1)
 
 class LoadError(Exception):
     """The stub could not start or the model's ``initialize`` raised; the text says why."""
+
+
+class BlsHandler(Protocol):
+    """Serves the BLS calls a stub makes (the supervisor's BLS router)."""
+
+    def handle(self, caller: StubInstance, proc: StubProcess, call: msg.BlsCall) -> None: ...
+
+    def done(self, proc: StubProcess, call_id: int) -> None: ...
+
+    def forget_process(self, proc: StubProcess) -> None: ...
 
 
 class BatchSource(Protocol):
@@ -77,6 +88,10 @@ class StubInstance:
         self._ready = asyncio.Event()
         self._stopping = False
         self._batch_ids = itertools.count(1)
+        self._keys = itertools.count(1)
+        self._streams: dict[int, OpenStream] = {}
+        #: Routes BLS calls made by this instance's model (set by the model loader).
+        self.bls: BlsHandler | None = None
         self._in_flight: dict[int, tuple[list[Work], asyncio.Future[None]]] = {}
         self._init_waiter: asyncio.Future[str | None] | None = None
         self._finalized: asyncio.Future[None] | None = None
@@ -91,6 +106,11 @@ class StubInstance:
     @property
     def ready(self) -> bool:
         return self._ready.is_set()
+
+    @property
+    def busy(self) -> bool:
+        """A batch is inside the stub."""
+        return not self._idle.is_set()
 
     async def wait_idle(self) -> None:
         """Return once no batch is inside the stub."""
@@ -147,6 +167,14 @@ class StubInstance:
         match message:
             case msg.Result():
                 self._complete(proc, message)
+            case msg.Response():
+                self._on_response(proc, message)
+            case msg.BlsCall():
+                if self.bls is not None:
+                    self.bls.handle(self, proc, message)
+            case msg.BlsDone(call_id=call_id):
+                if self.bls is not None:
+                    self.bls.done(proc, call_id)
             case msg.Log(level=level, message=text, filename=filename, line=line):
                 where = f" ({filename}:{line})" if filename else ""
                 log.log(_LOG_LEVELS.get(level, logging.INFO), "[%s]%s %s", self.name, where, text)
@@ -167,7 +195,8 @@ class StubInstance:
             finished.set_result(None)
         if batch:
             self.stats.execution(sum(w.batch_size for w in batch), result.compute_ns)
-        for work, response in zip(batch, result.responses, strict=True):
+        answered = [w for w in batch if w.stream is None]  # decoupled requests answer apart
+        for work, response in zip(answered, result.responses, strict=True):
             outputs = _blocks(response)
             # An input returned unchanged as an output: its block now belongs to the response.
             passed = [b for b in work.input_blocks if b in outputs]
@@ -201,6 +230,9 @@ class StubInstance:
         now = time.monotonic_ns()
         for work in batch:
             work.dispatched_ns = now
+            work.record.key = next(self._keys)
+            if work.stream is not None:
+                self._streams[work.record.key] = OpenStream(work, self._free_inputs)
         self._idle.clear()
         try:
             proc.forward(
@@ -227,6 +259,35 @@ class StubInstance:
         finally:
             if not self._in_flight:
                 self._idle.set()
+
+    def _on_response(self, proc: StubProcess, message: msg.Response) -> None:
+        """One response of a decoupled model's request."""
+        stream = self._streams.get(message.key)
+        body = message.response
+        if stream is None:  # the request was failed already (e.g. shutdown): drop the response
+            if body is not None:
+                self.release_outputs(
+                    proc, [b for b in response_blocks(body) if b.arena_id == proc.output_arena_id]
+                )
+            return
+        if message.final:
+            del self._streams[message.key]
+            work = stream.work
+            queue_ns = work.dispatched_ns - work.enqueued_ns
+            self.stats.success(
+                work.batch_size, time.monotonic_ns() - work.enqueued_ns, queue_ns, (0, 0, 0)
+            )
+        if body is not None and body.error is not None:
+            code, text = body.error
+            stream.fail(ShoalError(text, ErrorCode.__members__.get(code, ErrorCode.INTERNAL)))
+            if not message.final:
+                del self._streams[message.key]
+            return
+        completion = None
+        if body is not None:
+            owned = [b for b in response_blocks(body) if b.arena_id == proc.output_arena_id]
+            completion = Completion(body, self, proc, owned)
+        stream.push(completion, message.final)
 
     def _fail_unsent(self, batch_id: int, error: ShoalError) -> None:
         batch, finished = self._in_flight.pop(batch_id, ([], None))
@@ -297,6 +358,11 @@ class StubInstance:
                 if not work.future.done():
                     work.future.set_exception(error)
         self._in_flight.clear()
+        for stream in self._streams.values():
+            stream.fail(error)
+        self._streams.clear()
+        if self.bls is not None:
+            self.bls.forget_process(proc)
         self._release_pending.clear()
         self._restart_task = asyncio.create_task(self._restart(proc))
 

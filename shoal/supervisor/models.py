@@ -13,7 +13,7 @@ from typing import Any
 
 from shoal.ipc.arena import Block
 from shoal.supervisor.errors import Unavailable
-from shoal.supervisor.instances import InstanceSpec, LoadError, StubInstance
+from shoal.supervisor.instances import BlsHandler, InstanceSpec, LoadError, StubInstance
 from shoal.supervisor.options import ArenaOptions
 from shoal.supervisor.schedulers import (
     Scheduler,
@@ -76,6 +76,8 @@ class ModelLoader:
         self._directory = directory
         self._arenas = arenas
         self._free_inputs = free_inputs
+        #: Serves BLS calls of every instance (set by the service once it exists).
+        self.bls: BlsHandler | None = None
 
     def _specs(self, mv: ModelVersion) -> list[InstanceSpec]:
         config = mv.config
@@ -134,6 +136,8 @@ class ModelLoader:
         mv.instances = [
             StubInstance(spec, self._directory, self._free_inputs, mv.stats) for spec in specs
         ]
+        for instance in mv.instances:
+            instance.bls = self.bls
         results = await asyncio.gather(
             *(i.start(scheduler.source(n)) for n, i in enumerate(mv.instances)),
             return_exceptions=True,

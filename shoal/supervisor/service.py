@@ -5,20 +5,30 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import shoal
 from shoal.ipc.arena import Block, OwnedArena
+from shoal.ipc.messages import RequestRecord
 from shoal.supervisor import staging
+from shoal.supervisor.bls import BlsRouter
 from shoal.supervisor.control import ModelRepositoryManager
 from shoal.supervisor.ensemble import EnsembleRunner
-from shoal.supervisor.errors import ErrorCode, InvalidArgument, ShoalError, Unavailable
+from shoal.supervisor.errors import (
+    ErrorCode,
+    InvalidArgument,
+    ShoalError,
+    Unavailable,
+    Unsupported,
+)
 from shoal.supervisor.log_settings import LogSettings
 from shoal.supervisor.models import ModelLoader, ModelState, ModelVersion
 from shoal.supervisor.options import ServerOptions
 from shoal.supervisor.segments import SegmentDirectory
 from shoal.supervisor.shm_io import read_shm_inputs, write_shm_outputs
 from shoal.supervisor.shm_registry import SharedMemoryRegistry
+from shoal.supervisor.streams import new_stream
 from shoal.supervisor.types import (
     InferOutput,
     InferRequest,
@@ -67,6 +77,7 @@ class InferenceService:
         loader = ModelLoader(self.directory, arenas, self._free_inputs)
         self.repository = ModelRepositoryManager(options, loader)
         self.ensembles = EnsembleRunner(self.repository, self.directory, self._free_inputs)
+        loader.bls = BlsRouter(self.repository, self.directory)
         self.shm = SharedMemoryRegistry()
         self.logging = LogSettings(options.log_verbose)
         self._live = True
@@ -161,8 +172,7 @@ class InferenceService:
             mv.stats.failure(time.monotonic_ns() - started)
             raise
 
-    async def _infer(self, mv: ModelVersion, request: InferRequest) -> InferResponse:
-        started = time.monotonic_ns()
+    def _stage(self, mv: ModelVersion, request: InferRequest) -> tuple[RequestRecord, list[Block]]:
         read_shm_inputs(self.shm, request)
         staging.check_inputs(mv.config, request)
         outputs = staging.check_outputs(mv.config, request)
@@ -170,6 +180,43 @@ class InferenceService:
         if mv.state is not ModelState.READY:
             self._free_inputs(blocks)
             raise Unavailable(f"model '{mv.name}' version {mv.version} is not ready")
+        return record, blocks
+
+    async def infer_stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
+        """Every response of a request: one for most models, any number for a decoupled one."""
+        mv = self._repo.resolve(request.model_name, request.model_version)
+        if not mv.config.decoupled:
+            yield await self.infer(request)
+            return
+        record, blocks = self._stage(mv, request)
+        future: asyncio.Future[Completion] = asyncio.get_running_loop().create_future()
+        stream = new_stream()
+        work = Work(
+            record, blocks, future, batch_size=staging.batch_size(mv.config, request), stream=stream
+        )
+        mv.submit(work)
+        try:
+            while (item := await stream.get()) is not None:
+                if isinstance(item, BaseException):
+                    raise item
+                yield self._response(mv, request, item)
+        finally:
+            work.closed = True  # later responses are released as they come
+            future.cancel()  # still queued: the scheduler drops it
+            while not stream.empty():
+                left = stream.get_nowait()
+                if isinstance(left, Completion):
+                    left.release()
+
+    async def _infer(self, mv: ModelVersion, request: InferRequest) -> InferResponse:
+        started = time.monotonic_ns()
+        if mv.config.decoupled:
+            raise Unsupported(
+                f"model '{mv.name}' is decoupled (model_transaction_policy decoupled: true): "
+                "ModelInfer doesn't support models with decoupled transaction policy; use "
+                "gRPC ModelStreamInfer or HTTP generate_stream"
+            )
+        record, blocks = self._stage(mv, request)
         if mv.config.is_ensemble:
             response = await self.ensembles.run(mv, request, record, blocks)
             mv.stats.success(

@@ -28,6 +28,8 @@ class Completion:
     owned: list[Block]
     queue_ns: int = 0
     compute_ns: tuple[int, int, int] = (0, 0, 0)
+    #: Called once the completion's blocks are given back (a decoupled stream counts them).
+    on_release: Callable[[], None] | None = None
 
     def view(self, block: Block) -> memoryview:
         """A read-only view of one output block."""
@@ -37,6 +39,9 @@ class Completion:
         """Give back every block this completion owns. Call once."""
         blocks, self.owned = self.owned, []
         self.instance.release_outputs(self.process, blocks)
+        on_release, self.on_release = self.on_release, None
+        if on_release is not None:
+            on_release()
 
 
 @dataclass(eq=False)
@@ -59,6 +64,11 @@ class Work:
     on_complete: Callable[[Completion], None] | None = None
     enqueued_ns: int = field(default_factory=time.monotonic_ns)
     dispatched_ns: int = 0
+    #: For a decoupled model: each response as it comes, then ``None`` after the final one
+    #: (an error ends the stream too).
+    stream: asyncio.Queue[Completion | BaseException | None] | None = None
+    #: The requester stopped reading the stream: responses are released as they arrive.
+    closed: bool = False
 
     @property
     def abandoned(self) -> bool:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any, TypeVar
 
 import numpy as np
@@ -96,6 +96,16 @@ class BaseEchoCore:
     def model_config(self, name: str, version: str = "") -> dict[str, Any]:
         self._check_model(name)
         return {"name": name, "backend": "python", "max_batch_size": 8, "version": version}
+
+    async def infer_stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
+        """One response, as for a non-decoupled model; "repeat_<n>" models answer n times."""
+        count = (
+            int(request.model_name.split("_", 1)[1])
+            if request.model_name.startswith("repeat_")
+            else 1
+        )
+        for _ in range(count):
+            yield await self.infer(request)
 
     async def infer(self, request: InferRequest) -> InferResponse:
         self.requests.append(request)

@@ -7,7 +7,7 @@ whole CoreAPI (with the extensions) in memory; it is not the thing under test, t
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -113,6 +113,16 @@ class BareCore:
     def model_config(self, name: str, version: str = "") -> dict[str, Any]:
         self._check_model(name)
         return dict(CONFIG_JSON, name=name)
+
+    async def infer_stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
+        """One response, as for a non-decoupled model; "repeat_<n>" models answer n times."""
+        count = (
+            int(request.model_name.split("_", 1)[1])
+            if request.model_name.startswith("repeat_")
+            else 1
+        )
+        for _ in range(count):
+            yield await self.infer(request)
 
     async def infer(self, request: InferRequest) -> InferResponse:
         self.requests.append(request)
