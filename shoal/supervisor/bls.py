@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import TYPE_CHECKING, Protocol
 
 from shoal.ipc import messages as msg
@@ -112,6 +113,15 @@ class BlsRouter:
             if work.stream is None:
                 completion = await future
                 held.append(completion)
+                if completion.response.error is None:
+                    target.stats.success(
+                        work.batch_size,
+                        time.monotonic_ns() - work.enqueued_ns,
+                        completion.queue_ns,
+                        completion.compute_ns,
+                    )
+                else:
+                    target.stats.failure(time.monotonic_ns() - work.enqueued_ns)
                 await self._reply(proc, call.call_id, completion.response, True)
                 return
             while (item := await work.stream.get()) is not None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import faulthandler
 import signal as _signal
+
 faulthandler.register(_signal.SIGUSR1)
 import json
 import os

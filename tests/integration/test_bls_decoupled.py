@@ -1,0 +1,88 @@
+"""BLS calls between stubs and decoupled (streaming) models."""
+
+from __future__ import annotations
+
+import queue
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from tests.integration.server import BUNDLED, TEST_MODELS, ShoalServer
+
+pytestmark = pytest.mark.timeout(120)
+
+MODELS = ("bls_add_sub", "decoupled_repeat", "bls_decoupled", "bls_self", "add_sub")
+
+
+@pytest.fixture(scope="module")
+def server():
+    args = ["--model-control-mode", "explicit"]
+    for model in MODELS:
+        args += ["--load-model", model]
+    with ShoalServer(BUNDLED, TEST_MODELS, extra_args=tuple(args)) as srv:
+        yield srv
+
+
+def _fp32(name, values):
+    inp = httpclient.InferInput(name, [len(values)], "FP32")
+    inp.set_data_from_numpy(np.asarray(values, dtype=np.float32))
+    return inp
+
+
+def test_bls_chain_forwards_outputs(server):
+    client = httpclient.InferenceServerClient(server.url)
+    a, b = [1, 2, 3, 4], [10, 20, 30, 40]
+    for _ in range(30):  # repeated: blocks of BLS responses are given back and reused
+        result = client.infer("bls_add_sub", [_fp32("A", a), _fp32("B", b)])
+        total = np.add(a, b).astype(np.float32)
+        np.testing.assert_array_equal(result.as_numpy("SUM"), total)
+        np.testing.assert_array_equal(result.as_numpy("SUM_TWICE"), total * 2)
+    stats = {s["name"]: s for s in client.get_inference_statistics()["model_stats"]}
+    assert stats["add_sub"]["inference_stats"]["success"]["count"] >= 60
+    client.close()
+
+
+def test_bls_to_itself_is_an_error_not_a_deadlock(server):
+    client = httpclient.InferenceServerClient(server.url)
+    result = client.infer("bls_self", [_fp32("IN", [1.0])])
+    message = result.as_numpy("ERROR")[0].decode()
+    assert "would wait for itself" in message, message
+    client.close()
+
+
+def test_decoupled_stream_over_grpc(server):
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    responses: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: responses.put((result, error)))
+    count = grpcclient.InferInput("COUNT", [1], "INT32")
+    count.set_data_from_numpy(np.array([5], dtype=np.int32))
+    client.async_stream_infer("decoupled_repeat", [count], request_id="r1")
+    got = []
+    for _ in range(5):
+        result, error = responses.get(timeout=30)
+        assert error is None, error
+        got.append(int(result.as_numpy("INDEX")[0]))
+    client.stop_stream()
+    assert got == [0, 1, 2, 3, 4]
+    client.close()
+
+
+def test_decoupled_model_refuses_plain_infer(server):
+    client = httpclient.InferenceServerClient(server.url)
+    count = httpclient.InferInput("COUNT", [1], "INT32")
+    count.set_data_from_numpy(np.array([2], dtype=np.int32))
+    with pytest.raises(InferenceServerException, match="decoupled"):
+        client.infer("decoupled_repeat", [count])
+    client.close()
+
+
+def test_bls_to_a_decoupled_model(server):
+    client = httpclient.InferenceServerClient(server.url)
+    count = httpclient.InferInput("COUNT", [1], "INT32")
+    count.set_data_from_numpy(np.array([6], dtype=np.int32))
+    result = client.infer("bls_decoupled", [count])
+    assert int(result.as_numpy("TOTAL")[0]) == sum(range(6))
+    client.close()
