@@ -34,13 +34,18 @@ _FLOAT_TYPES = frozenset({FieldDescriptor.TYPE_FLOAT, FieldDescriptor.TYPE_DOUBL
 _MODEL_CONFIG: Descriptor = pb.DESCRIPTOR.message_types_by_name["ModelConfig"]
 
 
-def config_to_json(config: ModelConfig | pb.ModelConfig) -> dict[str, Any]:
-    """The JSON object Triton serves for ``config`` (a typed config or a ModelConfig message)."""
+def config_to_json(
+    config: ModelConfig | pb.ModelConfig, *, include_defaults: bool = True
+) -> dict[str, Any]:
+    """The JSON object Triton serves for ``config`` (a typed config or a ModelConfig message).
+
+    ``include_defaults=False`` prints only the fields that are set, as a model's
+    ``auto_complete_config`` sees a configuration (a key present there counts as set)."""
     message = config.proto if isinstance(config, ModelConfig) else config
     printed = json_format.MessageToDict(
         message,
         preserving_proto_field_name=True,
-        always_print_fields_with_no_presence=True,
+        always_print_fields_with_no_presence=include_defaults,
     )
     return _as_triton(printed, _MODEL_CONFIG)
 

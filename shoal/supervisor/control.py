@@ -15,8 +15,10 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from shoal import config as model_config
+from shoal.supervisor.autocomplete import auto_complete, wants_auto_complete
 from shoal.supervisor.errors import (
     ErrorCode,
     InvalidArgument,
@@ -133,7 +135,7 @@ class ModelRepositoryManager:
             path = self._model_path(name, config_json, files)
             override = self._override(name, config_json)
             try:
-                new = self._prepare(name, path, override)
+                new = await self._prepare(name, path, override)
             except model_config.ConfigError as error:
                 self.failed[name] = str(error)
                 raise InvalidArgument(f"failed to load '{name}': {error}") from None
@@ -222,13 +224,17 @@ class ModelRepositoryManager:
             raise InvalidArgument(f"failed to load '{name}': 'config' must be a JSON object")
         return override
 
-    def _prepare(
+    async def _prepare(
         self, name: str, path: str, override: dict[str, object] | None
     ) -> list[ModelVersion]:
-        config = model_config.load_model_config(
-            path, strict=self.options.strict_model_config, override=override
-        )
+        strict = self.options.strict_model_config
+        source = model_config.read_config(path, strict=strict, override=override)
         available = model_config.list_versions(path)
+        proto = source.proto
+        model_file = _python_model_file(path, source.proto, available)
+        if not strict and model_file is not None and wants_auto_complete(model_file):
+            proto = await auto_complete(model_file, source.proto)
+        config = model_config.complete_config(source, proto=proto)
         chosen = model_config.select_versions(config.version_policy, available, model_name=name)
         as_json = model_config.config_to_json(config)
         return [ModelVersion(name, v, config, as_json) for v in chosen]
@@ -344,3 +350,12 @@ def _fingerprint(model_dir: str) -> tuple[tuple[str, int, int], ...]:
                 continue
             entries.append((os.path.relpath(path, model_dir), st.st_size, st.st_mtime_ns))
     return tuple(entries)
+
+
+def _python_model_file(path: str, proto: Any, versions: list[int]) -> Path | None:
+    """The latest version's model.py of a Python model (what auto-complete imports)."""
+    if proto.platform or (proto.backend and proto.backend != "python") or not versions:
+        return None
+    filename = proto.default_model_filename or "model.py"
+    candidate = Path(path) / str(max(versions)) / filename
+    return candidate if candidate.suffix == ".py" and candidate.is_file() else None

@@ -57,3 +57,15 @@ def test_execute_returning_a_non_list_fails_with_tritons_message(test_client):
         test_client.infer("bad_return", [inp])
     assert "Expected a list in the execute return, found type 'str'." in str(info.value)
     assert test_client.is_model_ready("bad_return")
+
+
+def test_auto_complete_config_fills_the_configuration(test_client):
+    config = test_client.get_model_config("auto_complete")
+    assert config["max_batch_size"] == 4
+    assert config["input"][0]["name"] == "X" and config["input"][0]["dims"] == [2]
+    assert config["output"][0]["data_type"] == "TYPE_FP32"
+    assert "dynamic_batching" in config
+    inp = httpclient.InferInput("X", [1, 2], "FP32")
+    inp.set_data_from_numpy(np.array([[1, 2]], dtype=np.float32))
+    result = test_client.infer("auto_complete", [inp])
+    np.testing.assert_array_equal(result.as_numpy("Y"), [[2, 3]])

@@ -140,10 +140,18 @@ class Waker:
 
 
 def fail_work(work: Work, error: ShoalError, free_work: FreeWork) -> None:
-    """Free a request that will not run and tell its requester why."""
+    """Free a request that will not run and tell its requester why (through its response
+    stream for a decoupled model)."""
     free_work(work)
-    if not work.future.done():
+    if work.future.done():
+        return
+    if work.stream is None:
         work.future.set_exception(error)
+        return
+    work.future.cancel()  # a streaming requester reads the stream, not the future
+    if not work.closed:
+        work.stream.put_nowait(error)
+        work.stream.put_nowait(None)
 
 
 def log_prefix(work: Work) -> str:

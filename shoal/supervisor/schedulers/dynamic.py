@@ -133,7 +133,8 @@ class DynamicBatcher:
         batch = [entry.work for entry in cut.entries]
         if self._ordering is not None:
             for work in batch:
-                self._ordering.track(work)
+                if work.stream is None:  # a decoupled request's responses stream as they come
+                    self._ordering.track(work)
         return batch
 
     def _expire(self, now_ns: int) -> None:
