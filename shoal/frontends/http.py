@@ -36,6 +36,7 @@ from shoal.frontends._endpoint import (
     unexpected,
 )
 from shoal.frontends._extensions import extension_routes, model_stats_routes
+from shoal.frontends._generate import generate_routes
 from shoal.frontends._serving import AddressInUseError, EmbeddedServer, bind_socket, wait_started
 from shoal.supervisor.core import CoreAPI, ShoalError
 
@@ -66,6 +67,7 @@ def build_http_app(
             Route(model + "/config", _model_config(core), methods=["GET"]),
             Route(model + "/infer", infer, methods=["POST"]),
         ]
+    routes += generate_routes(core, max_input_size)
     routes += extension_routes(core, max_input_size)
     return Starlette(routes=routes, exception_handlers={HTTPException: _http_exception})
 

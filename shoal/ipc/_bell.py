@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
 import os
 import select
@@ -27,9 +26,12 @@ def ring_bell(fd: int) -> None:
     os.eventfd_write(fd, 1)
 
 
-def drain_bell(fd: int) -> None:
-    with contextlib.suppress(BlockingIOError):
-        os.eventfd_read(fd)
+def drain_bell(fd: int) -> bool:
+    """Reset the bell; True if it had rung since the last drain."""
+    try:
+        return os.eventfd_read(fd) > 0
+    except BlockingIOError:
+        return False
 
 
 class BlockingSleeper:
@@ -53,8 +55,7 @@ class BlockingSleeper:
         for fd, _ in self._poller.poll(millis):
             if fd == self._pidfd:
                 raise PeerGone("the supervisor process exited")
-            drain_bell(fd)
-            rang = True
+            rang = drain_bell(fd)
         if self._pidfd is None and os.getppid() != self._parent:
             raise PeerGone("the supervisor process exited (re-parented)")
         return rang
@@ -111,13 +112,16 @@ class AsyncSleeper:
             loop.add_reader(self._pidfd, _wake, waiter, "the supervisor process exited")
         timer = None if timeout is None else loop.call_later(timeout, _wake, waiter, False)
         try:
-            return await waiter
+            await waiter
         finally:
             if timer is not None:
                 timer.cancel()
+            rang = False
             if self._waiters.pop(waiter, None) is not None:
                 self._unregister(loop)
-                drain_bell(self._bell)
+                # A ring that lands after a timeout must still count: it ends the episode.
+                rang = drain_bell(self._bell)
+        return rang
 
     def fail_all(self, reason: str) -> None:
         for waiter in list(self._waiters):

@@ -27,6 +27,7 @@ class Kind(enum.IntEnum):
     RELEASE = 3
     FINALIZE = 4
     BLS_REPLY = 5
+    CONTROL_REPLY = 6
     READY = 11
     RESULT = 12
     LOG = 13
@@ -34,6 +35,7 @@ class Kind(enum.IntEnum):
     RESPONSE = 15
     BLS_CALL = 16
     BLS_DONE = 17
+    CONTROL_CALL = 18
 
 
 @dataclass(slots=True)
@@ -312,6 +314,60 @@ class BlsDone:
         return cls(f[0])
 
 
+class ControlOp(enum.IntEnum):
+    """What a model asks of the server besides inference (model control, custom metrics)."""
+
+    LOAD_MODEL = 1  # args: [name, config json, {file key: bytes}]
+    UNLOAD_MODEL = 2  # args: [name, unload_dependents]
+    IS_MODEL_READY = 3  # args: [name, version (-1: latest)]
+    NEW_FAMILY = 10  # args: [family id, name, description, kind]
+    NEW_METRIC = 11  # args: [metric id, family id, {label: value}, buckets | None]
+    UPDATE_METRIC = 12  # args: [metric id, MetricUpdate, value] (no reply)
+    METRIC_VALUE = 13  # args: [metric id]
+    DELETE_METRIC = 14  # args: [metric id] (no reply)
+    DELETE_FAMILY = 15  # args: [family id] (no reply)
+
+
+class MetricUpdate(enum.IntEnum):
+    INCREMENT = 1
+    SET = 2
+    OBSERVE = 3
+
+
+@dataclass(slots=True)
+class ControlCall:
+    """A model's request to the server; ``call_id`` 0 wants no reply."""
+
+    KIND: ClassVar[Kind] = Kind.CONTROL_CALL
+    call_id: int
+    op: ControlOp
+    args: list[Any]
+
+    def fields(self) -> list[Any]:
+        return [self.call_id, int(self.op), self.args]
+
+    @classmethod
+    def from_fields(cls, f: list[Any]) -> ControlCall:
+        return cls(f[0], ControlOp(f[1]), f[2])
+
+
+@dataclass(slots=True)
+class ControlReply:
+    """The answer to a :class:`ControlCall`: a value, or the error text."""
+
+    KIND: ClassVar[Kind] = Kind.CONTROL_REPLY
+    call_id: int
+    error: str | None
+    value: Any = None
+
+    def fields(self) -> list[Any]:
+        return [self.call_id, self.error, self.value]
+
+    @classmethod
+    def from_fields(cls, f: list[Any]) -> ControlReply:
+        return cls(f[0], f[1], f[2])
+
+
 Message = (
     Initialize
     | Execute
@@ -325,6 +381,8 @@ Message = (
     | BlsCall
     | BlsReply
     | BlsDone
+    | ControlCall
+    | ControlReply
 )
 
 _TYPES: dict[int, Any] = {
@@ -342,6 +400,8 @@ _TYPES: dict[int, Any] = {
         BlsCall,
         BlsReply,
         BlsDone,
+        ControlCall,
+        ControlReply,
     )
 }
 

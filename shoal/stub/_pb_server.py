@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import enum
-from typing import Any, NoReturn, Protocol
+from typing import Any, Protocol
 
 from shoal.stub._pb_errors import TritonModelException
 
-_METRICS_UNSUPPORTED = "custom metrics are not supported yet by shoal"
+_METRICS_UNSUPPORTED = (
+    "custom metrics are available only inside a model served by shoal (no metrics backend)"
+)
 _MODEL_CONTROL_UNSUPPORTED = (
     "model control (load_model, unload_model, is_model_ready) is not supported yet by shoal"
 )
@@ -89,27 +91,126 @@ class _MetricKind(enum.IntEnum):
     HISTOGRAM = 2
 
 
-def _metrics_unsupported() -> NoReturn:
-    raise TritonModelException(_METRICS_UNSUPPORTED)
+class MetricsBackend(Protocol):
+    """What the runtime installs with ``_set_metrics_backend``: the supervisor's registry."""
+
+    def new_family(self, name: str, description: str, kind: int) -> int: ...
+
+    def new_metric(
+        self, family: int, labels: dict[str, str], buckets: list[float] | None
+    ) -> int: ...
+
+    def update(self, metric: int, op: str, value: float) -> None: ...
+
+    def value(self, metric: int) -> float: ...
+
+    def delete_metric(self, metric: int) -> None: ...
+
+    def delete_family(self, family: int) -> None: ...
+
+
+_metrics: MetricsBackend | None = None
+
+
+def _set_metrics_backend(backend: MetricsBackend | None) -> None:
+    """Install (or with ``None`` remove) the registry custom metrics live in."""
+    global _metrics
+    _metrics = backend
+
+
+def _metrics_backend() -> MetricsBackend:
+    if _metrics is None:
+        raise TritonModelException(_METRICS_UNSUPPORTED)
+    return _metrics
 
 
 class MetricFamily:
-    """A custom metric family. Not supported yet: constructing one raises TritonModelException."""
+    """A custom metric family (``COUNTER``, ``GAUGE`` or ``HISTOGRAM``), exported on /metrics."""
 
     COUNTER = _MetricKind.COUNTER
     GAUGE = _MetricKind.GAUGE
     HISTOGRAM = _MetricKind.HISTOGRAM
 
     def __init__(self, name: str, description: str, kind: int) -> None:
-        _metrics_unsupported()
+        if kind not in (0, 1, 2):
+            raise TritonModelException(
+                "Failed to create metric family. Metric kind must be MetricFamily.COUNTER, "
+                "GAUGE or HISTOGRAM"
+            )
+        self._backend = _metrics_backend()
+        self._kind = _MetricKind(kind)
+        self._id = self._backend.new_family(str(name), str(description), int(kind))
 
     def Metric(self, labels: dict[str, str] | None = None, buckets: Any = None) -> Metric:
-        """A metric of this family (Triton's API; unreachable until metrics are supported)."""
-        _metrics_unsupported()
+        """A metric of this family with ``labels``; ``buckets`` only (and always) for histograms."""
+        return Metric(self, labels, buckets)
+
+    def __del__(self) -> None:
+        backend = getattr(self, "_backend", None)
+        if backend is not None:
+            try:
+                backend.delete_family(self._id)
+            except Exception:
+                pass
 
 
 class Metric:
-    """A custom metric. Not supported yet: constructing one raises TritonModelException."""
+    """One labelled series of a :class:`MetricFamily`."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        _metrics_unsupported()
+    def __init__(
+        self, family: MetricFamily, labels: dict[str, str] | None = None, buckets: Any = None
+    ) -> None:
+        if labels is not None and not isinstance(labels, dict):
+            raise TritonModelException("Failed to create metric. labels must be a dict")
+        histogram = family._kind is _MetricKind.HISTOGRAM
+        if histogram and buckets is None:
+            raise TritonModelException(
+                "Failed to create metric. Histogram metric needs buckets: pass buckets=[...]"
+            )
+        if not histogram and buckets is not None:
+            raise TritonModelException(
+                "Failed to create metric. Only histogram metrics take buckets"
+            )
+        self._family = family  # a family must outlive its metrics
+        self._kind = family._kind
+        values = {str(k): str(v) for k, v in (labels or {}).items()}
+        bounds = None if buckets is None else [float(b) for b in buckets]
+        self._id = family._backend.new_metric(family._id, values, bounds)
+
+    def increment(self, value: float) -> None:
+        if self._kind is _MetricKind.HISTOGRAM:
+            raise TritonModelException(
+                "Failed to increment metric value. Use observe() on a histogram"
+            )
+        if self._kind is _MetricKind.COUNTER and value < 0:
+            raise TritonModelException(
+                "Failed to increment metric value. Counters only increase: the value must be >= 0"
+            )
+        self._family._backend.update(self._id, "increment", float(value))
+
+    def set(self, value: float) -> None:
+        if self._kind is not _MetricKind.GAUGE:
+            raise TritonModelException("Failed to set metric value. Only gauges can be set")
+        self._family._backend.update(self._id, "set", float(value))
+
+    def observe(self, value: float) -> None:
+        if self._kind is not _MetricKind.HISTOGRAM:
+            raise TritonModelException(
+                "Failed to observe metric value. Only histograms take observations"
+            )
+        self._family._backend.update(self._id, "observe", float(value))
+
+    def value(self) -> float:
+        if self._kind is _MetricKind.HISTOGRAM:
+            raise TritonModelException(
+                "Failed to get metric value. Histograms have no single value"
+            )
+        return float(self._family._backend.value(self._id))
+
+    def __del__(self) -> None:
+        family = getattr(self, "_family", None)
+        if family is not None:
+            try:
+                family._backend.delete_metric(self._id)
+            except Exception:
+                pass

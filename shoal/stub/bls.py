@@ -9,7 +9,6 @@ keeper object referenced by the arrays tells the supervisor (``BlsDone``) when t
 from __future__ import annotations
 
 import asyncio
-import itertools
 import threading
 import weakref
 from collections.abc import Awaitable, Callable
@@ -45,8 +44,6 @@ class BlsClient:
         self._pump = pump
         self._send = send
         self._input_view = input_view
-        self._ids = itertools.count(1)
-        self._ids_lock = threading.Lock()
 
     def exec(self, request: Any, decoupled: bool) -> Any:
         call_id, keeper = self._call(request, decoupled)
@@ -63,6 +60,7 @@ class BlsClient:
             reply = self._pump.next_reply(call_id)
         finally:
             self._pump.forget(call_id)
+        assert isinstance(reply, msg.BlsReply)
         return self._response(reply.response, keeper)
 
     def async_exec(self, request: Any, decoupled: bool) -> Awaitable[Any]:
@@ -70,8 +68,7 @@ class BlsClient:
         return loop.run_in_executor(None, self.exec, request, decoupled)
 
     def _call(self, request: Any, decoupled: bool) -> tuple[int, _CallKeeper]:
-        with self._ids_lock:
-            call_id = next(self._ids)
+        call_id = self._pump.new_call_id()
         written: list[Block] = []
         inputs = [
             self._writer.describe(tensor, written, for_response=False)
@@ -107,6 +104,7 @@ class BlsClient:
         try:
             while True:
                 reply = self._pump.next_reply(call_id)
+                assert isinstance(reply, msg.BlsReply)
                 response = (
                     None if reply.response is None else self._response(reply.response, keeper)
                 )

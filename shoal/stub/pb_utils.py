@@ -54,6 +54,7 @@ from shoal.stub._pb_server import (
     load_model,
     unload_model,
 )
+from shoal.stub._pb_server import _set_metrics_backend as _set_metrics_backend
 from shoal.stub._pb_server import _set_model_controller as _set_model_controller
 from shoal.stub._pb_server import _set_model_dir as _set_model_dir
 from shoal.stub._pb_tensor import Tensor

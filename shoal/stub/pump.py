@@ -8,6 +8,7 @@ main loop. With a single thread this costs a few uncontended lock operations per
 from __future__ import annotations
 
 import collections
+import itertools
 import threading
 from collections.abc import Callable
 from typing import TypeVar, cast
@@ -29,7 +30,14 @@ class DownPump:
         self._reading = False
         self._error: BaseException | None = None
         self._main: collections.deque[msg.Message] = collections.deque()
-        self._replies: dict[int, collections.deque[msg.BlsReply]] = {}
+        self._replies: dict[int, collections.deque[msg.BlsReply | msg.ControlReply]] = {}
+        self._ids = itertools.count(1)
+        self._ids_lock = threading.Lock()
+
+    def new_call_id(self) -> int:
+        """A fresh id for a BLS or control call (one numbering for both)."""
+        with self._ids_lock:
+            return next(self._ids)
 
     def expect(self, call_id: int) -> None:
         """Register a BLS call before its request is sent, so no reply is dropped."""
@@ -49,14 +57,14 @@ class DownPump:
 
         return cast(msg.Message, self._wait(take))
 
-    def next_reply(self, call_id: int) -> msg.BlsReply:
-        """The next reply to BLS call ``call_id``."""
+    def next_reply(self, call_id: int) -> msg.BlsReply | msg.ControlReply:
+        """The next reply to call ``call_id``."""
         replies = self._replies[call_id]
 
-        def take() -> msg.BlsReply | None:
+        def take() -> msg.BlsReply | msg.ControlReply | None:
             return replies.popleft() if replies else None
 
-        return self._wait(take)
+        return cast(msg.BlsReply | msg.ControlReply, self._wait(take))
 
     def _wait(self, take: Callable[[], _T | None]) -> _T:
         while True:
@@ -89,7 +97,7 @@ class DownPump:
 
     def _route(self, message: msg.Message) -> None:
         match message:
-            case msg.BlsReply(call_id=call_id):
+            case msg.BlsReply(call_id=call_id) | msg.ControlReply(call_id=call_id):
                 waiting = self._replies.get(call_id)
                 if waiting is not None:
                     waiting.append(message)

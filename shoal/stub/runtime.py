@@ -19,6 +19,7 @@ from shoal.ipc.fdpass import recv_fds, send_fds
 from shoal.ipc.queue import Channel, PeerGone
 from shoal.stub import loader, pb_utils
 from shoal.stub.bls import BlsClient
+from shoal.stub.control import ControlClient, StubMetrics
 from shoal.stub.executor import BatchExecutor
 from shoal.stub.memory import Locations, SharedOutputArena
 from shoal.stub.pump import DownPump
@@ -81,7 +82,7 @@ class StubRuntime:
         except PeerGone:
             pass
 
-    def _initialize(self, init: msg.Initialize) -> None:
+    def _create_outputs(self, init: msg.Initialize) -> OwnedArena:
         initial, growth, limit = init.output_arena
         self.outputs = OwnedArena(
             init.output_arena_id,
@@ -90,6 +91,9 @@ class StubRuntime:
             limit_bytes=limit,
             on_new_segment=self._announce_segment,
         )
+        return self.outputs
+
+    def _initialize(self, init: msg.Initialize) -> None:
         loader.install_pb_utils()
         pb_utils._set_model_dir(os.path.dirname(init.model_file))
         pb_utils._set_log_sink(self._log_sink)
@@ -107,18 +111,25 @@ class StubRuntime:
             first = msg.decode(self.channel.recv_down())
             if not isinstance(first, msg.Initialize):
                 raise RuntimeError(f"expected Initialize, got {type(first).__name__}")
+            outputs = SharedOutputArena(self._create_outputs(first))
+            writer = TensorWriter(outputs, Locations())
+            pump = DownPump(self.channel, outputs.free)
+            # Model control and custom metrics work from initialize on; BLS from execute on.
+            control = ControlClient(pump, self._send)
+            pb_utils._set_model_controller(control)
+            pb_utils._set_metrics_backend(StubMetrics(control))
             try:
                 self._initialize(first)
             except BaseException:
                 self._send(msg.Ready(error=_format_exception()))
                 return 1
-            assert self.outputs is not None
-            outputs = SharedOutputArena(self.outputs)
-            writer = TensorWriter(outputs, Locations())
-            pump = DownPump(self.channel, outputs.free)
-            decoupled = _is_decoupled(first.args)
             executor = BatchExecutor(
-                self.instance, self.model, writer, self.input_view, self._send, decoupled
+                self.instance,
+                self.model,
+                writer,
+                self.input_view,
+                self._send,
+                _is_decoupled(first.args),
             )
             pb_utils._set_bls_executor(BlsClient(writer, pump, self._send, self.input_view))
             self._send(msg.Ready())
@@ -136,6 +147,7 @@ class StubRuntime:
                     self._send(executor.run(message))
                 case msg.Finalize():
                     pb_utils._set_bls_executor(None)
+                    pb_utils._set_model_controller(None)
                     self._send(msg.Finalized(error=self._finalize()))
                     return 0
                 case _:

@@ -314,6 +314,13 @@ class ModelRepositoryManager:
             )
         return max(ready, key=lambda mv: mv.version)
 
+    def model_ready(self, name: str, version: str) -> bool:
+        try:
+            self.resolve(name, version)
+        except ShoalError:
+            return False
+        return True
+
     def all_ready(self) -> bool:
         if self.failed:
             return False

@@ -45,6 +45,14 @@ class BlsHandler(Protocol):
     def forget_process(self, proc: StubProcess) -> None: ...
 
 
+class ControlHandler(Protocol):
+    """Answers a stub's model-control and custom-metric calls."""
+
+    def handle(self, caller: StubInstance, proc: StubProcess, call: msg.ControlCall) -> None: ...
+
+    def forget_process(self, proc: StubProcess) -> None: ...
+
+
 class BatchSource(Protocol):
     """What an instance pulls work from (a scheduler)."""
 
@@ -92,6 +100,8 @@ class StubInstance:
         self._streams: dict[int, OpenStream] = {}
         #: Routes BLS calls made by this instance's model (set by the model loader).
         self.bls: BlsHandler | None = None
+        #: Answers model control and custom-metric calls (set by the model loader).
+        self.control: ControlHandler | None = None
         self._in_flight: dict[int, tuple[list[Work], asyncio.Future[None]]] = {}
         self._init_waiter: asyncio.Future[str | None] | None = None
         self._finalized: asyncio.Future[None] | None = None
@@ -175,6 +185,9 @@ class StubInstance:
             case msg.BlsDone(call_id=call_id):
                 if self.bls is not None:
                     self.bls.done(proc, call_id)
+            case msg.ControlCall():
+                if self.control is not None:
+                    self.control.handle(self, proc, message)
             case msg.Log(level=level, message=text, filename=filename, line=line):
                 where = f" ({filename}:{line})" if filename else ""
                 log.log(_LOG_LEVELS.get(level, logging.INFO), "[%s]%s %s", self.name, where, text)
@@ -363,6 +376,8 @@ class StubInstance:
         self._streams.clear()
         if self.bls is not None:
             self.bls.forget_process(proc)
+        if self.control is not None:
+            self.control.forget_process(proc)
         self._release_pending.clear()
         self._restart_task = asyncio.create_task(self._restart(proc))
 

@@ -42,6 +42,7 @@ class ServiceCollector:
         arena = self._service.input_arena
         arenas = [ArenaSample("input", arena.used_bytes, arena.capacity_bytes)]
         yield from shoal_families(self._instances(versions), arenas)
+        yield from self._service.custom_metrics.families()
 
     def _ready_versions(self) -> dict[tuple[str, str], ModelVersion]:
         repository = self._service.repository

@@ -13,7 +13,13 @@ from typing import Any
 
 from shoal.ipc.arena import Block
 from shoal.supervisor.errors import Unavailable
-from shoal.supervisor.instances import BlsHandler, InstanceSpec, LoadError, StubInstance
+from shoal.supervisor.instances import (
+    BlsHandler,
+    ControlHandler,
+    InstanceSpec,
+    LoadError,
+    StubInstance,
+)
 from shoal.supervisor.options import ArenaOptions
 from shoal.supervisor.schedulers import (
     Scheduler,
@@ -78,6 +84,7 @@ class ModelLoader:
         self._free_inputs = free_inputs
         #: Serves BLS calls of every instance (set by the service once it exists).
         self.bls: BlsHandler | None = None
+        self.control: ControlHandler | None = None
 
     def _specs(self, mv: ModelVersion) -> list[InstanceSpec]:
         config = mv.config
@@ -138,6 +145,7 @@ class ModelLoader:
         ]
         for instance in mv.instances:
             instance.bls = self.bls
+            instance.control = self.control
         results = await asyncio.gather(
             *(i.start(scheduler.source(n)) for n, i in enumerate(mv.instances)),
             return_exceptions=True,

@@ -14,6 +14,7 @@ from shoal.ipc.messages import RequestRecord
 from shoal.supervisor import staging
 from shoal.supervisor.bls import BlsRouter
 from shoal.supervisor.control import ModelRepositoryManager
+from shoal.supervisor.custom_metrics import CustomMetrics
 from shoal.supervisor.ensemble import EnsembleRunner
 from shoal.supervisor.errors import (
     ErrorCode,
@@ -23,6 +24,7 @@ from shoal.supervisor.errors import (
     Unsupported,
 )
 from shoal.supervisor.log_settings import LogSettings
+from shoal.supervisor.model_calls import ControlRouter
 from shoal.supervisor.models import ModelLoader, ModelState, ModelVersion
 from shoal.supervisor.options import ServerOptions
 from shoal.supervisor.segments import SegmentDirectory
@@ -78,6 +80,8 @@ class InferenceService:
         self.repository = ModelRepositoryManager(options, loader)
         self.ensembles = EnsembleRunner(self.repository, self.directory, self._free_inputs)
         loader.bls = BlsRouter(self.repository, self.directory)
+        self.custom_metrics = CustomMetrics()
+        loader.control = ControlRouter(self.repository, self.custom_metrics)
         self.shm = SharedMemoryRegistry()
         self.logging = LogSettings(options.log_verbose)
         self._live = True

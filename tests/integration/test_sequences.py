@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
@@ -127,3 +128,23 @@ def test_idle_sequence_is_released(client):
         _step(client, "seq_idle", 1, 3)
     assert "must specify the START flag on the first request of the sequence" in str(info.value)
     _step(client, "seq_idle", 2, 4, end=True)
+
+
+def test_sequence_parameters_over_grpc(server):
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+
+        def step(model, corr, value, start=False, end=False):
+            tensor = grpcclient.InferInput("IN", [1, 1], "INT32")
+            tensor.set_data_from_numpy(np.array([[value]], np.int32))
+            return client.infer(
+                model, [tensor], sequence_id=corr, sequence_start=start, sequence_end=end
+            )
+
+        seen = step("seq_direct", 77, 5, start=True).as_numpy("SEEN")[0][:4].tolist()
+        assert seen == [1, 0, 1, 77]
+        assert step("seq_direct", 77, 6, end=True).as_numpy("OUT").tolist() == [[11]]
+        result = step("seq_oldest", "grpc-seq", 2, start=True, end=True)
+        assert result.as_numpy("CORRID_SEEN")[0][0] == b"grpc-seq"
+    finally:
+        client.close()

@@ -55,7 +55,8 @@ class PolicyQueue:
         expired = [e for e in self.waiting if e.deadline_ns and now_ns > e.deadline_ns]
         if not expired:
             return []
-        self.waiting = collections.deque(e for e in self.waiting if e not in expired)
+        gone = {id(e) for e in expired}
+        self.waiting = collections.deque(e for e in self.waiting if id(e) not in gone)
         if self.policy.timeout_action == "DELAY":
             for entry in expired:
                 entry.deadline_ns = 0

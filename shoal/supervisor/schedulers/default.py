@@ -6,6 +6,7 @@ import asyncio
 import collections
 
 from shoal.supervisor.errors import Unavailable
+from shoal.supervisor.schedulers.base import fail_work
 from shoal.supervisor.work import Work
 
 
@@ -22,9 +23,7 @@ class DefaultScheduler:
 
     def submit(self, work: Work) -> None:
         if self._closed:
-            self._free_blocks(work)
-            if not work.future.done():
-                work.future.set_exception(Unavailable("the model is unloading"))
+            fail_work(work, Unavailable("the model is unloading"), self._free_blocks)
             return
         self._queue.append(work)
         self._empty.clear()

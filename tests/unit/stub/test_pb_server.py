@@ -15,18 +15,60 @@ def test_get_model_dir():
     assert pb_utils.get_model_dir() == "/models/add/1"
 
 
-@pytest.mark.parametrize(
-    "call",
-    [
-        lambda: pb_utils.MetricFamily(
-            "requests", "count of requests", pb_utils.MetricFamily.COUNTER
-        ),
-        lambda: pb_utils.Metric(),
-    ],
-)
-def test_metrics_are_not_supported_yet(call):
-    with pytest.raises(TritonModelException, match="custom metrics are not supported yet by shoal"):
-        call()
+def test_metrics_need_a_backend():
+    with pytest.raises(TritonModelException, match="no metrics backend"):
+        pb_utils.MetricFamily("requests", "count of requests", pb_utils.MetricFamily.COUNTER)
+
+
+class _Backend:
+    """An in-memory metrics backend: a double of the supervisor's registry."""
+
+    def __init__(self):
+        self.values = {}
+        self.deleted = []
+
+    def new_family(self, name, description, kind):
+        return len(self.values) + 100
+
+    def new_metric(self, family, labels, buckets):
+        metric = len(self.values) + 1
+        self.values[metric] = 0.0
+        return metric
+
+    def update(self, metric, op, value):
+        self.values[metric] = value if op == "set" else self.values[metric] + value
+
+    def value(self, metric):
+        return self.values[metric]
+
+    def delete_metric(self, metric):
+        self.deleted.append(metric)
+
+    def delete_family(self, family):
+        self.deleted.append(family)
+
+
+def test_metric_rules_follow_triton():
+    backend = _Backend()
+    pb_utils._set_metrics_backend(backend)
+    try:
+        counter = pb_utils.MetricFamily("c", "d", pb_utils.MetricFamily.COUNTER).Metric({"a": "1"})
+        counter.increment(2)
+        counter.increment(3)
+        assert counter.value() == 5
+        with pytest.raises(TritonModelException, match="Counters only increase"):
+            counter.increment(-1)
+        with pytest.raises(TritonModelException, match="Only gauges"):
+            counter.set(1)
+        histogram = pb_utils.MetricFamily("h", "d", pb_utils.MetricFamily.HISTOGRAM)
+        with pytest.raises(TritonModelException, match="needs buckets"):
+            histogram.Metric()
+        with pytest.raises(TritonModelException, match="Only histogram metrics take buckets"):
+            pb_utils.MetricFamily("g", "d", pb_utils.MetricFamily.GAUGE).Metric(buckets=[1])
+        with pytest.raises(TritonModelException, match="labels must be a dict"):
+            histogram.Metric(labels=["x"], buckets=[1])
+    finally:
+        pb_utils._set_metrics_backend(None)
 
 
 def test_metric_kinds_exist():
@@ -43,7 +85,7 @@ def test_metric_kinds_exist():
     ],
 )
 def test_model_control_is_not_supported_without_a_hook(call):
-    with pytest.raises(TritonModelException, match=r"model control .* not supported yet by shoal"):
+    with pytest.raises(TritonModelException, match=r"model control"):
         call()
 
 

@@ -18,6 +18,7 @@ from shoal.supervisor._metrics_families import (
     triton_families,
 )
 from shoal.supervisor._metrics_rss import RssProbe, read_rss_bytes
+from shoal.supervisor.custom_metrics import CustomMetrics
 from shoal.supervisor.metrics import MetricsExporter
 from shoal.supervisor.types import ModelStatistics, StatDuration
 
@@ -227,6 +228,7 @@ def _service(versions):
         repository=SimpleNamespace(versions=lambda: iter(versions)),
         input_arena=SimpleNamespace(used_bytes=640, capacity_bytes=1 << 26),
         model_statistics=lambda: stats,
+        custom_metrics=CustomMetrics(),
     )
 
 

@@ -1,0 +1,98 @@
+"""Calls models make besides inference: model control and custom metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any, Protocol
+
+from shoal.ipc import messages as msg
+from shoal.supervisor.custom_metrics import CustomMetrics
+from shoal.supervisor.errors import ShoalError
+
+if TYPE_CHECKING:
+    from shoal.supervisor.instances import StubInstance
+    from shoal.supervisor.stub_process import StubProcess
+
+log = logging.getLogger("shoal")
+Op = msg.ControlOp
+_PENDING: set[asyncio.Future[None]] = set()
+
+
+class ModelControl(Protocol):
+    async def load(
+        self, name: str, config_json: str | None = None, files: dict[str, bytes] | None = None
+    ) -> None: ...
+
+    async def unload(self, name: str, unload_dependents: bool = False) -> None: ...
+
+    def model_ready(self, name: str, version: str) -> bool: ...
+
+
+class ControlRouter:
+    """Answers a stub's ControlCalls; metric updates are applied in the order they came."""
+
+    def __init__(self, models: ModelControl, metrics: CustomMetrics) -> None:
+        self._models = models
+        self.metrics = metrics
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def handle(self, caller: StubInstance, proc: StubProcess, call: msg.ControlCall) -> None:
+        if call.op in (Op.LOAD_MODEL, Op.UNLOAD_MODEL):
+            task = asyncio.create_task(self._model_call(proc, call))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+            return
+        try:
+            value = self._now(proc.pid, call)
+        except ShoalError as error:
+            self._reply(proc, call, error.message, None)
+        else:
+            self._reply(proc, call, None, value)
+
+    def forget_process(self, proc: StubProcess) -> None:
+        self.metrics.forget(proc.pid)
+
+    def _now(self, owner: int, call: msg.ControlCall) -> Any:
+        args = call.args
+        match call.op:
+            case Op.IS_MODEL_READY:
+                return self._models.model_ready(args[0], "" if args[1] < 0 else str(args[1]))
+            case Op.NEW_FAMILY:
+                self.metrics.new_family(owner, args[0], args[1], args[2], args[3])
+            case Op.NEW_METRIC:
+                self.metrics.new_metric(owner, args[0], args[1], args[2], args[3])
+            case Op.UPDATE_METRIC:
+                self.metrics.update(owner, args[0], args[1], args[2])
+            case Op.METRIC_VALUE:
+                return self.metrics.value(owner, args[0])
+            case Op.DELETE_METRIC:
+                self.metrics.delete_metric(owner, args[0])
+            case Op.DELETE_FAMILY:
+                self.metrics.delete_family(owner, args[0])
+        return None
+
+    async def _model_call(self, proc: StubProcess, call: msg.ControlCall) -> None:
+        args = call.args
+        try:
+            if call.op is Op.LOAD_MODEL:
+                await self._models.load(args[0], args[1] or None, args[2] or None)
+            else:
+                await self._models.unload(args[0], bool(args[1]))
+        except ShoalError as error:
+            verb = "load" if call.op is Op.LOAD_MODEL else "unload"
+            self._reply(proc, call, f"Failed to {verb} model: {error.message}", None)
+            return
+        self._reply(proc, call, None, None)
+
+    @staticmethod
+    def _reply(proc: StubProcess, call: msg.ControlCall, error: str | None, value: Any) -> None:
+        if call.call_id == 0:
+            if error is not None:
+                log.warning("a model's metric update failed: %s", error)
+            return
+        reply = msg.ControlReply(call.call_id, error, value)
+        if not proc.send(reply):
+            task = asyncio.ensure_future(proc.send_async(reply))
+            _PENDING.add(task)
+            task.add_done_callback(_PENDING.discard)

@@ -1,0 +1,26 @@
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.requests = pb_utils.MetricFamily(
+            name="custom_requests", description="requests seen", kind=pb_utils.MetricFamily.COUNTER
+        ).Metric(labels={"model": "custom_metrics"})
+        self.last = pb_utils.MetricFamily(
+            name="custom_last_value", description="last X", kind=pb_utils.MetricFamily.GAUGE
+        ).Metric(labels={"model": "custom_metrics"})
+        self.sizes = pb_utils.MetricFamily(
+            name="custom_x", description="X values", kind=pb_utils.MetricFamily.HISTOGRAM
+        ).Metric(labels={"model": "custom_metrics"}, buckets=[1.0, 10.0])
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = float(pb_utils.get_input_tensor_by_name(request, "X").as_numpy()[0])
+            self.requests.increment(1)
+            self.last.set(x)
+            self.sizes.observe(x)
+            count = pb_utils.Tensor("COUNT", np.array([self.requests.value()], dtype=np.float64))
+            responses.append(pb_utils.InferenceResponse([count]))
+        return responses
