@@ -28,6 +28,7 @@ class Kind(enum.IntEnum):
     FINALIZE = 4
     BLS_REPLY = 5
     CONTROL_REPLY = 6
+    CANCEL = 7
     READY = 11
     RESULT = 12
     LOG = 13
@@ -314,6 +315,21 @@ class BlsDone:
         return cls(f[0])
 
 
+@dataclass(slots=True)
+class Cancel:
+    """The clients of these requests went away: ``is_cancelled()`` turns true for them."""
+
+    KIND: ClassVar[Kind] = Kind.CANCEL
+    keys: list[int]
+
+    def fields(self) -> list[Any]:
+        return [self.keys]
+
+    @classmethod
+    def from_fields(cls, f: list[Any]) -> Cancel:
+        return cls(list(f[0]))
+
+
 class ControlOp(enum.IntEnum):
     """What a model asks of the server besides inference (model control, custom metrics)."""
 
@@ -383,6 +399,7 @@ Message = (
     | BlsDone
     | ControlCall
     | ControlReply
+    | Cancel
 )
 
 _TYPES: dict[int, Any] = {
@@ -402,6 +419,7 @@ _TYPES: dict[int, Any] = {
         BlsDone,
         ControlCall,
         ControlReply,
+        Cancel,
     )
 }
 

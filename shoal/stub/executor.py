@@ -50,6 +50,27 @@ class BatchExecutor:
         self.decoupled = decoupled
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_lock = threading.Lock()
+        # Cancellation flags of the requests in the stub, by key (not the requests: no
+        # reference here may keep a request's input views alive).
+        self._open: dict[int, Any] = {}
+        self._open_lock = threading.Lock()
+
+    def cancel(self, keys: list[int]) -> None:
+        """The supervisor says these requests' clients went away (any thread)."""
+        with self._open_lock:
+            flags = [self._open.get(key) for key in keys]
+        for flag in flags:
+            if flag is not None:
+                flag.cancelled = True
+
+    def _track(self, key: int, request: Any) -> None:
+        with self._open_lock:
+            self._open[key] = request._cancellation
+
+    def _untrack(self, keys: list[int]) -> None:
+        with self._open_lock:
+            for key in keys:
+                self._open.pop(key, None)
 
     # -- the batch --------------------------------------------------------------------------
 
@@ -59,11 +80,22 @@ class BatchExecutor:
         # response and FINAL, with execute returning None for that request).
         sent: list[list[Any]] = [[] for _ in execute.requests]
         requests = [self._request(record, sent[i]) for i, record in enumerate(execute.requests)]
+        for request, record in zip(requests, execute.requests, strict=True):
+            self._track(record.key, request)
+        if not self.decoupled:
+            try:
+                return self._run_batch(execute, requests, sent, t0)
+            finally:
+                self._untrack([r.key for r in execute.requests])
         t1 = time.perf_counter_ns()
-        if self.decoupled:
-            self._run_decoupled(requests, execute.requests)
-            t2 = time.perf_counter_ns()
-            return msg.Result(execute.batch_id, [], (t1 - t0, t2 - t1, 0))
+        self._run_decoupled(requests, execute.requests)
+        t2 = time.perf_counter_ns()
+        return msg.Result(execute.batch_id, [], (t1 - t0, t2 - t1, 0))
+
+    def _run_batch(
+        self, execute: msg.Execute, requests: list[Any], sent: list[list[Any]], t0: int
+    ) -> msg.Result:
+        t1 = time.perf_counter_ns()
         try:
             responses = self._call_execute(requests)
         except ExecuteError as error:
@@ -124,7 +156,10 @@ class BatchExecutor:
     def _stream_to(self, record: msg.RequestRecord) -> Callable[[Any, int], None]:
         def deliver(response: Any, flags: int) -> None:
             body = None if response is None else self.record(response, record)
-            self.send(msg.Response(record.key, body, bool(flags & FINAL)))
+            final = bool(flags & FINAL)
+            if final:
+                self._untrack([record.key])
+            self.send(msg.Response(record.key, body, final))
 
         return deliver
 
@@ -195,6 +230,7 @@ class BatchExecutor:
             sender = request.get_response_sender()
             if not sender._is_closed():
                 sender._close()
+                self._untrack([record.key])
                 error = msg.ResponseRecord(error=("INTERNAL", text))
                 self.send(msg.Response(record.key, error, True))
 

@@ -23,9 +23,15 @@ _T = TypeVar("_T")
 class DownPump:
     """Reads the supervisor→stub ring on behalf of every thread of the stub."""
 
-    def __init__(self, channel: Channel, release: Callable[[list[Block]], None]) -> None:
+    def __init__(
+        self,
+        channel: Channel,
+        release: Callable[[list[Block]], None],
+        cancel: Callable[[list[int]], None] = lambda keys: None,
+    ) -> None:
         self._channel = channel
         self._release = release
+        self._cancel = cancel
         self._cond = threading.Condition()
         self._reading = False
         self._error: BaseException | None = None
@@ -103,5 +109,7 @@ class DownPump:
                     waiting.append(message)
             case msg.Release(blocks=blocks):
                 self._release(blocks)
+            case msg.Cancel(keys=keys):
+                self._cancel(keys)
             case _:
                 self._main.append(message)

@@ -11,6 +11,7 @@ import signal
 import socket
 import sys
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 from shoal.ipc import messages as msg
@@ -113,7 +114,13 @@ class StubRuntime:
                 raise RuntimeError(f"expected Initialize, got {type(first).__name__}")
             outputs = SharedOutputArena(self._create_outputs(first))
             writer = TensorWriter(outputs, Locations())
-            pump = DownPump(self.channel, outputs.free)
+            cancels: list[Callable[[list[int]], None]] = []  # filled once execute can run
+
+            def cancel(keys: list[int]) -> None:
+                for each in cancels:
+                    each(keys)
+
+            pump = DownPump(self.channel, outputs.free, cancel)
             # Model control and custom metrics work from initialize on; BLS from execute on.
             control = ControlClient(pump, self._send)
             pb_utils._set_model_controller(control)
@@ -131,6 +138,7 @@ class StubRuntime:
                 self._send,
                 _is_decoupled(first.args),
             )
+            cancels.append(executor.cancel)
             pb_utils._set_bls_executor(BlsClient(writer, pump, self._send, self.input_view))
             self._send(msg.Ready())
             return self._serve(executor, pump)

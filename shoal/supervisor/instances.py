@@ -8,6 +8,7 @@ UNAVAILABLE naming the instance and how it died.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import time
@@ -244,6 +245,7 @@ class StubInstance:
         for work in batch:
             work.dispatched_ns = now
             work.record.key = next(self._keys)
+            work.on_cancel = functools.partial(self._cancel_keys, proc, [work.record.key])
             if work.stream is not None:
                 self._streams[work.record.key] = OpenStream(work, self._free_inputs)
         self._idle.clear()
@@ -301,6 +303,12 @@ class StubInstance:
             owned = [b for b in response_blocks(body) if b.arena_id == proc.output_arena_id]
             completion = Completion(body, self, proc, owned)
         stream.push(completion, message.final)
+
+    def _cancel_keys(self, proc: StubProcess, keys: list[int]) -> None:
+        if proc.returncode is None and not proc.send(msg.Cancel(keys)):
+            task = asyncio.ensure_future(self._send_quietly(proc, msg.Cancel(keys)))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
 
     def _fail_unsent(self, batch_id: int, error: ShoalError) -> None:
         batch, finished = self._in_flight.pop(batch_id, ([], None))

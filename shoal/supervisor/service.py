@@ -199,14 +199,17 @@ class InferenceService:
             record, blocks, future, batch_size=staging.batch_size(mv.config, request), stream=stream
         )
         mv.submit(work)
+        finished = False
         try:
             while (item := await stream.get()) is not None:
                 if isinstance(item, BaseException):
                     raise item
                 yield self._response(mv, request, item)
+            finished = True
         finally:
             work.closed = True  # later responses are released as they come
-            future.cancel()  # still queued: the scheduler drops it
+            if not finished:
+                work.cancel()
             while not stream.empty():
                 left = stream.get_nowait()
                 if isinstance(left, Completion):
@@ -229,8 +232,13 @@ class InferenceService:
             return response
         future: asyncio.Future[Completion] = asyncio.get_running_loop().create_future()
         batch_size = staging.batch_size(mv.config, request)
-        mv.submit(Work(record, blocks, future, batch_size=batch_size))
-        completion = await future
+        work = Work(record, blocks, future, batch_size=batch_size)
+        mv.submit(work)
+        try:
+            completion = await future
+        except asyncio.CancelledError:
+            work.cancel()
+            raise
         response = self._response(mv, request, completion)
         try:
             write_shm_outputs(self.shm, request, response)

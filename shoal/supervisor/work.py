@@ -69,6 +69,16 @@ class Work:
     stream: asyncio.Queue[Completion | BaseException | None] | None = None
     #: The requester stopped reading the stream: responses are released as they arrive.
     closed: bool = False
+    #: Set by the instance that runs the work: tells the model the client went away.
+    on_cancel: Callable[[], None] | None = None
+
+    def cancel(self) -> None:
+        """The client went away: drop the work if queued, flag it to the model if running."""
+        if not self.future.done():
+            self.future.cancel()
+        on_cancel, self.on_cancel = self.on_cancel, None
+        if on_cancel is not None:
+            on_cancel()
 
     @property
     def abandoned(self) -> bool:

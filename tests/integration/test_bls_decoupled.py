@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import queue
+import time
 
 import numpy as np
 import pytest
@@ -86,3 +87,24 @@ def test_bls_to_a_decoupled_model(server):
     result = client.infer("bls_decoupled", [count])
     assert int(result.as_numpy("TOTAL")[0]) == sum(range(6))
     client.close()
+
+
+def test_cancelling_a_stream_reaches_the_model():
+    args = ("--model-control-mode", "explicit", "--load-model", "decoupled_until_cancel")
+    with ShoalServer(TEST_MODELS, extra_args=args) as server:
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        responses: queue.Queue = queue.Queue()
+        client.start_stream(callback=lambda result, error: responses.put((result, error)))
+        inp = grpcclient.InferInput("IN", [1], "INT32")
+        inp.set_data_from_numpy(np.array([0], dtype=np.int32))
+        client.async_stream_infer("decoupled_until_cancel", [inp])
+        for _ in range(3):
+            result, error = responses.get(timeout=30)
+            assert error is None, error
+        client.stop_stream(cancel_requests=True)
+        client.close()
+        line = "decoupled_until_cancel: cancelled=True"
+        deadline = time.monotonic() + 20
+        while line not in server.output and time.monotonic() < deadline:
+            time.sleep(0.02)  # polling the server log for the model's own line
+        assert line in server.output, server.output

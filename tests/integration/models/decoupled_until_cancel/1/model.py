@@ -1,0 +1,27 @@
+import threading
+import time
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    """Streams ticks until the client cancels, then says so in the log and sends FINAL."""
+
+    def execute(self, requests):
+        for request in requests:
+            threading.Thread(target=self._tick, args=(request,)).start()
+        return None
+
+    def _tick(self, request):
+        sender = request.get_response_sender()
+        tick = 0
+        deadline = time.monotonic() + 30
+        while not request.is_cancelled() and time.monotonic() < deadline:
+            sender.send(
+                pb_utils.InferenceResponse([pb_utils.Tensor("TICK", np.array([tick], np.int32))])
+            )
+            tick += 1
+            time.sleep(0.01)
+        pb_utils.Logger.log_info(f"decoupled_until_cancel: cancelled={request.is_cancelled()}")
+        sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
