@@ -7,12 +7,15 @@ import enum
 import json
 import logging
 import os
+import sys
+import tarfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from shoal.ipc.arena import Block
-from shoal.supervisor.errors import Unavailable
+from shoal.supervisor import environments
+from shoal.supervisor.errors import ShoalError, Unavailable
 from shoal.supervisor.instances import (
     BlsHandler,
     ControlHandler,
@@ -57,6 +60,7 @@ class ModelVersion:
     scheduler: Scheduler | None = None
     instances: list[StubInstance] = field(default_factory=list)
     stats: StatsRecorder = field(init=False)
+    environment: environments.StubEnvironment | None = None
 
     def __post_init__(self) -> None:
         self.stats = StatsRecorder(self.name, self.version)
@@ -94,6 +98,10 @@ class ModelLoader:
         specs = []
         instances = list(config.instance_names())
         env = thread_env(config.parameters, len(instances))
+        python = sys.executable
+        if mv.environment is not None:
+            python = mv.environment.python
+            env = {**env, **mv.environment.env}
         for instance_name, kind, device_id in instances:
             args = {
                 "model_config": config_text,
@@ -110,7 +118,7 @@ class ModelLoader:
                     instance_name=instance_name,
                     init_args=args,
                     model_file=model_file,
-                    launch=StubLaunch(instance_name, env=env),
+                    launch=StubLaunch(instance_name, python=python, env=env),
                     output_arena=(
                         self._arenas.output_initial_bytes,
                         self._arenas.growth_bytes,
@@ -122,6 +130,17 @@ class ModelLoader:
 
     async def start(self, mv: ModelVersion) -> None:
         """Bring up every instance; on failure the version is UNAVAILABLE with the reason."""
+        try:
+            mv.environment = environments.resolve(
+                mv.config.parameters, os.path.abspath(mv.config.path), mv.name
+            )
+            if mv.environment is not None:
+                await environments.check(mv.environment, mv.name)
+        except (ShoalError, OSError, tarfile.TarError) as error:
+            mv.state = ModelState.UNAVAILABLE
+            mv.reason = f"failed to load '{mv.name}' version {mv.version}: {error}"
+            log.error("%s", mv.reason)
+            return
         if mv.config.is_ensemble:  # runs in the supervisor: no stub, no scheduler
             mv.state = ModelState.READY
             log.info("successfully loaded ensemble '%s' version %d", mv.name, mv.version)

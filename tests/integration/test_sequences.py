@@ -122,7 +122,7 @@ def test_requests_without_a_sequence_are_rejected(client):
 
 def test_idle_sequence_is_released(client):
     _step(client, "seq_idle", 1, 1, start=True)  # takes the only slot, then goes idle
-    # Sequence 2 waits in the backlog until the idle sequence 1 is released (0.5 s).
+    # Sequence 2 waits in the backlog until the idle sequence 1 is released (1 s).
     assert _step(client, "seq_idle", 2, 2, start=True).as_numpy("OUT").tolist() == [[2]]
     with pytest.raises(InferenceServerException) as info:
         _step(client, "seq_idle", 1, 3)

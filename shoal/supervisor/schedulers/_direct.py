@@ -111,12 +111,12 @@ class DirectStrategy:
             front = slot.queue[0]
             if isinstance(front, ForceEnd):
                 slot.queue.popleft()
-                self._core.table.release(slot)
+                self._core.release(slot)
             elif front.abandoned:
                 slot.queue.popleft()
                 self._core.free_work(front)
                 if front.record.flags & FLAG_END:
-                    self._core.table.release(slot)
+                    self._core.release(slot)
             else:
                 return
 
@@ -156,7 +156,7 @@ class DirectStrategy:
             return self._null(inputs, outputs)
         slot.queue.popleft()
         if front.record.flags & FLAG_END:
-            self._core.table.release(slot)
+            self._core.release(slot)
         if self._core.prepare(front, slot):
             return front
         return self._null(inputs, outputs)  # it failed; its position still needs a request

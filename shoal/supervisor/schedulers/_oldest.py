@@ -58,7 +58,7 @@ class OldestStrategy:
         while slot.queue and not slot.in_flight and not self._core.closed:
             item = slot.queue.popleft()
             if isinstance(item, ForceEnd):
-                self._core.table.release(slot)
+                self._core.release(slot)
                 continue
             if item.abandoned:
                 self._core.free_work(item)
@@ -67,7 +67,7 @@ class OldestStrategy:
                 item.future.add_done_callback(functools.partial(self._completed, slot))
                 self._batchers[slot.instance].submit(item)
             if item.record.flags & FLAG_END:
-                self._core.table.release(slot)
+                self._core.release(slot)
         self._core.changed()
 
     def _completed(self, slot: Slot, *_: Any) -> None:

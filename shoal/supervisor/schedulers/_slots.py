@@ -78,6 +78,10 @@ class SequenceCore(Protocol):
         """Add controls and state to a request leaving its slot; False if it failed instead."""
         ...
 
+    def release(self, slot: Slot) -> None:
+        """The sequence in ``slot`` ended or was released: pass the slot on."""
+        ...
+
     def changed(self) -> None:
         """Queues changed: wake waiting instances and recheck emptiness."""
         ...
@@ -132,8 +136,9 @@ class SlotTable:
         if end:  # a later START with this id collects a new backlog
             del self._backlog_of[corr]
 
-    def release(self, slot: Slot) -> None:
-        """The sequence in ``slot`` is over: give the slot to the oldest backlogged sequence."""
+    def release(self, slot: Slot, now_ns: int) -> None:
+        """The sequence in ``slot`` is over: give the slot to the oldest backlogged sequence,
+        whose idle time starts now."""
         if not self.backlog:
             heapq.heappush(self._free, (slot.index, slot.instance))
             return
@@ -142,6 +147,7 @@ class SlotTable:
         if self._backlog_of.get(backlog.corr) is backlog:
             del self._backlog_of[backlog.corr]
             self.assigned[backlog.corr] = slot
+            self.last_seen[backlog.corr] = now_ns
 
     def reap(self, now_ns: int, idle_ns: int) -> tuple[list[Slot], list[Work], int | None]:
         """Release idle sequences and expire old backlogs.

@@ -144,6 +144,11 @@ class SequenceBatcher:
             return False
         return True
 
+    def release(self, slot: Slot) -> None:
+        now = self.clock.now_ns()
+        self.table.release(slot, now)
+        self._arm_reaper(now + self._idle_ns)
+
     def changed(self) -> None:
         if self.pending:
             self._empty.clear()

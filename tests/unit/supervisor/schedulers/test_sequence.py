@@ -203,6 +203,11 @@ def test_idle_sequence_is_released_and_its_slot_reused(tmp_path):
         assert "must specify the START flag on the first request of the sequence" in str(error)
         inst.finish()
         await result(b1)
+        s.clock.advance_us(4500)  # sequence 2's idle time started when it got the slot
+        b2 = s.submit(2, END)
+        assert await inst.take() == [b2]
+        inst.finish()
+        await result(b2)
         await s.close()
 
     run(scenario())
