@@ -99,7 +99,7 @@ def test_cancelling_a_stream_reaches_the_model():
         inp.set_data_from_numpy(np.array([0], dtype=np.int32))
         client.async_stream_infer("decoupled_until_cancel", [inp])
         for _ in range(3):
-            result, error = responses.get(timeout=30)
+            _, error = responses.get(timeout=30)
             assert error is None, error
         client.stop_stream(cancel_requests=True)
         client.close()

@@ -37,7 +37,8 @@ def _model(repo: Path, name: str, env_path: str) -> None:
         f'name: "{name}"\nbackend: "python"\n'
         'input [ { name: "IN" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
         'output [ { name: "PREFIX" data_type: TYPE_STRING dims: [ 1 ] } ]\n'
-        f'parameters {{ key: "EXECUTION_ENV_PATH" value: {{ string_value: {json.dumps(env_path)} }} }}\n'
+        'parameters { key: "EXECUTION_ENV_PATH" value: { string_value: '
+        f"{json.dumps(env_path)} }} }}\n"
     )
 
 
