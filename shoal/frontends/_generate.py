@@ -134,20 +134,19 @@ class GenerateEndpoint:
 
 async def _send_rest(responses: AsyncIterator[InferResponse], send: Send) -> None:
     """Every further response as an event; an error is the last event."""
-    while True:
+    error: ShoalError | None = None
+    while error is None:
         try:
             body = await _next_body(responses)
         except ShoalError as exc:
-            body = error_json(exc.message)
-            await _send_chunk(send, sse_event(body))
-            return
+            error = exc
         except Exception:
-            body = error_json(unexpected("a generate_stream request").message)
+            error = unexpected("a generate_stream request")
+        else:
+            if body is None:
+                return
             await _send_chunk(send, sse_event(body))
-            return
-        if body is None:
-            return
-        await _send_chunk(send, sse_event(body))
+    await _send_chunk(send, sse_event(error_json(error.message)))
 
 
 async def _next_body(responses: AsyncIterator[InferResponse]) -> bytes | None:
