@@ -57,6 +57,7 @@ EXTENSIONS = (
     "statistics",
     "system_shared_memory",
     "logging",
+    "generate",
 )
 INPUT_ARENA_ID = 0
 
