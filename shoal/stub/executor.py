@@ -23,6 +23,10 @@ from shoal.stub import pb_utils
 from shoal.stub.tensors_out import TensorWriter, json_params
 
 FINAL = 1
+#: Request parameters that are request fields in Triton: the model does not see them.
+_RESERVED = frozenset(
+    {"sequence_id", "sequence_start", "sequence_end", "priority", "timeout", "binary_data_output"}
+)
 log = logging.getLogger("shoal.stub")
 
 
@@ -145,7 +149,7 @@ class BatchExecutor:
             inputs=tensors,
             requested_output_names=record.requested_outputs,
             flags=record.flags,
-            parameters=record.parameters,
+            parameters={k: v for k, v in record.parameters.items() if k not in _RESERVED},
             timeout=record.timeout_us,
             model_name="",
             model_version=-1,

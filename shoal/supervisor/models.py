@@ -30,6 +30,7 @@ from shoal.supervisor.schedulers import (
     arena_stager,
     make_scheduler,
 )
+from shoal.supervisor.schedulers.base import fail_work
 from shoal.supervisor.segments import SegmentDirectory
 from shoal.supervisor.stats import StatsRecorder
 from shoal.supervisor.stub_process import StubLaunch
@@ -192,12 +193,9 @@ class ModelLoader:
     async def stop(self, mv: ModelVersion, timeout: float) -> None:
         mv.state = ModelState.UNLOADING
         if mv.scheduler is not None:
+            error = Unavailable(f"model '{mv.name}' is unloading; the request was not run")
             for work in mv.scheduler.close():
-                self._free_inputs(work.input_blocks)
-                if not work.future.done():
-                    work.future.set_exception(
-                        Unavailable(f"model '{mv.name}' is unloading; the request was not run")
-                    )
+                fail_work(work, error, lambda w: self._free_inputs(w.input_blocks))
         await asyncio.gather(*(i.stop(timeout) for i in mv.instances))
         mv.state = ModelState.UNAVAILABLE
         mv.reason = "unloaded"

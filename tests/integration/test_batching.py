@@ -8,6 +8,7 @@ import re
 import time
 import urllib.request
 
+import gevent
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
@@ -101,7 +102,9 @@ class Gate:
         )
         deadline = time.monotonic() + 30
         while marker not in server.output and time.monotonic() < deadline:
-            time.sleep(0.01)  # polling the log for the model's own line
+            # Polling the log for the model's own line; gevent's sleep lets the client's
+            # request greenlets run meanwhile.
+            gevent.sleep(0.01)
         assert marker in server.output, "the gate request did not start executing"
 
     def open(self) -> None:
@@ -160,7 +163,7 @@ def _wait_queued(server, count: int) -> None:
     while time.monotonic() < deadline:
         if _pending(server) >= count:
             return
-        time.sleep(0.01)  # polling the server, not waiting on time
+        gevent.sleep(0.01)  # polling the server (and letting request greenlets run)
     raise AssertionError(f"{count} requests never queued for batch_gate")
 
 

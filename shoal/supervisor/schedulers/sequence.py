@@ -4,9 +4,10 @@
 it to its sequence's slot or the backlog (:class:`~._slots.SlotTable`); the strategy turns slots
 into batches: ``direct`` (:class:`~._direct.DirectStrategy`, a fixed batch position per slot) or
 ``oldest`` (:class:`~._oldest.OldestStrategy`, a dynamic batcher per instance). Before a request
-leaves its slot it gets its control tensors and implicit state (:class:`~._controls.
-SequenceTensors`). A reaper timer releases sequences idle for ``max_sequence_idle_microseconds``
-and fails backlogged sequences whose requests' ``timeout`` expired.
+leaves its slot it gets its control tensors and implicit state
+(:class:`~._controls.SequenceTensors`). A reaper timer releases sequences idle for
+``max_sequence_idle_microseconds`` and fails backlogged sequences whose requests' ``timeout``
+expired.
 """
 
 from __future__ import annotations
@@ -60,6 +61,12 @@ class SequenceBatcher:
         self._reaper = Alarm(self.clock, self._reap)
         self._empty = asyncio.Event()
         self._empty.set()
+        self.table, self._strategy = self._strategy_for(config, instances)
+
+    def _strategy_for(
+        self, config: Any, instances: int
+    ) -> tuple[SlotTable, DirectStrategy | OldestStrategy]:
+        batching = config.sequence_batching
         max_batch = max(1, config.max_batch_size)
         settings = BatchSettings(
             max_batch_size=max_batch,
@@ -68,19 +75,17 @@ class SequenceBatcher:
             preserve_ordering=batching.preserve_ordering,
             **shape_rules(config),
         )
-        self._strategy: DirectStrategy | OldestStrategy
         if batching.strategy == "oldest":
-            self.table = SlotTable(instances, batching.max_candidate_sequences or max_batch)
-            self._strategy = OldestStrategy(self, instances, settings)
-        else:
-            self.table = SlotTable(instances, max_batch)
-            self._strategy = DirectStrategy(
-                self,
-                instances,
-                settings,
-                settings.max_queue_delay_ns,
-                batching.minimum_slot_utilization,
-            )
+            table = SlotTable(instances, batching.max_candidate_sequences or max_batch)
+            return table, OldestStrategy(self, instances, settings)
+        direct = DirectStrategy(
+            self,
+            instances,
+            settings,
+            settings.max_queue_delay_ns,
+            batching.minimum_slot_utilization,
+        )
+        return SlotTable(instances, max_batch), direct
 
     # -- Scheduler --------------------------------------------------------------------------
 
