@@ -22,9 +22,11 @@ test: check
 check: lint typecheck
 	$(BIN)/python -m pytest -q
 
+LINTED := $(wildcard shoal tests benchmarks scripts)
+
 lint: $(STAMP)
-	$(BIN)/ruff format --check shoal tests benchmarks scripts
-	$(BIN)/ruff check shoal tests benchmarks scripts
+	$(BIN)/ruff format --check $(LINTED)
+	$(BIN)/ruff check $(LINTED)
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
