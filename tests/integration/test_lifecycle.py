@@ -119,3 +119,21 @@ def test_bundled_server_starts_and_stops_cleanly():
     with ShoalServer(BUNDLED) as server:
         assert len(server.stub_pids()) == 3
         assert server.stop(signal.SIGINT) == 0
+
+
+def test_supervisor_killed_takes_its_stubs_with_it():
+    segments_before = shoal_shm_segments()
+    server = ShoalServer(BUNDLED).start()
+    try:
+        stubs = server.stub_pids()
+        assert stubs
+        server.proc.kill()  # SIGKILL: no cleanup code runs in the supervisor
+        server.proc.wait(10)
+        deadline = time.monotonic() + 5
+        while any(not _is_zombie(p) and os.path.exists(f"/proc/{p}") for p in stubs):
+            assert time.monotonic() < deadline, "stubs outlived their supervisor"
+            time.sleep(0.01)  # polling the process table
+        # memfd arenas vanish with their last process: no named segment is left.
+        assert shoal_shm_segments() == segments_before
+    finally:
+        server.__exit__(None, None, None)
