@@ -19,7 +19,13 @@ from typing import Any, Protocol
 from shoal.ipc import messages as msg
 from shoal.ipc.arena import Block
 from shoal.ipc.queue import PeerGone
-from shoal.supervisor.errors import ErrorCode, InternalError, ShoalError, Unavailable
+from shoal.supervisor.errors import (
+    DeadlineExceeded,
+    ErrorCode,
+    InternalError,
+    ShoalError,
+    Unavailable,
+)
 from shoal.supervisor.segments import SegmentDirectory
 from shoal.supervisor.stats import StatsRecorder
 from shoal.supervisor.streams import OpenStream, response_blocks
@@ -73,6 +79,11 @@ class InstanceSpec:
     launch: StubLaunch
     output_arena: tuple[int, int, int]
     restart_backoff: tuple[float, float] = (0.1, 5.0)
+    #: Seconds one execute may take before the stub is killed and restarted (None: no limit).
+    execute_timeout: float | None = None
+    #: This many deaths within ``crash_window`` seconds: stop restarting (a crash loop).
+    crash_limit: int = 5
+    crash_window: float = 60.0
 
 
 class StubInstance:
@@ -101,6 +112,14 @@ class StubInstance:
         self._streams: dict[int, OpenStream] = {}
         #: Routes BLS calls made by this instance's model (set by the model loader).
         self.bls: BlsHandler | None = None
+        self._hung: str | None = None
+        self._deaths: list[float] = []
+        #: Why the instance gave up restarting (a crash loop), or None.
+        self.failed: str | None = None
+        #: Told when the instance gives up (the model loader marks the model unavailable).
+        self.on_failed: Callable[[StubInstance], None] | None = None
+        #: Decoupled models answer as they go: the execute timeout does not apply to them.
+        self.decoupled = False
         #: Answers model control and custom-metric calls (set by the model loader).
         self.control: ControlHandler | None = None
         self._in_flight: dict[int, tuple[list[Work], asyncio.Future[None]]] = {}
@@ -270,10 +289,29 @@ class StubInstance:
         # One batch at a time per instance (Triton's contract for a sync execute), even when
         # the clients of this batch have gone away.
         try:
-            await finished
+            await self._await_batch(proc, batch_id, finished)
         finally:
             if not self._in_flight:
                 self._idle.set()
+
+    async def _await_batch(
+        self, proc: StubProcess, batch_id: int, finished: asyncio.Future[None]
+    ) -> None:
+        timeout = self.spec.execute_timeout
+        if timeout is None or self.decoupled:
+            await finished
+            return
+        try:
+            await asyncio.wait_for(asyncio.shield(finished), timeout)
+        except asyncio.TimeoutError:
+            log.error(
+                "instance '%s': execute took longer than %.3gs: killing its stub",
+                self.name,
+                timeout,
+            )
+            self._hung = f"execute did not finish within {timeout:g}s (execute_timeout_seconds)"
+            proc.kill()
+            await finished
 
     def _on_response(self, proc: StubProcess, message: msg.Response) -> None:
         """One response of a decoupled model's request."""
@@ -370,7 +408,14 @@ class StubInstance:
             return
         self.last_exit = how
         log.error("instance '%s' stub process %d died with %s", self.name, proc.pid, how)
-        error = Unavailable(f"Stub process '{self.name}' is not healthy: it died with {how}")
+        hung, self._hung = self._hung, None
+        error: ShoalError = Unavailable(
+            f"Stub process '{self.name}' is not healthy: it died with {how}"
+        )
+        if hung is not None:
+            error = DeadlineExceeded(
+                f"instance '{self.name}': {hung}; its stub was killed and restarts"
+            )
         for batch, finished in self._in_flight.values():
             if not finished.done():
                 finished.set_result(None)
@@ -387,6 +432,18 @@ class StubInstance:
         if self.control is not None:
             self.control.forget_process(proc)
         self._release_pending.clear()
+        now = time.monotonic()
+        self._deaths = [t for t in self._deaths if now - t < self.spec.crash_window] + [now]
+        if len(self._deaths) >= self.spec.crash_limit:
+            self.failed = (
+                f"instance '{self.name}' died {len(self._deaths)} times within "
+                f"{self.spec.crash_window:g}s (last: {how}); it is not restarted"
+            )
+            log.error("%s", self.failed)
+            if self.on_failed is not None:
+                self.on_failed(self)
+            self._restart_task = asyncio.create_task(self._discard(proc))
+            return
         self._restart_task = asyncio.create_task(self._restart(proc))
 
     async def _restart(self, dead: StubProcess) -> None:

@@ -9,7 +9,7 @@ import logging
 import os
 import sys
 import tarfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -125,6 +125,7 @@ class ModelLoader:
                         self._arenas.growth_bytes,
                         self._arenas.limit_bytes,
                     ),
+                    execute_timeout=_execute_timeout(config.parameters, mv.name),
                 )
             )
         return specs
@@ -166,6 +167,8 @@ class ModelLoader:
         for instance in mv.instances:
             instance.bls = self.bls
             instance.control = self.control
+            instance.decoupled = mv.config.decoupled
+            instance.on_failed = lambda failed, mv=mv: self._on_instance_failed(mv, failed)
         results = await asyncio.gather(
             *(i.start(scheduler.source(n)) for n, i in enumerate(mv.instances)),
             return_exceptions=True,
@@ -181,6 +184,16 @@ class ModelLoader:
             return
         mv.state = ModelState.READY
         log.info("successfully loaded '%s' version %d", mv.name, mv.version)
+
+    def _on_instance_failed(self, mv: ModelVersion, instance: StubInstance) -> None:
+        """An instance stopped restarting; with none left the version is unavailable."""
+        if all(i.failed for i in mv.instances):
+            mv.state = ModelState.UNAVAILABLE
+            mv.reason = f"every instance is in a crash loop: {instance.failed}"
+            if mv.scheduler is not None:  # nothing will run what is queued: fail it now
+                error = Unavailable(f"model '{mv.name}' is unavailable: {mv.reason}")
+                for work in mv.scheduler.close():
+                    fail_work(work, error, lambda w: self._free_inputs(w.input_blocks))
 
     async def drain(self, mv: ModelVersion) -> None:
         """Wait until every request queued for or running in ``mv`` has finished."""
@@ -221,3 +234,24 @@ def thread_env(
         elif name not in environ:
             env[name] = share
     return env
+
+
+EXECUTE_TIMEOUT_PARAMETER = "execute_timeout_seconds"
+
+
+def _execute_timeout(parameters: Mapping[str, str], model: str) -> float | None:
+    """The model's ``execute_timeout_seconds`` parameter (a stuck execute kills its stub)."""
+    raw = parameters.get(EXECUTE_TIMEOUT_PARAMETER)
+    if not raw:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        log.warning(
+            "model '%s': %s must be a number of seconds, not %r; ignored",
+            model,
+            EXECUTE_TIMEOUT_PARAMETER,
+            raw,
+        )
+        return None
+    return value if value > 0 else None

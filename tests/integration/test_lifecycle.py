@@ -137,3 +137,34 @@ def test_supervisor_killed_takes_its_stubs_with_it():
         assert shoal_shm_segments() == segments_before
     finally:
         server.__exit__(None, None, None)
+
+
+def _int32(name: str, value: int):
+    inp = httpclient.InferInput(name, [1], "INT32")
+    inp.set_data_from_numpy(np.array([value], dtype=np.int32))
+    return inp
+
+
+def test_execute_timeout_kills_a_stuck_stub_and_it_comes_back():
+    args = ("--model-control-mode", "explicit", "--load-model", "hang")
+    with ShoalServer(TEST_MODELS, extra_args=args) as server:
+        client = httpclient.InferenceServerClient(server.url)
+        with pytest.raises(InferenceServerException, match="did not finish within 1s"):
+            client.infer("hang", [_int32("HANG", 1)])
+        assert int(client.infer("hang", [_int32("HANG", 0)]).as_numpy("OK")[0]) == 0
+        client.close()
+
+
+def test_crash_loop_makes_the_model_unavailable_with_the_reason():
+    args = ("--model-control-mode", "explicit", "--load-model", "crash_always")
+    with ShoalServer(TEST_MODELS, extra_args=args) as server:
+        client = httpclient.InferenceServerClient(server.url)
+        for _ in range(5):
+            with pytest.raises(InferenceServerException):
+                client.infer("crash_always", [_int32("IN", 1)])
+        assert not client.is_model_ready("crash_always")
+        assert not client.is_server_ready()
+        index = {m["name"]: m for m in client.get_model_repository_index()}
+        assert "crash loop" in index["crash_always"]["reason"]
+        assert "exit code 3" in index["crash_always"]["reason"]
+        client.close()
