@@ -87,6 +87,9 @@ def test_shutdown_drains_in_flight_and_calls_finalize():
         assert "error" not in outcome, outcome.get("error")
         np.testing.assert_array_equal(outcome["result"], [1.0])
         assert "slow: finalize called" in server.output
+        # A stub's own stdout and stderr reach the server log, tagged with the instance.
+        assert "[slow_0] slow: hello from stdout" in server.output
+        assert "[slow_0] slow: hello from stderr" in server.output
         for pid in stubs:
             assert not os.path.exists(f"/proc/{pid}") or _is_zombie(pid)
         client.close()

@@ -1,9 +1,14 @@
+import sys
 import time
 
 import triton_python_backend_utils as pb_utils
 
 
 class TritonPythonModel:
+    def initialize(self, args):
+        print("slow: hello from stdout")
+        print("slow: hello from stderr", file=sys.stderr)
+
     def execute(self, requests):
         responses = []
         for request in requests:
