@@ -12,6 +12,7 @@ import signal
 import sys
 from collections.abc import Sequence
 
+from shoal import perf
 from shoal.supervisor.options import MIB, ArenaOptions, ServerOptions
 
 
@@ -107,6 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--log-verbose", type=int, default=0)
     serve.add_argument("--exit-timeout-secs", type=float, default=30.0)
     serve.add_argument("--http-max-input-size", type=int, default=64 * MIB)
+    perf.add_arguments(commands.add_parser("perf", help="load-test a KServe V2 server"))
     return parser
 
 
@@ -187,6 +189,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         except (FileNotFoundError, OSError) as error:
             logging.getLogger("shoal").error("%s", error)
             return 1
+    if args.command == "perf":
+        return perf.main(args)
     return 2
 
 

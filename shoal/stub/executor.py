@@ -18,7 +18,7 @@ from typing import Any
 
 from shoal.ipc import messages as msg
 from shoal.ipc.arena import ArenaExhausted, Block
-from shoal.ipc.tensor import TensorDesc, buffer_to_numpy
+from shoal.ipc.tensor import Location, TensorDesc, buffer_to_numpy
 from shoal.stub import pb_utils
 from shoal.stub.tensors_out import TensorWriter, json_params
 
@@ -42,7 +42,7 @@ class BatchExecutor:
         instance: str,
         model: Any,
         writer: TensorWriter,
-        input_view: Callable[[Block], memoryview],
+        input_view: Callable[[Location], memoryview],
         send: Callable[[msg.Message], None],
         decoupled: bool,
     ) -> None:
@@ -129,10 +129,11 @@ class BatchExecutor:
     def _request(self, record: msg.RequestRecord, delivered: list[Any]) -> Any:
         tensors = []
         for desc in record.inputs:
-            assert isinstance(desc.location, Block)
             view = self.input_view(desc.location)
             array = buffer_to_numpy(desc.datatype, desc.shape, view, readonly=True)
-            if desc.datatype != "BYTES":
+            # Only arena blocks can be handed back by descriptor (client regions are the
+            # client's to reuse once the response is out).
+            if desc.datatype != "BYTES" and isinstance(desc.location, Block):
                 self.writer.locations.remember(array, desc, returnable=True)
             tensors.append(pb_utils.Tensor._wrap(desc.name, array, desc.datatype))
         if self.decoupled:

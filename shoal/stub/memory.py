@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import collections
 import ctypes
+import mmap
 import threading
 import weakref
 from typing import Any
 
 import numpy as np
+import posix_ipc
 
 from shoal.ipc.arena import Block, OwnedArena
-from shoal.ipc.tensor import TensorDesc, buffer_to_numpy
+from shoal.ipc.tensor import RegionLocation, TensorDesc, buffer_to_numpy
 
 
 class SharedOutputArena:
@@ -70,3 +73,45 @@ def kept_view(datatype: str, shape: tuple[int, ...], view: memoryview, keeper: A
     holder = (ctypes.c_char * view.nbytes).from_buffer(view)
     holder.keeper = keeper  # type: ignore[attr-defined]
     return buffer_to_numpy(datatype, shape, memoryview(holder).cast("B"), readonly=True)
+
+
+class ClientRegions:
+    """Clients' registered shared-memory regions, mapped on first use and cached.
+
+    Locations name a region as ``"<registration>:<key>"``: a new registration of the same key
+    (the client may have re-created it) is mapped afresh. Views read the client's bytes in
+    place: an input from client shared memory is never copied.
+    """
+
+    _KEEP = 64
+
+    def __init__(self) -> None:
+        self._maps: collections.OrderedDict[str, mmap.mmap] = collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    def view(self, location: RegionLocation) -> memoryview:
+        with self._lock:
+            mapping = self._maps.get(location.region)
+            if mapping is None:
+                mapping = self._map(location.region)
+            self._maps.move_to_end(location.region)
+        end = location.offset + location.nbytes
+        if location.offset < 0 or end > len(mapping):
+            raise ValueError(f"{location} lies outside the {len(mapping)}-byte region")
+        return memoryview(mapping)[location.offset : end]
+
+    def _map(self, region: str) -> mmap.mmap:
+        key = region.split(":", 1)[1]
+        shm = posix_ipc.SharedMemory(key)
+        try:
+            mapping = mmap.mmap(shm.fd, shm.size)
+        finally:
+            shm.close_fd()
+        self._maps[region] = mapping
+        while len(self._maps) > self._KEEP:
+            _, old = self._maps.popitem(last=False)
+            try:
+                old.close()
+            except BufferError:
+                pass  # a view is alive; the mapping goes with it
+        return mapping

@@ -18,11 +18,12 @@ from shoal.ipc import messages as msg
 from shoal.ipc.arena import ArenaMap, Block, OwnedArena, Segment
 from shoal.ipc.fdpass import recv_fds, send_fds
 from shoal.ipc.queue import Channel, PeerGone
+from shoal.ipc.tensor import Location, RegionLocation
 from shoal.stub import loader, pb_utils
 from shoal.stub.bls import BlsClient
 from shoal.stub.control import ControlClient, StubMetrics
 from shoal.stub.executor import BatchExecutor
-from shoal.stub.memory import Locations, SharedOutputArena
+from shoal.stub.memory import ClientRegions, Locations, SharedOutputArena
 from shoal.stub.pump import DownPump
 from shoal.stub.tensors_out import TensorWriter
 
@@ -51,6 +52,7 @@ class StubRuntime:
         self.sock.setblocking(True)
         self.channel = Channel.attach(channel_fds, peer_pidfd=os.pidfd_open(parent))
         self.inputs = ArenaMap()
+        self.regions = ClientRegions()
         self.outputs: OwnedArena | None = None
         self.model: Any = None
         self.loop = asyncio.new_event_loop()
@@ -62,8 +64,12 @@ class StubRuntime:
         announce = msg.SegmentAnnounce(segment.arena_id, segment.index, segment.size)
         send_fds(self.sock, announce.encode(), [segment.fd])
 
-    def input_view(self, block: Block) -> memoryview:
-        """A view of an input block, receiving its segment's fd first if it is new to us."""
+    def input_view(self, location: Location) -> memoryview:
+        """A view of an input, receiving its segment's fd first if it is new to us."""
+        if isinstance(location, RegionLocation):
+            return self.regions.view(location)
+        assert isinstance(location, Block)
+        block = location
         if self.outputs is not None and block.arena_id == self.outputs.arena_id:
             return self.outputs.view(block)  # our own output, handed back (BLS, ensembles)
         while not self.inputs.has(block.arena_id, block.segment):

@@ -178,10 +178,12 @@ class InferenceService:
             raise
 
     def _stage(self, mv: ModelVersion, request: InferRequest) -> tuple[RequestRecord, list[Block]]:
-        read_shm_inputs(self.shm, request)
+        regions = read_shm_inputs(self.shm, request)
         staging.check_inputs(mv.config, request)
         outputs = staging.check_outputs(mv.config, request)
-        record, blocks = staging.stage_request(mv.config, request, self.input_arena, outputs)
+        record, blocks = staging.stage_request(
+            mv.config, request, self.input_arena, outputs, regions
+        )
         if mv.state is not ModelState.READY:
             self._free_inputs(blocks)
             raise Unavailable(f"model '{mv.name}' version {mv.version} is not ready")

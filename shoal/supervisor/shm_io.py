@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from shoal.ipc.dtypes import byte_size
+from shoal.ipc.tensor import RegionLocation
 from shoal.supervisor.errors import InvalidArgument
 from shoal.supervisor.shm_registry import SharedMemoryRegistry
 from shoal.supervisor.types import InferOutput, InferRequest, InferResponse, ParamValue
@@ -21,14 +22,20 @@ def _window(params: dict[str, ParamValue], what: str) -> tuple[str, int, int]:
     return region, offset, size
 
 
-def read_shm_inputs(registry: SharedMemoryRegistry, request: InferRequest) -> None:
-    """Point inputs given by region at their bytes (read when the input is staged)."""
+def read_shm_inputs(
+    registry: SharedMemoryRegistry, request: InferRequest
+) -> dict[str, RegionLocation]:
+    """Inputs given by region: where the stub finds them (it maps the region itself, so they
+    are never copied). Their ``data`` becomes a view of the region, for the size checks."""
+    regions: dict[str, RegionLocation] = {}
     for tensor in request.inputs:
         if REGION not in tensor.parameters:
             continue
         what = f"input '{tensor.name}' for model '{request.model_name}'"
         region, offset, size = _window(tensor.parameters, what)
         tensor.data = registry.view(region, offset, size, what=what)
+        regions[tensor.name] = registry.location(region, offset, size, what=what)
+    return regions
 
 
 def write_shm_outputs(

@@ -7,11 +7,13 @@ every offset and size checked against the registered window.
 
 from __future__ import annotations
 
+import itertools
 import mmap
 from dataclasses import dataclass
 
 import posix_ipc
 
+from shoal.ipc.tensor import RegionLocation
 from shoal.supervisor.errors import ErrorCode, InvalidArgument, NotFound, ShoalError
 from shoal.supervisor.types import SharedMemoryRegion
 
@@ -26,6 +28,9 @@ class AlreadyExists(ShoalError):
 class _Mapped:
     region: SharedMemoryRegion
     mapping: mmap.mmap
+    #: Unique per registration: a stub's cached mapping of an older registration of the same
+    #: key (the client may have re-created the object) is never reused for a new one.
+    generation: int
 
 
 class SharedMemoryRegistry:
@@ -33,6 +38,7 @@ class SharedMemoryRegistry:
 
     def __init__(self) -> None:
         self._regions: dict[str, _Mapped] = {}
+        self._generations = itertools.count(1)
 
     def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
         if name in self._regions:
@@ -57,7 +63,8 @@ class SharedMemoryRegistry:
             mapping = mmap.mmap(shm.fd, shm.size)
         finally:
             shm.close_fd()
-        self._regions[name] = _Mapped(SharedMemoryRegion(name, key, offset, byte_size), mapping)
+        region = SharedMemoryRegion(name, key, offset, byte_size)
+        self._regions[name] = _Mapped(region, mapping, next(self._generations))
 
     def unregister(self, name: str = "") -> None:
         names = [name] if name else list(self._regions)
@@ -89,6 +96,13 @@ class SharedMemoryRegistry:
             )
         start = region.offset + offset
         return memoryview(entry.mapping)[start : start + byte_size]
+
+    def location(self, name: str, offset: int, byte_size: int, *, what: str) -> RegionLocation:
+        """Where a window of a region is, for a stub to map it itself (no copy)."""
+        self.view(name, offset, byte_size, what=what)  # bounds checks
+        entry = self._regions[name]
+        key = entry.region.key if entry.region.key.startswith("/") else "/" + entry.region.key
+        return RegionLocation(f"{entry.generation}:{key}", entry.region.offset + offset, byte_size)
 
     def close(self) -> None:
         self.unregister()

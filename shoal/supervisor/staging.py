@@ -6,7 +6,7 @@ Messages follow Triton's wording, which clients and tests match on.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -14,7 +14,7 @@ import numpy as np
 from shoal.ipc.arena import ArenaExhausted, Block, OwnedArena
 from shoal.ipc.dtypes import BytesFormatError, byte_size, deserialize_bytes, element_count
 from shoal.ipc.messages import RequestRecord
-from shoal.ipc.tensor import TensorDesc, numpy_to_buffer_size, write_numpy
+from shoal.ipc.tensor import RegionLocation, TensorDesc, numpy_to_buffer_size, write_numpy
 from shoal.supervisor.errors import InvalidArgument, ResourceExhausted
 from shoal.supervisor.types import InferInput, InferRequest
 
@@ -146,19 +146,28 @@ def _write(tensor: InferInput, dest: memoryview) -> None:
 
 
 def stage_request(
-    config: Any, request: InferRequest, arena: OwnedArena, outputs: list[str]
+    config: Any,
+    request: InferRequest,
+    arena: OwnedArena,
+    outputs: list[str],
+    regions: Mapping[str, RegionLocation] | None = None,
 ) -> tuple[RequestRecord, list[Block]]:
-    """Copy every input into ``arena``; the caller owns the returned blocks."""
+    """Copy every input into ``arena``, except those in a client's shared-memory region
+    (``regions``), which the stub reads in place; the caller owns the returned blocks."""
     specs = {t.name: t for t in config.inputs}
     sizes = [_payload_size(config, tensor) for tensor in request.inputs]
     blocks: list[Block] = []
     descs: list[TensorDesc] = []
     try:
         for tensor, size in zip(request.inputs, sizes, strict=True):
+            shape = _model_shape(config, specs[tensor.name], tuple(tensor.shape))
+            in_region = (regions or {}).get(tensor.name)
+            if in_region is not None:
+                descs.append(TensorDesc(tensor.name, tensor.datatype, shape, in_region))
+                continue
             block = arena.allocate(size)
             blocks.append(block)
             _write(tensor, arena.view(block))
-            shape = _model_shape(config, specs[tensor.name], tuple(tensor.shape))
             descs.append(TensorDesc(tensor.name, tensor.datatype, shape, block))
     except ArenaExhausted as error:
         for block in blocks:

@@ -1,0 +1,165 @@
+"""Driving ``wrk`` (HTTP) and ``h2load`` (gRPC over HTTP/2) with the pre-serialised request.
+
+Both are native clients (Debian packages ``wrk`` and ``nghttp2-client``): far lighter than any
+Python client, so more of the machine is left to the server. Their CPU time is read from
+``getrusage(RUSAGE_CHILDREN)`` around the measured run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import resource
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from shoal.perf.errors import PerfError
+from shoal.perf.requests import grpc_frame
+from shoal.perf.stats import LatencySummary
+
+_WRK_SCRIPT = """\
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "{content_type}"
+{extra_headers}
+local f = assert(io.open("{body_path}", "rb"))
+wrk.body = f:read("*a")
+f:close()
+done = function(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format(
+    "SHOAL_PERF requests=%d errors=%d p50=%d p90=%d p99=%d mean=%f min=%d max=%d\\n",
+    summary.requests, e.connect + e.read + e.write + e.status + e.timeout,
+    latency:percentile(50), latency:percentile(90), latency:percentile(99),
+    latency.mean, latency.min, latency.max))
+end
+"""
+
+_WRK_LINE = re.compile(
+    r"SHOAL_PERF requests=(\d+) errors=(\d+) p50=(\d+) p90=(\d+) p99=(\d+) "
+    r"mean=([\d.]+) min=(\d+) max=(\d+)"
+)
+
+
+@dataclass(frozen=True)
+class ExternalResult:
+    requests: int
+    errors: int
+    duration_s: float
+    latency_ms: LatencySummary
+    cpu_seconds: float
+
+
+def require(tool: str) -> str:
+    path = shutil.which(tool)
+    if path is None:
+        package = "nghttp2-client" if tool == "h2load" else tool
+        raise PerfError(f"{tool} is not installed (apt-get install {package})")
+    return path
+
+
+async def _run(args: list[str]) -> tuple[str, float]:
+    """Run a tool; return its stdout and the CPU seconds it used."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    process = await asyncio.create_subprocess_exec(
+        *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+    )
+    output, _ = await process.communicate()
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    text = output.decode(errors="replace")
+    if process.returncode != 0:
+        raise PerfError(f"{args[0]} exited with {process.returncode}:\n{text[-2000:]}")
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return text, cpu
+
+
+def wrk_script(raw_request: bytes, body_path: Path) -> str:
+    """The Lua script that makes wrk send ``raw_request``'s body with its headers."""
+    head, _, _ = raw_request.partition(b"\r\n\r\n")
+    headers = {}
+    for line in head.decode("ascii").split("\r\n")[1:]:
+        key, _, value = line.partition(": ")
+        headers[key] = value
+    extra = "".join(
+        f'wrk.headers["{key}"] = "{value}"\n'
+        for key, value in headers.items()
+        if key not in ("Host", "Content-Type", "Content-Length")
+    )
+    return _WRK_SCRIPT.format(
+        content_type=headers.get("Content-Type", "application/octet-stream"),
+        extra_headers=extra.rstrip("\n"),
+        body_path=str(body_path),
+    )
+
+
+def parse_wrk(output: str, duration_s: float, cpu_seconds: float) -> ExternalResult:
+    match = _WRK_LINE.search(output)
+    if match is None:
+        raise PerfError(f"no summary in wrk's output:\n{output[-2000:]}")
+    requests, errors = int(match[1]), int(match[2])
+    us = [float(match[i]) / 1000 for i in range(3, 9)]
+    latency = LatencySummary(p50=us[0], p90=us[1], p99=us[2], mean=us[3], min=us[4], max=us[5])
+    return ExternalResult(max(requests - errors, 0), errors, duration_s, latency, cpu_seconds)
+
+
+async def run_wrk(
+    url: str, path: str, raw_request: bytes, concurrency: int, warmup_s: float, duration_s: float
+) -> ExternalResult:
+    wrk = require("wrk")
+    with tempfile.TemporaryDirectory(prefix="shoal-perf-") as folder:
+        body_path = Path(folder) / "body"
+        body_path.write_bytes(raw_request.partition(b"\r\n\r\n")[2])
+        script = Path(folder) / "request.lua"
+        script.write_text(wrk_script(raw_request, body_path))
+        base = [wrk, "-t", "1", "-c", str(concurrency), "--timeout", "30s", "-s", str(script)]
+        if warmup_s > 0:
+            await _run([*base, "-d", f"{max(1, round(warmup_s))}s", f"http://{url}{path}"])
+        seconds = max(1, round(duration_s))
+        output, cpu = await _run([*base, "-d", f"{seconds}s", f"http://{url}{path}"])
+    return parse_wrk(output, float(seconds), cpu)
+
+
+def parse_h2load_log(text: str) -> tuple[list[int], int]:
+    """Latencies (ns) of the streams that ended with HTTP 200, and the count of the others."""
+    latencies, failed = [], 0
+    for line in text.splitlines():
+        fields = line.split("\t")
+        if len(fields) < 3:
+            continue
+        if fields[1] == "200":
+            latencies.append(int(fields[2]) * 1000)
+        else:
+            failed += 1
+    return latencies, failed
+
+
+async def run_h2load(
+    url: str, method_path: str, message: bytes, concurrency: int, warmup_s: float, duration_s: float
+) -> ExternalResult:
+    """gRPC unary calls by h2load. It sees HTTP statuses only: a gRPC error status (sent in the
+    trailers of an HTTP 200) counts as a success, so check errors with the built-in client."""
+    h2load = require("h2load")
+    with tempfile.TemporaryDirectory(prefix="shoal-perf-") as folder:
+        body_path, log_path = Path(folder) / "body", Path(folder) / "log"
+        body_path.write_bytes(grpc_frame(message))
+        args = [
+            h2load,
+            "-c",
+            str(concurrency),
+            "-m",
+            "1",
+            "-t",
+            "1",
+            "-D",
+            f"{round(duration_s * 1000)}ms",
+        ]
+        if warmup_s > 0:
+            args += [f"--warm-up-time={round(warmup_s * 1000)}ms"]
+        args += ["-d", str(body_path), "--log-file", str(log_path)]
+        args += ["-H", "content-type: application/grpc", "-H", "te: trailers"]
+        _, cpu = await _run([*args, f"http://{url}{method_path}"])
+        latencies, failed = parse_h2load_log(log_path.read_text())
+    latency = LatencySummary.of(latencies)
+    cpu_share = cpu * duration_s / (duration_s + warmup_s)
+    return ExternalResult(len(latencies), failed, duration_s, latency, cpu_share)

@@ -1,0 +1,46 @@
+"""Concurrency sweeps: ``8``, ``1,8,64`` or a doubling range ``1:64``."""
+
+from __future__ import annotations
+
+
+def parse_concurrency(text: str) -> tuple[int, ...]:
+    """The concurrency levels of ``text``, in the order given, without repeats.
+
+    ``A:B`` doubles from ``A`` up to ``B`` (``1:16`` is 1, 2, 4, 8, 16; ``B`` is always included).
+    Parts can be mixed: ``1,4:16,64``.
+    """
+    levels: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            raise ValueError(f"empty concurrency level in '{text}'")
+        for level in _expand(part):
+            if level not in levels:
+                levels.append(level)
+    return tuple(levels)
+
+
+def _expand(part: str) -> list[int]:
+    low_text, colon, high_text = part.partition(":")
+    low = _positive(low_text, part)
+    if not colon:
+        return [low]
+    high = _positive(high_text, part)
+    if high < low:
+        raise ValueError(f"concurrency range '{part}' goes down")
+    levels = []
+    level = low
+    while level < high:
+        levels.append(level)
+        level *= 2
+    return [*levels, high]
+
+
+def _positive(text: str, part: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"concurrency '{part}' is not a whole number") from None
+    if value <= 0:
+        raise ValueError(f"concurrency must be positive, got '{part}'")
+    return value
