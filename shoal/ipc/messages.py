@@ -140,13 +140,15 @@ class Ready:
 
     KIND: ClassVar[Kind] = Kind.READY
     error: str | None = None
+    #: ``execute`` is a coroutine: several batches may be in the stub at once.
+    concurrent: bool = False
 
     def fields(self) -> list[Any]:
-        return [self.error]
+        return [self.error, self.concurrent]
 
     @classmethod
     def from_fields(cls, f: list[Any]) -> Ready:
-        return cls(f[0])
+        return cls(f[0], f[1])
 
 
 @dataclass(slots=True)

@@ -14,6 +14,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from shoal.ipc import messages as msg
@@ -28,6 +29,15 @@ _RESERVED = frozenset(
     {"sequence_id", "sequence_start", "sequence_end", "priority", "timeout", "binary_data_output"}
 )
 log = logging.getLogger("shoal.stub")
+
+
+@dataclass(eq=False)
+class _Batch:
+    execute: msg.Execute
+    requests: list[Any]
+    sent: list[list[Any]]
+    t0: int
+    t1: int
 
 
 class ExecuteError(Exception):
@@ -52,6 +62,8 @@ class BatchExecutor:
         self.input_view = input_view
         self.send = send
         self.decoupled = decoupled
+        #: ``async def execute``: batches run concurrently on the model's event loop.
+        self.concurrent = inspect.iscoroutinefunction(getattr(model, "execute", None))
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_lock = threading.Lock()
         # Cancellation flags of the requests in the stub, by key (not the requests: no
@@ -78,7 +90,9 @@ class BatchExecutor:
 
     # -- the batch --------------------------------------------------------------------------
 
-    def run(self, execute: msg.Execute) -> msg.Result:
+    def run(self, execute: msg.Execute) -> msg.Result | None:
+        """The batch's Result, or None when an ``async def execute`` runs on concurrently (its
+        Result is sent when the coroutine finishes)."""
         t0 = time.perf_counter_ns()
         # What each request's response sender delivered (Triton's default-mode sender: one
         # response and FINAL, with execute returning None for that request).
@@ -86,43 +100,70 @@ class BatchExecutor:
         requests = [self._request(record, sent[i]) for i, record in enumerate(execute.requests)]
         for request, record in zip(requests, execute.requests, strict=True):
             self._track(record.key, request)
-        if not self.decoupled:
-            try:
-                return self._run_batch(execute, requests, sent, t0)
-            finally:
-                self._untrack([r.key for r in execute.requests])
         t1 = time.perf_counter_ns()
-        self._run_decoupled(requests, execute.requests)
-        t2 = time.perf_counter_ns()
-        return msg.Result(execute.batch_id, [], (t1 - t0, t2 - t1, 0))
-
-    def _run_batch(
-        self, execute: msg.Execute, requests: list[Any], sent: list[list[Any]], t0: int
-    ) -> msg.Result:
-        t1 = time.perf_counter_ns()
+        if self.decoupled:
+            self._run_decoupled(requests, execute.requests)
+            return msg.Result(execute.batch_id, [], (t1 - t0, time.perf_counter_ns() - t1, 0))
+        batch = _Batch(execute, requests, sent, t0, t1)
         try:
-            responses = self._call_execute(requests)
+            result = self.model.execute(requests)
+            if inspect.isawaitable(result):
+                if self.concurrent:
+                    future: concurrent.futures.Future[Any] = asyncio.run_coroutine_threadsafe(
+                        result,  # type: ignore[arg-type]
+                        self._event_loop(),
+                    )
+                    future.add_done_callback(lambda done: self._send_finished(batch, done))
+                    return None
+                result = self.await_result(result)
+        except Exception as error:  # the model's failure fails its requests, not the stub
+            return self._failed(batch, self.failure(f"{type(error).__name__}: {error}"))
+        return self._finish(batch, result)
+
+    def _send_finished(self, batch: _Batch, done: concurrent.futures.Future[Any]) -> None:
+        error = done.exception()
+        if error is not None:
+            result = self._failed(batch, self.failure(f"{type(error).__name__}: {error}"))
+        else:
+            result = self._finish(batch, done.result())
+        try:
+            self.send(result)
+        except Exception:
+            log.exception("could not send the result of an async execute")
+
+    def _failed(self, batch: _Batch, text: str) -> msg.Result:
+        self._untrack([r.key for r in batch.execute.requests])
+        for request in batch.requests:
+            request.get_response_sender()._close()
+        failure = msg.ResponseRecord(error=("INTERNAL", text))
+        t2 = time.perf_counter_ns()
+        records = [
+            self.record(delivered[0], record) if delivered else failure
+            for delivered, record in zip(batch.sent, batch.execute.requests, strict=True)
+        ]
+        timings = (batch.t1 - batch.t0, t2 - batch.t1, 0)
+        return msg.Result(batch.execute.batch_id, records, timings)
+
+    def _finish(self, batch: _Batch, result: Any) -> msg.Result:
+        try:
+            responses = self._check_return(result, len(batch.requests))
         except ExecuteError as error:
-            for request in requests:
-                request.get_response_sender()._close()
-            failure = msg.ResponseRecord(error=("INTERNAL", str(error)))
-            t2 = time.perf_counter_ns()
-            records = [
-                self.record(delivered[0], record) if delivered else failure
-                for delivered, record in zip(sent, execute.requests, strict=True)
-            ]
-            return msg.Result(execute.batch_id, records, (t1 - t0, t2 - t1, 0))
+            return self._failed(batch, str(error))
+        self._untrack([r.key for r in batch.execute.requests])
         responses = [
             self._settle(returned, request, delivered)
-            for returned, request, delivered in zip(responses, requests, sent, strict=True)
+            for returned, request, delivered in zip(
+                responses, batch.requests, batch.sent, strict=True
+            )
         ]
         t2 = time.perf_counter_ns()
         records = [
             self.record(resp, record)
-            for resp, record in zip(responses, execute.requests, strict=True)
+            for resp, record in zip(responses, batch.execute.requests, strict=True)
         ]
         t3 = time.perf_counter_ns()
-        return msg.Result(execute.batch_id, records, (t1 - t0, t2 - t1, t3 - t2))
+        timings = (batch.t1 - batch.t0, t2 - batch.t1, t3 - t2)
+        return msg.Result(batch.execute.batch_id, records, timings)
 
     # -- requests ---------------------------------------------------------------------------
 
@@ -183,15 +224,6 @@ class BatchExecutor:
         """Run a coroutine of the model to completion on the model's event loop."""
         future = asyncio.run_coroutine_threadsafe(awaitable, self._event_loop())
         return future.result()
-
-    def _call_execute(self, requests: list[Any]) -> list[Any]:
-        try:
-            result = self.model.execute(requests)
-            if inspect.isawaitable(result):
-                result = self.await_result(result)
-        except Exception as error:  # the model's failure fails its requests, not the stub
-            raise ExecuteError(self.failure(f"{type(error).__name__}: {error}")) from error
-        return self._check_return(result, len(requests))
 
     def _run_decoupled(self, requests: list[Any], records: list[msg.RequestRecord]) -> None:
         try:

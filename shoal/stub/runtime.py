@@ -146,7 +146,7 @@ class StubRuntime:
             )
             cancels.append(executor.cancel)
             pb_utils._set_bls_executor(BlsClient(writer, pump, self._send, self.input_view))
-            self._send(msg.Ready())
+            self._send(msg.Ready(concurrent=executor.concurrent and not executor.decoupled))
             return self._serve(executor, pump)
         except PeerGone:
             return 1
@@ -158,7 +158,9 @@ class StubRuntime:
             message = pump.next_main()
             match message:
                 case msg.Execute():
-                    self._send(executor.run(message))
+                    result = executor.run(message)
+                    if result is not None:
+                        self._send(result)
                 case msg.Finalize():
                     pb_utils._set_bls_executor(None)
                     pb_utils._set_model_controller(None)

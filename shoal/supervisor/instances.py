@@ -79,6 +79,8 @@ class InstanceSpec:
     launch: StubLaunch
     output_arena: tuple[int, int, int]
     restart_backoff: tuple[float, float] = (0.1, 5.0)
+    #: Batches in one stub at once when the model's execute is ``async def``.
+    async_concurrency: int = 8
     #: Seconds one execute may take before the stub is killed and restarted (None: no limit).
     execute_timeout: float | None = None
     #: This many deaths within ``crash_window`` seconds: stop restarting (a crash loop).
@@ -113,6 +115,9 @@ class StubInstance:
         #: Routes BLS calls made by this instance's model (set by the model loader).
         self.bls: BlsHandler | None = None
         self._hung: str | None = None
+        self._slots = asyncio.Semaphore(1)
+        self._limit = 1
+        self._batches: set[asyncio.Task[None]] = set()
         self._deaths: list[float] = []
         #: Why the instance gave up restarting (a crash loop), or None.
         self.failed: str | None = None
@@ -211,7 +216,9 @@ class StubInstance:
             case msg.Log(level=level, message=text, filename=filename, line=line):
                 where = f" ({filename}:{line})" if filename else ""
                 log.log(_LOG_LEVELS.get(level, logging.INFO), "[%s]%s %s", self.name, where, text)
-            case msg.Ready(error=error):
+            case msg.Ready(error=error, concurrent=concurrent):
+                self._limit = max(1, self.spec.async_concurrency) if concurrent else 1
+                self._slots = asyncio.Semaphore(self._limit)
                 if self._init_waiter is not None and not self._init_waiter.done():
                     self._init_waiter.set_result(error)
             case msg.Finalized(error=error):
@@ -249,12 +256,28 @@ class StubInstance:
     async def _work_loop(self, source: BatchSource) -> None:
         while not self._stopping:
             await self._ready.wait()
-            batch = await source.next_batch()
+            slots = self._slots  # one batch at a time, or several for an async execute
+            await slots.acquire()
+            try:
+                batch = await source.next_batch()
+            except BaseException:
+                slots.release()
+                raise
             proc = self._proc
             if self._stopping or proc is None or not self._ready.is_set():
+                slots.release()
                 source.requeue(batch)
                 continue
-            await self._run(proc, batch)
+            if self._limit == 1:  # the common case: no task per batch
+                try:
+                    await self._run(proc, batch)
+                finally:
+                    slots.release()
+                continue
+            task = asyncio.create_task(self._run(proc, batch))
+            task.add_done_callback(functools.partial(_release_slot, slots))
+            self._batches.add(task)
+            task.add_done_callback(self._batches.discard)
 
     async def _run(self, proc: StubProcess, batch: list[Work]) -> None:
         batch_id = next(self._batch_ids)
@@ -516,3 +539,7 @@ def _blocks(response: msg.ResponseRecord) -> list[Block]:
         if isinstance(output.location, Block):
             seen[output.location] = None
     return list(seen)
+
+
+def _release_slot(slots: asyncio.Semaphore, _: object) -> None:
+    slots.release()

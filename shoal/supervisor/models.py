@@ -126,6 +126,7 @@ class ModelLoader:
                         self._arenas.limit_bytes,
                     ),
                     execute_timeout=_execute_timeout(config.parameters, mv.name),
+                    async_concurrency=_async_concurrency(config.parameters, mv.name),
                 )
             )
         return specs
@@ -255,3 +256,23 @@ def _execute_timeout(parameters: Mapping[str, str], model: str) -> float | None:
         )
         return None
     return value if value > 0 else None
+
+
+ASYNC_CONCURRENCY_PARAMETER = "async_execute_concurrency"
+
+
+def _async_concurrency(parameters: Mapping[str, str], model: str) -> int:
+    """How many batches an ``async def execute`` instance runs at once (default 8)."""
+    raw = parameters.get(ASYNC_CONCURRENCY_PARAMETER)
+    if not raw:
+        return 8
+    try:
+        return max(1, int(raw))
+    except ValueError:
+        log.warning(
+            "model '%s': %s must be an integer, not %r; using 8",
+            model,
+            ASYNC_CONCURRENCY_PARAMETER,
+            raw,
+        )
+        return 8

@@ -108,3 +108,22 @@ def test_cancelling_a_stream_reaches_the_model():
         while line not in server.output and time.monotonic() < deadline:
             time.sleep(0.02)  # polling the server log for the model's own line
         assert line in server.output, server.output
+
+
+def test_async_bls_fan_out_really_overlaps():
+    args = (
+        "--model-control-mode",
+        "explicit",
+        "--load-model",
+        "bls_fanout",
+        "--load-model",
+        "async_peak",
+    )
+    with ShoalServer(TEST_MODELS, extra_args=args) as server:
+        client = httpclient.InferenceServerClient(server.url)
+        inp = httpclient.InferInput("IN", [1], "INT32")
+        inp.set_data_from_numpy(np.array([1], dtype=np.int32))
+        peak = int(client.infer("bls_fanout", [inp]).as_numpy("PEAK")[0])
+        # One instance of async_peak ran several executes at once: the calls overlapped.
+        assert peak >= 2, peak
+        client.close()

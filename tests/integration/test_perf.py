@@ -1,0 +1,58 @@
+"""``shoal perf`` against a real ``shoal serve`` on the bundled models: about a second a run."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import urllib.request
+
+import pytest
+
+from tests.integration.server import REPO_ROOT
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_perf_measures_add_sub(bundled_server, protocol, tmp_path):
+    url = bundled_server.url if protocol == "http" else bundled_server.grpc_url
+    output = tmp_path / "perf.json"
+    command = [
+        sys.executable,
+        "-m",
+        "shoal.cli",
+        "perf",
+        *("--url", url, "--protocol", protocol, "--model", "add_sub"),
+        *("--concurrency", "1,2", "--duration", "0.5", "--warmup", "0.1"),
+        *("--json", str(output), "--plot", str(tmp_path / "perf.png")),
+    ]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=REPO_ROOT)
+    assert run.returncode == 0, run.stdout + run.stderr
+    document = json.loads(output.read_text())
+    assert document["protocol"] == protocol and document["model"] == "add_sub"
+    assert [cell["concurrency"] for cell in document["cells"]] == [1, 2]
+    for cell in document["cells"]:
+        assert cell["throughput"] > 0
+        assert cell["errors"] == 0, cell["error_samples"]
+        assert cell["p50_ms"] <= cell["p99_ms"]
+    assert "concurrency" in run.stdout  # the table
+
+
+def test_perf_with_system_shared_memory_leaves_no_region(bundled_server, tmp_path):
+    output = tmp_path / "perf.json"
+    command = [
+        sys.executable,
+        "-m",
+        "shoal.cli",
+        "perf",
+        *("--url", bundled_server.url, "--model", "add_sub", "--shared-memory", "system"),
+        *("--concurrency", "2", "--duration", "0.5", "--warmup", "0.1", "--json", str(output)),
+    ]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=REPO_ROOT)
+    assert run.returncode == 0, run.stdout + run.stderr
+    (cell,) = json.loads(output.read_text())["cells"]
+    assert cell["throughput"] > 0 and cell["errors"] == 0
+    status_url = f"http://{bundled_server.url}/v2/systemsharedmemory/status"
+    with urllib.request.urlopen(status_url, timeout=10) as status:
+        assert json.load(status) == []  # unregistered at the end
