@@ -24,13 +24,12 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from shoal.perf import CellResult, PerfError, RunConfig, run
+from shoal.perf import CellResult, PerfError, RunConfig, run, summarize
 from shoal.perf.cli import run_loop
 from shoal.perf.report import row
 
@@ -173,8 +172,7 @@ def _stop(server: Server) -> None:
             server.process.wait()
 
 
-@contextmanager
-def shoal_server(log_dir: Path) -> Iterator[Server]:
+def start_shoal(log: BinaryIO) -> Server:
     command = [
         str(ROOT / ".venv" / "bin" / "shoal"),
         "serve",
@@ -184,16 +182,16 @@ def shoal_server(log_dir: Path) -> Iterator[Server]:
         *("--metrics-address", "127.0.0.1"),
         *("--http-port", "0", "--grpc-port", "0", "--metrics-port", "0"),
     ]
-    with (log_dir / "shoal.log").open("wb") as log:
-        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, cwd=ROOT)
-        server = Server("shoal", process)
-        try:
-            server.ports = _read_listening(process, ("http", "grpc"))
-            threading.Thread(target=_drain, args=(process, log), daemon=True).start()
-            _wait_ready(server)
-            yield server
-        finally:
-            _stop(server)
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, cwd=ROOT)
+    server = Server("shoal", process)
+    try:
+        server.ports = _read_listening(process, ("http", "grpc"))
+        threading.Thread(target=_drain, args=(process, log), daemon=True).start()
+        _wait_ready(server)
+    except BaseException:
+        _stop(server)
+        raise
+    return server
 
 
 def _free_port() -> int:
@@ -237,8 +235,7 @@ def assemble_triton(site: Path, tree: Path, venv: Path = BENCH_VENV) -> Path:
     return bundled / "bin" / "tritonserver"
 
 
-@contextmanager
-def triton_server(log_dir: Path) -> Iterator[Server]:
+def start_triton(log: BinaryIO) -> Server:
     site = ensure_bench_venv()
     tree = RESULTS / "triton-tree"
     tree.mkdir(parents=True, exist_ok=True)
@@ -253,14 +250,39 @@ def triton_server(log_dir: Path) -> Iterator[Server]:
     env["LD_LIBRARY_PATH"] = str(site / "nvidia_pytriton.libs")
     env["PATH"] = f"{BENCH_VENV / 'bin'}:{env.get('PATH', '')}"
     env["PYTHONPATH"] = str(site)
-    with (log_dir / "triton.log").open("wb") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
-        server = Server("triton", process, ports)
-        try:
-            _wait_ready(server)
-            yield server
-        finally:
-            _stop(server)
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+    server = Server("triton", process, ports)
+    try:
+        _wait_ready(server)
+    except BaseException:
+        _stop(server)
+        raise
+    return server
+
+
+class Supervised:
+    """A server that is started again, and the crash noted, when it died since the last cell."""
+
+    def __init__(self, name: str, start: Callable[[BinaryIO], Server]) -> None:
+        self.name, self._start = name, start
+        self._log = (RESULTS / f"{name}.log").open("ab")
+        self._server: Server | None = None
+        self.crashes: list[str] = []
+
+    def ensure(self, before: str) -> Server:
+        if self._server is not None and self._server.process.poll() is not None:
+            code = self._server.process.returncode
+            self.crashes.append(f"{self.name} exited with {code} before cell '{before}'")
+            print(f"{self.crashes[-1]}: starting it again", file=sys.stderr, flush=True)
+            self._server = None
+        if self._server is None:
+            self._server = self._start(self._log)
+        return self._server
+
+    def close(self) -> None:
+        if self._server is not None:
+            _stop(self._server)
+        self._log.close()
 
 
 # --- measuring -----------------------------------------------------------------------------------
@@ -389,13 +411,38 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def _measure_or_fail(
+    supervised: Supervised, cell: Cell, client: str, duration: float, warmup: float
+) -> Measured:
+    """A cell that cannot run (its server died, a request failed fatally) is recorded empty."""
+    try:
+        return measure_cell(supervised.ensure(cell.label), cell, client, duration, warmup)
+    except PerfError as error:
+        failed = summarize(
+            model=cell.model,
+            protocol=cell.protocol,
+            client=client,
+            concurrency=cell.concurrency,
+            duration_s=duration,
+            latencies_ns=[],
+            errors=1,
+            error_samples=[str(error)],
+        )
+        print(f"{cell.label}: {supervised.name} failed: {error}", file=sys.stderr, flush=True)
+        return Measured(supervised.name, failed, 0.0)
+
+
 def run_matrix(
-    servers: Sequence[Server], cells: Sequence[Cell], client: str, duration: float, warmup: float
+    servers: Sequence[Supervised],
+    cells: Sequence[Cell],
+    client: str,
+    duration: float,
+    warmup: float,
 ) -> list[tuple[Cell, Measured, Measured]]:
     rows = []
     for index, cell in enumerate(cells):
         order = servers if index % 2 == 0 else list(reversed(servers))
-        got = {s.name: measure_cell(s, cell, client, duration, warmup) for s in order}
+        got = {s.name: _measure_or_fail(s, cell, client, duration, warmup) for s in order}
         rows.append((cell, got["shoal"], got["triton"]))
         rate = [f"{m.server} {_rate(m.result, cell.streaming):,.0f}/s" for m in got.values()]
         print(f"{cell.label}: {', '.join(rate)}", file=sys.stderr, flush=True)
@@ -411,23 +458,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     cells = [c for c in matrix(args.quick) if args.only in c.label]
     RESULTS.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    with ExitStack() as stack:
-        servers = [
-            stack.enter_context(shoal_server(RESULTS)),
-            stack.enter_context(triton_server(RESULTS)),
-        ]
-        print(f"shoal and Triton {servers[1].version} are up; {len(cells)} cells", file=sys.stderr)
-        try:
-            rows = run_matrix(servers, cells, client, duration, args.warmup)
-        except PerfError as error:
-            print(f"benchmarks.compare: {error}", file=sys.stderr)
-            return 2
+    servers = [Supervised("shoal", start_shoal), Supervised("triton", start_triton)]
+    try:
+        triton = servers[1].ensure("start")
+        servers[0].ensure("start")
+        print(f"shoal and Triton {triton.version} are up; {len(cells)} cells", file=sys.stderr)
+        rows = run_matrix(servers, cells, client, duration, args.warmup)
+    finally:
+        for server in servers:
+            server.close()
     table = markdown(rows)
+    crashes = [crash for server in servers for crash in server.crashes]
     records = [_record(cell, m) for cell, *pair in rows for m in pair]
-    (RESULTS / f"compare-{stamp}.json").write_text(json.dumps(records, indent=2) + "\n")
+    document = {"client": client, "duration_s": duration, "crashes": crashes, "cells": records}
+    (RESULTS / f"compare-{stamp}.json").write_text(json.dumps(document, indent=2) + "\n")
     (RESULTS / f"compare-{stamp}.md").write_text(table + "\n")
     print(f"client: {client}, {duration:g} s cells after {args.warmup:g} s warm-up")
     print(table)
+    for crash in crashes:
+        print(f"* {crash} (restarted)")
     return 0
 
 

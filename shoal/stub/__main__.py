@@ -6,6 +6,8 @@ The supervisor spawns one stub per model instance. The stub never talks to clien
 from __future__ import annotations
 
 import argparse
+import faulthandler
+import signal
 import sys
 
 from shoal.stub.runtime import StubRuntime, die_with_parent
@@ -21,6 +23,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--instance", required=True, help="instance name, for messages")
     args = parser.parse_args(argv)
     die_with_parent(args.parent)
+    # `kill -USR1 <stub pid>` prints every thread's stack to the server log: hung models.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     channel_fds = [int(fd) for fd in args.channel.split(",")]
     runtime = StubRuntime(args.instance, args.socket, channel_fds, args.parent)
     return runtime.run()

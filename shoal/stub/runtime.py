@@ -10,6 +10,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -53,6 +54,7 @@ class StubRuntime:
         self.channel = Channel.attach(channel_fds, peer_pidfd=os.pidfd_open(parent))
         self.inputs = ArenaMap()
         self.regions = ClientRegions()
+        self._segments_lock = threading.Lock()
         self.outputs: OwnedArena | None = None
         self.model: Any = None
         self.loop = asyncio.new_event_loop()
@@ -72,11 +74,14 @@ class StubRuntime:
         block = location
         if self.outputs is not None and block.arena_id == self.outputs.arena_id:
             return self.outputs.view(block)  # our own output, handed back (BLS, ensembles)
-        while not self.inputs.has(block.arena_id, block.segment):
-            payload, fds = recv_fds(self.sock)
-            announce = msg.SegmentAnnounce.decode(payload)
-            self.inputs.add_fd(announce.arena_id, announce.segment, fds[0], announce.size)
-        return self.inputs.view(block)
+        # Threads (BLS callers, decoupled senders) share the socket and the map: one at a
+        # time receives announcements, and each re-checks after taking the lock.
+        with self._segments_lock:
+            while not self.inputs.has(block.arena_id, block.segment):
+                payload, fds = recv_fds(self.sock)
+                announce = msg.SegmentAnnounce.decode(payload)
+                self.inputs.add_fd(announce.arena_id, announce.segment, fds[0], announce.size)
+            return self.inputs.view(block)
 
     # -- lifecycle --------------------------------------------------------------------------
 

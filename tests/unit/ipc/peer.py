@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import faulthandler
-import signal as _signal
-
-faulthandler.register(_signal.SIGUSR1)
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -137,9 +135,7 @@ MODES = {f.__name__: f for f in (echo, sink, source, tensors, stall, relay, watc
 
 
 def main() -> None:
-    if os.environ.get("TRACE"):
-        sys.path.insert(0, "/tmp")
-        import trace_patch  # noqa
+    faulthandler.register(signal.SIGUSR1)  # `kill -USR1` prints where a hung peer is
     mode, spec = sys.argv[1], json.loads(sys.argv[2])
     channel = attach(spec)
     try:
