@@ -211,12 +211,22 @@ class Channel:
         self._watch = (loop, on_ready)
         loop.add_reader(self._up_bell, self._on_up_bell)
         # Messages sent before the watch began may have rung the bell before anyone listened.
-        loop.call_soon(on_ready)
+        loop.call_soon(self._deliver)
 
     def _on_up_bell(self) -> None:
         drain_bell(self._up_bell)
-        if self._watch is not None:
+        self._deliver()
+
+    def _deliver(self) -> None:
+        if self._watch is None:
+            return
+        try:
             self._watch[1]()
+        except BaseException:
+            # The callback stopped before draining to None, so no sleep episode began and the
+            # stub will not ring: have the backstop look at the ring again.
+            self._arm_backstop(time.monotonic() + BACKSTOP_S)
+            raise
 
     def _arm_backstop(self, until: float) -> None:
         """Make sure the up ring is re-checked at or after ``until`` (monotonic seconds)."""
@@ -229,7 +239,7 @@ class Channel:
         if self._watch is None or self._closed:
             return
         if not self._up.is_empty():
-            self._watch[1]()
+            self._deliver()
         elif time.monotonic() < self._backstop_until:
             # A later sleep episode began after this timer was armed: it needs its own re-check.
             self._backstop = self._watch[0].call_later(

@@ -20,7 +20,8 @@ def _open_fds() -> dict[int, str]:
 
 
 def _shm_segments() -> set[str]:
-    return {name for name in os.listdir("/dev/shm") if name.startswith("shoal")}
+    # Only this process's arenas: other test suites may run beside us and use /dev/shm too.
+    return {name for name in os.listdir("/dev/shm") if name.startswith(f"shoal-{os.getpid()}-")}
 
 
 @pytest.fixture(autouse=True)

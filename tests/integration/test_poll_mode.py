@@ -1,0 +1,55 @@
+"""--model-control-mode=poll follows models added to, changed in and removed from the repository."""
+
+from __future__ import annotations
+
+import shutil
+import time
+
+import pytest
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from tests.integration.server import BUNDLED, ShoalServer
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _wait_until(condition, what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting until {what}"
+        time.sleep(0.05)  # polling the server's state, which the repository poller changes
+
+
+def test_poll_mode_follows_the_repository(tmp_path):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    shutil.copytree(BUNDLED / "add_sub", repo / "add_sub")
+    args = ("--model-control-mode", "poll", "--repository-poll-secs", "0.2")
+    with ShoalServer(repo, extra_args=args) as server:
+        client = httpclient.InferenceServerClient(server.url)
+        assert client.is_model_ready("add_sub")
+        with pytest.raises(InferenceServerException, match="not allowed if polling is enabled"):
+            client.load_model("add_sub")
+
+        shutil.copytree(BUNDLED / "string_upper", repo / "string_upper")
+        _wait_until(lambda: client.is_model_ready("string_upper"), "string_upper is loaded")
+
+        config = repo / "add_sub" / "config.pbtxt"
+        config.write_text(config.read_text().replace("count: 1", "count: 2"))
+        _wait_until(
+            lambda: (
+                len(client.get_model_config("add_sub")["instance_group"]) == 1
+                and client.get_model_config("add_sub")["instance_group"][0]["count"] == 2
+            ),
+            "add_sub is reloaded with two instances",
+        )
+        assert client.is_model_ready("add_sub")
+
+        shutil.rmtree(repo / "string_upper")
+        _wait_until(lambda: not client.is_model_ready("string_upper"), "string_upper is gone")
+        _wait_until(
+            lambda: "string_upper" not in {m["name"] for m in client.get_model_repository_index()},
+            "string_upper leaves the repository index",
+        )
+        client.close()
