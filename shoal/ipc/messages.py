@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 import msgpack
 
 from shoal.ipc.arena import Block
-from shoal.ipc.tensor import TensorDesc
+from shoal.ipc.tensor import RegionLocation, TensorDesc
 
 
 class Kind(enum.IntEnum):
@@ -70,6 +70,8 @@ class RequestRecord:
     timeout_us: int = 0
     #: Identifies the request to its stub across messages (decoupled responses).
     key: int = 0
+    #: Outputs the stub writes straight into a client's shared-memory region, by name.
+    output_regions: dict[str, RegionLocation] = field(default_factory=dict)
 
     def to_wire(self) -> list[Any]:
         return [
@@ -81,12 +83,14 @@ class RequestRecord:
             [t.to_wire() for t in self.inputs],
             self.timeout_us,
             self.key,
+            {name: [r.region, r.offset, r.nbytes] for name, r in self.output_regions.items()},
         ]
 
     @classmethod
     def from_wire(cls, w: list[Any]) -> RequestRecord:
         inputs = [TensorDesc.from_wire(t) for t in w[5]]
-        return cls(w[0], w[1], w[2], w[3], w[4], inputs, w[6], w[7])
+        regions = {name: RegionLocation(*r) for name, r in w[8].items()}
+        return cls(w[0], w[1], w[2], w[3], w[4], inputs, w[6], w[7], regions)
 
 
 @dataclass(slots=True)

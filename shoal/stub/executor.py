@@ -334,7 +334,11 @@ class BatchExecutor:
             for tensor in response.output_tensors():
                 if requested and tensor.name() not in requested:
                     continue  # Triton drops outputs that were not requested
-                outputs.append(self.writer.describe(tensor, written, for_response=True))
+                target = request.output_regions.get(tensor.name())
+                if target is not None:
+                    outputs.append(self.writer.place(tensor, target, self.input_view(target)))
+                else:
+                    outputs.append(self.writer.describe(tensor, written, for_response=True))
         except ArenaExhausted as error:
             self.writer.outputs.free(written)
             return msg.ResponseRecord(error=("RESOURCE_EXHAUSTED", self.failure(str(error))))

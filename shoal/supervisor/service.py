@@ -11,6 +11,7 @@ from typing import Any
 import shoal
 from shoal.ipc.arena import Block, OwnedArena
 from shoal.ipc.messages import RequestRecord
+from shoal.ipc.tensor import RegionLocation
 from shoal.supervisor import staging
 from shoal.supervisor.bls import BlsRouter
 from shoal.supervisor.control import ModelRepositoryManager
@@ -28,7 +29,12 @@ from shoal.supervisor.model_calls import ControlRouter
 from shoal.supervisor.models import ModelLoader, ModelState, ModelVersion
 from shoal.supervisor.options import ServerOptions
 from shoal.supervisor.segments import SegmentDirectory
-from shoal.supervisor.shm_io import read_shm_inputs, write_shm_outputs
+from shoal.supervisor.shm_io import (
+    output_regions,
+    placed_output,
+    read_shm_inputs,
+    write_shm_outputs,
+)
 from shoal.supervisor.shm_registry import SharedMemoryRegistry
 from shoal.supervisor.streams import new_stream
 from shoal.supervisor.types import (
@@ -184,6 +190,8 @@ class InferenceService:
         record, blocks = staging.stage_request(
             mv.config, request, self.input_arena, outputs, regions
         )
+        if not mv.config.is_ensemble:
+            record.output_regions = output_regions(self.shm, request)
         if mv.state is not ModelState.READY:
             self._free_inputs(blocks)
             raise Unavailable(f"model '{mv.name}' version {mv.version} is not ready")
@@ -262,7 +270,9 @@ class InferenceService:
             code = ErrorCode.__members__.get(code_name, ErrorCode.INTERNAL)
             raise ShoalError(message, code)
         outputs = [
-            InferOutput(o.name, o.datatype, o.shape, completion.view(o.location))  # type: ignore[arg-type]
+            placed_output(o.name, o.datatype, o.shape, request, o.location.nbytes)
+            if isinstance(o.location, RegionLocation)
+            else InferOutput(o.name, o.datatype, o.shape, completion.view(o.location))  # type: ignore[arg-type]
             for o in record.outputs
         ]
         return InferResponse(

@@ -38,6 +38,34 @@ def read_shm_inputs(
     return regions
 
 
+def output_regions(
+    registry: SharedMemoryRegistry, request: InferRequest
+) -> dict[str, RegionLocation]:
+    """Outputs the client wants in a region: the stub writes them there itself."""
+    regions: dict[str, RegionLocation] = {}
+    for output in request.outputs:
+        if REGION not in output.parameters:
+            continue
+        what = f"output '{output.name}' of model '{request.model_name}'"
+        region, offset, size = _window(output.parameters, what)
+        regions[output.name] = registry.location(region, offset, size, what=what)
+    return regions
+
+
+def placed_output(
+    output_name: str, datatype: str, shape: tuple[int, ...], request: InferRequest, nbytes: int
+) -> InferOutput:
+    """The description of an output the stub wrote into the client's region."""
+    params = next(o.parameters for o in request.outputs if o.name == output_name)
+    return InferOutput(
+        output_name,
+        datatype,
+        shape,
+        memoryview(b""),
+        {REGION: params[REGION], OFFSET: params.get(OFFSET, 0), SIZE: nbytes},
+    )
+
+
 def write_shm_outputs(
     registry: SharedMemoryRegistry, request: InferRequest, response: InferResponse
 ) -> None:
@@ -47,7 +75,7 @@ def write_shm_outputs(
         return
     for index, output in enumerate(response.outputs):
         params = wanted.get(output.name)
-        if params is None:
+        if params is None or REGION in output.parameters:  # absent, or written by the stub
             continue
         what = f"output '{output.name}' of model '{request.model_name}'"
         region, offset, size = _window(params, what)

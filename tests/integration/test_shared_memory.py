@@ -70,6 +70,11 @@ def test_inputs_and_outputs_in_client_shared_memory(protocol):
         bad.set_shared_memory("in", 16, offset=24)
         with pytest.raises(InferenceServerException):
             client.infer("add_sub", [bad, inputs[1]])
+        # An output window too small for the result is refused with both sizes.
+        small = module.InferRequestedOutput("OUTPUT0")
+        small.set_shared_memory("out", 8, offset=0)
+        with pytest.raises(InferenceServerException, match="should be at least 16 bytes"):
+            client.infer("add_sub", inputs, outputs=[small])
         client.unregister_system_shared_memory("in")
         with pytest.raises(InferenceServerException):
             client.infer("add_sub", inputs, outputs=outputs)
