@@ -67,7 +67,7 @@ def test_health_and_metadata(api):
 
 
 def test_config(api):
-    module, client = api
+    _module, client = api
     config = _meta(client.get_model_config("string_upper"))
     config = config.get("config", config)
     assert config["name"] == "string_upper"
@@ -126,7 +126,7 @@ def test_statistics_add_up(api):
 
 
 def test_repository_unload_and_load(api):
-    module, client = api
+    _module, client = api
     client.unload_model("identity")
     assert not client.is_model_ready("identity")
     index = client.get_model_repository_index()
