@@ -140,6 +140,11 @@ class ModelRepositoryManager:
                 self.failed[name] = str(error)
                 raise InvalidArgument(f"failed to load '{name}': {error}") from None
             await self._load_composing(name, new)
+            for mv in new:
+                problem = self._ensemble_problem(mv)
+                if problem is not None:
+                    self.failed[name] = problem
+                    raise InvalidArgument(f"failed to load '{name}': {problem}")
             await asyncio.gather(*(self.loader.start(mv) for mv in new))
             broken = [mv for mv in new if not mv.ready]
             if broken:
@@ -168,6 +173,41 @@ class ModelRepositoryManager:
                 raise InvalidArgument(
                     f"failed to load '{name}': its step model '{model}' failed to load: {error}"
                 ) from None
+
+    def _ensemble_problem(self, mv: ModelVersion) -> str | None:
+        """Steps naming unknown models or tensors whose datatypes disagree (at load, as Triton).
+
+        Step models still loading at start-up are checked once they are known."""
+        config = mv.config
+        ours = {t.name: t.datatype for t in (*config.inputs, *config.outputs)}
+        sources, _ = scan(self.options.model_repositories)
+        for index, step in enumerate(config.ensemble_steps):
+            if step.model_name not in sources and step.model_name not in self.models:
+                return (
+                    f"step {index} of ensemble '{mv.name}' uses model '{step.model_name}', which "
+                    "is in no model repository"
+                )
+            versions = self.models.get(step.model_name)
+            if not versions:
+                continue
+            target = max(versions.values(), key=lambda v: v.version).config
+            theirs = {t.name: t.datatype for t in (*target.inputs, *target.outputs)}
+            for model_tensor, ensemble_tensor in (
+                *step.input_map.items(),
+                *step.output_map.items(),
+            ):
+                if model_tensor not in theirs:
+                    return (
+                        f"step {index} of ensemble '{mv.name}' maps '{model_tensor}', which model "
+                        f"'{step.model_name}' does not have"
+                    )
+                mine = ours.get(ensemble_tensor)
+                if mine is not None and mine != theirs[model_tensor]:
+                    return (
+                        f"ensemble '{mv.name}' tensor '{ensemble_tensor}' is {mine} but "
+                        f"'{model_tensor}' of model '{step.model_name}' is {theirs[model_tensor]}"
+                    )
+        return None
 
     def _model_path(
         self, name: str, config_json: str | None, files: dict[str, bytes] | None
