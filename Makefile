@@ -6,7 +6,7 @@ STAMP := $(VENV)/.shoal-installed
 REPO ?= model_repository
 HTTP_PORT ?= 8000
 
-.PHONY: serve test check lint typecheck unit integration protos bench-ipc clean
+.PHONY: serve test check lint typecheck unit integration protos bench-ipc bench-compare clean
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -42,6 +42,9 @@ protos: $(STAMP)
 
 bench-ipc: $(STAMP)
 	$(BIN)/python -m benchmarks.ipc
+
+bench-compare: $(STAMP)
+	$(BIN)/python -m benchmarks.compare
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
