@@ -56,7 +56,8 @@ def test_ensemble_errors_name_the_step(server):
 
 def test_ensemble_with_mismatched_datatypes_fails_at_load(server):
     client = httpclient.InferenceServerClient(server.url)
-    with pytest.raises(InferenceServerException, match="tensor 'X' is INT32 but 'INPUT[01]' of model 'add_sub' is FP32"):
+    expected = r"tensor 'X' is INT32 but 'INPUT[01]' of model 'add_sub' is FP32"
+    with pytest.raises(InferenceServerException, match=expected):
         client.load_model("ens_bad_dtype")
     index = {m["name"]: m for m in client.get_model_repository_index()}
     assert "INT32" in index["ens_bad_dtype"]["reason"]
