@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
+import os
 import signal
 import sys
 
@@ -27,7 +28,17 @@ def main(argv: list[str] | None = None) -> int:
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     channel_fds = [int(fd) for fd in args.channel.split(",")]
     runtime = StubRuntime(args.instance, args.socket, channel_fds, args.parent)
-    return runtime.run()
+    profile_dir = os.environ.get("SHOAL_STUB_PROFILE")
+    if not profile_dir:
+        return runtime.run()
+    # For developers: SHOAL_STUB_PROFILE=<dir> writes each stub's cProfile stats at exit.
+    import cProfile
+
+    profiler = cProfile.Profile()
+    try:
+        return profiler.runcall(runtime.run)
+    finally:
+        profiler.dump_stats(os.path.join(profile_dir, f"{args.instance}.{os.getpid()}.prof"))
 
 
 if __name__ == "__main__":
