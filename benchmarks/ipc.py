@@ -316,6 +316,7 @@ def cpu_seconds(pid: int) -> float:
 async def _with(factory: Callable[[], Any], body: Callable[[Any], Awaitable[Any]]) -> Any:
     transport = factory()
     try:
+        await roundtrip_us(transport, 10)  # the child has started and answers
         return await body(transport)
     finally:
         transport.close()

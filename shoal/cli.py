@@ -10,10 +10,22 @@ import asyncio
 import logging
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from shoal import perf
-from shoal.supervisor.options import MIB, ArenaOptions, ServerOptions
+from shoal.frontends._restricted import GROUPS as RESTRICTED_GROUPS
+from shoal.supervisor.log_settings import LOG_FORMATS, TritonFormatter, shoal_level
+from shoal.supervisor.options import MIB, ArenaOptions, Restriction, ServerOptions
+
+#: tritonserver flags that shoal accepts so that scripts keep working, and ignores.
+_IGNORED_FLAGS: tuple[tuple[str, Callable[[str], object]], ...] = (
+    ("--backend-directory", str),
+    ("--cache-directory", str),
+    ("--grpc-infer-allocation-pool-size", int),
+    ("--http-thread-count", int),
+    ("--pinned-memory-pool-byte-size", int),
+    ("--cuda-memory-pool-byte-size", str),
+)
 
 
 def parse_bool(text: str) -> bool:
@@ -44,6 +56,76 @@ def parse_backend_config(text: str) -> tuple[str, str, str]:
             f"--backend-config expects <backend>,<setting>=<value>, got '{text}'"
         )
     return backend, key, value
+
+
+def restriction_parser(kind: str) -> Callable[[str], Restriction]:
+    """The argparse type of ``<group>[,<group>...]:<key>=<value>`` (Triton's syntax: the groups
+    end at the first ':', the key at the next '='); ``kind`` is "api" or "protocol"."""
+
+    def parse(text: str) -> Restriction:
+        groups, colon, setting = text.partition(":")
+        key, equals, value = setting.partition("=")
+        if not (colon and equals and groups and key and value):
+            raise argparse.ArgumentTypeError(f"expects <{kind} list>:<key>=<value>, got '{text}'")
+        apis = tuple(groups.split(","))
+        for api in apis:
+            if api not in RESTRICTED_GROUPS:
+                raise argparse.ArgumentTypeError(
+                    f"unknown restricted {kind} '{api}'; known: {', '.join(RESTRICTED_GROUPS)}"
+                )
+        return Restriction(apis, key, value)
+
+    return parse
+
+
+def parse_ssl(text: str) -> bool:
+    if parse_bool(text):
+        raise argparse.ArgumentTypeError(
+            "true is not supported: shoal serves gRPC without TLS (terminate TLS in front of it)"
+        )
+    return False
+
+
+def _add_restriction_flags(serve: argparse.ArgumentParser) -> None:
+    groups = ", ".join(RESTRICTED_GROUPS)
+    for flag, kind, header in (
+        ("http-restricted-api", "api", "header <key>"),
+        ("grpc-restricted-protocol", "protocol", "metadata key triton-grpc-protocol-<key>"),
+    ):
+        serve.add_argument(
+            f"--{flag}",
+            action="append",
+            type=restriction_parser(kind),
+            default=[],
+            help=f"<{kind}>[,<{kind}>...]:<key>=<value> (repeatable): calls to these groups "
+            f"need {header} set to <value>; groups: {groups}",
+        )
+
+
+def _add_logging_flags(serve: argparse.ArgumentParser) -> None:
+    serve.add_argument("--log-verbose", type=int, default=0)
+    for level in ("info", "warning", "error"):
+        serve.add_argument(f"--log-{level}", type=parse_bool, default=True)
+    serve.add_argument(
+        "--log-format",
+        choices=LOG_FORMATS,
+        default="default",
+        help='timestamps as "LMMDD hh:mm:ss.ssssss" (default) or "YYYY-MM-DDThh:mm:ssZ L"',
+    )
+    serve.add_argument(
+        "--log-file",
+        default="",
+        help="append the server log (and the models' output) to this file instead of stderr",
+    )
+
+
+def _add_compatibility_flags(serve: argparse.ArgumentParser) -> None:
+    for flag, kind in _IGNORED_FLAGS:
+        serve.add_argument(
+            flag, type=kind, help="accepted for tritonserver compatibility; no effect in shoal"
+        )
+    for flag in ("--grpc-use-ssl", "--grpc-use-ssl-mutual"):
+        serve.add_argument(flag, type=parse_ssl, default=False, help="false only: no TLS")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -105,9 +187,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         help="<backend>,<setting>=<value>, e.g. python,shm-default-byte-size=67108864",
     )
-    serve.add_argument("--log-verbose", type=int, default=0)
     serve.add_argument("--exit-timeout-secs", type=float, default=30.0)
     serve.add_argument("--http-max-input-size", type=int, default=64 * MIB)
+    _add_logging_flags(serve)
+    _add_restriction_flags(serve)
+    _add_compatibility_flags(serve)
     perf.add_arguments(commands.add_parser("perf", help="load-test a KServe V2 server"))
     return parser
 
@@ -132,6 +216,20 @@ def _arena_options(settings: Sequence[tuple[str, str, str]]) -> ArenaOptions:
     )
 
 
+def _restrictions(specs: Sequence[Restriction], kind: str) -> tuple[Restriction, ...]:
+    """The groups of ``--*-restricted-*`` flags; a group may be in one of them only (as Triton)."""
+    seen: set[str] = set()
+    for spec in specs:
+        for api in spec.apis:
+            if api in seen:
+                raise SystemExit(
+                    f"shoal: restricted {kind} '{api}' can not be specified in multiple "
+                    "config groups"
+                )
+            seen.add(api)
+    return tuple(specs)
+
+
 def options_from_args(args: argparse.Namespace) -> ServerOptions:
     return ServerOptions(
         model_repositories=tuple(args.model_repository),
@@ -153,18 +251,32 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         exit_on_error=args.exit_on_error,
         exit_timeout_secs=args.exit_timeout_secs,
         log_verbose=args.log_verbose,
+        log_file=args.log_file,
+        log_format=args.log_format,
+        log_info=args.log_info,
+        log_warning=args.log_warning,
+        log_error=args.log_error,
+        http_restricted_api=_restrictions(args.http_restricted_api, "api"),
+        grpc_restricted_protocol=_restrictions(args.grpc_restricted_protocol, "protocol"),
         http_max_input_size=args.http_max_input_size,
         arenas=_arena_options(args.backend_config),
         backend_config=tuple(args.backend_config),
     )
 
 
-def _configure_logging(verbose: int) -> None:
-    logging.basicConfig(
-        stream=sys.stderr,
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="%(asctime)s %(levelname).1s %(name)s] %(message)s",
+def _configure_logging(options: ServerOptions) -> None:
+    """Triton-style lines on stderr, or appended to ``--log-file`` (OSError if it cannot be
+    opened), at the level the ``--log-verbose/info/warning/error`` flags give."""
+    handler: logging.Handler
+    if options.log_file:
+        handler = logging.FileHandler(options.log_file, encoding="utf-8")
+    else:
+        handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(TritonFormatter(options.log_format))
+    level = shoal_level(
+        options.log_verbose, options.log_info, options.log_warning, options.log_error
     )
+    logging.basicConfig(handlers=[handler], level=level)
 
 
 async def _serve(options: ServerOptions) -> int:
@@ -181,7 +293,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "serve":
         options = options_from_args(args)
-        _configure_logging(options.log_verbose)
+        try:
+            _configure_logging(options)
+        except OSError as error:
+            print(f"shoal: cannot open the log file: {error}", file=sys.stderr)
+            return 1
         import uvloop
 
         try:

@@ -7,7 +7,7 @@ import logging
 import sys
 from typing import TYPE_CHECKING
 
-from shoal.supervisor.options import ServerOptions
+from shoal.supervisor.options import Restriction, ServerOptions
 from shoal.supervisor.service import InferenceService
 
 if TYPE_CHECKING:
@@ -41,11 +41,16 @@ async def _start_metrics(service: InferenceService, options: ServerOptions) -> H
     return server
 
 
+def _by_api(restrictions: tuple[Restriction, ...]) -> dict[str, tuple[str, str]]:
+    """API group -> (key, value), as the frontends take restrictions."""
+    return {api: (r.key, r.value) for r in restrictions for api in r.apis}
+
+
 async def _start_grpc(service: InferenceService, options: ServerOptions) -> GrpcServer:
     """Serve ``inference.GRPCInferenceService`` on the gRPC address."""
     from shoal.frontends.grpc import GrpcServer
 
-    server = GrpcServer(service)
+    server = GrpcServer(service, restricted=_by_api(options.grpc_restricted_protocol))
     port = await server.start(options.grpc_address, options.grpc_port)
     announce("grpc", options.grpc_address, port)
     return server
@@ -65,7 +70,11 @@ async def run_server(options: ServerOptions, stop: asyncio.Event) -> int:
             log.error("exiting: some models failed to load (--exit-on-error=true)")
             return 1
         if options.allow_http:
-            app = build_http_app(service, max_input_size=options.http_max_input_size)
+            app = build_http_app(
+                service,
+                max_input_size=options.http_max_input_size,
+                restricted=_by_api(options.http_restricted_api),
+            )
             http = HttpServer(app)
             port = await http.start(options.http_address, options.http_port)
             announce("http", options.http_address, port)

@@ -58,7 +58,11 @@ HTTP_GROUPS: Mapping[str, str] = {
     "/v2/health/ready": "health",
     "/v2": "metadata",
     "/v2/models/stats": "statistics",
-    **{model + suffix: group for model in (_MODEL, _VERSION) for suffix, group in _PER_MODEL.items()},
+    **{
+        model + suffix: group
+        for model in (_MODEL, _VERSION)
+        for suffix, group in _PER_MODEL.items()
+    },
     "/v2/repository/index": "model-repository",
     "/v2/repository/models/{model_name}/load": "model-repository",
     "/v2/repository/models/{model_name}/unload": "model-repository",
@@ -107,9 +111,7 @@ class Restrictions:
         unknown = sorted(set(groups) - set(GROUPS))
         if unknown:
             raise ValueError(f"unknown restricted {what.lower()} group(s): {', '.join(unknown)}")
-        self._required = {
-            group: (prefix + key, value) for group, (key, value) in groups.items()
-        }
+        self._required = {group: (prefix + key, value) for group, (key, value) in groups.items()}
         self._what = what
 
     def __bool__(self) -> bool:

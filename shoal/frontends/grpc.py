@@ -32,6 +32,7 @@ import grpc.aio  # type: ignore[import-untyped]
 from google.protobuf.message import DecodeError
 
 from shoal.frontends._grpc_servicer import Servicer, unexpected
+from shoal.frontends._restricted import GRPC_GROUPS, GRPC_KEY_PREFIX, Restrictions
 from shoal.frontends._serving import AddressInUseError
 from shoal.protos import grpc_service_pb2 as pb
 from shoal.supervisor.core import CoreAPI, ErrorCode, InvalidArgument, ShoalError
@@ -139,30 +140,38 @@ def _unary_methods(servicer: Servicer) -> dict[str, tuple[type[Any], type[Any], 
     }
 
 
-def build_grpc_handler(core: CoreAPI) -> Any:
+def build_grpc_handler(
+    core: CoreAPI, *, restricted: Mapping[str, tuple[str, str]] | None = None
+) -> Any:
     """The ``grpc.GenericRpcHandler`` of ``inference.GRPCInferenceService`` over ``core``.
 
     ModelInfer and ModelStreamInfer take and return serialized bytes (no (de)serializer): their
     behaviours slice tensor bytes out of the request without copies and release the core's
-    response once the reply is serialized.
+    response once the reply is serialized. ``restricted`` maps a protocol group (see
+    :mod:`shoal.frontends._restricted`) to the key and value its calls must carry
+    (``--grpc-restricted-protocol``; the metadata key is ``triton-grpc-protocol-<key>``).
     """
-    return _generic_handler(Servicer(core))
+    return _generic_handler(Servicer(core), _restrictions(restricted))
 
 
-def _generic_handler(servicer: Servicer) -> Any:
+def _restrictions(restricted: Mapping[str, tuple[str, str]] | None) -> Restrictions:
+    return Restrictions(restricted or {}, prefix=GRPC_KEY_PREFIX, what="protocol")
+
+
+def _generic_handler(servicer: Servicer, restrictions: Restrictions) -> Any:
     handlers = {
         name: grpc.unary_unary_rpc_method_handler(
-            _guarded(behavior, name),
+            _guarded(behavior, name, restrictions),
             request_deserializer=_parser(request_type),
             response_serializer=response_type.SerializeToString,
         )
         for name, (request_type, response_type, behavior) in _unary_methods(servicer).items()
     }
     handlers["ModelInfer"] = grpc.unary_unary_rpc_method_handler(
-        _guarded(servicer.model_infer, "ModelInfer")
+        _guarded(servicer.model_infer, "ModelInfer", restrictions)
     )
     handlers["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(
-        _guarded_stream(servicer.model_stream_infer)
+        _guarded_stream(servicer.model_stream_infer, restrictions)
     )
     return grpc.method_handlers_generic_handler(SERVICE_NAME, handlers)
 
@@ -187,9 +196,20 @@ def _parser(request_type: type[Any]) -> Callable[[bytes], Any]:
     return parse
 
 
-def _guarded(behavior: _Behavior, name: str) -> Callable[[Any, Any], Awaitable[Any]]:
+def _check(restrictions: Restrictions, group: str, context: Any) -> None:
+    """PERMISSION_DENIED unless the call may use ``group`` (see :mod:`._restricted`)."""
+    if restrictions.restricts(group):
+        restrictions.check(group, context.invocation_metadata() or ())
+
+
+def _guarded(
+    behavior: _Behavior, name: str, restrictions: Restrictions
+) -> Callable[[Any, Any], Awaitable[Any]]:
+    group = GRPC_GROUPS[name]
+
     async def handle(request: Any, context: Any) -> Any:
         try:
+            _check(restrictions, group, context)
             if isinstance(request, ShoalError):
                 raise request
             return await behavior(request)
@@ -204,9 +224,11 @@ def _guarded(behavior: _Behavior, name: str) -> Callable[[Any, Any], Awaitable[A
 
 def _guarded_stream(
     behavior: Callable[[AsyncIterable[bytes]], AsyncGenerator[bytes, None]],
+    restrictions: Restrictions,
 ) -> Callable[[AsyncIterable[bytes], Any], AsyncIterator[bytes]]:
     async def handle(requests: AsyncIterable[bytes], context: Any) -> AsyncIterator[bytes]:
         try:
+            _check(restrictions, GRPC_GROUPS["ModelStreamInfer"], context)
             async with contextlib.aclosing(behavior(requests)) as replies:
                 async for reply in replies:
                     yield reply
@@ -231,9 +253,16 @@ class GrpcServer:
     signal handlers: the CLI owns signals and calls :meth:`stop`.
     """
 
-    def __init__(self, core: CoreAPI, *, max_message_bytes: int = MAX_MESSAGE_BYTES) -> None:
+    def __init__(
+        self,
+        core: CoreAPI,
+        *,
+        max_message_bytes: int = MAX_MESSAGE_BYTES,
+        restricted: Mapping[str, tuple[str, str]] | None = None,
+    ) -> None:
         self._core = core
         self._max_message_bytes = max_message_bytes
+        self._restrictions = _restrictions(restricted)
         self._server: Any = None
         self._servicer: Servicer | None = None
 
@@ -246,7 +275,7 @@ class GrpcServer:
             raise RuntimeError("the gRPC server is already running")
         servicer = Servicer(self._core)
         server = grpc.aio.server(options=self._options())
-        server.add_generic_rpc_handlers((_generic_handler(servicer),))
+        server.add_generic_rpc_handlers((_generic_handler(servicer, self._restrictions),))
         bound = _bind(server, host, port)
         await server.start()
         self._server, self._servicer = server, servicer

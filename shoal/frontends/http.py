@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TypeVar
 
 import uvicorn
@@ -37,6 +37,7 @@ from shoal.frontends._endpoint import (
 )
 from shoal.frontends._extensions import extension_routes, model_stats_routes
 from shoal.frontends._generate import generate_routes
+from shoal.frontends._restricted import Restrictions, restrict_routes
 from shoal.frontends._serving import AddressInUseError, EmbeddedServer, bind_socket, wait_started
 from shoal.supervisor.core import CoreAPI, ShoalError
 
@@ -49,9 +50,16 @@ _THREAD_THRESHOLD = 1 << 20
 
 
 def build_http_app(
-    core: CoreAPI, *, max_input_size: int = codec.DEFAULT_MAX_INPUT_SIZE
+    core: CoreAPI,
+    *,
+    max_input_size: int = codec.DEFAULT_MAX_INPUT_SIZE,
+    restricted: Mapping[str, tuple[str, str]] | None = None,
 ) -> Starlette:
-    """The KServe V2 REST app; infer bodies over ``max_input_size`` bytes are refused unread."""
+    """The KServe V2 REST app; infer bodies over ``max_input_size`` bytes are refused unread.
+
+    ``restricted`` maps an API group (see :mod:`shoal.frontends._restricted`) to the header and
+    value its requests must carry (``--http-restricted-api``); other requests get 403.
+    """
     infer = _InferEndpoint(core, max_input_size)
     routes = [
         Route("/v2/health/live", _health(core.is_live), methods=["GET"]),
@@ -69,7 +77,11 @@ def build_http_app(
         ]
     routes += generate_routes(core, max_input_size)
     routes += extension_routes(core, max_input_size)
-    return Starlette(routes=routes, exception_handlers={HTTPException: _http_exception})
+    restrictions = Restrictions(restricted or {})
+    return Starlette(
+        routes=restrict_routes(routes, restrictions),
+        exception_handlers={HTTPException: _http_exception},
+    )
 
 
 async def _http_exception(request: Request, exc: Exception) -> Response:

@@ -10,8 +10,9 @@ import time
 
 from shoal.ipc._errors import PeerGone
 
-#: How long a sleeper trusts the doorbell before re-checking its ring once on its own. It bounds
-#: the delay of the one wake-up that the store->load reordering race can lose (docs/ipc.md).
+#: How long a producer waiting for room trusts the space doorbell before re-checking the ring on
+#: its own: it bounds the delay of the one wake-up the store->load race can lose there
+#: (docs/ipc.md, "Wake-ups").
 BACKSTOP_S = 0.001
 #: Without a pidfd for the peer, a blocked stub polls its parent pid this often.
 ORPHAN_CHECK_S = 0.5
@@ -59,6 +60,20 @@ class BlockingSleeper:
         if self._pidfd is None and os.getppid() != self._parent:
             raise PeerGone("the supervisor process exited (re-parented)")
         return rang
+
+
+class Spinner:
+    """Adaptive spin budget: spin about twice as long as recent short waits actually took."""
+
+    def __init__(self, max_us: float) -> None:
+        self._max_ns = int(max_us * 1000)
+        self.budget_ns = self._max_ns // 2
+
+    def observe_sleep(self, waited_ns: int) -> None:
+        if waited_ns <= self._max_ns:
+            self.budget_ns = min(self._max_ns, 2 * waited_ns)
+        else:
+            self.budget_ns //= 2
 
 
 class Backstop:

@@ -6,7 +6,8 @@ same line):
 * ``tail``: bytes ever written; only the producer stores it.
 * ``head``: bytes ever consumed; only the consumer stores it.
 * ``sleep``: 0 while the consumer is awake, else the number of its current sleep episode.
-* ``wait``: 0 while the producer is not waiting for space, else its wait-episode number.
+* ``wait``: 0 while the producer is not waiting for space, else its wait-episode number; beside
+  it ``want``, the free bytes at which the waiting producer wants its doorbell rung.
 
 ``tail`` and ``head`` increase monotonically as 64-bit counters; a position in the data area is
 ``counter & (capacity - 1)``. Each record is an 8-byte length word then the payload, padded to a
@@ -14,13 +15,18 @@ multiple of 8 so that length words never straddle the end; payloads may wrap aro
 
 Every shared word is read and written as one aligned 8-byte item of a ``'Q'`` memoryview, i.e. a
 single load or store. Publication order relies on x86-64's total store order: the payload bytes
-are stored before ``tail``, and the consumer loads ``tail`` before the payload.
+are stored before ``tail``, and the consumer loads ``tail`` before the payload. The one reordering
+TSO allows (a store followed by a load of another word) is closed with :meth:`Ring.fence` where the
+wake-up protocol needs it (docs/ipc.md, "Wake-ups").
 """
 
 from __future__ import annotations
 
+import threading
+
 HEADER_BYTES = 512
-_TAIL, _HEAD, _SLEEP, _WAIT = 0, 8, 16, 24  # word offsets (64 bytes apart) from the header start
+# Word offsets from the header start; the four owners' words sit 64 bytes apart.
+_TAIL, _HEAD, _SLEEP, _WAIT, _WANT = 0, 8, 16, 24, 25
 _LENGTH_WORD = 8
 
 
@@ -47,6 +53,7 @@ class Ring:
         self._head_i = header_word + _HEAD
         self._sleep_i = header_word + _SLEEP
         self._wait_i = header_word + _WAIT
+        self._want_i = header_word + _WANT
         # Each side caches its own counter and the last value it saw of the other side's, so the
         # shared line is only read when the cached value says the ring is full or empty.
         self._tail = words[self._tail_i]
@@ -56,6 +63,16 @@ class Ring:
         self._episode = max(words[self._sleep_i], words[self._wait_i])
         self._rung_sleep = 0
         self._rung_wait = 0
+        self._fence_lock = threading.Lock()
+
+    def fence(self) -> None:
+        """A full memory barrier: our earlier stores are visible before our later loads.
+
+        Taking and releasing a lock is an atomic read-modify-write, which x86-64 executes as a
+        LOCK-prefixed instruction: a full fence, and the only one pure Python can issue.
+        """
+        self._fence_lock.acquire()
+        self._fence_lock.release()
 
     def release(self) -> None:
         self._data_words.release()
@@ -99,16 +116,25 @@ class Ring:
         return self._tail + record_size(size) - self._seen_head <= self.capacity
 
     def consumer_wants_bell(self) -> bool:
-        """True once per consumer sleep episode, after a publish: ring its doorbell now."""
+        """After a publish: True once per consumer sleep episode, when the bell must ring."""
+        self._fence_lock.acquire()  # fence(), inlined: the tail store must precede this load
+        self._fence_lock.release()
         episode = self._words[self._sleep_i]
         if episode and episode != self._rung_sleep:
             self._rung_sleep = episode
             return True
         return False
 
-    def begin_wait(self) -> None:
+    def begin_wait(self, size: int) -> None:
+        """Announce a wait for room for a ``size``-byte message (re-check before sleeping).
+
+        The doorbell is wanted only once half the ring (or the message, if larger) is free, so a
+        saturated pipeline wakes the producer once per half ring rather than once per message.
+        """
+        self._words[self._want_i] = min(self.capacity, max(record_size(size), self.capacity // 2))
         self._episode += 1
         self._words[self._wait_i] = self._episode
+        self.fence()
 
     def end_wait(self) -> None:
         self._words[self._wait_i] = 0
@@ -140,16 +166,21 @@ class Ring:
         return self._head == self._seen_tail
 
     def producer_wants_bell(self) -> bool:
-        """True once per producer wait episode, after a consume: ring its space doorbell now."""
+        """After a consume: True once per producer wait episode, when the bell must ring."""
         episode = self._words[self._wait_i]
-        if episode and episode != self._rung_wait:
-            self._rung_wait = episode
-            return True
-        return False
+        if not episode or episode == self._rung_wait:
+            return False
+        # _seen_tail never runs ahead of the real tail, so this never under-counts the room.
+        if self.capacity - (self._seen_tail - self._head) < self._words[self._want_i]:
+            return False
+        self._rung_wait = episode
+        return True
 
     def begin_sleep(self) -> None:
+        """Announce a sleep; the caller must look at the ring once more before sleeping."""
         self._episode += 1
         self._words[self._sleep_i] = self._episode
+        self.fence()
 
     def end_sleep(self) -> None:
         self._words[self._sleep_i] = 0

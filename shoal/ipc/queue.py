@@ -23,6 +23,7 @@ from shoal.ipc._bell import (
     Backstop,
     BlockingSleeper,
     Deadline,
+    Spinner,
     drain_bell,
     new_bell,
     ring_bell,
@@ -34,7 +35,7 @@ __all__ = ["DEFAULT_RING_BYTES", "Channel", "PeerGone", "RingCorrupted"]
 
 DEFAULT_RING_BYTES = 1 << 20
 #: Longest the stub spins on an empty down ring before sleeping; adapted per channel (see
-#: ``_Spinner``). 0 disables spinning.
+#: ``Spinner``). 0 disables spinning.
 DEFAULT_SPIN_US = 50.0
 
 _MAGIC = int.from_bytes(b"shoalch1", "little")
@@ -44,20 +45,6 @@ _DATA_START = 4096
 _W_MAGIC, _W_RING_BYTES = 0, 1
 _W_SUPERVISOR_CLOSED, _W_STUB_CLOSED = 8, 16
 _DOWN_HEADER, _UP_HEADER = HEADER_BYTES // 8, 2 * HEADER_BYTES // 8
-
-
-class _Spinner:
-    """Adaptive spin budget: spin about twice as long as recent short waits actually took."""
-
-    def __init__(self, max_us: float) -> None:
-        self._max_ns = int(max_us * 1000)
-        self.budget_ns = self._max_ns // 2
-
-    def observe_sleep(self, waited_ns: int) -> None:
-        if waited_ns <= self._max_ns:
-            self.budget_ns = min(self._max_ns, 2 * waited_ns)
-        else:
-            self.budget_ns //= 2
 
 
 class Channel:
@@ -84,10 +71,9 @@ class Channel:
         self._closed = False
         self._send_lock: asyncio.Lock | None = None
         self._up_lock = threading.Lock()
-        self._spinner = _Spinner(DEFAULT_SPIN_US)
+        self._spinner = Spinner(DEFAULT_SPIN_US)
         self._watch: tuple[asyncio.AbstractEventLoop, Callable[[], None]] | None = None
-        self._backstop: asyncio.TimerHandle | None = None
-        self._backstop_until = 0.0
+        self._retry: asyncio.TimerHandle | None = None
         self._down_sleeper = BlockingSleeper(self._down_bell, peer_pidfd)
         self._up_space_sleeper = BlockingSleeper(self._up_space, peer_pidfd)
         self._async_down = AsyncSleeper(self._down_bell, peer_pidfd)
@@ -138,7 +124,7 @@ class Channel:
         if len(fds) != 5:
             raise ValueError(f"a channel is attached from 5 fds, got {len(fds)}")
         channel = cls(list(fds), supervisor=False, peer_pidfd=peer_pidfd)
-        channel._spinner = _Spinner(spin_us)
+        channel._spinner = Spinner(spin_us)
         return channel
 
     @property
@@ -176,7 +162,7 @@ class Channel:
         # The stub rings once per wait episode, and what it had freed by then may be less than
         # this message needs: so every doorbell wake-up starts a new episode.
         while not self._down.has_room(size):
-            self._down.begin_wait()
+            self._down.begin_wait(size)
             try:
                 backstop = Backstop()
                 while not self._down.has_room(size):
@@ -194,7 +180,6 @@ class Channel:
             self._up.begin_sleep()
             message = self._up.try_read()
             if message is None:
-                self._arm_backstop(time.monotonic() + BACKSTOP_S)
                 return None
             self._up.end_sleep()
         if self._up.producer_wants_bell():
@@ -218,33 +203,21 @@ class Channel:
         self._deliver()
 
     def _deliver(self) -> None:
-        if self._watch is None:
+        if self._watch is None or self._closed:
             return
         try:
             self._watch[1]()
         except BaseException:
             # The callback stopped before draining to None, so no sleep episode began and the
-            # stub will not ring: have the backstop look at the ring again.
-            self._arm_backstop(time.monotonic() + BACKSTOP_S)
+            # stub will not ring: look at the ring again shortly.
+            if self._retry is None:
+                self._retry = self._watch[0].call_later(BACKSTOP_S, self._redeliver)
             raise
 
-    def _arm_backstop(self, until: float) -> None:
-        """Make sure the up ring is re-checked at or after ``until`` (monotonic seconds)."""
-        self._backstop_until = until
-        if self._watch is not None and self._backstop is None:
-            self._backstop = self._watch[0].call_later(BACKSTOP_S, self._on_backstop)
-
-    def _on_backstop(self) -> None:
-        self._backstop = None
-        if self._watch is None or self._closed:
-            return
-        if not self._up.is_empty():
+    def _redeliver(self) -> None:
+        self._retry = None
+        if not self._closed and not self._up.is_empty():
             self._deliver()
-        elif time.monotonic() < self._backstop_until:
-            # A later sleep episode began after this timer was armed: it needs its own re-check.
-            self._backstop = self._watch[0].call_later(
-                self._backstop_until - time.monotonic(), self._on_backstop
-            )
 
     def mark_peer_dead(self) -> None:
         """The stub died: pending and future sends raise PeerGone."""
@@ -265,16 +238,19 @@ class Channel:
         Raises PeerGone once the supervisor died or closed the channel (after draining it),
         TimeoutError after ``timeout`` seconds.
         """
-        message = self.recv_down_nowait()
-        if message is not None:
-            return message
+        message = self._down.try_read()
+        if message is None:
+            message = self._wait_down(timeout)
+        if self._down.producer_wants_bell():
+            ring_bell(self._down_space)
+        return message
+
+    def _wait_down(self, timeout: float | None) -> bytes:
         started = time.perf_counter_ns()
         message = self._spin_down(started)
         if message is None:
             message = self._sleep_down(Deadline(timeout))
             self._spinner.observe_sleep(time.perf_counter_ns() - started)
-        if self._down.producer_wants_bell():
-            ring_bell(self._down_space)
         return message
 
     def _spin_down(self, started: int) -> bytes | None:
@@ -300,11 +276,10 @@ class Channel:
         """
         self._down.begin_sleep()
         try:
-            backstop = Backstop()
             while (message := self._down.try_read()) is None:
                 if self.peer_closed:
                     raise PeerGone("the supervisor closed the channel")
-                if self._down_sleeper.sleep(deadline.remaining(backstop.timeout())):
+                if self._down_sleeper.sleep(deadline.remaining()):
                     return self._down.try_read()
             return message
         finally:
@@ -315,11 +290,10 @@ class Channel:
         while (message := self._down.try_read()) is None:
             self._down.begin_sleep()
             try:
-                backstop = Backstop()
                 while self._down.is_empty():
                     if self.peer_closed:
                         raise PeerGone("the supervisor closed the channel")
-                    if await self._async_down.sleep(backstop.timeout()):
+                    if await self._async_down.sleep(None):
                         break  # as in _down_episode: a doorbell ends the episode
             finally:
                 self._down.end_sleep()
@@ -342,7 +316,7 @@ class Channel:
     def _wait_up_room(self, size: int, deadline: Deadline) -> None:
         # As in _wait_down_room: a new wait episode after every doorbell wake-up.
         while not self._up.has_room(size):
-            self._up.begin_wait()
+            self._up.begin_wait(size)
             try:
                 backstop = Backstop()
                 while not self._up.has_room(size):
@@ -386,9 +360,9 @@ class Channel:
         if self._watch is not None:
             self._watch[0].remove_reader(self._up_bell)
             self._watch = None
-        if self._backstop is not None:
-            self._backstop.cancel()
-            self._backstop = None
+        if self._retry is not None:
+            self._retry.cancel()
+            self._retry = None
         self._async_space.close("the channel was closed")
         self._async_down.close("the channel was closed")
 

@@ -18,6 +18,17 @@ class ArenaOptions:
 
 
 @dataclass(frozen=True)
+class Restriction:
+    """One ``--http-restricted-api`` / ``--grpc-restricted-protocol`` group: calls to ``apis``
+    must carry ``key`` (an HTTP header; on gRPC the metadata key ``triton-grpc-protocol-<key>``)
+    set to ``value``."""
+
+    apis: tuple[str, ...]
+    key: str
+    value: str
+
+
+@dataclass(frozen=True)
 class ServerOptions:
     model_repositories: tuple[str, ...]
     http_address: str = "0.0.0.0"
@@ -39,6 +50,15 @@ class ServerOptions:
     exit_on_error: bool = False
     exit_timeout_secs: float = 30.0
     log_verbose: int = 0
+    #: Where server log lines (and the stubs' output) go; "" is stderr.
+    log_file: str = ""
+    #: Triton's timestamp styles: "default" (``I0215 21:04:11.572305``) or "ISO8601".
+    log_format: str = "default"
+    log_info: bool = True
+    log_warning: bool = True
+    log_error: bool = True
+    http_restricted_api: tuple[Restriction, ...] = ()
+    grpc_restricted_protocol: tuple[Restriction, ...] = ()
     http_max_input_size: int = 64 * MIB
     arenas: ArenaOptions = field(default_factory=ArenaOptions)
     backend_config: tuple[tuple[str, str, str], ...] = ()

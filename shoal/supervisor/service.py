@@ -90,7 +90,7 @@ class InferenceService:
         self.custom_metrics = CustomMetrics()
         loader.control = ControlRouter(self.repository, self.custom_metrics)
         self.shm = SharedMemoryRegistry()
-        self.logging = LogSettings(options.log_verbose)
+        self.logging = LogSettings.from_options(options)
         self._live = True
 
     @property

@@ -1,0 +1,136 @@
+"""``shoal serve`` flags end to end: restricted APIs over HTTP and gRPC, and the logging flags."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from tests.integration.server import BUNDLED, TEST_MODELS, ShoalServer
+
+pytestmark = pytest.mark.timeout(120)
+
+ADMIN = "--{}=model-repository:admin-key=admin-value"
+HTTP_ADMIN = {"admin-key": "admin-value"}
+GRPC_ADMIN = {"triton-grpc-protocol-admin-key": "admin-value"}
+
+DEFAULT_LINE = re.compile(r"^[IWE]\d{4} \d\d:\d\d:\d\d\.\d{6} \d+ shoal[\w.]*\] ", re.M)
+ISO8601_LINE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ [IWE] \d+ shoal[\w.]*\] ", re.M)
+
+
+def _wait_for(read: Callable[[], str], text: str, timeout: float = 30.0) -> str:
+    """Poll ``read()`` until it contains ``text``; return what it read."""
+    deadline = time.monotonic() + timeout
+    while True:
+        content = read()
+        if text in content or time.monotonic() > deadline:
+            assert text in content, f"{text!r} did not appear within {timeout}s:\n{content}"
+            return content
+        time.sleep(0.02)  # polling a file, not waiting on time
+
+
+@pytest.fixture(scope="module")
+def restricted() -> Iterator[ShoalServer]:
+    flags = (ADMIN.format("http-restricted-api"), ADMIN.format("grpc-restricted-protocol"))
+    with ShoalServer(BUNDLED, extra_args=flags) as server:
+        yield server
+
+
+def test_http_model_repository_needs_the_header(restricted: ShoalServer) -> None:
+    client = httpclient.InferenceServerClient(restricted.url)
+    try:
+        with pytest.raises(InferenceServerException) as info:
+            client.get_model_repository_index()
+        assert info.value.status() == "403"
+        assert info.value.message() == "This API is restricted, expecting header 'admin-key'"
+        index = client.get_model_repository_index(headers=HTTP_ADMIN)
+        assert {entry["name"] for entry in index} >= {"add_sub", "identity", "string_upper"}
+        assert client.is_model_ready("add_sub")  # health is not restricted
+    finally:
+        client.close()
+
+
+def test_grpc_model_repository_needs_the_metadata_key(restricted: ShoalServer) -> None:
+    client = grpcclient.InferenceServerClient(restricted.grpc_url)
+    try:
+        with pytest.raises(InferenceServerException) as info:
+            client.get_model_repository_index(headers=HTTP_ADMIN)  # without Triton's prefix
+        assert info.value.status() == str(grpc.StatusCode.PERMISSION_DENIED)
+        assert info.value.message() == (
+            "This protocol is restricted, expecting header 'triton-grpc-protocol-admin-key'"
+        )
+        index = client.get_model_repository_index(headers=GRPC_ADMIN, as_json=True)
+        assert {m["name"] for m in index["models"]} >= {"add_sub", "identity", "string_upper"}
+        assert client.is_server_ready()
+    finally:
+        client.close()
+
+
+def test_log_file_takes_the_server_log_and_the_models_output(tmp_path: Path) -> None:
+    log_file = tmp_path / "server.log"
+    flags = ("--model-control-mode=explicit", "--load-model=slow", "--log-file", str(log_file))
+    with ShoalServer(TEST_MODELS, extra_args=flags) as server:
+        content = _wait_for(log_file.read_text, "shoal is ready")
+        content = _wait_for(log_file.read_text, "[slow_0] slow: hello from stderr")
+        assert "[slow_0] slow: hello from stdout" in content
+        assert DEFAULT_LINE.search(content), content
+        client = httpclient.InferenceServerClient(server.url)
+        try:
+            settings = client.get_log_settings()
+            # The logging extension switches the format of the lines that follow.
+            client.update_log_settings({"log_format": "ISO8601"})
+            seconds = httpclient.InferInput("SECONDS", [1], "FP32")
+            seconds.set_data_from_numpy(np.zeros(1, dtype=np.float32))
+            client.infer("slow", [seconds])
+        finally:
+            client.close()
+        assert settings["log_file"] == str(log_file)
+        assert settings["log_format"] == "default"
+        content = _wait_for(log_file.read_text, "slow: executing")
+        executing = next(line for line in content.splitlines() if "slow: executing" in line)
+        assert ISO8601_LINE.match(executing), executing
+        assert server.stop() == 0
+        # Only the machine-readable lines stay on stdout.
+        assert "SHOAL_LISTENING http" in server.output
+        assert "shoal is ready" not in server.output
+        assert "hello from" not in server.output
+
+
+def test_log_format_iso8601() -> None:
+    with ShoalServer(BUNDLED, extra_args=("--log-format", "ISO8601")) as server:
+        output = _wait_for(lambda: server.output, "shoal is ready")
+        assert ISO8601_LINE.search(output), output
+        assert not DEFAULT_LINE.search(output), output
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        try:
+            settings = client.get_log_settings(as_json=True)["settings"]
+        finally:
+            client.close()
+        assert settings["log_format"] == {"string_param": "ISO8601"}
+
+
+def test_log_levels_can_be_turned_off() -> None:
+    flags = ("--log-info=false", "--log-warning", "true", "--log-error=true")
+    with ShoalServer(BUNDLED, extra_args=flags) as server:
+        client = httpclient.InferenceServerClient(server.url)
+        try:
+            settings = client.get_log_settings()
+        finally:
+            client.close()
+        assert server.stop() == 0
+        output = server.output
+    assert (settings["log_info"], settings["log_warning"], settings["log_error"]) == (
+        False,
+        True,
+        True,
+    )
+    assert "SHOAL_LISTENING http" in output
+    assert "shoal is ready" not in output  # an info line
