@@ -11,7 +11,7 @@ HTTP_PORT ?= 8000
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --quiet -e '.[test,onnx]'
 	touch $(STAMP)
 
 serve: $(STAMP)

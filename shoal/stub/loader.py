@@ -9,10 +9,11 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+from collections.abc import Mapping
 from types import ModuleType
 from typing import Any
 
-from shoal.stub import pb_utils
+from shoal.stub import backends, pb_utils
 
 
 def install_pb_utils() -> None:
@@ -46,3 +47,12 @@ def instantiate(module: ModuleType, model_file: str) -> Any:
     if not callable(getattr(model, "execute", None)):
         raise AttributeError(f"Python model {model_file} does not implement `execute` method.")
     return model
+
+
+def create_model(model_file: str, args: Mapping[str, str]) -> Any:
+    """The model object of an instance: the built-in model class of the configuration's backend
+    (``onnxruntime``), or else the ``TritonPythonModel`` of ``model.py``."""
+    backend = backends.builtin_backend(args)
+    if backend is not None:
+        return backends.create_model(backend, model_file)
+    return instantiate(import_model_module(model_file), model_file)

@@ -109,8 +109,7 @@ class StubRuntime:
         loader.install_pb_utils()
         pb_utils._set_model_dir(os.path.dirname(init.model_file))
         pb_utils._set_log_sink(self._log_sink)
-        module = loader.import_model_module(init.model_file)
-        self.model = loader.instantiate(module, init.model_file)
+        self.model = loader.create_model(init.model_file, init.args)
         initialize = getattr(self.model, "initialize", None)
         if initialize is not None:
             result = initialize(dict(init.args))

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from shoal import config as model_config
+from shoal.supervisor import onnx_autocomplete
 from shoal.supervisor.autocomplete import auto_complete, wants_auto_complete
 from shoal.supervisor.errors import (
     ErrorCode,
@@ -274,6 +275,16 @@ class ModelRepositoryManager:
         model_file = _python_model_file(path, source.proto, available)
         if not strict and model_file is not None and wants_auto_complete(model_file):
             proto = await auto_complete(model_file, source.proto)
+        onnx_file = None if strict else onnx_autocomplete.model_file(path, proto, available)
+        if onnx_file is not None and onnx_autocomplete.wants_auto_complete(proto):
+            proto = await onnx_autocomplete.auto_complete(
+                onnx_file,
+                proto,
+                model=name,
+                default_max_batch=onnx_autocomplete.default_max_batch_size(
+                    self.options.backend_config
+                ),
+            )
         config = model_config.complete_config(source, proto=proto)
         chosen = model_config.select_versions(config.version_policy, available, model_name=name)
         as_json = model_config.config_to_json(config)

@@ -3,10 +3,11 @@
 Hypothesis generates V2 requests that start from a valid request for a bundled model and then go
 wrong in every way a client can make them wrong: unknown names, datatypes and models, wrong and
 huge or negative shapes, data of the wrong kind or count, parameters of every type, fields of the
-wrong JSON type, truncated or corrupted bytes; binary bodies whose ``Inference-Header-Content-Length``
-and ``binary_data_size`` disagree with the body, BYTES tensors with lying length prefixes; gRPC
-``ModelInferRequest`` messages with random fields, typed contents and ``raw_input_contents``, sent
-whole or as corrupted wire bytes.
+wrong JSON type, truncated or corrupted bytes; binary bodies whose
+``Inference-Header-Content-Length`` and ``binary_data_size`` disagree with the body, BYTES tensors
+with lying length prefixes, compressed and chunked bodies; gRPC ``ModelInferRequest`` messages with
+random fields, typed contents and ``raw_input_contents``, sent whole, as corrupted wire bytes, or
+several at a time on a ModelStreamInfer stream; random bodies for the extension endpoints.
 
 Properties, for every example: the server answers (no client timeout), never with a 5xx / INTERNAL
 / UNKNOWN for a client's mistake, every error is a JSON ``{"error": ...}`` (HTTP); a 200 to an
@@ -33,13 +34,7 @@ from typing import Any
 import grpc
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
-
-
-def event(x):
-    open("/tmp/fuzz_events.txt", "a").write(x.replace("\n", " ") + "\n")
-
-
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
@@ -54,7 +49,7 @@ CLIENT_TIMEOUT = 10.0
 CHECK_EVERY = 25
 
 FUZZ_SETTINGS = settings(
-    max_examples=2500,
+    max_examples=150,
     deadline=None,
     database=None,
     suppress_health_check=[
@@ -106,13 +101,15 @@ class Spec:
 INPUTS = {
     "add_sub": (Spec("INPUT0", "FP32", (4,)), Spec("INPUT1", "FP32", (4,))),
     "string_upper": (Spec("TEXT", "BYTES", (-1, -1)),),
-    "identity": tuple(Spec(f"IN_{t}", t, (-1,)) for t in DATATYPES if t != "BYTES")
-    + (Spec("IN_STRING", "BYTES", (-1,)),),
+    "identity": (
+        *(Spec(f"IN_{t}", t, (-1,)) for t in DATATYPES if t != "BYTES"),
+        Spec("IN_STRING", "BYTES", (-1,)),
+    ),
 }
 OUTPUTS = {
     "add_sub": ("OUTPUT0", "OUTPUT1"),
     "string_upper": ("UPPER", "LENGTH"),
-    "identity": tuple(f"OUT_{t}" for t in DATATYPES if t != "BYTES") + ("OUT_STRING",),
+    "identity": (*(f"OUT_{t}" for t in DATATYPES if t != "BYTES"), "OUT_STRING"),
 }
 MODELS = tuple(sorted(INPUTS))
 
@@ -249,8 +246,19 @@ class Checker:
             assert_serving(self.server, self.channel)
 
 
+def _model_refused_text(message: str) -> bool:
+    """string_upper's own error for BYTES that are not UTF-8: the bundled model decodes strictly
+    and raises, which Triton and shoal report as a model failure (500 / INTERNAL)."""
+    return (
+        "Failed to process the request(s) for model 'string_upper_" in message
+        and "UnicodeDecodeError" in message
+    )
+
+
 def check_http_answer(status: int, headers: dict[str, str], body: bytes, what: Any) -> None:
     """No 5xx for a client's mistake (501 "not supported" is a fair answer), JSON errors."""
+    if status == 500 and _model_refused_text(body.decode(errors="replace")):
+        return
     assert status in (200, 400, 404, 501), f"HTTP {status} {body[:500]!r} for {what!r}"
     if status != 200:
         error = json.loads(body)["error"]
@@ -513,7 +521,7 @@ def binary_cases(draw: Any) -> Case:
             if _sometimes(draw, chaos, 6):
                 payload = draw(st.binary(max_size=count * itemsize + 8))
                 valid = valid and len(payload) == count * itemsize
-            elif valid:
+            if valid:
                 arrays[spec.name] = np.frombuffer(payload, NUMPY[spec.datatype]).reshape(shape)
         size: Any = len(payload)
         if _sometimes(draw, chaos, 6):
@@ -748,11 +756,62 @@ CLIENT_ERROR_CODES = {
 def check_grpc_call(call: Any, what: Any) -> None:
     try:
         call()
-        event("OK")
     except grpc.RpcError as error:
-        event(f"{error.code()} {error.details()[:60]}")
+        if error.code() == grpc.StatusCode.INTERNAL and _model_refused_text(error.details()):
+            return
         assert error.code() in CLIENT_ERROR_CODES, f"{error.code()} {error.details()} for {what}"
         assert error.details(), f"an error without a message for {what}"
+
+
+# --- known bugs the properties step around (each pinned by an xfail test below) ---------------
+
+#: A tensor with no elements but a dimension so large that NumPy cannot shape it.
+HUGE_EMPTY = 2**50
+
+
+def _huge_empty(shape: Any) -> bool:
+    if not isinstance(shape, list | tuple) or 0 not in shape:
+        return False
+    if not all(type(d) is int for d in shape):
+        return False
+    return int(np.prod([d for d in shape if d], dtype=object)) >= HUGE_EMPTY
+
+
+def _has_lone_surrogate(value: Any) -> bool:
+    if isinstance(value, str):
+        return any(0xD800 <= ord(c) <= 0xDFFF for c in value)
+    if isinstance(value, dict):
+        return any(_has_lone_surrogate(k) or _has_lone_surrogate(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_has_lone_surrogate(v) for v in value)
+    return False
+
+
+def hits_known_http_bug(case: Case) -> bool:
+    """test_zero_element_tensor_with_huge_dims_*, test_lone_surrogate_*."""
+    length = case.headers.get("Inference-Header-Content-Length", "")
+    header = case.body[: int(length)] if length.isdigit() else case.body
+    if case.headers.get("Content-Encoding") in ("gzip", "deflate"):
+        return False  # compressed: the JSON cannot be looked at, and was made from a clean one
+    try:
+        document = json.loads(header)
+    except (ValueError, RecursionError):
+        return False
+    if _has_lone_surrogate(document):
+        return True
+    inputs = document.get("inputs") if isinstance(document, dict) else None
+    return isinstance(inputs, list) and any(
+        isinstance(i, dict) and _huge_empty(i.get("shape")) for i in inputs
+    )
+
+
+def hits_known_grpc_bug(data: bytes) -> bool:
+    """test_zero_element_tensor_with_huge_dims_*."""
+    try:
+        message = service_pb2.ModelInferRequest.FromString(data)
+    except Exception:  # not a message protobuf can read: no shape to look at
+        return False
+    return any(_huge_empty(list(tensor.shape)) for tensor in message.inputs)
 
 
 # --- the properties -----------------------------------------------------------------------------
@@ -764,13 +823,9 @@ def test_http_json_bodies(server, grpc_channel):
     @FUZZ_SETTINGS
     @given(case=json_cases())
     def run(case: Case) -> None:
+        assume(not hits_known_http_bug(case))
         status, headers, body = _post(server, case.path, case.body, case.headers, case.chunks)
         check_http_answer(status, headers, body, case)
-        event(
-            f"{status} expect={case.expect is not None} {body[:70]!r}"
-            if status != 200
-            else f"200 expect={case.expect is not None}"
-        )
         if status == 200:
             check_ok(case, headers, body)
         elif case.expect is not None:
@@ -787,13 +842,9 @@ def test_http_binary_bodies(server, grpc_channel):
     @FUZZ_SETTINGS
     @given(case=binary_cases())
     def run(case: Case) -> None:
+        assume(not hits_known_http_bug(case))
         status, headers, body = _post(server, case.path, case.body, case.headers, case.chunks)
         check_http_answer(status, headers, body, case)
-        event(
-            f"{status} expect={case.expect is not None} {body[:70]!r}"
-            if status != 200
-            else f"200 expect={case.expect is not None}"
-        )
         if status == 200:
             check_ok(case, headers, body)
         elif case.expect is not None:
@@ -811,6 +862,7 @@ def test_grpc_model_infer_messages(server, grpc_channel):
     @FUZZ_SETTINGS
     @given(request=grpc_requests())
     def run(request: service_pb2.ModelInferRequest) -> None:
+        assume(not hits_known_grpc_bug(request.SerializeToString()))
         check_grpc_call(lambda: stub.ModelInfer(request, timeout=CLIENT_TIMEOUT), request)
         checker.tick()
 
@@ -831,7 +883,42 @@ def test_grpc_corrupted_wire_bytes(server, grpc_channel):
     @FUZZ_SETTINGS
     @given(data=messages | st.binary(max_size=64))
     def run(data: bytes) -> None:
+        assume(not hits_known_grpc_bug(data))
         check_grpc_call(lambda: raw_infer(data, timeout=CLIENT_TIMEOUT), data)
+        checker.tick()
+
+    run()
+    assert_serving(server, grpc_channel)
+
+
+def test_grpc_stream_infer_messages(server, grpc_channel):
+    """ModelStreamInfer: every message of a stream, good or bad, gets exactly one reply (errors
+    in ``error_message``), and the stream ends cleanly."""
+    checker = Checker(server, grpc_channel)
+    raw_stream = grpc_channel.stream_stream(
+        "/inference.GRPCInferenceService/ModelStreamInfer",
+        request_serializer=None,
+        response_deserializer=service_pb2.ModelStreamInferResponse.FromString,
+    )
+    message = grpc_requests().map(lambda r: r.SerializeToString())
+    messages = st.lists(
+        message | message.flatmap(mutated_bytes) | st.binary(max_size=32), min_size=1, max_size=4
+    )
+
+    @FUZZ_SETTINGS
+    @given(batch=messages)
+    def run(batch: list[bytes]) -> None:
+        assume(not any(hits_known_grpc_bug(data) for data in batch))
+        replies = list(raw_stream(iter(batch), timeout=CLIENT_TIMEOUT))
+        assert len(replies) == len(batch), (replies, batch)
+        for reply in replies:
+            error = reply.error_message
+            assert not error.startswith("internal error") or _model_refused_text(error), (
+                error,
+                batch,
+            )
+            if not error:
+                assert reply.infer_response.model_name in MODELS
         checker.tick()
 
     run()
@@ -898,7 +985,6 @@ def test_http_extension_bodies(server, grpc_channel):
         path, body = case
         status, headers, answer = _post(server, path, body)
         check_http_answer(status, headers, answer, case)
-        event(f"EXT {case[0]} {status} {answer[:70]!r}")
         checker.tick()
 
     run()
@@ -924,6 +1010,110 @@ def test_deeply_nested_json_is_a_client_error(server, depth):
     body = (
         '{"inputs":[{"name":"IN_FP32","datatype":"FP32","shape":[1],"data":' + data + "}]}"
     ).encode()
-    status, headers, answer = _post(server, "/v2/models/identity/infer", body)
+    status, _, answer = _post(server, "/v2/models/identity/infer", body)
     assert status == 400, answer
     assert "failed to parse the request JSON buffer" in json.loads(answer)["error"]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a tensor with no elements but a dimension NumPy cannot shape (e.g. [0, 2**62]): "
+    "shoal/frontends/_tensor_json.py array_from_json (HTTP JSON 'data') and "
+    "shoal/frontends/_grpc_tensors.py array_from_contents (gRPC typed contents) call "
+    "reshape(shape), whose ValueError becomes 500 / INTERNAL instead of 400 / INVALID_ARGUMENT",
+)
+def test_zero_element_tensor_with_huge_dims_in_json_and_typed_contents(server, grpc_channel):
+    body = json.dumps(
+        {"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [0, 2**62], "data": []}]}
+    ).encode()
+    status, _, answer = _post(server, "/v2/models/string_upper/infer", body)
+    assert status == 400, answer
+    request = service_pb2.ModelInferRequest(model_name="string_upper")
+    request.inputs.add(name="TEXT", datatype="BYTES", shape=[0, 2**62])
+    request.inputs[0].contents.bytes_contents.extend([])
+    with pytest.raises(grpc.RpcError) as info:
+        service_pb2_grpc.GRPCInferenceServiceStub(grpc_channel).ModelInfer(
+            request, timeout=CLIENT_TIMEOUT
+        )
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, info.value.details()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a BYTES tensor of shape [0, 2**62] sent as binary data (HTTP binary_data_size 0, "
+    "or an empty gRPC raw_input_contents entry) passes every supervisor check and KILLS the "
+    "stub: shoal/stub/executor.py _request -> shoal/ipc/tensor.py buffer_to_numpy "
+    "reshape(dims) raises ValueError outside any handler, the stub exits with code 1 and the "
+    "client gets 503 'Stub process ... died'. Five such requests within 60 s put the instance "
+    "in a crash loop: the model is unavailable for good and the server not ready. staging "
+    "should refuse such shapes (400) and the executor should fail only the request",
+)
+def test_zero_element_tensor_with_huge_dims_does_not_kill_the_stub():
+    header = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "TEXT",
+                    "datatype": "BYTES",
+                    "shape": [0, 2**62],
+                    "parameters": {"binary_data_size": 0},
+                }
+            ]
+        }
+    ).encode()
+    with ShoalServer(BUNDLED) as srv:
+        stubs = srv.stub_pids()
+        for _ in range(5):
+            status, _, answer = _post(
+                srv,
+                "/v2/models/string_upper/infer",
+                header,
+                {"Inference-Header-Content-Length": str(len(header))},
+            )
+            assert status == 400, answer
+        assert srv.stub_pids() == stubs
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="an error message that quotes a client string holding a lone surrogate (valid JSON "
+    'such as "\\udc00") cannot be encoded: shoal/frontends/_json.py dumps() encodes with '
+    "UTF-8 strictly, the UnicodeEncodeError escapes the endpoint's error handling and uvicorn "
+    "answers a plain-text 500 'Internal Server Error' (infer: an input name; generate: a "
+    "parameter key)",
+)
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        (
+            "/v2/models/add_sub/infer",
+            b'{"inputs":[{"name":"\\udc00","datatype":"FP32","shape":[1],"data":[1]}]}',
+        ),
+        ("/v2/models/add_sub/generate", b'{"\\udc00": null}'),
+    ],
+)
+def test_lone_surrogate_in_error_message(server, path, body):
+    status, _, answer = _post(server, path, body)
+    assert status == 400, answer
+    assert json.loads(answer)["error"]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a lone surrogate in the request id or a parameter string passes the HTTP frontend "
+    "and fails in shoal/supervisor/instances.py StubInstance._run when msgpack packs the "
+    "Execute message (UnicodeEncodeError): 500 'instance ...: UnicodeEncodeError(...)' instead "
+    "of a 400 from the frontend; with a batching model it fails every request of the batch "
+    "(see test_clients.py)",
+)
+@pytest.mark.parametrize(
+    "extra",
+    [b'"id": "\\udc00"', b'"parameters": {"note": "\\udc00"}', b'"parameters": {"\\udc00": 1}'],
+)
+def test_lone_surrogate_in_id_or_parameters(server, extra):
+    body = (
+        b'{"inputs":[{"name":"INPUT0","datatype":"FP32","shape":[4],"data":[1,2,3,4]},'
+        b'{"name":"INPUT1","datatype":"FP32","shape":[4],"data":[1,2,3,4]}], ' + extra + b"}"
+    )
+    status, _, answer = _post(server, "/v2/models/add_sub/infer", body)
+    assert status == 400, answer

@@ -114,18 +114,25 @@ def test_bytes_codec_round_trip(items: list[bytes], uniform: bool) -> None:
 
 @settings(max_examples=200, deadline=None)
 @given(bytes_items, st.integers(0, 1 << 12), st.integers(1, 1 << 32 - 1))
-def test_bytes_codec_rejects_every_bad_prefix(items: list[bytes], at: int, delta: int) -> None:
+def test_bytes_codec_never_returns_the_original_from_a_bad_prefix(
+    items: list[bytes], at: int, delta: int
+) -> None:
     raw = bytearray(serialize_bytes(objects(items)))
     if not items:
-        raw = bytearray(b"\x01\x00\x00")
-    else:
-        # Corrupt one length prefix: the buffer can no longer parse into exactly these items.
-        index = at % len(items)
-        offset = sum(4 + len(x) for x in items[:index])
-        length = (len(items[index]) + delta) % (1 << 32)
-        raw[offset : offset + 4] = length.to_bytes(4, "little")
-    with pytest.raises(BytesFormatError):
-        deserialize_bytes(bytes(raw), count=max(len(items), 1))
+        with pytest.raises(BytesFormatError):
+            deserialize_bytes(b"\x01\x00\x00", count=1)
+        return
+    # Corrupt one length prefix. The buffer may still parse by chance (e.g. [b"", b"\0"] with the
+    # first length made 1 reads as [b"\1", b""]), but never into the original items.
+    index = at % len(items)
+    offset = sum(4 + len(x) for x in items[:index])
+    length = (len(items[index]) + delta) % (1 << 32)
+    raw[offset : offset + 4] = length.to_bytes(4, "little")
+    try:
+        decoded = deserialize_bytes(bytes(raw), count=len(items)).tolist()
+    except BytesFormatError:
+        return
+    assert decoded != items
 
 
 def test_bytes_of_str_and_fixed_width_arrays() -> None:
