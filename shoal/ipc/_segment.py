@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
+import re
 
 import posix_ipc
 
@@ -21,6 +22,35 @@ def page_align(nbytes: int) -> int:
 def segment_name(arena_id: int, index: int, pid: int | None = None) -> str:
     """POSIX name of a named segment; it carries the owner's pid so stale ones can be swept."""
     return f"/shoal-{os.getpid() if pid is None else pid}-{arena_id}-{index}"
+
+
+_NAMED = re.compile(r"shoal-(\d+)-\d+-\d+")
+
+
+def remove_stale_segments(shm_dir: str = "/dev/shm") -> list[str]:
+    """Unlink named arena segments whose owner process is gone; returns the names removed.
+
+    A supervisor calls this at start: a crashed one cannot have unlinked its own segments.
+    """
+    removed = []
+    for entry in sorted(os.listdir(shm_dir)):
+        match = _NAMED.fullmatch(entry)
+        if match is None or _alive(int(match[1])):
+            continue
+        with contextlib.suppress(posix_ipc.ExistentialError):
+            posix_ipc.unlink_shared_memory("/" + entry)
+            removed.append("/" + entry)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process
+    return True
 
 
 class Segment:

@@ -17,6 +17,7 @@ from shoal.ipc._segment import (
     map_fd,
     map_named,
     page_align,
+    remove_stale_segments,
 )
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "OwnedArena",
     "Segment",
     "UnknownSegmentError",
+    "remove_stale_segments",
 ]
 
 DEFAULT_INITIAL_BYTES = 64 << 20

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import shoal
-from shoal.ipc.arena import Block, OwnedArena
+from shoal.ipc.arena import Block, OwnedArena, remove_stale_segments
 from shoal.ipc.messages import RequestRecord
 from shoal.ipc.tensor import RegionLocation
 from shoal.supervisor import staging
@@ -73,6 +73,9 @@ class InferenceService:
 
     def __init__(self, options: ServerOptions) -> None:
         self.options = options
+        # Named segments a crashed supervisor could not unlink (memfd arenas need no cleanup).
+        for name in remove_stale_segments():
+            log.warning("removed a stale shared-memory segment of a dead server: %s", name)
         self.repository: ModelRepositoryManager | None = None
         arenas = options.arenas
         self.input_arena = OwnedArena(

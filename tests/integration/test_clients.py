@@ -186,6 +186,22 @@ def wait_arena_empty(server: ShoalServer) -> None:
     assert used == 0, f"{used} bytes of the input arena were never given back"
 
 
+def identity_inferences(server: ShoalServer) -> int:
+    conn = http.client.HTTPConnection(*_address(server), timeout=CLIENT_TIMEOUT)
+    try:
+        conn.request("GET", "/v2/models/identity/stats")
+        return int(json.loads(conn.getresponse().read())["model_stats"][0]["inference_count"])
+    finally:
+        conn.close()
+
+
+def wait_identity_inferences(server: ShoalServer, count: int) -> None:
+    deadline = time.monotonic() + 20
+    while identity_inferences(server) < count and time.monotonic() < deadline:
+        time.sleep(0.02)  # polling the statistics until the model has run the requests
+    assert identity_inferences(server) >= count
+
+
 def executions(server: ShoalServer) -> int:
     """How many requests the slow model has started (its own log line)."""
     return server.output.count("slow: executing")
@@ -230,8 +246,9 @@ def test_slow_sender_does_not_block_others(server, baseline, what):
     sender.start()
     latencies = keep_serving_while(server, sender)
     sender.join()
+    # Blocked, the others would wait for the whole trickle (2 s) and get through a few times.
     assert len(latencies) >= 10, latencies
-    assert max(latencies) < 1.0, f"others waited for the slow sender: {max(latencies):.2f}s"
+    assert max(latencies) < TRICKLE_S * 0.75, f"others waited for the slow sender: {latencies}"
     status, body = outcome["answer"]
     assert status == 200, body
     assert json.loads(body)["outputs"][0]["data"] == [11, 22, 33, 44]
@@ -242,17 +259,19 @@ def test_slow_sender_does_not_block_others(server, baseline, what):
 
 def test_stalled_http_readers_do_not_block_others(server, baseline):
     """Clients that send requests for large answers and never read them."""
-    body, headers = identity_request(4 * MIB)
+    body, headers = identity_request(8 * MIB)
     request = raw_request("/v2/models/identity/infer", body, headers)
+    before = identity_inferences(server)
     stalled = []
     try:
-        for _ in range(4):
+        for _ in range(6):
             sock = socket.create_connection(_address(server), timeout=CLIENT_TIMEOUT)
-            sock.sendall(request * 3)  # three pipelined requests, 12 MiB of answers, never read
+            sock.sendall(request)  # its 8 MiB answer is never read
             stalled.append(sock)
+        wait_identity_inferences(server, before + len(stalled))
         started = time.monotonic()
         for _ in range(20):
-            assert add_sub_works(server) < 1.0
+            assert add_sub_works(server) < 5.0  # blocked, they would never be answered
         status, answer = _post(server, "/v2/models/identity/infer", *identity_request(MIB))
         assert status == 200, answer[:200]
         assert time.monotonic() - started < 10
@@ -267,11 +286,13 @@ def test_stalled_grpc_stream_reader_does_not_block_others(server, baseline):
     request = service_pb2.ModelInferRequest(model_name="identity")
     request.inputs.add(name="IN_UINT8", datatype="UINT8", shape=[2 * MIB])
     request.raw_input_contents.append(bytes(2 * MIB))
+    before = identity_inferences(server)
     with grpc.insecure_channel(server.grpc_url) as stalled_channel:
         stream = service_pb2_grpc.GRPCInferenceServiceStub(stalled_channel).ModelStreamInfer(
             iter([request] * 8), timeout=CLIENT_TIMEOUT
         )
         try:
+            wait_identity_inferences(server, before + 2)  # answers are stuck, not requests
             with grpc.insecure_channel(server.grpc_url) as channel:
                 other = service_pb2_grpc.GRPCInferenceServiceStub(channel)
                 small = service_pb2.ModelInferRequest(model_name="identity")
@@ -280,14 +301,14 @@ def test_stalled_grpc_stream_reader_does_not_block_others(server, baseline):
                 for _ in range(20):
                     started = time.monotonic()
                     reply = other.ModelInfer(small, timeout=CLIENT_TIMEOUT)
-                    assert time.monotonic() - started < 1.0
+                    assert time.monotonic() - started < 5.0
                     assert np.frombuffer(reply.raw_output_contents[0], np.int32).tolist() == [
                         0,
                         1,
                         2,
                     ]
                 for _ in range(5):
-                    assert add_sub_works(server) < 1.0
+                    assert add_sub_works(server) < 5.0
         finally:
             stream.cancel()
     wait_arena_empty(server)
@@ -366,14 +387,14 @@ def test_timeout_parameter_is_ignored_by_the_default_scheduler(server, baseline)
 def test_grpc_deadline_drops_a_queued_request(server, baseline):
     before = executions(server)
     with ThreadPoolExecutor(1) as pool, grpc.insecure_channel(server.grpc_url) as channel:
-        busy = pool.submit(_post, server, "/v2/models/slow/infer", slow_body(1.0))
+        busy = pool.submit(_post, server, "/v2/models/slow/infer", slow_body(2.0))
         wait_executions(server, before + 1)
         stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
         started = time.monotonic()
         with pytest.raises(grpc.RpcError) as info:
             stub.ModelInfer(_slow_grpc(0.0), timeout=0.3)
         assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-        assert time.monotonic() - started < 0.9  # at its deadline, not when the model is free
+        assert time.monotonic() - started < 1.5  # at its deadline, not when the model is free
         assert busy.result(CLIENT_TIMEOUT)[0] == 200
         reply = stub.ModelInfer(_slow_grpc(0.0), timeout=CLIENT_TIMEOUT)
         assert np.frombuffer(reply.raw_output_contents[0], np.float32).tolist() == [0.0]
@@ -387,12 +408,12 @@ def test_grpc_deadline_while_the_model_runs(server, baseline):
         stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
         started = time.monotonic()
         with pytest.raises(grpc.RpcError) as info:
-            stub.ModelInfer(_slow_grpc(1.0), timeout=0.3)
+            stub.ModelInfer(_slow_grpc(2.0), timeout=0.3)
         assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-        assert time.monotonic() - started < 0.9
+        assert time.monotonic() - started < 1.5
         assert executions(server) == before + 1  # it started, and is not interrupted:
         reply = stub.ModelInfer(_slow_grpc(0.0), timeout=CLIENT_TIMEOUT)
-        assert time.monotonic() - started >= 1.0  # the next one waited for it to finish
+        assert time.monotonic() - started >= 2.0  # the next one waited for it to finish
         assert np.frombuffer(reply.raw_output_contents[0], np.float32).tolist() == [0.0]
 
 

@@ -7,7 +7,8 @@ wrong JSON type, truncated or corrupted bytes; binary bodies whose
 ``Inference-Header-Content-Length`` and ``binary_data_size`` disagree with the body, BYTES tensors
 with lying length prefixes, compressed and chunked bodies; gRPC ``ModelInferRequest`` messages with
 random fields, typed contents and ``raw_input_contents``, sent whole, as corrupted wire bytes, or
-several at a time on a ModelStreamInfer stream; random bodies for the extension endpoints.
+several at a time on a ModelStreamInfer stream; several bad requests on one keep-alive connection;
+random bodies for the extension endpoints. See docs/hardening.md.
 
 Properties, for every example: the server answers (no client timeout), never with a 5xx / INTERNAL
 / UNKNOWN for a client's mistake, every error is a JSON ``{"error": ...}`` (HTTP); a 200 to an
@@ -24,6 +25,7 @@ from __future__ import annotations
 import gzip
 import http.client
 import json
+import os
 import struct
 import time
 import urllib.parse
@@ -49,7 +51,8 @@ CLIENT_TIMEOUT = 10.0
 CHECK_EVERY = 25
 
 FUZZ_SETTINGS = settings(
-    max_examples=150,
+    # A longer campaign: SHOAL_FUZZ_EXAMPLES=3000 pytest tests/integration/test_fuzz.py
+    max_examples=int(os.environ.get("SHOAL_FUZZ_EXAMPLES", "150")),
     deadline=None,
     database=None,
     suppress_health_check=[
@@ -425,6 +428,12 @@ def mutated_bytes(draw: Any, data: bytes) -> bytes:
     return data[:at] + draw(st.binary(min_size=1, max_size=8)) + data[at:]
 
 
+#: Accept-Encoding values, well-formed or not.
+accept_encodings = st.sampled_from(
+    ("gzip", "deflate", "identity", "gzip;q=0.5, deflate", "*", "identity;q=0, *;q=0", "br")
+) | st.text(alphabet="gzipdeflatbr*;=q.,0123456789- ", max_size=24)
+
+
 @st.composite
 def infer_path(draw: Any, model: str, chaos: bool) -> tuple[str, bool]:
     """The infer URL for ``model``, sometimes for another model, version or a made-up name."""
@@ -469,7 +478,10 @@ def json_cases(draw: Any) -> Case:
         valid = False
     path, right_model = draw(infer_path(model, chaos))
     expect = (model, arrays) if valid and right_model else None
-    return Case(path, body, {"Content-Type": "application/json"}, expect)
+    headers = {"Content-Type": "application/json"}
+    if draw(st.integers(0, 4)) == 0:
+        headers["Accept-Encoding"] = draw(accept_encodings)
+    return Case(path, body, headers, expect)
 
 
 # --- strategies: HTTP binary bodies -----------------------------------------------------------
@@ -598,7 +610,15 @@ def binary_cases(draw: Any) -> Case:
 
 def check_ok(case: Case, headers: dict[str, str], body: bytes) -> None:
     """A 200 is a well-formed V2 response; for an unmodified valid request, the right one."""
-    length = {k.lower(): v for k, v in headers.items()}.get("inference-header-content-length")
+    lowered = {k.lower(): v for k, v in headers.items()}
+    encoding = lowered.get("content-encoding")
+    if encoding == "gzip":
+        body = gzip.decompress(body)
+    elif encoding == "deflate":
+        body = zlib.decompress(body)
+    else:
+        assert encoding in (None, "identity"), encoding
+    length = lowered.get("inference-header-content-length")
     answer = json.loads(body[: int(length)] if length else body)
     assert isinstance(answer["outputs"], list)
     if case.expect is None:
@@ -805,6 +825,20 @@ def hits_known_http_bug(case: Case) -> bool:
     )
 
 
+def hits_known_register_bug(path: str, body: bytes) -> bool:
+    """test_shm_register_with_unusable_key_does_not_crash_the_server."""
+    try:
+        document = json.loads(body)
+    except (ValueError, RecursionError):
+        return False
+    key = document.get("key") if isinstance(document, dict) else None
+    return (
+        path.endswith("/register")
+        and isinstance(key, str)
+        and ("\x00" in key or _has_lone_surrogate(key))
+    )
+
+
 def hits_known_grpc_bug(data: bytes) -> bool:
     """test_zero_element_tensor_with_huge_dims_*."""
     try:
@@ -849,6 +883,44 @@ def test_http_binary_bodies(server, grpc_channel):
             check_ok(case, headers, body)
         elif case.expect is not None:
             raise AssertionError(f"a valid request failed: {status} {body!r} for {case!r}")
+        checker.tick()
+
+    run()
+    assert_serving(server, grpc_channel)
+
+
+def test_http_keep_alive_sequences(server, grpc_channel):
+    """Several bad requests on one keep-alive connection, then a good one on the same
+    connection: each answer belongs to its request (no body left behind to garble the next)."""
+    checker = Checker(server, grpc_channel)
+    host, port = server.url.split(":")
+
+    @FUZZ_SETTINGS
+    @given(cases=st.lists(json_cases() | binary_cases(), min_size=1, max_size=4))
+    def run(cases: list[Case]) -> None:
+        assume(not any(hits_known_http_bug(case) for case in cases))
+        conn = http.client.HTTPConnection(host, int(port), timeout=CLIENT_TIMEOUT)
+        try:
+            for case in cases:
+                if case.chunks is None:
+                    conn.request("POST", case.path, body=case.body, headers=case.headers)
+                else:
+                    conn.request(
+                        "POST", case.path, iter(case.chunks), case.headers, encode_chunked=True
+                    )
+                reply = conn.getresponse()
+                headers, body = dict(reply.getheaders()), reply.read()
+                check_http_answer(reply.status, headers, body, case)
+                if reply.status == 200:
+                    check_ok(case, headers, body)
+                assert not reply.will_close, f"the server closed the connection after {case!r}"
+            conn.request("POST", "/v2/models/add_sub/infer", body=_good_add_sub_json())
+            reply = conn.getresponse()
+            answer = reply.read()
+            assert reply.status == 200, answer
+            assert json.loads(answer)["outputs"][0]["data"] == [11, 22, 33, 44]
+        finally:
+            conn.close()
         checker.tick()
 
     run()
@@ -942,15 +1014,21 @@ EXTENSION_PATHS = (
 )
 
 
+#: Names of POSIX shared-memory objects, heavy on the characters such names must not hold.
+shm_keys = st.text(
+    alphabet=st.sampled_from("/\x00.a-é\n") | st.characters(codec="utf-8"), max_size=10
+) | st.text(alphabet=st.characters(categories=["Cs"]), min_size=1, max_size=2)
+
+
 @st.composite
 def extension_bodies(draw: Any) -> tuple[str, bytes]:
     path = draw(st.sampled_from(EXTENSION_PATHS))
     structured = st.fixed_dictionaries(
         {},
         optional={
-            "key": st.just("shoal-fuzz-missing") | json_values,
-            "offset": st.integers(-5, 2**65) | json_values,
-            "byte_size": st.integers(-5, 2**65) | json_values,
+            "key": st.just("shoal-fuzz-missing") | st.text(max_size=8) | json_values,
+            "offset": st.integers(0, 8) | st.integers(-5, 2**65) | json_values,
+            "byte_size": st.integers(0, 64) | st.integers(-5, 2**65) | json_values,
             "ready": st.booleans() | json_values,
             "parameters": st.dictionaries(
                 st.sampled_from(("config", "unload_dependents", "file:1/model.py"))
@@ -968,6 +1046,11 @@ def extension_bodies(draw: Any) -> tuple[str, bytes]:
             "IN_INT8": st.lists(st.integers(-200, 200), max_size=3) | json_values,
         },
     )
+    if path.endswith("/register") and draw(st.booleans()):
+        structured = st.fixed_dictionaries(
+            {"key": shm_keys, "byte_size": st.integers(0, 64)},
+            optional={"offset": st.integers(0, 8)},
+        )
     document = draw(structured | json_values)
     body = json.dumps(document).encode()
     if draw(st.integers(0, 4)) == 0:
@@ -983,6 +1066,7 @@ def test_http_extension_bodies(server, grpc_channel):
     @given(case=extension_bodies())
     def run(case: tuple[str, bytes]) -> None:
         path, body = case
+        assume(not hits_known_register_bug(path, body))
         status, headers, answer = _post(server, path, body)
         check_http_answer(status, headers, answer, case)
         checker.tick()
@@ -1004,7 +1088,7 @@ def test_http_extension_bodies(server, grpc_channel):
     reason="deeply nested JSON raises RecursionError in shoal/frontends/_json.py loads() "
     "(only ValueError is caught): 500 instead of 400",
 )
-@pytest.mark.parametrize("depth", [1000, 100_000])
+@pytest.mark.parametrize("depth", [5000, 100_000])
 def test_deeply_nested_json_is_a_client_error(server, depth):
     data = "[" * depth + "1" + "]" * depth
     body = (
@@ -1013,6 +1097,45 @@ def test_deeply_nested_json_is_a_client_error(server, depth):
     status, _, answer = _post(server, "/v2/models/identity/infer", body)
     assert status == 400, answer
     assert "failed to parse the request JSON buffer" in json.loads(answer)["error"]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="registering system shared memory whose key holds a NUL ('\\u0000') or a lone "
+    "surrogate ('\\udc00') KILLS THE SERVER with SIGSEGV: shoal/supervisor/shm_registry.py "
+    "SharedMemoryRegistry.register passes the key to posix_ipc.SharedMemory, which (1.3.2) "
+    "segfaults on such names. One HTTP or gRPC request takes the whole server down; keys must "
+    "be checked (no NUL, encodable, no '/' after the first, <= 255 bytes) before posix_ipc",
+)
+@pytest.mark.parametrize(
+    ("protocol", "key"),
+    [
+        ("http", "/shoal-fuzz\x00key"),
+        ("http", "/shoal-fuzz\udc00"),
+        ("grpc", "/shoal-fuzz\x00key"),  # protobuf strings cannot hold a lone surrogate
+    ],
+)
+def test_shm_register_with_unusable_key_does_not_crash_the_server(protocol, key):
+    with ShoalServer(BUNDLED) as srv:
+        if protocol == "http":
+            body = json.dumps({"key": key, "offset": 0, "byte_size": 16}).encode()
+            try:
+                status, _, answer = _post(srv, "/v2/systemsharedmemory/region/r/register", body)
+            except (ConnectionError, http.client.HTTPException) as error:
+                status, answer = 0, repr(error).encode()
+            assert status == 400, answer
+        else:
+            request = service_pb2.SystemSharedMemoryRegisterRequest(
+                name="r", key=key, offset=0, byte_size=16
+            )
+            with grpc.insecure_channel(srv.grpc_url) as channel:
+                stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+                with pytest.raises(grpc.RpcError) as info:
+                    stub.SystemSharedMemoryRegister(request, timeout=CLIENT_TIMEOUT)
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, info.value.details()
+        assert srv.proc is not None and srv.proc.poll() is None, (
+            f"the server died with {srv.proc.returncode}"
+        )
 
 
 @pytest.mark.xfail(

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import itertools
 import os
+import subprocess
 
 import numpy as np
+import posix_ipc
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -18,6 +20,7 @@ from shoal.ipc.arena import (
     OwnedArena,
     Segment,
     UnknownSegmentError,
+    remove_stale_segments,
 )
 
 KIB = 1024
@@ -204,3 +207,21 @@ def test_invalid_configuration() -> None:
         OwnedArena(1, initial_bytes=0, growth_bytes=1, limit_bytes=1, backend="tmpfs")
     with pytest.raises(ValueError, match="shm-default-byte-size"):
         OwnedArena(1, initial_bytes=2 * LIMIT, growth_bytes=GROWTH, limit_bytes=LIMIT)
+
+
+def test_stale_named_segments_of_dead_owners_are_removed() -> None:
+    dead_pid = _dead_pid()
+    stale = posix_ipc.SharedMemory(f"/shoal-{dead_pid}-1-0", posix_ipc.O_CREX, size=4096)
+    stale.close_fd()
+    with OwnedArena(
+        8, initial_bytes=INITIAL, growth_bytes=GROWTH, limit_bytes=LIMIT, backend="posix"
+    ) as live:
+        assert f"/shoal-{dead_pid}-1-0" in remove_stale_segments()
+        assert not os.path.exists(f"/dev/shm/shoal-{dead_pid}-1-0")
+        assert os.path.exists("/dev/shm" + live.segments[0].name)  # type: ignore[operator]
+
+
+def _dead_pid() -> int:
+    process = subprocess.Popen(["true"])
+    process.wait()
+    return process.pid  # reaped: no process has this pid until it is reused

@@ -176,3 +176,32 @@ def test_attach_validates_its_fds() -> None:
         Channel.attach([1, 2])
     with pytest.raises(ValueError, match="power of two"):
         Channel.create(5000)
+
+
+def test_watch_up_recovers_when_the_callback_fails(pair: tuple[Channel, Channel]) -> None:
+    supervisor, stub = pair
+
+    async def scenario() -> list[bytes]:
+        loop = asyncio.get_running_loop()
+        loop.set_exception_handler(lambda loop, context: None)
+        received: list[bytes] = []
+        done = loop.create_future()
+        calls = 0
+
+        def on_ready() -> None:
+            nonlocal calls
+            calls += 1
+            if calls == 2:  # the delivery of "hello" fails before draining anything
+                raise RuntimeError("dispatch failed")
+            while (message := supervisor.recv_up_nowait()) is not None:
+                received.append(message)
+            if received and not done.done():
+                done.set_result(None)
+
+        supervisor.watch_up(loop, on_ready)
+        await asyncio.sleep(0)  # the first, empty delivery from watch_up itself
+        stub.send_up(b"hello")
+        await asyncio.wait_for(done, 5)
+        return received
+
+    assert asyncio.run(scenario()) == [b"hello"]

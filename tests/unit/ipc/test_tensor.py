@@ -114,25 +114,37 @@ def test_bytes_codec_round_trip(items: list[bytes], uniform: bool) -> None:
 
 @settings(max_examples=200, deadline=None)
 @given(bytes_items, st.integers(0, 1 << 12), st.integers(1, 1 << 32 - 1))
-def test_bytes_codec_never_returns_the_original_from_a_bad_prefix(
-    items: list[bytes], at: int, delta: int
-) -> None:
+def test_bytes_codec_accepts_only_faithful_parses(items: list[bytes], at: int, delta: int) -> None:
     raw = bytearray(serialize_bytes(objects(items)))
-    if not items:
-        with pytest.raises(BytesFormatError):
-            deserialize_bytes(b"\x01\x00\x00", count=1)
-        return
-    # Corrupt one length prefix. The buffer may still parse by chance (e.g. [b"", b"\0"] with the
-    # first length made 1 reads as [b"\1", b""]), but never into the original items.
-    index = at % len(items)
-    offset = sum(4 + len(x) for x in items[:index])
-    length = (len(items[index]) + delta) % (1 << 32)
-    raw[offset : offset + 4] = length.to_bytes(4, "little")
+    count = max(len(items), 1)
+    if items:
+        # Corrupt one length prefix. The result may still parse (lengths can trade bytes), but
+        # then the parse must re-serialize to exactly the buffer: every prefix was honoured.
+        index = at % len(items)
+        offset = sum(4 + len(x) for x in items[:index])
+        length = (len(items[index]) + delta) % (1 << 32)
+        raw[offset : offset + 4] = length.to_bytes(4, "little")
+    else:
+        raw = bytearray(b"\x01\x00\x00")
     try:
-        decoded = deserialize_bytes(bytes(raw), count=len(items)).tolist()
+        decoded = deserialize_bytes(bytes(raw), count=count)
     except BytesFormatError:
         return
-    assert decoded != items
+    assert decoded.tolist() != items
+    assert serialize_bytes(decoded) == bytes(raw)
+
+
+def test_bytes_codec_rejects_lengths_past_the_end() -> None:
+    raw = serialize_bytes(objects([b"abc", b"de"]))
+    with pytest.raises(BytesFormatError, match="runs past the end"):
+        deserialize_bytes((99).to_bytes(4, "little") + raw[4:])
+    with pytest.raises(BytesFormatError, match="cut off"):
+        deserialize_bytes(raw + b"\x01")
+    with pytest.raises(BytesFormatError, match="expected 3"):
+        deserialize_bytes(raw, count=3)
+    uniform = serialize_bytes(objects([b"xy"] * 100))
+    with pytest.raises(BytesFormatError):
+        deserialize_bytes(uniform[:-1], count=100)
 
 
 def test_bytes_of_str_and_fixed_width_arrays() -> None:
