@@ -65,7 +65,12 @@ def array_from_contents(
     else:
         array = np.fromiter(values, dtype=_FIELD_DTYPE[field], count=expected)
         array = _narrowed(name, datatype, array)
-    return array.reshape(shape)
+    try:
+        return array.reshape(shape)
+    except ValueError as exc:  # e.g. [0, 2**62]: no elements, but no array has that shape
+        raise InvalidArgument(
+            f"input '{name}' for model '{model_name}' has an impossible shape {list(shape)}: {exc}"
+        ) from None
 
 
 def _field_for(name: str, datatype: str, contents: pb.InferTensorContents, model_name: str) -> str:

@@ -34,6 +34,8 @@ def loads(data: bytes | bytearray | memoryview) -> Any:
         return json.loads(data.tobytes() if isinstance(data, memoryview) else data)
     except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise JsonDecodeError(str(exc)) from exc
+    except RecursionError:
+        raise JsonDecodeError("the JSON nests too deeply") from None
 
 
 def dumps(value: Any) -> bytes:
@@ -41,4 +43,8 @@ def dumps(value: Any) -> bytes:
     if _ORJSON is not None:
         encoded: bytes = _ORJSON.dumps(value)
         return encoded
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate from a client's string: escape it instead
+        return json.dumps(value, separators=(",", ":")).encode("ascii")

@@ -49,7 +49,12 @@ def array_from_json(name: str, datatype: str, shape: tuple[int, ...], data: Any)
             "Unable to parse 'data': Shape does not match true shape of 'data' field for input "
             f"'{name}': shape {list(shape)} has {expected} elements, 'data' has {values.size}"
         )
-    return values.reshape(shape)
+    try:
+        return values.reshape(shape)
+    except ValueError as exc:  # e.g. [0, 2**62]: no elements, but no array has that shape
+        raise InvalidArgument(
+            f"input '{name}' has an impossible shape {list(shape)}: {exc}"
+        ) from None
 
 
 def _numeric_array(name: str, datatype: str, data: list[Any]) -> np.ndarray:

@@ -97,7 +97,18 @@ class BatchExecutor:
         # What each request's response sender delivered (Triton's default-mode sender: one
         # response and FINAL, with execute returning None for that request).
         sent: list[list[Any]] = [[] for _ in execute.requests]
-        requests = [self._request(record, sent[i]) for i, record in enumerate(execute.requests)]
+        try:
+            requests = [self._request(r, sent[i]) for i, r in enumerate(execute.requests)]
+        except Exception as error:  # a tensor the stub cannot view must not kill the instance
+            text = self.failure(
+                f"cannot read the request's inputs: {type(error).__name__}: {error}"
+            )
+            failure = msg.ResponseRecord(error=("INVALID_ARG", text))
+            if self.decoupled:  # decoupled requests are answered on their streams
+                for record in execute.requests:
+                    self.send(msg.Response(record.key, failure, True))
+                return msg.Result(execute.batch_id, [], (0, 0, 0))
+            return msg.Result(execute.batch_id, [failure] * len(execute.requests), (0, 0, 0))
         for request, record in zip(requests, execute.requests, strict=True):
             self._track(record.key, request)
         t1 = time.perf_counter_ns()

@@ -190,11 +190,11 @@ class InferenceService:
         regions = read_shm_inputs(self.shm, request)
         staging.check_inputs(mv.config, request)
         outputs = staging.check_outputs(mv.config, request)
+        placed = {} if mv.config.is_ensemble else output_regions(self.shm, request)
         record, blocks = staging.stage_request(
             mv.config, request, self.input_arena, outputs, regions
         )
-        if not mv.config.is_ensemble:
-            record.output_regions = output_regions(self.shm, request)
+        record.output_regions = placed
         if mv.state is not ModelState.READY:
             self._free_inputs(blocks)
             raise Unavailable(f"model '{mv.name}' version {mv.version} is not ready")

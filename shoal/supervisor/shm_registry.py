@@ -48,6 +48,7 @@ class SharedMemoryRegistry:
                 f"shared memory region '{name}': offset and byte_size must not be negative"
             )
         posix_name = key if key.startswith("/") else "/" + key
+        _check_key(name, key, posix_name)
         try:
             shm = posix_ipc.SharedMemory(posix_name)
         except (posix_ipc.ExistentialError, posix_ipc.PermissionsError, ValueError) as error:
@@ -113,3 +114,16 @@ def _close(mapping: mmap.mmap) -> None:
         mapping.close()
     except BufferError:
         pass  # a view is still alive; the mapping goes when it does
+
+
+def _check_key(name: str, key: str, posix_name: str) -> None:
+    """Refuse keys POSIX cannot name (posix_ipc crashes the process on some of them)."""
+    try:
+        encoded = posix_name.encode("utf-8")
+    except UnicodeEncodeError:
+        encoded = b""
+    if not encoded or b"\0" in encoded or "/" in posix_name[1:] or len(encoded) > 255:
+        raise InvalidArgument(
+            f"Unable to open shared memory region: '{key}' (region '{name}'): a key is one "
+            "POSIX name of at most 255 UTF-8 bytes, without NUL or '/' after the first character"
+        )

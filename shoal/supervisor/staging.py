@@ -29,8 +29,23 @@ def _shape_matches(expected: Sequence[int], actual: Sequence[int]) -> bool:
     )
 
 
+def _check_text(config: Any, request: InferRequest) -> None:
+    """Strings cross to the stub as UTF-8: a lone surrogate (valid JSON "\udc00") cannot."""
+    texts = [request.id, *request.parameters]
+    texts += [v for v in request.parameters.values() if isinstance(v, str)]
+    for text in texts:
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidArgument(
+                f"a request for model '{config.name}' holds a string that is not valid UTF-8 "
+                f"(a lone surrogate) in its id or parameters: {text!r}"
+            ) from None
+
+
 def check_inputs(config: Any, request: InferRequest) -> None:
     """Names, datatypes, shapes and batch size of every input, as Triton checks them."""
+    _check_text(config, request)
     model = config.name
     by_name = {t.name: t for t in config.inputs}
     seen: set[str] = set()
@@ -61,12 +76,22 @@ def check_inputs(config: Any, request: InferRequest) -> None:
         )
 
 
+#: No tensor may have more elements than this, even ignoring zero dimensions (NumPy cannot
+#: shape an array whose dimensions multiply past 2**63, even an empty one).
+MAX_ELEMENTS = 1 << 48
+
+
 def _check_shape(config: Any, spec: Any, tensor: InferInput) -> None:
     model = config.name
     if any(d < 0 for d in tensor.shape):
         raise InvalidArgument(
             f"input '{tensor.name}' for model '{model}' has a negative dimension in its shape "
             f"{dims_text(tensor.shape)}"
+        )
+    if element_count([d for d in tensor.shape if d]) > MAX_ELEMENTS:
+        raise InvalidArgument(
+            f"input '{tensor.name}' for model '{model}' has an impossible shape "
+            f"{dims_text(tensor.shape)}: its dimensions multiply past {MAX_ELEMENTS}"
         )
     expected = tuple(spec.dims)
     actual = tuple(tensor.shape)

@@ -420,14 +420,6 @@ def test_grpc_deadline_while_the_model_runs(server, baseline):
 # --- known bugs ---------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="one client's request with a lone surrogate in its id (valid JSON '\\\\udc00') "
-    "fails every other client's request batched with it: msgpack cannot pack the batch's "
-    "Execute message in shoal/supervisor/instances.py StubInstance._run, and _fail_unsent "
-    "fails the whole batch with 500 'instance ...: UnicodeEncodeError(...)'. The frontend "
-    "should refuse the string (400) before it is queued",
-)
 def test_bad_request_does_not_fail_others_in_its_batch(server):
     good = json.dumps(
         {"inputs": [{"name": "IN", "datatype": "FP32", "shape": [1, 2], "data": [1, 2]}]}

@@ -16,8 +16,7 @@ unmodified valid request carries the right result. Every few examples, and after
 ``add_sub`` request over both protocols must succeed. When the module ends: no stub died, the input
 arena is empty again and no shared-memory segment was left in ``/dev/shm``.
 
-Known bugs are pinned by ``xfail(strict=True)`` tests at the end of the module; the strategies
-avoid triggering them where noted so that the properties stay green until they are fixed.
+The bugs this fuzzing found are pinned by regression tests at the end of the module.
 """
 
 from __future__ import annotations
@@ -36,7 +35,7 @@ from typing import Any
 import grpc
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
@@ -136,7 +135,7 @@ PARAMETER_KEYS = (
 #: Output parameters: shared_memory_region is left out while the input-arena leak
 #: (test_pressure.py::test_output_region_error_leaks_input_arena) is open, since the module's
 #: final check that the input arena is empty would trip on it. Add it back once that is fixed.
-OUTPUT_PARAMETER_KEYS = tuple(k for k in PARAMETER_KEYS if k != "shared_memory_region")
+OUTPUT_PARAMETER_KEYS = PARAMETER_KEYS
 
 
 # --- the server and the checks around it --------------------------------------------------------
@@ -783,71 +782,6 @@ def check_grpc_call(call: Any, what: Any) -> None:
         assert error.details(), f"an error without a message for {what}"
 
 
-# --- known bugs the properties step around (each pinned by an xfail test below) ---------------
-
-#: A tensor with no elements but a dimension so large that NumPy cannot shape it.
-HUGE_EMPTY = 2**50
-
-
-def _huge_empty(shape: Any) -> bool:
-    if not isinstance(shape, list | tuple) or 0 not in shape:
-        return False
-    if not all(type(d) is int for d in shape):
-        return False
-    return int(np.prod([d for d in shape if d], dtype=object)) >= HUGE_EMPTY
-
-
-def _has_lone_surrogate(value: Any) -> bool:
-    if isinstance(value, str):
-        return any(0xD800 <= ord(c) <= 0xDFFF for c in value)
-    if isinstance(value, dict):
-        return any(_has_lone_surrogate(k) or _has_lone_surrogate(v) for k, v in value.items())
-    if isinstance(value, list):
-        return any(_has_lone_surrogate(v) for v in value)
-    return False
-
-
-def hits_known_http_bug(case: Case) -> bool:
-    """test_zero_element_tensor_with_huge_dims_*, test_lone_surrogate_*."""
-    length = case.headers.get("Inference-Header-Content-Length", "")
-    header = case.body[: int(length)] if length.isdigit() else case.body
-    if case.headers.get("Content-Encoding") in ("gzip", "deflate"):
-        return False  # compressed: the JSON cannot be looked at, and was made from a clean one
-    try:
-        document = json.loads(header)
-    except (ValueError, RecursionError):
-        return False
-    if _has_lone_surrogate(document):
-        return True
-    inputs = document.get("inputs") if isinstance(document, dict) else None
-    return isinstance(inputs, list) and any(
-        isinstance(i, dict) and _huge_empty(i.get("shape")) for i in inputs
-    )
-
-
-def hits_known_register_bug(path: str, body: bytes) -> bool:
-    """test_shm_register_with_unusable_key_does_not_crash_the_server."""
-    try:
-        document = json.loads(body)
-    except (ValueError, RecursionError):
-        return False
-    key = document.get("key") if isinstance(document, dict) else None
-    return (
-        path.endswith("/register")
-        and isinstance(key, str)
-        and ("\x00" in key or _has_lone_surrogate(key))
-    )
-
-
-def hits_known_grpc_bug(data: bytes) -> bool:
-    """test_zero_element_tensor_with_huge_dims_*."""
-    try:
-        message = service_pb2.ModelInferRequest.FromString(data)
-    except Exception:  # not a message protobuf can read: no shape to look at
-        return False
-    return any(_huge_empty(list(tensor.shape)) for tensor in message.inputs)
-
-
 # --- the properties -----------------------------------------------------------------------------
 
 
@@ -857,7 +791,6 @@ def test_http_json_bodies(server, grpc_channel):
     @FUZZ_SETTINGS
     @given(case=json_cases())
     def run(case: Case) -> None:
-        assume(not hits_known_http_bug(case))
         status, headers, body = _post(server, case.path, case.body, case.headers, case.chunks)
         check_http_answer(status, headers, body, case)
         if status == 200:
@@ -876,7 +809,6 @@ def test_http_binary_bodies(server, grpc_channel):
     @FUZZ_SETTINGS
     @given(case=binary_cases())
     def run(case: Case) -> None:
-        assume(not hits_known_http_bug(case))
         status, headers, body = _post(server, case.path, case.body, case.headers, case.chunks)
         check_http_answer(status, headers, body, case)
         if status == 200:
@@ -898,7 +830,6 @@ def test_http_keep_alive_sequences(server, grpc_channel):
     @FUZZ_SETTINGS
     @given(cases=st.lists(json_cases() | binary_cases(), min_size=1, max_size=4))
     def run(cases: list[Case]) -> None:
-        assume(not any(hits_known_http_bug(case) for case in cases))
         conn = http.client.HTTPConnection(host, int(port), timeout=CLIENT_TIMEOUT)
         try:
             for case in cases:
@@ -934,7 +865,6 @@ def test_grpc_model_infer_messages(server, grpc_channel):
     @FUZZ_SETTINGS
     @given(request=grpc_requests())
     def run(request: service_pb2.ModelInferRequest) -> None:
-        assume(not hits_known_grpc_bug(request.SerializeToString()))
         check_grpc_call(lambda: stub.ModelInfer(request, timeout=CLIENT_TIMEOUT), request)
         checker.tick()
 
@@ -955,7 +885,6 @@ def test_grpc_corrupted_wire_bytes(server, grpc_channel):
     @FUZZ_SETTINGS
     @given(data=messages | st.binary(max_size=64))
     def run(data: bytes) -> None:
-        assume(not hits_known_grpc_bug(data))
         check_grpc_call(lambda: raw_infer(data, timeout=CLIENT_TIMEOUT), data)
         checker.tick()
 
@@ -980,7 +909,6 @@ def test_grpc_stream_infer_messages(server, grpc_channel):
     @FUZZ_SETTINGS
     @given(batch=messages)
     def run(batch: list[bytes]) -> None:
-        assume(not any(hits_known_grpc_bug(data) for data in batch))
         replies = list(raw_stream(iter(batch), timeout=CLIENT_TIMEOUT))
         assert len(replies) == len(batch), (replies, batch)
         for reply in replies:
@@ -1066,7 +994,6 @@ def test_http_extension_bodies(server, grpc_channel):
     @given(case=extension_bodies())
     def run(case: tuple[str, bytes]) -> None:
         path, body = case
-        assume(not hits_known_register_bug(path, body))
         status, headers, answer = _post(server, path, body)
         check_http_answer(status, headers, answer, case)
         checker.tick()
@@ -1080,14 +1007,9 @@ def test_http_extension_bodies(server, grpc_channel):
     assert status == 200, answer
 
 
-# --- known bugs ---------------------------------------------------------------------------------
+# --- bugs the fuzzer found, each pinned by a test (fixed; they guard against regressions) ---------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="deeply nested JSON raises RecursionError in shoal/frontends/_json.py loads() "
-    "(only ValueError is caught): 500 instead of 400",
-)
 @pytest.mark.parametrize("depth", [5000, 100_000])
 def test_deeply_nested_json_is_a_client_error(server, depth):
     data = "[" * depth + "1" + "]" * depth
@@ -1099,14 +1021,6 @@ def test_deeply_nested_json_is_a_client_error(server, depth):
     assert "failed to parse the request JSON buffer" in json.loads(answer)["error"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="registering system shared memory whose key holds a NUL ('\\u0000') or a lone "
-    "surrogate ('\\udc00') KILLS THE SERVER with SIGSEGV: shoal/supervisor/shm_registry.py "
-    "SharedMemoryRegistry.register passes the key to posix_ipc.SharedMemory, which (1.3.2) "
-    "segfaults on such names. One HTTP or gRPC request takes the whole server down; keys must "
-    "be checked (no NUL, encodable, no '/' after the first, <= 255 bytes) before posix_ipc",
-)
 @pytest.mark.parametrize(
     ("protocol", "key"),
     [
@@ -1138,13 +1052,6 @@ def test_shm_register_with_unusable_key_does_not_crash_the_server(protocol, key)
         )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a tensor with no elements but a dimension NumPy cannot shape (e.g. [0, 2**62]): "
-    "shoal/frontends/_tensor_json.py array_from_json (HTTP JSON 'data') and "
-    "shoal/frontends/_grpc_tensors.py array_from_contents (gRPC typed contents) call "
-    "reshape(shape), whose ValueError becomes 500 / INTERNAL instead of 400 / INVALID_ARGUMENT",
-)
 def test_zero_element_tensor_with_huge_dims_in_json_and_typed_contents(server, grpc_channel):
     body = json.dumps(
         {"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [0, 2**62], "data": []}]}
@@ -1161,16 +1068,6 @@ def test_zero_element_tensor_with_huge_dims_in_json_and_typed_contents(server, g
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, info.value.details()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a BYTES tensor of shape [0, 2**62] sent as binary data (HTTP binary_data_size 0, "
-    "or an empty gRPC raw_input_contents entry) passes every supervisor check and KILLS the "
-    "stub: shoal/stub/executor.py _request -> shoal/ipc/tensor.py buffer_to_numpy "
-    "reshape(dims) raises ValueError outside any handler, the stub exits with code 1 and the "
-    "client gets 503 'Stub process ... died'. Five such requests within 60 s put the instance "
-    "in a crash loop: the model is unavailable for good and the server not ready. staging "
-    "should refuse such shapes (400) and the executor should fail only the request",
-)
 def test_zero_element_tensor_with_huge_dims_does_not_kill_the_stub():
     header = json.dumps(
         {
@@ -1197,14 +1094,6 @@ def test_zero_element_tensor_with_huge_dims_does_not_kill_the_stub():
         assert srv.stub_pids() == stubs
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="an error message that quotes a client string holding a lone surrogate (valid JSON "
-    'such as "\\udc00") cannot be encoded: shoal/frontends/_json.py dumps() encodes with '
-    "UTF-8 strictly, the UnicodeEncodeError escapes the endpoint's error handling and uvicorn "
-    "answers a plain-text 500 'Internal Server Error' (infer: an input name; generate: a "
-    "parameter key)",
-)
 @pytest.mark.parametrize(
     ("path", "body"),
     [
@@ -1221,14 +1110,6 @@ def test_lone_surrogate_in_error_message(server, path, body):
     assert json.loads(answer)["error"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a lone surrogate in the request id or a parameter string passes the HTTP frontend "
-    "and fails in shoal/supervisor/instances.py StubInstance._run when msgpack packs the "
-    "Execute message (UnicodeEncodeError): 500 'instance ...: UnicodeEncodeError(...)' instead "
-    "of a 400 from the frontend; with a batching model it fails every request of the batch "
-    "(see test_clients.py)",
-)
 @pytest.mark.parametrize(
     "extra",
     [b'"id": "\\udc00"', b'"parameters": {"note": "\\udc00"}', b'"parameters": {"\\udc00": 1}'],

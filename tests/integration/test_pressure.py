@@ -360,13 +360,6 @@ def test_others_are_served_while_an_oversized_request_is_open(server):
 # --- known bugs ---------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="shoal/supervisor/service.py InferenceService._stage: when output_regions() raises (an "
-    "output asks for an unknown or too-small shared-memory region) the input blocks that "
-    "stage_request() just allocated are never freed; each such request leaks its inputs and "
-    "the arena ends up permanently full (every later request: 503)",
-)
 def test_output_region_error_leaks_input_arena():
     with ShoalServer(BUNDLED, extra_args=ARENA_ARGS, metrics=True) as server:
         bad_output = {
