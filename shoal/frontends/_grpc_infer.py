@@ -30,14 +30,13 @@ from shoal.frontends._grpc_params import (
 )
 from shoal.frontends._grpc_tensors import array_from_contents
 from shoal.frontends._grpc_wire import Chunk, embedded_chunks, raw_field_chunks, split_raw_contents
-from shoal.ipc.dtypes import DATATYPES, byte_size
+from shoal.frontends._output_bytes import output_bytes
+from shoal.ipc.dtypes import DATATYPES
 from shoal.protos import grpc_service_pb2 as pb
 from shoal.supervisor.core import (
     InferInput,
-    InferOutput,
     InferRequest,
     InferResponse,
-    InternalError,
     InvalidArgument,
     ParamValue,
     RequestedOutput,
@@ -186,7 +185,7 @@ def encode_infer_response(
         )
         encode_parameters(tensor.parameters, output.parameters)
         in_shm = output.name in decoded.shared_memory_outputs
-        payloads.append(_NO_DATA if in_shm else _byte_view(output))
+        payloads.append(_NO_DATA if in_shm else output_bytes(output))
     return [message.SerializeToString(), *raw_field_chunks(_RAW_OUTPUT_CONTENTS, payloads)]
 
 
@@ -203,17 +202,3 @@ def stream_error(message: str, request: InferRequest | None) -> bytes:
         reply.infer_response.model_version = request.model_version
         reply.infer_response.id = request.id
     return reply.SerializeToString()
-
-
-def _byte_view(output: InferOutput) -> memoryview:
-    data = memoryview(output.data)
-    if data.format != "B" or data.ndim != 1:
-        data = data.cast("B")
-    expected = byte_size(output.datatype, output.shape)
-    if expected is not None and data.nbytes != expected:
-        raise InternalError(
-            f"output tensor shape does not match size of output for '{output.name}': "
-            f"shape {list(output.shape)} of {output.datatype} needs {expected} bytes, "
-            f"got {data.nbytes}"
-        )
-    return data

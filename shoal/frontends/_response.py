@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from shoal.frontends import _json
+from shoal.frontends._output_bytes import output_bytes
 from shoal.frontends._request import OutputFormat
 from shoal.frontends._tensor_json import json_from_output
-from shoal.ipc.dtypes import byte_size
-from shoal.supervisor.core import InferOutput, InferResponse, InternalError
+from shoal.supervisor.core import InferOutput, InferResponse
 
 JSON_CONTENT_TYPE = "application/json"
 BINARY_CONTENT_TYPE = "application/octet-stream"
@@ -79,7 +79,7 @@ def _encode_output(
         if parameters:
             entry["parameters"] = parameters
         return entry, None
-    data = _byte_view(output)
+    data = output_bytes(output)
     if output_format.is_binary(output.name):
         parameters["binary_data_size"] = data.nbytes
         entry["parameters"] = parameters
@@ -88,17 +88,3 @@ def _encode_output(
         entry["parameters"] = parameters
     entry["data"] = json_from_output(output.name, output.datatype, output.shape, data)
     return entry, None
-
-
-def _byte_view(output: InferOutput) -> memoryview:
-    data = memoryview(output.data)
-    if data.format != "B" or data.ndim != 1:
-        data = data.cast("B")
-    expected = byte_size(output.datatype, output.shape)
-    if expected is not None and data.nbytes != expected:
-        raise InternalError(
-            f"output tensor shape does not match size of output for '{output.name}': "
-            f"shape {list(output.shape)} of {output.datatype} needs {expected} bytes, "
-            f"got {data.nbytes}"
-        )
-    return data
