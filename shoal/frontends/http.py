@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import re
 from collections.abc import Callable, Mapping
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import uvicorn
 from starlette.applications import Starlette
@@ -78,10 +79,37 @@ def build_http_app(
     routes += generate_routes(core, max_input_size)
     routes += extension_routes(core, max_input_size)
     restrictions = Restrictions(restricted or {})
-    return Starlette(
+    return _App(
+        infer=None if restricted else infer,
         routes=restrict_routes(routes, restrictions),
         exception_handlers={HTTPException: _http_exception},
     )
+
+
+#: ``POST /v2/models/{m}[/versions/{v}]/infer``, as Starlette's routes would match it.
+_INFER_PATH = re.compile(r"^/v2/models/([^/]+)(?:/versions/([^/]+))?/infer$")
+
+
+class _App(Starlette):
+    """The REST app, with a fast path for inference: it skips Starlette's middleware and the
+    scan of every route (tens of microseconds a request) when no API is restricted."""
+
+    def __init__(self, *, infer: ASGIApp | None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._infer = infer
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self._infer is not None and scope["type"] == "http" and scope["method"] == "POST":
+            match = _INFER_PATH.match(scope["path"])
+            if match is not None:
+                params = {"model_name": match[1]}
+                if match[2] is not None:
+                    params["model_version"] = match[2]
+                scope["path_params"] = params
+                scope["app"] = self
+                await self._infer(scope, receive, send)
+                return
+        await super().__call__(scope, receive, send)
 
 
 async def _http_exception(request: Request, exc: Exception) -> Response:
