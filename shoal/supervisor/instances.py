@@ -346,6 +346,7 @@ class StubInstance:
                     proc, [b for b in response_blocks(body) if b.arena_id == proc.output_arena_id]
                 )
             return
+        self._response_stats(stream, body)
         if message.final:
             del self._streams[message.key]
             work = stream.work
@@ -364,6 +365,20 @@ class StubInstance:
             owned = [b for b in response_blocks(body) if b.arena_id == proc.output_arena_id]
             completion = Completion(body, self, proc, owned)
         stream.push(completion, message.final)
+
+    def _response_stats(self, stream: OpenStream, body: msg.ResponseRecord | None) -> None:
+        now = time.monotonic_ns()
+        start = stream.work.dispatched_ns
+        previous = stream.last_ns or start
+        if body is None:
+            outcome = "empty"
+        elif body.error is not None:
+            outcome = "fail"
+        else:
+            outcome = "success"
+        self.stats.response(stream.responses, outcome, now - previous, now - start)
+        stream.responses += 1
+        stream.last_ns = now
 
     def _cancel_keys(self, proc: StubProcess, keys: list[int]) -> None:
         if proc.returncode is None and not proc.send(msg.Cancel(keys)):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import copy
 import time
 
-from shoal.supervisor.types import BatchStatistics, ModelStatistics
+from shoal.supervisor.types import BatchStatistics, ModelStatistics, ResponseStatistics
 
 #: (compute_input, compute_infer, compute_output) nanoseconds of one execution.
 ComputeNs = tuple[int, int, int]
@@ -42,6 +42,23 @@ class StatsRecorder:
         infer.compute_input.add(compute[0])
         infer.compute_infer.add(compute[1])
         infer.compute_output.add(compute[2])
+
+    def response(
+        self, index: int, outcome: str, since_previous_ns: int, since_start_ns: int
+    ) -> None:
+        """One response of a decoupled model: ``outcome`` is "success", "fail" or "empty"."""
+        stats = self._stats.response_stats.get(str(index))
+        if stats is None:
+            stats = self._stats.response_stats[str(index)] = ResponseStatistics()
+        if outcome == "fail":
+            stats.fail.add(since_start_ns)
+            return
+        stats.compute_infer.add(since_previous_ns)
+        stats.compute_output.add(0)
+        if outcome == "empty":
+            stats.empty_response.add(since_start_ns)
+        else:
+            stats.success.add(since_start_ns)
 
     def failure(self, total_ns: int) -> None:
         """A request that reached the model's queue and failed."""

@@ -22,6 +22,9 @@ class OpenStream:
     free_inputs: Callable[[list[Block]], None]
     unreleased: int = 0
     final: bool = False
+    #: Responses so far, and when the last one (or the dispatch) happened: response statistics.
+    responses: int = 0
+    last_ns: int = 0
 
     def _maybe_free(self) -> None:
         if self.final and self.unreleased == 0 and self.work.input_blocks:

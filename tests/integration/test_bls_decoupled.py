@@ -68,6 +68,12 @@ def test_decoupled_stream_over_grpc(server):
         got.append(int(result.as_numpy("INDEX")[0]))
     client.stop_stream()
     assert got == [0, 1, 2, 3, 4]
+    stats = client.get_inference_statistics("decoupled_repeat", as_json=True)["model_stats"][0]
+    per_response = stats["response_stats"]
+    for index in range(5):  # one entry per response index, as Triton's statistics extension
+        assert int(per_response[str(index)]["success"]["count"]) >= 1
+    # The model sends FINAL alone after its five responses: an empty response, index 5.
+    assert int(per_response["5"]["empty_response"]["count"]) >= 1
     client.close()
 
 
