@@ -104,7 +104,12 @@ class BlsRouter:
     async def _run(self, target: ModelVersion, proc: StubProcess, call: msg.BlsCall) -> None:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Completion] = loop.create_future()
-        work = Work(call.request, [], future, batch_size=_batch(target, call.request))
+        work = Work(
+            call.request,
+            [],
+            future,
+            batch_size=staging.batch_of(target.config, [t.shape for t in call.request.inputs]),
+        )
         if call.decoupled:
             work.stream = new_stream()
         target.submit(work)
@@ -148,9 +153,3 @@ class BlsRouter:
             await proc.send_async(msg.BlsReply(call.call_id, body, True))
         except Exception:
             pass  # the caller is gone
-
-
-def _batch(target: ModelVersion, record: msg.RequestRecord) -> int:
-    if target.config.max_batch_size > 0 and record.inputs and record.inputs[0].shape:
-        return int(record.inputs[0].shape[0])
-    return 1

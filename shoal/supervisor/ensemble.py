@@ -19,6 +19,7 @@ from shoal.ipc.tensor import TensorDesc
 from shoal.supervisor.errors import ErrorCode, InvalidArgument, ShoalError, Unsupported
 from shoal.supervisor.models import ModelVersion
 from shoal.supervisor.segments import SegmentDirectory
+from shoal.supervisor.staging import batch_of
 from shoal.supervisor.types import InferOutput, InferRequest, InferResponse
 from shoal.supervisor.work import Completion, Work
 
@@ -144,13 +145,9 @@ class EnsembleRunner:
         )
         started = time.monotonic_ns()
         future: asyncio.Future[Completion] = asyncio.get_running_loop().create_future()
-        batch = (
-            inputs[0].shape[0]
-            if target.config.max_batch_size > 0 and inputs and inputs[0].shape
-            else 1
-        )
+        batch = batch_of(target.config, [t.shape for t in inputs])
         # The inputs belong to the ensemble request: the step's work owns no block.
-        target.submit(Work(record, [], future, batch_size=int(batch)))
+        target.submit(Work(record, [], future, batch_size=batch))
         try:
             completion = await future
         except ShoalError:
@@ -165,7 +162,7 @@ class EnsembleRunner:
                 ErrorCode.__members__.get(code, ErrorCode.INTERNAL),
             )
         target.stats.success(
-            int(batch), time.monotonic_ns() - started, completion.queue_ns, completion.compute_ns
+            batch, time.monotonic_ns() - started, completion.queue_ns, completion.compute_ns
         )
         return completion
 

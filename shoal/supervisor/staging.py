@@ -232,6 +232,11 @@ def _sequence_flags(params: dict[str, Any]) -> int:
 
 def batch_size(config: Any, request: InferRequest) -> int:
     """Inferences in a request: the first dimension for a batching model, else 1."""
-    if config.max_batch_size > 0 and request.inputs and request.inputs[0].shape:
-        return int(request.inputs[0].shape[0])
+    return batch_of(config, [tuple(t.shape) for t in request.inputs])
+
+
+def batch_of(config: Any, shapes: Sequence[Sequence[int]]) -> int:
+    """Inferences in a request whose inputs have ``shapes`` (client, ensemble or BLS request)."""
+    if config.max_batch_size > 0 and shapes and shapes[0]:
+        return int(shapes[0][0])
     return 1
