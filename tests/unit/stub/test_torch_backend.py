@@ -5,7 +5,6 @@ Results are checked against running the same module directly. Skipped when torch
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Dict, List  # noqa: UP035 -- TorchScript reads these annotations
@@ -19,6 +18,8 @@ from shoal.stub import loader  # noqa: E402
 from shoal.stub.backends import builtin_backend  # noqa: E402
 from shoal.stub.backends._torch_io import TorchModelError  # noqa: E402
 from shoal.stub.backends.pytorch import TorchScriptModel  # noqa: E402
+from tests.unit.stub.helpers import config_tensor as tensor  # noqa: E402
+from tests.unit.stub.helpers import instance_args as args_for  # noqa: E402
 from tests.unit.stub.helpers import server_request  # noqa: E402
 
 pytestmark = [
@@ -64,25 +65,6 @@ def linear(path: Path) -> Path:
     torch.manual_seed(0)
     layer = torch.nn.Linear(3, 2)
     return save(path, layer, (torch.ones(1, 3),))
-
-
-def tensor(name: str, datatype: str, dims, reshape=None) -> dict:
-    entry = {"name": name, "data_type": datatype, "dims": list(dims)}
-    if reshape is not None:
-        entry["reshape"] = {"shape": list(reshape)}
-    return entry
-
-
-def args_for(config: dict, kind: str = "CPU") -> dict[str, str]:
-    return {
-        "model_config": json.dumps(config),
-        "model_instance_kind": kind,
-        "model_instance_name": f"{config['name']}_0_0",
-        "model_instance_device_id": "0",
-        "model_repository": "/models",
-        "model_version": "1",
-        "model_name": config["name"],
-    }
 
 
 def load(path: Path, config: dict, kind: str = "CPU") -> TorchScriptModel:
