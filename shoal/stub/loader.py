@@ -51,7 +51,7 @@ def instantiate(module: ModuleType, model_file: str) -> Any:
 
 def create_model(model_file: str, args: Mapping[str, str]) -> Any:
     """The model object of an instance: the built-in model class of the configuration's backend
-    (``onnxruntime``), or else the ``TritonPythonModel`` of ``model.py``."""
+    (``onnxruntime``, ``pytorch``), or else the ``TritonPythonModel`` of ``model.py``."""
     backend = backends.builtin_backend(args)
     if backend is not None:
         return backends.create_model(backend, model_file)

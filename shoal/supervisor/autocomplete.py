@@ -1,4 +1,9 @@
-"""Run a Python model's ``auto_complete_config`` in a throw-away stub process, as Triton does."""
+"""Run a Python model's ``auto_complete_config`` in a throw-away stub process, as Triton does.
+
+A TorchScript model cannot be completed: its file records neither datatypes nor shapes, so,
+as in Triton, its configuration must list its inputs and outputs
+(:func:`require_pytorch_config`).
+"""
 
 from __future__ import annotations
 
@@ -10,6 +15,9 @@ from pathlib import Path
 
 from shoal import config as model_config
 from shoal.protos import model_config_pb2 as pb
+
+PYTORCH_BACKEND = "pytorch"
+PYTORCH_PLATFORM = "pytorch_libtorch"
 
 #: Seconds a model's auto_complete_config may take.
 TIMEOUT_S = 60.0
@@ -56,3 +64,29 @@ async def auto_complete(
         raise model_config.ConfigError(
             f"auto_complete_config of '{model_file}' returned an invalid configuration: {error}"
         ) from None
+
+
+def is_pytorch_model(path: str | Path, proto: pb.ModelConfig) -> bool:
+    """Whether the model of ``proto`` (in ``path``) runs on the PyTorch backend."""
+    if proto.backend or proto.platform:
+        return proto.backend == PYTORCH_BACKEND or (
+            not proto.backend and proto.platform == PYTORCH_PLATFORM
+        )
+    detected = model_config.detect_backend(Path(path), proto.default_model_filename)
+    return detected == PYTORCH_BACKEND
+
+
+def require_pytorch_config(path: str | Path, proto: pb.ModelConfig, model: str) -> None:
+    """Raise ConfigError for a TorchScript model whose configuration lacks inputs or outputs."""
+    if not is_pytorch_model(path, proto) or (proto.input and proto.output):
+        return
+    missing = " and ".join(
+        kind for kind, given in (("inputs", proto.input), ("outputs", proto.output)) if not given
+    )
+    raise model_config.ConfigError(
+        f"unable to load model '{model}': a TorchScript model (backend \"pytorch\") cannot be "
+        f"auto-completed, because the file records no datatypes or shapes: its config.pbtxt "
+        f"must list the {missing} (name, data_type, dims) and max_batch_size, as Triton "
+        "requires for PyTorch models",
+        field_path=("input",) if not proto.input else ("output",),
+    )

@@ -19,7 +19,11 @@ from typing import Any
 
 from shoal import config as model_config
 from shoal.supervisor import onnx_autocomplete
-from shoal.supervisor.autocomplete import auto_complete, wants_auto_complete
+from shoal.supervisor.autocomplete import (
+    auto_complete,
+    require_pytorch_config,
+    wants_auto_complete,
+)
 from shoal.supervisor.errors import (
     ErrorCode,
     InvalidArgument,
@@ -285,6 +289,7 @@ class ModelRepositoryManager:
                     self.options.backend_config
                 ),
             )
+        require_pytorch_config(path, proto, name)
         config = model_config.complete_config(source, proto=proto)
         chosen = model_config.select_versions(config.version_policy, available, model_name=name)
         as_json = model_config.config_to_json(config)

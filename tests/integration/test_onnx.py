@@ -21,6 +21,7 @@ pytest.importorskip("onnxruntime")
 
 from onnx import TensorProto, helper  # noqa: E402
 
+from tests.integration.inputs import http_inputs  # noqa: E402
 from tests.integration.server import ShoalServer  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
@@ -167,16 +168,6 @@ def client(server):
     c = httpclient.InferenceServerClient(server.url, network_timeout=60)
     yield c
     c.close()
-
-
-def http_inputs(**arrays: np.ndarray) -> list[httpclient.InferInput]:
-    inputs = []
-    for name, array in arrays.items():
-        datatype = "BYTES" if array.dtype == np.object_ else "FP32"
-        tensor = httpclient.InferInput(name, list(array.shape), datatype)
-        tensor.set_data_from_numpy(array)
-        inputs.append(tensor)
-    return inputs
 
 
 def test_a_configured_model_infers_over_http_and_grpc(server, client):

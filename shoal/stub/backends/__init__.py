@@ -5,8 +5,8 @@ model, but the stub creates the backend's model class instead of importing ``mod
 class has the Python backend's ``initialize(args)`` / ``execute(requests)`` / ``finalize()``, so
 the runtime, the executor and every scheduler treat it like any other model.
 
-Each backend module is imported only when a model uses it, so that its framework (onnxruntime)
-stays an optional dependency.
+Each backend module is imported only when a model uses it, so that its framework (onnxruntime,
+torch) stays an optional dependency.
 """
 
 from __future__ import annotations
@@ -17,9 +17,12 @@ from collections.abc import Mapping
 from typing import Any
 
 #: backend name in config.pbtxt -> module under shoal.stub.backends with a ``create_model``.
-BUILTIN_BACKENDS: dict[str, str] = {"onnxruntime": "shoal.stub.backends.onnxruntime"}
+BUILTIN_BACKENDS: dict[str, str] = {
+    "onnxruntime": "shoal.stub.backends.onnxruntime",
+    "pytorch": "shoal.stub.backends.pytorch",
+}
 #: platforms that imply one of the backends above when the configuration names no backend.
-_PLATFORMS: dict[str, str] = {"onnxruntime_onnx": "onnxruntime"}
+_PLATFORMS: dict[str, str] = {"onnxruntime_onnx": "onnxruntime", "pytorch_libtorch": "pytorch"}
 
 
 def builtin_backend(args: Mapping[str, str]) -> str | None:

@@ -6,11 +6,13 @@ Nothing here imports onnxruntime: the session's inputs and outputs come in as
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from shoal.stub.backends._config import BackendModelError, ConfigTensor, config_type
 
 #: onnxruntime's type strings -> V2 datatype.
 ORT_DATATYPES: dict[str, str] = {
@@ -33,8 +35,8 @@ ORT_DATATYPES: dict[str, str] = {
 SUPPORTED = frozenset(ORT_DATATYPES.values()) - {"BF16"}
 
 
-class OnnxModelError(Exception):
-    """The model cannot be loaded or run as configured; the message says what to change."""
+class OnnxModelError(BackendModelError):
+    """The ONNX model cannot be loaded or run as configured; the message says what to change."""
 
 
 @dataclass(frozen=True)
@@ -51,42 +53,11 @@ class GraphTensor:
         return ORT_DATATYPES.get(self.ort_type)
 
 
-@dataclass(frozen=True)
-class ConfigTensor:
-    """An input or output of the configuration, in the shape the model sees (its ``reshape``
-    when it has one) and the shape the client sees (``dims``); both without the batch dim."""
-
-    name: str
-    datatype: str
-    dims: tuple[int, ...]
-    model_dims: tuple[int, ...]
-    has_reshape: bool
-
-
 def graph_shape(shape: Sequence[Any] | None) -> tuple[int, ...] | None:
     """onnxruntime's ``NodeArg.shape`` (ints, names of symbolic dims, None) with -1 for symbols."""
     if shape is None:
         return None
     return tuple(dim if isinstance(dim, int) and dim >= 0 else -1 for dim in shape)
-
-
-def config_tensors(config: Mapping[str, Any], key: str) -> list[ConfigTensor]:
-    """The ``input`` or ``output`` entries of a configuration in Triton's JSON form."""
-    tensors = []
-    for entry in config.get(key, []) or []:
-        data_type = str(entry.get("data_type", ""))
-        datatype = "BYTES" if data_type == "TYPE_STRING" else data_type.removeprefix("TYPE_")
-        dims = tuple(int(d) for d in entry.get("dims", []))
-        reshape = entry.get("reshape")
-        model_dims = dims
-        if isinstance(reshape, Mapping):
-            model_dims = tuple(int(d) for d in reshape.get("shape", []))
-        tensors.append(
-            ConfigTensor(
-                str(entry.get("name", "")), datatype, dims, model_dims, isinstance(reshape, Mapping)
-            )
-        )
-    return tensors
 
 
 def _shape_text(shape: Iterable[int]) -> str:
@@ -124,8 +95,8 @@ def check_tensors(
         if found.datatype != tensor.datatype:
             raise OnnxModelError(
                 f"unable to load model '{model}', configuration expects datatype "
-                f"{_config_type(tensor.datatype)} for {kind} '{tensor.name}', model provides "
-                f"{_config_type(found.datatype)}"
+                f"{config_type(tensor.datatype)} for {kind} '{tensor.name}', model provides "
+                f"{config_type(found.datatype)}"
             )
         _check_shape(model, kind, tensor, found, max_batch_size)
     if kind == "input":
@@ -171,12 +142,6 @@ def _check_shape(
         )
 
 
-def _config_type(datatype: str | None) -> str:
-    if datatype is None:
-        return "an unsupported type"
-    return "TYPE_STRING" if datatype == "BYTES" else f"TYPE_{datatype}"
-
-
 # -- values ---------------------------------------------------------------------------------
 
 
@@ -216,11 +181,9 @@ def from_ort(array: Any) -> np.ndarray:
 __all__ = [
     "ORT_DATATYPES",
     "SUPPORTED",
-    "ConfigTensor",
     "GraphTensor",
     "OnnxModelError",
     "check_tensors",
-    "config_tensors",
     "from_ort",
     "graph_shape",
     "to_ort",

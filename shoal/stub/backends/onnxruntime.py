@@ -29,13 +29,18 @@ from typing import Any
 
 import numpy as np
 
-from shoal.stub import pb_utils
-from shoal.stub.backends._onnx_io import (
+from shoal.stub.backends._batching import Batching, Feed
+from shoal.stub.backends._config import (
     ConfigTensor,
+    bool_parameter,
+    config_tensors,
+    int_parameter,
+    sequence_tensors,
+)
+from shoal.stub.backends._onnx_io import (
     GraphTensor,
     OnnxModelError,
     check_tensors,
-    config_tensors,
     from_ort,
     graph_shape,
     to_ort,
@@ -72,9 +77,7 @@ class OnnxRuntimeModel:
         self.inputs: dict[str, ConfigTensor] = {}
         self.outputs: dict[str, ConfigTensor] = {}
         self._scalar_inputs: set[str] = set()
-        self._scalar_outputs: set[str] = set()
-        #: implicit-state outputs of the sequence batcher (requested, though not in ``output``).
-        self._state_outputs: list[str] = []
+        self.batching = Batching("", 0, {})
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -106,31 +109,32 @@ class OnnxRuntimeModel:
         overridable = [_graph_tensor(t) for t in self.session.get_overridable_initializers()]
         graph_in = [_graph_tensor(t) for t in self.session.get_inputs()] + overridable
         graph_out = [_graph_tensor(t) for t in self.session.get_outputs()]
-        sequence = config.get("sequence_batching") or {}
-        controls = [str(c.get("name", "")) for c in sequence.get("control_input", []) or []]
-        states = sequence.get("state", []) or []
+        controls, state_inputs, state_outputs = sequence_tensors(config)
         check_tensors(
             self.name,
             "input",
             configured_in,
             graph_in,
             self.max_batch_size,
-            [t.name for t in overridable] + controls + [str(s.get("input_name")) for s in states],
+            [t.name for t in overridable] + controls + state_inputs,
         )
         check_tensors(self.name, "output", configured_out, graph_out, self.max_batch_size)
         self.inputs = {t.name: t for t in configured_in}
         self.outputs = {t.name: t for t in configured_out}
         graph_outputs = [t.name for t in graph_out]
-        self._state_outputs = [str(s.get("output_name", "")) for s in states]
-        for name in self._state_outputs:
+        for name in state_outputs:
             if name not in graph_outputs:
                 raise OnnxModelError(
                     f"unable to load model {label}: sequence_batching state output '{name}' is "
                     f"not an output of the ONNX graph (its outputs: {', '.join(graph_outputs)})"
                 )
+        scalar_outputs: frozenset[str] = frozenset()
         if self.max_batch_size == 0:
             self._scalar_inputs = {t.name for t in graph_in if t.shape == ()}
-            self._scalar_outputs = {t.name for t in graph_out if t.shape == ()}
+            scalar_outputs = frozenset(t.name for t in graph_out if t.shape == ())
+        self.batching = Batching(
+            self.name, self.max_batch_size, self.outputs, state_outputs, scalar_outputs
+        )
 
     def finalize(self) -> None:
         self.session = None
@@ -138,21 +142,9 @@ class OnnxRuntimeModel:
     # -- execute ----------------------------------------------------------------------------
 
     def execute(self, requests: Sequence[Any]) -> list[Any]:
-        responses: list[Any] = [None] * len(requests)
-        feeds: list[tuple[int, dict[str, np.ndarray]]] = []
-        for index, request in enumerate(requests):
-            try:
-                feeds.append((index, self._feed(request)))
-            except OnnxModelError as error:
-                responses[index] = _error(f"model '{self.name}': {error}")
-        if self.max_batch_size > 0 and len(feeds) > 1:
-            self._run_batched(requests, feeds, responses)
-        else:
-            for index, feed in feeds:
-                self._run_one(requests[index], index, feed, responses)
-        return responses
+        return self.batching.execute(requests, self._feed, self._run)
 
-    def _feed(self, request: Any) -> dict[str, np.ndarray]:
+    def _feed(self, request: Any) -> Feed:
         feed = {}
         for tensor in request.inputs():
             name = tensor.name()
@@ -162,170 +154,32 @@ class OnnxRuntimeModel:
             feed[name] = array
         return feed
 
-    def _wanted(self, requests: Sequence[Any]) -> list[str]:
-        """The outputs to compute: those any request asked for (every configured one for a
-        request that named none), in configuration order, then implicit-state outputs."""
-        wanted: set[str] = set()
-        for request in requests:
-            names = request.requested_output_names()
-            wanted.update(names or self.outputs)
-        known = [*self.outputs, *(n for n in self._state_outputs if n not in self.outputs)]
-        return [name for name in known if name in wanted]
-
-    def _run(self, names: list[str], feed: dict[str, np.ndarray]) -> list[Any]:
+    def _run(self, names: list[str], feed: Feed) -> list[np.ndarray]:
         try:
-            return list(self.session.run(names, feed))
+            results = self.session.run(names, feed)
         except Exception as error:
             raise OnnxModelError(
                 f"onnxruntime failed to run model '{self.name}': {error}".rstrip()
             ) from None
-
-    def _run_one(
-        self, request: Any, index: int, feed: dict[str, np.ndarray], responses: list[Any]
-    ) -> None:
-        names = self._wanted([request])
-        try:
-            results = self._run(names, feed)
-        except OnnxModelError as error:
-            responses[index] = _error(str(error))
-            return
-        batch = self._batch_of(feed)
-        tensors = [
-            pb_utils.Tensor(name, self._client_shape(name, from_ort(value), batch))
-            for name, value in zip(names, results, strict=True)
-        ]
-        responses[index] = pb_utils.InferenceResponse(output_tensors=tensors)
-
-    def _run_batched(
-        self,
-        requests: Sequence[Any],
-        feeds: list[tuple[int, dict[str, np.ndarray]]],
-        responses: list[Any],
-    ) -> None:
-        """One ``session.run`` over the requests concatenated along the batch dimension."""
-        indices = [index for index, _ in feeds]
-        sizes = [self._batch_of(feed) for _, feed in feeds]
-        try:
-            feed = _concatenate(self.name, [f for _, f in feeds])
-            names = self._wanted([requests[i] for i in indices])
-            results = self._run(names, feed)
-            total = sum(sizes)
-            outputs = [from_ort(value) for value in results]
-            for name, value in zip(names, outputs, strict=True):
-                if value.ndim == 0 or value.shape[0] != total:
-                    raise OnnxModelError(
-                        f"output '{name}' of model '{self.name}' has shape {list(value.shape)} "
-                        f"for a batch of {total}: a batching model's outputs must have the batch "
-                        "size as first dimension"
-                    )
-        except OnnxModelError as error:
-            for index in indices:
-                responses[index] = _error(str(error))
-            return
-        bounds = np.cumsum(sizes)[:-1]
-        parts = [np.split(value, bounds) for value in outputs]
-        for slot, (index, size) in enumerate(zip(indices, sizes, strict=True)):
-            requested = requests[index].requested_output_names()
-            tensors = [
-                pb_utils.Tensor(name, self._client_shape(name, part[slot], size))
-                for name, part in zip(names, parts, strict=True)
-                if not requested or name in requested
-            ]
-            responses[index] = pb_utils.InferenceResponse(output_tensors=tensors)
-
-    def _batch_of(self, feed: Mapping[str, np.ndarray]) -> int:
-        if self.max_batch_size == 0:
-            return 0
-        for array in feed.values():
-            if array.ndim > 0:
-                return int(array.shape[0])
-        return 1
-
-    def _client_shape(self, name: str, value: np.ndarray, batch: int) -> np.ndarray:
-        """The output in the shape the configuration gives the client (its ``dims``)."""
-        spec = self.outputs.get(name)
-        if name in self._scalar_outputs and value.ndim == 0:
-            return value.reshape(1)
-        if spec is None or not spec.has_reshape:
-            return value
-        shape = ((batch,) if self.max_batch_size > 0 else ()) + spec.dims
-        if sum(1 for d in shape if d < 0) > 1:
-            return value  # cannot infer more than one variable dim: leave the model's shape
-        try:
-            return value.reshape(shape)
-        except ValueError:
-            return value
-
-
-def _concatenate(model: str, feeds: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    names = list(feeds[0])
-    for feed in feeds[1:]:
-        if set(feed) != set(names):
-            raise OnnxModelError(
-                f"the requests batched for model '{model}' carry different inputs "
-                f"({sorted(names)} and {sorted(feed)}); optional inputs must be given by all "
-                "requests of a batch or by none"
-            )
-    joined = {}
-    for name in names:
-        arrays = [feed[name] for feed in feeds]
-        try:
-            joined[name] = np.concatenate(arrays, axis=0)
-        except ValueError:
-            shapes = ", ".join(str(list(a.shape)) for a in arrays)
-            raise OnnxModelError(
-                f"input '{name}' of the requests batched for model '{model}' cannot be "
-                f"concatenated along the batch dimension (shapes {shapes})"
-            ) from None
-    return joined
+        return [from_ort(value) for value in results]
 
 
 def _graph_tensor(node: Any) -> GraphTensor:
     return GraphTensor(str(node.name), str(node.type), graph_shape(node.shape))
 
 
-def _error(message: str) -> Any:
-    return pb_utils.InferenceResponse(error=pb_utils.TritonError(message))
-
-
-def _parameter(config: Mapping[str, Any], key: str) -> str | None:
-    value = (config.get("parameters") or {}).get(key)
-    if isinstance(value, Mapping):
-        value = value.get("string_value")
-    return None if value is None else str(value)
-
-
-def _int_parameter(config: Mapping[str, Any], key: str, model: str) -> int | None:
-    raw = _parameter(config, key)
-    if raw is None or raw == "":
-        return None
-    try:
-        return int(raw)
-    except ValueError:
-        raise OnnxModelError(
-            f"unable to load model '{model}': parameter {key} must be an integer, got '{raw}'"
-        ) from None
-
-
-def _bool_parameter(config: Mapping[str, Any], key: str) -> bool | None:
-    raw = _parameter(config, key)
-    if raw is None or raw == "":
-        return None
-    return raw.strip().lower() in ("1", "true", "yes", "on")
-
-
 def _session_options(ort: Any, config: Mapping[str, Any], model: str) -> Any:
     options = ort.SessionOptions()
-    intra = _int_parameter(config, "intra_op_thread_count", model)
+    intra = int_parameter(config, "intra_op_thread_count", model)
     if intra is None or intra <= 0:
         share = os.environ.get("OMP_NUM_THREADS", "")
         intra = int(share) if share.isdigit() else 0
     if intra > 0:
         options.intra_op_num_threads = intra
-    inter = _int_parameter(config, "inter_op_thread_count", model)
+    inter = int_parameter(config, "inter_op_thread_count", model)
     if inter is not None and inter > 0:
         options.inter_op_num_threads = inter
-    mode = _int_parameter(config, "execution_mode", model)
+    mode = int_parameter(config, "execution_mode", model)
     if mode not in (None, 0, 1):
         raise OnnxModelError(
             f"unable to load model '{model}': execution_mode must be 0 (sequential) or 1 "
@@ -333,10 +187,10 @@ def _session_options(ort: Any, config: Mapping[str, Any], model: str) -> Any:
         )
     if mode == 1:
         options.execution_mode = ort.ExecutionMode.ORT_PARALLEL
-    arena = _bool_parameter(config, "enable_mem_arena")
+    arena = bool_parameter(config, "enable_mem_arena")
     if arena is not None:
         options.enable_cpu_mem_arena = arena
-    pattern = _bool_parameter(config, "enable_mem_pattern")
+    pattern = bool_parameter(config, "enable_mem_pattern")
     if pattern is not None:
         options.enable_mem_pattern = pattern
     level = int(((config.get("optimization") or {}).get("graph") or {}).get("level", 0) or 0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -57,6 +58,27 @@ def server_request(
         deliver=deliver,
         decoupled=decoupled,
     )
+
+
+def config_tensor(name: str, datatype: str, dims: Any, reshape: Any = None) -> dict[str, Any]:
+    """An ``input``/``output`` entry of a configuration in Triton's JSON form."""
+    entry: dict[str, Any] = {"name": name, "data_type": datatype, "dims": list(dims)}
+    if reshape is not None:
+        entry["reshape"] = {"shape": list(reshape)}
+    return entry
+
+
+def instance_args(config: dict[str, Any], kind: str = "CPU") -> dict[str, str]:
+    """The ``initialize`` args a stub gives the first instance of ``config``'s model."""
+    return {
+        "model_config": json.dumps(config),
+        "model_instance_kind": kind,
+        "model_instance_name": f"{config['name']}_0_0",
+        "model_instance_device_id": "0",
+        "model_repository": "/models",
+        "model_version": "1",
+        "model_name": config["name"],
+    }
 
 
 def _v2(array: np.ndarray) -> str:

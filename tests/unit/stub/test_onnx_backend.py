@@ -6,7 +6,6 @@ Models are built in the tests with ``onnx.helper``. Skipped when onnx or onnxrun
 from __future__ import annotations
 
 import asyncio
-import json
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +23,8 @@ from shoal.stub.backends import builtin_backend  # noqa: E402
 from shoal.stub.backends._onnx_io import OnnxModelError  # noqa: E402
 from shoal.stub.backends.onnxruntime import OnnxRuntimeModel  # noqa: E402
 from shoal.supervisor import onnx_autocomplete as ac  # noqa: E402
+from tests.unit.stub.helpers import config_tensor as tensor  # noqa: E402
+from tests.unit.stub.helpers import instance_args as args_for  # noqa: E402
 from tests.unit.stub.helpers import server_request  # noqa: E402
 
 pytestmark = pytest.mark.timeout(60)
@@ -71,25 +72,6 @@ def matmul(path: Path) -> Path:
         [vi("Y", F, ["batch", 2])],
         [weights],
     )
-
-
-def tensor(name: str, datatype: str, dims, reshape=None) -> dict:
-    entry = {"name": name, "data_type": datatype, "dims": list(dims)}
-    if reshape is not None:
-        entry["reshape"] = {"shape": list(reshape)}
-    return entry
-
-
-def args_for(config: dict, kind: str = "CPU") -> dict[str, str]:
-    return {
-        "model_config": json.dumps(config),
-        "model_instance_kind": kind,
-        "model_instance_name": f"{config['name']}_0_0",
-        "model_instance_device_id": "0",
-        "model_repository": "/models",
-        "model_version": "1",
-        "model_name": config["name"],
-    }
 
 
 def load(path: Path, config: dict) -> OnnxRuntimeModel:
