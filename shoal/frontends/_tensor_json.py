@@ -88,11 +88,19 @@ def _as_array(data: list[Any]) -> np.ndarray:
 
 
 def _exact_integers(name: str, datatype: str, data: list[Any]) -> np.ndarray:
-    flat = _flatten(data)
+    # orjson reads an integer literal beyond 64 bits as a float: such a value is out of range
+    # of every integer datatype, and is reported as the integer the client wrote.
+    flat = [_beyond_64_bits(value) for value in _flatten(data)]
     if not all(type(value) is int for value in flat):
         raise _bad_value(name, datatype, flat)
     _check_range(name, datatype, min(flat), max(flat))
     return np.array(flat, dtype=NUMPY_DTYPES[datatype])
+
+
+def _beyond_64_bits(value: Any) -> Any:
+    if type(value) is float and abs(value) >= 2.0**64 and value.is_integer():
+        return int(value)
+    return value
 
 
 def _check_range(name: str, datatype: str, low: int, high: int) -> None:
