@@ -181,14 +181,17 @@ class Result:
     responses: list[ResponseRecord]
     #: Time spent in the model's execute (ns), for statistics.
     compute_ns: tuple[int, int, int] = (0, 0, 0)  # input, infer, output
+    #: False when execute was not called: every request was cancelled before it started.
+    executed: bool = True
 
     def fields(self) -> list[Any]:
-        return [self.batch_id, [r.to_wire() for r in self.responses], list(self.compute_ns)]
+        responses = [r.to_wire() for r in self.responses]
+        return [self.batch_id, responses, list(self.compute_ns), self.executed]
 
     @classmethod
     def from_fields(cls, f: list[Any]) -> Result:
         responses = [ResponseRecord.from_wire(r) for r in f[1]]
-        return cls(f[0], responses, tuple(f[2]))
+        return cls(f[0], responses, tuple(f[2]), bool(f[3]))
 
 
 @dataclass(slots=True)

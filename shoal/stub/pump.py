@@ -72,6 +72,30 @@ class DownPump:
 
         return cast(msg.BlsReply | msg.ControlReply, self._wait(take))
 
+    def poll(self) -> None:
+        """Route the messages already in the ring, without blocking.
+
+        The main loop calls it before each batch: a Cancel queued behind an Execute the
+        supervisor sent ahead then reaches the executor before that batch starts.
+        """
+        with self._cond:
+            if self._reading or self._error is not None:
+                return  # another thread is reading and routes what comes
+            self._reading = True
+        try:
+            while (payload := self._channel.recv_down_nowait()) is not None:
+                message = msg.decode(payload)
+                with self._cond:
+                    self._route(message)
+        except BaseException as error:
+            with self._cond:
+                self._error = error
+            raise
+        finally:
+            with self._cond:
+                self._reading = False
+                self._cond.notify_all()
+
     def _wait(self, take: Callable[[], _T | None]) -> _T:
         while True:
             with self._cond:
