@@ -28,10 +28,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
+import numpy as np
 import pytest
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from tests.integration.server import BUNDLED, ShoalServer
+from tests.integration.server import BUNDLED, TEST_MODELS, ShoalServer
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -482,3 +483,47 @@ def test_arena_fragmented_by_small_requests_refuses_large_ones():
             time.sleep(0.05)  # SegmentRetired reaches idle stubs on their next read
         assert not held, f"processes still hold retired segments: {held}"
         add_sub_works(server)
+
+
+def chain_request(server: ShoalServer, nbytes: int) -> int:
+    """ens_chain (ens_scale, then identity) on ``nbytes`` of FP32: 2 * X comes back."""
+    values = np.arange(nbytes // 4, dtype=np.float32) % 1000
+    header = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "X",
+                    "datatype": "FP32",
+                    "shape": [values.size],
+                    "parameters": {"binary_data_size": values.nbytes},
+                }
+            ],
+            "outputs": [{"name": "Y", "parameters": {"binary_data": True}}],
+        }
+    ).encode()
+    status, body, json_size = _post(
+        server,
+        "/v2/models/ens_chain/infer",
+        header + values.tobytes(),
+        {"Inference-Header-Content-Length": str(len(header))},
+    )
+    if status == 200:
+        assert body[json_size:] == (values * 2).tobytes()
+    return status
+
+
+def test_stubs_drop_retired_segments_of_another_stubs_arena():
+    """identity maps ens_scale's output segments (an ensemble passes them by descriptor); when
+    ens_scale retires them to fit a whole-limit tensor, identity's stub lets go of them too."""
+    args = (*ARENA_ARGS, "--model-control-mode", "explicit", "--load-model", "ens_chain")
+    with ShoalServer(BUNDLED, TEST_MODELS, extra_args=args, metrics=True) as server:
+        with ThreadPoolExecutor(8) as pool:
+            statuses = list(pool.map(lambda _: chain_request(server, 1000_000), range(16)))
+        assert set(statuses) <= {200, 503} and 200 in statuses
+        wait_arena_empty(server)
+        assert chain_request(server, ARENA_LIMIT) == 200
+        wait_arena_empty(server)
+        deadline = time.monotonic() + 10
+        while (held := over_the_limit(server)) and time.monotonic() < deadline:
+            time.sleep(0.05)  # SegmentRetired reaches idle stubs on their next read
+        assert not held, f"processes still hold retired segments: {held}"

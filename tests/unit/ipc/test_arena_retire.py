@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from shoal.ipc import messages as msg
 from shoal.ipc._alloc import align_up, cover
 from shoal.ipc.arena import (
     ArenaExhausted,
@@ -238,3 +239,8 @@ def test_cover_picks_few_segments() -> None:
     assert cover(sizes, 28) == [3, 4, 1, 2]
     assert cover(sizes, 29) is None
     assert cover({}, 1) is None
+
+
+def test_segment_retired_message_round_trip() -> None:
+    message = msg.SegmentRetired(3, 7)
+    assert msg.decode(msg.encode(message)) == message
