@@ -191,15 +191,18 @@ class OwnedArena:
     def free(self, block: Block) -> None:
         """Return a block; ValueError for a double free or a block this arena did not hand out."""
         key = self._check_allocated(block)
-        if key is not None and self._alloc.give(key) and block.segment != self._base:
-            now = self._clock()
-            self._idle[block.segment] = now
-            self._retire_idle(now)
+        if not (key is not None and self._alloc.give(key)):
+            return
+        # A segment became empty: a moment to look at the idle ones (no clock call otherwise).
+        if block.segment != self._base:
+            self._idle[block.segment] = self._clock()
+        if self._idle:
+            self._retire_idle(self._clock())
 
     def retire_idle(self) -> int:
         """Retire growth segments that have been empty for ``retire_after`` seconds; how many.
 
-        ``free()`` does this whenever it empties a segment, so an owner need not call it.
+        ``free()`` does this whenever it empties a segment, so an owner with traffic need not.
         """
         self._check_open()
         return self._retire_idle(self._clock())

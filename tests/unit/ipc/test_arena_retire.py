@@ -182,6 +182,11 @@ def test_idle_growth_segments_are_retired_after_a_while() -> None:
         clock.now += RETIRE_AFTER
         assert arena.retire_idle() == 1 and watched.ids() == [0]  # the base segment stays
         assert arena.capacity_bytes == INITIAL
+        base, growth = arena.allocate(GROWTH), arena.allocate(GROWTH)
+        arena.free(growth)
+        clock.now += RETIRE_AFTER
+        arena.free(base)  # emptying the base segment, too, retires idle ones
+        assert watched.ids() == [0]
     finally:
         watched.close()
 
