@@ -11,7 +11,10 @@ and still too large for the arena. What must hold:
   hangs, and afterwards the input arena is empty again (``shoal_arena_used_bytes``) and a
   full-size request fits again;
 * a body over ``--http-max-input-size`` is refused with 400 before it is read: the answer comes
-  while the client has sent almost nothing of what it announced, and other clients go on.
+  while the client has sent almost nothing of what it announced, and other clients go on;
+* after bursts of small requests have grown an arena in small segments, a tensor of the whole
+  limit still fits once the arena is empty (empty segments are retired), and no process keeps
+  a retired segment mapped (``/proc/<pid>/maps`` and ``/proc/<pid>/fd``).
 """
 
 from __future__ import annotations
@@ -50,8 +53,9 @@ ARENA_ARGS = (
 SERVER_ARGS = (*ARENA_ARGS, "--http-max-input-size", str(MAX_INPUT))
 #: No answer within this many seconds counts as a hang.
 CLIENT_TIMEOUT = 30.0
-#: The largest tensor an empty arena can take: its first segment (shm-default-byte-size) stays
-#: mapped and a block cannot span segments, so one block can be at most the limit minus that.
+#: The largest tensor that fits beside the arena's first segment (shm-default-byte-size) without
+#: retiring it (a block cannot span segments). An empty arena takes up to ARENA_LIMIT, by
+#: retiring every segment: test_arena_fragmented_by_small_requests_refuses_large_ones.
 FULL_SIZE = ARENA_LIMIT - MIB
 
 EXHAUSTED = re.compile(
