@@ -15,6 +15,7 @@ from __future__ import annotations
 
 ALIGN = 64
 SEGMENT_SHIFT = 48
+_OFFSET_MASK = (1 << SEGMENT_SHIFT) - 1
 _CLASSES = 64
 # How many of the most recent runs of the "may fit" class to try before moving to a larger class.
 _NEAR_FIT_PROBES = 4
@@ -29,7 +30,23 @@ def make_key(segment: int, offset: int) -> int:
 
 
 def split_key(key: int) -> tuple[int, int]:
-    return key >> SEGMENT_SHIFT, key & ((1 << SEGMENT_SHIFT) - 1)
+    return key >> SEGMENT_SHIFT, key & _OFFSET_MASK
+
+
+def cover(sizes: dict[int, int], deficit: int) -> list[int] | None:
+    """Few of the segments ``sizes`` (index -> size) that add up to ``deficit`` bytes: the
+    smallest one that covers it alone, else the largest ones; None when all fall short."""
+    alone = [(size, index) for index, size in sizes.items() if size >= deficit]
+    if alone:
+        return [min(alone)[1]]
+    chosen: list[int] = []
+    total = 0
+    for index, size in sorted(sizes.items(), key=lambda item: item[1], reverse=True):
+        chosen.append(index)
+        total += size
+        if total >= deficit:
+            return chosen
+    return None
 
 
 class RunAllocator:
@@ -52,6 +69,18 @@ class RunAllocator:
         self._segment_sizes[segment] = size
         self._insert(make_key(segment, 0), size)
 
+    def remove_segment(self, segment: int) -> None:
+        """Forget a segment that holds no allocated run; ValueError otherwise."""
+        if not self.is_empty(segment):
+            raise ValueError(f"segment {segment} is unknown or still holds allocated blocks")
+        size = self._segment_sizes.pop(segment)
+        self._remove(make_key(segment, 0), size)
+
+    def is_empty(self, segment: int) -> bool:
+        """The segment is registered and one free run covers all of it."""
+        size = self._segment_sizes.get(segment)
+        return size is not None and self._free_size.get(make_key(segment, 0)) == size
+
     def take(self, size: int) -> int | None:
         """Start key of a fresh run of ``size`` bytes (an ALIGN multiple), or None if none fits."""
         key = self._find(size)
@@ -68,8 +97,11 @@ class RunAllocator:
     def allocated_size(self, key: int) -> int | None:
         return self._used.get(key)
 
-    def give(self, key: int) -> None:
-        """Return the run starting at ``key``; KeyError if it is not allocated."""
+    def give(self, key: int) -> bool:
+        """Return the run starting at ``key``; True when that left its segment empty.
+
+        KeyError if the run is not allocated.
+        """
         size = self._used.pop(key)
         self.used_bytes -= size
         before = self._free_start.get(key)
@@ -82,6 +114,8 @@ class RunAllocator:
             self._remove(key + size, after_size)
             size += after_size
         self._insert(key, size)
+        # Only a run that starts a segment can cover all of it: the size lookup is rarely paid.
+        return not key & _OFFSET_MASK and size == self._segment_sizes[key >> SEGMENT_SHIFT]
 
     def largest_free(self) -> int:
         if not self._nonempty:

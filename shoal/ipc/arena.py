@@ -6,10 +6,11 @@ See docs/ipc.md for who owns which arena and how released blocks travel back to 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from shoal.ipc._alloc import ALIGN, RunAllocator, align_up, make_key, split_key
+from shoal.ipc._alloc import ALIGN, RunAllocator, align_up, cover, make_key, split_key
 from shoal.ipc._segment import (
     Segment,
     create_memfd,
@@ -25,6 +26,7 @@ __all__ = [
     "DEFAULT_GROWTH_BYTES",
     "DEFAULT_INITIAL_BYTES",
     "DEFAULT_LIMIT_BYTES",
+    "DEFAULT_RETIRE_AFTER_S",
     "ArenaExhausted",
     "ArenaMap",
     "Block",
@@ -37,6 +39,9 @@ __all__ = [
 DEFAULT_INITIAL_BYTES = 64 << 20
 DEFAULT_GROWTH_BYTES = 64 << 20
 DEFAULT_LIMIT_BYTES = 1 << 30
+#: A growth segment that stays empty this long is retired: long enough that a steady load does
+#: not unmap and re-create segments, short enough that a burst's memory goes back to the OS.
+DEFAULT_RETIRE_AFTER_S = 30.0
 
 #: Names of the settings that size an arena, quoted in ArenaExhausted messages. The first two are
 #: Triton's python-backend settings; the limit is shoal's own.
@@ -80,20 +85,25 @@ class ArenaExhausted(Exception):
         self.limit = limit
         super().__init__(
             f"shared-memory arena {arena_id} cannot allocate {requested} bytes: {available} bytes "
-            f"available (largest free block plus room left to grow) of a {limit}-byte limit; "
+            f"available (the largest block it can hold now) of a {limit}-byte limit; "
             f"raise {KNOB_LIMIT} (or {KNOB_GROWTH} / {KNOB_INITIAL}) to allow larger tensors"
         )
 
 
 class UnknownSegmentError(KeyError):
-    """A block names a segment this process has not been told about (a protocol error)."""
+    """A block names a segment this process was never told about, or one its owner retired
+    (a protocol error: the owner retires only segments that hold no block)."""
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else "unknown segment"
 
 
 class OwnedArena:
-    """The single owner of an arena: allocates, frees and grows it. Not thread-safe."""
+    """The single owner of an arena: allocates, frees, grows and retires it. Not thread-safe.
+
+    Segment ids only ever increase: a retired segment's id is never given to a new one, so a
+    peer that still knows the id cannot mistake a new segment for the one it mapped.
+    """
 
     def __init__(
         self,
@@ -104,29 +114,50 @@ class OwnedArena:
         limit_bytes: int = DEFAULT_LIMIT_BYTES,
         backend: str = "memfd",
         on_new_segment: Callable[[Segment], None] | None = None,
+        on_retired_segment: Callable[[Segment], None] | None = None,
+        retire_after: float = DEFAULT_RETIRE_AFTER_S,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if backend not in BACKENDS:
             raise ValueError(f"arena backend must be one of {BACKENDS}, got {backend!r}")
-        if not 0 <= initial_bytes <= limit_bytes or growth_bytes <= 0:
+        if not 0 <= initial_bytes <= limit_bytes or growth_bytes <= 0 or retire_after < 0:
             raise ValueError(
-                f"need 0 <= {KNOB_INITIAL} ({initial_bytes}) <= {KNOB_LIMIT} ({limit_bytes}) "
-                f"and {KNOB_GROWTH} ({growth_bytes}) > 0"
+                f"need 0 <= {KNOB_INITIAL} ({initial_bytes}) <= {KNOB_LIMIT} ({limit_bytes}), "
+                f"{KNOB_GROWTH} ({growth_bytes}) > 0 and retire_after ({retire_after}) >= 0"
             )
         self.arena_id = arena_id
         self.backend = backend
         self.growth_bytes = growth_bytes
         self.limit_bytes = limit_bytes
+        self.retire_after = retire_after
         self._on_new_segment = on_new_segment
-        self._segments: list[Segment] = []
+        #: Told after a segment was retired (closed here), so that peers can drop it too.
+        self.on_retired_segment = on_retired_segment
+        self._clock = clock
+        self._segments: dict[int, Segment] = {}
+        self._next_index = 0
         self._alloc = RunAllocator()
         self._capacity = 0
         self._closed = False
+        # Empty growth segments and since when, oldest first (re-inserted when emptied again).
+        self._idle: dict[int, float] = {}
+        self._base: int | None = None
         if initial_bytes:
-            self._add_segment(min(page_align(initial_bytes), limit_bytes))
+            self._base = self._add_segment(min(page_align(initial_bytes), limit_bytes))
 
     @property
     def segments(self) -> list[Segment]:
-        return list(self._segments)
+        """The live segments, oldest first (retired ones are gone)."""
+        return list(self._segments.values())
+
+    def segment(self, index: int) -> Segment:
+        """The live segment ``index``; UnknownSegmentError if it was retired or never existed."""
+        segment = self._segments.get(index)
+        if segment is None:
+            raise UnknownSegmentError(
+                f"segment {index} of arena {self.arena_id} was retired or never existed"
+            )
+        return segment
 
     @property
     def used_bytes(self) -> int:
@@ -153,21 +184,35 @@ class OwnedArena:
             key = self._alloc.take(size)
             assert key is not None, "a fresh segment always fits the request"
         segment, offset = split_key(key)
+        if self._idle:
+            self._idle.pop(segment, None)
         return Block(self.arena_id, segment, offset, nbytes)
 
     def free(self, block: Block) -> None:
         """Return a block; ValueError for a double free or a block this arena did not hand out."""
         key = self._check_allocated(block)
-        if key is not None:
-            self._alloc.give(key)
+        if not (key is not None and self._alloc.give(key)):
+            return
+        # A segment became empty: a moment to look at the idle ones (no clock call otherwise).
+        if block.segment != self._base:
+            self._idle[block.segment] = self._clock()
+        if self._idle:
+            self._retire_idle(self._clock())
+
+    def retire_idle(self) -> int:
+        """Retire growth segments that have been empty for ``retire_after`` seconds; how many.
+
+        ``free()`` does this whenever it empties a segment, so an owner with traffic need not.
+        """
+        self._check_open()
+        return self._retire_idle(self._clock())
 
     def view(self, block: Block) -> memoryview:
         """A writable view of exactly ``block.nbytes`` bytes."""
         self._check_allocated(block)
-        segment = self._segments[block.segment] if block.nbytes else None
-        if segment is None:
+        if not block.nbytes:
             return memoryview(bytearray())
-        return segment.buf[block.offset : block.offset + block.nbytes]
+        return self._segments[block.segment].buf[block.offset : block.offset + block.nbytes]
 
     def free_runs(self) -> list[tuple[int, int, int]]:
         """(segment, offset, size) of every free run: for tests and diagnostics."""
@@ -177,7 +222,7 @@ class OwnedArena:
         if self._closed:
             return
         self._closed = True
-        for segment in self._segments:
+        for segment in self._segments.values():
             segment.close()
 
     def __enter__(self) -> OwnedArena:
@@ -204,42 +249,114 @@ class OwnedArena:
         return key
 
     def _grow(self, size: int, requested: int) -> None:
+        """Add a segment that fits ``size``, retiring empty ones first if the limit is near."""
+        headroom = self.limit_bytes - self._capacity
+        if headroom < size and not self._retire_for(size - headroom):
+            raise ArenaExhausted(self.arena_id, requested, self._available(), self.limit_bytes)
         headroom = self.limit_bytes - self._capacity
         new_size = min(max(self.growth_bytes, page_align(size)), headroom)
-        new_size -= new_size % ALIGN
-        if new_size < size:
-            available = self._alloc.largest_free() + max(headroom, 0)
-            raise ArenaExhausted(self.arena_id, requested, available, self.limit_bytes)
-        self._add_segment(new_size)
+        self._add_segment(new_size - new_size % ALIGN)
 
-    def _add_segment(self, size: int) -> None:
-        index = len(self._segments)
+    def _available(self) -> int:
+        """The largest block that fits now: in a free run, or in a segment grown in the room
+        left under the limit plus what retiring every empty segment would give back."""
+        empty = sum(s.size for s in self._segments.values() if self._alloc.is_empty(s.index))
+        room = self.limit_bytes - self._capacity + empty
+        return max(self._alloc.largest_free(), room - room % ALIGN)
+
+    def _retire_for(self, deficit: int) -> bool:
+        """Retire empty segments worth ``deficit`` bytes; False (retiring none) if too few are.
+
+        Growth segments go first; the base segment only when nothing else makes room.
+        """
+        empty = {i: s.size for i, s in self._segments.items() if self._alloc.is_empty(i)}
+        growth = {i: size for i, size in empty.items() if i != self._base}
+        chosen = cover(growth, deficit)
+        if chosen is None:
+            chosen = cover(empty, deficit)
+        if chosen is None:
+            return False
+        for index in chosen:
+            self._retire(self._segments[index])
+        return True
+
+    def _retire_idle(self, now: float) -> int:
+        retired = 0
+        while self._idle:
+            index, since = next(iter(self._idle.items()))
+            if now - since < self.retire_after:
+                break
+            self._retire(self._segments[index])
+            retired += 1
+        return retired
+
+    def _retire(self, segment: Segment) -> None:
+        index = segment.index
+        self._alloc.remove_segment(index)
+        del self._segments[index]
+        self._idle.pop(index, None)
+        self._capacity -= segment.size
+        if index == self._base:
+            self._base = None
+        segment.close()
+        if self.on_retired_segment is not None:
+            self.on_retired_segment(segment)
+
+    def _add_segment(self, size: int) -> int:
+        index = self._next_index
         create = create_memfd if self.backend == "memfd" else create_named
         segment = create(self.arena_id, index, size)
-        self._segments.append(segment)
+        self._next_index += 1
+        self._segments[index] = segment
         self._capacity += size
         self._alloc.add_segment(index, size)
         if self._on_new_segment is not None:
             self._on_new_segment(segment)
+        return index
 
 
 class ArenaMap:
-    """A peer's view of other processes' arenas: segments are mapped on first use and cached."""
+    """A peer's view of other processes' arenas: segments are mapped on first use and cached.
+
+    Not thread-safe: a process whose threads share one map serializes its calls.
+    """
 
     def __init__(self) -> None:
         self._pending: dict[tuple[int, int], tuple[int | str, int]] = {}
         self._mapped: dict[tuple[int, int], Segment] = {}
+        # Owners never reuse a segment id, so a retired one stays retired: an announcement
+        # that arrives after the retirement (it crossed the other channel) is dropped.
+        self._retired: set[tuple[int, int]] = set()
 
     def add_fd(self, arena_id: int, segment: int, fd: int, size: int) -> None:
         """Register a memfd segment; the map owns ``fd`` from now on."""
+        if (arena_id, segment) in self._retired:
+            os.close(fd)
+            return
         self._replace((arena_id, segment), (fd, size))
 
     def add_named(self, arena_id: int, segment: int, name: str, size: int) -> None:
-        self._replace((arena_id, segment), (name, size))
+        if (arena_id, segment) not in self._retired:
+            self._replace((arena_id, segment), (name, size))
 
     def has(self, arena_id: int, segment: int) -> bool:
+        """The segment was announced (it may have been retired since: then view() raises)."""
         key = (arena_id, segment)
-        return key in self._mapped or key in self._pending
+        return key in self._mapped or key in self._pending or key in self._retired
+
+    def retire(self, arena_id: int, segment: int) -> None:
+        """The owner retired this segment: unmap it and close its fd now.
+
+        Views still alive keep their pages mapped until they are collected (see Segment.close).
+        """
+        key = (arena_id, segment)
+        self._retired.add(key)
+        pending = self._pending.pop(key, None)
+        if pending is not None and isinstance(pending[0], int):
+            os.close(pending[0])
+        mapped = self._mapped.pop(key, None)
+        if mapped is not None:
+            mapped.close()
 
     def segment(self, arena_id: int, index: int) -> Segment:
         key = (arena_id, index)
@@ -248,7 +365,8 @@ class ArenaMap:
             return mapped
         pending = self._pending.pop(key, None)
         if pending is None:
-            raise UnknownSegmentError(f"segment {index} of arena {arena_id} was never announced")
+            how = "was retired by its owner" if key in self._retired else "was never announced"
+            raise UnknownSegmentError(f"segment {index} of arena {arena_id} {how}")
         source, size = pending
         if isinstance(source, int):
             mapped = map_fd(arena_id, index, source, size)

@@ -37,6 +37,7 @@ class Kind(enum.IntEnum):
     BLS_CALL = 16
     BLS_DONE = 17
     CONTROL_CALL = 18
+    SEGMENT_RETIRED = 30  # both directions
 
 
 @dataclass(slots=True)
@@ -245,6 +246,27 @@ class SegmentAnnounce:
 
 
 @dataclass(slots=True)
+class SegmentRetired:
+    """The owner of arena ``arena_id`` retired segment ``segment`` (it held no block): unmap it.
+
+    Up: a stub retired one of its output segments. Down: the supervisor retired an input
+    segment, or passes on a stub's retirement to the other stubs it gave that segment to. Ids
+    are never reused, so the message can never name a newer segment.
+    """
+
+    KIND: ClassVar[Kind] = Kind.SEGMENT_RETIRED
+    arena_id: int
+    segment: int
+
+    def fields(self) -> list[Any]:
+        return [self.arena_id, self.segment]
+
+    @classmethod
+    def from_fields(cls, f: list[Any]) -> SegmentRetired:
+        return cls(f[0], f[1])
+
+
+@dataclass(slots=True)
 class Response:
     """A decoupled model's response to request ``key`` (``final`` closes the request)."""
 
@@ -409,6 +431,7 @@ Message = (
     | ControlCall
     | ControlReply
     | Cancel
+    | SegmentRetired
 )
 
 _TYPES: dict[int, Any] = {
@@ -429,6 +452,7 @@ _TYPES: dict[int, Any] = {
         ControlCall,
         ControlReply,
         Cancel,
+        SegmentRetired,
     )
 }
 

@@ -1,8 +1,9 @@
 """One down ring, many waiting threads: the main loop, BLS callers, decoupled BLS readers.
 
 Whoever finds no reader reads the next message for everyone and routes it: BLS replies to the
-thread that waits for that call, ``Release`` straight to the output arena, everything else to the
-main loop. With a single thread this costs a few uncontended lock operations per message.
+thread that waits for that call, ``Release`` straight to the output arena, ``SegmentRetired`` to
+the input map, everything else to the main loop. With a single thread this costs a few
+uncontended lock operations per message.
 """
 
 from __future__ import annotations
@@ -28,10 +29,12 @@ class DownPump:
         channel: Channel,
         release: Callable[[list[Block]], None],
         cancel: Callable[[list[int]], None] = lambda keys: None,
+        retire: Callable[[int, int], None] = lambda arena_id, segment: None,
     ) -> None:
         self._channel = channel
         self._release = release
         self._cancel = cancel
+        self._retire = retire
         self._cond = threading.Condition()
         self._reading = False
         self._error: BaseException | None = None
@@ -135,5 +138,7 @@ class DownPump:
                 self._release(blocks)
             case msg.Cancel(keys=keys):
                 self._cancel(keys)
+            case msg.SegmentRetired(arena_id=arena_id, segment=segment):
+                self._retire(arena_id, segment)
             case _:
                 self._main.append(message)

@@ -7,6 +7,7 @@ import ctypes
 import inspect
 import json
 import os
+import select
 import signal
 import socket
 import sys
@@ -66,6 +67,29 @@ class StubRuntime:
         announce = msg.SegmentAnnounce(segment.arena_id, segment.index, segment.size)
         send_fds(self.sock, announce.encode(), [segment.fd])
 
+    def _announce_retired(self, segment: Segment) -> None:
+        try:
+            self._send(msg.SegmentRetired(segment.arena_id, segment.index))
+        except PeerGone:
+            pass  # the supervisor is gone: nobody maps the segment any more
+
+    def _receive_announcement(self) -> None:
+        payload, fds = recv_fds(self.sock)
+        announce = msg.SegmentAnnounce.decode(payload)
+        self.inputs.add_fd(announce.arena_id, announce.segment, fds[0], announce.size)
+
+    def retire_input(self, arena_id: int, segment: int) -> None:
+        """Another arena's owner retired a segment: drop our fd and mapping of it.
+
+        Its announcement may still wait, unread, in the socket (fds in flight keep the memory
+        alive too): the supervisor sent it before this message, so reading what is there
+        now takes it out.
+        """
+        with self._segments_lock:
+            while select.select([self.sock], [], [], 0)[0]:
+                self._receive_announcement()
+            self.inputs.retire(arena_id, segment)
+
     def input_view(self, location: Location) -> memoryview:
         """A view of an input, receiving its segment's fd first if it is new to us."""
         if isinstance(location, RegionLocation):
@@ -78,9 +102,7 @@ class StubRuntime:
         # time receives announcements, and each re-checks after taking the lock.
         with self._segments_lock:
             while not self.inputs.has(block.arena_id, block.segment):
-                payload, fds = recv_fds(self.sock)
-                announce = msg.SegmentAnnounce.decode(payload)
-                self.inputs.add_fd(announce.arena_id, announce.segment, fds[0], announce.size)
+                self._receive_announcement()
             return self.inputs.view(block)
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -102,6 +124,7 @@ class StubRuntime:
             growth_bytes=growth,
             limit_bytes=limit,
             on_new_segment=self._announce_segment,
+            on_retired_segment=self._announce_retired,
         )
         return self.outputs
 
@@ -130,7 +153,7 @@ class StubRuntime:
                 for each in cancels:
                     each(keys)
 
-            pump = DownPump(self.channel, outputs.free, cancel)
+            pump = DownPump(self.channel, outputs.free, cancel, self.retire_input)
             # Model control and custom metrics work from initialize on; BLS from execute on.
             control = ControlClient(pump, self._send)
             pb_utils._set_model_controller(control)

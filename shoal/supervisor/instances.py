@@ -235,6 +235,8 @@ class StubInstance:
             case msg.ControlCall():
                 if self.control is not None:
                     self.control.handle(self, proc, message)
+            case msg.SegmentRetired(segment=index):
+                self._directory.output_retired(proc, index)
             case msg.Log(level=level, message=text, filename=filename, line=line):
                 where = f" ({filename}:{line})" if filename else ""
                 log.log(_LOG_LEVELS.get(level, logging.INFO), "[%s]%s %s", self.name, where, text)

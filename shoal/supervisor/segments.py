@@ -2,14 +2,19 @@
 
 Tensors pass between stubs (ensemble steps, BLS) by descriptor. Before a stub receives a
 descriptor into a segment it has never seen, the supervisor sends it that segment's fd: from its
-own input arena, or from the supervisor's mapping of another stub's output arena.
+own input arena, or from the supervisor's mapping of another stub's output arena. When an owner
+retires a segment, the directory tells every stub it gave that segment to (``SegmentRetired``),
+so that no process keeps the memory mapped.
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING
 
+from shoal.ipc import messages as msg
 from shoal.ipc.arena import Block, OwnedArena, Segment
+from shoal.ipc.queue import PeerGone
 from shoal.supervisor.errors import Unavailable
 
 if TYPE_CHECKING:
@@ -24,6 +29,9 @@ class SegmentDirectory:
     def __init__(self, input_arena: OwnedArena) -> None:
         self.input_arena = input_arena
         self._owners: dict[int, StubProcess] = {}
+        self._sending: set[asyncio.Task[None]] = set()
+        # The directory knows which stub holds which segment, so it passes the news on.
+        input_arena.on_retired_segment = self._input_retired
 
     def register(self, proc: StubProcess) -> None:
         self._owners[proc.output_arena_id] = proc
@@ -34,26 +42,16 @@ class SegmentDirectory:
 
     def segment(self, arena_id: int, index: int) -> Segment:
         if arena_id == INPUT_ARENA_ID:
-            return self.input_arena.segments[index]
-        owner = self._owners.get(arena_id)
-        if owner is None:
-            raise Unavailable(
-                f"a tensor lives in the arena of a stub process that has exited (arena {arena_id})"
-            )
-        return owner.mapped_segment(arena_id, index)
+            return self.input_arena.segment(index)
+        return self._owner(arena_id).mapped_segment(arena_id, index)
 
     def fd(self, arena_id: int, index: int) -> tuple[int, int]:
         """(fd, size) of a segment, to send to a stub that must map it."""
         if arena_id == INPUT_ARENA_ID:
-            segment = self.input_arena.segments[index]
+            segment = self.input_arena.segment(index)
             assert segment.fd is not None
             return segment.fd, segment.size
-        owner = self._owners.get(arena_id)
-        if owner is None:
-            raise Unavailable(
-                f"a tensor lives in the arena of a stub process that has exited (arena {arena_id})"
-            )
-        return owner.segment_fd(arena_id, index)
+        return self._owner(arena_id).segment_fd(arena_id, index)
 
     def view(self, block: Block) -> memoryview:
         """A read-only view of any block, for writing it to a client."""
@@ -61,3 +59,48 @@ class SegmentDirectory:
             return memoryview(b"")
         segment = self.segment(block.arena_id, block.segment)
         return segment.buf[block.offset : block.offset + block.nbytes].toreadonly()
+
+    def output_retired(self, proc: StubProcess, index: int) -> None:
+        """``proc`` retired one of its output segments: we and the stubs we gave it drop it."""
+        if self._owners.get(proc.output_arena_id) is not proc:
+            return  # it has exited: closing it drops all of its segments
+        proc.drop_output_segment(index)
+        self._tell_holders(proc.output_arena_id, index)
+
+    def _input_retired(self, segment: Segment) -> None:
+        self._tell_holders(segment.arena_id, segment.index)
+
+    def _owner(self, arena_id: int) -> StubProcess:
+        owner = self._owners.get(arena_id)
+        if owner is None:
+            raise Unavailable(
+                f"a tensor lives in the arena of a stub process that has exited (arena {arena_id})"
+            )
+        return owner
+
+    def _tell_holders(self, arena_id: int, index: int) -> None:
+        key = (arena_id, index)
+        for proc in self._owners.values():
+            if key in proc.announced:
+                proc.announced.discard(key)
+                self._send(proc, msg.SegmentRetired(arena_id, index))
+
+    def _send(self, proc: StubProcess, message: msg.SegmentRetired) -> None:
+        if proc.returncode is not None:
+            return
+        try:
+            if proc.send(message):
+                return
+        except PeerGone:
+            return
+        # A full ring: the news can wait (nothing will use the segment again).
+        task = asyncio.ensure_future(self._send_later(proc, message))
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
+
+    @staticmethod
+    async def _send_later(proc: StubProcess, message: msg.SegmentRetired) -> None:
+        try:
+            await proc.send_async(message)
+        except PeerGone:
+            pass

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -14,7 +15,7 @@ from dataclasses import dataclass, field
 
 from shoal.ipc import messages as msg
 from shoal.ipc.arena import ArenaMap, Block, Segment
-from shoal.ipc.fdpass import recv_fds, send_fds
+from shoal.ipc.fdpass import PeerGone, recv_fds, send_fds
 from shoal.ipc.queue import Channel
 
 log = logging.getLogger("shoal.stub")
@@ -176,12 +177,32 @@ class StubProcess:
     def _receive_announcements(self, arena_id: int, index: int) -> None:
         # The stub sends a segment's fd before any message that refers to it, so it is there.
         while not self.outputs.has(arena_id, index):
-            self.sock.settimeout(5.0)
-            payload, fds = recv_fds(self.sock)
-            announce = msg.SegmentAnnounce.decode(payload)
-            key = (announce.arena_id, announce.segment)
-            self._segment_fds[key] = (os.dup(fds[0]), announce.size)
-            self.outputs.add_fd(announce.arena_id, announce.segment, fds[0], announce.size)
+            self._receive_announcement()
+
+    def _receive_announcement(self) -> None:
+        self.sock.settimeout(5.0)
+        payload, fds = recv_fds(self.sock)
+        announce = msg.SegmentAnnounce.decode(payload)
+        key = (announce.arena_id, announce.segment)
+        self._segment_fds[key] = (os.dup(fds[0]), announce.size)
+        self.outputs.add_fd(announce.arena_id, announce.segment, fds[0], announce.size)
+
+    def drop_output_segment(self, index: int) -> None:
+        """The stub retired one of its output segments: close our mapping and fd of it.
+
+        Its announcement may still be unread in the socket (the stub sent it before the
+        retirement), so what the socket holds now is read first.
+        """
+        try:
+            while select.select([self.sock], [], [], 0)[0]:
+                self._receive_announcement()
+        except PeerGone:
+            pass  # the stub has exited; what it sent before is read
+        key = (self.output_arena_id, index)
+        kept = self._segment_fds.pop(key, None)
+        if kept is not None:
+            os.close(kept[0])
+        self.outputs.retire(*key)
 
     def mapped_segment(self, arena_id: int, index: int) -> Segment:
         """The supervisor's mapping of one of this stub's output segments."""

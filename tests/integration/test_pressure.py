@@ -11,7 +11,10 @@ and still too large for the arena. What must hold:
   hangs, and afterwards the input arena is empty again (``shoal_arena_used_bytes``) and a
   full-size request fits again;
 * a body over ``--http-max-input-size`` is refused with 400 before it is read: the answer comes
-  while the client has sent almost nothing of what it announced, and other clients go on.
+  while the client has sent almost nothing of what it announced, and other clients go on;
+* after bursts of small requests have grown an arena in small segments, a tensor of the whole
+  limit still fits once the arena is empty (empty segments are retired), and no process keeps
+  a retired segment mapped (``/proc/<pid>/maps`` and ``/proc/<pid>/fd``).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import gzip
 import http.client
 import json
+import os
 import re
 import select
 import socket
@@ -27,10 +31,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
+import numpy as np
 import pytest
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from tests.integration.server import BUNDLED, ShoalServer
+from tests.integration.server import BUNDLED, TEST_MODELS, ShoalServer
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -48,14 +53,16 @@ ARENA_ARGS = (
 SERVER_ARGS = (*ARENA_ARGS, "--http-max-input-size", str(MAX_INPUT))
 #: No answer within this many seconds counts as a hang.
 CLIENT_TIMEOUT = 30.0
-#: The largest tensor an empty arena can take: its first segment (shm-default-byte-size) stays
-#: mapped and a block cannot span segments, so one block can be at most the limit minus that.
+#: The largest tensor that fits beside the arena's first segment (shm-default-byte-size) without
+#: retiring it (a block cannot span segments). An empty arena takes up to ARENA_LIMIT, by
+#: retiring every segment: test_arena_fragmented_by_small_requests_refuses_large_ones.
 FULL_SIZE = ARENA_LIMIT - MIB
 
 EXHAUSTED = re.compile(
     r"shared-memory arena \d+ cannot allocate (\d+) bytes: (\d+) bytes available "
-    r"\(largest free block plus room left to grow\) of a (\d+)-byte limit"
+    r"\(the largest block it can hold now\) of a (\d+)-byte limit"
 )
+SEGMENT = re.compile(r"memfd:shoal-arena-(\d+)-(\d+)")
 
 
 @pytest.fixture(scope="module")
@@ -146,6 +153,36 @@ def upper_request(server: ShoalServer, nbytes: int) -> tuple[int, bytes]:
     if status == 200:
         assert json.loads(body)["outputs"][0]["data"] == [len(text)]
     return status, body
+
+
+def upper_text_request(server: ShoalServer, nbytes: int) -> int:
+    """Like upper_request, but the upper-cased text comes back (binary): the output takes
+    ``nbytes`` in string_upper's output arena."""
+    text = b"a" * (nbytes - 4)
+    payload = struct.pack("<I", len(text)) + text
+    header = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "TEXT",
+                    "datatype": "BYTES",
+                    "shape": [1, 1],
+                    "parameters": {"binary_data_size": len(payload)},
+                }
+            ],
+            "outputs": [{"name": "UPPER", "parameters": {"binary_data": True}}],
+        }
+    ).encode()
+    status, body, json_size = _post(
+        server,
+        "/v2/models/string_upper/infer",
+        header + payload,
+        {"Inference-Header-Content-Length": str(len(header))},
+    )
+    if status == 200:
+        assert json_size is not None
+        assert body[json_size:] == struct.pack("<I", len(text)) + text.upper()
+    return status
 
 
 def add_sub_works(server: ShoalServer) -> None:
@@ -381,27 +418,119 @@ def test_output_region_error_leaks_input_arena():
         assert used == 0, f"three refused requests left {used} bytes in the input arena"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="shoal/ipc/arena.py OwnedArena: the arena grows in shm-growth-byte-size segments "
-    "and never merges or drops empty ones, so after a burst of small concurrent requests has "
-    "grown it to its limit, no request larger than one segment fits again although the arena "
-    "is empty (503 'cannot allocate N bytes: 1048576 bytes available ... of a 8388608-byte "
-    "limit')",
-)
+def arena_segments(pid: int) -> dict[int, dict[int, int]]:
+    """{arena: {segment: bytes}} of the memfd arena segments process ``pid`` maps or holds an
+    fd of (memfd pages live while either exists)."""
+    found: dict[int, dict[int, int]] = {}
+    with open(f"/proc/{pid}/maps") as maps:
+        for line in maps:
+            match = SEGMENT.search(line)
+            if match:
+                start, end = (int(x, 16) for x in line.split()[0].split("-"))
+                found.setdefault(int(match[1]), {})[int(match[2])] = end - start
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            match = SEGMENT.search(os.readlink(f"/proc/{pid}/fd/{fd}"))
+            size = os.stat(f"/proc/{pid}/fd/{fd}").st_size
+        except OSError:
+            continue  # closed meanwhile
+        if match:
+            found.setdefault(int(match[1]), {})[int(match[2])] = size
+    return found
+
+
+def over_the_limit(server: ShoalServer) -> dict[int, dict[int, dict[int, int]]]:
+    """{pid: {arena: segments}} of every arena a process of the server holds more of than an
+    arena may have: it holds on to segments that their owner has retired."""
+    pids = [server.proc.pid, *server.stub_pids()]
+    held = {pid: arena_segments(pid) for pid in pids}
+    return {
+        pid: {a: s for a, s in arenas.items() if sum(s.values()) > ARENA_LIMIT}
+        for pid, arenas in held.items()
+        if any(sum(s.values()) > ARENA_LIMIT for s in arenas.values())
+    }
+
+
 def test_arena_fragmented_by_small_requests_refuses_large_ones():
+    """docs/hardening.md item 5, fixed: empty segments are retired to make room, and every
+    process that mapped a retired segment drops it."""
     with ShoalServer(BUNDLED, extra_args=ARENA_ARGS, metrics=True) as server:
-        # Bursts of twelve concurrent 1 MB requests grow the arena 1 MiB at a time. (Once the
-        # bug is fixed, empty segments may go away and the capacity never reaches the limit:
-        # hence no assertion on it, only on the large request afterwards.)
+        # Bursts of twelve concurrent 1 MB requests grow the input arena (identity) and
+        # string_upper's output arena 1 MiB at a time.
         for _ in range(5):
             with ThreadPoolExecutor(12) as pool:
                 statuses = list(
-                    pool.map(lambda _: identity_request(server, 1000_000)[0], range(24))
+                    pool.map(
+                        lambda i: (
+                            identity_request(server, 1000_000)[0]
+                            if i % 2
+                            else upper_text_request(server, 1000_000)
+                        ),
+                        range(24),
+                    )
                 )
             assert set(statuses) <= {200, 503}
             wait_arena_empty(server)
             if arena(server)[1] == ARENA_LIMIT:
                 break
+        grown = arena_segments(server.proc.pid)[0]
         status, body = identity_request(server, 4 * MIB)
         assert status == 200, json.loads(body)["error"]
+        # The whole limit, now that nothing else is in the arena: in the input arena, and in
+        # string_upper's output arena (which must retire its first segment too).
+        assert identity_request(server, ARENA_LIMIT)[0] == 200
+        assert upper_text_request(server, ARENA_LIMIT) == 200
+        wait_arena_empty(server)
+        # Every segment that the bursts grew, the first included, made room for one of the
+        # limit's size.
+        now = arena_segments(server.proc.pid)[0]
+        assert list(now.values()) == [ARENA_LIMIT] and min(now) > max(grown), (grown, now)
+        deadline = time.monotonic() + 10
+        while (held := over_the_limit(server)) and time.monotonic() < deadline:
+            time.sleep(0.05)  # SegmentRetired reaches idle stubs on their next read
+        assert not held, f"processes still hold retired segments: {held}"
+        add_sub_works(server)
+
+
+def chain_request(server: ShoalServer, nbytes: int) -> int:
+    """ens_chain (ens_scale, then identity) on ``nbytes`` of FP32: 2 * X comes back."""
+    values = np.arange(nbytes // 4, dtype=np.float32) % 1000
+    header = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "X",
+                    "datatype": "FP32",
+                    "shape": [values.size],
+                    "parameters": {"binary_data_size": values.nbytes},
+                }
+            ],
+            "outputs": [{"name": "Y", "parameters": {"binary_data": True}}],
+        }
+    ).encode()
+    status, body, json_size = _post(
+        server,
+        "/v2/models/ens_chain/infer",
+        header + values.tobytes(),
+        {"Inference-Header-Content-Length": str(len(header))},
+    )
+    if status == 200:
+        assert body[json_size:] == (values * 2).tobytes()
+    return status
+
+
+def test_stubs_drop_retired_segments_of_another_stubs_arena():
+    """identity maps ens_scale's output segments (an ensemble passes them by descriptor); when
+    ens_scale retires them to fit a whole-limit tensor, identity's stub lets go of them too."""
+    args = (*ARENA_ARGS, "--model-control-mode", "explicit", "--load-model", "ens_chain")
+    with ShoalServer(BUNDLED, TEST_MODELS, extra_args=args, metrics=True) as server:
+        with ThreadPoolExecutor(8) as pool:
+            statuses = list(pool.map(lambda _: chain_request(server, 1000_000), range(16)))
+        assert set(statuses) <= {200, 503} and 200 in statuses
+        wait_arena_empty(server)
+        assert chain_request(server, ARENA_LIMIT) == 200
+        wait_arena_empty(server)
+        deadline = time.monotonic() + 10
+        while (held := over_the_limit(server)) and time.monotonic() < deadline:
+            time.sleep(0.05)  # SegmentRetired reaches idle stubs on their next read
+        assert not held, f"processes still hold retired segments: {held}"

@@ -93,6 +93,28 @@ def tensors(channel: Channel, spec: dict[str, Any]) -> None:
         sock.close()
 
 
+def mapper(channel: Channel, spec: dict[str, Any]) -> None:
+    """Hold segments the way a stub holds another process's: ``["add", arena, segment]`` takes
+    the fd waiting on the socket, ``["map", arena, segment]`` maps it, ``["retire", arena,
+    segment]`` drops it; each is answered with its name once done."""
+    sock = socket.socket(fileno=spec["sock"])
+    peer = ArenaMap()
+    try:
+        while True:
+            op, arena_id, index = msgpack.unpackb(channel.recv_down())
+            if op == "add":
+                header, fds = recv_fds(sock)
+                peer.add_fd(arena_id, index, fds[0], msgpack.unpackb(header))
+            elif op == "map":
+                peer.segment(arena_id, index)
+            else:
+                peer.retire(arena_id, index)
+            channel.send_up(op.encode())
+    finally:
+        peer.close()
+        sock.close()
+
+
 def stall(channel: Channel, spec: dict[str, Any]) -> None:
     """Read one message, report it, then stop reading (the test kills us)."""
     channel.recv_down()
@@ -131,7 +153,7 @@ def watch(channel: Channel, spec: dict[str, Any]) -> None:
         report.write("hung\n")
 
 
-MODES = {f.__name__: f for f in (echo, sink, source, tensors, stall, relay, watch)}
+MODES = {f.__name__: f for f in (echo, sink, source, tensors, mapper, stall, relay, watch)}
 
 
 def main() -> None:

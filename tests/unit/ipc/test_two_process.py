@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
+import re
 import select
 import signal
 import socket
@@ -227,6 +229,69 @@ def test_tensors_of_every_datatype_round_trip_bit_exact() -> None:
         side.close()
         theirs.close()
     assert side.arena.used_bytes == 0
+
+
+def held_segments(pid: int, arena_id: int) -> set[tuple[str, int]]:
+    """("map" | "fd", segment) for each segment of ``arena_id`` that ``pid`` maps or holds."""
+    name = re.compile(rf"memfd:shoal-arena-{arena_id}-(\d+)")
+    held = set()
+    with open(f"/proc/{pid}/maps") as maps:
+        held |= {("map", int(m[1])) for line in maps if (m := name.search(line))}
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):
+            if m := name.search(os.readlink(f"/proc/{pid}/fd/{fd}")):
+                held.add(("fd", int(m[1])))
+    return held
+
+
+def test_peer_unmaps_and_closes_retired_segments() -> None:
+    """Another process drops a retired segment: its mapping and its fd (memfd pages live while
+    either does), checked in /proc/<pid>/maps and /proc/<pid>/fd."""
+    ours, theirs = socket.socketpair()
+    channel = Channel.create(1 << 16)
+    retired: list[Segment] = []
+    arena = OwnedArena(
+        21,
+        initial_bytes=1 << 16,
+        growth_bytes=1 << 16,
+        limit_bytes=1 << 20,
+        retire_after=0.0,
+        on_retired_segment=retired.append,
+    )
+    try:
+        with peer("mapper", channel, fds=(theirs.fileno(),), sock=theirs.fileno()) as process:
+            theirs.close()
+
+            async def scenario() -> None:
+                inbox = Inbox(channel)
+
+                async def ask(op: str, index: int) -> None:
+                    assert channel.send_down_nowait(msgpack.packb([op, 21, index]))
+                    assert await inbox.get() == op.encode()
+
+                blocks = [arena.allocate(1 << 16) for _ in range(3)]  # segments 0, 1, 2
+                for segment in arena.segments:
+                    assert segment.fd is not None
+                    send_fds(ours, msgpack.packb(segment.size), [segment.fd])
+                    await ask("add", segment.index)
+                await ask("map", 0)
+                await ask("map", 1)
+                # (A mapping made by Python's mmap keeps its own duplicate of the fd.)
+                mapped = {("map", 0), ("fd", 0), ("map", 1), ("fd", 1)}
+                assert held_segments(process.pid, 21) == {*mapped, ("fd", 2)}
+                arena.free(blocks[1])
+                arena.free(blocks[2])
+                assert [s.index for s in retired] == [1, 2]
+                for segment in retired:
+                    await ask("retire", segment.index)
+                assert held_segments(process.pid, 21) == {("map", 0), ("fd", 0)}
+                assert not {s for s in held_segments(os.getpid(), 21) if s[1] != 0}
+
+            asyncio.run(scenario())
+    finally:
+        arena.close()
+        ours.close()
+        theirs.close()
 
 
 def test_killed_stub_makes_a_blocked_send_raise_peer_gone() -> None:
