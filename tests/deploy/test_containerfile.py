@@ -18,7 +18,8 @@ from packaging.utils import canonicalize_name
 from tests.deploy.manifests import KUSTOMIZATIONS, REPO_ROOT, containers, one, render
 
 CONTAINERFILE = REPO_ROOT / "Containerfile"
-IGNORE_FILE = REPO_ROOT / ".containerignore"
+# .dockerignore, not .containerignore: podman and buildah read it too, docker reads only it.
+IGNORE_FILE = REPO_ROOT / ".dockerignore"
 
 
 def _instructions() -> list[tuple[str, str]]:
