@@ -89,15 +89,18 @@ def flags(args: list[str]) -> dict[str, str]:
 
 
 def environment(manifests: list[Manifest], container: Manifest) -> dict[str, str]:
-    """The variables a container gets from its env and the ConfigMaps in its envFrom."""
-    config_maps = {m["metadata"]["name"]: m for m in manifests if m["kind"] == "ConfigMap"}
+    """The variables a container gets from ConfigMaps (envFrom, configMapKeyRef) and values."""
+    config_maps = {m["metadata"]["name"]: m["data"] for m in manifests if m["kind"] == "ConfigMap"}
     env: dict[str, str] = {}
     for source in container.get("envFrom", []):
         ref = source.get("configMapRef")
         if ref is not None:
-            env.update(config_maps[ref["name"]]["data"])
+            env.update(config_maps[ref["name"]])
     for var in container.get("env", []):
-        if "value" in var:
+        ref = var.get("valueFrom", {}).get("configMapKeyRef")
+        if ref is not None:
+            env[var["name"]] = config_maps[ref["name"]][ref["key"]]
+        elif "value" in var:
             env[var["name"]] = var["value"]
     return env
 
