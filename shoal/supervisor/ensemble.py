@@ -16,7 +16,7 @@ from typing import Any, Protocol
 from shoal.ipc.arena import Block
 from shoal.ipc.messages import RequestRecord
 from shoal.ipc.tensor import TensorDesc
-from shoal.supervisor.errors import ErrorCode, InvalidArgument, ShoalError, Unsupported
+from shoal.supervisor.errors import ErrorCode, InvalidArgument, ModelError, ShoalError, Unsupported
 from shoal.supervisor.models import ModelVersion
 from shoal.supervisor.segments import SegmentDirectory
 from shoal.supervisor.staging import batch_of
@@ -150,14 +150,14 @@ class EnsembleRunner:
         target.submit(Work(record, [], future, batch_size=batch))
         try:
             completion = await future
-        except ShoalError:
-            target.stats.failure(time.monotonic_ns() - started)
+        except ShoalError as error:
+            target.stats.failure(time.monotonic_ns() - started, error.reason)
             raise
         if completion.response.error is not None:
             completion.release()
-            target.stats.failure(time.monotonic_ns() - started)
+            target.stats.failure(time.monotonic_ns() - started, ModelError.reason)
             code, message = completion.response.error
-            raise ShoalError(
+            raise ModelError(
                 f"in ensemble '{mv.name}', step '{target.name}': {message}",
                 ErrorCode.__members__.get(code, ErrorCode.INTERNAL),
             )

@@ -18,8 +18,10 @@ from shoal.supervisor.control import ModelRepositoryManager
 from shoal.supervisor.custom_metrics import CustomMetrics
 from shoal.supervisor.ensemble import EnsembleRunner
 from shoal.supervisor.errors import (
+    Cancelled,
     ErrorCode,
     InvalidArgument,
+    ModelError,
     ShoalError,
     Unavailable,
     Unsupported,
@@ -182,8 +184,11 @@ class InferenceService:
         started = time.monotonic_ns()
         try:
             return await self._infer(mv, request)
-        except ShoalError:
-            mv.stats.failure(time.monotonic_ns() - started)
+        except ShoalError as error:
+            mv.stats.failure(time.monotonic_ns() - started, error.reason)
+            raise
+        except asyncio.CancelledError:  # the client went away
+            mv.stats.failure(time.monotonic_ns() - started, Cancelled.reason)
             raise
 
     def _stage(self, mv: ModelVersion, request: InferRequest) -> tuple[RequestRecord, list[Block]]:
@@ -271,7 +276,7 @@ class InferenceService:
         if record.error is not None:
             code_name, message = record.error
             code = ErrorCode.__members__.get(code_name, ErrorCode.INTERNAL)
-            raise ShoalError(message, code)
+            raise ModelError(message, code)
         outputs = [
             placed_output(o.name, o.datatype, o.shape, request, o.location.nbytes)
             if isinstance(o.location, RegionLocation)
