@@ -39,6 +39,7 @@ from shoal.supervisor.shm_io import (
 )
 from shoal.supervisor.shm_registry import SharedMemoryRegistry
 from shoal.supervisor.streams import new_stream
+from shoal.supervisor.trace_settings import TraceChange, TraceSettings, TraceValue
 from shoal.supervisor.types import (
     InferOutput,
     InferRequest,
@@ -96,6 +97,8 @@ class InferenceService:
         loader.control = ControlRouter(self.repository, self.custom_metrics)
         self.shm = SharedMemoryRegistry()
         self.logging = LogSettings.from_options(options)
+        repository = self.repository
+        self.tracing = TraceSettings(lambda name: name in repository.models)
         self._live = True
 
     @property
@@ -335,3 +338,11 @@ class InferenceService:
 
     def update_log_settings(self, settings: dict[str, ParamValue]) -> dict[str, ParamValue]:
         return self.logging.update(settings)
+
+    def trace_settings(self, model: str = "") -> dict[str, TraceValue]:
+        return self.tracing.current(model)
+
+    def update_trace_settings(
+        self, changes: dict[str, TraceChange], model: str = ""
+    ) -> dict[str, TraceValue]:
+        return self.tracing.update(changes, model)
