@@ -114,7 +114,7 @@ def _check_step(
     inputs = {t.name: t for t in model.inputs}
     outputs = {t.name: t for t in model.outputs}
     for model_tensors, mapping in ((inputs, step.input_map), (outputs, step.output_map)):
-        for model_tensor, ensemble_tensor in mapping.items():
+        for model_tensor, ensemble_tensor in sorted(mapping.items()):  # a stable first error
             spec = model_tensors.get(model_tensor)
             if spec is None:
                 raise EnsembleProblem(
