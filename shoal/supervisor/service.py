@@ -66,6 +66,7 @@ EXTENSIONS = (
     "statistics",
     "system_shared_memory",
     "logging",
+    "trace",
     "generate",
 )
 INPUT_ARENA_ID = 0

@@ -46,6 +46,9 @@ def _flatten(settings):
 def test_global_and_model_settings(bundled_server, protocol):
     client = _http(bundled_server) if protocol == "http" else _grpc(bundled_server)
     try:
+        metadata = client.get_server_metadata()
+        extensions = metadata["extensions"] if protocol == "http" else metadata.extensions
+        assert "trace" in extensions
         assert _get(client) == {
             "trace_file": "",
             "trace_level": ["OFF"],
