@@ -161,8 +161,8 @@ def test_decoupled_model_keeps_implicit_state_across_a_streamed_sequence(server)
     values = [1, 2, 3, 4]
     for i, value in enumerate(values):
         for corr in (71, 72):
-            tensor = grpcclient.InferInput("IN", [1], "INT32")
-            tensor.set_data_from_numpy(np.array([value * (corr - 70)], np.int32))
+            tensor = grpcclient.InferInput("IN", [1, 1], "INT32")
+            tensor.set_data_from_numpy(np.array([[value * (corr - 70)]], np.int32))
             client.async_stream_infer(
                 "seq_decoupled",
                 [tensor],
@@ -177,7 +177,7 @@ def test_decoupled_model_keeps_implicit_state_across_a_streamed_sequence(server)
         assert error is None, error
         assert result.as_numpy("STATE_OUT") is None  # the state output is the server's
         request = result.get_response().id
-        seen.setdefault(request, []).append(int(result.as_numpy("OUT")[0]))
+        seen.setdefault(request, []).append(int(result.as_numpy("OUT")[0][0]))
     client.stop_stream()
     client.close()
     for corr in (71, 72):

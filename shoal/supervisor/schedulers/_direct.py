@@ -25,6 +25,7 @@ from shoal.supervisor.schedulers._batching import BatchSettings, shape_key
 from shoal.supervisor.schedulers._controls import FLAG_END
 from shoal.supervisor.schedulers._slots import ForceEnd, SequenceCore, Slot, when_done
 from shoal.supervisor.schedulers.base import Alarm, BatchSource, fail_work
+from shoal.supervisor.streams import new_stream
 from shoal.supervisor.work import Completion, Work
 
 
@@ -38,8 +39,11 @@ class DirectStrategy:
         settings: BatchSettings,
         delay_ns: int,
         min_utilization: float,
+        *,
+        decoupled: bool = False,
     ) -> None:
         self._core = core
+        self._decoupled = decoupled
         self._settings = settings
         self._delay_ns = delay_ns
         self._min_utilization = min_utilization
@@ -180,6 +184,10 @@ class DirectStrategy:
         future: asyncio.Future[Completion] = asyncio.get_running_loop().create_future()
         future.add_done_callback(_consume)
         work = Work(record, [], future)
+        if self._decoupled:
+            # A decoupled model answers on streams: the null request's responses are released
+            # as they come, and its blocks freed at its final response.
+            work.stream, work.closed = new_stream(), True
         tensors = self._core.tensors
         try:
             sizes = [_zero_size(desc) for desc in inputs]

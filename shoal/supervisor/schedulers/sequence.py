@@ -84,6 +84,7 @@ class SequenceBatcher:
             settings,
             settings.max_queue_delay_ns,
             batching.minimum_slot_utilization,
+            decoupled=config.decoupled,
         )
         return SlotTable(instances, max_batch), direct
 
