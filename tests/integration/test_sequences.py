@@ -15,7 +15,7 @@ from tests.integration.server import TEST_MODELS, ShoalServer
 
 pytestmark = pytest.mark.timeout(120)
 
-MODELS = ("seq_direct", "seq_oldest", "seq_idle", "seq_decoupled")
+MODELS = ("seq_direct", "seq_oldest", "seq_idle", "seq_decoupled", "seq_decoupled_oldest")
 
 
 @pytest.fixture(scope="module")
@@ -152,7 +152,8 @@ def test_sequence_parameters_over_grpc(server):
         client.close()
 
 
-def test_decoupled_model_keeps_implicit_state_across_a_streamed_sequence(server):
+@pytest.mark.parametrize("model", ["seq_decoupled", "seq_decoupled_oldest"])
+def test_decoupled_model_keeps_implicit_state_across_a_streamed_sequence(server, model):
     """Every request of two interleaved sequences is sent at once over one gRPC stream; each
     sees the state left by its sequence's previous request's responses."""
     responses: queue.Queue = queue.Queue()
@@ -164,7 +165,7 @@ def test_decoupled_model_keeps_implicit_state_across_a_streamed_sequence(server)
             tensor = grpcclient.InferInput("IN", [1, 1], "INT32")
             tensor.set_data_from_numpy(np.array([[value * (corr - 70)]], np.int32))
             client.async_stream_infer(
-                "seq_decoupled",
+                model,
                 [tensor],
                 request_id=f"{corr}-{i}",
                 sequence_id=corr,
