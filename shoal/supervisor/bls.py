@@ -15,6 +15,7 @@ from shoal.ipc.arena import Block
 from shoal.supervisor import staging
 from shoal.supervisor.errors import (
     DeadlineExceeded,
+    ModelError,
     ShoalError,
     Unavailable,
     Unsupported,
@@ -126,7 +127,7 @@ class BlsRouter:
                         completion.compute_ns,
                     )
                 else:
-                    target.stats.failure(time.monotonic_ns() - work.enqueued_ns)
+                    target.stats.failure(time.monotonic_ns() - work.enqueued_ns, ModelError.reason)
                 await self._reply(proc, call.call_id, completion.response, True)
                 return
             while (item := await work.stream.get()) is not None:

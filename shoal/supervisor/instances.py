@@ -366,6 +366,8 @@ class StubInstance:
         if body is not None:
             owned = [b for b in response_blocks(body) if b.arena_id == proc.output_arena_id]
             completion = Completion(body, self, proc, owned)
+            if stream.work.on_complete is not None:
+                stream.work.on_complete(completion)
         stream.push(completion, message.final)
 
     def _response_stats(self, stream: OpenStream, body: msg.ResponseRecord | None) -> None:

@@ -16,7 +16,7 @@ import asyncio
 import logging
 from typing import Any
 
-from shoal.supervisor.errors import InvalidArgument, ShoalError, Unavailable
+from shoal.supervisor.errors import InvalidArgument, Rejected, ShoalError, Unavailable
 from shoal.supervisor.schedulers._batching import BatchSettings, shape_rules
 from shoal.supervisor.schedulers._controls import FLAG_END, FLAG_START, SequenceTensors
 from shoal.supervisor.schedulers._direct import DirectStrategy
@@ -84,6 +84,7 @@ class SequenceBatcher:
             settings,
             settings.max_queue_delay_ns,
             batching.minimum_slot_utilization,
+            decoupled=config.decoupled,
         )
         return SlotTable(instances, max_batch), direct
 
@@ -196,7 +197,7 @@ class SequenceBatcher:
     def _reap(self) -> None:
         ended, expired, wake = self.table.reap(self.clock.now_ns(), self._idle_ns)
         for work in expired:
-            fail_work(work, Unavailable(BACKLOG_EXPIRED), self.free_work)
+            fail_work(work, Rejected(BACKLOG_EXPIRED), self.free_work)
         for slot in ended:
             self._strategy.enqueued(slot)
         if not self._closed:
