@@ -71,6 +71,10 @@ class Work:
     closed: bool = False
     #: Set by the instance that runs the work: tells the model the client went away.
     on_cancel: Callable[[], None] | None = None
+    #: Set by a scheduler that takes requests back (an iterative sequence): called by the
+    #: instance with ``True`` when the model released the request with RESCHEDULE (queue it
+    #: again), ``False`` when the request is done for good.
+    reschedule: Callable[[Work, bool], None] | None = None
 
     def cancel(self) -> None:
         """The client went away: drop the work if queued, flag it to the model if running."""
