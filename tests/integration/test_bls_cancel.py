@@ -38,6 +38,17 @@ def _wait_for_log(server: ShoalServer, line: str, after: int, timeout: float = 3
     raise AssertionError(f"{line!r} not in the log:\n{server.output[after:]}")
 
 
+def _wait_for_count(server: ShoalServer, line: str, count: int, after: int) -> str:
+    """The log from ``after`` on, once ``line`` is in it ``count`` times."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        tail = server.output[after:]
+        if tail.count(line) >= count:
+            return tail
+        time.sleep(0.02)
+    raise AssertionError(f"{line!r} not {count} times in the log:\n{server.output[after:]}")
+
+
 def _mode(mode: int) -> list[grpcclient.InferInput]:
     inp = grpcclient.InferInput("MODE", [1], "INT32")
     inp.set_data_from_numpy(np.array([mode], dtype=np.int32))
@@ -82,4 +93,37 @@ def test_response_iterator_cancel_ends_the_stream_and_reaches_the_child(server):
     assert int(result.as_numpy("COUNT")[0]) >= 4
     log = _wait_for_log(server, "decoupled_until_cancel: cancelled=True", mark)
     assert f"bls_cancel_parent: mode={ITERATOR_CANCEL} cancelled=True" in log, log
+    client.close()
+
+
+def test_a_queued_bls_call_of_a_cancelled_request_never_runs(server):
+    mark = len(server.output)
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    results: queue.Queue = queue.Queue()
+
+    def call(request_id):
+        return client.async_infer(
+            "bls_cancel_parent",
+            _mode(EXEC),
+            callback=lambda result, error: results.put(error),
+            request_id=request_id,
+        )
+
+    first = call("first")  # its child call runs on the one instance of cancel_waiter
+    _wait_for_log(server, "cancel_waiter: started id=first", mark)
+    second = call("second")  # its child call waits in cancel_waiter's queue
+    _wait_for_count(server, "bls_cancel_parent: calling mode=0", 2, mark)
+    second.cancel()
+    done = f"bls_cancel_parent: mode={EXEC} cancelled=True"
+    _wait_for_log(server, done, mark)  # the second returned while the first still runs
+    first.cancel()
+    _wait_for_count(server, done, 2, mark)
+    # Had the dropped call run, it would come before this one in cancel_waiter's FIFO queue.
+    third = call("third")
+    _wait_for_log(server, "cancel_waiter: started id=third", mark)
+    third.cancel()
+    log = _wait_for_count(server, done, 3, mark)
+    assert "started id=second" not in log, log
+    for _ in range(3):
+        assert "CANCELLED" in str(results.get(timeout=30).status())
     client.close()

@@ -7,8 +7,9 @@ import triton_python_backend_utils as pb_utils
 EXEC, STREAM, ITERATOR_CANCEL, ASYNC_EXEC = 0, 1, 2, 3
 
 
-def _waiter():
+def _waiter(request_id):
     return pb_utils.InferenceRequest(
+        request_id=request_id,
         model_name="cancel_waiter",
         inputs=[pb_utils.Tensor("IN", np.array([0], dtype=np.int32))],
         requested_output_names=["OUT"],
@@ -23,8 +24,8 @@ def _ticker():
     )
 
 
-async def _async_wait():
-    return await _waiter().async_exec()
+async def _async_wait(request_id):
+    return await _waiter(request_id).async_exec()
 
 
 def _cancelled(response):
@@ -46,10 +47,11 @@ class TritonPythonModel:
         mode = int(pb_utils.get_input_tensor_by_name(request, "MODE").as_numpy()[0])
         started = time.monotonic()
         count, cancelled = 0, False
+        pb_utils.Logger.log_info(f"bls_cancel_parent: calling mode={mode}")
         if mode == EXEC:
-            cancelled = _cancelled(_waiter().exec())
+            cancelled = _cancelled(_waiter(request.request_id()).exec())
         elif mode == ASYNC_EXEC:
-            cancelled = _cancelled(asyncio.run(_async_wait()))
+            cancelled = _cancelled(asyncio.run(_async_wait(request.request_id())))
         else:
             responses = _ticker().exec(decoupled=True)
             for response in responses:

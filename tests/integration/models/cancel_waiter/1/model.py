@@ -10,7 +10,7 @@ class TritonPythonModel:
     def execute(self, requests):
         responses = []
         for request in requests:
-            pb_utils.Logger.log_info("cancel_waiter: started")
+            pb_utils.Logger.log_info(f"cancel_waiter: started id={request.request_id()}")
             deadline = time.monotonic() + 30
             while not request.is_cancelled() and time.monotonic() < deadline:
                 time.sleep(0.005)  # a model's work loop, checking for cancellation
