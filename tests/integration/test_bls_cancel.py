@@ -3,7 +3,9 @@ model can cancel its own decoupled call with ``ResponseIterator.cancel()``."""
 
 from __future__ import annotations
 
+import json
 import queue
+import socket
 import time
 
 import numpy as np
@@ -127,3 +129,19 @@ def test_a_queued_bls_call_of_a_cancelled_request_never_runs(server):
     for _ in range(3):
         assert "CANCELLED" in str(results.get(timeout=30).status())
     client.close()
+
+
+def test_an_http_client_going_away_cancels_the_bls_calls_of_its_generate_request(server):
+    mark = len(server.output)
+    host, port = server.url.split(":")
+    body = json.dumps({"MODE": EXEC}).encode()
+    head = (
+        "POST /v2/models/bls_cancel_parent/generate HTTP/1.1\r\n"
+        f"Host: {server.url}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    with socket.create_connection((host, int(port)), timeout=30) as conn:
+        conn.sendall(head + body)
+        _wait_for_log(server, "cancel_waiter: started", mark)
+    _wait_for_log(server, "cancel_waiter: cancelled=True", mark)
+    _wait_for_log(server, f"bls_cancel_parent: mode={EXEC} cancelled=True", mark)
