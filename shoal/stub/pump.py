@@ -75,6 +75,25 @@ class DownPump:
 
         return cast(msg.BlsReply | msg.ControlReply, self._wait(take))
 
+    def poll(self) -> None:
+        """Route what is on the ring now, without waiting, unless a thread is reading (then it
+        routes it). Lets a model busy in ``execute`` see cancellations as they come."""
+        with self._cond:
+            if self._reading or self._error is not None:
+                return
+            self._reading = True
+        try:
+            while (payload := self._channel.recv_down_nowait()) is not None:
+                message = msg.decode(payload)
+                with self._cond:
+                    self._route(message)
+        except Exception:
+            pass  # the supervisor is gone: the main loop finds out on its next read
+        finally:
+            with self._cond:
+                self._reading = False
+                self._cond.notify_all()
+
     def _wait(self, take: Callable[[], _T | None]) -> _T:
         while True:
             with self._cond:

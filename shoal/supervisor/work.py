@@ -75,6 +75,10 @@ class Work:
     #: For a decoupled model: called once its final response arrived or its stream failed
     #: (the sequence batcher holds a sequence's next request until then).
     on_final: Callable[[], None] | None = None
+    #: Set by a scheduler that takes requests back (an iterative sequence): called by the
+    #: instance with ``True`` when the model released the request with RESCHEDULE (queue it
+    #: again), ``False`` when the request is done for good.
+    reschedule: Callable[[Work, bool], None] | None = None
 
     def cancel(self) -> None:
         """The client went away: drop the work if queued, flag it to the model if running."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import weakref
 
 from shoal.supervisor.schedulers._batching import BatchSettings
 from shoal.supervisor.schedulers._controls import FLAG_END
@@ -29,6 +30,9 @@ class OldestStrategy:
         self._batchers = [
             DynamicBatcher(settings, core.free_work, core.clock) for _ in range(instances)
         ]
+        #: Requests whose completion already issues their slot's next one (a rescheduled
+        #: request comes through here again: one watch per request, not per run).
+        self._watched: weakref.WeakSet[Work] = weakref.WeakSet()
 
     def source(self, instance: int) -> BatchSource:
         return self._batchers[instance]
@@ -63,7 +67,9 @@ class OldestStrategy:
                 self._core.free_work(item)
             elif self._core.prepare(item, slot):
                 slot.in_flight = True
-                when_done(item, functools.partial(self._issue_next, slot))
+                if item not in self._watched:
+                    self._watched.add(item)
+                    when_done(item, functools.partial(self._issue_next, slot))
                 self._batchers[slot.instance].submit(item)
             if item.record.flags & FLAG_END:
                 self._core.release(slot)
