@@ -20,6 +20,7 @@ from starlette.routing import Route
 from shoal.frontends import codec
 from shoal.frontends._body import read_body
 from shoal.frontends._endpoint import Endpoint, guarded, json_response, model_ref
+from shoal.frontends._trace_settings import parse_trace_settings
 from shoal.supervisor.core import CoreAPI, InvalidArgument, NotFound, Unsupported
 
 _MODEL = "/v2/models/{model_name}"
@@ -42,12 +43,13 @@ def model_stats_routes(core: CoreAPI) -> list[Route]:
 
 
 def extension_routes(core: CoreAPI, max_body_size: int) -> list[Route]:
-    """The repository, shared-memory and logging routes."""
+    """The repository, shared-memory, logging and trace-setting routes."""
     return [
         *_repository_routes(core, max_body_size),
         *_system_shm_routes(core, max_body_size),
         *_cuda_shm_routes(),
         *_logging_routes(core, max_body_size),
+        *_trace_routes(core, max_body_size),
     ]
 
 
@@ -204,3 +206,21 @@ def _logging_routes(core: CoreAPI, limit: int) -> list[Route]:
 
     endpoint = _extension(core, "logging", "log_settings", "update_log_settings")(settings)
     return [Route("/v2/logging", endpoint, methods=["GET", "POST"])]
+
+
+# --- tracing ----------------------------------------------------------------------------------
+
+
+def _trace_routes(core: CoreAPI, limit: int) -> list[Route]:
+    async def settings(request: Request) -> Response:
+        model = request.path_params.get("model_name", "")
+        if request.method == "GET":
+            return json_response(core.trace_settings(model))
+        changes = parse_trace_settings(await _body(request, limit))
+        return json_response(core.update_trace_settings(changes, model))
+
+    endpoint = _extension(core, "trace", "trace_settings", "update_trace_settings")(settings)
+    return [
+        Route(path + "/trace/setting", endpoint, methods=["GET", "POST"])
+        for path in ("/v2", _MODEL)
+    ]

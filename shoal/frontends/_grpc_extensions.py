@@ -20,18 +20,10 @@ from shoal.supervisor.core import (
     ResponseStatistics,
     SharedMemoryRegion,
     StatDuration,
+    TraceChange,
+    TraceValue,
     Unsupported,
 )
-
-#: What TraceSetting reports: tracing is off (shoal does not trace requests yet).
-TRACE_SETTINGS: Mapping[str, tuple[str, ...]] = {
-    "trace_file": (),
-    "trace_level": ("OFF",),
-    "trace_rate": ("1000",),
-    "trace_count": ("-1",),
-    "log_frequency": ("0",),
-    "trace_mode": ("triton",),
-}
 
 _CONFIG = "config"
 _FILE_PREFIX = "file:"
@@ -194,9 +186,28 @@ def log_settings_response(settings: Mapping[str, ParamValue]) -> pb.LogSettingsR
     return response
 
 
-def trace_settings_response() -> pb.TraceSettingResponse:
-    """The TraceSetting reply: the defaults, tracing off."""
+def trace_settings_update(
+    settings: Mapping[str, pb.TraceSettingRequest.SettingValue],
+) -> dict[str, TraceChange]:
+    """The changes a TraceSetting request asks for: an empty value clears a model's setting."""
+    changes: dict[str, TraceChange] = {}
+    for key, setting in settings.items():
+        values = list(setting.value)
+        if not values:
+            changes[key] = None
+        elif key == "trace_level":
+            changes[key] = values
+        elif len(values) == 1:
+            changes[key] = values[0]
+        else:
+            raise InvalidArgument(f"trace setting '{key}' takes one value, got {len(values)}")
+    return changes
+
+
+def trace_settings_response(settings: Mapping[str, TraceValue]) -> pb.TraceSettingResponse:
+    """The TraceSetting reply: each setting as a list of strings (none for an empty one)."""
     response = pb.TraceSettingResponse()
-    for key, values in TRACE_SETTINGS.items():
+    for key, value in settings.items():
+        values = value if isinstance(value, list) else [value] if value else []
         response.settings[key].value.extend(values)
     return response

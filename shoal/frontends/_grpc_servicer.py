@@ -258,9 +258,16 @@ class Servicer:
     # -- logging and tracing ---------------------------------------------------------------
 
     async def trace_setting(self, request: pb.TraceSettingRequest) -> pb.TraceSettingResponse:
-        if request.settings:
-            raise Unsupported("updating trace settings is not supported by this server yet")
-        return ext.trace_settings_response()
+        changes = ext.trace_settings_update(request.settings)
+        if changes:
+            apply = self._extension("update_trace_settings", "updating trace settings")
+            with _extension_call("updating trace settings"):
+                settings = apply(changes, request.model_name)
+        else:
+            read = self._extension("trace_settings", "the trace extension")
+            with _extension_call("the trace extension"):
+                settings = read(request.model_name)
+        return ext.trace_settings_response(settings)
 
     async def log_settings(self, request: pb.LogSettingsRequest) -> pb.LogSettingsResponse:
         update = ext.log_settings_update(request.settings)

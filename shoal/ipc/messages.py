@@ -2,7 +2,8 @@
 
 Down (supervisor → stub): :class:`Initialize`, :class:`Execute`, :class:`Release`,
 :class:`Finalize`.
-Up (stub → supervisor): :class:`Ready`, :class:`Result`, :class:`Log`, :class:`Finalized`.
+Up (stub → supervisor): :class:`Ready`, :class:`Result`, :class:`Log`, :class:`Finalized`,
+:class:`BlsCall`, :class:`BlsDone`, :class:`BlsCancel`.
 
 Tensors travel as :class:`~shoal.ipc.tensor.TensorDesc` wire lists, never as bytes. File
 descriptors of new arena segments travel beside the channel on the instance's Unix socket
@@ -38,6 +39,7 @@ class Kind(enum.IntEnum):
     BLS_DONE = 17
     CONTROL_CALL = 18
     SEGMENT_RETIRED = 30  # both directions
+    BLS_CANCEL = 19
 
 
 @dataclass(slots=True)
@@ -182,17 +184,25 @@ class Result:
     responses: list[ResponseRecord]
     #: Time spent in the model's execute (ns), for statistics.
     compute_ns: tuple[int, int, int] = (0, 0, 0)  # input, infer, output
+    #: Positions in the batch of the requests the model released with
+    #: ``TRITONSERVER_REQUEST_RELEASE_RESCHEDULE``: they run again, and have no response here.
+    rescheduled: list[int] = field(default_factory=list)
     #: False when execute was not called: every request was cancelled before it started.
     executed: bool = True
 
     def fields(self) -> list[Any]:
-        responses = [r.to_wire() for r in self.responses]
-        return [self.batch_id, responses, list(self.compute_ns), self.executed]
+        return [
+            self.batch_id,
+            [r.to_wire() for r in self.responses],
+            list(self.compute_ns),
+            self.rescheduled,
+            self.executed,
+        ]
 
     @classmethod
     def from_fields(cls, f: list[Any]) -> Result:
         responses = [ResponseRecord.from_wire(r) for r in f[1]]
-        return cls(f[0], responses, tuple(f[2]), bool(f[3]))
+        return cls(f[0], responses, tuple(f[2]), list(f[3]), bool(f[4]))
 
 
 @dataclass(slots=True)
@@ -347,6 +357,21 @@ class BlsDone:
 
 
 @dataclass(slots=True)
+class BlsCancel:
+    """Cancel a BLS call: ``ResponseIterator.cancel()``, or the caller's request was cancelled."""
+
+    KIND: ClassVar[Kind] = Kind.BLS_CANCEL
+    call_id: int
+
+    def fields(self) -> list[Any]:
+        return [self.call_id]
+
+    @classmethod
+    def from_fields(cls, f: list[Any]) -> BlsCancel:
+        return cls(f[0])
+
+
+@dataclass(slots=True)
 class Cancel:
     """The clients of these requests went away: ``is_cancelled()`` turns true for them."""
 
@@ -428,6 +453,7 @@ Message = (
     | BlsCall
     | BlsReply
     | BlsDone
+    | BlsCancel
     | ControlCall
     | ControlReply
     | Cancel
@@ -449,6 +475,7 @@ _TYPES: dict[int, Any] = {
         BlsCall,
         BlsReply,
         BlsDone,
+        BlsCancel,
         ControlCall,
         ControlReply,
         Cancel,

@@ -101,6 +101,16 @@ def _executor() -> BlsExecutor:
     return executor
 
 
+_cancel_poller: Callable[[], None] | None = None
+
+
+def _set_cancel_poller(poller: Callable[[], None] | None) -> None:
+    """Install what ``is_cancelled()`` calls first: it takes in cancellations that arrived while
+    the model was busy (as Triton's ``is_cancelled`` asks the server each time)."""
+    global _cancel_poller
+    _cancel_poller = poller
+
+
 class _Cancellation:
     __slots__ = ("cancelled",)
 
@@ -108,6 +118,8 @@ class _Cancellation:
         self.cancelled = False
 
     def is_set(self) -> bool:
+        if not self.cancelled and _cancel_poller is not None:
+            _cancel_poller()
         return self.cancelled
 
 
@@ -298,7 +310,7 @@ class InferenceRequest:
 
     def is_cancelled(self) -> bool:
         """Whether the client cancelled the request."""
-        return self._cancellation.cancelled
+        return self._cancellation.is_set()
 
     def set_release_flags(self, flags: int) -> None:
         """``TRITONSERVER_REQUEST_RELEASE_RESCHEDULE`` to reschedule the request, or ``_ALL``."""

@@ -244,7 +244,8 @@ class ResponseIterator:
         return response
 
     def cancel(self) -> None:
-        """Ask the server to cancel the called model's request."""
+        """Cancel the called model's request: its ``is_cancelled()`` turns true, and this
+        iteration ends with a CANCELLED error response. Does nothing once the call finished."""
         if self._cancel is not None:
             self._cancel()
 

@@ -4,11 +4,17 @@ Inputs go to the supervisor by descriptor (an input of the current request or an
 earlier BLS call is not copied); the called model's outputs come back as read-only zero-copy
 views of its output arena. Those blocks stay reserved until every array over them is gone: a
 keeper object referenced by the arrays tells the supervisor (``BlsDone``) when that happens.
+
+A call belongs to the requests whose ``execute`` made it (:data:`calling_requests`, a context
+variable, so it follows ``async_exec`` and the coroutines of an ``async def execute``). When the
+clients of all of them have gone away, the call is cancelled too (``BlsCancel``), as is a decoupled
+call whose ``ResponseIterator.cancel()`` the model calls.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import threading
 import weakref
 from collections.abc import Awaitable, Callable
@@ -21,6 +27,12 @@ from shoal.stub import pb_utils
 from shoal.stub.memory import kept_view
 from shoal.stub.pump import DownPump
 from shoal.stub.tensors_out import TensorWriter
+
+#: The requests whose ``execute`` runs in this context, as ``(key, cancellation flag)`` pairs
+#: (set by the executor; a flag's ``cancelled`` turns true when the client goes away).
+calling_requests: contextvars.ContextVar[tuple[tuple[int, Any], ...]] = contextvars.ContextVar(
+    "calling_requests", default=()
+)
 
 
 class _CallKeeper:
@@ -44,11 +56,56 @@ class BlsClient:
         self._pump = pump
         self._send = send
         self._input_view = input_view
+        self._lock = threading.Lock()
+        #: Open calls made on behalf of requests: call id -> keys not cancelled yet.
+        self._waiting_on: dict[int, set[int]] = {}
+        self._cancelled: set[int] = set()
+
+    # -- cancellation -----------------------------------------------------------------------
+
+    def cancel_requests(self, keys: list[int]) -> None:
+        """These requests were cancelled: cancel the calls made only on their behalf."""
+        gone = set(keys)
+        doomed = []
+        with self._lock:
+            for call_id, parents in self._waiting_on.items():
+                if parents & gone:
+                    parents -= gone
+                    if not parents:
+                        doomed.append(call_id)
+        for call_id in doomed:
+            self.cancel_call(call_id)
+
+    def cancel_call(self, call_id: int) -> None:
+        """Ask the supervisor to cancel an open call (once; a finished call is left alone)."""
+        with self._lock:
+            if call_id not in self._waiting_on or call_id in self._cancelled:
+                return
+            self._cancelled.add(call_id)
+        try:
+            self._send(msg.BlsCancel(call_id))
+        except Exception:
+            pass  # the supervisor is gone: the call ends with the stub
+
+    def _opened(self, call_id: int) -> bool:
+        """Track a call; True when every request it serves is cancelled already."""
+        parents = calling_requests.get()
+        with self._lock:
+            self._waiting_on[call_id] = {key for key, flag in parents if not flag.cancelled}
+        return bool(parents) and not self._waiting_on[call_id]
+
+    def _closed(self, call_id: int) -> None:
+        self._pump.forget(call_id)
+        with self._lock:
+            self._waiting_on.pop(call_id, None)
+            self._cancelled.discard(call_id)
+
+    # -- calls ------------------------------------------------------------------------------
 
     def exec(self, request: Any, decoupled: bool) -> Any:
         call_id, keeper = self._call(request, decoupled)
         if decoupled:
-            iterator = pb_utils.ResponseIterator()
+            iterator = pb_utils.ResponseIterator(cancel=lambda: self.cancel_call(call_id))
             threading.Thread(
                 target=self._stream,
                 args=(call_id, iterator, keeper),
@@ -59,13 +116,15 @@ class BlsClient:
         try:
             reply = self._pump.next_reply(call_id)
         finally:
-            self._pump.forget(call_id)
+            self._closed(call_id)
         assert isinstance(reply, msg.BlsReply)
         return self._response(reply.response, keeper)
 
     def async_exec(self, request: Any, decoupled: bool) -> Awaitable[Any]:
         loop = asyncio.get_running_loop()
-        return loop.run_in_executor(None, self.exec, request, decoupled)
+        # The worker thread runs in this context, so the call knows the requests it serves.
+        context = contextvars.copy_context()
+        return loop.run_in_executor(None, context.run, self.exec, request, decoupled)
 
     def _call(self, request: Any, decoupled: bool) -> tuple[int, _CallKeeper]:
         call_id = self._pump.new_call_id()
@@ -93,11 +152,14 @@ class BlsClient:
             timeout_us=int(request.timeout()),
         )
         self._pump.expect(call_id)
+        orphan = self._opened(call_id)
         self._send(
             msg.BlsCall(
                 call_id, request._model_name(), int(request._model_version()), record, decoupled
             )
         )
+        if orphan:  # made for requests whose clients have gone already
+            self.cancel_call(call_id)
         return call_id, keeper
 
     def _stream(self, call_id: int, iterator: Any, keeper: _CallKeeper) -> None:
@@ -115,7 +177,7 @@ class BlsClient:
             failure = pb_utils.TritonError(f"BLS stream ended: {error}")
             iterator._push(pb_utils.InferenceResponse(error=failure), True)
         finally:
-            self._pump.forget(call_id)
+            self._closed(call_id)
 
     def _response(self, record: msg.ResponseRecord | None, keeper: _CallKeeper) -> Any:
         if record is None:

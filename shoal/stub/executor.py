@@ -21,9 +21,11 @@ from shoal.ipc import messages as msg
 from shoal.ipc.arena import ArenaExhausted, Block
 from shoal.ipc.tensor import Location, TensorDesc, buffer_to_numpy
 from shoal.stub import pb_utils
+from shoal.stub.bls import calling_requests
 from shoal.stub.tensors_out import TensorWriter, json_params
 
 FINAL = 1
+RESCHEDULE = 2  # TRITONSERVER_REQUEST_RELEASE_RESCHEDULE
 #: Request parameters that are request fields in Triton: the model does not see them.
 _RESERVED = frozenset(
     {"sequence_id", "sequence_start", "sequence_end", "priority", "timeout", "binary_data_output"}
@@ -128,9 +130,25 @@ class BatchExecutor:
         if all(request._cancellation.cancelled for request in requests):
             return self._dropped(execute)
         t1 = time.perf_counter_ns()
+        # BLS calls made while serving these requests are cancelled along with them.
+        token = calling_requests.set(
+            tuple(
+                (record.key, request._cancellation)
+                for request, record in zip(requests, execute.requests, strict=True)
+            )
+        )
+        try:
+            return self._execute(execute, requests, sent, t0, t1)
+        finally:
+            calling_requests.reset(token)
+
+    def _execute(
+        self, execute: msg.Execute, requests: list[Any], sent: list[list[Any]], t0: int, t1: int
+    ) -> msg.Result | None:
         if self.decoupled:
-            self._run_decoupled(requests, execute.requests)
-            return msg.Result(execute.batch_id, [], (t1 - t0, time.perf_counter_ns() - t1, 0))
+            rescheduled = self._run_decoupled(requests, execute.requests)
+            timings = (t1 - t0, time.perf_counter_ns() - t1, 0)
+            return msg.Result(execute.batch_id, [], timings, rescheduled)
         batch = _Batch(execute, requests, sent, t0, t1)
         try:
             result = self.model.execute(requests)
@@ -186,23 +204,37 @@ class BatchExecutor:
     def _finish(self, batch: _Batch, result: Any) -> msg.Result:
         try:
             responses = self._check_return(result, len(batch.requests))
+            rescheduled = self._rescheduled(batch.requests, responses)
         except ExecuteError as error:
             return self._failed(batch, str(error))
         self._untrack([r.key for r in batch.execute.requests])
         responses = [
-            self._settle(returned, request, delivered)
-            for returned, request, delivered in zip(
-                responses, batch.requests, batch.sent, strict=True
+            None if i in rescheduled else self._settle(returned, request, delivered)
+            for i, (returned, request, delivered) in enumerate(
+                zip(responses, batch.requests, batch.sent, strict=True)
             )
         ]
         t2 = time.perf_counter_ns()
         records = [
-            self.record(resp, record)
-            for resp, record in zip(responses, batch.execute.requests, strict=True)
+            msg.ResponseRecord() if i in rescheduled else self.record(resp, record)
+            for i, (resp, record) in enumerate(zip(responses, batch.execute.requests, strict=True))
         ]
         t3 = time.perf_counter_ns()
         timings = (batch.t1 - batch.t0, t2 - batch.t1, t3 - t2)
-        return msg.Result(batch.execute.batch_id, records, timings)
+        return msg.Result(batch.execute.batch_id, records, timings, rescheduled)
+
+    def _rescheduled(self, requests: list[Any], responses: list[Any]) -> list[int]:
+        """Positions of the requests released with RESCHEDULE; each must have returned None."""
+        positions = [i for i, r in enumerate(requests) if r._release_flags() == RESCHEDULE]
+        for i in positions:
+            if responses[i] is not None:
+                raise ExecuteError(
+                    self.failure(
+                        "Expected a None object in the execute function return list for "
+                        f"rescheduled request, found type '{type(responses[i]).__name__}'."
+                    )
+                )
+        return positions
 
     # -- requests ---------------------------------------------------------------------------
 
@@ -264,7 +296,8 @@ class BatchExecutor:
         future = asyncio.run_coroutine_threadsafe(awaitable, self._event_loop())
         return future.result()
 
-    def _run_decoupled(self, requests: list[Any], records: list[msg.RequestRecord]) -> None:
+    def _run_decoupled(self, requests: list[Any], records: list[msg.RequestRecord]) -> list[int]:
+        """Run a decoupled execute; returns the positions of the requests it rescheduled."""
         try:
             result = self.model.execute(requests)
             if inspect.isawaitable(result):
@@ -274,7 +307,7 @@ class BatchExecutor:
                     self._event_loop(),
                 )
                 future.add_done_callback(lambda f: self._after_async(f, requests, records))
-                return
+                return []
             if result is not None:
                 raise ExecuteError(
                     self.failure(
@@ -289,6 +322,11 @@ class BatchExecutor:
                 else self.failure(f"{type(error).__name__}: {error}")
             )
             self._fail_open(requests, records, text)
+            return []  # after an error every request is released with RELEASE_ALL, as in Triton
+        # Triton reads the release flags once execute returned: the request runs again.
+        rescheduled = [i for i, r in enumerate(requests) if r._release_flags() == RESCHEDULE]
+        self._untrack([records[i].key for i in rescheduled])
+        return rescheduled
 
     def _after_async(
         self,

@@ -40,6 +40,7 @@ from shoal.stub._pb_request import (
     PreferredMemory,
 )
 from shoal.stub._pb_request import _set_bls_executor as _set_bls_executor
+from shoal.stub._pb_request import _set_cancel_poller as _set_cancel_poller
 from shoal.stub._pb_response import (
     TRITONSERVER_RESPONSE_COMPLETE_FINAL,
     InferenceResponse,

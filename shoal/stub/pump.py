@@ -76,24 +76,21 @@ class DownPump:
         return cast(msg.BlsReply | msg.ControlReply, self._wait(take))
 
     def poll(self) -> None:
-        """Route the messages already in the ring, without blocking.
-
-        The main loop calls it before each batch: a Cancel queued behind an Execute the
-        supervisor sent ahead then reaches the executor before that batch starts.
-        """
+        """Route what is on the ring now, without waiting, unless a thread is reading (then it
+        routes it). Lets a model busy in ``execute`` see cancellations as they come, and the
+        main loop see a Cancel queued behind an Execute the supervisor sent ahead before that
+        batch starts."""
         with self._cond:
             if self._reading or self._error is not None:
-                return  # another thread is reading and routes what comes
+                return
             self._reading = True
         try:
             while (payload := self._channel.recv_down_nowait()) is not None:
                 message = msg.decode(payload)
                 with self._cond:
                     self._route(message)
-        except BaseException as error:
-            with self._cond:
-                self._error = error
-            raise
+        except Exception:
+            pass  # the supervisor is gone: the main loop finds out on its next read
         finally:
             with self._cond:
                 self._reading = False

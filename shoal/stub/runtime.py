@@ -171,8 +171,11 @@ class StubRuntime:
                 self._send,
                 _is_decoupled(first.args),
             )
+            bls = BlsClient(writer, pump, self._send, self.input_view)
             cancels.append(executor.cancel)
-            pb_utils._set_bls_executor(BlsClient(writer, pump, self._send, self.input_view))
+            cancels.append(bls.cancel_requests)  # after the flags: the model sees them first
+            pb_utils._set_bls_executor(bls)
+            pb_utils._set_cancel_poller(pump.poll)
             self._send(msg.Ready(concurrent=executor.concurrent and not executor.decoupled))
             return self._serve(executor, pump)
         except PeerGone:
@@ -191,6 +194,7 @@ class StubRuntime:
                         self._send(result)
                 case msg.Finalize():
                     pb_utils._set_bls_executor(None)
+                    pb_utils._set_cancel_poller(None)
                     pb_utils._set_model_controller(None)
                     self._send(msg.Finalized(error=self._finalize()))
                     return 0

@@ -15,10 +15,9 @@ from prometheus_client.metrics_core import Metric
 
 from shoal.supervisor.types import ModelStatistics, StatDuration
 
-#: Triton's failure reasons, in the order Triton prints them. shoal does not record why a request
-#: failed yet, so every failure is counted under ``OTHER`` (see docs/metrics.md).
+#: Triton's failure reasons (``FailureReason`` in triton-inference-server/core), in the order
+#: Triton prints them; every version gets all four series.
 FAILURE_REASONS = ("OTHER", "BACKEND", "CANCELED", "REJECTED")
-UNCLASSIFIED_FAILURE = "OTHER"
 
 
 @dataclass(frozen=True)
@@ -124,10 +123,11 @@ def _failures(models: Sequence[ModelSample]) -> Metric:
     name = "nv_inference_request_failure"
     family = Metric(name, _FAILURE_HELP, "counter")
     for model in models:
-        failed = model.stats.inference_stats.fail.count
+        counts = model.stats.failure_reasons
         for reason in FAILURE_REASONS:
-            value = failed if reason == UNCLASSIFIED_FAILURE else 0
-            family.add_sample(name, {**_labels(model.stats), "reason": reason}, value)
+            family.add_sample(
+                name, {**_labels(model.stats), "reason": reason}, counts.get(reason, 0)
+            )
     return family
 
 

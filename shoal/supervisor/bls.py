@@ -1,7 +1,9 @@
 """BLS calls from stubs: a model's ``InferenceRequest.exec()`` enters the target model's
 scheduler like any request. Tensors pass by descriptor both ways (the caller receives the fds of
 the target's output segments); the target's blocks stay reserved until the caller drops the
-response (``BlsDone``) or dies."""
+response (``BlsDone``) or dies. A cancelled call (``BlsCancel``: the caller's own request was
+cancelled, or the model called ``ResponseIterator.cancel()``) cancels the target's request as a
+client's cancel would, and answers the caller at once with a CANCELLED error."""
 
 from __future__ import annotations
 
@@ -14,7 +16,9 @@ from shoal.ipc import messages as msg
 from shoal.ipc.arena import Block
 from shoal.supervisor import staging
 from shoal.supervisor.errors import (
+    Cancelled,
     DeadlineExceeded,
+    ModelError,
     ShoalError,
     Unavailable,
     Unsupported,
@@ -43,12 +47,26 @@ class BlsRouter:
         self._models = models
         self._directory = directory
         self._held: dict[tuple[int, int], list[Completion]] = {}  # (caller pid, call) -> ...
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: dict[tuple[int, int], asyncio.Task[None]] = {}
+        self._cancelled: set[tuple[int, int]] = set()
 
     def handle(self, caller: StubInstance, proc: StubProcess, call: msg.BlsCall) -> None:
+        key = (proc.pid, call.call_id)
         task = asyncio.create_task(self._serve(caller, proc, call), name=f"bls {call.call_id}")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks[key] = task
+        task.add_done_callback(lambda _: self._finished(key))
+
+    def _finished(self, key: tuple[int, int]) -> None:
+        self._tasks.pop(key, None)
+        self._cancelled.discard(key)
+
+    def cancel(self, proc: StubProcess, call_id: int) -> None:
+        """Cancel a call still running (a finished one is left alone)."""
+        key = (proc.pid, call_id)
+        task = self._tasks.get(key)
+        if task is not None and not task.done() and key not in self._cancelled:
+            self._cancelled.add(key)
+            task.cancel()
 
     def done(self, proc: StubProcess, call_id: int) -> None:
         for completion in self._held.pop((proc.pid, call_id), []):
@@ -64,6 +82,15 @@ class BlsRouter:
             target = self._target(caller, call)
             timeout = call.request.timeout_us / 1e6 if call.request.timeout_us > 0 else None
             await asyncio.wait_for(self._run(target, proc, call), timeout)
+        except asyncio.CancelledError:
+            if (proc.pid, call.call_id) not in self._cancelled:
+                raise  # shutdown, not a BLS cancel
+            current = asyncio.current_task()
+            if current is not None:
+                current.uncancel()
+            await self._reply_error(
+                proc, call, Cancelled(f"BLS request to model '{call.model_name}' was cancelled")
+            )
         except asyncio.TimeoutError:
             await self._reply_error(proc, call, DeadlineExceeded("Request timeout expired"))
         except ShoalError as error:
@@ -126,7 +153,7 @@ class BlsRouter:
                         completion.compute_ns,
                     )
                 else:
-                    target.stats.failure(time.monotonic_ns() - work.enqueued_ns)
+                    target.stats.failure(time.monotonic_ns() - work.enqueued_ns, ModelError.reason)
                 await self._reply(proc, call.call_id, completion.response, True)
                 return
             while (item := await work.stream.get()) is not None:
@@ -136,7 +163,7 @@ class BlsRouter:
                 await self._reply(proc, call.call_id, item.response, False)
             await self._reply(proc, call.call_id, None, True)
         except BaseException:
-            future.cancel()
+            _abandon(work, held)
             raise
 
     async def _reply(
@@ -153,3 +180,19 @@ class BlsRouter:
             await proc.send_async(msg.BlsReply(call.call_id, body, True))
         except Exception:
             pass  # the caller is gone
+
+
+def _abandon(work: Work, held: list[Completion]) -> None:
+    """The caller no longer waits: cancel the target's request (dropped if still queued, flagged
+    to the model if running) and give back the responses nobody will read."""
+    future = work.future
+    arrived = future.done() and not future.cancelled() and future.exception() is None
+    if arrived and future.result() not in held:  # it came as the call was being cancelled
+        future.result().release()
+    work.closed = True
+    work.cancel()
+    if work.stream is not None:
+        while not work.stream.empty():
+            item = work.stream.get_nowait()
+            if isinstance(item, Completion):
+                item.release()

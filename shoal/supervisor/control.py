@@ -19,6 +19,7 @@ from typing import Any
 
 from shoal import config as model_config
 from shoal.supervisor import onnx_autocomplete
+from shoal.supervisor._ensemble_checks import EnsembleProblem, check_ensemble
 from shoal.supervisor.autocomplete import (
     auto_complete,
     require_pytorch_config,
@@ -180,39 +181,42 @@ class ModelRepositoryManager:
                 ) from None
 
     def _ensemble_problem(self, mv: ModelVersion) -> str | None:
-        """Steps naming unknown models or tensors whose datatypes disagree (at load, as Triton).
-
-        Step models still loading at start-up are checked once they are known."""
-        config = mv.config
-        ours = {t.name: t.datatype for t in (*config.inputs, *config.outputs)}
+        """What stops an ensemble from loading, checked against its step models (nested
+        ensembles included) as Triton does; step models still loading at start-up are skipped."""
+        if not mv.config.is_ensemble:
+            return None
         sources, _ = scan(self.options.model_repositories)
-        for index, step in enumerate(config.ensemble_steps):
-            if step.model_name not in sources and step.model_name not in self.models:
-                return (
-                    f"step {index} of ensemble '{mv.name}' uses model '{step.model_name}', which "
-                    "is in no model repository"
-                )
-            versions = self.models.get(step.model_name)
-            if not versions:
-                continue
-            target = max(versions.values(), key=lambda v: v.version).config
-            theirs = {t.name: t.datatype for t in (*target.inputs, *target.outputs)}
-            for model_tensor, ensemble_tensor in (
-                *step.input_map.items(),
-                *step.output_map.items(),
-            ):
-                if model_tensor not in theirs:
-                    return (
-                        f"step {index} of ensemble '{mv.name}' maps '{model_tensor}', which model "
-                        f"'{step.model_name}' does not have"
-                    )
-                mine = ours.get(ensemble_tensor)
-                if mine is not None and mine != theirs[model_tensor]:
-                    return (
-                        f"ensemble '{mv.name}' tensor '{ensemble_tensor}' is {mine} but "
-                        f"'{model_tensor}' of model '{step.model_name}' is {theirs[model_tensor]}"
-                    )
+        try:
+            check_ensemble(
+                mv.config,
+                lambda name: name in sources or name in self.models,
+                self._loaded_config,
+                lambda name: self._steps_of(name, sources),
+            )
+        except EnsembleProblem as problem:
+            return str(problem)
         return None
+
+    def _loaded_config(self, name: str) -> model_config.ModelConfig | None:
+        versions = self.models.get(name)
+        if not versions:
+            return None
+        config: model_config.ModelConfig = max(versions.values(), key=lambda v: v.version).config
+        return config
+
+    def _steps_of(self, name: str, sources: dict[str, Any]) -> list[str]:
+        """The step models of ensemble ``name``: loaded, else as its repository config says."""
+        loaded = self._loaded_config(name)
+        if loaded is not None:
+            return [s.model_name for s in loaded.ensemble_steps]
+        source = sources.get(name)
+        if source is None:
+            return []
+        try:
+            proto = model_config.read_config(source.path, strict=False).proto
+        except (model_config.ConfigError, OSError):
+            return []  # it fails its own load, with its own message
+        return [s.model_name for s in proto.ensemble_scheduling.step]
 
     def _model_path(
         self, name: str, config_json: str | None, files: dict[str, bytes] | None

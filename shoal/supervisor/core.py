@@ -21,6 +21,7 @@ from shoal.supervisor.errors import (
     Unavailable,
     Unsupported,
 )
+from shoal.supervisor.trace_settings import TraceChange, TraceValue
 from shoal.supervisor.types import (
     BatchStatistics,
     InferInput,
@@ -70,6 +71,8 @@ __all__ = [
     "ShoalError",
     "StatDuration",
     "TensorMetadata",
+    "TraceChange",
+    "TraceValue",
     "Unavailable",
     "Unsupported",
 ]
@@ -154,4 +157,15 @@ class CoreAPI(Protocol):
 
     def update_log_settings(self, settings: dict[str, ParamValue]) -> dict[str, ParamValue]:
         """Apply the given settings and return all of them."""
+        ...
+
+    def trace_settings(self, model: str = "") -> dict[str, TraceValue]:
+        """Triton's trace settings for ``model`` ("" : the global ones): trace_file, trace_level
+        (a list), trace_rate, trace_count, log_frequency, trace_mode."""
+        ...
+
+    def update_trace_settings(
+        self, changes: dict[str, TraceChange], model: str = ""
+    ) -> dict[str, TraceValue]:
+        """Apply ``changes`` (None clears a model's setting) and return the settings in effect."""
         ...

@@ -3,7 +3,9 @@
 A step starts as soon as all of its input tensors exist, so independent steps run in parallel.
 Intermediate tensors stay where the producing stub wrote them and are handed to the consuming
 stub by descriptor (the segment directory sends it the segment's fd): no copy between steps.
-Every block stays alive until the ensemble's response is released.
+Every block stays alive until the ensemble's response is released. A step may itself be an
+ensemble: its steps run inside the outer request (their blocks held by it too), and the nested
+ensemble's statistics count it as one request, as its step models count theirs.
 """
 
 from __future__ import annotations
@@ -16,10 +18,11 @@ from typing import Any, Protocol
 from shoal.ipc.arena import Block
 from shoal.ipc.messages import RequestRecord
 from shoal.ipc.tensor import TensorDesc
-from shoal.supervisor.errors import ErrorCode, InvalidArgument, ShoalError, Unsupported
+from shoal.supervisor.errors import ErrorCode, InvalidArgument, ModelError, ShoalError
 from shoal.supervisor.models import ModelVersion
 from shoal.supervisor.segments import SegmentDirectory
 from shoal.supervisor.staging import batch_of
+from shoal.supervisor.stats import ComputeNs
 from shoal.supervisor.types import InferOutput, InferRequest, InferResponse
 from shoal.supervisor.work import Completion, Work
 
@@ -72,27 +75,32 @@ class EnsembleRunner:
         )
 
     async def _run_steps(
-        self, mv: ModelVersion, record: RequestRecord, completions: list[Completion]
+        self,
+        mv: ModelVersion,
+        record: RequestRecord,
+        completions: list[Completion],
+        chain: tuple[str, ...] = (),
     ) -> dict[str, TensorDesc]:
+        """Run ``mv``'s steps; every step's completion (nested ones too) joins ``completions``.
+        ``chain``: the ensembles this one is nested in."""
         steps = list(mv.config.ensemble_steps)
         tensors = {desc.name: desc for desc in record.inputs}
         waiting = set(range(len(steps)))
-        running: dict[asyncio.Task[Completion], int] = {}
+        running: dict[asyncio.Task[list[TensorDesc]], int] = {}
+        chain = (*chain, mv.name)
         try:
             while waiting or running:
                 for index in sorted(waiting):
                     if all(t in tensors for t in steps[index].input_map.values()):
                         waiting.discard(index)
-                        task = asyncio.create_task(self._step(mv, steps[index], tensors, record))
-                        running[task] = index
+                        step = self._step(mv, steps[index], tensors, record, completions, chain)
+                        running[asyncio.create_task(step)] = index
                 if not running:
                     raise InvalidArgument(self._stuck(mv, steps, waiting, tensors))
                 done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
                 for task in done:
                     step = steps[running.pop(task)]
-                    completion = task.result()
-                    completions.append(completion)
-                    for output in completion.response.outputs:
+                    for output in task.result():
                         target = step.output_map.get(output.name)
                         if target is not None:
                             tensors[target] = TensorDesc(
@@ -101,11 +109,8 @@ class EnsembleRunner:
         finally:
             for task in running:
                 task.cancel()
-            for task in running:
-                try:
-                    completions.append(await task)
-                except BaseException:
-                    pass
+            # A cancelled step still puts what it received into ``completions``.
+            await asyncio.gather(*running, return_exceptions=True)
         return tensors
 
     @staticmethod
@@ -121,14 +126,20 @@ class EnsembleRunner:
         )
 
     async def _step(
-        self, mv: ModelVersion, step: Any, tensors: dict[str, TensorDesc], parent: RequestRecord
-    ) -> Completion:
+        self,
+        mv: ModelVersion,
+        step: Any,
+        tensors: dict[str, TensorDesc],
+        parent: RequestRecord,
+        completions: list[Completion],
+        chain: tuple[str, ...],
+    ) -> list[TensorDesc]:
+        """Run one step; its outputs, by the step model's output names."""
         version = "" if step.model_version < 0 else str(step.model_version)
         target = self._models.resolve(step.model_name, version)
-        if target.config.is_ensemble:
-            raise Unsupported(
-                f"ensemble '{mv.name}' has a step that is itself an ensemble "
-                f"('{target.name}'); nested ensembles are not supported yet"
+        if target.name in chain:  # refused at load; a later reload must not make it loop
+            raise InvalidArgument(
+                f"ensemble '{mv.name}' reaches itself through its step '{target.name}'"
             )
         inputs = [
             self._step_input(mv, target, name, tensors[source])
@@ -144,27 +155,59 @@ class EnsembleRunner:
             timeout_us=parent.timeout_us,
         )
         started = time.monotonic_ns()
-        future: asyncio.Future[Completion] = asyncio.get_running_loop().create_future()
         batch = batch_of(target.config, [t.shape for t in inputs])
+        try:
+            if target.config.is_ensemble:
+                outputs = await self._nested(target, record, completions, chain)
+                timings: tuple[int, ComputeNs] = (0, (0, 0, 0))
+            else:
+                completion = await self._model_step(mv, target, record, batch)
+                completions.append(completion)
+                outputs = [
+                    TensorDesc(o.name, o.datatype, o.shape, o.location)
+                    for o in completion.response.outputs
+                ]
+                timings = (completion.queue_ns, completion.compute_ns)
+        except ShoalError as error:
+            target.stats.failure(time.monotonic_ns() - started, error.reason)
+            raise
+        target.stats.success(batch, time.monotonic_ns() - started, *timings)
+        return outputs
+
+    async def _model_step(
+        self,
+        mv: ModelVersion,
+        target: ModelVersion,
+        record: RequestRecord,
+        batch: int,
+    ) -> Completion:
+        future: asyncio.Future[Completion] = asyncio.get_running_loop().create_future()
         # The inputs belong to the ensemble request: the step's work owns no block.
         target.submit(Work(record, [], future, batch_size=batch))
-        try:
-            completion = await future
-        except ShoalError:
-            target.stats.failure(time.monotonic_ns() - started)
-            raise
+        completion = await future
         if completion.response.error is not None:
             completion.release()
-            target.stats.failure(time.monotonic_ns() - started)
             code, message = completion.response.error
-            raise ShoalError(
+            raise ModelError(
                 f"in ensemble '{mv.name}', step '{target.name}': {message}",
                 ErrorCode.__members__.get(code, ErrorCode.INTERNAL),
             )
-        target.stats.success(
-            batch, time.monotonic_ns() - started, completion.queue_ns, completion.compute_ns
-        )
         return completion
+
+    async def _nested(
+        self,
+        target: ModelVersion,
+        record: RequestRecord,
+        completions: list[Completion],
+        chain: tuple[str, ...],
+    ) -> list[TensorDesc]:
+        """A step that is an ensemble: its steps run here, their blocks held by the outer
+        request like any other step's; its outputs pass on by descriptor."""
+        tensors = await self._run_steps(target, record, completions, chain)
+        missing = [name for name in record.requested_outputs if name not in tensors]
+        if missing:
+            raise InvalidArgument(f"ensemble '{target.name}' produced no tensor {missing}")
+        return [tensors[name] for name in record.requested_outputs]
 
     @staticmethod
     def _step_input(

@@ -5,6 +5,9 @@ content hash), an unpacked environment or a venv; ``$$TRITON_MODEL_DIRECTORY`` s
 model's directory. The stub runs on that environment's interpreter; shoal's own package is made
 importable through a directory that holds only a link to it, so nothing else of the server's
 environment leaks in. The environment must provide numpy, msgpack and posix_ipc.
+
+Beyond Triton, ``SHOAL_REQUIREMENTS`` names a ``requirements.txt`` that shoal turns into a cached
+venv (:mod:`shoal.supervisor.venvs`).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import shoal
+from shoal.supervisor import venvs
 from shoal.supervisor.errors import InvalidArgument
 
 PARAMETER = "EXECUTION_ENV_PATH"
@@ -89,12 +93,34 @@ def resolve(parameters: Mapping[str, str], model_dir: str, model: str) -> StubEn
             f"model '{model}': {PARAMETER} '{raw}' is not a Python environment: {python} does not "
             "exist (give a conda-pack .tar.gz, a conda environment or a venv)"
         )
-    env = {
+    return StubEnvironment(str(python), _variables(path))
+
+
+def _variables(path: Path) -> dict[str, str]:
+    return {
         "PYTHONPATH": str(_shim_dir()),
         "PATH": f"{path / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}",
         "VIRTUAL_ENV": str(path),
     }
-    return StubEnvironment(str(python), env)
+
+
+async def prepare(
+    parameters: Mapping[str, str], model_dir: str, version_dir: str, model: str
+) -> StubEnvironment | None:
+    """The environment a model's stubs run on (None: the server's), built or unpacked and
+    checked; raises InvalidArgument (or OSError) with the reason the load fails."""
+    requirements = venvs.requirements_file(parameters, model_dir, version_dir, model)
+    if requirements is None:
+        environment = resolve(parameters, model_dir, model)
+    elif parameters.get(PARAMETER):
+        raise InvalidArgument(f"model '{model}': give {PARAMETER} or {venvs.PARAMETER}, not both")
+    else:
+        timeout = venvs.build_timeout(parameters, model)
+        path = await venvs.build(requirements, cache_root(), model, timeout)
+        environment = StubEnvironment(str(path / "bin" / "python"), _variables(path))
+    if environment is not None:
+        await check(environment, model)
+    return environment
 
 
 async def check(environment: StubEnvironment, model: str) -> None:

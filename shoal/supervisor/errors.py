@@ -26,9 +26,14 @@ class ErrorCode(enum.Enum):
 
 
 class ShoalError(Exception):
-    """Base of every error the core reports to a client. Recoverable: it fails one call."""
+    """Base of every error the core reports to a client. Recoverable: it fails one call.
+
+    ``reason`` is the ``reason`` label of Triton's ``nv_inference_request_failure`` metric under
+    which a failed request is counted: ``REJECTED``, ``CANCELED``, ``BACKEND`` or ``OTHER``.
+    """
 
     code: ErrorCode = ErrorCode.INTERNAL
+    reason: str = "OTHER"
 
     def __init__(self, message: str, code: ErrorCode | None = None) -> None:
         super().__init__(message)
@@ -58,6 +63,20 @@ class Unavailable(ShoalError):
     code = ErrorCode.UNAVAILABLE
 
 
+class Rejected(Unavailable):
+    """A scheduler refused or dropped a queued request: its queue was full, or its queue
+    timeout expired."""
+
+    reason = "REJECTED"
+
+
+class ModelError(ShoalError):
+    """The model answered a request with an error (``TritonError`` in the response, an
+    exception from ``execute``); ``code`` is the model's."""
+
+    reason = "BACKEND"
+
+
 class Unsupported(ShoalError):
     """The request asks for something shoal does not implement (yet)."""
 
@@ -80,6 +99,7 @@ class Cancelled(ShoalError):
     """The request was cancelled by the client or by shutdown."""
 
     code = ErrorCode.CANCELLED
+    reason = "CANCELED"
 
 
 class DeadlineExceeded(ShoalError):

@@ -20,9 +20,11 @@ from shoal.ipc import messages as msg
 from shoal.ipc.arena import Block
 from shoal.ipc.queue import PeerGone
 from shoal.supervisor.errors import (
+    Cancelled,
     DeadlineExceeded,
     ErrorCode,
     InternalError,
+    InvalidArgument,
     ShoalError,
     Unavailable,
 )
@@ -36,6 +38,9 @@ log = logging.getLogger("shoal")
 
 _LOG_LEVELS = {0: logging.INFO, 1: logging.WARNING, 2: logging.ERROR, 3: logging.DEBUG}
 _arena_ids = itertools.count(1)
+#: Request keys, unique across instances: a rescheduled request keeps its key (and its open
+#: response stream) wherever it runs next.
+_request_keys = itertools.count(1)
 
 
 class LoadError(Exception):
@@ -48,6 +53,8 @@ class BlsHandler(Protocol):
     def handle(self, caller: StubInstance, proc: StubProcess, call: msg.BlsCall) -> None: ...
 
     def done(self, proc: StubProcess, call_id: int) -> None: ...
+
+    def cancel(self, proc: StubProcess, call_id: int) -> None: ...
 
     def forget_process(self, proc: StubProcess) -> None: ...
 
@@ -129,7 +136,6 @@ class StubInstance:
         self._ready = asyncio.Event()
         self._stopping = False
         self._batch_ids = itertools.count(1)
-        self._keys = itertools.count(1)
         self._streams: dict[int, OpenStream] = {}
         #: Routes BLS calls made by this instance's model (set by the model loader).
         self.bls: BlsHandler | None = None
@@ -232,6 +238,9 @@ class StubInstance:
             case msg.BlsDone(call_id=call_id):
                 if self.bls is not None:
                     self.bls.done(proc, call_id)
+            case msg.BlsCancel(call_id=call_id):
+                if self.bls is not None:
+                    self.bls.cancel(proc, call_id)
             case msg.ControlCall():
                 if self.control is not None:
                     self.control.handle(self, proc, message)
@@ -259,8 +268,16 @@ class StubInstance:
         batch = entry.batch if entry is not None else []
         if batch and result.executed:
             self.stats.execution(sum(w.batch_size for w in batch), result.compute_ns)
+        again = {id(batch[i]) for i in result.rescheduled if i < len(batch)}
+        for work in batch:
+            if id(work) in again:
+                self._reschedule(work)
         answered = [w for w in batch if w.stream is None]  # decoupled requests answer apart
         for work, response in zip(answered, result.responses, strict=True):
+            if id(work) in again:
+                continue
+            if work.reschedule is not None:
+                work.reschedule(work, False)
             outputs = _blocks(response)
             # An input returned unchanged as an output: its block now belongs to the response.
             passed = [b for b in work.input_blocks if b in outputs]
@@ -274,6 +291,27 @@ class StubInstance:
                 if work.on_complete is not None:
                     work.on_complete(completion)
                 work.future.set_result(completion)
+
+    def _reschedule(self, work: Work) -> None:
+        """The model released ``work`` with RESCHEDULE: it goes back to its scheduler, inputs and
+        open response stream kept; a scheduler that cannot take it back fails it, as Triton."""
+        if work.reschedule is not None and not work.abandoned:
+            work.reschedule(work, True)
+            return
+        error: ShoalError = InvalidArgument(
+            "Request is released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, while the model "
+            f"of instance '{self.name}' does not support rescheduling: it needs "
+            "sequence_batching { iterative_sequence: true }"
+        )
+        if work.abandoned:
+            error = Cancelled(f"a request of instance '{self.name}' was cancelled")
+        stream = self._streams.pop(work.record.key, None)
+        if stream is not None:
+            stream.fail(error)
+            return
+        self._free_inputs(work.input_blocks)
+        if not work.future.done():
+            work.future.set_exception(error)
 
     # -- the work loop ----------------------------------------------------------------------
 
@@ -307,9 +345,10 @@ class StubInstance:
         now = time.monotonic_ns()
         for work in batch:
             work.dispatched_ns = now
-            work.record.key = next(self._keys)
+            if not work.record.key:
+                work.record.key = next(_request_keys)
             work.on_cancel = functools.partial(self._cancel_keys, proc, [work.record.key])
-            if work.stream is not None:
+            if work.stream is not None and work.record.key not in self._streams:
                 self._streams[work.record.key] = OpenStream(work, self._free_inputs)
         self._idle.clear()
         try:
@@ -382,6 +421,8 @@ class StubInstance:
         if message.final:
             del self._streams[message.key]
             work = stream.work
+            if work.reschedule is not None:
+                work.reschedule(work, False)
             queue_ns = work.dispatched_ns - work.enqueued_ns
             self.stats.success(
                 work.batch_size, time.monotonic_ns() - work.enqueued_ns, queue_ns, (0, 0, 0)
@@ -396,6 +437,8 @@ class StubInstance:
         if body is not None:
             owned = [b for b in response_blocks(body) if b.arena_id == proc.output_arena_id]
             completion = Completion(body, self, proc, owned)
+            if stream.work.on_complete is not None:
+                stream.work.on_complete(completion)
         stream.push(completion, message.final)
 
     def _response_stats(self, stream: OpenStream, body: msg.ResponseRecord | None) -> None:

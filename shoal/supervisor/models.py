@@ -135,11 +135,10 @@ class ModelLoader:
     async def start(self, mv: ModelVersion) -> None:
         """Bring up every instance; on failure the version is UNAVAILABLE with the reason."""
         try:
-            mv.environment = environments.resolve(
-                mv.config.parameters, os.path.abspath(mv.config.path), mv.name
+            model_dir = os.path.abspath(mv.config.path)
+            mv.environment = await environments.prepare(
+                mv.config.parameters, model_dir, os.path.join(model_dir, str(mv.version)), mv.name
             )
-            if mv.environment is not None:
-                await environments.check(mv.environment, mv.name)
         except (ShoalError, OSError, tarfile.TarError) as error:
             mv.state = ModelState.UNAVAILABLE
             mv.reason = f"failed to load '{mv.name}' version {mv.version}: {error}"

@@ -18,8 +18,10 @@ from shoal.supervisor.control import ModelRepositoryManager
 from shoal.supervisor.custom_metrics import CustomMetrics
 from shoal.supervisor.ensemble import EnsembleRunner
 from shoal.supervisor.errors import (
+    Cancelled,
     ErrorCode,
     InvalidArgument,
+    ModelError,
     ShoalError,
     Unavailable,
     Unsupported,
@@ -37,6 +39,7 @@ from shoal.supervisor.shm_io import (
 )
 from shoal.supervisor.shm_registry import SharedMemoryRegistry
 from shoal.supervisor.streams import new_stream
+from shoal.supervisor.trace_settings import TraceChange, TraceSettings, TraceValue
 from shoal.supervisor.types import (
     InferOutput,
     InferRequest,
@@ -63,6 +66,7 @@ EXTENSIONS = (
     "statistics",
     "system_shared_memory",
     "logging",
+    "trace",
     "generate",
 )
 INPUT_ARENA_ID = 0
@@ -94,6 +98,8 @@ class InferenceService:
         loader.control = ControlRouter(self.repository, self.custom_metrics)
         self.shm = SharedMemoryRegistry()
         self.logging = LogSettings.from_options(options)
+        repository = self.repository
+        self.tracing = TraceSettings(lambda name: name in repository.models)
         self._live = True
 
     @property
@@ -182,8 +188,11 @@ class InferenceService:
         started = time.monotonic_ns()
         try:
             return await self._infer(mv, request)
-        except ShoalError:
-            mv.stats.failure(time.monotonic_ns() - started)
+        except ShoalError as error:
+            mv.stats.failure(time.monotonic_ns() - started, error.reason)
+            raise
+        except asyncio.CancelledError:  # the client went away
+            mv.stats.failure(time.monotonic_ns() - started, Cancelled.reason)
             raise
 
     def _stage(self, mv: ModelVersion, request: InferRequest) -> tuple[RequestRecord, list[Block]]:
@@ -271,7 +280,7 @@ class InferenceService:
         if record.error is not None:
             code_name, message = record.error
             code = ErrorCode.__members__.get(code_name, ErrorCode.INTERNAL)
-            raise ShoalError(message, code)
+            raise ModelError(message, code)
         outputs = [
             placed_output(o.name, o.datatype, o.shape, request, o.location.nbytes)
             if isinstance(o.location, RegionLocation)
@@ -330,3 +339,11 @@ class InferenceService:
 
     def update_log_settings(self, settings: dict[str, ParamValue]) -> dict[str, ParamValue]:
         return self.logging.update(settings)
+
+    def trace_settings(self, model: str = "") -> dict[str, TraceValue]:
+        return self.tracing.current(model)
+
+    def update_trace_settings(
+        self, changes: dict[str, TraceChange], model: str = ""
+    ) -> dict[str, TraceValue]:
+        return self.tracing.update(changes, model)

@@ -60,9 +60,12 @@ class StatsRecorder:
         else:
             stats.success.add(since_start_ns)
 
-    def failure(self, total_ns: int) -> None:
-        """A request that reached the model's queue and failed."""
+    def failure(self, total_ns: int, reason: str = "OTHER") -> None:
+        """A request that reached the model's queue and failed; ``reason`` is Triton's failure
+        reason (``REJECTED``, ``CANCELED``, ``BACKEND`` or ``OTHER``)."""
         self._stats.inference_stats.fail.add(total_ns)
+        reasons = self._stats.failure_reasons
+        reasons[reason] = reasons.get(reason, 0) + 1
         self._stats.last_inference = time.time_ns() // 1_000_000
 
     def snapshot(self) -> ModelStatistics:

@@ -26,6 +26,12 @@ class OpenStream:
     responses: int = 0
     last_ns: int = 0
 
+    def _finished(self) -> None:
+        self.final = True
+        on_final, self.work.on_final = self.work.on_final, None
+        if on_final is not None:
+            on_final()
+
     def _maybe_free(self) -> None:
         if self.final and self.unreleased == 0 and self.work.input_blocks:
             blocks, self.work.input_blocks = self.work.input_blocks, []
@@ -47,7 +53,7 @@ class OpenStream:
             else:
                 queue.put_nowait(completion)
         if final:
-            self.final = True
+            self._finished()
             queue.put_nowait(None)
             self._maybe_free()
 
@@ -56,7 +62,7 @@ class OpenStream:
         assert queue is not None
         queue.put_nowait(error)
         queue.put_nowait(None)
-        self.final = True
+        self._finished()
         self._maybe_free()
 
 

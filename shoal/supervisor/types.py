@@ -204,6 +204,9 @@ class ModelStatistics:
     batch_stats: list[BatchStatistics] = field(default_factory=list)
     response_stats: dict[str, ResponseStatistics] = field(default_factory=dict)
     memory_usage: list[MemoryUsage] = field(default_factory=list)
+    #: Failed requests by Triton's failure reason (the ``nv_inference_request_failure`` metric);
+    #: not part of the statistics extension.
+    failure_reasons: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

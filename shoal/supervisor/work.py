@@ -59,8 +59,9 @@ class Work:
     batch_size: int = 1
     #: Scheduler-specific data (priority, sequence slot, ...), opaque to instances.
     tag: Any = None
-    #: Called by the instance with the completion before the requester sees it (e.g. the
-    #: sequence batcher keeps implicit state from it); may replace outputs or raise nothing.
+    #: Called by the instance with the completion before the requester sees it (each response
+    #: of a decoupled model; e.g. the sequence batcher keeps implicit state from it); may
+    #: replace outputs or raise nothing.
     on_complete: Callable[[Completion], None] | None = None
     enqueued_ns: int = field(default_factory=time.monotonic_ns)
     dispatched_ns: int = 0
@@ -71,6 +72,13 @@ class Work:
     closed: bool = False
     #: Set by the instance that runs the work: tells the model the client went away.
     on_cancel: Callable[[], None] | None = None
+    #: For a decoupled model: called once its final response arrived or its stream failed
+    #: (the sequence batcher holds a sequence's next request until then).
+    on_final: Callable[[], None] | None = None
+    #: Set by a scheduler that takes requests back (an iterative sequence): called by the
+    #: instance with ``True`` when the model released the request with RESCHEDULE (queue it
+    #: again), ``False`` when the request is done for good.
+    reschedule: Callable[[Work, bool], None] | None = None
 
     def cancel(self) -> None:
         """The client went away: drop the work if queued, flag it to the model if running."""

@@ -131,6 +131,7 @@ def test_higher_priority_runs_first(client, server, tmp_path):
 
 def test_queue_timeout_rejects_with_tritons_message(client, server, tmp_path):
     before = _stats(client, "batch_gate")["inference_stats"]["fail"]["count"]
+    rejected = _rejected(server)
     gate = Gate(client, server, tmp_path)
     doomed = _gated(client, timeout=100_000)  # 100 ms, shorter than the default: applies
     with pytest.raises(InferenceServerException) as info:
@@ -140,9 +141,15 @@ def test_queue_timeout_rejects_with_tritons_message(client, server, tmp_path):
     gate.open()
     after = _stats(client, "batch_gate")["inference_stats"]["fail"]["count"]
     assert int(after) == int(before) + 1  # a rejected request counts as a failure
+    assert _rejected(server) == rejected + 1  # ... under Triton's reason REJECTED
+
+
+def _rejected(server) -> int:
+    return int(_metric(server, "nv_inference_request_failure", 'reason="REJECTED",'))
 
 
 def test_full_priority_queue_rejects(client, server, tmp_path):
+    rejected = _rejected(server)
     gate = Gate(client, server, tmp_path)
     kept = [_gated(client, priority=1) for _ in range(2)]
     _wait_queued(server, 2)
@@ -151,6 +158,7 @@ def test_full_priority_queue_rejects(client, server, tmp_path):
             "batch_gate", [_input("IN", np.zeros((1, 1), np.float32))], priority=1, request_id="x"
         )
     assert "[request id: x] Exceeds maximum queue size" in str(info.value)
+    assert _rejected(server) == rejected + 1
     other_level = _gated(client)  # level 2 has no limit
     gate.open()
     for pending in (*kept, other_level):
@@ -168,12 +176,14 @@ def _wait_queued(server, count: int) -> None:
 
 
 def _pending(server) -> int:
+    return int(_metric(server, "nv_inference_pending_request_count"))
+
+
+def _metric(server, family: str, labels: str = "") -> float:
+    """batch_gate's sample of ``family``; ``labels``: the labels sorting before ``version``."""
     url = f"http://127.0.0.1:{server.metrics_port}/metrics"
     with urllib.request.urlopen(url, timeout=10) as response:
         text = response.read().decode()
-    found = re.search(
-        r'^nv_inference_pending_request_count\{model="batch_gate",version="1"\} (\S+)$',
-        text,
-        re.MULTILINE,
-    )
-    return int(float(found.group(1))) if found else 0
+    pattern = rf'^{family}\{{model="batch_gate",{labels}version="1"\}} (\S+)$'
+    found = re.search(pattern, text, re.MULTILINE)
+    return float(found.group(1)) if found else 0.0

@@ -62,3 +62,63 @@ def test_ensemble_with_mismatched_datatypes_fails_at_load(server):
     index = {m["name"]: m for m in client.get_model_repository_index()}
     assert "INT32" in index["ens_bad_dtype"]["reason"]
     client.close()
+
+
+def _success(client, model):
+    stats = client.get_inference_statistics(model)["model_stats"][0]
+    return int(stats["inference_stats"]["success"]["count"])
+
+
+def test_nested_ensemble_runs_each_level(server):
+    client = httpclient.InferenceServerClient(server.url)
+    client.load_model("ens_nested")  # loads its steps first, the nested ensemble among them
+    levels = ("ens_nested", "ens_diamond", "ens_scale", "add_sub")
+    before = {model: _success(client, model) for model in levels}
+    x = np.array([1, 2, 3, 4], dtype=np.float32)
+    for _ in range(10):
+        result = client.infer("ens_nested", [_x(x)])
+        np.testing.assert_array_equal(result.as_numpy("TOTAL"), 4 * x)
+        np.testing.assert_array_equal(result.as_numpy("SPREAD"), 2 * x)
+    gained = {model: _success(client, model) - before[model] for model in levels}
+    # One request per level per inference; add_sub runs in both levels.
+    assert gained == {"ens_nested": 10, "ens_diamond": 10, "ens_scale": 10, "add_sub": 20}
+    client.close()
+
+
+def test_nested_ensemble_errors_name_the_inner_step(server):
+    client = httpclient.InferenceServerClient(server.url)
+    client.load_model("ens_nested")
+    bad = httpclient.InferInput("X", [4], "FP32")
+    bad.set_data_from_numpy(np.ones(4, dtype=np.float32))
+    # A tensor of the right shape but a request for an output the outer ensemble lacks.
+    with pytest.raises(InferenceServerException, match="unexpected inference output 'SUM'"):
+        client.infer("ens_nested", [bad], outputs=[httpclient.InferRequestedOutput("SUM")])
+    client.close()
+
+
+@pytest.mark.parametrize(
+    ("model", "expected"),
+    [
+        (
+            "ens_cycle_a",
+            r"ensemble 'ens_cycle_b' contains itself \('ens_cycle_b' -> 'ens_cycle_a' -> "
+            r"'ens_cycle_b'\)",
+        ),
+        (
+            "ens_bad_shape",
+            r"ensemble 'ens_bad_shape' tensor 'X' has shape \[3\] but 'X' of model "
+            r"'ens_diamond' has shape \[4\]",
+        ),
+        (
+            "ens_outer_unknown",
+            r"its step model 'ens_inner_unknown' failed to load: .*its step model "
+            r"'no_such_model' failed to load: failed to load 'no_such_model', failed to poll",
+        ),
+    ],
+)
+def test_nested_ensemble_problems_fail_the_load(server, model, expected):
+    client = httpclient.InferenceServerClient(server.url)
+    with pytest.raises(InferenceServerException, match=expected):
+        client.load_model(model)
+    assert not client.is_model_ready(model)
+    client.close()

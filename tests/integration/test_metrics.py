@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import re
+import time
 import urllib.error
 import urllib.request
 
 import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
-from tests.integration.server import BUNDLED, ShoalServer
+from tests.integration.server import BUNDLED, TEST_MODELS, ShoalServer
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -144,3 +146,49 @@ def test_allow_metrics_false_binds_no_metrics_port():
     assert "SHOAL_LISTENING http " in output
     assert "SHOAL_LISTENING metrics" not in output
     assert "metrics endpoint is not implemented" not in output
+
+
+@pytest.mark.timeout(90)
+def test_failures_are_counted_under_tritons_reasons():
+    """A model error is BACKEND, a client that gives up is CANCELED, a bad request is OTHER
+    (REJECTED: tests/integration/test_batching.py)."""
+    args = ("--model-control-mode", "explicit", "--load-model", "raiser", "--load-model", "slow")
+    with ShoalServer(TEST_MODELS, extra_args=args, metrics=True) as server:
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        raiser = grpcclient.InferInput("IN", [1], "FP32")
+        raiser.set_data_from_numpy(np.ones(1, np.float32))
+        with pytest.raises(InferenceServerException, match="intentional failure"):
+            client.infer("raiser", [raiser])
+        seconds = grpcclient.InferInput("SECONDS", [1], "FP32")
+        seconds.set_data_from_numpy(np.array([2.0], np.float32))
+        with pytest.raises(InferenceServerException, match="Deadline"):
+            client.infer("slow", [seconds], client_timeout=0.5)
+        wrong = grpcclient.InferInput("SECONDS", [2], "FP32")
+        wrong.set_data_from_numpy(np.ones(2, np.float32))
+        with pytest.raises(InferenceServerException, match="unexpected shape"):
+            client.infer("slow", [wrong])
+        client.close()
+        expected = {
+            ("raiser", "BACKEND"): 1,
+            ("slow", "CANCELED"): 1,
+            ("slow", "OTHER"): 1,
+        }
+        deadline = time.monotonic() + 30
+        while True:  # the cancelled request is counted when the server sees the RPC end
+            values = _values(_scrape(server)[1])
+            seen = {
+                (model, reason): _value(
+                    values,
+                    "nv_inference_request_failure",
+                    model=model,
+                    version="1",
+                    reason=reason,
+                )
+                for model in ("raiser", "slow")
+                for reason in ("OTHER", "BACKEND", "CANCELED", "REJECTED")
+            }
+            if all(seen[key] == count for key, count in expected.items()):
+                break
+            assert time.monotonic() < deadline, seen
+            time.sleep(0.05)  # polling the metrics endpoint
+        assert sum(seen.values()) == 3, seen

@@ -3,6 +3,8 @@ correlation ids of both kinds, implicit state and idle release."""
 
 from __future__ import annotations
 
+import queue
+
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
@@ -13,7 +15,7 @@ from tests.integration.server import TEST_MODELS, ShoalServer
 
 pytestmark = pytest.mark.timeout(120)
 
-MODELS = ("seq_direct", "seq_oldest", "seq_idle")
+MODELS = ("seq_direct", "seq_oldest", "seq_idle", "seq_decoupled", "seq_decoupled_oldest")
 
 
 @pytest.fixture(scope="module")
@@ -148,3 +150,40 @@ def test_sequence_parameters_over_grpc(server):
         assert result.as_numpy("CORRID_SEEN")[0][0] == b"grpc-seq"
     finally:
         client.close()
+
+
+@pytest.mark.parametrize("model", ["seq_decoupled", "seq_decoupled_oldest"])
+def test_decoupled_model_keeps_implicit_state_across_a_streamed_sequence(server, model):
+    """Every request of two interleaved sequences is sent at once over one gRPC stream; each
+    sees the state left by its sequence's previous request's responses."""
+    responses: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(callback=lambda result, error: responses.put((result, error)))
+    values = [1, 2, 3, 4]
+    for i, value in enumerate(values):
+        for corr in (71, 72):
+            tensor = grpcclient.InferInput("IN", [1, 1], "INT32")
+            tensor.set_data_from_numpy(np.array([[value * (corr - 70)]], np.int32))
+            client.async_stream_infer(
+                model,
+                [tensor],
+                request_id=f"{corr}-{i}",
+                sequence_id=corr,
+                sequence_start=i == 0,
+                sequence_end=i == len(values) - 1,
+            )
+    seen: dict[str, list[int]] = {}
+    for _ in range(2 * 2 * len(values)):
+        result, error = responses.get(timeout=30)
+        assert error is None, error
+        assert result.as_numpy("STATE_OUT") is None  # the state output is the server's
+        request = result.get_response().id
+        seen.setdefault(request, []).append(int(result.as_numpy("OUT")[0][0]))
+    client.stop_stream()
+    client.close()
+    for corr in (71, 72):
+        scale = corr - 70
+        totals = [scale * sum(values[: i + 1]) for i in range(len(values))]
+        for i in range(len(values)):
+            before = totals[i - 1] if i else 0
+            assert seen[f"{corr}-{i}"] == [before, totals[i]], (corr, i, seen)

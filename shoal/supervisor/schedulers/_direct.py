@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 
 from shoal.ipc.arena import Block
 from shoal.ipc.dtypes import byte_size, element_count
@@ -22,8 +23,9 @@ from shoal.ipc.tensor import TensorDesc
 from shoal.supervisor.errors import ShoalError
 from shoal.supervisor.schedulers._batching import BatchSettings, shape_key
 from shoal.supervisor.schedulers._controls import FLAG_END
-from shoal.supervisor.schedulers._slots import ForceEnd, SequenceCore, Slot
+from shoal.supervisor.schedulers._slots import ForceEnd, SequenceCore, Slot, when_done
 from shoal.supervisor.schedulers.base import Alarm, BatchSource, fail_work
+from shoal.supervisor.streams import new_stream
 from shoal.supervisor.work import Completion, Work
 
 
@@ -37,8 +39,11 @@ class DirectStrategy:
         settings: BatchSettings,
         delay_ns: int,
         min_utilization: float,
+        *,
+        decoupled: bool = False,
     ) -> None:
         self._core = core
+        self._decoupled = decoupled
         self._settings = settings
         self._delay_ns = delay_ns
         self._min_utilization = min_utilization
@@ -97,7 +102,7 @@ class DirectStrategy:
         slots = self._core.table.slots[instance]
         for slot in slots:
             self._settle(slot)
-        ready = [slot for slot in slots if slot.queue]
+        ready = [slot for slot in slots if slot.queue and not slot.in_flight]
         if not ready or not self._due(instance, ready):
             return None
         batch = self._cut(slots[: ready[-1].index + 1], ready[0])
@@ -152,14 +157,26 @@ class DirectStrategy:
     ) -> Work:
         """The slot's next request, or a null request in its place."""
         front = slot.queue[0] if slot.queue else None
-        if not isinstance(front, Work) or shape_key(front.record, self._settings) != key:
+        if (
+            not isinstance(front, Work)
+            or slot.in_flight
+            or shape_key(front.record, self._settings) != key
+        ):
             return self._null(inputs, outputs)
         slot.queue.popleft()
         if front.record.flags & FLAG_END:
             self._core.release(slot)
         if self._core.prepare(front, slot):
+            if front.stream is not None and self._core.tensors.has_state:
+                # The next request must see the state this one's responses leave.
+                slot.in_flight = True
+                when_done(front, functools.partial(self._streamed, slot))
             return front
         return self._null(inputs, outputs)  # it failed; its position still needs a request
+
+    def _streamed(self, slot: Slot) -> None:
+        slot.in_flight = False
+        self._core.changed()
 
     def _null(self, inputs: list[TensorDesc], outputs: list[str]) -> Work:
         """A not-ready request shaped like the representative, with zero data."""
@@ -167,6 +184,10 @@ class DirectStrategy:
         future: asyncio.Future[Completion] = asyncio.get_running_loop().create_future()
         future.add_done_callback(_consume)
         work = Work(record, [], future)
+        if self._decoupled:
+            # A decoupled model answers on streams: the null request's responses are released
+            # as they come, and its blocks freed at its final response.
+            work.stream, work.closed = new_stream(), True
         tensors = self._core.tensors
         try:
             sizes = [_zero_size(desc) for desc in inputs]

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from typing import Any
+import weakref
 
 from shoal.supervisor.schedulers._batching import BatchSettings
 from shoal.supervisor.schedulers._controls import FLAG_END
-from shoal.supervisor.schedulers._slots import ForceEnd, SequenceCore, Slot
+from shoal.supervisor.schedulers._slots import ForceEnd, SequenceCore, Slot, when_done
 from shoal.supervisor.schedulers.base import BatchSource
 from shoal.supervisor.schedulers.dynamic import DynamicBatcher
 from shoal.supervisor.work import Work
@@ -30,6 +30,9 @@ class OldestStrategy:
         self._batchers = [
             DynamicBatcher(settings, core.free_work, core.clock) for _ in range(instances)
         ]
+        #: Requests whose completion already issues their slot's next one (a rescheduled
+        #: request comes through here again: one watch per request, not per run).
+        self._watched: weakref.WeakSet[Work] = weakref.WeakSet()
 
     def source(self, instance: int) -> BatchSource:
         return self._batchers[instance]
@@ -64,11 +67,10 @@ class OldestStrategy:
                 self._core.free_work(item)
             elif self._core.prepare(item, slot):
                 slot.in_flight = True
-                item.future.add_done_callback(functools.partial(self._completed, slot))
+                if item not in self._watched:
+                    self._watched.add(item)
+                    when_done(item, functools.partial(self._issue_next, slot))
                 self._batchers[slot.instance].submit(item)
             if item.record.flags & FLAG_END:
                 self._core.release(slot)
         self._core.changed()
-
-    def _completed(self, slot: Slot, *_: Any) -> None:
-        self._issue_next(slot)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 import heapq
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -45,6 +46,7 @@ class Slot:
     #: The implicit state of the sequence in this slot (reset by each START).
     state: SequenceState = field(default_factory=SequenceState)
     #: Oldest strategy: a request of this slot is in the instance's batcher or running.
+    #: Direct strategy, decoupled model with implicit state: a request still streams.
     in_flight: bool = False
 
     @property
@@ -60,6 +62,22 @@ class Backlog:
     works: collections.deque[Work] = field(default_factory=collections.deque)
     #: When its requests fail for waiting too long (from their ``timeout``); 0: never.
     expires_ns: int = 0
+
+
+def when_done(work: Work, callback: Callable[[], None]) -> None:
+    """Call ``callback`` once ``work`` is over: its result came (or it failed, or its client
+    went away), or, for a decoupled model, its final response came."""
+    called = False
+
+    def once(*_: object) -> None:
+        nonlocal called
+        if not called:
+            called = True
+            callback()
+
+    work.future.add_done_callback(once)
+    if work.stream is not None:  # a streamed request's future is only resolved by a failure
+        work.on_final = once
 
 
 class SequenceCore(Protocol):

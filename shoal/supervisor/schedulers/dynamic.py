@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import collections
 
-from shoal.supervisor.errors import Unavailable
+from shoal.supervisor.errors import Rejected, Unavailable
 from shoal.supervisor.schedulers._batching import BatchSettings, cut_batch, shape_key
 from shoal.supervisor.schedulers._ordering import OrderedDelivery
 from shoal.supervisor.schedulers._queues import Entry, PriorityQueue
@@ -67,7 +67,7 @@ class DynamicBatcher:
         queue = self._queue.queue(level)
         limit = queue.policy.max_queue_size
         if limit and len(queue) >= limit:
-            fail_work(work, Unavailable(log_prefix(work) + QUEUE_FULL), self._free_work)
+            fail_work(work, Rejected(log_prefix(work) + QUEUE_FULL), self._free_work)
             return
         now = self._clock.now_ns()
         timeout_us = queue.timeout_us(work.record.timeout_us)
@@ -139,7 +139,7 @@ class DynamicBatcher:
 
     def _expire(self, now_ns: int) -> None:
         for entry in self._queue.expire(now_ns):
-            fail_work(entry.work, Unavailable(TIMEOUT_EXPIRED), self._free_work)
+            fail_work(entry.work, Rejected(TIMEOUT_EXPIRED), self._free_work)
 
     def _drop_abandoned(self) -> None:
         gone = [entry for entry in self._queue if entry.work.abandoned]

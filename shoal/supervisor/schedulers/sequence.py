@@ -8,20 +8,28 @@ leaves its slot it gets its control tensors and implicit state
 (:class:`~._controls.SequenceTensors`). A reaper timer releases sequences idle for
 ``max_sequence_idle_microseconds`` and fails backlogged sequences whose requests' ``timeout``
 expired.
+
+With ``iterative_sequence: true`` a request may come without a correlation id (it becomes a
+sequence of its own) and the model may release a request with
+``TRITONSERVER_REQUEST_RELEASE_RESCHEDULE``: the request goes back to its slot (flags cleared, the
+controls and state of its last run removed) and runs again; the sequence ends when the request is
+done for good.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
+import weakref
 from typing import Any
 
-from shoal.supervisor.errors import InvalidArgument, ShoalError, Unavailable
+from shoal.supervisor.errors import InvalidArgument, Rejected, ShoalError, Unavailable
 from shoal.supervisor.schedulers._batching import BatchSettings, shape_rules
 from shoal.supervisor.schedulers._controls import FLAG_END, FLAG_START, SequenceTensors
 from shoal.supervisor.schedulers._direct import DirectStrategy
 from shoal.supervisor.schedulers._oldest import OldestStrategy
-from shoal.supervisor.schedulers._slots import Slot, SlotTable
+from shoal.supervisor.schedulers._slots import FORCE_END, Slot, SlotTable
 from shoal.supervisor.schedulers.base import (
     Alarm,
     BatchSource,
@@ -62,6 +70,13 @@ class SequenceBatcher:
         self._empty = asyncio.Event()
         self._empty.set()
         self.table, self._strategy = self._strategy_for(config, instances)
+        self._iterative = batching.iterative_sequence
+        # Correlation ids for iterative requests that came without one (far from clients' ids).
+        self._ids = itertools.count(1 << 62)
+        #: Iterative requests: their own inputs and outputs, and whether they end the sequence.
+        self._originals: weakref.WeakKeyDictionary[Work, tuple[Any, int, list[str], bool]] = (
+            weakref.WeakKeyDictionary()
+        )
 
     def _strategy_for(
         self, config: Any, instances: int
@@ -84,12 +99,15 @@ class SequenceBatcher:
             settings,
             settings.max_queue_delay_ns,
             batching.minimum_slot_utilization,
+            decoupled=config.decoupled,
         )
         return SlotTable(instances, max_batch), direct
 
     # -- Scheduler --------------------------------------------------------------------------
 
     def submit(self, work: Work) -> None:
+        if self._iterative and work.reschedule is None:
+            self._adopt(work)
         error = self._check(work)
         if error is not None:
             fail_work(work, error, self.free_work)
@@ -133,6 +151,54 @@ class SequenceBatcher:
         left = self.table.drain() + self._strategy.close()
         self.changed()
         return left
+
+    # -- iterative sequences ----------------------------------------------------------------
+
+    def _adopt(self, work: Work) -> None:
+        """Make an iterative request reschedulable (and a sequence of its own without an id)."""
+        record = work.record
+        corr = record.correlation_id
+        ends = True
+        if isinstance(corr, bool) or corr in (0, ""):
+            record.correlation_id = next(self._ids)
+            record.flags = FLAG_START
+        else:
+            ends = bool(record.flags & FLAG_END)
+            record.flags &= ~FLAG_END  # the sequence ends when the request is done for good
+        self._originals[work] = (
+            list(record.inputs),
+            len(work.input_blocks),
+            list(record.requested_outputs),
+            ends,
+        )
+        work.reschedule = self._rescheduled
+
+    def _rescheduled(self, work: Work, again: bool) -> None:
+        original = self._originals.get(work)
+        if original is None:
+            return
+        inputs, blocks, outputs, ends = original
+        if again:
+            extra, work.input_blocks = work.input_blocks[blocks:], work.input_blocks[:blocks]
+            self.free_work(Work(work.record, extra, work.future))  # last run's controls, state
+            work.record.inputs = list(inputs)
+            work.record.requested_outputs = list(outputs)
+            work.record.flags = 0
+            work.on_complete = None
+            slot = self.table.assigned.get(work.record.correlation_id)
+            if slot is not None:
+                slot.in_flight = False  # its request is back: the oldest strategy may issue it
+            self.submit(work)
+            return
+        del self._originals[work]
+        corr = work.record.correlation_id
+        slot = self.table.assigned.get(corr)
+        if ends and slot is not None:
+            del self.table.assigned[corr]
+            self.table.last_seen.pop(corr, None)
+            slot.queue.append(FORCE_END)
+            self._strategy.enqueued(slot)
+            self.changed()
 
     # -- for the strategies -----------------------------------------------------------------
 
@@ -196,7 +262,7 @@ class SequenceBatcher:
     def _reap(self) -> None:
         ended, expired, wake = self.table.reap(self.clock.now_ns(), self._idle_ns)
         for work in expired:
-            fail_work(work, Unavailable(BACKLOG_EXPIRED), self.free_work)
+            fail_work(work, Rejected(BACKLOG_EXPIRED), self.free_work)
         for slot in ended:
             self._strategy.enqueued(slot)
         if not self._closed:

@@ -38,6 +38,7 @@ from shoal.supervisor.core import (
     StatDuration,
     TensorMetadata,
 )
+from shoal.supervisor.trace_settings import TraceChange, TraceSettings, TraceValue
 
 from .doubles import LoopThread
 
@@ -193,6 +194,7 @@ class FullCore(BareCore):
             "log_info": True,
             "log_verbose_level": 0,
         }
+        self.tracing = TraceSettings(lambda name: name == "echo")
 
     def model_statistics(self, name: str = "", version: str = "") -> list[ModelStatistics]:
         if name:
@@ -245,6 +247,14 @@ class FullCore(BareCore):
             raise InvalidArgument(f"unknown log setting '{sorted(unknown)[0]}'")
         self.logging.update(settings)
         return dict(self.logging)
+
+    def trace_settings(self, model: str = "") -> dict[str, TraceValue]:
+        return self.tracing.current(model)
+
+    def update_trace_settings(
+        self, changes: dict[str, TraceChange], model: str = ""
+    ) -> dict[str, TraceValue]:
+        return self.tracing.update(changes, model)
 
 
 class NotImplementedCore(BareCore):

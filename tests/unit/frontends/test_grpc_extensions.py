@@ -206,14 +206,17 @@ def test_log_settings_errors_come_from_the_core(client: Any) -> None:
     assert error.message() == "unknown log setting 'log_colour'"
 
 
-def test_trace_settings_are_off_and_cannot_be_changed(client: Any) -> None:
+def test_trace_settings_start_off_and_update(client: Any) -> None:
     settings = client.get_trace_settings(as_json=True)["settings"]
     assert settings["trace_level"] == {"value": ["OFF"]}
     assert settings["trace_rate"] == {"value": ["1000"]}
-    assert client.get_trace_settings(model_name="echo") == client.get_trace_settings()
-    error = _error(lambda: client.update_trace_settings(settings={"trace_level": ["TIMESTAMPS"]}))
-    assert error.status() == "StatusCode.UNIMPLEMENTED"
-    assert error.message() == "updating trace settings is not supported by this server yet"
+    assert "value" not in settings["trace_file"]  # empty: no trace file
+    changed = client.update_trace_settings(settings={"trace_rate": "7"}, as_json=True)
+    assert changed["settings"]["trace_rate"] == {"value": ["7"]}
+    client.update_trace_settings(settings={"trace_rate": "1000"})
+    error = _error(lambda: client.update_trace_settings(settings={"trace_level": ["LOUD"]}))
+    assert error.status() == "StatusCode.INVALID_ARGUMENT"
+    assert "unknown level 'LOUD'" in error.message()
 
 
 # --- a core without the extensions ------------------------------------------------------------
@@ -228,6 +231,8 @@ WITHOUT = [
     (lambda c: c.unregister_system_shared_memory(), "system shared memory"),
     (lambda c: c.get_log_settings(), "the logging extension"),
     (lambda c: c.update_log_settings({"log_info": True}), "updating log settings"),
+    (lambda c: c.get_trace_settings(), "the trace extension"),
+    (lambda c: c.update_trace_settings(settings={"trace_rate": "1"}), "updating trace settings"),
 ]
 
 

@@ -37,6 +37,7 @@ def _stats(name="add_sub", version="1", *, success=3, failed=1) -> ModelStatisti
     infer.compute_input = StatDuration(success, 12_345)
     infer.compute_infer = StatDuration(success, 1_000_999)
     infer.compute_output = StatDuration(success, 999)
+    stats.failure_reasons = {"OTHER": failed} if failed else {}
     return stats
 
 
@@ -111,6 +112,15 @@ def test_one_sample_per_model_version():
     assert 'nv_inference_request_failure{model="add_sub",reason="OTHER",version="2"} 3\n' in text
     assert 'nv_inference_pending_request_count{model="add_sub",version="2"} 4\n' in text
     assert text.count("nv_inference_request_failure{") == 3 * 4
+
+
+def test_failures_are_counted_under_their_reason():
+    stats = _stats(failed=6)
+    stats.failure_reasons = {"REJECTED": 3, "BACKEND": 2, "CANCELED": 1}
+    text = _render([ModelSample(stats)])
+    for reason, count in (("OTHER", 0), ("BACKEND", 2), ("CANCELED", 1), ("REJECTED", 3)):
+        line = f'nv_inference_request_failure{{model="add_sub",reason="{reason}",version="1"}}'
+        assert f"{line} {count}\n" in text
 
 
 def test_no_models_no_triton_families():

@@ -183,6 +183,19 @@ class Loopback:
         done.set_result(None)
         return batch
 
+    def reschedule(self) -> list[Work]:
+        """The model released every request of the current batch with RESCHEDULE, as
+        StubInstance handles it: each goes back to its scheduler, inputs kept."""
+        assert self._current is not None
+        batch, done = self._current
+        self._current = None
+        self.executions.append(batch)
+        for work in batch:
+            assert work.reschedule is not None, "the scheduler does not take requests back"
+            work.reschedule(work, True)
+        done.set_result(None)
+        return batch
+
     def give_back(self) -> None:
         """The instance could not send the current batch (its stub died): requeue it."""
         assert self._current is not None
@@ -192,6 +205,8 @@ class Loopback:
         done.set_result(None)
 
     def _complete(self, work: Work, response: ResponseRecord) -> None:
+        if work.reschedule is not None:  # done for good (an iterative sequence ends)
+            work.reschedule(work, False)
         outputs = [o.location for o in response.outputs]
         passed = [b for b in work.input_blocks if b in outputs]
         for block in work.input_blocks:

@@ -357,3 +357,29 @@ def test_direct_requeued_batch_comes_again(tmp_path):
         await s.close()
 
     run(scenario())
+
+
+@pytest.mark.parametrize("strategy", ["direct { }", "oldest { }"])
+def test_iterative_sequence_takes_rescheduled_requests_back_into_their_slot(tmp_path, strategy):
+    async def scenario():
+        s = Setup(tmp_path, _config(1, strategy, "iterative_sequence: true"))
+        (inst,) = s.instances
+        a = s.submit(0)  # no sequence id: a sequence of its own
+        b = s.submit(0)  # the only slot is taken: waits
+        assert await inst.take() == [a]
+        first = s.controls(a)
+        assert first["START"] == 1.0 and first["CORRID"] >= 1 << 62
+        inputs = len(a.record.inputs)
+        inst.reschedule()
+        assert await inst.take() == [a]  # back in its slot, before the waiting sequence
+        assert s.controls(a) == {**first, "START": 0.0}
+        assert len(a.record.inputs) == inputs  # the last run's controls were replaced
+        inst.finish()
+        await result(a)
+        assert await inst.take() == [b]  # a's sequence ended with it: b gets the slot
+        assert s.controls(b)["START"] == 1.0 and s.controls(b)["CORRID"] != first["CORRID"]
+        inst.finish()
+        await result(b)
+        await s.close()
+
+    run(scenario())
