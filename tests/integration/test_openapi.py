@@ -157,3 +157,16 @@ def test_every_operation_was_exercised(server):
     assert len(SENT) == operations, sorted(SENT)
     assert _get(server, "/v2/health/ready") == 200
     assert Path(SPEC).is_file()
+
+
+@pytest.mark.parametrize("name", [".", ".."])
+def test_load_from_files_under_a_dot_name_is_a_client_error(server, session, name):
+    """Found by this module: the name became the scratch directory (or its parent): 500."""
+    body = {"parameters": {"config": "{}", "file:1/model.py": "cGFzcw=="}}
+    url = f"http://{server.url}/v2/repository/models/{name}/load"
+    # requests would normalise the dot segments away: send the path as it is.
+    request = requests.Request("POST", url, json=body).prepare()
+    request.url = url
+    response = session.send(request, timeout=30)
+    assert response.status_code == 400, response.text
+    assert "needs a name that can be a directory name" in response.json()["error"]
