@@ -19,7 +19,9 @@ from __future__ import annotations
 import copy
 import json
 import os
+import tempfile
 import urllib.request
+import uuid
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -170,3 +172,18 @@ def test_load_from_files_under_a_dot_name_is_a_client_error(server, session, nam
     response = session.send(request, timeout=30)
     assert response.status_code == 400, response.text
     assert "needs a name that can be a directory name" in response.json()["error"]
+
+
+@pytest.mark.parametrize(
+    "relative", ["../{token}", "../../{token}", "1/../../{token}", "/tmp/{token}"]
+)
+def test_load_file_paths_cannot_leave_the_model_directory(server, session, relative):
+    token = f"shoal-escape-{uuid.uuid4().hex}"
+    key = "file:" + relative.format(token=token)
+    body = {"parameters": {"config": "{}", key: "cGFzcw=="}}
+    url = f"http://{server.url}/v2/repository/models/escape_probe/load"
+    response = session.post(url, json=body, timeout=30)
+    assert response.status_code == 400, response.text
+    assert "inside the model directory" in response.json()["error"]
+    tmp = Path(tempfile.gettempdir())
+    assert not list(tmp.glob(f"**/{token}")) and not list(tmp.parent.glob(token))
