@@ -140,11 +140,6 @@ def test_named_segments_are_private_to_their_owner():
             assert info.st_uid == os.getuid()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="named segments are /shoal-<pid>-<arena>-<index>: guessable, so another local user "
-    "can create one first and make the owner's exclusive create fail (docs/security.md)",
-)
 @pytest.mark.timeout(10)
 def test_named_segment_names_are_unguessable():
     """Two arenas with the same id in the same process must not get the same segment name, and
