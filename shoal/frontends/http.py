@@ -38,6 +38,7 @@ from shoal.frontends._endpoint import (
 )
 from shoal.frontends._extensions import extension_routes, model_stats_routes
 from shoal.frontends._generate import generate_routes
+from shoal.frontends._http_protocol import CoalescingHttpToolsProtocol
 from shoal.frontends._restricted import Restrictions, restrict_routes
 from shoal.frontends._serving import AddressInUseError, EmbeddedServer, bind_socket, wait_started
 from shoal.supervisor.core import CoreAPI, ShoalError
@@ -297,7 +298,7 @@ class HttpServer:
     def _config(self) -> uvicorn.Config:
         return uvicorn.Config(
             self._app,
-            http="httptools",
+            http=CoalescingHttpToolsProtocol,
             ws="none",
             lifespan="off",
             log_config=None,  # leave the process's logging configuration alone

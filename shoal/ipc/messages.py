@@ -187,6 +187,8 @@ class Result:
     #: Positions in the batch of the requests the model released with
     #: ``TRITONSERVER_REQUEST_RELEASE_RESCHEDULE``: they run again, and have no response here.
     rescheduled: list[int] = field(default_factory=list)
+    #: False when execute was not called: every request was cancelled before it started.
+    executed: bool = True
 
     def fields(self) -> list[Any]:
         return [
@@ -194,12 +196,13 @@ class Result:
             [r.to_wire() for r in self.responses],
             list(self.compute_ns),
             self.rescheduled,
+            self.executed,
         ]
 
     @classmethod
     def from_fields(cls, f: list[Any]) -> Result:
         responses = [ResponseRecord.from_wire(r) for r in f[1]]
-        return cls(f[0], responses, tuple(f[2]), list(f[3]))
+        return cls(f[0], responses, tuple(f[2]), list(f[3]), bool(f[4]))
 
 
 @dataclass(slots=True)

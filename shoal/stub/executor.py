@@ -72,11 +72,21 @@ class BatchExecutor:
         # reference here may keep a request's input views alive).
         self._open: dict[int, Any] = {}
         self._open_lock = threading.Lock()
+        # Keys are handed out in increasing order. A Cancel for a key above every key seen is
+        # for a request sent ahead and not yet started: it is remembered until that request
+        # starts (so the set only holds requests still in the ring).
+        self._newest_key = 0
+        self._cancelled_early: set[int] = set()
 
     def cancel(self, keys: list[int]) -> None:
         """The supervisor says these requests' clients went away (any thread)."""
         with self._open_lock:
             flags = [self._open.get(key) for key in keys]
+            self._cancelled_early.update(
+                key
+                for key, flag in zip(keys, flags, strict=True)
+                if flag is None and key > self._newest_key
+            )
         for flag in flags:
             if flag is not None:
                 flag.cancelled = True
@@ -84,6 +94,10 @@ class BatchExecutor:
     def _track(self, key: int, request: Any) -> None:
         with self._open_lock:
             self._open[key] = request._cancellation
+            self._newest_key = max(self._newest_key, key)
+            if self._cancelled_early and key in self._cancelled_early:
+                self._cancelled_early.discard(key)
+                request._cancellation.cancelled = True
 
     def _untrack(self, keys: list[int]) -> None:
         with self._open_lock:
@@ -113,6 +127,8 @@ class BatchExecutor:
             return msg.Result(execute.batch_id, [failure] * len(execute.requests), (0, 0, 0))
         for request, record in zip(requests, execute.requests, strict=True):
             self._track(record.key, request)
+        if all(request._cancellation.cancelled for request in requests):
+            return self._dropped(execute)
         t1 = time.perf_counter_ns()
         # BLS calls made while serving these requests are cancelled along with them.
         token = calling_requests.set(
@@ -148,6 +164,18 @@ class BatchExecutor:
         except Exception as error:  # the model's failure fails its requests, not the stub
             return self._failed(batch, self.failure(f"{type(error).__name__}: {error}"))
         return self._finish(batch, result)
+
+    def _dropped(self, execute: msg.Execute) -> msg.Result:
+        """A batch cancelled while it waited in the ring is not executed, as Triton drops
+        cancelled requests from its queues."""
+        self._untrack([r.key for r in execute.requests])
+        cancelled = msg.ResponseRecord(error=("CANCELLED", "the request was cancelled"))
+        if self.decoupled:
+            for record in execute.requests:
+                self.send(msg.Response(record.key, cancelled, True))
+            return msg.Result(execute.batch_id, [], (0, 0, 0), executed=False)
+        responses = [cancelled] * len(execute.requests)
+        return msg.Result(execute.batch_id, responses, (0, 0, 0), executed=False)
 
     def _send_finished(self, batch: _Batch, done: concurrent.futures.Future[Any]) -> None:
         error = done.exception()

@@ -77,7 +77,9 @@ class DownPump:
 
     def poll(self) -> None:
         """Route what is on the ring now, without waiting, unless a thread is reading (then it
-        routes it). Lets a model busy in ``execute`` see cancellations as they come."""
+        routes it). Lets a model busy in ``execute`` see cancellations as they come, and the
+        main loop see a Cancel queued behind an Execute the supervisor sent ahead before that
+        batch starts."""
         with self._cond:
             if self._reading or self._error is not None:
                 return

@@ -188,6 +188,7 @@ class StubRuntime:
             message = pump.next_main()
             match message:
                 case msg.Execute():
+                    pump.poll()
                     result = executor.run(message)
                     if result is not None:
                         self._send(result)

@@ -95,8 +95,27 @@ class InstanceSpec:
     crash_window: float = 60.0
 
 
+@dataclass(eq=False)
+class _InFlight:
+    """A batch sent to the stub and not yet answered."""
+
+    batch: list[Work]
+    #: The semaphore the work loop took a slot of for this batch (each stub has its own).
+    slots: asyncio.Semaphore
+    #: The execute timeout's timer, armed once the batch is executing.
+    timer: asyncio.TimerHandle | None = None
+
+
 class StubInstance:
-    """Runs batches on its current stub process and restarts it when it dies."""
+    """Runs batches on its current stub process and restarts it when it dies.
+
+    A model with one instance behind the default scheduler has its next request **sent ahead**
+    while the current one executes: it waits in the stub's ring instead of the scheduler's queue,
+    so the stub goes from one request to the next without sleeping and neither side rings a
+    doorbell for it. The stub still runs one batch at a time (Triton's contract for a sync
+    execute); the execute timeout starts when a batch starts executing; a request sent ahead that
+    had not started when the stub died goes back to the queue instead of failing.
+    """
 
     def __init__(
         self,
@@ -123,7 +142,9 @@ class StubInstance:
         self._hung: str | None = None
         self._slots = asyncio.Semaphore(1)
         self._limit = 1
-        self._batches: set[asyncio.Task[None]] = set()
+        #: Send the next batch while the current one executes (set by the model loader).
+        self.send_ahead = False
+        self._source: BatchSource | None = None
         self._deaths: list[float] = []
         #: Why the instance gave up restarting (a crash loop), or None.
         self.failed: str | None = None
@@ -133,7 +154,8 @@ class StubInstance:
         self.decoupled = False
         #: Answers model control and custom-metric calls (set by the model loader).
         self.control: ControlHandler | None = None
-        self._in_flight: dict[int, tuple[list[Work], asyncio.Future[None]]] = {}
+        #: Batches in the stub, in the order they were sent.
+        self._in_flight: dict[int, _InFlight] = {}
         self._init_waiter: asyncio.Future[str | None] | None = None
         self._finalized: asyncio.Future[None] | None = None
         self._worker: asyncio.Task[None] | None = None
@@ -229,7 +251,8 @@ class StubInstance:
                 log.log(_LOG_LEVELS.get(level, logging.INFO), "[%s]%s %s", self.name, where, text)
             case msg.Ready(error=error, concurrent=concurrent):
                 self._limit = max(1, self.spec.async_concurrency) if concurrent else 1
-                self._slots = asyncio.Semaphore(self._limit)
+                ahead = 1 if self.send_ahead and self._limit == 1 else 0
+                self._slots = asyncio.Semaphore(self._limit + ahead)
                 if self._init_waiter is not None and not self._init_waiter.done():
                     self._init_waiter.set_result(error)
             case msg.Finalized(error=error):
@@ -241,10 +264,9 @@ class StubInstance:
                 log.error("[%s] unexpected message %s", self.name, type(message).__name__)
 
     def _complete(self, proc: StubProcess, result: msg.Result) -> None:
-        batch, finished = self._in_flight.pop(result.batch_id, ([], None))
-        if finished is not None and not finished.done():
-            finished.set_result(None)
-        if batch:
+        entry = self._batch_done(result.batch_id)
+        batch = entry.batch if entry is not None else []
+        if batch and result.executed:
             self.stats.execution(sum(w.batch_size for w in batch), result.compute_ns)
         again = {id(batch[i]) for i in result.rescheduled if i < len(batch)}
         for work in batch:
@@ -294,9 +316,13 @@ class StubInstance:
     # -- the work loop ----------------------------------------------------------------------
 
     async def _work_loop(self, source: BatchSource) -> None:
+        self._source = source
         while not self._stopping:
             await self._ready.wait()
-            slots = self._slots  # one batch at a time, or several for an async execute
+            # One batch at a time (Triton's contract for a sync execute; one more sent ahead
+            # where allowed), or several for an async execute. A slot is given back when its
+            # batch is answered or failed (_batch_done).
+            slots = self._slots
             await slots.acquire()
             try:
                 batch = await source.next_batch()
@@ -308,21 +334,14 @@ class StubInstance:
                 slots.release()
                 source.requeue(batch)
                 continue
-            if self._limit == 1:  # the common case: no task per batch
-                try:
-                    await self._run(proc, batch)
-                finally:
-                    slots.release()
-                continue
-            task = asyncio.create_task(self._run(proc, batch))
-            task.add_done_callback(functools.partial(_release_slot, slots))
-            self._batches.add(task)
-            task.add_done_callback(self._batches.discard)
+            await self._send_batch(proc, batch, slots)
 
-    async def _run(self, proc: StubProcess, batch: list[Work]) -> None:
+    async def _send_batch(
+        self, proc: StubProcess, batch: list[Work], slots: asyncio.Semaphore
+    ) -> None:
         batch_id = next(self._batch_ids)
-        finished: asyncio.Future[None] = self._loop.create_future()
-        self._in_flight[batch_id] = (batch, finished)
+        entry = _InFlight(batch, slots)
+        self._in_flight[batch_id] = entry
         now = time.monotonic_ns()
         for work in batch:
             work.dispatched_ns = now
@@ -344,38 +363,49 @@ class StubInstance:
             )
             await proc.send_async(msg.Execute(batch_id, [w.record for w in batch]))
         except PeerGone:
-            pass  # _on_exit fails the batch
+            return  # _on_exit fails the batch
         except ShoalError as error:  # a tensor's arena is gone (its stub died)
             self._fail_unsent(batch_id, error)
+            return
         except Exception as error:  # a bug must fail the batch, not stop this worker
             log.exception("[%s] could not send a batch", self.name)
             self._fail_unsent(batch_id, InternalError(f"instance '{self.name}': {error!r}"))
-        # One batch at a time per instance (Triton's contract for a sync execute), even when
-        # the clients of this batch have gone away.
-        try:
-            await self._await_batch(proc, batch_id, finished)
-        finally:
-            if not self._in_flight:
-                self._idle.set()
-
-    async def _await_batch(
-        self, proc: StubProcess, batch_id: int, finished: asyncio.Future[None]
-    ) -> None:
-        timeout = self.spec.execute_timeout
-        if timeout is None or self.decoupled:
-            await finished
             return
-        try:
-            await asyncio.wait_for(asyncio.shield(finished), timeout)
-        except asyncio.TimeoutError:
-            log.error(
-                "instance '%s': execute took longer than %.3gs: killing its stub",
-                self.name,
-                timeout,
-            )
-            self._hung = f"execute did not finish within {timeout:g}s (execute_timeout_seconds)"
-            proc.kill()
-            await finished
+        # A sync execute starts on this batch once the ones sent before it are answered.
+        if self._limit > 1 or next(iter(self._in_flight), None) == batch_id:
+            self._start_clock(proc, batch_id, entry)
+
+    def _start_clock(self, proc: StubProcess, batch_id: int, entry: _InFlight) -> None:
+        """Arm the execute timeout of a batch that is executing now."""
+        timeout = self.spec.execute_timeout
+        if timeout is None or self.decoupled or entry.timer is not None:
+            return
+        entry.timer = self._loop.call_later(timeout, self._execute_timed_out, proc, batch_id)
+
+    def _execute_timed_out(self, proc: StubProcess, batch_id: int) -> None:
+        if batch_id not in self._in_flight or proc.returncode is not None:
+            return
+        timeout = self.spec.execute_timeout
+        log.error(
+            "instance '%s': execute took longer than %.3gs: killing its stub", self.name, timeout
+        )
+        self._hung = f"execute did not finish within {timeout:g}s (execute_timeout_seconds)"
+        proc.kill()  # _on_exit fails the batch with DeadlineExceeded
+
+    def _batch_done(self, batch_id: int) -> _InFlight | None:
+        """Forget an answered or failed batch and give its slot back."""
+        entry = self._in_flight.pop(batch_id, None)
+        if entry is None:
+            return None
+        if entry.timer is not None:
+            entry.timer.cancel()
+        entry.slots.release()
+        if not self._in_flight:
+            self._idle.set()
+        elif self._limit == 1 and self._proc is not None:  # the batch sent ahead starts now
+            head_id, head = next(iter(self._in_flight.items()))
+            self._start_clock(self._proc, head_id, head)
+        return entry
 
     def _on_response(self, proc: StubProcess, message: msg.Response) -> None:
         """One response of a decoupled model's request."""
@@ -432,10 +462,8 @@ class StubInstance:
             task.add_done_callback(self._background.discard)
 
     def _fail_unsent(self, batch_id: int, error: ShoalError) -> None:
-        batch, finished = self._in_flight.pop(batch_id, ([], None))
-        if finished is not None and not finished.done():
-            finished.set_result(None)
-        for work in batch:
+        entry = self._batch_done(batch_id)
+        for work in entry.batch if entry is not None else []:
             self._free_inputs(work.input_blocks)
             if not work.future.done():
                 work.future.set_exception(error)
@@ -499,14 +527,27 @@ class StubInstance:
             error = DeadlineExceeded(
                 f"instance '{self.name}': {hung}; its stub was killed and restarts"
             )
-        for batch, finished in self._in_flight.values():
-            if not finished.done():
-                finished.set_result(None)
-            for work in batch:
+        entries = list(self._in_flight.values())
+        self._in_flight.clear()
+        self._idle.set()
+        for entry in entries:
+            if entry.timer is not None:
+                entry.timer.cancel()
+            entry.slots.release()
+        if self._limit == 1 and self._source is not None:
+            # A sync stub runs its batches in order: only the first had started. The others
+            # were sent ahead and go back to the queue, to the restarted stub or another one.
+            for entry in reversed(entries[1:]):
+                for work in entry.batch:
+                    self._streams.pop(work.record.key, None)
+                    work.on_cancel = None
+                self._source.requeue(entry.batch)
+            entries = entries[:1]
+        for entry in entries:
+            for work in entry.batch:
                 self._free_inputs(work.input_blocks)
                 if not work.future.done():
                     work.future.set_exception(error)
-        self._in_flight.clear()
         for stream in self._streams.values():
             stream.fail(error)
         self._streams.clear()
@@ -599,7 +640,3 @@ def _blocks(response: msg.ResponseRecord) -> list[Block]:
         if isinstance(output.location, Block):
             seen[output.location] = None
     return list(seen)
-
-
-def _release_slot(slots: asyncio.Semaphore, _: object) -> None:
-    slots.release()

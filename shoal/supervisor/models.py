@@ -25,6 +25,7 @@ from shoal.supervisor.instances import (
 )
 from shoal.supervisor.options import ArenaOptions
 from shoal.supervisor.schedulers import (
+    DefaultScheduler,
     Scheduler,
     SchedulerConfigError,
     arena_stager,
@@ -168,6 +169,9 @@ class ModelLoader:
             instance.bls = self.bls
             instance.control = self.control
             instance.decoupled = mv.config.decoupled
+            # Only a lone instance: with several, a request sent ahead to a busy one could wait
+            # while another instance is idle.
+            instance.send_ahead = len(mv.instances) == 1 and isinstance(scheduler, DefaultScheduler)
             instance.on_failed = lambda failed, mv=mv: self._on_instance_failed(mv, failed)
         results = await asyncio.gather(
             *(i.start(scheduler.source(n)) for n, i in enumerate(mv.instances)),
