@@ -26,6 +26,7 @@ REPLICAS = 2
 CONCURRENCY = 4
 PER_REPLICA = CONCURRENCY // REPLICAS  # haproxy's maxconn: the most a replica holds in flight
 PROGRESS = 150  # requests the load completes between two steps
+RUNNING_SECONDS = 5.0  # the request in flight during the drain: time for the checks around it
 
 
 @pytest.fixture
@@ -107,7 +108,7 @@ def test_sigterm_drains_in_flight_and_answers_503_meanwhile():
     with ShoalServer(TEST_MODELS, extra_args=args) as server:
         client = httpclient.InferenceServerClient(server.url)
         seconds = httpclient.InferInput("SECONDS", [1], "FP32")
-        seconds.set_data_from_numpy(np.array([2.0], dtype=np.float32))
+        seconds.set_data_from_numpy(np.array([RUNNING_SECONDS], dtype=np.float32))
         outcome: dict[str, object] = {}
         caller = threading.Thread(
             target=lambda: outcome.setdefault("answer", client.infer("slow", [seconds]))
@@ -139,6 +140,6 @@ def test_sigterm_drains_in_flight_and_answers_503_meanwhile():
         caller.join(20)
         answer = outcome["answer"]
         assert isinstance(answer, httpclient.InferResult)
-        np.testing.assert_array_equal(answer.as_numpy("SECONDS_OUT"), [2.0])
+        np.testing.assert_array_equal(answer.as_numpy("SECONDS_OUT"), [RUNNING_SECONDS])
         assert server.stop() == 0
         client.close()
