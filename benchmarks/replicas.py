@@ -164,6 +164,22 @@ def _machine() -> Iterator[str]:
     yield version.splitlines()[0] if version else "haproxy: unknown version"
 
 
+def _kills(args: argparse.Namespace) -> list[str]:
+    header = [
+        "",
+        "## (b) SIGKILL of replica r0 under load",
+        "",
+        "| retry-on | ok | failed | maxconn | failed, sent after r0 was reaped "
+        "| kill → DOWN ms | infer/s before | infer/s after |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    print("\n".join(header), flush=True)
+    rows = list(header)
+    for retry_on in (RETRY_NO_RESEND, RETRY_ON):
+        rows.append(kill(args.replicas, args.concurrency, args.seconds, retry_on))
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--replicas", type=int, default=3)
@@ -171,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=10.0, help="each load window")
     parser.add_argument("--client", default="wrk" if shutil.which("wrk") else "python")
     parser.add_argument("--quick", action="store_true", help="2 replicas, 3 s windows")
+    parser.add_argument("--parts", default="abc", help="which of (a), (b), (c) to run")
     parser.add_argument("--markdown", type=Path, help="also write the report here")
     args = parser.parse_args(argv)
     if haproxy_binary() is None:
@@ -187,28 +204,19 @@ def main(argv: list[str] | None = None) -> int:
         *(f"* {line}" for line in _machine()),
         f"* {args.replicas} replicas, model `add_sub`, concurrency {args.concurrency}, "
         f"{args.seconds:g} s windows",
-        "",
-        f"## (a) Throughput (`shoal perf --client {args.client}`)",
-        "",
     ]
     print("\n".join(report), flush=True)
-    report += throughput(args.replicas, args.concurrency, args.seconds, args.client)
-    header = [
-        "",
-        "## (b) SIGKILL of replica r0 under load",
-        "",
-        "| retry-on | ok | failed | maxconn | failed, sent after r0 was reaped "
-        "| kill → DOWN ms | infer/s before | infer/s after |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    print("\n".join(header), flush=True)
-    report += header
-    for retry_on in (RETRY_NO_RESEND, RETRY_ON):
-        report.append(kill(args.replicas, args.concurrency, args.seconds, retry_on))
-    header = ["", "## (c) Rolling restart under load (SIGTERM, drain, start)", ""]
-    print("\n".join(header), flush=True)
-    report += header
-    report += rolling_restart(args.replicas, args.concurrency, args.seconds)
+    if "a" in args.parts:
+        report += ["", f"## (a) Throughput (`shoal perf --client {args.client}`)", ""]
+        print("\n".join(report[-3:]), flush=True)
+        report += throughput(args.replicas, args.concurrency, args.seconds, args.client)
+    if "b" in args.parts:
+        report += _kills(args)
+    if "c" in args.parts:
+        header = ["", "## (c) Rolling restart under load (SIGTERM, drain, start)", ""]
+        print("\n".join(header), flush=True)
+        report += header
+        report += rolling_restart(args.replicas, args.concurrency, args.seconds)
     if args.markdown:
         args.markdown.parent.mkdir(parents=True, exist_ok=True)
         args.markdown.write_text("\n".join(report) + "\n")
