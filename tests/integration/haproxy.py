@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import csv
 import io
-import os
 import shutil
 import signal
 import socket
@@ -315,7 +314,3 @@ class Load:
                         self.result.failed.append((started, ended, error))
         finally:
             client.close()
-
-
-def cpu_count() -> int:
-    return len(os.sched_getaffinity(0))
