@@ -56,6 +56,22 @@ async def _start_grpc(service: InferenceService, options: ServerOptions) -> Grpc
     return server
 
 
+async def _drain(service: InferenceService, timeout: float) -> float:
+    """Refuse new inference (503) and report not ready while the requests in flight finish, with
+    the endpoints still open: a load balancer retries the refused requests on another replica
+    and its health checks see this one leave. Returns the seconds it took."""
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    service.begin_drain()
+    if service.gate.in_flight:
+        log.info("draining %d in-flight inference requests", service.gate.in_flight)
+    if not await service.gate.drained(timeout):
+        log.warning(
+            "%d inference requests were still running at the exit timeout", service.gate.in_flight
+        )
+    return loop.time() - started
+
+
 async def run_server(options: ServerOptions, stop: asyncio.Event) -> int:
     """Serve until ``stop`` is set. Shutdown order: frontends, then models, then arenas."""
     from shoal.frontends.http import HttpServer, build_http_app
@@ -64,6 +80,7 @@ async def run_server(options: ServerOptions, stop: asyncio.Event) -> int:
     http: HttpServer | None = None
     metrics: HttpServer | None = None
     grpc_server: GrpcServer | None = None
+    grace = options.exit_timeout_secs  # what the frontends get to finish, after the drain
     try:
         await service.load_repository()
         if options.exit_on_error and service.failed:
@@ -85,17 +102,18 @@ async def run_server(options: ServerOptions, stop: asyncio.Event) -> int:
         log.info("shoal is ready")
         await stop.wait()
         log.info("shutting down (exit timeout %.0fs)", options.exit_timeout_secs)
+        grace -= await _drain(service, options.exit_timeout_secs)
         return 0
     finally:
         # gRPC drains (up to the exit timeout) while HTTP does.
         grpc_stopping = (
             None
             if grpc_server is None
-            else asyncio.ensure_future(grpc_server.stop(grace=options.exit_timeout_secs))
+            else asyncio.ensure_future(grpc_server.stop(grace=max(1.0, grace)))
         )
         if http is not None:
             try:
-                await asyncio.wait_for(http.stop(), options.exit_timeout_secs)
+                await asyncio.wait_for(http.stop(), max(1.0, grace))
             except asyncio.TimeoutError:
                 log.warning("in-flight HTTP requests did not finish within the exit timeout")
         if metrics is not None:

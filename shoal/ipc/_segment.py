@@ -6,6 +6,7 @@ import contextlib
 import mmap
 import os
 import re
+import secrets
 
 import posix_ipc
 
@@ -20,11 +21,14 @@ def page_align(nbytes: int) -> int:
 
 
 def segment_name(arena_id: int, index: int, pid: int | None = None) -> str:
-    """POSIX name of a named segment; it carries the owner's pid so stale ones can be swept."""
-    return f"/shoal-{os.getpid() if pid is None else pid}-{arena_id}-{index}"
+    """POSIX name of a named segment: the owner's pid (so stale ones can be swept) and 64 random
+    bits, so that no other local user can guess a name and create it first."""
+    owner = os.getpid() if pid is None else pid
+    return f"/shoal-{owner}-{secrets.token_hex(8)}-{arena_id}-{index}"
 
 
-_NAMED = re.compile(r"shoal-(\d+)-\d+-\d+")
+# Also the names of earlier releases (no random part), so their stale segments are swept too.
+_NAMED = re.compile(r"shoal-(\d+)(?:-[0-9a-f]{16})?-\d+-\d+")
 
 
 def remove_stale_segments(shm_dir: str = "/dev/shm") -> list[str]:

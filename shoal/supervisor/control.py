@@ -236,10 +236,17 @@ class ModelRepositoryManager:
 
     def _write_files(self, name: str, files: dict[str, bytes]) -> str:
         """Materialise uploaded ``file:<path>`` contents in a private directory named ``name``."""
+        if name in ("", ".", "..") or "/" in name or "\0" in name:
+            # The name becomes a directory: "." or ".." would be the scratch directory itself
+            # or its parent.
+            raise InvalidArgument(
+                f"failed to load '{name}': a model loaded from files needs a name that can be a "
+                "directory name (not '.', '..', nor containing '/')"
+            )
         root = tempfile.mkdtemp(prefix="shoal-model-")
         model_dir = Path(root) / name
-        model_dir.mkdir()
         try:
+            model_dir.mkdir()
             for key, content in files.items():
                 relative = key.removeprefix("file:")
                 target = (model_dir / relative).resolve()

@@ -82,11 +82,12 @@ class CoreAPI(Protocol):
     """What frontends may ask of the server. Methods raise :class:`ShoalError` subclasses."""
 
     def is_live(self) -> bool:
-        """True while the server process is up and not shutting down."""
+        """True while the server process is up; Unavailable ("Server exiting") while it drains."""
         ...
 
     def is_ready(self) -> bool:
-        """True when the server accepts inference (every model ready, unless not strict)."""
+        """True when the server accepts inference (every model ready, unless not strict);
+        Unavailable ("Server exiting") while it drains."""
         ...
 
     def server_metadata(self) -> ServerMetadata:

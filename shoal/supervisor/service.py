@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 import shoal
@@ -16,6 +17,7 @@ from shoal.supervisor import staging
 from shoal.supervisor.bls import BlsRouter
 from shoal.supervisor.control import ModelRepositoryManager
 from shoal.supervisor.custom_metrics import CustomMetrics
+from shoal.supervisor.drain import EXITING, DrainGate
 from shoal.supervisor.ensemble import EnsembleRunner
 from shoal.supervisor.errors import (
     Cancelled,
@@ -101,6 +103,7 @@ class InferenceService:
         repository = self.repository
         self.tracing = TraceSettings(lambda name: name in repository.models)
         self._live = True
+        self.gate = DrainGate()
 
     @property
     def failed(self) -> dict[str, str]:
@@ -130,6 +133,10 @@ class InferenceService:
         """Load the models the control mode asks for at start."""
         await self._repo.load_startup()
 
+    def begin_drain(self) -> None:
+        """Refuse new inference and report not live / not ready (503), as Triton does on exit."""
+        self.gate.close()
+
     async def shutdown(self, timeout: float) -> None:
         """Stop every model (finalize, then signals) and free the arenas and regions."""
         self._live = False
@@ -140,9 +147,13 @@ class InferenceService:
     # -- health and metadata ----------------------------------------------------------------
 
     def is_live(self) -> bool:
+        if self.gate.closed:
+            raise Unavailable(EXITING)
         return self._live
 
     def is_ready(self) -> bool:
+        if self.gate.closed:
+            raise Unavailable(EXITING)
         if not self._live:
             return False
         return not self.options.strict_readiness or self._repo.all_ready()
@@ -184,16 +195,20 @@ class InferenceService:
     # -- inference --------------------------------------------------------------------------
 
     async def infer(self, request: InferRequest) -> InferResponse:
-        mv = self._repo.resolve(request.model_name, request.model_version)
-        started = time.monotonic_ns()
+        self.gate.enter(request.model_name)
         try:
-            return await self._infer(mv, request)
-        except ShoalError as error:
-            mv.stats.failure(time.monotonic_ns() - started, error.reason)
-            raise
-        except asyncio.CancelledError:  # the client went away
-            mv.stats.failure(time.monotonic_ns() - started, Cancelled.reason)
-            raise
+            mv = self._repo.resolve(request.model_name, request.model_version)
+            started = time.monotonic_ns()
+            try:
+                return await self._infer(mv, request)
+            except ShoalError as error:
+                mv.stats.failure(time.monotonic_ns() - started, error.reason)
+                raise
+            except asyncio.CancelledError:  # the client went away
+                mv.stats.failure(time.monotonic_ns() - started, Cancelled.reason)
+                raise
+        finally:
+            self.gate.leave()
 
     def _stage(self, mv: ModelVersion, request: InferRequest) -> tuple[RequestRecord, list[Block]]:
         regions = read_shm_inputs(self.shm, request)
@@ -215,6 +230,18 @@ class InferenceService:
         if not mv.config.decoupled:
             yield await self.infer(request)
             return
+        self.gate.enter(request.model_name)
+        try:
+            # aclosing: a client that goes away closes the inner stream (and cancels) at once.
+            async with contextlib.aclosing(self._decoupled(mv, request)) as responses:
+                async for response in responses:
+                    yield response
+        finally:
+            self.gate.leave()
+
+    async def _decoupled(
+        self, mv: ModelVersion, request: InferRequest
+    ) -> AsyncGenerator[InferResponse, None]:
         record, blocks = self._stage(mv, request)
         future: asyncio.Future[Completion] = asyncio.get_running_loop().create_future()
         stream = new_stream()

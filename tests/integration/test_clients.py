@@ -6,9 +6,10 @@ point must leave the server healthy with nothing leaked: the input arena empty a
 
 Timeouts, as shoal implements them today (see docs/hardening.md):
 
-* the request parameter ``timeout`` (µs; tritonclient's ``timeout=``) is enforced only by the
-  dynamic and sequence batchers' queues (and BLS calls); for a model on the default scheduler it
-  is accepted and ignored, queued or running;
+* the request parameter ``timeout`` (µs; tritonclient's ``timeout=``) expires a request still
+  queued at its deadline, on every scheduler (the dynamic and sequence batchers through their
+  queue policies, the default scheduler on its own timer): ``Request timeout expired``, 503 /
+  UNAVAILABLE, and the model never runs it; a request already running is not interrupted;
 * a gRPC deadline (tritonclient's ``client_timeout``) that expires while the request is queued
   drops it: the model never runs it. One that expires while it runs cancels the RPC, the client
   gets DEADLINE_EXCEEDED at its deadline, and the model finishes (its answer is dropped);
@@ -29,7 +30,10 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
 from tritonclient.grpc import service_pb2, service_pb2_grpc
+from tritonclient.utils import InferenceServerException
 
 from tests.integration.server import BUNDLED, TEST_MODELS, ShoalServer
 
@@ -363,25 +367,46 @@ def _slow_grpc(seconds: float) -> service_pb2.ModelInferRequest:
     return request
 
 
-def test_timeout_parameter_is_ignored_by_the_default_scheduler(server, baseline):
-    """``timeout`` (µs) of 100 ms on a 0.5 s request, and on one queued behind a busy one."""
+def _slow_inputs(module, seconds: float):
+    tensor = module.InferInput("SECONDS", [1], "FP32")
+    tensor.set_data_from_numpy(np.array([seconds], np.float32))
+    return [tensor]
+
+
+def test_timeout_parameter_does_not_interrupt_a_running_request(server, baseline):
+    """``timeout`` (µs) of 100 ms on a 0.5 s request: handed out at once, it runs to its end."""
     started = time.monotonic()
     status, body = _post(server, "/v2/models/slow/infer", slow_body(0.5, timeout=100_000))
     assert status == 200, body
     assert time.monotonic() - started >= 0.5
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        result = client.infer("slow", _slow_inputs(grpcclient, 0.3), timeout=100_000)
+        assert result.as_numpy("SECONDS_OUT").tolist() == [np.float32(0.3)]
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_timeout_parameter_expires_a_queued_request(server, baseline, protocol):
+    """Queued behind a busy 0.8 s request, a request with a 100 ms ``timeout`` gets the dynamic
+    batcher's ``Request timeout expired`` (503 / UNAVAILABLE) at its deadline and never runs."""
+    module = httpclient if protocol == "http" else grpcclient
+    url = server.url if protocol == "http" else server.grpc_url
     before = executions(server)
-    with ThreadPoolExecutor(1) as pool:
+    with ThreadPoolExecutor(1) as pool, module.InferenceServerClient(url) as client:
         busy = pool.submit(_post, server, "/v2/models/slow/infer", slow_body(0.8))
         wait_executions(server, before + 1)
-        status, body = _post(server, "/v2/models/slow/infer", slow_body(0.0, timeout=100_000))
-        assert status == 200, body  # waited in the queue far longer than 100 ms
+        started = time.monotonic()
+        with pytest.raises(InferenceServerException) as info:
+            client.infer("slow", _slow_inputs(module, 0.0), timeout=100_000)
+        waited = time.monotonic() - started
+        assert info.value.message() == "Request timeout expired"
+        assert info.value.status() in ("503", "StatusCode.UNAVAILABLE")
+        assert waited < 0.7, f"answered after {waited:.2f} s, not at its deadline"
         assert busy.result(CLIENT_TIMEOUT)[0] == 200
-    with grpc.insecure_channel(server.grpc_url) as channel:
-        request = _slow_grpc(0.3)
-        request.parameters["timeout"].int64_param = 100_000
-        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
-        reply = stub.ModelInfer(request, timeout=CLIENT_TIMEOUT)
-        assert np.frombuffer(reply.raw_output_contents[0], np.float32)[0] == np.float32(0.3)
+        # A request without a timeout, and one whose timeout is long enough, run.
+        assert client.infer("slow", _slow_inputs(module, 0.0)).as_numpy("SECONDS_OUT") == [0]
+        client.infer("slow", _slow_inputs(module, 0.0), timeout=10_000_000)
+    # The expired request never reached the model: the busy one and the last two did.
+    assert executions(server) == before + 3
 
 
 def test_grpc_deadline_drops_a_queued_request(server, baseline):

@@ -44,7 +44,7 @@ def make_scheduler(
         return SequenceBatcher(config, instances, free_work, stage_tensor, clock)
     if config.dynamic_batching is not None:
         return DynamicBatcher(dynamic_settings(config), free_work, clock)
-    return DefaultScheduler(free_work)
+    return DefaultScheduler(free_work, clock)
 
 
 __all__ = [

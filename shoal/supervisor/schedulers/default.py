@@ -1,4 +1,10 @@
-"""The default scheduler: one FIFO queue per model version; free instances pull from it."""
+"""The default scheduler: one FIFO queue per model version; free instances pull from it.
+
+A request that carries Triton's ``timeout`` parameter (microseconds) and is still queued when it
+elapses is failed with the dynamic batcher's ``Request timeout expired`` (UNAVAILABLE) and never
+runs; once an instance has it, the timeout no longer applies (a running request is not
+interrupted, as in the dynamic batcher).
+"""
 
 from __future__ import annotations
 
@@ -6,17 +12,24 @@ import asyncio
 import collections
 
 from shoal.supervisor.errors import Unavailable
-from shoal.supervisor.schedulers.base import fail_work
+from shoal.supervisor.schedulers.base import Clock, LoopClock, TimerHandle, fail_work
+from shoal.supervisor.schedulers.dynamic import TIMEOUT_EXPIRED
 from shoal.supervisor.work import Work
 
 
 class DefaultScheduler:
     """FIFO of single requests. ``next_batch`` hands each to exactly one instance."""
 
-    def __init__(self, free_blocks: collections.abc.Callable[[Work], None]) -> None:
+    def __init__(
+        self, free_blocks: collections.abc.Callable[[Work], None], clock: Clock | None = None
+    ) -> None:
         self._queue: collections.deque[Work] = collections.deque()
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self._free_blocks = free_blocks
+        self._clock = clock or LoopClock()
+        #: One timer per queued request with a timeout; its deadline (ns) is checked again when
+        #: the request is handed out, so a late timer cannot let an expired request run.
+        self._timers: dict[Work, tuple[int, TimerHandle]] = {}
         self._closed = False
         self._empty = asyncio.Event()
         self._empty.set()
@@ -25,6 +38,12 @@ class DefaultScheduler:
         if self._closed:
             fail_work(work, Unavailable("the model is unloading"), self._free_blocks)
             return
+        timeout_us = work.record.timeout_us
+        if timeout_us > 0:
+            deadline = self._clock.now_ns() + timeout_us * 1000
+            # A request expires once the clock is past its deadline.
+            timer = self._clock.call_at(deadline + 1, lambda: self._expire(work))
+            self._timers[work] = (deadline, timer)
         self._queue.append(work)
         self._empty.clear()
         self._wake_one()
@@ -34,7 +53,8 @@ class DefaultScheduler:
         return self
 
     def requeue(self, batch: list[Work]) -> None:
-        """Put work an instance could not send back at the head of the queue."""
+        """Put work an instance could not send back at the head of the queue (its timeout no
+        longer applies: it was handed out in time)."""
         self._queue.extendleft(reversed(batch))
         if self._queue:
             self._empty.clear()
@@ -55,6 +75,27 @@ class DefaultScheduler:
                 waiter.set_result(None)
                 return
 
+    def _expire(self, work: Work) -> None:
+        """The timer of a queued request fired: fail it and take it out of the queue."""
+        if self._timers.pop(work, None) is None:
+            return  # already handed out
+        try:
+            self._queue.remove(work)
+        except ValueError:
+            return
+        if not self._queue:
+            self._empty.set()
+        fail_work(work, Unavailable(TIMEOUT_EXPIRED), self._free_blocks)
+
+    def _expired(self, work: Work) -> bool:
+        """Forget ``work``'s timer; True when its deadline passed before it was handed out."""
+        entry = self._timers.pop(work, None)
+        if entry is None:
+            return False
+        deadline, timer = entry
+        timer.cancel()
+        return self._clock.now_ns() > deadline
+
     async def next_batch(self) -> list[Work]:
         """Wait for the next live request."""
         while True:
@@ -62,6 +103,9 @@ class DefaultScheduler:
                 work = self._queue.popleft()
                 if not self._queue:
                     self._empty.set()
+                if self._expired(work):
+                    fail_work(work, Unavailable(TIMEOUT_EXPIRED), self._free_blocks)
+                    continue
                 if work.abandoned:
                     self._free_blocks(work)
                     continue
@@ -75,6 +119,9 @@ class DefaultScheduler:
     def close(self) -> list[Work]:
         """Stop handing out work; returns what was still queued."""
         self._closed = True
+        for _, timer in self._timers.values():
+            timer.cancel()
+        self._timers.clear()
         left, self._queue = list(self._queue), collections.deque()
         self._empty.set()
         for waiter in self._waiters:
