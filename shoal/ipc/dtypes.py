@@ -64,6 +64,17 @@ def byte_size(datatype: str, shape: Sequence[int]) -> int | None:
 
 def numpy_to_datatype(dtype: np.dtype) -> str:
     """V2 datatype of a NumPy dtype; object, bytes and str arrays are BYTES."""
+    # Every output tensor of every response asks: remember the answer per dtype.
+    found = _DATATYPE_OF.get(dtype)
+    if found is None:
+        found = _DATATYPE_OF[dtype] = _lookup_datatype(dtype)
+    return found
+
+
+_DATATYPE_OF: dict[np.dtype, str] = {}
+
+
+def _lookup_datatype(dtype: np.dtype) -> str:
     if dtype.kind in ("O", "S", "U"):
         return "BYTES"
     for name, candidate in NUMPY_DTYPES.items():

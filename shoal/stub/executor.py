@@ -22,7 +22,7 @@ from shoal.ipc.arena import ArenaExhausted, Block
 from shoal.ipc.tensor import Location, TensorDesc, buffer_to_numpy
 from shoal.stub import pb_utils
 from shoal.stub.bls import calling_requests
-from shoal.stub.tensors_out import TensorWriter, json_params
+from shoal.stub.tensors_out import TensorWriter
 
 FINAL = 1
 RESCHEDULE = 2  # TRITONSERVER_REQUEST_RELEASE_RESCHEDULE
@@ -422,4 +422,6 @@ class BatchExecutor:
         except (TypeError, ValueError) as error:
             self.writer.outputs.free(written)
             return msg.ResponseRecord(error=("INTERNAL", self.failure(str(error))))
-        return msg.ResponseRecord(outputs=outputs, parameters=json_params(response.parameters()))
+        # The dict itself, not parameters()'s JSON text: no dumps and loads per response.
+        parameters = dict(response._parameters_dict())
+        return msg.ResponseRecord(outputs=outputs, parameters=parameters)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from shoal.ipc.arena import Block
@@ -45,13 +44,3 @@ class TensorWriter:
         written.append(block)
         write_numpy(array, datatype, self.outputs.view(block))
         return TensorDesc(tensor.name(), datatype, shape, block)
-
-
-def json_params(params: str | dict[str, Any] | None) -> dict[str, Any]:
-    """Response or request parameters as a dict (pb_utils keeps them as JSON text)."""
-    if not params:
-        return {}
-    if isinstance(params, dict):
-        return params
-    loaded = json.loads(params)
-    return loaded if isinstance(loaded, dict) else {}

@@ -28,6 +28,7 @@ from shoal.supervisor.errors import (
     ShoalError,
     Unavailable,
 )
+from shoal.supervisor.schedulers.dynamic import TIMEOUT_EXPIRED
 from shoal.supervisor.segments import SegmentDirectory
 from shoal.supervisor.stats import StatsRecorder
 from shoal.supervisor.streams import OpenStream, response_blocks
@@ -104,6 +105,8 @@ class _InFlight:
     slots: asyncio.Semaphore
     #: The execute timeout's timer, armed once the batch is executing.
     timer: asyncio.TimerHandle | None = None
+    #: For a batch sent ahead: the timer of its requests' queue timeout, until it starts.
+    queue_timer: asyncio.TimerHandle | None = None
 
 
 class StubInstance:
@@ -374,6 +377,30 @@ class StubInstance:
         # A sync execute starts on this batch once the ones sent before it are answered.
         if self._limit > 1 or next(iter(self._in_flight), None) == batch_id:
             self._start_clock(proc, batch_id, entry)
+        elif batch_id in self._in_flight:
+            self._watch_queue_timeout(proc, entry)
+
+    def _watch_queue_timeout(self, proc: StubProcess, entry: _InFlight) -> None:
+        """A request sent ahead is still queued: its ``timeout`` expires at its deadline, as
+        it would in the scheduler's queue, and the stub is told not to run it."""
+        deadlines = [w.queue_deadline_ns for w in entry.batch if w.queue_deadline_ns]
+        if not deadlines:
+            return
+        delay = max(0, min(deadlines) - time.monotonic_ns()) / 1e9
+        entry.queue_timer = self._loop.call_later(delay, self._queue_timeout, proc, entry)
+
+    def _queue_timeout(self, proc: StubProcess, entry: _InFlight) -> None:
+        entry.queue_timer = None
+        now = time.monotonic_ns()
+        expired = [w for w in entry.batch if w.queue_deadline_ns and w.queue_deadline_ns < now]
+        for work in expired:
+            if not work.future.done():
+                work.future.set_exception(Unavailable(TIMEOUT_EXPIRED))
+            work.on_cancel = None
+        if expired:
+            self._cancel_keys(proc, [w.record.key for w in expired])
+        if len(expired) < len(entry.batch):
+            self._watch_queue_timeout(proc, entry)
 
     def _start_clock(self, proc: StubProcess, batch_id: int, entry: _InFlight) -> None:
         """Arm the execute timeout of a batch that is executing now."""
@@ -399,11 +426,16 @@ class StubInstance:
             return None
         if entry.timer is not None:
             entry.timer.cancel()
+        if entry.queue_timer is not None:
+            entry.queue_timer.cancel()
         entry.slots.release()
         if not self._in_flight:
             self._idle.set()
         elif self._limit == 1 and self._proc is not None:  # the batch sent ahead starts now
             head_id, head = next(iter(self._in_flight.items()))
+            if head.queue_timer is not None:
+                head.queue_timer.cancel()
+                head.queue_timer = None
             self._start_clock(self._proc, head_id, head)
         return entry
 
@@ -531,8 +563,9 @@ class StubInstance:
         self._in_flight.clear()
         self._idle.set()
         for entry in entries:
-            if entry.timer is not None:
-                entry.timer.cancel()
+            for timer in (entry.timer, entry.queue_timer):
+                if timer is not None:
+                    timer.cancel()
             entry.slots.release()
         if self._limit == 1 and self._source is not None:
             # A sync stub runs its batches in order: only the first had started. The others

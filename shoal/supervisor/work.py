@@ -79,6 +79,9 @@ class Work:
     #: instance with ``True`` when the model released the request with RESCHEDULE (queue it
     #: again), ``False`` when the request is done for good.
     reschedule: Callable[[Work, bool], None] | None = None
+    #: When its ``timeout`` parameter expires while queued (monotonic ns; 0: never). A request
+    #: an instance sent ahead is still queued, in the stub's ring, until it starts.
+    queue_deadline_ns: int = 0
 
     def cancel(self) -> None:
         """The client went away: drop the work if queued, flag it to the model if running."""

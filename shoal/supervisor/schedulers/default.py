@@ -41,6 +41,7 @@ class DefaultScheduler:
         timeout_us = work.record.timeout_us
         if timeout_us > 0:
             deadline = self._clock.now_ns() + timeout_us * 1000
+            work.queue_deadline_ns = deadline
             # A request expires once the clock is past its deadline.
             timer = self._clock.call_at(deadline + 1, lambda: self._expire(work))
             self._timers[work] = (deadline, timer)
