@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
+import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
+from typing import NoReturn
 
 from shoal import perf
 from shoal.frontends._restricted import GROUPS as RESTRICTED_GROUPS
@@ -284,9 +287,43 @@ async def _serve(options: ServerOptions) -> int:
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+
+    def on_signal(sig: signal.Signals) -> None:
+        if stop.is_set():
+            _exit_now(sig)
+        stop.set()
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_signal, sig)
     return await run_server(options, stop)
+
+
+#: Exit status after a second SIGINT/SIGTERM cut the drain short.
+EXIT_INTERRUPTED = 1
+
+
+def _exit_now(sig: signal.Signals) -> NoReturn:
+    """A second signal during the drain: stop at once. In-flight requests are cut off; the
+    stubs are killed (they would follow anyway: their parent-death signal), memfd arenas vanish
+    with the processes, and named segments are swept at the next start."""
+    log = logging.getLogger("shoal")
+    log.warning("second %s during shutdown: stopping at once", sig.name)
+    for child in _child_pids():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, signal.SIGKILL)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(EXIT_INTERRUPTED)
+
+
+def _child_pids() -> list[int]:
+    pids: list[int] = []
+    with contextlib.suppress(OSError):
+        for task in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{task}/children") as children:
+                pids += [int(pid) for pid in children.read().split()]
+    return pids
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -100,6 +100,52 @@ def test_shutdown_drains_in_flight_and_calls_finalize():
     assert shoal_shm_segments() == segments_before
 
 
+@pytest.mark.timeout(60)
+def test_second_signal_stops_at_once():
+    """SIGTERM starts the drain of a 20 s request; a second SIGTERM ends it at once: the server
+    exits 1 within seconds, its stubs are gone and nothing is left in /dev/shm."""
+    segments_before = shoal_shm_segments()
+    server = ShoalServer(TEST_MODELS).start()
+    try:
+        client = httpclient.InferenceServerClient(server.url, network_timeout=60)
+        inp = httpclient.InferInput("SECONDS", [1], "FP32")
+        inp.set_data_from_numpy(np.array([20.0], dtype=np.float32))
+        outcome = {}
+
+        def call():
+            try:
+                outcome["result"] = client.infer("slow", [inp])
+            except Exception as error:  # the server is gone: recorded and asserted below
+                outcome["error"] = error
+
+        caller = threading.Thread(target=call)
+        caller.start()
+        deadline = time.monotonic() + 20
+        while "slow: executing" not in server.output and time.monotonic() < deadline:
+            time.sleep(0.01)  # polling the log for the model's own line, not waiting on time
+        assert "slow: executing" in server.output
+        stubs = server.stub_pids()
+        server.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 20
+        while "shutting down" not in server.output and time.monotonic() < deadline:
+            time.sleep(0.01)  # polling the log: the drain has begun
+        assert server.proc.poll() is None, "the first signal must drain, not exit"
+        started = time.monotonic()
+        assert server.stop(signal.SIGTERM, timeout=10) == 1
+        assert time.monotonic() - started < 5
+        assert "stopping at once" in server.output
+        caller.join(10)
+        assert "result" not in outcome
+        for pid in stubs:
+            assert not os.path.exists(f"/proc/{pid}") or _is_zombie(pid)
+        client.close()
+    finally:
+        if server.proc and server.proc.poll() is None:
+            server.stop()
+        server.__exit__(None, None, None)
+    assert shoal_shm_segments() == segments_before
+
+
 def _wait_for_stub_count(server, count: int) -> None:
     deadline = time.monotonic() + 30
     while len(server.stub_pids()) != count and time.monotonic() < deadline:
