@@ -191,6 +191,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="<backend>,<setting>=<value>, e.g. python,shm-default-byte-size=67108864",
     )
     serve.add_argument("--exit-timeout-secs", type=float, default=30.0)
+    serve.add_argument(
+        "--trace-overhead",
+        action="store_true",
+        help="record each request's time per pipeline stage (shoal_request_stage_* metrics)",
+    )
     serve.add_argument("--http-max-input-size", type=int, default=64 * MIB)
     _add_logging_flags(serve)
     _add_restriction_flags(serve)
@@ -253,6 +258,7 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         strict_readiness=args.strict_readiness,
         exit_on_error=args.exit_on_error,
         exit_timeout_secs=args.exit_timeout_secs,
+        trace_overhead=args.trace_overhead,
         log_verbose=args.log_verbose,
         log_file=args.log_file,
         log_format=args.log_format,

@@ -189,6 +189,9 @@ class Result:
     rescheduled: list[int] = field(default_factory=list)
     #: False when execute was not called: every request was cancelled before it started.
     executed: bool = True
+    #: When the stub began and finished the batch (CLOCK_MONOTONIC ns, the supervisor's clock
+    #: too): the supervisor derives the IPC legs of a request from them (--trace-overhead).
+    stub_ns: tuple[int, int] = (0, 0)
 
     def fields(self) -> list[Any]:
         return [
@@ -197,12 +200,14 @@ class Result:
             list(self.compute_ns),
             self.rescheduled,
             self.executed,
+            list(self.stub_ns),
         ]
 
     @classmethod
     def from_fields(cls, f: list[Any]) -> Result:
         responses = [ResponseRecord.from_wire(r) for r in f[1]]
-        return cls(f[0], responses, tuple(f[2]), list(f[3]), bool(f[4]))
+        stub_ns = (int(f[5][0]), int(f[5][1]))
+        return cls(f[0], responses, tuple(f[2]), list(f[3]), bool(f[4]), stub_ns)
 
 
 @dataclass(slots=True)

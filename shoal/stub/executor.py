@@ -109,6 +109,13 @@ class BatchExecutor:
     def run(self, execute: msg.Execute) -> msg.Result | None:
         """The batch's Result, or None when an ``async def execute`` runs on concurrently (its
         Result is sent when the coroutine finishes)."""
+        started = time.monotonic_ns()
+        result = self._run(execute)
+        if result is not None:
+            result.stub_ns = (started, time.monotonic_ns())
+        return result
+
+    def _run(self, execute: msg.Execute) -> msg.Result | None:
         t0 = time.perf_counter_ns()
         # What each request's response sender delivered (Triton's default-mode sender: one
         # response and FINAL, with execute returning None for that request).

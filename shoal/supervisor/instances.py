@@ -269,8 +269,13 @@ class StubInstance:
     def _complete(self, proc: StubProcess, result: msg.Result) -> None:
         entry = self._batch_done(result.batch_id)
         batch = entry.batch if entry is not None else []
+        received_ns = time.monotonic_ns()
         if batch and result.executed:
             self.stats.execution(sum(w.batch_size for w in batch), result.compute_ns)
+            if self.stats.overhead is not None and result.stub_ns[0]:
+                for work in batch:
+                    self.stats.stage("ipc_in", result.stub_ns[0] - work.dispatched_ns)
+                    self.stats.stage("ipc_out", received_ns - result.stub_ns[1])
         again = {id(batch[i]) for i in result.rescheduled if i < len(batch)}
         for work in batch:
             if id(work) in again:
@@ -290,7 +295,9 @@ class StubInstance:
                 self.release_outputs(proc, owned)
             else:
                 queue_ns = work.dispatched_ns - work.enqueued_ns
-                completion = Completion(response, self, proc, owned, queue_ns, result.compute_ns)
+                completion = Completion(
+                    response, self, proc, owned, queue_ns, result.compute_ns, None, received_ns
+                )
                 if work.on_complete is not None:
                     work.on_complete(completion)
                 work.future.set_result(completion)

@@ -42,6 +42,7 @@ class ServiceCollector:
         arena = self._service.input_arena
         arenas = [ArenaSample("input", arena.used_bytes, arena.capacity_bytes)]
         yield from shoal_families(self._instances(versions), arenas)
+        yield from _stage_families(versions)
         yield from self._service.custom_metrics.families()
 
     def _ready_versions(self) -> dict[tuple[str, str], ModelVersion]:
@@ -74,6 +75,29 @@ class ServiceCollector:
                 )
         self._rss.keep_only(pids)
         return samples
+
+
+def _stage_families(versions: dict[tuple[str, str], ModelVersion]) -> Iterator[Metric]:
+    """``--trace-overhead``: time per request in each pipeline stage (docs/perf.md)."""
+    traced = [(key, mv.stats.overhead) for key, mv in sorted(versions.items()) if mv.stats.overhead]
+    if not traced:
+        return
+    total = Metric(
+        "shoal_request_stage_duration_us",
+        "Cumulative time requests spent in each stage of shoal's pipeline (--trace-overhead)",
+        "counter",
+    )
+    count = Metric(
+        "shoal_request_stage_count", "Requests timed in each stage (--trace-overhead)", "counter"
+    )
+    for (name, version), overhead in traced:
+        assert overhead is not None
+        for stage, (n, ns) in sorted(overhead.items()):
+            labels = {"model": name, "version": version, "stage": stage}
+            total.add_sample("shoal_request_stage_duration_us", labels, ns // 1000)
+            count.add_sample("shoal_request_stage_count", labels, n)
+    yield total
+    yield count
 
 
 class MetricsExporter:

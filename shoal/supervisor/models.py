@@ -91,6 +91,8 @@ class ModelLoader:
         #: Serves BLS calls of every instance (set by the service once it exists).
         self.bls: BlsHandler | None = None
         self.control: ControlHandler | None = None
+        #: ``--trace-overhead``: every version records its per-stage times.
+        self.trace_overhead = False
 
     def _specs(self, mv: ModelVersion) -> list[InstanceSpec]:
         config = mv.config
@@ -134,6 +136,8 @@ class ModelLoader:
 
     async def start(self, mv: ModelVersion) -> None:
         """Bring up every instance; on failure the version is UNAVAILABLE with the reason."""
+        if self.trace_overhead:
+            mv.stats.overhead = {}
         try:
             model_dir = os.path.abspath(mv.config.path)
             mv.environment = await environments.prepare(

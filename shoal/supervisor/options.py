@@ -49,6 +49,8 @@ class ServerOptions:
     strict_readiness: bool = True
     exit_on_error: bool = False
     exit_timeout_secs: float = 30.0
+    #: Record the time each request spends in each stage of the pipeline (docs/perf.md).
+    trace_overhead: bool = False
     log_verbose: int = 0
     #: Where server log lines (and the stubs' output) go; "" is stderr.
     log_file: str = ""

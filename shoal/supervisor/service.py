@@ -74,6 +74,9 @@ EXTENSIONS = (
 INPUT_ARENA_ID = 0
 
 
+_COMPUTE_STAGES = ("compute_input", "compute_infer", "compute_output")
+
+
 class InferenceService:
     """Owns the input arena, the model repository manager and the client shm registry."""
 
@@ -98,6 +101,7 @@ class InferenceService:
         loader.bls = BlsRouter(self.repository, self.directory)
         self.custom_metrics = CustomMetrics()
         loader.control = ControlRouter(self.repository, self.custom_metrics)
+        loader.trace_overhead = options.trace_overhead
         self.shm = SharedMemoryRegistry()
         self.logging = LogSettings.from_options(options)
         repository = self.repository
@@ -283,6 +287,7 @@ class InferenceService:
         future: asyncio.Future[Completion] = asyncio.get_running_loop().create_future()
         batch_size = staging.batch_size(mv.config, request)
         work = Work(record, blocks, future, batch_size=batch_size)
+        mv.stats.stage("stage", work.enqueued_ns - started)
         mv.submit(work)
         try:
             completion = await future
@@ -295,9 +300,14 @@ class InferenceService:
         except ShoalError:
             response.release()
             raise
-        mv.stats.success(
-            batch_size, time.monotonic_ns() - started, completion.queue_ns, completion.compute_ns
-        )
+        finished = time.monotonic_ns()
+        mv.stats.success(batch_size, finished - started, completion.queue_ns, completion.compute_ns)
+        if mv.stats.overhead is not None:
+            mv.stats.stage("queue", completion.queue_ns)
+            for stage, ns in zip(_COMPUTE_STAGES, completion.compute_ns, strict=True):
+                mv.stats.stage(stage, ns)
+            mv.stats.stage("complete", finished - completion.received_ns)
+            mv.stats.stage("core_total", finished - started)
         return response
 
     def _response(

@@ -20,6 +20,18 @@ class StatsRecorder:
     def __init__(self, name: str, version: int) -> None:
         self._stats = ModelStatistics(name=name, version=str(version))
         self._batches: dict[int, BatchStatistics] = {}
+        #: ``--trace-overhead``: stage name -> [count, total ns] (None: not traced).
+        self.overhead: dict[str, list[int]] | None = None
+
+    def stage(self, name: str, ns: int) -> None:
+        """Time one request spent in one stage of shoal's pipeline (docs/perf.md)."""
+        if self.overhead is None:
+            return
+        entry = self.overhead.get(name)
+        if entry is None:
+            entry = self.overhead[name] = [0, 0]
+        entry[0] += 1
+        entry[1] += max(0, ns)
 
     def execution(self, batch_size: int, compute: ComputeNs) -> None:
         """One call of the model's execute over ``batch_size`` inferences."""

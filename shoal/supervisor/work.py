@@ -30,6 +30,8 @@ class Completion:
     compute_ns: tuple[int, int, int] = (0, 0, 0)
     #: Called once the completion's blocks are given back (a decoupled stream counts them).
     on_release: Callable[[], None] | None = None
+    #: When the supervisor received the stub's Result (monotonic ns).
+    received_ns: int = 0
 
     def view(self, block: Block) -> memoryview:
         """A read-only view of one output block."""

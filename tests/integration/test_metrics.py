@@ -192,3 +192,39 @@ def test_failures_are_counted_under_tritons_reasons():
             assert time.monotonic() < deadline, seen
             time.sleep(0.05)  # polling the metrics endpoint
         assert sum(seen.values()) == 3, seen
+
+
+STAGES = ("stage", "queue", "ipc_in", "compute_input", "compute_infer", "compute_output")
+STAGES += ("ipc_out", "complete", "core_total")
+
+
+@pytest.mark.timeout(120)
+def test_trace_overhead_times_every_stage_of_every_request():
+    """With --trace-overhead each request is timed in each pipeline stage; without it, the
+    families are absent. The stages of one request fit in its core total."""
+    with ShoalServer(BUNDLED, metrics=True, extra_args=["--trace-overhead"]) as traced:
+        client = httpclient.InferenceServerClient(traced.url)
+        try:
+            a = np.arange(4, dtype=np.float32)
+            for _ in range(N):
+                client.infer("add_sub", _inputs(a, a))
+        finally:
+            client.close()
+        values = _values(_scrape(traced)[1])
+    count = {s: _value(values, "shoal_request_stage_count", **_stage(s)) for s in STAGES}
+    total = {s: _value(values, "shoal_request_stage_duration_us", **_stage(s)) for s in STAGES}
+    assert count == dict.fromkeys(STAGES, N)
+    assert all(us >= 0 for us in total.values())
+    # Consecutive legs of one request: their sum cannot exceed the whole (1 µs rounding each).
+    legs = ("stage", "queue", "ipc_in", "compute_input", "compute_infer", "compute_output")
+    legs += ("ipc_out", "complete")
+    assert sum(total[s] for s in legs) <= total["core_total"] + len(legs)
+    assert total["compute_infer"] > 0
+
+
+def test_without_trace_overhead_no_stage_families(after_traffic):
+    assert "shoal_request_stage" not in after_traffic[1]
+
+
+def _stage(stage):
+    return {"model": "add_sub", "version": "1", "stage": stage}

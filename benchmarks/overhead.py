@@ -1,0 +1,173 @@
+"""Where a request's time goes inside shoal: the per-stage breakdown of ``--trace-overhead``.
+
+    .venv/bin/python -m benchmarks.overhead              # identity_fp32, HTTP, c=1 and 8
+    .venv/bin/python -m benchmarks.overhead --model add_sub --protocol grpc -c 8
+
+It starts ``shoal serve --trace-overhead`` on ``benchmarks/models``, drives one model with
+``shoal.perf``'s closed-loop client, and reads the ``shoal_request_stage_*`` counters before and
+after each cell. Stages, in a request's order (docs/perf.md defines each):
+
+* ``stage``: checks and the copy of the inputs into the input arena;
+* ``queue``: in the scheduler's queue (a request sent ahead waits in the stub's ring instead);
+* ``ipc_in``: from the Execute message's send to the stub starting the batch;
+* ``compute_input`` / ``compute_infer`` / ``compute_output``: inside the stub, as Triton's
+  statistics define them (building requests; ``execute``; writing outputs);
+* ``ipc_out``: from the stub's Result to the supervisor reading it;
+* ``complete``: from there to the response returned to the frontend.
+
+``core_total`` is the whole (it also holds what falls between stages). ``outside the core`` is
+the client's mean latency minus ``core_total``: the frontend (HTTP or gRPC parsing and
+serialisation), the sockets and the client itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import urllib.request
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from benchmarks.batching import START_TIMEOUT_S, machine
+from shoal.perf import RunConfig, run
+from shoal.perf.cli import run_loop
+
+ROOT = Path(__file__).resolve().parents[1]
+STAGES = (
+    "stage",
+    "queue",
+    "ipc_in",
+    "compute_input",
+    "compute_infer",
+    "compute_output",
+    "ipc_out",
+    "complete",
+    "core_total",
+)
+
+__all__ = ["START_TIMEOUT_S", "main"]
+
+
+def start_traced_server(log_path: Path) -> tuple[object, str, str]:
+    """``shoal serve --trace-overhead`` with HTTP, gRPC and metrics on free loopback ports."""
+    import subprocess
+    import threading
+    import time
+
+    command = [
+        sys.executable,
+        *("-m", "shoal.cli", "serve", "--model-repository", str(ROOT / "benchmarks" / "models")),
+        *("--http-address", "127.0.0.1", "--http-port", "0"),
+        *("--grpc-address", "127.0.0.1", "--grpc-port", "0"),
+        *("--metrics-address", "127.0.0.1", "--metrics-port", "0", "--trace-overhead"),
+    ]
+    log = log_path.open("wb")
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, cwd=ROOT)
+    assert process.stdout is not None
+    ports: dict[str, str] = {}
+    for raw in process.stdout:
+        parts = raw.decode(errors="replace").split()
+        if parts[:1] == ["SHOAL_LISTENING"] and len(parts) >= 4:
+            ports[parts[1]] = parts[3]
+        if {"http", "grpc", "metrics"} <= ports.keys():
+            break
+    else:
+        raise RuntimeError(f"shoal serve exited with {process.wait()} before listening")
+    threading.Thread(target=_drain, args=(process.stdout, log), daemon=True).start()
+    http = f"127.0.0.1:{ports['http']}"
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while not _ready(http):
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            raise RuntimeError(f"shoal serve did not become ready (log: {log_path})")
+        time.sleep(0.2)  # polling the readiness of a server we started
+    return process, http, ports["grpc"] + "|" + ports["metrics"]
+
+
+def _drain(stream: object, log: object) -> None:
+    import shutil
+
+    shutil.copyfileobj(stream, log)  # type: ignore[arg-type]
+
+
+def _ready(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://{url}/v2/health/ready", timeout=2) as answer:
+            return bool(answer.status == 200)
+    except OSError:
+        return False
+
+
+def stage_totals(metrics_port: str, model: str) -> dict[str, tuple[float, float]]:
+    """stage -> (count, total µs) for ``model`` from ``/metrics``."""
+    url = f"http://127.0.0.1:{metrics_port}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as answer:
+        text = answer.read().decode()
+    counts: dict[str, float] = {}
+    totals: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.labels.get("model") != model:
+                continue
+            stage = sample.labels.get("stage")
+            if family.name == "shoal_request_stage_count":
+                counts[stage] = sample.value
+            elif family.name == "shoal_request_stage_duration_us":
+                totals[stage] = sample.value
+    return {stage: (counts.get(stage, 0.0), totals.get(stage, 0.0)) for stage in STAGES}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="identity_fp32")
+    parser.add_argument("--protocol", choices=("http", "grpc"), default="http")
+    parser.add_argument("-c", "--concurrency", default="1,8")
+    parser.add_argument("--bytes", type=int, default=64)
+    parser.add_argument("--duration", type=float, default=5.0)
+    args = parser.parse_args(argv)
+    levels = [int(level) for level in args.concurrency.split(",")]
+    with tempfile.TemporaryDirectory(prefix="shoal-overhead-") as tmp:
+        process, http, rest = start_traced_server(Path(tmp) / "shoal.log")
+        grpc_port, metrics_port = rest.split("|")
+        url = http if args.protocol == "http" else f"127.0.0.1:{grpc_port}"
+        try:
+            print(f"# {args.model} over {args.protocol}, {args.bytes} B, {machine()}\n")
+            header = "| stage | " + " | ".join(f"c={level} µs" for level in levels) + " |"
+            columns: list[dict[str, float]] = []
+            for level in levels:
+                before = stage_totals(metrics_port, args.model)
+                config = RunConfig(
+                    model=args.model,
+                    url=url,
+                    protocol=args.protocol,
+                    payload_bytes=args.bytes,
+                    concurrency=(level,),
+                    duration_s=args.duration,
+                    warmup_s=1.0,
+                )
+                (result,) = run_loop(run(config))
+                after = stage_totals(metrics_port, args.model)
+                column = {}
+                for stage in STAGES:
+                    n = after[stage][0] - before[stage][0]
+                    column[stage] = (after[stage][1] - before[stage][1]) / n if n else 0.0
+                column["client mean latency"] = result.latency_ms.mean * 1000
+                column["outside the core"] = column["client mean latency"] - column["core_total"]
+                column["infer/s"] = result.throughput
+                columns.append(column)
+            print(header)
+            print("|---|" + "---:|" * len(levels))
+            rows = [*STAGES, "outside the core", "client mean latency", "infer/s"]
+            for row in rows:
+                cells = " | ".join(f"{column[row]:,.0f}" for column in columns)
+                print(f"| {row} | {cells} |")
+        finally:
+            process.terminate()  # type: ignore[attr-defined]
+            process.wait(60)  # type: ignore[attr-defined]
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
