@@ -213,11 +213,16 @@ class Tensor:
         if dlpack.is_capsule(dlpack_obj):
             capsule = dlpack_obj
         elif hasattr(dlpack_obj, "__dlpack__"):
+            device = (dlpack.DEVICE_CPU, 0)
             if hasattr(dlpack_obj, "__dlpack_device__"):
-                device = tuple(int(value) for value in dlpack_obj.__dlpack_device__())
-                if not dlpack.is_host_device(device[0]):
-                    gpu.check_device(name, (device[0], device[1]))
-            capsule = dlpack.export_from(dlpack_obj)
+                device_type, device_id = dlpack_obj.__dlpack_device__()
+                device = (int(device_type), int(device_id))
+            if dlpack.is_host_device(device[0]):
+                capsule = dlpack.export_from(dlpack_obj)
+            else:
+                gpu.check_device(name, device)  # before the producer is asked to export
+                # A legacy capsule: every cupy release imports it, not only those with 1.0.
+                capsule = dlpack_obj.__dlpack__(stream=None)
         else:
             raise TritonModelException(
                 "Tensor.from_dlpack expects a DLPack capsule or an object with __dlpack__, "
