@@ -12,18 +12,21 @@ from typing import Any
 
 import numpy as np
 
-from shoal.ipc.cuda import CudaUnavailable, cupy_module
+from shoal.ipc.cuda import CudaUnavailable, cuda_device_count, cupy_module
 from shoal.ipc.dtypes import numpy_to_datatype
 from shoal.stub import _pb_dlpack as dlpack
 from shoal.stub._pb_errors import TritonModelException
 
 
 def cupy_or_raise(what: str) -> Any:
-    """The cupy module, or TritonModelException naming ``what`` needed it."""
+    """The cupy module when it sees a CUDA device, else TritonModelException naming ``what``."""
     try:
-        return cupy_module()
+        cupy = cupy_module()
     except CudaUnavailable as error:
-        raise TritonModelException(f"{what} needs CUDA: {error}") from None
+        raise TritonModelException(f"{what} needs a CUDA GPU: {error}") from None
+    if cuda_device_count() == 0:
+        raise TritonModelException(f"{what} needs a CUDA GPU: cupy sees no CUDA device")
+    return cupy
 
 
 def check_device(name: str, device: tuple[int, int]) -> None:

@@ -66,7 +66,9 @@ def test_a_cuda_capsule_needs_cupy_or_a_gpu() -> None:
         def __dlpack_device__(self):
             return (2, 0)
 
-    with pytest.raises(TritonModelException, match=r"CUDA memory \(device 0\), which needs CUDA"):
+    with pytest.raises(
+        TritonModelException, match=r"CUDA memory \(device 0\), which needs a CUDA GPU"
+    ):
         Tensor.from_dlpack("x", CudaProducer())
 
 
