@@ -9,9 +9,10 @@ CUDA, registering fails as it does in a ``tritonserver`` built without GPU suppo
 
 from __future__ import annotations
 
-import ctypes
 from collections.abc import Callable
 from dataclasses import dataclass
+
+import numpy as np
 
 from shoal.ipc import cuda
 from shoal.supervisor.errors import ErrorCode, InvalidArgument, NotFound, ShoalError
@@ -106,26 +107,22 @@ class CudaSharedMemoryRegistry:
             )
         return entry.region.device_id, entry.pointer + offset
 
-    def read(self, name: str, offset: int, byte_size: int, *, what: str) -> bytes:
+    def read(self, name: str, offset: int, byte_size: int, *, what: str) -> memoryview:
         """A host copy of a window (one device-to-host copy)."""
         device, pointer = self.pointer(name, offset, byte_size, what=what)
-        host = bytearray(byte_size)
+        host = np.empty(byte_size, dtype=np.uint8)
         if byte_size:
             with cuda.cupy_module().cuda.Device(device):
-                cuda.memcpy(_address(host), pointer, byte_size, cuda.MEMCPY_DEVICE_TO_HOST)
-        return bytes(host)
+                cuda.memcpy(host.ctypes.data, pointer, byte_size, cuda.MEMCPY_DEVICE_TO_HOST)
+        return host.data
 
     def write(self, name: str, offset: int, data: memoryview, *, what: str) -> None:
-        """Copy host bytes into a window (one host-to-device copy)."""
+        """Copy host bytes into a window (one host-to-device copy, straight from ``data``)."""
         device, pointer = self.pointer(name, offset, data.nbytes, what=what)
         if data.nbytes:
-            host = bytearray(data)
+            host = np.frombuffer(data, dtype=np.uint8)  # no copy, read-only views included
             with cuda.cupy_module().cuda.Device(device):
-                cuda.memcpy(pointer, _address(host), data.nbytes, cuda.MEMCPY_HOST_TO_DEVICE)
+                cuda.memcpy(pointer, host.ctypes.data, data.nbytes, cuda.MEMCPY_HOST_TO_DEVICE)
 
     def close(self) -> None:
         self.unregister()
-
-
-def _address(buffer: bytearray) -> int:
-    return ctypes.addressof((ctypes.c_char * len(buffer)).from_buffer(buffer))

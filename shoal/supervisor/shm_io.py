@@ -38,7 +38,7 @@ def read_shm_inputs(
         what = f"input '{tensor.name}' for model '{request.model_name}'"
         region, offset, size = _window(tensor.parameters, what)
         if region in registry.cuda:
-            tensor.data = memoryview(registry.cuda.read(region, offset, size, what=what))
+            tensor.data = registry.cuda.read(region, offset, size, what=what)
             continue
         tensor.data = registry.view(region, offset, size, what=what)
         regions[tensor.name] = registry.location(region, offset, size, what=what)
