@@ -66,6 +66,7 @@ EXTENSIONS = (
     "parameters",
     "statistics",
     "system_shared_memory",
+    "cuda_shared_memory",
     "logging",
     "trace",
     "generate",
