@@ -22,9 +22,6 @@ from shoal.ipc.cuda import cuda_device_count
 
 FORCE_CPU_ONLY = "FORCE_CPU_ONLY_INPUT_TENSORS"
 NARROW_VISIBLE_DEVICES = "SHOAL_NARROW_CUDA_VISIBLE_DEVICES"
-#: A device's pool limit when the flag does not name it (tritonserver's default is 64 MiB; a
-#: GPU tensor hand-off of model outputs needs room for whole tensors).
-DEFAULT_POOL_BYTES = 1 << 30
 
 
 def visible_gpus() -> tuple[int, ...]:

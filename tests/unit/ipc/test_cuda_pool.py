@@ -119,6 +119,18 @@ def test_empty_chunks_are_given_back_when_the_limit_is_in_the_way() -> None:
     assert len(ledger.freed) == 3
 
 
+def test_a_late_peer_learns_every_live_chunk_and_close_frees_them() -> None:
+    pool, ledger = make_pool(64 * MIB, 8 * MIB)
+    pool.allocate(8 * MIB)
+    pool.allocate(8 * MIB)
+    assert [(a.chunk, a.nbytes) for a in pool.announcements()] == [(0, 8 * MIB), (1, 8 * MIB)]
+    assert [a.handle for a in pool.announcements()] == [
+        ledger.ipc_handle(0, p) for p in ledger.live
+    ]
+    pool.close()
+    assert ledger.live == {} and pool.capacity == 0
+
+
 def test_free_refuses_foreign_and_double_frees() -> None:
     pool, _ = make_pool(32 * MIB, 8 * MIB)
     block = pool.allocate(100)
