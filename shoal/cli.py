@@ -17,6 +17,7 @@ from typing import NoReturn
 
 from shoal import perf
 from shoal.frontends._restricted import GROUPS as RESTRICTED_GROUPS
+from shoal.supervisor.cuda_devices import parse_pool_size
 from shoal.supervisor.log_settings import LOG_FORMATS, TritonFormatter, shoal_level
 from shoal.supervisor.options import MIB, ArenaOptions, Restriction, ServerOptions
 
@@ -27,7 +28,7 @@ _IGNORED_FLAGS: tuple[tuple[str, Callable[[str], object]], ...] = (
     ("--grpc-infer-allocation-pool-size", int),
     ("--http-thread-count", int),
     ("--pinned-memory-pool-byte-size", int),
-    ("--cuda-memory-pool-byte-size", str),
+    ("--cuda-memory-pool-byte-size", parse_pool_size),
 )
 
 

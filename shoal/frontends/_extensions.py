@@ -4,8 +4,7 @@ logging.
 Each endpoint parses its (small) body with :mod:`shoal.frontends.codec`, calls one
 :class:`~shoal.supervisor.core.CoreAPI` extension method and renders the result. A core without
 that method, or whose method raises ``NotImplementedError``, gets 501 "<extension> is not supported
-by this server" instead of a crash. CUDA shared memory is answered here without the core: shoal has
-none, so status lists no regions, unregistering succeeds and registering is 501.
+by this server" instead of a crash.
 """
 
 from __future__ import annotations
@@ -20,8 +19,9 @@ from starlette.routing import Route
 from shoal.frontends import codec
 from shoal.frontends._body import read_body
 from shoal.frontends._endpoint import Endpoint, guarded, json_response, model_ref
+from shoal.frontends._shared_memory import cuda_shm_status_json, parse_cuda_register_request
 from shoal.frontends._trace_settings import parse_trace_settings
-from shoal.supervisor.core import CoreAPI, InvalidArgument, NotFound, Unsupported
+from shoal.supervisor.core import CoreAPI, InvalidArgument, Unsupported
 
 _MODEL = "/v2/models/{model_name}"
 _VERSION = "/v2/models/{model_name}/versions/{model_version}"
@@ -29,9 +29,6 @@ _REPOSITORY = "/v2/repository"
 _SYSTEM_SHM = "/v2/systemsharedmemory"
 _CUDA_SHM = "/v2/cudasharedmemory"
 _REGION = "/region/{region_name}"
-
-#: The message of a register request for CUDA shared memory.
-CUDA_UNSUPPORTED = "CUDA shared memory is not supported by this server"
 
 
 def model_stats_routes(core: CoreAPI) -> list[Route]:
@@ -47,7 +44,7 @@ def extension_routes(core: CoreAPI, max_body_size: int) -> list[Route]:
     return [
         *_repository_routes(core, max_body_size),
         *_system_shm_routes(core, max_body_size),
-        *_cuda_shm_routes(),
+        *_cuda_shm_routes(core, max_body_size),
         *_logging_routes(core, max_body_size),
         *_trace_routes(core, max_body_size),
     ]
@@ -161,23 +158,34 @@ def _system_shm_routes(core: CoreAPI, limit: int) -> list[Route]:
     )
 
 
-def _cuda_shm_routes() -> list[Route]:
-    @guarded
+def _cuda_shm_routes(core: CoreAPI, limit: int) -> list[Route]:
+    def extension(method: str) -> Callable[[Endpoint], Endpoint]:
+        return _extension(core, "CUDA shared memory", method)
+
     async def status(request: Request) -> Response:
         name = request.path_params.get("region_name", "")
-        if name:
-            raise NotFound(f"Unable to find cuda shared memory region: '{name}'")
-        return json_response([])
+        return json_response(cuda_shm_status_json(core.cuda_shm_status(name)))
 
-    @guarded
     async def register(request: Request) -> Response:
-        raise Unsupported(CUDA_UNSUPPORTED)
+        name = request.path_params.get("region_name", "")
+        if not name:
+            raise InvalidArgument(
+                "'region name' is necessary to register cuda shared memory region"
+            )
+        parsed = parse_cuda_register_request(await _body(request, limit))
+        core.register_cuda_shm(name, parsed.raw_handle, parsed.device_id, parsed.byte_size)
+        return _empty()
 
-    @guarded
     async def unregister(request: Request) -> Response:
-        return _empty()  # nothing is registered, so there is nothing to fail on
+        core.unregister_cuda_shm(request.path_params.get("region_name", ""))
+        return _empty()
 
-    return _shm_routes(_CUDA_SHM, status, register, unregister)
+    return _shm_routes(
+        _CUDA_SHM,
+        extension("cuda_shm_status")(status),
+        extension("register_cuda_shm")(register),
+        extension("unregister_cuda_shm")(unregister),
+    )
 
 
 def _shm_routes(

@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping
 from shoal.protos import grpc_service_pb2 as pb
 from shoal.supervisor.core import (
     BatchStatistics,
+    CudaSharedMemoryRegion,
     InferStatistics,
     InternalError,
     InvalidArgument,
@@ -147,6 +148,19 @@ def system_shm_status_response(
         status.name = region.name
         status.key = region.key
         status.offset = region.offset
+        status.byte_size = region.byte_size
+    return response
+
+
+def cuda_shm_status_response(
+    regions: Iterable[CudaSharedMemoryRegion],
+) -> pb.CudaSharedMemoryStatusResponse:
+    """The CudaSharedMemoryStatus reply, keyed by region name."""
+    response = pb.CudaSharedMemoryStatusResponse()
+    for region in regions:
+        status = response.regions[region.name]
+        status.name = region.name
+        status.device_id = region.device_id
         status.byte_size = region.byte_size
     return response
 

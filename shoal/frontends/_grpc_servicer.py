@@ -35,13 +35,10 @@ from shoal.supervisor.core import (
     InternalError,
     InvalidArgument,
     ShoalError,
-    Unavailable,
     Unsupported,
 )
 
 _logger = logging.getLogger("shoal.frontends.grpc")
-
-NO_CUDA_SHM = "CUDA shared memory is not supported by this server (no GPU support yet)"
 
 
 def unexpected(what: str) -> InternalError:
@@ -243,17 +240,26 @@ class Servicer:
     async def cuda_shared_memory_status(
         self, request: pb.CudaSharedMemoryStatusRequest
     ) -> pb.CudaSharedMemoryStatusResponse:
-        raise Unavailable(NO_CUDA_SHM)
+        status = self._extension("cuda_shm_status", "CUDA shared memory")
+        with _extension_call("CUDA shared memory"):
+            regions = status(request.name)
+        return ext.cuda_shm_status_response(regions)
 
     async def cuda_shared_memory_register(
         self, request: pb.CudaSharedMemoryRegisterRequest
     ) -> pb.CudaSharedMemoryRegisterResponse:
-        raise Unavailable(NO_CUDA_SHM)
+        register = self._extension("register_cuda_shm", "CUDA shared memory")
+        with _extension_call("CUDA shared memory"):
+            register(request.name, request.raw_handle, request.device_id, request.byte_size)
+        return pb.CudaSharedMemoryRegisterResponse()
 
     async def cuda_shared_memory_unregister(
         self, request: pb.CudaSharedMemoryUnregisterRequest
     ) -> pb.CudaSharedMemoryUnregisterResponse:
-        raise Unavailable(NO_CUDA_SHM)
+        unregister = self._extension("unregister_cuda_shm", "CUDA shared memory")
+        with _extension_call("CUDA shared memory"):
+            unregister(request.name)
+        return pb.CudaSharedMemoryUnregisterResponse()
 
     # -- logging and tracing ---------------------------------------------------------------
 

@@ -18,6 +18,7 @@ VERSIONED = "dltensor_versioned"
 
 # DLDeviceType values.
 DEVICE_CPU = 1
+DEVICE_CUDA = 2
 DEVICE_CUDA_HOST = 3
 _HOST_DEVICES = frozenset({DEVICE_CPU, DEVICE_CUDA_HOST, 11})  # 11: kDLROCMHost
 _DEVICE_NAMES = {1: "CPU", 2: "CUDA", 3: "CUDAHost", 10: "ROCM", 11: "ROCMHost", 13: "CUDAManaged"}
@@ -138,8 +139,9 @@ def mark_bfloat16(capsule: object) -> None:
     dtype.code = _BFLOAT
 
 
-class _CapsuleProducer:
-    """Presents a bare capsule to ``np.from_dlpack``, which only takes producer objects."""
+class CapsuleProducer:
+    """Presents a bare capsule to ``np.from_dlpack`` (or ``cupy.from_dlpack``), which only take
+    producer objects."""
 
     __slots__ = ("_capsule", "_device")
 
@@ -162,7 +164,7 @@ def import_capsule(capsule: object) -> np.ndarray:
     lend writable memory, so such arrays are re-exposed writable, as Triton's are.
     """
     legacy = capsule_name(capsule) == LEGACY
-    producer = _CapsuleProducer(capsule, capsule_device(capsule))
+    producer = CapsuleProducer(capsule, capsule_device(capsule))
     try:
         array = np.from_dlpack(cast(Any, producer))
     except (BufferError, RuntimeError, TypeError) as error:

@@ -8,6 +8,7 @@ import numpy as np
 
 from shoal.ipc.dtypes import numpy_to_datatype
 from shoal.stub import _pb_dlpack as dlpack
+from shoal.stub import _pb_gpu as gpu
 from shoal.stub._pb_errors import TritonModelException
 
 #: V2 datatype name -> Triton's ``TRITONSERVER_DataType`` value.
@@ -27,6 +28,10 @@ TRITON_DTYPE_VALUES: dict[str, int] = {
     "BYTES": 13,
     "BF16": 14,
 }
+
+
+#: What a GPU tensor holds in place of host data; never read (every reader checks ``_gpu``).
+_NO_HOST_DATA = np.empty(0, dtype=np.uint8)
 
 
 def _check_name(name: object) -> str:
@@ -51,9 +56,12 @@ class Tensor:
     (copied only if it is not C-contiguous or not little-endian) and written to shared memory when
     the response is sent, so it should not be changed after it is handed to a response. Object,
     ``bytes_`` and ``str_`` arrays become BYTES tensors.
+
+    A tensor made with ``from_dlpack`` of CUDA memory is a GPU tensor (``is_cpu()`` is false): it
+    keeps the producer's device memory through a cupy array, without a copy.
     """
 
-    __slots__ = ("_data", "_dtype", "_name", "_object_view")
+    __slots__ = ("_data", "_dtype", "_gpu", "_name", "_object_view")
 
     def __init__(self, name: str, array: np.ndarray) -> None:
         self._name = _check_name(name)
@@ -67,6 +75,7 @@ class Tensor:
         self._data = array
         self._dtype = datatype
         self._object_view: np.ndarray | None = None
+        self._gpu: Any = None
 
     # -- hooks for the stub runtime ------------------------------------------------------------
 
@@ -82,6 +91,14 @@ class Tensor:
         tensor._data = array
         tensor._dtype = datatype
         tensor._object_view = None
+        tensor._gpu = None
+        return tensor
+
+    @classmethod
+    def _wrap_gpu(cls, name: str, array: Any, datatype: str) -> Tensor:
+        """Wrap a cupy array (device memory) as a GPU tensor, without copying it."""
+        tensor = cls._wrap(name, _NO_HOST_DATA, datatype)
+        tensor._gpu = array
         return tensor
 
     def _datatype(self) -> str:
@@ -89,7 +106,11 @@ class Tensor:
         return self._dtype
 
     def _array(self) -> np.ndarray:
-        """The array for the runtime to write into shared memory (BYTES: an object array)."""
+        """The array for the runtime to write into shared memory (BYTES: an object array).
+
+        A GPU tensor is copied to the host here, once (see docs/gpu.md)."""
+        if self._gpu is not None:
+            return gpu.to_host(self._gpu)
         if self._dtype != "BYTES" or self._data.dtype.kind == "O":
             return self._data
         if self._object_view is None:
@@ -111,11 +132,12 @@ class Tensor:
 
     def shape(self) -> list[int]:
         """The tensor's shape."""
-        return [int(dim) for dim in self._data.shape]
+        source = self._data if self._gpu is None else self._gpu
+        return [int(dim) for dim in source.shape]
 
     def is_cpu(self) -> bool:
-        """Whether the data is in CPU memory (always true in shoal for now)."""
-        return True
+        """Whether the data is in CPU memory (false for a tensor over CUDA memory)."""
+        return self._gpu is None
 
     def triton_dtype(self) -> int:
         """The ``TRITONSERVER_DataType`` value (FP32 is 11, BYTES 13, BF16 14, ...)."""
@@ -129,6 +151,8 @@ class Tensor:
         (``tensor.as_numpy().copy()``) before writing to it. For a tensor the model built, this is
         the array it passed in. BF16 has no NumPy dtype: use DLPack instead.
         """
+        if self._gpu is not None:
+            raise TritonModelException("Tensor is stored in GPU and cannot be converted to NumPy.")
         if self._dtype == "BF16":
             raise TritonModelException(
                 "Tensor of type BF16 cannot be converted to NumPy; use to_dlpack() instead."
@@ -151,17 +175,26 @@ class Tensor:
         copy: bool | None = None,
     ) -> Any:
         """DLPack producer protocol; CPU data needs no stream synchronization."""
+        if self._gpu is not None:
+            return self._gpu.__dlpack__(stream=stream)
         if dl_device is not None and tuple(dl_device) != (dlpack.DEVICE_CPU, 0):
             raise BufferError(f"Tensor '{self._name}' is on the CPU; cannot export to {dl_device}")
         return self._export(max_version, copy=bool(copy))
 
     def __dlpack_device__(self) -> tuple[int, int]:
-        """``(device_type, device_id)``: ``(1, 0)``, the CPU."""
+        """``(device_type, device_id)``: ``(1, 0)`` for the CPU, ``(2, n)`` for CUDA device n."""
+        if self._gpu is not None:
+            return (dlpack.DEVICE_CUDA, gpu.device_of(self._gpu))
         return (dlpack.DEVICE_CPU, 0)
 
     def _export(self, max_version: tuple[int, int] | None, copy: bool = False) -> Any:
         if self._dtype == "BYTES":
             raise TritonModelException("DLPack does not support BYTES tensors.")
+        if self._gpu is not None:
+            capsule = (self._gpu.copy() if copy else self._gpu).toDlpack()
+            if self._dtype == "BF16":
+                dlpack.mark_bfloat16(capsule)
+            return capsule
         array = self._data.copy() if copy else self._data
         capsule = dlpack.export_array(array, max_version)
         if self._dtype == "BF16":
@@ -173,23 +206,32 @@ class Tensor:
         """A Tensor over a DLPack producer's memory, without copying.
 
         ``dlpack_obj`` is an object with ``__dlpack__`` (a NumPy array, a torch tensor, ...) or a
-        ``"dltensor"`` PyCapsule such as ``torch.utils.dlpack.to_dlpack`` returns. Only CPU memory
-        is supported for now; the data must be C-contiguous.
+        ``"dltensor"`` PyCapsule such as ``torch.utils.dlpack.to_dlpack`` returns. The data must
+        be C-contiguous. CUDA memory makes a GPU tensor (it needs cupy, ``shoal[gpu]``).
         """
         _check_name(name)
         if dlpack.is_capsule(dlpack_obj):
             capsule = dlpack_obj
-            _check_device(name, _capsule_device(capsule))
         elif hasattr(dlpack_obj, "__dlpack__"):
+            device = (dlpack.DEVICE_CPU, 0)
             if hasattr(dlpack_obj, "__dlpack_device__"):
-                _check_device(name, tuple(dlpack_obj.__dlpack_device__()))
-            capsule = dlpack.export_from(dlpack_obj)
-            _check_device(name, _capsule_device(capsule))
+                device_type, device_id = dlpack_obj.__dlpack_device__()
+                device = (int(device_type), int(device_id))
+            if dlpack.is_host_device(device[0]):
+                capsule = dlpack.export_from(dlpack_obj)
+            else:
+                gpu.check_device(name, device)  # before the producer is asked to export
+                # A legacy capsule: every cupy release imports it, not only those with 1.0.
+                capsule = dlpack_obj.__dlpack__(stream=None)
         else:
             raise TritonModelException(
                 "Tensor.from_dlpack expects a DLPack capsule or an object with __dlpack__, "
                 f"got {type(dlpack_obj).__name__}"
             )
+        device = _capsule_device(capsule)
+        if not dlpack.is_host_device(device[0]):
+            array, bfloat16 = gpu.import_device_capsule(name, capsule, device)
+            return Tensor._wrap_gpu(name, array, gpu.datatype_of(array, bfloat16))
         try:
             bfloat16 = dlpack.check_importable(capsule)
             array = dlpack.import_capsule(capsule)
@@ -212,13 +254,3 @@ def _capsule_device(capsule: object) -> tuple[int, int]:
         return dlpack.capsule_device(capsule)
     except dlpack.DLPackError as error:
         raise TritonModelException(f"Tensor.from_dlpack: {error}") from None
-
-
-def _check_device(name: str, device: tuple[Any, ...]) -> None:
-    device_type = int(device[0])
-    if not dlpack.is_host_device(device_type):
-        raise TritonModelException(
-            f"Tensor.from_dlpack('{name}'): the data is in {dlpack.device_name(device_type)} "
-            f"memory (device {int(device[1])}); GPU tensors need shoal's GPU tensor path, which "
-            "is not available yet. Move the tensor to the CPU first (e.g. tensor.cpu())."
-        )

@@ -24,6 +24,7 @@ from shoal.ipc import messages as msg
 from shoal.ipc.arena import Block
 from shoal.ipc.tensor import TensorDesc
 from shoal.stub import pb_utils
+from shoal.stub._pb_memory import place_outputs
 from shoal.stub.memory import kept_view
 from shoal.stub.pump import DownPump
 from shoal.stub.tensors_out import TensorWriter
@@ -118,7 +119,7 @@ class BlsClient:
         finally:
             self._closed(call_id)
         assert isinstance(reply, msg.BlsReply)
-        return self._response(reply.response, keeper)
+        return place_outputs(self._response(reply.response, keeper), request._preferred_memory())
 
     def async_exec(self, request: Any, decoupled: bool) -> Awaitable[Any]:
         loop = asyncio.get_running_loop()

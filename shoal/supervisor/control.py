@@ -25,6 +25,7 @@ from shoal.supervisor.autocomplete import (
     require_pytorch_config,
     wants_auto_complete,
 )
+from shoal.supervisor.cuda_devices import check_gpu_parameters, visible_gpus
 from shoal.supervisor.errors import (
     ErrorCode,
     InvalidArgument,
@@ -301,7 +302,8 @@ class ModelRepositoryManager:
                 ),
             )
         require_pytorch_config(path, proto, name)
-        config = model_config.complete_config(source, proto=proto)
+        config = model_config.complete_config(source, proto=proto, gpus=visible_gpus())
+        check_gpu_parameters(config.parameters, name)
         chosen = model_config.select_versions(config.version_policy, available, model_name=name)
         as_json = model_config.config_to_json(config)
         return [ModelVersion(name, v, config, as_json) for v in chosen]

@@ -24,6 +24,7 @@ from shoal.supervisor.errors import (
 from shoal.supervisor.trace_settings import TraceChange, TraceValue
 from shoal.supervisor.types import (
     BatchStatistics,
+    CudaSharedMemoryRegion,
     InferInput,
     InferOutput,
     InferRequest,
@@ -47,6 +48,7 @@ __all__ = [
     "BatchStatistics",
     "Cancelled",
     "CoreAPI",
+    "CudaSharedMemoryRegion",
     "DeadlineExceeded",
     "ErrorCode",
     "InferInput",
@@ -149,6 +151,20 @@ class CoreAPI(Protocol):
 
     def system_shm_status(self, name: str = "") -> list[SharedMemoryRegion]:
         """Registered regions (NOT_FOUND for an unknown ``name``)."""
+        ...
+
+    def register_cuda_shm(
+        self, name: str, raw_handle: bytes, device_id: int, byte_size: int
+    ) -> None:
+        """Register a client's CUDA IPC handle (INVALID_ARG "GPUs not supported" without CUDA)."""
+        ...
+
+    def unregister_cuda_shm(self, name: str = "") -> None:
+        """Unregister one CUDA region, or all of them when ``name`` is empty."""
+        ...
+
+    def cuda_shm_status(self, name: str = "") -> list[CudaSharedMemoryRegion]:
+        """Registered CUDA regions (NOT_FOUND for an unknown ``name``)."""
         ...
 
     def log_settings(self) -> dict[str, ParamValue]:

@@ -15,6 +15,7 @@ from typing import Any
 
 from shoal.ipc.arena import Block
 from shoal.supervisor import environments
+from shoal.supervisor.cuda_devices import stub_environment
 from shoal.supervisor.errors import ShoalError, Unavailable
 from shoal.supervisor.instances import (
     BlsHandler,
@@ -122,7 +123,14 @@ class ModelLoader:
                     instance_name=instance_name,
                     init_args=args,
                     model_file=model_file,
-                    launch=StubLaunch(instance_name, python=python, env=env),
+                    launch=StubLaunch(
+                        instance_name,
+                        python=python,
+                        env={
+                            **env,
+                            **stub_environment(config.parameters, kind, device_id, mv.name),
+                        },
+                    ),
                     output_arena=(
                         self._arenas.output_initial_bytes,
                         self._arenas.growth_bytes,

@@ -43,6 +43,7 @@ from shoal.supervisor.shm_registry import SharedMemoryRegistry
 from shoal.supervisor.streams import new_stream
 from shoal.supervisor.trace_settings import TraceChange, TraceSettings, TraceValue
 from shoal.supervisor.types import (
+    CudaSharedMemoryRegion,
     InferOutput,
     InferRequest,
     InferResponse,
@@ -67,6 +68,7 @@ EXTENSIONS = (
     "parameters",
     "statistics",
     "system_shared_memory",
+    "cuda_shared_memory",
     "logging",
     "trace",
     "generate",
@@ -370,6 +372,17 @@ class InferenceService:
 
     def system_shm_status(self, name: str = "") -> list[SharedMemoryRegion]:
         return self.shm.status(name)
+
+    def register_cuda_shm(
+        self, name: str, raw_handle: bytes, device_id: int, byte_size: int
+    ) -> None:
+        self.shm.register_cuda(name, raw_handle, device_id, byte_size)
+
+    def unregister_cuda_shm(self, name: str = "") -> None:
+        self.shm.unregister_cuda(name)
+
+    def cuda_shm_status(self, name: str = "") -> list[CudaSharedMemoryRegion]:
+        return self.shm.cuda_status(name)
 
     def log_settings(self) -> dict[str, ParamValue]:
         return self.logging.current()

@@ -1,4 +1,8 @@
-"""Reading request inputs from, and writing outputs into, clients' shared-memory regions."""
+"""Reading request inputs from, and writing outputs into, clients' shared-memory regions.
+
+System regions go to the stub by descriptor. CUDA regions are copied once through the
+supervisor for now (device to host for inputs, host to device for outputs): see docs/gpu.md.
+"""
 
 from __future__ import annotations
 
@@ -33,6 +37,9 @@ def read_shm_inputs(
             continue
         what = f"input '{tensor.name}' for model '{request.model_name}'"
         region, offset, size = _window(tensor.parameters, what)
+        if region in registry.cuda:
+            tensor.data = registry.cuda.read(region, offset, size, what=what)
+            continue
         tensor.data = registry.view(region, offset, size, what=what)
         regions[tensor.name] = registry.location(region, offset, size, what=what)
     return regions
@@ -48,6 +55,8 @@ def output_regions(
             continue
         what = f"output '{output.name}' of model '{request.model_name}'"
         region, offset, size = _window(output.parameters, what)
+        if region in registry.cuda:
+            continue  # written by write_shm_outputs
         regions[output.name] = registry.location(region, offset, size, what=what)
     return regions
 
@@ -85,7 +94,10 @@ def write_shm_outputs(
                 f"shared memory size specified with the request for output '{output.name}' "
                 f"({size} bytes) should be at least {nbytes} bytes to hold the results"
             )
-        registry.view(region, offset, nbytes, what=what)[:] = output.data
+        if region in registry.cuda:
+            registry.cuda.write(region, offset, output.data, what=what)
+        else:
+            registry.view(region, offset, nbytes, what=what)[:] = output.data
         expected = byte_size(output.datatype, output.shape)
         assert expected is None or expected == nbytes
         response.outputs[index] = InferOutput(

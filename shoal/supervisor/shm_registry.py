@@ -14,8 +14,9 @@ from dataclasses import dataclass
 import posix_ipc
 
 from shoal.ipc.tensor import RegionLocation
+from shoal.supervisor.cuda_shm import CudaSharedMemoryRegistry
 from shoal.supervisor.errors import ErrorCode, InvalidArgument, NotFound, ShoalError
-from shoal.supervisor.types import SharedMemoryRegion
+from shoal.supervisor.types import CudaSharedMemoryRegion, SharedMemoryRegion
 
 
 class AlreadyExists(ShoalError):
@@ -34,15 +35,18 @@ class _Mapped:
 
 
 class SharedMemoryRegistry:
-    """Registered regions by name; each mapped once for the life of its registration."""
+    """Registered regions by name; each mapped once for the life of its registration.
 
-    def __init__(self) -> None:
+    ``cuda`` holds the clients' CUDA regions; a name is unique across both kinds, as in Triton.
+    """
+
+    def __init__(self, cuda: CudaSharedMemoryRegistry | None = None) -> None:
         self._regions: dict[str, _Mapped] = {}
         self._generations = itertools.count(1)
+        self.cuda = cuda if cuda is not None else CudaSharedMemoryRegistry()
 
     def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
-        if name in self._regions:
-            raise AlreadyExists(f"shared memory region '{name}' already in manager")
+        self._check_new(name)
         if offset < 0 or byte_size < 0:
             raise InvalidArgument(
                 f"shared memory region '{name}': offset and byte_size must not be negative"
@@ -66,6 +70,20 @@ class SharedMemoryRegistry:
             shm.close_fd()
         region = SharedMemoryRegion(name, key, offset, byte_size)
         self._regions[name] = _Mapped(region, mapping, next(self._generations))
+
+    def register_cuda(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> None:
+        """Register a client's CUDA IPC handle (INVALID_ARGUMENT without GPUs, as Triton)."""
+        self.cuda.register(name, raw_handle, device_id, byte_size, taken=name in self._regions)
+
+    def unregister_cuda(self, name: str = "") -> None:
+        self.cuda.unregister(name)
+
+    def cuda_status(self, name: str = "") -> list[CudaSharedMemoryRegion]:
+        return self.cuda.status(name)
+
+    def _check_new(self, name: str) -> None:
+        if name in self._regions or name in self.cuda:
+            raise AlreadyExists(f"shared memory region '{name}' already in manager")
 
     def unregister(self, name: str = "") -> None:
         names = [name] if name else list(self._regions)
@@ -107,6 +125,7 @@ class SharedMemoryRegistry:
 
     def close(self) -> None:
         self.unregister()
+        self.cuda.close()
 
 
 def _close(mapping: mmap.mmap) -> None:

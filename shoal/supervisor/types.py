@@ -227,3 +227,12 @@ class SharedMemoryRegion:
     key: str
     offset: int
     byte_size: int
+
+
+@dataclass(frozen=True)
+class CudaSharedMemoryRegion:
+    """A client's registered CUDA shared-memory region (a cudaIpcMemHandle it exported)."""
+
+    name: str
+    device_id: int
+    byte_size: int

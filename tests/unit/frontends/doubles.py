@@ -19,6 +19,7 @@ import uvloop
 from shoal.ipc.dtypes import byte_size, serialize_bytes
 from shoal.supervisor.core import (
     BatchStatistics,
+    CudaSharedMemoryRegion,
     ErrorCode,
     InferInput,
     InferOutput,
@@ -40,6 +41,7 @@ from shoal.supervisor.core import (
     StatDuration,
     TensorMetadata,
 )
+from shoal.supervisor.cuda_shm import CudaSharedMemoryRegistry
 
 T = TypeVar("T")
 
@@ -228,6 +230,7 @@ class EchoCore(BaseEchoCore):
         self.loads: list[tuple[str, str | None, dict[str, bytes] | None]] = []
         self.unloads: list[tuple[str, bool]] = []
         self.regions: dict[str, SharedMemoryRegion] = {}
+        self.cuda = CudaSharedMemoryRegistry()  # the real one: on this machine, without GPUs
         self.log: dict[str, ParamValue] = dict(DEFAULT_LOG_SETTINGS)
         self.stats_calls: list[tuple[str, str]] = []
 
@@ -278,6 +281,17 @@ class EchoCore(BaseEchoCore):
         if name not in self.regions:
             raise NotFound(f"Unable to find system shared memory region: '{name}'")
         return [self.regions[name]]
+
+    def register_cuda_shm(
+        self, name: str, raw_handle: bytes, device_id: int, byte_size: int
+    ) -> None:
+        self.cuda.register(name, raw_handle, device_id, byte_size, taken=name in self.regions)
+
+    def unregister_cuda_shm(self, name: str = "") -> None:
+        self.cuda.unregister(name)
+
+    def cuda_shm_status(self, name: str = "") -> list[CudaSharedMemoryRegion]:
+        return self.cuda.status(name)
 
     def log_settings(self) -> dict[str, ParamValue]:
         return dict(self.log)

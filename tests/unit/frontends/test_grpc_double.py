@@ -18,6 +18,7 @@ from shoal.frontends.grpc import GrpcServer
 from shoal.ipc.dtypes import serialize_bytes
 from shoal.supervisor.core import (
     BatchStatistics,
+    CudaSharedMemoryRegion,
     ErrorCode,
     InferInput,
     InferOutput,
@@ -38,6 +39,7 @@ from shoal.supervisor.core import (
     StatDuration,
     TensorMetadata,
 )
+from shoal.supervisor.cuda_shm import CudaSharedMemoryRegistry
 from shoal.supervisor.trace_settings import TraceChange, TraceSettings, TraceValue
 
 from .doubles import LoopThread
@@ -187,6 +189,7 @@ class FullCore(BareCore):
     def __init__(self) -> None:
         super().__init__()
         self.loads: list[tuple[str, str | None, dict[str, bytes] | None]] = []
+        self.cuda = CudaSharedMemoryRegistry()  # the real one: on this machine, without GPUs
         self.unloads: list[tuple[str, bool]] = []
         self.regions: dict[str, SharedMemoryRegion] = {}
         self.logging: dict[str, ParamValue] = {
@@ -237,6 +240,17 @@ class FullCore(BareCore):
         if name not in self.regions:
             raise NotFound(f"Unable to find system shared memory region: '{name}'")
         return [self.regions[name]]
+
+    def register_cuda_shm(
+        self, name: str, raw_handle: bytes, device_id: int, byte_size: int
+    ) -> None:
+        self.cuda.register(name, raw_handle, device_id, byte_size, taken=name in self.regions)
+
+    def unregister_cuda_shm(self, name: str = "") -> None:
+        self.cuda.unregister(name)
+
+    def cuda_shm_status(self, name: str = "") -> list[CudaSharedMemoryRegion]:
+        return self.cuda.status(name)
 
     def log_settings(self) -> dict[str, ParamValue]:
         return dict(self.logging)

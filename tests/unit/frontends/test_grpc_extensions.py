@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Iterator
 from typing import Any
 
@@ -168,21 +169,18 @@ def test_system_shared_memory_errors_come_from_the_core(client: Any) -> None:
     assert error.status() == "StatusCode.NOT_FOUND"
 
 
-@pytest.mark.parametrize(
-    "call",
-    [
-        lambda c: c.get_cuda_shared_memory_status(),
-        lambda c: c.register_cuda_shared_memory("r", b"\0" * 64, 0, 16),
-        lambda c: c.unregister_cuda_shared_memory("r"),
-    ],
-    ids=["status", "register", "unregister"],
-)
-def test_cuda_shared_memory_is_unavailable(client: Any, call: Any) -> None:
-    error = _error(lambda: call(client))
-    assert error.status() == "StatusCode.UNAVAILABLE"
-    assert error.message() == (
-        "CUDA shared memory is not supported by this server (no GPU support yet)"
+def test_cuda_shared_memory_without_gpus(client: Any) -> None:
+    raw_handle = base64.b64encode(bytes(64))  # tritonclient.grpc decodes it again
+    error = _error(lambda: client.register_cuda_shared_memory("r", raw_handle, 0, 16))
+    assert error.status() == "StatusCode.INVALID_ARGUMENT"
+    assert (
+        error.message() == "failed to register CUDA shared memory region: 'r', GPUs not supported"
     )
+    assert client.get_cuda_shared_memory_status().regions == {}
+    error = _error(lambda: client.get_cuda_shared_memory_status("r"))
+    assert error.status() == "StatusCode.NOT_FOUND"
+    client.unregister_cuda_shared_memory("r")
+    client.unregister_cuda_shared_memory()
 
 
 # --- logging and tracing ----------------------------------------------------------------------

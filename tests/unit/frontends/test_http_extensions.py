@@ -309,12 +309,32 @@ class TestCudaSharedMemory:
         status, message = server_error(lambda: client.get_cuda_shared_memory_status("r"))
         assert (status, message) == ("404", "Unable to find cuda shared memory region: 'r'")
 
-    def test_register_is_501(self, client: Client) -> None:
+    def test_register_without_gpus_is_triton_400(self, client: Client) -> None:
         handle = base64.b64encode(bytes(64)).decode()
         status, message = server_error(
             lambda: client.register_cuda_shared_memory("r", handle, device_id=0, byte_size=8)
         )
-        assert (status, message) == ("501", "CUDA shared memory is not supported by this server")
+        assert (status, message) == (
+            "400",
+            "failed to register CUDA shared memory region: 'r', GPUs not supported",
+        )
+
+    @pytest.mark.parametrize(
+        ("body", "message"),
+        [
+            (
+                {"device_id": 0, "byte_size": 8},
+                "Shared memory register request has no 'raw_handle'",
+            ),
+            ({"raw_handle": {"b64": "@@"}, "device_id": 0, "byte_size": 8}, "is not base64"),
+            ({"raw_handle": "x", "device_id": 0, "byte_size": 8}, "expected a JSON object"),
+            ({"raw_handle": {"b64": ""}, "device_id": -1, "byte_size": 8}, "'device_id'"),
+        ],
+    )
+    def test_malformed_register_is_400(self, url: str, body: Any, message: str) -> None:
+        reply = http(url, "POST", "/v2/cudasharedmemory/region/r/register", json=body)
+        assert reply.status_code == 400
+        assert message in reply.json()["error"]
 
     def test_unregister_succeeds(self, client: Client) -> None:
         client.unregister_cuda_shared_memory("r")
@@ -485,4 +505,5 @@ def test_tritonclient_reads_the_501(extensionless_urls: dict[str, str]) -> None:
     with httpclient.InferenceServerClient(extensionless_urls["missing"]) as triton:
         status, message = server_error(triton.get_inference_statistics)
         assert (status, message) == ("501", "statistics is not supported by this server")
-        assert triton.get_cuda_shared_memory_status() == []
+        status, message = server_error(triton.get_cuda_shared_memory_status)
+        assert (status, message) == ("501", "CUDA shared memory is not supported by this server")
