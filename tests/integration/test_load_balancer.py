@@ -141,5 +141,7 @@ def test_sigterm_drains_in_flight_and_answers_503_meanwhile():
         answer = outcome["answer"]
         assert isinstance(answer, httpclient.InferResult)
         np.testing.assert_array_equal(answer.as_numpy("SECONDS_OUT"), [RUNNING_SECONDS])
+        # The drain ends on its own (a second SIGTERM from stop() would cut it short).
+        assert server.proc.wait(30) == 0
         assert server.stop() == 0
         client.close()
