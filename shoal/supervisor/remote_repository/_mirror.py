@@ -68,6 +68,8 @@ class RemoteRepository:
     def sync(self, model: str | None = None) -> Changes:
         """Download added and changed models, remove deleted ones; ``model`` limits the listing
         (and the work) to that model's prefix."""
+        if model is not None and (not model or "/" in model or model.startswith(".")):
+            return Changes()  # not a model name a listing could give: nothing to fetch
         with self._mutex:
             listed = self._list(model)
             changes = compare(

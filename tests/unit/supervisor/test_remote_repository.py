@@ -193,6 +193,7 @@ def test_mirror_downloads_changes_only(store, tmp_path):
         assert mirror.sync("sub") == Changes((), ("sub",))
         assert not (cache / "sub").exists()
         assert mirror.models == ("add",)
+        assert mirror.sync("../bucket") == mirror.sync(".incoming-x") == Changes()
     finally:
         mirror.close()
 
