@@ -142,7 +142,15 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         required=True,
         dest="model_repository",
-        help="model repository path (repeatable)",
+        help="model repository: a directory, or s3://bucket/path, gs://bucket/path, "
+        "az://container/path (repeatable)",
+    )
+    serve.add_argument(
+        "--model-repository-cache",
+        default="",
+        metavar="DIR",
+        help="keep the copies of remote repositories in DIR, reused after a restart "
+        "(default: a temporary directory removed at exit)",
     )
     serve.add_argument("--http-address", default="0.0.0.0")
     serve.add_argument("--http-port", type=int, default=8000, help="0 binds a free port")
@@ -242,6 +250,7 @@ def _restrictions(specs: Sequence[Restriction], kind: str) -> tuple[Restriction,
 def options_from_args(args: argparse.Namespace) -> ServerOptions:
     return ServerOptions(
         model_repositories=tuple(args.model_repository),
+        model_repository_cache=args.model_repository_cache,
         http_address=args.http_address,
         http_port=args.http_port,
         grpc_address=args.grpc_address,

@@ -36,6 +36,7 @@ from shoal.supervisor.errors import (
 )
 from shoal.supervisor.models import ModelLoader, ModelState, ModelVersion
 from shoal.supervisor.options import ServerOptions
+from shoal.supervisor.remote_repository import RemoteRepositoryError, RepositorySources
 from shoal.supervisor.repository import scan
 from shoal.supervisor.types import RepositoryEntry
 
@@ -48,6 +49,8 @@ class ModelRepositoryManager:
     def __init__(self, options: ServerOptions, loader: ModelLoader) -> None:
         self.options = options
         self.loader = loader
+        # Local repositories as they are, remote ones mirrored: what scan() reads.
+        self.sources = RepositorySources(options.model_repositories, options.model_repository_cache)
         self.models: dict[str, dict[int, ModelVersion]] = {}
         self.failed: dict[str, str] = {}
         self._locks: dict[str, asyncio.Lock] = {}
@@ -64,7 +67,8 @@ class ModelRepositoryManager:
 
     async def load_startup(self) -> None:
         """Load what the control mode says to load at start; failures are recorded."""
-        sources, broken = scan(self.options.model_repositories)
+        await self.sources.open()
+        sources, broken = scan(self.sources.local_paths)
         self.failed.update(broken)
         if self.options.model_control_mode == "explicit":
             wanted = set(self.options.load_models)
@@ -83,12 +87,15 @@ class ModelRepositoryManager:
             await asyncio.sleep(self.options.repository_poll_secs)
             try:
                 await self.poll_once()
+            except RemoteRepositoryError as error:  # the store is unreachable: keep what runs
+                log.error("repository poll failed: %s", error)
             except Exception:  # a bad poll must not stop polling
                 log.exception("repository poll failed")
 
     async def poll_once(self) -> None:
         """Load added models, reload changed ones, unload removed ones."""
-        sources, _ = scan(self.options.model_repositories)
+        await self.sources.sync()
+        sources, _ = scan(self.sources.local_paths)
         current = {n: _fingerprint(s.path) for n, s in sources.items()}
         known = set(self.models) | set(self.failed) | set(self._fingerprints)
         changed = [n for n in current if current[n] != self._fingerprints.get(n)]
@@ -130,9 +137,18 @@ class ModelRepositoryManager:
             self._check_control_allowed()
         self._loading.add(name)
         try:
+            if not _startup and not files:
+                await self._sync_model(name)
             await self._load_locked(name, config_json, files)
         finally:
             self._loading.discard(name)
+
+    async def _sync_model(self, name: str) -> None:
+        """An explicit load reads the model as its remote repository has it now."""
+        try:
+            await self.sources.sync(name)
+        except RemoteRepositoryError as error:
+            raise InvalidArgument(f"failed to load '{name}': {error}") from None
 
     async def _load_locked(
         self, name: str, config_json: str | None, files: dict[str, bytes] | None
@@ -186,7 +202,7 @@ class ModelRepositoryManager:
         ensembles included) as Triton does; step models still loading at start-up are skipped."""
         if not mv.config.is_ensemble:
             return None
-        sources, _ = scan(self.options.model_repositories)
+        sources, _ = scan(self.sources.local_paths)
         try:
             check_ensemble(
                 mv.config,
@@ -229,7 +245,7 @@ class ModelRepositoryManager:
                     "parameter; Triton requires the config with file overrides"
                 )
             return self._write_files(name, files)
-        sources, _ = scan(self.options.model_repositories)
+        sources, _ = scan(self.sources.local_paths)
         source = sources.get(name)
         if source is None:
             raise InvalidArgument(f"failed to load '{name}', failed to poll from model repository")
@@ -347,6 +363,7 @@ class ModelRepositoryManager:
         for scratch in self._scratch.values():
             shutil.rmtree(scratch, ignore_errors=True)
         self._scratch.clear()
+        self.sources.close()
 
     # -- queries ----------------------------------------------------------------------------
 
@@ -396,7 +413,7 @@ class ModelRepositoryManager:
         return all(mv.ready or mv.reason == "unloaded" for mv in self.versions())
 
     def index(self, ready_only: bool = False) -> list[RepositoryEntry]:
-        sources, _ = scan(self.options.model_repositories)
+        sources, _ = scan(self.sources.local_paths)
         entries: list[RepositoryEntry] = []
         for name in sorted(set(sources) | set(self.models) | set(self.failed)):
             versions = self.models.get(name)

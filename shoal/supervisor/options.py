@@ -31,6 +31,8 @@ class Restriction:
 @dataclass(frozen=True)
 class ServerOptions:
     model_repositories: tuple[str, ...]
+    #: Where remote (s3://, gs://, az://) repositories are mirrored; "" is a temporary directory.
+    model_repository_cache: str = ""
     http_address: str = "0.0.0.0"
     http_port: int = 8000
     grpc_address: str = "0.0.0.0"
