@@ -48,6 +48,7 @@ _INFER_RESPONSE = pb.ModelStreamInferResponse.INFER_RESPONSE_FIELD_NUMBER
 _SHM_REGION = "shared_memory_region"
 _NO_DATA = memoryview(b"")
 _InputTensor = pb.ModelInferRequest.InferInputTensor
+_DATATYPES = frozenset(DATATYPES)
 
 
 @dataclass
@@ -65,7 +66,8 @@ def decode_infer_request(data: bytes) -> DecodedInfer:
     """Decode a serialized ``ModelInferRequest``."""
     header, raw = split_raw_contents(data, _RAW_INPUT_CONTENTS)
     try:
-        message = pb.ModelInferRequest.FromString(header)
+        # upb parses any buffer, so a view of the received bytes needs no copy first.
+        message = pb.ModelInferRequest.FromString(header)  # type: ignore[arg-type]
     except DecodeError as exc:
         raise InvalidArgument(f"failed to parse the request message: {exc}") from None
     parameters, final_flag = decode_request_parameters(message.parameters)
@@ -87,23 +89,25 @@ def decode_infer_request(data: bytes) -> DecodedInfer:
 
 def _inputs(message: pb.ModelInferRequest, raw: list[memoryview]) -> list[InferInput]:
     model = message.model_name
-    if raw:
-        for tensor in message.inputs:
-            if tensor.HasField("contents"):
-                raise InvalidArgument(
-                    "contents field must not be specified when using raw_input_contents for "
-                    f"'{tensor.name}' for model '{model}'"
-                )
+    tensors = message.inputs
+    # Asked once per input: each HasField call on a protobuf message costs a lookup.
+    typed = [tensor.HasField("contents") for tensor in tensors]
+    if raw and any(typed):
+        name = tensors[typed.index(True)].name
+        raise InvalidArgument(
+            "contents field must not be specified when using raw_input_contents for "
+            f"'{name}' for model '{model}'"
+        )
     inputs: list[InferInput] = []
     seen: set[str] = set()
     pending_raw = iter(raw)
-    for tensor in message.inputs:
+    for tensor, has_contents in zip(tensors, typed, strict=True):
         name, datatype, shape = _tensor_spec(tensor)
         if name in seen:
             raise InvalidArgument(f"input '{name}' already exists in request")
         seen.add(name)
         parameters = decode_input_parameters(name, tensor.parameters)
-        data = _input_data(tensor, shape, parameters, pending_raw, model)
+        data = _input_data(tensor, has_contents, shape, parameters, pending_raw, model)
         inputs.append(InferInput(name, datatype, shape, data, parameters))
     _check_raw_count(inputs, raw, model)
     return inputs
@@ -113,13 +117,13 @@ def _tensor_spec(tensor: _InputTensor) -> tuple[str, str, tuple[int, ...]]:
     name, datatype = tensor.name, tensor.datatype
     if not name:
         raise InvalidArgument("each input needs a non-empty name")
-    if datatype not in DATATYPES:
+    if datatype not in _DATATYPES:
         raise InvalidArgument(
             f"invalid datatype '{datatype}' for input '{name}': expected one of "
             + ", ".join(DATATYPES)
         )
     shape = tuple(tensor.shape)
-    if any(dim < 0 for dim in shape):
+    if shape and min(shape) < 0:
         raise InvalidArgument(
             f"invalid shape {list(shape)} for input '{name}': dimensions must be >= 0"
         )
@@ -128,6 +132,7 @@ def _tensor_spec(tensor: _InputTensor) -> tuple[str, str, tuple[int, ...]]:
 
 def _input_data(
     tensor: _InputTensor,
+    has_contents: bool,
     shape: tuple[int, ...],
     parameters: dict[str, ParamValue],
     pending_raw: Iterator[memoryview],
@@ -135,13 +140,13 @@ def _input_data(
 ) -> memoryview | np.ndarray:
     name, datatype = tensor.name, tensor.datatype
     if _SHM_REGION in parameters:
-        if tensor.HasField("contents"):
+        if has_contents:
             raise InvalidArgument(
                 "unexpected 'content' provided when using shared memory for input tensor "
                 f"'{name}' for model '{model}'"
             )
         return _NO_DATA  # the core reads the client's region named in the parameters
-    if tensor.HasField("contents"):
+    if has_contents:
         return array_from_contents(name, datatype, shape, tensor.contents, model)
     data: memoryview | None = next(pending_raw, None)
     if data is None:
@@ -175,15 +180,15 @@ def encode_infer_response(
     message = pb.ModelInferResponse(
         model_name=response.model_name, model_version=response.model_version, id=response.id
     )
-    encode_parameters(message.parameters, response.parameters)
+    if response.parameters:
+        encode_parameters(message.parameters, response.parameters)
     if final and decoded.final_response_flag:
         message.parameters[FINAL_RESPONSE].bool_param = True
     payloads: list[memoryview] = []
     for output in response.outputs:
-        tensor = message.outputs.add(
-            name=output.name, datatype=output.datatype, shape=list(output.shape)
-        )
-        encode_parameters(tensor.parameters, output.parameters)
+        tensor = message.outputs.add(name=output.name, datatype=output.datatype, shape=output.shape)
+        if output.parameters:
+            encode_parameters(tensor.parameters, output.parameters)
         in_shm = output.name in decoded.shared_memory_outputs
         payloads.append(_NO_DATA if in_shm else output_bytes(output))
     return [message.SerializeToString(), *raw_field_chunks(_RAW_OUTPUT_CONTENTS, payloads)]

@@ -53,6 +53,8 @@ def decode_request_parameters(
     parameters: Mapping[str, pb.InferParameter],
 ) -> tuple[dict[str, ParamValue], bool]:
     """The request's parameters for the core, and whether it asked for a final-response flag."""
+    if not parameters:  # the usual case, and checking an empty map finds nothing
+        return {}, False
     values = _values(parameters)
     final = values.pop(EMPTY_FINAL_RESPONSE, False)
     if not isinstance(final, bool):
@@ -67,6 +69,8 @@ def decode_input_parameters(
     name: str, parameters: Mapping[str, pb.InferParameter]
 ) -> dict[str, ParamValue]:
     """An input's parameters for the core."""
+    if not parameters:
+        return {}
     decoded, _ = input_parameters(name, _values(parameters))
     return decoded
 
@@ -75,6 +79,8 @@ def decode_output_parameters(
     name: str, parameters: Mapping[str, pb.InferParameter]
 ) -> dict[str, ParamValue]:
     """A requested output's parameters for the core."""
+    if not parameters:
+        return {}
     decoded, _ = output_parameters(name, _values(parameters))
     return decoded
 

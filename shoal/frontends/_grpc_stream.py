@@ -25,10 +25,6 @@ from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Awaita
 Answer = Callable[[bytes], Awaitable[bytes] | AsyncIterator[bytes]]
 
 
-class _Answered:
-    """Marks that every answer of one request has been queued."""
-
-
 async def answer_stream(
     requests: AsyncIterable[bytes], answer: Answer, closing: asyncio.Event | None = None
 ) -> AsyncGenerator[bytes, None]:
@@ -49,27 +45,39 @@ class _Stream:
 
     def __init__(self, answer: Answer) -> None:
         self._answer = answer
-        # An answer; None once no more requests will come; an exception that ends the stream.
-        self._done: asyncio.Queue[bytes | Exception | _Answered | None] = asyncio.Queue()
+        # An answer; None once every request is answered and no more will come; an exception
+        # that ends the stream. One item per answer: the stream is told of a request's end by
+        # the count of running requests, not by a marker item, as each item costs a wake-up.
+        self._done: asyncio.Queue[bytes | Exception | None] = asyncio.Queue()
         self.running: set[asyncio.Task[None]] = set()
-        self._issued = 0
+        self._unanswered = 0
+        self._reading = True
 
     async def read(self, requests: AsyncIterable[bytes]) -> None:
         try:
             async for message in requests:
-                self._issued += 1
+                self._unanswered += 1
                 task = asyncio.create_task(self._answer_one(message), name="shoal-grpc-stream")
                 self.running.add(task)
                 task.add_done_callback(self.running.discard)
         except Exception as exc:
             self._done.put_nowait(exc)
         else:
-            self._done.put_nowait(None)
+            self._stop_reading()
 
     async def close_when(self, closing: asyncio.Event, reader: asyncio.Task[None]) -> None:
         await closing.wait()
         reader.cancel()
-        self._done.put_nowait(None)
+        self._stop_reading()
+
+    def _stop_reading(self) -> None:
+        if self._reading:
+            self._reading = False
+            self._end_if_answered()
+
+    def _end_if_answered(self) -> None:
+        if not self._reading and self._unanswered == 0:
+            self._done.put_nowait(None)
 
     async def _answer_one(self, message: bytes) -> None:
         try:
@@ -79,22 +87,19 @@ class _Stream:
             else:
                 async for reply in answer:
                     self._done.put_nowait(reply)
-            self._done.put_nowait(_Answered())
         except Exception as exc:
             self._done.put_nowait(exc)
+        self._unanswered -= 1
+        self._end_if_answered()
 
     async def replies(self) -> AsyncIterator[bytes]:
-        answered, ended = 0, False
-        while not (ended and answered == self._issued):
+        while True:
             item = await self._done.get()
             if item is None:
-                ended = True
-            elif isinstance(item, Exception):
+                return
+            if isinstance(item, Exception):
                 raise item
-            elif isinstance(item, _Answered):
-                answered += 1
-            else:
-                yield item
+            yield item
 
 
 async def _cancel(tasks: list[asyncio.Task[None]]) -> None:

@@ -4,9 +4,11 @@ Parsing a ``ModelInferRequest`` with protobuf copies every ``raw_input_contents`
 message, then again into a Python ``bytes`` on access). :func:`split_raw_contents` instead walks
 the message's top-level fields once: the entries of the raw field become read-only ``memoryview``
 slices of the received bytes, and only the other fields (names, shapes, parameters: small) are
-left for protobuf to parse. On the way out, :func:`raw_field_chunks` appends each output's bytes to
-a serialized ``ModelInferResponse`` as a repeated field, so the response is built with exactly one
-copy of each tensor, when the caller joins the chunks.
+left for protobuf to parse. This walk runs once per request in Python, so it reads one-byte tags
+and lengths (the usual case) inline and leaves longer varints to a helper. On the way out,
+:func:`raw_field_chunks` appends each output's bytes to a serialized ``ModelInferResponse`` as a
+repeated field, so the response is built with exactly one copy of each tensor, when the caller
+joins the chunks.
 
 Protobuf parsers accept the fields of a message in any order and concatenate repeated fields, so
 both tricks produce and accept ordinary, valid messages.
@@ -25,8 +27,14 @@ _MAX_VARINT_BYTES = 10
 Chunk = bytes | memoryview
 
 
+#: The varint of each value below 128: one byte, the value itself.
+_SMALL_VARINTS = [bytes((value,)) for value in range(0x80)]
+
+
 def encode_varint(value: int) -> bytes:
     """``value`` (>= 0) as a protobuf base-128 varint."""
+    if value < 0x80:  # tags and the lengths of small fields: once or twice per field written
+        return _SMALL_VARINTS[value]
     out = bytearray()
     while value > 0x7F:
         out.append((value & 0x7F) | 0x80)
@@ -56,36 +64,50 @@ def embedded_chunks(number: int, message: Sequence[Chunk]) -> list[Chunk]:
     return [field_header(number, size), *message]
 
 
-def split_raw_contents(data: bytes, number: int) -> tuple[bytes, list[memoryview]]:
+def split_raw_contents(data: bytes, number: int) -> tuple[bytes | memoryview, list[memoryview]]:
     """Separate the length-delimited field ``number`` from a serialized message.
 
     Returns the message without that field (to parse with protobuf) and the field's entries, in
     order, as zero-copy read-only views of ``data``. Malformed input is InvalidArgument.
     """
     view = memoryview(data).toreadonly()
-    rest: list[memoryview] = []
+    # The other fields, as (start, end) runs of ``data``; serializers write fields in number order,
+    # so they are usually one run before the entries, which is then parsed without a join.
+    runs: list[list[int]] = []
     entries: list[memoryview] = []
     offset, total = 0, len(view)
     while offset < total:
         start = offset
-        key, offset = _read_varint(view, offset)
-        field, wire_type = key >> 3, key & 7
+        key = view[offset]
+        if key < 0x80:  # one-byte tag: fields 1 to 15, the only ones of ModelInferRequest
+            offset += 1
+        else:
+            key, offset = _read_varint(view, offset)
+        wire_type = key & 7
         if wire_type == _LENGTH_DELIMITED:
-            size, offset = _read_varint(view, offset)
+            size = view[offset] if offset < total else 0x80
+            if size < 0x80:
+                offset += 1
+            else:
+                size, offset = _read_varint(view, offset)
             end = offset + size
             if end > total:
-                raise _malformed(f"field {field} runs past the end of the message")
-            if field == number:
-                entries.append(view[offset:end])
-            else:
-                rest.append(view[start:end])
+                raise _malformed(f"field {key >> 3} runs past the end of the message")
             offset = end
-            continue
-        offset = _skip_value(view, offset, wire_type, field)
-        rest.append(view[start:offset])
+            if key >> 3 == number:
+                entries.append(view[end - size : end])
+                continue
+        else:
+            offset = _skip_value(view, offset, wire_type, key >> 3)
+        if runs and runs[-1][1] == start:
+            runs[-1][1] = offset
+        else:
+            runs.append([start, offset])
     if not entries:
         return data, entries  # nothing to cut out: parse the message as it came
-    return b"".join(rest), entries
+    if len(runs) == 1:
+        return view[runs[0][0] : runs[0][1]], entries
+    return b"".join(view[start:end] for start, end in runs), entries
 
 
 def _skip_value(view: memoryview, offset: int, wire_type: int, field: int) -> int:

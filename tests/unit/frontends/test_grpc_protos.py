@@ -157,6 +157,40 @@ def test_a_response_reads_back_with_tritonclients_messages() -> None:
     assert stream.error_message == "" and stream.infer_response == theirs
 
 
+@pytest.mark.parametrize(
+    ("shape", "parameters"),
+    [((1, 16), {}), ((), {}), ((0, 3), {}), ((300, 2**40), {"p": 1}), ((-1, 5), {"s": "x"})],
+    ids=["small", "scalar", "empty", "wide-dims", "negative-dim"],
+)
+@pytest.mark.parametrize("final", [False, True])
+def test_a_response_is_what_protobuf_would_write(
+    shape: tuple[int, ...], parameters: dict[str, Any], final: bool
+) -> None:
+    data = memoryview(bytes(8))
+    outputs = [
+        InferOutput("ÖUT", "BYTES", shape, data, parameters),
+        InferOutput("B", "BYTES", (2,), data),
+    ]
+    response = InferResponse("módel", "", "req-1", outputs, {"n": 2} if final else {})
+    decoded = DecodedInfer(decode_infer_request(b"").request, frozenset(), final_response_flag=True)
+    expected = shoal_pb.ModelInferResponse(model_name="módel", id="req-1")
+    if final:
+        expected.parameters["n"].int64_param = 2
+        expected.parameters["triton_final_response"].bool_param = True
+    for output in outputs:
+        tensor = expected.outputs.add(
+            name=output.name, datatype=output.datatype, shape=output.shape
+        )
+        for key, value in output.parameters.items():
+            if isinstance(value, str):
+                tensor.parameters[key].string_param = value
+            else:
+                tensor.parameters[key].int64_param = value
+        expected.raw_output_contents.append(bytes(8))
+    wire = b"".join(encode_infer_response(response, decoded, final=final))
+    assert wire == expected.SerializeToString()
+
+
 def test_a_stream_error_names_the_request() -> None:
     request = decode_infer_request(_everything().SerializeToString()).request
     theirs = triton_pb.ModelStreamInferResponse.FromString(stream_error("boom", request))
@@ -189,6 +223,15 @@ def test_split_keeps_every_other_field_including_fixed_width_ones() -> None:
     parsed.DiscardUnknownFields()
     request.ClearField("raw_input_contents")
     assert parsed == request
+
+
+def test_split_joins_the_fields_around_entries_written_out_of_order() -> None:
+    head = shoal_pb.ModelInferRequest(model_name="m").SerializeToString()
+    tail = shoal_pb.ModelInferRequest(id="i").SerializeToString()
+    entry = b"\x3a\x02ab"
+    rest, raw = split_raw_contents(head + entry + tail + entry, 7)
+    assert [bytes(entry) for entry in raw] == [b"ab", b"ab"]
+    assert bytes(rest) == head + tail
 
 
 def test_split_without_the_field_returns_the_message_itself() -> None:
