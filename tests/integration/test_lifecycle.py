@@ -136,14 +136,20 @@ def test_second_signal_stops_at_once():
         assert "stopping at once" in server.output
         caller.join(10)
         assert "result" not in outcome
-        for pid in stubs:
-            assert not os.path.exists(f"/proc/{pid}") or _is_zombie(pid)
+        deadline = time.monotonic() + 5
+        while any(_alive(pid) for pid in stubs) and time.monotonic() < deadline:
+            time.sleep(0.01)  # polling the process table: SIGKILL is delivered asynchronously
+        assert not [pid for pid in stubs if _alive(pid)]
         client.close()
     finally:
         if server.proc and server.proc.poll() is None:
             server.stop()
         server.__exit__(None, None, None)
     assert shoal_shm_segments() == segments_before
+
+
+def _alive(pid: int) -> bool:
+    return os.path.exists(f"/proc/{pid}") and not _is_zombie(pid)
 
 
 def _wait_for_stub_count(server, count: int) -> None:
