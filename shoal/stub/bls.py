@@ -14,10 +14,11 @@ call whose ``ResponseIterator.cancel()`` the model calls.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import threading
 import weakref
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 from shoal.ipc import messages as msg
@@ -61,6 +62,45 @@ class BlsClient:
         #: Open calls made on behalf of requests: call id -> keys not cancelled yet.
         self._waiting_on: dict[int, set[int]] = {}
         self._cancelled: set[int] = set()
+        #: While the main thread runs a sync execute, the BlsDone of calls whose outputs it
+        #: drops wait here, and go up just before its next BlsCall or its Result.
+        self._deferring = False
+        self._main = threading.get_ident()
+        self._done_ids: list[int] = []
+
+    # -- giving back the outputs of calls ---------------------------------------------------
+
+    @contextlib.contextmanager
+    def batching_done(self) -> Iterator[None]:
+        """Around a sync execute on the main thread: the BlsDone messages of calls dropped
+        during it are sent together, right before the model's next BLS call or at the end.
+        The supervisor then wakes once and releases the called models' blocks in one message,
+        instead of once per call, and memory comes back no later than at the next call."""
+        self._main = threading.get_ident()
+        self._deferring = True
+        try:
+            yield
+        finally:
+            self._deferring = False
+            self._flush_done()
+
+    def _call_done(self, call_id: int) -> None:
+        if self._deferring and threading.get_ident() == self._main:
+            self._done_ids.append(call_id)
+            return
+        self._send_done(call_id)
+
+    def _flush_done(self) -> None:
+        # Only the main thread appends to or flushes the list; a finalizer that runs inside
+        # this loop (a garbage collection) appends behind it and is sent too.
+        while self._done_ids:
+            self._send_done(self._done_ids.pop(0))
+
+    def _send_done(self, call_id: int) -> None:
+        try:
+            self._send(msg.BlsDone(call_id))
+        except Exception:
+            pass  # the supervisor is gone; so is the memory
 
     # -- cancellation -----------------------------------------------------------------------
 
@@ -137,10 +177,7 @@ class BlsClient:
 
         def release() -> None:
             self._writer.outputs.free(written)
-            try:
-                self._send(msg.BlsDone(call_id))
-            except Exception:
-                pass  # the supervisor is gone; so is the memory
+            self._call_done(call_id)
 
         keeper = _CallKeeper(release)
         record = msg.RequestRecord(
@@ -154,6 +191,8 @@ class BlsClient:
         )
         self._pump.expect(call_id)
         orphan = self._opened(call_id)
+        if self._done_ids and threading.get_ident() == self._main:
+            self._flush_done()
         self._send(
             msg.BlsCall(
                 call_id, request._model_name(), int(request._model_version()), record, decoupled

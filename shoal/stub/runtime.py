@@ -177,19 +177,20 @@ class StubRuntime:
             pb_utils._set_bls_executor(bls)
             pb_utils._set_cancel_poller(pump.poll)
             self._send(msg.Ready(concurrent=executor.concurrent and not executor.decoupled))
-            return self._serve(executor, pump)
+            return self._serve(executor, pump, bls)
         except PeerGone:
             return 1
         finally:
             self._close()
 
-    def _serve(self, executor: BatchExecutor, pump: DownPump) -> int:
+    def _serve(self, executor: BatchExecutor, pump: DownPump, bls: BlsClient) -> int:
         while True:
             message = pump.next_main()
             match message:
                 case msg.Execute():
                     pump.poll()
-                    result = executor.run(message)
+                    with bls.batching_done():
+                        result = executor.run(message)
                     if result is not None:
                         self._send(result)
                 case msg.Finalize():

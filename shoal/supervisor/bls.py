@@ -8,12 +8,15 @@ client's cancel would, and answers the caller at once with a CANCELLED error."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from shoal.ipc import messages as msg
 from shoal.ipc.arena import Block
+from shoal.ipc.queue import PeerGone
 from shoal.supervisor import staging
 from shoal.supervisor.errors import (
     Cancelled,
@@ -49,9 +52,14 @@ class BlsRouter:
         self._held: dict[tuple[int, int], list[Completion]] = {}  # (caller pid, call) -> ...
         self._tasks: dict[tuple[int, int], asyncio.Task[None]] = {}
         self._cancelled: set[tuple[int, int]] = set()
+        self._open: dict[tuple[int, int], _OpenCall] = {}  # calls with one response
+        self._sending: set[asyncio.Future[None]] = set()
 
     def handle(self, caller: StubInstance, proc: StubProcess, call: msg.BlsCall) -> None:
         key = (proc.pid, call.call_id)
+        if not call.decoupled:
+            self._start(caller, proc, call, key)
+            return
         task = asyncio.create_task(self._serve(caller, proc, call), name=f"bls {call.call_id}")
         self._tasks[key] = task
         task.add_done_callback(lambda _: self._finished(key))
@@ -63,6 +71,11 @@ class BlsRouter:
     def cancel(self, proc: StubProcess, call_id: int) -> None:
         """Cancel a call still running (a finished one is left alone)."""
         key = (proc.pid, call_id)
+        if key in self._open:
+            self._end_early(
+                key, Cancelled(f"BLS request to model '{self._open[key].name}' was cancelled")
+            )
+            return
         task = self._tasks.get(key)
         if task is not None and not task.done() and key not in self._cancelled:
             self._cancelled.add(key)
@@ -73,9 +86,114 @@ class BlsRouter:
             completion.release()
 
     def forget_process(self, proc: StubProcess) -> None:
+        for key in [k for k in self._open if k[0] == proc.pid]:
+            open_call = self._open.pop(key)
+            if open_call.timer is not None:
+                open_call.timer.cancel()
+            _abandon(open_call.work, [])
         for key in [k for k in self._held if k[0] == proc.pid]:
             for completion in self._held.pop(key):
                 completion.release()
+
+    # -- a call with one response: callbacks, no task ---------------------------------------
+
+    def _start(
+        self, caller: StubInstance, proc: StubProcess, call: msg.BlsCall, key: tuple[int, int]
+    ) -> None:
+        """Submit the call's request now, from the message's own callback; the reply is sent
+        from its future's done-callback. A cancel or a timeout answers at once."""
+        try:
+            target = self._target(caller, call)
+        except ShoalError as error:
+            self._send(proc, _error_reply(call.call_id, error))
+            return
+        except Exception as error:  # a bug must answer the caller, not leave it waiting
+            log.exception("BLS call from '%s' failed", caller.name)
+            internal = ShoalError(f"internal error in BLS: {error!r}")
+            self._send(proc, _error_reply(call.call_id, internal))
+            return
+        future: asyncio.Future[Completion] = asyncio.get_running_loop().create_future()
+        batch = staging.batch_of(target.config, [t.shape for t in call.request.inputs])
+        work = Work(call.request, [], future, batch_size=batch)
+        open_call = _OpenCall(call.model_name, work, target, proc)
+        self._open[key] = open_call
+        if call.request.timeout_us > 0:
+            open_call.timer = asyncio.get_running_loop().call_later(
+                call.request.timeout_us / 1e6,
+                self._end_early,
+                key,
+                DeadlineExceeded("Request timeout expired"),
+            )
+        future.add_done_callback(functools.partial(self._answered, key, open_call))
+        target.submit(work)
+
+    def _answered(
+        self, key: tuple[int, int], open_call: _OpenCall, future: asyncio.Future[Completion]
+    ) -> None:
+        if self._open.get(key) is not open_call:  # answered already: _end_early released it
+            return
+        del self._open[key]
+        if open_call.timer is not None:
+            open_call.timer.cancel()
+        proc, work, target = open_call.proc, open_call.work, open_call.target
+        if future.cancelled():  # not by this router: it answers its own cancels first
+            error: BaseException | None = Cancelled(
+                f"BLS request to model '{open_call.name}' was cancelled"
+            )
+        else:
+            error = future.exception()
+        if error is not None:
+            if not isinstance(error, ShoalError):
+                error = ShoalError(f"internal error in BLS: {error!r}")
+            self._send(proc, _error_reply(key[1], error))
+            return
+        completion = future.result()
+        elapsed = time.monotonic_ns() - work.enqueued_ns
+        if completion.response.error is None:
+            target.stats.success(
+                work.batch_size, elapsed, completion.queue_ns, completion.compute_ns
+            )
+        else:
+            target.stats.failure(elapsed, ModelError.reason)
+        self._held.setdefault(key, []).append(completion)
+        blocks = [o.location for o in completion.response.outputs if isinstance(o.location, Block)]
+        try:
+            proc.forward(blocks, self._directory.fd)
+        except ShoalError as forward_error:  # the target's arena is gone (its stub died)
+            self._send(proc, _error_reply(key[1], forward_error))
+            return
+        except OSError:
+            return  # the caller is gone: forget_process releases what it held
+        self._send(proc, msg.BlsReply(key[1], completion.response, True))
+
+    def _end_early(self, key: tuple[int, int], error: ShoalError) -> None:
+        """Answer a call with ``error`` now and drop its request (cancel or timeout)."""
+        open_call = self._open.pop(key, None)
+        if open_call is None:
+            return
+        if open_call.timer is not None:
+            open_call.timer.cancel()
+        _abandon(open_call.work, [])
+        self._send(open_call.proc, _error_reply(key[1], error))
+
+    def _send(self, proc: StubProcess, reply: msg.BlsReply) -> None:
+        try:
+            if proc.send(reply):
+                return
+        except PeerGone:
+            return  # the caller is gone
+        task = asyncio.ensure_future(self._send_later(proc, reply))  # a full ring: wait
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
+
+    @staticmethod
+    async def _send_later(proc: StubProcess, reply: msg.BlsReply) -> None:
+        try:
+            await proc.send_async(reply)
+        except PeerGone:
+            pass
+
+    # -- a decoupled call: a task that forwards each response -------------------------------
 
     async def _serve(self, caller: StubInstance, proc: StubProcess, call: msg.BlsCall) -> None:
         try:
@@ -180,6 +298,21 @@ class BlsRouter:
             await proc.send_async(msg.BlsReply(call.call_id, body, True))
         except Exception:
             pass  # the caller is gone
+
+
+@dataclass(eq=False)
+class _OpenCall:
+    """A call with one response, submitted and not answered yet."""
+
+    name: str  # the called model, as the caller named it
+    work: Work
+    target: ModelVersion
+    proc: StubProcess
+    timer: asyncio.TimerHandle | None = None
+
+
+def _error_reply(call_id: int, error: ShoalError) -> msg.BlsReply:
+    return msg.BlsReply(call_id, msg.ResponseRecord(error=(error.code.name, error.message)), True)
 
 
 def _abandon(work: Work, held: list[Completion]) -> None:

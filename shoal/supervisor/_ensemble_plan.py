@@ -1,0 +1,69 @@
+"""An ensemble's steps as a dependency graph, worked out once per loaded ensemble version.
+
+A request then only counts down, per step, how many of its input tensors are still missing,
+instead of re-reading the configuration and re-testing every waiting step after each step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(eq=False)
+class StepPlan:
+    """One step: what it reads, what it writes, and its target's input datatypes."""
+
+    index: int
+    model_name: str
+    version: str  # "" for the latest
+    #: (step model input, ensemble tensor), in the configuration's order.
+    inputs: tuple[tuple[str, str], ...]
+    #: step model output -> ensemble tensor.
+    output_map: dict[str, str]
+    requested: tuple[str, ...]
+    #: Distinct ensemble tensors the step waits for.
+    needs: int
+    #: The target version the datatypes below were read from (checked by identity per request,
+    #: so a reloaded target is read again).
+    target: Any = None
+    datatypes: tuple[str | None, ...] = ()
+
+
+@dataclass(eq=False)
+class EnsemblePlan:
+    steps: tuple[StepPlan, ...]
+    #: ensemble tensor -> the steps that read it, in step order.
+    consumers: dict[str, tuple[StepPlan, ...]] = field(default_factory=dict)
+
+
+def plan_of(config: Any) -> EnsemblePlan:
+    steps = []
+    for index, step in enumerate(config.ensemble_steps):
+        inputs = tuple(step.input_map.items())
+        steps.append(
+            StepPlan(
+                index=index,
+                model_name=step.model_name,
+                version="" if step.model_version < 0 else str(step.model_version),
+                inputs=inputs,
+                output_map=dict(step.output_map),
+                requested=tuple(step.output_map),
+                needs=len({source for _, source in inputs}),
+            )
+        )
+    consumers: dict[str, list[StepPlan]] = {}
+    for plan in steps:
+        for source in dict.fromkeys(source for _, source in plan.inputs):
+            consumers.setdefault(source, []).append(plan)
+    return EnsemblePlan(tuple(steps), {k: tuple(v) for k, v in consumers.items()})
+
+
+def input_datatypes(step: StepPlan, target: Any) -> tuple[str | None, ...]:
+    """The datatype the target model expects for each of the step's inputs (None: it has no
+    such input), cached on the step for this target version."""
+    if step.target is not target:
+        specs = {t.name: t.datatype for t in target.config.inputs}
+        step.datatypes = tuple(specs.get(name) for name, _ in step.inputs)
+        step.target = target
+    return step.datatypes
