@@ -289,7 +289,8 @@ class InferenceService:
         future: asyncio.Future[Completion] = asyncio.get_running_loop().create_future()
         batch_size = staging.batch_size(mv.config, request)
         work = Work(record, blocks, future, batch_size=batch_size)
-        mv.stats.stage("stage", work.enqueued_ns - started)
+        if mv.stats.overhead is not None:  # --trace-overhead
+            mv.stats.stage("stage", work.enqueued_ns - started)
         mv.submit(work)
         try:
             completion = await future

@@ -27,9 +27,10 @@ class DefaultScheduler:
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self._free_blocks = free_blocks
         self._clock = clock or LoopClock()
-        #: One timer per queued request with a timeout; its deadline (ns) is checked again when
-        #: the request is handed out, so a late timer cannot let an expired request run.
-        self._timers: dict[Work, tuple[int, TimerHandle]] = {}
+        #: One timer per queued request with a timeout; its deadline (``work.queue_deadline_ns``)
+        #: is checked again when the request is handed out, so a late timer cannot let an
+        #: expired request run.
+        self._timers: dict[Work, TimerHandle] = {}
         self._closed = False
         self._empty = asyncio.Event()
         self._empty.set()
@@ -44,7 +45,7 @@ class DefaultScheduler:
             work.queue_deadline_ns = deadline
             # A request expires once the clock is past its deadline.
             timer = self._clock.call_at(deadline + 1, lambda: self._expire(work))
-            self._timers[work] = (deadline, timer)
+            self._timers[work] = timer
         self._queue.append(work)
         self._empty.clear()
         self._wake_one()
@@ -90,12 +91,11 @@ class DefaultScheduler:
 
     def _expired(self, work: Work) -> bool:
         """Forget ``work``'s timer; True when its deadline passed before it was handed out."""
-        entry = self._timers.pop(work, None)
-        if entry is None:
+        timer = self._timers.pop(work, None)
+        if timer is None:
             return False
-        deadline, timer = entry
         timer.cancel()
-        return self._clock.now_ns() > deadline
+        return self._clock.now_ns() > work.queue_deadline_ns
 
     async def next_batch(self) -> list[Work]:
         """Wait for the next live request."""
@@ -120,7 +120,7 @@ class DefaultScheduler:
     def close(self) -> list[Work]:
         """Stop handing out work; returns what was still queued."""
         self._closed = True
-        for _, timer in self._timers.values():
+        for timer in self._timers.values():
             timer.cancel()
         self._timers.clear()
         left, self._queue = list(self._queue), collections.deque()
