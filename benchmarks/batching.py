@@ -83,7 +83,7 @@ def start_server(repository: Path, log: IO[bytes]) -> tuple[subprocess.Popen[byt
     # Keep draining stdout, so a chatty server never blocks on a full pipe.
     threading.Thread(target=shutil.copyfileobj, args=(process.stdout, log), daemon=True).start()
     deadline = time.monotonic() + START_TIMEOUT_S
-    while not _ready(url):
+    while not server_ready(url):
         if process.poll() is not None or time.monotonic() > deadline:
             stop_server(process)
             raise RuntimeError("shoal serve did not become ready")
@@ -91,7 +91,7 @@ def start_server(repository: Path, log: IO[bytes]) -> tuple[subprocess.Popen[byt
     return process, url
 
 
-def _ready(url: str) -> bool:
+def server_ready(url: str) -> bool:
     try:
         with urllib.request.urlopen(f"http://{url}/v2/health/ready", timeout=2) as answer:
             return answer.status == 200

@@ -23,14 +23,19 @@ serialisation), the sockets and the client itself.
 from __future__ import annotations
 
 import argparse
+import shutil
+import subprocess
 import sys
 import tempfile
+import threading
+import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from benchmarks.batching import START_TIMEOUT_S, machine
+from benchmarks.batching import START_TIMEOUT_S, machine, server_ready, stop_server
 from shoal.perf import RunConfig, run
 from shoal.perf.cli import run_loop
 
@@ -47,15 +52,17 @@ STAGES = (
     "core_total",
 )
 
-__all__ = ["START_TIMEOUT_S", "main"]
+
+@dataclass(frozen=True)
+class TracedServer:
+    process: subprocess.Popen[bytes]
+    http: str  # host:port
+    grpc: str
+    metrics_port: str
 
 
-def start_traced_server(log_path: Path) -> tuple[object, str, str]:
+def start_traced_server(log_path: Path) -> TracedServer:
     """``shoal serve --trace-overhead`` with HTTP, gRPC and metrics on free loopback ports."""
-    import subprocess
-    import threading
-    import time
-
     command = [
         sys.executable,
         *("-m", "shoal.cli", "serve", "--model-repository", str(ROOT / "benchmarks" / "models")),
@@ -75,29 +82,18 @@ def start_traced_server(log_path: Path) -> tuple[object, str, str]:
             break
     else:
         raise RuntimeError(f"shoal serve exited with {process.wait()} before listening")
-    threading.Thread(target=_drain, args=(process.stdout, log), daemon=True).start()
-    http = f"127.0.0.1:{ports['http']}"
+    # Keep draining stdout, so a chatty server never blocks on a full pipe.
+    threading.Thread(target=shutil.copyfileobj, args=(process.stdout, log), daemon=True).start()
+    server = TracedServer(
+        process, f"127.0.0.1:{ports['http']}", f"127.0.0.1:{ports['grpc']}", ports["metrics"]
+    )
     deadline = time.monotonic() + START_TIMEOUT_S
-    while not _ready(http):
+    while not server_ready(server.http):
         if process.poll() is not None or time.monotonic() > deadline:
-            process.kill()
+            stop_server(process)
             raise RuntimeError(f"shoal serve did not become ready (log: {log_path})")
         time.sleep(0.2)  # polling the readiness of a server we started
-    return process, http, ports["grpc"] + "|" + ports["metrics"]
-
-
-def _drain(stream: object, log: object) -> None:
-    import shutil
-
-    shutil.copyfileobj(stream, log)  # type: ignore[arg-type]
-
-
-def _ready(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://{url}/v2/health/ready", timeout=2) as answer:
-            return bool(answer.status == 200)
-    except OSError:
-        return False
+    return server
 
 
 def stage_totals(metrics_port: str, model: str) -> dict[str, tuple[float, float]]:
@@ -129,15 +125,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     levels = [int(level) for level in args.concurrency.split(",")]
     with tempfile.TemporaryDirectory(prefix="shoal-overhead-") as tmp:
-        process, http, rest = start_traced_server(Path(tmp) / "shoal.log")
-        grpc_port, metrics_port = rest.split("|")
-        url = http if args.protocol == "http" else f"127.0.0.1:{grpc_port}"
+        server = start_traced_server(Path(tmp) / "shoal.log")
+        url = server.http if args.protocol == "http" else server.grpc
         try:
             print(f"# {args.model} over {args.protocol}, {args.bytes} B, {machine()}\n")
             header = "| stage | " + " | ".join(f"c={level} µs" for level in levels) + " |"
             columns: list[dict[str, float]] = []
             for level in levels:
-                before = stage_totals(metrics_port, args.model)
+                before = stage_totals(server.metrics_port, args.model)
                 config = RunConfig(
                     model=args.model,
                     url=url,
@@ -148,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
                     warmup_s=1.0,
                 )
                 (result,) = run_loop(run(config))
-                after = stage_totals(metrics_port, args.model)
+                after = stage_totals(server.metrics_port, args.model)
                 column = {}
                 for stage in STAGES:
                     n = after[stage][0] - before[stage][0]
@@ -164,8 +159,7 @@ def main(argv: list[str] | None = None) -> int:
                 cells = " | ".join(f"{column[row]:,.0f}" for column in columns)
                 print(f"| {row} | {cells} |")
         finally:
-            process.terminate()  # type: ignore[attr-defined]
-            process.wait(60)  # type: ignore[attr-defined]
+            stop_server(server.process)
     return 0
 
 
