@@ -156,6 +156,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--http-port", type=int, default=8000, help="0 binds a free port")
     serve.add_argument("--grpc-address", default="0.0.0.0")
     serve.add_argument("--grpc-port", type=int, default=8001)
+    serve.add_argument(
+        "--grpc-server",
+        choices=("native", "grpcio"),
+        default="native",
+        help="native: shoal's HTTP/2 gRPC server on the event loop (the fastest); "
+        "grpcio: grpc.aio's server",
+    )
     serve.add_argument("--metrics-address", default="0.0.0.0")
     serve.add_argument("--metrics-port", type=int, default=8002)
     serve.add_argument("--allow-http", type=parse_bool, default=True)
@@ -255,6 +262,7 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         http_port=args.http_port,
         grpc_address=args.grpc_address,
         grpc_port=args.grpc_port,
+        grpc_server=args.grpc_server,
         metrics_address=args.metrics_address,
         metrics_port=args.metrics_port,
         allow_http=args.allow_http,

@@ -12,6 +12,7 @@ from shoal.supervisor.service import InferenceService
 
 if TYPE_CHECKING:
     from shoal.frontends.grpc import GrpcServer
+    from shoal.frontends.grpc_native import NativeGrpcServer
     from shoal.frontends.http import HttpServer
 
 log = logging.getLogger("shoal")
@@ -46,11 +47,19 @@ def _by_api(restrictions: tuple[Restriction, ...]) -> dict[str, tuple[str, str]]
     return {api: (r.key, r.value) for r in restrictions for api in r.apis}
 
 
-async def _start_grpc(service: InferenceService, options: ServerOptions) -> GrpcServer:
+async def _start_grpc(
+    service: InferenceService, options: ServerOptions
+) -> GrpcServer | NativeGrpcServer:
     """Serve ``inference.GRPCInferenceService`` on the gRPC address."""
     from shoal.frontends.grpc import GrpcServer
+    from shoal.frontends.grpc_native import NativeGrpcServer
 
-    server = GrpcServer(service, restricted=_by_api(options.grpc_restricted_protocol))
+    restricted = _by_api(options.grpc_restricted_protocol)
+    server: GrpcServer | NativeGrpcServer
+    if options.grpc_server == "grpcio":
+        server = GrpcServer(service, restricted=restricted)
+    else:
+        server = NativeGrpcServer(service, restricted=restricted)
     port = await server.start(options.grpc_address, options.grpc_port)
     announce("grpc", options.grpc_address, port)
     return server
@@ -79,7 +88,7 @@ async def run_server(options: ServerOptions, stop: asyncio.Event) -> int:
     service = InferenceService(options)
     http: HttpServer | None = None
     metrics: HttpServer | None = None
-    grpc_server: GrpcServer | None = None
+    grpc_server: GrpcServer | NativeGrpcServer | None = None
     grace = options.exit_timeout_secs  # what the frontends get to finish, after the drain
     try:
         await service.load_repository()

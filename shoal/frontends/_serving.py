@@ -50,14 +50,14 @@ async def wait_started(server: EmbeddedServer, serving: asyncio.Task[None]) -> N
         raise RuntimeError("the HTTP server stopped before it started")
 
 
-def bind_socket(host: str, port: int) -> socket.socket:
-    """A TCP socket bound to ``host:port`` (``port`` 0: any free port)."""
+def bind_socket(host: str, port: int, what: str = "HTTP") -> socket.socket:
+    """A TCP socket bound to ``host:port`` (``port`` 0: any free port) for the ``what`` frontend."""
     try:
         family, kind, proto, _, address = socket.getaddrinfo(
             host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
         )[0]
     except socket.gaierror as exc:
-        raise OSError(f"cannot resolve the HTTP host '{host}': {exc}") from exc
+        raise OSError(f"cannot resolve the {what} host '{host}': {exc}") from exc
     sock = socket.socket(family, kind, proto)
     try:
         # Restart at once on a port whose old connections linger in TIME_WAIT.
@@ -67,7 +67,7 @@ def bind_socket(host: str, port: int) -> socket.socket:
         sock.close()
         if exc.errno == errno.EADDRINUSE:
             raise AddressInUseError(
-                errno.EADDRINUSE, f"the HTTP address {host}:{port} is already in use"
+                errno.EADDRINUSE, f"the {what} address {host}:{port} is already in use"
             ) from exc
         raise
     return sock

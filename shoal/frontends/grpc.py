@@ -25,6 +25,7 @@ from collections.abc import (
     Callable,
     Mapping,
 )
+from dataclasses import dataclass
 from typing import Any
 
 import grpc  # type: ignore[import-untyped]
@@ -158,21 +159,52 @@ def _restrictions(restricted: Mapping[str, tuple[str, str]] | None) -> Restricti
     return Restrictions(restricted or {}, prefix=GRPC_KEY_PREFIX, what="protocol")
 
 
-def _generic_handler(servicer: Servicer, restrictions: Restrictions) -> Any:
-    handlers = {
-        name: grpc.unary_unary_rpc_method_handler(
+@dataclass(frozen=True)
+class Method:
+    """One RPC: how its request is parsed, its behaviour, how its reply is serialized.
+
+    ``parse`` and ``serialize`` are None for ModelInfer and ModelStreamInfer, which take and
+    return serialized bytes. A unary ``handle`` takes the request and a context with grpc.aio's
+    ``abort`` and ``invocation_metadata``; a streaming one takes the request messages too.
+    """
+
+    streaming: bool
+    parse: Callable[[bytes | bytearray], Any] | None
+    serialize: Callable[[Any], bytes] | None
+    handle: Callable[[Any, Any], Any]
+
+
+def method_table(servicer: Servicer, restrictions: Restrictions) -> dict[str, Method]:
+    """Every RPC of the service by method name, guarded (errors become ``context.abort``)."""
+    methods = {
+        name: Method(
+            False,
+            _parser(request_type),
+            response_type.SerializeToString,
             _guarded(behavior, name, restrictions),
-            request_deserializer=_parser(request_type),
-            response_serializer=response_type.SerializeToString,
         )
         for name, (request_type, response_type, behavior) in _unary_methods(servicer).items()
     }
-    handlers["ModelInfer"] = grpc.unary_unary_rpc_method_handler(
-        _guarded(servicer.model_infer, "ModelInfer", restrictions)
+    methods["ModelInfer"] = Method(
+        False, None, None, _guarded(servicer.model_infer, "ModelInfer", restrictions)
     )
-    handlers["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(
-        _guarded_stream(servicer.model_stream_infer, restrictions)
+    methods["ModelStreamInfer"] = Method(
+        True, None, None, _guarded_stream(servicer.model_stream_infer, restrictions)
     )
+    return methods
+
+
+def _generic_handler(servicer: Servicer, restrictions: Restrictions) -> Any:
+    handlers = {}
+    for name, method in method_table(servicer, restrictions).items():
+        if method.streaming:
+            handlers[name] = grpc.stream_stream_rpc_method_handler(method.handle)
+        else:
+            handlers[name] = grpc.unary_unary_rpc_method_handler(
+                method.handle,
+                request_deserializer=method.parse,
+                response_serializer=method.serialize,
+            )
     return grpc.method_handlers_generic_handler(SERVICE_NAME, handlers)
 
 
@@ -183,11 +215,11 @@ async def _abort(context: Any, error: ShoalError) -> None:
     await context.abort(GRPC_STATUS.get(error.code, grpc.StatusCode.INTERNAL), error.message)
 
 
-def _parser(request_type: type[Any]) -> Callable[[bytes], Any]:
+def _parser(request_type: type[Any]) -> Callable[[bytes | bytearray], Any]:
     """``request_type.FromString``, with an undecodable message as an error for the handler
     (gRPC would answer UNKNOWN to a deserializer's exception)."""
 
-    def parse(data: bytes) -> Any:
+    def parse(data: bytes | bytearray) -> Any:
         try:
             return request_type.FromString(data)
         except DecodeError as exc:

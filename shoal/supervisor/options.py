@@ -37,6 +37,8 @@ class ServerOptions:
     http_port: int = 8000
     grpc_address: str = "0.0.0.0"
     grpc_port: int = 8001
+    #: "native" (shoal's HTTP/2 server on the event loop) or "grpcio" (grpc.aio).
+    grpc_server: str = "native"
     metrics_address: str = "0.0.0.0"
     metrics_port: int = 8002
     allow_http: bool = True
