@@ -34,6 +34,9 @@ MAX_HEADER_LIST = 1 << 16
 
 Headers = list[tuple[bytes, bytes]]
 
+#: Decoded header blocks remembered per connection.
+_BLOCK_CACHE = 64
+
 
 class StreamHandler(Protocol):
     def data_received(self, data: memoryview, end_stream: bool) -> None:
@@ -87,6 +90,7 @@ class Http2Connection(asyncio.Protocol):
         self._preface_seen = False
         self._decoder = hpack.Decoder()
         self._decoder.max_header_list_size = MAX_HEADER_LIST
+        self._blocks: dict[bytes, tuple[tuple[object, int, int], Headers]] = {}
         self._streams: dict[int, _Stream] = {}
         self._last_stream_id = 0
         self._continuation: tuple[int, int, bytearray] | None = None  # stream, flags, block
@@ -317,10 +321,7 @@ class Http2Connection(asyncio.Protocol):
             self._header_block(stream_id, first_flags, memoryview(block))
 
     def _header_block(self, stream_id: int, flags: int, block: memoryview) -> None:
-        try:
-            headers = cast(Headers, self._decoder.decode(bytes(block), raw=True))
-        except hpack.HPACKError as exc:
-            raise ConnectionError_(h2.COMPRESSION_ERROR, f"a bad header block: {exc}") from None
+        headers = self._decode(bytes(block))
         end_stream = bool(flags & h2.END_STREAM)
         stream = self._streams.get(stream_id)
         if stream is not None:  # trailers
@@ -340,6 +341,27 @@ class Http2Connection(asyncio.Protocol):
         stream.remote_closed = end_stream
         self._streams[stream_id] = stream
         stream.handler = self._open_stream(self, stream_id, headers, end_stream)
+
+    def _decode(self, block: bytes) -> Headers:
+        """Decode a header block; a block seen before is not decoded again while the dynamic
+        table is as it was (a client's repeated calls send the same few bytes of indexes)."""
+        table = self._decoder.header_table
+        entries = table.dynamic_entries
+        # An insertion puts a new entry first; an eviction alone needs a size update.
+        state = (entries[0] if entries else None, len(entries), table.maxsize)
+        cached = self._blocks.get(block)
+        if cached is not None and cached[0] == state and cached[0][0] is state[0]:
+            return cached[1]
+        try:
+            headers = cast(Headers, self._decoder.decode(block, raw=True))
+        except hpack.HPACKError as exc:
+            raise ConnectionError_(h2.COMPRESSION_ERROR, f"a bad header block: {exc}") from None
+        after = (entries[0] if entries else None, len(entries), table.maxsize)
+        if after == state and after[0] is state[0]:  # the block left the table alone
+            if len(self._blocks) >= _BLOCK_CACHE:
+                self._blocks.clear()
+            self._blocks[block] = (state, headers)
+        return headers
 
     def _on_settings(self, stream_id: int, flags: int, payload: memoryview) -> None:
         if stream_id != 0 or len(payload) % 6:
