@@ -10,7 +10,10 @@ copy). Nothing waits: the flush runs at the end of the same iteration.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, cast
+import functools
+import http
+import re
+from typing import Any, Protocol, cast
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -56,3 +59,148 @@ class _CoalescingTransport:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._transport, name)
+
+
+class FastInfer(Protocol):
+    """What the protocol needs of the inference endpoint to serve it without ASGI."""
+
+    limit: int
+
+    async def respond(
+        self, name: str, version: str, headers: dict[str, str], body: bytes | bytearray
+    ) -> tuple[int, list[tuple[str, str]], bytes]:
+        """Status, headers and body of the answer to an inference request."""
+
+
+#: ``POST /v2/models/{m}[/versions/{v}]/infer``, on the raw request target.
+_INFER_TARGET = re.compile(rb"^/v2/models/([^/?%]+)(?:/versions/([^/?%]+))?/infer$")
+
+
+class _NoEvent:
+    """uvicorn sets its cycle's ``message_event`` on a disconnect; a fast request has none."""
+
+    @staticmethod
+    def set() -> None:
+        pass
+
+
+class _FastRequest:
+    """An inference request served without ASGI, standing where uvicorn keeps its cycle (so its
+    pipelining, keep-alive and shutdown logic see a request in progress)."""
+
+    __slots__ = (
+        "body",
+        "disconnected",
+        "headers",
+        "keep_alive",
+        "name",
+        "response_complete",
+        "version",
+    )
+    message_event = _NoEvent()
+
+    def __init__(self, name: str, version: str, headers: dict[str, str], keep_alive: bool):
+        self.name = name
+        self.version = version
+        self.headers = headers
+        self.keep_alive = keep_alive
+        self.body: list[bytes] = []
+        self.disconnected = False
+        self.response_complete = False
+
+
+class FastInferHttpToolsProtocol(CoalescingHttpToolsProtocol):
+    """Serves ``POST .../infer`` straight from the HTTP parser's callbacks: no ASGI scope, no
+    Starlette, no receive/send round trips (about a fifth of the supervisor's time per small
+    request). Only the plain case takes this way: a Content-Length body within the limit, no
+    ``Expect: 100-continue``, no percent-encoded path or query string, no request already in
+    progress on the connection. Everything else goes through ASGI as before, to the same
+    endpoint, so both ways answer alike.
+    """
+
+    def on_message_begin(self) -> None:
+        self.url = b""
+        self.expect_100_continue = False
+        self.headers = []
+
+    def on_headers_complete(self) -> None:
+        fast = self._fast_request()
+        if fast is not None:
+            self.cycle = cast(Any, fast)
+            return
+        # The ASGI way: build the scope uvicorn's on_message_begin would have built.
+        url, headers, expect = self.url, self.headers, self.expect_100_continue
+        super().on_message_begin()
+        self.url, self.headers, self.expect_100_continue = url, headers, expect
+        self.scope["headers"] = headers
+        super().on_headers_complete()
+
+    def on_body(self, body: bytes) -> None:
+        cycle = self.cycle
+        if isinstance(cycle, _FastRequest):
+            cycle.body.append(body)
+        else:
+            super().on_body(body)
+
+    def on_message_complete(self) -> None:
+        cycle = self.cycle
+        if not isinstance(cycle, _FastRequest):
+            super().on_message_complete()
+            return
+        task = self.loop.create_task(self._serve(cycle, cast(Any, self.app).fast_infer))
+        task.add_done_callback(self.tasks.discard)
+        self.tasks.add(task)
+
+    def _fast_request(self) -> _FastRequest | None:
+        endpoint: FastInfer | None = getattr(self.app, "fast_infer", None)
+        if endpoint is None or self.expect_100_continue:
+            return None
+        if self.cycle is not None and not self.cycle.response_complete:
+            return None  # pipelined behind a request in progress: uvicorn queues it
+        if self.parser.get_method() != b"POST":
+            return None
+        target = _INFER_TARGET.match(self.url)
+        if target is None:
+            return None
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in self.headers}
+        length = headers.get("content-length")
+        if length is None or not length.isdigit() or int(length) > endpoint.limit:
+            return None  # chunked, malformed or too large: the ASGI way answers those
+        if "transfer-encoding" in headers:
+            return None
+        keep_alive = self.parser.get_http_version() != "1.0" and self.parser.should_keep_alive()
+        version = "" if target[2] is None else target[2].decode("latin-1")
+        return _FastRequest(target[1].decode("latin-1"), version, headers, keep_alive)
+
+    async def _serve(self, request: _FastRequest, endpoint: FastInfer) -> None:
+        body = request.body[0] if len(request.body) == 1 else b"".join(request.body)
+        request.body = []
+        status, headers, payload = await endpoint.respond(
+            request.name, request.version, request.headers, body
+        )
+        if request.disconnected:
+            return
+        head = [_status_line(status)]
+        for name, value in self.server_state.default_headers:
+            head += [name, b": ", value, b"\r\n"]
+        head += [b"content-length: ", str(len(payload)).encode("latin-1"), b"\r\n"]
+        for name_, value_ in headers:
+            head += [name_.encode("latin-1"), b": ", value_.encode("latin-1"), b"\r\n"]
+        if not request.keep_alive:
+            head.append(b"connection: close\r\n")
+        head.append(b"\r\n")
+        self.transport.write(b"".join(head))
+        self.transport.write(payload)
+        request.response_complete = True
+        if not request.keep_alive:
+            self.transport.close()
+        self.on_response_complete()
+
+
+@functools.lru_cache(maxsize=64)
+def _status_line(status: int) -> bytes:
+    try:
+        phrase = http.HTTPStatus(status).phrase
+    except ValueError:
+        phrase = ""
+    return f"HTTP/1.1 {status} {phrase}\r\n".encode("latin-1")

@@ -38,7 +38,7 @@ from shoal.frontends._endpoint import (
 )
 from shoal.frontends._extensions import extension_routes, model_stats_routes
 from shoal.frontends._generate import generate_routes
-from shoal.frontends._http_protocol import CoalescingHttpToolsProtocol
+from shoal.frontends._http_protocol import FastInferHttpToolsProtocol
 from shoal.frontends._restricted import Restrictions, restrict_routes
 from shoal.frontends._serving import AddressInUseError, EmbeddedServer, bind_socket, wait_started
 from shoal.supervisor.core import CoreAPI, ShoalError
@@ -95,9 +95,11 @@ class _App(Starlette):
     """The REST app, with a fast path for inference: it skips Starlette's middleware and the
     scan of every route (tens of microseconds a request) when no API is restricted."""
 
-    def __init__(self, *, infer: ASGIApp | None, **kwargs: Any) -> None:
+    def __init__(self, *, infer: _InferEndpoint | None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._infer = infer
+        #: Served by the HTTP protocol without ASGI (see :mod:`._http_protocol`).
+        self.fast_infer = infer
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self._infer is not None and scope["type"] == "http" and scope["method"] == "POST":
@@ -174,7 +176,8 @@ def _model_config(core: CoreAPI) -> Endpoint:
 
 
 class _InferEndpoint:
-    """``POST .../infer`` as a bare ASGI app (Starlette's Route serves it without wrapping).
+    """``POST .../infer`` as a bare ASGI app (Starlette's Route serves it without wrapping), and
+    as :meth:`respond` for the HTTP protocol's fast path (:mod:`._http_protocol`).
 
     It reads the body itself, to refuse an oversized one before reading it and to copy it once, and
     sends one pre-built body: no Request or Response objects on the hot path.
@@ -182,47 +185,55 @@ class _InferEndpoint:
 
     def __init__(self, core: CoreAPI, max_input_size: int) -> None:
         self._core = core
-        self._limit = max_input_size
+        self.limit = max_input_size
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        params = scope["path_params"]
+        what = "Request JSON" if headers.get(codec.HEADER_LENGTH) is None else "Request"
         try:
-            response_headers, body = await self._infer(scope, headers, receive)
-            status = 200
+            body = await read_body(receive, headers.get("content-length"), self.limit, what=what)
         except ClientDisconnected:
             return  # nobody is left to answer
         except ShoalError as exc:
-            status, response_headers, body = error_parts(exc)
+            await _send(send, *error_parts(exc))
+            return
+        name, version = params["model_name"], params.get("model_version", "")
+        await _send(send, *await self.respond(name, version, headers, body))
+
+    async def respond(
+        self, name: str, version: str, headers: dict[str, str], body: bytes | bytearray
+    ) -> tuple[int, Headers, bytes]:
+        """Status, headers and body of the answer to an inference request."""
+        try:
+            name, version = model_ref({"model_name": name, "model_version": version})
+            response_headers, out = await self._infer(name, version, headers, body)
+            return 200, response_headers, out
+        except ShoalError as exc:
+            return error_parts(exc)
         except Exception:
-            status, response_headers, body = error_parts(unexpected("an inference request"))
-        await _send(send, status, response_headers, body)
+            return error_parts(unexpected("an inference request"))
 
     async def _infer(
-        self, scope: Scope, headers: dict[str, str], receive: Receive
+        self, name: str, version: str, headers: dict[str, str], body: bytes | bytearray
     ) -> tuple[Headers, bytes]:
-        decoded = await self._decode(scope, headers, receive)
+        encoding = codec.request_encoding(headers.get("content-encoding"))
+        if encoding is not None:
+            inflate = functools.partial(codec.decompress, body, encoding, limit=self.limit)
+            body = await _sized_run(len(body), inflate)
+        decoded = codec.decode_infer_request(
+            body,
+            model_name=name,
+            model_version=version,
+            header_length=headers.get(codec.HEADER_LENGTH),
+        )
         response = await self._core.infer(decoded.request)
         try:
             encoded = codec.encode_infer_response(response, decoded.output_format)
-            body = encoded.body()
+            out = encoded.body()
         finally:
             response.release()  # the body is a copy: give the shared memory back before sending
-        return await _compressed(list(encoded.headers), body, headers.get("accept-encoding"))
-
-    async def _decode(
-        self, scope: Scope, headers: dict[str, str], receive: Receive
-    ) -> codec.DecodedRequest:
-        name, version = model_ref(scope["path_params"])
-        encoding = codec.request_encoding(headers.get("content-encoding"))
-        header_length = headers.get(codec.HEADER_LENGTH)
-        what = "Request JSON" if header_length is None else "Request"
-        body = await read_body(receive, headers.get("content-length"), self._limit, what=what)
-        if encoding is not None:
-            inflate = functools.partial(codec.decompress, body, encoding, limit=self._limit)
-            body = await _sized_run(len(body), inflate)
-        return codec.decode_infer_request(
-            body, model_name=name, model_version=version, header_length=header_length
-        )
+        return await _compressed(list(encoded.headers), out, headers.get("accept-encoding"))
 
 
 async def _compressed(
@@ -298,7 +309,7 @@ class HttpServer:
     def _config(self) -> uvicorn.Config:
         return uvicorn.Config(
             self._app,
-            http=CoalescingHttpToolsProtocol,
+            http=FastInferHttpToolsProtocol,
             ws="none",
             lifespan="off",
             log_config=None,  # leave the process's logging configuration alone
