@@ -361,6 +361,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
         import uvloop
 
+        from shoal.supervisor.malloc_tuning import keep_large_buffers_mapped
+
+        keep_large_buffers_mapped()
         try:
             return int(uvloop.run(_serve(options)))
         except (FileNotFoundError, OSError) as error:

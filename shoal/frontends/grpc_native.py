@@ -135,10 +135,11 @@ class _Call(StreamHandler):
         self._context = _Context(headers)
         self._encoding = encoding
         self._prefix = bytearray()
-        self._message: bytearray | None = None
+        self._message: bytearray | memoryview | None = None
+        self._pooled: bytearray | None = None  # the buffer under a pooled message
         self._filled = 0
         self._compressed = False
-        self._request: bytes | bytearray | None = None
+        self._request: bytes | bytearray | memoryview | None = None
         self._inbox: _Inbox | None = None
         self._task: asyncio.Task[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
@@ -199,13 +200,17 @@ class _Call(StreamHandler):
             )
             return
         self._compressed = bool(prefix[0])
-        self._message = bytearray(size)
+        if size >= _BufferPool.MIN_SIZE and self._inbox is None and self._pooled is None:
+            self._pooled = self._server.buffers.take(size)
+            self._message = memoryview(self._pooled)[:size]
+        else:
+            self._message = bytearray(size)
         self._filled = 0
         if size == 0:
             self._message_done()
 
     def _message_done(self) -> None:
-        message: bytes | bytearray | None = self._message
+        message: bytes | bytearray | memoryview | None = self._message
         self._message = None
         assert message is not None
         if self._compressed:
@@ -213,13 +218,14 @@ class _Call(StreamHandler):
             if message is None:
                 return
         if self._inbox is not None:
+            assert not isinstance(message, memoryview)  # streams' messages are never pooled
             self._inbox.put(message)
         elif self._request is None:
             self._request = message
         else:
             self._fail(UNIMPLEMENTED, "more than one request message for a unary method")
 
-    def _decompress(self, message: bytes | bytearray) -> bytes | None:
+    def _decompress(self, message: bytes | bytearray | memoryview) -> bytes | None:
         encoding = self._encoding
         if encoding in (b"gzip", b"deflate"):
             wbits = 16 + zlib.MAX_WBITS if encoding == b"gzip" else zlib.MAX_WBITS
@@ -255,7 +261,7 @@ class _Call(StreamHandler):
             if self._request is None:
                 self._fail(UNIMPLEMENTED, "no request message for a unary method")
             else:
-                self._launch(self._run_unary(self._request))
+                self._launch(self._run_unary())
 
     # --- running ------------------------------------------------------------------------------
 
@@ -265,11 +271,27 @@ class _Call(StreamHandler):
         self._server.running.add(task)
         task.add_done_callback(self._server.running.discard)
 
-    async def _run_unary(self, request: bytes | bytearray) -> None:
-        method = self._method
+    async def _run_unary(self) -> None:
         try:
-            parsed = request if method.parse is None else method.parse(request)
+            await self._unary()
+        finally:
+            self._request = None
+            if self._pooled is not None:
+                self._server.buffers.give_back(self._pooled)
+                self._pooled = None
+
+    async def _unary(self) -> None:
+        method = self._method
+        request = self._request
+        assert request is not None
+        try:
+            if method.parse is None:
+                parsed: Any = request
+            else:
+                parsed = method.parse(bytes(request))
+            del request
             reply = await method.handle(parsed, self._context)
+            del parsed
             body = reply if method.serialize is None else method.serialize(reply)
         except _Abort as exc:
             self._finish(exc.code, exc.details)
@@ -358,6 +380,42 @@ class _Call(StreamHandler):
             self._timer = None
 
 
+class _BufferPool:
+    """Large request buffers, kept for reuse.
+
+    A fresh multi-megabyte ``bytearray`` is zero-filled and page-faulted in on every request: a
+    fifth of the supervisor's time per 4 MiB call. A buffer comes back only once no view of it
+    is left (a bytearray with live views cannot be resized, which is what ``give_back`` tries).
+    """
+
+    MIN_SIZE = 256 * 1024
+    MAX_SIZE = 64 * 1024 * 1024
+    KEEP = 4
+
+    def __init__(self) -> None:
+        self._free: list[bytearray] = []
+
+    def take(self, size: int) -> bytearray:
+        fitting = [b for b in self._free if len(b) >= size]
+        if not fitting:
+            return bytearray(size)
+        buffer = min(fitting, key=len)
+        self._free.remove(buffer)
+        return buffer
+
+    def give_back(self, buffer: bytearray) -> None:
+        if len(buffer) > self.MAX_SIZE:
+            return
+        try:
+            buffer.append(0)
+            del buffer[-1]
+        except BufferError:
+            return  # something still reads it: leave it to the garbage collector
+        if len(self._free) >= self.KEEP:
+            self._free.remove(min(self._free, key=len))
+        self._free.append(buffer)
+
+
 class NativeGrpcServer:
     """Serves ``inference.GRPCInferenceService`` on the running event loop (see the module).
 
@@ -380,6 +438,7 @@ class NativeGrpcServer:
         self._server: asyncio.Server | None = None
         self._connections: set[Http2Connection] = set()
         self.running: set[asyncio.Task[None]] = set()
+        self.buffers = _BufferPool()
 
     async def start(self, host: str, port: int) -> int:
         """Listen on ``host:port`` (0: any free port) and return the port.
