@@ -1,0 +1,160 @@
+"""The native gRPC server in-process, where an option has no command-line flag (the message size
+limit) or a test needs the event loop's timing (a deadline that comes due in the iteration the
+call starts). The core is the frontend tests' double; the server, its HTTP/2 connection and the
+client (h2, or frames by hand) are real."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import numpy as np
+import pytest
+from hyperframe.frame import DataFrame, HeadersFrame
+
+from shoal.frontends.grpc_native import NativeGrpcServer
+from shoal.protos import grpc_service_pb2 as pb
+from tests.h2client import H2Client, RawClient, grpc_frame, request_headers
+
+from .doubles import LoopThread
+from .test_grpc_double import FullCore
+
+pytestmark = pytest.mark.timeout(30)
+
+LIMIT = 4096
+
+
+class AsyncioLoopThread(LoopThread):
+    """LoopThread on the standard library's event loop instead of uvloop."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="test-asyncio-loop")
+        self._thread.start()
+
+
+def echo_request(size: int, request_id: str = "") -> bytes:
+    """A ModelInferRequest for the double's "echo" model with ``size`` bytes of FP32 data."""
+    request = pb.ModelInferRequest(model_name="echo", id=request_id)
+    tensor = request.inputs.add(name="INPUT0", datatype="FP32")
+    tensor.shape.extend([1, size // 4])
+    request.raw_input_contents.append(np.zeros(size // 4, np.float32).tobytes())
+    return request.SerializeToString()
+
+
+def request_of_exactly(size: int) -> bytes:
+    """An echo request whose serialized size is exactly ``size`` bytes."""
+    data = size - 200
+    for filler in range(200):
+        message = echo_request(data, "x" * filler)
+        if len(message) == size:
+            return message
+    raise AssertionError(f"no echo request of {size} bytes")
+
+
+@contextmanager
+def serve(thread: LoopThread, **options: int) -> Iterator[int]:
+    server = NativeGrpcServer(FullCore(), **options)  # type: ignore[arg-type]
+    port = thread.run(server.start("127.0.0.1", 0))
+    try:
+        yield port
+    finally:
+        thread.run(server.stop(None))
+
+
+@pytest.fixture(scope="module")
+def port(loop_thread: LoopThread) -> Iterator[int]:
+    with serve(loop_thread, max_message_bytes=LIMIT) as bound:
+        yield bound
+
+
+@pytest.fixture
+def client(port: int) -> Iterator[H2Client]:
+    with H2Client(port) as c:
+        yield c
+
+
+# --- the message size limit ---------------------------------------------------------------------
+
+
+def test_a_message_at_the_limit_is_served(client: H2Client) -> None:
+    message = request_of_exactly(LIMIT)
+    response = client.call(grpc_frame(message))
+    assert response.status == "0", response.message
+    (reply,) = response.messages()
+    assert len(pb.ModelInferResponse.FromString(reply).raw_output_contents[0]) == LIMIT - 200
+
+
+def test_a_message_over_the_limit_is_resource_exhausted(client: H2Client) -> None:
+    message = request_of_exactly(LIMIT + 4)
+    response = client.call(grpc_frame(message))
+    assert response.headers[":status"] == "200"
+    assert response.status == "8"
+    assert response.message == f"Received message larger than max ({LIMIT + 4} vs. {LIMIT})"
+    assert not response.data
+    assert client.call(grpc_frame(echo_request(64))).status == "0"  # the connection serves on
+
+
+def test_the_limit_is_checked_on_the_declared_size(client: H2Client) -> None:
+    """Only the 5-byte prefix of a 1 GiB message is sent: the answer comes at once."""
+    stream_id = client.start(b"\x00" + (1 << 30).to_bytes(4, "big"), end_stream=False)
+    response = client.wait(stream_id)
+    assert response.status == "8"
+    assert response.message == f"Received message larger than max ({1 << 30} vs. {LIMIT})"
+
+
+def test_a_message_inflating_past_the_limit_is_resource_exhausted(client: H2Client) -> None:
+    compressed = gzip.compress(bytes(1 << 20))  # 1 MiB of zeros: about 1 KiB
+    assert len(compressed) < LIMIT
+    response = client.call(grpc_frame(compressed, compressed=True), grpc_encoding="gzip")
+    assert response.status == "8"
+    assert response.message == (
+        f"Received message larger than max (more than {LIMIT} bytes uncompressed)"
+    )
+
+
+def test_a_corrupt_compressed_message_is_internal(client: H2Client) -> None:
+    response = client.call(grpc_frame(b"\x1f\x8b not gzip", compressed=True), grpc_encoding="gzip")
+    assert response.status == "13"
+    assert response.message is not None
+    assert response.message.startswith("failed to decompress the request message")
+
+
+# --- a deadline in the loop iteration that starts the call --------------------------------------
+
+
+@pytest.fixture(scope="module")
+def asyncio_thread() -> Iterator[LoopThread]:
+    thread = AsyncioLoopThread()
+    yield thread
+    thread.close()
+
+
+@pytest.mark.timeout(20)
+def test_deadline_due_as_the_call_starts(asyncio_thread: LoopThread) -> None:
+    """The request's last frame and the deadline are handled in the same loop iteration (the
+    loop was busy meanwhile): the call's task is created and cancelled before its first step.
+    The call must still end with DEADLINE_EXCEEDED, not hang."""
+    with serve(asyncio_thread) as port, RawClient(port, timeout=5) as raw:
+        headers = raw.block(request_headers(port, grpc_timeout="50m"))
+        raw.send(
+            HeadersFrame(1, data=headers, flags=["END_HEADERS"]),
+            DataFrame(1, data=grpc_frame(echo_request(16))),
+        )
+        raw.ping(b"received")  # the server has the call: its deadline timer runs
+        busy = threading.Event()
+
+        def block() -> None:
+            busy.set()
+            time.sleep(0.3)  # the server's loop is busy past the deadline
+
+        asyncio_thread.call(block)
+        assert busy.wait(5)
+        raw.send(DataFrame(1, data=b"", flags=["END_STREAM"]))
+        response = raw.read_stream(1)
+        assert response.status == "4", (response.status, response.message)
+        assert response.message == "Deadline Exceeded"
