@@ -167,6 +167,7 @@ class H2Client:
 
     def __init__(self, port: int, settings: dict[int, int] | None = None, timeout: float = 30):
         self.port = port
+        self.ack = True  # False: received DATA is not acknowledged (the windows only shrink)
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
         self.conn = H2Connection(H2Configuration(client_side=True, header_encoding=None))
         self.responses: dict[int, Response] = {}
@@ -215,8 +216,8 @@ class H2Client:
                 assert response is not None
                 response.data += event.data
                 response.data_frames.append(event.flow_controlled_length)
-                # Read: only now give the window back.
-                self.conn.acknowledge_received_data(event.flow_controlled_length, stream_id)
+                if self.ack:  # read: only now give the window back
+                    self.conn.acknowledge_received_data(event.flow_controlled_length, stream_id)
             elif isinstance(event, TrailersReceived):
                 assert response is not None
                 response.trailers = _text(event.headers)

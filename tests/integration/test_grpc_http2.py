@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import signal
 import socket
+import struct
 import time
 import zlib
 
 import numpy as np
 import pytest
 from h2.settings import SettingCodes
+from hyperframe.frame import PriorityFrame
 
+from shoal.protos import grpc_service_pb2 as pb
 from tests.h2client import (
     NO_ERROR,
     REFUSED_STREAM,
@@ -39,7 +42,8 @@ from tests.integration.test_metrics import _scrape, _value, _values
 
 pytestmark = pytest.mark.timeout(60)
 
-MODELS = ("identity", "slow", "cancel_waiter")
+MODELS = ("identity", "slow", "cancel_waiter", "decoupled_repeat")
+STREAM_PATH = "/inference.GRPCInferenceService/ModelStreamInfer"
 
 
 def _args(*models: str) -> tuple[str, ...]:
@@ -105,6 +109,62 @@ def test_flow_control_large_response(server, window):
         _assert_identity(client.call(grpc_frame(identity_request(data[:5]))), data[:5])
 
 
+@pytest.mark.timeout(30)
+def test_streams_share_the_connection_window(server):
+    """Four 1 MiB responses at once, each stream's window large enough, the connection's the
+    default 64 KiB: the server shares it out as the client gives it back."""
+    rng = np.random.default_rng(1)
+    with H2Client(server.grpc_port, {SettingCodes.INITIAL_WINDOW_SIZE: 1 << 21}) as client:
+        assert client.conn.inbound_flow_control_window == 65_535
+        streams = {}
+        for _ in range(4):
+            data = rng.integers(0, 255, 1 << 20, dtype=np.uint8)
+            streams[client.start(grpc_frame(identity_request(data)))] = data
+        for stream_id, data in streams.items():
+            _assert_identity(client.wait(stream_id), data)
+
+
+@pytest.mark.timeout(30)
+def test_a_larger_initial_window_resumes_a_blocked_stream(server):
+    """The client never sends a stream WINDOW_UPDATE: once the server has used the 1000-byte
+    window it waits, and a SETTINGS_INITIAL_WINDOW_SIZE raise lets the rest through."""
+    data = np.random.default_rng(2).integers(0, 255, 1 << 19, dtype=np.uint8)
+    with H2Client(server.grpc_port, {SettingCodes.INITIAL_WINDOW_SIZE: 1000}) as client:
+        client.ack = False
+        client.conn.increment_flow_control_window(1 << 30)  # the connection is not the limit
+        stream_id = client.start(grpc_frame(identity_request(data)))
+        response = client.responses[stream_id]
+        while len(response.data) < 1000:
+            client._pump()
+        assert len(response.data) == 1000 and not response.done  # exactly the window
+        client.conn.update_settings({SettingCodes.INITIAL_WINDOW_SIZE: 1 << 21})
+        client._flush()
+        _assert_identity(client.wait(stream_id), data)
+
+
+@pytest.mark.timeout(30)
+def test_stream_infer_with_a_small_window(server):
+    """ModelStreamInfer with two requests to a decoupled model, read through a 1000-byte window:
+    every response arrives, in order per request, then grpc-status 0."""
+    requests = b""
+    for request_id, count in (("many", 300), ("two", 2)):
+        message = pb.ModelInferRequest.FromString(int_request("decoupled_repeat", "COUNT", count))
+        message.id = request_id
+        requests += grpc_frame(message.SerializeToString())
+    with H2Client(server.grpc_port, {SettingCodes.INITIAL_WINDOW_SIZE: 1000}) as client:
+        response = client.call(requests, path=STREAM_PATH)
+        assert response.status == "0", response.message
+        assert max(response.data_frames) <= 1000
+        indexes: dict[str, list[int]] = {"many": [], "two": []}
+        for message in response.messages():
+            reply = pb.ModelStreamInferResponse.FromString(message)
+            assert not reply.error_message
+            if reply.infer_response.outputs:  # the final flag alone is an empty response
+                index = output_array(reply.infer_response.SerializeToString(), np.int32)
+                indexes[reply.infer_response.id].append(int(index[0]))
+        assert indexes == {"many": list(range(300)), "two": [0, 1]}
+
+
 def test_continuation_and_padding(server):
     """A header block split over HEADERS and two CONTINUATION frames, padded HEADERS, and the
     message split over padded DATA frames."""
@@ -114,9 +174,13 @@ def test_continuation_and_padding(server):
         headers = request_headers(server.grpc_port, extra=(("x-custom", "a" * 300),))
         block = raw.block(headers)
         third = len(block) // 3
-        first = HeadersFrame(1, data=block[:third], flags=["PADDED"])
+        first = HeadersFrame(1, data=block[:third], flags=["PADDED", "PRIORITY"])
         first.pad_length = 17
+        first.depends_on, first.stream_weight = 0, 200
+        # A frame of an unknown type (0xFA) and PRIORITY are ignored (RFC 9113 4.1, 5.3.2).
+        raw.sock.sendall(struct.pack(">HBBBI", 0, 8, 0xFA, 0x3, 0) + b"whatever")
         raw.send(
+            PriorityFrame(1, depends_on=0, stream_weight=15),
             first,
             ContinuationFrame(1, data=block[third : 2 * third]),
             ContinuationFrame(1, data=block[2 * third :], flags=["END_HEADERS"]),
@@ -316,6 +380,25 @@ def test_frames_on_a_stream_the_server_closed_are_ignored(server):
             DataFrame(3, data=body, flags=["END_STREAM"]),
         )
         _assert_identity(raw.read_stream(3), data)
+
+
+@pytest.mark.timeout(30)
+def test_client_goaway_lets_the_running_call_finish(server):
+    with RawClient(server.grpc_port) as raw:
+        mark = len(server.output)
+        raw.send(
+            HeadersFrame(
+                1, data=raw.block(request_headers(server.grpc_port)), flags=["END_HEADERS"]
+            ),
+            DataFrame(
+                1, data=grpc_frame(float_request("slow", "SECONDS", 0.3)), flags=["END_STREAM"]
+            ),
+        )
+        _wait_for_log(server, "slow: executing", mark)
+        raw.send(GoAwayFrame(0, last_stream_id=0, error_code=NO_ERROR))
+        response = raw.read_stream(1)
+        assert response.status == "0", response.message
+        assert raw.read_frame() is None  # then the server closes the connection
 
 
 @pytest.mark.timeout(90)
