@@ -452,3 +452,56 @@ def test_graceful_stop():
         assert server.stop() == 0  # (checks that no stub process is left)
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", port), timeout=2).close()
+
+
+@pytest.mark.timeout(60)
+def test_graceful_stop_ends_an_idle_stream_call():
+    """An open ModelStreamInfer call whose requests are all answered does not hold the shutdown
+    for the exit timeout (30 s): it ends with status 0, and the process exits 0."""
+    args = _args("identity", "decoupled_repeat")
+    with ShoalServer(BUNDLED, TEST_MODELS, extra_args=args) as server:
+        port = server.grpc_port
+        with RawClient(port) as raw:
+            request = grpc_frame(int_request("decoupled_repeat", "COUNT", 2))
+            raw.send(
+                HeadersFrame(
+                    1, data=raw.block(request_headers(port, STREAM_PATH)), flags=["END_HEADERS"]
+                ),
+                DataFrame(1, data=request),
+            )
+            body = bytearray()
+            indexes: list[int] = []
+            while len(indexes) < 2:  # both responses, the stream still open
+                frame = raw.read_frame()
+                assert frame is not None
+                if isinstance(frame, DataFrame) and frame.stream_id == 1:
+                    body += frame.data
+                    indexes = _stream_indexes(body)
+            assert indexes == [0, 1]
+            started = time.monotonic()
+            assert server.proc is not None
+            server.proc.send_signal(signal.SIGTERM)
+            response = raw.read_stream(1)
+            assert response.status == "0", (response.status, response.message)
+            while raw.read_frame() is not None:
+                pass
+            assert server.proc.wait(30) == 0, server.output
+            assert time.monotonic() - started < 10
+        assert server.stop() == 0
+
+
+def _stream_indexes(body: bytearray) -> list[int]:
+    """INDEX of each whole ModelStreamInferResponse in ``body`` (empty responses skipped)."""
+    indexes = []
+    offset = 0
+    while len(body) - offset >= 5:
+        size = int.from_bytes(body[offset + 1 : offset + 5], "big")
+        if len(body) - offset - 5 < size:
+            break
+        reply = pb.ModelStreamInferResponse.FromString(bytes(body[offset + 5 : offset + 5 + size]))
+        assert not reply.error_message, reply.error_message
+        if reply.infer_response.outputs:
+            index = output_array(reply.infer_response.SerializeToString(), np.int32)
+            indexes.append(int(index[0]))
+        offset += 5 + size
+    return indexes
