@@ -62,6 +62,15 @@ def test_infer(client):
     assert result.get_response().id == "r-1"
 
 
+@pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
+def test_infer_compressed(client, algorithm):
+    data = np.arange(4096, dtype=np.int32) % 7  # compressible
+    inp = grpcclient.InferInput("IN_INT32", [4096], "INT32")
+    inp.set_data_from_numpy(data)
+    result = client.infer("identity", [inp], compression_algorithm=algorithm)
+    np.testing.assert_array_equal(result.as_numpy("OUT_INT32"), data)
+
+
 def test_stream_infer_decoupled(client):
     responses: queue.Queue = queue.Queue()
     client.start_stream(callback=lambda result, error: responses.put((result, error)))
