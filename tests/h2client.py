@@ -177,12 +177,12 @@ class H2Client:
         self.conn.initiate_connection()
         if settings:
             self.conn.update_settings(settings)
-        self._flush()
-        acked = False
+        self.flush()
+        acks = 2 if settings else 1
         remote = False
-        while not (acked and remote):  # the server's SETTINGS, and its ACK of ours
-            for event in self._pump():
-                acked = acked or isinstance(event, SettingsAcknowledged)
+        while acks or not remote:  # the server's SETTINGS, and its ACK of each of ours
+            for event in self.pump():
+                acks -= isinstance(event, SettingsAcknowledged)
                 remote = remote or isinstance(event, RemoteSettingsChanged)
 
     def close(self) -> None:
@@ -194,12 +194,12 @@ class H2Client:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _flush(self) -> None:
+    def flush(self) -> None:
         data = self.conn.data_to_send()
         if data:
             self.sock.sendall(data)
 
-    def _pump(self) -> list[Any]:
+    def pump(self) -> list[Any]:
         """Read once from the socket and handle what arrived; returns h2's events."""
         chunk = self.sock.recv(1 << 20)
         if not chunk:
@@ -231,7 +231,7 @@ class H2Client:
                 self.pings.append(event.ping_data)
             elif isinstance(event, ConnectionTerminated):
                 self.terminated = event
-        self._flush()
+        self.flush()
         return events
 
     def start(
@@ -248,7 +248,7 @@ class H2Client:
         self.responses[stream_id] = Response()
         headers = request_headers(self.port, path, extra, **overrides)
         self.conn.send_headers(stream_id, headers, end_stream=body is None and end_stream)
-        self._flush()
+        self.flush()
         if body is not None:
             self.send_body(stream_id, body, end_stream)
         return stream_id
@@ -262,17 +262,17 @@ class H2Client:
             if size or not view:
                 last = size == len(view)
                 self.conn.send_data(stream_id, bytes(view[:size]), end_stream=end_stream and last)
-                self._flush()
+                self.flush()
                 view = view[size:]
                 if last:
                     return
             else:
-                self._pump()  # wait for WINDOW_UPDATE
+                self.pump()  # wait for WINDOW_UPDATE
 
     def wait(self, stream_id: int) -> Response:
         response = self.responses[stream_id]
         while not response.done:
-            self._pump()
+            self.pump()
         return response
 
     def call(self, body: bytes | None, **kwargs: Any) -> Response:
@@ -283,13 +283,13 @@ class H2Client:
         """Send PING and wait for its ACK."""
         count = len(self.pings)
         self.conn.ping(payload)
-        self._flush()
+        self.flush()
         while len(self.pings) == count:
-            self._pump()
+            self.pump()
 
     def reset(self, stream_id: int, code: int = 0x8) -> None:
         self.conn.reset_stream(stream_id, code)
-        self._flush()
+        self.flush()
 
 
 class RawClient:

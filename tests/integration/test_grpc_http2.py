@@ -99,6 +99,7 @@ def test_flow_control_large_response(server, window):
     data = np.random.default_rng(0).integers(0, 255, 1 << 20, dtype=np.uint8)
     with H2Client(server.grpc_port, {SettingCodes.INITIAL_WINDOW_SIZE: window}) as client:
         assert client.conn.max_inbound_frame_size == 16_384
+        assert client.conn.local_settings.initial_window_size == window
         response = client.call(grpc_frame(identity_request(data)))
         _assert_identity(response, data)
         assert sum(response.data_frames) == len(response.data) > 1 << 20
@@ -135,10 +136,10 @@ def test_a_larger_initial_window_resumes_a_blocked_stream(server):
         stream_id = client.start(grpc_frame(identity_request(data)))
         response = client.responses[stream_id]
         while len(response.data) < 1000:
-            client._pump()
+            client.pump()
         assert len(response.data) == 1000 and not response.done  # exactly the window
         client.conn.update_settings({SettingCodes.INITIAL_WINDOW_SIZE: 1 << 21})
-        client._flush()
+        client.flush()
         _assert_identity(client.wait(stream_id), data)
 
 
