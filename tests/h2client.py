@@ -307,6 +307,15 @@ class RawClient:
             settings = SettingsFrame(0, settings={SettingCodes.INITIAL_WINDOW_SIZE: 2**31 - 1})
             more = WindowUpdateFrame(0, window_increment=2**31 - 1 - 65_535)
             self.sock.sendall(PREFACE + settings.serialize() + more.serialize())
+            # The server's SETTINGS (acknowledged by read_frame) and its ACK of ours: after
+            # this the server has read all the client sent, and the connection is quiet.
+            acked = remote = False
+            while not (acked and remote):
+                frame = self.read_frame()
+                assert frame is not None, "EOF during the HTTP/2 handshake"
+                if isinstance(frame, SettingsFrame):
+                    acked = acked or "ACK" in frame.flags
+                    remote = remote or "ACK" not in frame.flags
 
     def close(self) -> None:
         self.sock.close()

@@ -135,26 +135,59 @@ def asyncio_thread() -> Iterator[LoopThread]:
 
 
 @pytest.mark.timeout(20)
-def test_deadline_due_as_the_call_starts(asyncio_thread: LoopThread) -> None:
-    """The request's last frame and the deadline are handled in the same loop iteration (the
-    loop was busy meanwhile): the call's task is created and cancelled before its first step.
-    The call must still end with DEADLINE_EXCEEDED, not hang."""
-    with serve(asyncio_thread) as port, RawClient(port, timeout=5) as raw:
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+def test_deadline_due_as_the_call_starts(request: pytest.FixtureRequest, loop: str) -> None:
+    """The loop is busy past the call's deadline while the request's last frame arrives, so
+    the deadline timer runs after that frame is handled but before the call's task takes its
+    first step: the task is cancelled before it starts. The call must still end with
+    DEADLINE_EXCEEDED, not hang. (uvloop runs the timers of an iteration before the callbacks
+    that I/O scheduled in the previous one; asyncio appends due timers behind that I/O's.)"""
+    thread: LoopThread = request.getfixturevalue(
+        "loop_thread" if loop == "uvloop" else "asyncio_thread"
+    )
+    with serve(thread) as port, RawClient(port, timeout=5) as raw:
         headers = raw.block(request_headers(port, grpc_timeout="50m"))
         raw.send(
             HeadersFrame(1, data=headers, flags=["END_HEADERS"]),
             DataFrame(1, data=grpc_frame(echo_request(16))),
         )
-        raw.ping(b"received")  # the server has the call: its deadline timer runs
+        raw.ping(b"received")  # the server has read all: the call is open, its deadline armed
         busy = threading.Event()
 
         def block() -> None:
             busy.set()
             time.sleep(0.3)  # the server's loop is busy past the deadline
 
-        asyncio_thread.call(block)
+        thread.call(block)
         assert busy.wait(5)
         raw.send(DataFrame(1, data=b"", flags=["END_STREAM"]))
         response = raw.read_stream(1)
         assert response.status == "4", (response.status, response.message)
         assert response.message == "Deadline Exceeded"
+
+
+# --- message framing ----------------------------------------------------------------------------
+
+
+def test_a_message_split_anywhere_is_reassembled(port: int) -> None:
+    """Two messages on one ModelStreamInfer stream, split into two DATA frames at every byte:
+    the prefixes and bodies are put back together whatever the cut."""
+    first = pb.ModelInferRequest.FromString(echo_request(8, "a"))
+    second = pb.ModelInferRequest.FromString(echo_request(12, "b"))
+    body = grpc_frame(first.SerializeToString()) + grpc_frame(second.SerializeToString())
+    path = "/inference.GRPCInferenceService/ModelStreamInfer"
+    with RawClient(port) as raw:
+        for cut in range(len(body) + 1):
+            stream_id = 2 * cut + 1
+            block = raw.block(request_headers(port, path))
+            raw.send(
+                HeadersFrame(stream_id, data=block, flags=["END_HEADERS"]),
+                DataFrame(stream_id, data=body[:cut]),
+                DataFrame(stream_id, data=body[cut:], flags=["END_STREAM"]),
+            )
+            response = raw.read_stream(stream_id)
+            assert response.status == "0", (cut, response.message)
+            replies = [pb.ModelStreamInferResponse.FromString(m) for m in response.messages()]
+            assert [r.infer_response.id for r in replies] == ["a", "b"], cut
+            sizes = [len(r.infer_response.raw_output_contents[0]) for r in replies]
+            assert sizes == [8, 12], cut
