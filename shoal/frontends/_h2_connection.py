@@ -95,6 +95,10 @@ class Http2Connection(asyncio.Protocol):
         self._send_window = h2.DEFAULT_WINDOW
         self._initial_send_window = h2.DEFAULT_WINDOW
         self._send_max_frame = h2.DEFAULT_MAX_FRAME
+        # Our HPACK encoder's table size (we never index, but the peer's decoder tracks it), and
+        # whether the next header block must start by shrinking it to 0.
+        self._encoder_table_size = h2.DEFAULT_TABLE_SIZE
+        self._table_size_update = False
         self._blocked: dict[int, None] = {}  # streams with pending DATA, in order
         # Credit we have not yet given back on the connection.
         self._recv_unacked = 0
@@ -362,6 +366,12 @@ class Http2Connection(asyncio.Protocol):
                 self._initial_send_window = value
                 for stream in self._streams.values():
                     stream.send_window += delta
+            elif key == h2.SETTINGS_HEADER_TABLE_SIZE and value < self._encoder_table_size:
+                # A decoder whose table shrinks below our encoder's expects a dynamic table size
+                # update at the start of our next header block (RFC 7541 section 4.2; nghttp2
+                # fails the connection without it). We never index: shrink ours to 0, once.
+                self._encoder_table_size = 0
+                self._table_size_update = True
             elif key == h2.SETTINGS_MAX_FRAME_SIZE:
                 if not h2.DEFAULT_MAX_FRAME <= value <= h2.MAX_FRAME_LIMIT:
                     raise ConnectionError_(h2.PROTOCOL_ERROR, f"max frame size {value}")
@@ -465,6 +475,9 @@ class Http2Connection(asyncio.Protocol):
         """HEADERS, and CONTINUATION frames for what exceeds the peer's frame size (a long
         grpc-message): a frame over that size is a connection error for the peer. The frames
         are written together, so nothing comes between them, as RFC 9113 section 6.10 asks."""
+        if self._table_size_update:
+            self._table_size_update = False
+            block = h2.TABLE_SIZE_ZERO + bytes(block)
         max_frame = self._send_max_frame
         flags = h2.END_STREAM if end_stream else 0
         if len(block) <= max_frame:
