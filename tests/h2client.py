@@ -131,6 +131,7 @@ class Response:
     ended: bool = False
     reset: int | None = None  # the RST_STREAM error code, if the server reset the stream
     data_frames: list[int] = field(default_factory=list)  # each DATA frame's flow-controlled size
+    blocks: list[bytes] = field(default_factory=list)  # the header blocks as sent (RawClient)
 
     @property
     def done(self) -> bool:
@@ -297,16 +298,24 @@ class RawClient:
     ``hpack``, frames read one by one. The client's windows are the largest HTTP/2 allows, so
     the server is never held back by them."""
 
-    def __init__(self, port: int, timeout: float = 30, preface: bool = True) -> None:
+    def __init__(
+        self,
+        port: int,
+        timeout: float = 30,
+        preface: bool = True,
+        settings: dict[int, int] | None = None,
+    ) -> None:
         self.port = port
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
         self.encoder = hpack.Encoder()
         self.decoder = hpack.Decoder()
         self._buffer = bytearray()
         if preface:
-            settings = SettingsFrame(0, settings={SettingCodes.INITIAL_WINDOW_SIZE: 2**31 - 1})
+            ours = {SettingCodes.INITIAL_WINDOW_SIZE: 2**31 - 1, **(settings or {})}
             more = WindowUpdateFrame(0, window_increment=2**31 - 1 - 65_535)
-            self.sock.sendall(PREFACE + settings.serialize() + more.serialize())
+            self.sock.sendall(
+                PREFACE + SettingsFrame(0, settings=ours).serialize() + more.serialize()
+            )
             # The server's SETTINGS (acknowledged by read_frame) and its ACK of ours: after
             # this the server has read all the client sent, and the connection is quiet.
             acked = remote = False
@@ -369,11 +378,13 @@ class RawClient:
                 if "END_HEADERS" not in frame.flags:
                     continue
                 headers = _text(self.decoder.decode(bytes(block), raw=True))
-                block.clear()
                 if frame.stream_id != stream_id:
+                    block.clear()
                     if others is not None:
                         others.append(frame)
                     continue
+                response.blocks.append(bytes(block))
+                block.clear()
                 if response.headers:
                     response.trailers = headers
                 else:

@@ -198,6 +198,27 @@ def test_continuation_and_padding(server):
         _assert_identity(response, data)
 
 
+def test_a_smaller_header_table_is_acknowledged_in_the_next_block(server):
+    """The client shrinks SETTINGS_HEADER_TABLE_SIZE to 0: the server's next header block starts
+    with a dynamic table size update (RFC 7541 section 4.2), and only that one."""
+    data = np.arange(3, dtype=np.int32)
+    port = server.grpc_port
+    with RawClient(port, settings={SettingCodes.HEADER_TABLE_SIZE: 0}) as raw:
+        blocks = []
+        for stream_id in (1, 3):
+            raw.send(
+                HeadersFrame(
+                    stream_id, data=raw.block(request_headers(port)), flags=["END_HEADERS"]
+                ),
+                DataFrame(stream_id, data=grpc_frame(identity_request(data)), flags=["END_STREAM"]),
+            )
+            response = raw.read_stream(stream_id)
+            _assert_identity(response, data)
+            blocks += response.blocks
+        assert [block[:1] for block in blocks] == [b"\x20", b"\x00", b"\x88", b"\x00"]
+        assert blocks[0][1:] == blocks[2]  # otherwise the same headers
+
+
 @pytest.mark.timeout(30)
 def test_many_concurrent_streams(client):
     streams = {}

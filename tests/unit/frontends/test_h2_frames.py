@@ -218,3 +218,12 @@ def test_timeout_seconds(value: bytes, seconds: float) -> None:
 )
 def test_timeout_seconds_rejects(value: bytes) -> None:
     assert _timeout_seconds(value) is None
+
+
+def test_table_size_zero_is_a_dynamic_table_size_update() -> None:
+    decoder = hpack.Decoder()
+    assert decoder.header_table.maxsize == 4096
+    headers = decoder.decode(h2.TABLE_SIZE_ZERO + h2.GRPC_RESPONSE_HEADERS)
+    assert headers == [(":status", "200"), ("content-type", "application/grpc")]
+    assert decoder.header_table.maxsize == 0
+    assert h2.TABLE_SIZE_ZERO == b"\x20"
