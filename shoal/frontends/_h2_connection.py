@@ -95,9 +95,7 @@ class Http2Connection(asyncio.Protocol):
         self._send_window = h2.DEFAULT_WINDOW
         self._initial_send_window = h2.DEFAULT_WINDOW
         self._send_max_frame = h2.DEFAULT_MAX_FRAME
-        # Our HPACK encoder's table size (we never index, but the peer's decoder tracks it), and
-        # whether the next header block must start by shrinking it to 0.
-        self._encoder_table_size = h2.DEFAULT_TABLE_SIZE
+        # Whether the next header block starts with a dynamic table size update (to 0).
         self._table_size_update = False
         self._blocked: dict[int, None] = {}  # streams with pending DATA, in order
         # Credit we have not yet given back on the connection.
@@ -366,11 +364,11 @@ class Http2Connection(asyncio.Protocol):
                 self._initial_send_window = value
                 for stream in self._streams.values():
                     stream.send_window += delta
-            elif key == h2.SETTINGS_HEADER_TABLE_SIZE and value < self._encoder_table_size:
+            elif key == h2.SETTINGS_HEADER_TABLE_SIZE:
                 # A decoder whose table shrinks below our encoder's expects a dynamic table size
                 # update at the start of our next header block (RFC 7541 section 4.2; nghttp2
-                # fails the connection without it). We never index: shrink ours to 0, once.
-                self._encoder_table_size = 0
+                # fails the connection without it, and older releases expect one after any
+                # value). We never index: an update to 0 is always valid, so send one each time.
                 self._table_size_update = True
             elif key == h2.SETTINGS_MAX_FRAME_SIZE:
                 if not h2.DEFAULT_MAX_FRAME <= value <= h2.MAX_FRAME_LIMIT:

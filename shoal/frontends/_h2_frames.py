@@ -51,7 +51,6 @@ CANCEL = 0x8
 COMPRESSION_ERROR = 0x9
 
 DEFAULT_WINDOW = 65_535
-DEFAULT_TABLE_SIZE = 4_096
 DEFAULT_MAX_FRAME = 16_384
 MAX_WINDOW = 2**31 - 1
 MAX_FRAME_LIMIT = 2**24 - 1
@@ -129,7 +128,7 @@ GRPC_RESPONSE_HEADERS = b"\x88" + literal_indexed_name(31, b"application/grpc")
 
 
 #: A dynamic table size update to 0 (RFC 7541 section 6.3): what starts the first header block
-#: after the peer shrank SETTINGS_HEADER_TABLE_SIZE.
+#: after the peer set SETTINGS_HEADER_TABLE_SIZE.
 TABLE_SIZE_ZERO = hpack_integer(0, 5, 0x20)
 
 
