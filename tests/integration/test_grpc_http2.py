@@ -263,6 +263,28 @@ def test_wrong_content_type_is_415(client):
     _assert_identity(client.call(grpc_frame(identity_request(data))), data)
 
 
+_MESSAGE = identity_request(np.arange(3, dtype=np.int32))
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "message"),
+    [
+        (None, "12", "no request message for a unary method"),
+        (grpc_frame(_MESSAGE) * 2, "12", "more than one request message for a unary method"),
+        (grpc_frame(_MESSAGE)[:-1], "13", "the request stream ended inside a message"),
+        (grpc_frame(_MESSAGE)[:3], "13", "the request stream ended inside a message"),
+        (grpc_frame(b"\xff\xff\xff"), "3", "failed to parse the request message: "),
+    ],
+    ids=["none", "two", "truncated", "cut-prefix", "not-protobuf"],
+)
+def test_malformed_unary_requests_end_with_a_status(client, body, status, message):
+    """Each ends at once with a status (no hang), and the connection serves on."""
+    response = client.call(body)
+    assert (response.status, response.message[: len(message)]) == (status, message)
+    data = np.arange(3, dtype=np.int32)
+    _assert_identity(client.call(grpc_frame(identity_request(data))), data)
+
+
 def test_unknown_model_error_status(client):
     response = client.call(grpc_frame(identity_request(np.arange(3, dtype=np.int32), "nope")))
     assert response.headers[":status"] == "200"
