@@ -392,7 +392,10 @@ class Http2Connection(asyncio.Protocol):
         stream = self._streams.get(stream_id)
         if stream is None:
             return
-        if increment == 0 or stream.send_window + increment > h2.MAX_WINDOW:
+        if increment == 0:  # RFC 9113 section 6.9: a stream error of type PROTOCOL_ERROR
+            self._reset_by_us(stream_id, stream, h2.PROTOCOL_ERROR)
+            return
+        if stream.send_window + increment > h2.MAX_WINDOW:
             self._reset_by_us(stream_id, stream, h2.FLOW_CONTROL_ERROR)
             return
         stream.send_window += increment
