@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import struct
 import threading
 import time
 from collections.abc import Iterator
@@ -14,7 +15,7 @@ from contextlib import contextmanager
 
 import numpy as np
 import pytest
-from hyperframe.frame import DataFrame, HeadersFrame
+from hyperframe.frame import DataFrame, GoAwayFrame, HeadersFrame
 
 from shoal.frontends.grpc_native import NativeGrpcServer
 from shoal.protos import grpc_service_pb2 as pb
@@ -191,3 +192,56 @@ def test_a_message_split_anywhere_is_reassembled(port: int) -> None:
             assert [r.infer_response.id for r in replies] == ["a", "b"], cut
             sizes = [len(r.infer_response.raw_output_contents[0]) for r in replies]
             assert sizes == [8, 12], cut
+
+
+# --- stream errors --------------------------------------------------------------------------
+
+
+def _window_update(stream_id: int, increment: int) -> bytes:
+    """WINDOW_UPDATE by hand: hyperframe will not build the invalid ones."""
+    return struct.pack(">HBBBII", 0, 4, 0x8, 0, stream_id, increment)
+
+
+@pytest.mark.parametrize(
+    ("increment", "code"), [(0, 0x1), (2**31 - 1, 0x3)], ids=["zero", "overflow"]
+)
+def test_bad_stream_window_update_resets_the_stream(
+    loop_thread: LoopThread, increment: int, code: int
+) -> None:
+    """A WINDOW_UPDATE of 0 (PROTOCOL_ERROR) or past 2^31-1 (FLOW_CONTROL_ERROR) on a stream
+    resets that stream and cancels its call, not the connection; and when the server is
+    stopping, the connection it left idle closes at once instead of at the end of the grace."""
+    core = FullCore()
+    core.gate = asyncio.Event()  # the "gated" model waits on it: the call stays running
+    server = NativeGrpcServer(core)  # type: ignore[arg-type]
+    port = loop_thread.run(server.start("127.0.0.1", 0))
+    try:
+        with RawClient(port, timeout=5) as raw:
+            request = pb.ModelInferRequest(model_name="gated").SerializeToString()
+            for stream_id in (1, 3):
+                raw.send(
+                    HeadersFrame(
+                        stream_id, data=raw.block(request_headers(port)), flags=["END_HEADERS"]
+                    ),
+                    DataFrame(stream_id, data=grpc_frame(request), flags=["END_STREAM"]),
+                )
+            raw.ping(b"running!")
+            raw.sock.sendall(_window_update(1, increment))
+            response = raw.read_stream(1)
+            assert response.reset == code
+            raw.ping(b"still up")  # the connection, and stream 3, carry on
+            stopping = loop_thread.submit(server.stop(grace=20))
+            frames = []
+            while not any(isinstance(f, GoAwayFrame) for f in frames):
+                frame = raw.read_frame()
+                assert frame is not None
+                frames.append(frame)
+            started = time.monotonic()
+            raw.sock.sendall(_window_update(3, increment))
+            assert raw.read_stream(3).reset == code
+            assert raw.read_frame() is None  # idle and going away: closed
+            stopping.result(timeout=10)
+            assert time.monotonic() - started < 5
+        assert core.cancelled == 2
+    finally:
+        loop_thread.run(server.stop(None))
