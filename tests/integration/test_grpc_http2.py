@@ -346,7 +346,7 @@ def test_grpc_timeout_is_deadline_exceeded(server, client):
     elapsed = time.monotonic() - started
     assert response.status == "4", (response.status, response.message)
     assert response.message == "Deadline Exceeded"
-    assert 0.15 < elapsed < 1.5
+    assert 0.15 < elapsed < 1.9  # before the model is done (2 s)
     # Still healthy: the same connection serves the next calls, the slow model included.
     data = np.arange(5, dtype=np.int32)
     _assert_identity(client.call(grpc_frame(identity_request(data))), data)
