@@ -92,12 +92,15 @@ class Http2Connection(asyncio.Protocol):
         self._decoder.max_header_list_size = MAX_HEADER_LIST
         self._blocks: dict[bytes, tuple[tuple[object, int, int], Headers]] = {}
         self._streams: dict[int, _Stream] = {}
-        self._last_stream_id = 0
+        self._last_stream_id = 0  # the last stream opened: what GOAWAY reports
+        self._highest_stream_id = 0  # the last the peer used, those refused after GOAWAY too
         self._continuation: tuple[int, int, bytearray] | None = None  # stream, flags, block
         # What the peer lets us send.
         self._send_window = h2.DEFAULT_WINDOW
         self._initial_send_window = h2.DEFAULT_WINDOW
         self._send_max_frame = h2.DEFAULT_MAX_FRAME
+        # Whether the next header block starts with a dynamic table size update (to 0).
+        self._table_size_update = False
         self._blocked: dict[int, None] = {}  # streams with pending DATA, in order
         # Credit we have not yet given back on the connection.
         self._recv_unacked = 0
@@ -155,15 +158,14 @@ class Http2Connection(asyncio.Protocol):
     # --- what handlers call -------------------------------------------------------------------
 
     def send_headers(self, stream_id: int, block: bytes, end_stream: bool = False) -> None:
-        """A header block (at most the peer's frame size: shoal's are a few dozen bytes)."""
+        """A header block: one HEADERS frame, or more (CONTINUATION) past the peer's frame size."""
         stream = self._streams.get(stream_id)
         if stream is None:
             return
-        flags = h2.END_HEADERS | (h2.END_STREAM if end_stream else 0)
         if stream.pending:  # after the data still waiting for window
             stream.pending.append((h2.HEADERS, memoryview(block), end_stream))
             return
-        self._write(h2.frame_header(h2.HEADERS, flags, stream_id, len(block)), block)
+        self._write_headers(stream_id, block, end_stream)
         if end_stream:
             self._end_local(stream_id, stream)
 
@@ -199,6 +201,7 @@ class Http2Connection(asyncio.Protocol):
             self._blocked.pop(stream_id, None)
             self._wake(stream)
             self._write(h2.rst_stream(stream_id, code))
+            self._close_if_idle()
 
     def go_away(self) -> None:
         """Refuse new streams (GOAWAY); the connection closes once its streams are done."""
@@ -281,9 +284,9 @@ class Http2Connection(asyncio.Protocol):
             self._recv_unacked = 0
         stream = self._streams.get(stream_id)
         if stream is None or stream.remote_closed:
-            if stream_id > self._last_stream_id:
+            if stream_id > self._highest_stream_id:
                 raise ConnectionError_(h2.PROTOCOL_ERROR, "DATA on an idle stream")
-            return  # a stream we have already closed or reset: its data is dropped
+            return  # a stream we have already closed, reset or refused: its data is dropped
         stream.recv_unacked += len(payload)
         if flags & h2.PADDED:
             payload = _unpad(payload)
@@ -331,9 +334,16 @@ class Http2Connection(asyncio.Protocol):
             if stream.handler is not None:
                 stream.handler.trailers_received()
             return
-        if stream_id % 2 == 0 or stream_id <= self._last_stream_id:
+        if stream_id % 2 == 0:
             raise ConnectionError_(h2.PROTOCOL_ERROR, f"HEADERS opening stream {stream_id}")
+        if stream_id <= self._highest_stream_id:
+            # A stream already closed: the peer's trailers may cross our RST_STREAM, and frames
+            # on a stream we reset are ignored (RFC 9113 section 5.1). Decoded all the same, for
+            # the HPACK state.
+            return
+        self._highest_stream_id = stream_id
         if self._going_away:
+            # Refused; what the peer sends on it still counts as a known, closed stream.
             self._write(h2.rst_stream(stream_id, h2.REFUSED_STREAM))
             return
         self._last_stream_id = stream_id
@@ -376,6 +386,12 @@ class Http2Connection(asyncio.Protocol):
                 self._initial_send_window = value
                 for stream in self._streams.values():
                     stream.send_window += delta
+            elif key == h2.SETTINGS_HEADER_TABLE_SIZE:
+                # A decoder whose table shrinks below our encoder's expects a dynamic table size
+                # update at the start of our next header block (RFC 7541 section 4.2; nghttp2
+                # fails the connection without it, and older releases expect one after any
+                # value). We never index: an update to 0 is always valid, so send one each time.
+                self._table_size_update = True
             elif key == h2.SETTINGS_MAX_FRAME_SIZE:
                 if not h2.DEFAULT_MAX_FRAME <= value <= h2.MAX_FRAME_LIMIT:
                     raise ConnectionError_(h2.PROTOCOL_ERROR, f"max frame size {value}")
@@ -398,7 +414,10 @@ class Http2Connection(asyncio.Protocol):
         stream = self._streams.get(stream_id)
         if stream is None:
             return
-        if increment == 0 or stream.send_window + increment > h2.MAX_WINDOW:
+        if increment == 0:  # RFC 9113 section 6.9: a stream error of type PROTOCOL_ERROR
+            self._reset_by_us(stream_id, stream, h2.PROTOCOL_ERROR)
+            return
+        if stream.send_window + increment > h2.MAX_WINDOW:
             self._reset_by_us(stream_id, stream, h2.FLOW_CONTROL_ERROR)
             return
         stream.send_window += increment
@@ -457,8 +476,7 @@ class Http2Connection(asyncio.Protocol):
             kind, view, end_stream = stream.pending[0]
             if kind == h2.HEADERS:
                 stream.pending.popleft()
-                flags = h2.END_HEADERS | (h2.END_STREAM if end_stream else 0)
-                self._write(h2.frame_header(h2.HEADERS, flags, stream_id, len(view)), view)
+                self._write_headers(stream_id, view, end_stream)
                 if end_stream:
                     self._end_local(stream_id, stream)
                     return
@@ -475,6 +493,28 @@ class Http2Connection(asyncio.Protocol):
         if not stream.pending:
             self._blocked.pop(stream_id, None)
         self._wake(stream)
+
+    def _write_headers(self, stream_id: int, block: bytes | memoryview, end_stream: bool) -> None:
+        """HEADERS, and CONTINUATION frames for what exceeds the peer's frame size (a long
+        grpc-message): a frame over that size is a connection error for the peer. The frames
+        are written together, so nothing comes between them, as RFC 9113 section 6.10 asks."""
+        if self._table_size_update:
+            self._table_size_update = False
+            block = h2.TABLE_SIZE_ZERO + bytes(block)
+        max_frame = self._send_max_frame
+        flags = h2.END_STREAM if end_stream else 0
+        if len(block) <= max_frame:
+            header = h2.frame_header(h2.HEADERS, flags | h2.END_HEADERS, stream_id, len(block))
+            self._write(header, block)
+            return
+        view = memoryview(block)
+        kind = h2.HEADERS
+        for offset in range(0, len(view), max_frame):
+            chunk = view[offset : offset + max_frame]
+            if offset + max_frame >= len(view):
+                flags |= h2.END_HEADERS
+            self._write(h2.frame_header(kind, flags, stream_id, len(chunk)), chunk)
+            kind, flags = h2.CONTINUATION, 0
 
     def _end_local(self, stream_id: int, stream: _Stream) -> None:
         """We have sent END_STREAM: the stream is over for us."""

@@ -127,6 +127,11 @@ def literal_indexed_name(index: int, value: bytes) -> bytes:
 GRPC_RESPONSE_HEADERS = b"\x88" + literal_indexed_name(31, b"application/grpc")
 
 
+#: A dynamic table size update to 0 (RFC 7541 section 6.3): what starts the first header block
+#: after the peer set SETTINGS_HEADER_TABLE_SIZE.
+TABLE_SIZE_ZERO = hpack_integer(0, 5, 0x20)
+
+
 def status_headers(status: int) -> bytes:
     """``:status`` (name: static entry 8) for an HTTP status other than 200."""
     return literal_indexed_name(8, str(status).encode("ascii"))

@@ -270,6 +270,14 @@ class _Call(StreamHandler):
         self._task = task
         self._server.running.add(task)
         task.add_done_callback(self._server.running.discard)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        """A task cancelled before its first step never reaches its ``except CancelledError``:
+        the deadline (or the server's stop) came due in the loop iteration that launched it,
+        ahead of the task. The call still needs its status."""
+        if task.cancelled():
+            self._cancelled()
 
     async def _run_unary(self) -> None:
         try:
