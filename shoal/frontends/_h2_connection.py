@@ -31,6 +31,8 @@ log = logging.getLogger(__name__)
 RECEIVE_MAX_FRAME = 1 << 20
 #: Largest header list accepted (names + values + 32 bytes per field, as RFC 9113 counts).
 MAX_HEADER_LIST = 1 << 16
+#: Streams a client may have open at once (advertised; more are refused with REFUSED_STREAM).
+MAX_CONCURRENT_STREAMS = 1024
 
 Headers = list[tuple[bytes, bytes]]
 
@@ -81,7 +83,13 @@ class ConnectionError_(Exception):
 class Http2Connection(asyncio.Protocol):
     """An HTTP/2 server connection (prior knowledge, cleartext: gRPC's ``h2c``)."""
 
-    def __init__(self, open_stream: StreamOpener, on_close: Callable[[Http2Connection], None]):
+    def __init__(
+        self,
+        open_stream: StreamOpener,
+        on_close: Callable[[Http2Connection], None],
+        max_concurrent_streams: int = MAX_CONCURRENT_STREAMS,
+    ):
+        self._max_streams = max_concurrent_streams
         self._open_stream = open_stream
         self._on_close = on_close
         self._loop = asyncio.get_running_loop()
@@ -118,6 +126,7 @@ class Http2Connection(asyncio.Protocol):
             h2.SETTINGS_INITIAL_WINDOW_SIZE: h2.MAX_WINDOW,
             h2.SETTINGS_MAX_FRAME_SIZE: RECEIVE_MAX_FRAME,
             h2.SETTINGS_MAX_HEADER_LIST_SIZE: MAX_HEADER_LIST,
+            h2.SETTINGS_MAX_CONCURRENT_STREAMS: self._max_streams,
         }
         self._write(h2.settings_frame(settings))
         self._write(h2.window_update(0, h2.MAX_WINDOW - h2.DEFAULT_WINDOW))
@@ -342,8 +351,9 @@ class Http2Connection(asyncio.Protocol):
             # the HPACK state.
             return
         self._highest_stream_id = stream_id
-        if self._going_away:
-            # Refused; what the peer sends on it still counts as a known, closed stream.
+        if self._going_away or len(self._streams) >= self._max_streams:
+            # Refused (the client may retry it); what the peer sends on it still counts as a
+            # known, closed stream.
             self._write(h2.rst_stream(stream_id, h2.REFUSED_STREAM))
             return
         self._last_stream_id = stream_id

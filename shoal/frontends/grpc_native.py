@@ -26,7 +26,12 @@ from typing import Any
 
 from shoal.frontends import _h2_frames as h2
 from shoal.frontends._grpc_servicer import Servicer
-from shoal.frontends._h2_connection import Headers, Http2Connection, StreamHandler
+from shoal.frontends._h2_connection import (
+    MAX_CONCURRENT_STREAMS,
+    Headers,
+    Http2Connection,
+    StreamHandler,
+)
 from shoal.frontends._restricted import GRPC_KEY_PREFIX, Restrictions
 from shoal.frontends._serving import bind_socket
 from shoal.frontends.grpc import MAX_MESSAGE_BYTES, SERVICE_NAME, Method, method_table
@@ -437,9 +442,11 @@ class NativeGrpcServer:
         *,
         max_message_bytes: int = MAX_MESSAGE_BYTES,
         restricted: Mapping[str, tuple[str, str]] | None = None,
+        max_concurrent_streams: int = MAX_CONCURRENT_STREAMS,
     ) -> None:
         self._core = core
         self.max_message_bytes = max_message_bytes
+        self._max_streams = max_concurrent_streams
         self._restrictions = Restrictions(restricted or {}, prefix=GRPC_KEY_PREFIX, what="protocol")
         self._servicer: Servicer | None = None
         self._methods: dict[bytes, Method] = {}
@@ -494,7 +501,9 @@ class NativeGrpcServer:
         await server.wait_closed()
 
     def _connection(self) -> Http2Connection:
-        connection = Http2Connection(self._open_stream, self._connections.discard)
+        connection = Http2Connection(
+            self._open_stream, self._connections.discard, self._max_streams
+        )
         self._connections.add(connection)
         return connection
 

@@ -245,3 +245,27 @@ def test_bad_stream_window_update_resets_the_stream(
         assert core.cancelled == 2
     finally:
         loop_thread.run(server.stop(None))
+
+
+# --- how many streams a client may open at once -------------------------------------------------
+
+
+def test_streams_over_the_limit_are_refused_and_later_ones_served(loop_thread: LoopThread) -> None:
+    with serve(loop_thread, max_concurrent_streams=2) as bound:
+        with H2Client(bound) as client:  # h2 reads the advertised limit and keeps to it
+            assert client.conn.remote_settings.max_concurrent_streams == 2
+        with RawClient(bound) as raw:  # a client that does not keep to it
+            headers = raw.block(request_headers(bound))
+            # Two calls held open (no request message yet), then a third.
+            raw.send(*(HeadersFrame(i, data=headers, flags=["END_HEADERS"]) for i in (1, 3, 5)))
+            assert raw.read_stream(5).reset == 0x7  # REFUSED_STREAM: the client may retry it
+            body = grpc_frame(echo_request(64))
+            for stream_id in (1, 3):
+                raw.send(DataFrame(stream_id, data=body, flags=["END_STREAM"]))
+                assert raw.read_stream(stream_id).status == "0"
+            # Both ended: a new call is served.
+            raw.send(
+                HeadersFrame(7, data=headers, flags=["END_HEADERS"]),
+                DataFrame(7, data=body, flags=["END_STREAM"]),
+            )
+            assert raw.read_stream(7).status == "0"
