@@ -2,10 +2,11 @@
 
 * ``frontend``: shoal's own Python per 64 B identity request (decode the request, encode the
   response, wrap it for a stream), timed in-process: the minimum over repeats, in µs.
-* ``floor``: a bare ``grpc`` server with a handler that returns a constant, driven by ``h2load``
+* ``floor``: a bare server with a handler that returns a constant, driven by ``h2load``
   (8 connections, as ``shoal perf --client h2load``): the server's CPU time per call, in µs.
-  This is what any Python gRPC server pays before shoal runs a line. ``aio`` is what shoal uses;
-  ``sync`` is grpcio's thread-pool server, for comparison.
+  This is what a Python gRPC server pays before shoal runs a line. ``native`` is shoal's own
+  HTTP/2 framing (``shoal/frontends/_h2_connection.py``, what ``shoal serve`` uses); ``aio`` is
+  grpcio's asyncio server (``--grpc-server grpcio``); ``sync`` is grpcio's thread-pool server.
 
     .venv/bin/python -m benchmarks.grpc_costs                # both parts
     .venv/bin/python -m benchmarks.grpc_costs frontend       # no h2load needed
@@ -37,11 +38,15 @@ from shoal.frontends._grpc_infer import (
     encode_infer_response,
     stream_response_chunks,
 )
+from shoal.frontends._h2_connection import Http2Connection
+from shoal.frontends._h2_frames import GRPC_RESPONSE_HEADERS, literal
 from shoal.protos import grpc_service_pb2 as pb
 from shoal.supervisor.core import InferOutput, InferResponse
 
 SERVICE = "inference.GRPCInferenceService"
 REPLY = pb.ModelInferResponse(model_name="identity_fp32").SerializeToString()
+_FRAMED_REPLY = struct.pack(">BI", 0, len(REPLY)) + REPLY
+_OK_TRAILERS = literal(b"grpc-status", b"0")
 
 
 def _request() -> bytes:
@@ -90,6 +95,44 @@ async def _aio_server() -> tuple[Any, int]:
     return server, port
 
 
+class _ConstantCall:
+    """A call of the native floor server: answers REPLY once the request has arrived."""
+
+    def __init__(self, connection: Any, stream_id: int) -> None:
+        self._connection = connection
+        self._stream_id = stream_id
+
+    def data_received(self, data: memoryview, end_stream: bool) -> None:
+        if end_stream:
+            self.trailers_received()
+
+    def trailers_received(self) -> None:
+        self._connection.send_headers(self._stream_id, GRPC_RESPONSE_HEADERS)
+        self._connection.send_data(self._stream_id, _FRAMED_REPLY)
+        self._connection.send_headers(self._stream_id, _OK_TRAILERS, end_stream=True)
+
+    def reset(self) -> None:
+        pass
+
+
+async def _native_server() -> tuple[Any, int]:
+    def open_stream(connection: Any, stream_id: int, headers: Any, end_stream: bool) -> Any:
+        call = _ConstantCall(connection, stream_id)
+        if end_stream:
+            call.trailers_received()
+        return call
+
+    connections: set[Http2Connection] = set()
+
+    def protocol() -> Http2Connection:
+        connection = Http2Connection(open_stream, connections.discard)
+        connections.add(connection)
+        return connection
+
+    server = await asyncio.get_running_loop().create_server(protocol, "127.0.0.1", 0)
+    return server, server.sockets[0].getsockname()[1]
+
+
 def _sync_server() -> tuple[Any, int]:
     server = grpc.server(futures.ThreadPoolExecutor(4), options=[("grpc.so_reuseport", 0)])
     handler = grpc.unary_unary_rpc_method_handler(lambda request, context: REPLY)
@@ -113,16 +156,24 @@ async def _h2load(h2load: str, port: int, body: str, seconds: float) -> int:
 
 async def _floor(kind: str, h2load: str, body: str, seconds: float) -> tuple[float, float, int]:
     """(user, system) CPU µs per call of this process, and the calls counted."""
-    server, port = await _aio_server() if kind == "aio" else _sync_server()
+    if kind == "native":
+        server, port = await _native_server()
+    elif kind == "aio":
+        server, port = await _aio_server()
+    else:
+        server, port = _sync_server()
     try:
         await _h2load(h2load, port, body, 1.0)  # warm-up
         before = os.times()
         calls = await _h2load(h2load, port, body, seconds)
         after = os.times()
     finally:
-        stopped = server.stop(None)
-        if kind == "aio":
-            await stopped
+        if kind == "native":
+            server.close()
+        else:
+            stopped = server.stop(None)
+            if kind == "aio":
+                await stopped
     calls = max(calls, 1)
     return (
         (after.user - before.user) / calls * 1e6,
@@ -142,7 +193,7 @@ def floor(seconds: float = 5.0) -> list[tuple[str, float, float, int]]:
         with open(body, "wb") as file:
             file.write(struct.pack(">BI", 0, len(message)) + message)
         rows = []
-        for kind in ("aio", "sync"):
+        for kind in ("native", "aio", "sync"):
             user, system, calls = uvloop.run(_floor(kind, h2load, body, seconds))
             rows.append((kind, user, system, calls))
         return rows
