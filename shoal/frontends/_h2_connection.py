@@ -225,10 +225,6 @@ class Http2Connection(asyncio.Protocol):
             self._flush()
             self._transport.close()
 
-    @property
-    def idle(self) -> bool:
-        return not self._streams
-
     # --- receiving ----------------------------------------------------------------------------
 
     def _parse(self, data: bytes | bytearray) -> int:
