@@ -402,7 +402,7 @@ class _BufferPool:
     """
 
     MIN_SIZE = 256 * 1024
-    MAX_SIZE = 64 * 1024 * 1024
+    MAX_SIZE = 16 * 1024 * 1024  # with KEEP, at most 64 MiB kept
     KEEP = 4
 
     def __init__(self) -> None:
