@@ -21,7 +21,7 @@ import logging
 import re
 import zlib
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from typing import Any
 
 from shoal.frontends import _h2_frames as h2
@@ -286,26 +286,20 @@ class _Call(StreamHandler):
 
     async def _run_unary(self) -> None:
         try:
-            await self._unary()
+            await self._run(self._unary())
         finally:
             self._request = None
             if self._pooled is not None:
                 self._server.buffers.give_back(self._pooled)
                 self._pooled = None
 
-    async def _unary(self) -> None:
-        method = self._method
-        request = self._request
-        assert request is not None
+    async def _run_stream(self) -> None:
+        await self._run(self._stream())
+
+    async def _run(self, work: Awaitable[None]) -> None:
+        """Run the call's work and end the call with its outcome's status."""
         try:
-            if method.parse is None:
-                parsed: Any = request
-            else:
-                parsed = method.parse(bytes(request))
-            del request
-            reply = await method.handle(parsed, self._context)
-            del parsed
-            body = reply if method.serialize is None else method.serialize(reply)
+            await work
         except _Abort as exc:
             self._finish(exc.code, exc.details)
             return
@@ -316,36 +310,37 @@ class _Call(StreamHandler):
             log.exception("unexpected error in a gRPC call")
             self._finish(UNKNOWN, f"Unexpected error in RPC handling: {exc!r}")
             return
-        if self._done:
-            return
-        connection, stream_id = self._connection, self._stream_id
-        connection.send_headers(stream_id, h2.GRPC_RESPONSE_HEADERS)
-        self._headers_sent = True
-        self._send_message(body)
         self._finish(OK, "")
 
-    async def _run_stream(self) -> None:
+    async def _unary(self) -> None:
+        method = self._method
+        request = self._request
+        assert request is not None
+        if method.parse is None:
+            parsed: Any = request
+        else:
+            parsed = method.parse(bytes(request))
+        del request  # no view of a pooled buffer may outlive the call
+        reply = await method.handle(parsed, self._context)
+        del parsed
+        body = reply if method.serialize is None else method.serialize(reply)
+        if not self._done:
+            self._send_headers()
+            self._send_message(body)
+
+    async def _stream(self) -> None:
         assert self._inbox is not None
-        try:
-            async for reply in self._method.handle(self._inbox, self._context):
-                if self._done:
-                    break
-                if not self._headers_sent:
-                    self._connection.send_headers(self._stream_id, h2.GRPC_RESPONSE_HEADERS)
-                    self._headers_sent = True
-                self._send_message(reply)
-                await self._connection.writable(self._stream_id, STREAM_BACKLOG)
-        except _Abort as exc:
-            self._finish(exc.code, exc.details)
-            return
-        except asyncio.CancelledError:
-            self._cancelled()
-            return
-        except Exception as exc:
-            log.exception("unexpected error in a gRPC stream")
-            self._finish(UNKNOWN, f"Unexpected error in RPC handling: {exc!r}")
-            return
-        self._finish(OK, "")
+        async for reply in self._method.handle(self._inbox, self._context):
+            if self._done:
+                break
+            self._send_headers()
+            self._send_message(reply)
+            await self._connection.writable(self._stream_id, STREAM_BACKLOG)
+
+    def _send_headers(self) -> None:
+        if not self._headers_sent:
+            self._connection.send_headers(self._stream_id, h2.GRPC_RESPONSE_HEADERS)
+            self._headers_sent = True
 
     def _send_message(self, body: bytes | bytearray) -> None:
         prefix = b"\x00" + len(body).to_bytes(4, "big")
