@@ -306,7 +306,8 @@ class InferenceService:
         finished = time.monotonic_ns()
         mv.stats.success(batch_size, finished - started, completion.queue_ns, completion.compute_ns)
         if mv.stats.overhead is not None:
-            mv.stats.stage("queue", completion.queue_ns)
+            # Until the Execute was written: the wait in the stub's ring is ipc_in's.
+            mv.stats.stage("queue", work.dispatched_ns - work.enqueued_ns)
             for stage, ns in zip(_COMPUTE_STAGES, completion.compute_ns, strict=True):
                 mv.stats.stage(stage, ns)
             mv.stats.stage("complete", finished - completion.received_ns)
