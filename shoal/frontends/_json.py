@@ -5,6 +5,10 @@ is looked up at import time through ``importlib`` so that shoal still works, mor
 environment that lacks it. orjson is stricter than ``json``: it refuses lone surrogate escapes
 (``"\\ud800"``, not valid UTF-8 text) in a request as malformed JSON, and reads integer literals
 beyond 64 bits as floats (:mod:`shoal.frontends._tensor_json` reports them as out of range).
+
+NaN and infinities are written and read as Triton does (``NaN``, ``Infinity``, ``-Infinity``: not
+standard JSON, but what Triton's rapidjson writes and reads, and what Python's ``json`` and
+tritonclient read), instead of orjson's ``null``: see :func:`non_finite`.
 """
 
 from __future__ import annotations
@@ -27,18 +31,50 @@ def _optional_orjson() -> Any:
 
 _ORJSON: Any = _optional_orjson()
 
+_NON_FINITE_TEXT = {"nan": b"NaN", "inf": b"Infinity", "-inf": b"-Infinity"}
+#: What :func:`non_finite` returns, by ``repr`` of the float: orjson writes a Fragment as is.
+_NON_FINITE: dict[str, Any] = {
+    key: (_ORJSON.Fragment(text) if _ORJSON is not None else float(key))
+    for key, text in _NON_FINITE_TEXT.items()
+}
+#: The same values as floats, for the standard library's encoder (which writes them alike).
+_AS_FLOAT = {id(token): float(key) for key, token in _NON_FINITE.items()}
+
+
+def non_finite(value: float) -> Any:
+    """The JSON value to put in a document for a NaN or infinite ``value``."""
+    return _NON_FINITE[repr(value)]
+
+
+def _plain(value: Any) -> Any:
+    if id(value) in _AS_FLOAT:
+        return _AS_FLOAT[id(value)]
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
 
 def loads(data: bytes | bytearray | memoryview) -> Any:
     """Parse UTF-8 JSON text."""
     try:
         if _ORJSON is not None:
-            return _ORJSON.loads(data)
-        # The standard library does not take memoryviews; the copy is of the JSON header only.
-        return json.loads(data.tobytes() if isinstance(data, memoryview) else data)
+            try:
+                return _ORJSON.loads(data)
+            except ValueError as exc:
+                # NaN and Infinity literals (Triton reads them): the standard library reads
+                # those, and refuses the same other input orjson does.
+                try:
+                    return _std_loads(data)
+                except ValueError:
+                    raise exc from None
+        return _std_loads(data)
     except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise JsonDecodeError(str(exc)) from exc
     except RecursionError:
         raise JsonDecodeError("the JSON nests too deeply") from None
+
+
+def _std_loads(data: bytes | bytearray | memoryview) -> Any:
+    # The standard library does not take memoryviews; the copy is of the JSON header only.
+    return json.loads(data.tobytes() if isinstance(data, memoryview) else data)
 
 
 def dumps(value: Any) -> bytes:
@@ -49,8 +85,8 @@ def dumps(value: Any) -> bytes:
             return encoded
         except TypeError:  # orjson.JSONEncodeError: e.g. a lone surrogate quoted from a client
             pass
-    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=_plain)
     try:
         return text.encode("utf-8")
     except UnicodeEncodeError:  # a lone surrogate from a client's string: escape it instead
-        return json.dumps(value, separators=(",", ":")).encode("ascii")
+        return json.dumps(value, separators=(",", ":"), default=_plain).encode("ascii")

@@ -10,10 +10,12 @@ Outputs: the raw V2 bytes become a flat list in row-major order, as Triton retur
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
 
+from shoal.frontends import _json
 from shoal.ipc.dtypes import NUMPY_DTYPES, BytesFormatError, deserialize_bytes, element_count
 from shoal.supervisor.core import InternalError, InvalidArgument
 
@@ -188,8 +190,19 @@ def json_from_output(
     if datatype == "BF16":
         # bfloat16 is the upper half of a float32: widening the bits is exact.
         words = np.frombuffer(data, dtype="<u2").astype("<u4") << 16
-        return words.view("<f4").tolist()  # type: ignore[no-any-return]
-    return np.frombuffer(data, dtype=dtype).tolist()  # type: ignore[no-any-return]
+        return _floats(words.view("<f4"))
+    array = np.frombuffer(data, dtype=dtype)
+    if array.dtype.kind == "f":
+        return _floats(array)
+    return array.tolist()  # type: ignore[no-any-return]
+
+
+def _floats(array: np.ndarray) -> list[Any]:
+    """Floats as JSON values, NaN and infinities written as Triton writes them."""
+    values: list[Any] = array.tolist()
+    if not np.isfinite(array).all():
+        values = [v if math.isfinite(v) else _json.non_finite(v) for v in values]
+    return values
 
 
 def _strings_from_output(name: str, data: memoryview, count: int) -> list[str]:

@@ -11,7 +11,9 @@ from __future__ import annotations
 import json
 import socket
 
+import numpy as np
 import pytest
+import tritonclient.http as httpclient
 
 from tests.integration.server import BUNDLED, TEST_MODELS, ShoalServer
 
@@ -197,3 +199,25 @@ def test_a_client_leaving_mid_request_does_not_harm_the_server(server):
         sock.sendall(_post("/v2/models/identity/infer", _infer_body([9.0])))
         status, _, answer = _Reader(sock).response()
         assert (status, _outputs(answer)) == (200, [9.0])
+
+
+def test_nan_and_infinities_in_json_tensors_go_both_ways(server):
+    """Triton reads and writes NaN, Infinity and -Infinity in JSON tensor data (not standard
+    JSON, but what tritonclient sends and reads); shoal does the same, on either way in."""
+    body = b'{"inputs":[{"name":"IN_FP32","datatype":"FP32","shape":[4],'
+    body += b'"data":[1.5,Infinity,-Infinity,NaN]}]}'
+    for path in ("/v2/models/identity/infer", "/v2/models/identit%79/infer"):  # fast, ASGI
+        with _connect(server) as sock:
+            sock.sendall(_post(path, body))
+            status, _, answer = _Reader(sock).response()
+        assert status == 200, answer
+        assert b'"data":[1.5,Infinity,-Infinity,NaN]' in answer
+    client = httpclient.InferenceServerClient(server.url)
+    try:
+        tensor = httpclient.InferInput("IN_FP32", [3], "FP32")
+        tensor.set_data_from_numpy(np.array([np.inf, -np.inf, np.nan], np.float32), False)
+        wanted = [httpclient.InferRequestedOutput("OUT_FP32", binary_data=False)]
+        out = client.infer("identity", [tensor], outputs=wanted).as_numpy("OUT_FP32")
+    finally:
+        client.close()
+    assert out[0] == np.inf and out[1] == -np.inf and np.isnan(out[2])

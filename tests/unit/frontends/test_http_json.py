@@ -51,3 +51,37 @@ def test_orjson_is_used_when_installed(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_json, "_ORJSON", fake)
     assert _json.loads(_json.dumps([1])) == [1]
     assert fake.calls == ["dumps", "loads"]
+
+
+# --- NaN and infinities, as Triton writes and reads them ---------------------------------------
+
+
+def test_non_finite_outputs_are_written_as_triton_writes_them() -> None:
+    import numpy as np
+
+    from shoal.frontends._tensor_json import json_from_output
+
+    for datatype, dtype in (("FP16", np.float16), ("FP32", np.float32), ("FP64", np.float64)):
+        data = np.array([1.5, np.inf, -np.inf, np.nan], dtype=dtype).tobytes()
+        values = json_from_output("OUT", datatype, (4,), memoryview(data))
+        assert _json.dumps({"data": values}) == b'{"data":[1.5,Infinity,-Infinity,NaN]}'
+    bf16 = (np.array([2.0, np.inf], dtype=np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    values = json_from_output("OUT", "BF16", (2,), memoryview(bf16.tobytes()))
+    assert _json.dumps(values) == b"[2.0,Infinity]"
+    # Python's json (and tritonclient, which uses it) reads them back.
+    assert json.loads(_json.dumps(values))[1] == float("inf")
+
+
+def test_non_finite_values_survive_the_standard_library_fallback() -> None:
+    # A lone surrogate makes orjson refuse the document: the fallback writes the same tokens.
+    from shoal.frontends._tensor_json import json_from_output
+
+    values = json_from_output("OUT", "FP64", (1,), memoryview(bytes.fromhex("000000000000f07f")))
+    assert _json.dumps({"id": "\ud800", "data": values}).endswith(b'"data":[Infinity]}')
+
+
+def test_non_finite_literals_are_read_as_triton_reads_them() -> None:
+    document = _json.loads(b'{"data":[NaN,Infinity,-Infinity,1]}')
+    assert [str(v) for v in document["data"]] == ["nan", "inf", "-inf", "1"]
+    with pytest.raises(_json.JsonDecodeError):
+        _json.loads(b'{"data":[nan]}')  # only Triton's spellings
