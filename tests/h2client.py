@@ -83,18 +83,18 @@ def identity_request(data: np.ndarray, model: str = "identity") -> bytes:
 
 def float_request(model: str, name: str, value: float) -> bytes:
     """A ModelInferRequest with one FP32 [1] input (the slow model's SECONDS)."""
-    request = pb.ModelInferRequest(model_name=model)
-    tensor = request.inputs.add(name=name, datatype="FP32")
-    tensor.shape.append(1)
-    request.raw_input_contents.append(np.array([value], np.float32).tobytes())
-    return request.SerializeToString()
+    return _scalar_request(model, name, "FP32", np.array([value], np.float32))
 
 
 def int_request(model: str, name: str, value: int) -> bytes:
+    return _scalar_request(model, name, "INT32", np.array([value], np.int32))
+
+
+def _scalar_request(model: str, name: str, datatype: str, value: np.ndarray) -> bytes:
     request = pb.ModelInferRequest(model_name=model)
-    tensor = request.inputs.add(name=name, datatype="INT32")
+    tensor = request.inputs.add(name=name, datatype=datatype)
     tensor.shape.append(1)
-    request.raw_input_contents.append(np.array([value], np.int32).tobytes())
+    request.raw_input_contents.append(value.tobytes())
     return request.SerializeToString()
 
 

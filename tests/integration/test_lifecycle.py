@@ -6,6 +6,7 @@ import os
 import signal
 import threading
 import time
+from typing import Any
 
 import numpy as np
 import pytest
@@ -64,28 +65,13 @@ def test_shutdown_drains_in_flight_and_calls_finalize():
     server = ShoalServer(TEST_MODELS).start()
     try:
         client = httpclient.InferenceServerClient(server.url)
-        inp = httpclient.InferInput("SECONDS", [1], "FP32")
-        inp.set_data_from_numpy(np.array([1.0], dtype=np.float32))
-        outcome = {}
-
-        def call():
-            try:
-                outcome["result"] = client.infer("slow", [inp]).as_numpy("SECONDS_OUT")
-            except Exception as error:  # recorded and asserted below
-                outcome["error"] = error
-
-        caller = threading.Thread(target=call)
-        caller.start()
-        deadline = time.monotonic() + 20
-        while "slow: executing" not in server.output and time.monotonic() < deadline:
-            time.sleep(0.01)  # polling the log for the model's own line, not waiting on time
-        assert "slow: executing" in server.output
+        caller, outcome = _slow_call_in_flight(server, client, 1.0)
         stubs = server.stub_pids()
         assert stubs
         assert server.stop(signal.SIGTERM) == 0
         caller.join(10)
         assert "error" not in outcome, outcome.get("error")
-        np.testing.assert_array_equal(outcome["result"], [1.0])
+        np.testing.assert_array_equal(outcome["result"].as_numpy("SECONDS_OUT"), [1.0])
         assert "slow: finalize called" in server.output
         # A stub's own stdout and stderr reach the server log, tagged with the instance.
         assert "[slow_0] slow: hello from stdout" in server.output
@@ -108,22 +94,7 @@ def test_second_signal_stops_at_once():
     server = ShoalServer(TEST_MODELS).start()
     try:
         client = httpclient.InferenceServerClient(server.url, network_timeout=60)
-        inp = httpclient.InferInput("SECONDS", [1], "FP32")
-        inp.set_data_from_numpy(np.array([20.0], dtype=np.float32))
-        outcome = {}
-
-        def call():
-            try:
-                outcome["result"] = client.infer("slow", [inp])
-            except Exception as error:  # the server is gone: recorded and asserted below
-                outcome["error"] = error
-
-        caller = threading.Thread(target=call)
-        caller.start()
-        deadline = time.monotonic() + 20
-        while "slow: executing" not in server.output and time.monotonic() < deadline:
-            time.sleep(0.01)  # polling the log for the model's own line, not waiting on time
-        assert "slow: executing" in server.output
+        caller, outcome = _slow_call_in_flight(server, client, 20.0)
         stubs = server.stub_pids()
         server.proc.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + 20
@@ -146,6 +117,30 @@ def test_second_signal_stops_at_once():
             server.stop()
         server.__exit__(None, None, None)
     assert shoal_shm_segments() == segments_before
+
+
+def _slow_call_in_flight(
+    server: ShoalServer, client: httpclient.InferenceServerClient, seconds: float
+) -> tuple[threading.Thread, dict[str, Any]]:
+    """Start a call to the slow model in a thread and return once the model is executing it;
+    ``outcome`` gets its "result" (the InferResult) or its "error"."""
+    inp = httpclient.InferInput("SECONDS", [1], "FP32")
+    inp.set_data_from_numpy(np.array([seconds], dtype=np.float32))
+    outcome: dict[str, Any] = {}
+
+    def call() -> None:
+        try:
+            outcome["result"] = client.infer("slow", [inp])
+        except Exception as error:  # recorded and asserted by the caller
+            outcome["error"] = error
+
+    caller = threading.Thread(target=call)
+    caller.start()
+    deadline = time.monotonic() + 20
+    while "slow: executing" not in server.output and time.monotonic() < deadline:
+        time.sleep(0.01)  # polling the log for the model's own line, not waiting on time
+    assert "slow: executing" in server.output
+    return caller, outcome
 
 
 def _alive(pid: int) -> bool:
