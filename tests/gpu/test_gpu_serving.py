@@ -58,8 +58,8 @@ def test_inputs_and_outputs_in_cuda_shared_memory(server, protocol) -> None:
     cudashm = pytest.importorskip("tritonclient.utils.cuda_shared_memory")
     module = httpclient if protocol == "http" else grpcclient
     url = server.url if protocol == "http" else server.grpc_url
-    a = np.arange(16, dtype=np.float32)
-    b = np.full(16, 3, dtype=np.float32)
+    a = np.arange(4, dtype=np.float32)
+    b = np.full(4, 3, dtype=np.float32)
     inputs_region = cudashm.create_shared_memory_region("gpu_in", 128, 0)
     outputs_region = cudashm.create_shared_memory_region("gpu_out", 128, 0)
     with module.InferenceServerClient(url) as triton:
@@ -70,16 +70,16 @@ def test_inputs_and_outputs_in_cuda_shared_memory(server, protocol) -> None:
                 triton.register_cuda_shared_memory(
                     name, raw.decode() if protocol == "http" else raw, 0, 128
                 )
-            inputs = [module.InferInput(n, [16], "FP32") for n in ("INPUT0", "INPUT1")]
-            inputs[0].set_shared_memory("gpu_in", 64, offset=0)
-            inputs[1].set_shared_memory("gpu_in", 64, offset=64)
+            inputs = [module.InferInput(n, [4], "FP32") for n in ("INPUT0", "INPUT1")]
+            inputs[0].set_shared_memory("gpu_in", 16, offset=0)
+            inputs[1].set_shared_memory("gpu_in", 16, offset=16)
             outputs = [module.InferRequestedOutput(n) for n in ("OUTPUT0", "OUTPUT1")]
-            outputs[0].set_shared_memory("gpu_out", 64, offset=0)
-            outputs[1].set_shared_memory("gpu_out", 64, offset=64)
+            outputs[0].set_shared_memory("gpu_out", 16, offset=0)
+            outputs[1].set_shared_memory("gpu_out", 16, offset=16)
             triton.infer("add_sub", inputs, outputs=outputs)
-            got = cudashm.get_contents_as_numpy(outputs_region, np.float32, [32])
-            np.testing.assert_array_equal(got[:16], a + b)
-            np.testing.assert_array_equal(got[16:], a - b)
+            got = cudashm.get_contents_as_numpy(outputs_region, np.float32, [8])
+            np.testing.assert_array_equal(got[:4], a + b)
+            np.testing.assert_array_equal(got[4:], a - b)
             status = triton.get_cuda_shared_memory_status()
             names = (
                 {r["name"] for r in status}
