@@ -28,7 +28,6 @@ _IGNORED_FLAGS: tuple[tuple[str, Callable[[str], object]], ...] = (
     ("--grpc-infer-allocation-pool-size", int),
     ("--http-thread-count", int),
     ("--pinned-memory-pool-byte-size", int),
-    ("--cuda-memory-pool-byte-size", parse_pool_size),
 )
 
 
@@ -128,6 +127,14 @@ def _add_compatibility_flags(serve: argparse.ArgumentParser) -> None:
         serve.add_argument(
             flag, type=kind, help="accepted for tritonserver compatibility; no effect in shoal"
         )
+    serve.add_argument(
+        "--cuda-memory-pool-byte-size",
+        type=parse_pool_size,
+        action="append",
+        default=[],
+        help="<device>:<bytes> (repeatable): the most device memory the CUDA pool of that GPU "
+        "may hold for GPU tensors passed between processes (default 4 GiB, allocated as used)",
+    )
     for flag in ("--grpc-use-ssl", "--grpc-use-ssl-mutual"):
         serve.add_argument(flag, type=parse_ssl, default=False, help="false only: no TLS")
 
@@ -288,6 +295,7 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         http_max_input_size=args.http_max_input_size,
         arenas=_arena_options(args.backend_config),
         backend_config=tuple(args.backend_config),
+        cuda_pool_limits=tuple(args.cuda_memory_pool_byte_size),
     )
 
 

@@ -21,6 +21,7 @@ the real implementation.
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -218,6 +219,11 @@ class CudaPool:
             for index, chunk in sorted(self._chunks.items())
         ]
 
+    def announcement(self, chunk: int) -> CudaChunkAnnounce:
+        """The announcement of one live chunk (KeyError for a chunk given back)."""
+        found = self._chunks[chunk]
+        return CudaChunkAnnounce(self.device, chunk, found.nbytes, found.handle)
+
     def allocate(self, nbytes: int) -> CudaLocation:
         """A block of ``nbytes``; CudaPoolExhausted when the limit does not allow it."""
         size = align_up(max(nbytes, 1), BLOCK_ALIGN)
@@ -281,7 +287,11 @@ class CudaPool:
 
 
 class CudaPoolMap:
-    """A stub's view of the supervisor's pools: chunk handles opened lazily, then cached."""
+    """A stub's view of the supervisor's pools: chunk handles opened lazily, then cached.
+
+    Thread-safe: BLS threads and decoupled senders of one stub share it, and CUDA refuses to
+    open one handle twice in a process.
+    """
 
     def __init__(
         self,
@@ -292,40 +302,63 @@ class CudaPoolMap:
         self._opened: dict[tuple[int, int], int] = {}
         self._opener = opener if opener is not None else open_ipc_handle
         self._closer = closer if closer is not None else close_ipc_handle
+        self._lock = threading.Lock()
+        #: The device number this process knows the owner's ``device`` by (they differ when
+        #: the process sees fewer GPUs than the owner).
+        self.local_device: Callable[[int], int] = lambda device: device
 
     def add(self, announce: CudaChunkAnnounce) -> None:
-        self._announced[(announce.device, announce.chunk)] = announce
+        with self._lock:
+            self._announced[(announce.device, announce.chunk)] = announce
+
+    def has(self, location: CudaLocation) -> bool:
+        """Whether the chunk of ``location`` has been announced to this process."""
+        key = (location.device, split_key(location.offset)[0])
+        with self._lock:
+            return key in self._announced or key in self._opened
 
     def pointer(self, location: CudaLocation) -> int:
         """The block's device pointer in this process (opens its chunk on first use)."""
         chunk, offset = split_key(location.offset)
         key = (location.device, chunk)
-        base = self._opened.get(key)
-        if base is None:
-            announce = self._announced.get(key)
-            if announce is None:
-                raise KeyError(f"CUDA pool chunk {chunk} of device {location.device} is unknown")
-            if offset + location.nbytes > announce.nbytes:
-                raise ValueError(f"{location} does not fit in its chunk of {announce.nbytes} bytes")
-            base = self._opener(location.device, announce.handle)
-            self._opened[key] = base
+        with self._lock:
+            base = self._opened.get(key)
+            if base is None:
+                announce = self._announced.get(key)
+                if announce is None:
+                    raise KeyError(
+                        f"CUDA pool chunk {chunk} of device {location.device} is unknown"
+                    )
+                if offset + location.nbytes > announce.nbytes:
+                    raise ValueError(
+                        f"{location} does not fit in its chunk of {announce.nbytes} bytes"
+                    )
+                base = self._opener(self.local_device(location.device), announce.handle)
+                self._opened[key] = base
         return base + offset
 
-    def as_array(self, location: CudaLocation, dtype: Any, shape: tuple[int, ...]) -> Any:
-        """A cupy array over the block, without a copy (DLPack-exportable)."""
-        return device_array(location.device, self.pointer(location), location.nbytes, dtype, shape)
+    def as_array(
+        self, location: CudaLocation, dtype: Any, shape: tuple[int, ...], owner: object = None
+    ) -> Any:
+        """A cupy array over the block, without a copy (DLPack-exportable); ``owner`` is kept
+        alive for as long as the array (or any view of it) is."""
+        pointer = self.pointer(location)
+        device = self.local_device(location.device)
+        return device_array(device, pointer, location.nbytes, dtype, shape, owner)
 
     def retire(self, device: int, chunk: int) -> None:
         """The owner gave a chunk back: close its handle now (ids are never reused)."""
-        self._announced.pop((device, chunk), None)
-        pointer = self._opened.pop((device, chunk), None)
+        with self._lock:
+            self._announced.pop((device, chunk), None)
+            pointer = self._opened.pop((device, chunk), None)
         if pointer is not None:
-            self._closer(device, pointer)
+            self._closer(self.local_device(device), pointer)
 
     def close(self) -> None:
-        for (device, _), pointer in self._opened.items():
-            self._closer(device, pointer)
-        self._opened.clear()
+        with self._lock:
+            opened, self._opened = self._opened, {}
+        for (device, _), pointer in opened.items():
+            self._closer(self.local_device(device), pointer)
 
 
 def open_ipc_handle(device: int, handle: bytes) -> int:
@@ -343,10 +376,18 @@ def close_ipc_handle(device: int, pointer: int) -> None:
         cupy.cuda.runtime.ipcCloseMemHandle(pointer)
 
 
-def device_array(device: int, pointer: int, nbytes: int, dtype: Any, shape: tuple[int, ...]) -> Any:
-    """A cupy ndarray over device memory this process does not own (no copy)."""
+def device_array(
+    device: int,
+    pointer: int,
+    nbytes: int,
+    dtype: Any,
+    shape: tuple[int, ...],
+    owner: object = None,
+) -> Any:
+    """A cupy ndarray over device memory this process does not own (no copy); ``owner`` lives
+    as long as the array does."""
     cupy = cupy_module()
-    memory = cupy.cuda.UnownedMemory(pointer, nbytes, None, device)
+    memory = cupy.cuda.UnownedMemory(pointer, nbytes, owner, device)
     return cupy.ndarray(shape, dtype=dtype, memptr=cupy.cuda.MemoryPointer(memory, 0))
 
 

@@ -7,7 +7,9 @@ Up (stub → supervisor): :class:`Ready`, :class:`Result`, :class:`Log`, :class:
 
 Tensors travel as :class:`~shoal.ipc.tensor.TensorDesc` wire lists, never as bytes. File
 descriptors of new arena segments travel beside the channel on the instance's Unix socket
-(:class:`SegmentAnnounce` is the payload sent with the fd).
+(:class:`SegmentAnnounce` is the payload sent with the fd), and so do the IPC handles of CUDA
+pool chunks (:class:`~shoal.ipc.cuda.CudaChunkAnnounce`, no fd): a stub reads the socket when a
+descriptor names a segment or chunk it does not know yet.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any, ClassVar
 import msgpack
 
 from shoal.ipc.arena import Block
+from shoal.ipc.cuda import CudaChunkAnnounce
 from shoal.ipc.tensor import RegionLocation, TensorDesc
 
 
@@ -39,6 +42,7 @@ class Kind(enum.IntEnum):
     BLS_DONE = 17
     CONTROL_CALL = 18
     SEGMENT_RETIRED = 30  # both directions
+    CUDA_CHUNK_RETIRED = 31
     BLS_CANCEL = 19
 
 
@@ -282,6 +286,32 @@ class SegmentRetired:
 
 
 @dataclass(slots=True)
+class CudaChunkRetired:
+    """The supervisor gave chunk ``chunk`` of device ``device``'s CUDA pool back (it held no
+    block): close its IPC handle. Chunk ids are never reused."""
+
+    KIND: ClassVar[Kind] = Kind.CUDA_CHUNK_RETIRED
+    device: int
+    chunk: int
+
+    def fields(self) -> list[Any]:
+        return [self.device, self.chunk]
+
+    @classmethod
+    def from_fields(cls, f: list[Any]) -> CudaChunkRetired:
+        return cls(f[0], f[1])
+
+
+def decode_socket(payload: bytes) -> SegmentAnnounce | CudaChunkAnnounce:
+    """What came on a stub's Unix socket: a segment (with its fd) or a CUDA pool chunk (its
+    IPC handle inside the payload, no fd)."""
+    fields = msgpack.unpackb(payload)
+    if len(fields) == 3:
+        return SegmentAnnounce(*fields)
+    return CudaChunkAnnounce.from_wire(fields)
+
+
+@dataclass(slots=True)
 class Response:
     """A decoupled model's response to request ``key`` (``final`` closes the request)."""
 
@@ -403,6 +433,8 @@ class ControlOp(enum.IntEnum):
     METRIC_VALUE = 13  # args: [metric id]
     DELETE_METRIC = 14  # args: [metric id] (no reply)
     DELETE_FAMILY = 15  # args: [family id] (no reply)
+    CUDA_ALLOCATE = 20  # args: [device, nbytes] -> [device, offset, nbytes] of a pool block
+    CUDA_FREE = 21  # args: [[device, offset, nbytes], ...] blocks the stub will not hand on
 
 
 class MetricUpdate(enum.IntEnum):
@@ -463,6 +495,7 @@ Message = (
     | ControlReply
     | Cancel
     | SegmentRetired
+    | CudaChunkRetired
 )
 
 _TYPES: dict[int, Any] = {
@@ -485,6 +518,7 @@ _TYPES: dict[int, Any] = {
         ControlReply,
         Cancel,
         SegmentRetired,
+        CudaChunkRetired,
     )
 }
 

@@ -23,12 +23,12 @@ from typing import Any
 
 from shoal.ipc import messages as msg
 from shoal.ipc.arena import Block
-from shoal.ipc.tensor import TensorDesc
+from shoal.ipc.tensor import CudaLocation, TensorDesc
 from shoal.stub import pb_utils
 from shoal.stub._pb_memory import place_outputs
 from shoal.stub.memory import kept_view
 from shoal.stub.pump import DownPump
-from shoal.stub.tensors_out import TensorWriter
+from shoal.stub.tensors_out import TensorWriter, Written
 
 #: The requests whose ``execute`` runs in this context, as ``(key, cancellation flag)`` pairs
 #: (set by the executor; a flag's ``cancelled`` turns true when the client goes away).
@@ -169,14 +169,14 @@ class BlsClient:
 
     def _call(self, request: Any, decoupled: bool) -> tuple[int, _CallKeeper]:
         call_id = self._pump.new_call_id()
-        written: list[Block] = []
+        written: Written = []
         inputs = [
             self._writer.describe(tensor, written, for_response=False)
             for tensor in request.inputs()
         ]
 
         def release() -> None:
-            self._writer.outputs.free(written)
+            self._writer.free(written)
             self._call_done(call_id)
 
         keeper = _CallKeeper(release)
@@ -230,6 +230,9 @@ class BlsClient:
         return pb_utils.InferenceResponse._from_parts(tensors, None, dict(record.parameters))
 
     def _tensor(self, desc: TensorDesc, keeper: _CallKeeper) -> Any:
+        if type(desc.location) is CudaLocation:
+            assert self._writer.gpu is not None
+            return self._writer.gpu.output_tensor(desc, keeper)
         assert isinstance(desc.location, Block)
         view = self._input_view(desc.location)
         array = kept_view(desc.datatype, desc.shape, view, keeper)

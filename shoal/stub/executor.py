@@ -19,10 +19,11 @@ from typing import Any
 
 from shoal.ipc import messages as msg
 from shoal.ipc.arena import ArenaExhausted, Block
-from shoal.ipc.tensor import Location, TensorDesc, buffer_to_numpy
+from shoal.ipc.tensor import CudaLocation, Location, TensorDesc, buffer_to_numpy
 from shoal.stub import pb_utils
 from shoal.stub.bls import calling_requests
-from shoal.stub.tensors_out import TensorWriter
+from shoal.stub.gpu_tensors import CudaPoolRefused
+from shoal.stub.tensors_out import TensorWriter, Written
 
 FINAL = 1
 RESCHEDULE = 2  # TRITONSERVER_REQUEST_RELEASE_RESCHEDULE
@@ -248,6 +249,10 @@ class BatchExecutor:
     def _request(self, record: msg.RequestRecord, delivered: list[Any]) -> Any:
         tensors = []
         for desc in record.inputs:
+            if type(desc.location) is CudaLocation:
+                assert self.writer.gpu is not None
+                tensors.append(self.writer.gpu.input_tensor(desc))
+                continue
             view = self.input_view(desc.location)
             array = buffer_to_numpy(desc.datatype, desc.shape, view, readonly=True)
             # Only arena blocks can be handed back by descriptor (client regions are the
@@ -412,7 +417,7 @@ class BatchExecutor:
             code = response._error_code_name() or "INTERNAL"
             return msg.ResponseRecord(error=(code, str(error.message())))
         requested = set(request.requested_outputs)
-        written: list[Block] = []
+        written: Written = []
         outputs: list[TensorDesc] = []
         try:
             for tensor in response.output_tensors():
@@ -423,11 +428,11 @@ class BatchExecutor:
                     outputs.append(self.writer.place(tensor, target, self.input_view(target)))
                 else:
                     outputs.append(self.writer.describe(tensor, written, for_response=True))
-        except ArenaExhausted as error:
-            self.writer.outputs.free(written)
+        except (ArenaExhausted, CudaPoolRefused) as error:
+            self.writer.free(written)
             return msg.ResponseRecord(error=("RESOURCE_EXHAUSTED", self.failure(str(error))))
         except (TypeError, ValueError) as error:
-            self.writer.outputs.free(written)
+            self.writer.free(written)
             return msg.ResponseRecord(error=("INTERNAL", self.failure(str(error))))
         # The dict itself, not parameters()'s JSON text: no dumps and loads per response.
         parameters = dict(response._parameters_dict())

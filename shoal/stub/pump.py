@@ -30,11 +30,13 @@ class DownPump:
         release: Callable[[list[Block]], None],
         cancel: Callable[[list[int]], None] = lambda keys: None,
         retire: Callable[[int, int], None] = lambda arena_id, segment: None,
+        retire_chunk: Callable[[int, int], None] = lambda device, chunk: None,
     ) -> None:
         self._channel = channel
         self._release = release
         self._cancel = cancel
         self._retire = retire
+        self._retire_chunk = retire_chunk
         self._cond = threading.Condition()
         self._reading = False
         self._error: BaseException | None = None
@@ -137,5 +139,7 @@ class DownPump:
                 self._cancel(keys)
             case msg.SegmentRetired(arena_id=arena_id, segment=segment):
                 self._retire(arena_id, segment)
+            case msg.CudaChunkRetired(device=device, chunk=chunk):
+                self._retire_chunk(device, chunk)
             case _:
                 self._main.append(message)

@@ -18,13 +18,15 @@ from typing import Any
 
 from shoal.ipc import messages as msg
 from shoal.ipc.arena import ArenaMap, Block, OwnedArena, Segment
+from shoal.ipc.cuda import CudaPoolMap
 from shoal.ipc.fdpass import recv_fds, send_fds
 from shoal.ipc.queue import Channel, PeerGone
-from shoal.ipc.tensor import Location, RegionLocation
+from shoal.ipc.tensor import CudaLocation, Location, RegionLocation
 from shoal.stub import loader, pb_utils
 from shoal.stub.bls import BlsClient
 from shoal.stub.control import ControlClient, StubMetrics
 from shoal.stub.executor import BatchExecutor
+from shoal.stub.gpu_tensors import GpuTensors
 from shoal.stub.memory import ClientRegions, Locations, SharedOutputArena
 from shoal.stub.pump import DownPump
 from shoal.stub.tensors_out import TensorWriter
@@ -55,6 +57,7 @@ class StubRuntime:
         self.channel = Channel.attach(channel_fds, peer_pidfd=os.pidfd_open(parent))
         self.inputs = ArenaMap()
         self.regions = ClientRegions()
+        self.cuda_pools = CudaPoolMap()
         self._segments_lock = threading.Lock()
         self.outputs: OwnedArena | None = None
         self.model: Any = None
@@ -75,8 +78,27 @@ class StubRuntime:
 
     def _receive_announcement(self) -> None:
         payload, fds = recv_fds(self.sock)
-        announce = msg.SegmentAnnounce.decode(payload)
-        self.inputs.add_fd(announce.arena_id, announce.segment, fds[0], announce.size)
+        announce = msg.decode_socket(payload)
+        if isinstance(announce, msg.SegmentAnnounce):
+            self.inputs.add_fd(announce.arena_id, announce.segment, fds[0], announce.size)
+        else:
+            self.cuda_pools.add(announce)
+
+    def wait_for_chunk(self, location: CudaLocation) -> None:
+        """Read the socket until the IPC handle of ``location``'s pool chunk has come."""
+        if self.cuda_pools.has(location):
+            return
+        with self._segments_lock:
+            while not self.cuda_pools.has(location):
+                self._receive_announcement()
+
+    def retire_chunk(self, device: int, chunk: int) -> None:
+        """The supervisor gave a CUDA pool chunk back: close our handle of it (reading first
+        an announcement of it that may still wait in the socket)."""
+        with self._segments_lock:
+            while select.select([self.sock], [], [], 0)[0]:
+                self._receive_announcement()
+        self.cuda_pools.retire(device, chunk)
 
     def retire_input(self, arena_id: int, segment: int) -> None:
         """Another arena's owner retired a segment: drop our fd and mapping of it.
@@ -153,9 +175,17 @@ class StubRuntime:
                 for each in cancels:
                     each(keys)
 
-            pump = DownPump(self.channel, outputs.free, cancel, self.retire_input)
+            pump = DownPump(
+                self.channel, outputs.free, cancel, self.retire_input, self.retire_chunk
+            )
             # Model control and custom metrics work from initialize on; BLS from execute on.
             control = ControlClient(pump, self._send)
+            writer.gpu = GpuTensors(
+                control,
+                self.cuda_pools,
+                self.wait_for_chunk,
+                force_cpu_inputs=_force_cpu_inputs(first.args),
+            )
             pb_utils._set_model_controller(control)
             pb_utils._set_metrics_backend(StubMetrics(control))
             try:
@@ -215,9 +245,24 @@ class StubRuntime:
         return None
 
     def _close(self) -> None:
+        try:
+            self.cuda_pools.close()  # CUDA pool chunks this stub opened, if any
+        except Exception:
+            pass  # the driver drops them with the process anyway
         pb_utils._set_log_sink(None)
         sys.stdout.flush()
         sys.stderr.flush()
+
+
+def _force_cpu_inputs(args: dict[str, str]) -> bool:
+    """FORCE_CPU_ONLY_INPUT_TENSORS (Triton's default "yes"; the supervisor checked the value
+    when the model loaded)."""
+    try:
+        config = json.loads(args.get("model_config", "{}"))
+        value = config.get("parameters", {}).get("FORCE_CPU_ONLY_INPUT_TENSORS", {})
+        return str(value.get("string_value", "yes")).strip().lower() != "no"
+    except (ValueError, AttributeError):
+        return True
 
 
 def _is_decoupled(args: dict[str, str]) -> bool:

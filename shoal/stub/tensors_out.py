@@ -2,19 +2,45 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shoal.ipc.arena import Block
-from shoal.ipc.tensor import RegionLocation, TensorDesc, numpy_to_buffer_size, write_numpy
+from shoal.ipc.tensor import (
+    CudaLocation,
+    RegionLocation,
+    TensorDesc,
+    numpy_to_buffer_size,
+    write_numpy,
+)
 from shoal.stub.memory import Locations, SharedOutputArena
+
+if TYPE_CHECKING:
+    from shoal.stub.gpu_tensors import GpuTensors
+
+#: Memory a descriptor was written into, which goes back if the message is never sent.
+Written = list[Block | CudaLocation]
 
 
 class TensorWriter:
-    """Turns ``pb_utils.Tensor`` objects into descriptors for the supervisor."""
+    """Turns ``pb_utils.Tensor`` objects into descriptors for the supervisor.
 
-    def __init__(self, outputs: SharedOutputArena, locations: Locations) -> None:
+    CPU tensors are written once into the output arena; GPU tensors are copied once into a
+    CUDA pool block (``gpu``), or to the host when there is no ``gpu`` (a unit test's writer).
+    """
+
+    def __init__(
+        self, outputs: SharedOutputArena, locations: Locations, gpu: GpuTensors | None = None
+    ) -> None:
         self.outputs = outputs
         self.locations = locations
+        self.gpu = gpu
+
+    def free(self, written: Written) -> None:
+        """Give back what descriptors that will not be sent were written into."""
+        self.outputs.free([w for w in written if type(w) is Block])
+        cuda = [w for w in written if type(w) is CudaLocation]
+        if cuda and self.gpu is not None:
+            self.gpu.give_back(cuda)
 
     def place(self, tensor: Any, target: RegionLocation, view: memoryview) -> TensorDesc:
         """Write an output straight into the client's shared-memory region (``view``)."""
@@ -31,9 +57,12 @@ class TensorWriter:
         location = RegionLocation(target.region, target.offset, nbytes)
         return TensorDesc(tensor.name(), datatype, shape, location)
 
-    def describe(self, tensor: Any, written: list[Block], *, for_response: bool) -> TensorDesc:
+    def describe(self, tensor: Any, written: Written, *, for_response: bool) -> TensorDesc:
         """A descriptor for ``tensor``: its existing block if it is a view of one, else a new
-        block of the output arena (appended to ``written``) holding one copy of it."""
+        block (appended to ``written``) holding one copy of it: a CUDA pool block for a GPU
+        tensor, an output arena block otherwise."""
+        if tensor._gpu is not None and self.gpu is not None and tensor._gpu.nbytes:
+            return self.gpu.write(tensor, written, for_response=for_response)  # type: ignore[arg-type]
         array = tensor._array()
         datatype = tensor._datatype()
         shape = tuple(int(d) for d in array.shape)

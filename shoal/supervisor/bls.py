@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from shoal.ipc import messages as msg
-from shoal.ipc.arena import Block
 from shoal.ipc.queue import PeerGone
 from shoal.supervisor import staging
 from shoal.supervisor.errors import (
@@ -156,9 +155,8 @@ class BlsRouter:
         else:
             target.stats.failure(elapsed, ModelError.reason)
         self._held.setdefault(key, []).append(completion)
-        blocks = [o.location for o in completion.response.outputs if isinstance(o.location, Block)]
         try:
-            proc.forward(blocks, self._directory.fd)
+            proc.forward([o.location for o in completion.response.outputs], self._directory)
         except ShoalError as forward_error:  # the target's arena is gone (its stub died)
             self._send(proc, _error_reply(key[1], forward_error))
             return
@@ -288,8 +286,7 @@ class BlsRouter:
         self, proc: StubProcess, call_id: int, body: msg.ResponseRecord | None, final: bool
     ) -> None:
         if body is not None:
-            blocks = [o.location for o in body.outputs if isinstance(o.location, Block)]
-            proc.forward(blocks, self._directory.fd)
+            proc.forward([o.location for o in body.outputs], self._directory)
         await proc.send_async(msg.BlsReply(call_id, body, final))
 
     async def _reply_error(self, proc: StubProcess, call: msg.BlsCall, error: ShoalError) -> None:

@@ -61,7 +61,11 @@ def stub_environment(
             f"model '{model}': GPU {device_id} is not among CUDA_VISIBLE_DEVICES "
             f"{','.join(inherited)} of the server"
         )
-    return {"CUDA_VISIBLE_DEVICES": inherited[device_id] if inherited else str(device_id)}
+    return {
+        "CUDA_VISIBLE_DEVICES": inherited[device_id] if inherited else str(device_id),
+        # The stub sees its GPU as device 0; GPU tensor descriptors use the server's number.
+        "SHOAL_SERVER_CUDA_DEVICE": str(device_id),
+    }
 
 
 def parse_pool_size(text: str) -> tuple[int, int]:

@@ -23,7 +23,7 @@ from typing import Protocol
 
 from shoal.ipc.arena import Block
 from shoal.ipc.messages import RequestRecord
-from shoal.ipc.tensor import TensorDesc
+from shoal.ipc.tensor import CudaLocation, TensorDesc
 from shoal.supervisor._ensemble_plan import EnsemblePlan, StepPlan, input_datatypes, plan_of
 from shoal.supervisor.errors import ErrorCode, InvalidArgument, ModelError, ShoalError
 from shoal.supervisor.models import ModelVersion
@@ -102,7 +102,7 @@ class EnsembleRunner:
         desc = tensors.get(name)
         if desc is None:
             raise InvalidArgument(f"ensemble '{mv.name}' produced no tensor '{name}'")
-        assert isinstance(desc.location, Block)
+        assert isinstance(desc.location, Block | CudaLocation)
         view = self._directory.view(desc.location)
         return InferOutput(name, desc.datatype, desc.shape, view)
 

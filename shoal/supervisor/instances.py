@@ -19,6 +19,7 @@ from typing import Any, Protocol
 from shoal.ipc import messages as msg
 from shoal.ipc.arena import Block
 from shoal.ipc.queue import PeerGone
+from shoal.ipc.tensor import CudaLocation
 from shoal.supervisor.errors import (
     Cancelled,
     DeadlineExceeded,
@@ -31,7 +32,7 @@ from shoal.supervisor.errors import (
 from shoal.supervisor.schedulers.dynamic import TIMEOUT_EXPIRED
 from shoal.supervisor.segments import SegmentDirectory
 from shoal.supervisor.stats import StatsRecorder
-from shoal.supervisor.streams import OpenStream, response_blocks
+from shoal.supervisor.streams import OpenStream, response_blocks, response_cuda
 from shoal.supervisor.stub_process import StubLaunch, StubProcess, describe_exit
 from shoal.supervisor.work import Completion, Work
 
@@ -297,8 +298,10 @@ class StubInstance:
             passed = [b for b in work.input_blocks if b in outputs]
             self._free_inputs([b for b in work.input_blocks if b not in passed])
             owned = [b for b in outputs if b.arena_id == proc.output_arena_id] + passed
+            cuda = self._adopt_cuda(proc, response)
             if work.future.done():  # the client went away: nobody will release the outputs
                 self.release_outputs(proc, owned)
+                self.release_cuda(cuda)
             else:
                 # Queued until the stub started the batch: a request sent ahead waited in the
                 # stub's ring, which is queueing too (the stub stamps the same monotonic clock).
@@ -306,6 +309,7 @@ class StubInstance:
                 completion = Completion(
                     response, self, proc, owned, queue_ns, result.compute_ns, None, received_ns
                 )
+                completion.owned_cuda = cuda
                 if work.on_complete is not None:
                     work.on_complete(completion)
                 work.future.set_result(completion)
@@ -370,15 +374,7 @@ class StubInstance:
                 self._streams[work.record.key] = OpenStream(work, self._free_inputs)
         self._idle.clear()
         try:
-            proc.forward(
-                [
-                    t.location
-                    for w in batch
-                    for t in w.record.inputs
-                    if isinstance(t.location, Block)
-                ],
-                self._directory.fd,
-            )
+            proc.forward([t.location for w in batch for t in w.record.inputs], self._directory)
             await proc.send_async(msg.Execute(batch_id, [w.record for w in batch]))
         except PeerGone:
             return  # _on_exit fails the batch
@@ -463,6 +459,7 @@ class StubInstance:
                 self.release_outputs(
                     proc, [b for b in response_blocks(body) if b.arena_id == proc.output_arena_id]
                 )
+                self.release_cuda(self._adopt_cuda(proc, body))
             return
         self._response_stats(stream, body)
         if message.final:
@@ -484,6 +481,7 @@ class StubInstance:
         if body is not None:
             owned = [b for b in response_blocks(body) if b.arena_id == proc.output_arena_id]
             completion = Completion(body, self, proc, owned)
+            completion.owned_cuda = self._adopt_cuda(proc, body)
             if stream.work.on_complete is not None:
                 stream.work.on_complete(completion)
         stream.push(completion, message.final)
@@ -517,10 +515,19 @@ class StubInstance:
 
     # -- outputs ----------------------------------------------------------------------------
 
-    def output_view(self, proc: StubProcess, block: Block) -> memoryview:
-        if block.arena_id == proc.output_arena_id:
+    def output_view(self, proc: StubProcess, block: Block | CudaLocation) -> memoryview:
+        if type(block) is Block and block.arena_id == proc.output_arena_id:
             return proc.output_view(block)
         return self._directory.view(block)
+
+    def _adopt_cuda(self, proc: StubProcess, response: msg.ResponseRecord) -> list[CudaLocation]:
+        """The CUDA pool blocks lent to ``proc`` that ``response`` hands on."""
+        cuda = response_cuda(response)
+        return self._directory.cuda.adopt(proc.pid, cuda) if cuda else []
+
+    def release_cuda(self, locations: list[CudaLocation]) -> None:
+        if locations:
+            self._directory.cuda.free(locations)
 
     def release_outputs(self, proc: StubProcess, blocks: list[Block]) -> None:
         """The frontend is done with these blocks (owned by a completion): return them."""
@@ -603,6 +610,7 @@ class StubInstance:
             self.bls.forget_process(proc)
         if self.control is not None:
             self.control.forget_process(proc)
+        self._directory.cuda.forget_process(proc.pid)
         self._release_pending.clear()
         now = time.monotonic()
         self._deaths = [t for t in self._deaths if now - t < self.spec.crash_window] + [now]

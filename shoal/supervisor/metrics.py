@@ -23,6 +23,7 @@ from shoal.supervisor._metrics_families import (
     triton_families,
 )
 from shoal.supervisor._metrics_rss import RssProbe
+from shoal.supervisor.cuda_pools import CudaPools
 from shoal.supervisor.models import ModelVersion
 from shoal.supervisor.service import InferenceService
 
@@ -43,6 +44,7 @@ class ServiceCollector:
         arenas = [ArenaSample("input", arena.used_bytes, arena.capacity_bytes)]
         yield from shoal_families(self._instances(versions), arenas)
         yield from _stage_families(versions)
+        yield from _cuda_pool_families(self._service.directory.cuda)
         yield from self._service.custom_metrics.families()
 
     def _ready_versions(self) -> dict[tuple[str, str], ModelVersion]:
@@ -75,6 +77,30 @@ class ServiceCollector:
                 )
         self._rss.keep_only(pids)
         return samples
+
+
+def _cuda_pool_families(pools: CudaPools) -> Iterator[Metric]:
+    """The CUDA pools GPU tensors pass through (only once a GPU tensor made one)."""
+    devices = pools.devices()
+    if not devices:
+        return
+    used = Metric("shoal_cuda_pool_used_bytes", "Bytes of CUDA pool blocks in use", "gauge")
+    held = Metric(
+        "shoal_cuda_pool_capacity_bytes", "Device memory the CUDA pool holds now", "gauge"
+    )
+    blocks = Metric(
+        "shoal_cuda_pool_allocations",
+        "Blocks handed out by the CUDA pool (one per GPU tensor copied into it)",
+        "counter",
+    )
+    for device, pool in devices.items():
+        labels = {"device": str(device)}
+        used.add_sample("shoal_cuda_pool_used_bytes", labels, pool.used_bytes)
+        held.add_sample("shoal_cuda_pool_capacity_bytes", labels, pool.capacity)
+        blocks.add_sample("shoal_cuda_pool_allocations_total", labels, pools.allocations[device])
+    yield used
+    yield held
+    yield blocks
 
 
 def _stage_families(versions: dict[tuple[str, str], ModelVersion]) -> Iterator[Metric]:

@@ -1,4 +1,4 @@
-"""Calls models make besides inference: model control and custom metrics."""
+"""Calls models make besides inference: model control, custom metrics, CUDA pool blocks."""
 
 from __future__ import annotations
 
@@ -7,8 +7,11 @@ import logging
 from typing import TYPE_CHECKING, Any, Protocol
 
 from shoal.ipc import messages as msg
+from shoal.ipc.cuda import CudaPoolExhausted
+from shoal.ipc.tensor import CudaLocation
 from shoal.supervisor.custom_metrics import CustomMetrics
 from shoal.supervisor.errors import ShoalError
+from shoal.supervisor.segments import SegmentDirectory
 
 if TYPE_CHECKING:
     from shoal.supervisor.instances import StubInstance
@@ -32,9 +35,12 @@ class ModelControl(Protocol):
 class ControlRouter:
     """Answers a stub's ControlCalls; metric updates are applied in the order they came."""
 
-    def __init__(self, models: ModelControl, metrics: CustomMetrics) -> None:
+    def __init__(
+        self, models: ModelControl, metrics: CustomMetrics, directory: SegmentDirectory
+    ) -> None:
         self._models = models
         self.metrics = metrics
+        self._directory = directory
         self._tasks: set[asyncio.Task[None]] = set()
 
     def handle(self, caller: StubInstance, proc: StubProcess, call: msg.ControlCall) -> None:
@@ -43,12 +49,34 @@ class ControlRouter:
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
             return
+        if call.op is Op.CUDA_ALLOCATE:
+            self._cuda_allocate(proc, call)
+            return
+        if call.op is Op.CUDA_FREE:
+            self._directory.cuda.give_back(proc.pid, [CudaLocation(*w) for w in call.args])
+            return
         try:
             value = self._now(proc.pid, call)
         except ShoalError as error:
             self._reply(proc, call, error.message, None)
         else:
             self._reply(proc, call, None, value)
+
+    def _cuda_allocate(self, proc: StubProcess, call: msg.ControlCall) -> None:
+        """A pool block for a stub's GPU tensor; its chunk's handle goes first if it is new to
+        the stub. An exhausted pool is the reply's error, which fails only that response."""
+        device, nbytes = call.args
+        try:
+            location = self._directory.cuda.allocate(proc.pid, device, nbytes)
+        except (CudaPoolExhausted, ShoalError) as error:
+            text = error.message if isinstance(error, ShoalError) else str(error)
+            self._reply(proc, call, text, None)
+            return
+        try:
+            proc.forward([location], self._directory)
+        except OSError:
+            return  # the stub is gone: forget_process takes the block back
+        self._reply(proc, call, None, [location.device, location.offset, location.nbytes])
 
     def forget_process(self, proc: StubProcess) -> None:
         self.metrics.forget(proc.pid)

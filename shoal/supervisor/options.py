@@ -68,3 +68,5 @@ class ServerOptions:
     http_max_input_size: int = 64 * MIB
     arenas: ArenaOptions = field(default_factory=ArenaOptions)
     backend_config: tuple[tuple[str, str, str], ...] = ()
+    #: ``--cuda-memory-pool-byte-size``: the limit of each device's CUDA pool, by device.
+    cuda_pool_limits: tuple[tuple[int, int], ...] = ()

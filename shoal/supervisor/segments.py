@@ -5,6 +5,9 @@ descriptor into a segment it has never seen, the supervisor sends it that segmen
 own input arena, or from the supervisor's mapping of another stub's output arena. When an owner
 retires a segment, the directory tells every stub it gave that segment to (``SegmentRetired``),
 so that no process keeps the memory mapped.
+
+GPU tensors live in the supervisor's CUDA pools (``cuda``): a stub receives a chunk's IPC handle
+before its first descriptor into that chunk, and is told when a chunk it opened is given back.
 """
 
 from __future__ import annotations
@@ -14,7 +17,10 @@ from typing import TYPE_CHECKING
 
 from shoal.ipc import messages as msg
 from shoal.ipc.arena import Block, OwnedArena, Segment
+from shoal.ipc.cuda import CudaChunkAnnounce
 from shoal.ipc.queue import PeerGone
+from shoal.ipc.tensor import CudaLocation
+from shoal.supervisor.cuda_pools import CudaPools
 from shoal.supervisor.errors import Unavailable
 
 if TYPE_CHECKING:
@@ -26,12 +32,14 @@ INPUT_ARENA_ID = 0
 class SegmentDirectory:
     """Finds the segment behind any block: the input arena's or a live stub's output arena's."""
 
-    def __init__(self, input_arena: OwnedArena) -> None:
+    def __init__(self, input_arena: OwnedArena, cuda: CudaPools | None = None) -> None:
         self.input_arena = input_arena
+        self.cuda = cuda if cuda is not None else CudaPools()
         self._owners: dict[int, StubProcess] = {}
         self._sending: set[asyncio.Task[None]] = set()
         # The directory knows which stub holds which segment, so it passes the news on.
         input_arena.on_retired_segment = self._input_retired
+        self.cuda.on_retired_chunk = self._cuda_retired
 
     def register(self, proc: StubProcess) -> None:
         self._owners[proc.output_arena_id] = proc
@@ -53,8 +61,16 @@ class SegmentDirectory:
             return segment.fd, segment.size
         return self._owner(arena_id).segment_fd(arena_id, index)
 
-    def view(self, block: Block) -> memoryview:
-        """A read-only view of any block, for writing it to a client."""
+    def cuda_chunk(self, location: CudaLocation) -> CudaChunkAnnounce:
+        """The chunk a pool block lies in, to announce to a stub that must open it."""
+        return self.cuda.announcement(location)
+
+    def view(self, block: Block | CudaLocation) -> memoryview:
+        """A read-only view of any block, for writing it to a client (a host copy of a GPU
+        block)."""
+        if type(block) is CudaLocation:
+            return self.cuda.to_host(block)
+        assert isinstance(block, Block)
         if block.nbytes == 0:
             return memoryview(b"")
         segment = self.segment(block.arena_id, block.segment)
@@ -69,6 +85,13 @@ class SegmentDirectory:
 
     def _input_retired(self, segment: Segment) -> None:
         self._tell_holders(segment.arena_id, segment.index)
+
+    def _cuda_retired(self, device: int, chunk: int) -> None:
+        key = (device, chunk)
+        for proc in self._owners.values():
+            if key in proc.cuda_chunks:
+                proc.cuda_chunks.discard(key)
+                self._send(proc, msg.CudaChunkRetired(device, chunk))
 
     def _owner(self, arena_id: int) -> StubProcess:
         owner = self._owners.get(arena_id)
@@ -85,7 +108,7 @@ class SegmentDirectory:
                 proc.announced.discard(key)
                 self._send(proc, msg.SegmentRetired(arena_id, index))
 
-    def _send(self, proc: StubProcess, message: msg.SegmentRetired) -> None:
+    def _send(self, proc: StubProcess, message: msg.SegmentRetired | msg.CudaChunkRetired) -> None:
         if proc.returncode is not None:
             return
         try:
@@ -99,7 +122,9 @@ class SegmentDirectory:
         task.add_done_callback(self._sending.discard)
 
     @staticmethod
-    async def _send_later(proc: StubProcess, message: msg.SegmentRetired) -> None:
+    async def _send_later(
+        proc: StubProcess, message: msg.SegmentRetired | msg.CudaChunkRetired
+    ) -> None:
         try:
             await proc.send_async(message)
         except PeerGone:

@@ -16,6 +16,7 @@ from shoal.ipc.tensor import RegionLocation
 from shoal.supervisor import staging
 from shoal.supervisor.bls import BlsRouter
 from shoal.supervisor.control import ModelRepositoryManager
+from shoal.supervisor.cuda_pools import CudaPools
 from shoal.supervisor.custom_metrics import CustomMetrics
 from shoal.supervisor.drain import EXITING, DrainGate
 from shoal.supervisor.ensemble import EnsembleRunner
@@ -96,13 +97,14 @@ class InferenceService:
             limit_bytes=arenas.limit_bytes,
             on_new_segment=self._announce_segment,
         )
-        self.directory = SegmentDirectory(self.input_arena)
+        cuda_pools = CudaPools(dict(options.cuda_pool_limits))
+        self.directory = SegmentDirectory(self.input_arena, cuda_pools)
         loader = ModelLoader(self.directory, arenas, self._free_inputs)
         self.repository = ModelRepositoryManager(options, loader)
         self.ensembles = EnsembleRunner(self.repository, self.directory, self._free_inputs)
         loader.bls = BlsRouter(self.repository, self.directory)
         self.custom_metrics = CustomMetrics()
-        loader.control = ControlRouter(self.repository, self.custom_metrics)
+        loader.control = ControlRouter(self.repository, self.custom_metrics, self.directory)
         loader.trace_overhead = options.trace_overhead
         self.shm = SharedMemoryRegistry()
         self.logging = LogSettings.from_options(options)
@@ -148,6 +150,7 @@ class InferenceService:
         self._live = False
         await self._repo.shutdown(timeout)
         self.shm.close()
+        self.directory.cuda.close()  # after the stubs: they closed their handles by exiting
         self.input_arena.close()
 
     # -- health and metadata ----------------------------------------------------------------
@@ -325,7 +328,7 @@ class InferenceService:
         outputs = [
             placed_output(o.name, o.datatype, o.shape, request, o.location.nbytes)
             if isinstance(o.location, RegionLocation)
-            else InferOutput(o.name, o.datatype, o.shape, completion.view(o.location))  # type: ignore[arg-type]
+            else InferOutput(o.name, o.datatype, o.shape, completion.view(o.location))
             for o in record.outputs
         ]
         return InferResponse(

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from shoal.ipc import messages as msg
 from shoal.ipc.arena import Block
+from shoal.ipc.tensor import CudaLocation
 from shoal.supervisor.errors import ShoalError
 from shoal.supervisor.work import Completion, Work
 
@@ -64,6 +65,11 @@ class OpenStream:
         queue.put_nowait(None)
         self._finished()
         self._maybe_free()
+
+
+def response_cuda(response: msg.ResponseRecord) -> list[CudaLocation]:
+    """The CUDA pool blocks a response's outputs live in."""
+    return [o.location for o in response.outputs if type(o.location) is CudaLocation]
 
 
 def response_blocks(response: msg.ResponseRecord) -> list[Block]:

@@ -10,15 +10,29 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
+
+import msgpack
 
 from shoal.ipc import messages as msg
+from shoal.ipc._alloc import split_key
 from shoal.ipc.arena import ArenaMap, Block, Segment
+from shoal.ipc.cuda import CudaChunkAnnounce
 from shoal.ipc.fdpass import PeerGone, recv_fds, send_fds
 from shoal.ipc.queue import Channel
+from shoal.ipc.tensor import CudaLocation, Location
 
 log = logging.getLogger("shoal.stub")
+
+
+class Tensors(Protocol):
+    """Where the segments and CUDA pool chunks behind descriptors are (the directory)."""
+
+    def fd(self, arena_id: int, index: int) -> tuple[int, int]: ...
+
+    def cuda_chunk(self, location: CudaLocation) -> CudaChunkAnnounce: ...
 
 
 @dataclass(frozen=True)
@@ -59,6 +73,8 @@ class StubProcess:
         self._partial: dict[int, bytes] = {}
         #: Segments of other arenas this stub has been given (it owns its output arena's).
         self.announced: set[tuple[int, int]] = set()
+        #: CUDA pool chunks (device, chunk) whose IPC handle this stub has been given.
+        self.cuda_chunks: set[tuple[int, int]] = set()
         #: Duplicates of this stub's output-segment fds, kept to forward them to other stubs.
         self._segment_fds: dict[tuple[int, int], tuple[int, int]] = {}
         self.exited: asyncio.Future[int] = asyncio.get_running_loop().create_future()
@@ -77,13 +93,23 @@ class StubProcess:
         send_fds(self.sock, payload, [fd])
         self.announced.add((arena_id, index))
 
-    def forward(self, blocks: list[Block], find: Callable[[int, int], tuple[int, int]]) -> None:
-        """Make sure the stub can map every block (sending fds of segments new to it)."""
-        for block in blocks:
-            key = (block.arena_id, block.segment)
-            if block.arena_id != self.output_arena_id and key not in self.announced:
-                fd, size = find(*key)
-                self.announce_fd(block.arena_id, block.segment, size, fd)
+    def forward(self, locations: Sequence[Location], tensors: Tensors) -> None:
+        """Make sure the stub can reach every tensor: the fds of segments new to it, the IPC
+        handles of CUDA pool chunks new to it (client regions it maps by name)."""
+        for location in locations:
+            kind = type(location)
+            if kind is Block:
+                block: Block = location  # type: ignore[assignment]
+                key = (block.arena_id, block.segment)
+                if block.arena_id != self.output_arena_id and key not in self.announced:
+                    fd, size = tensors.fd(*key)
+                    self.announce_fd(block.arena_id, block.segment, size, fd)
+            elif kind is CudaLocation:
+                cuda: CudaLocation = location  # type: ignore[assignment]
+                key = (cuda.device, split_key(cuda.offset)[0])
+                if key not in self.cuda_chunks:
+                    send_fds(self.sock, msgpack.packb(tensors.cuda_chunk(cuda).to_wire()), [])
+                    self.cuda_chunks.add(key)
 
     def spawn(self, loop: asyncio.AbstractEventLoop, on_exit: Callable[[int], None]) -> None:
         fds = [self._child_sock.fileno(), *self.channel.child_fds()]

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from shoal.ipc.arena import Block
 from shoal.ipc.messages import RequestRecord, ResponseRecord
+from shoal.ipc.tensor import CudaLocation
 
 if TYPE_CHECKING:
     from shoal.supervisor.instances import StubInstance
@@ -32,15 +33,20 @@ class Completion:
     on_release: Callable[[], None] | None = None
     #: When the supervisor received the stub's Result (monotonic ns).
     received_ns: int = 0
+    #: CUDA pool blocks of the outputs: the stub handed them on, the supervisor frees them.
+    owned_cuda: list[CudaLocation] = field(default_factory=list)
 
-    def view(self, block: Block) -> memoryview:
-        """A read-only view of one output block."""
+    def view(self, block: Block | CudaLocation) -> memoryview:
+        """A read-only view of one output block (a host copy of a GPU one)."""
         return self.instance.output_view(self.process, block)
 
     def release(self) -> None:
         """Give back every block this completion owns. Call once."""
         blocks, self.owned = self.owned, []
         self.instance.release_outputs(self.process, blocks)
+        cuda, self.owned_cuda = self.owned_cuda, []
+        if cuda:
+            self.instance.release_cuda(cuda)
         on_release, self.on_release = self.on_release, None
         if on_release is not None:
             on_release()

@@ -1,10 +1,19 @@
 """GPU models served end to end: GPU outputs through DLPack, a BLS chain and an ensemble passing
-a 256 MiB CUDA tensor, and inputs/outputs in clients' CUDA shared memory via tritonclient."""
+a 256 MiB CUDA tensor through the supervisor's CUDA pool, and inputs/outputs in clients' CUDA
+shared memory via tritonclient.
+
+"Zero copies between stubs" is checked through the pool's own counters (``/metrics``): each GPU
+tensor copied into the pool is one allocation, so a chain that hands one tensor from model to
+model makes exactly one; and every block comes back once the response is out.
+"""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
+import requests
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
@@ -17,8 +26,19 @@ COUNT = 64 << 20  # float32: 256 MiB
 
 @pytest.fixture(scope="module")
 def server():
-    with ShoalServer(BUNDLED, GPU_MODELS, timeout=120.0) as srv:
+    with ShoalServer(BUNDLED, GPU_MODELS, timeout=120.0, metrics=True) as srv:
         yield srv
+
+
+def _pool(server: ShoalServer) -> tuple[int, int]:
+    """(blocks handed out so far, bytes in use) of device 0's CUDA pool."""
+    text = requests.get(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10).text
+
+    def sample(name: str) -> int:
+        found = re.search(rf'^{name}{{device="0"}} (\S+)$', text, re.MULTILINE)
+        return int(float(found.group(1))) if found else 0
+
+    return sample("shoal_cuda_pool_allocations_total"), sample("shoal_cuda_pool_used_bytes")
 
 
 @pytest.fixture
@@ -37,20 +57,58 @@ def _inputs(fill: float, count: int) -> list[grpcclient.InferInput]:
     return inputs
 
 
-def test_a_gpu_output_reaches_the_client(client) -> None:
-    result = client.infer("gpu_make", _inputs(1.5, 1000))
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_a_gpu_output_reaches_the_client(server, protocol) -> None:
+    module = httpclient if protocol == "http" else grpcclient
+    url = server.url if protocol == "http" else server.grpc_url
+    inputs = [module.InferInput("FILL", [1], "FP32"), module.InferInput("COUNT", [1], "INT64")]
+    inputs[0].set_data_from_numpy(np.array([1.5], dtype=np.float32))
+    inputs[1].set_data_from_numpy(np.array([1000], dtype=np.int64))
+    with module.InferenceServerClient(url) as triton:
+        result = triton.infer("gpu_make", inputs)
     np.testing.assert_array_equal(result.as_numpy("BIG"), np.full(1000, 1.5, dtype=np.float32))
+    assert _pool(server)[1] == 0, "the pool block went back once the response was out"
 
 
-def test_a_bls_chain_passes_a_256_mib_cuda_tensor(client) -> None:
+def test_a_bls_chain_passes_a_256_mib_cuda_tensor_without_copies(server, client) -> None:
+    made_before, _ = _pool(server)
     result = client.infer("bls_gpu_chain", _inputs(0.5, COUNT))
     assert result.as_numpy("TOTAL")[0] == 0.5 * COUNT
-    assert result.as_numpy("ON_GPU")[0], "preferred_memory GPU gives the caller a GPU tensor"
+    assert result.as_numpy("ON_GPU")[0], "the BLS caller got the tensor in GPU memory"
+    assert result.as_numpy("SUM_INPUT_ON_GPU")[0], "and handed it on in GPU memory"
+    made, in_use = _pool(server)
+    # gpu_make's output went into the pool once; the caller and gpu_sum used that block.
+    assert made - made_before == 1
+    assert in_use == 0
 
 
-def test_an_ensemble_passes_a_256_mib_cuda_tensor(client) -> None:
+def test_an_ensemble_passes_a_256_mib_cuda_tensor_without_copies(server, client) -> None:
+    made_before, _ = _pool(server)
     result = client.infer("ens_gpu_chain", _inputs(2.0, COUNT))
     assert result.as_numpy("TOTAL")[0] == 2.0 * COUNT
+    assert result.as_numpy("INPUT_ON_GPU")[0], "the second step got the tensor in GPU memory"
+    made, in_use = _pool(server)
+    assert made - made_before == 1
+    assert in_use == 0
+
+
+def test_a_model_that_forces_cpu_inputs_gets_a_gpu_tensor_on_the_cpu(server, client) -> None:
+    result = client.infer("ens_gpu_to_cpu", _inputs(3.0, 1 << 20))
+    assert result.as_numpy("TOTAL")[0] == 3.0 * (1 << 20)
+    assert _pool(server)[1] == 0
+
+
+def test_an_exhausted_pool_fails_the_response_and_names_the_flag() -> None:
+    small = ("--cuda-memory-pool-byte-size", "0:1048576")
+    with (
+        ShoalServer(BUNDLED, GPU_MODELS, timeout=120.0, extra_args=small) as srv,
+        grpcclient.InferenceServerClient(srv.grpc_url) as triton,
+    ):
+        with pytest.raises(Exception, match="--cuda-memory-pool-byte-size 0:") as raised:
+            triton.infer("gpu_make", _inputs(1.0, 1 << 20))  # 4 MiB
+        assert "exhausted" in str(raised.value)
+        result = triton.infer("gpu_make", _inputs(1.0, 1000))  # fits: the pool still works
+        np.testing.assert_array_equal(result.as_numpy("BIG"), np.ones(1000, np.float32))
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])

@@ -231,3 +231,40 @@ def test_the_cpu_path_never_imports_cupy_or_torch() -> None:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+def test_a_peer_knows_which_chunks_were_announced() -> None:
+    peer = CudaPoolMap(lambda device, handle: 1 << 40, lambda device, pointer: None)
+    block = CudaLocation(0, (3 << SEGMENT_SHIFT) | 512, 256)
+    assert not peer.has(block)
+    peer.add(CudaChunkAnnounce(0, 3, 4096, bytes(64)))
+    assert peer.has(block) and not peer.has(CudaLocation(1, block.offset, 256))
+    peer.retire(0, 3)
+    assert not peer.has(block)
+
+
+def test_a_peer_opens_handles_on_its_own_number_for_the_device() -> None:
+    opened: list[int] = []
+    closed: list[int] = []
+
+    def opener(device: int, handle: bytes) -> int:
+        opened.append(device)
+        return 1 << 40
+
+    peer = CudaPoolMap(opener, lambda device, pointer: closed.append(device))
+    peer.local_device = lambda device: 0 if device == 5 else device  # a narrowed stub
+    peer.add(CudaChunkAnnounce(5, 0, 4096, bytes(64)))
+    peer.pointer(CudaLocation(5, 0, 256))
+    peer.close()
+    assert opened == [0] and closed == [0]
+
+
+def test_socket_payloads_are_segments_or_cuda_chunks() -> None:
+    from shoal.ipc import messages as msg
+
+    segment = msg.SegmentAnnounce(4, 2, 1 << 20)
+    assert msg.decode_socket(segment.encode()) == segment
+    chunk = CudaChunkAnnounce(1, 9, 256 * MIB, bytes(range(64)))
+    assert msg.decode_socket(msgpack.packb(chunk.to_wire())) == chunk
+    retired = msg.CudaChunkRetired(1, 9)
+    assert msg.decode(msg.encode(retired)) == retired

@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from shoal.cli import build_parser
+from shoal.cli import build_parser, options_from_args
 from shoal.config import ConfigError
 from shoal.supervisor.cuda_devices import (
     FORCE_CPU_ONLY,
@@ -33,11 +33,16 @@ def test_other_values_fail_the_load_with_triton_words(key: str, value: str) -> N
 
 def test_narrowing_names_the_instance_gpu() -> None:
     narrow = {NARROW_VISIBLE_DEVICES: "yes"}
-    assert stub_environment(narrow, "KIND_GPU", 1, "m", environ={}) == {"CUDA_VISIBLE_DEVICES": "1"}
+    # The stub also learns the server's number for its GPU (descriptors carry that one).
+    assert stub_environment(narrow, "KIND_GPU", 1, "m", environ={}) == {
+        "CUDA_VISIBLE_DEVICES": "1",
+        "SHOAL_SERVER_CUDA_DEVICE": "1",
+    }
     # The server's own ids are positions in its CUDA_VISIBLE_DEVICES.
     inherited = {"CUDA_VISIBLE_DEVICES": "4,6"}
     assert stub_environment(narrow, "KIND_GPU", 1, "m", environ=inherited) == {
-        "CUDA_VISIBLE_DEVICES": "6"
+        "CUDA_VISIBLE_DEVICES": "6",
+        "SHOAL_SERVER_CUDA_DEVICE": "1",
     }
     with pytest.raises(ConfigError, match="GPU 2 is not among CUDA_VISIBLE_DEVICES 4,6"):
         stub_environment(narrow, "KIND_GPU", 2, "m", environ=inherited)
@@ -60,7 +65,8 @@ def test_pool_size_flag_takes_device_colon_bytes() -> None:
     for bad in ("67108864", "a:1", "0:-1", "-1:5"):
         with pytest.raises(argparse.ArgumentTypeError, match="<integer>:<integer>"):
             parse_pool_size(bad)
+    flag = "--cuda-memory-pool-byte-size"
     args = build_parser().parse_args(
-        ["serve", "--model-repository", "r", "--cuda-memory-pool-byte-size", "1:1024"]
+        ["serve", "--model-repository", "r", flag, "1:1024", flag, "0:4096"]
     )
-    assert args.cuda_memory_pool_byte_size == (1, 1024)
+    assert options_from_args(args).cuda_pool_limits == ((1, 1024), (0, 4096))

@@ -18,6 +18,7 @@ from shoal.supervisor._metrics_families import (
     triton_families,
 )
 from shoal.supervisor._metrics_rss import RssProbe, read_rss_bytes
+from shoal.supervisor.cuda_pools import CudaPools
 from shoal.supervisor.custom_metrics import CustomMetrics
 from shoal.supervisor.metrics import MetricsExporter
 from shoal.supervisor.types import ModelStatistics, StatDuration
@@ -238,6 +239,7 @@ def _service(versions):
     return SimpleNamespace(
         repository=SimpleNamespace(versions=lambda: iter(versions)),
         input_arena=SimpleNamespace(used_bytes=640, capacity_bytes=1 << 26),
+        directory=SimpleNamespace(cuda=CudaPools()),  # no GPU tensor yet: no pool families
         model_statistics=lambda: stats,
         custom_metrics=CustomMetrics(),
     )
@@ -259,6 +261,7 @@ def test_exporter_reads_queues_instances_and_the_input_arena():
     assert 'model="old"' not in text  # versions that are not ready are not reported
     assert 'shoal_arena_used_bytes{arena="input"} 640\n' in text
     assert 'shoal_arena_capacity_bytes{arena="input"} 67108864\n' in text
+    assert "shoal_cuda_pool" not in text
 
 
 def test_exporter_without_a_repository_reports_the_arena_only():

@@ -1,4 +1,5 @@
-"""Sums BIG on the GPU, whether it arrives in CPU or GPU memory (through DLPack either way)."""
+"""Sums BIG on the GPU, whether it arrives in CPU or GPU memory (through DLPack either way), and
+says where it arrived (FORCE_CPU_ONLY_INPUT_TENSORS is "no": on the GPU when the producer's was)."""
 
 import cupy
 import numpy as np
@@ -13,5 +14,6 @@ class TritonPythonModel:
             array = cupy.from_dlpack(big) if not big.is_cpu() else cupy.asarray(big.as_numpy())
             total = float(array.sum(dtype=cupy.float64))
             out = pb_utils.Tensor("TOTAL", np.array([total], dtype=np.float64))
-            responses.append(pb_utils.InferenceResponse([out]))
+            where = pb_utils.Tensor("INPUT_ON_GPU", np.array([not big.is_cpu()]))
+            responses.append(pb_utils.InferenceResponse([out, where]))
         return responses

@@ -1,0 +1,174 @@
+"""GPU tensors between processes: through the supervisor's CUDA pools, by descriptor.
+
+* **Out** (a response output, a BLS input): the stub asks the supervisor for a pool block on the
+  tensor's device (``CUDA_ALLOCATE``), copies the tensor into it device-to-device once, and sends
+  a ``CudaLocation``. The block is lent to this stub until the supervisor sees the descriptor in
+  a response; a BLS input's block is given back (``CUDA_FREE``) once the call's response is
+  dropped, as the CPU output arena's blocks are.
+* **In** (a request input, a BLS output): the block is opened through its chunk's IPC handle
+  (announced on the socket before the first descriptor into it) and wrapped as a cupy array:
+  no copy. With ``FORCE_CPU_ONLY_INPUT_TENSORS`` (Triton's default, ``"yes"``) a request input
+  is copied to the host once instead, as Triton does; BLS outputs stay on the GPU unless the
+  call's ``preferred_memory`` asks for the CPU.
+
+Device numbers on the wire are the server's. A stub started with ``CUDA_VISIBLE_DEVICES``
+narrowed to its GPU (``SHOAL_NARROW_CUDA_VISIBLE_DEVICES``) sees that GPU as device 0;
+``SHOAL_SERVER_CUDA_DEVICE`` tells it the server's number for it.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from shoal.ipc.cuda import (
+    MEMCPY_DEVICE_TO_DEVICE,
+    MEMCPY_DEVICE_TO_HOST,
+    CudaPoolMap,
+    device_array,
+    memcpy,
+)
+from shoal.ipc.dtypes import NUMPY_DTYPES
+from shoal.ipc.messages import ControlOp
+from shoal.ipc.tensor import CudaLocation, TensorDesc
+from shoal.stub import pb_utils
+from shoal.stub.control import ControlClient, ControlError
+
+#: Set by the supervisor for a narrowed stub: the server's number of the stub's device 0.
+SERVER_DEVICE_VARIABLE = "SHOAL_SERVER_CUDA_DEVICE"
+
+
+class CudaPoolRefused(Exception):
+    """The supervisor could not lend a pool block (the pool's limit, say); the text says why."""
+
+
+class GpuTensors:
+    """Moves this stub's GPU tensors into the pools, and wraps pool blocks it receives."""
+
+    def __init__(
+        self,
+        control: ControlClient,
+        pools: CudaPoolMap,
+        wait_for_chunk: Callable[[CudaLocation], None],
+        *,
+        force_cpu_inputs: bool,
+        environ: dict[str, str] | os._Environ[str] = os.environ,
+    ) -> None:
+        self._control = control
+        self._pools = pools
+        self._wait_for_chunk = wait_for_chunk
+        self.force_cpu_inputs = force_cpu_inputs
+        server = environ.get(SERVER_DEVICE_VARIABLE, "")
+        self._server_device = int(server) if server.isdigit() else None
+        pools.local_device = self._to_local
+        #: BLS outputs in pool blocks, by device pointer here: (block, its call's keeper).
+        self._known: dict[int, tuple[CudaLocation, weakref.ref[Any]]] = {}
+        self._known_lock = threading.Lock()
+
+    # -- out --------------------------------------------------------------------------------
+
+    def write(self, tensor: Any, lent: list[CudaLocation], *, for_response: bool) -> TensorDesc:
+        """Copy a GPU tensor into a pool block lent to this stub (appended to ``lent``).
+
+        A tensor over the pool block of a BLS response this stub still holds goes on to a BLS
+        call by the same descriptor, without a copy (not to a response: the block belongs to
+        the call's response until the model drops it)."""
+        array = tensor._gpu
+        nbytes = int(array.nbytes)
+        if not for_response:
+            known = self._known_block(int(array.data.ptr), nbytes)
+            if known is not None:
+                shape = tuple(int(dim) for dim in array.shape)
+                return TensorDesc(tensor.name(), tensor._datatype(), shape, known)
+        device = self._to_server(int(array.device.id))
+        try:
+            wire = self._control.call(ControlOp.CUDA_ALLOCATE, device, nbytes)
+        except ControlError as error:
+            raise CudaPoolRefused(
+                f"no CUDA pool memory for output '{tensor.name()}' ({nbytes} bytes on device "
+                f"{device}): {error}"
+            ) from None
+        location = CudaLocation(*wire)
+        lent.append(location)
+        memcpy(self._pointer(location), int(array.data.ptr), nbytes, MEMCPY_DEVICE_TO_DEVICE)
+        shape = tuple(int(dim) for dim in array.shape)
+        return TensorDesc(tensor.name(), tensor._datatype(), shape, location)
+
+    def give_back(self, locations: list[CudaLocation]) -> None:
+        """Blocks lent to this stub that it will not hand on (a BLS call's inputs, or the
+        outputs of a response that failed)."""
+        if locations:
+            wires = [[loc.device, loc.offset, loc.nbytes] for loc in locations]
+            try:
+                self._control.tell(ControlOp.CUDA_FREE, *wires)
+            except Exception:
+                pass  # the supervisor is gone, and the pools with it
+
+    # -- in ---------------------------------------------------------------------------------
+
+    def input_tensor(self, desc: TensorDesc) -> Any:
+        """A request input in a pool block: on the host when the model forces CPU inputs."""
+        if self.force_cpu_inputs:
+            return pb_utils.Tensor._wrap(desc.name, self._to_host(desc), desc.datatype)
+        return pb_utils.Tensor._wrap_gpu(desc.name, self._view(desc, None), desc.datatype)
+
+    def output_tensor(self, desc: TensorDesc, keeper: object) -> Any:
+        """A BLS output in a pool block, as a GPU tensor that keeps ``keeper`` alive."""
+        array = self._view(desc, keeper)
+        location = desc.location
+        assert isinstance(location, CudaLocation)
+        with self._known_lock:
+            if len(self._known) > 4096:
+                self._known = {k: v for k, v in self._known.items() if v[1]() is not None}
+            self._known[int(array.data.ptr)] = (location, weakref.ref(keeper))
+        return pb_utils.Tensor._wrap_gpu(desc.name, array, desc.datatype)
+
+    def _known_block(self, pointer: int, nbytes: int) -> CudaLocation | None:
+        """The pool block at ``pointer`` if it is a BLS output still held (its keeper alive:
+        while it is, the block cannot be freed, so the pointer cannot be another's)."""
+        with self._known_lock:
+            entry = self._known.get(pointer)
+        if entry is None or entry[1]() is None or entry[0].nbytes != nbytes:
+            return None
+        return entry[0]
+
+    def retire(self, device: int, chunk: int) -> None:
+        self._pools.retire(device, chunk)
+
+    def close(self) -> None:
+        self._pools.close()
+
+    def _view(self, desc: TensorDesc, keeper: object) -> Any:
+        location = desc.location
+        assert isinstance(location, CudaLocation)
+        self._wait_for_chunk(location)
+        dtype = NUMPY_DTYPES[desc.datatype]
+        pointer = self._pools.pointer(location)
+        return device_array(
+            self._to_local(location.device), pointer, location.nbytes, dtype, desc.shape, keeper
+        )
+
+    def _to_host(self, desc: TensorDesc) -> np.ndarray:
+        location = desc.location
+        assert isinstance(location, CudaLocation)
+        host = np.empty(desc.shape, dtype=NUMPY_DTYPES[desc.datatype])
+        if location.nbytes:
+            pointer = self._pointer(location)
+            memcpy(host.ctypes.data, pointer, location.nbytes, MEMCPY_DEVICE_TO_HOST)
+        host.flags.writeable = False  # as inputs in shared memory are
+        return host
+
+    def _pointer(self, location: CudaLocation) -> int:
+        self._wait_for_chunk(location)
+        return self._pools.pointer(location)
+
+    def _to_server(self, local: int) -> int:
+        return self._server_device if self._server_device is not None and local == 0 else local
+
+    def _to_local(self, server: int) -> int:
+        return 0 if self._server_device is not None and server == self._server_device else server

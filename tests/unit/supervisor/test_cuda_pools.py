@@ -1,0 +1,147 @@
+"""The supervisor's CUDA pools without a GPU: who holds each block, and what the metrics say.
+
+Device memory is the ledger of fake pointers from the pool's own unit tests, so what is tested
+is the bookkeeping: a block is lent to the stub that asked for it, adopted by the response that
+carries it, given back by the stub or freed by its completion, and everything a dead stub was
+lent comes back.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from shoal.ipc.cuda import CudaPoolExhausted
+from shoal.ipc.tensor import CudaLocation
+from shoal.supervisor.cuda_pools import DEFAULT_LIMIT_BYTES, CudaPools
+from shoal.supervisor.custom_metrics import CustomMetrics
+from shoal.supervisor.errors import InvalidArgument
+from shoal.supervisor.metrics import MetricsExporter
+from tests.unit.ipc.test_cuda_pool import HostLedger
+
+MIB = 1 << 20
+
+
+def make_pools(**limits: int) -> tuple[CudaPools, HostLedger]:
+    ledger = HostLedger()
+    pools = CudaPools(
+        {int(device[1:]): size for device, size in limits.items()},
+        memory=ledger,  # type: ignore[arg-type]
+        device_count=lambda: 2,
+        chunk_bytes=4 * MIB,
+    )
+    return pools, ledger
+
+
+def in_use(pools: CudaPools) -> dict[int, int]:
+    return {device: pool.used_bytes for device, pool in pools.devices().items()}
+
+
+def test_no_pool_exists_until_a_gpu_tensor_needs_one() -> None:
+    pools, ledger = make_pools()
+    assert pools.devices() == {} and ledger.live == {}
+    assert pools.limit(0) == DEFAULT_LIMIT_BYTES
+
+
+def test_a_block_lent_then_adopted_belongs_to_the_response() -> None:
+    pools, _ = make_pools()
+    block = pools.allocate(pid=7, device=1, nbytes=1000)
+    assert pools.lent_bytes() == 1000
+    assert pools.adopt(7, [block, block]) == [block], "a descriptor seen twice is owned once"
+    assert pools.lent_bytes() == 0
+    pools.forget_process(7)  # the stub dies after handing it on: the response keeps it
+    assert in_use(pools) == {1: 1024}
+    pools.free([block])
+    assert in_use(pools) == {1: 0}
+
+
+def test_only_blocks_lent_to_that_stub_are_adopted() -> None:
+    pools, _ = make_pools()
+    block = pools.allocate(pid=7, device=0, nbytes=256)
+    assert pools.adopt(8, [block]) == []
+    assert pools.adopt(7, [CudaLocation(0, block.offset + 4096, 256)]) == []
+    assert pools.lent_bytes() == 256
+
+
+def test_a_stub_gives_back_what_it_will_not_hand_on() -> None:
+    pools, _ = make_pools()
+    kept = pools.allocate(pid=7, device=0, nbytes=100)
+    returned = pools.allocate(pid=7, device=0, nbytes=100)
+    pools.give_back(7, [returned, returned])  # twice: the second is ignored
+    pools.give_back(8, [kept])  # not lent to 8: ignored
+    assert pools.lent_bytes() == 100
+    assert in_use(pools) == {0: 256}
+
+
+def test_what_a_dead_stub_was_lent_comes_back() -> None:
+    pools, _ = make_pools()
+    for size in (10, 20 * MIB, 300):
+        pools.allocate(pid=9, device=0, nbytes=size)
+    other = pools.allocate(pid=10, device=0, nbytes=64)
+    pools.forget_process(9)
+    assert in_use(pools) == {0: 256}
+    assert pools.adopt(10, [other]) == [other]
+
+
+def test_limits_apply_per_device_and_exhaustion_names_the_flag() -> None:
+    pools, _ = make_pools(d0=8 * MIB)
+    pools.allocate(pid=1, device=0, nbytes=6 * MIB)
+    with pytest.raises(CudaPoolExhausted, match="--cuda-memory-pool-byte-size 0:<bytes>"):
+        pools.allocate(pid=1, device=0, nbytes=4 * MIB)
+    pools.allocate(pid=1, device=1, nbytes=16 * MIB)  # device 1 has the default limit
+    assert pools.lent_bytes() == 22 * MIB
+
+
+def test_a_device_the_server_does_not_see_is_refused() -> None:
+    pools, _ = make_pools()
+    with pytest.raises(InvalidArgument, match="CUDA device 2, but the server sees 2"):
+        pools.allocate(pid=1, device=2, nbytes=10)
+    with pytest.raises(InvalidArgument, match="positive size"):
+        pools.allocate(pid=1, device=0, nbytes=0)
+
+
+def test_announcements_name_the_chunk_of_a_block() -> None:
+    pools, ledger = make_pools()
+    pools.allocate(pid=1, device=0, nbytes=4 * MIB)
+    second = pools.allocate(pid=1, device=0, nbytes=1000)  # a new chunk
+    announce = pools.announcement(second)
+    assert (announce.device, announce.chunk, announce.nbytes) == (0, 1, 4 * MIB)
+    assert announce.handle == ledger.ipc_handle(0, pools.pointer(second))
+
+
+def test_retired_chunks_are_reported() -> None:
+    pools, _ = make_pools(d0=8 * MIB)
+    retired: list[tuple[int, int]] = []
+    pools.on_retired_chunk = lambda device, chunk: retired.append((device, chunk))
+    small = pools.allocate(pid=1, device=0, nbytes=MIB)
+    pools.give_back(1, [small])
+    pools.allocate(pid=1, device=0, nbytes=8 * MIB)  # only fits once the empty chunk goes
+    assert retired == [(0, 0)]
+
+
+def test_close_frees_every_chunk() -> None:
+    pools, ledger = make_pools()
+    pools.allocate(pid=1, device=0, nbytes=MIB)
+    pools.allocate(pid=1, device=1, nbytes=MIB)
+    pools.close()
+    assert ledger.live == {} and pools.devices() == {}
+
+
+def test_metrics_report_each_pool_once_it_exists() -> None:
+    pools, _ = make_pools()
+    block = pools.allocate(pid=1, device=1, nbytes=1000)
+    pools.allocate(pid=1, device=1, nbytes=3000)
+    pools.give_back(1, [block])
+    service = SimpleNamespace(
+        repository=None,
+        input_arena=SimpleNamespace(used_bytes=0, capacity_bytes=0),
+        directory=SimpleNamespace(cuda=pools),
+        model_statistics=lambda: [],
+        custom_metrics=CustomMetrics(),
+    )
+    text = MetricsExporter(service).render().decode()  # type: ignore[arg-type]
+    assert 'shoal_cuda_pool_used_bytes{device="1"} 3072\n' in text
+    assert f'shoal_cuda_pool_capacity_bytes{{device="1"}} {4 * MIB}\n' in text
+    assert 'shoal_cuda_pool_allocations_total{device="1"} 2\n' in text
+    assert 'device="0"' not in text
