@@ -26,6 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import numpy as np
+
 from shoal.ipc._alloc import RunAllocator, align_up, cover, split_key
 from shoal.ipc.tensor import CudaLocation
 
@@ -389,6 +391,25 @@ def device_array(
     cupy = cupy_module()
     memory = cupy.cuda.UnownedMemory(pointer, nbytes, owner, device)
     return cupy.ndarray(shape, dtype=dtype, memptr=cupy.cuda.MemoryPointer(memory, 0))
+
+
+def pinned_host_array(nbytes: int) -> np.ndarray:
+    """``nbytes`` of page-locked host memory from cupy's pinned pool, as a uint8 array.
+
+    Device-to-host copies into it run at the bus's speed, where a fresh pageable buffer pays a
+    page fault per page first (measured on an H100 machine: 1.2 GB/s into fresh NumPy arrays).
+    The pool reuses freed blocks, so it keeps as much pinned memory as the largest burst used.
+    """
+    memory = cupy_module().cuda.alloc_pinned_memory(max(nbytes, 1))
+    return np.frombuffer(memory, dtype=np.uint8, count=nbytes)
+
+
+def device_to_host(pointer: int, nbytes: int) -> np.ndarray:
+    """A pinned host copy of ``nbytes`` of device memory (uint8)."""
+    host = pinned_host_array(nbytes)
+    if nbytes:
+        memcpy(host.ctypes.data, pointer, nbytes, MEMCPY_DEVICE_TO_HOST)
+    return host
 
 
 def memcpy(dst: int, src: int, nbytes: int, kind: int) -> None:

@@ -22,7 +22,13 @@ import msgpack
 
 from shoal.ipc.arena import Block
 from shoal.ipc.cuda import CudaChunkAnnounce
-from shoal.ipc.tensor import RegionLocation, TensorDesc
+from shoal.ipc.tensor import (
+    CudaRegionLocation,
+    RegionLocation,
+    TensorDesc,
+    location_from_wire,
+    location_to_wire,
+)
 
 
 class Kind(enum.IntEnum):
@@ -77,8 +83,9 @@ class RequestRecord:
     timeout_us: int = 0
     #: Identifies the request to its stub across messages (decoupled responses).
     key: int = 0
-    #: Outputs the stub writes straight into a client's shared-memory region, by name.
-    output_regions: dict[str, RegionLocation] = field(default_factory=dict)
+    #: Outputs the stub writes straight into a client's shared-memory region (system or
+    #: CUDA), by name.
+    output_regions: dict[str, RegionLocation | CudaRegionLocation] = field(default_factory=dict)
 
     def to_wire(self) -> list[Any]:
         return [
@@ -90,14 +97,21 @@ class RequestRecord:
             [t.to_wire() for t in self.inputs],
             self.timeout_us,
             self.key,
-            {name: [r.region, r.offset, r.nbytes] for name, r in self.output_regions.items()},
+            {name: location_to_wire(r) for name, r in self.output_regions.items()},
         ]
 
     @classmethod
     def from_wire(cls, w: list[Any]) -> RequestRecord:
         inputs = [TensorDesc.from_wire(t) for t in w[5]]
-        regions = {name: RegionLocation(*r) for name, r in w[8].items()}
+        regions = {name: _region_from_wire(r) for name, r in w[8].items()}
         return cls(w[0], w[1], w[2], w[3], w[4], inputs, w[6], w[7], regions)
+
+
+def _region_from_wire(obj: list[Any]) -> RegionLocation | CudaRegionLocation:
+    location = location_from_wire(obj)
+    if not isinstance(location, RegionLocation | CudaRegionLocation):
+        raise ValueError(f"an output region must be a client's region, got {obj!r}")
+    return location
 
 
 @dataclass(slots=True)

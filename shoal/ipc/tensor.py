@@ -20,6 +20,7 @@ from shoal.ipc.dtypes import (
 
 __all__ = [
     "CudaLocation",
+    "CudaRegionLocation",
     "Location",
     "RegionLocation",
     "TensorDesc",
@@ -47,13 +48,30 @@ class CudaLocation:
     nbytes: int
 
 
-Location: TypeAlias = Block | RegionLocation | CudaLocation
+@dataclass(frozen=True, slots=True)
+class CudaRegionLocation:
+    """Bytes inside a client's registered CUDA shared-memory region.
+
+    ``region`` is unique per registration (``"<generation>:<name>"``); ``handle`` is the
+    client's ``cudaIpcMemHandle_t``, which the stub opens itself (once per registration) to
+    read an input or write an output in place; ``offset`` counts from the start of the
+    client's allocation.
+    """
+
+    region: str
+    device: int
+    offset: int
+    nbytes: int
+    handle: bytes
+
+
+Location: TypeAlias = Block | RegionLocation | CudaLocation | CudaRegionLocation
 
 # Location kind tags on the wire.
-_ARENA, _REGION, _CUDA = 0, 1, 2
+_ARENA, _REGION, _CUDA, _CUDA_REGION = 0, 1, 2, 3
 
 
-def _location_to_wire(location: Location) -> list[Any]:
+def location_to_wire(location: Location) -> list[Any]:
     # Type tests rather than a match statement: this runs for every tensor of every message.
     kind = type(location)
     if kind is Block:
@@ -65,10 +83,20 @@ def _location_to_wire(location: Location) -> list[Any]:
     if kind is CudaLocation:
         cuda: CudaLocation = location  # type: ignore[assignment]
         return [_CUDA, cuda.device, cuda.offset, cuda.nbytes]
+    if kind is CudaRegionLocation:
+        client: CudaRegionLocation = location  # type: ignore[assignment]
+        return [
+            _CUDA_REGION,
+            client.region,
+            client.device,
+            client.offset,
+            client.nbytes,
+            client.handle,
+        ]
     raise TypeError(f"not a tensor location: {location!r}")
 
 
-def _location_from_wire(obj: Sequence[Any]) -> Location:
+def location_from_wire(obj: Sequence[Any]) -> Location:
     # Indexing and exact type tests: a match statement with class patterns costs several
     # microseconds a tensor, and a batch's Result carries one location per response.
     size = len(obj)
@@ -78,6 +106,14 @@ def _location_from_wire(obj: Sequence[Any]) -> Location:
         return RegionLocation(obj[1], obj[2], obj[3])
     if size == 4 and obj[0] == _CUDA and _all_ints(obj[1], obj[2], obj[3]):
         return CudaLocation(obj[1], obj[2], obj[3])
+    if (
+        size == 6
+        and obj[0] == _CUDA_REGION
+        and type(obj[1]) is str
+        and _all_ints(obj[2], obj[3], obj[4])
+        and type(obj[5]) is bytes
+    ):
+        return CudaRegionLocation(obj[1], obj[2], obj[3], obj[4], obj[5])
     raise ValueError(f"malformed tensor location on the wire: {obj!r}")
 
 
@@ -100,7 +136,7 @@ class TensorDesc:
 
     def to_wire(self) -> list[Any]:
         """``[name, datatype, shape, kind, *location fields]``: compact for MessagePack."""
-        return [self.name, self.datatype, list(self.shape), *_location_to_wire(self.location)]
+        return [self.name, self.datatype, list(self.shape), *location_to_wire(self.location)]
 
     @staticmethod
     def from_wire(obj: list[Any]) -> TensorDesc:
@@ -109,7 +145,7 @@ class TensorDesc:
         shape = obj[2]
         if type(shape) is not list or not _all_ints(*shape):
             raise ValueError(f"malformed tensor shape on the wire: {shape!r}")
-        return TensorDesc(obj[0], obj[1], tuple(shape), _location_from_wire(obj[3:]))
+        return TensorDesc(obj[0], obj[1], tuple(shape), location_from_wire(obj[3:]))
 
 
 def _dtype(datatype: str) -> np.dtype:

@@ -19,7 +19,14 @@ from typing import Any
 
 from shoal.ipc import messages as msg
 from shoal.ipc.arena import ArenaExhausted, Block
-from shoal.ipc.tensor import CudaLocation, Location, TensorDesc, buffer_to_numpy
+from shoal.ipc.tensor import (
+    CudaLocation,
+    CudaRegionLocation,
+    Location,
+    RegionLocation,
+    TensorDesc,
+    buffer_to_numpy,
+)
 from shoal.stub import pb_utils
 from shoal.stub.bls import calling_requests
 from shoal.stub.gpu_tensors import CudaPoolRefused
@@ -253,6 +260,10 @@ class BatchExecutor:
                 assert self.writer.gpu is not None
                 tensors.append(self.writer.gpu.input_tensor(desc))
                 continue
+            if type(desc.location) is CudaRegionLocation:
+                assert self.writer.gpu is not None
+                tensors.append(self.writer.gpu.region_input(desc))
+                continue
             view = self.input_view(desc.location)
             array = buffer_to_numpy(desc.datatype, desc.shape, view, readonly=True)
             # Only arena blocks can be handed back by descriptor (client regions are the
@@ -424,7 +435,11 @@ class BatchExecutor:
                 if requested and tensor.name() not in requested:
                     continue  # Triton drops outputs that were not requested
                 target = request.output_regions.get(tensor.name())
-                if target is not None:
+                if type(target) is CudaRegionLocation:
+                    assert self.writer.gpu is not None
+                    outputs.append(self.writer.gpu.place(tensor, target))
+                elif target is not None:
+                    assert isinstance(target, RegionLocation)
                     outputs.append(self.writer.place(tensor, target, self.input_view(target)))
                 else:
                     outputs.append(self.writer.describe(tensor, written, for_response=True))

@@ -11,6 +11,12 @@
   is copied to the host once instead, as Triton does; BLS outputs stay on the GPU unless the
   call's ``preferred_memory`` asks for the CPU.
 
+* **Clients' CUDA shared memory**: a request input or output in a client's registered CUDA region
+  comes as a ``CudaRegionLocation`` carrying the client's IPC handle; the stub opens it (once per
+  registration, cached) and reads the input in place (a GPU tensor, or one copy to the host when
+  CPU inputs are forced) or writes the output there (device-to-device from a GPU tensor,
+  host-to-device from a CPU one).
+
 Device numbers on the wire are the server's. A stub started with ``CUDA_VISIBLE_DEVICES``
 narrowed to its GPU (``SHOAL_NARROW_CUDA_VISIBLE_DEVICES``) sees that GPU as device 0;
 ``SHOAL_SERVER_CUDA_DEVICE`` tells it the server's number for it.
@@ -18,6 +24,7 @@ narrowed to its GPU (``SHOAL_NARROW_CUDA_VISIBLE_DEVICES``) sees that GPU as dev
 
 from __future__ import annotations
 
+import collections
 import os
 import threading
 import weakref
@@ -28,14 +35,24 @@ import numpy as np
 
 from shoal.ipc.cuda import (
     MEMCPY_DEVICE_TO_DEVICE,
-    MEMCPY_DEVICE_TO_HOST,
+    MEMCPY_HOST_TO_DEVICE,
     CudaPoolMap,
+    close_ipc_handle,
     device_array,
+    device_to_host,
     memcpy,
+    open_ipc_handle,
+    pinned_host_array,
 )
 from shoal.ipc.dtypes import NUMPY_DTYPES
 from shoal.ipc.messages import ControlOp
-from shoal.ipc.tensor import CudaLocation, TensorDesc
+from shoal.ipc.tensor import (
+    CudaLocation,
+    CudaRegionLocation,
+    TensorDesc,
+    numpy_to_buffer_size,
+    write_numpy,
+)
 from shoal.stub import pb_utils
 from shoal.stub.control import ControlClient, ControlError
 
@@ -69,6 +86,7 @@ class GpuTensors:
         #: BLS outputs in pool blocks, by device pointer here: (block, its call's keeper).
         self._known: dict[int, tuple[CudaLocation, weakref.ref[Any]]] = {}
         self._known_lock = threading.Lock()
+        self.regions = ClientCudaRegions(self._to_local)
 
     # -- out --------------------------------------------------------------------------------
 
@@ -142,6 +160,52 @@ class GpuTensors:
 
     def close(self) -> None:
         self._pools.close()
+        self.regions.close()
+
+    # -- clients' CUDA regions --------------------------------------------------------------
+
+    def region_input(self, desc: TensorDesc) -> Any:
+        """A request input in a client's CUDA region, read in place (or copied to the host
+        once when the model forces CPU inputs)."""
+        location = desc.location
+        assert isinstance(location, CudaRegionLocation)
+        pointer = self.regions.pointer(location)
+        dtype = NUMPY_DTYPES[desc.datatype]
+        if self.force_cpu_inputs:
+            host = _read_only(device_to_host(pointer, location.nbytes), desc)
+            return pb_utils.Tensor._wrap(desc.name, host, desc.datatype)
+        device = self._to_local(location.device)
+        array = device_array(device, pointer, location.nbytes, dtype, desc.shape)
+        return pb_utils.Tensor._wrap_gpu(desc.name, array, desc.datatype)
+
+    def place(self, tensor: Any, target: CudaRegionLocation) -> TensorDesc:
+        """Write an output straight into the client's CUDA region: one device-to-device copy
+        of a GPU tensor, one host-to-device copy of a CPU one."""
+        gpu = tensor._gpu
+        datatype = tensor._datatype()
+        if gpu is not None:
+            nbytes = int(gpu.nbytes)
+            shape = tuple(int(dim) for dim in gpu.shape)
+        else:
+            array = tensor._array()
+            nbytes = numpy_to_buffer_size(array, datatype)
+            shape = tuple(int(dim) for dim in array.shape)
+        if nbytes > target.nbytes:
+            raise ValueError(
+                f"shared memory size specified with the request for output '{tensor.name()}' "
+                f"({target.nbytes} bytes) should be at least {nbytes} bytes to hold the results"
+            )
+        pointer = self.regions.pointer(target)
+        if nbytes and gpu is not None:
+            memcpy(pointer, int(gpu.data.ptr), nbytes, MEMCPY_DEVICE_TO_DEVICE)
+        elif nbytes:
+            host = pinned_host_array(nbytes)
+            write_numpy(array, datatype, memoryview(host.data))
+            memcpy(pointer, host.ctypes.data, nbytes, MEMCPY_HOST_TO_DEVICE)
+        where = CudaRegionLocation(
+            target.region, target.device, target.offset, nbytes, target.handle
+        )
+        return TensorDesc(tensor.name(), datatype, shape, where)
 
     def _view(self, desc: TensorDesc, keeper: object) -> Any:
         location = desc.location
@@ -156,12 +220,7 @@ class GpuTensors:
     def _to_host(self, desc: TensorDesc) -> np.ndarray:
         location = desc.location
         assert isinstance(location, CudaLocation)
-        host = np.empty(desc.shape, dtype=NUMPY_DTYPES[desc.datatype])
-        if location.nbytes:
-            pointer = self._pointer(location)
-            memcpy(host.ctypes.data, pointer, location.nbytes, MEMCPY_DEVICE_TO_HOST)
-        host.flags.writeable = False  # as inputs in shared memory are
-        return host
+        return _read_only(device_to_host(self._pointer(location), location.nbytes), desc)
 
     def _pointer(self, location: CudaLocation) -> int:
         self._wait_for_chunk(location)
@@ -172,3 +231,41 @@ class GpuTensors:
 
     def _to_local(self, server: int) -> int:
         return 0 if self._server_device is not None and server == self._server_device else server
+
+
+def _read_only(host: np.ndarray, desc: TensorDesc) -> np.ndarray:
+    """The host bytes of an input as its datatype and shape, read-only as inputs in shared
+    memory are."""
+    array = host.view(NUMPY_DTYPES[desc.datatype]).reshape(desc.shape)
+    array.flags.writeable = False
+    return array
+
+
+class ClientCudaRegions:
+    """Clients' CUDA regions this stub has opened, by registration (the last few kept open)."""
+
+    _KEEP = 64
+
+    def __init__(self, to_local: Callable[[int], int]) -> None:
+        self._to_local = to_local
+        self._opened: collections.OrderedDict[str, tuple[int, int]] = collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    def pointer(self, location: CudaRegionLocation) -> int:
+        """The device pointer of the window's first byte in this process."""
+        with self._lock:
+            opened = self._opened.get(location.region)
+            if opened is None:
+                device = self._to_local(location.device)
+                opened = (device, open_ipc_handle(device, location.handle))
+                self._opened[location.region] = opened
+                while len(self._opened) > self._KEEP:
+                    close_ipc_handle(*self._opened.popitem(last=False)[1])
+            self._opened.move_to_end(location.region)
+        return opened[1] + location.offset
+
+    def close(self) -> None:
+        with self._lock:
+            opened, self._opened = self._opened, collections.OrderedDict()
+        for device, pointer in opened.values():
+            close_ipc_handle(device, pointer)

@@ -58,6 +58,7 @@ class StubRuntime:
         self.inputs = ArenaMap()
         self.regions = ClientRegions()
         self.cuda_pools = CudaPoolMap()
+        self.gpu: GpuTensors | None = None
         self._segments_lock = threading.Lock()
         self.outputs: OwnedArena | None = None
         self.model: Any = None
@@ -180,7 +181,7 @@ class StubRuntime:
             )
             # Model control and custom metrics work from initialize on; BLS from execute on.
             control = ControlClient(pump, self._send)
-            writer.gpu = GpuTensors(
+            writer.gpu = self.gpu = GpuTensors(
                 control,
                 self.cuda_pools,
                 self.wait_for_chunk,
@@ -246,7 +247,8 @@ class StubRuntime:
 
     def _close(self) -> None:
         try:
-            self.cuda_pools.close()  # CUDA pool chunks this stub opened, if any
+            if self.gpu is not None:
+                self.gpu.close()  # the pool chunks and clients' regions it opened, if any
         except Exception:
             pass  # the driver drops them with the process anyway
         pb_utils._set_log_sink(None)

@@ -17,16 +17,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Mapping
 
-import numpy as np
-
 from shoal.ipc._alloc import split_key
 from shoal.ipc.cuda import (
     MEMCPY_DEVICE_TO_DEVICE,
-    MEMCPY_DEVICE_TO_HOST,
     CudaChunkAnnounce,
     CudaPool,
     DeviceMemory,
     cuda_device_count,
+    device_to_host,
     memcpy,
 )
 from shoal.ipc.tensor import CudaLocation
@@ -114,8 +112,7 @@ class CudaPools:
 
     def to_host(self, location: CudaLocation) -> memoryview:
         """A host copy of a block (for a client that receives the tensor)."""
-        host = np.empty(location.nbytes, dtype=np.uint8)
-        memcpy(host.ctypes.data, self.pointer(location), location.nbytes, MEMCPY_DEVICE_TO_HOST)
+        host = device_to_host(self.pointer(location), location.nbytes)
         return memoryview(host.data).toreadonly()
 
     def copy_to_device(self, destination: int, location: CudaLocation) -> None:

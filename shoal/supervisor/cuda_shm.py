@@ -2,19 +2,23 @@
 
 A client registers a ``cudaIpcMemHandle_t`` of its own device allocation (the 64 raw bytes that
 ``tritonclient.utils.cuda_shared_memory`` produces), a device id and a size. The supervisor opens
-the handle once per registration (``cudaIpcOpenMemHandle``) and closes it on unregister. Without
+the handle once per registration (``cudaIpcOpenMemHandle``, which also checks it) and closes it on
+unregister. Requests reach the region by descriptor (``location``): the stub that runs the model
+opens the handle itself and reads inputs or writes outputs in place. Without
 CUDA, registering fails as it does in a ``tritonserver`` built without GPU support (INVALID_ARG,
 "GPUs not supported"), while status and unregister work and see no regions.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from shoal.ipc import cuda
+from shoal.ipc.tensor import CudaRegionLocation
 from shoal.supervisor.errors import ErrorCode, InvalidArgument, NotFound, ShoalError
 from shoal.supervisor.types import CudaSharedMemoryRegion
 
@@ -23,6 +27,9 @@ from shoal.supervisor.types import CudaSharedMemoryRegion
 class _Opened:
     region: CudaSharedMemoryRegion
     pointer: int
+    handle: bytes
+    #: Unique per registration, so that a stub never reuses its handle of an older one.
+    generation: int
 
 
 class CudaSharedMemoryRegistry:
@@ -41,6 +48,7 @@ class CudaSharedMemoryRegistry:
         closer: Callable[[int, int], None] = cuda.close_ipc_handle,
     ) -> None:
         self._regions: dict[str, _Opened] = {}
+        self._generations = itertools.count(1)
         self._device_count = device_count
         self._opener = opener
         self._closer = closer
@@ -74,7 +82,8 @@ class CudaSharedMemoryRegistry:
             raise InvalidArgument(
                 f"failed to register CUDA shared memory region '{name}': {error}"
             ) from None
-        self._regions[name] = _Opened(CudaSharedMemoryRegion(name, device_id, byte_size), pointer)
+        region = CudaSharedMemoryRegion(name, device_id, byte_size)
+        self._regions[name] = _Opened(region, pointer, bytes(raw_handle), next(self._generations))
 
     def unregister(self, name: str = "") -> None:
         names = [name] if name else list(self._regions)
@@ -106,6 +115,13 @@ class CudaSharedMemoryRegistry:
                 f"memory region '{name}' of {size} bytes"
             )
         return entry.region.device_id, entry.pointer + offset
+
+    def location(self, name: str, offset: int, byte_size: int, *, what: str) -> CudaRegionLocation:
+        """Where a window of a region is, for the stub to open and use in place."""
+        self.pointer(name, offset, byte_size, what=what)  # bounds checks
+        entry = self._regions[name]
+        key = f"{entry.generation}:{name}"
+        return CudaRegionLocation(key, entry.region.device_id, offset, byte_size, entry.handle)
 
     def read(self, name: str, offset: int, byte_size: int, *, what: str) -> memoryview:
         """A host copy of a window (one device-to-host copy)."""

@@ -53,7 +53,12 @@ class ControlRouter:
             self._cuda_allocate(proc, call)
             return
         if call.op is Op.CUDA_FREE:
-            self._directory.cuda.give_back(proc.pid, [CudaLocation(*w) for w in call.args])
+            try:
+                blocks = [CudaLocation(*map(int, wire)) for wire in call.args]
+            except (TypeError, ValueError):
+                log.error("[%s] malformed CUDA_FREE %r ignored", caller.name, call.args)
+                return
+            self._directory.cuda.give_back(proc.pid, blocks)
             return
         try:
             value = self._now(proc.pid, call)
@@ -65,7 +70,11 @@ class ControlRouter:
     def _cuda_allocate(self, proc: StubProcess, call: msg.ControlCall) -> None:
         """A pool block for a stub's GPU tensor; its chunk's handle goes first if it is new to
         the stub. An exhausted pool is the reply's error, which fails only that response."""
-        device, nbytes = call.args
+        try:
+            device, nbytes = (int(arg) for arg in call.args)
+        except (TypeError, ValueError):
+            self._reply(proc, call, f"malformed CUDA_ALLOCATE arguments {call.args!r}", None)
+            return
         try:
             location = self._directory.cuda.allocate(proc.pid, device, nbytes)
         except (CudaPoolExhausted, ShoalError) as error:

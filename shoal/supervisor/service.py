@@ -12,7 +12,7 @@ from typing import Any
 import shoal
 from shoal.ipc.arena import Block, OwnedArena, remove_stale_segments
 from shoal.ipc.messages import RequestRecord
-from shoal.ipc.tensor import RegionLocation
+from shoal.ipc.tensor import CudaRegionLocation, RegionLocation
 from shoal.supervisor import staging
 from shoal.supervisor.bls import BlsRouter
 from shoal.supervisor.control import ModelRepositoryManager
@@ -327,7 +327,7 @@ class InferenceService:
             raise ModelError(message, code)
         outputs = [
             placed_output(o.name, o.datatype, o.shape, request, o.location.nbytes)
-            if isinstance(o.location, RegionLocation)
+            if isinstance(o.location, RegionLocation | CudaRegionLocation)
             else InferOutput(o.name, o.datatype, o.shape, completion.view(o.location))
             for o in record.outputs
         ]

@@ -1,13 +1,15 @@
 """Reading request inputs from, and writing outputs into, clients' shared-memory regions.
 
-System regions go to the stub by descriptor. CUDA regions are copied once through the
-supervisor for now (device to host for inputs, host to device for outputs): see docs/gpu.md.
+Both kinds go to the stub by descriptor: it maps a system region, or opens a CUDA region's IPC
+handle, and reads inputs or writes outputs in place. Two cases go through the supervisor
+instead: BYTES inputs in a CUDA region (copied to the host once, so that their elements can be
+checked), and an ensemble's outputs, which the ensemble's last steps do not write themselves.
 """
 
 from __future__ import annotations
 
 from shoal.ipc.dtypes import byte_size
-from shoal.ipc.tensor import RegionLocation
+from shoal.ipc.tensor import CudaRegionLocation, RegionLocation
 from shoal.supervisor.errors import InvalidArgument
 from shoal.supervisor.shm_registry import SharedMemoryRegistry
 from shoal.supervisor.types import InferOutput, InferRequest, InferResponse, ParamValue
@@ -26,19 +28,27 @@ def _window(params: dict[str, ParamValue], what: str) -> tuple[str, int, int]:
     return region, offset, size
 
 
+ClientRegion = RegionLocation | CudaRegionLocation
+
+
 def read_shm_inputs(
     registry: SharedMemoryRegistry, request: InferRequest
-) -> dict[str, RegionLocation]:
-    """Inputs given by region: where the stub finds them (it maps the region itself, so they
-    are never copied). Their ``data`` becomes a view of the region, for the size checks."""
-    regions: dict[str, RegionLocation] = {}
+) -> dict[str, ClientRegion]:
+    """Inputs given by region: where the stub finds them (it maps or opens the region itself,
+    so they are never copied). A system region input's ``data`` becomes a view of the region,
+    for the size checks; a CUDA region input's is empty (staging checks its window's size)."""
+    regions: dict[str, ClientRegion] = {}
     for tensor in request.inputs:
         if REGION not in tensor.parameters:
             continue
         what = f"input '{tensor.name}' for model '{request.model_name}'"
         region, offset, size = _window(tensor.parameters, what)
         if region in registry.cuda:
-            tensor.data = registry.cuda.read(region, offset, size, what=what)
+            if tensor.datatype == "BYTES":  # staged, so that its elements are checked
+                tensor.data = registry.cuda.read(region, offset, size, what=what)
+            else:
+                regions[tensor.name] = registry.cuda.location(region, offset, size, what=what)
+                tensor.data = memoryview(b"")
             continue
         tensor.data = registry.view(region, offset, size, what=what)
         regions[tensor.name] = registry.location(region, offset, size, what=what)
@@ -47,17 +57,18 @@ def read_shm_inputs(
 
 def output_regions(
     registry: SharedMemoryRegistry, request: InferRequest
-) -> dict[str, RegionLocation]:
+) -> dict[str, ClientRegion]:
     """Outputs the client wants in a region: the stub writes them there itself."""
-    regions: dict[str, RegionLocation] = {}
+    regions: dict[str, ClientRegion] = {}
     for output in request.outputs:
         if REGION not in output.parameters:
             continue
         what = f"output '{output.name}' of model '{request.model_name}'"
         region, offset, size = _window(output.parameters, what)
         if region in registry.cuda:
-            continue  # written by write_shm_outputs
-        regions[output.name] = registry.location(region, offset, size, what=what)
+            regions[output.name] = registry.cuda.location(region, offset, size, what=what)
+        else:
+            regions[output.name] = registry.location(region, offset, size, what=what)
     return regions
 
 

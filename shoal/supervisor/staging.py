@@ -14,7 +14,13 @@ import numpy as np
 from shoal.ipc.arena import ArenaExhausted, Block, OwnedArena
 from shoal.ipc.dtypes import BytesFormatError, byte_size, deserialize_bytes, element_count
 from shoal.ipc.messages import RequestRecord
-from shoal.ipc.tensor import RegionLocation, TensorDesc, numpy_to_buffer_size, write_numpy
+from shoal.ipc.tensor import (
+    CudaRegionLocation,
+    RegionLocation,
+    TensorDesc,
+    numpy_to_buffer_size,
+    write_numpy,
+)
 from shoal.supervisor.errors import InvalidArgument, ResourceExhausted
 from shoal.supervisor.types import InferInput, InferRequest
 
@@ -136,8 +142,11 @@ def _model_shape(config: Any, spec: Any, shape: tuple[int, ...]) -> tuple[int, .
     return tuple(reshape)
 
 
-def _payload_size(config: Any, tensor: InferInput) -> int:
-    """Validated size in bytes of the tensor's V2 serialized payload."""
+def _payload_size(config: Any, tensor: InferInput, region: object = None) -> int:
+    """Validated size in bytes of the tensor's V2 serialized payload (in ``region`` when the
+    input is in a client's CUDA region, whose bytes the supervisor does not see)."""
+    if isinstance(region, CudaRegionLocation):
+        return _check_size(config, tensor, region.nbytes)
     if isinstance(tensor.data, np.ndarray):
         if tensor.datatype == "BYTES" and tensor.data.size != element_count(tensor.shape):
             raise InvalidArgument(
@@ -147,15 +156,20 @@ def _payload_size(config: Any, tensor: InferInput) -> int:
             )
         return numpy_to_buffer_size(tensor.data, tensor.datatype)
     actual = memoryview(tensor.data).nbytes
-    expected = byte_size(tensor.datatype, tensor.shape)
-    if expected is None:
+    if byte_size(tensor.datatype, tensor.shape) is None:
         try:
             deserialize_bytes(tensor.data, element_count(tensor.shape))
         except BytesFormatError as error:
             raise InvalidArgument(
                 f"input '{tensor.name}' for model '{config.name}': malformed BYTES data: {error}"
             ) from None
-    elif actual != expected:
+        return actual
+    return _check_size(config, tensor, actual)
+
+
+def _check_size(config: Any, tensor: InferInput, actual: int) -> int:
+    expected = byte_size(tensor.datatype, tensor.shape)
+    if actual != expected:
         raise InvalidArgument(
             f"input byte size mismatch for input '{tensor.name}' for model '{config.name}'. "
             f"Expected {expected}, got {actual}"
@@ -175,12 +189,14 @@ def stage_request(
     request: InferRequest,
     arena: OwnedArena,
     outputs: list[str],
-    regions: Mapping[str, RegionLocation] | None = None,
+    regions: Mapping[str, RegionLocation | CudaRegionLocation] | None = None,
 ) -> tuple[RequestRecord, list[Block]]:
     """Copy every input into ``arena``, except those in a client's shared-memory region
     (``regions``), which the stub reads in place; the caller owns the returned blocks."""
     specs = {t.name: t for t in config.inputs}
-    sizes = [_payload_size(config, tensor) for tensor in request.inputs]
+    sizes = [
+        _payload_size(config, tensor, (regions or {}).get(tensor.name)) for tensor in request.inputs
+    ]
     blocks: list[Block] = []
     descs: list[TensorDesc] = []
     try:

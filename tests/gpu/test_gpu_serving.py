@@ -47,25 +47,23 @@ def client(server):
         yield triton
 
 
-def _inputs(fill: float, count: int) -> list[grpcclient.InferInput]:
-    inputs = [
-        grpcclient.InferInput("FILL", [1], "FP32"),
-        grpcclient.InferInput("COUNT", [1], "INT64"),
-    ]
+def _inputs_for(module, fill: float, count: int) -> list:
+    inputs = [module.InferInput("FILL", [1], "FP32"), module.InferInput("COUNT", [1], "INT64")]
     inputs[0].set_data_from_numpy(np.array([fill], dtype=np.float32))
     inputs[1].set_data_from_numpy(np.array([count], dtype=np.int64))
     return inputs
+
+
+def _inputs(fill: float, count: int) -> list[grpcclient.InferInput]:
+    return _inputs_for(grpcclient, fill, count)
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_a_gpu_output_reaches_the_client(server, protocol) -> None:
     module = httpclient if protocol == "http" else grpcclient
     url = server.url if protocol == "http" else server.grpc_url
-    inputs = [module.InferInput("FILL", [1], "FP32"), module.InferInput("COUNT", [1], "INT64")]
-    inputs[0].set_data_from_numpy(np.array([1.5], dtype=np.float32))
-    inputs[1].set_data_from_numpy(np.array([1000], dtype=np.int64))
     with module.InferenceServerClient(url) as triton:
-        result = triton.infer("gpu_make", inputs)
+        result = triton.infer("gpu_make", _inputs_for(module, 1.5, 1000))
     np.testing.assert_array_equal(result.as_numpy("BIG"), np.full(1000, 1.5, dtype=np.float32))
     assert _pool(server)[1] == 0, "the pool block went back once the response was out"
 
@@ -149,3 +147,79 @@ def test_inputs_and_outputs_in_cuda_shared_memory(server, protocol) -> None:
             triton.unregister_cuda_shared_memory()
             cudashm.destroy_shared_memory_region(inputs_region)
             cudashm.destroy_shared_memory_region(outputs_region)
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_gpu_models_use_cuda_shared_memory_in_place(server, protocol) -> None:
+    """gpu_sum reads BIG where the client put it (a GPU tensor, not a copy); gpu_make writes BIG
+    straight into the client's region (no pool block); both through the stub, by descriptor."""
+    cudashm = pytest.importorskip("tritonclient.utils.cuda_shared_memory")
+    module = httpclient if protocol == "http" else grpcclient
+    url = server.url if protocol == "http" else server.grpc_url
+    count = 1 << 20
+    big = np.arange(count, dtype=np.float32) % 7
+    regions = {
+        "big_in": cudashm.create_shared_memory_region(f"big_in_{protocol}", big.nbytes, 0),
+        "sum_out": cudashm.create_shared_memory_region(f"sum_out_{protocol}", 16, 0),
+        "big_out": cudashm.create_shared_memory_region(f"big_out_{protocol}", big.nbytes, 0),
+    }
+    with module.InferenceServerClient(url) as triton:
+        try:
+            cudashm.set_shared_memory_region(regions["big_in"], [big])
+            for name, region in regions.items():
+                raw = cudashm.get_raw_handle(region)
+                size = big.nbytes if name.startswith("big") else 16
+                triton.register_cuda_shared_memory(
+                    name, raw.decode() if protocol == "http" else raw, 0, size
+                )
+            made_before, _ = _pool(server)
+
+            summed_input = module.InferInput("BIG", [count], "FP32")
+            summed_input.set_shared_memory("big_in", big.nbytes)
+            total = module.InferRequestedOutput("TOTAL")
+            total.set_shared_memory("sum_out", 8)
+            where = module.InferRequestedOutput("INPUT_ON_GPU")
+            where.set_shared_memory("sum_out", 1, offset=8)
+            triton.infer("gpu_sum", [summed_input], outputs=[total, where])
+            got = cudashm.get_contents_as_numpy(regions["sum_out"], np.uint8, [16])
+            assert got[:8].view(np.float64)[0] == float(big.sum(dtype=np.float64))
+            assert got[8] == 1, "gpu_sum saw BIG in GPU memory"
+
+            made = module.InferRequestedOutput("BIG")
+            made.set_shared_memory("big_out", big.nbytes)
+            triton.infer("gpu_make", _inputs_for(module, 2.5, count), outputs=[made])
+            out = cudashm.get_contents_as_numpy(regions["big_out"], np.float32, [count])
+            np.testing.assert_array_equal(out, np.full(count, 2.5, dtype=np.float32))
+            assert _pool(server) == (made_before, 0), "written in place: no pool block"
+        finally:
+            triton.unregister_cuda_shared_memory()
+            for region in regions.values():
+                cudashm.destroy_shared_memory_region(region)
+
+
+def test_a_stub_that_dies_gives_back_the_pool_blocks_it_held(server, client) -> None:
+    count = 1 << 22  # 16 MiB
+    inputs = [grpcclient.InferInput("COUNT", [1], "INT64")]
+    inputs[0].set_data_from_numpy(np.array([count], dtype=np.int64))
+    made_before, _ = _pool(server)
+    with pytest.raises(Exception, match="exit code 3"):
+        client.infer("bls_gpu_crash", inputs)
+    made, in_use = _pool(server)
+    assert made - made_before == 1, "the BLS input went into the pool"
+    assert in_use == 0, "the dead stub's block came back"
+
+
+def test_implicit_state_kept_from_a_gpu_output(client) -> None:
+    totals = []
+    for step, value in enumerate((1.5, 2.0, 4.0)):
+        tensor = grpcclient.InferInput("IN", [1], "FP32")
+        tensor.set_data_from_numpy(np.array([value], dtype=np.float32))
+        result = client.infer(
+            "gpu_accumulate",
+            [tensor],
+            sequence_id=42,
+            sequence_start=step == 0,
+            sequence_end=step == 2,
+        )
+        totals.append(float(result.as_numpy("OUT")[0]))
+    assert totals == [1.5, 3.5, 7.5]

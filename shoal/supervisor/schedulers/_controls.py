@@ -23,6 +23,7 @@ from shoal.config import SequenceBatchingConfig
 from shoal.config import SequenceState as StateConfig
 from shoal.ipc.arena import Block
 from shoal.ipc.dtypes import NUMPY_DTYPES, byte_size, element_count
+from shoal.ipc.tensor import CudaLocation
 from shoal.supervisor.schedulers.base import StageTensor
 from shoal.supervisor.work import Completion, Work
 
@@ -126,8 +127,10 @@ class SequenceTensors:
             return
         for output in response.outputs:
             input_name = self._state_inputs.get(output.name)
-            if state is not None and input_name and isinstance(output.location, Block):
-                data = bytes(done.view(output.location))
+            # A GPU state output is kept as host bytes too (one copy), like a CPU one.
+            location = output.location
+            if state is not None and input_name and isinstance(location, Block | CudaLocation):
+                data = bytes(done.view(location))
                 state.values[input_name] = StateValue(output.datatype, output.shape, data)
         if hidden:
             hide_outputs(done, hidden)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgpack
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -17,9 +18,12 @@ from shoal.ipc.dtypes import (
 )
 from shoal.ipc.tensor import (
     CudaLocation,
+    CudaRegionLocation,
+    Location,
     RegionLocation,
     TensorDesc,
     buffer_to_numpy,
+    location_to_wire,
     numpy_to_buffer_size,
     write_numpy,
 )
@@ -86,15 +90,35 @@ def test_write_converts_within_a_kind_only() -> None:
 
 @pytest.mark.parametrize(
     "location",
-    [Block(1, 2, 64, 100), RegionLocation("client-region", 8, 16), CudaLocation(0, 256, 4)],
+    [
+        Block(1, 2, 64, 100),
+        RegionLocation("client-region", 8, 16),
+        CudaLocation(0, 256, 4),
+        CudaRegionLocation("3:gpu_in", 1, 64, 16, bytes(range(64))),
+    ],
 )
-def test_descriptor_wire_round_trip(location: Block | RegionLocation | CudaLocation) -> None:
+def test_descriptor_wire_round_trip(location: Location) -> None:
     desc = TensorDesc("INPUT0", "FP32", (1, 4), location)
     wire = desc.to_wire()
     assert isinstance(wire, list)
-    assert TensorDesc.from_wire(wire) == desc
+    assert TensorDesc.from_wire(msgpack.unpackb(msgpack.packb(wire))) == desc
     with pytest.raises(ValueError, match="location"):
         TensorDesc.from_wire([*wire[:3], 9, 1, 2, 3])
+
+
+def test_output_regions_of_both_kinds_cross_the_wire() -> None:
+    from shoal.ipc.messages import RequestRecord
+
+    regions: dict[str, RegionLocation | CudaRegionLocation] = {
+        "A": RegionLocation("1:/cpu", 0, 64),
+        "B": CudaRegionLocation("2:gpu", 0, 128, 64, bytes(64)),
+    }
+    record = RequestRecord("", 0, 0, {}, ["A", "B"], [], output_regions=regions)
+    wire = msgpack.unpackb(msgpack.packb(record.to_wire()))
+    assert RequestRecord.from_wire(wire).output_regions == regions
+    wire[8]["A"] = location_to_wire(Block(1, 2, 3, 4))
+    with pytest.raises(ValueError, match="an output region must be a client's region"):
+        RequestRecord.from_wire(wire)
 
 
 bytes_items = st.lists(st.binary(max_size=30), max_size=300)

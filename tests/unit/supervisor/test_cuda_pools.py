@@ -145,3 +145,65 @@ def test_metrics_report_each_pool_once_it_exists() -> None:
     assert f'shoal_cuda_pool_capacity_bytes{{device="1"}} {4 * MIB}\n' in text
     assert 'shoal_cuda_pool_allocations_total{device="1"} 2\n' in text
     assert 'device="0"' not in text
+
+
+class FakeStub:
+    """What the control router needs of a stub process: its pid, and what it was sent."""
+
+    def __init__(self) -> None:
+        self.pid = 4242
+        self.sent: list[object] = []
+        self.forwarded: list[object] = []
+
+    def send(self, message: object) -> bool:
+        self.sent.append(message)
+        return True
+
+    def forward(self, locations: list[object], tensors: object) -> None:
+        self.forwarded.extend(locations)
+
+
+def _router(limit: int = 64 * MIB) -> tuple[object, CudaPools, FakeStub]:
+    from shoal.supervisor.model_calls import ControlRouter
+    from shoal.supervisor.segments import SegmentDirectory
+
+    pools, _ = make_pools(d0=limit)
+    directory = SegmentDirectory(SimpleNamespace(), pools)  # type: ignore[arg-type]
+    router = ControlRouter(None, CustomMetrics(), directory)  # type: ignore[arg-type]
+    return router, pools, FakeStub()
+
+
+def _call(router: object, stub: FakeStub, op: object, *args: object, call_id: int = 7) -> object:
+    from shoal.ipc import messages as msg
+
+    caller = SimpleNamespace(name="m_0")
+    router.handle(caller, stub, msg.ControlCall(call_id, op, list(args)))  # type: ignore[attr-defined]
+    return stub.sent[-1] if stub.sent else None
+
+
+def test_a_stub_asks_for_a_block_and_gets_its_chunk_first() -> None:
+    from shoal.ipc.messages import ControlOp
+
+    router, pools, stub = _router()
+    reply = _call(router, stub, ControlOp.CUDA_ALLOCATE, 0, 1000)
+    assert reply.error is None  # type: ignore[attr-defined]
+    block = CudaLocation(*reply.value)  # type: ignore[attr-defined]
+    assert stub.forwarded == [block], "the chunk's handle goes to the stub before the reply"
+    assert pools.lent_bytes() == 1000
+    stub.sent.clear()
+    assert _call(router, stub, ControlOp.CUDA_FREE, [0, block.offset, 1000], call_id=0) is None
+    assert pools.lent_bytes() == 0
+
+
+def test_refused_blocks_answer_with_the_reason() -> None:
+    from shoal.ipc.messages import ControlOp
+
+    router, pools, stub = _router(limit=4 * MIB)
+    exhausted = _call(router, stub, ControlOp.CUDA_ALLOCATE, 0, 8 * MIB)
+    assert "--cuda-memory-pool-byte-size 0:<bytes>" in exhausted.error  # type: ignore[attr-defined]
+    malformed = _call(router, stub, ControlOp.CUDA_ALLOCATE, "zero")
+    assert "malformed CUDA_ALLOCATE" in malformed.error  # type: ignore[attr-defined]
+    no_device = _call(router, stub, ControlOp.CUDA_ALLOCATE, 5, 10)
+    assert "CUDA device 5, but the server sees 2" in no_device.error  # type: ignore[attr-defined]
+    _call(router, stub, ControlOp.CUDA_FREE, ["not", "a", "block"], call_id=0)  # logged, ignored
+    assert pools.lent_bytes() == 0

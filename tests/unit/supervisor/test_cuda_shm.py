@@ -119,3 +119,41 @@ def test_the_http_body_carries_the_handle_in_base64() -> None:
     )
     parsed = parse_cuda_register_request(body)
     assert (parsed.raw_handle, parsed.device_id, parsed.byte_size) == (HANDLE, 1, 4096)
+
+
+def test_requests_reach_a_region_by_descriptor_unique_per_registration() -> None:
+    registry, _ = with_gpus()
+    registry.register("r", HANDLE, 1, 4096)
+    first = registry.location("r", 1024, 512, what="input 'x'")
+    assert (first.device, first.offset, first.nbytes, first.handle) == (1, 1024, 512, HANDLE)
+    with pytest.raises(InvalidArgument, match="input 'x': offset 4000 and byte size 512"):
+        registry.location("r", 4000, 512, what="input 'x'")
+    registry.unregister("r")
+    registry.register("r", HANDLE, 1, 4096)  # the client re-created its allocation
+    assert registry.location("r", 1024, 512, what="input 'x'").region != first.region
+
+
+def test_cuda_region_inputs_and_outputs_become_descriptors() -> None:
+    from shoal.ipc.tensor import CudaRegionLocation
+    from shoal.supervisor.shm_io import output_regions, read_shm_inputs
+    from shoal.supervisor.types import InferInput, InferRequest, RequestedOutput
+
+    registry, _ = with_gpus()
+    shm = SharedMemoryRegistry(registry)
+    registry.register("gpu", HANDLE, 0, 256)
+    window = {"shared_memory_region": "gpu", "shared_memory_byte_size": 64}
+    request = InferRequest(
+        "m",
+        inputs=[
+            InferInput("A", "FP32", (16,), b"", dict(window)),
+            InferInput("S", "BYTES", (1,), b"", {**window, "shared_memory_offset": 64}),
+        ],
+        outputs=[RequestedOutput("OUT", {**window, "shared_memory_offset": 128})],
+    )
+    registry.read = lambda name, offset, size, what: memoryview(b"\x01\0\0\0x" + bytes(59))  # type: ignore[method-assign]
+    inputs = read_shm_inputs(shm, request)
+    assert list(inputs) == ["A"], "BYTES are staged through the host, to check their elements"
+    assert isinstance(inputs["A"], CudaRegionLocation) and inputs["A"].nbytes == 64
+    assert request.inputs[1].data.nbytes == 64
+    [(name, placed)] = output_regions(shm, request).items()
+    assert name == "OUT" and isinstance(placed, CudaRegionLocation) and placed.offset == 128

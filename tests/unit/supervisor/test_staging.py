@@ -124,3 +124,15 @@ def test_arena_exhaustion_is_a_clean_error(config, arena):
     with pytest.raises(ResourceExhausted, match="model 'm'"):
         staging.stage_request(config, request, arena, ["Y"])
     assert arena.used_bytes == 0
+
+
+def test_an_input_in_a_cuda_region_goes_by_descriptor_with_its_size_checked(config, arena):
+    from shoal.ipc.tensor import CudaRegionLocation
+
+    window = CudaRegionLocation("1:gpu", 0, 64, 24, bytes(64))  # 3 x 2 FP32
+    request = _request(InferInput("A", "FP32", (3, 2), memoryview(b"")))
+    record, blocks = staging.stage_request(config, request, arena, ["Y"], {"A": window})
+    assert blocks == [] and record.inputs[0].location == window
+    short = CudaRegionLocation("1:gpu", 0, 64, 16, bytes(64))
+    with pytest.raises(InvalidArgument, match=r"input byte size mismatch for input 'A'.*got 16"):
+        staging.stage_request(config, request, arena, ["Y"], {"A": short})
