@@ -65,30 +65,43 @@ def make_repository(root: Path) -> None:
 
 
 def start_server(repository: Path, log: IO[bytes]) -> tuple[subprocess.Popen[bytes], str]:
+    process, urls = start_listening(repository, log)
+    return process, urls["http"]
+
+
+def start_listening(
+    repository: Path, log: IO[bytes], extra: tuple[str, ...] = ()
+) -> tuple[subprocess.Popen[bytes], dict[str, str]]:
+    """``shoal serve`` on ``repository`` (gRPC and metrics off unless ``extra`` turns them on),
+    ready; returns the process and the address of each endpoint it listens on."""
     command = [
         sys.executable,
         *("-m", "shoal.cli", "serve", "--model-repository", str(repository)),
         *("--http-address", "127.0.0.1", "--http-port", "0", "--allow-grpc", "false"),
-        *("--allow-metrics", "false"),
+        *("--grpc-address", "127.0.0.1", "--metrics-address", "127.0.0.1"),
+        *("--allow-metrics", "false", *extra),
     ]
+    wanted = {"http"} | {p for p in ("grpc", "metrics") if f"--allow-{p}" in extra}
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, cwd=ROOT)
     assert process.stdout is not None
+    urls: dict[str, str] = {}
     for raw in process.stdout:
         parts = raw.decode(errors="replace").split()
-        if parts[:2] == ["SHOAL_LISTENING", "http"]:
-            url = f"127.0.0.1:{parts[3]}"
-            break
+        if parts[:1] == ["SHOAL_LISTENING"] and len(parts) >= 4:
+            urls[parts[1]] = f"127.0.0.1:{parts[3]}"
+            if wanted <= urls.keys():
+                break
     else:
         raise RuntimeError(f"shoal serve exited with {process.wait()} before listening")
     # Keep draining stdout, so a chatty server never blocks on a full pipe.
     threading.Thread(target=shutil.copyfileobj, args=(process.stdout, log), daemon=True).start()
     deadline = time.monotonic() + START_TIMEOUT_S
-    while not server_ready(url):
+    while not server_ready(urls["http"]):
         if process.poll() is not None or time.monotonic() > deadline:
             stop_server(process)
             raise RuntimeError("shoal serve did not become ready")
         time.sleep(0.2)  # polling the readiness of a server we started
-    return process, url
+    return process, urls
 
 
 def server_ready(url: str) -> bool:
