@@ -112,8 +112,12 @@ class GpuTensors:
                 f"{device}): {error}"
             ) from None
         location = CudaLocation(*wire)
+        try:
+            memcpy(self._pointer(location), int(array.data.ptr), nbytes, MEMCPY_DEVICE_TO_DEVICE)
+        except BaseException:
+            self.give_back([location])  # the response fails; its block must not stay lent
+            raise
         lent.append(location)
-        memcpy(self._pointer(location), int(array.data.ptr), nbytes, MEMCPY_DEVICE_TO_DEVICE)
         shape = tuple(int(dim) for dim in array.shape)
         return TensorDesc(tensor.name(), tensor._datatype(), shape, location)
 

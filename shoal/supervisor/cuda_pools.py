@@ -54,10 +54,16 @@ class CudaPools:
         self._chunk_bytes = chunk_bytes
         self._pools: dict[int, CudaPool] = {}
         self._lent: dict[int, set[CudaLocation]] = {}
+        self._lent_count = 0
         #: Blocks handed out so far, by device (a metric: each is one device-to-device copy).
         self.allocations: dict[int, int] = {}
         #: Called with (device, chunk) for each chunk given back, so that stubs close it.
         self.on_retired_chunk: Callable[[int, int], None] | None = None
+
+    @property
+    def lending(self) -> bool:
+        """Whether any block is lent to a stub now (responses then may carry pool blocks)."""
+        return self._lent_count > 0
 
     def limit(self, device: int) -> int:
         return self._limits.get(device, DEFAULT_LIMIT_BYTES)
@@ -69,6 +75,7 @@ class CudaPools:
             raise InvalidArgument(f"a CUDA pool block needs a positive size, not {nbytes}")
         location = self._pool(device).allocate(nbytes)
         self._lent.setdefault(pid, set()).add(location)
+        self._lent_count += 1
         self.allocations[device] = self.allocations.get(device, 0) + 1
         return location
 
@@ -83,6 +90,7 @@ class CudaPools:
             if location in lent:
                 lent.discard(location)
                 taken.append(location)
+        self._lent_count -= len(taken)
         return taken
 
     def give_back(self, pid: int, locations: Iterable[CudaLocation]) -> None:
@@ -91,6 +99,7 @@ class CudaPools:
         for location in locations:
             if location in lent:
                 lent.discard(location)
+                self._lent_count -= 1
                 self._pools[location.device].free(location)
 
     def free(self, locations: Iterable[CudaLocation]) -> None:
@@ -101,6 +110,7 @@ class CudaPools:
     def forget_process(self, pid: int) -> None:
         """Stub ``pid`` exited: what it was lent and never handed on comes back."""
         for location in self._lent.pop(pid, set()):
+            self._lent_count -= 1
             self._pools[location.device].free(location)
 
     def announcement(self, location: CudaLocation) -> CudaChunkAnnounce:
@@ -134,6 +144,7 @@ class CudaPools:
             pool.close()
         self._pools.clear()
         self._lent.clear()
+        self._lent_count = 0
 
     def _pool(self, device: int) -> CudaPool:
         pool = self._pools.get(device)

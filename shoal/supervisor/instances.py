@@ -522,8 +522,11 @@ class StubInstance:
 
     def _adopt_cuda(self, proc: StubProcess, response: msg.ResponseRecord) -> list[CudaLocation]:
         """The CUDA pool blocks lent to ``proc`` that ``response`` hands on."""
+        pools = self._directory.cuda
+        if not pools.lending:  # no GPU tensor so far: nothing to look for in each response
+            return []
         cuda = response_cuda(response)
-        return self._directory.cuda.adopt(proc.pid, cuda) if cuda else []
+        return pools.adopt(proc.pid, cuda) if cuda else []
 
     def release_cuda(self, locations: list[CudaLocation]) -> None:
         if locations:

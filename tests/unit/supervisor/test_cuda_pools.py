@@ -46,10 +46,11 @@ def test_no_pool_exists_until_a_gpu_tensor_needs_one() -> None:
 
 def test_a_block_lent_then_adopted_belongs_to_the_response() -> None:
     pools, _ = make_pools()
+    assert not pools.lending
     block = pools.allocate(pid=7, device=1, nbytes=1000)
-    assert pools.lent_bytes() == 1000
+    assert pools.lent_bytes() == 1000 and pools.lending
     assert pools.adopt(7, [block, block]) == [block], "a descriptor seen twice is owned once"
-    assert pools.lent_bytes() == 0
+    assert pools.lent_bytes() == 0 and not pools.lending
     pools.forget_process(7)  # the stub dies after handing it on: the response keeps it
     assert in_use(pools) == {1: 1024}
     pools.free([block])
@@ -80,8 +81,9 @@ def test_what_a_dead_stub_was_lent_comes_back() -> None:
         pools.allocate(pid=9, device=0, nbytes=size)
     other = pools.allocate(pid=10, device=0, nbytes=64)
     pools.forget_process(9)
-    assert in_use(pools) == {0: 256}
+    assert in_use(pools) == {0: 256} and pools.lending
     assert pools.adopt(10, [other]) == [other]
+    assert not pools.lending
 
 
 def test_limits_apply_per_device_and_exhaustion_names_the_flag() -> None:
