@@ -253,7 +253,7 @@ def _feed(request: Any) -> Feed:
 
 
 def _device(torch: Any, args: Mapping[str, str], label: str) -> Any:
-    """``cuda:<device id>`` for a GPU instance (untested in CI), else the CPU."""
+    """``cuda:<device id>`` for a GPU instance (tests/gpu/test_torch_gpu.py), else the CPU."""
     if args.get("model_instance_kind") != "GPU":
         return torch.device("cpu")
     if not torch.cuda.is_available():
