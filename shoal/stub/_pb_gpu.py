@@ -74,7 +74,8 @@ def device_of(array: Any) -> int:
 
 
 def to_host(array: Any) -> np.ndarray:
-    """One device-to-host copy (the output path until GPU outputs go through the pool)."""
+    """One device-to-host copy: a GPU tensor written where host bytes are needed (a client's
+    system shared-memory region, or a BLS caller that prefers CPU memory)."""
     return np.ascontiguousarray(array.get())
 
 

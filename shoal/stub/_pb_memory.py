@@ -1,9 +1,11 @@
 """BLS ``preferred_memory``: where the outputs of a BLS call are handed to the calling model.
 
-BLS outputs arrive in shared CPU memory. With ``PreferredMemory(TRITONSERVER_MEMORY_GPU, n)``
-each output is moved to CUDA device ``n`` once (a host-to-device copy) and becomes a GPU tensor
-(``is_cpu()`` false, ``to_dlpack()`` a CUDA capsule). The preference is a hint, as in Triton:
-where CUDA is not available the outputs stay on the CPU. BYTES tensors always stay on the CPU.
+BLS outputs arrive where the called model left them: in shared CPU memory, or as GPU tensors
+over the CUDA pool. With ``PreferredMemory(TRITONSERVER_MEMORY_GPU, n)`` each CPU output is moved
+to CUDA device ``n`` once (a host-to-device copy) and becomes a GPU tensor (``is_cpu()`` false,
+``to_dlpack()`` a CUDA capsule); ``TRITONSERVER_MEMORY_CPU`` copies GPU outputs to the host. The
+preference is a hint, as in Triton: where CUDA is not available the outputs stay on the CPU.
+BYTES tensors always stay on the CPU.
 """
 
 from __future__ import annotations

@@ -108,7 +108,8 @@ class Tensor:
     def _array(self) -> np.ndarray:
         """The array for the runtime to write into shared memory (BYTES: an object array).
 
-        A GPU tensor is copied to the host here, once (see docs/gpu.md)."""
+        A GPU tensor is copied to the host here, once: only where host bytes are needed, since
+        the stub hands GPU tensors on through the CUDA pool (see docs/gpu.md)."""
         if self._gpu is not None:
             return gpu.to_host(self._gpu)
         if self._dtype != "BYTES" or self._data.dtype.kind == "O":
