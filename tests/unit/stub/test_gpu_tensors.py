@@ -1,0 +1,179 @@
+"""A stub's GPU tensor bookkeeping without a GPU: what it asks the supervisor for, what it
+gives back, which descriptors it sends, and how it numbers devices.
+
+Device memory is a stand-in: ``memcpy`` and ``device_array`` are replaced by recorders, pool
+chunks are "opened" at fake addresses, and tensors are objects with the attributes a cupy array
+has. The real copies and IPC handles run in tests/gpu/.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+
+from shoal.ipc._alloc import SEGMENT_SHIFT
+from shoal.ipc.cuda import CudaChunkAnnounce, CudaPoolMap
+from shoal.ipc.messages import ControlOp
+from shoal.ipc.tensor import CudaLocation, TensorDesc
+from shoal.stub import gpu_tensors
+from shoal.stub.control import ControlError
+from shoal.stub.gpu_tensors import CudaPoolRefused, GpuTensors
+from shoal.stub.pb_utils import Tensor
+
+BASE = 1 << 40  # where this process "opened" chunk 0
+
+
+class FakeControl:
+    """The supervisor's side of the control calls: blocks handed out one after the other."""
+
+    def __init__(self, refuse: str | None = None) -> None:
+        self.calls: list[tuple[ControlOp, tuple[Any, ...]]] = []
+        self.told: list[tuple[ControlOp, tuple[Any, ...]]] = []
+        self._next = 0
+        self._refuse = refuse
+
+    def call(self, op: ControlOp, *args: Any) -> Any:
+        self.calls.append((op, args))
+        if self._refuse is not None:
+            raise ControlError(self._refuse)
+        device, nbytes = args
+        offset, self._next = self._next, self._next + 4096
+        return [device, offset, nbytes]
+
+    def tell(self, op: ControlOp, *args: Any) -> None:
+        self.told.append((op, args))
+
+
+class DeviceArray:
+    """The attributes of a cupy ndarray that the stub reads."""
+
+    def __init__(self, pointer: int, nbytes: int, device: int = 0) -> None:
+        self.nbytes = nbytes
+        self.shape = (nbytes // 4,)
+        self.data = SimpleNamespace(ptr=pointer)
+        self.device = SimpleNamespace(id=device)
+
+
+@pytest.fixture
+def copies(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int, int]]:
+    done: list[tuple[int, int, int]] = []
+    monkeypatch.setattr(gpu_tensors, "memcpy", lambda dst, src, n, kind: done.append((dst, src, n)))
+
+    def device_array(device, pointer, nbytes, dtype, shape, owner=None):  # type: ignore[no-untyped-def]
+        return DeviceArray(pointer, nbytes, device)
+
+    monkeypatch.setattr(gpu_tensors, "device_array", device_array)
+    return done
+
+
+def make(
+    control: FakeControl, *, force_cpu: bool = False, environ: dict[str, str] | None = None
+) -> GpuTensors:
+    pools = CudaPoolMap(lambda device, handle: BASE, lambda device, pointer: None)
+    for device in (0, 3):
+        pools.add(CudaChunkAnnounce(device, 0, 1 << 20, bytes(64)))
+    return GpuTensors(
+        control,  # type: ignore[arg-type]
+        pools,
+        lambda location: None,
+        force_cpu_inputs=force_cpu,
+        environ=environ or {},
+    )
+
+
+def gpu_output(pointer: int = 0x7000, nbytes: int = 1024, device: int = 0) -> Tensor:
+    return Tensor._wrap_gpu("OUT", DeviceArray(pointer, nbytes, device), "FP32")
+
+
+def test_a_gpu_output_is_copied_once_into_a_block_lent_to_the_stub(copies) -> None:
+    control = FakeControl()
+    gpu = make(control)
+    lent: list[CudaLocation] = []
+    desc = gpu.write(gpu_output(), lent, for_response=True)
+    assert control.calls == [(ControlOp.CUDA_ALLOCATE, (0, 1024))]
+    assert desc == TensorDesc("OUT", "FP32", (256,), CudaLocation(0, 0, 1024))
+    assert lent == [desc.location]
+    assert copies == [(BASE, 0x7000, 1024)], "one device-to-device copy into the block"
+
+
+def test_a_refused_block_names_the_output_and_the_reason(copies) -> None:
+    gpu = make(FakeControl(refuse="CUDA memory pool of device 0 is exhausted"))
+    lent: list[CudaLocation] = []
+    with pytest.raises(
+        CudaPoolRefused, match=r"output 'OUT' \(1024 bytes on device 0\).*exhausted"
+    ):
+        gpu.write(gpu_output(), lent, for_response=True)
+    assert lent == [] and copies == []
+
+
+def test_a_failed_copy_gives_the_block_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(dst: int, src: int, n: int, kind: int) -> None:
+        raise RuntimeError("cudaErrorIllegalAddress")
+
+    monkeypatch.setattr(gpu_tensors, "memcpy", broken)
+    control = FakeControl()
+    lent: list[CudaLocation] = []
+    with pytest.raises(RuntimeError):
+        make(control).write(gpu_output(), lent, for_response=True)
+    assert lent == []
+    assert control.told == [(ControlOp.CUDA_FREE, ([0, 0, 1024],))]
+
+
+def test_a_bls_output_is_handed_on_to_a_bls_call_by_its_descriptor(copies) -> None:
+    control = FakeControl()
+    gpu = make(control)
+    block = CudaLocation(0, (0 << SEGMENT_SHIFT) | 8192, 1024)
+
+    class Keeper:
+        pass
+
+    keeper = Keeper()
+    received = gpu.output_tensor(TensorDesc("BIG", "FP32", (256,), block), keeper)
+    assert not received.is_cpu()
+    again = Tensor._wrap_gpu("X", received._gpu, "FP32")  # e.g. through to_dlpack/from_dlpack
+    lent: list[CudaLocation] = []
+    desc = gpu.write(again, lent, for_response=False)
+    assert desc.location == block and lent == [] and copies == [], "no block, no copy"
+    # Not into a response (the block belongs to the call's response), nor once it is dropped.
+    gpu.write(again, lent, for_response=True)
+    assert len(lent) == 1
+    del keeper
+    gpu.write(again, lent, for_response=False)
+    assert len(lent) == 2
+
+
+def test_inputs_in_the_pool_are_gpu_tensors_unless_cpu_is_forced(copies, monkeypatch) -> None:
+    block = CudaLocation(0, 4096, 16)
+    desc = TensorDesc("IN", "FP32", (4,), block)
+    assert not make(FakeControl()).input_tensor(desc).is_cpu()
+    pinned = np.zeros(16, dtype=np.uint8)
+
+    def device_to_host(pointer: int, nbytes: int) -> np.ndarray:
+        copies.append((0, pointer, nbytes))
+        return pinned
+
+    monkeypatch.setattr(gpu_tensors, "device_to_host", device_to_host)
+    on_host = make(FakeControl(), force_cpu=True).input_tensor(desc)
+    assert on_host.is_cpu() and on_host.as_numpy().shape == (4,)
+    assert not on_host.as_numpy().flags.writeable
+    assert copies == [(0, BASE + 4096, 16)]
+
+
+def test_given_back_blocks_go_in_one_message() -> None:
+    control = FakeControl()
+    make(control).give_back([CudaLocation(0, 0, 10), CudaLocation(0, 4096, 20)])
+    make(control).give_back([])
+    assert control.told == [(ControlOp.CUDA_FREE, ([0, 0, 10], [0, 4096, 20]))]
+
+
+def test_a_narrowed_stub_uses_the_servers_device_numbers(copies) -> None:
+    control = FakeControl()
+    gpu = make(control, environ={"SHOAL_SERVER_CUDA_DEVICE": "3"})
+    desc = gpu.write(gpu_output(device=0), [], for_response=True)  # its device 0 is the server's 3
+    assert control.calls == [(ControlOp.CUDA_ALLOCATE, (3, 1024))]
+    assert desc.location == CudaLocation(3, 0, 1024)
+    received = gpu.input_tensor(TensorDesc("IN", "FP32", (4,), CudaLocation(3, 4096, 16)))
+    assert received._gpu.device.id == 0
