@@ -123,9 +123,9 @@ def test_inputs_and_outputs_in_cuda_shared_memory(server, protocol) -> None:
             cudashm.set_shared_memory_region(inputs_region, [a, b])
             for name, region in (("gpu_in", inputs_region), ("gpu_out", outputs_region)):
                 raw = cudashm.get_raw_handle(region)
-                triton.register_cuda_shared_memory(
-                    name, raw.decode() if protocol == "http" else raw, 0, 128
-                )
+                # Bytes for both clients, as Triton's examples pass them (the HTTP client's
+                # rapidjson writes them as text).
+                triton.register_cuda_shared_memory(name, raw, 0, 128)
             inputs = [module.InferInput(n, [4], "FP32") for n in ("INPUT0", "INPUT1")]
             inputs[0].set_shared_memory("gpu_in", 16, offset=0)
             inputs[1].set_shared_memory("gpu_in", 16, offset=16)
@@ -169,9 +169,7 @@ def test_gpu_models_use_cuda_shared_memory_in_place(server, protocol) -> None:
             for name, region in regions.items():
                 raw = cudashm.get_raw_handle(region)
                 size = big.nbytes if name.startswith("big") else 16
-                triton.register_cuda_shared_memory(
-                    name, raw.decode() if protocol == "http" else raw, 0, size
-                )
+                triton.register_cuda_shared_memory(name, raw, 0, size)
             made_before, _ = _pool(server)
 
             summed_input = module.InferInput("BIG", [count], "FP32")
