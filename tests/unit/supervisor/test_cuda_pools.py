@@ -11,6 +11,8 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from shoal.ipc.cuda import CudaPoolExhausted
 from shoal.ipc.tensor import CudaLocation
@@ -209,3 +211,48 @@ def test_refused_blocks_answer_with_the_reason() -> None:
     assert "CUDA device 5, but the server sees 2" in no_device.error  # type: ignore[attr-defined]
     _call(router, stub, ControlOp.CUDA_FREE, ["not", "a", "block"], call_id=0)  # logged, ignored
     assert pools.lent_bytes() == 0
+
+
+operations = st.lists(
+    st.tuples(
+        st.sampled_from(["allocate", "adopt", "give_back", "free_owned", "forget"]),
+        st.integers(0, 2),  # which stub
+        st.integers(1, 3 * MIB),  # size, or which block
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(operations)
+def test_random_traffic_never_loses_or_double_frees_a_block(
+    ops: list[tuple[str, int, int]],
+) -> None:
+    """Whatever stubs do, in any order, every block is freed exactly once: once everything owned
+    is freed and every stub is gone, the pools hold no used bytes."""
+    pools, _ = make_pools(d0=16 * MIB)
+    lent: dict[int, list[CudaLocation]] = {0: [], 1: [], 2: []}
+    owned: list[CudaLocation] = []
+    for op, stub, value in ops:
+        if op == "allocate":
+            try:
+                lent[stub].append(pools.allocate(pid=stub, device=0, nbytes=value))
+            except CudaPoolExhausted:
+                pass
+        elif op == "adopt" and lent[stub]:
+            block = lent[stub].pop(value % len(lent[stub]))
+            assert pools.adopt(stub, [block]) == [block]
+            owned.append(block)
+        elif op == "give_back" and lent[stub]:
+            pools.give_back(stub, [lent[stub].pop(value % len(lent[stub]))])
+        elif op == "free_owned" and owned:
+            pools.free([owned.pop(value % len(owned))])
+        elif op == "forget":
+            pools.forget_process(stub)
+            lent[stub] = []
+        assert pools.lent_bytes() == sum(b.nbytes for blocks in lent.values() for b in blocks)
+    pools.free(owned)
+    for stub in lent:
+        pools.forget_process(stub)
+    assert all(used == 0 for used in in_use(pools).values())
+    assert not pools.lending
