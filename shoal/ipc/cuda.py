@@ -65,12 +65,21 @@ class CudaPoolExhausted(MemoryError):
     """A pool allocation does not fit under the device's limit: a per-request error
     (RESOURCE_EXHAUSTED), never a crash. Carries the sizes."""
 
-    def __init__(self, device: int, requested: int, available: int, limit: int) -> None:
-        super().__init__(
-            f"CUDA memory pool of device {device} is exhausted: {requested} bytes requested, "
-            f"{available} bytes available, limit {limit} bytes "
-            f"(raise it with --cuda-memory-pool-byte-size {device}:<bytes>)"
-        )
+    def __init__(
+        self, device: int, requested: int, available: int, limit: int, device_error: str = ""
+    ) -> None:
+        if device_error:  # the device itself is full: a larger limit would not help
+            text = (
+                f"CUDA memory pool of device {device} could not grow by {requested} bytes: "
+                f"{device_error}"
+            )
+        else:
+            text = (
+                f"CUDA memory pool of device {device} is exhausted: {requested} bytes requested, "
+                f"{available} bytes available, limit {limit} bytes "
+                f"(raise it with --cuda-memory-pool-byte-size {device}:<bytes>)"
+            )
+        super().__init__(text)
         self.device = device
         self.requested = requested
         self.available = available
@@ -264,8 +273,8 @@ class CudaPool:
         wanted = min(max(self.chunk_bytes, size), room)
         try:
             pointer = self._memory.allocate(self.device, wanted)
-        except MemoryError:
-            raise CudaPoolExhausted(self.device, size, 0, self.limit_bytes) from None
+        except MemoryError as error:
+            raise CudaPoolExhausted(self.device, size, 0, self.limit_bytes, str(error)) from None
         index = self._next_chunk
         self._next_chunk += 1  # chunk ids are never reused: a stub's cache can never be stale
         chunk = _Chunk(pointer, wanted, self._memory.ipc_handle(self.device, pointer))

@@ -170,10 +170,14 @@ class BlsClient:
     def _call(self, request: Any, decoupled: bool) -> tuple[int, _CallKeeper]:
         call_id = self._pump.new_call_id()
         written: Written = []
-        inputs = [
-            self._writer.describe(tensor, written, for_response=False)
-            for tensor in request.inputs()
-        ]
+        try:
+            inputs = [
+                self._writer.describe(tensor, written, for_response=False)
+                for tensor in request.inputs()
+            ]
+        except BaseException:
+            self._writer.free(written)  # the inputs written before the one that failed
+            raise
 
         def release() -> None:
             self._writer.free(written)

@@ -449,6 +449,10 @@ class BatchExecutor:
         except (TypeError, ValueError) as error:
             self.writer.free(written)
             return msg.ResponseRecord(error=("INTERNAL", self.failure(str(error))))
+        except Exception as error:  # a CUDA error, say: this response fails, not the stub
+            self.writer.free(written)
+            text = self.failure(f"{type(error).__name__}: {error}")
+            return msg.ResponseRecord(error=("INTERNAL", text))
         # The dict itself, not parameters()'s JSON text: no dumps and loads per response.
         parameters = dict(response._parameters_dict())
         return msg.ResponseRecord(outputs=outputs, parameters=parameters)

@@ -87,11 +87,16 @@ class GpuTensors:
         self._known: dict[int, tuple[CudaLocation, weakref.ref[Any]]] = {}
         self._known_lock = threading.Lock()
         self.regions = ClientCudaRegions(self._to_local)
+        #: Devices whose pool the server disabled: their tensors go through the host.
+        self._disabled: set[int] = set()
 
     # -- out --------------------------------------------------------------------------------
 
-    def write(self, tensor: Any, lent: list[CudaLocation], *, for_response: bool) -> TensorDesc:
-        """Copy a GPU tensor into a pool block lent to this stub (appended to ``lent``).
+    def write(
+        self, tensor: Any, lent: list[CudaLocation], *, for_response: bool
+    ) -> TensorDesc | None:
+        """Copy a GPU tensor into a pool block lent to this stub (appended to ``lent``); None
+        when the device's pool is disabled (the caller then copies the tensor to the host).
 
         A tensor over the pool block of a BLS response this stub still holds goes on to a BLS
         call by the same descriptor, without a copy (not to a response: the block belongs to
@@ -104,13 +109,18 @@ class GpuTensors:
                 shape = tuple(int(dim) for dim in array.shape)
                 return TensorDesc(tensor.name(), tensor._datatype(), shape, known)
         device = self._to_server(int(array.device.id))
+        if device in self._disabled:
+            return None
         try:
             wire = self._control.call(ControlOp.CUDA_ALLOCATE, device, nbytes)
         except ControlError as error:
             raise CudaPoolRefused(
-                f"no CUDA pool memory for output '{tensor.name()}' ({nbytes} bytes on device "
+                f"no CUDA pool memory for tensor '{tensor.name()}' ({nbytes} bytes on device "
                 f"{device}): {error}"
             ) from None
+        if wire is None:  # --cuda-memory-pool-byte-size <device>:0
+            self._disabled.add(device)
+            return None
         location = CudaLocation(*wire)
         try:
             memcpy(self._pointer(location), int(array.data.ptr), nbytes, MEMCPY_DEVICE_TO_DEVICE)
@@ -234,7 +244,14 @@ class GpuTensors:
         return self._server_device if self._server_device is not None and local == 0 else local
 
     def _to_local(self, server: int) -> int:
-        return 0 if self._server_device is not None and server == self._server_device else server
+        if self._server_device is None:
+            return server
+        if server != self._server_device:
+            raise CudaPoolRefused(
+                f"a GPU tensor on the server's CUDA device {server}, but this stub sees only "
+                f"device {self._server_device} (SHOAL_NARROW_CUDA_VISIBLE_DEVICES is yes)"
+            )
+        return 0
 
 
 def _read_only(host: np.ndarray, desc: TensorDesc) -> np.ndarray:
@@ -246,26 +263,32 @@ def _read_only(host: np.ndarray, desc: TensorDesc) -> np.ndarray:
 
 
 class ClientCudaRegions:
-    """Clients' CUDA regions this stub has opened, by registration (the last few kept open)."""
+    """Clients' CUDA regions this stub has opened (the last few kept open).
+
+    Keyed by the client's handle, not by registration: CUDA opens a handle once per process,
+    and a client may register the same allocation again under a new registration."""
 
     _KEEP = 64
 
     def __init__(self, to_local: Callable[[int], int]) -> None:
         self._to_local = to_local
-        self._opened: collections.OrderedDict[str, tuple[int, int]] = collections.OrderedDict()
+        self._opened: collections.OrderedDict[tuple[int, bytes], tuple[int, int]] = (
+            collections.OrderedDict()
+        )
         self._lock = threading.Lock()
 
     def pointer(self, location: CudaRegionLocation) -> int:
         """The device pointer of the window's first byte in this process."""
+        key = (location.device, location.handle)
         with self._lock:
-            opened = self._opened.get(location.region)
+            opened = self._opened.get(key)
             if opened is None:
                 device = self._to_local(location.device)
                 opened = (device, open_ipc_handle(device, location.handle))
-                self._opened[location.region] = opened
+                self._opened[key] = opened
                 while len(self._opened) > self._KEEP:
                     close_ipc_handle(*self._opened.popitem(last=False)[1])
-            self._opened.move_to_end(location.region)
+            self._opened.move_to_end(key)
         return opened[1] + location.offset
 
     def close(self) -> None:

@@ -62,7 +62,9 @@ class TensorWriter:
         block (appended to ``written``) holding one copy of it: a CUDA pool block for a GPU
         tensor, an output arena block otherwise."""
         if tensor._gpu is not None and self.gpu is not None and tensor._gpu.nbytes:
-            return self.gpu.write(tensor, written, for_response=for_response)  # type: ignore[arg-type]
+            desc = self.gpu.write(tensor, written, for_response=for_response)  # type: ignore[arg-type]
+            if desc is not None:
+                return desc
         array = tensor._array()
         datatype = tensor._datatype()
         shape = tuple(int(d) for d in array.shape)

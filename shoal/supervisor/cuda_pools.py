@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable, Mapping
 
 from shoal.ipc._alloc import split_key
 from shoal.ipc.cuda import (
+    BLOCK_ALIGN,
     MEMCPY_DEVICE_TO_DEVICE,
     CudaChunkAnnounce,
     CudaPool,
@@ -68,6 +69,11 @@ class CudaPools:
     def limit(self, device: int) -> int:
         return self._limits.get(device, DEFAULT_LIMIT_BYTES)
 
+    def disabled(self, device: int) -> bool:
+        """A limit below one block (``--cuda-memory-pool-byte-size <device>:0``) turns the
+        device's pool off: its GPU tensors go through host memory instead."""
+        return self.limit(device) < BLOCK_ALIGN
+
     def allocate(self, pid: int, device: int, nbytes: int) -> CudaLocation:
         """A block of ``nbytes`` (> 0) on ``device``, lent to stub ``pid``; CudaPoolExhausted
         when the device's limit does not allow it."""
@@ -103,9 +109,12 @@ class CudaPools:
                 self._pools[location.device].free(location)
 
     def free(self, locations: Iterable[CudaLocation]) -> None:
-        """Blocks a completion owned: back to their pools."""
+        """Blocks a completion owned: back to their pools (none once the pools are closed, at
+        shutdown, when a late release may still come)."""
         for location in locations:
-            self._pools[location.device].free(location)
+            pool = self._pools.get(location.device)
+            if pool is not None:
+                pool.free(location)
 
     def forget_process(self, pid: int) -> None:
         """Stub ``pid`` exited: what it was lent and never handed on comes back."""

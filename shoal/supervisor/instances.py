@@ -573,6 +573,7 @@ class StubInstance:
             self._finalized.set_result(None)
         self._directory.unregister(proc)
         if self._stopping or proc is not self._proc:
+            self._forget(proc)  # an unloaded or replaced stub: what it held comes back too
             return
         self.last_exit = how
         log.error("instance '%s' stub process %d died with %s", self.name, proc.pid, how)
@@ -609,11 +610,7 @@ class StubInstance:
         for stream in self._streams.values():
             stream.fail(error)
         self._streams.clear()
-        if self.bls is not None:
-            self.bls.forget_process(proc)
-        if self.control is not None:
-            self.control.forget_process(proc)
-        self._directory.cuda.forget_process(proc.pid)
+        self._forget(proc)
         self._release_pending.clear()
         now = time.monotonic()
         self._deaths = [t for t in self._deaths if now - t < self.spec.crash_window] + [now]
@@ -643,6 +640,15 @@ class StubInstance:
             except LoadError as error:
                 log.error("instance '%s' failed to restart: %s", self.name, error)
                 delay = min(delay * 2, cap)
+
+    def _forget(self, proc: StubProcess) -> None:
+        """Give back what a stub that exited held: the BLS responses it kept, its open calls,
+        its custom metrics, the CUDA pool blocks lent to it."""
+        if self.bls is not None:
+            self.bls.forget_process(proc)
+        if self.control is not None:
+            self.control.forget_process(proc)
+        self._directory.cuda.forget_process(proc.pid)
 
     async def _discard(self, proc: StubProcess) -> None:
         """Wait for (or force) the exit of a stub we are done with, then close its resources."""

@@ -97,7 +97,9 @@ def _cuda_pool_families(pools: CudaPools) -> Iterator[Metric]:
         labels = {"device": str(device)}
         used.add_sample("shoal_cuda_pool_used_bytes", labels, pool.used_bytes)
         held.add_sample("shoal_cuda_pool_capacity_bytes", labels, pool.capacity)
-        blocks.add_sample("shoal_cuda_pool_allocations_total", labels, pools.allocations[device])
+        blocks.add_sample(
+            "shoal_cuda_pool_allocations_total", labels, pools.allocations.get(device, 0)
+        )
     yield used
     yield held
     yield blocks

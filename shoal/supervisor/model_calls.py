@@ -69,22 +69,35 @@ class ControlRouter:
 
     def _cuda_allocate(self, proc: StubProcess, call: msg.ControlCall) -> None:
         """A pool block for a stub's GPU tensor; its chunk's handle goes first if it is new to
-        the stub. An exhausted pool is the reply's error, which fails only that response."""
+        the stub. A refusal is the reply's error, which fails only that response; a device
+        whose pool is disabled (a limit of 0) answers no block, and the stub sends the tensor
+        through the host instead."""
         try:
             device, nbytes = (int(arg) for arg in call.args)
         except (TypeError, ValueError):
             self._reply(proc, call, f"malformed CUDA_ALLOCATE arguments {call.args!r}", None)
             return
+        pools = self._directory.cuda
+        if proc.returncode is not None:
+            return  # exited already: nobody waits for the block
+        if pools.disabled(device):
+            self._reply(proc, call, None, None)
+            return
         try:
-            location = self._directory.cuda.allocate(proc.pid, device, nbytes)
+            location = pools.allocate(proc.pid, device, nbytes)
         except (CudaPoolExhausted, ShoalError) as error:
             text = error.message if isinstance(error, ShoalError) else str(error)
             self._reply(proc, call, text, None)
             return
+        except Exception as error:  # a CUDA error: the stub must get an answer all the same
+            log.exception("CUDA pool of device %d: allocating %d bytes failed", device, nbytes)
+            self._reply(proc, call, f"CUDA pool of device {device}: {error}", None)
+            return
         try:
             proc.forward([location], self._directory)
         except OSError:
-            return  # the stub is gone: forget_process takes the block back
+            pools.give_back(proc.pid, [location])  # the stub is gone
+            return
         self._reply(proc, call, None, [location.device, location.offset, location.nbytes])
 
     def forget_process(self, proc: StubProcess) -> None:

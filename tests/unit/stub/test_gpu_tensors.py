@@ -29,16 +29,19 @@ BASE = 1 << 40  # where this process "opened" chunk 0
 class FakeControl:
     """The supervisor's side of the control calls: blocks handed out one after the other."""
 
-    def __init__(self, refuse: str | None = None) -> None:
+    def __init__(self, refuse: str | None = None, disabled: bool = False) -> None:
         self.calls: list[tuple[ControlOp, tuple[Any, ...]]] = []
         self.told: list[tuple[ControlOp, tuple[Any, ...]]] = []
         self._next = 0
         self._refuse = refuse
+        self._disabled = disabled
 
     def call(self, op: ControlOp, *args: Any) -> Any:
         self.calls.append((op, args))
         if self._refuse is not None:
             raise ControlError(self._refuse)
+        if self._disabled:
+            return None
         device, nbytes = args
         offset, self._next = self._next, self._next + 4096
         return [device, offset, nbytes]
@@ -99,11 +102,11 @@ def test_a_gpu_output_is_copied_once_into_a_block_lent_to_the_stub(copies) -> No
     assert copies == [(BASE, 0x7000, 1024)], "one device-to-device copy into the block"
 
 
-def test_a_refused_block_names_the_output_and_the_reason(copies) -> None:
+def test_a_refused_block_names_the_tensor_and_the_reason(copies) -> None:
     gpu = make(FakeControl(refuse="CUDA memory pool of device 0 is exhausted"))
     lent: list[CudaLocation] = []
     with pytest.raises(
-        CudaPoolRefused, match=r"output 'OUT' \(1024 bytes on device 0\).*exhausted"
+        CudaPoolRefused, match=r"tensor 'OUT' \(1024 bytes on device 0\).*exhausted"
     ):
         gpu.write(gpu_output(), lent, for_response=True)
     assert lent == [] and copies == []
@@ -177,3 +180,81 @@ def test_a_narrowed_stub_uses_the_servers_device_numbers(copies) -> None:
     assert desc.location == CudaLocation(3, 0, 1024)
     received = gpu.input_tensor(TensorDesc("IN", "FP32", (4,), CudaLocation(3, 4096, 16)))
     assert received._gpu.device.id == 0
+
+
+def test_a_disabled_pool_sends_gpu_tensors_through_the_host(copies) -> None:
+    from shoal.stub.memory import Locations
+    from shoal.stub.tensors_out import TensorWriter
+
+    control = FakeControl(disabled=True)
+    gpu = make(control)
+    assert gpu.write(gpu_output(), [], for_response=True) is None
+    assert gpu.write(gpu_output(), [], for_response=True) is None
+    assert len(control.calls) == 1, "asked once; the answer is remembered"
+
+    class Arena:
+        arena_id = 1
+
+        def __init__(self) -> None:
+            self.data = bytearray(64)
+
+        def allocate(self, nbytes: int) -> Any:
+            from shoal.ipc.arena import Block
+
+            return Block(1, 0, 0, nbytes)
+
+        def view(self, block: Any) -> memoryview:
+            return memoryview(self.data)[: block.nbytes]
+
+    host = np.arange(4, dtype=np.float32)
+    tensor = Tensor._wrap_gpu("OUT", DeviceArray(0x7000, 16), "FP32")
+    tensor._gpu.get = lambda: host  # what cupy's get() gives: the host copy
+    writer = TensorWriter(Arena(), Locations(), gpu)  # type: ignore[arg-type]
+    written: list[Any] = []
+    desc = writer.describe(tensor, written, for_response=True)
+    assert desc.location.arena_id == 1 and desc.location.nbytes == 16
+    assert copies == [], "no device copy: the tensor went to the host"
+
+
+def test_a_narrowed_stub_refuses_a_device_it_cannot_see(copies) -> None:
+    gpu = make(FakeControl(), environ={"SHOAL_SERVER_CUDA_DEVICE": "3"})
+    with pytest.raises(CudaPoolRefused, match="server's CUDA device 0, but this stub sees only"):
+        gpu.input_tensor(TensorDesc("IN", "FP32", (4,), CudaLocation(0, 4096, 16)))
+
+
+def test_a_region_registered_again_reuses_the_open_handle(monkeypatch) -> None:
+    from shoal.ipc.tensor import CudaRegionLocation
+    from shoal.stub.gpu_tensors import ClientCudaRegions
+
+    opened: list[bytes] = []
+    monkeypatch.setattr(
+        gpu_tensors, "open_ipc_handle", lambda device, handle: opened.append(handle) or BASE
+    )
+    regions = ClientCudaRegions(lambda device: device)
+    handle = bytes(range(64))
+    first = CudaRegionLocation("1:r", 0, 0, 64, handle)
+    again = CudaRegionLocation("2:r", 0, 16, 64, handle)  # unregistered, registered again
+    assert regions.pointer(first) == BASE and regions.pointer(again) == BASE + 16
+    assert opened == [handle], "CUDA opens a handle once per process"
+
+
+def test_a_refused_bls_input_gives_back_the_inputs_copied_before_it(copies) -> None:
+    from shoal.stub.bls import BlsClient
+    from shoal.stub.tensors_out import TensorWriter
+
+    class RefuseSecond(FakeControl):
+        def call(self, op: ControlOp, *args: Any) -> Any:
+            if len(self.calls) == 1:
+                self.calls.append((op, args))
+                raise ControlError("CUDA memory pool of device 0 is exhausted")
+            return super().call(op, *args)
+
+    control = RefuseSecond()
+    arena = SimpleNamespace(free=lambda blocks: None)
+    writer = TensorWriter(arena, None, make(control))  # type: ignore[arg-type]
+    pump = SimpleNamespace(new_call_id=lambda: 1)
+    client = BlsClient(writer, pump, lambda message: None, lambda block: memoryview(b""))  # type: ignore[arg-type]
+    request = SimpleNamespace(inputs=lambda: [gpu_output(0x7000), gpu_output(0x9000)])
+    with pytest.raises(CudaPoolRefused):
+        client._call(request, decoupled=False)
+    assert control.told == [(ControlOp.CUDA_FREE, ([0, 0, 1024],))]

@@ -156,6 +156,7 @@ class FakeStub:
 
     def __init__(self) -> None:
         self.pid = 4242
+        self.returncode: int | None = None
         self.sent: list[object] = []
         self.forwarded: list[object] = []
 
@@ -256,3 +257,44 @@ def test_random_traffic_never_loses_or_double_frees_a_block(
         pools.forget_process(stub)
     assert all(used == 0 for used in in_use(pools).values())
     assert not pools.lending
+
+
+def test_a_pool_limit_of_zero_turns_the_pool_off() -> None:
+    from shoal.ipc.messages import ControlOp
+
+    router, pools, stub = _router(limit=0)  # --cuda-memory-pool-byte-size 0:0
+    reply = _call(router, stub, ControlOp.CUDA_ALLOCATE, 0, 1000)
+    assert reply.error is None and reply.value is None  # type: ignore[attr-defined]
+    assert pools.devices() == {}, "no pool, no device memory"
+
+
+def test_a_stub_that_exited_gets_no_block() -> None:
+    from shoal.ipc.messages import ControlOp
+
+    router, pools, stub = _router()
+    stub.returncode = -9  # type: ignore[attr-defined]
+    assert _call(router, stub, ControlOp.CUDA_ALLOCATE, 0, 1000) is None
+    assert pools.lent_bytes() == 0
+
+
+def test_a_first_refusal_leaves_metrics_readable() -> None:
+    pools, _ = make_pools(d0=4 * MIB)
+    with pytest.raises(CudaPoolExhausted):
+        pools.allocate(pid=1, device=0, nbytes=8 * MIB)
+    service = SimpleNamespace(
+        repository=None,
+        input_arena=SimpleNamespace(used_bytes=0, capacity_bytes=0),
+        directory=SimpleNamespace(cuda=pools),
+        model_statistics=lambda: [],
+        custom_metrics=CustomMetrics(),
+    )
+    text = MetricsExporter(service).render().decode()  # type: ignore[arg-type]
+    assert 'shoal_cuda_pool_allocations_total{device="0"} 0\n' in text
+
+
+def test_a_release_after_shutdown_is_harmless() -> None:
+    pools, _ = make_pools()
+    block = pools.allocate(pid=1, device=0, nbytes=100)
+    pools.adopt(1, [block])
+    pools.close()
+    pools.free([block])  # a frontend that finished writing after the server stopped
