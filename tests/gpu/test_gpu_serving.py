@@ -221,3 +221,42 @@ def test_implicit_state_kept_from_a_gpu_output(client) -> None:
         )
         totals.append(float(result.as_numpy("OUT")[0]))
     assert totals == [1.5, 3.5, 7.5]
+
+
+def test_a_disabled_pool_sends_gpu_tensors_through_the_host() -> None:
+    """``--cuda-memory-pool-byte-size 0:0`` (tritonserver's way to turn its pool off): GPU
+    tensors still reach the next model and the client, through host memory."""
+    off = ("--cuda-memory-pool-byte-size", "0:0")
+    with (
+        ShoalServer(BUNDLED, GPU_MODELS, timeout=120.0, extra_args=off, metrics=True) as srv,
+        grpcclient.InferenceServerClient(srv.grpc_url) as triton,
+    ):
+        result = triton.infer("ens_gpu_chain", _inputs(2.0, 1 << 20))
+        assert result.as_numpy("TOTAL")[0] == 2.0 * (1 << 20)
+        made = triton.infer("gpu_make", _inputs(1.5, 1000)).as_numpy("BIG")
+        np.testing.assert_array_equal(made, np.full(1000, 1.5, dtype=np.float32))
+        assert _pool(srv) == (0, 0), "no pool was made"
+
+
+def test_a_cuda_region_registered_again_is_read_again(server) -> None:
+    """Unregister and register the same allocation: the stub, which opened the handle once,
+    keeps reading it (CUDA opens a handle once per process)."""
+    cudashm = pytest.importorskip("tritonclient.utils.cuda_shared_memory")
+    big = np.ones(1024, dtype=np.float32)
+    region = cudashm.create_shared_memory_region("again_in", big.nbytes, 0)
+    with grpcclient.InferenceServerClient(server.grpc_url) as triton:
+        try:
+            cudashm.set_shared_memory_region(region, [big])
+            for scale in (1, 2):
+                triton.register_cuda_shared_memory(
+                    "again_in", cudashm.get_raw_handle(region), 0, big.nbytes
+                )
+                cudashm.set_shared_memory_region(region, [big * scale])
+                tensor = grpcclient.InferInput("BIG", [1024], "FP32")
+                tensor.set_shared_memory("again_in", big.nbytes)
+                total = triton.infer("gpu_sum", [tensor]).as_numpy("TOTAL")[0]
+                assert total == 1024 * scale
+                triton.unregister_cuda_shared_memory("again_in")
+        finally:
+            triton.unregister_cuda_shared_memory()
+            cudashm.destroy_shared_memory_region(region)
