@@ -179,7 +179,12 @@ class BlsClient:
             self._writer.free(written)  # the inputs written before the one that failed
             raise
 
+        # The input tensors live until the call's response is dropped: one passed on by
+        # descriptor (an earlier call's output, say) must not be freed while this call runs.
+        kept = list(request.inputs())
+
         def release() -> None:
+            kept.clear()
             self._writer.free(written)
             self._call_done(call_id)
 

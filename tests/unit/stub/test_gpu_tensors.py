@@ -66,7 +66,9 @@ def copies(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int, int]]:
     monkeypatch.setattr(gpu_tensors, "memcpy", lambda dst, src, n, kind: done.append((dst, src, n)))
 
     def device_array(device, pointer, nbytes, dtype, shape, owner=None):  # type: ignore[no-untyped-def]
-        return DeviceArray(pointer, nbytes, device)
+        array = DeviceArray(pointer, nbytes, device)
+        array.owner = owner  # type: ignore[attr-defined]  # as cupy's UnownedMemory keeps it
+        return array
 
     monkeypatch.setattr(gpu_tensors, "device_array", device_array)
     return done
@@ -133,19 +135,15 @@ def test_a_bls_output_is_handed_on_to_a_bls_call_by_its_descriptor(copies) -> No
     class Keeper:
         pass
 
-    keeper = Keeper()
-    received = gpu.output_tensor(TensorDesc("BIG", "FP32", (256,), block), keeper)
+    received = gpu.output_tensor(TensorDesc("BIG", "FP32", (256,), block), Keeper())
     assert not received.is_cpu()
     again = Tensor._wrap_gpu("X", received._gpu, "FP32")  # e.g. through to_dlpack/from_dlpack
     lent: list[CudaLocation] = []
     desc = gpu.write(again, lent, for_response=False)
     assert desc.location == block and lent == [] and copies == [], "no block, no copy"
-    # Not into a response (the block belongs to the call's response), nor once it is dropped.
+    # Not into a response: the block belongs to the call's response.
     gpu.write(again, lent, for_response=True)
     assert len(lent) == 1
-    del keeper
-    gpu.write(again, lent, for_response=False)
-    assert len(lent) == 2
 
 
 def test_inputs_in_the_pool_are_gpu_tensors_unless_cpu_is_forced(copies, monkeypatch) -> None:
@@ -258,3 +256,38 @@ def test_a_refused_bls_input_gives_back_the_inputs_copied_before_it(copies) -> N
     with pytest.raises(CudaPoolRefused):
         client._call(request, decoupled=False)
     assert control.told == [(ControlOp.CUDA_FREE, ([0, 0, 1024],))]
+
+
+def test_a_bls_input_passed_on_by_descriptor_is_held_until_that_call_is_done(copies) -> None:
+    import gc
+    import weakref
+
+    from shoal.stub import pb_utils
+    from shoal.stub.bls import BlsClient
+    from shoal.stub.tensors_out import TensorWriter
+
+    gpu = make(FakeControl())
+
+    class Keeper:
+        pass
+
+    first_call = Keeper()
+    first_alive = weakref.ref(first_call)
+    block = CudaLocation(0, 8192, 1024)
+    received = gpu.output_tensor(TensorDesc("BIG", "FP32", (256,), block), first_call)
+    del first_call
+    sent: list[Any] = []
+    writer = TensorWriter(SimpleNamespace(free=lambda blocks: None), None, gpu)  # type: ignore[arg-type]
+    pump = SimpleNamespace(new_call_id=lambda: 2, expect=lambda call_id: None)
+    client = BlsClient(writer, pump, sent.append, lambda block: memoryview(b""))  # type: ignore[arg-type]
+    request = pb_utils.InferenceRequest(
+        model_name="gpu_sum", inputs=[received], requested_output_names=["TOTAL"]
+    )
+    _, second_call = client._call(request, decoupled=False)
+    assert sent[0].request.inputs[0].location == block, "passed on by its descriptor"
+    del received, request
+    gc.collect()
+    assert first_alive() is not None, "the first call's block is held while the second runs"
+    del second_call
+    gc.collect()
+    assert first_alive() is None
