@@ -36,6 +36,18 @@ def make_pools(**limits: int) -> tuple[CudaPools, HostLedger]:
     return pools, ledger
 
 
+def metrics_text(pools: CudaPools) -> str:
+    """What /metrics shows of a server whose only state is ``pools``."""
+    service = SimpleNamespace(
+        repository=None,
+        input_arena=SimpleNamespace(used_bytes=0, capacity_bytes=0),
+        directory=SimpleNamespace(cuda=pools),
+        model_statistics=lambda: [],
+        custom_metrics=CustomMetrics(),
+    )
+    return MetricsExporter(service).render().decode()  # type: ignore[arg-type]
+
+
 def in_use(pools: CudaPools) -> dict[int, int]:
     return {device: pool.used_bytes for device, pool in pools.devices().items()}
 
@@ -137,14 +149,7 @@ def test_metrics_report_each_pool_once_it_exists() -> None:
     block = pools.allocate(pid=1, device=1, nbytes=1000)
     pools.allocate(pid=1, device=1, nbytes=3000)
     pools.give_back(1, [block])
-    service = SimpleNamespace(
-        repository=None,
-        input_arena=SimpleNamespace(used_bytes=0, capacity_bytes=0),
-        directory=SimpleNamespace(cuda=pools),
-        model_statistics=lambda: [],
-        custom_metrics=CustomMetrics(),
-    )
-    text = MetricsExporter(service).render().decode()  # type: ignore[arg-type]
+    text = metrics_text(pools)
     assert 'shoal_cuda_pool_used_bytes{device="1"} 3072\n' in text
     assert f'shoal_cuda_pool_capacity_bytes{{device="1"}} {4 * MIB}\n' in text
     assert 'shoal_cuda_pool_allocations_total{device="1"} 2\n' in text
@@ -281,14 +286,7 @@ def test_a_first_refusal_leaves_metrics_readable() -> None:
     pools, _ = make_pools(d0=4 * MIB)
     with pytest.raises(CudaPoolExhausted):
         pools.allocate(pid=1, device=0, nbytes=8 * MIB)
-    service = SimpleNamespace(
-        repository=None,
-        input_arena=SimpleNamespace(used_bytes=0, capacity_bytes=0),
-        directory=SimpleNamespace(cuda=pools),
-        model_statistics=lambda: [],
-        custom_metrics=CustomMetrics(),
-    )
-    text = MetricsExporter(service).render().decode()  # type: ignore[arg-type]
+    text = metrics_text(pools)
     assert 'shoal_cuda_pool_allocations_total{device="0"} 0\n' in text
 
 
