@@ -49,6 +49,7 @@ class Kind(enum.IntEnum):
     CONTROL_CALL = 18
     SEGMENT_RETIRED = 30  # both directions
     CUDA_CHUNK_RETIRED = 31
+    CUDA_REGION_CLOSED = 32
     BLS_CANCEL = 19
 
 
@@ -316,6 +317,23 @@ class CudaChunkRetired:
         return cls(f[0], f[1])
 
 
+@dataclass(slots=True)
+class CudaRegionClosed:
+    """A client unregistered the CUDA region of allocation ``handle`` on ``device``: a stub
+    that opened it closes it, so that the client's freed memory is not kept alive."""
+
+    KIND: ClassVar[Kind] = Kind.CUDA_REGION_CLOSED
+    device: int
+    handle: bytes
+
+    def fields(self) -> list[Any]:
+        return [self.device, self.handle]
+
+    @classmethod
+    def from_fields(cls, f: list[Any]) -> CudaRegionClosed:
+        return cls(f[0], f[1])
+
+
 def decode_socket(payload: bytes) -> SegmentAnnounce | CudaChunkAnnounce:
     """What came on a stub's Unix socket: a segment (with its fd) or a CUDA pool chunk (its
     IPC handle inside the payload, no fd)."""
@@ -510,6 +528,7 @@ Message = (
     | Cancel
     | SegmentRetired
     | CudaChunkRetired
+    | CudaRegionClosed
 )
 
 _TYPES: dict[int, Any] = {
@@ -533,6 +552,7 @@ _TYPES: dict[int, Any] = {
         Cancel,
         SegmentRetired,
         CudaChunkRetired,
+        CudaRegionClosed,
     )
 }
 

@@ -291,6 +291,13 @@ class ClientCudaRegions:
             self._opened.move_to_end(key)
         return opened[1] + location.offset
 
+    def forget(self, device: int, handle: bytes) -> None:
+        """The client unregistered this allocation: close it if this stub opened it."""
+        with self._lock:
+            opened = self._opened.pop((device, handle), None)
+        if opened is not None:
+            close_ipc_handle(*opened)
+
     def close(self) -> None:
         with self._lock:
             opened, self._opened = self._opened, collections.OrderedDict()

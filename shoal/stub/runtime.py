@@ -224,6 +224,10 @@ class StubRuntime:
                         result = executor.run(message)
                     if result is not None:
                         self._send(result)
+                case msg.CudaRegionClosed(device=device, handle=handle):
+                    # Here, between batches: a sync execute is never reading it now.
+                    if self.gpu is not None:
+                        self.gpu.regions.forget(device, handle)
                 case msg.Finalize():
                     pb_utils._set_bls_executor(None)
                     pb_utils._set_cancel_poller(None)

@@ -85,12 +85,17 @@ class CudaSharedMemoryRegistry:
         region = CudaSharedMemoryRegion(name, device_id, byte_size)
         self._regions[name] = _Opened(region, pointer, bytes(raw_handle), next(self._generations))
 
-    def unregister(self, name: str = "") -> None:
+    def unregister(self, name: str = "") -> list[tuple[int, bytes]]:
+        """Close ``name`` (every region when empty); returns the (device, handle) of each,
+        for the stubs that may have opened them too."""
         names = [name] if name else list(self._regions)
+        closed = []
         for each in names:
             entry = self._regions.pop(each, None)
             if entry is not None:
                 self._closer(entry.region.device_id, entry.pointer)
+                closed.append((entry.region.device_id, entry.handle))
+        return closed
 
     def status(self, name: str = "") -> list[CudaSharedMemoryRegion]:
         if not name:

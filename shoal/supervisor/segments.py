@@ -27,6 +27,8 @@ if TYPE_CHECKING:
     from shoal.supervisor.stub_process import StubProcess
 
 INPUT_ARENA_ID = 0
+#: What the directory tells stubs about memory going away.
+_News = msg.SegmentRetired | msg.CudaChunkRetired | msg.CudaRegionClosed
 
 
 class SegmentDirectory:
@@ -86,6 +88,11 @@ class SegmentDirectory:
     def _input_retired(self, segment: Segment) -> None:
         self._tell_holders(segment.arena_id, segment.index)
 
+    def broadcast(self, message: msg.CudaRegionClosed) -> None:
+        """Tell every live stub (news that only some may need, and that is rare)."""
+        for proc in list(self._owners.values()):
+            self._send(proc, message)
+
     def _cuda_retired(self, device: int, chunk: int) -> None:
         key = (device, chunk)
         for proc in self._owners.values():
@@ -108,7 +115,7 @@ class SegmentDirectory:
                 proc.announced.discard(key)
                 self._send(proc, msg.SegmentRetired(arena_id, index))
 
-    def _send(self, proc: StubProcess, message: msg.SegmentRetired | msg.CudaChunkRetired) -> None:
+    def _send(self, proc: StubProcess, message: _News) -> None:
         if proc.returncode is not None:
             return
         try:
@@ -122,9 +129,7 @@ class SegmentDirectory:
         task.add_done_callback(self._sending.discard)
 
     @staticmethod
-    async def _send_later(
-        proc: StubProcess, message: msg.SegmentRetired | msg.CudaChunkRetired
-    ) -> None:
+    async def _send_later(proc: StubProcess, message: _News) -> None:
         try:
             await proc.send_async(message)
         except PeerGone:

@@ -10,6 +10,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 import shoal
+from shoal.ipc import messages as msg
 from shoal.ipc.arena import Block, OwnedArena, remove_stale_segments
 from shoal.ipc.messages import RequestRecord
 from shoal.ipc.tensor import CudaRegionLocation, RegionLocation
@@ -384,7 +385,8 @@ class InferenceService:
         self.shm.register_cuda(name, raw_handle, device_id, byte_size)
 
     def unregister_cuda_shm(self, name: str = "") -> None:
-        self.shm.unregister_cuda(name)
+        for device, handle in self.shm.unregister_cuda(name):
+            self.directory.broadcast(msg.CudaRegionClosed(device, handle))
 
     def cuda_shm_status(self, name: str = "") -> list[CudaSharedMemoryRegion]:
         return self.shm.cuda_status(name)

@@ -75,8 +75,8 @@ class SharedMemoryRegistry:
         """Register a client's CUDA IPC handle (INVALID_ARGUMENT without GPUs, as Triton)."""
         self.cuda.register(name, raw_handle, device_id, byte_size, taken=name in self._regions)
 
-    def unregister_cuda(self, name: str = "") -> None:
-        self.cuda.unregister(name)
+    def unregister_cuda(self, name: str = "") -> list[tuple[int, bytes]]:
+        return self.cuda.unregister(name)
 
     def cuda_status(self, name: str = "") -> list[CudaSharedMemoryRegion]:
         return self.cuda.status(name)

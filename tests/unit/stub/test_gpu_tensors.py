@@ -291,3 +291,22 @@ def test_a_bls_input_passed_on_by_descriptor_is_held_until_that_call_is_done(cop
     del second_call
     gc.collect()
     assert first_alive() is None
+
+
+def test_a_region_the_client_unregistered_is_closed(monkeypatch) -> None:
+    from shoal.ipc.tensor import CudaRegionLocation
+    from shoal.stub.gpu_tensors import ClientCudaRegions
+
+    closed: list[tuple[int, int]] = []
+    monkeypatch.setattr(gpu_tensors, "open_ipc_handle", lambda device, handle: BASE)
+    monkeypatch.setattr(
+        gpu_tensors, "close_ipc_handle", lambda device, pointer: closed.append((device, pointer))
+    )
+    regions = ClientCudaRegions(lambda device: device)
+    handle = bytes(range(64))
+    regions.pointer(CudaRegionLocation("1:r", 0, 0, 64, handle))
+    regions.forget(0, bytes(64))  # another allocation: nothing to close
+    regions.forget(0, handle)
+    assert closed == [(0, BASE)]
+    regions.close()
+    assert closed == [(0, BASE)], "closed once"

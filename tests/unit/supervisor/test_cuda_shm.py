@@ -157,3 +157,31 @@ def test_cuda_region_inputs_and_outputs_become_descriptors() -> None:
     assert request.inputs[1].data.nbytes == 64
     [(name, placed)] = output_regions(shm, request).items()
     assert name == "OUT" and isinstance(placed, CudaRegionLocation) and placed.offset == 128
+
+
+def test_unregistering_says_which_allocations_the_stubs_should_close() -> None:
+    registry, _ = with_gpus()
+    registry.register("a", HANDLE, 1, 64)
+    registry.register("b", bytes(64), 0, 64)
+    assert registry.unregister("a") == [(1, HANDLE)]
+    assert registry.unregister() == [(0, bytes(64))]
+    assert registry.unregister("a") == []
+
+
+def test_every_live_stub_hears_that_a_region_closed() -> None:
+    from types import SimpleNamespace
+
+    from shoal.ipc import messages as msg
+    from shoal.supervisor.segments import SegmentDirectory
+
+    directory = SegmentDirectory(SimpleNamespace())  # type: ignore[arg-type]
+    sent: dict[int, list[object]] = {1: [], 2: []}
+    for arena, stub in ((1, 1), (2, 2)):
+        proc = SimpleNamespace(
+            output_arena_id=arena, returncode=None, send=lambda m, s=stub: sent[s].append(m) or True
+        )
+        directory.register(proc)  # type: ignore[arg-type]
+    news = msg.CudaRegionClosed(1, HANDLE)
+    directory.broadcast(news)
+    assert sent == {1: [news], 2: [news]}
+    assert msg.decode(msg.encode(news)) == news
