@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
+from shoal.ipc.cuda import cuda_device_count
 from tests.integration.server import TEST_MODELS
 
 pytestmark = pytest.mark.timeout(120)
@@ -21,7 +22,8 @@ def test_initialize_args(test_client):
     args = json.loads(result.as_numpy("ARGS")[0])
     assert args["model_name"] == "init_args"
     assert args["model_version"] == "1"
-    assert args["model_instance_kind"] == "CPU"
+    # No instance_group: KIND_AUTO, which is KIND_GPU on a machine with a GPU (as in Triton).
+    assert args["model_instance_kind"] == ("GPU" if cuda_device_count() else "CPU")
     assert (
         args["model_instance_name"] == "init_args_0"
     )  # no instance_group: one group named after the model
