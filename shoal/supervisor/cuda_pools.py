@@ -55,7 +55,8 @@ class CudaPools:
         self._chunk_bytes = chunk_bytes
         self._pools: dict[int, CudaPool] = {}
         self._lent: dict[int, set[CudaLocation]] = {}
-        self._lent_count = 0
+        #: Blocks lent now: the hot path reads it to skip looking for pool blocks in responses.
+        self.lent_count = 0
         #: Blocks handed out so far, by device (a metric: each is one device-to-device copy).
         self.allocations: dict[int, int] = {}
         #: Called with (device, chunk) for each chunk given back, so that stubs close it.
@@ -64,7 +65,7 @@ class CudaPools:
     @property
     def lending(self) -> bool:
         """Whether any block is lent to a stub now (responses then may carry pool blocks)."""
-        return self._lent_count > 0
+        return self.lent_count > 0
 
     def limit(self, device: int) -> int:
         return self._limits.get(device, DEFAULT_LIMIT_BYTES)
@@ -81,7 +82,7 @@ class CudaPools:
             raise InvalidArgument(f"a CUDA pool block needs a positive size, not {nbytes}")
         location = self._pool(device).allocate(nbytes)
         self._lent.setdefault(pid, set()).add(location)
-        self._lent_count += 1
+        self.lent_count += 1
         self.allocations[device] = self.allocations.get(device, 0) + 1
         return location
 
@@ -96,7 +97,7 @@ class CudaPools:
             if location in lent:
                 lent.discard(location)
                 taken.append(location)
-        self._lent_count -= len(taken)
+        self.lent_count -= len(taken)
         return taken
 
     def give_back(self, pid: int, locations: Iterable[CudaLocation]) -> None:
@@ -105,7 +106,7 @@ class CudaPools:
         for location in locations:
             if location in lent:
                 lent.discard(location)
-                self._lent_count -= 1
+                self.lent_count -= 1
                 self._pools[location.device].free(location)
 
     def free(self, locations: Iterable[CudaLocation]) -> None:
@@ -119,7 +120,7 @@ class CudaPools:
     def forget_process(self, pid: int) -> None:
         """Stub ``pid`` exited: what it was lent and never handed on comes back."""
         for location in self._lent.pop(pid, set()):
-            self._lent_count -= 1
+            self.lent_count -= 1
             self._pools[location.device].free(location)
 
     def announcement(self, location: CudaLocation) -> CudaChunkAnnounce:
@@ -153,7 +154,7 @@ class CudaPools:
             pool.close()
         self._pools.clear()
         self._lent.clear()
-        self._lent_count = 0
+        self.lent_count = 0
 
     def _pool(self, device: int) -> CudaPool:
         pool = self._pools.get(device)

@@ -140,6 +140,7 @@ class StubInstance:
         self.restarts = 0
         self.last_exit = ""
         self._directory = directory
+        self._cuda = directory.cuda
         self._free_inputs = free_inputs
         self._loop = asyncio.get_running_loop()
         self._proc: StubProcess | None = None
@@ -298,10 +299,11 @@ class StubInstance:
             passed = [b for b in work.input_blocks if b in outputs]
             self._free_inputs([b for b in work.input_blocks if b not in passed])
             owned = [b for b in outputs if b.arena_id == proc.output_arena_id] + passed
-            cuda = self._adopt_cuda(proc, response)
+            cuda = self._adopt_cuda(proc, response) if self._cuda.lent_count else _NO_CUDA
             if work.future.done():  # the client went away: nobody will release the outputs
                 self.release_outputs(proc, owned)
-                self.release_cuda(cuda)
+                if cuda:
+                    self.release_cuda(cuda)
             else:
                 # Queued until the stub started the batch: a request sent ahead waited in the
                 # stub's ring, which is queueing too (the stub stamps the same monotonic clock).
@@ -309,7 +311,8 @@ class StubInstance:
                 completion = Completion(
                     response, self, proc, owned, queue_ns, result.compute_ns, None, received_ns
                 )
-                completion.owned_cuda = cuda
+                if cuda:
+                    completion.owned_cuda = cuda
                 if work.on_complete is not None:
                     work.on_complete(completion)
                 work.future.set_result(completion)
@@ -459,7 +462,8 @@ class StubInstance:
                 self.release_outputs(
                     proc, [b for b in response_blocks(body) if b.arena_id == proc.output_arena_id]
                 )
-                self.release_cuda(self._adopt_cuda(proc, body))
+                if self._cuda.lent_count:
+                    self.release_cuda(self._adopt_cuda(proc, body))
             return
         self._response_stats(stream, body)
         if message.final:
@@ -481,7 +485,8 @@ class StubInstance:
         if body is not None:
             owned = [b for b in response_blocks(body) if b.arena_id == proc.output_arena_id]
             completion = Completion(body, self, proc, owned)
-            completion.owned_cuda = self._adopt_cuda(proc, body)
+            if self._cuda.lent_count:
+                completion.owned_cuda = self._adopt_cuda(proc, body)
             if stream.work.on_complete is not None:
                 stream.work.on_complete(completion)
         stream.push(completion, message.final)
@@ -521,12 +526,10 @@ class StubInstance:
         return self._directory.view(block)
 
     def _adopt_cuda(self, proc: StubProcess, response: msg.ResponseRecord) -> list[CudaLocation]:
-        """The CUDA pool blocks lent to ``proc`` that ``response`` hands on."""
-        pools = self._directory.cuda
-        if not pools.lending:  # no GPU tensor so far: nothing to look for in each response
-            return []
+        """The CUDA pool blocks lent to ``proc`` that ``response`` hands on (callers on the
+        hot path look at ``lent_count`` first: no GPU tensor in flight, nothing to look for)."""
         cuda = response_cuda(response)
-        return pools.adopt(proc.pid, cuda) if cuda else []
+        return self._cuda.adopt(proc.pid, cuda) if cuda else []
 
     def release_cuda(self, locations: list[CudaLocation]) -> None:
         if locations:
@@ -696,6 +699,10 @@ class StubInstance:
                 await asyncio.wait_for(asyncio.shield(proc.exited), grace)
             except asyncio.TimeoutError:
                 continue
+
+
+#: What a response without GPU tensors owns of the CUDA pools.
+_NO_CUDA: list[CudaLocation] = []
 
 
 def _blocks(response: msg.ResponseRecord) -> list[Block]:

@@ -61,6 +61,8 @@ from shoal.supervisor.types import (
 from shoal.supervisor.work import Completion, Work
 
 log = logging.getLogger("shoal")
+#: Outputs the stub wrote into a client's region: the response carries no data for them.
+_CLIENT_REGIONS = (RegionLocation, CudaRegionLocation)
 
 EXTENSIONS = (
     "binary_tensor_data",
@@ -328,7 +330,7 @@ class InferenceService:
             raise ModelError(message, code)
         outputs = [
             placed_output(o.name, o.datatype, o.shape, request, o.location.nbytes)
-            if isinstance(o.location, RegionLocation | CudaRegionLocation)
+            if isinstance(o.location, _CLIENT_REGIONS)
             else InferOutput(o.name, o.datatype, o.shape, completion.view(o.location))
             for o in record.outputs
         ]

@@ -145,8 +145,11 @@ def _model_shape(config: Any, spec: Any, shape: tuple[int, ...]) -> tuple[int, .
 def _payload_size(config: Any, tensor: InferInput, region: object = None) -> int:
     """Validated size in bytes of the tensor's V2 serialized payload (in ``region`` when the
     input is in a client's CUDA region, whose bytes the supervisor does not see)."""
-    if isinstance(region, CudaRegionLocation):
-        return _check_size(config, tensor, region.nbytes)
+    if region is not None and type(region) is CudaRegionLocation:
+        expected = byte_size(tensor.datatype, tensor.shape)
+        if region.nbytes != expected:
+            raise _size_mismatch(config, tensor, expected, region.nbytes)
+        return region.nbytes
     if isinstance(tensor.data, np.ndarray):
         if tensor.datatype == "BYTES" and tensor.data.size != element_count(tensor.shape):
             raise InvalidArgument(
@@ -156,7 +159,8 @@ def _payload_size(config: Any, tensor: InferInput, region: object = None) -> int
             )
         return numpy_to_buffer_size(tensor.data, tensor.datatype)
     actual = memoryview(tensor.data).nbytes
-    if byte_size(tensor.datatype, tensor.shape) is None:
+    expected = byte_size(tensor.datatype, tensor.shape)
+    if expected is None:
         try:
             deserialize_bytes(tensor.data, element_count(tensor.shape))
         except BytesFormatError as error:
@@ -164,17 +168,18 @@ def _payload_size(config: Any, tensor: InferInput, region: object = None) -> int
                 f"input '{tensor.name}' for model '{config.name}': malformed BYTES data: {error}"
             ) from None
         return actual
-    return _check_size(config, tensor, actual)
-
-
-def _check_size(config: Any, tensor: InferInput, actual: int) -> int:
-    expected = byte_size(tensor.datatype, tensor.shape)
     if actual != expected:
-        raise InvalidArgument(
-            f"input byte size mismatch for input '{tensor.name}' for model '{config.name}'. "
-            f"Expected {expected}, got {actual}"
-        )
+        raise _size_mismatch(config, tensor, expected, actual)
     return actual
+
+
+def _size_mismatch(
+    config: Any, tensor: InferInput, expected: int | None, actual: int
+) -> InvalidArgument:
+    return InvalidArgument(
+        f"input byte size mismatch for input '{tensor.name}' for model '{config.name}'. "
+        f"Expected {expected}, got {actual}"
+    )
 
 
 def _write(tensor: InferInput, dest: memoryview) -> None:
@@ -194,9 +199,10 @@ def stage_request(
     """Copy every input into ``arena``, except those in a client's shared-memory region
     (``regions``), which the stub reads in place; the caller owns the returned blocks."""
     specs = {t.name: t for t in config.inputs}
-    sizes = [
-        _payload_size(config, tensor, (regions or {}).get(tensor.name)) for tensor in request.inputs
-    ]
+    if regions:
+        sizes = [_payload_size(config, t, regions.get(t.name)) for t in request.inputs]
+    else:
+        sizes = [_payload_size(config, t) for t in request.inputs]
     blocks: list[Block] = []
     descs: list[TensorDesc] = []
     try:

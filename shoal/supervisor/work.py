@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -33,8 +33,9 @@ class Completion:
     on_release: Callable[[], None] | None = None
     #: When the supervisor received the stub's Result (monotonic ns).
     received_ns: int = 0
-    #: CUDA pool blocks of the outputs: the stub handed them on, the supervisor frees them.
-    owned_cuda: list[CudaLocation] = field(default_factory=list)
+    #: CUDA pool blocks of the outputs: the stub handed them on, the supervisor frees them
+    #: (a shared empty tuple when there are none: nothing is made per response).
+    owned_cuda: Sequence[CudaLocation] = ()
 
     def view(self, block: Block | CudaLocation) -> memoryview:
         """A read-only view of one output block (a host copy of a GPU one)."""
@@ -44,9 +45,9 @@ class Completion:
         """Give back every block this completion owns. Call once."""
         blocks, self.owned = self.owned, []
         self.instance.release_outputs(self.process, blocks)
-        cuda, self.owned_cuda = self.owned_cuda, []
+        cuda, self.owned_cuda = self.owned_cuda, ()
         if cuda:
-            self.instance.release_cuda(cuda)
+            self.instance.release_cuda(list(cuda))
         on_release, self.on_release = self.on_release, None
         if on_release is not None:
             on_release()
