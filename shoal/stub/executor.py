@@ -34,6 +34,8 @@ from shoal.stub.tensors_out import TensorWriter, Written
 
 FINAL = 1
 RESCHEDULE = 2  # TRITONSERVER_REQUEST_RELEASE_RESCHEDULE
+#: Input locations in device memory: a CUDA pool block or a client's CUDA region.
+_ON_A_GPU = (CudaLocation, CudaRegionLocation)
 #: Request parameters that are request fields in Triton: the model does not see them.
 _RESERVED = frozenset(
     {"sequence_id", "sequence_start", "sequence_end", "priority", "timeout", "binary_data_output"}
@@ -256,13 +258,9 @@ class BatchExecutor:
     def _request(self, record: msg.RequestRecord, delivered: list[Any]) -> Any:
         tensors = []
         for desc in record.inputs:
-            if type(desc.location) is CudaLocation:
+            if type(desc.location) in _ON_A_GPU:
                 assert self.writer.gpu is not None
                 tensors.append(self.writer.gpu.input_tensor(desc))
-                continue
-            if type(desc.location) is CudaRegionLocation:
-                assert self.writer.gpu is not None
-                tensors.append(self.writer.gpu.region_input(desc))
                 continue
             view = self.input_view(desc.location)
             array = buffer_to_numpy(desc.datatype, desc.shape, view, readonly=True)

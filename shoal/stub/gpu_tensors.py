@@ -31,8 +31,6 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
 from shoal.ipc.cuda import (
     MEMCPY_DEVICE_TO_DEVICE,
     MEMCPY_HOST_TO_DEVICE,
@@ -144,16 +142,28 @@ class GpuTensors:
     # -- in ---------------------------------------------------------------------------------
 
     def input_tensor(self, desc: TensorDesc) -> Any:
-        """A request input in a pool block: on the host when the model forces CPU inputs."""
+        """A request input in a pool block or a client's CUDA region, read in place: a GPU
+        tensor, or one copy to the host when the model forces CPU inputs."""
+        location = desc.location
+        if type(location) is CudaRegionLocation:
+            pointer = self.regions.pointer(location)
+        else:
+            assert isinstance(location, CudaLocation)
+            pointer = self._pointer(location)
         if self.force_cpu_inputs:
-            return pb_utils.Tensor._wrap(desc.name, self._to_host(desc), desc.datatype)
-        return pb_utils.Tensor._wrap_gpu(desc.name, self._view(desc, None), desc.datatype)
+            host = device_to_host(pointer, location.nbytes).view(NUMPY_DTYPES[desc.datatype])
+            host = host.reshape(desc.shape)
+            host.flags.writeable = False  # as inputs in shared memory are
+            return pb_utils.Tensor._wrap(desc.name, host, desc.datatype)
+        return pb_utils.Tensor._wrap_gpu(
+            desc.name, self._device_view(desc, pointer, None), desc.datatype
+        )
 
     def output_tensor(self, desc: TensorDesc, keeper: object) -> Any:
         """A BLS output in a pool block, as a GPU tensor that keeps ``keeper`` alive."""
-        array = self._view(desc, keeper)
         location = desc.location
         assert isinstance(location, CudaLocation)
+        array = self._device_view(desc, self._pointer(location), keeper)
         with self._known_lock:
             if len(self._known) > 4096:
                 self._known = {k: v for k, v in self._known.items() if v[1]() is not None}
@@ -169,28 +179,11 @@ class GpuTensors:
             return None
         return entry[0]
 
-    def retire(self, device: int, chunk: int) -> None:
-        self._pools.retire(device, chunk)
-
     def close(self) -> None:
         self._pools.close()
         self.regions.close()
 
     # -- clients' CUDA regions --------------------------------------------------------------
-
-    def region_input(self, desc: TensorDesc) -> Any:
-        """A request input in a client's CUDA region, read in place (or copied to the host
-        once when the model forces CPU inputs)."""
-        location = desc.location
-        assert isinstance(location, CudaRegionLocation)
-        pointer = self.regions.pointer(location)
-        dtype = NUMPY_DTYPES[desc.datatype]
-        if self.force_cpu_inputs:
-            host = _read_only(device_to_host(pointer, location.nbytes), desc)
-            return pb_utils.Tensor._wrap(desc.name, host, desc.datatype)
-        device = self._to_local(location.device)
-        array = device_array(device, pointer, location.nbytes, dtype, desc.shape)
-        return pb_utils.Tensor._wrap_gpu(desc.name, array, desc.datatype)
 
     def place(self, tensor: Any, target: CudaRegionLocation) -> TensorDesc:
         """Write an output straight into the client's CUDA region: one device-to-device copy
@@ -221,20 +214,12 @@ class GpuTensors:
         )
         return TensorDesc(tensor.name(), datatype, shape, where)
 
-    def _view(self, desc: TensorDesc, keeper: object) -> Any:
+    def _device_view(self, desc: TensorDesc, pointer: int, keeper: object) -> Any:
         location = desc.location
-        assert isinstance(location, CudaLocation)
-        self._wait_for_chunk(location)
+        assert isinstance(location, CudaLocation | CudaRegionLocation)
+        device = self._to_local(location.device)
         dtype = NUMPY_DTYPES[desc.datatype]
-        pointer = self._pools.pointer(location)
-        return device_array(
-            self._to_local(location.device), pointer, location.nbytes, dtype, desc.shape, keeper
-        )
-
-    def _to_host(self, desc: TensorDesc) -> np.ndarray:
-        location = desc.location
-        assert isinstance(location, CudaLocation)
-        return _read_only(device_to_host(self._pointer(location), location.nbytes), desc)
+        return device_array(device, pointer, location.nbytes, dtype, desc.shape, keeper)
 
     def _pointer(self, location: CudaLocation) -> int:
         self._wait_for_chunk(location)
@@ -252,14 +237,6 @@ class GpuTensors:
                 f"device {self._server_device} (SHOAL_NARROW_CUDA_VISIBLE_DEVICES is yes)"
             )
         return 0
-
-
-def _read_only(host: np.ndarray, desc: TensorDesc) -> np.ndarray:
-    """The host bytes of an input as its datatype and shape, read-only as inputs in shared
-    memory are."""
-    array = host.view(NUMPY_DTYPES[desc.datatype]).reshape(desc.shape)
-    array.flags.writeable = False
-    return array
 
 
 class ClientCudaRegions:

@@ -20,13 +20,11 @@ from collections.abc import Callable, Iterable, Mapping
 from shoal.ipc._alloc import split_key
 from shoal.ipc.cuda import (
     BLOCK_ALIGN,
-    MEMCPY_DEVICE_TO_DEVICE,
     CudaChunkAnnounce,
     CudaPool,
     DeviceMemory,
     cuda_device_count,
     device_to_host,
-    memcpy,
 )
 from shoal.ipc.tensor import CudaLocation
 from shoal.supervisor.errors import InvalidArgument
@@ -134,10 +132,6 @@ class CudaPools:
         """A host copy of a block (for a client that receives the tensor)."""
         host = device_to_host(self.pointer(location), location.nbytes)
         return memoryview(host.data).toreadonly()
-
-    def copy_to_device(self, destination: int, location: CudaLocation) -> None:
-        """Copy a block to device memory at ``destination`` (a client's CUDA region)."""
-        memcpy(destination, self.pointer(location), location.nbytes, MEMCPY_DEVICE_TO_DEVICE)
 
     def pointer(self, location: CudaLocation) -> int:
         return self._pools[location.device].pointer(location)

@@ -294,7 +294,7 @@ class StubInstance:
                 continue
             if work.reschedule is not None:
                 work.reschedule(work, False)
-            outputs = _blocks(response)
+            outputs = response_blocks(response)
             # An input returned unchanged as an output: its block now belongs to the response.
             passed = [b for b in work.input_blocks if b in outputs]
             self._free_inputs([b for b in work.input_blocks if b not in passed])
@@ -533,7 +533,7 @@ class StubInstance:
 
     def release_cuda(self, locations: list[CudaLocation]) -> None:
         if locations:
-            self._directory.cuda.free(locations)
+            self._cuda.free(locations)
 
     def release_outputs(self, proc: StubProcess, blocks: list[Block]) -> None:
         """The frontend is done with these blocks (owned by a completion): return them."""
@@ -651,7 +651,7 @@ class StubInstance:
             self.bls.forget_process(proc)
         if self.control is not None:
             self.control.forget_process(proc)
-        self._directory.cuda.forget_process(proc.pid)
+        self._cuda.forget_process(proc.pid)
 
     async def _discard(self, proc: StubProcess) -> None:
         """Wait for (or force) the exit of a stub we are done with, then close its resources."""
@@ -703,12 +703,3 @@ class StubInstance:
 
 #: What a response without GPU tensors owns of the CUDA pools.
 _NO_CUDA: list[CudaLocation] = []
-
-
-def _blocks(response: msg.ResponseRecord) -> list[Block]:
-    """The distinct arena blocks a response's outputs live in."""
-    seen: dict[Block, None] = {}
-    for output in response.outputs:
-        if isinstance(output.location, Block):
-            seen[output.location] = None
-    return list(seen)

@@ -310,3 +310,21 @@ def test_a_region_the_client_unregistered_is_closed(monkeypatch) -> None:
     assert closed == [(0, BASE)]
     regions.close()
     assert closed == [(0, BASE)], "closed once"
+
+
+def test_inputs_in_a_client_region_are_read_in_place(copies, monkeypatch) -> None:
+    from shoal.ipc.tensor import CudaRegionLocation
+
+    monkeypatch.setattr(gpu_tensors, "open_ipc_handle", lambda device, handle: BASE)
+    desc = TensorDesc("IN", "FP32", (4,), CudaRegionLocation("1:r", 0, 32, 16, bytes(64)))
+    on_gpu = make(FakeControl()).input_tensor(desc)
+    assert not on_gpu.is_cpu() and on_gpu._gpu.data.ptr == BASE + 32
+    pinned = np.zeros(16, dtype=np.uint8)
+
+    def device_to_host(pointer: int, nbytes: int) -> np.ndarray:
+        copies.append((0, pointer, nbytes))
+        return pinned
+
+    monkeypatch.setattr(gpu_tensors, "device_to_host", device_to_host)
+    on_host = make(FakeControl(), force_cpu=True).input_tensor(desc)
+    assert on_host.is_cpu() and copies == [(0, BASE + 32, 16)]
