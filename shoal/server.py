@@ -7,6 +7,7 @@ import logging
 import sys
 from typing import TYPE_CHECKING
 
+from shoal import _compiled
 from shoal.supervisor.options import Restriction, ServerOptions
 from shoal.supervisor.service import InferenceService
 
@@ -16,6 +17,16 @@ if TYPE_CHECKING:
     from shoal.frontends.http import HttpServer
 
 log = logging.getLogger("shoal")
+
+
+def _report_hot_path() -> None:
+    if _compiled.state == "stale":
+        log.warning(
+            "the compiled hot path is older than its sources, so it runs interpreted (slower); "
+            "rebuild it with `make` or `pip install --no-build-isolation -e .`"
+        )
+    else:
+        log.info("request hot path: %s", _compiled.state)
 
 
 def announce(protocol: str, host: str, port: int) -> None:
@@ -108,6 +119,7 @@ async def run_server(options: ServerOptions, stop: asyncio.Event) -> int:
             grpc_server = await _start_grpc(service, options)
         if options.allow_metrics:
             metrics = await _start_metrics(service, options)
+        _report_hot_path()
         log.info("shoal is ready")
         await stop.wait()
         log.info("shutting down (exit timeout %.0fs)", options.exit_timeout_secs)

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import threading
 
+from shoal.ipc._errors import RingCorrupted
+
 HEADER_BYTES = 512
 # Word offsets from the header start; the four owners' words sit 64 bytes apart.
 _TAIL, _HEAD, _SLEEP, _WAIT, _WANT = 0, 8, 16, 24, 25
@@ -32,10 +34,6 @@ _LENGTH_WORD = 8
 
 def record_size(nbytes: int) -> int:
     return _LENGTH_WORD + ((nbytes + 7) & ~7)
-
-
-class RingCorrupted(RuntimeError):
-    """A length word makes no sense: the peer wrote garbage into the control segment (fatal)."""
 
 
 class Ring:

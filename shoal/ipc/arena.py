@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from shoal.ipc._alloc import ALIGN, RunAllocator, align_up, cover, make_key, split_key
+from shoal.ipc._errors import UnknownSegmentError
 from shoal.ipc._segment import (
     Segment,
     create_memfd,
@@ -88,14 +89,6 @@ class ArenaExhausted(Exception):
             f"available (the largest block it can hold now) of a {limit}-byte limit; "
             f"raise {KNOB_LIMIT} (or {KNOB_GROWTH} / {KNOB_INITIAL}) to allow larger tensors"
         )
-
-
-class UnknownSegmentError(KeyError):
-    """A block names a segment this process was never told about, or one its owner retired
-    (a protocol error: the owner retires only segments that hold no block)."""
-
-    def __str__(self) -> str:
-        return str(self.args[0]) if self.args else "unknown segment"
 
 
 class OwnedArena:

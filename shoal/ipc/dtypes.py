@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -96,7 +97,7 @@ def _as_bytes_items(array: np.ndarray) -> list[bytes]:
         return flat.tolist()
     if array.dtype.kind == "U":
         return [item.encode("utf-8") for item in flat.tolist()]
-    items: list[bytes] = flat.tolist()
+    items: list[Any] = flat.tolist()  # objects of any type until checked
     if set(map(type, items)) <= {bytes}:
         return items
     return [_to_bytes(item) for item in items]

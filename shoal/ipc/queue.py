@@ -28,8 +28,8 @@ from shoal.ipc._bell import (
     new_bell,
     ring_bell,
 )
-from shoal.ipc._errors import PeerGone
-from shoal.ipc._ring import HEADER_BYTES, Ring, RingCorrupted
+from shoal.ipc._errors import PeerGone, RingCorrupted
+from shoal.ipc._ring import HEADER_BYTES, Ring
 
 __all__ = ["DEFAULT_RING_BYTES", "Channel", "PeerGone", "RingCorrupted"]
 

@@ -36,7 +36,7 @@ def _shape_matches(expected: Sequence[int], actual: Sequence[int]) -> bool:
 
 
 def _check_text(config: Any, request: InferRequest) -> None:
-    """Strings cross to the stub as UTF-8: a lone surrogate (valid JSON "\udc00") cannot."""
+    """Strings cross to the stub as UTF-8: a lone surrogate (JSON's escaped DC00) cannot."""
     texts = [request.id, *request.parameters]
     texts += [v for v in request.parameters.values() if isinstance(v, str)]
     for text in texts:

@@ -8,12 +8,14 @@ lent comes back.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from types import SimpleNamespace
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from shoal.ipc.arena import OwnedArena
 from shoal.ipc.cuda import CudaPoolExhausted
 from shoal.ipc.tensor import CudaLocation
 from shoal.supervisor.cuda_pools import DEFAULT_LIMIT_BYTES, CudaPools
@@ -173,12 +175,18 @@ class FakeStub:
         self.forwarded.extend(locations)
 
 
-def _router(limit: int = 64 * MIB) -> tuple[object, CudaPools, FakeStub]:
+@pytest.fixture
+def input_arena() -> Iterator[OwnedArena]:
+    with OwnedArena(0, initial_bytes=1 << 16, growth_bytes=1 << 16, limit_bytes=1 << 17) as arena:
+        yield arena
+
+
+def _router(input_arena: OwnedArena, limit: int = 64 * MIB) -> tuple[object, CudaPools, FakeStub]:
     from shoal.supervisor.model_calls import ControlRouter
     from shoal.supervisor.segments import SegmentDirectory
 
     pools, _ = make_pools(d0=limit)
-    directory = SegmentDirectory(SimpleNamespace(), pools)  # type: ignore[arg-type]
+    directory = SegmentDirectory(input_arena, pools)
     router = ControlRouter(None, CustomMetrics(), directory)  # type: ignore[arg-type]
     return router, pools, FakeStub()
 
@@ -191,10 +199,10 @@ def _call(router: object, stub: FakeStub, op: object, *args: object, call_id: in
     return stub.sent[-1] if stub.sent else None
 
 
-def test_a_stub_asks_for_a_block_and_gets_its_chunk_first() -> None:
+def test_a_stub_asks_for_a_block_and_gets_its_chunk_first(input_arena: OwnedArena) -> None:
     from shoal.ipc.messages import ControlOp
 
-    router, pools, stub = _router()
+    router, pools, stub = _router(input_arena)
     reply = _call(router, stub, ControlOp.CUDA_ALLOCATE, 0, 1000)
     assert reply.error is None  # type: ignore[attr-defined]
     block = CudaLocation(*reply.value)  # type: ignore[attr-defined]
@@ -205,10 +213,10 @@ def test_a_stub_asks_for_a_block_and_gets_its_chunk_first() -> None:
     assert pools.lent_bytes() == 0
 
 
-def test_refused_blocks_answer_with_the_reason() -> None:
+def test_refused_blocks_answer_with_the_reason(input_arena: OwnedArena) -> None:
     from shoal.ipc.messages import ControlOp
 
-    router, pools, stub = _router(limit=4 * MIB)
+    router, pools, stub = _router(input_arena, limit=4 * MIB)
     exhausted = _call(router, stub, ControlOp.CUDA_ALLOCATE, 0, 8 * MIB)
     assert "--cuda-memory-pool-byte-size 0:<bytes>" in exhausted.error  # type: ignore[attr-defined]
     malformed = _call(router, stub, ControlOp.CUDA_ALLOCATE, "zero")
@@ -264,19 +272,19 @@ def test_random_traffic_never_loses_or_double_frees_a_block(
     assert not pools.lending
 
 
-def test_a_pool_limit_of_zero_turns_the_pool_off() -> None:
+def test_a_pool_limit_of_zero_turns_the_pool_off(input_arena: OwnedArena) -> None:
     from shoal.ipc.messages import ControlOp
 
-    router, pools, stub = _router(limit=0)  # --cuda-memory-pool-byte-size 0:0
+    router, pools, stub = _router(input_arena, limit=0)  # --cuda-memory-pool-byte-size 0:0
     reply = _call(router, stub, ControlOp.CUDA_ALLOCATE, 0, 1000)
     assert reply.error is None and reply.value is None  # type: ignore[attr-defined]
     assert pools.devices() == {}, "no pool, no device memory"
 
 
-def test_a_stub_that_exited_gets_no_block() -> None:
+def test_a_stub_that_exited_gets_no_block(input_arena: OwnedArena) -> None:
     from shoal.ipc.messages import ControlOp
 
-    router, pools, stub = _router()
+    router, pools, stub = _router(input_arena)
     stub.returncode = -9  # type: ignore[attr-defined]
     assert _call(router, stub, ControlOp.CUDA_ALLOCATE, 0, 1000) is None
     assert pools.lent_bytes() == 0

@@ -8,6 +8,7 @@ import base64
 import pytest
 
 from shoal.frontends._shared_memory import parse_cuda_register_request
+from shoal.ipc.arena import OwnedArena
 from shoal.supervisor.cuda_shm import CudaSharedMemoryRegistry
 from shoal.supervisor.errors import ErrorCode, InvalidArgument, NotFound, ShoalError
 from shoal.supervisor.shm_registry import SharedMemoryRegistry
@@ -174,14 +175,17 @@ def test_every_live_stub_hears_that_a_region_closed() -> None:
     from shoal.ipc import messages as msg
     from shoal.supervisor.segments import SegmentDirectory
 
-    directory = SegmentDirectory(SimpleNamespace())  # type: ignore[arg-type]
     sent: dict[int, list[object]] = {1: [], 2: []}
-    for arena, stub in ((1, 1), (2, 2)):
-        proc = SimpleNamespace(
-            output_arena_id=arena, returncode=None, send=lambda m, s=stub: sent[s].append(m) or True
-        )
-        directory.register(proc)  # type: ignore[arg-type]
-    news = msg.CudaRegionClosed(1, HANDLE)
-    directory.broadcast(news)
+    with OwnedArena(0, initial_bytes=1 << 16, growth_bytes=1 << 16, limit_bytes=1 << 17) as inputs:
+        directory = SegmentDirectory(inputs)
+        for arena, stub in ((1, 1), (2, 2)):
+            proc = SimpleNamespace(
+                output_arena_id=arena,
+                returncode=None,
+                send=lambda m, s=stub: sent[s].append(m) or True,
+            )
+            directory.register(proc)  # type: ignore[arg-type]
+        news = msg.CudaRegionClosed(1, HANDLE)
+        directory.broadcast(news)
     assert sent == {1: [news], 2: [news]}
     assert msg.decode(msg.encode(news)) == news

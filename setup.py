@@ -1,0 +1,64 @@
+"""Compiles shoal's request hot path with mypyc where it can; setup.cfg holds the metadata.
+
+mypyc type-checks what it compiles, so it needs shoal's dependencies importable: the Makefile
+installs them first and then builds without isolation (`pip install --no-build-isolation -e .`).
+Where mypyc, the dependencies or a C compiler are missing, or SHOAL_PURE_PYTHON=1 is set, shoal
+installs interpreted and behaves the same, only slower (docs/perf.md, "Compiled hot path").
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from typing import Any
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+
+def _say(message: str) -> None:
+    print(f"shoal: {message}", file=sys.stderr)
+
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _compiled_module() -> Any:
+    # Loaded by path: importing the shoal package would run its import guard.
+    spec = importlib.util.spec_from_file_location("_shoal_compiled", f"{HERE}/shoal/_compiled.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _extensions() -> list[Extension]:
+    if os.environ.get("SHOAL_PURE_PYTHON"):
+        return []
+    try:
+        from mypyc.build import mypycify
+    except ImportError:
+        _say("mypyc is not installed; the hot path stays interpreted")
+        return []
+    compiled = _compiled_module()
+    try:
+        extensions = list(mypycify(list(compiled.HOT_PATH), opt_level="3", group_name="shoal._hot"))
+    except (Exception, SystemExit) as e:  # mypyc exits on a type error it cannot compile
+        _say(f"mypyc could not compile the hot path ({e!r}); it stays interpreted")
+        return []
+    compiled.record_sources(HERE, compiled.HOT_PATH)
+    return extensions
+
+
+class _OptionalBuildExt(build_ext):  # type: ignore[misc]
+    """A failed C build leaves shoal interpreted instead of failing the install."""
+
+    def run(self) -> None:
+        try:
+            super().run()
+        except Exception as e:
+            _say(f"compiling the hot path failed ({e!r}); it stays interpreted")
+
+
+setup(ext_modules=_extensions(), cmdclass={"build_ext": _OptionalBuildExt})

@@ -1,0 +1,123 @@
+"""The request hot path, compiled to C with mypyc at install time, and the guard around it.
+
+`setup.py` compiles the modules named in :data:`HOT_PATH` when mypyc and a C compiler are
+there; everything else stays interpreted, and so does the hot path where it cannot be built
+(another Python, no compiler, ``SHOAL_PURE_PYTHON=1``). A compiled module is an extension file
+beside its source, and Python imports the extension first: after an edit or a checkout it
+would run stale code. The build records a hash of each source it compiled
+(:func:`record_sources`); :func:`prefer_fresh_sources` compares them with the sources there now
+and, on any difference, imports the whole hot path from source, all of it or none, since the
+compiled modules call each other's classes directly. (Hashes, not modification times: a wheel
+installs its files in any order, with fresh times.)
+
+This module stays interpreted; it runs on every ``import shoal``, in stubs too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.machinery
+import importlib.util
+import json
+import os
+import sys
+from collections.abc import Sequence
+from types import ModuleType
+
+HOT_PATH: tuple[str, ...] = (
+    "shoal/ipc/_alloc.py",
+    "shoal/ipc/_ring.py",
+    "shoal/ipc/arena.py",
+    "shoal/ipc/dtypes.py",
+    "shoal/ipc/queue.py",
+    "shoal/ipc/tensor.py",
+    "shoal/frontends/_compression.py",
+    "shoal/frontends/_http_protocol.py",
+    "shoal/frontends/_output_bytes.py",
+    "shoal/frontends/_params.py",
+    "shoal/frontends/_request.py",
+    "shoal/frontends/_response.py",
+    "shoal/frontends/http.py",
+    "shoal/supervisor/instances.py",
+    "shoal/supervisor/schedulers/default.py",
+    "shoal/supervisor/schedulers/dynamic.py",
+    "shoal/supervisor/segments.py",
+    "shoal/supervisor/staging.py",
+    "shoal/supervisor/stats.py",
+)
+
+#: Written beside this module by the build: the hash of each source it compiled.
+RECORD = "_hot_build.json"
+
+#: "compiled", "interpreted" (nothing was built) or "stale" (built, but older than the sources).
+state = "interpreted"
+
+
+def _module_name(path: str) -> str:
+    return path.removesuffix(".py").replace("/", ".")
+
+
+def _extension(source: str) -> str | None:
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        candidate = source.removesuffix(".py") + suffix
+        if os.path.exists(candidate):
+            return candidate
+    return None
+
+
+def _digest(path: str) -> str:
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def record_sources(root: str, paths: Sequence[str]) -> None:
+    """Called by the build before it compiles ``paths`` (relative to ``root``)."""
+    record = {path: _digest(os.path.join(root, path)) for path in paths}
+    with open(os.path.join(root, "shoal", RECORD), "w") as f:
+        json.dump(record, f, indent=1, sort_keys=True)
+
+
+def _built_state(root: str, paths: Sequence[str]) -> str:
+    built = [p for p in paths if _extension(os.path.join(root, p)) is not None]
+    if not built:
+        return "interpreted"
+    if len(built) != len(paths):
+        return "stale"
+    try:
+        with open(os.path.join(root, "shoal", RECORD)) as f:
+            record = json.load(f)
+    except (OSError, ValueError):
+        return "stale"
+    for path in paths:
+        if record.get(path) != _digest(os.path.join(root, path)):
+            return "stale"
+    return "compiled"
+
+
+class _SourceFirst:
+    """A meta path finder that loads the named modules from their ``.py`` files."""
+
+    def __init__(self, sources: dict[str, str]) -> None:
+        self._sources = sources
+
+    def find_spec(
+        self, name: str, path: Sequence[str] | None = None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        source = self._sources.get(name)
+        if source is None:
+            return None
+        return importlib.util.spec_from_file_location(name, source)
+
+
+def prefer_fresh_sources(package_dir: str) -> str:
+    """Decide how the hot path is imported in this process; returns the :data:`state`."""
+    global state
+    root = os.path.dirname(package_dir)
+    state = _built_state(root, HOT_PATH)
+    if os.environ.get("SHOAL_PURE_PYTHON"):
+        state = "interpreted"  # asked for: no warning about a stale build
+    elif state != "stale":
+        return state
+    sources = {_module_name(p): os.path.join(root, p) for p in HOT_PATH}
+    sys.meta_path.insert(0, _SourceFirst(sources))
+    return state

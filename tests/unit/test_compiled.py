@@ -1,0 +1,89 @@
+"""The compiled hot path: all of it or none of it runs compiled, and never an extension older
+than its source (shoal/_compiled.py)."""
+
+from __future__ import annotations
+
+import importlib.machinery
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from shoal import _compiled
+
+pytestmark = pytest.mark.timeout(60)
+
+SUFFIX = importlib.machinery.EXTENSION_SUFFIXES[0]
+PATHS = ("shoal/a.py", "shoal/sub/b.py")
+
+
+def _tree(root: Path, built: tuple[str, ...], recorded: bool = True) -> None:
+    for path in PATHS:
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).write_text(f"# {path}\n")
+    if recorded:
+        _compiled.record_sources(str(root), PATHS)
+    for path in built:
+        (root / (path.removesuffix(".py") + SUFFIX)).write_bytes(b"")
+
+
+def test_nothing_built_is_interpreted(tmp_path: Path) -> None:
+    _tree(tmp_path, built=(), recorded=False)
+    assert _compiled._built_state(str(tmp_path), PATHS) == "interpreted"
+
+
+def test_a_build_of_the_sources_there_is_compiled(tmp_path: Path) -> None:
+    _tree(tmp_path, built=PATHS)
+    assert _compiled._built_state(str(tmp_path), PATHS) == "compiled"
+
+
+def test_a_source_edited_after_the_build_makes_it_stale(tmp_path: Path) -> None:
+    _tree(tmp_path, built=PATHS)
+    (tmp_path / PATHS[1]).write_text("# edited\n")
+    assert _compiled._built_state(str(tmp_path), PATHS) == "stale"
+
+
+def test_half_a_build_or_no_record_is_stale(tmp_path: Path) -> None:
+    _tree(tmp_path, built=PATHS[:1])
+    assert _compiled._built_state(str(tmp_path), PATHS) == "stale"
+    _tree(tmp_path, built=PATHS, recorded=False)
+    (tmp_path / "shoal" / _compiled.RECORD).unlink()
+    assert _compiled._built_state(str(tmp_path), PATHS) == "stale"
+
+
+def _imported_files(env: dict[str, str]) -> dict[str, object]:
+    names = [p.removesuffix(".py").replace("/", ".") for p in _compiled.HOT_PATH]
+    script = (
+        "import importlib, json, shoal._compiled as c\n"
+        f"files = {{n: importlib.import_module(n).__file__ for n in {names!r}}}\n"
+        "print(json.dumps({'state': c.state, 'files': files}))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=50,
+    )
+    result: dict[str, object] = json.loads(out.stdout)
+    return result
+
+
+def test_the_hot_path_is_all_compiled_or_all_source() -> None:
+    result = _imported_files({})
+    files = result["files"]
+    assert isinstance(files, dict)
+    compiled = [f.endswith(SUFFIX) for f in files.values()]
+    assert all(compiled) if result["state"] == "compiled" else not any(compiled)
+
+
+def test_shoal_pure_python_imports_the_sources() -> None:
+    result = _imported_files({"SHOAL_PURE_PYTHON": "1"})
+    files = result["files"]
+    assert isinstance(files, dict)
+    assert result["state"] == "interpreted"
+    assert all(f.endswith(".py") for f in files.values())
