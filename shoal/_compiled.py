@@ -29,6 +29,7 @@ HOT_PATH: tuple[str, ...] = (
     "shoal/ipc/_ring.py",
     "shoal/ipc/arena.py",
     "shoal/ipc/dtypes.py",
+    "shoal/ipc/messages.py",
     "shoal/ipc/queue.py",
     "shoal/ipc/tensor.py",
     "shoal/frontends/_compression.py",
@@ -42,8 +43,10 @@ HOT_PATH: tuple[str, ...] = (
     "shoal/supervisor/schedulers/default.py",
     "shoal/supervisor/schedulers/dynamic.py",
     "shoal/supervisor/segments.py",
+    "shoal/supervisor/service.py",
     "shoal/supervisor/staging.py",
     "shoal/supervisor/stats.py",
+    "shoal/supervisor/types.py",
 )
 
 #: Written beside this module by the build: the hash of each source it compiled.

@@ -62,7 +62,7 @@ class DecodedInfer:
     final_response_flag: bool = False
 
 
-def decode_infer_request(data: bytes) -> DecodedInfer:
+def decode_infer_request(data: bytes | bytearray | memoryview) -> DecodedInfer:
     """Decode a serialized ``ModelInferRequest``."""
     header, raw = split_raw_contents(data, _RAW_INPUT_CONTENTS)
     try:

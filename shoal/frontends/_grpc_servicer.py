@@ -125,7 +125,7 @@ class Servicer:
 
     # -- inference -------------------------------------------------------------------------
 
-    async def model_infer(self, data: bytes) -> bytes:
+    async def model_infer(self, data: bytes | bytearray | memoryview) -> bytes:
         decoded = decode_infer_request(data)
         response = await self._core.infer(decoded.request)
         try:
@@ -136,7 +136,7 @@ class Servicer:
     def model_stream_infer(self, requests: AsyncIterable[bytes]) -> AsyncGenerator[bytes, None]:
         return answer_stream(requests, self._stream_answer, self._closing)
 
-    async def _stream_answer(self, data: bytes) -> AsyncIterator[bytes]:
+    async def _stream_answer(self, data: bytes | bytearray | memoryview) -> AsyncIterator[bytes]:
         """Every response of one request (several for a decoupled model); the last one carries
         ``triton_final_response`` when the client asked for that flag."""
         decoded: DecodedInfer | None = None

@@ -22,7 +22,7 @@ import inspect
 from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Awaitable, Callable
 
 #: One answer (an awaitable) or several (an async iterator) for a request message.
-Answer = Callable[[bytes], Awaitable[bytes] | AsyncIterator[bytes]]
+Answer = Callable[[bytes | bytearray | memoryview], Awaitable[bytes] | AsyncIterator[bytes]]
 
 
 async def answer_stream(
@@ -79,7 +79,7 @@ class _Stream:
         if not self._reading and self._unanswered == 0:
             self._done.put_nowait(None)
 
-    async def _answer_one(self, message: bytes) -> None:
+    async def _answer_one(self, message: bytes | bytearray | memoryview) -> None:
         try:
             answer = self._answer(message)
             if inspect.isawaitable(answer):

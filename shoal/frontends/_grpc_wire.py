@@ -64,7 +64,9 @@ def embedded_chunks(number: int, message: Sequence[Chunk]) -> list[Chunk]:
     return [field_header(number, size), *message]
 
 
-def split_raw_contents(data: bytes, number: int) -> tuple[bytes | memoryview, list[memoryview]]:
+def split_raw_contents(
+    data: bytes | bytearray | memoryview, number: int
+) -> tuple[bytes | bytearray | memoryview, list[memoryview]]:
     """Separate the length-delimited field ``number`` from a serialized message.
 
     Returns the message without that field (to parse with protobuf) and the field's entries, in

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
 import msgpack
 
@@ -57,7 +57,6 @@ class Kind(enum.IntEnum):
 class Initialize:
     """Load the model and call ``initialize(args)``; ``args`` holds Triton's seven keys."""
 
-    KIND: ClassVar[Kind] = Kind.INITIALIZE
     args: dict[str, str]
     model_file: str  # absolute path of model.py
     output_arena_id: int
@@ -119,7 +118,6 @@ def _region_from_wire(obj: list[Any]) -> RegionLocation | CudaRegionLocation:
 class Execute:
     """Run ``execute`` on a batch of requests; answered by one :class:`Result`."""
 
-    KIND: ClassVar[Kind] = Kind.EXECUTE
     batch_id: int
     requests: list[RequestRecord]
 
@@ -135,7 +133,6 @@ class Execute:
 class Release:
     """The supervisor is done with these output blocks: the stub's arena may reuse them."""
 
-    KIND: ClassVar[Kind] = Kind.RELEASE
     blocks: list[Block]
 
     def fields(self) -> list[Any]:
@@ -150,8 +147,6 @@ class Release:
 class Finalize:
     """Call ``finalize()`` and exit."""
 
-    KIND: ClassVar[Kind] = Kind.FINALIZE
-
     def fields(self) -> list[Any]:
         return []
 
@@ -164,7 +159,6 @@ class Finalize:
 class Ready:
     """``initialize`` finished; ``error`` holds the traceback text when it failed."""
 
-    KIND: ClassVar[Kind] = Kind.READY
     error: str | None = None
     #: ``execute`` is a coroutine: several batches may be in the stub at once.
     concurrent: bool = False
@@ -198,7 +192,6 @@ class ResponseRecord:
 class Result:
     """Responses to an :class:`Execute`, one per request in order."""
 
-    KIND: ClassVar[Kind] = Kind.RESULT
     batch_id: int
     responses: list[ResponseRecord]
     #: Time spent in the model's execute (ns), for statistics.
@@ -233,7 +226,6 @@ class Result:
 class Log:
     """A ``pb_utils.Logger`` record: level (0 info, 1 warning, 2 error, 3 verbose)."""
 
-    KIND: ClassVar[Kind] = Kind.LOG
     level: int
     message: str
     filename: str = ""
@@ -251,7 +243,6 @@ class Log:
 class Finalized:
     """``finalize()`` returned (or raised: ``error``); the stub exits next."""
 
-    KIND: ClassVar[Kind] = Kind.FINALIZED
     error: str | None = None
 
     def fields(self) -> list[Any]:
@@ -288,7 +279,6 @@ class SegmentRetired:
     are never reused, so the message can never name a newer segment.
     """
 
-    KIND: ClassVar[Kind] = Kind.SEGMENT_RETIRED
     arena_id: int
     segment: int
 
@@ -305,7 +295,6 @@ class CudaChunkRetired:
     """The supervisor gave chunk ``chunk`` of device ``device``'s CUDA pool back (it held no
     block): close its IPC handle. Chunk ids are never reused."""
 
-    KIND: ClassVar[Kind] = Kind.CUDA_CHUNK_RETIRED
     device: int
     chunk: int
 
@@ -322,7 +311,6 @@ class CudaRegionClosed:
     """A client unregistered the CUDA region of allocation ``handle`` on ``device``: a stub
     that opened it closes it, so that the client's freed memory is not kept alive."""
 
-    KIND: ClassVar[Kind] = Kind.CUDA_REGION_CLOSED
     device: int
     handle: bytes
 
@@ -347,7 +335,6 @@ def decode_socket(payload: bytes) -> SegmentAnnounce | CudaChunkAnnounce:
 class Response:
     """A decoupled model's response to request ``key`` (``final`` closes the request)."""
 
-    KIND: ClassVar[Kind] = Kind.RESPONSE
     key: int
     response: ResponseRecord | None
     final: bool
@@ -365,7 +352,6 @@ class Response:
 class BlsCall:
     """A model's ``InferenceRequest.exec()``: run ``request`` on another model."""
 
-    KIND: ClassVar[Kind] = Kind.BLS_CALL
     call_id: int
     model_name: str
     model_version: int
@@ -390,7 +376,6 @@ class BlsCall:
 class BlsReply:
     """One response to a :class:`BlsCall` (``final`` ends it; a non-decoupled call has one)."""
 
-    KIND: ClassVar[Kind] = Kind.BLS_REPLY
     call_id: int
     response: ResponseRecord | None
     final: bool
@@ -412,7 +397,6 @@ class BlsReply:
 class BlsDone:
     """The model dropped the responses of a BLS call: their blocks may be released."""
 
-    KIND: ClassVar[Kind] = Kind.BLS_DONE
     call_id: int
 
     def fields(self) -> list[Any]:
@@ -427,7 +411,6 @@ class BlsDone:
 class BlsCancel:
     """Cancel a BLS call: ``ResponseIterator.cancel()``, or the caller's request was cancelled."""
 
-    KIND: ClassVar[Kind] = Kind.BLS_CANCEL
     call_id: int
 
     def fields(self) -> list[Any]:
@@ -442,7 +425,6 @@ class BlsCancel:
 class Cancel:
     """The clients of these requests went away: ``is_cancelled()`` turns true for them."""
 
-    KIND: ClassVar[Kind] = Kind.CANCEL
     keys: list[int]
 
     def fields(self) -> list[Any]:
@@ -479,7 +461,6 @@ class MetricUpdate(enum.IntEnum):
 class ControlCall:
     """A model's request to the server; ``call_id`` 0 wants no reply."""
 
-    KIND: ClassVar[Kind] = Kind.CONTROL_CALL
     call_id: int
     op: ControlOp
     args: list[Any]
@@ -496,7 +477,6 @@ class ControlCall:
 class ControlReply:
     """The answer to a :class:`ControlCall`: a value, or the error text."""
 
-    KIND: ClassVar[Kind] = Kind.CONTROL_REPLY
     call_id: int
     error: str | None
     value: Any = None
@@ -531,35 +511,35 @@ Message = (
     | CudaRegionClosed
 )
 
-_TYPES: dict[int, Any] = {
-    t.KIND: t
-    for t in (
-        Initialize,
-        Execute,
-        Release,
-        Finalize,
-        Ready,
-        Result,
-        Log,
-        Finalized,
-        Response,
-        BlsCall,
-        BlsReply,
-        BlsDone,
-        BlsCancel,
-        ControlCall,
-        ControlReply,
-        Cancel,
-        SegmentRetired,
-        CudaChunkRetired,
-        CudaRegionClosed,
-    )
+#: Each message class's kind. (Not a ClassVar on the dataclasses: mypyc, which compiles this
+#: module, would make a ClassVar with a value a dataclass field.)
+_KINDS: dict[type, Kind] = {
+    Initialize: Kind.INITIALIZE,
+    Execute: Kind.EXECUTE,
+    Release: Kind.RELEASE,
+    Finalize: Kind.FINALIZE,
+    Ready: Kind.READY,
+    Result: Kind.RESULT,
+    Log: Kind.LOG,
+    Finalized: Kind.FINALIZED,
+    SegmentRetired: Kind.SEGMENT_RETIRED,
+    CudaChunkRetired: Kind.CUDA_CHUNK_RETIRED,
+    CudaRegionClosed: Kind.CUDA_REGION_CLOSED,
+    Response: Kind.RESPONSE,
+    BlsCall: Kind.BLS_CALL,
+    BlsReply: Kind.BLS_REPLY,
+    BlsDone: Kind.BLS_DONE,
+    BlsCancel: Kind.BLS_CANCEL,
+    Cancel: Kind.CANCEL,
+    ControlCall: Kind.CONTROL_CALL,
+    ControlReply: Kind.CONTROL_REPLY,
 }
+_TYPES: dict[int, Any] = {int(kind): cls for cls, kind in _KINDS.items()}
 
 
 def encode(message: Message) -> bytes:
     """Serialize a message for a channel ring."""
-    return msgpack.packb([int(message.KIND), *message.fields()], use_bin_type=True)  # type: ignore[no-any-return]
+    return msgpack.packb([int(_KINDS[type(message)]), *message.fields()], use_bin_type=True)  # type: ignore[no-any-return]
 
 
 def decode(payload: bytes) -> Message:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from shoal.ipc import cuda
+from shoal.ipc.cuda import close_ipc_handle, cuda_device_count, open_ipc_handle
 from shoal.ipc.tensor import CudaRegionLocation
 from shoal.supervisor.errors import ErrorCode, InvalidArgument, NotFound, ShoalError
 from shoal.supervisor.types import CudaSharedMemoryRegion
@@ -43,9 +44,9 @@ class CudaSharedMemoryRegistry:
     def __init__(
         self,
         *,
-        device_count: Callable[[], int] = cuda.cuda_device_count,
-        opener: Callable[[int, bytes], int] = cuda.open_ipc_handle,
-        closer: Callable[[int, int], None] = cuda.close_ipc_handle,
+        device_count: Callable[[], int] = cuda_device_count,
+        opener: Callable[[int, bytes], int] = open_ipc_handle,
+        closer: Callable[[int, int], None] = close_ipc_handle,
     ) -> None:
         self._regions: dict[str, _Opened] = {}
         self._generations = itertools.count(1)

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import shoal
@@ -14,7 +13,7 @@ from shoal.ipc import messages as msg
 from shoal.ipc.arena import Block, OwnedArena, remove_stale_segments
 from shoal.ipc.messages import RequestRecord
 from shoal.ipc.tensor import CudaRegionLocation, RegionLocation
-from shoal.supervisor import staging
+from shoal.supervisor import staging, streaming
 from shoal.supervisor.bls import BlsRouter
 from shoal.supervisor.control import ModelRepositoryManager
 from shoal.supervisor.cuda_pools import CudaPools
@@ -42,7 +41,6 @@ from shoal.supervisor.shm_io import (
     write_shm_outputs,
 )
 from shoal.supervisor.shm_registry import SharedMemoryRegistry
-from shoal.supervisor.streams import new_stream
 from shoal.supervisor.trace_settings import TraceChange, TraceSettings, TraceValue
 from shoal.supervisor.types import (
     CudaSharedMemoryRegion,
@@ -222,7 +220,12 @@ class InferenceService:
         finally:
             self.gate.leave()
 
-    def _stage(self, mv: ModelVersion, request: InferRequest) -> tuple[RequestRecord, list[Block]]:
+    def resolve(self, request: InferRequest) -> ModelVersion:
+        """The model version a request names (NotFound or Unavailable when there is none)."""
+        return self._repo.resolve(request.model_name, request.model_version)
+
+    def stage(self, mv: ModelVersion, request: InferRequest) -> tuple[RequestRecord, list[Block]]:
+        """Check a request and copy its inputs into the input arena (for the core and streams)."""
         regions = read_shm_inputs(self.shm, request)
         staging.check_inputs(mv.config, request)
         outputs = staging.check_outputs(mv.config, request)
@@ -236,46 +239,9 @@ class InferenceService:
             raise Unavailable(f"model '{mv.name}' version {mv.version} is not ready")
         return record, blocks
 
-    async def infer_stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
+    def infer_stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
         """Every response of a request: one for most models, any number for a decoupled one."""
-        mv = self._repo.resolve(request.model_name, request.model_version)
-        if not mv.config.decoupled:
-            yield await self.infer(request)
-            return
-        self.gate.enter(request.model_name)
-        try:
-            # aclosing: a client that goes away closes the inner stream (and cancels) at once.
-            async with contextlib.aclosing(self._decoupled(mv, request)) as responses:
-                async for response in responses:
-                    yield response
-        finally:
-            self.gate.leave()
-
-    async def _decoupled(
-        self, mv: ModelVersion, request: InferRequest
-    ) -> AsyncGenerator[InferResponse, None]:
-        record, blocks = self._stage(mv, request)
-        future: asyncio.Future[Completion] = asyncio.get_running_loop().create_future()
-        stream = new_stream()
-        work = Work(
-            record, blocks, future, batch_size=staging.batch_size(mv.config, request), stream=stream
-        )
-        mv.submit(work)
-        finished = False
-        try:
-            while (item := await stream.get()) is not None:
-                if isinstance(item, BaseException):
-                    raise item
-                yield self._response(mv, request, item)
-            finished = True
-        finally:
-            work.closed = True  # later responses are released as they come
-            if not finished:
-                work.cancel()
-            while not stream.empty():
-                left = stream.get_nowait()
-                if isinstance(left, Completion):
-                    left.release()
+        return streaming.responses(self, request)
 
     async def _infer(self, mv: ModelVersion, request: InferRequest) -> InferResponse:
         started = time.monotonic_ns()
@@ -285,7 +251,7 @@ class InferenceService:
                 "ModelInfer doesn't support models with decoupled transaction policy; use "
                 "gRPC ModelStreamInfer or HTTP generate_stream"
             )
-        record, blocks = self._stage(mv, request)
+        record, blocks = self.stage(mv, request)
         if mv.config.is_ensemble:
             response = await self.ensembles.run(mv, request, record, blocks)
             mv.stats.success(
@@ -303,7 +269,7 @@ class InferenceService:
         except asyncio.CancelledError:
             work.cancel()
             raise
-        response = self._response(mv, request, completion)
+        response = self.response(mv, request, completion)
         try:
             write_shm_outputs(self.shm, request, response)
         except ShoalError:
@@ -320,7 +286,7 @@ class InferenceService:
             mv.stats.stage("core_total", finished - started)
         return response
 
-    def _response(
+    def response(
         self, mv: ModelVersion, request: InferRequest, completion: Completion
     ) -> InferResponse:
         record = completion.response

@@ -17,12 +17,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
 
 #: Parameter values allowed by the KServe V2 protocol.
 ParamValue = bool | int | float | str
+
+
+#: memoryview by another name: a dataclass field annotated ``memoryview`` itself fails to import
+#: once mypyc compiles this module (a KeyError); an alias does not.
+View: TypeAlias = memoryview
 
 
 @dataclass
@@ -72,7 +77,7 @@ class InferOutput:
     name: str
     datatype: str
     shape: tuple[int, ...]
-    data: memoryview
+    data: View
     parameters: dict[str, ParamValue] = field(default_factory=dict)
 
     def as_numpy(self) -> np.ndarray:

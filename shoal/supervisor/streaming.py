@@ -1,0 +1,66 @@
+"""Every response of a request, as an async iterator (the core's ``infer_stream``).
+
+Kept apart from ``service.py``: mypyc compiles that module and does not support async
+generators, and a stream's per-response cost is in the stub and the frontend anyway.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import TYPE_CHECKING
+
+from shoal.supervisor import staging
+from shoal.supervisor.streams import new_stream
+from shoal.supervisor.types import InferRequest, InferResponse
+from shoal.supervisor.work import Completion, Work
+
+if TYPE_CHECKING:
+    from shoal.supervisor.models import ModelVersion
+    from shoal.supervisor.service import InferenceService
+
+
+async def responses(
+    service: InferenceService, request: InferRequest
+) -> AsyncIterator[InferResponse]:
+    """One response for most models, any number for a decoupled one."""
+    mv = service.resolve(request)
+    if not mv.config.decoupled:
+        yield await service.infer(request)
+        return
+    service.gate.enter(request.model_name)
+    try:
+        # aclosing: a client that goes away closes the inner stream (and cancels) at once.
+        async with contextlib.aclosing(_decoupled(service, mv, request)) as each:
+            async for response in each:
+                yield response
+    finally:
+        service.gate.leave()
+
+
+async def _decoupled(
+    service: InferenceService, mv: ModelVersion, request: InferRequest
+) -> AsyncGenerator[InferResponse, None]:
+    record, blocks = service.stage(mv, request)
+    future: asyncio.Future[Completion] = asyncio.get_running_loop().create_future()
+    stream = new_stream()
+    work = Work(
+        record, blocks, future, batch_size=staging.batch_size(mv.config, request), stream=stream
+    )
+    mv.submit(work)
+    finished = False
+    try:
+        while (item := await stream.get()) is not None:
+            if isinstance(item, BaseException):
+                raise item
+            yield service.response(mv, request, item)
+        finished = True
+    finally:
+        work.closed = True  # later responses are released as they come
+        if not finished:
+            work.cancel()
+        while not stream.empty():
+            left = stream.get_nowait()
+            if isinstance(left, Completion):
+                left.release()
