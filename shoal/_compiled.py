@@ -52,7 +52,8 @@ HOT_PATH: tuple[str, ...] = (
 #: Written beside this module by the build: the hash of each source it compiled.
 RECORD = "_hot_build.json"
 
-#: "compiled", "interpreted" (nothing was built) or "stale" (built, but older than the sources).
+#: "compiled", "interpreted" (nothing built, or SHOAL_PURE_PYTHON) or "stale" (built from other
+#: sources than those there now: the hot path then runs interpreted).
 state = "interpreted"
 
 
