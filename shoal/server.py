@@ -8,6 +8,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from shoal import _compiled
+from shoal.supervisor.gc_tuning import settle_after_start
 from shoal.supervisor.options import Restriction, ServerOptions
 from shoal.supervisor.service import InferenceService
 
@@ -120,6 +121,7 @@ async def run_server(options: ServerOptions, stop: asyncio.Event) -> int:
         if options.allow_metrics:
             metrics = await _start_metrics(service, options)
         _report_hot_path()
+        settle_after_start()
         log.info("shoal is ready")
         await stop.wait()
         log.info("shutting down (exit timeout %.0fs)", options.exit_timeout_secs)
