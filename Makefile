@@ -24,7 +24,9 @@ COMPILED := $(VENV)/.shoal-compiled
 HOT_PATH := $(shell sed -n 's/^    "\(shoal\/.*\.py\)",$$/\1/p' shoal/_compiled.py)
 
 $(COMPILED): $(STAMP) setup.py shoal/_compiled.py $(HOT_PATH)
-	$(BIN)/python -m pip install --quiet --no-build-isolation --no-deps -e .
+	$(BIN)/python -m pip install --quiet 'setuptools>=68' wheel
+	$(BIN)/python -m pip install --quiet --no-build-isolation --no-deps -e . \
+		|| echo "shoal: the build above failed; shoal runs interpreted"
 	touch $(COMPILED)
 
 serve: $(COMPILED)
