@@ -50,6 +50,11 @@ class PolicyQueue:
             timeout = requested_us
         return timeout
 
+    @property
+    def gives_deadlines(self) -> bool:
+        """Whether :meth:`timeout_us` can give a request a timeout at all."""
+        return self.policy.default_timeout_microseconds > 0
+
     def expire(self, now_ns: int) -> list[Entry]:
         """Apply the policy to every expired request; returns the rejected ones."""
         expired = [e for e in self.waiting if e.deadline_ns and now_ns > e.deadline_ns]
@@ -91,6 +96,8 @@ class PriorityQueue:
         self._queues = {
             level: PolicyQueue(level_policies.get(level, default_policy)) for level in numbers
         }
+        # Levels without timeouts need no scan for the closest deadline on every request.
+        self._timed = [q for q in self._queues.values() if q.gives_deadlines]
 
     def __len__(self) -> int:
         return sum(len(q) for q in self._queues.values())
@@ -116,7 +123,7 @@ class PriorityQueue:
         return rejected
 
     def closest_deadline(self) -> int | None:
-        deadlines = [e.deadline_ns for q in self._queues.values() for e in q.waiting]
+        deadlines = [e.deadline_ns for q in self._timed for e in q.waiting]
         live = [d for d in deadlines if d]
         return min(live) if live else None
 

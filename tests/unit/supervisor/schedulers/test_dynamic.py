@@ -333,3 +333,31 @@ def test_non_batching_model_runs_one_request_per_execution(tmp_path):
         await s.close()
 
     run(scenario())
+
+
+def test_only_levels_with_a_timeout_time_their_requests_out(tmp_path):
+    async def scenario():
+        policy = (
+            "dynamic_batching { priority_levels: 2 default_priority_level: 1 "
+            "default_queue_policy { allow_timeout_override: true } "
+            "priority_queue_policy { key: 2 value { default_timeout_microseconds: 100 } } }"
+        )
+        s = Setup(tmp_path, policy)
+        (inst,) = s.instances
+        blocker = s.submit()
+        await inst.take()
+        untimed = s.submit(timeout_us=10)  # its level has no timeout to shorten
+        timed = s.submit(params={"priority": 2})
+        s.clock.advance_us(101)
+        await settle()
+        with pytest.raises(ShoalError, match="Request timeout expired"):
+            await timed.future
+        assert not untimed.future.done()
+        inst.finish()
+        assert await inst.take() == [untimed]
+        inst.finish()
+        for work in (blocker, untimed):
+            await result(work)
+        await s.close()
+
+    run(scenario())
