@@ -207,7 +207,7 @@ class InferenceService:
     async def infer(self, request: InferRequest) -> InferResponse:
         self.gate.enter(request.model_name)
         try:
-            mv = self._repo.resolve(request.model_name, request.model_version)
+            mv = self.resolve(request)
             started = time.monotonic_ns()
             try:
                 return await self._infer(mv, request)

@@ -146,17 +146,21 @@ def test_a_bls_output_is_handed_on_to_a_bls_call_by_its_descriptor(copies) -> No
     assert len(lent) == 1
 
 
+def _record_host_copies(copies, monkeypatch) -> None:
+    """Device-to-host copies recorded in ``copies``, each giving 16 zero bytes."""
+
+    def device_to_host(pointer: int, nbytes: int) -> np.ndarray:
+        copies.append((0, pointer, nbytes))
+        return np.zeros(16, dtype=np.uint8)
+
+    monkeypatch.setattr(gpu_tensors, "device_to_host", device_to_host)
+
+
 def test_inputs_in_the_pool_are_gpu_tensors_unless_cpu_is_forced(copies, monkeypatch) -> None:
     block = CudaLocation(0, 4096, 16)
     desc = TensorDesc("IN", "FP32", (4,), block)
     assert not make(FakeControl()).input_tensor(desc).is_cpu()
-    pinned = np.zeros(16, dtype=np.uint8)
-
-    def device_to_host(pointer: int, nbytes: int) -> np.ndarray:
-        copies.append((0, pointer, nbytes))
-        return pinned
-
-    monkeypatch.setattr(gpu_tensors, "device_to_host", device_to_host)
+    _record_host_copies(copies, monkeypatch)
     on_host = make(FakeControl(), force_cpu=True).input_tensor(desc)
     assert on_host.is_cpu() and on_host.as_numpy().shape == (4,)
     assert not on_host.as_numpy().flags.writeable
@@ -319,12 +323,6 @@ def test_inputs_in_a_client_region_are_read_in_place(copies, monkeypatch) -> Non
     desc = TensorDesc("IN", "FP32", (4,), CudaRegionLocation("1:r", 0, 32, 16, bytes(64)))
     on_gpu = make(FakeControl()).input_tensor(desc)
     assert not on_gpu.is_cpu() and on_gpu._gpu.data.ptr == BASE + 32
-    pinned = np.zeros(16, dtype=np.uint8)
-
-    def device_to_host(pointer: int, nbytes: int) -> np.ndarray:
-        copies.append((0, pointer, nbytes))
-        return pinned
-
-    monkeypatch.setattr(gpu_tensors, "device_to_host", device_to_host)
+    _record_host_copies(copies, monkeypatch)
     on_host = make(FakeControl(), force_cpu=True).input_tensor(desc)
     assert on_host.is_cpu() and copies == [(0, BASE + 32, 16)]
