@@ -163,7 +163,7 @@ def _place(items: list[bytes], out: np.ndarray) -> None:
 def _place_each(
     items: list[bytes], starts: np.ndarray, prefixes: np.ndarray, out: np.ndarray
 ) -> None:
-    view = memoryview(out)  # type: ignore[arg-type]
+    view = out.data
     for index, (start, item) in enumerate(zip(starts.tolist(), items, strict=True)):
         view[start : start + 4] = prefixes[index].tobytes()
         view[start + 4 : start + 4 + len(item)] = item
