@@ -6,6 +6,8 @@ environment that lacks it. orjson is stricter than ``json``: it refuses lone sur
 (``"\\ud800"``, not valid UTF-8 text) in a request as malformed JSON, and reads integer literals
 beyond 64 bits as floats (:mod:`shoal.frontends._tensor_json` reports them as out of range).
 
+Documents nested more than 1,024 levels deep are refused (orjson's limit), on every Python version.
+
 NaN and infinities are written and read as Triton does (``NaN``, ``Infinity``, ``-Infinity``: not
 standard JSON, but what Triton's rapidjson writes and reads, and what Python's ``json`` and
 tritonclient read), instead of orjson's ``null``: see :func:`non_finite`.
@@ -30,6 +32,8 @@ def _optional_orjson() -> Any:
 
 
 _ORJSON: Any = _optional_orjson()
+#: How orjson's message begins for a document nested more than 1,024 levels deep.
+_DEPTH_LIMIT = "depth limit exceeded"
 
 _NON_FINITE_TEXT = {"nan": b"NaN", "inf": b"Infinity", "-inf": b"-Infinity"}
 #: What :func:`non_finite` returns, by ``repr`` of the float: orjson writes a Fragment as is.
@@ -59,6 +63,10 @@ def loads(data: bytes | bytearray | memoryview) -> Any:
             try:
                 return _ORJSON.loads(data)
             except ValueError as exc:
+                if str(exc).startswith(_DEPTH_LIMIT):
+                    # Refused here, not handed on: how deep the standard library's parser goes
+                    # depends on the Python version (3.11 stops near 1,000, 3.12 goes deeper).
+                    raise
                 # NaN and Infinity literals (Triton reads them): the standard library reads
                 # those, and refuses the same other input orjson does.
                 try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any
 
 import pytest
@@ -51,6 +52,20 @@ def test_orjson_is_used_when_installed(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_json, "_ORJSON", fake)
     assert _json.loads(_json.dumps([1])) == [1]
     assert fake.calls == ["dumps", "loads"]
+
+
+def test_depth_beyond_orjsons_limit_is_refused_whatever_the_python() -> None:
+    pytest.importorskip("orjson")
+    deep = b"[" * 2000 + b"1" + b"]" * 2000
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(20_000)  # the standard library could now parse it, as 3.12's does
+    try:
+        assert json.loads(deep) is not None
+        with pytest.raises(_json.JsonDecodeError, match="depth limit exceeded"):
+            _json.loads(deep)
+    finally:
+        sys.setrecursionlimit(limit)
+    assert _json.loads(b"[" * 1024 + b"1" + b"]" * 1024) is not None
 
 
 # --- NaN and infinities, as Triton writes and reads them ---------------------------------------
