@@ -189,7 +189,9 @@ class FullCore(BareCore):
     def __init__(self) -> None:
         super().__init__()
         self.loads: list[tuple[str, str | None, dict[str, bytes] | None]] = []
-        self.cuda = CudaSharedMemoryRegistry()  # the real one: on this machine, without GPUs
+        self.cuda = (
+            CudaSharedMemoryRegistry()
+        )  # the real one: it opens handles where there is a GPU
         self.unloads: list[tuple[str, bool]] = []
         self.regions: dict[str, SharedMemoryRegion] = {}
         self.logging: dict[str, ParamValue] = {

@@ -38,7 +38,11 @@ MESSAGES = int(os.environ.get("SHOAL_IPC_TEST_MESSAGES", "1000000"))
 def peer(mode: str, channel: Channel, fds: tuple[int, ...] = (), **spec: Any) -> Iterator[Any]:
     """Run peer.py in ``mode``; on exit close the channel and reap the process."""
     spec["channel"] = channel.child_fds()
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    # Prepended, not replaced: the dependencies may live on PYTHONPATH too (a GPU machine's).
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    }
     process = subprocess.Popen(
         [sys.executable, str(PEER), mode, json.dumps(spec)],
         pass_fds=[*channel.child_fds(), *fds],

@@ -8,6 +8,7 @@ import mmap
 import numpy as np
 import pytest
 
+from shoal.ipc.cuda import cuda_device_count
 from shoal.stub.pb_utils import Tensor, TritonModelException
 from tests.unit.stub.helpers import readonly
 
@@ -180,6 +181,11 @@ class _GpuProducer:
         return (2, 0)
 
 
+# With a GPU these objects are accepted (tests/gpu covers that); without one they must be refused.
+no_gpu = pytest.mark.skipif(cuda_device_count() > 0, reason="checks the behaviour without a GPU")
+
+
+@no_gpu
 def test_gpu_producer_is_refused_before_export():
     producer = _GpuProducer()
     with pytest.raises(TritonModelException, match="GPU"):
@@ -187,6 +193,7 @@ def test_gpu_producer_is_refused_before_export():
     assert not producer.exported
 
 
+@no_gpu
 def test_gpu_capsule_is_refused():
     source = np.zeros(2, dtype=np.float32)
     capsule = source.__dlpack__()
