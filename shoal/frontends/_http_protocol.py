@@ -15,6 +15,7 @@ import http
 import re
 from typing import Any, Protocol, cast
 
+import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 
@@ -117,6 +118,67 @@ class FastInferHttpToolsProtocol(CoalescingHttpToolsProtocol):
     progress on the connection. Everything else goes through ASGI as before, to the same
     endpoint, so both ways answer alike.
     """
+
+    # uvicorn's own versions of the next four callbacks run for every request; here they are
+    # compiled with the rest of this module (docs/perf.md, "Compiled hot path"), and the
+    # keep-alive timer is armed once per idle period instead of made and cancelled per request.
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self._last_data = self.loop.time()
+
+    def data_received(self, data: bytes) -> None:
+        self._last_data = self.loop.time()
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError:
+            message = "Invalid HTTP request received."
+            self.logger.warning(message)
+            self.send_400_response(message)
+        except httptools.HttpParserUpgrade:
+            if self._should_upgrade():
+                self.handle_websocket_upgrade()
+            else:
+                self._unsupported_upgrade_warning()
+
+    def on_url(self, url: bytes) -> None:
+        self.url = self.url + url  # not +=: mypyc 2.4 fails on it for an inherited attribute
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        name = name.lower()
+        if name == b"expect" and value.lower() == b"100-continue":
+            self.expect_100_continue = True
+        self.headers.append((name, value))
+
+    def on_response_complete(self) -> None:
+        self.server_state.total_requests += 1
+        if self.transport.is_closing():
+            return
+        self.flow.resume_reading()
+        if self.pipeline:
+            cycle, app = self.pipeline.pop()
+            self._start_asgi_task(cycle, app)
+            return
+        self._last_data = self.loop.time()
+        if self.timeout_keep_alive_task is None:
+            self.timeout_keep_alive_task = self.loop.call_later(
+                self.timeout_keep_alive, self._keep_alive_check
+            )
+
+    def _keep_alive_check(self) -> None:
+        """Close the connection once it has been idle for the keep-alive timeout: no request in
+        progress and no bytes received for that long (uvicorn's rule, checked lazily)."""
+        self.timeout_keep_alive_task = None
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            return  # busy: the response's completion arms the timer again
+        idle = self.loop.time() - self._last_data
+        if idle >= self.timeout_keep_alive:
+            self.timeout_keep_alive_handler()
+        else:
+            self.timeout_keep_alive_task = self.loop.call_later(
+                self.timeout_keep_alive - idle, self._keep_alive_check
+            )
 
     def on_message_begin(self) -> None:
         self.url = b""

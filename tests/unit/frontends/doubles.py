@@ -230,9 +230,8 @@ class EchoCore(BaseEchoCore):
         self.loads: list[tuple[str, str | None, dict[str, bytes] | None]] = []
         self.unloads: list[tuple[str, bool]] = []
         self.regions: dict[str, SharedMemoryRegion] = {}
-        self.cuda = (
-            CudaSharedMemoryRegistry()
-        )  # the real one: it opens handles where there is a GPU
+        # The real one: it opens clients' handles where there is a GPU.
+        self.cuda = CudaSharedMemoryRegistry()
         self.log: dict[str, ParamValue] = dict(DEFAULT_LOG_SETTINGS)
         self.stats_calls: list[tuple[str, str]] = []
 

@@ -189,9 +189,8 @@ class FullCore(BareCore):
     def __init__(self) -> None:
         super().__init__()
         self.loads: list[tuple[str, str | None, dict[str, bytes] | None]] = []
-        self.cuda = (
-            CudaSharedMemoryRegistry()
-        )  # the real one: it opens handles where there is a GPU
+        # The real one: it opens clients' handles where there is a GPU.
+        self.cuda = CudaSharedMemoryRegistry()
         self.unloads: list[tuple[str, bool]] = []
         self.regions: dict[str, SharedMemoryRegion] = {}
         self.logging: dict[str, ParamValue] = {

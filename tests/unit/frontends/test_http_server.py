@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import signal
 import socket
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -116,6 +118,58 @@ def test_stop_closes_idle_keep_alive_connections(loop_thread: LoopThread) -> Non
     with requests.Session() as session:  # keeps its connection open after the request
         assert session.get(f"http://127.0.0.1:{port}/v2", timeout=10).status_code == 200
         loop_thread.run(server.stop(), timeout=5)
+
+
+def _infer_request() -> bytes:
+    body = b'{"inputs":[{"name":"X","datatype":"INT32","shape":[1],"data":[5]}]}'
+    head = (
+        b"POST /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n"
+    )
+    return head + body
+
+
+def _read_response(sock: socket.socket) -> bytes:
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, f"connection closed mid-response: {data!r}"
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = int(re.search(rb"content-length: (\d+)", head.lower())[1])  # type: ignore[index]
+    while len(body) < length:
+        body += sock.recv(65536)
+    assert head.startswith(b"HTTP/1.1 200"), head
+    return body
+
+
+def test_keep_alive_timeout_closes_only_idle_connections(loop_thread: LoopThread) -> None:
+    server = HttpServer(build_http_app(EchoCore()), keep_alive_timeout=1)
+    port = loop_thread.run(server.start("127.0.0.1", 0))
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            # Requests 0.4 s apart for 2 s: never idle for the timeout, so never closed.
+            for _ in range(5):
+                assert b'"data":[5]' in _read_response(_send(sock, _infer_request()))
+                time.sleep(0.4)
+            # A request whose headers trickle in over 1.5 s is not cut off either.
+            request = _infer_request()
+            for piece in (request[:10], request[10:30]):
+                sock.sendall(piece)
+                time.sleep(0.75)
+            sock.sendall(request[30:])
+            assert b'"data":[5]' in _read_response(sock)
+            # Then idle: closed after the timeout, not before.
+            idle_from = time.monotonic()
+            assert sock.recv(1) == b""
+            assert 0.9 <= time.monotonic() - idle_from < 5
+    finally:
+        loop_thread.run(server.stop(), timeout=10)
+
+
+def _send(sock: socket.socket, data: bytes) -> socket.socket:
+    sock.sendall(data)
+    return sock
 
 
 async def _new_event() -> asyncio.Event:
