@@ -87,3 +87,16 @@ def test_shoal_pure_python_imports_the_sources() -> None:
     assert isinstance(files, dict)
     assert result["state"] == "interpreted"
     assert all(f.endswith(".py") for f in files.values())
+
+
+@pytest.mark.skipif(
+    not os.environ.get("SHOAL_REQUIRE_COMPILED"),
+    reason="set SHOAL_REQUIRE_COMPILED=1 where a compiler is present (.ci/run does)",
+)
+def test_the_build_compiled_the_hot_path() -> None:
+    # A build that fails leaves shoal interpreted without failing `make` (by design, for users
+    # without a compiler); this is what stops such a failure from passing CI unseen.
+    assert _compiled.state == "compiled", (
+        f"the request hot path is {_compiled.state}: run `make .venv/.shoal-compiled` without "
+        "--quiet (or `python setup.py build_ext --inplace`) to see why mypyc or the C build failed"
+    )
