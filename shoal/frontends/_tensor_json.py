@@ -194,7 +194,8 @@ def json_from_output(
     array = np.frombuffer(data, dtype=dtype)
     if array.dtype.kind == "f":
         return _floats(array)
-    return array.tolist()  # type: ignore[no-any-return]
+    values: list[Any] = array.tolist()  # typed Any or a list by the numpy version: no ignore
+    return values
 
 
 def _floats(array: np.ndarray) -> list[Any]:

@@ -138,7 +138,7 @@ def _place(items: list[bytes], out: np.ndarray) -> None:
     if not count:
         return
     lengths = np.fromiter(map(len, items), dtype=np.int64, count=count)
-    if int(lengths.max()) >= 1 << 32:
+    if int(np.max(lengths)) >= 1 << 32:
         raise ValueError("a BYTES element is longer than a 4-byte length prefix allows")
     payload = np.frombuffer(b"".join(items), dtype=np.uint8)
     prefixes = lengths.astype(_LENGTH).view(np.uint8).reshape(count, 4)
