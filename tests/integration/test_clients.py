@@ -35,6 +35,7 @@ import tritonclient.http as httpclient
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
+from tests.http1 import read_response
 from tests.integration.server import BUNDLED, TEST_MODELS, ShoalServer
 
 pytestmark = pytest.mark.timeout(120)
@@ -148,26 +149,6 @@ def raw_request(path: str, body: bytes, headers: dict[str, str] | None = None) -
     for key, value in (headers or {}).items():
         head += f"{key}: {value}\r\n"
     return (head + "\r\n").encode() + body
-
-
-def read_response(sock: socket.socket) -> tuple[int, bytes]:
-    """One HTTP/1.1 response with a Content-Length from ``sock``."""
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = sock.recv(65536)
-        assert chunk, f"connection closed before the answer: {data!r}"
-        data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
-    length = next(
-        int(line.split(b":")[1])
-        for line in head.split(b"\r\n")
-        if line.lower().startswith(b"content-length:")
-    )
-    while len(body) < length:
-        chunk = sock.recv(65536)
-        assert chunk
-        body += chunk
-    return int(head.split()[1]), body
 
 
 def arena_used(server: ShoalServer) -> int:

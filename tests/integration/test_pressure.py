@@ -35,6 +35,7 @@ import numpy as np
 import pytest
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
+from tests.http1 import read_head_and_body
 from tests.integration.server import BUNDLED, TEST_MODELS, ShoalServer
 
 pytestmark = pytest.mark.timeout(120)
@@ -300,17 +301,7 @@ def _raw_exchange(
     with socket.create_connection((host, int(port)), timeout=timeout) as sock:
         started = time.monotonic()
         sock.sendall(request)
-        data = b""
-        while b"\r\n\r\n" not in data:
-            chunk = sock.recv(65536)
-            assert chunk, f"the server closed the connection without answering: {data!r}"
-            data += chunk
-        head, _, body = data.partition(b"\r\n\r\n")
-        length = int(re.search(rb"(?i)content-length: *(\d+)", head).group(1))
-        while len(body) < length:
-            chunk = sock.recv(65536)
-            assert chunk
-            body += chunk
+        head, body = read_head_and_body(sock)
         return head + b"\r\n\r\n" + body, time.monotonic() - started
 
 

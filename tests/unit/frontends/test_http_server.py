@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import re
 import signal
 import socket
 import time
@@ -14,6 +13,7 @@ import pytest
 import requests
 
 from shoal.frontends.http import AddressInUseError, HttpServer, build_http_app
+from tests.http1 import read_response
 
 from .doubles import EchoCore, LoopThread
 
@@ -129,20 +129,6 @@ def _infer_request() -> bytes:
     return head + body
 
 
-def _read_response(sock: socket.socket) -> bytes:
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = sock.recv(65536)
-        assert chunk, f"connection closed mid-response: {data!r}"
-        data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
-    length = int(re.search(rb"content-length: (\d+)", head.lower())[1])  # type: ignore[index]
-    while len(body) < length:
-        body += sock.recv(65536)
-    assert head.startswith(b"HTTP/1.1 200"), head
-    return body
-
-
 def test_keep_alive_timeout_closes_only_idle_connections(loop_thread: LoopThread) -> None:
     server = HttpServer(build_http_app(EchoCore()), keep_alive_timeout=1)
     port = loop_thread.run(server.start("127.0.0.1", 0))
@@ -150,7 +136,7 @@ def test_keep_alive_timeout_closes_only_idle_connections(loop_thread: LoopThread
         with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
             # Requests 0.4 s apart for 2 s: never idle for the timeout, so never closed.
             for _ in range(5):
-                assert b'"data":[5]' in _read_response(_send(sock, _infer_request()))
+                assert b'"data":[5]' in _answer(_send(sock, _infer_request()))
                 time.sleep(0.4)
             # A request whose headers trickle in over 1.5 s is not cut off either.
             request = _infer_request()
@@ -158,13 +144,19 @@ def test_keep_alive_timeout_closes_only_idle_connections(loop_thread: LoopThread
                 sock.sendall(piece)
                 time.sleep(0.75)
             sock.sendall(request[30:])
-            assert b'"data":[5]' in _read_response(sock)
+            assert b'"data":[5]' in _answer(sock)
             # Then idle: closed after the timeout, not before.
             idle_from = time.monotonic()
             assert sock.recv(1) == b""
             assert 0.9 <= time.monotonic() - idle_from < 5
     finally:
         loop_thread.run(server.stop(), timeout=10)
+
+
+def _answer(sock: socket.socket) -> bytes:
+    status, body = read_response(sock)
+    assert status == 200, body
+    return body
 
 
 def _send(sock: socket.socket, data: bytes) -> socket.socket:
