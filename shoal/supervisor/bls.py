@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import sys
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
@@ -202,7 +203,7 @@ class BlsRouter:
             if (proc.pid, call.call_id) not in self._cancelled:
                 raise  # shutdown, not a BLS cancel
             current = asyncio.current_task()
-            if current is not None:
+            if current is not None and sys.version_info >= (3, 11):  # 3.10 keeps no count
                 current.uncancel()
             await self._reply_error(
                 proc, call, Cancelled(f"BLS request to model '{call.model_name}' was cancelled")
