@@ -121,11 +121,25 @@ def _module_level_imports() -> dict[str, str]:
     return found
 
 
+def _packages_distributions() -> dict[str, list[str]]:
+    """Top-level package -> distributions, as Python 3.11+ computes it: 3.10's
+    packages_distributions reads only top_level.txt, which protobuf's wheels lack ("google")."""
+    providers = {k: list(v) for k, v in importlib.metadata.packages_distributions().items()}
+    if sys.version_info < (3, 11):
+        for dist in importlib.metadata.distributions():
+            if dist.read_text("top_level.txt") is None:
+                for file in dist.files or ():
+                    if file.suffix == ".py":
+                        top = file.parts[0] if len(file.parts) > 1 else file.stem
+                        providers.setdefault(top, []).append(dist.metadata["Name"])
+    return providers
+
+
 def test_install_requires_covers_every_module_level_import():
     """A module that imports an extra's package at module level is fine only if that extra names
     it (the module is then imported only when the extra's feature is used)."""
     provided = set().union(*_requirements().values())
-    providers = importlib.metadata.packages_distributions()
+    providers = _packages_distributions()
     missing = []
     for module, where in _module_level_imports().items():
         if module in sys.stdlib_module_names or module in ("shoal", "__future__"):
