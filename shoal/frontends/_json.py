@@ -65,7 +65,8 @@ def loads(data: bytes | bytearray | memoryview) -> Any:
             except ValueError as exc:
                 if str(exc).startswith(_DEPTH_LIMIT):
                     # Refused here, not handed on: how deep the standard library's parser goes
-                    # depends on the Python version (3.11 stops near 1,000, 3.12 goes deeper).
+                    # depends on the Python version (about 1,000 levels on 3.11, 1,500 on 3.12.1,
+                    # 10,000 on 3.13).
                     raise
                 # NaN and Infinity literals (Triton reads them): the standard library reads
                 # those, and refuses the same other input orjson does.
