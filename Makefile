@@ -27,6 +27,8 @@ $(COMPILED): $(STAMP) setup.py shoal/_compiled.py $(HOT_PATH)
 	$(BIN)/python -m pip install --quiet 'setuptools>=68' wheel
 	$(BIN)/python -m pip install --quiet --no-build-isolation --no-deps -e . \
 		|| echo "shoal: the build above failed; shoal runs interpreted"
+	@# pip --quiet hides a mypyc failure (setup.py then installs interpreted): say what was built.
+	@$(BIN)/python -c "import shoal._compiled as c; print('shoal: request hot path', c.state)"
 	touch $(COMPILED)
 
 serve: $(COMPILED)
