@@ -26,12 +26,14 @@ from types import ModuleType
 
 HOT_PATH: tuple[str, ...] = (
     "shoal/ipc/_alloc.py",
+    "shoal/ipc/_bell.py",
     "shoal/ipc/_ring.py",
     "shoal/ipc/arena.py",
     "shoal/ipc/dtypes.py",
     "shoal/ipc/messages.py",
     "shoal/ipc/queue.py",
     "shoal/ipc/tensor.py",
+    "shoal/frontends/_binary.py",
     "shoal/frontends/_compression.py",
     "shoal/frontends/_http_protocol.py",
     "shoal/frontends/_output_bytes.py",
@@ -39,13 +41,17 @@ HOT_PATH: tuple[str, ...] = (
     "shoal/frontends/_request.py",
     "shoal/frontends/_response.py",
     "shoal/frontends/http.py",
+    "shoal/supervisor/drain.py",
     "shoal/supervisor/instances.py",
     "shoal/supervisor/schedulers/default.py",
     "shoal/supervisor/schedulers/dynamic.py",
     "shoal/supervisor/segments.py",
     "shoal/supervisor/service.py",
+    "shoal/supervisor/shm_io.py",
     "shoal/supervisor/staging.py",
     "shoal/supervisor/stats.py",
+    "shoal/supervisor/streams.py",
+    "shoal/supervisor/stub_process.py",
     "shoal/supervisor/types.py",
 )
 

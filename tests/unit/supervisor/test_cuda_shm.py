@@ -170,22 +170,39 @@ def test_unregistering_says_which_allocations_the_stubs_should_close() -> None:
 
 
 def test_every_live_stub_hears_that_a_region_closed() -> None:
-    from types import SimpleNamespace
+    import asyncio
+    import os
 
     from shoal.ipc import messages as msg
+    from shoal.ipc.queue import Channel
     from shoal.supervisor.segments import SegmentDirectory
+    from shoal.supervisor.stub_process import StubLaunch, StubProcess
 
-    sent: dict[int, list[object]] = {1: [], 2: []}
-    with OwnedArena(0, initial_bytes=1 << 16, growth_bytes=1 << 16, limit_bytes=1 << 17) as inputs:
-        directory = SegmentDirectory(inputs)
-        for arena, stub in ((1, 1), (2, 2)):
-            proc = SimpleNamespace(
-                output_arena_id=arena,
-                returncode=None,
-                send=lambda m, s=stub: sent[s].append(m) or True,
-            )
-            directory.register(proc)  # type: ignore[arg-type]
-        news = msg.CudaRegionClosed(1, HANDLE)
-        directory.broadcast(news)
-    assert sent == {1: [news], 2: [news]}
-    assert msg.decode(msg.encode(news)) == news
+    async def scenario() -> list[list[msg.Message]]:
+        # Two stub processes that are never spawned: each one's ring is read from its stub end.
+        procs = [
+            StubProcess(StubLaunch(f"stub{arena}", ring_bytes=1 << 16), arena) for arena in (1, 2)
+        ]
+        stub_ends = [Channel.attach([os.dup(fd) for fd in p.channel.child_fds()]) for p in procs]
+        loop = asyncio.get_running_loop()
+        try:
+            with OwnedArena(
+                0, initial_bytes=1 << 16, growth_bytes=1 << 16, limit_bytes=1 << 17
+            ) as inputs:
+                directory = SegmentDirectory(inputs)
+                for proc in procs:
+                    directory.register(proc)
+                directory.broadcast(news)
+            heard = []
+            for end in stub_ends:
+                payload = end.recv_down_nowait()
+                heard.append([] if payload is None else [msg.decode(payload)])
+            return heard
+        finally:
+            for end in stub_ends:
+                end.close()
+            for proc in procs:
+                proc.close(loop)
+
+    news = msg.CudaRegionClosed(1, HANDLE)
+    assert asyncio.run(scenario()) == [[news], [news]]
