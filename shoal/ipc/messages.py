@@ -15,6 +15,7 @@ descriptor names a segment or chunk it does not know yet.
 from __future__ import annotations
 
 import enum
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -537,9 +538,19 @@ _KINDS: dict[type, Kind] = {
 _TYPES: dict[int, Any] = {int(kind): cls for cls, kind in _KINDS.items()}
 
 
+#: One packer per thread: ``msgpack.packb`` builds a new ``Packer`` for every call, which cost
+#: more than packing a small message. A packer is not thread-safe, and a stub sends from
+#: several threads (BLS callers, decoupled response senders).
+_packers = threading.local()
+
+
 def encode(message: Message) -> bytes:
     """Serialize a message for a channel ring."""
-    return msgpack.packb([int(_KINDS[type(message)]), *message.fields()], use_bin_type=True)  # type: ignore[no-any-return]
+    try:
+        packer = _packers.packer
+    except AttributeError:
+        packer = _packers.packer = msgpack.Packer(use_bin_type=True)
+    return packer.pack([int(_KINDS[type(message)]), *message.fields()])  # type: ignore[no-any-return]
 
 
 def decode(payload: bytes) -> Message:
