@@ -391,6 +391,10 @@ class ModelRepositoryManager:
                     f"ready{detail}"
                 )
             return mv
+        if len(versions) == 1:  # the common case, on every request: no list, no max()
+            (mv,) = versions.values()
+            if mv.ready:
+                return mv
         ready = [mv for mv in versions.values() if mv.ready]
         if not ready:
             reasons = "; ".join(mv.reason for mv in versions.values() if mv.reason)

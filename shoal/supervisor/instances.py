@@ -102,13 +102,48 @@ class InstanceSpec:
     crash_window: float = 60.0
 
 
+class _Slots:
+    """How many more batches the work loop may have at the stub (a counting semaphore).
+
+    ``asyncio.Semaphore`` is interpreted Python, several calls for each acquire and release on
+    every request; this one is compiled with the module and takes a free slot without a
+    coroutine. One waiter at most: the instance's work loop.
+    """
+
+    def __init__(self, count: int) -> None:
+        self._free = count
+        self._waiter: asyncio.Future[None] | None = None
+
+    def take(self) -> bool:
+        """Take a slot if one is free."""
+        if self._free > 0:
+            self._free -= 1
+            return True
+        return False
+
+    async def take_when_free(self) -> None:
+        while not self.take():
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiter = waiter
+            try:
+                await waiter
+            finally:
+                self._waiter = None
+
+    def release(self) -> None:
+        self._free += 1
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+
 @dataclass(eq=False)
 class _InFlight:
     """A batch sent to the stub and not yet answered."""
 
     batch: list[Work]
-    #: The semaphore the work loop took a slot of for this batch (each stub has its own).
-    slots: asyncio.Semaphore
+    #: The slots the work loop took one of for this batch (each stub has its own).
+    slots: _Slots
     #: The execute timeout's timer, armed once the batch is executing.
     timer: asyncio.TimerHandle | None = None
     #: For a batch sent ahead: the timer of its requests' queue timeout, until it starts.
@@ -151,7 +186,7 @@ class StubInstance:
         #: Routes BLS calls made by this instance's model (set by the model loader).
         self.bls: BlsHandler | None = None
         self._hung: str | None = None
-        self._slots = asyncio.Semaphore(1)
+        self._slots = _Slots(1)
         self._limit = 1
         #: Send the next batch while the current one executes (set by the model loader).
         self.send_ahead = False
@@ -263,7 +298,7 @@ class StubInstance:
             case msg.Ready(error=error, concurrent=concurrent):
                 self._limit = max(1, self.spec.async_concurrency) if concurrent else 1
                 ahead = SEND_AHEAD if self.send_ahead and self._limit == 1 else 0
-                self._slots = asyncio.Semaphore(self._limit + ahead)
+                self._slots = _Slots(self._limit + ahead)
                 if self._init_waiter is not None and not self._init_waiter.done():
                     self._init_waiter.set_result(error)
             case msg.Finalized(error=error):
@@ -343,12 +378,14 @@ class StubInstance:
     async def _work_loop(self, source: BatchSource) -> None:
         self._source = source
         while not self._stopping:
-            await self._ready.wait()
+            if not self._ready.is_set():
+                await self._ready.wait()
             # One batch at a time (Triton's contract for a sync execute; SEND_AHEAD more sent
             # ahead where allowed), or several for an async execute. A slot is given back when its
             # batch is answered or failed (_batch_done).
             slots = self._slots
-            await slots.acquire()
+            if not slots.take():
+                await slots.take_when_free()
             try:
                 batch = await source.next_batch()
             except BaseException:
@@ -361,9 +398,7 @@ class StubInstance:
                 continue
             await self._send_batch(proc, batch, slots)
 
-    async def _send_batch(
-        self, proc: StubProcess, batch: list[Work], slots: asyncio.Semaphore
-    ) -> None:
+    async def _send_batch(self, proc: StubProcess, batch: list[Work], slots: _Slots) -> None:
         batch_id = next(self._batch_ids)
         entry = _InFlight(batch, slots)
         self._in_flight[batch_id] = entry
