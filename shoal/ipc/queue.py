@@ -232,6 +232,10 @@ class Channel:
             ring_bell(self._down_space)
         return message
 
+    def down_is_empty(self) -> bool:
+        """Nothing waits in the supervisor→stub ring now (a peek: no bell, no lock)."""
+        return self._down.is_empty()
+
     def recv_down(self, timeout: float | None = None) -> bytes:
         """The next message from the supervisor; blocks, spinning briefly first.
 

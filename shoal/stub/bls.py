@@ -70,19 +70,27 @@ class BlsClient:
 
     # -- giving back the outputs of calls ---------------------------------------------------
 
-    @contextlib.contextmanager
-    def batching_done(self) -> Iterator[None]:
-        """Around a sync execute on the main thread: the BlsDone messages of calls dropped
-        during it are sent together, right before the model's next BLS call or at the end.
-        The supervisor then wakes once and releases the called models' blocks in one message,
-        instead of once per call, and memory comes back no later than at the next call."""
+    def begin_batch(self) -> None:
+        """Before a sync execute on the main thread: the BlsDone messages of calls dropped
+        during it are sent together, right before the model's next BLS call or at
+        :meth:`end_batch`. The supervisor then wakes once and releases the called models'
+        blocks in one message, instead of once per call, and memory comes back no later than
+        at the next call. (Two calls rather than a context manager: this runs per batch.)"""
         self._main = threading.get_ident()
         self._deferring = True
+
+    def end_batch(self) -> None:
+        self._deferring = False
+        self._flush_done()
+
+    @contextlib.contextmanager
+    def batching_done(self) -> Iterator[None]:
+        """:meth:`begin_batch` and :meth:`end_batch` around a block."""
+        self.begin_batch()
         try:
             yield
         finally:
-            self._deferring = False
-            self._flush_done()
+            self.end_batch()
 
     def _call_done(self, call_id: int) -> None:
         if self._deferring and threading.get_ident() == self._main:

@@ -101,13 +101,16 @@ class BatchExecutor:
             if flag is not None:
                 flag.cancelled = True
 
-    def _track(self, key: int, request: Any) -> None:
+    def _track(self, records: list[msg.RequestRecord], requests: list[Any]) -> None:
         with self._open_lock:
-            self._open[key] = request._cancellation
-            self._newest_key = max(self._newest_key, key)
-            if self._cancelled_early and key in self._cancelled_early:
-                self._cancelled_early.discard(key)
-                request._cancellation.cancelled = True
+            for record, request in zip(records, requests, strict=True):
+                key = record.key
+                self._open[key] = request._cancellation
+                if key > self._newest_key:
+                    self._newest_key = key
+                if self._cancelled_early and key in self._cancelled_early:
+                    self._cancelled_early.discard(key)
+                    request._cancellation.cancelled = True
 
     def _untrack(self, keys: list[int]) -> None:
         with self._open_lock:
@@ -142,8 +145,7 @@ class BatchExecutor:
                     self.send(msg.Response(record.key, failure, True))
                 return msg.Result(execute.batch_id, [], (0, 0, 0))
             return msg.Result(execute.batch_id, [failure] * len(execute.requests), (0, 0, 0))
-        for request, record in zip(requests, execute.requests, strict=True):
-            self._track(record.key, request)
+        self._track(execute.requests, requests)
         if all(request._cancellation.cancelled for request in requests):
             return self._dropped(execute)
         t1 = time.perf_counter_ns()
@@ -169,7 +171,7 @@ class BatchExecutor:
         batch = _Batch(execute, requests, sent, t0, t1)
         try:
             result = self.model.execute(requests)
-            if inspect.isawaitable(result):
+            if type(result) is not list and inspect.isawaitable(result):
                 if self.concurrent:
                     future: concurrent.futures.Future[Any] = asyncio.run_coroutine_threadsafe(
                         result,  # type: ignore[arg-type]
@@ -321,7 +323,7 @@ class BatchExecutor:
         """Run a decoupled execute; returns the positions of the requests it rescheduled."""
         try:
             result = self.model.execute(requests)
-            if inspect.isawaitable(result):
+            if type(result) is not list and inspect.isawaitable(result):
                 # Triton: a decoupled coroutine runs on in the background; execute is done.
                 future: concurrent.futures.Future[Any] = asyncio.run_coroutine_threadsafe(
                     result,  # type: ignore[arg-type]

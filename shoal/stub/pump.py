@@ -82,6 +82,8 @@ class DownPump:
         routes it). Lets a model busy in ``execute`` see cancellations as they come, and the
         main loop see a Cancel queued behind an Execute the supervisor sent ahead before that
         batch starts."""
+        if self._channel.down_is_empty():  # every Execute: no lock taken when nothing waits
+            return
         with self._cond:
             if self._reading or self._error is not None:
                 return

@@ -220,8 +220,11 @@ class StubRuntime:
             match message:
                 case msg.Execute():
                     pump.poll()
-                    with bls.batching_done():
+                    bls.begin_batch()
+                    try:
                         result = executor.run(message)
+                    finally:
+                        bls.end_batch()
                     if result is not None:
                         self._send(result)
                 case msg.CudaRegionClosed(device=device, handle=handle):
