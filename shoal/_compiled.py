@@ -43,6 +43,8 @@ HOT_PATH: tuple[str, ...] = (
     "shoal/frontends/http.py",
     "shoal/supervisor/drain.py",
     "shoal/supervisor/instances.py",
+    "shoal/supervisor/schedulers/_batching.py",
+    "shoal/supervisor/schedulers/_queues.py",
     "shoal/supervisor/schedulers/default.py",
     "shoal/supervisor/schedulers/dynamic.py",
     "shoal/supervisor/segments.py",
@@ -53,6 +55,7 @@ HOT_PATH: tuple[str, ...] = (
     "shoal/supervisor/streams.py",
     "shoal/supervisor/stub_process.py",
     "shoal/supervisor/types.py",
+    "shoal/supervisor/work.py",
 )
 
 #: Written beside this module by the build: the hash of each source it compiled.

@@ -6,15 +6,25 @@ import asyncio
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from shoal.ipc.arena import Block
 from shoal.ipc.messages import RequestRecord, ResponseRecord
 from shoal.ipc.tensor import CudaLocation
 
-if TYPE_CHECKING:
-    from shoal.supervisor.instances import StubInstance
-    from shoal.supervisor.stub_process import StubProcess
+
+class OutputOwner(Protocol):
+    """The instance whose stub wrote a completion's outputs (a ``StubInstance``).
+
+    A protocol rather than the class: this module is compiled, and a compiled module that
+    names ``StubInstance`` (which imports this module) crashed at import in the cycle.
+    """
+
+    def output_view(self, process: Any, block: Block | CudaLocation) -> memoryview: ...
+
+    def release_outputs(self, process: Any, blocks: list[Block]) -> None: ...
+
+    def release_cuda(self, locations: list[CudaLocation]) -> None: ...
 
 
 @dataclass(eq=False)
@@ -22,8 +32,9 @@ class Completion:
     """A response record and the instance whose output arena holds its blocks."""
 
     response: ResponseRecord
-    instance: StubInstance
-    process: StubProcess
+    instance: OutputOwner
+    #: The stub process that wrote the outputs (a ``StubProcess``).
+    process: Any
     #: Blocks this completion must give back: outputs in the stub's arena and inputs passed
     #: through unchanged. Blocks of other arenas (an ensemble's intermediates) belong elsewhere.
     owned: list[Block]
@@ -91,6 +102,12 @@ class Work:
     #: When its ``timeout`` parameter expires while queued (monotonic ns; 0: never). A request
     #: an instance sent ahead is still queued, in the stub's ring, until it starts.
     queue_deadline_ns: int = 0
+    #: Set by the sequence batcher's oldest strategy once the work's completion issues its
+    #: slot's next request (a rescheduled request comes through again: one hook per request).
+    watched: bool = False
+    #: For an iterative sequence: the request as it came (its inputs, how many input blocks,
+    #: its requested outputs, whether it ends its sequence), restored on each reschedule.
+    iteration: tuple[list[Any], int, list[str], bool] | None = None
 
     def cancel(self) -> None:
         """The client went away: drop the work if queued, flag it to the model if running."""

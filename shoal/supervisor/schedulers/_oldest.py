@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import weakref
 
 from shoal.supervisor.schedulers._batching import BatchSettings
 from shoal.supervisor.schedulers._controls import FLAG_END
@@ -30,9 +29,6 @@ class OldestStrategy:
         self._batchers = [
             DynamicBatcher(settings, core.free_work, core.clock) for _ in range(instances)
         ]
-        #: Requests whose completion already issues their slot's next one (a rescheduled
-        #: request comes through here again: one watch per request, not per run).
-        self._watched: weakref.WeakSet[Work] = weakref.WeakSet()
 
     def source(self, instance: int) -> BatchSource:
         return self._batchers[instance]
@@ -67,8 +63,8 @@ class OldestStrategy:
                 self._core.free_work(item)
             elif self._core.prepare(item, slot):
                 slot.in_flight = True
-                if item not in self._watched:
-                    self._watched.add(item)
+                if not item.watched:  # a rescheduled request comes through here again
+                    item.watched = True
                     when_done(item, functools.partial(self._issue_next, slot))
                 self._batchers[slot.instance].submit(item)
             if item.record.flags & FLAG_END:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from shoal.config import QueuePolicy
 from shoal.supervisor.work import Work
@@ -27,7 +28,7 @@ class Entry:
     #: Inferences it adds to a batch (its first dimension, at least 1).
     size: int
     #: Requests share a batch only when their keys are equal (see ``_batching.shape_key``).
-    shape_key: object
+    shape_key: Any  # not ``object``: mypyc's dataclass fails at import on that name
     #: Its priority level.
     level: int = 0
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import weakref
 from typing import Any
 
 from shoal.supervisor.errors import InvalidArgument, Rejected, ShoalError, Unavailable
@@ -73,10 +72,6 @@ class SequenceBatcher:
         self._iterative = batching.iterative_sequence
         # Correlation ids for iterative requests that came without one (far from clients' ids).
         self._ids = itertools.count(1 << 62)
-        #: Iterative requests: their own inputs and outputs, and whether they end the sequence.
-        self._originals: weakref.WeakKeyDictionary[Work, tuple[Any, int, list[str], bool]] = (
-            weakref.WeakKeyDictionary()
-        )
 
     def _strategy_for(
         self, config: Any, instances: int
@@ -165,7 +160,7 @@ class SequenceBatcher:
         else:
             ends = bool(record.flags & FLAG_END)
             record.flags &= ~FLAG_END  # the sequence ends when the request is done for good
-        self._originals[work] = (
+        work.iteration = (
             list(record.inputs),
             len(work.input_blocks),
             list(record.requested_outputs),
@@ -174,7 +169,7 @@ class SequenceBatcher:
         work.reschedule = self._rescheduled
 
     def _rescheduled(self, work: Work, again: bool) -> None:
-        original = self._originals.get(work)
+        original = work.iteration
         if original is None:
             return
         inputs, blocks, outputs, ends = original
@@ -190,7 +185,7 @@ class SequenceBatcher:
                 slot.in_flight = False  # its request is back: the oldest strategy may issue it
             self.submit(work)
             return
-        del self._originals[work]
+        work.iteration = None
         corr = work.record.correlation_id
         slot = self.table.assigned.get(corr)
         if ends and slot is not None:
