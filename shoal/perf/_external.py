@@ -120,18 +120,30 @@ async def run_wrk(
     return parse_wrk(output, float(seconds), cpu)
 
 
-def parse_h2load_log(text: str) -> tuple[list[int], int]:
-    """Latencies (ns) of the streams that ended with HTTP 200, and the count of the others."""
-    latencies, failed = [], 0
-    for line in text.splitlines():
+_H2LOAD_REQUESTS = re.compile(
+    r"requests: \d+ total, \d+ started, \d+ done, (\d+) succeeded, (\d+) failed"
+)
+
+
+def parse_h2load(output: str, log: str) -> tuple[int, int, list[int]]:
+    """Successful and failed requests (h2load's summary) and the latencies (ns) of the streams
+    logged with HTTP 200.
+
+    The counts come from the summary, not the log: h2load records a response's status only when
+    its headers arrive in the measured phase, so a request whose headers came during the warm-up
+    and whose stream ended after it is logged with status 0 although it succeeded (its logged
+    time is not a whole request's either, so it is left out of the latencies). A reset or
+    refused stream is in the summary's ``failed``.
+    """
+    match = _H2LOAD_REQUESTS.search(output)
+    if match is None:
+        raise PerfError(f"no summary in h2load's output:\n{output[-2000:]}")
+    latencies = []
+    for line in log.splitlines():
         fields = line.split("\t")
-        if len(fields) < 3:
-            continue
-        if fields[1] == "200":
+        if len(fields) >= 3 and fields[1] == "200":
             latencies.append(int(fields[2]) * 1000)
-        else:
-            failed += 1
-    return latencies, failed
+    return int(match[1]), int(match[2]), latencies
 
 
 async def run_h2load(
@@ -158,8 +170,8 @@ async def run_h2load(
             args += [f"--warm-up-time={round(warmup_s * 1000)}ms"]
         args += ["-d", str(body_path), "--log-file", str(log_path)]
         args += ["-H", "content-type: application/grpc", "-H", "te: trailers"]
-        _, cpu = await _run([*args, f"http://{url}{method_path}"])
-        latencies, failed = parse_h2load_log(log_path.read_text())
+        output, cpu = await _run([*args, f"http://{url}{method_path}"])
+        succeeded, failed, latencies = parse_h2load(output, log_path.read_text())
     latency = LatencySummary.of(latencies)
     cpu_share = cpu * duration_s / (duration_s + warmup_s)
-    return ExternalResult(len(latencies), failed, duration_s, latency, cpu_share)
+    return ExternalResult(succeeded, failed, duration_s, latency, cpu_share)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import urllib.request
@@ -37,6 +38,27 @@ def test_perf_measures_add_sub(bundled_server, protocol, tmp_path):
         assert cell["errors"] == 0, cell["error_samples"]
         assert cell["p50_ms"] <= cell["p99_ms"]
     assert "concurrency" in run.stdout  # the table
+
+
+@pytest.mark.parametrize(("client", "protocol"), [("wrk", "http"), ("h2load", "grpc")])
+def test_perf_drives_the_native_clients(bundled_server, client, protocol, tmp_path):
+    if shutil.which(client) is None:
+        pytest.skip(f"{client} is not installed")
+    url = bundled_server.url if protocol == "http" else bundled_server.grpc_url
+    output = tmp_path / "perf.json"
+    command = [
+        sys.executable,
+        "-m",
+        "shoal.cli",
+        "perf",
+        *("--url", url, "--protocol", protocol, "--model", "add_sub", "--client", client),
+        *("--concurrency", "2", "--duration", "1", "--warmup", "0.5", "--json", str(output)),
+    ]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=REPO_ROOT)
+    assert run.returncode == 0, run.stdout + run.stderr
+    (cell,) = json.loads(output.read_text())["cells"]
+    assert cell["throughput"] > 0 and cell["errors"] == 0
+    assert 0 < cell["p50_ms"] <= cell["p99_ms"]
 
 
 def test_perf_with_system_shared_memory_leaves_no_region(bundled_server, tmp_path):

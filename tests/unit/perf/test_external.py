@@ -2,7 +2,7 @@
 
 import pytest
 
-from shoal.perf._external import parse_h2load_log, parse_wrk, wrk_script
+from shoal.perf._external import parse_h2load, parse_wrk, wrk_script
 from shoal.perf.errors import PerfError
 from shoal.perf.requests import RequestPlan, http_request
 from shoal.perf.tensors import random_tensor
@@ -34,8 +34,24 @@ def test_wrk_without_a_summary_is_an_error():
         parse_wrk("unable to connect", 1.0, 0.0)
 
 
-def test_h2load_log():
-    log = "1700000000000000\t200\t1500\n1700000000001000\t-1\t30\n1700000000002000\t200\t500\n"
-    latencies, failed = parse_h2load_log(log)
+_H2LOAD_OUTPUT = (
+    "finished in 6.02s, 262.80 req/s, 1.03GB/s\n"
+    "requests: 1314 total, 1314 started, 1314 done, {ok} succeeded, {failed} failed, "
+    "{failed} errored, 0 timeout\nstatus codes: 1313 2xx, 0 3xx, 0 4xx, 0 5xx\n"
+)
+
+
+def test_h2load_counts_come_from_its_summary_and_latencies_from_the_200_lines():
+    # The second line is a stream whose headers came in the warm-up: h2load logs it with
+    # status 0 but counts it as a success; the summary, not the log, says what failed.
+    log = "1700000000000000\t200\t1500\n1700000000001000\t0\t30\n1700000000002000\t200\t500\n"
+    succeeded, failed, latencies = parse_h2load(_H2LOAD_OUTPUT.format(ok=1314, failed=0), log)
+    assert (succeeded, failed) == (1314, 0)
     assert latencies == [1_500_000, 500_000]
-    assert failed == 1
+    succeeded, failed, _ = parse_h2load(_H2LOAD_OUTPUT.format(ok=1311, failed=3), log)
+    assert (succeeded, failed) == (1311, 3)
+
+
+def test_h2load_without_a_summary_is_an_error():
+    with pytest.raises(PerfError, match="no summary in h2load"):
+        parse_h2load("connect: Connection refused", "")
