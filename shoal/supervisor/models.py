@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shoal.ipc.arena import Block
-from shoal.supervisor import environments
+from shoal.supervisor import classification, environments
 from shoal.supervisor.cuda_devices import stub_environment
 from shoal.supervisor.errors import ShoalError, Unavailable
 from shoal.supervisor.instances import (
@@ -147,6 +147,7 @@ class ModelLoader:
         if self.trace_overhead:
             mv.stats.overhead = {}
         try:
+            classification.labels_of(mv.config)
             model_dir = os.path.abspath(mv.config.path)
             mv.environment = await environments.prepare(
                 mv.config.parameters, model_dir, os.path.join(model_dir, str(mv.version)), mv.name

@@ -13,7 +13,7 @@ from shoal.ipc import messages as msg
 from shoal.ipc.arena import Block, OwnedArena, remove_stale_segments
 from shoal.ipc.messages import RequestRecord
 from shoal.ipc.tensor import CudaRegionLocation, RegionLocation
-from shoal.supervisor import staging, streaming
+from shoal.supervisor import classification, staging, streaming
 from shoal.supervisor.bls import BlsRouter
 from shoal.supervisor.control import ModelRepositoryManager
 from shoal.supervisor.cuda_pools import CudaPools
@@ -74,6 +74,9 @@ EXTENSIONS = (
     "logging",
     "trace",
     "generate",
+    "classification",
+    "sequence",
+    "schedule_policy",
 )
 INPUT_ARENA_ID = 0
 
@@ -251,9 +254,18 @@ class InferenceService:
                 "ModelInfer doesn't support models with decoupled transaction policy; use "
                 "gRPC ModelStreamInfer or HTTP generate_stream"
             )
+        classes = classification.requested(request) if request.outputs else {}
+        if classes:
+            classification.check(mv.config, classes)
         record, blocks = self.stage(mv, request)
         if mv.config.is_ensemble:
             response = await self.ensembles.run(mv, request, record, blocks)
+            if classes:
+                try:
+                    classification.classify(response, mv.config, classes)
+                except ShoalError:
+                    response.release()
+                    raise
             mv.stats.success(
                 staging.batch_size(mv.config, request), time.monotonic_ns() - started, 0, (0, 0, 0)
             )
@@ -271,6 +283,8 @@ class InferenceService:
             raise
         response = self.response(mv, request, completion)
         try:
+            if classes:
+                classification.classify(response, mv.config, classes)
             write_shm_outputs(self.shm, request, response)
         except ShoalError:
             response.release()

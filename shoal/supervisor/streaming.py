@@ -11,7 +11,8 @@ import contextlib
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import TYPE_CHECKING
 
-from shoal.supervisor import staging
+from shoal.supervisor import classification, staging
+from shoal.supervisor.errors import ShoalError
 from shoal.supervisor.streams import new_stream
 from shoal.supervisor.types import InferRequest, InferResponse
 from shoal.supervisor.work import Completion, Work
@@ -42,6 +43,9 @@ async def responses(
 async def _decoupled(
     service: InferenceService, mv: ModelVersion, request: InferRequest
 ) -> AsyncGenerator[InferResponse, None]:
+    classes = classification.requested(request) if request.outputs else {}
+    if classes:
+        classification.check(mv.config, classes)
     record, blocks = service.stage(mv, request)
     future: asyncio.Future[Completion] = asyncio.get_running_loop().create_future()
     stream = new_stream()
@@ -54,7 +58,14 @@ async def _decoupled(
         while (item := await stream.get()) is not None:
             if isinstance(item, BaseException):
                 raise item
-            yield service.response(mv, request, item)
+            response = service.response(mv, request, item)
+            if classes:
+                try:
+                    classification.classify(response, mv.config, classes)
+                except ShoalError:
+                    response.release()
+                    raise
+            yield response
         finished = True
     finally:
         work.closed = True  # later responses are released as they come
