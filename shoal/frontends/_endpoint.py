@@ -18,7 +18,13 @@ from starlette.responses import Response
 from shoal.frontends import _json
 from shoal.frontends._body import ClientDisconnected
 from shoal.frontends._compression import SUPPORTED_ENCODINGS, UnsupportedEncoding
-from shoal.supervisor.core import ErrorCode, InternalError, InvalidArgument, ShoalError
+from shoal.supervisor.core import (
+    DecoupledInfer,
+    ErrorCode,
+    InternalError,
+    InvalidArgument,
+    ShoalError,
+)
 
 _logger = logging.getLogger("shoal.frontends.http")
 
@@ -50,7 +56,8 @@ def error_parts(error: ShoalError) -> tuple[int, Headers, bytes]:
     headers = [("content-type", JSON_TYPE)]
     if isinstance(error, UnsupportedEncoding):
         headers.append(("accept-encoding", SUPPORTED_ENCODINGS))  # as Triton does
-    return HTTP_STATUS.get(error.code, 500), headers, _json.dumps({"error": error.message})
+    message = error.http_message if isinstance(error, DecoupledInfer) else error.message
+    return HTTP_STATUS.get(error.code, 500), headers, _json.dumps({"error": message})
 
 
 def unexpected(what: str) -> InternalError:

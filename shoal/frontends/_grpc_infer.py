@@ -119,8 +119,7 @@ def _tensor_spec(tensor: _InputTensor) -> tuple[str, str, tuple[int, ...]]:
         raise InvalidArgument("each input needs a non-empty name")
     if datatype not in _DATATYPES:
         raise InvalidArgument(
-            f"invalid datatype '{datatype}' for input '{name}': expected one of "
-            + ", ".join(DATATYPES)
+            f"invalid datatype for input {name}: '{datatype}' is not one of " + ", ".join(DATATYPES)
         )
     shape = tuple(tensor.shape)
     if shape and min(shape) < 0:

@@ -160,8 +160,7 @@ def _tensor_spec(entry: dict[str, Any]) -> tuple[str, str, tuple[int, ...]]:
         raise InvalidArgument(f"Unable to parse 'datatype' for input '{name}': expected a string")
     if datatype not in DATATYPES:
         raise InvalidArgument(
-            f"invalid datatype '{datatype}' for input '{name}': expected one of "
-            + ", ".join(DATATYPES)
+            f"invalid datatype for input {name}: '{datatype}' is not one of " + ", ".join(DATATYPES)
         )
     shape = entry.get("shape")
     if not isinstance(shape, list) or not all(type(dim) is int and dim >= 0 for dim in shape):

@@ -241,8 +241,8 @@ class BlsRouter:
             inputs=[InferInput(t.name, t.datatype, t.shape, b"") for t in call.request.inputs],
             outputs=[RequestedOutput(n) for n in call.request.requested_outputs],
         )
-        staging.check_inputs(target.config, request)
         call.request.requested_outputs = staging.check_outputs(target.config, request)
+        staging.check_inputs(target.config, request)
         return target
 
     async def _run(self, target: ModelVersion, proc: StubProcess, call: msg.BlsCall) -> None:

@@ -32,7 +32,6 @@ from shoal.supervisor.errors import (
     NotFound,
     ShoalError,
     Unavailable,
-    Unsupported,
 )
 from shoal.supervisor.models import ModelLoader, ModelState, ModelVersion
 from shoal.supervisor.options import ServerOptions
@@ -119,10 +118,12 @@ class ModelRepositoryManager:
 
     def _check_control_allowed(self) -> None:
         if self.options.model_control_mode != "explicit":
-            raise Unsupported(
+            # Triton's code and words (whatever the mode), then what to do about it.
+            raise Unavailable(
                 "explicit model load / unload is not allowed if polling is enabled"
                 if self.options.model_control_mode == "poll"
-                else "explicit model load / unload requires --model-control-mode=explicit"
+                else "explicit model load / unload is not allowed: the server runs with "
+                "--model-control-mode=none; start it with --model-control-mode=explicit"
             )
 
     async def load(

@@ -12,6 +12,7 @@ from typing import Protocol
 from shoal.supervisor.errors import (
     Cancelled,
     DeadlineExceeded,
+    DecoupledInfer,
     ErrorCode,
     InternalError,
     InvalidArgument,
@@ -50,6 +51,7 @@ __all__ = [
     "CoreAPI",
     "CudaSharedMemoryRegion",
     "DeadlineExceeded",
+    "DecoupledInfer",
     "ErrorCode",
     "InferInput",
     "InferOutput",

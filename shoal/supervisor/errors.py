@@ -83,6 +83,25 @@ class Unsupported(ShoalError):
     code = ErrorCode.UNSUPPORTED
 
 
+class DecoupledInfer(Unsupported):
+    """A one-response inference call to a decoupled model. The message is Triton's gRPC one;
+    the HTTP frontend answers ``http_message``, Triton's HTTP one."""
+
+    def __init__(self, model: str) -> None:
+        reason = (
+            f"model '{model}' is decoupled (model_transaction_policy decoupled: true), so it "
+            "may send any number of responses"
+        )
+        super().__init__(
+            "ModelInfer RPC doesn't support models with decoupled transaction policy: "
+            f"{reason}; use ModelStreamInfer"
+        )
+        self.http_message = (
+            "HTTP end point doesn't support models with decoupled transaction policy: "
+            f"{reason}; use the generate_stream endpoint or gRPC ModelStreamInfer"
+        )
+
+
 class ResourceExhausted(ShoalError):
     """Shared memory or a queue is full; the message states requested and available amounts."""
 

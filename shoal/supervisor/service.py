@@ -22,12 +22,13 @@ from shoal.supervisor.drain import EXITING, DrainGate
 from shoal.supervisor.ensemble import EnsembleRunner
 from shoal.supervisor.errors import (
     Cancelled,
+    DecoupledInfer,
     ErrorCode,
     InvalidArgument,
     ModelError,
+    NotFound,
     ShoalError,
     Unavailable,
-    Unsupported,
 )
 from shoal.supervisor.log_settings import LogSettings
 from shoal.supervisor.model_calls import ControlRouter
@@ -230,8 +231,8 @@ class InferenceService:
     def stage(self, mv: ModelVersion, request: InferRequest) -> tuple[RequestRecord, list[Block]]:
         """Check a request and copy its inputs into the input arena (for the core and streams)."""
         regions = read_shm_inputs(self.shm, request)
+        outputs = staging.check_outputs(mv.config, request)  # Triton checks the outputs first
         staging.check_inputs(mv.config, request)
-        outputs = staging.check_outputs(mv.config, request)
         placed = {} if mv.config.is_ensemble else output_regions(self.shm, request)
         record, blocks = staging.stage_request(
             mv.config, request, self.input_arena, outputs, regions
@@ -249,11 +250,7 @@ class InferenceService:
     async def _infer(self, mv: ModelVersion, request: InferRequest) -> InferResponse:
         started = time.monotonic_ns()
         if mv.config.decoupled:
-            raise Unsupported(
-                f"model '{mv.name}' is decoupled (model_transaction_policy decoupled: true): "
-                "ModelInfer doesn't support models with decoupled transaction policy; use "
-                "gRPC ModelStreamInfer or HTTP generate_stream"
-            )
+            raise DecoupledInfer(mv.name)
         classes = classification.requested(request) if request.outputs else {}
         if classes:
             classification.check(mv.config, classes)
@@ -333,7 +330,12 @@ class InferenceService:
         if name not in self._repo.models:
             raise InvalidArgument(f"requested model '{name}' is not available")
         if version:
-            return [self._repo.resolve(name, version).stats.snapshot()]
+            try:
+                return [self._repo.resolve(name, version).stats.snapshot()]
+            except NotFound:  # Triton's answer here (metadata and config answer NotFound)
+                raise InvalidArgument(
+                    f"requested model version is not available for model '{name}'"
+                ) from None
         versions = self._repo.models[name].values()
         return [mv.stats.snapshot() for mv in sorted(versions, key=lambda m: m.version) if mv.ready]
 

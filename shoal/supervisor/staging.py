@@ -50,10 +50,18 @@ def _check_text(config: Any, request: InferRequest) -> None:
 
 
 def check_inputs(config: Any, request: InferRequest) -> None:
-    """Names, datatypes, shapes and batch size of every input, as Triton checks them."""
+    """Names, datatypes, shapes and batch size of every input, in Triton's order and words.
+
+    Like Triton, the messages about the request's own tensors begin with ``[request id: <id>]``
+    (``<id_unknown>`` without one); an unknown input name does not.
+    """
     _check_text(config, request)
     model = config.name
     by_name = {t.name: t for t in config.inputs}
+    required = [t.name for t in config.inputs if not t.optional]
+    count = len(request.inputs)
+    if count < len(required) or count > len(by_name):
+        raise _missing_inputs(config, request, required)
     seen: set[str] = set()
     for tensor in request.inputs:
         spec = by_name.get(tensor.name)
@@ -65,58 +73,97 @@ def check_inputs(config: Any, request: InferRequest) -> None:
             )
         seen.add(tensor.name)
         if tensor.datatype != spec.datatype:
-            raise InvalidArgument(
+            raise request_error(
+                request,
                 f"inference input '{tensor.name}' data-type is '{tensor.datatype}', but model "
-                f"'{model}' expects '{spec.datatype}'"
+                f"'{model}' expects '{spec.datatype}'",
             )
-        _check_shape(config, spec, tensor)
-    required = [t.name for t in config.inputs if not t.optional]
-    missing = [name for name in required if name not in seen]
+        _check_shape(config, spec, tensor, request)
+    if any(name not in seen for name in required):
+        raise _missing_inputs(config, request, required)
+
+
+def request_error(request: InferRequest, text: str) -> InvalidArgument:
+    """An InvalidArgument about ``request``'s tensors, prefixed with its id as Triton does."""
+    return InvalidArgument(f"[request id: {request.id or '<id_unknown>'}] {text}")
+
+
+def _names_text(names: Sequence[str]) -> str:
+    return "[" + ",".join(f"'{name}'" for name in names) + "]"
+
+
+def _missing_inputs(config: Any, request: InferRequest, required: list[str]) -> InvalidArgument:
+    given = [t.name for t in request.inputs]
+    missing = [name for name in required if name not in given]
+    text = (
+        f"expected {len(required)} inputs but got {len(given)} inputs for model "
+        f"'{config.name}'. Got input(s) {_names_text(given)}, "
+    )
     if missing:
-        got = ", ".join(f"'{t.name}'" for t in request.inputs)
-        need = ", ".join(f"'{n}'" for n in missing)
-        raise InvalidArgument(
-            f"expected {len(required)} inputs but got {len(request.inputs)} inputs for model "
-            f"'{model}'. Got input(s) [{got}], but missing required input(s) [{need}]. "
+        text += (
+            f"but missing required input(s) {_names_text(missing)}. "
             "Please provide all required input(s)."
         )
+    else:  # too many: say which (Triton prints an empty list of missing inputs)
+        known = {t.name for t in config.inputs}
+        unknown = [name for name in given if name not in known]
+        if unknown:
+            text += f"but the model has no input(s) {_names_text(unknown)}."
+        else:
+            twice = sorted({name for name in given if given.count(name) > 1})
+            text += f"and input(s) {_names_text(twice)} more than once."
+    return request_error(request, text)
 
 
 #: No tensor may have more elements than this, even ignoring zero dimensions (NumPy cannot
 #: shape an array whose dimensions multiply past 2**63, even an empty one).
 MAX_ELEMENTS = 1 << 48
 
+#: What Triton appends to a shape error of a model with a batch dimension.
+_BATCH_NOTE = (
+    "NOTE: Setting a non-zero max_batch_size in the model config requires a batch dimension to "
+    "be prepended to each input shape. If you want to specify the full shape including the "
+    "batch dim in your input dims config, try setting max_batch_size to zero. See the model "
+    "configuration docs for more info on max_batch_size."
+)
 
-def _check_shape(config: Any, spec: Any, tensor: InferInput) -> None:
+
+def _check_shape(config: Any, spec: Any, tensor: InferInput, request: InferRequest) -> None:
     model = config.name
     if any(d < 0 for d in tensor.shape):
-        raise InvalidArgument(
+        raise request_error(
+            request,
             f"input '{tensor.name}' for model '{model}' has a negative dimension in its shape "
-            f"{dims_text(tensor.shape)}"
+            f"{dims_text(tensor.shape)}",
         )
     if element_count([d for d in tensor.shape if d]) > MAX_ELEMENTS:
-        raise InvalidArgument(
+        raise request_error(
+            request,
             f"input '{tensor.name}' for model '{model}' has an impossible shape "
-            f"{dims_text(tensor.shape)}: its dimensions multiply past {MAX_ELEMENTS}"
+            f"{dims_text(tensor.shape)}: its dimensions multiply past {MAX_ELEMENTS}",
         )
     expected = tuple(spec.dims)
     actual = tuple(tensor.shape)
+    note = ""
     if config.max_batch_size > 0:
         expected = (-1, *expected)
+        note = _BATCH_NOTE
         if not actual:
-            raise InvalidArgument(
-                f"unexpected shape for input '{tensor.name}' for model '{model}'. Expected "
-                f"{dims_text(expected)}, got {dims_text(actual)}. "
-                "The first dimension is the batch size."
+            raise request_error(
+                request,
+                f"input '{tensor.name}' has no shape but model requires batch dimension for "
+                f"'{model}'",
             )
         if actual[0] > config.max_batch_size:
-            raise InvalidArgument(
-                f"inference request batch-size must be <= {config.max_batch_size} for '{model}'"
+            raise request_error(
+                request,
+                f"inference request batch-size must be <= {config.max_batch_size} for '{model}'",
             )
     if not _shape_matches(expected, actual):
-        raise InvalidArgument(
+        raise request_error(
+            request,
             f"unexpected shape for input '{tensor.name}' for model '{model}'. Expected "
-            f"{dims_text(expected)}, got {dims_text(actual)}"
+            f"{dims_text(expected)}, got {dims_text(actual)}. {note}",
         )
 
 

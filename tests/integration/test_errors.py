@@ -9,6 +9,7 @@ import urllib.request
 
 import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
@@ -55,11 +56,23 @@ def test_unknown_model_and_version(client):
 
 def test_missing_and_extra_inputs(client):
     a = _fp32("INPUT0", np.ones(4))
-    _expect_error(lambda: client.infer("add_sub", [a]), "missing required input(s) ['INPUT1']")
+    _expect_error(
+        lambda: client.infer("add_sub", [a]),
+        "[request id: <id_unknown>] expected 2 inputs but got 1 inputs for model 'add_sub'. "
+        "Got input(s) ['INPUT0'], but missing required input(s) ['INPUT1']. Please provide all "
+        "required input(s).",
+    )
     extra = _fp32("BOGUS", np.ones(4))
     b = _fp32("INPUT1", np.ones(4))
+    # Triton's count message first, then (unlike Triton's empty list) which input is extra.
     _expect_error(
         lambda: client.infer("add_sub", [a, b, extra]),
+        "[request id: <id_unknown>] expected 2 inputs but got 3 inputs for model 'add_sub'. "
+        "Got input(s) ['INPUT0','INPUT1','BOGUS'], but the model has no input(s) ['BOGUS'].",
+    )
+    # As many inputs as the model has, one of them unknown: no request-id prefix, as Triton.
+    _expect_error(
+        lambda: client.infer("add_sub", [a, extra]),
         "unexpected inference input 'BOGUS' for model 'add_sub'",
     )
 
@@ -86,6 +99,73 @@ def test_unknown_output(client):
         lambda: client.infer("add_sub", [a, b], outputs=[httpclient.InferRequestedOutput("NOPE")]),
         "unexpected inference output 'NOPE' for model 'add_sub'",
     )
+
+
+def test_input_errors_read_as_tritons(client):
+    """Triton 2.51's texts, prefix and order (checked against it on the same models)."""
+    a, b = _fp32("INPUT0", np.ones(5)), _fp32("INPUT1", np.ones(5))
+    _expect_error(
+        lambda: client.infer("add_sub", [a, b], request_id="r-7"),
+        "[request id: r-7] unexpected shape for input 'INPUT0' for model 'add_sub'. "
+        "Expected [4], got [5]. ",
+    )
+    # A batched model's shape error carries Triton's note about the batch dimension.
+    text = httpclient.InferInput("TEXT", [2], "BYTES")
+    text.set_data_from_numpy(np.array([b"a", b"b"], np.object_))
+    error = _expect_error(
+        lambda: client.infer("string_upper", [text]),
+        "[request id: <id_unknown>] unexpected shape for input 'TEXT' for model "
+        "'string_upper'. Expected [-1,-1], got [2]. NOTE: Setting a non-zero max_batch_size",
+    )
+    assert str(error).rstrip().endswith("for more info on max_batch_size.")
+    scalar = httpclient.InferInput("TEXT", [], "BYTES")
+    scalar.set_data_from_numpy(np.array(b"a", np.object_))
+    _expect_error(
+        lambda: client.infer("string_upper", [scalar]),
+        "input 'TEXT' has no shape but model requires batch dimension for 'string_upper'",
+    )
+    # The requested outputs are checked before the inputs.
+    _expect_error(
+        lambda: client.infer(
+            "add_sub", [_fp32("INPUT0", np.ones(4))], outputs=[httpclient.InferRequestedOutput("X")]
+        ),
+        "unexpected inference output 'X' for model 'add_sub'",
+    )
+
+
+def test_a_one_response_call_to_a_decoupled_model_names_the_way_to_call_it(test_server):
+    body = {"inputs": [{"name": "COUNT", "shape": [1], "datatype": "INT32", "data": [1]}]}
+    url = f"http://{test_server.url}/v2/models/decoupled_repeat/infer"
+    status, answer = _post(url, json.dumps(body).encode())
+    assert status == 501
+    assert answer["error"].startswith(
+        "HTTP end point doesn't support models with decoupled transaction policy: model "
+        "'decoupled_repeat' is decoupled"
+    )
+    assert "generate_stream" in answer["error"]
+    client = grpcclient.InferenceServerClient(test_server.grpc_url)
+    count = grpcclient.InferInput("COUNT", [1], "INT32")
+    count.set_data_from_numpy(np.array([1], np.int32))
+    with pytest.raises(InferenceServerException) as info:
+        client.infer("decoupled_repeat", [count])
+    assert info.value.status() == "StatusCode.UNIMPLEMENTED"
+    assert str(info.value.message()).startswith(
+        "ModelInfer RPC doesn't support models with decoupled transaction policy"
+    )
+
+
+def test_statistics_of_a_missing_version_is_invalid_argument(client):
+    with pytest.raises(InferenceServerException) as info:
+        client.get_inference_statistics("add_sub", "7")
+    assert info.value.status() == "400"
+    assert "requested model version is not available for model 'add_sub'" in str(info.value)
+
+
+def test_load_and_unload_without_explicit_mode_are_unavailable(bundled_server):
+    status, body = _post(f"http://{bundled_server.url}/v2/repository/models/add_sub/load", b"{}")
+    assert status == 503
+    assert body["error"].startswith("explicit model load / unload is not allowed")
+    assert "--model-control-mode=explicit" in body["error"]
 
 
 def test_byte_size_mismatch(bundled_server):

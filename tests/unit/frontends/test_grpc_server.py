@@ -318,7 +318,7 @@ def _raw_request(**changes: Any) -> Any:
         (lambda r: r.inputs[0].contents.int_contents.extend([1, 2]), "contents field must not"),
         (lambda r: r.raw_input_contents.__setitem__(0, b"123"), "Expected 8, got 3"),
         (lambda r: setattr(r.inputs[1], "name", "A"), "input 'A' already exists"),
-        (lambda r: setattr(r.inputs[1], "datatype", "FP8"), "invalid datatype 'FP8'"),
+        (lambda r: setattr(r.inputs[1], "datatype", "FP8"), "invalid datatype for input B: 'FP8'"),
         (lambda r: r.inputs[1].shape.__setitem__(0, -2), "dimensions must be >= 0"),
         (lambda r: setattr(r.parameters["triton_x"], "bool_param", True), "reserved for Triton"),
         (

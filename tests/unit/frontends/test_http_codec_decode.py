@@ -309,7 +309,7 @@ class TestInputErrors:
 
     def test_unknown_datatype(self) -> None:
         message = spec_error(json_input("X", "FP8", [1], [1]))
-        assert message.startswith("invalid datatype 'FP8' for input 'X': expected one of BOOL")
+        assert message.startswith("invalid datatype for input X: 'FP8' is not one of BOOL")
 
     @pytest.mark.parametrize("shape", [None, [-1, 2], [1.5], [True], "2"])
     def test_bad_shape(self, shape: Any) -> None:
