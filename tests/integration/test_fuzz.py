@@ -257,9 +257,19 @@ def _model_refused_text(message: str) -> bool:
     )
 
 
+def _control_refused_text(message: str) -> bool:
+    """Load or unload without --model-control-mode=explicit: UNAVAILABLE (503), as Triton."""
+    return message.startswith('{"error":"explicit model load / unload is not allowed') or (
+        message.startswith("explicit model load / unload is not allowed")
+    )
+
+
 def check_http_answer(status: int, headers: dict[str, str], body: bytes, what: Any) -> None:
     """No 5xx for a client's mistake (501 "not supported" is a fair answer), JSON errors."""
-    if status == 500 and _model_refused_text(body.decode(errors="replace")):
+    text = body.decode(errors="replace")
+    if status == 500 and _model_refused_text(text):
+        return
+    if status == 503 and _control_refused_text(text):
         return
     assert status in (200, 400, 404, 501), f"HTTP {status} {body[:500]!r} for {what!r}"
     if status != 200:
@@ -777,6 +787,8 @@ def check_grpc_call(call: Any, what: Any) -> None:
         call()
     except grpc.RpcError as error:
         if error.code() == grpc.StatusCode.INTERNAL and _model_refused_text(error.details()):
+            return
+        if error.code() == grpc.StatusCode.UNAVAILABLE and _control_refused_text(error.details()):
             return
         assert error.code() in CLIENT_ERROR_CODES, f"{error.code()} {error.details()} for {what}"
         assert error.details(), f"an error without a message for {what}"
