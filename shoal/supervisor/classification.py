@@ -59,6 +59,15 @@ def check(config: ModelConfig, counts: Mapping[str, int]) -> None:
             )
 
 
+def apply(response: InferResponse, config: ModelConfig, counts: Mapping[str, int]) -> None:
+    """:func:`classify`; a response that cannot be classified gives its memory back first."""
+    try:
+        classify(response, config, counts)
+    except ShoalError:
+        response.release()
+        raise
+
+
 def classify(response: InferResponse, config: ModelConfig, counts: Mapping[str, int]) -> None:
     """Replace each output named in ``counts`` by its classification, in place."""
     labels = labels_of(config)

@@ -258,11 +258,7 @@ class InferenceService:
         if mv.config.is_ensemble:
             response = await self.ensembles.run(mv, request, record, blocks)
             if classes:
-                try:
-                    classification.classify(response, mv.config, classes)
-                except ShoalError:
-                    response.release()
-                    raise
+                classification.apply(response, mv.config, classes)
             mv.stats.success(
                 staging.batch_size(mv.config, request), time.monotonic_ns() - started, 0, (0, 0, 0)
             )

@@ -12,7 +12,6 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from typing import TYPE_CHECKING
 
 from shoal.supervisor import classification, staging
-from shoal.supervisor.errors import ShoalError
 from shoal.supervisor.streams import new_stream
 from shoal.supervisor.types import InferRequest, InferResponse
 from shoal.supervisor.work import Completion, Work
@@ -60,11 +59,7 @@ async def _decoupled(
                 raise item
             response = service.response(mv, request, item)
             if classes:
-                try:
-                    classification.classify(response, mv.config, classes)
-                except ShoalError:
-                    response.release()
-                    raise
+                classification.apply(response, mv.config, classes)
             yield response
         finished = True
     finally:

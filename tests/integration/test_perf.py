@@ -15,21 +15,23 @@ from tests.integration.server import REPO_ROOT
 pytestmark = pytest.mark.timeout(120)
 
 
+def _perf(*args: str) -> subprocess.CompletedProcess[str]:
+    """``shoal perf`` with ``args``; fails the test if it fails."""
+    command = [sys.executable, "-m", "shoal.cli", "perf", *args]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=REPO_ROOT)
+    assert run.returncode == 0, run.stdout + run.stderr
+    return run
+
+
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_perf_measures_add_sub(bundled_server, protocol, tmp_path):
     url = bundled_server.url if protocol == "http" else bundled_server.grpc_url
     output = tmp_path / "perf.json"
-    command = [
-        sys.executable,
-        "-m",
-        "shoal.cli",
-        "perf",
+    run = _perf(
         *("--url", url, "--protocol", protocol, "--model", "add_sub"),
         *("--concurrency", "1,2", "--duration", "0.5", "--warmup", "0.1"),
         *("--json", str(output), "--plot", str(tmp_path / "perf.png")),
-    ]
-    run = subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=REPO_ROOT)
-    assert run.returncode == 0, run.stdout + run.stderr
+    )
     document = json.loads(output.read_text())
     assert document["protocol"] == protocol and document["model"] == "add_sub"
     assert [cell["concurrency"] for cell in document["cells"]] == [1, 2]
@@ -46,16 +48,10 @@ def test_perf_drives_the_native_clients(bundled_server, client, protocol, tmp_pa
         pytest.skip(f"{client} is not installed")
     url = bundled_server.url if protocol == "http" else bundled_server.grpc_url
     output = tmp_path / "perf.json"
-    command = [
-        sys.executable,
-        "-m",
-        "shoal.cli",
-        "perf",
+    _perf(
         *("--url", url, "--protocol", protocol, "--model", "add_sub", "--client", client),
         *("--concurrency", "2", "--duration", "1", "--warmup", "0.5", "--json", str(output)),
-    ]
-    run = subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=REPO_ROOT)
-    assert run.returncode == 0, run.stdout + run.stderr
+    )
     (cell,) = json.loads(output.read_text())["cells"]
     assert cell["throughput"] > 0 and cell["errors"] == 0
     assert 0 < cell["p50_ms"] <= cell["p99_ms"]
@@ -63,16 +59,10 @@ def test_perf_drives_the_native_clients(bundled_server, client, protocol, tmp_pa
 
 def test_perf_with_system_shared_memory_leaves_no_region(bundled_server, tmp_path):
     output = tmp_path / "perf.json"
-    command = [
-        sys.executable,
-        "-m",
-        "shoal.cli",
-        "perf",
+    _perf(
         *("--url", bundled_server.url, "--model", "add_sub", "--shared-memory", "system"),
         *("--concurrency", "2", "--duration", "0.5", "--warmup", "0.1", "--json", str(output)),
-    ]
-    run = subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=REPO_ROOT)
-    assert run.returncode == 0, run.stdout + run.stderr
+    )
     (cell,) = json.loads(output.read_text())["cells"]
     assert cell["throughput"] > 0 and cell["errors"] == 0
     status_url = f"http://{bundled_server.url}/v2/systemsharedmemory/status"
