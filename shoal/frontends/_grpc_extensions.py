@@ -219,9 +219,10 @@ def trace_settings_update(
 
 
 def trace_settings_response(settings: Mapping[str, TraceValue]) -> pb.TraceSettingResponse:
-    """The TraceSetting reply: each setting as a list of strings (none for an empty one)."""
+    """The TraceSetting reply: each setting as a list of strings (an empty string stays one
+    value, as Triton sends ``trace_file``)."""
     response = pb.TraceSettingResponse()
     for key, value in settings.items():
-        values = value if isinstance(value, list) else [value] if value else []
+        values = value if isinstance(value, list) else [value]
         response.settings[key].value.extend(values)
     return response

@@ -212,7 +212,7 @@ def test_trace_settings_start_off_and_update(client: Any) -> None:
     settings = client.get_trace_settings(as_json=True)["settings"]
     assert settings["trace_level"] == {"value": ["OFF"]}
     assert settings["trace_rate"] == {"value": ["1000"]}
-    assert "value" not in settings["trace_file"]  # empty: no trace file
+    assert settings["trace_file"] == {"value": [""]}  # no trace file, as Triton answers it
     changed = client.update_trace_settings(settings={"trace_rate": "7"}, as_json=True)
     assert changed["settings"]["trace_rate"] == {"value": ["7"]}
     client.update_trace_settings(settings={"trace_rate": "1000"})
