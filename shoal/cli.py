@@ -182,13 +182,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="how long a polled gauge (a stub's RSS) is reused; other metrics are computed "
         "on each scrape",
     )
-    for flag in ("--allow-gpu-metrics", "--allow-cpu-metrics"):
-        serve.add_argument(
-            flag,
-            type=parse_bool,
-            default=True,
-            help="accepted for tritonserver compatibility; shoal exports no GPU or CPU metrics",
-        )
+    serve.add_argument(
+        "--allow-gpu-metrics",
+        type=parse_bool,
+        default=True,
+        help="accepted for tritonserver compatibility; shoal exports no GPU metrics",
+    )
+    serve.add_argument(
+        "--allow-cpu-metrics",
+        type=parse_bool,
+        default=True,
+        help="export Triton's host CPU families (nv_cpu_utilization, nv_cpu_memory_*)",
+    )
     serve.add_argument(
         "--model-control-mode",
         choices=["none", "explicit", "poll"],
@@ -276,6 +281,7 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         allow_grpc=args.allow_grpc,
         allow_metrics=args.allow_metrics,
         metrics_interval_ms=args.metrics_interval_ms,
+        allow_cpu_metrics=args.allow_cpu_metrics,
         model_control_mode=args.model_control_mode,
         repository_poll_secs=args.repository_poll_secs,
         load_models=tuple(args.load_model),

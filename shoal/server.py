@@ -41,7 +41,11 @@ async def _start_metrics(service: InferenceService, options: ServerOptions) -> H
     from shoal.frontends.metrics_http import build_metrics_app
     from shoal.supervisor.metrics import MetricsExporter
 
-    exporter = MetricsExporter(service, interval_ms=options.metrics_interval_ms)
+    exporter = MetricsExporter(
+        service,
+        interval_ms=options.metrics_interval_ms,
+        cpu_metrics=options.allow_cpu_metrics,
+    )
     server = HttpServer(build_metrics_app(exporter.render))
     host, port = options.metrics_address, options.metrics_port
     try:

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import CollectorRegistry
 
+from shoal.supervisor._metrics_cpu import CpuProbe
 from shoal.supervisor._metrics_families import (
     ArenaSample,
     InstanceSample,
@@ -33,9 +34,12 @@ __all__ = ["MetricsExporter", "ServiceCollector"]
 class ServiceCollector:
     """Yields Triton's per-model families and shoal's instance and arena families."""
 
-    def __init__(self, service: InferenceService, rss: RssProbe) -> None:
+    def __init__(
+        self, service: InferenceService, rss: RssProbe, cpu: CpuProbe | None = None
+    ) -> None:
         self._service = service
         self._rss = rss
+        self._cpu = cpu
 
     def collect(self) -> Iterator[Metric]:
         versions = self._ready_versions()
@@ -46,6 +50,8 @@ class ServiceCollector:
         yield from _stage_families(versions)
         yield from _cuda_pool_families(self._service.directory.cuda)
         yield from self._service.custom_metrics.families()
+        if self._cpu is not None:
+            yield from self._cpu.families()
 
     def _ready_versions(self) -> dict[tuple[str, str], ModelVersion]:
         repository = self._service.repository
@@ -131,8 +137,9 @@ def _stage_families(versions: dict[tuple[str, str], ModelVersion]) -> Iterator[M
 class MetricsExporter:
     """A private registry holding one :class:`ServiceCollector`.
 
-    ``interval_ms`` (``--metrics-interval-ms``) is how long a stub's RSS reading is reused; every
-    other value is read afresh on each scrape.
+    ``interval_ms`` (``--metrics-interval-ms``) is how long a stub's RSS reading and the host's
+    CPU reading are reused; every other value is read afresh on each scrape. ``cpu_metrics``
+    (``--allow-cpu-metrics``) adds Triton's host CPU families.
     """
 
     def __init__(
@@ -140,10 +147,13 @@ class MetricsExporter:
         service: InferenceService,
         *,
         interval_ms: int = 2000,
+        cpu_metrics: bool = True,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(ServiceCollector(service, RssProbe(interval_ms / 1000, clock=clock)))
+        interval_s = interval_ms / 1000
+        cpu = CpuProbe(interval_s, clock=clock) if cpu_metrics else None
+        self.registry.register(ServiceCollector(service, RssProbe(interval_s, clock=clock), cpu))
 
     def render(self) -> bytes:
         """The ``/metrics`` body (Prometheus text format 0.0.4); call it on the service's loop."""

@@ -46,6 +46,7 @@ class ServerOptions:
     allow_metrics: bool = True
     #: How long a polled gauge (a stub's RSS) is reused before it is read again.
     metrics_interval_ms: int = 2000
+    allow_cpu_metrics: bool = True
     model_control_mode: str = "none"
     repository_poll_secs: float = 15.0
     load_models: tuple[str, ...] = ()

@@ -129,6 +129,23 @@ def test_instance_and_arena_gauges(after_traffic):
     assert 0 <= _value(values, "shoal_arena_used_bytes", arena="input") <= capacity
 
 
+def test_host_cpu_families_as_tritons(server, after_traffic):
+    values = _values(after_traffic[1])
+    total = _value(values, "nv_cpu_memory_total_bytes")
+    assert total > 1 << 28
+    assert 0 < _value(values, "nv_cpu_memory_used_bytes") < total
+    assert 0.0 <= _value(values, "nv_cpu_utilization") <= 1.0
+
+
+@pytest.mark.timeout(60)
+def test_allow_cpu_metrics_false_leaves_out_the_host_families():
+    with ShoalServer(BUNDLED, metrics=True, extra_args=("--allow-cpu-metrics", "false")) as s:
+        _, text = _scrape(s)
+    names = {family.name for family in text_string_to_metric_families(text)}
+    assert "nv_inference_count" in names
+    assert not {n for n in names if n.startswith("nv_cpu_")}
+
+
 def _instance_name(values, model):
     (name,) = {
         dict(labels)["instance"]
