@@ -75,6 +75,8 @@ def fill_defaults(
     if config.platform != ENSEMBLE_PLATFORM and not config.HasField("ensemble_scheduling"):
         _fill_optimization(config)
         _fill_instance_groups(config, sorted(set(gpus)))
+    else:  # Triton serves an ensemble's config with model_transaction_policy { decoupled: false }
+        config.model_transaction_policy.SetInParent()
 
 
 def _fill_name(config: pb.ModelConfig, model_name: str) -> None:

@@ -15,6 +15,7 @@ from shoal.config import (
     SequenceControl,
     TensorConfig,
     complete_config,
+    config_to_json,
     load_model_config,
     read_config,
 )
@@ -125,6 +126,8 @@ def test_ensemble(tmp_path):
     )
     assert config.inputs[0].datatype == "BYTES"
     assert not config.proto.HasField("optimization")
+    # Triton serves an ensemble's configuration with its transaction policy spelled out.
+    assert config_to_json(config)["model_transaction_policy"] == {"decoupled": False}
 
 
 def test_instance_groups_named_and_placed_like_triton(tmp_path):
