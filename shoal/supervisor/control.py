@@ -57,6 +57,10 @@ class ModelRepositoryManager:
         self._fingerprints: dict[str, tuple[tuple[str, int, int], ...]] = {}
         self._poller: asyncio.Task[None] | None = None
         self._loading: set[str] = set()
+        # Models loaded only because an ensemble needed them (unload_dependents unloads them).
+        self._composing: set[str] = set()
+        # Ensembles unloaded because a step model was: loaded again when it is, as Triton does.
+        self._orphans: set[str] = set()
 
     def versions(self) -> Iterator[ModelVersion]:
         for versions in self.models.values():
@@ -136,6 +140,8 @@ class ModelRepositoryManager:
     ) -> None:
         if not _startup:
             self._check_control_allowed()
+            self._composing.discard(name)  # asked for by name: no longer only a step model
+        self._orphans.discard(name)
         self._loading.add(name)
         try:
             if not _startup and not files:
@@ -143,6 +149,7 @@ class ModelRepositoryManager:
             await self._load_locked(name, config_json, files)
         finally:
             self._loading.discard(name)
+        await self._reload_orphans()
 
     async def _sync_model(self, name: str) -> None:
         """An explicit load reads the model as its remote repository has it now."""
@@ -185,10 +192,9 @@ class ModelRepositoryManager:
     async def _load_composing(self, name: str, versions: list[ModelVersion]) -> None:
         """An ensemble's step models are loaded with it (explicit mode), as Triton does."""
         steps = {s.model_name for mv in versions for s in mv.config.ensemble_steps}
+        # An unloaded step model is still listed (with its reason) but must be loaded again.
         missing = [
-            m
-            for m in sorted(steps)
-            if m != name and m not in self.models and m not in self._loading
+            m for m in sorted(steps) if m != name and not self._ready(m) and m not in self._loading
         ]
         for model in missing:
             try:
@@ -197,6 +203,7 @@ class ModelRepositoryManager:
                 raise InvalidArgument(
                     f"failed to load '{name}': its step model '{model}' failed to load: {error}"
                 ) from None
+            self._composing.add(model)
 
     def _ensemble_problem(self, mv: ModelVersion) -> str | None:
         """What stops an ensemble from loading, checked against its step models (nested
@@ -338,20 +345,66 @@ class ModelRepositoryManager:
         mv.reason = "unloaded"
 
     async def unload(self, name: str, unload_dependents: bool = False) -> None:
+        """Unload ``name`` (a model that is not loaded is no error, as in Triton). Ensembles
+        that use it are unloaded too, and loaded again when it is; ``unload_dependents``
+        also unloads the step models an ensemble loaded for itself, unless another loaded
+        ensemble uses them."""
         self._check_control_allowed()
+        await self._unload_with_dependents(name, unload_dependents)
+
+    async def _unload_with_dependents(self, name: str, unload_dependents: bool) -> None:
+        steps = self._direct_steps(name) if unload_dependents else []
+        self._composing.discard(name)
+        self._orphans.discard(name)
         await self._unload_locked(name)
+        await self._orphan_users_of(name)
+        for step in steps:
+            if step in self._composing and not any(
+                step in self._direct_steps(user) for user in self.models if self._ready(user)
+            ):
+                await self._unload_with_dependents(step, True)
+
+    async def _orphan_users_of(self, name: str) -> None:
+        """Unload the loaded ensembles with ``name`` as a step, remembering them."""
+        users = [
+            user for user in self.models if self._ready(user) and name in self._direct_steps(user)
+        ]
+        for user in users:
+            log.info("unloading ensemble '%s': its step model '%s' was unloaded", user, name)
+            await self._unload_locked(user)
+            self._orphans.add(user)
+            await self._orphan_users_of(user)
+
+    async def _reload_orphans(self) -> None:
+        """Load again the ensembles unloaded for a step model, once all their steps are back."""
+        for user in sorted(self._orphans):
+            if user in self._orphans and all(self._ready(s) for s in self._direct_steps(user)):
+                self._orphans.discard(user)
+                try:
+                    await self.load(user, _startup=True)
+                except ShoalError as error:
+                    log.error("could not load ensemble '%s' again: %s", user, error)
+
+    def _ready(self, name: str) -> bool:
+        return any(mv.ready for mv in self.models.get(name, {}).values())
+
+    def _direct_steps(self, name: str) -> list[str]:
+        """The step models of the loaded ensemble ``name`` (none for another model)."""
+        return sorted(
+            {
+                s.model_name
+                for mv in self.models.get(name, {}).values()
+                for s in mv.config.ensemble_steps
+            }
+        )
 
     async def _unload_locked(self, name: str) -> None:
         lock = self._locks.setdefault(name, asyncio.Lock())
         async with lock:
             versions = self.models.get(name)
             if versions is None:
-                if name in self.failed:
-                    self.failed.pop(name)
-                    return
-                raise InvalidArgument(
-                    f"failed to unload '{name}', model '{name}' is not loaded or does not exist"
-                )
+                self.failed.pop(name, None)  # nothing loaded: as in Triton, not an error
+                return
             await asyncio.gather(*(self._retire(mv) for mv in versions.values()))
             scratch = self._scratch.pop(name, None)
             if scratch is not None:
@@ -399,10 +452,12 @@ class ModelRepositoryManager:
         ready = [mv for mv in versions.values() if mv.ready]
         if not ready:
             reasons = "; ".join(mv.reason for mv in versions.values() if mv.reason)
-            raise Unavailable(
-                f"Request for unknown model: '{name}' has no available versions"
-                + (f": {reasons}" if reasons else "")
+            text = f"Request for unknown model: '{name}' has no available versions" + (
+                f": {reasons}" if reasons else ""
             )
+            if all(mv.reason == "unloaded" for mv in versions.values()):
+                raise NotFound(text)  # Triton's code for an unloaded model
+            raise Unavailable(text)
         return max(ready, key=lambda mv: mv.version)
 
     def model_ready(self, name: str, version: str) -> bool:
