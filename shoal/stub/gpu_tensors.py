@@ -53,6 +53,7 @@ from shoal.ipc.tensor import (
 )
 from shoal.stub import pb_utils
 from shoal.stub.control import ControlClient, ControlError
+from shoal.stub.tensors_out import RegionTooSmall
 
 #: Set by the supervisor for a narrowed stub: the server's number of the stub's device 0.
 SERVER_DEVICE_VARIABLE = "SHOAL_SERVER_CUDA_DEVICE"
@@ -198,10 +199,7 @@ class GpuTensors:
             nbytes = numpy_to_buffer_size(array, datatype)
             shape = tuple(int(dim) for dim in array.shape)
         if nbytes > target.nbytes:
-            raise ValueError(
-                f"shared memory size specified with the request for output '{tensor.name()}' "
-                f"({target.nbytes} bytes) should be at least {nbytes} bytes to hold the results"
-            )
+            raise RegionTooSmall(tensor.name(), target.nbytes, nbytes)
         pointer = self.regions.pointer(target)
         if nbytes and gpu is not None:
             memcpy(pointer, int(gpu.data.ptr), nbytes, MEMCPY_DEVICE_TO_DEVICE)

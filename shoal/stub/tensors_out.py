@@ -21,6 +21,17 @@ if TYPE_CHECKING:
 Written = list[Block | CudaLocation]
 
 
+class RegionTooSmall(ValueError):
+    """An output does not fit the client's shared-memory window for it: the client's mistake
+    (INVALID_ARG, Triton's words), not the model's."""
+
+    def __init__(self, output: str, available: int, needed: int) -> None:
+        super().__init__(
+            f"shared memory size specified with the request for output '{output}' "
+            f"({available} bytes) should be at least {needed} bytes to hold the results"
+        )
+
+
 class TensorWriter:
     """Turns ``pb_utils.Tensor`` objects into descriptors for the supervisor.
 
@@ -48,10 +59,7 @@ class TensorWriter:
         datatype = tensor._datatype()
         nbytes = numpy_to_buffer_size(array, datatype)
         if nbytes > target.nbytes:
-            raise ValueError(
-                f"shared memory size specified with the request for output '{tensor.name()}' "
-                f"({target.nbytes} bytes) should be at least {nbytes} bytes to hold the results"
-            )
+            raise RegionTooSmall(tensor.name(), target.nbytes, nbytes)
         write_numpy(array, datatype, view[:nbytes])
         shape = tuple(int(d) for d in array.shape)
         location = RegionLocation(target.region, target.offset, nbytes)

@@ -103,15 +103,21 @@ class SharedMemoryRegistry:
     def view(self, name: str, offset: int, byte_size: int, *, what: str) -> memoryview:
         """A window of a region; ``offset`` is relative to the registered offset."""
         entry = self._regions.get(name)
-        if entry is None:
-            raise InvalidArgument(
-                f"Unable to find system shared memory region: '{name}' (for {what})"
+        if entry is None:  # Triton's words and code (NOT_FOUND), then which tensor asked
+            raise NotFound(
+                f"Unable to find shared memory region: '{name}' (a system shared memory region "
+                f"named by {what})"
             )
         region = entry.region
         if offset < 0 or byte_size < 0 or offset + byte_size > region.byte_size:
+            lead = (
+                f"Invalid offset for shared memory region: '{name}': "
+                if offset >= region.byte_size
+                else ""
+            )
             raise InvalidArgument(
-                f"{what}: offset {offset} and byte size {byte_size} do not fit in shared memory "
-                f"region '{name}' of {region.byte_size} bytes"
+                f"{lead}{what}: offset {offset} and byte size {byte_size} do not fit in shared "
+                f"memory region '{name}' of {region.byte_size} bytes"
             )
         start = region.offset + offset
         return memoryview(entry.mapping)[start : start + byte_size]

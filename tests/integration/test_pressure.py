@@ -403,8 +403,10 @@ def test_output_region_error_leaks_input_arena():
         }
         for _ in range(3):
             status, body = identity_request(server, MIB, **bad_output)
-            assert status == 400, body
-            assert "Unable to find system shared memory region" in json.loads(body)["error"]
+            assert status == 404, body  # Triton's code
+            assert (
+                "Unable to find shared memory region: 'no-such-region'" in json.loads(body)["error"]
+            )
         used = arena(server)[0]
         assert used == 0, f"three refused requests left {used} bytes in the input arena"
 
