@@ -54,6 +54,14 @@ class TraceSettings:
         """Apply ``changes`` (all or nothing) and return the settings now in effect."""
         self._check_model(model)
         checked = {key: self._value(key, value, model) for key, value in changes.items()}
+        level = checked.get("trace_level") or self.current(model)["trace_level"]
+        if level != ["OFF"] and not self.current(model)["trace_file"]:
+            # Triton's check and words: a level other than OFF needs a file to write to, and
+            # shoal has none (it writes no traces).
+            raise InvalidArgument(
+                "Attempting to set invalid trace setting :trace file name is not given "
+                "(shoal writes no traces: trace_level can only be OFF)"
+            )
         target = self._global if not model else self._models.setdefault(model, {})
         for key, value in checked.items():
             if value is None:
@@ -115,8 +123,9 @@ def _integer(key: str, value: TraceChange) -> str:
     try:
         number = int(value)
     except ValueError:
-        raise InvalidArgument(
-            f"trace setting '{key}' must be an integer given as a string, got {value!r}"
+        raise InvalidArgument(  # Triton's words first
+            f"Unable to parse '{key}', got: {value}: trace setting '{key}' must be an integer "
+            "given as a string"
         ) from None
     if number < _MINIMUM[key]:
         raise InvalidArgument(

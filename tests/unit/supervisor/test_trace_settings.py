@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from shoal.supervisor.errors import InvalidArgument, Unsupported
-from shoal.supervisor.trace_settings import DEFAULTS, TraceSettings
+from shoal.supervisor.trace_settings import DEFAULTS, TraceSettings, _level
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -15,21 +15,28 @@ def test_a_model_follows_the_global_settings_until_it_sets_its_own():
     assert settings.current() == dict(DEFAULTS)
     settings.update({"trace_rate": 50})
     assert settings.current("m")["trace_rate"] == "50"
-    settings.update({"trace_rate": "5", "trace_level": ["TENSORS", "TIMESTAMPS"]}, model="m")
+    settings.update({"trace_rate": "5", "log_frequency": "2"}, model="m")
     settings.update({"trace_rate": "60", "trace_count": "3"})
     mine = settings.current("m")
     assert mine["trace_rate"] == "5" and mine["trace_count"] == "3"
-    assert mine["trace_level"] == ["TIMESTAMPS", "TENSORS"]  # Triton's order
     assert settings.update({"trace_rate": None}, model="m")["trace_rate"] == "60"
-    settings.update({"trace_level": None}, model="m")
+    settings.update({"log_frequency": None}, model="m")
     assert settings.current("m") == settings.current()
 
 
-def test_off_with_another_level_means_that_level():
-    assert TraceSettings().update({"trace_level": ["OFF", "TIMESTAMPS"]})["trace_level"] == [
-        "TIMESTAMPS"
-    ]
+def test_levels_are_read_in_tritons_order_and_off_with_another_means_that_one():
+    assert _level(["TENSORS", "TIMESTAMPS"]) == ["TIMESTAMPS", "TENSORS"]
+    assert _level(["OFF", "TIMESTAMPS"]) == ["TIMESTAMPS"]
+    assert _level("OFF") == ["OFF"]
     assert TraceSettings().update({"trace_level": "OFF"})["trace_level"] == ["OFF"]
+
+
+@pytest.mark.parametrize("model", ["", "m"])
+def test_a_level_other_than_off_needs_a_trace_file_as_in_triton(model):
+    settings = TraceSettings()
+    with pytest.raises(InvalidArgument, match="trace file name is not given"):
+        settings.update({"trace_level": ["TIMESTAMPS"], "trace_rate": "9"}, model=model)
+    assert settings.current(model) == dict(DEFAULTS)  # nothing of the request applied
 
 
 @pytest.mark.parametrize(
