@@ -169,20 +169,21 @@ def _check_raw_count(inputs: list[InferInput], raw: list[memoryview], model: str
 
 
 def encode_infer_response(
-    response: InferResponse, decoded: DecodedInfer, *, final: bool = False
+    response: InferResponse, decoded: DecodedInfer, *, final: bool | None = None
 ) -> list[Chunk]:
     """A serialized ``ModelInferResponse`` as chunks that may view the response's memory.
 
-    ``final`` adds ``triton_final_response`` when the client asked for it (streaming). Join the
-    chunks before releasing the response.
+    ``final`` (in a stream) is sent as ``triton_final_response``, on every stream response as
+    Triton does; ``None`` (ModelInfer) sends none. Join the chunks before releasing the
+    response.
     """
     message = pb.ModelInferResponse(
         model_name=response.model_name, model_version=response.model_version, id=response.id
     )
     if response.parameters:
         encode_parameters(message.parameters, response.parameters)
-    if final and decoded.final_response_flag:
-        message.parameters[FINAL_RESPONSE].bool_param = True
+    if final is not None:
+        message.parameters[FINAL_RESPONSE].bool_param = final
     payloads: list[memoryview] = []
     for output in response.outputs:
         tensor = message.outputs.add(name=output.name, datatype=output.datatype, shape=output.shape)

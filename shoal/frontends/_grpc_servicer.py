@@ -137,26 +137,21 @@ class Servicer:
         return answer_stream(requests, self._stream_answer, self._closing)
 
     async def _stream_answer(self, data: bytes | bytearray | memoryview) -> AsyncIterator[bytes]:
-        """Every response of one request (several for a decoupled model); the last one carries
-        ``triton_final_response`` when the client asked for that flag."""
+        """Every response of one request (several for a decoupled model), each sent as soon as
+        the model sends it, with ``triton_final_response`` saying whether it is the last. A
+        decoupled model that ends with the final flag alone ends the stream with an empty
+        response only if the client asked for one (``enable_empty_final_response``), as in
+        Triton."""
         decoded: DecodedInfer | None = None
         try:
             decoded = decode_infer_request(data)
-            held: InferResponse | None = None
-            try:
-                async for response in self._core.infer_stream(decoded.request):
-                    if held is not None:
-                        yield self._stream_reply(held, decoded, final=False)
-                    held = response
-                if held is not None:
-                    yield self._stream_reply(held, decoded, final=True)
-                    held = None
-                elif decoded.final_response_flag:
-                    empty = InferResponse(decoded.request.model_name, "", decoded.request.id)
-                    yield self._stream_reply(empty, decoded, final=True)
-            finally:
-                if held is not None:
-                    held.release()
+            ended = False
+            async for response in self._core.infer_stream(decoded.request):
+                ended = response.final
+                yield self._stream_reply(response, decoded, final=ended)
+            if not ended and decoded.final_response_flag:
+                empty = InferResponse(decoded.request.model_name, "", decoded.request.id)
+                yield self._stream_reply(empty, decoded, final=True)
             return
         except ShoalError as exc:
             error = exc

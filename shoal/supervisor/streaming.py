@@ -58,6 +58,7 @@ async def _decoupled(
             if isinstance(item, BaseException):
                 raise item
             response = service.response(mv, request, item)
+            response.final = item.final
             if classes:
                 classification.apply(response, mv.config, classes)
             yield response

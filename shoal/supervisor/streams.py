@@ -49,6 +49,7 @@ class OpenStream:
         if completion is not None:
             self.unreleased += 1
             completion.on_release = self.released
+            completion.final = final
             if self.work.closed:
                 completion.release()
             else:

@@ -101,6 +101,9 @@ class InferResponse:
     outputs: list[InferOutput] = field(default_factory=list)
     parameters: dict[str, ParamValue] = field(default_factory=dict)
     _release: Callable[[], None] | None = field(default=None, repr=False)
+    #: In a stream: whether this is the request's last response (always, for a model that is
+    #: not decoupled; for a decoupled one, when the model sent it with the final flag).
+    final: bool = True
 
     def release(self) -> None:
         """Return the response's shared-memory blocks. Idempotent."""

@@ -47,6 +47,8 @@ class Completion:
     #: CUDA pool blocks of the outputs: the stub handed them on, the supervisor frees them
     #: (a shared empty tuple when there are none: nothing is made per response).
     owned_cuda: Sequence[CudaLocation] = ()
+    #: A decoupled model's response sent with the final flag: the request's last.
+    final: bool = False
 
     def view(self, block: Block | CudaLocation) -> memoryview:
         """A read-only view of one output block (a host copy of a GPU one)."""

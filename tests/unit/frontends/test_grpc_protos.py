@@ -162,9 +162,9 @@ def test_a_response_reads_back_with_tritonclients_messages() -> None:
     [((1, 16), {}), ((), {}), ((0, 3), {}), ((300, 2**40), {"p": 1}), ((-1, 5), {"s": "x"})],
     ids=["small", "scalar", "empty", "wide-dims", "negative-dim"],
 )
-@pytest.mark.parametrize("final", [False, True])
+@pytest.mark.parametrize("final", [None, False, True])  # None: ModelInfer, no stream flag
 def test_a_response_is_what_protobuf_would_write(
-    shape: tuple[int, ...], parameters: dict[str, Any], final: bool
+    shape: tuple[int, ...], parameters: dict[str, Any], final: bool | None
 ) -> None:
     data = memoryview(bytes(8))
     outputs = [
@@ -176,7 +176,8 @@ def test_a_response_is_what_protobuf_would_write(
     expected = shoal_pb.ModelInferResponse(model_name="módel", id="req-1")
     if final:
         expected.parameters["n"].int64_param = 2
-        expected.parameters["triton_final_response"].bool_param = True
+    if final is not None:
+        expected.parameters["triton_final_response"].bool_param = final
     for output in outputs:
         tensor = expected.outputs.add(
             name=output.name, datatype=output.datatype, shape=output.shape
