@@ -172,15 +172,16 @@ def _stop(server: Server) -> None:
             server.process.wait()
 
 
-def start_shoal(log: BinaryIO) -> Server:
+def start_shoal(log: BinaryIO, models: Path = MODELS, extra: Sequence[str] = ()) -> Server:
     command = [
         str(ROOT / ".venv" / "bin" / "shoal"),
         "serve",
         "--model-repository",
-        str(MODELS),
+        str(models),
         *("--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1"),
         *("--metrics-address", "127.0.0.1"),
         *("--http-port", "0", "--grpc-port", "0", "--metrics-port", "0"),
+        *extra,
     ]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, cwd=ROOT)
     server = Server("shoal", process)
@@ -235,13 +236,13 @@ def assemble_triton(site: Path, tree: Path, venv: Path = BENCH_VENV) -> Path:
     return bundled / "bin" / "tritonserver"
 
 
-def start_triton(log: BinaryIO) -> Server:
+def start_triton(log: BinaryIO, models: Path = MODELS, extra: Sequence[str] = ()) -> Server:
     site = ensure_bench_venv()
     tree = RESULTS / "triton-tree"
     tree.mkdir(parents=True, exist_ok=True)
     binary = assemble_triton(site, tree)
     ports = {"http": _free_port(), "grpc": _free_port(), "metrics": _free_port()}
-    command = [str(binary), f"--model-repository={MODELS}"]
+    command = [str(binary), f"--model-repository={models}", *extra]
     command += [f"--backend-directory={tree / 'backends'}", f"--cache-directory={tree / 'caches'}"]
     for proto, port in ports.items():
         command += [f"--{proto}-address=127.0.0.1", f"--{proto}-port={port}"]
