@@ -31,9 +31,11 @@ _LABELS: weakref.WeakKeyDictionary[ModelConfig, Mapping[str, tuple[str, ...]]] =
 )
 
 
-def requested(request: InferRequest) -> dict[str, int]:
-    """The outputs ``request`` asks to classify, with how many classes each (checked)."""
+def requested(request: InferRequest, config: ModelConfig) -> dict[str, int]:
+    """The outputs ``request`` asks to classify, with how many classes each; a count that is
+    not an integer ≥ 0, or an output whose datatype has no order (BYTES), is refused."""
     counts: dict[str, int] = {}
+    datatypes = {output.name: output.datatype for output in config.outputs}
     for output in request.outputs:
         value = output.parameters.get(PARAMETER)
         if value is None:
@@ -44,19 +46,17 @@ def requested(request: InferRequest) -> dict[str, int]:
                 f"'{request.model_name}': expected a non-negative integer, got {value!r}"
             )
         if value:
+            _refuse_unordered(output.name, datatypes.get(output.name, ""), config)
             counts[output.name] = value
     return counts
 
 
-def check(config: ModelConfig, counts: Mapping[str, int]) -> None:
-    """Refuse classification of an output whose datatype has no order (BYTES)."""
-    datatypes = {output.name: output.datatype for output in config.outputs}
-    for name in counts:
-        if datatypes.get(name) == "BYTES":
-            raise InvalidArgument(
-                f"classification is not supported for output '{name}' of model "
-                f"'{config.name}': its datatype is BYTES"
-            )
+def _refuse_unordered(output: str, datatype: str, config: ModelConfig) -> None:
+    if datatype == "BYTES":
+        raise InvalidArgument(
+            f"classification is not supported for output '{output}' of model "
+            f"'{config.name}': its datatype is BYTES"
+        )
 
 
 def apply(response: InferResponse, config: ModelConfig, counts: Mapping[str, int]) -> None:
@@ -76,11 +76,7 @@ def classify(response: InferResponse, config: ModelConfig, counts: Mapping[str, 
         count = counts.get(output.name)
         if count is None:
             continue
-        if output.datatype == "BYTES":
-            raise InvalidArgument(
-                f"classification is not supported for output '{output.name}' of model "
-                f"'{config.name}': its datatype is BYTES"
-            )
+        _refuse_unordered(output.name, output.datatype, config)  # what the model returned
         values = buffer_to_numpy(output.datatype, output.shape, output.data)
         rows = values.reshape(values.shape[0] if batched and values.ndim else 1, -1)
         top = min(count, rows.shape[1])

@@ -251,9 +251,7 @@ class InferenceService:
         started = time.monotonic_ns()
         if mv.config.decoupled:
             raise DecoupledInfer(mv.name)
-        classes = classification.requested(request) if request.outputs else {}
-        if classes:
-            classification.check(mv.config, classes)
+        classes = classification.requested(request, mv.config) if request.outputs else {}
         record, blocks = self.stage(mv, request)
         if mv.config.is_ensemble:
             response = await self.ensembles.run(mv, request, record, blocks)

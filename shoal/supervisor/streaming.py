@@ -42,9 +42,7 @@ async def responses(
 async def _decoupled(
     service: InferenceService, mv: ModelVersion, request: InferRequest
 ) -> AsyncGenerator[InferResponse, None]:
-    classes = classification.requested(request) if request.outputs else {}
-    if classes:
-        classification.check(mv.config, classes)
+    classes = classification.requested(request, mv.config) if request.outputs else {}
     record, blocks = service.stage(mv, request)
     future: asyncio.Future[Completion] = asyncio.get_running_loop().create_future()
     stream = new_stream()
