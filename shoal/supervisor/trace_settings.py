@@ -54,8 +54,9 @@ class TraceSettings:
         """Apply ``changes`` (all or nothing) and return the settings now in effect."""
         self._check_model(model)
         checked = {key: self._value(key, value, model) for key, value in changes.items()}
-        level = checked.get("trace_level") or self.current(model)["trace_level"]
-        if level != ["OFF"] and not self.current(model)["trace_file"]:
+        now = self.current(model)
+        level = checked.get("trace_level") or now["trace_level"]
+        if level != ["OFF"] and not now["trace_file"]:
             # Triton's check and words: a level other than OFF needs a file to write to, and
             # shoal has none (it writes no traces).
             raise InvalidArgument(
