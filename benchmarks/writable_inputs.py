@@ -102,8 +102,9 @@ def stub_ns(url: str, model: str) -> tuple[int, int]:
     return total, int(stats["success"]["count"])
 
 
-def cell(client: httpclient.InferenceServerClient, url: str, model: str, tensor: object,
-         requests: int) -> float:
+def cell(
+    client: httpclient.InferenceServerClient, url: str, model: str, tensor: object, requests: int
+) -> float:
     """Mean milliseconds inside the stub per request (after two warm-up requests)."""
     for _ in range(2):
         client.infer(model, [tensor])  # type: ignore[list-item]
