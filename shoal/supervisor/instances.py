@@ -605,7 +605,8 @@ class StubInstance:
         self._ready.clear()
         if self._init_waiter is not None and not self._init_waiter.done():
             self._init_waiter.set_result(
-                f"stub process of instance '{self.name}' exited during initialize with {how}"
+                f"Stub process '{self.name}' is not healthy. It exited during initialize "
+                f"with {how}"
             )
         if self._finalized is not None and not self._finalized.done():
             self._finalized.set_result(None)
@@ -614,10 +615,13 @@ class StubInstance:
             self._forget(proc)  # an unloaded or replaced stub: what it held comes back too
             return
         self.last_exit = how
-        log.error("instance '%s' stub process %d died with %s", self.name, proc.pid, how)
+        # Triton's words first: log scrapers and its QA look for them.
+        log.error(
+            "Stub process '%s' is not healthy. Process %d died with %s", self.name, proc.pid, how
+        )
         hung, self._hung = self._hung, None
         error: ShoalError = Unavailable(
-            f"Stub process '{self.name}' is not healthy: it died with {how}"
+            f"Stub process '{self.name}' is not healthy. It died with {how}"
         )
         if hung is not None:
             error = DeadlineExceeded(

@@ -80,3 +80,31 @@ def test_a_model_sees_an_argv_of_its_own_and_triton_native_module(tmp_path: Path
         assert _facts(client, "inspect")["free_memory"] == facts["free_memory"]
         client.close()
         assert server.stop() == 0
+
+
+INIT_EXIT = """
+import os
+import signal
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    def execute(self, requests):
+        return None
+"""
+
+
+def test_a_stub_killed_in_initialize_is_reported_in_tritons_words(tmp_path: Path) -> None:
+    _write_model(tmp_path, "init_exit", INIT_EXIT)
+    with ShoalServer(tmp_path) as server:
+        client = httpclient.InferenceServerClient(server.url)
+        assert not client.is_model_ready("init_exit")
+        index = {m["name"]: m for m in client.get_model_repository_index()}
+        reason = index["init_exit"]["reason"]
+        assert "Stub process 'init_exit_0' is not healthy." in reason, reason
+        assert "SIGKILL" in reason
+        client.close()
+        server.stop()
+        assert "Stub process 'init_exit_0' is not healthy." in server.output
