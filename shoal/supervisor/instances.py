@@ -605,8 +605,7 @@ class StubInstance:
         self._ready.clear()
         if self._init_waiter is not None and not self._init_waiter.done():
             self._init_waiter.set_result(
-                f"Stub process '{self.name}' is not healthy. It exited during initialize "
-                f"with {how}"
+                f"Stub process '{self.name}' is not healthy. It exited during initialize with {how}"
             )
         if self._finalized is not None and not self._finalized.done():
             self._finalized.set_result(None)
