@@ -277,7 +277,11 @@ class BlsRouter:
                 if isinstance(item, BaseException):
                     raise item
                 held.append(item)
-                await self._reply(proc, call.call_id, item.response, False)
+                # The response that carries FINAL is the iterator's last (Triton yields no
+                # extra empty one); a flags-only FINAL comes as an empty response.
+                await self._reply(proc, call.call_id, item.response, item.final)
+                if item.final:
+                    return
             await self._reply(proc, call.call_id, None, True)
         except BaseException:
             _abandon(work, held)

@@ -23,7 +23,6 @@ from shoal.ipc.tensor import CudaLocation
 from shoal.supervisor.errors import (
     Cancelled,
     DeadlineExceeded,
-    ErrorCode,
     InternalError,
     InvalidArgument,
     ShoalError,
@@ -510,19 +509,15 @@ class StubInstance:
             self.stats.success(
                 work.batch_size, time.monotonic_ns() - work.enqueued_ns, queue_ns, (0, 0, 0)
             )
-        if body is not None and body.error is not None:
-            code, text = body.error
-            stream.fail(ShoalError(text, ErrorCode.__members__.get(code, ErrorCode.INTERNAL)))
-            if not message.final:
-                del self._streams[message.key]
-            return
         completion = None
         if body is not None:
+            # An error response is one response among the others (Triton's too): the request
+            # goes on until the model sends the final flag.
             owned = [b for b in response_blocks(body) if b.arena_id == proc.output_arena_id]
             completion = Completion(body, self, proc, owned)
             if self._cuda.lent_count:
                 completion.owned_cuda = self._adopt_cuda(proc, body)
-            if stream.work.on_complete is not None:
+            if body.error is None and stream.work.on_complete is not None:
                 stream.work.on_complete(completion)
         stream.push(completion, message.final)
 
