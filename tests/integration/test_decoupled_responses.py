@@ -165,3 +165,52 @@ def test_a_bls_iterator_yields_the_error_response_and_goes_on(server):
 
 def test_a_bls_iterator_ends_with_the_response_that_carried_final(server):
     assert _bls(server, 1) == [1, 2]
+
+
+# Calls the plain model "caller" both ways: exec(decoupled=True) takes a model that is not
+# decoupled (its one response comes with FINAL), as in Triton.
+DECOUPLED_CALL = """
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            call = pb_utils.InferenceRequest(
+                model_name="caller",
+                inputs=[pb_utils.get_input_tensor_by_name(request, "IN")],
+                requested_output_names=["OUT"],
+            )
+            seen = []
+            for response in call.exec(decoupled=True):
+                if response.has_error():
+                    seen.append("error:" + response.error().message())
+                else:
+                    seen.append(json.loads(response.output_tensors()[0].as_numpy()[0]))
+            wrong = pb_utils.InferenceRequest(
+                model_name="sender",
+                inputs=[pb_utils.get_input_tensor_by_name(request, "IN")],
+                requested_output_names=["OUT"],
+            ).exec()
+            seen.append(wrong.error().message() if wrong.has_error() else "no error")
+            out = np.array([json.dumps(seen).encode()], dtype=np.object_)
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", out)]))
+        return responses
+"""
+
+
+def test_exec_decoupled_on_a_model_that_is_not_decoupled_yields_its_one_response(tmp_path):
+    _write(tmp_path, "sender", DECOUPLED_CONFIG, SENDER)
+    _write(tmp_path, "caller", PLAIN_CONFIG, CALLER)
+    _write(tmp_path, "outer", PLAIN_CONFIG, DECOUPLED_CALL)
+    with ShoalServer(tmp_path) as running:
+        client = httpclient.InferenceServerClient(running.url)
+        seen = json.loads(client.infer("outer", _mode(httpclient, 1)).as_numpy("OUT")[0])
+        client.close()
+    assert len(seen) == 2  # one response from the iterator, then the refused call's error
+    assert seen[0] == [1, 2]  # caller's response: what its own decoupled call saw
+    assert seen[1].startswith("Model sender is using the decoupled."), seen[1]
