@@ -38,6 +38,11 @@ class SharedOutputArena:
     def view(self, block: Block) -> memoryview:
         return self.arena.view(block)
 
+    def free_bytes(self) -> int:
+        """Bytes still allocatable: up to the limit, whether or not segments exist yet."""
+        with self._lock:
+            return self.arena.limit_bytes - self.arena.used_bytes
+
 
 class Locations:
     """Which shared-memory block a NumPy array is a view of, so it can be passed by descriptor.

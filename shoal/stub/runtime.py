@@ -22,7 +22,7 @@ from shoal.ipc.cuda import CudaPoolMap
 from shoal.ipc.fdpass import recv_fds, send_fds
 from shoal.ipc.queue import Channel, PeerGone
 from shoal.ipc.tensor import CudaLocation, Location, RegionLocation
-from shoal.stub import loader, pb_utils
+from shoal.stub import c_python_backend_utils, loader, pb_utils
 from shoal.stub.bls import BlsClient
 from shoal.stub.control import ControlClient, StubMetrics
 from shoal.stub.executor import BatchExecutor
@@ -190,6 +190,7 @@ class StubRuntime:
             if not isinstance(first, msg.Initialize):
                 raise RuntimeError(f"expected Initialize, got {type(first).__name__}")
             outputs = SharedOutputArena(self._create_outputs(first))
+            c_python_backend_utils._set_free_memory(outputs.free_bytes)
             writer = TensorWriter(outputs, Locations())
             cancels: list[Callable[[list[int]], None]] = []  # filled once execute can run
 
