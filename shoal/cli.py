@@ -23,7 +23,6 @@ from shoal.supervisor.options import MIB, ArenaOptions, Restriction, ServerOptio
 
 #: tritonserver flags that shoal accepts so that scripts keep working, and ignores.
 _IGNORED_FLAGS: tuple[tuple[str, Callable[[str], object]], ...] = (
-    ("--backend-directory", str),
     ("--cache-directory", str),
     ("--grpc-infer-allocation-pool-size", int),
     ("--http-thread-count", int),
@@ -226,6 +225,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         help="<backend>,<setting>=<value>, e.g. python,shm-default-byte-size=67108864",
     )
+    serve.add_argument(
+        "--backend-directory",
+        default="/opt/tritonserver/backends",
+        help='where Python-based backends live: backend "<name>" runs <dir>/<name>/model.py',
+    )
     serve.add_argument("--exit-timeout-secs", type=float, default=30.0)
     serve.add_argument(
         "--trace-overhead",
@@ -310,6 +314,7 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         http_max_input_size=args.http_max_input_size,
         arenas=_arena_options(args.backend_config),
         backend_config=tuple(args.backend_config),
+        backend_directory=args.backend_directory,
         cuda_pool_limits=tuple(args.cuda_memory_pool_byte_size),
     )
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from shoal import config as model_config
-from shoal.supervisor import onnx_autocomplete
+from shoal.supervisor import onnx_autocomplete, python_backends
 from shoal.supervisor._ensemble_checks import EnsembleProblem, check_ensemble
 from shoal.supervisor.autocomplete import (
     auto_complete,
@@ -312,9 +312,11 @@ class ModelRepositoryManager:
         source = model_config.read_config(path, strict=strict, override=override)
         available = model_config.list_versions(path)
         proto = source.proto
-        model_file = _python_model_file(path, source.proto, available)
-        if not strict and model_file is not None and wants_auto_complete(model_file):
-            proto = await auto_complete(model_file, source.proto)
+        runtime = python_backends.runtime_file(proto, self.options.backend_directory)
+        model_file = _python_model_file(path, source.proto, available, runtime is not None)
+        code = runtime or model_file
+        if not strict and model_file is not None and code and wants_auto_complete(code):
+            proto = await auto_complete(model_file, source.proto, runtime=runtime)
         onnx_file = None if strict else onnx_autocomplete.model_file(path, proto, available)
         if onnx_file is not None and onnx_autocomplete.wants_auto_complete(proto):
             proto = await onnx_autocomplete.auto_complete(
@@ -330,7 +332,10 @@ class ModelRepositoryManager:
         check_gpu_parameters(config.parameters, name)
         chosen = model_config.select_versions(config.version_policy, available, model_name=name)
         as_json = model_config.config_to_json(config)
-        return [ModelVersion(name, v, config, as_json) for v in chosen]
+        versions = [ModelVersion(name, v, config, as_json) for v in chosen]
+        for mv in versions:
+            mv.runtime_file = "" if runtime is None else str(runtime)
+        return versions
 
     async def _retire(self, mv: ModelVersion) -> None:
         """Let a replaced or unloaded version finish what it has, then stop it."""
@@ -505,10 +510,18 @@ def _fingerprint(model_dir: str) -> tuple[tuple[str, int, int], ...]:
     return tuple(entries)
 
 
-def _python_model_file(path: str, proto: Any, versions: list[int]) -> Path | None:
-    """The latest version's model.py of a Python model (what auto-complete imports)."""
-    if proto.platform or (proto.backend and proto.backend != "python") or not versions:
+def _python_model_file(
+    path: str, proto: Any, versions: list[int], python_based: bool = False
+) -> Path | None:
+    """The latest version's model.py of a Python model (what auto-complete imports); for a
+    model of a Python-based backend (``python_based``), where that file would be (it need
+    not exist: the backend's model.py runs, and ``get_model_dir()`` is its directory)."""
+    if not versions:
         return None
     filename = proto.default_model_filename or "model.py"
     candidate = Path(path) / str(max(versions)) / filename
+    if python_based:
+        return candidate
+    if proto.platform or (proto.backend and proto.backend != "python"):
+        return None
     return candidate if candidate.suffix == ".py" and candidate.is_file() else None

@@ -71,5 +71,7 @@ class ServerOptions:
     http_max_input_size: int = 64 * MIB
     arenas: ArenaOptions = field(default_factory=ArenaOptions)
     backend_config: tuple[tuple[str, str, str], ...] = ()
+    #: ``--backend-directory``: where Python-based backends live (``<dir>/<name>/model.py``).
+    backend_directory: str = "/opt/tritonserver/backends"
     #: ``--cuda-memory-pool-byte-size``: the limit of each device's CUDA pool, by device.
     cuda_pool_limits: tuple[tuple[int, int], ...] = ()
