@@ -248,14 +248,17 @@ class StubInstance:
         """Start a stub and wait for its ``initialize``. Whatever fails (no file descriptor or
         memory left, the interpreter missing, ``initialize`` raising) leaves nothing behind."""
         self._launching = True
+        failure: BaseException | None = None
         try:
             proc = StubProcess(self.spec.launch, next(_arena_ids))
             self._proc = proc
             try:
                 await self._initialize(proc)
-            except BaseException:
+            except BaseException as error:  # no await in here: compiled, it loses the error
+                failure = error
+            if failure is not None:
                 await self._discard(proc)
-                raise
+                raise failure
         finally:
             self._launching = False
         self._ready.set()
