@@ -33,6 +33,7 @@ import grpc.aio
 import numpy as np
 import uvloop
 
+from shoal.core.api import InferOutput, InferResponse
 from shoal.frontends._grpc_infer import (
     decode_infer_request,
     encode_infer_response,
@@ -41,7 +42,6 @@ from shoal.frontends._grpc_infer import (
 from shoal.frontends._h2_connection import Http2Connection
 from shoal.frontends._h2_frames import GRPC_RESPONSE_HEADERS, literal
 from shoal.protos import grpc_service_pb2 as pb
-from shoal.supervisor.core import InferOutput, InferResponse
 
 SERVICE = "inference.GRPCInferenceService"
 REPLY = pb.ModelInferResponse(model_name="identity_fp32").SerializeToString()

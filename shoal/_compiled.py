@@ -54,7 +54,7 @@ HOT_PATH: tuple[str, ...] = (
     "shoal/supervisor/stats.py",
     "shoal/supervisor/streams.py",
     "shoal/supervisor/stub_process.py",
-    "shoal/supervisor/types.py",
+    "shoal/core/types.py",
     "shoal/supervisor/work.py",
 )
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import struct
 
+from shoal.core.api import InvalidArgument
 from shoal.ipc.dtypes import byte_size, element_count
-from shoal.supervisor.core import InvalidArgument
 
 _LENGTH = struct.Struct("<I")
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from starlette.types import Message, Receive
 
+from shoal.core.api import InvalidArgument
 from shoal.frontends._limits import too_large
-from shoal.supervisor.core import InvalidArgument
 
 
 class ClientDisconnected(Exception):

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import zlib
 
+from shoal.core.api import InvalidArgument, Unsupported
 from shoal.frontends._limits import too_large
-from shoal.supervisor.core import InvalidArgument, Unsupported
 
 #: What ``Accept-Encoding`` advertises on a response to an unsupported ``Content-Encoding``.
 SUPPORTED_ENCODINGS = "gzip, deflate"

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from shoal.core.api import InvalidArgument
 from shoal.frontends import _json
-from shoal.supervisor.core import InvalidArgument
 
 
 def parse_object(body: bytes | bytearray | memoryview) -> dict[str, Any]:

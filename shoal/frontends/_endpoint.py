@@ -15,16 +15,16 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from shoal.frontends import _json
-from shoal.frontends._body import ClientDisconnected
-from shoal.frontends._compression import SUPPORTED_ENCODINGS, UnsupportedEncoding
-from shoal.supervisor.core import (
+from shoal.core.api import (
     DecoupledInfer,
     ErrorCode,
     InternalError,
     InvalidArgument,
     ShoalError,
 )
+from shoal.frontends import _json
+from shoal.frontends._body import ClientDisconnected
+from shoal.frontends._compression import SUPPORTED_ENCODINGS, UnsupportedEncoding
 
 _logger = logging.getLogger("shoal.frontends.http")
 

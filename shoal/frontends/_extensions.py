@@ -2,7 +2,7 @@
 logging.
 
 Each endpoint parses its (small) body with :mod:`shoal.frontends.codec`, calls one
-:class:`~shoal.supervisor.core.CoreAPI` extension method and renders the result. A core without
+:class:`~shoal.core.api.CoreAPI` extension method and renders the result. A core without
 that method, or whose method raises ``NotImplementedError``, gets 501 "<extension> is not supported
 by this server" instead of a crash.
 """
@@ -16,12 +16,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from shoal.core.api import CoreAPI, InvalidArgument, Unsupported
 from shoal.frontends import codec
 from shoal.frontends._body import read_body
 from shoal.frontends._endpoint import Endpoint, guarded, json_response, model_ref
 from shoal.frontends._shared_memory import cuda_shm_status_json, parse_cuda_register_request
 from shoal.frontends._trace_settings import parse_trace_settings
-from shoal.supervisor.core import CoreAPI, InvalidArgument, Unsupported
 
 _MODEL = "/v2/models/{model_name}"
 _VERSION = "/v2/models/{model_name}/versions/{model_version}"

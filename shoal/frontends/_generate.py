@@ -22,6 +22,7 @@ from typing import Any
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from shoal.core.api import CoreAPI, InferRequest, InferResponse, InvalidArgument, ShoalError
 from shoal.frontends import codec
 from shoal.frontends._body import ClientDisconnected, read_body
 from shoal.frontends._endpoint import JSON_TYPE, Headers, error_parts, model_ref, unexpected
@@ -32,7 +33,6 @@ from shoal.frontends._generate_json import (
     error_json,
     sse_event,
 )
-from shoal.supervisor.core import CoreAPI, InferRequest, InferResponse, InvalidArgument, ShoalError
 
 #: The ``Content-Type`` of ``/generate_stream``'s events, as Triton sends it.
 EVENT_STREAM_TYPE = "text/event-stream; charset=utf-8"

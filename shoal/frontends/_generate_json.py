@@ -7,7 +7,7 @@ a parameter. The optional ``parameters`` object is read the same way (its keys b
 they name one). A response becomes one flat object: ``model_name``, ``model_version``, the
 response's parameters and each output by name, a scalar when it has one element, else a flat list.
 
-Pure functions, no I/O. Malformed input raises :class:`~shoal.supervisor.core.InvalidArgument`
+Pure functions, no I/O. Malformed input raises :class:`~shoal.core.api.InvalidArgument`
 with a message that names the offending key; error texts follow Triton's where it has one.
 """
 
@@ -18,10 +18,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from shoal.frontends import _json
-from shoal.frontends._params import request_parameters
-from shoal.frontends._tensor_json import array_from_json, json_from_output
-from shoal.supervisor.core import (
+from shoal.core.api import (
     InferInput,
     InferOutput,
     InferRequest,
@@ -29,6 +26,9 @@ from shoal.supervisor.core import (
     InvalidArgument,
     TensorMetadata,
 )
+from shoal.frontends import _json
+from shoal.frontends._params import request_parameters
+from shoal.frontends._tensor_json import array_from_json, json_from_output
 
 #: The key of the nested parameters object.
 PARAMETERS = "parameters"

@@ -1,15 +1,14 @@
 """Messages of Triton's protocol extensions <-> the core's types: pure functions, no I/O.
 
 Statistics, the model repository (index, load, unload), system shared memory, logging and
-tracing. Malformed requests raise :class:`~shoal.supervisor.core.InvalidArgument`.
+tracing. Malformed requests raise :class:`~shoal.core.api.InvalidArgument`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from shoal.protos import grpc_service_pb2 as pb
-from shoal.supervisor.core import (
+from shoal.core.api import (
     BatchStatistics,
     CudaSharedMemoryRegion,
     InferStatistics,
@@ -25,6 +24,7 @@ from shoal.supervisor.core import (
     TraceValue,
     Unsupported,
 )
+from shoal.protos import grpc_service_pb2 as pb
 
 _CONFIG = "config"
 _FILE_PREFIX = "file:"

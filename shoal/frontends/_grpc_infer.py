@@ -20,6 +20,14 @@ from dataclasses import dataclass
 import numpy as np
 from google.protobuf.message import DecodeError
 
+from shoal.core.api import (
+    InferInput,
+    InferRequest,
+    InferResponse,
+    InvalidArgument,
+    ParamValue,
+    RequestedOutput,
+)
 from shoal.frontends._binary import check_binary_input
 from shoal.frontends._grpc_params import (
     FINAL_RESPONSE,
@@ -33,14 +41,6 @@ from shoal.frontends._grpc_wire import Chunk, embedded_chunks, raw_field_chunks,
 from shoal.frontends._output_bytes import output_bytes
 from shoal.ipc.dtypes import DATATYPES
 from shoal.protos import grpc_service_pb2 as pb
-from shoal.supervisor.core import (
-    InferInput,
-    InferRequest,
-    InferResponse,
-    InvalidArgument,
-    ParamValue,
-    RequestedOutput,
-)
 
 _RAW_INPUT_CONTENTS = pb.ModelInferRequest.RAW_INPUT_CONTENTS_FIELD_NUMBER
 _RAW_OUTPUT_CONTENTS = pb.ModelInferResponse.RAW_OUTPUT_CONTENTS_FIELD_NUMBER

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, MutableMapping
 
+from shoal.core.api import InvalidArgument, ParamValue
 from shoal.frontends._params import input_parameters, output_parameters, request_parameters
 from shoal.protos import grpc_service_pb2 as pb
-from shoal.supervisor.core import InvalidArgument, ParamValue
 
 __all__ = [
     "EMPTY_FINAL_RESPONSE",

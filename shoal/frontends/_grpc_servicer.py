@@ -1,7 +1,7 @@
 """What each RPC of ``inference.GRPCInferenceService`` does: messages in, core calls, messages out.
 
 Every method takes a request message and returns a response message, or raises a
-:class:`~shoal.supervisor.core.ShoalError` that :mod:`shoal.frontends.grpc` maps to a status. The
+:class:`~shoal.core.api.ShoalError` that :mod:`shoal.frontends.grpc` maps to a status. The
 inference methods take and return serialized bytes instead (see :mod:`shoal.frontends._grpc_infer`
 for why). Nothing here imports gRPC.
 
@@ -19,6 +19,14 @@ from typing import Any
 
 from google.protobuf import json_format
 
+from shoal.core.api import (
+    CoreAPI,
+    InferResponse,
+    InternalError,
+    InvalidArgument,
+    ShoalError,
+    Unsupported,
+)
 from shoal.frontends import _grpc_extensions as ext
 from shoal.frontends._grpc_infer import (
     DecodedInfer,
@@ -29,14 +37,6 @@ from shoal.frontends._grpc_infer import (
 )
 from shoal.frontends._grpc_stream import answer_stream
 from shoal.protos import grpc_service_pb2 as pb
-from shoal.supervisor.core import (
-    CoreAPI,
-    InferResponse,
-    InternalError,
-    InvalidArgument,
-    ShoalError,
-    Unsupported,
-)
 
 _logger = logging.getLogger("shoal.frontends.grpc")
 
@@ -65,7 +65,7 @@ def _extension_call(what: str) -> Iterator[None]:
 
 
 class Servicer:
-    """The RPCs over one :class:`~shoal.supervisor.core.CoreAPI`."""
+    """The RPCs over one :class:`~shoal.core.api.CoreAPI`."""
 
     def __init__(self, core: CoreAPI) -> None:
         self._core = core

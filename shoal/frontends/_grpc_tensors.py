@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from shoal.core.api import InvalidArgument
 from shoal.ipc.dtypes import NUMPY_DTYPES, element_count
 from shoal.protos import grpc_service_pb2 as pb
-from shoal.supervisor.core import InvalidArgument
 
 #: The ``InferTensorContents`` field of each datatype that has one.
 CONTENTS_FIELD: dict[str, str] = {

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from shoal.core.api import InferOutput, InternalError
 from shoal.ipc.dtypes import byte_size
-from shoal.supervisor.core import InferOutput, InternalError
 
 
 def output_bytes(output: InferOutput) -> memoryview:

@@ -14,8 +14,8 @@ import binascii
 from dataclasses import dataclass
 from typing import Any
 
+from shoal.core.api import InvalidArgument, RepositoryEntry
 from shoal.frontends._document import optional_bool, optional_object, parse_object
-from shoal.supervisor.core import InvalidArgument, RepositoryEntry
 
 _FILE_PREFIX = "file:"
 

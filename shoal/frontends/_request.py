@@ -15,18 +15,18 @@ from typing import Any
 
 import numpy as np
 
-from shoal.frontends import _json
-from shoal.frontends._binary import BinarySection, check_binary_input
-from shoal.frontends._params import input_parameters, output_parameters, request_parameters
-from shoal.frontends._tensor_json import array_from_json
-from shoal.ipc.dtypes import DATATYPES
-from shoal.supervisor.core import (
+from shoal.core.api import (
     InferInput,
     InferRequest,
     InvalidArgument,
     RequestedOutput,
     Unsupported,
 )
+from shoal.frontends import _json
+from shoal.frontends._binary import BinarySection, check_binary_input
+from shoal.frontends._params import input_parameters, output_parameters, request_parameters
+from shoal.frontends._tensor_json import array_from_json
+from shoal.ipc.dtypes import DATATYPES
 
 _NO_DATA = memoryview(b"")
 

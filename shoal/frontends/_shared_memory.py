@@ -15,8 +15,8 @@ import binascii
 from dataclasses import dataclass
 from typing import Any
 
+from shoal.core.api import CudaSharedMemoryRegion, InvalidArgument, SharedMemoryRegion
 from shoal.frontends._document import non_negative_int, optional_object, parse_object
-from shoal.supervisor.core import CudaSharedMemoryRegion, InvalidArgument, SharedMemoryRegion
 
 
 @dataclass(frozen=True)

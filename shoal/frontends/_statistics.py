@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from shoal.supervisor.core import (
+from shoal.core.api import (
     BatchStatistics,
     InferStatistics,
     MemoryUsage,

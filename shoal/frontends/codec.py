@@ -3,8 +3,8 @@
 Pure functions, no I/O, so that every path can be tested without a server:
 
 * :func:`decode_infer_request` turns an infer body (JSON, or JSON header + binary tensor data) into
-  the core's :class:`~shoal.supervisor.core.InferRequest` plus the client's :class:`OutputFormat`;
-* :func:`encode_infer_response` turns an :class:`~shoal.supervisor.core.InferResponse` into headers
+  the core's :class:`~shoal.core.api.InferRequest` plus the client's :class:`OutputFormat`;
+* :func:`encode_infer_response` turns an :class:`~shoal.core.api.InferResponse` into headers
   and body chunks;
 * :func:`request_encoding` / :func:`decompress` and :func:`response_encoding` / :func:`compress`
   handle ``Content-Encoding`` and ``Accept-Encoding`` (gzip, deflate);
@@ -14,7 +14,7 @@ Pure functions, no I/O, so that every path can be tested without a server:
   :func:`parse_unload_request` (model repository), :func:`parse_register_request` /
   :func:`shm_status_json` (system shared memory) and :func:`parse_log_settings` (logging).
 
-Every malformed input raises :class:`~shoal.supervisor.core.InvalidArgument` (or ``Unsupported``)
+Every malformed input raises :class:`~shoal.core.api.InvalidArgument` (or ``Unsupported``)
 with a message that names the input and what was expected.
 """
 
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from shoal.core.api import ModelMetadata, ServerMetadata, TensorMetadata
 from shoal.frontends._compression import (
     SUPPORTED_ENCODINGS,
     UnsupportedEncoding,
@@ -48,7 +49,6 @@ from shoal.frontends._request import (
 from shoal.frontends._response import HEADER_LENGTH, EncodedResponse, encode_infer_response
 from shoal.frontends._shared_memory import RegisterRequest, parse_register_request, shm_status_json
 from shoal.frontends._statistics import model_stats_json
-from shoal.supervisor.core import ModelMetadata, ServerMetadata, TensorMetadata
 
 __all__ = [
     "DEFAULT_MAX_INPUT_SIZE",

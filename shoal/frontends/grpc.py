@@ -32,11 +32,11 @@ import grpc  # type: ignore[import-untyped]
 import grpc.aio  # type: ignore[import-untyped]
 from google.protobuf.message import DecodeError
 
+from shoal.core.api import CoreAPI, ErrorCode, InvalidArgument, ShoalError
 from shoal.frontends._grpc_servicer import Servicer, unexpected
 from shoal.frontends._restricted import GRPC_GROUPS, GRPC_KEY_PREFIX, Restrictions
 from shoal.frontends._serving import AddressInUseError
 from shoal.protos import grpc_service_pb2 as pb
-from shoal.supervisor.core import CoreAPI, ErrorCode, InvalidArgument, ShoalError
 
 __all__ = [
     "GRPC_STATUS",

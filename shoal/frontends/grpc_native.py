@@ -24,6 +24,7 @@ from collections import deque
 from collections.abc import Awaitable, Mapping
 from typing import Any
 
+from shoal.core.api import CoreAPI
 from shoal.frontends import _h2_frames as h2
 from shoal.frontends._grpc_servicer import Servicer
 from shoal.frontends._h2_connection import (
@@ -35,7 +36,6 @@ from shoal.frontends._h2_connection import (
 from shoal.frontends._restricted import GRPC_KEY_PREFIX, Restrictions
 from shoal.frontends._serving import bind_socket
 from shoal.frontends.grpc import MAX_MESSAGE_BYTES, SERVICE_NAME, Method, method_table
-from shoal.supervisor.core import CoreAPI
 
 __all__ = ["NativeGrpcServer"]
 

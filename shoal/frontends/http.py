@@ -1,6 +1,6 @@
 """The HTTP/REST frontend: KServe V2 endpoints, compatible with Triton and ``tritonclient.http``.
 
-:func:`build_http_app` builds a Starlette app over a :class:`~shoal.supervisor.core.CoreAPI`; it
+:func:`build_http_app` builds a Starlette app over a :class:`~shoal.core.api.CoreAPI`; it
 only parses, calls the core and renders (see :mod:`shoal.frontends.codec`). :class:`HttpServer`
 serves an app with uvicorn on the supervisor's running event loop. Core errors become
 ``{"error": "<message>"}`` with the HTTP status of :data:`HTTP_STATUS`, the one table that maps
@@ -23,6 +23,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from shoal.core.api import CoreAPI, ShoalError
 from shoal.frontends import _json, codec
 from shoal.frontends._body import ClientDisconnected, read_body
 from shoal.frontends._endpoint import (
@@ -41,7 +42,6 @@ from shoal.frontends._generate import generate_routes
 from shoal.frontends._http_protocol import FastInferHttpToolsProtocol
 from shoal.frontends._restricted import Restrictions, restrict_routes
 from shoal.frontends._serving import AddressInUseError, EmbeddedServer, bind_socket, wait_started
-from shoal.supervisor.core import CoreAPI, ShoalError
 
 __all__ = ["HTTP_STATUS", "AddressInUseError", "HttpServer", "build_http_app"]
 

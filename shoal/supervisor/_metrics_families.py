@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from prometheus_client.metrics_core import Metric
 
-from shoal.supervisor.types import ModelStatistics, StatDuration
+from shoal.core.types import ModelStatistics, StatDuration
 
 #: Triton's failure reasons (``FailureReason`` in triton-inference-server/core), in the order
 #: Triton prints them; every version gets all four series.

@@ -15,10 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from shoal.ipc import messages as msg
-from shoal.ipc.queue import PeerGone
-from shoal.supervisor import staging
-from shoal.supervisor.errors import (
+from shoal.core.errors import (
     Cancelled,
     DeadlineExceeded,
     ModelError,
@@ -26,10 +23,13 @@ from shoal.supervisor.errors import (
     Unavailable,
     Unsupported,
 )
+from shoal.core.types import InferInput, InferRequest, RequestedOutput
+from shoal.ipc import messages as msg
+from shoal.ipc.queue import PeerGone
+from shoal.supervisor import staging
 from shoal.supervisor.models import ModelVersion
 from shoal.supervisor.segments import SegmentDirectory
 from shoal.supervisor.streams import new_stream
-from shoal.supervisor.types import InferInput, InferRequest, RequestedOutput
 from shoal.supervisor.work import Completion, Work
 
 if TYPE_CHECKING:

@@ -20,9 +20,9 @@ from pathlib import Path
 import numpy as np
 
 from shoal.config import ModelConfig
+from shoal.core.errors import InvalidArgument, ShoalError
+from shoal.core.types import InferOutput, InferRequest, InferResponse
 from shoal.ipc.tensor import buffer_to_numpy
-from shoal.supervisor.errors import InvalidArgument, ShoalError
-from shoal.supervisor.types import InferOutput, InferRequest, InferResponse
 
 PARAMETER = "classification"
 

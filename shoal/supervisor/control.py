@@ -18,6 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from shoal import config as model_config
+from shoal.core.errors import (
+    ErrorCode,
+    InvalidArgument,
+    NotFound,
+    ShoalError,
+    Unavailable,
+)
+from shoal.core.types import RepositoryEntry
 from shoal.supervisor import onnx_autocomplete
 from shoal.supervisor._ensemble_checks import EnsembleProblem, check_ensemble
 from shoal.supervisor.autocomplete import (
@@ -26,18 +34,10 @@ from shoal.supervisor.autocomplete import (
     wants_auto_complete,
 )
 from shoal.supervisor.cuda_devices import check_gpu_parameters, visible_gpus
-from shoal.supervisor.errors import (
-    ErrorCode,
-    InvalidArgument,
-    NotFound,
-    ShoalError,
-    Unavailable,
-)
 from shoal.supervisor.models import ModelLoader, ModelState, ModelVersion
 from shoal.supervisor.options import ServerOptions
 from shoal.supervisor.remote_repository import RemoteRepositoryError, RepositorySources
 from shoal.supervisor.repository import scan
-from shoal.supervisor.types import RepositoryEntry
 
 log = logging.getLogger("shoal")
 

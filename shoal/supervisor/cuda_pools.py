@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Mapping
 
+from shoal.core.errors import InvalidArgument
 from shoal.ipc._alloc import split_key
 from shoal.ipc.cuda import (
     BLOCK_ALIGN,
@@ -27,7 +28,6 @@ from shoal.ipc.cuda import (
     device_to_host,
 )
 from shoal.ipc.tensor import CudaLocation
-from shoal.supervisor.errors import InvalidArgument
 
 log = logging.getLogger("shoal")
 

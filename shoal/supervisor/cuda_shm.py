@@ -17,11 +17,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from shoal.core.errors import ErrorCode, InvalidArgument, NotFound, ShoalError
+from shoal.core.types import CudaSharedMemoryRegion
 from shoal.ipc import cuda
 from shoal.ipc.cuda import close_ipc_handle, cuda_device_count, open_ipc_handle
 from shoal.ipc.tensor import CudaRegionLocation
-from shoal.supervisor.errors import ErrorCode, InvalidArgument, NotFound, ShoalError
-from shoal.supervisor.types import CudaSharedMemoryRegion
 
 
 @dataclass

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client.metrics_core import Metric
 
-from shoal.supervisor.errors import InvalidArgument
+from shoal.core.errors import InvalidArgument
 
 _KINDS = {0: "counter", 1: "gauge", 2: "histogram"}
 _NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")

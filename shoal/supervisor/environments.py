@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import shoal
+from shoal.core.errors import InvalidArgument
 from shoal.supervisor import venvs
-from shoal.supervisor.errors import InvalidArgument
 
 PARAMETER = "EXECUTION_ENV_PATH"
 _MODEL_DIR_TOKEN = "$$TRITON_MODEL_DIRECTORY"

@@ -16,11 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from shoal.ipc import messages as msg
-from shoal.ipc.arena import Block
-from shoal.ipc.queue import PeerGone
-from shoal.ipc.tensor import CudaLocation
-from shoal.supervisor.errors import (
+from shoal.core.errors import (
     Cancelled,
     DeadlineExceeded,
     ErrorCode,
@@ -29,6 +25,10 @@ from shoal.supervisor.errors import (
     ShoalError,
     Unavailable,
 )
+from shoal.ipc import messages as msg
+from shoal.ipc.arena import Block
+from shoal.ipc.queue import PeerGone
+from shoal.ipc.tensor import CudaLocation
 from shoal.supervisor.schedulers.dynamic import TIMEOUT_EXPIRED
 from shoal.supervisor.segments import SegmentDirectory
 from shoal.supervisor.stats import StatsRecorder

@@ -10,9 +10,9 @@ from __future__ import annotations
 import datetime
 import logging
 
-from shoal.supervisor.errors import InvalidArgument, Unsupported
+from shoal.core.errors import InvalidArgument, Unsupported
+from shoal.core.types import ParamValue
 from shoal.supervisor.options import ServerOptions
-from shoal.supervisor.types import ParamValue
 
 _BOOLS = ("log_info", "log_warning", "log_error")
 

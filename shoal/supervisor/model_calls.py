@@ -6,11 +6,11 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Any, Protocol
 
+from shoal.core.errors import ShoalError
 from shoal.ipc import messages as msg
 from shoal.ipc.cuda import CudaPoolExhausted
 from shoal.ipc.tensor import CudaLocation
 from shoal.supervisor.custom_metrics import CustomMetrics
-from shoal.supervisor.errors import ShoalError
 from shoal.supervisor.segments import SegmentDirectory
 
 if TYPE_CHECKING:

@@ -13,10 +13,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from shoal.core.errors import ShoalError, Unavailable
 from shoal.ipc.arena import Block
 from shoal.supervisor import classification, environments
 from shoal.supervisor.cuda_devices import stub_environment
-from shoal.supervisor.errors import ShoalError, Unavailable
 from shoal.supervisor.instances import (
     BlsHandler,
     ControlHandler,

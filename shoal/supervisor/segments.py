@@ -15,13 +15,13 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
+from shoal.core.errors import Unavailable
 from shoal.ipc import messages as msg
 from shoal.ipc.arena import Block, OwnedArena, Segment
 from shoal.ipc.cuda import CudaChunkAnnounce
 from shoal.ipc.queue import PeerGone
 from shoal.ipc.tensor import CudaLocation
 from shoal.supervisor.cuda_pools import CudaPools
-from shoal.supervisor.errors import Unavailable
 
 if TYPE_CHECKING:
     from shoal.supervisor.stub_process import StubProcess

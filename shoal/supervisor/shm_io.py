@@ -8,11 +8,11 @@ checked), and an ensemble's outputs, which the ensemble's last steps do not writ
 
 from __future__ import annotations
 
+from shoal.core.errors import InvalidArgument
+from shoal.core.types import InferOutput, InferRequest, InferResponse, ParamValue
 from shoal.ipc.dtypes import byte_size
 from shoal.ipc.tensor import CudaRegionLocation, RegionLocation
-from shoal.supervisor.errors import InvalidArgument
 from shoal.supervisor.shm_registry import SharedMemoryRegistry
-from shoal.supervisor.types import InferOutput, InferRequest, InferResponse, ParamValue
 
 REGION = "shared_memory_region"
 OFFSET = "shared_memory_offset"

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 
 import posix_ipc
 
+from shoal.core.errors import ErrorCode, InvalidArgument, NotFound, ShoalError
+from shoal.core.types import CudaSharedMemoryRegion, SharedMemoryRegion
 from shoal.ipc.tensor import RegionLocation
 from shoal.supervisor.cuda_shm import CudaSharedMemoryRegistry
-from shoal.supervisor.errors import ErrorCode, InvalidArgument, NotFound, ShoalError
-from shoal.supervisor.types import CudaSharedMemoryRegion, SharedMemoryRegion
 
 
 class AlreadyExists(ShoalError):

@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from shoal.core.errors import InvalidArgument, ResourceExhausted
+from shoal.core.types import InferInput, InferRequest
 from shoal.ipc.arena import ArenaExhausted, Block, OwnedArena
 from shoal.ipc.dtypes import BytesFormatError, byte_size, deserialize_bytes, element_count
 from shoal.ipc.messages import RequestRecord
@@ -21,8 +23,6 @@ from shoal.ipc.tensor import (
     numpy_to_buffer_size,
     write_numpy,
 )
-from shoal.supervisor.errors import InvalidArgument, ResourceExhausted
-from shoal.supervisor.types import InferInput, InferRequest
 
 
 def dims_text(dims: Sequence[int]) -> str:

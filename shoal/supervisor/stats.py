@@ -8,7 +8,7 @@ from __future__ import annotations
 import copy
 import time
 
-from shoal.supervisor.types import BatchStatistics, ModelStatistics, ResponseStatistics
+from shoal.core.types import BatchStatistics, ModelStatistics, ResponseStatistics
 
 #: (compute_input, compute_infer, compute_output) nanoseconds of one execution.
 ComputeNs = tuple[int, int, int]

@@ -11,9 +11,9 @@ import contextlib
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import TYPE_CHECKING
 
+from shoal.core.types import InferRequest, InferResponse
 from shoal.supervisor import classification, staging
 from shoal.supervisor.streams import new_stream
-from shoal.supervisor.types import InferRequest, InferResponse
 from shoal.supervisor.work import Completion, Work
 
 if TYPE_CHECKING:

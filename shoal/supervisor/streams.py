@@ -10,10 +10,10 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from shoal.core.errors import ShoalError
 from shoal.ipc import messages as msg
 from shoal.ipc.arena import Block
 from shoal.ipc.tensor import CudaLocation
-from shoal.supervisor.errors import ShoalError
 from shoal.supervisor.work import Completion, Work
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
-from shoal.supervisor.errors import InvalidArgument, Unsupported
+from shoal.core.errors import InvalidArgument, Unsupported
 
 #: A setting as reported: a list for ``trace_level``, a string otherwise.
 TraceValue = str | list[str]

@@ -21,7 +21,7 @@ import sysconfig
 from collections.abc import Mapping
 from pathlib import Path
 
-from shoal.supervisor.errors import InvalidArgument
+from shoal.core.errors import InvalidArgument
 
 PARAMETER = "SHOAL_REQUIREMENTS"
 TIMEOUT_PARAMETER = "SHOAL_REQUIREMENTS_TIMEOUT_SECONDS"

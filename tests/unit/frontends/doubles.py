@@ -16,8 +16,7 @@ from typing import Any, TypeVar
 import numpy as np
 import uvloop
 
-from shoal.ipc.dtypes import byte_size, serialize_bytes
-from shoal.supervisor.core import (
+from shoal.core.api import (
     BatchStatistics,
     CudaSharedMemoryRegion,
     ErrorCode,
@@ -41,6 +40,7 @@ from shoal.supervisor.core import (
     StatDuration,
     TensorMetadata,
 )
+from shoal.ipc.dtypes import byte_size, serialize_bytes
 from shoal.supervisor.cuda_shm import CudaSharedMemoryRegistry
 
 T = TypeVar("T")

@@ -14,9 +14,7 @@ from typing import Any
 import numpy as np
 import tritonclient.grpc as grpcclient
 
-from shoal.frontends.grpc import GrpcServer
-from shoal.ipc.dtypes import serialize_bytes
-from shoal.supervisor.core import (
+from shoal.core.api import (
     BatchStatistics,
     CudaSharedMemoryRegion,
     ErrorCode,
@@ -39,6 +37,8 @@ from shoal.supervisor.core import (
     StatDuration,
     TensorMetadata,
 )
+from shoal.frontends.grpc import GrpcServer
+from shoal.ipc.dtypes import serialize_bytes
 from shoal.supervisor.cuda_shm import CudaSharedMemoryRegistry
 from shoal.supervisor.trace_settings import TraceChange, TraceSettings, TraceValue
 

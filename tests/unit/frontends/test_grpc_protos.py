@@ -15,6 +15,7 @@ from google.protobuf.descriptor import Descriptor, EnumDescriptor, FieldDescript
 from google.protobuf.unknown_fields import UnknownFieldSet
 from tritonclient.grpc import service_pb2 as triton_pb
 
+from shoal.core.api import InferOutput, InferResponse, InvalidArgument
 from shoal.frontends._grpc_infer import (
     DecodedInfer,
     decode_infer_request,
@@ -25,7 +26,6 @@ from shoal.frontends._grpc_infer import (
 from shoal.frontends._grpc_wire import encode_varint, split_raw_contents
 from shoal.frontends.grpc import SERVICE_NAME
 from shoal.protos import grpc_service_pb2 as shoal_pb
-from shoal.supervisor.core import InferOutput, InferResponse, InvalidArgument
 
 from .doubles import LoopThread
 from .test_grpc_double import FullCore, serving

@@ -15,8 +15,8 @@ from tritonclient.grpc import service_pb2 as triton_pb
 from tritonclient.grpc import service_pb2_grpc as triton_grpc
 from tritonclient.utils import InferenceServerException
 
+from shoal.core.api import ErrorCode
 from shoal.frontends.grpc import GRPC_STATUS, AddressInUseError, GrpcServer
-from shoal.supervisor.core import ErrorCode
 
 from .doubles import LoopThread
 from .test_grpc_double import FullCore, client_of, failure_message, serving

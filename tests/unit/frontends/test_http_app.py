@@ -17,8 +17,8 @@ import requests
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from shoal.core.api import ErrorCode
 from shoal.frontends.http import HTTP_STATUS
-from shoal.supervisor.core import ErrorCode
 
 from .doubles import FAIL_PREFIX, EchoCore, failure_message
 

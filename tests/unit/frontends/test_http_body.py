@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
+from shoal.core.api import InvalidArgument
 from shoal.frontends._body import ClientDisconnected, read_body
-from shoal.supervisor.core import InvalidArgument
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -9,9 +9,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from shoal.core.api import InvalidArgument, ShoalError, Unsupported
 from shoal.frontends.codec import OutputFormat, decode_infer_request
 from shoal.ipc.dtypes import serialize_bytes
-from shoal.supervisor.core import InvalidArgument, ShoalError, Unsupported
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -8,9 +8,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from shoal.core.api import InferOutput, InferResponse, InternalError, InvalidArgument
 from shoal.frontends.codec import EncodedResponse, OutputFormat, encode_infer_response
 from shoal.ipc.dtypes import serialize_bytes
-from shoal.supervisor.core import InferOutput, InferResponse, InternalError, InvalidArgument
 
 pytestmark = pytest.mark.timeout(30)
 

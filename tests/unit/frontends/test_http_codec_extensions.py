@@ -9,9 +9,7 @@ from typing import Any
 
 import pytest
 
-from shoal.frontends import codec
-from shoal.frontends.codec import LoadRequest, OutputFormat, RegisterRequest
-from shoal.supervisor.core import (
+from shoal.core.api import (
     InferOutput,
     InferResponse,
     InvalidArgument,
@@ -19,6 +17,8 @@ from shoal.supervisor.core import (
     RepositoryEntry,
     SharedMemoryRegion,
 )
+from shoal.frontends import codec
+from shoal.frontends.codec import LoadRequest, OutputFormat, RegisterRequest
 
 pytestmark = pytest.mark.timeout(30)
 

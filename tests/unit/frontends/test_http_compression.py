@@ -7,6 +7,7 @@ import zlib
 
 import pytest
 
+from shoal.core.api import InvalidArgument
 from shoal.frontends.codec import (
     UnsupportedEncoding,
     compress,
@@ -14,7 +15,6 @@ from shoal.frontends.codec import (
     request_encoding,
     response_encoding,
 )
-from shoal.supervisor.core import InvalidArgument
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -18,14 +18,7 @@ import numpy as np
 import pytest
 import requests
 
-from shoal.frontends._generate import EVENT_STREAM_TYPE
-from shoal.frontends._generate_json import (
-    EXACTLY_ONE,
-    encode_generate_response,
-    fit_shape,
-)
-from shoal.ipc.dtypes import serialize_bytes
-from shoal.supervisor.core import (
+from shoal.core.api import (
     InferOutput,
     InferRequest,
     InferResponse,
@@ -33,6 +26,13 @@ from shoal.supervisor.core import (
     ModelMetadata,
     TensorMetadata,
 )
+from shoal.frontends._generate import EVENT_STREAM_TYPE
+from shoal.frontends._generate_json import (
+    EXACTLY_ONE,
+    encode_generate_response,
+    fit_shape,
+)
+from shoal.ipc.dtypes import serialize_bytes
 
 from .doubles import EchoCore
 

@@ -20,6 +20,7 @@ from tritonclient.grpc import service_pb2 as triton_pb
 from tritonclient.utils import InferenceServerException
 
 from shoal.cli import build_parser, options_from_args, restriction_parser
+from shoal.core.api import ErrorCode, ShoalError
 from shoal.frontends._restricted import (
     GROUPS,
     GRPC_GROUPS,
@@ -28,7 +29,6 @@ from shoal.frontends._restricted import (
     restrict_routes,
 )
 from shoal.frontends.http import build_http_app
-from shoal.supervisor.core import ErrorCode, ShoalError
 from shoal.supervisor.options import Restriction
 
 from .doubles import EchoCore, LoopThread

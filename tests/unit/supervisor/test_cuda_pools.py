@@ -15,12 +15,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from shoal.core.errors import InvalidArgument
 from shoal.ipc.arena import OwnedArena
 from shoal.ipc.cuda import CudaPoolExhausted
 from shoal.ipc.tensor import CudaLocation
 from shoal.supervisor.cuda_pools import DEFAULT_LIMIT_BYTES, CudaPools
 from shoal.supervisor.custom_metrics import CustomMetrics
-from shoal.supervisor.errors import InvalidArgument
 from shoal.supervisor.metrics import MetricsExporter
 from tests.unit.ipc.test_cuda_pool import HostLedger
 

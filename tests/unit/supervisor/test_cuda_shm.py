@@ -7,12 +7,12 @@ import base64
 
 import pytest
 
+from shoal.core.errors import ErrorCode, InvalidArgument, NotFound, ShoalError
+from shoal.core.types import CudaSharedMemoryRegion
 from shoal.frontends._shared_memory import parse_cuda_register_request
 from shoal.ipc.arena import OwnedArena
 from shoal.supervisor.cuda_shm import CudaSharedMemoryRegistry
-from shoal.supervisor.errors import ErrorCode, InvalidArgument, NotFound, ShoalError
 from shoal.supervisor.shm_registry import SharedMemoryRegistry
-from shoal.supervisor.types import CudaSharedMemoryRegion
 
 HANDLE = bytes(range(64))
 
@@ -135,9 +135,9 @@ def test_requests_reach_a_region_by_descriptor_unique_per_registration() -> None
 
 
 def test_cuda_region_inputs_and_outputs_become_descriptors() -> None:
+    from shoal.core.types import InferInput, InferRequest, RequestedOutput
     from shoal.ipc.tensor import CudaRegionLocation
     from shoal.supervisor.shm_io import output_regions, read_shm_inputs
-    from shoal.supervisor.types import InferInput, InferRequest, RequestedOutput
 
     registry, _ = with_gpus()
     shm = SharedMemoryRegistry(registry)

@@ -8,13 +8,13 @@ import asyncio
 import pytest
 
 from shoal.config import load_model_config
+from shoal.core.errors import ModelError
+from shoal.core.types import InferRequest
 from shoal.ipc import messages as msg
 from shoal.ipc.arena import Block
 from shoal.ipc.tensor import TensorDesc
 from shoal.supervisor.ensemble import EnsembleRunner
-from shoal.supervisor.errors import ModelError
 from shoal.supervisor.models import ModelState, ModelVersion
-from shoal.supervisor.types import InferRequest
 from shoal.supervisor.work import Completion, Work
 from tests.integration.server import BUNDLED, TEST_MODELS
 

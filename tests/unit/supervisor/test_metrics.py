@@ -9,6 +9,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from shoal.cli import build_parser, options_from_args
+from shoal.core.types import ModelStatistics, StatDuration
 from shoal.supervisor._metrics_families import (
     ArenaSample,
     InstanceSample,
@@ -21,7 +22,6 @@ from shoal.supervisor._metrics_rss import RssProbe, read_rss_bytes
 from shoal.supervisor.cuda_pools import CudaPools
 from shoal.supervisor.custom_metrics import CustomMetrics
 from shoal.supervisor.metrics import MetricsExporter
-from shoal.supervisor.types import ModelStatistics, StatDuration
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 
 from shoal.config import load_model_config
+from shoal.core.errors import InvalidArgument, ResourceExhausted
+from shoal.core.types import InferInput, InferRequest, RequestedOutput
 from shoal.ipc.arena import OwnedArena
 from shoal.ipc.dtypes import serialize_bytes
 from shoal.supervisor import staging
-from shoal.supervisor.errors import InvalidArgument, ResourceExhausted
-from shoal.supervisor.types import InferInput, InferRequest, RequestedOutput
 
 CONFIG = """
 name: "m"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from shoal.supervisor.errors import InvalidArgument, Unsupported
+from shoal.core.errors import InvalidArgument, Unsupported
 from shoal.supervisor.trace_settings import DEFAULTS, TraceSettings, _level
 
 pytestmark = pytest.mark.timeout(10)

@@ -7,7 +7,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from shoal.supervisor.errors import ShoalError
+from shoal.core.errors import ShoalError
 from shoal.supervisor.models import thread_env
 from shoal.supervisor.schedulers import (
     DefaultScheduler,

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Protocol
 
-from shoal.supervisor.errors import (
+from shoal.core.errors import (
     Cancelled,
     DeadlineExceeded,
     DecoupledInfer,
@@ -22,8 +22,7 @@ from shoal.supervisor.errors import (
     Unavailable,
     Unsupported,
 )
-from shoal.supervisor.trace_settings import TraceChange, TraceValue
-from shoal.supervisor.types import (
+from shoal.core.types import (
     BatchStatistics,
     CudaSharedMemoryRegion,
     InferInput,
@@ -44,6 +43,7 @@ from shoal.supervisor.types import (
     StatDuration,
     TensorMetadata,
 )
+from shoal.supervisor.trace_settings import TraceChange, TraceValue
 
 __all__ = [
     "BatchStatistics",
