@@ -17,8 +17,8 @@ from typing import NoReturn
 
 from shoal import perf
 from shoal.frontends._restricted import GROUPS as RESTRICTED_GROUPS
-from shoal.supervisor.cuda_devices import parse_pool_size
-from shoal.supervisor.log_settings import LOG_FORMATS, TritonFormatter, shoal_level
+from shoal.supervisor.extensions.log_settings import LOG_FORMATS, TritonFormatter, shoal_level
+from shoal.supervisor.instances.devices import parse_pool_size
 from shoal.supervisor.options import MIB, ArenaOptions, Restriction, ServerOptions
 
 #: tritonserver flags that shoal accepts so that scripts keep working, and ignores.
@@ -375,7 +375,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
         import uvloop
 
-        from shoal.supervisor.malloc_tuning import keep_large_buffers_mapped
+        from shoal.supervisor.memory.malloc_tuning import keep_large_buffers_mapped
 
         keep_large_buffers_mapped()
         try:

@@ -8,7 +8,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from shoal import _compiled
-from shoal.supervisor.gc_tuning import settle_after_start
+from shoal.supervisor.memory.gc_tuning import settle_after_start
 from shoal.supervisor.options import Restriction, ServerOptions
 from shoal.supervisor.service import InferenceService
 
@@ -39,7 +39,7 @@ async def _start_metrics(service: InferenceService, options: ServerOptions) -> H
     """Serve ``/metrics`` on its own port; the values are computed from ``service`` per scrape."""
     from shoal.frontends.http import AddressInUseError, HttpServer
     from shoal.frontends.metrics_http import build_metrics_app
-    from shoal.supervisor.metrics import MetricsExporter
+    from shoal.supervisor.extensions.metrics import MetricsExporter
 
     exporter = MetricsExporter(
         service,

@@ -43,7 +43,7 @@ from shoal.core.types import (
     StatDuration,
     TensorMetadata,
 )
-from shoal.supervisor.trace_settings import TraceChange, TraceValue
+from shoal.supervisor.extensions.trace_settings import TraceChange, TraceValue
 
 __all__ = [
     "BatchStatistics",

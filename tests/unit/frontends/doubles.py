@@ -41,7 +41,7 @@ from shoal.core.api import (
     TensorMetadata,
 )
 from shoal.ipc.dtypes import byte_size, serialize_bytes
-from shoal.supervisor.cuda_shm import CudaSharedMemoryRegistry
+from shoal.supervisor.memory.cuda_shm import CudaSharedMemoryRegistry
 
 T = TypeVar("T")
 

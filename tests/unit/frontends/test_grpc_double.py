@@ -39,8 +39,8 @@ from shoal.core.api import (
 )
 from shoal.frontends.grpc import GrpcServer
 from shoal.ipc.dtypes import serialize_bytes
-from shoal.supervisor.cuda_shm import CudaSharedMemoryRegistry
-from shoal.supervisor.trace_settings import TraceChange, TraceSettings, TraceValue
+from shoal.supervisor.extensions.trace_settings import TraceChange, TraceSettings, TraceValue
+from shoal.supervisor.memory.cuda_shm import CudaSharedMemoryRegistry
 
 from .doubles import LoopThread
 

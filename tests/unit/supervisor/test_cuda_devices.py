@@ -8,7 +8,7 @@ import pytest
 
 from shoal.cli import build_parser, options_from_args
 from shoal.config import ConfigError
-from shoal.supervisor.cuda_devices import (
+from shoal.supervisor.instances.devices import (
     FORCE_CPU_ONLY,
     NARROW_VISIBLE_DEVICES,
     check_gpu_parameters,

@@ -19,9 +19,9 @@ from shoal.core.errors import InvalidArgument
 from shoal.ipc.arena import OwnedArena
 from shoal.ipc.cuda import CudaPoolExhausted
 from shoal.ipc.tensor import CudaLocation
-from shoal.supervisor.cuda_pools import DEFAULT_LIMIT_BYTES, CudaPools
-from shoal.supervisor.custom_metrics import CustomMetrics
-from shoal.supervisor.metrics import MetricsExporter
+from shoal.supervisor.extensions.custom_metrics import CustomMetrics
+from shoal.supervisor.extensions.metrics import MetricsExporter
+from shoal.supervisor.memory.cuda_pools import DEFAULT_LIMIT_BYTES, CudaPools
 from tests.unit.ipc.test_cuda_pool import HostLedger
 
 MIB = 1 << 20
@@ -182,8 +182,8 @@ def input_arena() -> Iterator[OwnedArena]:
 
 
 def _router(input_arena: OwnedArena, limit: int = 64 * MIB) -> tuple[object, CudaPools, FakeStub]:
-    from shoal.supervisor.model_calls import ControlRouter
-    from shoal.supervisor.segments import SegmentDirectory
+    from shoal.supervisor.calls.control import ControlRouter
+    from shoal.supervisor.memory.segments import SegmentDirectory
 
     pools, _ = make_pools(d0=limit)
     directory = SegmentDirectory(input_arena, pools)

@@ -11,8 +11,8 @@ from shoal.core.errors import ErrorCode, InvalidArgument, NotFound, ShoalError
 from shoal.core.types import CudaSharedMemoryRegion
 from shoal.frontends._shared_memory import parse_cuda_register_request
 from shoal.ipc.arena import OwnedArena
-from shoal.supervisor.cuda_shm import CudaSharedMemoryRegistry
-from shoal.supervisor.shm_registry import SharedMemoryRegistry
+from shoal.supervisor.memory.cuda_shm import CudaSharedMemoryRegistry
+from shoal.supervisor.memory.system_shm import SharedMemoryRegistry
 
 HANDLE = bytes(range(64))
 
@@ -137,7 +137,7 @@ def test_requests_reach_a_region_by_descriptor_unique_per_registration() -> None
 def test_cuda_region_inputs_and_outputs_become_descriptors() -> None:
     from shoal.core.types import InferInput, InferRequest, RequestedOutput
     from shoal.ipc.tensor import CudaRegionLocation
-    from shoal.supervisor.shm_io import output_regions, read_shm_inputs
+    from shoal.supervisor.requests.client_shm import output_regions, read_shm_inputs
 
     registry, _ = with_gpus()
     shm = SharedMemoryRegistry(registry)
@@ -175,8 +175,8 @@ def test_every_live_stub_hears_that_a_region_closed() -> None:
 
     from shoal.ipc import messages as msg
     from shoal.ipc.queue import Channel
-    from shoal.supervisor.segments import SegmentDirectory
-    from shoal.supervisor.stub_process import StubLaunch, StubProcess
+    from shoal.supervisor.instances.process import StubLaunch, StubProcess
+    from shoal.supervisor.memory.segments import SegmentDirectory
 
     async def scenario() -> list[list[msg.Message]]:
         # Two stub processes that are never spawned: each one's ring is read from its stub end.

@@ -1,12 +1,12 @@
-"""Load-time ensemble checks against step models (shoal/supervisor/_ensemble_checks.py), with the
-integration test models' configurations."""
+"""Load-time ensemble checks against step models (shoal/supervisor/models/_ensemble_checks.py),
+with the integration test models' configurations."""
 
 from __future__ import annotations
 
 import pytest
 
 from shoal.config import load_model_config
-from shoal.supervisor._ensemble_checks import EnsembleProblem, check_ensemble
+from shoal.supervisor.models._ensemble_checks import EnsembleProblem, check_ensemble
 from tests.integration.server import BUNDLED, TEST_MODELS
 from tests.unit.config.helpers import make_model
 

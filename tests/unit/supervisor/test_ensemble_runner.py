@@ -13,8 +13,8 @@ from shoal.core.types import InferRequest
 from shoal.ipc import messages as msg
 from shoal.ipc.arena import Block
 from shoal.ipc.tensor import TensorDesc
-from shoal.supervisor.ensemble import EnsembleRunner
-from shoal.supervisor.models import ModelState, ModelVersion
+from shoal.supervisor.models.ensemble import EnsembleRunner
+from shoal.supervisor.models.versions import ModelState, ModelVersion
 from shoal.supervisor.work import Completion, Work
 from tests.integration.server import BUNDLED, TEST_MODELS
 

@@ -1,4 +1,4 @@
-"""The supervisor's garbage-collector setting (shoal/supervisor/gc_tuning.py)."""
+"""The supervisor's garbage-collector setting (shoal/supervisor/memory/gc_tuning.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from shoal.supervisor.gc_tuning import YOUNG_THRESHOLD
+from shoal.supervisor.memory.gc_tuning import YOUNG_THRESHOLD
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -18,7 +18,7 @@ def test_only_the_youngest_generation_waits_longer() -> None:
     script = (
         "import gc, json\n"
         "before = gc.get_threshold()\n"
-        "from shoal.supervisor.gc_tuning import settle_after_start\n"
+        "from shoal.supervisor.memory.gc_tuning import settle_after_start\n"
         "settle_after_start()\n"
         "print(json.dumps([before, gc.get_threshold(), gc.isenabled()]))\n"
     )

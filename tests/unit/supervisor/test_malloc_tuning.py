@@ -8,14 +8,14 @@ import textwrap
 
 import pytest
 
-from shoal.supervisor import malloc_tuning
+from shoal.supervisor.memory import malloc_tuning
 
 pytestmark = pytest.mark.timeout(60)
 
 _PROBE = textwrap.dedent(
     """
     import resource, sys
-    from shoal.supervisor.malloc_tuning import keep_large_buffers_mapped
+    from shoal.supervisor.memory.malloc_tuning import keep_large_buffers_mapped
     applied = keep_large_buffers_mapped() if sys.argv[1] == "tuned" else False
     size = 4 * 1024 * 1024
     keep = []

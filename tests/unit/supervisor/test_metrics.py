@@ -10,7 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from shoal.cli import build_parser, options_from_args
 from shoal.core.types import ModelStatistics, StatDuration
-from shoal.supervisor._metrics_families import (
+from shoal.supervisor.extensions._metrics_families import (
     ArenaSample,
     InstanceSample,
     ModelSample,
@@ -18,10 +18,10 @@ from shoal.supervisor._metrics_families import (
     shoal_families,
     triton_families,
 )
-from shoal.supervisor._metrics_rss import RssProbe, read_rss_bytes
-from shoal.supervisor.cuda_pools import CudaPools
-from shoal.supervisor.custom_metrics import CustomMetrics
-from shoal.supervisor.metrics import MetricsExporter
+from shoal.supervisor.extensions._metrics_rss import RssProbe, read_rss_bytes
+from shoal.supervisor.extensions.custom_metrics import CustomMetrics
+from shoal.supervisor.extensions.metrics import MetricsExporter
+from shoal.supervisor.memory.cuda_pools import CudaPools
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from shoal.supervisor._metrics_cpu import CpuProbe, read_cpu_times, read_memory_bytes
+from shoal.supervisor.extensions._metrics_cpu import CpuProbe, read_cpu_times, read_memory_bytes
 
 pytestmark = pytest.mark.timeout(10)
 

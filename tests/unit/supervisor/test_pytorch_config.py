@@ -6,7 +6,7 @@ import pytest
 
 from shoal import config as model_config
 from shoal.protos import model_config_pb2 as pb
-from shoal.supervisor.autocomplete import is_pytorch_model, require_pytorch_config
+from shoal.supervisor.models.autocomplete import is_pytorch_model, require_pytorch_config
 
 
 def proto(**fields) -> pb.ModelConfig:

@@ -11,16 +11,16 @@ from pathlib import Path
 import fsspec
 import pytest
 
-from shoal.supervisor.remote_repository import (
+from shoal.supervisor.models.remote_repository import (
     Changes,
     RemoteLocation,
     RemoteRepositoryError,
     is_remote,
     parse_location,
 )
-from shoal.supervisor.remote_repository._filesystem import open_filesystem, storage_options
-from shoal.supervisor.remote_repository._listing import compare, fingerprint, group_by_model
-from shoal.supervisor.remote_repository._mirror import MANIFEST, RemoteRepository
+from shoal.supervisor.models.remote_repository._filesystem import open_filesystem, storage_options
+from shoal.supervisor.models.remote_repository._listing import compare, fingerprint, group_by_model
+from shoal.supervisor.models.remote_repository._mirror import MANIFEST, RemoteRepository
 
 # -- URLs ---------------------------------------------------------------------------------------
 

@@ -10,7 +10,7 @@ from shoal.core.errors import InvalidArgument, ResourceExhausted
 from shoal.core.types import InferInput, InferRequest, RequestedOutput
 from shoal.ipc.arena import OwnedArena
 from shoal.ipc.dtypes import serialize_bytes
-from shoal.supervisor import staging
+from shoal.supervisor.requests import staging
 
 CONFIG = """
 name: "m"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from shoal.core.errors import InvalidArgument, Unsupported
-from shoal.supervisor.trace_settings import DEFAULTS, TraceSettings, _level
+from shoal.supervisor.extensions.trace_settings import DEFAULTS, TraceSettings, _level
 
 pytestmark = pytest.mark.timeout(10)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from shoal.core.errors import InvalidArgument
-from shoal.supervisor import venvs
+from shoal.supervisor.models import venvs
 
 
 def test_a_relative_name_is_looked_up_next_to_model_py_then_in_the_model_dir(tmp_path):

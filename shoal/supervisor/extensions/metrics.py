@@ -14,8 +14,8 @@ from collections.abc import Callable, Iterator
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import CollectorRegistry
 
-from shoal.supervisor._metrics_cpu import CpuProbe
-from shoal.supervisor._metrics_families import (
+from shoal.supervisor.extensions._metrics_cpu import CpuProbe
+from shoal.supervisor.extensions._metrics_families import (
     ArenaSample,
     InstanceSample,
     ModelSample,
@@ -23,9 +23,9 @@ from shoal.supervisor._metrics_families import (
     shoal_families,
     triton_families,
 )
-from shoal.supervisor._metrics_rss import RssProbe
-from shoal.supervisor.cuda_pools import CudaPools
-from shoal.supervisor.models import ModelVersion
+from shoal.supervisor.extensions._metrics_rss import RssProbe
+from shoal.supervisor.memory.cuda_pools import CudaPools
+from shoal.supervisor.models.versions import ModelVersion
 from shoal.supervisor.service import InferenceService
 
 __all__ = ["MetricsExporter", "ServiceCollector"]

@@ -6,14 +6,14 @@ directories, and its ``sync()`` brings the remote ones up to date, returning whi
 The back-ends (fsspec with s3fs, gcsfs or adlfs) are imported only when a remote URL is used.
 """
 
-from shoal.supervisor.remote_repository._errors import RemoteRepositoryError
-from shoal.supervisor.remote_repository._listing import Changes
-from shoal.supervisor.remote_repository._location import (
+from shoal.supervisor.models.remote_repository._errors import RemoteRepositoryError
+from shoal.supervisor.models.remote_repository._listing import Changes
+from shoal.supervisor.models.remote_repository._location import (
     RemoteLocation,
     is_remote,
     parse_location,
 )
-from shoal.supervisor.remote_repository._sources import RepositorySources
+from shoal.supervisor.models.remote_repository._sources import RepositorySources
 
 __all__ = [
     "Changes",

@@ -10,12 +10,12 @@ from shoal.core.errors import ShoalError
 from shoal.ipc import messages as msg
 from shoal.ipc.cuda import CudaPoolExhausted
 from shoal.ipc.tensor import CudaLocation
-from shoal.supervisor.custom_metrics import CustomMetrics
-from shoal.supervisor.segments import SegmentDirectory
+from shoal.supervisor.extensions.custom_metrics import CustomMetrics
+from shoal.supervisor.memory.segments import SegmentDirectory
 
 if TYPE_CHECKING:
-    from shoal.supervisor.instances import StubInstance
-    from shoal.supervisor.stub_process import StubProcess
+    from shoal.supervisor.instances.instance import StubInstance
+    from shoal.supervisor.instances.process import StubProcess
 
 log = logging.getLogger("shoal")
 Op = msg.ControlOp

@@ -12,11 +12,11 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from shoal.supervisor.remote_repository._errors import RemoteRepositoryError
-from shoal.supervisor.remote_repository._filesystem import open_filesystem
-from shoal.supervisor.remote_repository._listing import Changes
-from shoal.supervisor.remote_repository._location import is_remote, parse_location
-from shoal.supervisor.remote_repository._mirror import RemoteRepository
+from shoal.supervisor.models.remote_repository._errors import RemoteRepositoryError
+from shoal.supervisor.models.remote_repository._filesystem import open_filesystem
+from shoal.supervisor.models.remote_repository._listing import Changes
+from shoal.supervisor.models.remote_repository._location import is_remote, parse_location
+from shoal.supervisor.models.remote_repository._mirror import RemoteRepository
 
 log = logging.getLogger("shoal")
 

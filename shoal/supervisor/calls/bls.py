@@ -26,15 +26,15 @@ from shoal.core.errors import (
 from shoal.core.types import InferInput, InferRequest, RequestedOutput
 from shoal.ipc import messages as msg
 from shoal.ipc.queue import PeerGone
-from shoal.supervisor import staging
-from shoal.supervisor.models import ModelVersion
-from shoal.supervisor.segments import SegmentDirectory
-from shoal.supervisor.streams import new_stream
+from shoal.supervisor.instances.decoupled import new_stream
+from shoal.supervisor.memory.segments import SegmentDirectory
+from shoal.supervisor.models.versions import ModelVersion
+from shoal.supervisor.requests import staging
 from shoal.supervisor.work import Completion, Work
 
 if TYPE_CHECKING:
-    from shoal.supervisor.instances import StubInstance
-    from shoal.supervisor.stub_process import StubProcess
+    from shoal.supervisor.instances.instance import StubInstance
+    from shoal.supervisor.instances.process import StubProcess
 
 log = logging.getLogger("shoal")
 

@@ -26,18 +26,18 @@ from shoal.core.errors import (
     Unavailable,
 )
 from shoal.core.types import RepositoryEntry
-from shoal.supervisor import onnx_autocomplete
-from shoal.supervisor._ensemble_checks import EnsembleProblem, check_ensemble
-from shoal.supervisor.autocomplete import (
+from shoal.supervisor.instances.devices import check_gpu_parameters, visible_gpus
+from shoal.supervisor.models import onnx_autocomplete
+from shoal.supervisor.models._ensemble_checks import EnsembleProblem, check_ensemble
+from shoal.supervisor.models.autocomplete import (
     auto_complete,
     require_pytorch_config,
     wants_auto_complete,
 )
-from shoal.supervisor.cuda_devices import check_gpu_parameters, visible_gpus
-from shoal.supervisor.models import ModelLoader, ModelState, ModelVersion
+from shoal.supervisor.models.remote_repository import RemoteRepositoryError, RepositorySources
+from shoal.supervisor.models.repository import scan
+from shoal.supervisor.models.versions import ModelLoader, ModelState, ModelVersion
 from shoal.supervisor.options import ServerOptions
-from shoal.supervisor.remote_repository import RemoteRepositoryError, RepositorySources
-from shoal.supervisor.repository import scan
 
 log = logging.getLogger("shoal")
 

@@ -25,8 +25,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from shoal.supervisor.remote_repository._errors import RemoteRepositoryError
-from shoal.supervisor.remote_repository._listing import (
+from shoal.supervisor.models.remote_repository._errors import RemoteRepositoryError
+from shoal.supervisor.models.remote_repository._listing import (
     Changes,
     Fingerprint,
     RemoteFile,
@@ -34,7 +34,7 @@ from shoal.supervisor.remote_repository._listing import (
     fingerprint,
     group_by_model,
 )
-from shoal.supervisor.remote_repository._location import RemoteLocation
+from shoal.supervisor.models.remote_repository._location import RemoteLocation
 
 log = logging.getLogger("shoal")
 

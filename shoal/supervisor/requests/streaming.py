@@ -12,12 +12,12 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from typing import TYPE_CHECKING
 
 from shoal.core.types import InferRequest, InferResponse
-from shoal.supervisor import classification, staging
-from shoal.supervisor.streams import new_stream
+from shoal.supervisor.instances.decoupled import new_stream
+from shoal.supervisor.requests import classification, staging
 from shoal.supervisor.work import Completion, Work
 
 if TYPE_CHECKING:
-    from shoal.supervisor.models import ModelVersion
+    from shoal.supervisor.models.versions import ModelVersion
     from shoal.supervisor.service import InferenceService
 
 

@@ -12,8 +12,8 @@ import importlib
 from collections.abc import Mapping
 from typing import Any
 
-from shoal.supervisor.remote_repository._errors import RemoteRepositoryError
-from shoal.supervisor.remote_repository._location import RemoteLocation
+from shoal.supervisor.models.remote_repository._errors import RemoteRepositoryError
+from shoal.supervisor.models.remote_repository._location import RemoteLocation
 
 #: fsspec protocol -> the module that implements it (what the extra installs).
 _BACKENDS = {"s3": "s3fs", "gcs": "gcsfs", "abfs": "adlfs"}

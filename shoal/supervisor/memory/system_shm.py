@@ -16,7 +16,7 @@ import posix_ipc
 from shoal.core.errors import ErrorCode, InvalidArgument, NotFound, ShoalError
 from shoal.core.types import CudaSharedMemoryRegion, SharedMemoryRegion
 from shoal.ipc.tensor import RegionLocation
-from shoal.supervisor.cuda_shm import CudaSharedMemoryRegistry
+from shoal.supervisor.memory.cuda_shm import CudaSharedMemoryRegistry
 
 
 class AlreadyExists(ShoalError):

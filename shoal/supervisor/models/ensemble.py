@@ -26,10 +26,10 @@ from shoal.core.types import InferOutput, InferRequest, InferResponse
 from shoal.ipc.arena import Block
 from shoal.ipc.messages import RequestRecord
 from shoal.ipc.tensor import CudaLocation, TensorDesc
-from shoal.supervisor._ensemble_plan import EnsemblePlan, StepPlan, input_datatypes, plan_of
-from shoal.supervisor.models import ModelVersion
-from shoal.supervisor.segments import SegmentDirectory
-from shoal.supervisor.staging import batch_of
+from shoal.supervisor.memory.segments import SegmentDirectory
+from shoal.supervisor.models._ensemble_plan import EnsemblePlan, StepPlan, input_datatypes, plan_of
+from shoal.supervisor.models.versions import ModelVersion
+from shoal.supervisor.requests.staging import batch_of
 from shoal.supervisor.work import Completion, Work
 
 #: Called once when a graph ends: its tensors, or the error that ended it.

@@ -15,16 +15,20 @@ from typing import Any
 
 from shoal.core.errors import ShoalError, Unavailable
 from shoal.ipc.arena import Block
-from shoal.supervisor import classification, environments
-from shoal.supervisor.cuda_devices import stub_environment
-from shoal.supervisor.instances import (
+from shoal.supervisor.extensions.statistics import StatsRecorder
+from shoal.supervisor.instances.devices import stub_environment
+from shoal.supervisor.instances.instance import (
     BlsHandler,
     ControlHandler,
     InstanceSpec,
     LoadError,
     StubInstance,
 )
+from shoal.supervisor.instances.process import StubLaunch
+from shoal.supervisor.memory.segments import SegmentDirectory
+from shoal.supervisor.models import environments
 from shoal.supervisor.options import ArenaOptions
+from shoal.supervisor.requests import classification
 from shoal.supervisor.schedulers import (
     DefaultScheduler,
     Scheduler,
@@ -33,9 +37,6 @@ from shoal.supervisor.schedulers import (
     make_scheduler,
 )
 from shoal.supervisor.schedulers.base import fail_work
-from shoal.supervisor.segments import SegmentDirectory
-from shoal.supervisor.stats import StatsRecorder
-from shoal.supervisor.stub_process import StubLaunch
 from shoal.supervisor.work import Work
 
 log = logging.getLogger("shoal")

@@ -21,10 +21,10 @@ from shoal.ipc.arena import Block, OwnedArena, Segment
 from shoal.ipc.cuda import CudaChunkAnnounce
 from shoal.ipc.queue import PeerGone
 from shoal.ipc.tensor import CudaLocation
-from shoal.supervisor.cuda_pools import CudaPools
+from shoal.supervisor.memory.cuda_pools import CudaPools
 
 if TYPE_CHECKING:
-    from shoal.supervisor.stub_process import StubProcess
+    from shoal.supervisor.instances.process import StubProcess
 
 INPUT_ARENA_ID = 0
 #: What the directory tells stubs about memory going away.

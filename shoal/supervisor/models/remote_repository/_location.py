@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from shoal.supervisor.remote_repository._errors import RemoteRepositoryError
+from shoal.supervisor.models.remote_repository._errors import RemoteRepositoryError
 
 #: URL scheme -> (fsspec protocol, the shoal extra that installs its back-end).
 _SCHEMES: dict[str, tuple[str, str]] = {

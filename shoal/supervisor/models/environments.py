@@ -7,7 +7,7 @@ importable through a directory that holds only a link to it, so nothing else of 
 environment leaks in. The environment must provide numpy, msgpack and posix_ipc.
 
 Beyond Triton, ``SHOAL_REQUIREMENTS`` names a ``requirements.txt`` that shoal turns into a cached
-venv (:mod:`shoal.supervisor.venvs`).
+venv (:mod:`shoal.supervisor.models.venvs`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import shoal
 from shoal.core.errors import InvalidArgument
-from shoal.supervisor import venvs
+from shoal.supervisor.models import venvs
 
 PARAMETER = "EXECUTION_ENV_PATH"
 _MODEL_DIR_TOKEN = "$$TRITON_MODEL_DIRECTORY"

@@ -29,11 +29,11 @@ from shoal.ipc import messages as msg
 from shoal.ipc.arena import Block
 from shoal.ipc.queue import PeerGone
 from shoal.ipc.tensor import CudaLocation
+from shoal.supervisor.extensions.statistics import StatsRecorder
+from shoal.supervisor.instances.decoupled import OpenStream, response_blocks, response_cuda
+from shoal.supervisor.instances.process import StubLaunch, StubProcess, describe_exit
+from shoal.supervisor.memory.segments import SegmentDirectory
 from shoal.supervisor.schedulers.dynamic import TIMEOUT_EXPIRED
-from shoal.supervisor.segments import SegmentDirectory
-from shoal.supervisor.stats import StatsRecorder
-from shoal.supervisor.streams import OpenStream, response_blocks, response_cuda
-from shoal.supervisor.stub_process import StubLaunch, StubProcess, describe_exit
 from shoal.supervisor.work import Completion, Work
 
 log = logging.getLogger("shoal")

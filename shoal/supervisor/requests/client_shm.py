@@ -12,7 +12,7 @@ from shoal.core.errors import InvalidArgument
 from shoal.core.types import InferOutput, InferRequest, InferResponse, ParamValue
 from shoal.ipc.dtypes import byte_size
 from shoal.ipc.tensor import CudaRegionLocation, RegionLocation
-from shoal.supervisor.shm_registry import SharedMemoryRegistry
+from shoal.supervisor.memory.system_shm import SharedMemoryRegistry
 
 REGION = "shared_memory_region"
 OFFSET = "shared_memory_offset"
