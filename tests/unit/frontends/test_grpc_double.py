@@ -37,7 +37,7 @@ from shoal.core.api import (
     StatDuration,
     TensorMetadata,
 )
-from shoal.frontends.grpc import GrpcServer
+from shoal.frontends.grpc.aio import GrpcServer
 from shoal.ipc.dtypes import serialize_bytes
 from shoal.supervisor.extensions.trace_settings import TraceChange, TraceSettings, TraceValue
 from shoal.supervisor.memory.cuda_shm import CudaSharedMemoryRegistry

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from hyperframe.frame import DataFrame, GoAwayFrame, HeadersFrame
 
-from shoal.frontends.grpc_native import NativeGrpcServer
+from shoal.frontends.grpc.native import NativeGrpcServer
 from shoal.protos import grpc_service_pb2 as pb
 from tests.h2client import H2Client, RawClient, grpc_frame, request_headers
 

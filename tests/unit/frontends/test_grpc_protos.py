@@ -16,15 +16,15 @@ from google.protobuf.unknown_fields import UnknownFieldSet
 from tritonclient.grpc import service_pb2 as triton_pb
 
 from shoal.core.api import InferOutput, InferResponse, InvalidArgument
-from shoal.frontends._grpc_infer import (
+from shoal.frontends.grpc._infer import (
     DecodedInfer,
     decode_infer_request,
     encode_infer_response,
     stream_error,
     stream_response_chunks,
 )
-from shoal.frontends._grpc_wire import encode_varint, split_raw_contents
-from shoal.frontends.grpc import SERVICE_NAME
+from shoal.frontends.grpc._wire import encode_varint, split_raw_contents
+from shoal.frontends.grpc.aio import SERVICE_NAME
 from shoal.protos import grpc_service_pb2 as shoal_pb
 
 from .doubles import LoopThread

@@ -16,7 +16,7 @@ from tritonclient.grpc import service_pb2_grpc as triton_grpc
 from tritonclient.utils import InferenceServerException
 
 from shoal.core.api import ErrorCode
-from shoal.frontends.grpc import GRPC_STATUS, AddressInUseError, GrpcServer
+from shoal.frontends.grpc.aio import GRPC_STATUS, AddressInUseError, GrpcServer
 
 from .doubles import LoopThread
 from .test_grpc_double import FullCore, client_of, failure_message, serving

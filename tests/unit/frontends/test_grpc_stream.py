@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from shoal.frontends._grpc_stream import answer_stream
-from shoal.frontends.grpc import GrpcServer
+from shoal.frontends.grpc._stream import answer_stream
+from shoal.frontends.grpc.aio import GrpcServer
 
 from .doubles import LoopThread
 from .test_grpc_double import GATED, FullCore, client_of, failure_message, serving

@@ -17,8 +17,8 @@ from hyperframe.frame import (
     WindowUpdateFrame,
 )
 
-from shoal.frontends import _h2_frames as h2
-from shoal.frontends.grpc_native import _percent_encode, _status_block, _timeout_seconds
+from shoal.frontends.grpc.native import _percent_encode, _status_block, _timeout_seconds
+from shoal.frontends.h2 import frames as h2
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shoal.frontends import _h2_frames as h2
-from shoal.frontends._h2_connection import Headers, Http2Connection
+from shoal.frontends.h2 import frames as h2
+from shoal.frontends.h2.connection import Headers, Http2Connection
 
 pytestmark = pytest.mark.timeout(120)
 

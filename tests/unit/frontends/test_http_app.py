@@ -18,7 +18,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from shoal.core.api import ErrorCode
-from shoal.frontends.http import HTTP_STATUS
+from shoal.frontends.http.app import HTTP_STATUS
 
 from .doubles import FAIL_PREFIX, EchoCore, failure_message
 

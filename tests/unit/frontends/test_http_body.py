@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from shoal.core.api import InvalidArgument
-from shoal.frontends._body import ClientDisconnected, read_body
+from shoal.frontends.http._body import ClientDisconnected, read_body
 
 pytestmark = pytest.mark.timeout(30)
 

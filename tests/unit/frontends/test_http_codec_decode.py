@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from shoal.core.api import InvalidArgument, ShoalError, Unsupported
-from shoal.frontends.codec import OutputFormat, decode_infer_request
+from shoal.frontends.http.codec import OutputFormat, decode_infer_request
 from shoal.ipc.dtypes import serialize_bytes
 
 pytestmark = pytest.mark.timeout(30)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from shoal.core.api import InferOutput, InferResponse, InternalError, InvalidArgument
-from shoal.frontends.codec import EncodedResponse, OutputFormat, encode_infer_response
+from shoal.frontends.http.codec import EncodedResponse, OutputFormat, encode_infer_response
 from shoal.ipc.dtypes import serialize_bytes
 
 pytestmark = pytest.mark.timeout(30)

@@ -17,8 +17,8 @@ from shoal.core.api import (
     RepositoryEntry,
     SharedMemoryRegion,
 )
-from shoal.frontends import codec
-from shoal.frontends.codec import LoadRequest, OutputFormat, RegisterRequest
+from shoal.frontends.http import codec
+from shoal.frontends.http.codec import LoadRequest, OutputFormat, RegisterRequest
 
 pytestmark = pytest.mark.timeout(30)
 

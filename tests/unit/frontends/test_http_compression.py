@@ -8,7 +8,7 @@ import zlib
 import pytest
 
 from shoal.core.api import InvalidArgument
-from shoal.frontends.codec import (
+from shoal.frontends.http.codec import (
     UnsupportedEncoding,
     compress,
     decompress,

@@ -26,12 +26,12 @@ from shoal.core.api import (
     ModelMetadata,
     TensorMetadata,
 )
-from shoal.frontends._generate import EVENT_STREAM_TYPE
-from shoal.frontends._generate_json import (
+from shoal.frontends.http._generate_json import (
     EXACTLY_ONE,
     encode_generate_response,
     fit_shape,
 )
+from shoal.frontends.http.generate import EVENT_STREAM_TYPE
 from shoal.ipc.dtypes import serialize_bytes
 
 from .doubles import EchoCore

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from shoal.frontends import _json
+from shoal.frontends.http import _json
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -72,7 +72,7 @@ def test_depth_beyond_orjsons_limit_is_refused_whatever_the_python(
 def test_non_finite_outputs_are_written_as_triton_writes_them() -> None:
     import numpy as np
 
-    from shoal.frontends._tensor_json import json_from_output
+    from shoal.frontends.http._tensor_json import json_from_output
 
     for datatype, dtype in (("FP16", np.float16), ("FP32", np.float32), ("FP64", np.float64)):
         data = np.array([1.5, np.inf, -np.inf, np.nan], dtype=dtype).tobytes()
@@ -87,7 +87,7 @@ def test_non_finite_outputs_are_written_as_triton_writes_them() -> None:
 
 def test_non_finite_values_survive_the_standard_library_fallback() -> None:
     # A lone surrogate makes orjson refuse the document: the fallback writes the same tokens.
-    from shoal.frontends._tensor_json import json_from_output
+    from shoal.frontends.http._tensor_json import json_from_output
 
     values = json_from_output("OUT", "FP64", (1,), memoryview(bytes.fromhex("000000000000f07f")))
     assert _json.dumps({"id": "\ud800", "data": values}).endswith(b'"data":[Infinity]}')

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import requests
 
-from shoal.frontends.http import AddressInUseError, HttpServer, build_http_app
+from shoal.frontends.http.app import AddressInUseError, HttpServer, build_http_app
 from tests.http1 import read_response
 
 from .doubles import EchoCore, LoopThread

@@ -28,7 +28,7 @@ from shoal.frontends._restricted import (
     Restrictions,
     restrict_routes,
 )
-from shoal.frontends.http import build_http_app
+from shoal.frontends.http.app import build_http_app
 from shoal.supervisor.options import Restriction
 
 from .doubles import EchoCore, LoopThread

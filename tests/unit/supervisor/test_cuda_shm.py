@@ -9,7 +9,7 @@ import pytest
 
 from shoal.core.errors import ErrorCode, InvalidArgument, NotFound, ShoalError
 from shoal.core.types import CudaSharedMemoryRegion
-from shoal.frontends._shared_memory import parse_cuda_register_request
+from shoal.frontends.http._shared_memory import parse_cuda_register_request
 from shoal.ipc.arena import OwnedArena
 from shoal.supervisor.memory.cuda_shm import CudaSharedMemoryRegistry
 from shoal.supervisor.memory.system_shm import SharedMemoryRegistry

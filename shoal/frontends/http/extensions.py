@@ -1,7 +1,7 @@
 """The endpoints of Triton's protocol extensions: statistics, model repository, shared memory,
 logging.
 
-Each endpoint parses its (small) body with :mod:`shoal.frontends.codec`, calls one
+Each endpoint parses its (small) body with :mod:`shoal.frontends.http.codec`, calls one
 :class:`~shoal.core.api.CoreAPI` extension method and renders the result. A core without
 that method, or whose method raises ``NotImplementedError``, gets 501 "<extension> is not supported
 by this server" instead of a crash.
@@ -17,11 +17,11 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from shoal.core.api import CoreAPI, InvalidArgument, Unsupported
-from shoal.frontends import codec
-from shoal.frontends._body import read_body
-from shoal.frontends._endpoint import Endpoint, guarded, json_response, model_ref
-from shoal.frontends._shared_memory import cuda_shm_status_json, parse_cuda_register_request
-from shoal.frontends._trace_settings import parse_trace_settings
+from shoal.frontends.http import codec
+from shoal.frontends.http._body import read_body
+from shoal.frontends.http._endpoint import Endpoint, guarded, json_response, model_ref
+from shoal.frontends.http._shared_memory import cuda_shm_status_json, parse_cuda_register_request
+from shoal.frontends.http._trace_settings import parse_trace_settings
 
 _MODEL = "/v2/models/{model_name}"
 _VERSION = "/v2/models/{model_name}/versions/{model_version}"

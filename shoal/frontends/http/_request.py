@@ -22,10 +22,10 @@ from shoal.core.api import (
     RequestedOutput,
     Unsupported,
 )
-from shoal.frontends import _json
 from shoal.frontends._binary import BinarySection, check_binary_input
 from shoal.frontends._params import input_parameters, output_parameters, request_parameters
-from shoal.frontends._tensor_json import array_from_json
+from shoal.frontends.http import _json
+from shoal.frontends.http._tensor_json import array_from_json
 from shoal.ipc.dtypes import DATATYPES
 
 _NO_DATA = memoryview(b"")

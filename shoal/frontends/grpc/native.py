@@ -3,9 +3,9 @@
 grpcio's asyncio server hands every call between its C++ threads, its poller thread and the
 event loop: about thirty system calls and 125-200 µs of CPU per unary call on a small machine,
 before shoal runs a line (benchmarks/results/grpc_perf.md). Here the HTTP/2 frames are parsed on
-the event loop itself (:mod:`shoal.frontends._h2_connection`), so a call costs one read and one
+the event loop itself (:mod:`shoal.frontends.h2.connection`), so a call costs one read and one
 write, as an HTTP/1.1 request does. The RPCs themselves are the same objects the grpcio server
-serves (:func:`shoal.frontends.grpc.method_table`), so both servers behave alike; ``shoal serve
+serves (:func:`shoal.frontends.grpc.aio.method_table`), so both servers behave alike; ``shoal serve
 --grpc-server grpcio`` still selects grpcio's.
 
 What this module adds on top of HTTP/2 is gRPC's own layer (the gRPC over HTTP/2 protocol):
@@ -25,17 +25,17 @@ from collections.abc import Awaitable, Mapping
 from typing import Any
 
 from shoal.core.api import CoreAPI
-from shoal.frontends import _h2_frames as h2
-from shoal.frontends._grpc_servicer import Servicer
-from shoal.frontends._h2_connection import (
+from shoal.frontends._restricted import GRPC_KEY_PREFIX, Restrictions
+from shoal.frontends._serving import bind_socket
+from shoal.frontends.grpc.aio import MAX_MESSAGE_BYTES, SERVICE_NAME, Method, method_table
+from shoal.frontends.grpc.servicer import Servicer
+from shoal.frontends.h2 import frames as h2
+from shoal.frontends.h2.connection import (
     MAX_CONCURRENT_STREAMS,
     Headers,
     Http2Connection,
     StreamHandler,
 )
-from shoal.frontends._restricted import GRPC_KEY_PREFIX, Restrictions
-from shoal.frontends._serving import bind_socket
-from shoal.frontends.grpc import MAX_MESSAGE_BYTES, SERVICE_NAME, Method, method_table
 
 __all__ = ["NativeGrpcServer"]
 

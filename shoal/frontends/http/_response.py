@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from shoal.core.api import InferOutput, InferResponse
-from shoal.frontends import _json
 from shoal.frontends._output_bytes import output_bytes
-from shoal.frontends._request import OutputFormat
-from shoal.frontends._tensor_json import json_from_output
+from shoal.frontends.http import _json
+from shoal.frontends.http._request import OutputFormat
+from shoal.frontends.http._tensor_json import json_from_output
 
 JSON_CONTENT_TYPE = "application/json"
 BINARY_CONTENT_TYPE = "application/octet-stream"

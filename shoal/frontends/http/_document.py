@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from shoal.core.api import InvalidArgument
-from shoal.frontends import _json
+from shoal.frontends.http import _json
 
 
 def parse_object(body: bytes | bytearray | memoryview) -> dict[str, Any]:

@@ -26,9 +26,9 @@ from shoal.core.api import (
     InvalidArgument,
     TensorMetadata,
 )
-from shoal.frontends import _json
 from shoal.frontends._params import request_parameters
-from shoal.frontends._tensor_json import array_from_json, json_from_output
+from shoal.frontends.http import _json
+from shoal.frontends.http._tensor_json import array_from_json, json_from_output
 
 #: The key of the nested parameters object.
 PARAMETERS = "parameters"

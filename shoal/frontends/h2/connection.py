@@ -2,7 +2,7 @@
 
 The connection parses frames straight from the bytes the loop hands it, and answers SETTINGS,
 PING and WINDOW_UPDATE itself. What the streams mean is the business of a :class:`StreamOpener`
-(shoal's gRPC calls, :mod:`shoal.frontends.grpc_native`): it is given each new stream's headers
+(shoal's gRPC calls, :mod:`shoal.frontends.grpc.native`): it is given each new stream's headers
 and returns the :class:`StreamHandler` that receives its data.
 
 Receiving: the connection advertises the largest windows HTTP/2 allows and gives credit back when
@@ -23,7 +23,7 @@ from typing import Protocol, cast
 
 import hpack
 
-from shoal.frontends import _h2_frames as h2
+from shoal.frontends.h2 import frames as h2
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from shoal.core.api import InternalError, InvalidArgument
-from shoal.frontends import _json
+from shoal.frontends.http import _json
 from shoal.ipc.dtypes import NUMPY_DTYPES, BytesFormatError, deserialize_bytes, element_count
 
 _INTEGER_TYPES = frozenset(

@@ -1,7 +1,7 @@
 """The HTTP/REST frontend: KServe V2 endpoints, compatible with Triton and ``tritonclient.http``.
 
 :func:`build_http_app` builds a Starlette app over a :class:`~shoal.core.api.CoreAPI`; it
-only parses, calls the core and renders (see :mod:`shoal.frontends.codec`). :class:`HttpServer`
+only parses, calls the core and renders (see :mod:`shoal.frontends.http.codec`). :class:`HttpServer`
 serves an app with uvicorn on the supervisor's running event loop. Core errors become
 ``{"error": "<message>"}`` with the HTTP status of :data:`HTTP_STATUS`, the one table that maps
 error codes to statuses.
@@ -24,9 +24,11 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from shoal.core.api import CoreAPI, ShoalError
-from shoal.frontends import _json, codec
-from shoal.frontends._body import ClientDisconnected, read_body
-from shoal.frontends._endpoint import (
+from shoal.frontends._restricted import Restrictions, restrict_routes
+from shoal.frontends._serving import AddressInUseError, EmbeddedServer, bind_socket, wait_started
+from shoal.frontends.http import _json, codec
+from shoal.frontends.http._body import ClientDisconnected, read_body
+from shoal.frontends.http._endpoint import (
     HTTP_STATUS,
     JSON_TYPE,
     Endpoint,
@@ -37,11 +39,9 @@ from shoal.frontends._endpoint import (
     model_ref,
     unexpected,
 )
-from shoal.frontends._extensions import extension_routes, model_stats_routes
-from shoal.frontends._generate import generate_routes
-from shoal.frontends._http_protocol import FastInferHttpToolsProtocol
-from shoal.frontends._restricted import Restrictions, restrict_routes
-from shoal.frontends._serving import AddressInUseError, EmbeddedServer, bind_socket, wait_started
+from shoal.frontends.http.extensions import extension_routes, model_stats_routes
+from shoal.frontends.http.fast_path import FastInferHttpToolsProtocol
+from shoal.frontends.http.generate import generate_routes
 
 __all__ = ["HTTP_STATUS", "AddressInUseError", "HttpServer", "build_http_app"]
 

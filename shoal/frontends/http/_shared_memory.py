@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shoal.core.api import CudaSharedMemoryRegion, InvalidArgument, SharedMemoryRegion
-from shoal.frontends._document import non_negative_int, optional_object, parse_object
+from shoal.frontends.http._document import non_negative_int, optional_object, parse_object
 
 
 @dataclass(frozen=True)

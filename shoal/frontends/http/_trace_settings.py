@@ -8,7 +8,7 @@ settings are strings holding integers or paths. The core checks names and values
 from __future__ import annotations
 
 from shoal.core.api import InvalidArgument, TraceChange
-from shoal.frontends._document import parse_object
+from shoal.frontends.http._document import parse_object
 
 
 def parse_trace_settings(body: bytes | bytearray | memoryview) -> dict[str, TraceChange]:

@@ -9,7 +9,7 @@ names and values and applies them.
 from __future__ import annotations
 
 from shoal.core.api import InvalidArgument, ParamValue
-from shoal.frontends._document import parse_object
+from shoal.frontends.http._document import parse_object
 
 
 def parse_log_settings(body: bytes | bytearray | memoryview) -> dict[str, ParamValue]:

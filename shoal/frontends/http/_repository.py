@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shoal.core.api import InvalidArgument, RepositoryEntry
-from shoal.frontends._document import optional_bool, optional_object, parse_object
+from shoal.frontends.http._document import optional_bool, optional_object, parse_object
 
 _FILE_PREFIX = "file:"
 

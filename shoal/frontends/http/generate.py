@@ -1,7 +1,7 @@
 """Triton's generate extension: ``POST /v2/models/{m}[/versions/{v}]/generate`` and
 ``/generate_stream``.
 
-Both read the same flat JSON body (:mod:`shoal.frontends._generate_json`), look up the model's
+Both read the same flat JSON body (:mod:`shoal.frontends.http._generate_json`), look up the model's
 inputs with ``model_metadata`` and call ``infer_stream``. ``/generate`` answers one JSON object and
 needs exactly one response from the model. ``/generate_stream`` answers Server-Sent Events, one
 ``data: {...}`` event per response as the model produces it; an error after the first response is
@@ -23,10 +23,10 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from shoal.core.api import CoreAPI, InferRequest, InferResponse, InvalidArgument, ShoalError
-from shoal.frontends import codec
-from shoal.frontends._body import ClientDisconnected, read_body
-from shoal.frontends._endpoint import JSON_TYPE, Headers, error_parts, model_ref, unexpected
-from shoal.frontends._generate_json import (
+from shoal.frontends.http import codec
+from shoal.frontends.http._body import ClientDisconnected, read_body
+from shoal.frontends.http._endpoint import JSON_TYPE, Headers, error_parts, model_ref, unexpected
+from shoal.frontends.http._generate_json import (
     EXACTLY_ONE,
     decode_generate_request,
     encode_generate_response,

@@ -23,7 +23,8 @@ from __future__ import annotations
 from typing import Any
 
 from shoal.core.api import ModelMetadata, ServerMetadata, TensorMetadata
-from shoal.frontends._compression import (
+from shoal.frontends._limits import DEFAULT_MAX_INPUT_SIZE, too_large
+from shoal.frontends.http._compression import (
     SUPPORTED_ENCODINGS,
     UnsupportedEncoding,
     compress,
@@ -31,24 +32,27 @@ from shoal.frontends._compression import (
     request_encoding,
     response_encoding,
 )
-from shoal.frontends._limits import DEFAULT_MAX_INPUT_SIZE, too_large
-from shoal.frontends._log_settings import parse_log_settings
-from shoal.frontends._repository import (
+from shoal.frontends.http._log_settings import parse_log_settings
+from shoal.frontends.http._repository import (
     LoadRequest,
     parse_index_request,
     parse_load_request,
     parse_unload_request,
     repository_index_json,
 )
-from shoal.frontends._request import (
+from shoal.frontends.http._request import (
     DecodedRequest,
     OutputFormat,
     decode_infer_request,
     parse_header_length,
 )
-from shoal.frontends._response import HEADER_LENGTH, EncodedResponse, encode_infer_response
-from shoal.frontends._shared_memory import RegisterRequest, parse_register_request, shm_status_json
-from shoal.frontends._statistics import model_stats_json
+from shoal.frontends.http._response import HEADER_LENGTH, EncodedResponse, encode_infer_response
+from shoal.frontends.http._shared_memory import (
+    RegisterRequest,
+    parse_register_request,
+    shm_status_json,
+)
+from shoal.frontends.http._statistics import model_stats_json
 
 __all__ = [
     "DEFAULT_MAX_INPUT_SIZE",

@@ -22,11 +22,11 @@ from shoal.core.api import (
     InvalidArgument,
     ShoalError,
 )
-from shoal.frontends import _json
-from shoal.frontends._body import ClientDisconnected
-from shoal.frontends._compression import SUPPORTED_ENCODINGS, UnsupportedEncoding
+from shoal.frontends.http import _json
+from shoal.frontends.http._body import ClientDisconnected
+from shoal.frontends.http._compression import SUPPORTED_ENCODINGS, UnsupportedEncoding
 
-_logger = logging.getLogger("shoal.frontends.http")
+_logger = logging.getLogger("shoal.frontends.http.app")
 
 Endpoint = Callable[[Request], Awaitable[Response]]
 Headers = list[tuple[str, str]]

@@ -4,7 +4,7 @@ Inputs take their data from one of three places, as in Triton: the input's share
 (``shared_memory_region`` parameter: no data here, the core reads the region), the request's
 ``raw_input_contents`` (one entry per input not in shared memory, in input order; zero-copy views
 of the received message, checked like the HTTP frontend's binary inputs), or the input's typed
-``contents`` (see :mod:`shoal.frontends._grpc_tensors`). A request uses raw contents or typed
+``contents`` (see :mod:`shoal.frontends.grpc._tensors`). A request uses raw contents or typed
 contents, never both.
 
 Responses carry every output's bytes in ``raw_output_contents``, as Triton's do; an output written
@@ -29,16 +29,16 @@ from shoal.core.api import (
     RequestedOutput,
 )
 from shoal.frontends._binary import check_binary_input
-from shoal.frontends._grpc_params import (
+from shoal.frontends._output_bytes import output_bytes
+from shoal.frontends.grpc._params import (
     FINAL_RESPONSE,
     decode_input_parameters,
     decode_output_parameters,
     decode_request_parameters,
     encode_parameters,
 )
-from shoal.frontends._grpc_tensors import array_from_contents
-from shoal.frontends._grpc_wire import Chunk, embedded_chunks, raw_field_chunks, split_raw_contents
-from shoal.frontends._output_bytes import output_bytes
+from shoal.frontends.grpc._tensors import array_from_contents
+from shoal.frontends.grpc._wire import Chunk, embedded_chunks, raw_field_chunks, split_raw_contents
 from shoal.ipc.dtypes import DATATYPES
 from shoal.protos import grpc_service_pb2 as pb
 

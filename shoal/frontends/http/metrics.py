@@ -2,7 +2,7 @@
 
 The app serves whatever ``render`` returns; the composition root passes the supervisor's
 exporter, so this frontend knows nothing of how metrics are computed. Serve it with
-:class:`~shoal.frontends.http.HttpServer` on its own port (``--metrics-port``), as Triton does.
+:class:`~shoal.frontends.http.app.HttpServer` on its own port (``--metrics-port``), as Triton does.
 """
 
 from __future__ import annotations

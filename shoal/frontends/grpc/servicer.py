@@ -1,8 +1,8 @@
 """What each RPC of ``inference.GRPCInferenceService`` does: messages in, core calls, messages out.
 
 Every method takes a request message and returns a response message, or raises a
-:class:`~shoal.core.api.ShoalError` that :mod:`shoal.frontends.grpc` maps to a status. The
-inference methods take and return serialized bytes instead (see :mod:`shoal.frontends._grpc_infer`
+:class:`~shoal.core.api.ShoalError` that :mod:`shoal.frontends.grpc.aio` maps to a status. The
+inference methods take and return serialized bytes instead (see :mod:`shoal.frontends.grpc._infer`
 for why). Nothing here imports gRPC.
 
 Extension methods (statistics, repository, shared memory, logging) call optional parts of the
@@ -27,18 +27,18 @@ from shoal.core.api import (
     ShoalError,
     Unsupported,
 )
-from shoal.frontends import _grpc_extensions as ext
-from shoal.frontends._grpc_infer import (
+from shoal.frontends.grpc import _extensions as ext
+from shoal.frontends.grpc._infer import (
     DecodedInfer,
     decode_infer_request,
     encode_infer_response,
     stream_error,
     stream_response_chunks,
 )
-from shoal.frontends._grpc_stream import answer_stream
+from shoal.frontends.grpc._stream import answer_stream
 from shoal.protos import grpc_service_pb2 as pb
 
-_logger = logging.getLogger("shoal.frontends.grpc")
+_logger = logging.getLogger("shoal.frontends.grpc.aio")
 
 
 def unexpected(what: str) -> InternalError:

@@ -4,7 +4,7 @@
 (``/inference.GRPCInferenceService/<Method>``) with ``grpc.method_handlers_generic_handler``, so
 ``tritonclient.grpc`` and stubs generated from Triton's proto work unchanged. The messages are
 shoal's own (:mod:`shoal.protos.grpc_service_pb2`, wire-compatible with Triton's). What each RPC
-does is in :mod:`shoal.frontends._grpc_servicer`; this module only maps errors and serves.
+does is in :mod:`shoal.frontends.grpc.servicer`; this module only maps errors and serves.
 
 :class:`GrpcServer` serves the handler with ``grpc.aio`` on the running event loop. Core errors
 end an RPC with the status of :data:`GRPC_STATUS`, the one table that maps error codes to gRPC
@@ -33,9 +33,9 @@ import grpc.aio  # type: ignore[import-untyped]
 from google.protobuf.message import DecodeError
 
 from shoal.core.api import CoreAPI, ErrorCode, InvalidArgument, ShoalError
-from shoal.frontends._grpc_servicer import Servicer, unexpected
 from shoal.frontends._restricted import GRPC_GROUPS, GRPC_KEY_PREFIX, Restrictions
 from shoal.frontends._serving import AddressInUseError
+from shoal.frontends.grpc.servicer import Servicer, unexpected
 from shoal.protos import grpc_service_pb2 as pb
 
 __all__ = [

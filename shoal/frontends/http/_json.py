@@ -4,7 +4,7 @@
 is looked up at import time through ``importlib`` so that shoal still works, more slowly, in an
 environment that lacks it. orjson is stricter than ``json``: it refuses lone surrogate escapes
 (``"\\ud800"``, not valid UTF-8 text) in a request as malformed JSON, and reads integer literals
-beyond 64 bits as floats (:mod:`shoal.frontends._tensor_json` reports them as out of range).
+beyond 64 bits as floats (:mod:`shoal.frontends.http._tensor_json` reports them as out of range).
 
 Documents nested more than 1,024 levels deep are refused (orjson's limit), on every Python version.
 
