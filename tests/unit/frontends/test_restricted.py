@@ -30,9 +30,9 @@ from shoal.frontends._restricted import (
 )
 from shoal.frontends.http.app import build_http_app
 from shoal.supervisor.options import Restriction
+from tests.unit.frontends.grpc.test_double import FullCore, client_of, serving
 
 from .doubles import EchoCore, LoopThread
-from .test_grpc_double import FullCore, client_of, serving
 
 pytestmark = pytest.mark.timeout(60)
 

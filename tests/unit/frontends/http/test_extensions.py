@@ -19,8 +19,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from shoal.ipc.cuda import cuda_device_count
-
-from .doubles import (
+from tests.unit.frontends.doubles import (
     DEFAULT_LOG_SETTINGS,
     BaseEchoCore,
     EchoCore,

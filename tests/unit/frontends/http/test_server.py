@@ -14,8 +14,7 @@ import requests
 
 from shoal.frontends.http.app import AddressInUseError, HttpServer, build_http_app
 from tests.http1 import read_response
-
-from .doubles import EchoCore, LoopThread
+from tests.unit.frontends.doubles import EchoCore, LoopThread
 
 pytestmark = pytest.mark.timeout(60)
 

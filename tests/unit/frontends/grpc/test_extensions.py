@@ -15,9 +15,14 @@ from tritonclient.grpc import service_pb2_grpc as triton_grpc
 from tritonclient.utils import InferenceServerException
 
 from shoal.ipc.cuda import cuda_device_count
-
-from .doubles import LoopThread
-from .test_grpc_double import BareCore, FullCore, NotImplementedCore, client_of, serving
+from tests.unit.frontends.doubles import LoopThread
+from tests.unit.frontends.grpc.test_double import (
+    BareCore,
+    FullCore,
+    NotImplementedCore,
+    client_of,
+    serving,
+)
 
 pytestmark = pytest.mark.timeout(60)
 

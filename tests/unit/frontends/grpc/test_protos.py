@@ -26,9 +26,8 @@ from shoal.frontends.grpc._infer import (
 from shoal.frontends.grpc._wire import encode_varint, split_raw_contents
 from shoal.frontends.grpc.aio import SERVICE_NAME
 from shoal.protos import grpc_service_pb2 as shoal_pb
-
-from .doubles import LoopThread
-from .test_grpc_double import FullCore, serving
+from tests.unit.frontends.doubles import LoopThread
+from tests.unit.frontends.grpc.test_double import FullCore, serving
 
 pytestmark = pytest.mark.timeout(60)
 

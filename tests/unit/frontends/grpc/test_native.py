@@ -20,9 +20,8 @@ from hyperframe.frame import DataFrame, GoAwayFrame, HeadersFrame
 from shoal.frontends.grpc.native import NativeGrpcServer
 from shoal.protos import grpc_service_pb2 as pb
 from tests.h2client import H2Client, RawClient, grpc_frame, request_headers
-
-from .doubles import LoopThread
-from .test_grpc_double import FullCore
+from tests.unit.frontends.doubles import LoopThread
+from tests.unit.frontends.grpc.test_double import FullCore
 
 pytestmark = pytest.mark.timeout(30)
 

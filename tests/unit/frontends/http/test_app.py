@@ -19,8 +19,7 @@ from tritonclient.utils import InferenceServerException
 
 from shoal.core.api import ErrorCode
 from shoal.frontends.http.app import HTTP_STATUS
-
-from .doubles import FAIL_PREFIX, EchoCore, failure_message
+from tests.unit.frontends.doubles import FAIL_PREFIX, EchoCore, failure_message
 
 pytestmark = pytest.mark.timeout(60)
 

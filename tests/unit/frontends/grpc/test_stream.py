@@ -13,9 +13,14 @@ import tritonclient.grpc as grpcclient
 
 from shoal.frontends.grpc._stream import answer_stream
 from shoal.frontends.grpc.aio import GrpcServer
-
-from .doubles import LoopThread
-from .test_grpc_double import GATED, FullCore, client_of, failure_message, serving
+from tests.unit.frontends.doubles import LoopThread
+from tests.unit.frontends.grpc.test_double import (
+    GATED,
+    FullCore,
+    client_of,
+    failure_message,
+    serving,
+)
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -41,8 +41,7 @@ from shoal.frontends.grpc.aio import GrpcServer
 from shoal.ipc.dtypes import serialize_bytes
 from shoal.supervisor.extensions.trace_settings import TraceChange, TraceSettings, TraceValue
 from shoal.supervisor.memory.cuda_shm import CudaSharedMemoryRegistry
-
-from .doubles import LoopThread
+from tests.unit.frontends.doubles import LoopThread
 
 #: Models named "fail_<error code>" raise a ShoalError with that code and this message.
 FAIL_PREFIX = "fail_"

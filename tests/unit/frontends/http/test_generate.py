@@ -33,8 +33,7 @@ from shoal.frontends.http._generate_json import (
 )
 from shoal.frontends.http.generate import EVENT_STREAM_TYPE
 from shoal.ipc.dtypes import serialize_bytes
-
-from .doubles import EchoCore
+from tests.unit.frontends.doubles import EchoCore
 
 pytestmark = pytest.mark.timeout(60)
 

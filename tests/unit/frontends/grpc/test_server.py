@@ -17,9 +17,8 @@ from tritonclient.utils import InferenceServerException
 
 from shoal.core.api import ErrorCode
 from shoal.frontends.grpc.aio import GRPC_STATUS, AddressInUseError, GrpcServer
-
-from .doubles import LoopThread
-from .test_grpc_double import FullCore, client_of, failure_message, serving
+from tests.unit.frontends.doubles import LoopThread
+from tests.unit.frontends.grpc.test_double import FullCore, client_of, failure_message, serving
 
 pytestmark = pytest.mark.timeout(60)
 
