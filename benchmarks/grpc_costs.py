@@ -33,7 +33,7 @@ import grpc.aio
 import numpy as np
 import uvloop
 
-from shoal.core.api import InferOutput, InferResponse
+from shoal.core import InferOutput, InferResponse
 from shoal.frontends.grpc._infer import (
     decode_infer_request,
     encode_infer_response,

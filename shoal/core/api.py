@@ -1,7 +1,10 @@
-"""The core API that every frontend calls.
+"""The API that every frontend calls: two Protocols the supervisor's service implements.
 
-Frontends (HTTP, gRPC) import only this module: the request/response types, the error hierarchy and
-the :class:`CoreAPI` protocol that the supervisor implements.
+:class:`InferenceAPI` is what every server must answer (health, metadata, inference);
+:class:`ExtensionAPI` holds Triton's protocol extensions (statistics, model repository, shared
+memory, logging, trace settings). A core may raise ``NotImplementedError`` from an extension call:
+frontends answer "not supported" (HTTP 501, gRPC UNIMPLEMENTED). Methods raise
+:class:`~shoal.core.errors.ShoalError` subclasses for everything else.
 """
 
 from __future__ import annotations
@@ -9,81 +12,26 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Protocol
 
-from shoal.core.errors import (
-    Cancelled,
-    DeadlineExceeded,
-    DecoupledInfer,
-    ErrorCode,
-    InternalError,
-    InvalidArgument,
-    NotFound,
-    ResourceExhausted,
-    ShoalError,
-    Unavailable,
-    Unsupported,
-)
 from shoal.core.types import (
-    BatchStatistics,
     CudaSharedMemoryRegion,
-    InferInput,
-    InferOutput,
     InferRequest,
     InferResponse,
-    InferStatistics,
     JsonDict,
-    MemoryUsage,
     ModelMetadata,
     ModelStatistics,
     ParamValue,
     RepositoryEntry,
-    RequestedOutput,
-    ResponseStatistics,
     ServerMetadata,
     SharedMemoryRegion,
-    StatDuration,
-    TensorMetadata,
+    TraceChange,
+    TraceValue,
 )
-from shoal.supervisor.extensions.trace_settings import TraceChange, TraceValue
 
-__all__ = [
-    "BatchStatistics",
-    "Cancelled",
-    "CoreAPI",
-    "CudaSharedMemoryRegion",
-    "DeadlineExceeded",
-    "DecoupledInfer",
-    "ErrorCode",
-    "InferInput",
-    "InferOutput",
-    "InferRequest",
-    "InferResponse",
-    "InferStatistics",
-    "InternalError",
-    "InvalidArgument",
-    "JsonDict",
-    "MemoryUsage",
-    "ModelMetadata",
-    "ModelStatistics",
-    "NotFound",
-    "ParamValue",
-    "RepositoryEntry",
-    "RequestedOutput",
-    "ResourceExhausted",
-    "ResponseStatistics",
-    "ServerMetadata",
-    "SharedMemoryRegion",
-    "ShoalError",
-    "StatDuration",
-    "TensorMetadata",
-    "TraceChange",
-    "TraceValue",
-    "Unavailable",
-    "Unsupported",
-]
+__all__ = ["CoreAPI", "ExtensionAPI", "InferenceAPI"]
 
 
-class CoreAPI(Protocol):
-    """What frontends may ask of the server. Methods raise :class:`ShoalError` subclasses."""
+class InferenceAPI(Protocol):
+    """Health, metadata and inference: what every frontend needs of the core."""
 
     def is_live(self) -> bool:
         """True while the server process is up; Unavailable ("Server exiting") while it drains."""
@@ -120,7 +68,9 @@ class CoreAPI(Protocol):
         iterator early drops the rest."""
         ...
 
-    # -- extensions (Triton's statistics, model repository, shared memory, logging) ----------
+
+class ExtensionAPI(Protocol):
+    """Triton's protocol extensions. A call may raise ``NotImplementedError``: not supported."""
 
     def model_statistics(self, name: str = "", version: str = "") -> list[ModelStatistics]:
         """Statistics of one model (version), or of every model when ``name`` is empty."""
@@ -188,3 +138,7 @@ class CoreAPI(Protocol):
     ) -> dict[str, TraceValue]:
         """Apply ``changes`` (None clears a model's setting) and return the settings in effect."""
         ...
+
+
+class CoreAPI(InferenceAPI, ExtensionAPI, Protocol):
+    """The whole API: what :class:`~shoal.supervisor.service.InferenceService` implements."""

@@ -15,7 +15,7 @@ frontends then send no data for it (neither JSON nor binary), as Triton does.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
@@ -23,6 +23,11 @@ import numpy as np
 
 #: Parameter values allowed by the KServe V2 protocol.
 ParamValue = bool | int | float | str
+
+#: A trace setting as reported: a list for ``trace_level``, a string otherwise.
+TraceValue = str | list[str]
+#: A requested change of a trace setting: None clears a model's setting.
+TraceChange = str | int | Sequence[str] | None
 
 
 #: memoryview by another name: a dataclass field annotated ``memoryview`` itself fails to import

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import struct
 
-from shoal.core.api import InvalidArgument
-from shoal.ipc.dtypes import byte_size, element_count
+from shoal.core import InvalidArgument, byte_size, element_count
 
 _LENGTH = struct.Struct("<I")
 

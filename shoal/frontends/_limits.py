@@ -6,7 +6,7 @@ that raises it; clients and tests match on "exceeds the maximum allowed value".
 
 from __future__ import annotations
 
-from shoal.core.api import InvalidArgument
+from shoal.core import InvalidArgument
 
 #: Triton's default ``--http-max-input-size``: 64 MiB.
 DEFAULT_MAX_INPUT_SIZE = 64 * 1024 * 1024

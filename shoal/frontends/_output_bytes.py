@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from shoal.core.api import InferOutput, InternalError
-from shoal.ipc.dtypes import byte_size
+from shoal.core import InferOutput, InternalError, byte_size
 
 
 def output_bytes(output: InferOutput) -> memoryview:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from shoal.core.api import (
+from shoal.core import (
     BatchStatistics,
     CudaSharedMemoryRegion,
     InferStatistics,

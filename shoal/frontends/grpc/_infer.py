@@ -20,7 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 from google.protobuf.message import DecodeError
 
-from shoal.core.api import (
+from shoal.core import (
+    DATATYPES,
     InferInput,
     InferRequest,
     InferResponse,
@@ -39,7 +40,6 @@ from shoal.frontends.grpc._params import (
 )
 from shoal.frontends.grpc._tensors import array_from_contents
 from shoal.frontends.grpc._wire import Chunk, embedded_chunks, raw_field_chunks, split_raw_contents
-from shoal.ipc.dtypes import DATATYPES
 from shoal.protos import grpc_service_pb2 as pb
 
 _RAW_INPUT_CONTENTS = pb.ModelInferRequest.RAW_INPUT_CONTENTS_FIELD_NUMBER

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, MutableMapping
 
-from shoal.core.api import InvalidArgument, ParamValue
+from shoal.core import InvalidArgument, ParamValue
 from shoal.frontends._params import input_parameters, output_parameters, request_parameters
 from shoal.protos import grpc_service_pb2 as pb
 

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from shoal.core.api import InvalidArgument
-from shoal.ipc.dtypes import NUMPY_DTYPES, element_count
+from shoal.core import NUMPY_DTYPES, InvalidArgument, element_count
 from shoal.protos import grpc_service_pb2 as pb
 
 #: The ``InferTensorContents`` field of each datatype that has one.

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from shoal.core.api import InvalidArgument
+from shoal.core import InvalidArgument
 
 _VARINT, _FIXED64, _LENGTH_DELIMITED, _FIXED32 = 0, 1, 2, 5
 _MAX_VARINT_BYTES = 10

@@ -32,7 +32,7 @@ import grpc  # type: ignore[import-untyped]
 import grpc.aio  # type: ignore[import-untyped]
 from google.protobuf.message import DecodeError
 
-from shoal.core.api import CoreAPI, ErrorCode, InvalidArgument, ShoalError
+from shoal.core import CoreAPI, ErrorCode, InvalidArgument, ShoalError
 from shoal.frontends._restricted import GRPC_GROUPS, GRPC_KEY_PREFIX, Restrictions
 from shoal.frontends._serving import AddressInUseError
 from shoal.frontends.grpc.servicer import Servicer, unexpected

@@ -24,7 +24,7 @@ from collections import deque
 from collections.abc import Awaitable, Mapping
 from typing import Any
 
-from shoal.core.api import CoreAPI
+from shoal.core import CoreAPI
 from shoal.frontends._restricted import GRPC_KEY_PREFIX, Restrictions
 from shoal.frontends._serving import bind_socket
 from shoal.frontends.grpc.aio import MAX_MESSAGE_BYTES, SERVICE_NAME, Method, method_table

@@ -5,8 +5,8 @@ Every method takes a request message and returns a response message, or raises a
 inference methods take and return serialized bytes instead (see :mod:`shoal.frontends.grpc._infer`
 for why). Nothing here imports gRPC.
 
-Extension methods (statistics, repository, shared memory, logging) call optional parts of the
-core: a core without the method, or one that raises ``NotImplementedError``, is UNSUPPORTED.
+Extension methods (statistics, repository, shared memory, logging) call the core's
+:class:`~shoal.core.ExtensionAPI`; one that raises ``NotImplementedError`` is UNSUPPORTED.
 """
 
 from __future__ import annotations
@@ -14,12 +14,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Callable, Iterator
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Iterator
 
 from google.protobuf import json_format
 
-from shoal.core.api import (
+from shoal.core import (
     CoreAPI,
     InferResponse,
     InternalError,
@@ -74,12 +73,6 @@ class Servicer:
     def close_streams(self) -> None:
         """Let every open ModelStreamInfer stream end once its running requests are answered."""
         self._closing.set()
-
-    def _extension(self, name: str, what: str) -> Callable[..., Any]:
-        method: Callable[..., Any] | None = getattr(self._core, name, None)
-        if method is None:
-            raise Unsupported(f"{what} is not supported by this server yet")
-        return method
 
     # -- health and metadata ---------------------------------------------------------------
 
@@ -172,18 +165,16 @@ class Servicer:
     async def model_statistics(
         self, request: pb.ModelStatisticsRequest
     ) -> pb.ModelStatisticsResponse:
-        statistics = self._extension("model_statistics", "the statistics extension")
         with _extension_call("the statistics extension"):
-            stats = statistics(request.name, _model_version(request.version))
+            stats = self._core.model_statistics(request.name, _model_version(request.version))
         return ext.statistics_response(stats)
 
     async def repository_index(
         self, request: pb.RepositoryIndexRequest
     ) -> pb.RepositoryIndexResponse:
         ext.check_no_repository_name(request.repository_name)
-        index = self._extension("repository_index", "the model repository extension")
         with _extension_call("the model repository extension"):
-            entries = index(ready_only=request.ready)
+            entries = self._core.repository_index(ready_only=request.ready)
         return ext.repository_index_response(entries)
 
     async def repository_model_load(
@@ -191,9 +182,8 @@ class Servicer:
     ) -> pb.RepositoryModelLoadResponse:
         ext.check_no_repository_name(request.repository_name)
         config, files = ext.load_arguments(request.parameters)
-        load = self._extension("load_model", "loading models")
         with _extension_call("loading models"):
-            await load(request.model_name, config_json=config, files=files)
+            await self._core.load_model(request.model_name, config_json=config, files=files)
         return pb.RepositoryModelLoadResponse()
 
     async def repository_model_unload(
@@ -201,9 +191,8 @@ class Servicer:
     ) -> pb.RepositoryModelUnloadResponse:
         ext.check_no_repository_name(request.repository_name)
         dependents = ext.unload_dependents(request.parameters)
-        unload = self._extension("unload_model", "unloading models")
         with _extension_call("unloading models"):
-            await unload(request.model_name, unload_dependents=dependents)
+            await self._core.unload_model(request.model_name, unload_dependents=dependents)
         return pb.RepositoryModelUnloadResponse()
 
     # -- shared memory ---------------------------------------------------------------------
@@ -211,49 +200,47 @@ class Servicer:
     async def system_shared_memory_status(
         self, request: pb.SystemSharedMemoryStatusRequest
     ) -> pb.SystemSharedMemoryStatusResponse:
-        status = self._extension("system_shm_status", "system shared memory")
         with _extension_call("system shared memory"):
-            regions = status(request.name)
+            regions = self._core.system_shm_status(request.name)
         return ext.system_shm_status_response(regions)
 
     async def system_shared_memory_register(
         self, request: pb.SystemSharedMemoryRegisterRequest
     ) -> pb.SystemSharedMemoryRegisterResponse:
-        register = self._extension("register_system_shm", "system shared memory")
         with _extension_call("system shared memory"):
-            register(request.name, request.key, request.offset, request.byte_size)
+            self._core.register_system_shm(
+                request.name, request.key, request.offset, request.byte_size
+            )
         return pb.SystemSharedMemoryRegisterResponse()
 
     async def system_shared_memory_unregister(
         self, request: pb.SystemSharedMemoryUnregisterRequest
     ) -> pb.SystemSharedMemoryUnregisterResponse:
-        unregister = self._extension("unregister_system_shm", "system shared memory")
         with _extension_call("system shared memory"):
-            unregister(request.name)
+            self._core.unregister_system_shm(request.name)
         return pb.SystemSharedMemoryUnregisterResponse()
 
     async def cuda_shared_memory_status(
         self, request: pb.CudaSharedMemoryStatusRequest
     ) -> pb.CudaSharedMemoryStatusResponse:
-        status = self._extension("cuda_shm_status", "CUDA shared memory")
         with _extension_call("CUDA shared memory"):
-            regions = status(request.name)
+            regions = self._core.cuda_shm_status(request.name)
         return ext.cuda_shm_status_response(regions)
 
     async def cuda_shared_memory_register(
         self, request: pb.CudaSharedMemoryRegisterRequest
     ) -> pb.CudaSharedMemoryRegisterResponse:
-        register = self._extension("register_cuda_shm", "CUDA shared memory")
         with _extension_call("CUDA shared memory"):
-            register(request.name, request.raw_handle, request.device_id, request.byte_size)
+            self._core.register_cuda_shm(
+                request.name, request.raw_handle, request.device_id, request.byte_size
+            )
         return pb.CudaSharedMemoryRegisterResponse()
 
     async def cuda_shared_memory_unregister(
         self, request: pb.CudaSharedMemoryUnregisterRequest
     ) -> pb.CudaSharedMemoryUnregisterResponse:
-        unregister = self._extension("unregister_cuda_shm", "CUDA shared memory")
         with _extension_call("CUDA shared memory"):
-            unregister(request.name)
+            self._core.unregister_cuda_shm(request.name)
         return pb.CudaSharedMemoryUnregisterResponse()
 
     # -- logging and tracing ---------------------------------------------------------------
@@ -261,23 +248,19 @@ class Servicer:
     async def trace_setting(self, request: pb.TraceSettingRequest) -> pb.TraceSettingResponse:
         changes = ext.trace_settings_update(request.settings)
         if changes:
-            apply = self._extension("update_trace_settings", "updating trace settings")
             with _extension_call("updating trace settings"):
-                settings = apply(changes, request.model_name)
+                settings = self._core.update_trace_settings(changes, request.model_name)
         else:
-            read = self._extension("trace_settings", "the trace extension")
             with _extension_call("the trace extension"):
-                settings = read(request.model_name)
+                settings = self._core.trace_settings(request.model_name)
         return ext.trace_settings_response(settings)
 
     async def log_settings(self, request: pb.LogSettingsRequest) -> pb.LogSettingsResponse:
         update = ext.log_settings_update(request.settings)
         if update:
-            apply = self._extension("update_log_settings", "updating log settings")
             with _extension_call("updating log settings"):
-                settings = apply(update)
+                settings = self._core.update_log_settings(update)
         else:
-            read = self._extension("log_settings", "the logging extension")
             with _extension_call("the logging extension"):
-                settings = read()
+                settings = self._core.log_settings()
         return ext.log_settings_response(settings)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from starlette.types import Message, Receive
 
-from shoal.core.api import InvalidArgument
+from shoal.core import InvalidArgument
 from shoal.frontends._limits import too_large
 
 

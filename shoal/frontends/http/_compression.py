@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import zlib
 
-from shoal.core.api import InvalidArgument, Unsupported
+from shoal.core import InvalidArgument, Unsupported
 from shoal.frontends._limits import too_large
 
 #: What ``Accept-Encoding`` advertises on a response to an unsupported ``Content-Encoding``.

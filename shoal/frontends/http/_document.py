@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from shoal.core.api import InvalidArgument
+from shoal.core import InvalidArgument
 from shoal.frontends.http import _json
 
 

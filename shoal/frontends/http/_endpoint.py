@@ -15,7 +15,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from shoal.core.api import (
+from shoal.core import (
     DecoupledInfer,
     ErrorCode,
     InternalError,

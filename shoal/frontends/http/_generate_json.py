@@ -18,7 +18,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from shoal.core.api import (
+from shoal.core import (
     InferInput,
     InferOutput,
     InferRequest,

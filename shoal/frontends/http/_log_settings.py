@@ -8,7 +8,7 @@ names and values and applies them.
 
 from __future__ import annotations
 
-from shoal.core.api import InvalidArgument, ParamValue
+from shoal.core import InvalidArgument, ParamValue
 from shoal.frontends.http._document import parse_object
 
 

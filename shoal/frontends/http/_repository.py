@@ -14,7 +14,7 @@ import binascii
 from dataclasses import dataclass
 from typing import Any
 
-from shoal.core.api import InvalidArgument, RepositoryEntry
+from shoal.core import InvalidArgument, RepositoryEntry
 from shoal.frontends.http._document import optional_bool, optional_object, parse_object
 
 _FILE_PREFIX = "file:"

@@ -15,7 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from shoal.core.api import (
+from shoal.core import (
+    DATATYPES,
     InferInput,
     InferRequest,
     InvalidArgument,
@@ -26,7 +27,6 @@ from shoal.frontends._binary import BinarySection, check_binary_input
 from shoal.frontends._params import input_parameters, output_parameters, request_parameters
 from shoal.frontends.http import _json
 from shoal.frontends.http._tensor_json import array_from_json
-from shoal.ipc.dtypes import DATATYPES
 
 _NO_DATA = memoryview(b"")
 

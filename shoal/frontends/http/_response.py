@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from shoal.core.api import InferOutput, InferResponse
+from shoal.core import InferOutput, InferResponse
 from shoal.frontends._output_bytes import output_bytes
 from shoal.frontends.http import _json
 from shoal.frontends.http._request import OutputFormat

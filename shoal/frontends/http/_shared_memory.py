@@ -15,7 +15,7 @@ import binascii
 from dataclasses import dataclass
 from typing import Any
 
-from shoal.core.api import CudaSharedMemoryRegion, InvalidArgument, SharedMemoryRegion
+from shoal.core import CudaSharedMemoryRegion, InvalidArgument, SharedMemoryRegion
 from shoal.frontends.http._document import non_negative_int, optional_object, parse_object
 
 

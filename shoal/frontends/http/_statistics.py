@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from shoal.core.api import (
+from shoal.core import (
     BatchStatistics,
     InferStatistics,
     MemoryUsage,

@@ -15,9 +15,15 @@ from typing import Any
 
 import numpy as np
 
-from shoal.core.api import InternalError, InvalidArgument
+from shoal.core import (
+    NUMPY_DTYPES,
+    BytesFormatError,
+    InternalError,
+    InvalidArgument,
+    deserialize_bytes,
+    element_count,
+)
 from shoal.frontends.http import _json
-from shoal.ipc.dtypes import NUMPY_DTYPES, BytesFormatError, deserialize_bytes, element_count
 
 _INTEGER_TYPES = frozenset(
     ("UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64")

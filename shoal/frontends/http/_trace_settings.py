@@ -7,7 +7,7 @@ settings are strings holding integers or paths. The core checks names and values
 
 from __future__ import annotations
 
-from shoal.core.api import InvalidArgument, TraceChange
+from shoal.core import InvalidArgument, TraceChange
 from shoal.frontends.http._document import parse_object
 
 

@@ -23,7 +23,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from shoal.core.api import CoreAPI, ShoalError
+from shoal.core import CoreAPI, ShoalError
 from shoal.frontends._restricted import Restrictions, restrict_routes
 from shoal.frontends._serving import AddressInUseError, EmbeddedServer, bind_socket, wait_started
 from shoal.frontends.http import _json, codec

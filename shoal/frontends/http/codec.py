@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from shoal.core.api import ModelMetadata, ServerMetadata, TensorMetadata
+from shoal.core import ModelMetadata, ServerMetadata, TensorMetadata
 from shoal.frontends._limits import DEFAULT_MAX_INPUT_SIZE, too_large
 from shoal.frontends.http._compression import (
     SUPPORTED_ENCODINGS,

@@ -2,9 +2,8 @@
 logging.
 
 Each endpoint parses its (small) body with :mod:`shoal.frontends.http.codec`, calls one
-:class:`~shoal.core.api.CoreAPI` extension method and renders the result. A core without
-that method, or whose method raises ``NotImplementedError``, gets 501 "<extension> is not supported
-by this server" instead of a crash.
+:class:`~shoal.core.ExtensionAPI` method and renders the result. A core whose method raises
+``NotImplementedError`` gets 501 "<extension> is not supported by this server" instead of a crash.
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from shoal.core.api import CoreAPI, InvalidArgument, Unsupported
+from shoal.core import CoreAPI, InvalidArgument, Unsupported
 from shoal.frontends.http import codec
 from shoal.frontends.http._body import read_body
 from shoal.frontends.http._endpoint import Endpoint, guarded, json_response, model_ref
@@ -33,7 +32,7 @@ _REGION = "/region/{region_name}"
 
 def model_stats_routes(core: CoreAPI) -> list[Route]:
     """The statistics routes; they must come before ``/v2/models/{model_name}``."""
-    stats = _extension(core, "statistics", "model_statistics")(_model_stats(core))
+    stats = _extension("statistics")(_model_stats(core))
     return [
         Route(path + "/stats", stats, methods=["GET"]) for path in ("/v2/models", _MODEL, _VERSION)
     ]
@@ -50,19 +49,14 @@ def extension_routes(core: CoreAPI, max_body_size: int) -> list[Route]:
     ]
 
 
-def _extension(core: CoreAPI, extension: str, *methods: str) -> Callable[[Endpoint], Endpoint]:
-    """Answer 501 when ``core`` lacks one of ``methods`` or raises ``NotImplementedError``.
-
-    Only a *missing* method counts as unsupported: an ``AttributeError`` raised inside a method
-    is a bug and stays a 500.
-    """
+def _extension(extension: str) -> Callable[[Endpoint], Endpoint]:
+    """Answer 501 when the core raises ``NotImplementedError`` (an ``AttributeError`` is a bug
+    and stays a 500)."""
     message = f"{extension} is not supported by this server"
 
     def wrap(endpoint: Endpoint) -> Endpoint:
         @functools.wraps(endpoint)
         async def supported(request: Request) -> Response:
-            if not all(hasattr(core, method) for method in methods):
-                raise Unsupported(message)
             try:
                 return await endpoint(request)
             except NotImplementedError:
@@ -100,8 +94,7 @@ def _model_stats(core: CoreAPI) -> Endpoint:
 
 
 def _repository_routes(core: CoreAPI, limit: int) -> list[Route]:
-    def extension(method: str) -> Callable[[Endpoint], Endpoint]:
-        return _extension(core, "model repository", method)
+    supported = _extension("model repository")
 
     async def index(request: Request) -> Response:
         ready_only = codec.parse_index_request(await _body(request, limit))
@@ -119,9 +112,9 @@ def _repository_routes(core: CoreAPI, limit: int) -> list[Route]:
 
     model = _REPOSITORY + "/models/{model_name}"
     return [
-        Route(_REPOSITORY + "/index", extension("repository_index")(index), methods=["POST"]),
-        Route(model + "/load", extension("load_model")(load), methods=["POST"]),
-        Route(model + "/unload", extension("unload_model")(unload), methods=["POST"]),
+        Route(_REPOSITORY + "/index", supported(index), methods=["POST"]),
+        Route(model + "/load", supported(load), methods=["POST"]),
+        Route(model + "/unload", supported(unload), methods=["POST"]),
     ]
 
 
@@ -129,8 +122,7 @@ def _repository_routes(core: CoreAPI, limit: int) -> list[Route]:
 
 
 def _system_shm_routes(core: CoreAPI, limit: int) -> list[Route]:
-    def extension(method: str) -> Callable[[Endpoint], Endpoint]:
-        return _extension(core, "system shared memory", method)
+    supported = _extension("system shared memory")
 
     async def status(request: Request) -> Response:
         name = request.path_params.get("region_name", "")
@@ -152,15 +144,14 @@ def _system_shm_routes(core: CoreAPI, limit: int) -> list[Route]:
 
     return _shm_routes(
         _SYSTEM_SHM,
-        extension("system_shm_status")(status),
-        extension("register_system_shm")(register),
-        extension("unregister_system_shm")(unregister),
+        supported(status),
+        supported(register),
+        supported(unregister),
     )
 
 
 def _cuda_shm_routes(core: CoreAPI, limit: int) -> list[Route]:
-    def extension(method: str) -> Callable[[Endpoint], Endpoint]:
-        return _extension(core, "CUDA shared memory", method)
+    supported = _extension("CUDA shared memory")
 
     async def status(request: Request) -> Response:
         name = request.path_params.get("region_name", "")
@@ -182,9 +173,9 @@ def _cuda_shm_routes(core: CoreAPI, limit: int) -> list[Route]:
 
     return _shm_routes(
         _CUDA_SHM,
-        extension("cuda_shm_status")(status),
-        extension("register_cuda_shm")(register),
-        extension("unregister_cuda_shm")(unregister),
+        supported(status),
+        supported(register),
+        supported(unregister),
     )
 
 
@@ -212,7 +203,7 @@ def _logging_routes(core: CoreAPI, limit: int) -> list[Route]:
         changes = codec.parse_log_settings(await _body(request, limit))
         return json_response(core.update_log_settings(changes))
 
-    endpoint = _extension(core, "logging", "log_settings", "update_log_settings")(settings)
+    endpoint = _extension("logging")(settings)
     return [Route("/v2/logging", endpoint, methods=["GET", "POST"])]
 
 
@@ -227,7 +218,7 @@ def _trace_routes(core: CoreAPI, limit: int) -> list[Route]:
         changes = parse_trace_settings(await _body(request, limit))
         return json_response(core.update_trace_settings(changes, model))
 
-    endpoint = _extension(core, "trace", "trace_settings", "update_trace_settings")(settings)
+    endpoint = _extension("trace")(settings)
     return [
         Route(path + "/trace/setting", endpoint, methods=["GET", "POST"])
         for path in ("/v2", _MODEL)

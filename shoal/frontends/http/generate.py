@@ -22,7 +22,7 @@ from typing import Any
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from shoal.core.api import CoreAPI, InferRequest, InferResponse, InvalidArgument, ShoalError
+from shoal.core import CoreAPI, InferRequest, InferResponse, InvalidArgument, ShoalError
 from shoal.frontends.http import codec
 from shoal.frontends.http._body import ClientDisconnected, read_body
 from shoal.frontends.http._endpoint import JSON_TYPE, Headers, error_parts, model_ref, unexpected

@@ -10,14 +10,10 @@ cleared with ``None`` (JSON ``null``, an empty gRPC value) follows the global on
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 
 from shoal.core.errors import InvalidArgument, Unsupported
-
-#: A setting as reported: a list for ``trace_level``, a string otherwise.
-TraceValue = str | list[str]
-#: A requested change: None clears a model's setting.
-TraceChange = str | int | Sequence[str] | None
+from shoal.core.types import TraceChange, TraceValue
 
 LEVELS = ("TIMESTAMPS", "TENSORS")
 DEFAULTS: Mapping[str, TraceValue] = {

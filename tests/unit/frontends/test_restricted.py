@@ -20,7 +20,7 @@ from tritonclient.grpc import service_pb2 as triton_pb
 from tritonclient.utils import InferenceServerException
 
 from shoal.cli import build_parser, options_from_args, restriction_parser
-from shoal.core.api import ErrorCode, ShoalError
+from shoal.core import ErrorCode, ShoalError
 from shoal.frontends._restricted import (
     GROUPS,
     GRPC_GROUPS,

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import tritonclient.grpc as grpcclient
 
-from shoal.core.api import (
+from shoal.core import (
     BatchStatistics,
     CudaSharedMemoryRegion,
     ErrorCode,
@@ -36,12 +36,14 @@ from shoal.core.api import (
     ShoalError,
     StatDuration,
     TensorMetadata,
+    TraceChange,
+    TraceValue,
 )
 from shoal.frontends.grpc.aio import GrpcServer
 from shoal.ipc.dtypes import serialize_bytes
-from shoal.supervisor.extensions.trace_settings import TraceChange, TraceSettings, TraceValue
+from shoal.supervisor.extensions.trace_settings import TraceSettings
 from shoal.supervisor.memory.cuda_shm import CudaSharedMemoryRegistry
-from tests.unit.frontends.doubles import LoopThread
+from tests.unit.frontends.doubles import LoopThread, NoExtensions
 
 #: Models named "fail_<error code>" raise a ShoalError with that code and this message.
 FAIL_PREFIX = "fail_"
@@ -83,7 +85,7 @@ def stats_of(name: str) -> ModelStatistics:
     )
 
 
-class BareCore:
+class BareCore(NoExtensions):
     """The core without any extension: health, metadata, config and an echo model."""
 
     def __init__(self) -> None:

@@ -15,7 +15,7 @@ from google.protobuf.descriptor import Descriptor, EnumDescriptor, FieldDescript
 from google.protobuf.unknown_fields import UnknownFieldSet
 from tritonclient.grpc import service_pb2 as triton_pb
 
-from shoal.core.api import InferOutput, InferResponse, InvalidArgument
+from shoal.core import InferOutput, InferResponse, InvalidArgument
 from shoal.frontends.grpc._infer import (
     DecodedInfer,
     decode_infer_request,

@@ -15,7 +15,7 @@ from tritonclient.grpc import service_pb2 as triton_pb
 from tritonclient.grpc import service_pb2_grpc as triton_grpc
 from tritonclient.utils import InferenceServerException
 
-from shoal.core.api import ErrorCode
+from shoal.core import ErrorCode
 from shoal.frontends.grpc.aio import GRPC_STATUS, AddressInUseError, GrpcServer
 from tests.unit.frontends.doubles import LoopThread
 from tests.unit.frontends.grpc.test_double import FullCore, client_of, failure_message, serving

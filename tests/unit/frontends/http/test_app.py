@@ -17,7 +17,7 @@ import requests
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from shoal.core.api import ErrorCode
+from shoal.core import ErrorCode
 from shoal.frontends.http.app import HTTP_STATUS
 from tests.unit.frontends.doubles import FAIL_PREFIX, EchoCore, failure_message
 

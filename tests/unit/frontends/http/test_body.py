@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from shoal.core.api import InvalidArgument
+from shoal.core import InvalidArgument
 from shoal.frontends.http._body import ClientDisconnected, read_body
 
 pytestmark = pytest.mark.timeout(30)

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from shoal.core.api import InvalidArgument, ShoalError, Unsupported
+from shoal.core import InvalidArgument, ShoalError, Unsupported
 from shoal.frontends.http.codec import OutputFormat, decode_infer_request
 from shoal.ipc.dtypes import serialize_bytes
 

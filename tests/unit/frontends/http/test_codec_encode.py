@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from shoal.core.api import InferOutput, InferResponse, InternalError, InvalidArgument
+from shoal.core import InferOutput, InferResponse, InternalError, InvalidArgument
 from shoal.frontends.http.codec import EncodedResponse, OutputFormat, encode_infer_response
 from shoal.ipc.dtypes import serialize_bytes
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from shoal.core.api import (
+from shoal.core import (
     InferOutput,
     InferResponse,
     InvalidArgument,

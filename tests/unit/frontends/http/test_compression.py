@@ -7,7 +7,7 @@ import zlib
 
 import pytest
 
-from shoal.core.api import InvalidArgument
+from shoal.core import InvalidArgument
 from shoal.frontends.http.codec import (
     UnsupportedEncoding,
     compress,

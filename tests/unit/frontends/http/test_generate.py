@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import requests
 
-from shoal.core.api import (
+from shoal.core import (
     InferOutput,
     InferRequest,
     InferResponse,
