@@ -4,12 +4,13 @@
 (``/inference.GRPCInferenceService/<Method>``) with ``grpc.method_handlers_generic_handler``, so
 ``tritonclient.grpc`` and stubs generated from Triton's proto work unchanged. The messages are
 shoal's own (:mod:`shoal.protos.grpc_service_pb2`, wire-compatible with Triton's). What each RPC
-does is in :mod:`shoal.frontends.grpc.servicer`; this module only maps errors and serves.
+does is in :mod:`shoal.frontends.grpc.methods` (shared with the native server); this module only
+serves. Only this module imports grpcio; ``shoal serve`` imports it for ``--grpc-server grpcio``.
 
 :class:`GrpcServer` serves the handler with ``grpc.aio`` on the running event loop. Core errors
-end an RPC with the status of :data:`GRPC_STATUS`, the one table that maps error codes to gRPC
-statuses, and the core's message as details. On ModelStreamInfer a failed request is reported in
-its response's ``error_message`` instead, and the stream goes on.
+end an RPC with the status of :data:`~shoal.frontends.grpc.status.GRPC_STATUS`, the one table
+that maps error codes to gRPC statuses, and the core's message as details. On ModelStreamInfer a
+failed request is reported in its response's ``error_message`` instead, and the stream goes on.
 """
 
 from __future__ import annotations
@@ -17,128 +18,20 @@ from __future__ import annotations
 import contextlib
 import errno
 import socket
-from collections.abc import (
-    AsyncGenerator,
-    AsyncIterable,
-    AsyncIterator,
-    Awaitable,
-    Callable,
-    Mapping,
-)
-from dataclasses import dataclass
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import grpc  # type: ignore[import-untyped]
 import grpc.aio  # type: ignore[import-untyped]
-from google.protobuf.message import DecodeError
 
-from shoal.core import CoreAPI, ErrorCode, InvalidArgument, ShoalError
-from shoal.frontends._restricted import GRPC_GROUPS, GRPC_KEY_PREFIX, Restrictions
+from shoal.core import CoreAPI
+from shoal.frontends._restricted import Restrictions
 from shoal.frontends._serving import AddressInUseError
-from shoal.frontends.grpc.servicer import Servicer, unexpected
-from shoal.protos import grpc_service_pb2 as pb
+from shoal.frontends.grpc.methods import MAX_MESSAGE_BYTES, SERVICE_NAME, method_table, restrictions
+from shoal.frontends.grpc.servicer import Servicer
+from shoal.frontends.grpc.status import Status
 
-__all__ = [
-    "GRPC_STATUS",
-    "MAX_MESSAGE_BYTES",
-    "SERVICE_NAME",
-    "AddressInUseError",
-    "GrpcServer",
-    "build_grpc_handler",
-]
-
-#: The service name clients call; shoal's messages live in ``shoal.inference`` (see
-#: docs/decisions.md), but the service keeps Triton's name.
-SERVICE_NAME = "inference.GRPCInferenceService"
-
-#: Largest message received or sent: as Triton and tritonclient, INT32_MAX.
-MAX_MESSAGE_BYTES = 2**31 - 1
-
-#: gRPC status of each core error code, as Triton's (TRITONSERVER_Error_Code -> grpc::StatusCode).
-GRPC_STATUS: Mapping[ErrorCode, grpc.StatusCode] = {
-    ErrorCode.UNKNOWN: grpc.StatusCode.UNKNOWN,
-    ErrorCode.INTERNAL: grpc.StatusCode.INTERNAL,
-    ErrorCode.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
-    ErrorCode.INVALID_ARG: grpc.StatusCode.INVALID_ARGUMENT,
-    ErrorCode.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
-    ErrorCode.UNSUPPORTED: grpc.StatusCode.UNIMPLEMENTED,
-    ErrorCode.ALREADY_EXISTS: grpc.StatusCode.ALREADY_EXISTS,
-    ErrorCode.CANCELLED: grpc.StatusCode.CANCELLED,
-    ErrorCode.RESOURCE_EXHAUSTED: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    ErrorCode.DEADLINE_EXCEEDED: grpc.StatusCode.DEADLINE_EXCEEDED,
-    ErrorCode.PERMISSION_DENIED: grpc.StatusCode.PERMISSION_DENIED,
-}
-
-_Behavior = Callable[[Any], Awaitable[Any]]
-
-
-def _unary_methods(servicer: Servicer) -> dict[str, tuple[type[Any], type[Any], _Behavior]]:
-    """Method name -> (request class, response class, behaviour) of every message-based RPC."""
-    s = servicer
-    return {
-        "ServerLive": (pb.ServerLiveRequest, pb.ServerLiveResponse, s.server_live),
-        "ServerReady": (pb.ServerReadyRequest, pb.ServerReadyResponse, s.server_ready),
-        "ModelReady": (pb.ModelReadyRequest, pb.ModelReadyResponse, s.model_ready),
-        "ServerMetadata": (
-            pb.ServerMetadataRequest,
-            pb.ServerMetadataResponse,
-            s.server_metadata,
-        ),
-        "ModelMetadata": (pb.ModelMetadataRequest, pb.ModelMetadataResponse, s.model_metadata),
-        "ModelConfig": (pb.ModelConfigRequest, pb.ModelConfigResponse, s.model_config),
-        "ModelStatistics": (
-            pb.ModelStatisticsRequest,
-            pb.ModelStatisticsResponse,
-            s.model_statistics,
-        ),
-        "RepositoryIndex": (
-            pb.RepositoryIndexRequest,
-            pb.RepositoryIndexResponse,
-            s.repository_index,
-        ),
-        "RepositoryModelLoad": (
-            pb.RepositoryModelLoadRequest,
-            pb.RepositoryModelLoadResponse,
-            s.repository_model_load,
-        ),
-        "RepositoryModelUnload": (
-            pb.RepositoryModelUnloadRequest,
-            pb.RepositoryModelUnloadResponse,
-            s.repository_model_unload,
-        ),
-        "SystemSharedMemoryStatus": (
-            pb.SystemSharedMemoryStatusRequest,
-            pb.SystemSharedMemoryStatusResponse,
-            s.system_shared_memory_status,
-        ),
-        "SystemSharedMemoryRegister": (
-            pb.SystemSharedMemoryRegisterRequest,
-            pb.SystemSharedMemoryRegisterResponse,
-            s.system_shared_memory_register,
-        ),
-        "SystemSharedMemoryUnregister": (
-            pb.SystemSharedMemoryUnregisterRequest,
-            pb.SystemSharedMemoryUnregisterResponse,
-            s.system_shared_memory_unregister,
-        ),
-        "CudaSharedMemoryStatus": (
-            pb.CudaSharedMemoryStatusRequest,
-            pb.CudaSharedMemoryStatusResponse,
-            s.cuda_shared_memory_status,
-        ),
-        "CudaSharedMemoryRegister": (
-            pb.CudaSharedMemoryRegisterRequest,
-            pb.CudaSharedMemoryRegisterResponse,
-            s.cuda_shared_memory_register,
-        ),
-        "CudaSharedMemoryUnregister": (
-            pb.CudaSharedMemoryUnregisterRequest,
-            pb.CudaSharedMemoryUnregisterResponse,
-            s.cuda_shared_memory_unregister,
-        ),
-        "TraceSetting": (pb.TraceSettingRequest, pb.TraceSettingResponse, s.trace_setting),
-        "LogSettings": (pb.LogSettingsRequest, pb.LogSettingsResponse, s.log_settings),
-    }
+__all__ = ["AddressInUseError", "GrpcServer", "build_grpc_handler"]
 
 
 def build_grpc_handler(
@@ -152,126 +45,55 @@ def build_grpc_handler(
     :mod:`shoal.frontends._restricted`) to the key and value its calls must carry
     (``--grpc-restricted-protocol``; the metadata key is ``triton-grpc-protocol-<key>``).
     """
-    return _generic_handler(Servicer(core), _restrictions(restricted))
-
-
-def _restrictions(restricted: Mapping[str, tuple[str, str]] | None) -> Restrictions:
-    return Restrictions(restricted or {}, prefix=GRPC_KEY_PREFIX, what="protocol")
-
-
-@dataclass(frozen=True)
-class Method:
-    """One RPC: how its request is parsed, its behaviour, how its reply is serialized.
-
-    ``parse`` and ``serialize`` are None for ModelInfer and ModelStreamInfer, which take and
-    return serialized bytes. A unary ``handle`` takes the request and a context with grpc.aio's
-    ``abort`` and ``invocation_metadata``; a streaming one takes the request messages too.
-    """
-
-    streaming: bool
-    parse: Callable[[bytes | bytearray], Any] | None
-    serialize: Callable[[Any], bytes] | None
-    handle: Callable[[Any, Any], Any]
-
-
-def method_table(servicer: Servicer, restrictions: Restrictions) -> dict[str, Method]:
-    """Every RPC of the service by method name, guarded (errors become ``context.abort``)."""
-    methods = {
-        name: Method(
-            False,
-            _parser(request_type),
-            response_type.SerializeToString,
-            _guarded(behavior, name, restrictions),
-        )
-        for name, (request_type, response_type, behavior) in _unary_methods(servicer).items()
-    }
-    methods["ModelInfer"] = Method(
-        False, None, None, _guarded(servicer.model_infer, "ModelInfer", restrictions)
-    )
-    methods["ModelStreamInfer"] = Method(
-        True, None, None, _guarded_stream(servicer.model_stream_infer, restrictions)
-    )
-    return methods
+    return _generic_handler(Servicer(core), restrictions(restricted))
 
 
 def _generic_handler(servicer: Servicer, restrictions: Restrictions) -> Any:
     handlers = {}
     for name, method in method_table(servicer, restrictions).items():
         if method.streaming:
-            handlers[name] = grpc.stream_stream_rpc_method_handler(method.handle)
+            handlers[name] = grpc.stream_stream_rpc_method_handler(_aio_stream(method.handle))
         else:
             handlers[name] = grpc.unary_unary_rpc_method_handler(
-                method.handle,
+                _aio_unary(method.handle),
                 request_deserializer=method.parse,
                 response_serializer=method.serialize,
             )
     return grpc.method_handlers_generic_handler(SERVICE_NAME, handlers)
 
 
-# --- errors -----------------------------------------------------------------------------------
+class _AioContext:
+    """A grpc.aio context as the :class:`~shoal.frontends.grpc.methods.CallContext` of a call."""
+
+    __slots__ = ("_context",)
+
+    def __init__(self, context: Any) -> None:
+        self._context = context
+
+    def invocation_metadata(self) -> Sequence[tuple[str, str]] | None:
+        metadata: Sequence[tuple[str, str]] | None = self._context.invocation_metadata()
+        return metadata
+
+    async def abort(self, code: Status, details: str) -> None:
+        await self._context.abort(grpc.StatusCode[code.name], details)
 
 
-async def _abort(context: Any, error: ShoalError) -> None:
-    await context.abort(GRPC_STATUS.get(error.code, grpc.StatusCode.INTERNAL), error.message)
+def _aio_unary(handle: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Awaitable[Any]]:
+    async def call(request: Any, context: Any) -> Any:
+        return await handle(request, _AioContext(context))
+
+    return call
 
 
-def _parser(request_type: type[Any]) -> Callable[[bytes | bytearray], Any]:
-    """``request_type.FromString``, with an undecodable message as an error for the handler
-    (gRPC would answer UNKNOWN to a deserializer's exception)."""
-
-    def parse(data: bytes | bytearray) -> Any:
-        try:
-            return request_type.FromString(data)
-        except DecodeError as exc:
-            return InvalidArgument(f"failed to parse the request message: {exc}")
-
-    return parse
-
-
-def _check(restrictions: Restrictions, group: str, context: Any) -> None:
-    """PERMISSION_DENIED unless the call may use ``group`` (see :mod:`._restricted`)."""
-    if restrictions.restricts(group):
-        restrictions.check(group, context.invocation_metadata() or ())
-
-
-def _guarded(
-    behavior: _Behavior, name: str, restrictions: Restrictions
-) -> Callable[[Any, Any], Awaitable[Any]]:
-    group = GRPC_GROUPS[name]
-
-    async def handle(request: Any, context: Any) -> Any:
-        try:
-            _check(restrictions, group, context)
-            if isinstance(request, ShoalError):
-                raise request
-            return await behavior(request)
-        except ShoalError as exc:
-            error = exc
-        except Exception:
-            error = unexpected(name)
-        await _abort(context, error)  # raises: the RPC ends with the error's status
-
-    return handle
-
-
-def _guarded_stream(
-    behavior: Callable[[AsyncIterable[bytes]], AsyncGenerator[bytes, None]],
-    restrictions: Restrictions,
+def _aio_stream(
+    handle: Callable[[Any, Any], Any],
 ) -> Callable[[AsyncIterable[bytes], Any], AsyncIterator[bytes]]:
-    async def handle(requests: AsyncIterable[bytes], context: Any) -> AsyncIterator[bytes]:
-        try:
-            _check(restrictions, GRPC_GROUPS["ModelStreamInfer"], context)
-            async with contextlib.aclosing(behavior(requests)) as replies:
-                async for reply in replies:
-                    yield reply
-            return
-        except ShoalError as exc:
-            error = exc
-        except Exception:
-            error = unexpected("ModelStreamInfer")
-        await _abort(context, error)
+    async def call(requests: AsyncIterable[bytes], context: Any) -> AsyncIterator[bytes]:
+        async with contextlib.aclosing(handle(requests, _AioContext(context))) as replies:
+            async for reply in replies:
+                yield reply
 
-    return handle
+    return call
 
 
 # --- serving ----------------------------------------------------------------------------------
@@ -294,7 +116,7 @@ class GrpcServer:
     ) -> None:
         self._core = core
         self._max_message_bytes = max_message_bytes
-        self._restrictions = _restrictions(restricted)
+        self._restrictions = restrictions(restricted)
         self._server: Any = None
         self._servicer: Servicer | None = None
 

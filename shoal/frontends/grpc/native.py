@@ -5,8 +5,8 @@ event loop: about thirty system calls and 125-200 µs of CPU per unary call on a
 before shoal runs a line (benchmarks/results/grpc_perf.md). Here the HTTP/2 frames are parsed on
 the event loop itself (:mod:`shoal.frontends.h2.connection`), so a call costs one read and one
 write, as an HTTP/1.1 request does. The RPCs themselves are the same objects the grpcio server
-serves (:func:`shoal.frontends.grpc.aio.method_table`), so both servers behave alike; ``shoal serve
---grpc-server grpcio`` still selects grpcio's.
+serves (:func:`shoal.frontends.grpc.methods.method_table`), so both servers behave alike;
+``shoal serve --grpc-server grpcio`` still selects grpcio's.
 
 What this module adds on top of HTTP/2 is gRPC's own layer (the gRPC over HTTP/2 protocol):
 length-prefixed messages (compressed with ``grpc-encoding`` gzip or deflate, or not), the
@@ -27,8 +27,9 @@ from typing import Any
 from shoal.core import CoreAPI
 from shoal.frontends._restricted import GRPC_KEY_PREFIX, Restrictions
 from shoal.frontends._serving import bind_socket
-from shoal.frontends.grpc.aio import MAX_MESSAGE_BYTES, SERVICE_NAME, Method, method_table
+from shoal.frontends.grpc.methods import MAX_MESSAGE_BYTES, SERVICE_NAME, Method, method_table
 from shoal.frontends.grpc.servicer import Servicer
+from shoal.frontends.grpc.status import Status
 from shoal.frontends.h2 import frames as h2
 from shoal.frontends.h2.connection import (
     MAX_CONCURRENT_STREAMS,
@@ -42,13 +43,13 @@ __all__ = ["NativeGrpcServer"]
 log = logging.getLogger(__name__)
 
 # gRPC status codes (the numbers of grpc.StatusCode).
-OK = 0
-CANCELLED = 1
-UNKNOWN = 2
-DEADLINE_EXCEEDED = 4
-RESOURCE_EXHAUSTED = 8
-INTERNAL = 13
-UNIMPLEMENTED = 12
+OK = Status.OK
+CANCELLED = Status.CANCELLED
+UNKNOWN = Status.UNKNOWN
+DEADLINE_EXCEEDED = Status.DEADLINE_EXCEEDED
+RESOURCE_EXHAUSTED = Status.RESOURCE_EXHAUSTED
+INTERNAL = Status.INTERNAL
+UNIMPLEMENTED = Status.UNIMPLEMENTED
 
 #: A streaming call stops producing while this much of its output waits for the client's window.
 STREAM_BACKLOG = 1 << 20
@@ -87,8 +88,8 @@ class _Context:
             )
         return self._metadata
 
-    async def abort(self, code: Any, details: str) -> None:
-        raise _Abort(code.value[0], details)
+    async def abort(self, code: Status, details: str) -> None:
+        raise _Abort(code, details)
 
 
 class _Inbox:

@@ -1,7 +1,7 @@
 """What each RPC of ``inference.GRPCInferenceService`` does: messages in, core calls, messages out.
 
 Every method takes a request message and returns a response message, or raises a
-:class:`~shoal.core.api.ShoalError` that :mod:`shoal.frontends.grpc.aio` maps to a status. The
+:class:`~shoal.core.ShoalError` that :mod:`shoal.frontends.grpc.methods` maps to a status. The
 inference methods take and return serialized bytes instead (see :mod:`shoal.frontends.grpc._infer`
 for why). Nothing here imports gRPC.
 
@@ -37,7 +37,7 @@ from shoal.frontends.grpc._infer import (
 from shoal.frontends.grpc._stream import answer_stream
 from shoal.protos import grpc_service_pb2 as pb
 
-_logger = logging.getLogger("shoal.frontends.grpc.aio")
+_logger = logging.getLogger("shoal.frontends.grpc")
 
 
 def unexpected(what: str) -> InternalError:

@@ -26,7 +26,7 @@ from shoal.frontends.http import _json
 from shoal.frontends.http._body import ClientDisconnected
 from shoal.frontends.http._compression import SUPPORTED_ENCODINGS, UnsupportedEncoding
 
-_logger = logging.getLogger("shoal.frontends.http.app")
+_logger = logging.getLogger("shoal.frontends.http")
 
 Endpoint = Callable[[Request], Awaitable[Response]]
 Headers = list[tuple[str, str]]

@@ -24,7 +24,7 @@ from shoal.frontends.grpc._infer import (
     stream_response_chunks,
 )
 from shoal.frontends.grpc._wire import encode_varint, split_raw_contents
-from shoal.frontends.grpc.aio import SERVICE_NAME
+from shoal.frontends.grpc.methods import SERVICE_NAME
 from shoal.protos import grpc_service_pb2 as shoal_pb
 from tests.unit.frontends.doubles import LoopThread
 from tests.unit.frontends.grpc.test_double import FullCore, serving

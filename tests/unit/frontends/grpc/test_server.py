@@ -4,6 +4,8 @@ errors, and the server's lifecycle."""
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,7 +18,8 @@ from tritonclient.grpc import service_pb2_grpc as triton_grpc
 from tritonclient.utils import InferenceServerException
 
 from shoal.core import ErrorCode
-from shoal.frontends.grpc.aio import GRPC_STATUS, AddressInUseError, GrpcServer
+from shoal.frontends.grpc.aio import AddressInUseError, GrpcServer
+from shoal.frontends.grpc.status import GRPC_STATUS, Status
 from tests.unit.frontends.doubles import LoopThread
 from tests.unit.frontends.grpc.test_double import FullCore, client_of, failure_message, serving
 
@@ -376,7 +379,7 @@ def test_every_core_error_code_maps_to_its_status(grpc_client: Any, code: ErrorC
     model = f"fail_{code.name.lower()}"
     with pytest.raises(InferenceServerException) as info:
         grpc_client.infer(model, [_input("X", "INT32", np.array([1], np.int32))])
-    assert info.value.status() == str(GRPC_STATUS[code])
+    assert info.value.status() == f"StatusCode.{GRPC_STATUS[code].name}"
     assert info.value.message() == failure_message(model)
 
 
@@ -522,3 +525,20 @@ def _wait_for(condition: Any, timeout: float = 10) -> None:
     while not condition():
         assert time.monotonic() < deadline, "condition not met in time"
         time.sleep(0.005)  # polling a condition set by another thread, not waiting on time
+
+
+def test_status_numbers_are_grpcs() -> None:
+    assert {status.name: int(status) for status in Status} == {
+        code.name: code.value[0] for code in grpc.StatusCode
+    }
+
+
+def test_native_server_and_method_table_do_not_import_grpcio() -> None:
+    code = (
+        "import sys, shoal.frontends.grpc.native, shoal.frontends.grpc.methods, shoal.server;"
+        " print(sorted(m for m in sys.modules if m == 'grpc' or m.startswith('grpc.')))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert out.stdout.strip() == "[]"
