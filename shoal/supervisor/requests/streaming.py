@@ -9,20 +9,41 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncGenerator, AsyncIterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from shoal.core.types import InferRequest, InferResponse
+from shoal.ipc.arena import Block
+from shoal.ipc.messages import RequestRecord
+from shoal.supervisor.drain import DrainGate
 from shoal.supervisor.instances.decoupled import new_stream
 from shoal.supervisor.requests import classification, staging
 from shoal.supervisor.work import Completion, Work
 
 if TYPE_CHECKING:
     from shoal.supervisor.models.versions import ModelVersion
-    from shoal.supervisor.service import InferenceService
+
+
+class StreamingService(Protocol):
+    """What a stream needs of the inference service (``service.py`` implements it)."""
+
+    @property
+    def gate(self) -> DrainGate: ...
+
+    async def infer(self, request: InferRequest) -> InferResponse: ...
+
+    def resolve(self, request: InferRequest) -> ModelVersion: ...
+
+    def stage(
+        self, mv: ModelVersion, request: InferRequest
+    ) -> tuple[RequestRecord, list[Block]]: ...
+
+    def response(
+        self, mv: ModelVersion, request: InferRequest, completion: Completion
+    ) -> InferResponse: ...
 
 
 async def responses(
-    service: InferenceService, request: InferRequest
+    service: StreamingService, request: InferRequest
 ) -> AsyncIterator[InferResponse]:
     """One response for most models, any number for a decoupled one."""
     mv = service.resolve(request)
@@ -40,7 +61,7 @@ async def responses(
 
 
 async def _decoupled(
-    service: InferenceService, mv: ModelVersion, request: InferRequest
+    service: StreamingService, mv: ModelVersion, request: InferRequest
 ) -> AsyncGenerator[InferResponse, None]:
     classes = classification.requested(request, mv.config) if request.outputs else {}
     record, blocks = service.stage(mv, request)
