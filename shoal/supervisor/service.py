@@ -111,7 +111,7 @@ class InferenceService:
         self.custom_metrics = CustomMetrics()
         loader.control = ControlRouter(self.repository, self.custom_metrics, self.directory)
         loader.trace_overhead = options.trace_overhead
-        self.shm = SharedMemoryRegistry()
+        self.shm = SharedMemoryRegistry(allow_client=options.allow_client_shm)
         self.logging = LogSettings.from_options(options)
         repository = self.repository
         self.tracing = TraceSettings(lambda name: name in repository.models)
