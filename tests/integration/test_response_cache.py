@@ -112,6 +112,7 @@ def test_the_cache_is_bounded_and_evicts_the_least_recently_used(cached_server):
     a, b, c = (np.full(256, v, dtype=np.float32) for v in (7, 8, 9))
     calls_a = _infer(client, "cached", a)[1]
     calls_b = _infer(client, "cached", b)[1]
+    assert calls_b == calls_a + 1
     assert _infer(client, "cached", a)[1] == calls_a  # a hit: a is now the most recent
     calls_c = _infer(client, "cached", c)[1]  # evicts b
     assert _infer(client, "cached", a)[1] == calls_a
