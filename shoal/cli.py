@@ -195,6 +195,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="export Triton's host CPU families (nv_cpu_utilization, nv_cpu_memory_*)",
     )
     serve.add_argument(
+        "--allow-client-shm",
+        type=parse_bool,
+        default=True,
+        help="let clients register and unregister system and CUDA shared-memory regions for "
+        "their inputs and outputs; false answers those calls UNSUPPORTED (Triton's flag; its "
+        "default is false since 2.69: docs/compatibility.md)",
+    )
+    serve.add_argument(
         "--model-control-mode",
         choices=["none", "explicit", "poll"],
         default="none",
@@ -283,6 +291,7 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         allow_metrics=args.allow_metrics,
         metrics_interval_ms=args.metrics_interval_ms,
         allow_cpu_metrics=args.allow_cpu_metrics,
+        allow_client_shm=args.allow_client_shm,
         model_control_mode=args.model_control_mode,
         repository_poll_secs=args.repository_poll_secs,
         load_models=tuple(args.load_model),

@@ -155,6 +155,9 @@ async def _next_body(responses: AsyncIterator[InferResponse]) -> bytes | None:
         response = await anext(responses)
     except StopAsyncIteration:
         return None
+    if response.error is not None:  # the model's error response: the last event
+        response.release()
+        raise response.error
     try:
         return encode_generate_response(response)
     finally:

@@ -23,7 +23,6 @@ from shoal.ipc.tensor import CudaLocation
 from shoal.supervisor.errors import (
     Cancelled,
     DeadlineExceeded,
-    ErrorCode,
     InternalError,
     InvalidArgument,
     ShoalError,
@@ -560,19 +559,15 @@ class StubInstance:
                 self.stats.success(
                     work.batch_size, time.monotonic_ns() - work.enqueued_ns, queue_ns, (0, 0, 0)
                 )
-        if body is not None and body.error is not None:
-            code, text = body.error
-            stream.fail(ShoalError(text, ErrorCode.__members__.get(code, ErrorCode.INTERNAL)))
-            if not message.final:
-                del self._streams[message.key]
-            return
         completion = None
         if body is not None:
+            # An error response is one response among the others (Triton's too): the request
+            # goes on until the model sends the final flag.
             owned = [b for b in response_blocks(body) if b.arena_id == proc.output_arena_id]
             completion = Completion(body, self, proc, owned)
             if self._cuda.lent_count:
                 completion.owned_cuda = self._adopt_cuda(proc, body)
-            if stream.work.on_complete is not None:
+            if body.error is None and stream.work.on_complete is not None:
                 stream.work.on_complete(completion)
         stream.push(completion, message.final)
 
@@ -655,7 +650,7 @@ class StubInstance:
         self._ready.clear()
         if self._init_waiter is not None and not self._init_waiter.done():
             self._init_waiter.set_result(
-                f"stub process of instance '{self.name}' exited during initialize with {how}"
+                f"Stub process '{self.name}' is not healthy. It exited during initialize with {how}"
             )
         if self._finalized is not None and not self._finalized.done():
             self._finalized.set_result(None)
@@ -664,10 +659,13 @@ class StubInstance:
             self._forget(proc)  # an unloaded or replaced stub: what it held comes back too
             return
         self.last_exit = how
-        log.error("instance '%s' stub process %d died with %s", self.name, proc.pid, how)
+        # Triton's words first: log scrapers and its QA look for them.
+        log.error(
+            "Stub process '%s' is not healthy. Process %d died with %s", self.name, proc.pid, how
+        )
         hung, self._hung = self._hung, None
         error: ShoalError = Unavailable(
-            f"Stub process '{self.name}' is not healthy: it died with {how}"
+            f"Stub process '{self.name}' is not healthy. It died with {how}"
         )
         if hung is not None:
             error = DeadlineExceeded(

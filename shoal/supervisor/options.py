@@ -47,6 +47,8 @@ class ServerOptions:
     #: How long a polled gauge (a stub's RSS) is reused before it is read again.
     metrics_interval_ms: int = 2000
     allow_cpu_metrics: bool = True
+    #: ``--allow-client-shm``: clients may register and unregister shared-memory regions.
+    allow_client_shm: bool = True
     model_control_mode: str = "none"
     repository_poll_secs: float = 15.0
     load_models: tuple[str, ...] = ()

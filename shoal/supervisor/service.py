@@ -121,7 +121,7 @@ class InferenceService:
         #: ``--cache-config local,size=N``: shared by every model whose config enables it.
         self.cache = ResponseCache(options.cache_bytes) if options.cache_bytes > 0 else None
         loader.response_cache = self.cache is not None
-        self.shm = SharedMemoryRegistry()
+        self.shm = SharedMemoryRegistry(allow_client=options.allow_client_shm)
         self.logging = LogSettings.from_options(options)
         repository = self.repository
         self.tracing = TraceSettings(lambda name: name in repository.models)

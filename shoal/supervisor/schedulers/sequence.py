@@ -160,6 +160,8 @@ class SequenceBatcher:
         else:
             ends = bool(record.flags & FLAG_END)
             record.flags &= ~FLAG_END  # the sequence ends when the request is done for good
+        # Each iteration must see the inputs as the client sent them: no writes in place.
+        record.private_inputs = 0
         work.iteration = (
             list(record.inputs),
             len(work.input_blocks),
