@@ -186,11 +186,11 @@ class InferenceService:
         return ServerMetadata("shoal", shoal.__version__, EXTENSIONS)
 
     def model_ready(self, name: str, version: str = "") -> bool:
+        """Loaded and with a live instance (false between a stub's death and its restart)."""
         try:
-            self._repo.resolve(name, version)
+            return self._repo.resolve(name, version).serving
         except ShoalError:
             return False
-        return True
 
     def model_metadata(self, name: str, version: str = "") -> ModelMetadata:
         mv = self._repo.resolve(name, version)
@@ -258,6 +258,11 @@ class InferenceService:
         if mv.state is not ModelState.READY:
             self._free_inputs(blocks)
             raise Unavailable(f"model '{mv.name}' version {mv.version} is not ready")
+        if mv.down is not None:  # it would wait for as long as the restarts keep failing
+            self._free_inputs(blocks)
+            raise Unavailable(
+                f"model '{mv.name}' version {mv.version} has no live instance: {mv.down}"
+            )
         return record, blocks
 
     def infer_stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
