@@ -29,7 +29,8 @@ ALLOWED: dict[str, set[str]] = {
     "perf": {"perf", "protos"},  # a client: nothing of the server's processes
     # the composition root and the command line may wire anything but the stub
     "server": {"server", "_compiled", "core", "config", "frontends", "ipc", "protos", "supervisor"},
-    "cli": {"cli", "server", "core", "config", "frontends", "perf", "supervisor"},
+    "cli": {"cli", "_serve_flags", "server", "core", "config", "frontends", "perf", "supervisor"},
+    "_serve_flags": set(),
     "__init__": {"_compiled"},
     "_compiled": set(),
     "__main__": {"cli"},

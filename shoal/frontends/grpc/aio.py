@@ -30,6 +30,7 @@ from shoal.frontends._serving import AddressInUseError
 from shoal.frontends.grpc.methods import MAX_MESSAGE_BYTES, SERVICE_NAME, method_table, restrictions
 from shoal.frontends.grpc.servicer import Servicer
 from shoal.frontends.grpc.status import Status
+from shoal.frontends.h2.connection import FloodLimits
 
 __all__ = ["AddressInUseError", "GrpcServer", "build_grpc_handler"]
 
@@ -113,9 +114,11 @@ class GrpcServer:
         *,
         max_message_bytes: int = MAX_MESSAGE_BYTES,
         restricted: Mapping[str, tuple[str, str]] | None = None,
+        limits: FloodLimits | None = None,
     ) -> None:
         self._core = core
         self._max_message_bytes = max_message_bytes
+        self._limits = limits or FloodLimits()
         self._restrictions = restrictions(restricted)
         self._server: Any = None
         self._servicer: Servicer | None = None
@@ -146,9 +149,13 @@ class GrpcServer:
         await server.stop(grace)
 
     def _options(self) -> list[tuple[str, int]]:
+        limits = self._limits  # grpc-core's ping policy; it has its own flood defenses
         return [
             ("grpc.max_receive_message_length", self._max_message_bytes),
             ("grpc.max_send_message_length", self._max_message_bytes),
+            ("grpc.http2.max_ping_strikes", limits.max_ping_strikes),
+            ("grpc.http2.min_ping_interval_without_data_ms", int(limits.min_ping_interval * 1000)),
+            ("grpc.keepalive_permit_without_calls", int(limits.permit_pings_without_calls)),
             # Without this, gRPC binds with SO_REUSEPORT: a second server on a port in use would
             # start, and share the port, instead of failing.
             ("grpc.so_reuseport", 0),

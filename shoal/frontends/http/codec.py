@@ -29,6 +29,7 @@ from shoal.frontends.http._compression import (
     UnsupportedEncoding,
     compress,
     decompress,
+    inflate,
     request_encoding,
     response_encoding,
 )
@@ -68,6 +69,7 @@ __all__ = [
     "decode_infer_request",
     "decompress",
     "encode_infer_response",
+    "inflate",
     "model_metadata_json",
     "model_stats_json",
     "parse_header_length",

@@ -140,6 +140,11 @@ class SequenceBatcher:
                 return
             await self.waker.wait()
 
+    def take_queued(self) -> list[Work]:
+        """Nothing: a request of a sequence waits for its slot's instance to come back, since
+        failing it would break the sequence's state."""
+        return []
+
     def close(self) -> list[Work]:
         self._closed = True
         self._reaper.cancel()
