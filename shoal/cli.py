@@ -15,10 +15,10 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-from shoal import perf
+from shoal import _serve_flags, perf
 from shoal.frontends._restricted import GROUPS as RESTRICTED_GROUPS
-from shoal.supervisor.cuda_devices import parse_pool_size
-from shoal.supervisor.log_settings import LOG_FORMATS, TritonFormatter, shoal_level
+from shoal.supervisor.extensions.log_settings import LOG_FORMATS, TritonFormatter, shoal_level
+from shoal.supervisor.instances.devices import parse_pool_size
 from shoal.supervisor.options import MIB, ArenaOptions, Restriction, ServerOptions
 
 #: tritonserver flags that shoal accepts so that scripts keep working, and ignores.
@@ -322,6 +322,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_logging_flags(serve)
     _add_restriction_flags(serve)
     _add_compatibility_flags(serve)
+    _serve_flags.add_arguments(serve)
     perf.add_arguments(commands.add_parser("perf", help="load-test a KServe V2 server"))
     return parser
 
@@ -411,6 +412,7 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         backend_config=tuple(args.backend_config),
         backend_directory=args.backend_directory,
         cuda_pool_limits=tuple(args.cuda_memory_pool_byte_size),
+        **_serve_flags.options(args),
     )
 
 
@@ -484,7 +486,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
         import uvloop
 
-        from shoal.supervisor.malloc_tuning import keep_large_buffers_mapped
+        from shoal.supervisor.memory.malloc_tuning import keep_large_buffers_mapped
 
         keep_large_buffers_mapped()
         try:
