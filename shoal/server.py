@@ -5,10 +5,11 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import pickle
 import socket
 import sys
 from typing import TYPE_CHECKING
+
+import msgpack
 
 from shoal import _compiled
 from shoal.supervisor.memory.gc_tuning import settle_after_start
@@ -250,6 +251,7 @@ def _port_reservation(host: str, port: int) -> socket.socket:
 
 async def _start_workers(service: InferenceService, options: ServerOptions) -> WorkerPool:
     """Bind the listening sockets here, once, and start the workers that serve them."""
+    from shoal.frontends.workers import _wire as wire
     from shoal.frontends.workers.host import WorkerPool
 
     sockets: dict[str, socket.socket] = {}
@@ -277,7 +279,7 @@ async def _start_workers(service: InferenceService, options: ServerOptions) -> W
             options.frontend_workers,
             command,
             [sock.fileno() for sock in sockets.values() if sock is not sockets.get("grpc-port")],
-            pickle.dumps(worker_options),
+            msgpack.packb(wire.to_plain(worker_options)),
         )
         pool.sockets = list(sockets.values())
         await pool.start()
@@ -307,7 +309,10 @@ def worker_main(argv: list[str]) -> int:
 
     follow_parent(args.parent)
     control = socket.socket(fileno=args.control)
-    options: ServerOptions = pickle.loads(read_hello(control))  # our own parent's
+    from shoal.frontends.workers import _wire as wire
+
+    plain = msgpack.unpackb(read_hello(control))
+    options: ServerOptions = wire.from_plain(ServerOptions, plain)
     _configure_worker_logging(options)
     sockets = {}
     if args.http_fd >= 0:

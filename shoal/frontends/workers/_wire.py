@@ -250,10 +250,14 @@ def to_plain(value: Any) -> Any:
 def from_plain(kind: Any, value: Any) -> Any:
     """The inverse of :func:`to_plain` for the type ``kind`` (a type hint)."""
     origin = typing.get_origin(kind)
-    if origin in (list, tuple):
+    if origin is list:
         item = typing.get_args(kind)[0]
-        items = [from_plain(item, v) for v in value]
-        return items if origin is list else tuple(items)
+        return [from_plain(item, v) for v in value]
+    if origin is tuple:
+        args = typing.get_args(kind)
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(from_plain(args[0], v) for v in value)
+        return tuple(from_plain(a, v) for a, v in zip(args, value, strict=True))
     if origin is dict:
         _, item = typing.get_args(kind)
         return {k: from_plain(item, v) for k, v in value.items()}
