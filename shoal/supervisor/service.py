@@ -34,6 +34,7 @@ from shoal.supervisor.log_settings import LogSettings
 from shoal.supervisor.model_calls import ControlRouter
 from shoal.supervisor.models import ModelLoader, ModelState, ModelVersion
 from shoal.supervisor.options import ServerOptions
+from shoal.supervisor.rate_limiter import RateLimiter
 from shoal.supervisor.response_cache import (
     CachedResponse,
     ResponseCache,
@@ -121,6 +122,8 @@ class InferenceService:
         #: ``--cache-config local,size=N``: shared by every model whose config enables it.
         self.cache = ResponseCache(options.cache_bytes) if options.cache_bytes > 0 else None
         loader.response_cache = self.cache is not None
+        if options.rate_limit == "execution_count":
+            loader.rate_limiter = RateLimiter(dict(options.rate_limit_resources))
         self.shm = SharedMemoryRegistry(allow_client=options.allow_client_shm)
         self.logging = LogSettings.from_options(options)
         repository = self.repository
