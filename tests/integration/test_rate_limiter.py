@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -61,7 +62,7 @@ def _spans(url: str, calls: list[tuple[str, float]]) -> list[tuple[str, float, f
 
 def _overlap(spans) -> bool:
     ordered = sorted(spans, key=lambda s: s[1])
-    return any(b[1] < a[2] for a, b in zip(ordered, ordered[1:], strict=False))
+    return any(b[1] < a[2] for a, b in itertools.pairwise(ordered))
 
 
 def test_a_shared_resource_keeps_two_models_apart(tmp_path):
