@@ -5,7 +5,7 @@ handle, and reads inputs or writes outputs in place. Two cases go through the su
 instead: BYTES inputs (copied once, so that their elements can be checked and cannot change
 after), and an ensemble's outputs, which the ensemble's last steps do not write themselves. The
 supervisor reads and writes system regions with ``pread``/``pwrite``, never through a mapping
-(a client may shrink its object at any time: see ``shm_registry``).
+(a client may shrink its object at any time: see ``memory.system_shm``).
 """
 
 from __future__ import annotations
