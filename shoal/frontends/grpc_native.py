@@ -213,6 +213,9 @@ class _Call(StreamHandler):
     def trailers_received(self) -> None:
         self._requests_end()
 
+    def mid_message(self) -> bool:
+        return not self._done and (self._message is not None or bool(self._prefix))
+
     def reset(self) -> None:
         """The client cancelled the call, or its connection is gone: stop the work."""
         self._done = True
