@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-from shoal import perf
+from shoal import _serve_flags, perf
 from shoal.frontends._restricted import GROUPS as RESTRICTED_GROUPS
 from shoal.supervisor.cuda_devices import parse_pool_size
 from shoal.supervisor.log_settings import LOG_FORMATS, TritonFormatter, shoal_level
@@ -325,6 +325,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_logging_flags(serve)
     _add_restriction_flags(serve)
     _add_compatibility_flags(serve)
+    _serve_flags.add_arguments(serve)
     perf.add_arguments(commands.add_parser("perf", help="load-test a KServe V2 server"))
     return parser
 
@@ -414,6 +415,7 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         arenas=_arena_options(args.backend_config),
         backend_config=tuple(args.backend_config),
         cuda_pool_limits=tuple(args.cuda_memory_pool_byte_size),
+        **_serve_flags.options(args),
     )
 
 

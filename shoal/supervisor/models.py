@@ -16,7 +16,7 @@ from typing import Any
 from shoal.ipc.arena import Block
 from shoal.supervisor import classification, environments, warmup
 from shoal.supervisor.cuda_devices import stub_environment
-from shoal.supervisor.errors import ShoalError, Unavailable
+from shoal.supervisor.errors import InvalidArgument, ShoalError, Unavailable
 from shoal.supervisor.instances import (
     BlsHandler,
     ControlHandler,
@@ -105,6 +105,8 @@ class ModelLoader:
         self.control: ControlHandler | None = None
         #: ``--trace-overhead``: every version records its per-stage times.
         self.trace_overhead = False
+        #: The server has a response cache (``--cache-config``).
+        self.response_cache = False
 
     def _specs(self, mv: ModelVersion) -> list[InstanceSpec]:
         config = mv.config
@@ -158,6 +160,11 @@ class ModelLoader:
         if self.trace_overhead:
             mv.stats.overhead = {}
         try:
+            if self.response_cache and mv.config.response_cache and mv.config.decoupled:
+                raise InvalidArgument(
+                    f"Response Cache does not currently support model '{mv.name}' with "
+                    "'decoupled' transaction policy: remove response_cache or decoupled"
+                )
             classification.labels_of(mv.config)
             model_dir = os.path.abspath(mv.config.path)
             mv.environment = await environments.prepare(

@@ -88,3 +88,9 @@ class ServerOptions:
     backend_config: tuple[tuple[str, str, str], ...] = ()
     #: ``--cuda-memory-pool-byte-size``: the limit of each device's CUDA pool, by device.
     cuda_pool_limits: tuple[tuple[int, int], ...] = ()
+    #: ``--cache-config local,size=N``: the response cache's size in bytes (0: no cache).
+    cache_bytes: int = 0
+    #: ``--rate-limit``: "off" or "execution_count".
+    rate_limit: str = "off"
+    #: ``--rate-limit-resource``: ((name, device or None for every device), count) pairs.
+    rate_limit_resources: tuple[tuple[tuple[str, int | None], int], ...] = ()
