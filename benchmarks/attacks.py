@@ -108,6 +108,12 @@ class _Probe(threading.Thread):
 # --- the attacks: each returns how it ended -------------------------------------------------------
 
 
+def none(server: ShoalServer) -> str:
+    """No attack: the probes alone for 3 s, the baseline of the figures."""
+    time.sleep(3)
+    return "3 s"
+
+
 def bodies(server: ShoalServer) -> str:
     """30 connections announce 64 MiB - 1 bodies on a path the ASGI way reads and send 123 B."""
     sockets = []
@@ -238,6 +244,7 @@ def header(server: ShoalServer) -> str:
 
 
 ATTACKS: dict[str, Callable[[ShoalServer], str]] = {
+    "none": none,
     "bodies": bodies,
     "prefixes": prefixes,
     "ping": ping,
