@@ -126,7 +126,7 @@ class InferenceResponseSender:
     response. A sender may be used from other threads and after ``execute`` returns.
     """
 
-    __slots__ = ("_closed", "_decoupled", "_deliver", "_is_cancelled", "_lock", "_sent")
+    __slots__ = ("_closed", "_decoupled", "_deliver", "_is_cancelled", "_lock", "_sent", "_taken")
 
     def __init__(
         self, deliver: Deliver | None, decoupled: bool, is_cancelled: Callable[[], bool]
@@ -138,6 +138,7 @@ class InferenceResponseSender:
         self._lock = threading.Lock()
         self._closed = False
         self._sent = 0
+        self._taken = False
 
     def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
         """Send ``response`` and/or ``flags`` (0 or ``TRITONSERVER_RESPONSE_COMPLETE_FINAL``)."""
@@ -209,6 +210,10 @@ class InferenceResponseSender:
     def _is_closed(self) -> bool:
         """Whether FINAL was sent (or the sender was closed)."""
         return self._closed
+
+    def _is_taken(self) -> bool:
+        """Whether the model asked for this sender (``get_response_sender()``)."""
+        return self._taken
 
 
 class ResponseIterator:
