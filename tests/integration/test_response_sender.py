@@ -44,10 +44,10 @@ def _response(value, rows):
 class TritonPythonModel:
     def execute(self, requests):
         returned, later = [], []
+        final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         for request in requests:
             mode = pb_utils.get_input_tensor_by_name(request, "MODE").as_numpy()
             rows, mode = mode.shape[0], int(mode[0][0])
-            final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
             if mode == 0:
                 returned.append(_response(100, rows))
             elif mode == 1:
@@ -65,7 +65,7 @@ class TritonPythonModel:
         def send_later():
             time.sleep(0.3)
             for sender, rows in later:
-                sender.send(_response(102, rows), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                sender.send(_response(102, rows), flags=final)
 
         if later:
             threading.Thread(target=send_later, daemon=True).start()
