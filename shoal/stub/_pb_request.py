@@ -369,6 +369,8 @@ class InferenceRequest:
 
 
 def _check_correlation_id(correlation_id: object) -> int | str:
+    if correlation_id is None:  # Triton refuses None before looking at the value
+        raise TypeError("correlation_id must be an int or a str, not None")
     if isinstance(correlation_id, str):
         return correlation_id
     if isinstance(correlation_id, int):

@@ -415,7 +415,9 @@ class BatchExecutor:
             self._fail_open(requests, records, self.failure(f"{type(error).__name__}: {error}"))
 
     def _fail_open(self, requests: list[Any], records: list[msg.RequestRecord], text: str) -> None:
-        """Send an error as the final response of every request whose sender is still open."""
+        """Send an error as the final response of every request whose sender is still open;
+        an error no client can receive any more (every sender sent FINAL) goes to the log."""
+        delivered = False
         for request, record in zip(requests, records, strict=True):
             sender = request.get_response_sender()
             if not sender._is_closed():
@@ -423,6 +425,9 @@ class BatchExecutor:
                 self._untrack([record.key])
                 error = msg.ResponseRecord(error=("INTERNAL", text))
                 self.send(msg.Response(record.key, error, True))
+                delivered = True
+        if not delivered:
+            pb_utils.Logger.log_error(text)
 
     def failure(self, text: str) -> str:
         return f"Failed to process the request(s) for model '{self.instance}', message: {text}"

@@ -214,3 +214,36 @@ def test_exec_decoupled_on_a_model_that_is_not_decoupled_yields_its_one_response
     assert len(seen) == 2  # one response from the iterator, then the refused call's error
     assert seen[0] == [1, 2]  # caller's response: what its own decoupled call saw
     assert seen[1].startswith("Model sender is using the decoupled."), seen[1]
+
+
+RAISE_AFTER_FINAL = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            out = pb_utils.Tensor("OUT", np.array([7], dtype=np.int32))
+            request.get_response_sender().send(
+                pb_utils.InferenceResponse([out]),
+                flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
+            )
+        raise RuntimeError("raised after the final response")
+"""
+
+
+def test_an_exception_after_the_final_response_is_logged(tmp_path):
+    _write(tmp_path, "late_raise", DECOUPLED_CONFIG, RAISE_AFTER_FINAL)
+    with ShoalServer(tmp_path) as running:
+        results: queue.Queue = queue.Queue()
+        client = grpcclient.InferenceServerClient(running.grpc_url)
+        client.start_stream(callback=lambda result, error: results.put((result, error)))
+        client.async_stream_infer("late_raise", _mode(grpcclient, 0))
+        result, error = results.get(timeout=30)
+        assert error is None and int(result.as_numpy("OUT")[0]) == 7
+        client.stop_stream()
+        client.close()
+        running.stop()
+        log = running.output
+    assert "RuntimeError: raised after the final response" in log, log
