@@ -230,6 +230,7 @@ class ResponseIterator:
         self._responses: list[InferenceResponse] = []
         self._next = 0
         self._finished = False
+        self._first = threading.Event()
 
     def __iter__(self) -> Iterator[InferenceResponse]:
         if self._finished:
@@ -257,3 +258,9 @@ class ResponseIterator:
     def _push(self, response: InferenceResponse | None, final: bool) -> None:
         """Queue one response (``None``: a flags-only FINAL, seen as an empty response)."""
         self._pending.put((InferenceResponse() if response is None else response, final))
+        self._first.set()
+
+    def _wait_first(self) -> None:
+        """Block until the first response has come (Triton's exec returns the iterator then,
+        so an ``async_exec`` awaits it and iterating does not block the model's loop)."""
+        self._first.wait()

@@ -294,10 +294,10 @@ class BatchExecutor:
         positions = [i for i, r in enumerate(requests) if r._release_flags() == RESCHEDULE]
         for i in positions:
             if responses[i] is not None:
-                raise ExecuteError(
+                raise ExecuteError(  # Triton's words, its spelling ("reschduled") included
                     self.failure(
                         "Expected a None object in the execute function return list for "
-                        f"rescheduled request, found type '{type(responses[i]).__name__}'."
+                        f"reschduled request, found type '{type(responses[i]).__name__}'."
                     )
                 )
         return positions

@@ -247,3 +247,66 @@ def test_an_exception_after_the_final_response_is_logged(tmp_path):
         running.stop()
         log = running.output
     assert "RuntimeError: raised after the final response" in log, log
+
+
+DELAYED = """
+import time
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            time.sleep(1.0)
+            out = pb_utils.Tensor("OUT", np.array([5], dtype=np.int32))
+            request.get_response_sender().send(
+                pb_utils.InferenceResponse([out]),
+                flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
+            )
+        return None
+"""
+
+# While one coroutine awaits a decoupled async_exec, the model's event loop runs the others:
+# the call resolves once the first response is there, so iterating it does not block the loop.
+ASYNC_CALLER = """
+import asyncio
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    async def execute(self, requests):
+        events = []
+
+        async def call():
+            request = pb_utils.InferenceRequest(
+                model_name="delayed",
+                inputs=[pb_utils.Tensor("IN", np.array([0], dtype=np.int32))],
+                requested_output_names=["OUT"],
+            )
+            responses = await request.async_exec(decoupled=True)
+            for response in responses:
+                events.append(int(response.output_tensors()[0].as_numpy()[0]))
+
+        async def other():
+            await asyncio.sleep(0.2)
+            events.append("other")
+
+        await asyncio.gather(call(), other())
+        out = np.array([json.dumps(events).encode()], dtype=np.object_)
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", out)]) for _ in requests]
+"""
+
+
+def test_a_decoupled_async_exec_resolves_with_its_first_response(tmp_path):
+    _write(tmp_path, "delayed", DECOUPLED_CONFIG, DELAYED)
+    _write(tmp_path, "async_caller", PLAIN_CONFIG, ASYNC_CALLER)
+    with ShoalServer(tmp_path) as running:
+        client = httpclient.InferenceServerClient(running.url)
+        result = client.infer("async_caller", _mode(httpclient, 0))
+        client.close()
+    assert json.loads(result.as_numpy("OUT")[0]) == ["other", 5]
