@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-from shoal import perf
+from shoal import _serve_flags, perf
 from shoal.frontends._restricted import GROUPS as RESTRICTED_GROUPS
 from shoal.supervisor.cuda_devices import parse_pool_size
 from shoal.supervisor.log_settings import LOG_FORMATS, TritonFormatter, shoal_level
@@ -139,6 +139,86 @@ def _add_compatibility_flags(serve: argparse.ArgumentParser) -> None:
         serve.add_argument(flag, type=parse_ssl, default=False, help="false only: no TLS")
 
 
+def parse_positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got '{text}'")
+    return value
+
+
+def _add_connection_flags(serve: argparse.ArgumentParser) -> None:
+    """What one client connection may cost (docs/hardening.md)."""
+    serve.add_argument(
+        "--http-max-header-size",
+        type=parse_positive_int,
+        default=32 * 1024,
+        help="bytes of a request head (request line and headers); more gets 431",
+    )
+    serve.add_argument(
+        "--http-header-timeout-secs",
+        type=parse_positive_float,
+        default=60.0,
+        help="seconds a request head may take to arrive; then 408 and the connection closes",
+    )
+    serve.add_argument(
+        "--http-body-timeout-secs",
+        type=parse_positive_float,
+        default=60.0,
+        help="seconds a request body may go without a byte; then 408 and the connection closes",
+    )
+
+
+def parse_count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got '{text}'")
+    return value
+
+
+def _add_grpc_limit_flags(serve: argparse.ArgumentParser) -> None:
+    """gRPC's message size and HTTP/2 flood limits (docs/hardening.md); the first four are
+    Triton's flags, with its defaults."""
+    serve.add_argument(
+        "--grpc-max-message-size",
+        type=parse_positive_int,
+        default=2**31 - 1,
+        help="bytes of a request message; a larger one is RESOURCE_EXHAUSTED",
+    )
+    serve.add_argument("--grpc-http2-max-ping-strikes", type=parse_count, default=2)
+    serve.add_argument(
+        "--grpc-http2-min-recv-ping-interval-without-data",
+        type=parse_count,
+        default=300_000,
+        help="milliseconds; a PING sooner, with no data sent since the last, is a strike",
+    )
+    serve.add_argument("--grpc-keepalive-permit-without-calls", type=parse_bool, default=False)
+    serve.add_argument(
+        "--grpc-http2-max-queued-control-frames",
+        type=parse_positive_int,
+        default=1000,
+        help="PING/SETTINGS ACKs and RST_STREAMs a client that does not read may leave queued",
+    )
+    serve.add_argument(
+        "--grpc-http2-stream-reset-burst",
+        type=parse_positive_int,
+        default=1000,
+        help="streams a client may reset at once (then --grpc-http2-stream-reset-rate a second)",
+    )
+    serve.add_argument("--grpc-http2-stream-reset-rate", type=parse_positive_float, default=33.0)
+    serve.add_argument(
+        "--grpc-http2-max-empty-frames",
+        type=parse_positive_int,
+        default=1000,
+        help="frames in a row that carry nothing (empty DATA, PRIORITY, unknown types)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="shoal", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -233,9 +313,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="record each request's time per pipeline stage (shoal_request_stage_* metrics)",
     )
     serve.add_argument("--http-max-input-size", type=int, default=64 * MIB)
+    _add_connection_flags(serve)
+    _add_grpc_limit_flags(serve)
     _add_logging_flags(serve)
     _add_restriction_flags(serve)
     _add_compatibility_flags(serve)
+    _serve_flags.add_arguments(serve)
     perf.add_arguments(commands.add_parser("perf", help="load-test a KServe V2 server"))
     return parser
 
@@ -308,9 +391,23 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         http_restricted_api=_restrictions(args.http_restricted_api, "api"),
         grpc_restricted_protocol=_restrictions(args.grpc_restricted_protocol, "protocol"),
         http_max_input_size=args.http_max_input_size,
+        http_max_header_size=args.http_max_header_size,
+        http_header_timeout_secs=args.http_header_timeout_secs,
+        http_body_timeout_secs=args.http_body_timeout_secs,
+        grpc_max_message_size=args.grpc_max_message_size,
+        grpc_http2_max_ping_strikes=args.grpc_http2_max_ping_strikes,
+        grpc_http2_min_recv_ping_interval_without_data=(
+            args.grpc_http2_min_recv_ping_interval_without_data
+        ),
+        grpc_keepalive_permit_without_calls=args.grpc_keepalive_permit_without_calls,
+        grpc_http2_max_queued_control_frames=args.grpc_http2_max_queued_control_frames,
+        grpc_http2_stream_reset_burst=args.grpc_http2_stream_reset_burst,
+        grpc_http2_stream_reset_rate=args.grpc_http2_stream_reset_rate,
+        grpc_http2_max_empty_frames=args.grpc_http2_max_empty_frames,
         arenas=_arena_options(args.backend_config),
         backend_config=tuple(args.backend_config),
         cuda_pool_limits=tuple(args.cuda_memory_pool_byte_size),
+        **_serve_flags.options(args),
     )
 
 

@@ -70,6 +70,8 @@ def decode_infer_request(data: bytes | bytearray | memoryview) -> DecodedInfer:
         message = pb.ModelInferRequest.FromString(header)  # type: ignore[arg-type]
     except DecodeError as exc:
         raise InvalidArgument(f"failed to parse the request message: {exc}") from None
+    if not raw and message.raw_input_contents:  # a message too long to walk: parsed whole
+        raw = [memoryview(entry) for entry in message.raw_input_contents]
     parameters, final_flag = decode_request_parameters(message.parameters)
     outputs = [
         RequestedOutput(output.name, decode_output_parameters(output.name, output.parameters))
