@@ -250,8 +250,11 @@ class ResponseIterator:
         return response
 
     def cancel(self) -> None:
-        """Cancel the called model's request: its ``is_cancelled()`` turns true, and this
-        iteration ends with a CANCELLED error response. Does nothing once the call finished."""
+        """Cancel the called model's request, as in Triton: its ``is_cancelled()`` turns true
+        and the iteration goes on with whatever it still sends (a model that honours the
+        cancel ends with a CANCELLED error response; one that ignores it runs to its end). A
+        call whose request has not started yet ends at once with a CANCELLED error response.
+        Does nothing once the call finished."""
         if self._cancel is not None:
             self._cancel()
 

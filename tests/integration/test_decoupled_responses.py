@@ -310,3 +310,82 @@ def test_a_decoupled_async_exec_resolves_with_its_first_response(tmp_path):
         result = client.infer("async_caller", _mode(httpclient, 0))
         client.close()
     assert json.loads(result.as_numpy("OUT")[0]) == ["other", 5]
+
+
+# IN 1: ignores cancellation (sends 5 responses whatever happens); IN 0: honours it with a
+# CANCELLED error response. Each response's OUT says whether it saw the request cancelled.
+STUBBORN = """
+import time
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            ignore = bool(pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()[0])
+            sender = request.get_response_sender()
+            final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+            for index in range(5):
+                if index == 2:  # the caller cancels after two responses: wait until it has
+                    deadline = time.monotonic() + 20
+                    while not request.is_cancelled() and time.monotonic() < deadline:
+                        time.sleep(0.01)
+                if request.is_cancelled() and not ignore:
+                    error = pb_utils.TritonError("stopped", pb_utils.TritonError.CANCELLED)
+                    sender.send(pb_utils.InferenceResponse(error=error), flags=final)
+                    break
+                seen = np.array([int(request.is_cancelled())], dtype=np.int32)
+                sender.send(
+                    pb_utils.InferenceResponse([pb_utils.Tensor("OUT", seen)]),
+                    flags=final if index == 4 else 0,
+                )
+        return None
+"""
+
+CANCELLING = """
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        results = []
+        for request in requests:
+            call = pb_utils.InferenceRequest(
+                model_name="stubborn",
+                inputs=[pb_utils.get_input_tensor_by_name(request, "IN")],
+                requested_output_names=["OUT"],
+            )
+            responses = call.exec(decoupled=True)
+            seen = []
+            for response in responses:
+                if response.has_error():
+                    seen.append(pb_utils.TritonError.CANCELLED == response.error().code())
+                    continue
+                seen.append(int(response.output_tensors()[0].as_numpy()[0]))
+                if len(seen) == 2:
+                    responses.cancel()
+            out = np.array([json.dumps(seen).encode()], dtype=np.object_)
+            results.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", out)]))
+        return results
+"""
+
+
+def test_response_iterator_cancel_lets_the_called_model_decide(tmp_path):
+    _write(tmp_path, "stubborn", DECOUPLED_CONFIG, STUBBORN)
+    _write(tmp_path, "cancelling", PLAIN_CONFIG, CANCELLING)
+    with ShoalServer(tmp_path) as running:
+        client = httpclient.InferenceServerClient(running.url)
+        try:
+            ignored = client.infer("cancelling", _mode(httpclient, 1)).as_numpy("OUT")[0]
+            honoured = client.infer("cancelling", _mode(httpclient, 0)).as_numpy("OUT")[0]
+        finally:
+            client.close()
+    # Ignored: every response still arrives, the later ones sent after the cancel.
+    assert json.loads(ignored) == [0, 0, 1, 1, 1]
+    # Honoured: the model's own CANCELLED error response ends the iteration.
+    assert json.loads(honoured) == [0, 0, True]
