@@ -389,3 +389,27 @@ def test_response_iterator_cancel_lets_the_called_model_decide(tmp_path):
     assert json.loads(ignored) == [0, 0, 1, 1, 1]
     # Honoured: the model's own CANCELLED error response ends the iteration.
     assert json.loads(honoured) == [0, 0, True]
+
+
+def test_triton_grpc_error_metadata_ends_the_stream_with_the_errors_status(server):
+    """With ``triton_grpc_error: true`` (Triton's stream metadata) the first error ends the
+    stream with its gRPC status; nothing after it arrives."""
+    results: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(
+        callback=lambda result, error: results.put((result, error)),
+        headers={"triton_grpc_error": "true"},
+    )
+    try:
+        client.async_stream_infer("sender", _mode(grpcclient, 0))
+        result, error = results.get(timeout=30)
+        assert error is None and int(result.as_numpy("OUT")[0]) == 1
+        result, error = results.get(timeout=30)
+        assert error is not None, result
+        assert str(error.status()) == "StatusCode.INTERNAL"
+        assert "midway" in error.message()
+        with pytest.raises(queue.Empty):
+            results.get(timeout=1.0)  # the stream is closed: no more data, no FINAL
+    finally:
+        client.stop_stream()
+        client.close()
