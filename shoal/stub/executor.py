@@ -31,7 +31,8 @@ from shoal.ipc.tensor import (
 from shoal.stub import pb_utils
 from shoal.stub.bls import calling_requests
 from shoal.stub.gpu_tensors import CudaPoolRefused
-from shoal.stub.tensors_out import RegionTooSmall, TensorWriter, Written
+from shoal.stub.memory import RegionTooSmall
+from shoal.stub.tensors_out import TensorWriter, Written
 
 FINAL = 1
 RESCHEDULE = 2  # TRITONSERVER_REQUEST_RELEASE_RESCHEDULE

@@ -18,6 +18,17 @@ from shoal.ipc.arena import Block, OwnedArena, private_view
 from shoal.ipc.tensor import RegionLocation, TensorDesc, buffer_to_numpy
 
 
+class RegionTooSmall(ValueError):
+    """An output does not fit the client's shared-memory window for it: the client's mistake
+    (INVALID_ARG, Triton's words), not the model's."""
+
+    def __init__(self, output: str, available: int, needed: int) -> None:
+        super().__init__(
+            f"shared memory size specified with the request for output '{output}' "
+            f"({available} bytes) should be at least {needed} bytes to hold the results"
+        )
+
+
 class SharedOutputArena:
     """The stub's output arena behind a lock: decoupled senders and BLS run on other threads."""
 
