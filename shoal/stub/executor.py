@@ -31,7 +31,7 @@ from shoal.ipc.tensor import (
 from shoal.stub import pb_utils
 from shoal.stub.bls import calling_requests
 from shoal.stub.gpu_tensors import CudaPoolRefused
-from shoal.stub.memory import RegionTooSmall
+from shoal.stub.memory import RegionShrunk, RegionTooSmall
 from shoal.stub.tensors_out import TensorWriter, Written
 
 FINAL = 1
@@ -534,7 +534,7 @@ class BatchExecutor:
         except (ArenaExhausted, CudaPoolRefused) as error:
             self.writer.free(written)
             return msg.ResponseRecord(error=("RESOURCE_EXHAUSTED", self.failure(str(error))))
-        except RegionTooSmall as error:
+        except (RegionTooSmall, RegionShrunk) as error:
             self.writer.free(written)
             return msg.ResponseRecord(error=("INVALID_ARG", str(error)))
         except (TypeError, ValueError) as error:

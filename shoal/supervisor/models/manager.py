@@ -12,6 +12,8 @@ import json
 import logging
 import os
 import shutil
+import sys
+import tarfile
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,7 +29,7 @@ from shoal.core.errors import (
 )
 from shoal.core.types import RepositoryEntry
 from shoal.supervisor.instances.devices import check_gpu_parameters, visible_gpus
-from shoal.supervisor.models import onnx_autocomplete, python_backends
+from shoal.supervisor.models import environments, onnx_autocomplete, python_backends
 from shoal.supervisor.models._ensemble_checks import EnsembleProblem, check_ensemble
 from shoal.supervisor.models.autocomplete import (
     auto_complete,
@@ -325,7 +327,9 @@ class ModelRepositoryManager:
         model_file = _python_model_file(path, source.proto, available, runtime is not None)
         code = runtime or model_file
         if not strict and model_file is not None and code and wants_auto_complete(code):
-            proto = await auto_complete(model_file, source.proto, runtime=runtime)
+            environment = await _environment(name, path, proto, model_file)
+            python, env = (sys.executable, None) if environment is None else environment
+            proto = await auto_complete(model_file, source.proto, python, runtime=runtime, env=env)
         onnx_file = None if strict else onnx_autocomplete.model_file(path, proto, available)
         if onnx_file is not None and onnx_autocomplete.wants_auto_complete(proto):
             proto = await onnx_autocomplete.auto_complete(
@@ -526,6 +530,21 @@ def _fingerprint(model_dir: str) -> tuple[tuple[str, int, int], ...]:
                 continue
             entries.append((os.path.relpath(path, model_dir), st.st_size, st.st_mtime_ns))
     return tuple(entries)
+
+
+async def _environment(
+    name: str, path: str, proto: Any, model_file: Path
+) -> tuple[str, dict[str, str]] | None:
+    """The interpreter and variables of the model's own environment, for auto-complete."""
+    parameters = {key: value.string_value for key, value in proto.parameters.items()}
+    model_dir = os.path.abspath(path)
+    try:
+        environment = await environments.prepare(
+            parameters, model_dir, str(model_file.parent), name
+        )
+    except (ShoalError, OSError, tarfile.TarError) as error:
+        raise model_config.ConfigError(str(error)) from None
+    return None if environment is None else (environment.python, environment.env)
 
 
 def _python_model_file(
