@@ -11,6 +11,7 @@ import asyncio
 import json
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 from shoal import config as model_config
@@ -37,11 +38,14 @@ async def auto_complete(
     python: str = sys.executable,
     *,
     runtime: Path | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> pb.ModelConfig:
     """The configuration after the model's ``auto_complete_config``; raises ConfigError.
 
     ``model_file`` is the version's ``model.py`` (``get_model_dir()`` is its directory);
-    ``runtime`` the ``model.py`` of the model's Python-based backend, which runs instead.
+    ``runtime`` the ``model.py`` of the model's Python-based backend, which runs instead;
+    ``python`` and ``env`` those of the model's own environment (``EXECUTION_ENV_PATH``), where
+    it has one, so that imports only that environment has work here too.
     """
     given = json.dumps(model_config.config_to_json(proto, include_defaults=False))
     ran = runtime or model_file  # the file whose code runs, named in errors
@@ -54,7 +58,7 @@ async def auto_complete(
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env={**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"},
     )
     try:
         out, err = await asyncio.wait_for(process.communicate(given.encode()), TIMEOUT_S)

@@ -12,6 +12,8 @@ import json
 import logging
 import os
 import shutil
+import sys
+import tarfile
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,7 +29,7 @@ from shoal.core.errors import (
 )
 from shoal.core.types import RepositoryEntry
 from shoal.supervisor.instances.devices import check_gpu_parameters, visible_gpus
-from shoal.supervisor.models import onnx_autocomplete, python_backends
+from shoal.supervisor.models import environments, onnx_autocomplete, python_backends
 from shoal.supervisor.models._ensemble_checks import EnsembleProblem, check_ensemble
 from shoal.supervisor.models.autocomplete import (
     auto_complete,
@@ -40,6 +42,9 @@ from shoal.supervisor.models.versions import ModelLoader, ModelState, ModelVersi
 from shoal.supervisor.options import ServerOptions
 
 log = logging.getLogger("shoal")
+
+#: Characters Triton's Python backend refuses in stub (model and instance) names.
+_SHELL_CHARS = ";|&$`<>()[]{}\\\"'*?~#!"
 
 
 class ModelRepositoryManager:
@@ -246,6 +251,12 @@ class ModelRepositoryManager:
     def _model_path(
         self, name: str, config_json: str | None, files: dict[str, bytes] | None
     ) -> str:
+        if not name or any(char in _SHELL_CHARS for char in name):
+            # Triton's Python backend refuses them in the names of its stub processes.
+            raise InvalidArgument(
+                f"failed to load '{name}': Invalid stub name: contains invalid characters "
+                f"(a model name may not contain any of {_SHELL_CHARS})"
+            )
         if files:
             if config_json is None:
                 raise InvalidArgument(
@@ -273,7 +284,7 @@ class ModelRepositoryManager:
         try:
             model_dir.mkdir()
             for key, content in files.items():
-                relative = key.removeprefix("file:")
+                relative = key.removeprefix("file:").lstrip("/")  # "file:/1/model.py" too
                 target = (model_dir / relative).resolve()
                 if not key.startswith("file:") or not target.is_relative_to(model_dir.resolve()):
                     raise InvalidArgument(
@@ -316,7 +327,9 @@ class ModelRepositoryManager:
         model_file = _python_model_file(path, source.proto, available, runtime is not None)
         code = runtime or model_file
         if not strict and model_file is not None and code and wants_auto_complete(code):
-            proto = await auto_complete(model_file, source.proto, runtime=runtime)
+            environment = await _environment(name, path, proto, model_file)
+            python, env = (sys.executable, None) if environment is None else environment
+            proto = await auto_complete(model_file, source.proto, python, runtime=runtime, env=env)
         onnx_file = None if strict else onnx_autocomplete.model_file(path, proto, available)
         if onnx_file is not None and onnx_autocomplete.wants_auto_complete(proto):
             proto = await onnx_autocomplete.auto_complete(
@@ -517,6 +530,21 @@ def _fingerprint(model_dir: str) -> tuple[tuple[str, int, int], ...]:
                 continue
             entries.append((os.path.relpath(path, model_dir), st.st_size, st.st_mtime_ns))
     return tuple(entries)
+
+
+async def _environment(
+    name: str, path: str, proto: Any, model_file: Path
+) -> tuple[str, dict[str, str]] | None:
+    """The interpreter and variables of the model's own environment, for auto-complete."""
+    parameters = {key: value.string_value for key, value in proto.parameters.items()}
+    model_dir = os.path.abspath(path)
+    try:
+        environment = await environments.prepare(
+            parameters, model_dir, str(model_file.parent), name
+        )
+    except (ShoalError, OSError, tarfile.TarError) as error:
+        raise model_config.ConfigError(str(error)) from None
+    return None if environment is None else (environment.python, environment.env)
 
 
 def _python_model_file(
