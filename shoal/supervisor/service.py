@@ -124,7 +124,8 @@ class InferenceService:
         self.shm = SharedMemoryRegistry(allow_client=options.allow_client_shm)
         self.logging = LogSettings.from_options(options)
         repository = self.repository
-        self.tracing = TraceSettings(lambda name: name in repository.models)
+        initial = {k: v if isinstance(v, str) else list(v) for k, v in options.trace_settings}
+        self.tracing = TraceSettings(lambda name: name in repository.models, initial)
         self._live = True
         self.gate = DrainGate()
 
@@ -255,6 +256,7 @@ class InferenceService:
             mv.config, request, self.input_arena, outputs, regions
         )
         record.output_regions = placed
+        record.trace_context = self.tracing.context_for(mv.name)
         if mv.state is not ModelState.READY:
             self._free_inputs(blocks)
             raise Unavailable(f"model '{mv.name}' version {mv.version} is not ready")
