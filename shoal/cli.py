@@ -216,6 +216,13 @@ def _add_grpc_limit_flags(serve: argparse.ArgumentParser) -> None:
         default=1000,
         help="frames in a row that carry nothing (empty DATA, PRIORITY, unknown types)",
     )
+    serve.add_argument(
+        "--grpc-read-timeout-secs",
+        type=parse_positive_float,
+        default=60.0,
+        help="seconds without a byte while a preface, frame or message is half-sent; "
+        "then the connection is dropped",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -408,6 +415,7 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         grpc_http2_stream_reset_burst=args.grpc_http2_stream_reset_burst,
         grpc_http2_stream_reset_rate=args.grpc_http2_stream_reset_rate,
         grpc_http2_max_empty_frames=args.grpc_http2_max_empty_frames,
+        grpc_read_timeout_secs=args.grpc_read_timeout_secs,
         arenas=_arena_options(args.backend_config),
         backend_config=tuple(args.backend_config),
         backend_directory=args.backend_directory,

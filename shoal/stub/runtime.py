@@ -224,6 +224,7 @@ class StubRuntime:
                 self._send,
                 _is_decoupled(first.args),
                 self.private_input_view,
+                concurrent_async=_async_concurrency(first.args) > 1,
             )
             bls = BlsClient(writer, pump, self._send, self.input_view)
             cancels.append(executor.cancel)
@@ -303,6 +304,17 @@ def _force_cpu_inputs(args: dict[str, str]) -> bool:
         return str(value.get("string_value", "yes")).strip().lower() != "no"
     except (ValueError, AttributeError):
         return True
+
+
+def _async_concurrency(args: dict[str, str]) -> int:
+    """The model parameter ``async_execute_concurrency`` (1 when absent or not a number: the
+    supervisor warns about such a value)."""
+    try:
+        config = json.loads(args.get("model_config", "{}"))
+        value = config.get("parameters", {}).get("async_execute_concurrency", {})
+        return int(str(value.get("string_value", "1")).strip() or "1")
+    except (ValueError, AttributeError):
+        return 1
 
 
 def _is_decoupled(args: dict[str, str]) -> bool:

@@ -83,6 +83,7 @@ class ServerOptions:
     grpc_http2_stream_reset_burst: int = 1000
     grpc_http2_stream_reset_rate: float = 33.0
     grpc_http2_max_empty_frames: int = 1000
+    grpc_read_timeout_secs: float = 60.0
     arenas: ArenaOptions = field(default_factory=ArenaOptions)
     backend_config: tuple[tuple[str, str, str], ...] = ()
     #: ``--backend-directory``: where Python-based backends live (``<dir>/<name>/model.py``).

@@ -98,7 +98,7 @@ class InstanceSpec:
     runtime_file: str = ""
     restart_backoff: tuple[float, float] = (0.1, 5.0)
     #: Batches in one stub at once when the model's execute is ``async def``.
-    async_concurrency: int = 8
+    async_concurrency: int = 1
     #: Seconds one execute may take before the stub is killed and restarted (None: no limit).
     execute_timeout: float | None = None
     #: This many deaths within ``crash_window`` seconds: stop restarting (a crash loop).
