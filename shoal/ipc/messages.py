@@ -52,6 +52,8 @@ class Kind(enum.IntEnum):
     CUDA_CHUNK_RETIRED = 31
     CUDA_REGION_CLOSED = 32
     BLS_CANCEL = 19
+    READINESS_CHECK = 8
+    READINESS = 20
 
 
 @dataclass(slots=True)
@@ -179,12 +181,41 @@ class Ready:
     error: str | None = None
     #: ``execute`` is a coroutine: several batches may be in the stub at once.
     concurrent: bool = False
+    #: The model defines ``is_ready()``: model readiness asks it (``ReadinessCheck``).
+    user_ready: bool = False
 
     def fields(self) -> list[Any]:
-        return [self.error, self.concurrent]
+        return [self.error, self.concurrent, self.user_ready]
 
     @classmethod
     def from_fields(cls, f: list[Any]) -> Ready:
+        return cls(f[0], f[1], f[2])
+
+
+@dataclass(slots=True)
+class ReadinessCheck:
+    """Run the model's ``is_ready()`` (Triton's user-defined model readiness)."""
+
+    def fields(self) -> list[Any]:
+        return []
+
+    @classmethod
+    def from_fields(cls, f: list[Any]) -> ReadinessCheck:
+        return cls()
+
+
+@dataclass(slots=True)
+class Readiness:
+    """What ``is_ready()`` said: ``ready``, or ``error`` (it raised or returned no bool)."""
+
+    ready: bool
+    error: str | None = None
+
+    def fields(self) -> list[Any]:
+        return [self.ready, self.error]
+
+    @classmethod
+    def from_fields(cls, f: list[Any]) -> Readiness:
         return cls(f[0], f[1])
 
 
@@ -526,6 +557,8 @@ Message = (
     | SegmentRetired
     | CudaChunkRetired
     | CudaRegionClosed
+    | ReadinessCheck
+    | Readiness
 )
 
 #: Each message class's kind. (Not a ClassVar on the dataclasses: mypyc, which compiles this
@@ -550,6 +583,8 @@ _KINDS: dict[type, Kind] = {
     Cancel: Kind.CANCEL,
     ControlCall: Kind.CONTROL_CALL,
     ControlReply: Kind.CONTROL_REPLY,
+    ReadinessCheck: Kind.READINESS_CHECK,
+    Readiness: Kind.READINESS,
 }
 _TYPES: dict[int, Any] = {int(kind): cls for cls, kind in _KINDS.items()}
 

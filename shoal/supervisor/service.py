@@ -193,6 +193,19 @@ class InferenceService:
         except ShoalError:
             return False
 
+    async def model_ready_now(self, name: str, version: str = "") -> bool:
+        try:
+            mv = self._repo.resolve(name, version)
+        except ShoalError:
+            return False
+        if not mv.serving:
+            return False
+        asking = [instance for instance in mv.instances if instance.user_ready]
+        if not asking:
+            return True
+        answers = await asyncio.gather(*(instance.ask_is_ready() for instance in asking))
+        return all(answers)
+
     def model_metadata(self, name: str, version: str = "") -> ModelMetadata:
         mv = self._repo.resolve(name, version)
         config = mv.config
