@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import struct
+import types
 import typing
 from collections.abc import Sequence
 from functools import cache
@@ -261,6 +262,12 @@ def from_plain(kind: Any, value: Any) -> Any:
     if origin is dict:
         _, item = typing.get_args(kind)
         return {k: from_plain(item, v) for k, v in value.items()}
+    if origin in (typing.Union, types.UnionType):
+        if isinstance(value, list):  # a sequence member of the union: rebuild it
+            for member in typing.get_args(kind):
+                if typing.get_origin(member) in (list, tuple):
+                    return from_plain(member, value)
+        return value
     if isinstance(kind, type) and dataclasses.is_dataclass(kind):
         hints = _hints(kind)
         return kind(

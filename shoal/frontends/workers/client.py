@@ -193,6 +193,10 @@ class RemoteCore(CoreAPI):
     def model_ready(self, name: str, version: str = "") -> bool:
         return bool(self._sync("model_ready", name, version))
 
+    async def model_ready_now(self, name: str, version: str = "") -> bool:
+        (ready,), _ = await self._async("model_ready_now", [name, version], [])
+        return bool(ready)
+
     def model_metadata(self, name: str, version: str = "") -> ModelMetadata:
         return cast(
             "ModelMetadata", _decoded(ModelMetadata, self._sync("model_metadata", name, version))
@@ -305,6 +309,9 @@ class RemoteCore(CoreAPI):
 def _decoded(kind: Any, value: Any) -> Any:
     return wire.from_plain(kind, value)
 
+
+#: The core API's asynchronous methods, other than inference, a worker may call by name.
+ASYNC_METHODS: frozenset[str] = frozenset({"load_model", "unload_model", "model_ready_now"})
 
 #: The core API's synchronous methods a worker may call, by name.
 SYNC_METHODS: frozenset[str] = frozenset(

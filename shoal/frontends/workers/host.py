@@ -23,7 +23,7 @@ from typing import Any
 
 from shoal.core.api import CoreAPI
 from shoal.frontends.workers import _wire as wire
-from shoal.frontends.workers.client import SYNC_METHODS, read_frame
+from shoal.frontends.workers.client import ASYNC_METHODS, SYNC_METHODS, read_frame
 
 __all__ = ["WorkerPool"]
 
@@ -107,14 +107,9 @@ class _Link:
                 finally:
                     await stream.aclose()  # type: ignore[attr-defined]
                 self.send([wire.END, call_id])
-            elif method == "load_model":
-                name, config_json, files = args
-                await self.core.load_model(name, config_json, files)
-                self.send([wire.OK, call_id])
-            elif method == "unload_model":
-                name, dependents = args
-                await self.core.unload_model(name, dependents)
-                self.send([wire.OK, call_id])
+            elif method in ASYNC_METHODS:
+                result = await getattr(self.core, method)(*args)
+                self.send([wire.OK, call_id, wire.to_plain(result)])
             else:
                 raise NotImplementedError(f"frontend workers do not forward '{method}'")
         except asyncio.CancelledError:

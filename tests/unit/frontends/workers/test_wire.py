@@ -135,5 +135,33 @@ def test_server_options_reach_the_workers_intact():
         rate_limit_resources=((("R", None), 2), (("G", 1), 3)),
         cuda_pool_limits=((0, 1 << 20),),
         frontend_workers=4,
+        trace_settings=(("trace_level", ("TIMESTAMPS",)), ("trace_rate", "10")),
     )
     assert wire.from_plain(ServerOptions, wire.to_plain(options)) == options
+
+
+def test_every_core_api_call_is_forwarded_the_way_it_is_declared():
+    import inspect
+
+    from shoal.core.api import CoreAPI
+    from shoal.frontends.workers.client import ASYNC_METHODS, SYNC_METHODS, RemoteCore
+
+    declared = {
+        name: member
+        for name, member in vars(CoreAPI).items() | _inherited(CoreAPI)
+        if not name.startswith("_") and callable(member)
+    }
+    for name, member in declared.items():
+        if name in ("infer", "infer_stream"):
+            continue
+        is_async = inspect.iscoroutinefunction(member)
+        assert name in (ASYNC_METHODS if is_async else SYNC_METHODS), name
+        assert inspect.iscoroutinefunction(getattr(RemoteCore, name)) == is_async, name
+
+
+def _inherited(cls: type) -> set:
+    found: set = set()
+    for base in cls.__mro__[1:]:
+        if base.__module__ == "shoal.core.api":
+            found |= set(vars(base).items())
+    return found
