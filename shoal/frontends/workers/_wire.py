@@ -23,7 +23,20 @@ import msgpack
 import numpy as np
 
 from shoal.core import errors
-from shoal.core.types import InferInput, InferOutput, InferRequest, InferResponse, RequestedOutput
+from shoal.core.types import (
+    BatchStatistics,
+    InferInput,
+    InferOutput,
+    InferRequest,
+    InferResponse,
+    MemoryUsage,
+    ModelMetadata,
+    ModelStatistics,
+    RequestedOutput,
+    ResponseStatistics,
+    ServerMetadata,
+    TensorMetadata,
+)
 
 _LENGTH = struct.Struct("<I")
 LENGTH_SIZE = _LENGTH.size
@@ -283,4 +296,23 @@ def _fields(kind: type) -> tuple[dataclasses.Field[Any], ...]:
 
 @cache
 def _hints(kind: type) -> dict[str, Any]:
-    return typing.get_type_hints(kind)
+    return {**typing.get_type_hints(kind), **_GENERIC_FIELDS.get(kind, {})}
+
+
+#: The generic fields of the compiled core types: mypyc keeps ``tuple`` of ``tuple[str, ...]``
+#: in the annotations it leaves, so the item types are written here.
+_GENERIC_FIELDS: dict[type, dict[str, Any]] = {
+    ServerMetadata: {"extensions": tuple[str, ...]},
+    TensorMetadata: {"shape": tuple[int, ...]},
+    ModelMetadata: {
+        "versions": tuple[str, ...],
+        "inputs": tuple[TensorMetadata, ...],
+        "outputs": tuple[TensorMetadata, ...],
+    },
+    ModelStatistics: {
+        "batch_stats": list[BatchStatistics],
+        "response_stats": dict[str, ResponseStatistics],
+        "memory_usage": list[MemoryUsage],
+        "failure_reasons": dict[str, int],
+    },
+}
