@@ -1,4 +1,4 @@
-"""pb_utils.empty_output_tensor: outputs built in the stub's output arena, carried without a copy."""
+"""pb_utils.empty_output_tensor: outputs built in the output arena, carried without a copy."""
 
 from __future__ import annotations
 
