@@ -37,6 +37,9 @@ from shoal.supervisor.work import Completion, Work
 
 log = logging.getLogger("shoal")
 
+#: How long model readiness waits for a model's ``is_ready()`` (Triton's 5 s).
+USER_READY_TIMEOUT_S = 5.0
+
 _LOG_LEVELS = {0: logging.INFO, 1: logging.WARNING, 2: logging.ERROR, 3: logging.DEBUG}
 _arena_ids = itertools.count(1)
 #: Request keys, unique across instances: a rescheduled request keeps its key (and its open
@@ -95,7 +98,7 @@ class InstanceSpec:
     runtime_file: str = ""
     restart_backoff: tuple[float, float] = (0.1, 5.0)
     #: Batches in one stub at once when the model's execute is ``async def``.
-    async_concurrency: int = 8
+    async_concurrency: int = 1
     #: Seconds one execute may take before the stub is killed and restarted (None: no limit).
     execute_timeout: float | None = None
     #: This many deaths within ``crash_window`` seconds: stop restarting (a crash loop).
@@ -222,6 +225,9 @@ class StubInstance:
         self._background: set[asyncio.Future[None]] = set()
         #: Running model_warmup: its executions are not client traffic, so not counted.
         self._warming = False
+        #: The model defines ``is_ready()``; the check in flight, if one is.
+        self.user_ready = False
+        self._readiness: asyncio.Future[bool] | None = None
 
     @property
     def ready(self) -> bool:
@@ -259,6 +265,31 @@ class StubInstance:
             finally:
                 self._warming = False
         self._worker = asyncio.create_task(self._work_loop(source), name=f"worker {self.name}")
+
+    async def ask_is_ready(self, timeout: float = USER_READY_TIMEOUT_S) -> bool:
+        """What the model's ``is_ready()`` says (False when it raised, answered no bool, or
+        did not answer within ``timeout``). A check already running is joined, as in Triton:
+        one slow ``is_ready()`` is not asked again by every caller."""
+        proc = self._proc
+        if proc is None or not self._ready.is_set():
+            return False
+        if self._readiness is None:
+            self._readiness = self._loop.create_future()
+            try:
+                await proc.send_async(msg.ReadinessCheck())
+            except PeerGone:
+                self._answer_readiness(False, "the stub exited")
+        try:
+            return await asyncio.wait_for(asyncio.shield(self._readiness), timeout)
+        except asyncio.TimeoutError:
+            return False
+
+    def _answer_readiness(self, ready: bool, error: str | None) -> None:
+        waiting, self._readiness = self._readiness, None
+        if error is not None:
+            log.info("[%s] is_ready() says not ready: %s", self.name, error)
+        if waiting is not None and not waiting.done():
+            waiting.set_result(ready and error is None)
 
     async def run_now(self, batch: list[Work]) -> list[Completion]:
         """Run ``batch`` on this instance at once, outside any scheduler (warmup), and return its
@@ -371,7 +402,10 @@ class StubInstance:
             case msg.Log(level=level, message=text, filename=filename, line=line):
                 where = f" ({filename}:{line})" if filename else ""
                 log.log(_LOG_LEVELS.get(level, logging.INFO), "[%s]%s %s", self.name, where, text)
-            case msg.Ready(error=error, concurrent=concurrent):
+            case msg.Readiness(ready=ready, error=error):
+                self._answer_readiness(ready, error)
+            case msg.Ready(error=error, concurrent=concurrent, user_ready=user_ready):
+                self.user_ready = user_ready
                 self._limit = max(1, self.spec.async_concurrency) if concurrent else 1
                 ahead = SEND_AHEAD if self.send_ahead and self._limit == 1 else 0
                 self._slots = _Slots(self._limit + ahead)
@@ -677,6 +711,8 @@ class StubInstance:
     def _on_exit(self, proc: StubProcess, returncode: int) -> None:
         how = describe_exit(returncode)
         self._ready.clear()
+        if proc is self._proc:
+            self._answer_readiness(False, None)
         if self._init_waiter is not None and not self._init_waiter.done():
             self._init_waiter.set_result(
                 f"Stub process '{self.name}' is not healthy. It exited during initialize with {how}"

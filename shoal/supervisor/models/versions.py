@@ -286,24 +286,39 @@ class ModelLoader:
         mv.reason = "unloaded"
 
 
-#: Thread-pool sizes each stub gets (torch follows OMP_NUM_THREADS).
+#: Thread-pool sizes a stub may be given (torch follows OMP_NUM_THREADS).
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+#: The model parameter that asks shoal to size them: ``auto`` (the CPUs this server may use
+#: divided by the model's instance count) or a number of threads.
+THREADS_PARAMETER = "SHOAL_THREADS_PER_INSTANCE"
 
 
 def thread_env(
     parameters: Any, instances: int, environ: Any = os.environ, cpus: int | None = None
 ) -> dict[str, str]:
-    """Per-stub thread counts: a model parameter of the same name, else the server's own
-    environment (inherited, so not set here), else the CPUs this process may use divided by the
-    model's instance count (at least 1)."""
-    if cpus is None:
-        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    share = str(max(1, (cpus or 1) // max(1, instances)))
-    env: dict[str, str] = {}
+    """Thread counts set for a model's stubs: none unless asked, as in Triton, where a stub
+    inherits the server's environment. A model asks with a parameter of a variable's own name
+    (that value) or with ``SHOAL_THREADS_PER_INSTANCE`` (every variable the server's
+    environment leaves unset)."""
+    env = {name: str(parameters[name]) for name in THREAD_VARIABLES if name in parameters}
+    asked = str(parameters.get(THREADS_PARAMETER, "")).strip().lower()
+    if not asked:
+        return env
+    if asked == "auto":
+        if cpus is None:
+            cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+        share = str(max(1, (cpus or os.cpu_count() or 1) // max(1, instances)))
+    elif asked.isdigit() and int(asked) > 0:
+        share = asked
+    else:
+        log.warning(
+            "%s must be 'auto' or a positive number of threads, not %r; ignored",
+            THREADS_PARAMETER,
+            asked,
+        )
+        return env
     for name in THREAD_VARIABLES:
-        if name in parameters:
-            env[name] = str(parameters[name])
-        elif name not in environ:
+        if name not in env and name not in environ:
             env[name] = share
     return env
 
@@ -333,17 +348,19 @@ ASYNC_CONCURRENCY_PARAMETER = "async_execute_concurrency"
 
 
 def _async_concurrency(parameters: Mapping[str, str], model: str) -> int:
-    """How many batches an ``async def execute`` instance runs at once (default 8)."""
+    """How many batches an ``async def execute`` instance runs at once: 1 unless the model
+    asks for more, as Triton runs a non-decoupled coroutine to completion before the next
+    batch (the stub reads the same parameter)."""
     raw = parameters.get(ASYNC_CONCURRENCY_PARAMETER)
     if not raw:
-        return 8
+        return 1
     try:
         return max(1, int(raw))
     except ValueError:
         log.warning(
-            "model '%s': %s must be an integer, not %r; using 8",
+            "model '%s': %s must be an integer, not %r; using 1",
             model,
             ASYNC_CONCURRENCY_PARAMETER,
             raw,
         )
-        return 8
+        return 1
