@@ -64,6 +64,7 @@ from shoal.supervisor.requests.response_cache import (
     copy_response,
     request_key,
 )
+from shoal.supervisor.schedulers.rate_limiter import RateLimiter
 from shoal.supervisor.work import Completion, Work
 
 log = logging.getLogger("shoal")
@@ -121,6 +122,8 @@ class InferenceService:
         #: ``--cache-config local,size=N``: shared by every model whose config enables it.
         self.cache = ResponseCache(options.cache_bytes) if options.cache_bytes > 0 else None
         loader.response_cache = self.cache is not None
+        if options.rate_limit == "execution_count":
+            loader.rate_limiter = RateLimiter(dict(options.rate_limit_resources))
         self.shm = SharedMemoryRegistry(allow_client=options.allow_client_shm)
         self.logging = LogSettings.from_options(options)
         repository = self.repository

@@ -76,6 +76,18 @@ class ControlHandler(Protocol):
     def forget_process(self, proc: StubProcess) -> None: ...
 
 
+class ExecutionGrant(Protocol):
+    """The rate limiter's grant of one execution; ``release`` (idempotent) frees it."""
+
+    def release(self) -> None: ...
+
+
+class RateLimitGate(Protocol):
+    """This instance's place in the rate limiter (``--rate-limit execution_count``)."""
+
+    async def acquire(self) -> ExecutionGrant: ...
+
+
 class BatchSource(Protocol):
     """What an instance pulls work from (a scheduler)."""
 
@@ -152,6 +164,8 @@ class _InFlight:
     timer: asyncio.TimerHandle | None = None
     #: For a batch sent ahead: the timer of its requests' queue timeout, until it starts.
     queue_timer: asyncio.TimerHandle | None = None
+    #: The rate limiter's grant this batch runs under, released when it is done.
+    grant: ExecutionGrant | None = None
 
 
 class StubInstance:
@@ -194,6 +208,9 @@ class StubInstance:
         self._limit = 1
         #: Send the next batch while the current one executes (set by the model loader).
         self.send_ahead = False
+        #: Set by the model loader under ``--rate-limit execution_count``: each batch waits
+        #: for a grant before it is sent.
+        self.rate_limit: RateLimitGate | None = None
         self._source: BatchSource | None = None
         self._deaths: list[float] = []
         #: Why the instance gave up restarting (a crash loop), or None.
@@ -501,16 +518,32 @@ class StubInstance:
             except BaseException:
                 slots.release()
                 raise
+            grant = None
+            if self.rate_limit is not None:
+                try:
+                    grant = await self.rate_limit.acquire()
+                except BaseException:
+                    slots.release()
+                    source.requeue(batch)
+                    raise
             proc = self._proc
             if self._stopping or proc is None or not self._ready.is_set():
                 slots.release()
+                if grant is not None:
+                    grant.release()
                 source.requeue(batch)
                 continue
-            await self._send_batch(proc, batch, slots)
+            await self._send_batch(proc, batch, slots, grant)
 
-    async def _send_batch(self, proc: StubProcess, batch: list[Work], slots: _Slots) -> None:
+    async def _send_batch(
+        self,
+        proc: StubProcess,
+        batch: list[Work],
+        slots: _Slots,
+        grant: ExecutionGrant | None = None,
+    ) -> None:
         batch_id = next(self._batch_ids)
-        entry = _InFlight(batch, slots)
+        entry = _InFlight(batch, slots, grant=grant)
         self._in_flight[batch_id] = entry
         now = time.monotonic_ns()
         for work in batch:
@@ -588,6 +621,8 @@ class StubInstance:
         if entry.queue_timer is not None:
             entry.queue_timer.cancel()
         entry.slots.release()
+        if entry.grant is not None:
+            entry.grant.release()
         if not self._in_flight:
             self._idle.set()
         elif self._limit == 1 and self._proc is not None:  # the batch sent ahead starts now
@@ -746,6 +781,8 @@ class StubInstance:
                 if timer is not None:
                     timer.cancel()
             entry.slots.release()
+            if entry.grant is not None:
+                entry.grant.release()
         if self._limit == 1 and self._source is not None:
             # A sync stub runs its batches in order: only the first had started. The others
             # were sent ahead and go back to the queue, to the restarted stub or another one.
@@ -867,6 +904,9 @@ class StubInstance:
                     log.warning("instance '%s' did not exit after finalize: killing it", self.name)
                     proc.kill()
         await self._discard(proc)
+        for entry in self._in_flight.values():  # their executions are over: free the resources
+            if entry.grant is not None:
+                entry.grant.release()
 
     async def _stop_process(self, proc: StubProcess) -> None:
         await proc.send_async(msg.Finalize())

@@ -37,6 +37,7 @@ from shoal.supervisor.schedulers import (
     make_scheduler,
 )
 from shoal.supervisor.schedulers.base import fail_work
+from shoal.supervisor.schedulers.rate_limiter import LimitedInstance, RateLimiter
 from shoal.supervisor.work import Work
 
 log = logging.getLogger("shoal")
@@ -67,6 +68,8 @@ class ModelVersion:
     environment: environments.StubEnvironment | None = None
     #: The ``model.py`` of the model's Python-based backend; "" when the model is its own.
     runtime_file: str = ""
+    #: Its instances' places in the rate limiter (``--rate-limit execution_count``).
+    rate_limited: list[LimitedInstance] = field(default_factory=list)
     #: Why no instance is live while every restart keeps failing (None when one is live or
     #: about to be): requests are refused with it instead of waiting for an instance.
     down: str | None = None
@@ -110,6 +113,8 @@ class ModelLoader:
         self.trace_overhead = False
         #: The server has a response cache (``--cache-config``).
         self.response_cache = False
+        #: ``--rate-limit execution_count``: every instance runs under it.
+        self.rate_limiter: RateLimiter | None = None
 
     def _specs(self, mv: ModelVersion) -> list[InstanceSpec]:
         config = mv.config
@@ -202,13 +207,25 @@ class ModelLoader:
         mv.instances = [
             StubInstance(spec, self._directory, self._free_inputs, mv.stats) for spec in specs
         ]
+        try:
+            self._join_rate_limiter(mv)
+        except ShoalError as error:
+            mv.state = ModelState.UNAVAILABLE
+            mv.reason = f"failed to load '{mv.name}' version {mv.version}: {error}"
+            log.error("%s", mv.reason)
+            return
         for instance in mv.instances:
             instance.bls = self.bls
             instance.control = self.control
             instance.decoupled = mv.config.decoupled
             # Only a lone instance: with several, a request sent ahead to a busy one could wait
-            # while another instance is idle.
-            instance.send_ahead = len(mv.instances) == 1 and isinstance(scheduler, DefaultScheduler)
+            # while another instance is idle; and not under the rate limiter, whose grant is for
+            # an execution that starts now.
+            instance.send_ahead = (
+                len(mv.instances) == 1
+                and isinstance(scheduler, DefaultScheduler)
+                and self.rate_limiter is None
+            )
             instance.on_failed = lambda failed, mv=mv: self._on_instance_failed(mv, failed)
             instance.on_health = lambda _, mv=mv: self._on_instance_health(mv)
         warm_up = self._warm_up(mv.name, samples) if samples else None
@@ -227,6 +244,29 @@ class ModelLoader:
             return
         mv.state = ModelState.READY
         log.info("successfully loaded '%s' version %d", mv.name, mv.version)
+
+    def _join_rate_limiter(self, mv: ModelVersion) -> None:
+        """Give each instance its place in the rate limiter, with its group's resources and
+        priority (instances are named as ``ModelConfig.instance_names`` names them)."""
+        limiter = self.rate_limiter
+        if limiter is None:
+            return
+        by_name = {i.name: i for i in mv.instances}
+        members: list[LimitedInstance] = []
+        try:
+            for group in mv.config.proto.instance_group:
+                devices = list(group.gpus) if group.kind == group.KIND_GPU else [0]
+                for index in range(group.count):
+                    for device in devices:
+                        name = f"{group.name}_{index}"
+                        member = limiter.register(mv.name, name, device, group.rate_limiter)
+                        members.append(member)
+                        by_name[name].rate_limit = member
+        except ShoalError:
+            for member in members:
+                limiter.forget(member)
+            raise
+        mv.rate_limited = members
 
     def _warm_up(
         self, model: str, samples: list[warmup.WarmupSample]
@@ -282,6 +322,10 @@ class ModelLoader:
             for work in mv.scheduler.close():
                 fail_work(work, error, lambda w: self._free_inputs(w.input_blocks))
         await asyncio.gather(*(i.stop(timeout) for i in mv.instances))
+        if self.rate_limiter is not None:
+            for member in mv.rate_limited:
+                self.rate_limiter.forget(member)
+            mv.rate_limited = []
         mv.state = ModelState.UNAVAILABLE
         mv.reason = "unloaded"
 
