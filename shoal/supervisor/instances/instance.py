@@ -870,7 +870,11 @@ class StubInstance:
     # -- stop -------------------------------------------------------------------------------
 
     async def stop(self, timeout: float) -> None:
-        """finalize() within ``timeout``, then SIGTERM, then SIGKILL; releases everything."""
+        """finalize() and the stub's exit within ``timeout``, else SIGKILL; releases everything.
+
+        ``timeout`` bounds the whole stop (the server's exit timeout is one deadline, as in
+        Triton): a stub whose finalize does not return in time (its execute hangs, say) is
+        killed at once, not given further graces."""
         self._stopping = True
         self._ready.clear()
         if self._worker is not None:
@@ -881,13 +885,24 @@ class StubInstance:
         if proc is None:
             return
         if proc.returncode is None:
+            deadline = self._loop.time() + timeout
             self._finalized = self._loop.create_future()
+            finalized = False
             try:
                 await asyncio.wait_for(self._stop_process(proc), timeout)
+                finalized = True
             except (asyncio.TimeoutError, PeerGone):
                 log.warning(
                     "instance '%s' did not finalize in %.1fs: killing it", self.name, timeout
                 )
+                proc.kill()
+            if finalized:  # it exits by itself, in what is left of the timeout (a moment at least)
+                exit_within = max(_EXIT_GRACE, deadline - self._loop.time())
+                try:
+                    await asyncio.wait_for(asyncio.shield(proc.exited), exit_within)
+                except asyncio.TimeoutError:
+                    log.warning("instance '%s' did not exit after finalize: killing it", self.name)
+                    proc.kill()
         await self._discard(proc)
         for entry in self._in_flight.values():  # their executions are over: free the resources
             if entry.grant is not None:
@@ -911,6 +926,9 @@ class StubInstance:
             except asyncio.TimeoutError:
                 continue
 
+
+#: Seconds a stub gets to exit after its finalize returned, even at the stop's deadline.
+_EXIT_GRACE = 0.5
 
 #: What a response without GPU tensors owns of the CUDA pools.
 _NO_CUDA: list[CudaLocation] = []
