@@ -107,9 +107,14 @@ async def run_server(options: ServerOptions, stop: asyncio.Event) -> int:
     grpc_server: GrpcServer | NativeGrpcServer | None = None
     grace = options.exit_timeout_secs  # what the frontends get to finish, after the drain
     try:
-        await service.load_repository()
-        if options.exit_on_error and service.failed:
-            log.error("exiting: some models failed to load (--exit-on-error=true)")
+        failures = await service.load_repository()
+        if options.exit_on_error and failures:
+            log.error(
+                "exiting: %d model(s) failed to load: %s (--exit-on-error=true; start with "
+                "--exit-on-error=false to serve the others)",
+                len(failures),
+                ", ".join(sorted(failures)),
+            )
             return 1
         if options.allow_http:
             app = build_http_app(

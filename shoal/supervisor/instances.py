@@ -51,7 +51,12 @@ SEND_AHEAD = 3
 
 
 class LoadError(Exception):
-    """The stub could not start or the model's ``initialize`` raised; the text says why."""
+    """The stub could not start or the model's ``initialize`` raised; the text says why in one
+    line, fit for clients; ``traceback`` is the model's traceback, for the log ("" if none)."""
+
+    def __init__(self, message: str, traceback: str = "") -> None:
+        super().__init__(message)
+        self.traceback = traceback
 
 
 class BlsHandler(Protocol):
@@ -202,7 +207,8 @@ class StubInstance:
         self.control: ControlHandler | None = None
         #: Batches in the stub, in the order they were sent.
         self._in_flight: dict[int, _InFlight] = {}
-        self._init_waiter: asyncio.Future[str | None] | None = None
+        # (error, traceback) when initialize failed, else None.
+        self._init_waiter: asyncio.Future[tuple[str, str] | None] | None = None
         self._finalized: asyncio.Future[None] | None = None
         self._worker: asyncio.Task[None] | None = None
         self._restart_task: asyncio.Task[None] | None = None
@@ -252,10 +258,11 @@ class StubInstance:
             self.spec.output_arena,
         )
         await proc.send_async(init)
-        error = await self._init_waiter
-        if error is not None:
+        failure = await self._init_waiter
+        if failure is not None:
+            self._proc = None  # a failed initialize is no crash: no restart, no "died" line
             await self._discard(proc)
-            raise LoadError(error)
+            raise LoadError(*failure)
         self._ready.set()
 
     def announce_segment(self, segment: Any) -> None:
@@ -295,12 +302,12 @@ class StubInstance:
             case msg.Log(level=level, message=text, filename=filename, line=line):
                 where = f" ({filename}:{line})" if filename else ""
                 log.log(_LOG_LEVELS.get(level, logging.INFO), "[%s]%s %s", self.name, where, text)
-            case msg.Ready(error=error, concurrent=concurrent):
+            case msg.Ready(error=error, concurrent=concurrent, traceback=trace):
                 self._limit = max(1, self.spec.async_concurrency) if concurrent else 1
                 ahead = SEND_AHEAD if self.send_ahead and self._limit == 1 else 0
                 self._slots = _Slots(self._limit + ahead)
                 if self._init_waiter is not None and not self._init_waiter.done():
-                    self._init_waiter.set_result(error)
+                    self._init_waiter.set_result(None if error is None else (error, trace))
             case msg.Finalized(error=error):
                 if error:
                     log.warning("[%s] finalize raised:\n%s", self.name, error)
@@ -603,14 +610,18 @@ class StubInstance:
     def _on_exit(self, proc: StubProcess, returncode: int) -> None:
         how = describe_exit(returncode)
         self._ready.clear()
-        if self._init_waiter is not None and not self._init_waiter.done():
-            self._init_waiter.set_result(
-                f"stub process of instance '{self.name}' exited during initialize with {how}"
-            )
+        waiter = self._init_waiter
+        initializing = waiter is not None and not waiter.done()
+        if waiter is not None and initializing:
+            self._drain(proc)  # the Ready with the model's error may still be in the ring
+            if not waiter.done():
+                died = f"stub process of instance '{self.name}' exited in initialize with {how}"
+                waiter.set_result((died, ""))
         if self._finalized is not None and not self._finalized.done():
             self._finalized.set_result(None)
         self._directory.unregister(proc)
-        if self._stopping or proc is not self._proc:
+        # A stub that exits in initialize failed to load (_launch says why): not a crash.
+        if self._stopping or proc is not self._proc or initializing:
             self._forget(proc)  # an unloaded or replaced stub: what it held comes back too
             return
         self.last_exit = how

@@ -153,9 +153,7 @@ class ModelLoader:
                 mv.config.parameters, model_dir, os.path.join(model_dir, str(mv.version)), mv.name
             )
         except (ShoalError, OSError, tarfile.TarError) as error:
-            mv.state = ModelState.UNAVAILABLE
-            mv.reason = f"failed to load '{mv.name}' version {mv.version}: {error}"
-            log.error("%s", mv.reason)
+            _failed(mv, str(error))
             return
         if mv.config.is_ensemble:  # runs in the supervisor: no stub, no scheduler
             mv.state = ModelState.READY
@@ -170,9 +168,7 @@ class ModelLoader:
                 arena_stager(self._directory.input_arena),
             )
         except SchedulerConfigError as error:
-            mv.state = ModelState.UNAVAILABLE
-            mv.reason = f"failed to load '{mv.name}' version {mv.version}: {error}"
-            log.error("%s", mv.reason)
+            _failed(mv, str(error))
             return
         mv.scheduler = scheduler
         mv.instances = [
@@ -195,9 +191,7 @@ class ModelLoader:
             first = errors[0]
             reason = str(first) if isinstance(first, LoadError) else repr(first)
             await self.stop(mv, timeout=5.0)
-            mv.state = ModelState.UNAVAILABLE
-            mv.reason = f"failed to load '{mv.name}' version {mv.version}: {reason}"
-            log.error("%s", mv.reason)
+            _failed(mv, reason, first.traceback if isinstance(first, LoadError) else "")
             return
         mv.state = ModelState.READY
         log.info("successfully loaded '%s' version %d", mv.name, mv.version)
@@ -292,3 +286,19 @@ def _async_concurrency(parameters: Mapping[str, str], model: str) -> int:
             raw,
         )
         return 8
+
+
+def without_repository(text: str, model_dir: str) -> str:
+    """``text`` with the paths inside the model's repository made relative to it: clients
+    learn which file of the model is at fault, not where the server keeps its repository."""
+    repository = os.path.dirname(os.path.abspath(model_dir))
+    return text.replace(repository + os.sep, "")
+
+
+def _failed(mv: ModelVersion, reason: str, traceback: str = "") -> None:
+    """``mv`` failed to load. The one log line of the failure has the full paths and the model's
+    traceback; the reason kept for clients has neither."""
+    text = f"failed to load '{mv.name}' version {mv.version}: {reason}"
+    log.error("%s%s", text, f"\n{traceback}" if traceback else "")
+    mv.state = ModelState.UNAVAILABLE
+    mv.reason = without_repository(text, mv.config.path)
