@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from shoal import _compiled
 from shoal.supervisor.gc_tuning import settle_after_start
+from shoal.supervisor.model_table import format_model_table
 from shoal.supervisor.options import Restriction, ServerOptions
 from shoal.supervisor.service import InferenceService
 
@@ -108,6 +109,7 @@ async def run_server(options: ServerOptions, stop: asyncio.Event) -> int:
     grace = options.exit_timeout_secs  # what the frontends get to finish, after the drain
     try:
         failures = await service.load_repository()
+        log.info("models:\n%s", format_model_table(service.repository_index()))
         if options.exit_on_error and failures:
             log.error(
                 "exiting: %d model(s) failed to load: %s (--exit-on-error=true; start with "

@@ -9,6 +9,7 @@ import logging
 import os
 import sys
 import tarfile
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -146,6 +147,7 @@ class ModelLoader:
         """Bring up every instance; on failure the version is UNAVAILABLE with the reason."""
         if self.trace_overhead:
             mv.stats.overhead = {}
+        started = time.monotonic()
         try:
             classification.labels_of(mv.config)
             model_dir = os.path.abspath(mv.config.path)
@@ -174,6 +176,14 @@ class ModelLoader:
         mv.instances = [
             StubInstance(spec, self._directory, self._free_inputs, mv.stats) for spec in specs
         ]
+        log.info(
+            "loading '%s' version %d: %d instance%s of %s",
+            mv.name,
+            mv.version,
+            len(specs),
+            "" if len(specs) == 1 else "s",
+            specs[0].model_file if specs else mv.config.path,
+        )
         for instance in mv.instances:
             instance.bls = self.bls
             instance.control = self.control
@@ -194,7 +204,12 @@ class ModelLoader:
             _failed(mv, reason, first.traceback if isinstance(first, LoadError) else "")
             return
         mv.state = ModelState.READY
-        log.info("successfully loaded '%s' version %d", mv.name, mv.version)
+        log.info(
+            "successfully loaded '%s' version %d in %.2f s",
+            mv.name,
+            mv.version,
+            time.monotonic() - started,
+        )
 
     def _on_instance_failed(self, mv: ModelVersion, instance: StubInstance) -> None:
         """An instance stopped restarting; with none left the version is unavailable."""

@@ -3,6 +3,7 @@ a failed load tells the log (the model's traceback, once) and clients (one line,
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -81,6 +82,9 @@ def test_a_failed_load_exits_by_default(tmp_path: Path, broken: str) -> None:
     assert done.returncode == 1, log
     assert expected in log, log
     assert f"exiting: 1 model(s) failed to load: {broken} (--exit-on-error=true" in log
+    # The model table, as tritonserver prints it, comes before the exit.
+    assert "| Model " in log and "| add_sub " in log and "| READY" in log
+    assert f"| {broken} " in log
     assert "SHOAL_LISTENING" not in log  # it never served
     assert "shoal is ready" not in log
 
@@ -96,6 +100,8 @@ def test_the_traceback_is_logged_once_with_the_models_frames_only(
     assert f"{repo}/{broken}/1/model.py" in log  # the operator sees where
     assert "shoal/stub" not in log and "importlib" not in log, log
     assert "died with" not in log, log  # a failed initialize is no crash
+    assert "loading 'add_sub' version 1: 1 instance of" in log
+    assert re.search(r"successfully loaded 'add_sub' version 1 in \d+\.\d\d s", log), log
 
 
 @pytest.mark.parametrize("broken", sorted(FAILURES))
