@@ -13,6 +13,7 @@ from shoal.protos import model_config_pb2 as pb
 from ._checks import WILDCARD_DIM, check_dims, check_preferred_sizes, shape_text
 from ._ensemble import validate_ensemble
 from ._sequence import validate_sequence_batching
+from ._warmup import validate_warmup
 from .defaults import ENSEMBLE_PLATFORM
 from .errors import ConfigError, FieldPath
 
@@ -44,6 +45,7 @@ def validate_config(config: pb.ModelConfig, *, gpus: Sequence[int] = ()) -> list
         validate_ensemble(config, model)
     else:
         _check_instance_groups(config.instance_group, sorted(set(gpus)), model)
+        validate_warmup(config.model_warmup, config.max_batch_size, model)
     return warnings
 
 

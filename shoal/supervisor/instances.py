@@ -12,7 +12,7 @@ import functools
 import itertools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -217,6 +217,8 @@ class StubInstance:
         self._release_pending: list[Block] = []
         self._release_scheduled = False
         self._background: set[asyncio.Future[None]] = set()
+        #: Running model_warmup: its executions are not client traffic, so not counted.
+        self._warming = False
 
     @property
     def ready(self) -> bool:
@@ -237,10 +239,56 @@ class StubInstance:
 
     # -- start ------------------------------------------------------------------------------
 
-    async def start(self, source: BatchSource) -> None:
-        """Spawn the stub and wait for ``initialize``; raises LoadError with the reason."""
+    async def start(
+        self,
+        source: BatchSource,
+        warm_up: Callable[[StubInstance], Awaitable[None]] | None = None,
+    ) -> None:
+        """Spawn the stub and wait for ``initialize``, run ``warm_up`` on it (model_warmup), then
+        pull work from ``source``; raises LoadError with the reason."""
         await self._launch()
+        if warm_up is not None:
+            self._warming = True
+            try:
+                await warm_up(self)
+            except ShoalError as error:
+                raise LoadError(str(error)) from None
+            finally:
+                self._warming = False
         self._worker = asyncio.create_task(self._work_loop(source), name=f"worker {self.name}")
+
+    async def run_now(self, batch: list[Work]) -> list[Completion]:
+        """Run ``batch`` on this instance at once, outside any scheduler (warmup), and return its
+        completions (every response, for a decoupled model). The instance owns the inputs from
+        here, as for any batch; the caller releases the completions. Raises the batch's error
+        (the stub died, a decoupled model's error response)."""
+        proc = self._proc
+        if proc is None or not self._ready.is_set():
+            raise Unavailable(f"instance '{self.name}' is not ready")
+        if self.decoupled:
+            for work in batch:
+                work.stream = asyncio.Queue()
+        await self._slots.take_when_free()
+        await self._send_batch(proc, batch, self._slots)
+        completions: list[Completion] = []
+        failure: BaseException | None = None
+        for work in batch:
+            if work.stream is None:
+                try:
+                    completions.append(await work.future)
+                except ShoalError as error:
+                    failure = failure or error
+                continue
+            while (item := await work.stream.get()) is not None:
+                if isinstance(item, BaseException):
+                    failure = failure or item
+                else:
+                    completions.append(item)
+        if failure is not None:
+            for completion in completions:
+                completion.release()
+            raise failure
+        return completions
 
     async def _launch(self) -> None:
         proc = StubProcess(self.spec.launch, next(_arena_ids))
@@ -320,7 +368,7 @@ class StubInstance:
         entry = self._batch_done(result.batch_id)
         batch = entry.batch if entry is not None else []
         received_ns = time.monotonic_ns()
-        if batch and result.executed:
+        if batch and result.executed and not self._warming:
             self.stats.execution(sum(w.batch_size for w in batch), result.compute_ns)
             if self.stats.overhead is not None and result.stub_ns[0]:
                 for work in batch:
@@ -507,16 +555,18 @@ class StubInstance:
                 if self._cuda.lent_count:
                     self.release_cuda(self._adopt_cuda(proc, body))
             return
-        self._response_stats(stream, body)
+        if not self._warming:
+            self._response_stats(stream, body)
         if message.final:
             del self._streams[message.key]
             work = stream.work
             if work.reschedule is not None:
                 work.reschedule(work, False)
             queue_ns = work.dispatched_ns - work.enqueued_ns
-            self.stats.success(
-                work.batch_size, time.monotonic_ns() - work.enqueued_ns, queue_ns, (0, 0, 0)
-            )
+            if not self._warming:
+                self.stats.success(
+                    work.batch_size, time.monotonic_ns() - work.enqueued_ns, queue_ns, (0, 0, 0)
+                )
         if body is not None and body.error is not None:
             code, text = body.error
             stream.fail(ShoalError(text, ErrorCode.__members__.get(code, ErrorCode.INTERNAL)))

@@ -10,12 +10,12 @@ import os
 import sys
 import tarfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from shoal.ipc.arena import Block
-from shoal.supervisor import classification, environments
+from shoal.supervisor import classification, environments, warmup
 from shoal.supervisor.cuda_devices import stub_environment
 from shoal.supervisor.errors import ShoalError, Unavailable
 from shoal.supervisor.instances import (
@@ -163,13 +163,14 @@ class ModelLoader:
             return
         specs = self._specs(mv)
         try:
+            samples = warmup.build_samples(mv.config, os.path.abspath(mv.config.path))
             scheduler = make_scheduler(
                 mv.config,
                 len(specs),
                 lambda work: self._free_inputs(work.input_blocks),
                 arena_stager(self._directory.input_arena),
             )
-        except SchedulerConfigError as error:
+        except (SchedulerConfigError, warmup.WarmupError) as error:
             _failed(mv, str(error))
             return
         mv.scheduler = scheduler
@@ -192,8 +193,9 @@ class ModelLoader:
             # while another instance is idle.
             instance.send_ahead = len(mv.instances) == 1 and isinstance(scheduler, DefaultScheduler)
             instance.on_failed = lambda failed, mv=mv: self._on_instance_failed(mv, failed)
+        warm_up = self._warm_up(mv.name, samples) if samples else None
         results = await asyncio.gather(
-            *(i.start(scheduler.source(n)) for n, i in enumerate(mv.instances)),
+            *(i.start(scheduler.source(n), warm_up) for n, i in enumerate(mv.instances)),
             return_exceptions=True,
         )
         errors = [r for r in results if isinstance(r, BaseException)]
@@ -210,6 +212,19 @@ class ModelLoader:
             mv.version,
             time.monotonic() - started,
         )
+
+    def _warm_up(
+        self, model: str, samples: list[warmup.WarmupSample]
+    ) -> Callable[[StubInstance], Awaitable[None]]:
+        """What each instance runs before it is ready: every warmup sample."""
+        stage = arena_stager(self._directory.input_arena)
+
+        async def run(instance: StubInstance) -> None:
+            await warmup.warm_up(
+                model, instance.name, samples, stage, self._free_inputs, instance.run_now
+            )
+
+        return run
 
     def _on_instance_failed(self, mv: ModelVersion, instance: StubInstance) -> None:
         """An instance stopped restarting; with none left the version is unavailable."""
