@@ -364,6 +364,13 @@ class StubInstance:
             case _:
                 log.error("[%s] unexpected message %s", self.name, type(message).__name__)
 
+    def _stream_done(self, work: Work) -> None:
+        """A decoupled request's statistics, as Triton's: from enqueued to its final response,
+        with the compute times of the execution that ran it."""
+        compute = work.compute_ns if work.compute_ns is not None else (0, 0, 0)
+        queue_ns = work.dispatched_ns - work.enqueued_ns
+        self.stats.success(work.batch_size, work.final_ns - work.enqueued_ns, queue_ns, compute)
+
     def _complete(self, proc: StubProcess, result: msg.Result) -> None:
         entry = self._batch_done(result.batch_id)
         batch = entry.batch if entry is not None else []
@@ -378,6 +385,10 @@ class StubInstance:
         for work in batch:
             if id(work) in again:
                 self._reschedule(work)
+            elif work.stream is not None and not self._warming:
+                work.compute_ns = result.compute_ns if result.executed else (0, 0, 0)
+                if work.final_ns:  # the final response came before execute returned
+                    self._stream_done(work)
         answered = [w for w in batch if w.stream is None]  # decoupled requests answer apart
         for work, response in zip(answered, result.responses, strict=True):
             if id(work) in again:
@@ -562,11 +573,10 @@ class StubInstance:
             work = stream.work
             if work.reschedule is not None:
                 work.reschedule(work, False)
-            queue_ns = work.dispatched_ns - work.enqueued_ns
             if not self._warming:
-                self.stats.success(
-                    work.batch_size, time.monotonic_ns() - work.enqueued_ns, queue_ns, (0, 0, 0)
-                )
+                work.final_ns = time.monotonic_ns()
+                if work.compute_ns is not None:  # else when execute returns (_complete)
+                    self._stream_done(work)
         if body is not None and body.error is not None:
             code, text = body.error
             stream.fail(ShoalError(text, ErrorCode.__members__.get(code, ErrorCode.INTERNAL)))
