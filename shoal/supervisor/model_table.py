@@ -19,8 +19,10 @@ def _status(entry: RepositoryEntry) -> str:
 
 
 def format_model_table(entries: Sequence[RepositoryEntry]) -> str:
-    """``+-------+---------+--------+`` framed rows of model, version and status."""
-    rows = [_HEADER] + [(e.name, e.version or "-", _status(e)) for e in entries]
+    """``+-------+---------+--------+`` framed rows of model, version and status. Models never
+    asked to load (explicit mode) are left out, as tritonserver does."""
+    shown = [e for e in entries if e.state or e.reason]
+    rows = [_HEADER] + [(e.name, e.version or "-", _status(e)) for e in shown]
     widths = [max(len(row[i]) for row in rows) for i in range(3)]
     rule = "+" + "+".join("-" * (w + 2) for w in widths) + "+"
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import shutil
 import subprocess
@@ -80,9 +81,10 @@ def test_perf_takes_perf_analyzer_flag_names(bundled_server, tmp_path):
         *("--concurrency-range", "1:3:2", "--measurement-interval", "400", "--warmup", "0.1"),
         *("--input-data", str(data), "--shared-memory", "system", "-f", str(csv_file)),
     )
-    rows = csv_file.read_text().splitlines()
-    assert rows[0].startswith("concurrency,")
-    assert [row.split(",")[0] for row in rows[1:]] == ["1", "3"]  # 1:3:2 as perf_analyzer
+    with csv_file.open(newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert [row["concurrency"] for row in rows] == ["1", "3"]  # 1:3:2 as perf_analyzer
+    assert all(row["errors"] == "0" and float(row["throughput"]) > 0 for row in rows), rows
 
 
 def test_perf_refuses_cuda_shared_memory_with_a_pointer(bundled_server):

@@ -36,3 +36,5 @@ def test_long_reasons_are_cut_and_an_empty_repository_says_so() -> None:
     ]
     assert row.endswith("... |") and len(row) < 130
     assert "(no models)" in format_model_table([])
+    # Explicit mode: a model in the repository that nobody asked to load has no row.
+    assert "(no models)" in format_model_table([RepositoryEntry("add_sub")])
