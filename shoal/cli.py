@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 import shoal
-from shoal import perf
+from shoal import _serve_flags, perf
 from shoal.frontends._restricted import GROUPS as RESTRICTED_GROUPS
 from shoal.supervisor.cuda_devices import parse_pool_size
 from shoal.supervisor.log_settings import LOG_FORMATS, TritonFormatter, shoal_level
@@ -178,6 +178,101 @@ def _add_compatibility_flags(serve: argparse.ArgumentParser) -> None:
         )
 
 
+def parse_positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got '{text}'")
+    return value
+
+
+def _add_connection_flags(serve: argparse.ArgumentParser) -> None:
+    """What one client connection may cost (docs/hardening.md)."""
+    serve.add_argument(
+        "--http-max-header-size",
+        type=parse_positive_int,
+        default=32 * 1024,
+        help="bytes of a request head (request line and headers); more gets 431",
+    )
+    serve.add_argument(
+        "--http-header-timeout-secs",
+        type=parse_positive_float,
+        default=60.0,
+        help="seconds a request head may take to arrive; then 408 and the connection closes",
+    )
+    serve.add_argument(
+        "--http-body-timeout-secs",
+        type=parse_positive_float,
+        default=60.0,
+        help="seconds a request body may go without a byte; then 408 and the connection closes",
+    )
+
+
+def parse_count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got '{text}'")
+    return value
+
+
+def _add_grpc_limit_flags(serve: argparse.ArgumentParser) -> None:
+    """gRPC's message size and HTTP/2 flood limits (docs/hardening.md); the first four are
+    Triton's flags, with its defaults."""
+    serve.add_argument(
+        "--grpc-max-message-size",
+        type=parse_positive_int,
+        default=2**31 - 1,
+        help="bytes of a request message; a larger one is RESOURCE_EXHAUSTED",
+    )
+    serve.add_argument(
+        "--grpc-http2-max-ping-strikes",
+        type=parse_count,
+        default=2,
+        help="PINGs too soon (see the next flag) before the connection is closed; 0: no limit",
+    )
+    serve.add_argument(
+        "--grpc-http2-min-recv-ping-interval-without-data",
+        type=parse_count,
+        default=300_000,
+        help="milliseconds; a PING sooner, with no data sent since the last, is a strike",
+    )
+    serve.add_argument(
+        "--grpc-keepalive-permit-without-calls",
+        type=parse_bool,
+        default=False,
+        help="accept keepalive PINGs on a connection with no call open",
+    )
+    serve.add_argument(
+        "--grpc-http2-max-queued-control-frames",
+        type=parse_positive_int,
+        default=1000,
+        help="PING/SETTINGS ACKs and RST_STREAMs a client that does not read may leave queued",
+    )
+    serve.add_argument(
+        "--grpc-http2-stream-reset-burst",
+        type=parse_positive_int,
+        default=1000,
+        help="streams a client may reset at once (then --grpc-http2-stream-reset-rate a second)",
+    )
+    serve.add_argument(
+        "--grpc-http2-stream-reset-rate",
+        type=parse_positive_float,
+        default=33.0,
+        help="stream resets a second a client may make once its burst is spent",
+    )
+    serve.add_argument(
+        "--grpc-http2-max-empty-frames",
+        type=parse_positive_int,
+        default=1000,
+        help="frames in a row that carry nothing (empty DATA, PRIORITY, unknown types)",
+    )
+
+
 class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
     """Shows each flag's default after its help, unless the help already says it or the flag
     has none worth showing (an empty list, an unset value, a store_true switch)."""
@@ -240,6 +335,14 @@ def _add_model_flags(serve: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="keep the copies of remote repositories in DIR, reused after a restart "
         "(default: a temporary directory removed at exit)",
+    )
+    serve.add_argument(
+        "--allow-client-shm",
+        type=parse_bool,
+        default=True,
+        help="let clients register and unregister system and CUDA shared-memory regions for "
+        "their inputs and outputs; false answers those calls UNSUPPORTED (Triton's flag; its "
+        "default is false since 2.69: docs/compatibility.md)",
     )
     serve.add_argument(
         "--model-control-mode",
@@ -361,9 +464,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="BYTES",
         help="the largest HTTP request body accepted (larger ones get 400)",
     )
+    _add_connection_flags(serve)
+    _add_grpc_limit_flags(serve)
     _add_logging_flags(serve)
     _add_restriction_flags(serve)
     _add_compatibility_flags(serve)
+    _serve_flags.add_arguments(serve)
     perf.add_arguments(
         commands.add_parser(
             "perf",
@@ -424,6 +530,7 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         allow_metrics=args.allow_metrics,
         metrics_interval_ms=args.metrics_interval_ms,
         allow_cpu_metrics=args.allow_cpu_metrics,
+        allow_client_shm=args.allow_client_shm,
         model_control_mode=args.model_control_mode,
         repository_poll_secs=args.repository_poll_secs,
         load_models=tuple(args.load_model),
@@ -441,9 +548,23 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         http_restricted_api=_restrictions(args.http_restricted_api, "api"),
         grpc_restricted_protocol=_restrictions(args.grpc_restricted_protocol, "protocol"),
         http_max_input_size=args.http_max_input_size,
+        http_max_header_size=args.http_max_header_size,
+        http_header_timeout_secs=args.http_header_timeout_secs,
+        http_body_timeout_secs=args.http_body_timeout_secs,
+        grpc_max_message_size=args.grpc_max_message_size,
+        grpc_http2_max_ping_strikes=args.grpc_http2_max_ping_strikes,
+        grpc_http2_min_recv_ping_interval_without_data=(
+            args.grpc_http2_min_recv_ping_interval_without_data
+        ),
+        grpc_keepalive_permit_without_calls=args.grpc_keepalive_permit_without_calls,
+        grpc_http2_max_queued_control_frames=args.grpc_http2_max_queued_control_frames,
+        grpc_http2_stream_reset_burst=args.grpc_http2_stream_reset_burst,
+        grpc_http2_stream_reset_rate=args.grpc_http2_stream_reset_rate,
+        grpc_http2_max_empty_frames=args.grpc_http2_max_empty_frames,
         arenas=_arena_options(args.backend_config),
         backend_config=tuple(args.backend_config),
         cuda_pool_limits=tuple(args.cuda_memory_pool_byte_size),
+        **_serve_flags.options(args),
     )
 
 

@@ -69,14 +69,26 @@ async def _start_grpc(
 ) -> GrpcServer | NativeGrpcServer:
     """Serve ``inference.GRPCInferenceService`` on the gRPC address."""
     from shoal.frontends.grpc import GrpcServer
-    from shoal.frontends.grpc_native import NativeGrpcServer
+    from shoal.frontends.grpc_native import FloodLimits, NativeGrpcServer
 
     restricted = _by_api(options.grpc_restricted_protocol)
+    limits = FloodLimits(
+        max_ping_strikes=options.grpc_http2_max_ping_strikes,
+        min_ping_interval=options.grpc_http2_min_recv_ping_interval_without_data / 1000,
+        permit_pings_without_calls=options.grpc_keepalive_permit_without_calls,
+        max_queued_replies=options.grpc_http2_max_queued_control_frames,
+        reset_burst=options.grpc_http2_stream_reset_burst,
+        reset_rate=options.grpc_http2_stream_reset_rate,
+        max_empty_frames=options.grpc_http2_max_empty_frames,
+    )
+    size = options.grpc_max_message_size
     server: GrpcServer | NativeGrpcServer
     if options.grpc_server == "grpcio":
-        server = GrpcServer(service, restricted=restricted)
+        server = GrpcServer(service, max_message_bytes=size, restricted=restricted, limits=limits)
     else:
-        server = NativeGrpcServer(service, restricted=restricted)
+        server = NativeGrpcServer(
+            service, max_message_bytes=size, restricted=restricted, limits=limits
+        )
     port = await server.start(options.grpc_address, options.grpc_port)
     announce("grpc", options.grpc_address, port)
     return server
@@ -100,7 +112,7 @@ async def _drain(service: InferenceService, timeout: float) -> float:
 
 async def run_server(options: ServerOptions, stop: asyncio.Event) -> int:
     """Serve until ``stop`` is set. Shutdown order: frontends, then models, then arenas."""
-    from shoal.frontends.http import HttpServer, build_http_app
+    from shoal.frontends.http import ConnectionLimits, HttpServer, build_http_app
 
     service = InferenceService(options)
     http: HttpServer | None = None
@@ -124,7 +136,12 @@ async def run_server(options: ServerOptions, stop: asyncio.Event) -> int:
                 max_input_size=options.http_max_input_size,
                 restricted=_by_api(options.http_restricted_api),
             )
-            http = HttpServer(app)
+            limits = ConnectionLimits(
+                max_header_size=options.http_max_header_size,
+                header_timeout=options.http_header_timeout_secs,
+                body_timeout=options.http_body_timeout_secs,
+            )
+            http = HttpServer(app, limits=limits)
             port = await http.start(options.http_address, options.http_port)
             announce("http", options.http_address, port)
         if options.allow_grpc:

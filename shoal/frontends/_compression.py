@@ -6,6 +6,7 @@ tritonclient's ``request_compression_algorithm`` / ``response_compression_algori
 
 from __future__ import annotations
 
+import asyncio
 import zlib
 
 from shoal.frontends._limits import too_large
@@ -40,6 +41,19 @@ def request_encoding(content_encoding: str | None) -> str | None:
     raise UnsupportedEncoding(
         f"Unsupported compression type '{value}': supported are {SUPPORTED_ENCODINGS}"
     )
+
+
+#: A compressed body smaller than this is inflated on the event loop: deflate's ratio is at most
+#: about 1:1032, so it cannot cost more than a millisecond or so. A larger one goes to a thread
+#: (zlib releases the GIL), so that a "zip bomb" costs its own request time, not everybody's.
+INFLATE_INLINE = 1024
+
+
+async def inflate(body: bytes | bytearray | memoryview, encoding: str, *, limit: int) -> bytes:
+    """:func:`decompress`, off the event loop unless ``body`` is small."""
+    if len(body) < INFLATE_INLINE:
+        return decompress(body, encoding, limit=limit)
+    return await asyncio.to_thread(decompress, body, encoding, limit=limit)
 
 
 def decompress(body: bytes | bytearray | memoryview, encoding: str, *, limit: int) -> bytes:

@@ -39,9 +39,6 @@ EVENT_STREAM_TYPE = "text/event-stream; charset=utf-8"
 
 _MODEL_PATHS = ("/v2/models/{model_name}", "/v2/models/{model_name}/versions/{model_version}")
 
-# zlib releases the GIL: above this size, inflate in a thread so the event loop keeps serving.
-_THREAD_THRESHOLD = 1 << 20
-
 
 def generate_routes(core: CoreAPI, max_input_size: int) -> list[Route]:
     """``generate`` and ``generate_stream`` under both model paths."""
@@ -155,6 +152,9 @@ async def _next_body(responses: AsyncIterator[InferResponse]) -> bytes | None:
         response = await anext(responses)
     except StopAsyncIteration:
         return None
+    if response.error is not None:  # the model's error response: the last event
+        response.release()
+        raise response.error
     try:
         return encode_generate_response(response)
     finally:
@@ -189,9 +189,7 @@ async def _disconnected(receive: Receive) -> None:
 
 
 async def _inflate(body: bytes | bytearray, encoding: str, limit: int) -> bytes:
-    if len(body) < _THREAD_THRESHOLD:
-        return codec.decompress(body, encoding, limit=limit)
-    return await asyncio.to_thread(codec.decompress, body, encoding, limit=limit)
+    return await codec.inflate(body, encoding, limit=limit)
 
 
 async def _send_error(send: Send, error: ShoalError) -> None:

@@ -70,6 +70,8 @@ def decode_infer_request(data: bytes | bytearray | memoryview) -> DecodedInfer:
         message = pb.ModelInferRequest.FromString(header)  # type: ignore[arg-type]
     except DecodeError as exc:
         raise InvalidArgument(f"failed to parse the request message: {exc}") from None
+    if not raw and message.raw_input_contents:  # a message too long to walk: parsed whole
+        raw = [memoryview(entry) for entry in message.raw_input_contents]
     parameters, final_flag = decode_request_parameters(message.parameters)
     outputs = [
         RequestedOutput(output.name, decode_output_parameters(output.name, output.parameters))
@@ -199,11 +201,15 @@ def stream_response_chunks(infer_response: list[Chunk]) -> list[Chunk]:
     return embedded_chunks(_INFER_RESPONSE, infer_response)
 
 
-def stream_error(message: str, request: InferRequest | None) -> bytes:
-    """A ``ModelStreamInferResponse`` that reports a failed request (the stream goes on)."""
+def stream_error(message: str, request: InferRequest | None, *, final: bool | None = None) -> bytes:
+    """A ``ModelStreamInferResponse`` that reports a failed request or an error response of a
+    decoupled model (the stream goes on). ``final``: sent as ``triton_final_response``, as
+    on the model's other responses."""
     reply = pb.ModelStreamInferResponse(error_message=message)
     if request is not None:
         reply.infer_response.model_name = request.model_name
         reply.infer_response.model_version = request.model_version
         reply.infer_response.id = request.id
+    if final is not None:
+        reply.infer_response.parameters[FINAL_RESPONSE].bool_param = final
     return reply.SerializeToString()

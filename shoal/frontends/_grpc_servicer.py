@@ -148,6 +148,10 @@ class Servicer:
             ended = False
             async for response in self._core.infer_stream(decoded.request):
                 ended = response.final
+                if response.error is not None:  # one response of the stream: it goes on
+                    response.release()
+                    yield stream_error(response.error.message, decoded.request, final=ended)
+                    continue
                 yield self._stream_reply(response, decoded, final=ended)
             if not ended and decoded.final_response_flag:
                 empty = InferResponse(decoded.request.model_name, "", decoded.request.id)

@@ -12,6 +12,11 @@ joins the chunks.
 
 Protobuf parsers accept the fields of a message in any order and concatenate repeated fields, so
 both tricks produce and accept ordinary, valid messages.
+
+The walk costs Python time per field, so it stops after :data:`MAX_WALKED_FIELDS` fields: a
+message made of more (a hostile one: 4 MiB of zero bytes, or millions of empty fields) is left
+whole to protobuf's C parser, which copies the entries but takes milliseconds, not seconds, on
+the event loop (docs/hardening.md, "Parsing").
 """
 
 from __future__ import annotations
@@ -22,6 +27,9 @@ from shoal.supervisor.core import InvalidArgument
 
 _VARINT, _FIXED64, _LENGTH_DELIMITED, _FIXED32 = 0, 1, 2, 5
 _MAX_VARINT_BYTES = 10
+#: Top-level fields walked in Python before the message is left whole to protobuf. A
+#: ModelInferRequest has one per input, output, parameter and raw entry, and the few scalars.
+MAX_WALKED_FIELDS = 1024
 
 #: A body part: the wire bytes of a message are the concatenation of its chunks.
 Chunk = bytes | memoryview
@@ -70,7 +78,9 @@ def split_raw_contents(
     """Separate the length-delimited field ``number`` from a serialized message.
 
     Returns the message without that field (to parse with protobuf) and the field's entries, in
-    order, as zero-copy read-only views of ``data``. Malformed input is InvalidArgument.
+    order, as zero-copy read-only views of ``data``. Malformed input is InvalidArgument. A
+    message of more than :data:`MAX_WALKED_FIELDS` fields is returned whole, with no entries:
+    protobuf parses the field with the rest.
     """
     view = memoryview(data).toreadonly()
     # The other fields, as (start, end) runs of ``data``; serializers write fields in number order,
@@ -78,13 +88,19 @@ def split_raw_contents(
     runs: list[list[int]] = []
     entries: list[memoryview] = []
     offset, total = 0, len(view)
+    budget = MAX_WALKED_FIELDS
     while offset < total:
+        budget -= 1
+        if budget < 0:
+            return data, []
         start = offset
         key = view[offset]
         if key < 0x80:  # one-byte tag: fields 1 to 15, the only ones of ModelInferRequest
             offset += 1
         else:
             key, offset = _read_varint(view, offset)
+        if key >> 3 == 0:
+            raise _malformed("a field numbered 0")
         wire_type = key & 7
         if wire_type == _LENGTH_DELIMITED:
             size = view[offset] if offset < total else 0x80

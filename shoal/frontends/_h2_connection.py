@@ -11,6 +11,12 @@ stream may send is bounded by the gRPC layer (its message size limit), not by wi
 Sending: DATA respects the peer's connection and stream windows and its frame size; what does not
 fit waits for WINDOW_UPDATE. Everything written during one event-loop iteration leaves in one
 ``writev``: a unary call's headers, message and trailers, and the answers of several streams.
+
+Floods (:class:`FloodLimits`, docs/hardening.md "HTTP/2 floods") end the connection with GOAWAY
+``ENHANCE_YOUR_CALM``: PINGs past grpc-core's ping policy (the one Triton's
+``--grpc-http2-*`` flags set), more than a bounded number of replies (PING and SETTINGS ACKs,
+RST_STREAM) queued for a peer that does not read, streams reset faster than a token bucket
+allows, and long runs of frames that carry nothing.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol, cast
 
 import hpack
@@ -35,6 +42,34 @@ MAX_HEADER_LIST = 1 << 16
 MAX_CONCURRENT_STREAMS = 1024
 
 Headers = list[tuple[bytes, bytes]]
+
+#: grpc-core's interval between pings on a connection without calls, unless permitted (2 hours).
+_IDLE_PING_INTERVAL = 7200.0
+
+
+@dataclass(frozen=True)
+class FloodLimits:
+    """What a peer may send before the connection ends with GOAWAY ``ENHANCE_YOUR_CALM``.
+
+    The ping policy is grpc-core's (Triton's flags and defaults): a PING sooner than
+    ``min_ping_interval`` seconds after the previous one is a strike, unless the server sent
+    HEADERS or DATA in between; more than ``max_ping_strikes`` strikes (0: any number) end the
+    connection. Without calls in progress the interval is 2 hours unless
+    ``permit_pings_without_calls``. The rest are nghttp2's defaults: ``max_queued_replies``
+    control frames written while the peer does not read (the transport has paused writing),
+    ``reset_burst`` streams reset by the peer at once and ``reset_rate`` a second after that.
+    ``max_empty_frames``: frames in a row that carry nothing (empty DATA or header fragments,
+    PRIORITY, unknown types).
+    """
+
+    max_ping_strikes: int = 2
+    min_ping_interval: float = 300.0
+    permit_pings_without_calls: bool = False
+    max_queued_replies: int = 1000
+    reset_burst: int = 1000
+    reset_rate: float = 33.0
+    max_empty_frames: int = 1000
+
 
 #: Decoded header blocks remembered per connection.
 _BLOCK_CACHE = 64
@@ -73,11 +108,13 @@ class _Stream:
 
 
 class ConnectionError_(Exception):
-    """A connection error: the connection ends with GOAWAY and ``code``."""
+    """A connection error: the connection ends with GOAWAY and ``code``; ``abort``: at once,
+    dropping what waits to be written (the peer does not read it)."""
 
-    def __init__(self, code: int, message: str) -> None:
+    def __init__(self, code: int, message: str, abort: bool = False) -> None:
         super().__init__(message)
         self.code = code
+        self.abort = abort
 
 
 class Http2Connection(asyncio.Protocol):
@@ -88,8 +125,10 @@ class Http2Connection(asyncio.Protocol):
         open_stream: StreamOpener,
         on_close: Callable[[Http2Connection], None],
         max_concurrent_streams: int = MAX_CONCURRENT_STREAMS,
+        limits: FloodLimits | None = None,
     ):
         self._max_streams = max_concurrent_streams
+        self._limits = limits = limits or FloodLimits()
         self._open_stream = open_stream
         self._on_close = on_close
         self._loop = asyncio.get_running_loop()
@@ -115,6 +154,14 @@ class Http2Connection(asyncio.Protocol):
         self._out: list[bytes | memoryview] = []
         self._flush_scheduled = False
         self._going_away = False
+        # Flood accounting (FloodLimits).
+        self._last_ping: float | None = None  # None: we sent HEADERS or DATA since
+        self._ping_strikes = 0
+        self._writing_paused = False
+        self._queued_replies = 0  # control frames written while writing is paused
+        self._reset_tokens = float(limits.reset_burst)
+        self._reset_time = self._loop.time()
+        self._empty_frames = 0
         self.closed: asyncio.Future[None] = self._loop.create_future()
 
     # --- asyncio.Protocol ---------------------------------------------------------------------
@@ -148,14 +195,26 @@ class Http2Connection(asyncio.Protocol):
                     self._buffer = bytearray(memoryview(data)[consumed:])
         except ConnectionError_ as exc:
             log.debug("HTTP/2 connection error: %s", exc)
+            self._abort_streams()
+            if exc.abort:
+                self._out.clear()
+                if self._transport is not None:
+                    self._transport.abort()
+                return
             self._write(h2.goaway(self._last_stream_id, exc.code, str(exc).encode()))
             self._flush()
-            self._abort_streams()
             if self._transport is not None:
                 self._transport.close()
             return
         if not scheduled:
             self._flush()
+
+    def pause_writing(self) -> None:
+        self._writing_paused = True
+
+    def resume_writing(self) -> None:
+        self._writing_paused = False
+        self._queued_replies = 0
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._transport = None
@@ -255,6 +314,14 @@ class Http2Connection(asyncio.Protocol):
             stream_id &= 0x7FFFFFFF
             if self._continuation is not None and kind != h2.CONTINUATION:
                 raise ConnectionError_(h2.PROTOCOL_ERROR, "a header block was interrupted")
+            if _carries_nothing(kind, flags, length):
+                self._empty_frames += 1
+                if self._empty_frames > self._limits.max_empty_frames:
+                    raise ConnectionError_(
+                        h2.ENHANCE_YOUR_CALM, "too many frames that carry nothing"
+                    )
+            elif kind == h2.DATA or kind == h2.HEADERS or kind == h2.CONTINUATION:
+                self._empty_frames = 0
             if kind == h2.DATA:
                 self._on_data(stream_id, flags, payload)
             elif kind == h2.HEADERS:
@@ -269,7 +336,8 @@ class Http2Connection(asyncio.Protocol):
                 if len(payload) != 8 or stream_id:
                     raise ConnectionError_(h2.PROTOCOL_ERROR, "a malformed PING")
                 if not flags & h2.ACK:
-                    self._write(h2.frame(h2.PING, h2.ACK, 0, bytes(payload)))
+                    self._ping_received()
+                    self._reply(h2.frame(h2.PING, h2.ACK, 0, bytes(payload)))
             elif kind == h2.RST_STREAM:
                 self._on_rst_stream(stream_id)
             elif kind == h2.GOAWAY:
@@ -279,6 +347,34 @@ class Http2Connection(asyncio.Protocol):
                 raise ConnectionError_(h2.PROTOCOL_ERROR, "a client sent PUSH_PROMISE")
             # PRIORITY and unknown frame types are ignored (RFC 9113 sections 5.3.2, 4.1).
         return offset
+
+    def _ping_received(self) -> None:
+        """grpc-core's ping policy (see FloodLimits)."""
+        limits = self._limits
+        now = self._loop.time()
+        last = self._last_ping
+        self._last_ping = now
+        if last is None:
+            return
+        interval = limits.min_ping_interval
+        if not self._streams and not limits.permit_pings_without_calls:
+            interval = max(interval, _IDLE_PING_INTERVAL)
+        if now - last < interval:
+            self._ping_strikes += 1
+            if limits.max_ping_strikes and self._ping_strikes > limits.max_ping_strikes:
+                raise ConnectionError_(h2.ENHANCE_YOUR_CALM, "too_many_pings")
+
+    def _reply(self, frame: bytes) -> None:
+        """Write a control frame the peer's frame asked for; the peer must read them."""
+        if self._writing_paused:
+            self._queued_replies += 1
+            if self._queued_replies > self._limits.max_queued_replies:
+                raise ConnectionError_(
+                    h2.ENHANCE_YOUR_CALM,
+                    "too many replies wait for a peer that does not read",
+                    abort=True,
+                )
+        self._write(frame)
 
     def _on_data(self, stream_id: int, flags: int, payload: memoryview) -> None:
         if stream_id == 0:
@@ -350,7 +446,7 @@ class Http2Connection(asyncio.Protocol):
         if self._going_away or len(self._streams) >= self._max_streams:
             # Refused (the client may retry it); what the peer sends on it still counts as a
             # known, closed stream.
-            self._write(h2.rst_stream(stream_id, h2.REFUSED_STREAM))
+            self._reply(h2.rst_stream(stream_id, h2.REFUSED_STREAM))
             return
         self._last_stream_id = stream_id
         stream = _Stream(None, self._initial_send_window)
@@ -402,7 +498,7 @@ class Http2Connection(asyncio.Protocol):
                 if not h2.DEFAULT_MAX_FRAME <= value <= h2.MAX_FRAME_LIMIT:
                     raise ConnectionError_(h2.PROTOCOL_ERROR, f"max frame size {value}")
                 self._send_max_frame = value
-        self._write(h2.frame(h2.SETTINGS, h2.ACK, 0))
+        self._reply(h2.frame(h2.SETTINGS, h2.ACK, 0))
         self._resume_blocked()
 
     def _on_window_update(self, stream_id: int, payload: memoryview) -> None:
@@ -437,7 +533,18 @@ class Http2Connection(asyncio.Protocol):
             self._wake(stream)
             if stream.handler is not None:
                 stream.handler.reset()
+            self._count_reset()
         self._close_if_idle()
+
+    def _count_reset(self) -> None:
+        """A stream the peer reset while it was open: a token of the reset bucket."""
+        limits = self._limits
+        now = self._loop.time()
+        tokens = self._reset_tokens + (now - self._reset_time) * limits.reset_rate
+        self._reset_tokens = min(float(limits.reset_burst), tokens) - 1
+        self._reset_time = now
+        if self._reset_tokens < 0:
+            raise ConnectionError_(h2.ENHANCE_YOUR_CALM, "too many streams reset")
 
     # --- sending ------------------------------------------------------------------------------
 
@@ -451,6 +558,8 @@ class Http2Connection(asyncio.Protocol):
             if allowed <= 0:
                 return view
             end_stream = False
+        self._last_ping = None  # data sent: grpc-core forgives earlier pings
+        self._ping_strikes = 0
         max_frame = self._send_max_frame
         offset = 0
         while True:
@@ -504,6 +613,8 @@ class Http2Connection(asyncio.Protocol):
         """HEADERS, and CONTINUATION frames for what exceeds the peer's frame size (a long
         grpc-message): a frame over that size is a connection error for the peer. The frames
         are written together, so nothing comes between them, as RFC 9113 section 6.10 asks."""
+        self._last_ping = None  # headers sent: grpc-core forgives earlier pings
+        self._ping_strikes = 0
         if self._table_size_update:
             self._table_size_update = False
             block = h2.TABLE_SIZE_ZERO + bytes(block)
@@ -566,6 +677,16 @@ class Http2Connection(asyncio.Protocol):
         out, self._out = self._out, []
         if out and self._transport is not None and not self._transport.is_closing():
             self._transport.writelines(out)
+
+
+def _carries_nothing(kind: int, flags: int, length: int) -> bool:
+    """Whether a frame is one a flood is made of (CVE-2019-9518): an empty DATA frame or header
+    fragment that ends nothing, PRIORITY (which shoal ignores) or an unknown type."""
+    if kind == h2.DATA:
+        return length == 0 and not flags & h2.END_STREAM
+    if kind == h2.HEADERS or kind == h2.CONTINUATION:
+        return length == 0 and not flags & h2.END_HEADERS
+    return kind == h2.PRIORITY or kind > h2.CONTINUATION
 
 
 def _unpad(payload: memoryview) -> memoryview:

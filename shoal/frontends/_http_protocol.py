@@ -18,6 +18,9 @@ from typing import Any, Protocol, cast
 import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from shoal.frontends import _json
+from shoal.frontends._limits import ConnectionLimits
+
 
 class CoalescingHttpToolsProtocol(HttpToolsProtocol):
     """:class:`HttpToolsProtocol` over a :class:`_CoalescingTransport`."""
@@ -123,12 +126,103 @@ class FastInferHttpToolsProtocol(CoalescingHttpToolsProtocol):
     # compiled with the rest of this module (docs/perf.md, "Compiled hot path"), and the
     # keep-alive timer is armed once per idle period instead of made and cancelled per request.
 
+    # A connection's limits (docs/hardening.md, "Connections"): ``_head_left`` is what the
+    # request head being read may still take (-1: no head is being read), ``_head_started`` when
+    # its first byte came (0: none yet), ``_in_body`` whether a request body is due. One timer
+    # per connection (``_watch``) checks them lazily: nothing is armed or cancelled per request.
+
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
-        self._last_data = self.loop.time()
+        limits: ConnectionLimits = getattr(self.config, "connection_limits", _DEFAULT_LIMITS)
+        self._limits = limits
+        now = self.loop.time()
+        self._last_data = now
+        self._head_left = limits.max_header_size
+        self._head_started = now  # the first request's head is due from the accept
+        self._in_body = False
+        self._watch: asyncio.TimerHandle | None = self.loop.call_later(
+            min(limits.header_timeout, limits.body_timeout), self._check_progress
+        )
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+            self._watch = None
+        super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
-        self._last_data = self.loop.time()
+        now = self.loop.time()
+        self._last_data = now
+        if self._head_left >= 0:
+            if self._head_started == 0.0:
+                self._head_started = now
+            if len(data) > self._head_left:
+                self._head_overrun(data)
+                return
+            self._head_left -= len(data)
+        self._feed(data)
+
+    def _head_overrun(self, data: bytes) -> None:
+        """``data`` holds more than the head being read may still take: parse only what it may;
+        unless the head ended within it, answer 431. (httptools gathers a header's value by
+        concatenation, so a giant header would also cost time quadratic in its size.)"""
+        allowed = self._head_left
+        self._head_left = 0
+        if allowed:
+            self._feed(data[:allowed])
+        if self._head_left == 0 and not self.transport.is_closing():
+            limit = self._limits.max_header_size
+            self._refuse(
+                431,
+                f"the request header fields exceed the limit of {limit} bytes; "
+                "use --http-max-header-size to raise it",
+            )
+        elif not self.transport.is_closing():
+            self.data_received(data[allowed:])
+
+    def _check_progress(self) -> None:
+        """The connection's timer: end a request head or body that is overdue (408)."""
+        self._watch = None
+        if self.transport is None or self.transport.is_closing():
+            return
+        limits = self._limits
+        now = self.loop.time()
+        if self._in_body:
+            due = self._last_data + limits.body_timeout
+            what = "body"
+        elif self._head_started != 0.0 and self._head_left >= 0:
+            due = self._head_started + limits.header_timeout
+            what = "header"
+        else:  # idle between requests (the keep-alive timeout's business), or a request running
+            due = now + min(limits.header_timeout, limits.body_timeout)
+            what = ""
+        if what and now >= due:
+            timeout = limits.body_timeout if what == "body" else limits.header_timeout
+            self._refuse(
+                408,
+                f"the request {what} did not arrive within {timeout:g} s; "
+                f"use --http-{what}-timeout-secs to change the limit",
+            )
+            return
+        self._watch = self.loop.call_later(due - now, self._check_progress)
+
+    def _refuse(self, status: int, message: str) -> None:
+        """Answer ``status`` with a JSON error and close: the connection cannot go on."""
+        body = _json.dumps({"error": message})
+        head = [_status_line(status)]
+        for name, value in self.server_state.default_headers:
+            head += [name, b": ", value, b"\r\n"]
+        head += [
+            b"content-type: application/json\r\n",
+            b"content-length: ",
+            str(len(body)).encode("latin-1"),
+            b"\r\nconnection: close\r\n\r\n",
+            body,
+        ]
+        self.transport.write(b"".join(head))
+        self.transport.close()
+
+    def _feed(self, data: bytes) -> None:
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError:
@@ -186,6 +280,9 @@ class FastInferHttpToolsProtocol(CoalescingHttpToolsProtocol):
         self.headers = []
 
     def on_headers_complete(self) -> None:
+        self._head_left = -1
+        self._head_started = 0.0
+        self._in_body = True
         fast = self._fast_request()
         if fast is not None:
             self.cycle = cast(Any, fast)
@@ -205,6 +302,8 @@ class FastInferHttpToolsProtocol(CoalescingHttpToolsProtocol):
             super().on_body(body)
 
     def on_message_complete(self) -> None:
+        self._in_body = False
+        self._head_left = self._limits.max_header_size  # the next request's head
         cycle = self.cycle
         if not isinstance(cycle, _FastRequest):
             super().on_message_complete()
@@ -257,6 +356,9 @@ class FastInferHttpToolsProtocol(CoalescingHttpToolsProtocol):
         if not request.keep_alive:
             self.transport.close()
         self.on_response_complete()
+
+
+_DEFAULT_LIMITS = ConnectionLimits()
 
 
 @functools.lru_cache(maxsize=64)

@@ -6,7 +6,8 @@ environment that lacks it. orjson is stricter than ``json``: it refuses lone sur
 (``"\\ud800"``, not valid UTF-8 text) in a request as malformed JSON, and reads integer literals
 beyond 64 bits as floats (:mod:`shoal.frontends._tensor_json` reports them as out of range).
 
-Documents nested more than 1,024 levels deep are refused (orjson's limit), on every Python version.
+Documents nested more than :data:`MAX_DEPTH` levels deep are refused before they are parsed
+(:func:`check_depth`, at C speed with NumPy), on every Python version and with either parser.
 
 NaN and infinities are written and read as Triton does (``NaN``, ``Infinity``, ``-Infinity``: not
 standard JSON, but what Triton's rapidjson writes and reads, and what Python's ``json`` and
@@ -18,6 +19,15 @@ from __future__ import annotations
 import importlib
 import json
 from typing import Any
+
+import numpy as np
+
+#: The deepest nesting of arrays and objects accepted. A V2 request needs the document's four
+#: levels plus one per dimension of a tensor written as nested lists, and NumPy has at most 64.
+MAX_DEPTH = 100
+
+_QUOTE, _BACKSLASH = 0x22, 0x5C
+_OPEN, _CLOSE = 0x7B, 0x7D  # "{" and "}"; "[" and "]" are the same bytes with 0x20 cleared
 
 
 class JsonDecodeError(ValueError):
@@ -58,6 +68,7 @@ def _plain(value: Any) -> Any:
 
 def loads(data: bytes | bytearray | memoryview) -> Any:
     """Parse UTF-8 JSON text."""
+    check_depth(data)
     try:
         if _ORJSON is not None:
             try:
@@ -79,6 +90,49 @@ def loads(data: bytes | bytearray | memoryview) -> Any:
         raise JsonDecodeError(str(exc)) from exc
     except RecursionError:
         raise JsonDecodeError("the JSON nests too deeply") from None
+
+
+def check_depth(data: bytes | bytearray | memoryview) -> None:
+    """Refuse (JsonDecodeError) a document that nests arrays and objects past :data:`MAX_DEPTH`.
+
+    Counting brackets settles nearly every document at once; one with more brackets than the
+    limit (large nested tensors) is measured with NumPy: brackets inside strings are skipped,
+    the depth is the running sum of openings and closings.
+    """
+    if isinstance(data, memoryview):
+        data = data.tobytes()
+    if data.count(b"[") + data.count(b"{") <= MAX_DEPTH:
+        return
+    raw = np.frombuffer(data, np.uint8)
+    folded = raw | 0x20
+    opens = folded == _OPEN
+    positions = np.flatnonzero(opens | (folded == _CLOSE))
+    del folded
+    quotes = _string_quotes(raw)
+    if quotes.size:
+        outside = np.searchsorted(quotes, positions) % 2 == 0
+        positions = positions[outside]
+    steps = opens[positions].astype(np.int64) * 2 - 1
+    if steps.size and int(np.cumsum(steps).max()) > MAX_DEPTH:
+        raise JsonDecodeError(f"the JSON nests deeper than {MAX_DEPTH} levels")
+
+
+def _string_quotes(raw: np.ndarray) -> np.ndarray:
+    """Positions of the quotes that open and close strings (escaped ones left out)."""
+    quotes = np.flatnonzero(raw == _QUOTE)
+    if not quotes.size:
+        return quotes
+    after_backslash = quotes[(quotes > 0) & (raw[np.maximum(quotes - 1, 0)] == _BACKSLASH)]
+    if not after_backslash.size:
+        return quotes
+    escaped = []
+    for position in after_backslash.tolist():  # rare: \" inside strings
+        run = 0
+        while position - run - 1 >= 0 and raw[position - run - 1] == _BACKSLASH:
+            run += 1
+        if run % 2:
+            escaped.append(position)
+    return np.setdiff1d(quotes, np.array(escaped, dtype=quotes.dtype), assume_unique=True)
 
 
 def _std_loads(data: bytes | bytearray | memoryview) -> Any:

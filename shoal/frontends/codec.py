@@ -27,6 +27,7 @@ from shoal.frontends._compression import (
     UnsupportedEncoding,
     compress,
     decompress,
+    inflate,
     request_encoding,
     response_encoding,
 )
@@ -64,6 +65,7 @@ __all__ = [
     "decode_infer_request",
     "decompress",
     "encode_infer_response",
+    "inflate",
     "model_metadata_json",
     "model_stats_json",
     "parse_header_length",

@@ -33,6 +33,7 @@ import grpc.aio  # type: ignore[import-untyped]
 from google.protobuf.message import DecodeError
 
 from shoal.frontends._grpc_servicer import Servicer, unexpected
+from shoal.frontends._h2_connection import FloodLimits
 from shoal.frontends._restricted import GRPC_GROUPS, GRPC_KEY_PREFIX, Restrictions
 from shoal.frontends._serving import AddressInUseError
 from shoal.protos import grpc_service_pb2 as pb
@@ -291,9 +292,11 @@ class GrpcServer:
         *,
         max_message_bytes: int = MAX_MESSAGE_BYTES,
         restricted: Mapping[str, tuple[str, str]] | None = None,
+        limits: FloodLimits | None = None,
     ) -> None:
         self._core = core
         self._max_message_bytes = max_message_bytes
+        self._limits = limits or FloodLimits()
         self._restrictions = _restrictions(restricted)
         self._server: Any = None
         self._servicer: Servicer | None = None
@@ -324,9 +327,13 @@ class GrpcServer:
         await server.stop(grace)
 
     def _options(self) -> list[tuple[str, int]]:
+        limits = self._limits  # grpc-core's ping policy; it has its own flood defenses
         return [
             ("grpc.max_receive_message_length", self._max_message_bytes),
             ("grpc.max_send_message_length", self._max_message_bytes),
+            ("grpc.http2.max_ping_strikes", limits.max_ping_strikes),
+            ("grpc.http2.min_ping_interval_without_data_ms", int(limits.min_ping_interval * 1000)),
+            ("grpc.keepalive_permit_without_calls", int(limits.permit_pings_without_calls)),
             # Without this, gRPC binds with SO_REUSEPORT: a second server on a port in use would
             # start, and share the port, instead of failing.
             ("grpc.so_reuseport", 0),

@@ -17,17 +17,19 @@ methods. Cleartext only, as the grpcio server shoal starts.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import re
 import zlib
 from collections import deque
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from shoal.frontends import _h2_frames as h2
 from shoal.frontends._grpc_servicer import Servicer
 from shoal.frontends._h2_connection import (
     MAX_CONCURRENT_STREAMS,
+    FloodLimits,
     Headers,
     Http2Connection,
     StreamHandler,
@@ -37,7 +39,7 @@ from shoal.frontends._serving import bind_socket
 from shoal.frontends.grpc import MAX_MESSAGE_BYTES, SERVICE_NAME, Method, method_table
 from shoal.supervisor.core import CoreAPI
 
-__all__ = ["NativeGrpcServer"]
+__all__ = ["FloodLimits", "NativeGrpcServer"]
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +54,11 @@ UNIMPLEMENTED = 12
 
 #: A streaming call stops producing while this much of its output waits for the client's window.
 STREAM_BACKLOG = 1 << 20
+#: A compressed message smaller than this is inflated on the event loop (at most ~1 MiB out).
+_INFLATE_INLINE = 1024
+#: A message announcing at most this many bytes gets its buffer at once; a larger one's grows as
+#: its bytes arrive.
+_PREALLOCATE = 64 * 1024
 
 _OK_TRAILERS = h2.literal(b"grpc-status", b"0")
 _TIMEOUT = re.compile(rb"^(\d{1,8})([HMSmun])$")
@@ -92,13 +99,15 @@ class _Context:
 
 
 class _Inbox:
-    """The request messages of a streaming call, as an async iterator."""
+    """The request messages of a streaming call, as an async iterator; compressed ones are
+    inflated as they are taken, off the event loop when large (:func:`_inflate`)."""
 
-    def __init__(self) -> None:
-        self._items: deque[bytes | bytearray | None] = deque()  # None: no more
+    def __init__(self, inflate: Callable[[bytes | bytearray], Awaitable[bytes]]) -> None:
+        self._items: deque[bytes | bytearray | _Compressed | None] = deque()  # None: no more
         self._waiter: asyncio.Future[None] | None = None
+        self._inflate = inflate
 
-    def put(self, item: bytes | bytearray | None) -> None:
+    def put(self, item: bytes | bytearray | _Compressed | None) -> None:
         self._items.append(item)
         waiter = self._waiter
         if waiter is not None and not waiter.done():
@@ -118,7 +127,18 @@ class _Inbox:
         if item is None:
             self._items.appendleft(None)
             raise StopAsyncIteration
+        if isinstance(item, _Compressed):
+            return await self._inflate(item.message)
         return item
+
+
+class _Compressed:
+    """A request message as it came, compressed."""
+
+    __slots__ = ("message",)
+
+    def __init__(self, message: bytes | bytearray) -> None:
+        self.message = message
 
 
 class _Call(StreamHandler):
@@ -142,9 +162,11 @@ class _Call(StreamHandler):
         self._prefix = bytearray()
         self._message: bytearray | memoryview | None = None
         self._pooled: bytearray | None = None  # the buffer under a pooled message
+        self._expected = 0  # the size of the message being received
         self._filled = 0
+        self._growing = False  # whether it is received into a buffer that grows as it comes
         self._compressed = False
-        self._request: bytes | bytearray | memoryview | None = None
+        self._request: bytes | bytearray | memoryview | _Compressed | None = None
         self._inbox: _Inbox | None = None
         self._task: asyncio.Task[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
@@ -159,7 +181,7 @@ class _Call(StreamHandler):
         if timeout is not None:
             self._timer = loop.call_later(timeout, self._deadline)
         if self._method.streaming:
-            self._inbox = _Inbox()
+            self._inbox = _Inbox(self._inflate)
             self._launch(self._run_stream())
 
     def data_received(self, data: memoryview, end_stream: bool) -> None:
@@ -175,11 +197,15 @@ class _Call(StreamHandler):
                 self._begin_message(self._prefix)
                 self._prefix = bytearray()
                 continue
-            size = min(len(view), len(message) - self._filled)
-            message[self._filled : self._filled + size] = view[:size]
+            size = min(len(view), self._expected - self._filled)
+            if self._growing:
+                assert isinstance(message, bytearray)
+                message += view[:size]
+            else:
+                message[self._filled : self._filled + size] = view[:size]
             self._filled += size
             view = view[size:]
-            if self._filled == len(message):
+            if self._filled == self._expected:
                 self._message_done()
         if end_stream:
             self._requests_end()
@@ -205,23 +231,44 @@ class _Call(StreamHandler):
             )
             return
         self._compressed = bool(prefix[0])
-        if size >= _BufferPool.MIN_SIZE and self._inbox is None and self._pooled is None:
-            self._pooled = self._server.buffers.take(size)
-            self._message = memoryview(self._pooled)[:size]
-        else:
-            self._message = bytearray(size)
+        self._expected = size
         self._filled = 0
+        self._growing = False
+        pooled = None
+        if size >= _BufferPool.MIN_SIZE and self._inbox is None and self._pooled is None:
+            pooled = self._server.buffers.take(size)
+        if pooled is not None:
+            self._pooled = pooled
+            self._message = memoryview(pooled)[:size]
+        elif size <= _PREALLOCATE:
+            self._message = bytearray(size)
+        else:
+            # The length prefix is only a claim: the message grows as its bytes arrive (two
+            # streams announcing 2 GiB and sending nothing cost nothing). A unary call's buffer
+            # joins the pool afterwards, so repeated large calls reuse it.
+            self._message = bytearray()
+            self._growing = True
+            if size >= _BufferPool.MIN_SIZE and self._inbox is None and self._pooled is None:
+                self._pooled = self._message
         if size == 0:
             self._message_done()
 
     def _message_done(self) -> None:
-        message: bytes | bytearray | memoryview | None = self._message
+        received = self._message
         self._message = None
-        assert message is not None
+        assert received is not None
+        message: bytes | bytearray | memoryview | _Compressed = received
         if self._compressed:
-            message = self._decompress(message)
-            if message is None:
+            if self._encoding not in (b"gzip", b"deflate"):
+                encoding = self._encoding
+                name = "identity" if encoding is None else encoding.decode("latin-1")
+                self._fail(
+                    UNIMPLEMENTED if encoding is not None else INTERNAL,
+                    f"a compressed message with grpc-encoding '{name}'",
+                )
                 return
+            # Inflated by the call's task, not here: a large one goes to a thread.
+            message = _Compressed(bytes(received) if isinstance(received, memoryview) else received)
         if self._inbox is not None:
             assert not isinstance(message, memoryview)  # streams' messages are never pooled
             self._inbox.put(message)
@@ -230,30 +277,22 @@ class _Call(StreamHandler):
         else:
             self._fail(UNIMPLEMENTED, "more than one request message for a unary method")
 
-    def _decompress(self, message: bytes | bytearray | memoryview) -> bytes | None:
-        encoding = self._encoding
-        if encoding in (b"gzip", b"deflate"):
-            wbits = 16 + zlib.MAX_WBITS if encoding == b"gzip" else zlib.MAX_WBITS
-            inflater = zlib.decompressobj(wbits)
-            limit = self._server.max_message_bytes
-            try:
-                out = inflater.decompress(message, limit + 1)
-            except zlib.error as exc:
-                self._fail(INTERNAL, f"failed to decompress the request message: {exc}")
-                return None
-            if len(out) > limit:
-                self._fail(
-                    RESOURCE_EXHAUSTED,
-                    f"Received message larger than max (more than {limit} bytes uncompressed)",
-                )
-                return None
-            return out
-        name = "identity" if encoding is None else encoding.decode("latin-1")
-        self._fail(
-            UNIMPLEMENTED if encoding is not None else INTERNAL,
-            f"a compressed message with grpc-encoding '{name}'",
-        )
-        return None
+    async def _inflate(self, message: bytes | bytearray) -> bytes:
+        """Inflate a compressed message, refusing past the message size limit while inflating
+        (a small "zip bomb" costs at most the limit); off the event loop unless small."""
+        wbits = 16 + zlib.MAX_WBITS if self._encoding == b"gzip" else zlib.MAX_WBITS
+        limit = self._server.max_message_bytes
+        work = functools.partial(_inflate, message, wbits, limit)
+        try:
+            out = work() if len(message) < _INFLATE_INLINE else await asyncio.to_thread(work)
+        except zlib.error as exc:
+            raise _Abort(INTERNAL, f"failed to decompress the request message: {exc}") from None
+        if out is None:
+            raise _Abort(
+                RESOURCE_EXHAUSTED,
+                f"Received message larger than max (more than {limit} bytes uncompressed)",
+            )
+        return out
 
     def _requests_end(self) -> None:
         if self._done:
@@ -316,6 +355,8 @@ class _Call(StreamHandler):
         method = self._method
         request = self._request
         assert request is not None
+        if isinstance(request, _Compressed):
+            request = await self._inflate(request.message)
         if method.parse is None:
             parsed: Any = request
         else:
@@ -403,10 +444,11 @@ class _BufferPool:
     def __init__(self) -> None:
         self._free: list[bytearray] = []
 
-    def take(self, size: int) -> bytearray:
+    def take(self, size: int) -> bytearray | None:
+        """A kept buffer of at least ``size`` bytes; None (allocate nothing) when none fits."""
         fitting = [b for b in self._free if len(b) >= size]
         if not fitting:
-            return bytearray(size)
+            return None
         buffer = min(fitting, key=len)
         self._free.remove(buffer)
         return buffer
@@ -438,8 +480,10 @@ class NativeGrpcServer:
         max_message_bytes: int = MAX_MESSAGE_BYTES,
         restricted: Mapping[str, tuple[str, str]] | None = None,
         max_concurrent_streams: int = MAX_CONCURRENT_STREAMS,
+        limits: FloodLimits | None = None,
     ) -> None:
         self._core = core
+        self._limits = limits or FloodLimits()
         self.max_message_bytes = max_message_bytes
         self._max_streams = max_concurrent_streams
         self._restrictions = Restrictions(restricted or {}, prefix=GRPC_KEY_PREFIX, what="protocol")
@@ -497,7 +541,7 @@ class NativeGrpcServer:
 
     def _connection(self) -> Http2Connection:
         connection = Http2Connection(
-            self._open_stream, self._connections.discard, self._max_streams
+            self._open_stream, self._connections.discard, self._max_streams, self._limits
         )
         self._connections.add(connection)
         return connection
@@ -535,6 +579,12 @@ class NativeGrpcServer:
         if end_stream:
             call.trailers_received()
         return call
+
+
+def _inflate(message: bytes | bytearray, wbits: int, limit: int) -> bytes | None:
+    """``message`` inflated; None past ``limit`` bytes (zlib stops one byte after it)."""
+    out = zlib.decompressobj(wbits).decompress(message, limit + 1)
+    return None if len(out) > limit else out
 
 
 def _timeout_seconds(value: bytes) -> float | None:

@@ -39,15 +39,16 @@ from shoal.frontends._endpoint import (
 from shoal.frontends._extensions import extension_routes, model_stats_routes
 from shoal.frontends._generate import generate_routes
 from shoal.frontends._http_protocol import FastInferHttpToolsProtocol
+from shoal.frontends._limits import ConnectionLimits
 from shoal.frontends._restricted import Restrictions, restrict_routes
 from shoal.frontends._serving import AddressInUseError, EmbeddedServer, bind_socket, wait_started
 from shoal.supervisor.core import CoreAPI, ShoalError
 
-__all__ = ["HTTP_STATUS", "AddressInUseError", "HttpServer", "build_http_app"]
+__all__ = ["HTTP_STATUS", "AddressInUseError", "ConnectionLimits", "HttpServer", "build_http_app"]
 
 _T = TypeVar("_T")
 
-# zlib releases the GIL: above this size, (de)compress in a thread so the event loop keeps serving.
+# Above this size, compress (zlib releases the GIL) or parse JSON in a thread.
 _THREAD_THRESHOLD = 1 << 20
 
 
@@ -222,14 +223,21 @@ class _InferEndpoint:
     ) -> tuple[Headers, bytes]:
         encoding = codec.request_encoding(headers.get("content-encoding"))
         if encoding is not None:
-            inflate = functools.partial(codec.decompress, body, encoding, limit=self.limit)
-            body = await _sized_run(len(body), inflate)
-        decoded = codec.decode_infer_request(
+            body = await codec.inflate(body, encoding, limit=self.limit)
+        header_length = headers.get(codec.HEADER_LENGTH)
+        decode = functools.partial(
+            codec.decode_infer_request,
             body,
             model_name=name,
             model_version=version,
-            header_length=headers.get(codec.HEADER_LENGTH),
+            header_length=header_length,
         )
+        if header_length is None and len(body) >= _THREAD_THRESHOLD:
+            # A large JSON body: parsed in a thread, so that the event loop gets the GIL back
+            # between the parse and each tensor's conversion (each one C call that holds it).
+            decoded = await asyncio.to_thread(decode)
+        else:
+            decoded = decode()
         response = await self._core.infer(decoded.request)
         try:
             encoded = codec.encode_infer_response(response, decoded.output_format)
@@ -272,9 +280,15 @@ class HttpServer:
     """
 
     def __init__(
-        self, app: ASGIApp, *, keep_alive_timeout: int = 60, shutdown_timeout: int | None = 30
+        self,
+        app: ASGIApp,
+        *,
+        keep_alive_timeout: int = 60,
+        shutdown_timeout: int | None = 30,
+        limits: ConnectionLimits | None = None,
     ) -> None:
         self._app = app
+        self._limits = limits or ConnectionLimits()
         self._keep_alive_timeout = keep_alive_timeout
         self._shutdown_timeout = shutdown_timeout
         self._server: EmbeddedServer | None = None
@@ -310,7 +324,7 @@ class HttpServer:
         await serving
 
     def _config(self) -> uvicorn.Config:
-        return uvicorn.Config(
+        config = _Config(
             self._app,
             http=FastInferHttpToolsProtocol,
             ws="none",
@@ -323,3 +337,12 @@ class HttpServer:
             timeout_keep_alive=self._keep_alive_timeout,
             timeout_graceful_shutdown=self._shutdown_timeout,
         )
+        config.connection_limits = self._limits
+        return config
+
+
+class _Config(uvicorn.Config):
+    """uvicorn's configuration, with what :class:`FastInferHttpToolsProtocol` reads of shoal's
+    own: the limits of a connection."""
+
+    connection_limits = ConnectionLimits()

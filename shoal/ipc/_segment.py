@@ -143,12 +143,32 @@ def create_named(arena_id: int, index: int, size: int) -> Segment:
 
 
 def map_fd(arena_id: int, index: int, fd: int, size: int) -> Segment:
-    """Map a peer's memfd segment; the fd is consumed (the mapping keeps its own reference)."""
+    """Map a peer's memfd segment; the segment owns ``fd`` from now on (it is kept for
+    :func:`private_view`)."""
     try:
         mapping = _map(fd, size)
-    finally:
+    except BaseException:
         os.close(fd)
-    return Segment(arena_id, index, size, mapping)
+        raise
+    return Segment(arena_id, index, size, mapping, fd=fd)
+
+
+def private_view(fd: int, offset: int, nbytes: int) -> memoryview:
+    """A writable copy-on-write view of ``nbytes`` at ``offset`` of the file ``fd``.
+
+    A ``MAP_PRIVATE`` mapping reads the shared pages in place; a write copies just the page it
+    touches into memory of this process, so no other mapping of the file ever sees it. The
+    mapping lives as long as the returned view (or any array over it).
+    """
+    start = offset - offset % PAGE
+    mapping = mmap.mmap(
+        fd,
+        offset + nbytes - start,
+        flags=mmap.MAP_PRIVATE,
+        prot=mmap.PROT_READ | mmap.PROT_WRITE,
+        offset=start,
+    )
+    return memoryview(mapping)[offset - start :]
 
 
 def map_named(arena_id: int, index: int, name: str, size: int) -> Segment:

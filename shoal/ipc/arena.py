@@ -19,6 +19,7 @@ from shoal.ipc._segment import (
     map_fd,
     map_named,
     page_align,
+    private_view,
     remove_stale_segments,
 )
 
@@ -34,6 +35,8 @@ __all__ = [
     "OwnedArena",
     "Segment",
     "UnknownSegmentError",
+    "private_block_view",
+    "private_view",
     "remove_stale_segments",
 ]
 
@@ -207,6 +210,11 @@ class OwnedArena:
             return memoryview(bytearray())
         return self._segments[block.segment].buf[block.offset : block.offset + block.nbytes]
 
+    def private_view(self, block: Block) -> memoryview | None:
+        """A copy-on-write view of the block (see :func:`private_block_view`)."""
+        self._check_allocated(block)
+        return private_block_view(self._segments[block.segment], block)
+
     def free_runs(self) -> list[tuple[int, int, int]]:
         """(segment, offset, size) of every free run: for tests and diagnostics."""
         return self._alloc.free_runs()
@@ -377,6 +385,10 @@ class ArenaMap:
             raise ValueError(f"{block} lies outside its {segment.size}-byte segment")
         return segment.buf[block.offset : block.offset + block.nbytes]
 
+    def private_view(self, block: Block) -> memoryview | None:
+        """A copy-on-write view of the block (see :func:`private_block_view`)."""
+        return private_block_view(self.segment(block.arena_id, block.segment), block)
+
     def close(self) -> None:
         for source, _ in self._pending.values():
             if isinstance(source, int):
@@ -401,3 +413,13 @@ class ArenaMap:
         if mapped is not None:
             mapped.close()
         self._pending[key] = entry
+
+
+def private_block_view(segment: Segment, block: Block) -> memoryview | None:
+    """A writable copy-on-write view of ``block``: its writes stay in this process. None for a
+    named segment (no fd is kept for those) or an empty block."""
+    if segment.fd is None or not block.nbytes:
+        return None
+    if block.offset < 0 or block.offset + block.nbytes > segment.size:
+        raise ValueError(f"{block} lies outside its {segment.size}-byte segment")
+    return private_view(segment.fd, block.offset, block.nbytes)

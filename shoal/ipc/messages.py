@@ -87,6 +87,9 @@ class RequestRecord:
     #: Outputs the stub writes straight into a client's shared-memory region (system or
     #: CUDA), by name.
     output_regions: dict[str, RegionLocation | CudaRegionLocation] = field(default_factory=dict)
+    #: Bit ``i`` set: input ``i`` lies in a block staged for this request alone, which the
+    #: model may write in place; any other input is made writable by a private mapping.
+    private_inputs: int = 0
 
     def to_wire(self) -> list[Any]:
         return [
@@ -99,13 +102,14 @@ class RequestRecord:
             self.timeout_us,
             self.key,
             {name: location_to_wire(r) for name, r in self.output_regions.items()},
+            self.private_inputs,
         ]
 
     @classmethod
     def from_wire(cls, w: list[Any]) -> RequestRecord:
         inputs = [TensorDesc.from_wire(t) for t in w[5]]
         regions = {name: _region_from_wire(r) for name, r in w[8].items()}
-        return cls(w[0], w[1], w[2], w[3], w[4], inputs, w[6], w[7], regions)
+        return cls(w[0], w[1], w[2], w[3], w[4], inputs, w[6], w[7], regions, w[9])
 
 
 def _region_from_wire(obj: list[Any]) -> RegionLocation | CudaRegionLocation:

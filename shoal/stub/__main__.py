@@ -23,6 +23,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parent", type=int, required=True, help="supervisor pid")
     parser.add_argument("--instance", required=True, help="instance name, for messages")
     args = parser.parse_args(argv)
+    # The model's process is its own: Triton's stub embeds Python with an empty argv, and
+    # models run argparse or unittest.main() on it, so they must not see the stub's flags.
+    sys.argv[:] = [""]
     die_with_parent(args.parent)
     # `kill -USR1 <stub pid>` prints every thread's stack to the server log: hung models.
     faulthandler.register(signal.SIGUSR1, all_threads=True)

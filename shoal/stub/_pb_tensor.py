@@ -147,10 +147,10 @@ class Tensor:
     def as_numpy(self) -> np.ndarray:
         """The data as a NumPy array (BYTES: an object array of ``bytes``).
 
-        Differs from Triton for received inputs: shoal returns a **read-only zero-copy view** of
-        the shared-memory buffer, where Triton returns a private copy. Copy it
-        (``tensor.as_numpy().copy()``) before writing to it. For a tensor the model built, this is
-        the array it passed in. BF16 has no NumPy dtype: use DLPack instead.
+        A received input is the model's own, as on Triton: writable, and nobody else sees the
+        writes (the request's own shared-memory block, or a copy-on-write view of memory that
+        others read too; docs/python_models.md). For a tensor the model built, this is the
+        array it passed in. BF16 has no NumPy dtype: use DLPack instead.
         """
         if self._gpu is not None:
             raise TritonModelException("Tensor is stored in GPU and cannot be converted to NumPy.")
@@ -163,7 +163,7 @@ class Tensor:
     def to_dlpack(self) -> Any:
         """A ``"dltensor"`` PyCapsule over the tensor's memory (zero-copy).
 
-        The capsule of a received input aliases read-only shared memory: consumers must not write.
+        The capsule of a received input aliases the same memory as ``as_numpy()``.
         """
         return self._export(None)
 

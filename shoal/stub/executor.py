@@ -67,11 +67,14 @@ class BatchExecutor:
         input_view: Callable[[Location], memoryview],
         send: Callable[[msg.Message], None],
         decoupled: bool,
+        private_view: Callable[[Location, memoryview], memoryview],
     ) -> None:
         self.instance = instance
         self.model = model
         self.writer = writer
         self.input_view = input_view
+        #: A writable view of an input that others may read too (its writes stay here).
+        self.private_view = private_view
         self.send = send
         self.decoupled = decoupled
         #: ``async def execute``: batches run concurrently on the model's event loop.
@@ -259,18 +262,12 @@ class BatchExecutor:
 
     def _request(self, record: msg.RequestRecord, delivered: list[Any]) -> Any:
         tensors = []
-        for desc in record.inputs:
+        for i, desc in enumerate(record.inputs):
             if type(desc.location) in _ON_A_GPU:
                 assert self.writer.gpu is not None
                 tensors.append(self.writer.gpu.input_tensor(desc))
                 continue
-            view = self.input_view(desc.location)
-            array = buffer_to_numpy(desc.datatype, desc.shape, view, readonly=True)
-            # Only arena blocks can be handed back by descriptor (client regions are the
-            # client's to reuse once the response is out).
-            if desc.datatype != "BYTES" and isinstance(desc.location, Block):
-                self.writer.locations.remember(array, desc, returnable=True)
-            tensors.append(pb_utils.Tensor._wrap(desc.name, array, desc.datatype))
+            tensors.append(self._cpu_input(desc, bool(record.private_inputs >> i & 1)))
         if self.decoupled:
             deliver = self._stream_to(record)
         else:
@@ -292,6 +289,25 @@ class BatchExecutor:
             deliver=deliver,
             decoupled=self.decoupled,
         )
+
+    def _cpu_input(self, desc: TensorDesc, private: bool) -> Any:
+        """An input the model owns, as on Triton: it may write the array ``as_numpy()`` gives.
+
+        A block staged for this request alone is the array itself (no copy either way), and
+        can be handed back by descriptor as an output, written or not. Anything others may
+        read too (client regions, ensemble and BLS tensors) is seen through a private view.
+        """
+        view = self.input_view(desc.location)
+        if desc.datatype == "BYTES":  # decoded into objects: already the model's own
+            array = buffer_to_numpy(desc.datatype, desc.shape, view)
+        elif private and type(desc.location) is Block:
+            array = buffer_to_numpy(desc.datatype, desc.shape, view, readonly=False)
+            self.writer.locations.remember(array, desc, returnable=True)
+        else:
+            # Not remembered: its bytes may differ from the block's once the model wrote it.
+            writable = self.private_view(desc.location, view)
+            array = buffer_to_numpy(desc.datatype, desc.shape, writable, readonly=False)
+        return pb_utils.Tensor._wrap(desc.name, array, desc.datatype)
 
     def _stream_to(self, record: msg.RequestRecord) -> Callable[[Any, int], None]:
         def deliver(response: Any, flags: int) -> None:

@@ -153,8 +153,7 @@ class GpuTensors:
             pointer = self._pointer(location)
         if self.force_cpu_inputs:
             host = device_to_host(pointer, location.nbytes).view(NUMPY_DTYPES[desc.datatype])
-            host = host.reshape(desc.shape)
-            host.flags.writeable = False  # as inputs in shared memory are
+            host = host.reshape(desc.shape)  # the model's own copy: writable, as on Triton
             return pb_utils.Tensor._wrap(desc.name, host, desc.datatype)
         return pb_utils.Tensor._wrap_gpu(
             desc.name, self._device_view(desc, pointer, None), desc.datatype

@@ -13,12 +13,14 @@ from collections.abc import Mapping
 from types import ModuleType
 from typing import Any
 
-from shoal.stub import backends, pb_utils
+from shoal.stub import backends, c_python_backend_utils, pb_utils
 
 
 def install_pb_utils() -> None:
-    """Make ``import triton_python_backend_utils`` find shoal's compatibility module."""
+    """Make ``import triton_python_backend_utils`` (and the native module behind it in Triton,
+    ``c_python_backend_utils``) find shoal's compatibility modules."""
     sys.modules["triton_python_backend_utils"] = pb_utils
+    sys.modules["c_python_backend_utils"] = c_python_backend_utils
 
 
 def import_model_module(model_file: str) -> ModuleType:

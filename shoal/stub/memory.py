@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import ctypes
 import mmap
+import os
 import threading
 import weakref
 from typing import Any
@@ -12,7 +14,7 @@ from typing import Any
 import numpy as np
 import posix_ipc
 
-from shoal.ipc.arena import Block, OwnedArena
+from shoal.ipc.arena import Block, OwnedArena, private_view
 from shoal.ipc.tensor import RegionLocation, TensorDesc, buffer_to_numpy
 
 
@@ -35,6 +37,11 @@ class SharedOutputArena:
 
     def view(self, block: Block) -> memoryview:
         return self.arena.view(block)
+
+    def free_bytes(self) -> int:
+        """Bytes still allocatable: up to the limit, whether or not segments exist yet."""
+        with self._lock:
+            return self.arena.limit_bytes - self.arena.used_bytes
 
 
 class Locations:
@@ -86,32 +93,52 @@ class ClientRegions:
     _KEEP = 64
 
     def __init__(self) -> None:
-        self._maps: collections.OrderedDict[str, mmap.mmap] = collections.OrderedDict()
+        # The fd stays open beside the mapping: private views of an input map it again.
+        self._maps: collections.OrderedDict[str, tuple[mmap.mmap, int]] = collections.OrderedDict()
         self._lock = threading.Lock()
 
     def view(self, location: RegionLocation) -> memoryview:
-        with self._lock:
-            mapping = self._maps.get(location.region)
-            if mapping is None:
-                mapping = self._map(location.region)
-            self._maps.move_to_end(location.region)
-        end = location.offset + location.nbytes
-        if location.offset < 0 or end > len(mapping):
-            raise ValueError(f"{location} lies outside the {len(mapping)}-byte region")
-        return memoryview(mapping)[location.offset : end]
+        mapping = self._mapping(location)[0]
+        return memoryview(mapping)[location.offset : location.offset + location.nbytes]
 
-    def _map(self, region: str) -> mmap.mmap:
+    def private_view(self, location: RegionLocation) -> memoryview:
+        """A copy-on-write view: the model may write it, the client's bytes stay as they are."""
+        fd = self._mapping(location)[1]
+        return private_view(fd, location.offset, location.nbytes)
+
+    def _mapping(self, location: RegionLocation) -> tuple[mmap.mmap, int]:
+        with self._lock:
+            entry = self._maps.get(location.region)
+            if entry is None:
+                entry = self._map(location.region)
+            self._maps.move_to_end(location.region)
+        size = len(entry[0])
+        if location.offset < 0 or location.offset + location.nbytes > size:
+            raise ValueError(f"{location} lies outside the {size}-byte region")
+        return entry
+
+    def _map(self, region: str) -> tuple[mmap.mmap, int]:
         key = region.split(":", 1)[1]
         shm = posix_ipc.SharedMemory(key)
         try:
             mapping = mmap.mmap(shm.fd, shm.size)
-        finally:
+        except BaseException:
             shm.close_fd()
-        self._maps[region] = mapping
+            raise
+        self._maps[region] = (mapping, shm.fd)
         while len(self._maps) > self._KEEP:
-            _, old = self._maps.popitem(last=False)
+            _, (old, fd) = self._maps.popitem(last=False)
+            os.close(fd)
             try:
                 old.close()
             except BufferError:
                 pass  # a view is alive; the mapping goes with it
-        return mapping
+        return mapping, shm.fd
+
+    def close(self) -> None:
+        with self._lock:
+            for mapping, fd in self._maps.values():
+                os.close(fd)
+                with contextlib.suppress(BufferError):
+                    mapping.close()
+            self._maps.clear()

@@ -22,7 +22,7 @@ from shoal.ipc.cuda import CudaPoolMap
 from shoal.ipc.fdpass import recv_fds, send_fds
 from shoal.ipc.queue import Channel, PeerGone
 from shoal.ipc.tensor import CudaLocation, Location, RegionLocation
-from shoal.stub import failures, loader, pb_utils
+from shoal.stub import c_python_backend_utils, failures, loader, pb_utils
 from shoal.stub.bls import BlsClient
 from shoal.stub.control import ControlClient, StubMetrics
 from shoal.stub.executor import BatchExecutor
@@ -32,6 +32,8 @@ from shoal.stub.pump import DownPump
 from shoal.stub.tensors_out import TensorWriter
 
 _PR_SET_PDEATHSIG = 1
+#: Below this size a private copy of an input costs less than mapping and unmapping it.
+PRIVATE_MAPPING_MIN_BYTES = 64 << 10
 
 
 def die_with_parent(parent_pid: int) -> None:
@@ -128,6 +130,25 @@ class StubRuntime:
                 self._receive_announcement()
             return self.inputs.view(block)
 
+    def private_input_view(self, location: Location, view: memoryview) -> memoryview:
+        """A writable view of ``view`` (of ``location``) whose writes no one else sees: a
+        copy-on-write mapping, or a plain copy where that is cheaper (small tensors) or the
+        segment has no fd (named segments)."""
+        if view.nbytes >= PRIVATE_MAPPING_MIN_BYTES:
+            mapped: memoryview | None
+            if isinstance(location, RegionLocation):
+                mapped = self.regions.private_view(location)
+            else:
+                assert isinstance(location, Block)
+                if self.outputs is not None and location.arena_id == self.outputs.arena_id:
+                    mapped = self.outputs.private_view(location)
+                else:
+                    with self._segments_lock:
+                        mapped = self.inputs.private_view(location)
+            if mapped is not None:
+                return mapped
+        return memoryview(bytearray(view))
+
     # -- lifecycle --------------------------------------------------------------------------
 
     def _send(self, message: msg.Message) -> None:
@@ -169,6 +190,7 @@ class StubRuntime:
             if not isinstance(first, msg.Initialize):
                 raise RuntimeError(f"expected Initialize, got {type(first).__name__}")
             outputs = SharedOutputArena(self._create_outputs(first))
+            c_python_backend_utils._set_free_memory(outputs.free_bytes)
             writer = TensorWriter(outputs, Locations())
             cancels: list[Callable[[list[int]], None]] = []  # filled once execute can run
 
@@ -202,6 +224,7 @@ class StubRuntime:
                 self.input_view,
                 self._send,
                 _is_decoupled(first.args),
+                self.private_input_view,
             )
             bls = BlsClient(writer, pump, self._send, self.input_view)
             cancels.append(executor.cancel)
@@ -260,6 +283,7 @@ class StubRuntime:
         except Exception:
             pass  # the driver drops them with the process anyway
         pb_utils._set_log_sink(None)
+        self.regions.close()
         sys.stdout.flush()
         sys.stderr.flush()
 

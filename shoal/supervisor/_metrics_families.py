@@ -26,6 +26,8 @@ class ModelSample:
 
     stats: ModelStatistics
     pending: int = 0
+    #: The version uses the response cache: it gets Triton's ``nv_cache_*_per_model`` series.
+    cached: bool = False
 
 
 @dataclass(frozen=True)
@@ -103,6 +105,29 @@ _DURATIONS: tuple[_Spec, ...] = (
         lambda s: _us(s.inference_stats.compute_output),
     ),
 )
+#: Triton's per-model response cache counters (only for versions that use the cache).
+_CACHE: tuple[_Spec, ...] = (
+    (
+        "nv_cache_num_hits_per_model",
+        "Number of cache hits per model",
+        lambda s: s.inference_stats.cache_hit.count,
+    ),
+    (
+        "nv_cache_hit_duration_per_model",
+        "Total cache hit duration per model, in microseconds",
+        lambda s: _us(s.inference_stats.cache_hit),
+    ),
+    (
+        "nv_cache_num_misses_per_model",
+        "Number of cache misses per model",
+        lambda s: s.inference_stats.cache_miss.count,
+    ),
+    (
+        "nv_cache_miss_duration_per_model",
+        "Total cache miss (insert+lookup) duration per model, in microseconds",
+        lambda s: _us(s.inference_stats.cache_miss),
+    ),
+)
 _PENDING_HELP = "Instantaneous number of pending requests awaiting execution per-model."
 _FAILURE_HELP = "Number of failed inference requests, all batch sizes"
 
@@ -145,6 +170,9 @@ def triton_families(models: Sequence[ModelSample]) -> Iterator[Metric]:
     yield _failures(models)
     for spec in (*_COUNTS, *_DURATIONS):
         yield _counter(spec, models)
+    cached = [model for model in models if model.cached]
+    for spec in _CACHE:
+        yield _counter(spec, cached)
     yield _pending(models)
 
 

@@ -223,11 +223,14 @@ class BlsRouter:
             raise Unsupported(
                 f"BLS calls to ensemble '{target.name}' are not supported yet; call its steps"
             )
-        if call.decoupled != target.config.decoupled:
-            kind = "decoupled" if target.config.decoupled else "not decoupled"
-            raise Unsupported(
-                f"model '{target.name}' is {kind}: call it with exec(decoupled="
-                f"{target.config.decoupled})"
+        if target.config.decoupled and not call.decoupled:
+            # A decoupled call takes any model (its one response comes with FINAL), as in
+            # Triton; a decoupled model's responses need an iterator.
+            raise Unsupported(  # Triton's words
+                f"Model {target.name} is using the decoupled. The current BLS request call "
+                "doesn't support models using the decoupled transaction policy. Please use "
+                "'decoupled=True' argument to the 'exec' or 'async_exec' calls for decoupled "
+                "models.'"
             )
         if caller in target.instances and not any(
             i is not caller and i.ready and not i.busy for i in target.instances
@@ -254,7 +257,7 @@ class BlsRouter:
             future,
             batch_size=staging.batch_of(target.config, [t.shape for t in call.request.inputs]),
         )
-        if call.decoupled:
+        if target.config.decoupled:
             work.stream = new_stream()
         target.submit(work)
         held = self._held.setdefault((proc.pid, call.call_id), [])
@@ -277,7 +280,11 @@ class BlsRouter:
                 if isinstance(item, BaseException):
                     raise item
                 held.append(item)
-                await self._reply(proc, call.call_id, item.response, False)
+                # The response that carries FINAL is the iterator's last (Triton yields no
+                # extra empty one); a flags-only FINAL comes as an empty response.
+                await self._reply(proc, call.call_id, item.response, item.final)
+                if item.final:
+                    return
             await self._reply(proc, call.call_id, None, True)
         except BaseException:
             _abandon(work, held)

@@ -487,17 +487,26 @@ class ModelRepositoryManager:
     def all_ready(self) -> bool:
         if self.failed:
             return False
-        return all(mv.ready or mv.reason == "unloaded" for mv in self.versions())
+        return all(mv.serving or mv.reason == "unloaded" for mv in self.versions())
 
     def index(self, ready_only: bool = False) -> list[RepositoryEntry]:
-        sources, _ = scan(self.sources.local_paths)
+        try:
+            sources, _ = scan(self.sources.local_paths)
+        except OSError as error:  # no descriptor left to list a directory with, for one
+            log.warning(
+                "repository index: cannot scan the repositories (%s): loaded models only", error
+            )
+            sources = {}
         entries: list[RepositoryEntry] = []
         for name in sorted(set(sources) | set(self.models) | set(self.failed)):
             versions = self.models.get(name)
             if versions:
                 for v, mv in sorted(versions.items()):
                     entry = RepositoryEntry(name, str(v), mv.state.value, mv.reason)
-                    if not ready_only or mv.ready:
+                    if mv.ready and not mv.serving:  # between a stub's death and its restart
+                        reason = mv.down or "no live instance: a stub died and restarts"
+                        entry = RepositoryEntry(name, str(v), ModelState.UNAVAILABLE.value, reason)
+                    if not ready_only or mv.serving:
                         entries.append(entry)
             elif name in self.failed:
                 if not ready_only:

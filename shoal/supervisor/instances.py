@@ -23,7 +23,6 @@ from shoal.ipc.tensor import CudaLocation
 from shoal.supervisor.errors import (
     Cancelled,
     DeadlineExceeded,
-    ErrorCode,
     InternalError,
     InvalidArgument,
     ShoalError,
@@ -201,6 +200,14 @@ class StubInstance:
         self.failed: str | None = None
         #: Told when the instance gives up (the model loader marks the model unavailable).
         self.on_failed: Callable[[StubInstance], None] | None = None
+        #: Why the instance has no live stub after a failed restart (None while it has one, or
+        #: while its first restart after a death is under way); it keeps retrying.
+        self.down: str | None = None
+        #: Told when a restart fails and when one succeeds (the model loader updates the
+        #: model's readiness and fails its queued requests while no instance is live).
+        self.on_health: Callable[[StubInstance], None] | None = None
+        #: A stub is starting: its exit is the launcher's to handle, not a crash to restart.
+        self._launching = False
         #: Decoupled models answer as they go: the execute timeout does not apply to them.
         self.decoupled = False
         #: Answers model control and custom-metric calls (set by the model loader).
@@ -291,8 +298,25 @@ class StubInstance:
         return completions
 
     async def _launch(self) -> None:
-        proc = StubProcess(self.spec.launch, next(_arena_ids))
-        self._proc = proc
+        """Start a stub and wait for its ``initialize``. Whatever fails (no file descriptor or
+        memory left, the interpreter missing, ``initialize`` raising) leaves nothing behind."""
+        self._launching = True
+        failure: BaseException | None = None
+        try:
+            proc = StubProcess(self.spec.launch, next(_arena_ids))
+            self._proc = proc
+            try:
+                await self._initialize(proc)
+            except BaseException as error:  # no await in here: compiled, it loses the error
+                failure = error
+            if failure is not None:
+                await self._discard(proc)
+                raise failure
+        finally:
+            self._launching = False
+        self._ready.set()
+
+    async def _initialize(self, proc: StubProcess) -> None:
         for segment in self._directory.input_arena.segments:
             proc.announce(segment)
         self._directory.register(proc)
@@ -305,13 +329,13 @@ class StubInstance:
             proc.output_arena_id,
             self.spec.output_arena,
         )
-        await proc.send_async(init)
+        try:
+            await proc.send_async(init)
+        except PeerGone:
+            pass  # it died at once: _on_exit says how, through the waiter
         failure = await self._init_waiter
         if failure is not None:
-            self._proc = None  # a failed initialize is no crash: no restart, no "died" line
-            await self._discard(proc)
             raise LoadError(*failure)
-        self._ready.set()
 
     def announce_segment(self, segment: Any) -> None:
         """A new input-arena segment exists: the live stub must be able to map it."""
@@ -577,19 +601,15 @@ class StubInstance:
                 work.final_ns = time.monotonic_ns()
                 if work.compute_ns is not None:  # else when execute returns (_complete)
                     self._stream_done(work)
-        if body is not None and body.error is not None:
-            code, text = body.error
-            stream.fail(ShoalError(text, ErrorCode.__members__.get(code, ErrorCode.INTERNAL)))
-            if not message.final:
-                del self._streams[message.key]
-            return
         completion = None
         if body is not None:
+            # An error response is one response among the others (Triton's too): the request
+            # goes on until the model sends the final flag.
             owned = [b for b in response_blocks(body) if b.arena_id == proc.output_arena_id]
             completion = Completion(body, self, proc, owned)
             if self._cuda.lent_count:
                 completion.owned_cuda = self._adopt_cuda(proc, body)
-            if stream.work.on_complete is not None:
+            if body.error is None and stream.work.on_complete is not None:
                 stream.work.on_complete(completion)
         stream.push(completion, message.final)
 
@@ -671,24 +691,30 @@ class StubInstance:
         how = describe_exit(returncode)
         self._ready.clear()
         waiter = self._init_waiter
-        initializing = waiter is not None and not waiter.done()
-        if waiter is not None and initializing:
-            self._drain(proc)  # the Ready with the model's error may still be in the ring
+        if waiter is not None and not waiter.done():
+            try:
+                self._drain(proc)  # the Ready with the model's error may still be in the ring
+            except Exception:  # a record cut short by the death: the exit says enough
+                pass
             if not waiter.done():
-                died = f"stub process of instance '{self.name}' exited in initialize with {how}"
-                waiter.set_result((died, ""))
+                died = f"Stub process '{self.name}' is not healthy. It exited during initialize"
+                waiter.set_result((f"{died} with {how}", ""))
         if self._finalized is not None and not self._finalized.done():
             self._finalized.set_result(None)
         self._directory.unregister(proc)
-        # A stub that exits in initialize failed to load (_launch says why): not a crash.
-        if self._stopping or proc is not self._proc or initializing:
-            self._forget(proc)  # an unloaded or replaced stub: what it held comes back too
+        if self._stopping or self._launching or proc is not self._proc:
+            # An unloaded or replaced stub, or one that died starting (its launcher reports
+            # that): what it held comes back too.
+            self._forget(proc)
             return
         self.last_exit = how
-        log.error("instance '%s' stub process %d died with %s", self.name, proc.pid, how)
+        # Triton's words first: log scrapers and its QA look for them.
+        log.error(
+            "Stub process '%s' is not healthy. Process %d died with %s", self.name, proc.pid, how
+        )
         hung, self._hung = self._hung, None
         error: ShoalError = Unavailable(
-            f"Stub process '{self.name}' is not healthy: it died with {how}"
+            f"Stub process '{self.name}' is not healthy. It died with {how}"
         )
         if hung is not None:
             error = DeadlineExceeded(
@@ -736,19 +762,38 @@ class StubInstance:
         self._restart_task = asyncio.create_task(self._restart(proc))
 
     async def _restart(self, dead: StubProcess) -> None:
+        """Start a new stub until one comes up, waiting longer after each failure. Every kind
+        of failure is retried: one that passes (file descriptors or memory exhausted for a
+        moment) must not leave the model without an instance for good."""
         await self._discard(dead)
         first, cap = self.spec.restart_backoff
         delay = first
+        attempt = 0
         while not self._stopping:
             await asyncio.sleep(delay)
             self.restarts += 1
+            attempt += 1
             try:
                 await self._launch()
-                log.info("instance '%s' restarted (restart %d)", self.name, self.restarts)
-                return
-            except LoadError as error:
-                log.error("instance '%s' failed to restart: %s", self.name, error)
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:
+                reason = str(error) if isinstance(error, LoadError) else repr(error)
                 delay = min(delay * 2, cap)
+                self.down = (
+                    f"instance '{self.name}' has no live stub: restart {attempt} failed: "
+                    f"{reason}; retrying in {delay:g}s"
+                )
+                log.error("%s", self.down)
+                if self.on_health is not None:
+                    self.on_health(self)
+                continue
+            if self.down is not None:
+                self.down = None
+                if self.on_health is not None:
+                    self.on_health(self)
+            log.info("instance '%s' restarted (restart %d)", self.name, self.restarts)
+            return
 
     def _forget(self, proc: StubProcess) -> None:
         """Give back what a stub that exited held: the BLS responses it kept, its open calls,
@@ -796,6 +841,8 @@ class StubInstance:
         await self._finalized
 
     async def _wait_exit(self, proc: StubProcess) -> None:
+        if not proc.spawned:
+            return
         for action, grace in ((None, 2.0), (proc.terminate, 2.0), (proc.kill, 5.0)):
             if proc.exited.done():
                 return

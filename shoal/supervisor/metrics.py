@@ -64,7 +64,9 @@ class ServiceCollector:
         for stats in self._service.model_statistics():
             mv = versions.get((stats.name, stats.version))
             scheduler = mv.scheduler if mv is not None else None
-            samples.append(ModelSample(stats, scheduler.pending if scheduler is not None else 0))
+            pending = scheduler.pending if scheduler is not None else 0
+            cached = self._service.cache is not None and mv is not None and mv.config.response_cache
+            samples.append(ModelSample(stats, pending, cached))
         return samples
 
     def _instances(self, versions: dict[tuple[str, str], ModelVersion]) -> list[InstanceSample]:

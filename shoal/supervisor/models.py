@@ -17,7 +17,7 @@ from typing import Any
 from shoal.ipc.arena import Block
 from shoal.supervisor import classification, environments, warmup
 from shoal.supervisor.cuda_devices import stub_environment
-from shoal.supervisor.errors import ShoalError, Unavailable
+from shoal.supervisor.errors import InvalidArgument, ShoalError, Unavailable
 from shoal.supervisor.instances import (
     BlsHandler,
     ControlHandler,
@@ -65,13 +65,24 @@ class ModelVersion:
     instances: list[StubInstance] = field(default_factory=list)
     stats: StatsRecorder = field(init=False)
     environment: environments.StubEnvironment | None = None
+    #: Why no instance is live while every restart keeps failing (None when one is live or
+    #: about to be): requests are refused with it instead of waiting for an instance.
+    down: str | None = None
 
     def __post_init__(self) -> None:
         self.stats = StatsRecorder(self.name, self.version)
 
     @property
     def ready(self) -> bool:
+        """Loaded (it may be between two stubs of a restart: see ``serving``)."""
         return self.state is ModelState.READY
+
+    @property
+    def serving(self) -> bool:
+        """Loaded and with a live instance now: what readiness reports."""
+        if self.state is not ModelState.READY:
+            return False
+        return not self.instances or any(i.ready for i in self.instances)
 
     def submit(self, work: Work) -> None:
         assert self.scheduler is not None
@@ -95,6 +106,8 @@ class ModelLoader:
         self.control: ControlHandler | None = None
         #: ``--trace-overhead``: every version records its per-stage times.
         self.trace_overhead = False
+        #: The server has a response cache (``--cache-config``).
+        self.response_cache = False
 
     def _specs(self, mv: ModelVersion) -> list[InstanceSpec]:
         config = mv.config
@@ -149,6 +162,11 @@ class ModelLoader:
             mv.stats.overhead = {}
         started = time.monotonic()
         try:
+            if self.response_cache and mv.config.response_cache and mv.config.decoupled:
+                raise InvalidArgument(
+                    f"Response Cache does not currently support model '{mv.name}' with "
+                    "'decoupled' transaction policy: remove response_cache or decoupled"
+                )
             classification.labels_of(mv.config)
             model_dir = os.path.abspath(mv.config.path)
             mv.environment = await environments.prepare(
@@ -193,6 +211,7 @@ class ModelLoader:
             # while another instance is idle.
             instance.send_ahead = len(mv.instances) == 1 and isinstance(scheduler, DefaultScheduler)
             instance.on_failed = lambda failed, mv=mv: self._on_instance_failed(mv, failed)
+            instance.on_health = lambda _, mv=mv: self._on_instance_health(mv)
         warm_up = self._warm_up(mv.name, samples) if samples else None
         results = await asyncio.gather(
             *(i.start(scheduler.source(n), warm_up) for n, i in enumerate(mv.instances)),
@@ -235,6 +254,22 @@ class ModelLoader:
                 error = Unavailable(f"model '{mv.name}' is unavailable: {mv.reason}")
                 for work in mv.scheduler.close():
                     fail_work(work, error, lambda w: self._free_inputs(w.input_blocks))
+
+    def _on_instance_health(self, mv: ModelVersion) -> None:
+        """A restart failed or succeeded. With no instance live and every one failing to
+        restart, requests would wait for as long as the cause lasts: queued ones fail now and
+        new ones are refused (UNAVAILABLE with the reason) until an instance is back."""
+        downs = [i.failed or i.down for i in mv.instances]
+        if mv.serving or not all(downs):
+            mv.down = None
+            return
+        mv.down = "; ".join(d for d in downs if d)
+        if mv.scheduler is not None:
+            error = Unavailable(
+                f"model '{mv.name}' version {mv.version} has no live instance: {mv.down}"
+            )
+            for work in mv.scheduler.take_queued():
+                fail_work(work, error, lambda w: self._free_inputs(w.input_blocks))
 
     async def drain(self, mv: ModelVersion) -> None:
         """Wait until every request queued for or running in ``mv`` has finished."""

@@ -47,6 +47,8 @@ class ServerOptions:
     #: How long a polled gauge (a stub's RSS) is reused before it is read again.
     metrics_interval_ms: int = 2000
     allow_cpu_metrics: bool = True
+    #: ``--allow-client-shm``: clients may register and unregister shared-memory regions.
+    allow_client_shm: bool = True
     model_control_mode: str = "none"
     repository_poll_secs: float = 15.0
     load_models: tuple[str, ...] = ()
@@ -67,7 +69,27 @@ class ServerOptions:
     http_restricted_api: tuple[Restriction, ...] = ()
     grpc_restricted_protocol: tuple[Restriction, ...] = ()
     http_max_input_size: int = 64 * MIB
+    #: A request head's size limit and read timeouts (docs/hardening.md, "Connections").
+    http_max_header_size: int = 32 * 1024
+    http_header_timeout_secs: float = 60.0
+    http_body_timeout_secs: float = 60.0
+    #: gRPC: the message size limit (Triton's fixed INT32_MAX) and HTTP/2 flood limits: the
+    #: ping policy of grpc-core under Triton's flags, then nghttp2's defaults.
+    grpc_max_message_size: int = 2**31 - 1
+    grpc_http2_max_ping_strikes: int = 2
+    grpc_http2_min_recv_ping_interval_without_data: int = 300_000
+    grpc_keepalive_permit_without_calls: bool = False
+    grpc_http2_max_queued_control_frames: int = 1000
+    grpc_http2_stream_reset_burst: int = 1000
+    grpc_http2_stream_reset_rate: float = 33.0
+    grpc_http2_max_empty_frames: int = 1000
     arenas: ArenaOptions = field(default_factory=ArenaOptions)
     backend_config: tuple[tuple[str, str, str], ...] = ()
     #: ``--cuda-memory-pool-byte-size``: the limit of each device's CUDA pool, by device.
     cuda_pool_limits: tuple[tuple[int, int], ...] = ()
+    #: ``--cache-config local,size=N``: the response cache's size in bytes (0: no cache).
+    cache_bytes: int = 0
+    #: ``--rate-limit``: "off" or "execution_count".
+    rate_limit: str = "off"
+    #: ``--rate-limit-resource``: ((name, device or None for every device), count) pairs.
+    rate_limit_resources: tuple[tuple[tuple[str, int | None], int], ...] = ()

@@ -34,8 +34,15 @@ from shoal.supervisor.log_settings import LogSettings
 from shoal.supervisor.model_calls import ControlRouter
 from shoal.supervisor.models import ModelLoader, ModelState, ModelVersion
 from shoal.supervisor.options import ServerOptions
+from shoal.supervisor.response_cache import (
+    CachedResponse,
+    ResponseCache,
+    copy_response,
+    request_key,
+)
 from shoal.supervisor.segments import SegmentDirectory
 from shoal.supervisor.shm_io import (
+    ClientRegion,
     output_regions,
     placed_output,
     read_shm_inputs,
@@ -111,7 +118,10 @@ class InferenceService:
         self.custom_metrics = CustomMetrics()
         loader.control = ControlRouter(self.repository, self.custom_metrics, self.directory)
         loader.trace_overhead = options.trace_overhead
-        self.shm = SharedMemoryRegistry()
+        #: ``--cache-config local,size=N``: shared by every model whose config enables it.
+        self.cache = ResponseCache(options.cache_bytes) if options.cache_bytes > 0 else None
+        loader.response_cache = self.cache is not None
+        self.shm = SharedMemoryRegistry(allow_client=options.allow_client_shm)
         self.logging = LogSettings.from_options(options)
         repository = self.repository
         self.tracing = TraceSettings(lambda name: name in repository.models)
@@ -177,11 +187,11 @@ class InferenceService:
         return ServerMetadata("shoal", shoal.__version__, EXTENSIONS)
 
     def model_ready(self, name: str, version: str = "") -> bool:
+        """Loaded and with a live instance (false between a stub's death and its restart)."""
         try:
-            self._repo.resolve(name, version)
+            return self._repo.resolve(name, version).serving
         except ShoalError:
             return False
-        return True
 
     def model_metadata(self, name: str, version: str = "") -> ModelMetadata:
         mv = self._repo.resolve(name, version)
@@ -229,9 +239,16 @@ class InferenceService:
         """The model version a request names (NotFound or Unavailable when there is none)."""
         return self._repo.resolve(request.model_name, request.model_version)
 
-    def stage(self, mv: ModelVersion, request: InferRequest) -> tuple[RequestRecord, list[Block]]:
-        """Check a request and copy its inputs into the input arena (for the core and streams)."""
-        regions = read_shm_inputs(self.shm, request)
+    def stage(
+        self,
+        mv: ModelVersion,
+        request: InferRequest,
+        regions: dict[str, ClientRegion] | None = None,
+    ) -> tuple[RequestRecord, list[Block]]:
+        """Check a request and copy its inputs into the input arena (for the core and streams);
+        ``regions``: its inputs in client shared memory, when read already."""
+        if regions is None:
+            regions = read_shm_inputs(self.shm, request)
         outputs = staging.check_outputs(mv.config, request)  # Triton checks the outputs first
         staging.check_inputs(mv.config, request)
         placed = {} if mv.config.is_ensemble else output_regions(self.shm, request)
@@ -242,6 +259,11 @@ class InferenceService:
         if mv.state is not ModelState.READY:
             self._free_inputs(blocks)
             raise Unavailable(f"model '{mv.name}' version {mv.version} is not ready")
+        if mv.down is not None:  # it would wait for as long as the restarts keep failing
+            self._free_inputs(blocks)
+            raise Unavailable(
+                f"model '{mv.name}' version {mv.version} has no live instance: {mv.down}"
+            )
         return record, blocks
 
     def infer_stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
@@ -253,9 +275,22 @@ class InferenceService:
         if mv.config.decoupled:
             raise DecoupledInfer(mv.name)
         classes = classification.requested(request, mv.config) if request.outputs else {}
-        record, blocks = self.stage(mv, request)
+        key: bytes | None = None
+        regions: dict[str, ClientRegion] | None = None
+        lookup_ns = 0
+        if self.cache is not None and mv.config.response_cache and not mv.config.sequence_batching:
+            lookup_started = time.monotonic_ns()
+            regions = read_shm_inputs(self.shm, request)
+            key = request_key(request, mv.name, mv.version)
+            cached = self.cache.get(key) if key is not None else None
+            if cached is not None:
+                return self._cache_hit(mv, request, cached, classes, started, lookup_started)
+            lookup_ns = time.monotonic_ns() - lookup_started
+        record, blocks = self.stage(mv, request, regions)
         if mv.config.is_ensemble:
             response = await self.ensembles.run(mv, request, record, blocks)
+            if key is not None:
+                self._cache_insert(mv, key, response, lookup_ns)
             if classes:
                 classification.apply(response, mv.config, classes)
             mv.stats.success(
@@ -274,6 +309,8 @@ class InferenceService:
             work.cancel()
             raise
         response = self.response(mv, request, completion)
+        if key is not None:
+            self._cache_insert(mv, key, response, lookup_ns)
         try:
             if classes:
                 classification.classify(response, mv.config, classes)
@@ -291,6 +328,42 @@ class InferenceService:
             mv.stats.stage("complete", finished - completion.received_ns)
             mv.stats.stage("core_total", finished - started)
         return response
+
+    def _cache_hit(
+        self,
+        mv: ModelVersion,
+        request: InferRequest,
+        cached: CachedResponse,
+        classes: dict[str, int],
+        started: int,
+        lookup_started: int,
+    ) -> InferResponse:
+        """Answer from the response cache: the model does not run (Triton's statistics: a
+        success and a cache hit, no inference or execution)."""
+        response = cached.response(mv.name, str(mv.version), request.id)
+        if classes:
+            classification.classify(response, mv.config, classes)
+        write_shm_outputs(self.shm, request, response)
+        finished = time.monotonic_ns()
+        mv.stats.cache_hit(finished - started, lookup_started - started, finished - lookup_started)
+        return response
+
+    def _cache_insert(
+        self, mv: ModelVersion, key: bytes, response: InferResponse, lookup_ns: int
+    ) -> None:
+        """Keep a copy of a miss's response; the lookup and this copy are its cache-miss time."""
+        assert self.cache is not None
+        inserting = time.monotonic_ns()
+        entry = copy_response(response)
+        if entry is not None and not self.cache.put(key, entry):
+            log.warning(
+                "model '%s': a response of %d bytes is larger than the response cache (%d "
+                "bytes): not cached",
+                mv.name,
+                entry.nbytes,
+                self.cache.limit_bytes,
+            )
+        mv.stats.cache_miss(lookup_ns + time.monotonic_ns() - inserting)
 
     def response(
         self, mv: ModelVersion, request: InferRequest, completion: Completion

@@ -15,8 +15,13 @@ import posix_ipc
 
 from shoal.ipc.tensor import RegionLocation
 from shoal.supervisor.cuda_shm import CudaSharedMemoryRegistry
-from shoal.supervisor.errors import ErrorCode, InvalidArgument, NotFound, ShoalError
+from shoal.supervisor.errors import ErrorCode, InvalidArgument, NotFound, ShoalError, Unsupported
 from shoal.supervisor.types import CudaSharedMemoryRegion, SharedMemoryRegion
+
+#: Triton's words for a register or unregister call while ``--allow-client-shm=false``.
+CLIENT_SHM_DISABLED = (
+    "Client shared memory is disabled. Start the server with '--allow-client-shm=true' to enable."
+)
 
 
 class AlreadyExists(ShoalError):
@@ -38,14 +43,24 @@ class SharedMemoryRegistry:
     """Registered regions by name; each mapped once for the life of its registration.
 
     ``cuda`` holds the clients' CUDA regions; a name is unique across both kinds, as in Triton.
+    ``allow_client=False`` (``--allow-client-shm=false``) refuses every register and unregister
+    call, as Triton does; status calls still answer (with nothing registered).
     """
 
-    def __init__(self, cuda: CudaSharedMemoryRegistry | None = None) -> None:
+    def __init__(
+        self, cuda: CudaSharedMemoryRegistry | None = None, *, allow_client: bool = True
+    ) -> None:
         self._regions: dict[str, _Mapped] = {}
         self._generations = itertools.count(1)
         self.cuda = cuda if cuda is not None else CudaSharedMemoryRegistry()
+        self.allow_client = allow_client
+
+    def _check_allowed(self) -> None:
+        if not self.allow_client:
+            raise Unsupported(CLIENT_SHM_DISABLED)
 
     def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
+        self._check_allowed()
         self._check_new(name)
         if offset < 0 or byte_size < 0:
             raise InvalidArgument(
@@ -73,9 +88,11 @@ class SharedMemoryRegistry:
 
     def register_cuda(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> None:
         """Register a client's CUDA IPC handle (INVALID_ARGUMENT without GPUs, as Triton)."""
+        self._check_allowed()
         self.cuda.register(name, raw_handle, device_id, byte_size, taken=name in self._regions)
 
     def unregister_cuda(self, name: str = "") -> list[tuple[int, bytes]]:
+        self._check_allowed()
         return self.cuda.unregister(name)
 
     def cuda_status(self, name: str = "") -> list[CudaSharedMemoryRegion]:
@@ -86,7 +103,10 @@ class SharedMemoryRegistry:
             raise AlreadyExists(f"shared memory region '{name}' already in manager")
 
     def unregister(self, name: str = "") -> None:
-        names = [name] if name else list(self._regions)
+        self._check_allowed()
+        self._unmap([name] if name else list(self._regions))
+
+    def _unmap(self, names: list[str]) -> None:
         for each in names:
             entry = self._regions.pop(each, None)
             if entry is not None:
@@ -130,7 +150,7 @@ class SharedMemoryRegistry:
         return RegionLocation(f"{entry.generation}:{key}", entry.region.offset + offset, byte_size)
 
     def close(self) -> None:
-        self.unregister()
+        self._unmap(list(self._regions))
         self.cuda.close()
 
 

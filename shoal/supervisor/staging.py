@@ -252,6 +252,7 @@ def stage_request(
         sizes = [_payload_size(config, t) for t in request.inputs]
     blocks: list[Block] = []
     descs: list[TensorDesc] = []
+    private = 0
     try:
         for tensor, size in zip(request.inputs, sizes, strict=True):
             shape = _model_shape(config, specs[tensor.name], tuple(tensor.shape))
@@ -262,6 +263,7 @@ def stage_request(
             block = arena.allocate(size)
             blocks.append(block)
             _write(tensor, arena.view(block))
+            private |= 1 << len(descs)  # this request's own copy: the model may write it
             descs.append(TensorDesc(tensor.name, tensor.datatype, shape, block))
     except ArenaExhausted as error:
         for block in blocks:
@@ -278,6 +280,7 @@ def stage_request(
         requested_outputs=outputs,
         inputs=descs,
         timeout_us=int(params.get("timeout", 0) or 0),
+        private_inputs=private,
     )
     return record, blocks
 

@@ -55,6 +55,20 @@ class StatsRecorder:
         infer.compute_infer.add(compute[1])
         infer.compute_output.add(compute[2])
 
+    def cache_hit(self, total_ns: int, queue_ns: int, hit_ns: int) -> None:
+        """A request answered from the response cache: a success with its queue time (until
+        the lookup) and the lookup's time; no inference, no execution (Triton's accounting)."""
+        infer = self._stats.inference_stats
+        infer.success.add(total_ns)
+        infer.queue.add(queue_ns)
+        infer.cache_hit.add(hit_ns)
+        self._stats.last_inference = time.time_ns() // 1_000_000
+
+    def cache_miss(self, miss_ns: int) -> None:
+        """A request not in the cache ran and was inserted: the lookup and insertion time
+        (inside its request duration, as in Triton)."""
+        self._stats.inference_stats.cache_miss.add(miss_ns)
+
     def response(
         self, index: int, outcome: str, since_previous_ns: int, since_start_ns: int
     ) -> None:

@@ -12,6 +12,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from typing import TYPE_CHECKING
 
 from shoal.supervisor import classification, staging
+from shoal.supervisor.errors import ErrorCode, ModelError
 from shoal.supervisor.streams import new_stream
 from shoal.supervisor.types import InferRequest, InferResponse
 from shoal.supervisor.work import Completion, Work
@@ -55,6 +56,9 @@ async def _decoupled(
         while (item := await stream.get()) is not None:
             if isinstance(item, BaseException):
                 raise item
+            if item.response.error is not None:
+                yield _error_response(mv, request, item)
+                continue
             response = service.response(mv, request, item)
             response.final = item.final
             if classes:
@@ -69,3 +73,18 @@ async def _decoupled(
             left = stream.get_nowait()
             if isinstance(left, Completion):
                 left.release()
+
+
+def _error_response(mv: ModelVersion, request: InferRequest, item: Completion) -> InferResponse:
+    """An error response the model sent: a response of its own, the stream goes on."""
+    assert item.response.error is not None
+    code_name, message = item.response.error
+    error = ModelError(message, ErrorCode.__members__.get(code_name, ErrorCode.INTERNAL))
+    return InferResponse(
+        model_name=mv.name,
+        model_version=str(mv.version),
+        id=request.id,
+        _release=item.release,
+        final=item.final,
+        error=error,
+    )

@@ -63,7 +63,11 @@ class StubProcess:
         self.launch = launch
         self.output_arena_id = output_arena_id
         self.channel = Channel.create(launch.ring_bytes)
-        self.sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self.sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        except BaseException:  # no descriptor left: the channel's go back
+            self.channel.close()
+            raise
         self.outputs = ArenaMap()
         self.returncode: int | None = None
         self._child_sock = child_sock
@@ -82,6 +86,11 @@ class StubProcess:
     @property
     def pid(self) -> int:
         return self._proc.pid if self._proc is not None else -1
+
+    @property
+    def spawned(self) -> bool:
+        """A process was started (spawning can fail: no descriptor or memory left)."""
+        return self._proc is not None
 
     def announce(self, segment: Segment) -> None:
         """Hand one input-arena segment to the stub (before any message refers to it)."""
@@ -137,7 +146,13 @@ class StubProcess:
             start_new_session=True,
         )
         self._child_sock.close()
-        self._pidfd = os.pidfd_open(self._proc.pid)
+        try:
+            self._pidfd = os.pidfd_open(self._proc.pid)
+        except BaseException:  # no descriptor left to watch it with: it must not run unwatched
+            self._proc.kill()
+            self.returncode = self._proc.wait()
+            self.exited.set_result(self.returncode)
+            raise
         loop.add_reader(self._pidfd, self._reap, loop, on_exit)
         for pipe in (self._proc.stdout, self._proc.stderr):
             assert pipe is not None

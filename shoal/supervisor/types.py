@@ -21,6 +21,8 @@ from typing import Any, TypeAlias
 
 import numpy as np
 
+from shoal.supervisor.errors import ShoalError
+
 #: Parameter values allowed by the KServe V2 protocol.
 ParamValue = bool | int | float | str
 
@@ -104,6 +106,9 @@ class InferResponse:
     #: In a stream: whether this is the request's last response (always, for a model that is
     #: not decoupled; for a decoupled one, when the model sent it with the final flag).
     final: bool = True
+    #: In a stream: an error response the decoupled model sent (no outputs); the stream goes
+    #: on unless ``final``. ``infer`` raises errors instead.
+    error: ShoalError | None = None
 
     def release(self) -> None:
         """Return the response's shared-memory blocks. Idempotent."""

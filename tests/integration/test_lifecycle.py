@@ -210,8 +210,12 @@ def test_crash_loop_makes_the_model_unavailable_with_the_reason():
     with ShoalServer(TEST_MODELS, extra_args=args) as server:
         client = httpclient.InferenceServerClient(server.url)
         for _ in range(5):
-            with pytest.raises(InferenceServerException):
+            with pytest.raises(InferenceServerException) as info:
                 client.infer("crash_always", [_int32("IN", 1)])
+            # Triton's words first (its QA and log scrapers look for them), then why.
+            assert "Stub process 'crash_always_0' is not healthy. It died with exit code 3" in (
+                str(info.value)
+            )
         assert not client.is_model_ready("crash_always")
         assert not client.is_server_ready()
         index = {m["name"]: m for m in client.get_model_repository_index()}

@@ -97,3 +97,45 @@ def test_registering_an_unknown_key_fails_clearly(protocol):
     _, client = protocol
     with pytest.raises(InferenceServerException, match="Unable to open shared memory region"):
         client.register_system_shared_memory("nope", "/shoal_no_such_region", 64)
+
+
+def test_allow_client_shm_false_refuses_register_and_unregister_as_triton():
+    """``--allow-client-shm=false``: register and unregister answer Triton's UNSUPPORTED error
+    on both protocols, the status calls still answer, and no region gets registered."""
+    key = "/shoal_test_disallowed"
+    handle = shm.create_shared_memory_region("disallowed", key, 64)
+    try:
+        with ShoalServer(BUNDLED, extra_args=("--allow-client-shm=false",)) as srv:
+            http = httpclient.InferenceServerClient(srv.url)
+            grpc = grpcclient.InferenceServerClient(srv.grpc_url)
+            calls = [
+                lambda: http.register_system_shared_memory("r", key, 64),
+                lambda: http.unregister_system_shared_memory("r"),
+                lambda: http.unregister_system_shared_memory(),
+                lambda: grpc.register_system_shared_memory("r", key, 64),
+                lambda: grpc.unregister_system_shared_memory(),
+                lambda: http.unregister_cuda_shared_memory(),
+                lambda: grpc.unregister_cuda_shared_memory(),
+            ]
+            for call in calls:
+                with pytest.raises(InferenceServerException) as info:
+                    call()
+                assert "Client shared memory is disabled. Start the server with " in str(
+                    info.value
+                ), info.value
+                assert "'--allow-client-shm=true' to enable." in str(info.value)
+            with pytest.raises(InferenceServerException) as info:
+                http.register_system_shared_memory("r", key, 64)
+            assert info.value.status() == "501"
+            assert http.get_system_shared_memory_status() == []
+            assert not grpc.get_system_shared_memory_status().regions
+            http.close()
+            grpc.close()
+        with ShoalServer(BUNDLED, extra_args=("--allow-client-shm=true",)) as srv:
+            client = httpclient.InferenceServerClient(srv.url)
+            client.register_system_shared_memory("r", key, 64)
+            assert [r["name"] for r in client.get_system_shared_memory_status()] == ["r"]
+            client.unregister_system_shared_memory()
+            client.close()
+    finally:
+        shm.destroy_shared_memory_region(handle)

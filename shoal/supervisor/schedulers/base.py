@@ -69,6 +69,11 @@ class Scheduler(Protocol):
         """Stop handing out work; returns the requests still queued (the caller fails them)."""
         ...
 
+    def take_queued(self) -> list[Work]:
+        """The requests queued now, taken out of the queue (the caller fails them: no instance
+        can run them); later requests queue as before."""
+        ...
+
 
 class TimerHandle(Protocol):
     def cancel(self) -> None: ...

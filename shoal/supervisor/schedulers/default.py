@@ -117,6 +117,15 @@ class DefaultScheduler:
             self._waiters.append(waiter)
             await waiter
 
+    def take_queued(self) -> list[Work]:
+        for work in self._queue:
+            timer = self._timers.pop(work, None)
+            if timer is not None:
+                timer.cancel()
+        left, self._queue = list(self._queue), collections.deque()
+        self._empty.set()
+        return left
+
     def close(self) -> list[Work]:
         """Stop handing out work; returns what was still queued."""
         self._closed = True

@@ -86,6 +86,13 @@ class DynamicBatcher:
     async def wait_empty(self) -> None:
         await self._empty.wait()
 
+    def take_queued(self) -> list[Work]:
+        left = [entry.work for entry in self._queue.drain()]
+        while self._held:
+            left += self._held.popleft()
+        self._changed()
+        return left
+
     def close(self) -> list[Work]:
         self._closed = True
         self._delay_alarm.cancel()

@@ -140,6 +140,11 @@ class SequenceBatcher:
                 return
             await self.waker.wait()
 
+    def take_queued(self) -> list[Work]:
+        """Nothing: a request of a sequence waits for its slot's instance to come back, since
+        failing it would break the sequence's state."""
+        return []
+
     def close(self) -> list[Work]:
         self._closed = True
         self._reaper.cancel()
@@ -160,6 +165,8 @@ class SequenceBatcher:
         else:
             ends = bool(record.flags & FLAG_END)
             record.flags &= ~FLAG_END  # the sequence ends when the request is done for good
+        # Each iteration must see the inputs as the client sent them: no writes in place.
+        record.private_inputs = 0
         work.iteration = (
             list(record.inputs),
             len(work.input_blocks),

@@ -22,7 +22,7 @@ from shoal.frontends._grpc_infer import (
     stream_error,
     stream_response_chunks,
 )
-from shoal.frontends._grpc_wire import encode_varint, split_raw_contents
+from shoal.frontends._grpc_wire import MAX_WALKED_FIELDS, encode_varint, split_raw_contents
 from shoal.frontends.grpc import SERVICE_NAME
 from shoal.protos import grpc_service_pb2 as shoal_pb
 from shoal.supervisor.core import InferOutput, InferResponse, InvalidArgument
@@ -233,6 +233,22 @@ def test_split_joins_the_fields_around_entries_written_out_of_order() -> None:
     rest, raw = split_raw_contents(head + entry + tail + entry, 7)
     assert [bytes(entry) for entry in raw] == [b"ab", b"ab"]
     assert bytes(rest) == head + tail
+
+
+def test_a_message_of_more_fields_than_the_walk_takes_is_left_to_protobuf() -> None:
+    request = triton_pb.ModelInferRequest(model_name="m")
+    for index in range(MAX_WALKED_FIELDS):
+        request.parameters[f"p{index}"].int64_param = index
+    request.raw_input_contents.append(b"tensor")
+    wire = request.SerializeToString()
+    rest, raw = split_raw_contents(wire, 7)
+    assert rest is wire and raw == []  # whole: protobuf parses the entries with the rest
+    assert triton_pb.ModelInferRequest.FromString(rest).raw_input_contents == [b"tensor"]
+
+
+def test_a_field_numbered_zero_is_refused_at_once() -> None:
+    with pytest.raises(InvalidArgument, match="a field numbered 0"):
+        split_raw_contents(bytes(1 << 20), 7)
 
 
 def test_split_without_the_field_returns_the_message_itself() -> None:

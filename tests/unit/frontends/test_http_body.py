@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import tracemalloc
 from collections.abc import Iterable
 from typing import Any
 
@@ -42,7 +43,7 @@ def test_single_message_is_returned_as_is() -> None:
     assert read(receive, "3") == b"abc"
 
 
-def test_pieces_fill_one_buffer_of_the_announced_size() -> None:
+def test_pieces_fill_one_buffer() -> None:
     body = read(FakeReceive([b"ab", b"cd", b"e"]), "5")
     assert isinstance(body, bytearray) and body == b"abcde"
 
@@ -96,3 +97,21 @@ def test_bad_content_length(value: str) -> None:
 def test_client_disconnect(content_length: str | None) -> None:
     with pytest.raises(ClientDisconnected):
         read(FakeReceive([b"abc"], disconnect=True), content_length)
+
+
+def test_memory_is_taken_as_the_body_arrives_not_from_content_length() -> None:
+    # 50 MB announced, 4 bytes sent (a short body): before, the buffer of the announced size
+    # was allocated when the first piece came.
+    tracemalloc.start()
+    try:
+        body = read(FakeReceive([b"ab", b"cd"]), str(50_000_000), limit=10**9)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert body == b"abcd"
+    assert peak < 1_000_000, f"{peak} bytes allocated for a 4-byte body"
+
+
+def test_pieces_longer_than_content_length_are_refused() -> None:
+    with pytest.raises(InvalidArgument, match="longer than its Content-Length of 3 bytes"):
+        read(FakeReceive([b"ab", b"cd"]), "3")

@@ -53,17 +53,41 @@ def test_orjson_is_used_when_installed(monkeypatch: pytest.MonkeyPatch) -> None:
     assert fake.calls == ["dumps", "loads"]
 
 
-def test_depth_beyond_orjsons_limit_is_refused_whatever_the_python(
+def _nested(depth: int, opener: bytes = b"[", closer: bytes = b"]") -> bytes:
+    return opener * depth + b"1" + closer * depth
+
+
+def test_depth_beyond_the_limit_is_refused_whatever_the_parser(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    pytest.importorskip("orjson")
     # How deep the standard library's parser goes depends on the Python version and build:
     # stand in one that takes any depth, as some 3.12 builds did for 5,000 levels.
     monkeypatch.setattr(_json, "_std_loads", lambda data: ["parsed by the fallback"])
-    with pytest.raises(_json.JsonDecodeError, match="depth limit exceeded"):
-        _json.loads(b"[" * 2000 + b"1" + b"]" * 2000)
-    assert _json.loads(b"[" * 1024 + b"1" + b"]" * 1024) is not None
-    assert _json.loads(b"[NaN]") == ["parsed by the fallback"]  # what the fallback is for
+    monkeypatch.setattr(_json, "_ORJSON", None)
+    for depth in (_json.MAX_DEPTH + 1, 1000, 2000):
+        with pytest.raises(_json.JsonDecodeError, match="nests deeper than 100 levels"):
+            _json.loads(_nested(depth))
+    assert _json.loads(_nested(_json.MAX_DEPTH)) == ["parsed by the fallback"]
+
+
+def test_depth_is_measured_at_the_limit() -> None:
+    assert _json.loads(_nested(_json.MAX_DEPTH)) is not None
+    deep_object = b'{"a":' * 101 + b"1" + b"}" * 101
+    with pytest.raises(_json.JsonDecodeError, match="nests deeper"):
+        _json.loads(deep_object)
+    with pytest.raises(_json.JsonDecodeError, match="nests deeper"):
+        _json.loads(memoryview(b"[" + _nested(100) + b"]"))
+    # Many brackets, little depth: a large tensor written as nested rows.
+    rows = json.dumps({"data": [[1, 2]] * 5000}).encode()
+    assert len(_json.loads(rows)["data"]) == 5000
+
+
+def test_brackets_inside_strings_do_not_count() -> None:
+    text = "[" * 500 + '\\"' + "{" * 500  # an escaped backslash, then a quote that ends it
+    document = json.dumps({"s": text, "t": '"[[[[' * 50, "d": [[1]]}).encode()
+    assert _json.loads(document)["d"] == [[1]]
+    with pytest.raises(_json.JsonDecodeError, match="nests deeper"):
+        _json.loads(json.dumps({"s": "[" * 500, "d": [[[1]]]}).encode()[:-2] + _nested(101) + b"}")
 
 
 # --- NaN and infinities, as Triton writes and reads them ---------------------------------------

@@ -234,3 +234,37 @@ def _dead_pid() -> int:
     process = subprocess.Popen(["true"])
     process.wait()
     return process.pid  # reaped: no process has this pid until it is reused
+
+
+def test_a_private_view_reads_the_block_and_keeps_its_writes_to_itself():
+    with OwnedArena(1, initial_bytes=64 * KIB, limit_bytes=64 * KIB) as arena:
+        block = arena.allocate(3 * 4096 + 100)  # more than a page, not page-aligned at the end
+        other = arena.allocate(4096)
+        shared = np.frombuffer(arena.view(block), dtype=np.uint8)
+        shared[:] = 7
+        private_bytes = arena.private_view(block)
+        assert private_bytes is not None and private_bytes.nbytes == block.nbytes
+        private = np.frombuffer(private_bytes, dtype=np.uint8)
+        assert (private == 7).all()
+        private[: 4096 + 1] = 9  # two pages copied on write
+        assert (shared == 7).all(), "the owner's bytes changed"
+        shared[-1] = 5  # a page the private view never wrote still shows the owner's bytes
+        assert private[-1] == 5 and private[4096] == 9
+        assert arena.private_view(Block(1, 0, 0, 0)) is None
+        with ArenaMap() as peer:
+            segment = arena.segment(block.segment)
+            assert segment.fd is not None
+            peer.add_fd(1, block.segment, os.dup(segment.fd), segment.size)
+            arena.view(other)[0] = 3
+            seen = peer.private_view(other)
+            assert seen is not None and seen.nbytes == 4096 and seen[0] == 3
+            seen[0] = 1
+            assert arena.view(other)[0] == 3
+
+
+def test_a_named_segment_has_no_private_view():
+    arena = OwnedArena(2, initial_bytes=8 * KIB, limit_bytes=8 * KIB, backend="posix")
+    try:
+        assert arena.private_view(arena.allocate(100)) is None
+    finally:
+        arena.close()

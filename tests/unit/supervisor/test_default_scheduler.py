@@ -105,3 +105,22 @@ def test_expired_request_is_not_handed_out_even_if_its_timer_is_late():
         assert scheduler.close() == []
 
     asyncio.run(scenario())
+
+
+def test_take_queued_empties_the_queue_and_keeps_it_open():
+    """What an outage fails (no instance can run it) leaves the queue; later work queues."""
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        scheduler = DefaultScheduler(lambda w: None, ManualClock())
+        scheduler.submit(_work(loop, "t"))
+        scheduler.submit(_work(loop, "u"))
+        taken = scheduler.take_queued()
+        assert [w.record.request_id for w in taken] == ["t", "u"]
+        assert scheduler.pending == 0
+        await scheduler.wait_empty()
+        later = _work(loop, "v")
+        scheduler.submit(later)
+        assert await scheduler.next_batch() == [later]
+
+    asyncio.run(scenario())

@@ -115,6 +115,24 @@ def test_one_sample_per_model_version():
     assert text.count("nv_inference_request_failure{") == 3 * 4
 
 
+def test_cache_counters_only_for_versions_that_use_the_cache():
+    cached = _stats("cached", "1")
+    cached.inference_stats.cache_hit = StatDuration(4, 7_999)
+    cached.inference_stats.cache_miss = StatDuration(2, 3_000)
+    text = _render([ModelSample(cached, cached=True), ModelSample(_stats("plain", "1"))])
+    labels = '{model="cached",version="1"}'
+    assert f"nv_cache_num_hits_per_model{labels} 4\n" in text
+    assert f"nv_cache_hit_duration_per_model{labels} 7\n" in text
+    assert f"nv_cache_num_misses_per_model{labels} 2\n" in text
+    assert f"nv_cache_miss_duration_per_model{labels} 3\n" in text
+    assert 'nv_cache_num_hits_per_model{model="plain"' not in text
+    order = [line.split()[2] for line in text.splitlines() if line.startswith("# TYPE")]
+    cache_at = order.index("nv_cache_num_hits_per_model")
+    assert order[cache_at - 1] == "nv_inference_compute_output_duration_us"
+    assert order[cache_at + 4] == "nv_inference_pending_request_count"
+    assert "nv_cache" not in _render([ModelSample(_stats("plain", "1"))])
+
+
 def test_failures_are_counted_under_their_reason():
     stats = _stats(failed=6)
     stats.failure_reasons = {"REJECTED": 3, "BACKEND": 2, "CANCELED": 1}
@@ -242,6 +260,7 @@ def _service(versions):
         directory=SimpleNamespace(cuda=CudaPools()),  # no GPU tensor yet: no pool families
         model_statistics=lambda: stats,
         custom_metrics=CustomMetrics(),
+        cache=None,  # no --cache-config
     )
 
 
