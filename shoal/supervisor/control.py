@@ -184,13 +184,14 @@ class ModelRepositoryManager:
                 new = await self._prepare(name, path, override)
             except model_config.ConfigError as error:
                 log.error("failed to load '%s': %s", name, error)
-                self.failed[name] = without_repository(str(error), path)
-                raise _LoggedLoadFailure(f"failed to load '{name}': {self.failed[name]}") from None
+                reason = without_repository(str(error), path)
+                self._record_failure(name, reason)
+                raise _LoggedLoadFailure(f"failed to load '{name}': {reason}") from None
             await self._load_composing(name, new)
             for mv in new:
                 problem = self._ensemble_problem(mv)
                 if problem is not None:
-                    self.failed[name] = problem
+                    self._record_failure(name, problem)
                     raise InvalidArgument(f"failed to load '{name}': {problem}")
             await asyncio.gather(*(self.loader.start(mv) for mv in new))
             broken = [mv for mv in new if not mv.ready]
@@ -205,6 +206,13 @@ class ModelRepositoryManager:
             self.models[name] = {mv.version: mv for mv in new}
             self.failed.pop(name, None)
             await asyncio.gather(*(self._retire(mv) for mv in old.values()))
+
+    def _record_failure(self, name: str, reason: str) -> None:
+        """``name`` failed to load. A failed reload keeps the version that serves, as Triton
+        does: the model and the server stay ready (model-analyzer reloads configurations, some
+        of which cannot load here, through a server it expects to stay ready)."""
+        if not self._ready(name):
+            self.failed[name] = reason
 
     async def _load_composing(self, name: str, versions: list[ModelVersion]) -> None:
         """An ensemble's step models are loaded with it (explicit mode), as Triton does."""

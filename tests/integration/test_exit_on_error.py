@@ -3,6 +3,7 @@ a failed load tells the log (the model's traceback, once) and clients (one line,
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -122,3 +123,22 @@ def test_without_exit_on_error_clients_get_the_reason_without_paths(
             client.close()
     assert broken in message and expected in message, message
     assert "Traceback" not in message and str(tmp_path) not in message, message
+
+
+def test_a_failed_reload_keeps_the_model_and_the_server_ready() -> None:
+    # What model-analyzer does in remote mode: it loads configurations one after the other,
+    # some of which cannot load here (KIND_GPU without a GPU), and waits for a ready server.
+    args = ("--model-control-mode", "explicit", "--load-model", "add_sub")
+    with ShoalServer(BUNDLED, extra_args=args) as server:
+        client = httpclient.InferenceServerClient(server.url)
+        try:
+            config = client.get_model_config("add_sub")
+            config["instance_group"] = [{"kind": "KIND_GPU", "count": 1}]
+            with pytest.raises(InferenceServerException) as info:
+                client.load_model("add_sub", config=json.dumps(config))
+            assert "KIND_GPU" in info.value.message()
+            assert client.is_server_ready() and client.is_model_ready("add_sub")
+            index = {e["name"]: e for e in client.get_model_repository_index()}
+            assert index["add_sub"]["state"] == "READY"
+        finally:
+            client.close()
