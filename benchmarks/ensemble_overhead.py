@@ -23,13 +23,13 @@ from typing import Any
 import uvloop
 
 from shoal.config import load_model_config
+from shoal.core.types import InferRequest
 from shoal.ipc import messages as msg
 from shoal.ipc.arena import Block
 from shoal.ipc.tensor import TensorDesc
-from shoal.supervisor.bls import BlsRouter
-from shoal.supervisor.ensemble import EnsembleRunner
-from shoal.supervisor.models import ModelState, ModelVersion
-from shoal.supervisor.types import InferRequest
+from shoal.supervisor.calls.bls import BlsRouter
+from shoal.supervisor.models.ensemble import EnsembleRunner
+from shoal.supervisor.models.versions import ModelState, ModelVersion
 from shoal.supervisor.work import Completion, Work
 
 MODELS = Path(__file__).parent / "models"

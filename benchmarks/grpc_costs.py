@@ -5,7 +5,7 @@
 * ``floor``: a bare server with a handler that returns a constant, driven by ``h2load``
   (8 connections, as ``shoal perf --client h2load``): the server's CPU time per call, in µs.
   This is what a Python gRPC server pays before shoal runs a line. ``native`` is shoal's own
-  HTTP/2 framing (``shoal/frontends/_h2_connection.py``, what ``shoal serve`` uses); ``aio`` is
+  HTTP/2 framing (``shoal/frontends/h2/connection.py``, what ``shoal serve`` uses); ``aio`` is
   grpcio's asyncio server (``--grpc-server grpcio``); ``sync`` is grpcio's thread-pool server.
 
     .venv/bin/python -m benchmarks.grpc_costs                # both parts
@@ -33,15 +33,15 @@ import grpc.aio
 import numpy as np
 import uvloop
 
-from shoal.frontends._grpc_infer import (
+from shoal.core import InferOutput, InferResponse
+from shoal.frontends.grpc._infer import (
     decode_infer_request,
     encode_infer_response,
     stream_response_chunks,
 )
-from shoal.frontends._h2_connection import Http2Connection
-from shoal.frontends._h2_frames import GRPC_RESPONSE_HEADERS, literal
+from shoal.frontends.h2.connection import Http2Connection
+from shoal.frontends.h2.frames import GRPC_RESPONSE_HEADERS, literal
 from shoal.protos import grpc_service_pb2 as pb
-from shoal.supervisor.core import InferOutput, InferResponse
 
 SERVICE = "inference.GRPCInferenceService"
 REPLY = pb.ModelInferResponse(model_name="identity_fp32").SerializeToString()

@@ -18,8 +18,8 @@ from typing import NoReturn
 import shoal
 from shoal import _serve_flags, perf
 from shoal.frontends._restricted import GROUPS as RESTRICTED_GROUPS
-from shoal.supervisor.cuda_devices import parse_pool_size
-from shoal.supervisor.log_settings import LOG_FORMATS, TritonFormatter, shoal_level
+from shoal.supervisor.extensions.log_settings import LOG_FORMATS, TritonFormatter, shoal_level
+from shoal.supervisor.instances.devices import parse_pool_size
 from shoal.supervisor.options import MIB, ArenaOptions, Restriction, ServerOptions
 
 # What ``shoal --help`` shows: the module docstring above is for the code's readers.
@@ -38,7 +38,6 @@ examples:
 
 #: tritonserver flags that shoal accepts so that scripts keep working, and ignores.
 _IGNORED_FLAGS: tuple[tuple[str, Callable[[str], object]], ...] = (
-    ("--backend-directory", str),
     ("--cache-directory", str),
     ("--grpc-infer-allocation-pool-size", int),
     ("--http-thread-count", int),
@@ -446,6 +445,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="export Triton's host CPU families (nv_cpu_utilization, nv_cpu_memory_*)",
     )
     serve.add_argument(
+        "--backend-directory",
+        default="/opt/tritonserver/backends",
+        metavar="DIR",
+        help='where Python-based backends live: backend "<name>" runs <dir>/<name>/model.py',
+    )
+    serve.add_argument(
         "--exit-timeout-secs",
         type=float,
         default=30.0,
@@ -563,6 +568,7 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         grpc_http2_max_empty_frames=args.grpc_http2_max_empty_frames,
         arenas=_arena_options(args.backend_config),
         backend_config=tuple(args.backend_config),
+        backend_directory=args.backend_directory,
         cuda_pool_limits=tuple(args.cuda_memory_pool_byte_size),
         **_serve_flags.options(args),
     )
@@ -638,7 +644,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
         import uvloop
 
-        from shoal.supervisor.malloc_tuning import keep_large_buffers_mapped
+        from shoal.supervisor.memory.malloc_tuning import keep_large_buffers_mapped
 
         keep_large_buffers_mapped()
         try:

@@ -8,15 +8,15 @@ import sys
 from typing import TYPE_CHECKING
 
 from shoal import _compiled
-from shoal.supervisor.gc_tuning import settle_after_start
-from shoal.supervisor.model_table import format_model_table
+from shoal.supervisor.memory.gc_tuning import settle_after_start
+from shoal.supervisor.models.table import format_model_table
 from shoal.supervisor.options import Restriction, ServerOptions
 from shoal.supervisor.service import InferenceService
 
 if TYPE_CHECKING:
-    from shoal.frontends.grpc import GrpcServer
-    from shoal.frontends.grpc_native import NativeGrpcServer
-    from shoal.frontends.http import HttpServer
+    from shoal.frontends.grpc.aio import GrpcServer
+    from shoal.frontends.grpc.native import NativeGrpcServer
+    from shoal.frontends.http.app import HttpServer
 
 log = logging.getLogger("shoal")
 
@@ -38,9 +38,9 @@ def announce(protocol: str, host: str, port: int) -> None:
 
 async def _start_metrics(service: InferenceService, options: ServerOptions) -> HttpServer:
     """Serve ``/metrics`` on its own port; the values are computed from ``service`` per scrape."""
-    from shoal.frontends.http import AddressInUseError, HttpServer
-    from shoal.frontends.metrics_http import build_metrics_app
-    from shoal.supervisor.metrics import MetricsExporter
+    from shoal.frontends.http.app import AddressInUseError, HttpServer
+    from shoal.frontends.http.metrics import build_metrics_app
+    from shoal.supervisor.extensions.metrics import MetricsExporter
 
     exporter = MetricsExporter(
         service,
@@ -68,8 +68,8 @@ async def _start_grpc(
     service: InferenceService, options: ServerOptions
 ) -> GrpcServer | NativeGrpcServer:
     """Serve ``inference.GRPCInferenceService`` on the gRPC address."""
-    from shoal.frontends.grpc import GrpcServer
-    from shoal.frontends.grpc_native import FloodLimits, NativeGrpcServer
+    from shoal.frontends.grpc.aio import GrpcServer
+    from shoal.frontends.grpc.native import FloodLimits, NativeGrpcServer
 
     restricted = _by_api(options.grpc_restricted_protocol)
     limits = FloodLimits(
@@ -112,7 +112,7 @@ async def _drain(service: InferenceService, timeout: float) -> float:
 
 async def run_server(options: ServerOptions, stop: asyncio.Event) -> int:
     """Serve until ``stop`` is set. Shutdown order: frontends, then models, then arenas."""
-    from shoal.frontends.http import ConnectionLimits, HttpServer, build_http_app
+    from shoal.frontends.http.app import ConnectionLimits, HttpServer, build_http_app
 
     service = InferenceService(options)
     http: HttpServer | None = None

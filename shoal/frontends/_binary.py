@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import struct
 
-from shoal.ipc.dtypes import byte_size, element_count
-from shoal.supervisor.core import InvalidArgument
+from shoal.core import InvalidArgument, byte_size, element_count
 
 _LENGTH = struct.Struct("<I")
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shoal.supervisor.core import InvalidArgument
+from shoal.core import InvalidArgument
 
 #: Triton's default ``--http-max-input-size``: 64 MiB.
 DEFAULT_MAX_INPUT_SIZE = 64 * 1024 * 1024

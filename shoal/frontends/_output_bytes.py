@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from shoal.ipc.dtypes import byte_size
-from shoal.supervisor.core import InferOutput, InternalError
+from shoal.core import InferOutput, InternalError, byte_size
 
 
 def output_bytes(output: InferOutput) -> memoryview:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from shoal.supervisor.core import InvalidArgument, ParamValue
+from shoal.core import InvalidArgument, ParamValue
 
 _NON_NEGATIVE_INTS = ("priority", "timeout", "shared_memory_offset", "shared_memory_byte_size")
 _BOOLS = ("sequence_start", "sequence_end")

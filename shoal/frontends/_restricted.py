@@ -15,8 +15,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from shoal.frontends._endpoint import error_parts
-from shoal.supervisor.core import ErrorCode, ShoalError
+from shoal.core import ErrorCode, ShoalError
+from shoal.frontends.http._endpoint import error_parts
 
 #: Triton's group names (RESTRICTED_CATEGORY_NAMES), in Triton's order.
 GROUPS = (

@@ -30,7 +30,8 @@ from shoal.ipc.tensor import (
 from shoal.stub import pb_utils
 from shoal.stub.bls import calling_requests
 from shoal.stub.gpu_tensors import CudaPoolRefused
-from shoal.stub.tensors_out import RegionTooSmall, TensorWriter, Written
+from shoal.stub.memory import RegionShrunk, RegionTooSmall
+from shoal.stub.tensors_out import TensorWriter, Written
 
 FINAL = 1
 RESCHEDULE = 2  # TRITONSERVER_REQUEST_RELEASE_RESCHEDULE
@@ -462,7 +463,7 @@ class BatchExecutor:
         except (ArenaExhausted, CudaPoolRefused) as error:
             self.writer.free(written)
             return msg.ResponseRecord(error=("RESOURCE_EXHAUSTED", self.failure(str(error))))
-        except RegionTooSmall as error:
+        except (RegionTooSmall, RegionShrunk) as error:
             self.writer.free(written)
             return msg.ResponseRecord(error=("INVALID_ARG", str(error)))
         except (TypeError, ValueError) as error:

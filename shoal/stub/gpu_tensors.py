@@ -53,7 +53,7 @@ from shoal.ipc.tensor import (
 )
 from shoal.stub import pb_utils
 from shoal.stub.control import ControlClient, ControlError
-from shoal.stub.tensors_out import RegionTooSmall
+from shoal.stub.memory import RegionTooSmall
 
 #: Set by the supervisor for a narrowed stub: the server's number of the stub's device 0.
 SERVER_DEVICE_VARIABLE = "SHOAL_SERVER_CUDA_DEVICE"

@@ -12,24 +12,13 @@ from shoal.ipc.tensor import (
     numpy_to_buffer_size,
     write_numpy,
 )
-from shoal.stub.memory import Locations, SharedOutputArena
+from shoal.stub.memory import Locations, RegionTooSmall, SharedOutputArena
 
 if TYPE_CHECKING:
     from shoal.stub.gpu_tensors import GpuTensors
 
 #: Memory a descriptor was written into, which goes back if the message is never sent.
 Written = list[Block | CudaLocation]
-
-
-class RegionTooSmall(ValueError):
-    """An output does not fit the client's shared-memory window for it: the client's mistake
-    (INVALID_ARG, Triton's words), not the model's."""
-
-    def __init__(self, output: str, available: int, needed: int) -> None:
-        super().__init__(
-            f"shared memory size specified with the request for output '{output}' "
-            f"({available} bytes) should be at least {needed} bytes to hold the results"
-        )
 
 
 class TensorWriter:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from shoal.supervisor.errors import Unavailable
+from shoal.core.errors import Unavailable
 
 #: Triton's words for health checks while it exits (``InferenceServer::IsLive``/``IsReady``).
 EXITING = "Server exiting"

@@ -1,4 +1,4 @@
-"""The inference service: the implementation of :class:`~shoal.supervisor.core.CoreAPI`."""
+"""The inference service: the implementation of :class:`~shoal.core.api.CoreAPI`."""
 
 from __future__ import annotations
 
@@ -9,18 +9,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import shoal
-from shoal.ipc import messages as msg
-from shoal.ipc.arena import Block, OwnedArena, remove_stale_segments
-from shoal.ipc.messages import RequestRecord
-from shoal.ipc.tensor import CudaRegionLocation, RegionLocation
-from shoal.supervisor import classification, staging, streaming
-from shoal.supervisor.bls import BlsRouter
-from shoal.supervisor.control import ModelRepositoryManager
-from shoal.supervisor.cuda_pools import CudaPools
-from shoal.supervisor.custom_metrics import CustomMetrics
-from shoal.supervisor.drain import EXITING, DrainGate
-from shoal.supervisor.ensemble import EnsembleRunner
-from shoal.supervisor.errors import (
+from shoal.core.errors import (
     Cancelled,
     DecoupledInfer,
     ErrorCode,
@@ -30,27 +19,7 @@ from shoal.supervisor.errors import (
     ShoalError,
     Unavailable,
 )
-from shoal.supervisor.log_settings import LogSettings
-from shoal.supervisor.model_calls import ControlRouter
-from shoal.supervisor.models import ModelLoader, ModelState, ModelVersion
-from shoal.supervisor.options import ServerOptions
-from shoal.supervisor.response_cache import (
-    CachedResponse,
-    ResponseCache,
-    copy_response,
-    request_key,
-)
-from shoal.supervisor.segments import SegmentDirectory
-from shoal.supervisor.shm_io import (
-    ClientRegion,
-    output_regions,
-    placed_output,
-    read_shm_inputs,
-    write_shm_outputs,
-)
-from shoal.supervisor.shm_registry import SharedMemoryRegistry
-from shoal.supervisor.trace_settings import TraceChange, TraceSettings, TraceValue
-from shoal.supervisor.types import (
+from shoal.core.types import (
     CudaSharedMemoryRegion,
     InferOutput,
     InferRequest,
@@ -63,6 +32,37 @@ from shoal.supervisor.types import (
     ServerMetadata,
     SharedMemoryRegion,
     TensorMetadata,
+)
+from shoal.ipc import messages as msg
+from shoal.ipc.arena import Block, OwnedArena, remove_stale_segments
+from shoal.ipc.messages import RequestRecord
+from shoal.ipc.tensor import CudaRegionLocation, RegionLocation
+from shoal.supervisor.calls.bls import BlsRouter
+from shoal.supervisor.calls.control import ControlRouter
+from shoal.supervisor.drain import EXITING, DrainGate
+from shoal.supervisor.extensions.custom_metrics import CustomMetrics
+from shoal.supervisor.extensions.log_settings import LogSettings
+from shoal.supervisor.extensions.trace_settings import TraceChange, TraceSettings, TraceValue
+from shoal.supervisor.memory.cuda_pools import CudaPools
+from shoal.supervisor.memory.segments import SegmentDirectory
+from shoal.supervisor.memory.system_shm import SharedMemoryRegistry
+from shoal.supervisor.models.ensemble import EnsembleRunner
+from shoal.supervisor.models.manager import ModelRepositoryManager
+from shoal.supervisor.models.versions import ModelLoader, ModelState, ModelVersion
+from shoal.supervisor.options import ServerOptions
+from shoal.supervisor.requests import classification, staging, streaming
+from shoal.supervisor.requests.client_shm import (
+    ClientRegion,
+    output_regions,
+    placed_output,
+    read_shm_inputs,
+    write_shm_outputs,
+)
+from shoal.supervisor.requests.response_cache import (
+    CachedResponse,
+    ResponseCache,
+    copy_response,
+    request_key,
 )
 from shoal.supervisor.work import Completion, Work
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from hyperframe.frame import PriorityFrame, SettingsFrame
 
-from shoal.frontends._grpc_wire import MAX_WALKED_FIELDS
+from shoal.frontends.grpc._wire import MAX_WALKED_FIELDS
 from shoal.protos import grpc_service_pb2 as pb
 from tests.h2client import (
     PREFACE,

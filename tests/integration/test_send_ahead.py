@@ -17,7 +17,7 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from shoal.supervisor.instances import SEND_AHEAD
+from shoal.supervisor.instances.instance import SEND_AHEAD
 from tests.integration.server import ShoalServer
 
 pytestmark = pytest.mark.timeout(120)

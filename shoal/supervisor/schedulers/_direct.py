@@ -16,16 +16,16 @@ import asyncio
 import collections
 import functools
 
+from shoal.core.errors import ShoalError
 from shoal.ipc.arena import Block
 from shoal.ipc.dtypes import byte_size, element_count
 from shoal.ipc.messages import RequestRecord
 from shoal.ipc.tensor import TensorDesc
-from shoal.supervisor.errors import ShoalError
+from shoal.supervisor.instances.decoupled import new_stream
 from shoal.supervisor.schedulers._batching import BatchSettings, shape_key
 from shoal.supervisor.schedulers._controls import FLAG_END
 from shoal.supervisor.schedulers._slots import ForceEnd, SequenceCore, Slot, when_done
 from shoal.supervisor.schedulers.base import Alarm, BatchSource, fail_work
-from shoal.supervisor.streams import new_stream
 from shoal.supervisor.work import Completion, Work
 
 

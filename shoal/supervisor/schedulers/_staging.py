@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from shoal.core.errors import ResourceExhausted
 from shoal.ipc.arena import ArenaExhausted, Block, OwnedArena
 from shoal.ipc.tensor import TensorDesc, numpy_to_buffer_size, write_numpy
-from shoal.supervisor.errors import ResourceExhausted
 from shoal.supervisor.schedulers.base import StageTensor
 
 

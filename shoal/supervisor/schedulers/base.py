@@ -18,9 +18,9 @@ from typing import Protocol
 
 import numpy as np
 
+from shoal.core.errors import ShoalError
 from shoal.ipc.arena import Block
 from shoal.ipc.tensor import TensorDesc
-from shoal.supervisor.errors import ShoalError
 from shoal.supervisor.work import Work
 
 #: Returns a dropped or failed work's input blocks to the input arena.

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import collections
 
-from shoal.supervisor.errors import Unavailable
+from shoal.core.errors import Unavailable
 from shoal.supervisor.schedulers.base import Clock, LoopClock, TimerHandle, fail_work
 from shoal.supervisor.schedulers.dynamic import TIMEOUT_EXPIRED
 from shoal.supervisor.work import Work

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import collections
 
-from shoal.supervisor.errors import Rejected, Unavailable
+from shoal.core.errors import Rejected, Unavailable
 from shoal.supervisor.schedulers._batching import BatchSettings, cut_batch, shape_key
 from shoal.supervisor.schedulers._ordering import OrderedDelivery
 from shoal.supervisor.schedulers._queues import Entry, PriorityQueue

@@ -23,7 +23,7 @@ import itertools
 import logging
 from typing import Any
 
-from shoal.supervisor.errors import InvalidArgument, Rejected, ShoalError, Unavailable
+from shoal.core.errors import InvalidArgument, Rejected, ShoalError, Unavailable
 from shoal.supervisor.schedulers._batching import BatchSettings, shape_rules
 from shoal.supervisor.schedulers._controls import FLAG_END, FLAG_START, SequenceTensors
 from shoal.supervisor.schedulers._direct import DirectStrategy

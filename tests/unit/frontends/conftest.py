@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import tritonclient.http as httpclient
 
-from shoal.frontends.http import HttpServer, build_http_app
+from shoal.frontends.http.app import HttpServer, build_http_app
 
 from .doubles import EchoCore, LoopThread
 

@@ -1,9 +1,10 @@
 """Test doubles for the HTTP frontend tests: fake cores and an event loop in a thread.
 
-``BaseEchoCore`` has only the base CoreAPI methods; ``EchoCore`` adds simple in-memory versions of
-the extension methods (statistics, repository, system shared memory, logging) that record what
-they were given; ``UnimplementedCore`` has the extension methods but each raises
-``NotImplementedError``.
+``NoExtensions`` is an ExtensionAPI whose every call raises ``NotImplementedError`` (a core
+without extensions). ``BaseEchoCore`` has only the InferenceAPI methods of its own; ``EchoCore``
+adds simple in-memory versions of the extension methods (statistics, repository, system shared
+memory, logging) that record what they were given; ``UnimplementedCore`` has the extension
+methods but each raises ``NotImplementedError``.
 """
 
 from __future__ import annotations
@@ -16,8 +17,7 @@ from typing import Any, TypeVar
 import numpy as np
 import uvloop
 
-from shoal.ipc.dtypes import byte_size, serialize_bytes
-from shoal.supervisor.core import (
+from shoal.core import (
     BatchStatistics,
     CudaSharedMemoryRegion,
     ErrorCode,
@@ -40,8 +40,11 @@ from shoal.supervisor.core import (
     ShoalError,
     StatDuration,
     TensorMetadata,
+    TraceChange,
+    TraceValue,
 )
-from shoal.supervisor.cuda_shm import CudaSharedMemoryRegistry
+from shoal.ipc.dtypes import byte_size, serialize_bytes
+from shoal.supervisor.memory.cuda_shm import CudaSharedMemoryRegistry
 
 T = TypeVar("T")
 
@@ -56,7 +59,59 @@ def failure_message(model: str) -> str:
 SHM_REGION = "shared_memory_region"
 
 
-class BaseEchoCore:
+class NoExtensions:
+    """Every call of :class:`~shoal.core.ExtensionAPI`, each raising ``NotImplementedError``."""
+
+    def model_statistics(self, name: str = "", version: str = "") -> list[ModelStatistics]:
+        raise NotImplementedError
+
+    def repository_index(self, ready_only: bool = False) -> list[RepositoryEntry]:
+        raise NotImplementedError
+
+    async def load_model(
+        self, name: str, config_json: str | None = None, files: dict[str, bytes] | None = None
+    ) -> None:
+        raise NotImplementedError
+
+    async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
+        raise NotImplementedError
+
+    def register_system_shm(self, name: str, key: str, offset: int, byte_size: int) -> None:
+        raise NotImplementedError
+
+    def unregister_system_shm(self, name: str = "") -> None:
+        raise NotImplementedError
+
+    def system_shm_status(self, name: str = "") -> list[SharedMemoryRegion]:
+        raise NotImplementedError
+
+    def register_cuda_shm(
+        self, name: str, raw_handle: bytes, device_id: int, byte_size: int
+    ) -> None:
+        raise NotImplementedError
+
+    def unregister_cuda_shm(self, name: str = "") -> None:
+        raise NotImplementedError
+
+    def cuda_shm_status(self, name: str = "") -> list[CudaSharedMemoryRegion]:
+        raise NotImplementedError
+
+    def log_settings(self) -> dict[str, ParamValue]:
+        raise NotImplementedError
+
+    def update_log_settings(self, settings: dict[str, ParamValue]) -> dict[str, ParamValue]:
+        raise NotImplementedError
+
+    def trace_settings(self, model: str = "") -> dict[str, TraceValue]:
+        raise NotImplementedError
+
+    def update_trace_settings(
+        self, changes: dict[str, TraceChange], model: str = ""
+    ) -> dict[str, TraceValue]:
+        raise NotImplementedError
+
+
+class BaseEchoCore(NoExtensions):
     """A test double of the *core*: model "echo" returns every input as an output of that name.
 
     Models named ``fail_<error code>`` raise that error; "crash" raises a bug; "bad_output"

@@ -20,6 +20,7 @@ from tritonclient.grpc import service_pb2 as triton_pb
 from tritonclient.utils import InferenceServerException
 
 from shoal.cli import build_parser, options_from_args, restriction_parser
+from shoal.core import ErrorCode, ShoalError
 from shoal.frontends._restricted import (
     GROUPS,
     GRPC_GROUPS,
@@ -27,12 +28,11 @@ from shoal.frontends._restricted import (
     Restrictions,
     restrict_routes,
 )
-from shoal.frontends.http import build_http_app
-from shoal.supervisor.core import ErrorCode, ShoalError
+from shoal.frontends.http.app import build_http_app
 from shoal.supervisor.options import Restriction
+from tests.unit.frontends.grpc.test_double import FullCore, client_of, serving
 
 from .doubles import EchoCore, LoopThread
-from .test_grpc_double import FullCore, client_of, serving
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -229,7 +229,8 @@ def test_no_cuda_here_means_zero_devices() -> None:
 def test_the_cpu_path_never_imports_cupy_or_torch() -> None:
     code = (
         "import sys; import shoal.stub.runtime, shoal.stub.pb_utils, shoal.supervisor.service, "
-        "shoal.ipc.cuda, shoal.supervisor.cuda_shm, shoal.frontends.http, shoal.frontends.grpc; "
+        "shoal.ipc.cuda, shoal.supervisor.memory.cuda_shm, shoal.frontends.http.app, "
+        "shoal.frontends.grpc.aio; "
         "print(sorted(m for m in ('cupy', 'torch') if m in sys.modules))"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

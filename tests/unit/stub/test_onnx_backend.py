@@ -22,7 +22,7 @@ from shoal.stub import loader, pb_utils  # noqa: E402
 from shoal.stub.backends import builtin_backend  # noqa: E402
 from shoal.stub.backends._onnx_io import OnnxModelError  # noqa: E402
 from shoal.stub.backends.onnxruntime import OnnxRuntimeModel  # noqa: E402
-from shoal.supervisor import onnx_autocomplete as ac  # noqa: E402
+from shoal.supervisor.models import onnx_autocomplete as ac  # noqa: E402
 from tests.unit.stub.helpers import config_tensor as tensor  # noqa: E402
 from tests.unit.stub.helpers import instance_args as args_for  # noqa: E402
 from tests.unit.stub.helpers import server_request  # noqa: E402

@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
+from shoal.core.errors import ErrorCode, ShoalError
 from shoal.supervisor.drain import DrainGate
-from shoal.supervisor.errors import ErrorCode, ShoalError
 
 
 def test_closed_gate_refuses_with_unavailable_naming_the_model():

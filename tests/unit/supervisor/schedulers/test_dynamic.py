@@ -7,7 +7,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from shoal.supervisor.errors import ErrorCode, ShoalError
+from shoal.core.errors import ErrorCode, ShoalError
 from shoal.supervisor.schedulers import DynamicBatcher, make_scheduler
 
 from .helpers import Arenas, Loopback, ManualClock, load_config, make_work, result, settle

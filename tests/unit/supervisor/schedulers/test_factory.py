@@ -7,8 +7,8 @@ import asyncio
 import numpy as np
 import pytest
 
-from shoal.supervisor.errors import ShoalError
-from shoal.supervisor.models import thread_env
+from shoal.core.errors import ShoalError
+from shoal.supervisor.models.versions import thread_env
 from shoal.supervisor.schedulers import (
     DefaultScheduler,
     DynamicBatcher,

@@ -1,0 +1,215 @@
+"""``ModelInferRequest`` bytes -> :class:`InferRequest`, :class:`InferResponse` -> response bytes.
+
+Inputs take their data from one of three places, as in Triton: the input's shared-memory region
+(``shared_memory_region`` parameter: no data here, the core reads the region), the request's
+``raw_input_contents`` (one entry per input not in shared memory, in input order; zero-copy views
+of the received message, checked like the HTTP frontend's binary inputs), or the input's typed
+``contents`` (see :mod:`shoal.frontends.grpc._tensors`). A request uses raw contents or typed
+contents, never both.
+
+Responses carry every output's bytes in ``raw_output_contents``, as Triton's do; an output written
+to the client's shared memory gets an empty entry, which keeps entries and outputs aligned by
+index (tritonclient reads the entry at the output's position).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+from google.protobuf.message import DecodeError
+
+from shoal.core import (
+    DATATYPES,
+    InferInput,
+    InferRequest,
+    InferResponse,
+    InvalidArgument,
+    ParamValue,
+    RequestedOutput,
+)
+from shoal.frontends._binary import check_binary_input
+from shoal.frontends._output_bytes import output_bytes
+from shoal.frontends.grpc._params import (
+    FINAL_RESPONSE,
+    decode_input_parameters,
+    decode_output_parameters,
+    decode_request_parameters,
+    encode_parameters,
+)
+from shoal.frontends.grpc._tensors import array_from_contents
+from shoal.frontends.grpc._wire import Chunk, embedded_chunks, raw_field_chunks, split_raw_contents
+from shoal.protos import grpc_service_pb2 as pb
+
+_RAW_INPUT_CONTENTS = pb.ModelInferRequest.RAW_INPUT_CONTENTS_FIELD_NUMBER
+_RAW_OUTPUT_CONTENTS = pb.ModelInferResponse.RAW_OUTPUT_CONTENTS_FIELD_NUMBER
+_INFER_RESPONSE = pb.ModelStreamInferResponse.INFER_RESPONSE_FIELD_NUMBER
+_SHM_REGION = "shared_memory_region"
+_NO_DATA = memoryview(b"")
+_InputTensor = pb.ModelInferRequest.InferInputTensor
+_DATATYPES = frozenset(DATATYPES)
+
+
+@dataclass
+class DecodedInfer:
+    """The core's request plus what only the frontend needs to render the response."""
+
+    request: InferRequest
+    #: Requested outputs the core writes to the client's shared memory.
+    shared_memory_outputs: frozenset[str] = frozenset()
+    #: The client asked for ``triton_final_response`` on the (stream) response.
+    final_response_flag: bool = False
+
+
+def decode_infer_request(data: bytes | bytearray | memoryview) -> DecodedInfer:
+    """Decode a serialized ``ModelInferRequest``."""
+    header, raw = split_raw_contents(data, _RAW_INPUT_CONTENTS)
+    try:
+        # upb parses any buffer, so a view of the received bytes needs no copy first.
+        message = pb.ModelInferRequest.FromString(header)  # type: ignore[arg-type]
+    except DecodeError as exc:
+        raise InvalidArgument(f"failed to parse the request message: {exc}") from None
+    if not raw and message.raw_input_contents:  # a message too long to walk: parsed whole
+        raw = [memoryview(entry) for entry in message.raw_input_contents]
+    parameters, final_flag = decode_request_parameters(message.parameters)
+    outputs = [
+        RequestedOutput(output.name, decode_output_parameters(output.name, output.parameters))
+        for output in message.outputs
+    ]
+    request = InferRequest(
+        model_name=message.model_name,
+        model_version=message.model_version,
+        id=message.id,
+        inputs=_inputs(message, raw),
+        outputs=outputs,
+        parameters=parameters,
+    )
+    shared = frozenset(o.name for o in outputs if _SHM_REGION in o.parameters)
+    return DecodedInfer(request, shared, final_flag)
+
+
+def _inputs(message: pb.ModelInferRequest, raw: list[memoryview]) -> list[InferInput]:
+    model = message.model_name
+    tensors = message.inputs
+    # Asked once per input: each HasField call on a protobuf message costs a lookup.
+    typed = [tensor.HasField("contents") for tensor in tensors]
+    if raw and any(typed):
+        name = tensors[typed.index(True)].name
+        raise InvalidArgument(
+            "contents field must not be specified when using raw_input_contents for "
+            f"'{name}' for model '{model}'"
+        )
+    inputs: list[InferInput] = []
+    seen: set[str] = set()
+    pending_raw = iter(raw)
+    for tensor, has_contents in zip(tensors, typed, strict=True):
+        name, datatype, shape = _tensor_spec(tensor)
+        if name in seen:
+            raise InvalidArgument(f"input '{name}' already exists in request")
+        seen.add(name)
+        parameters = decode_input_parameters(name, tensor.parameters)
+        data = _input_data(tensor, has_contents, shape, parameters, pending_raw, model)
+        inputs.append(InferInput(name, datatype, shape, data, parameters))
+    _check_raw_count(inputs, raw, model)
+    return inputs
+
+
+def _tensor_spec(tensor: _InputTensor) -> tuple[str, str, tuple[int, ...]]:
+    name, datatype = tensor.name, tensor.datatype
+    if not name:
+        raise InvalidArgument("each input needs a non-empty name")
+    if datatype not in _DATATYPES:
+        raise InvalidArgument(
+            f"invalid datatype for input {name}: '{datatype}' is not one of " + ", ".join(DATATYPES)
+        )
+    shape = tuple(tensor.shape)
+    if shape and min(shape) < 0:
+        raise InvalidArgument(
+            f"invalid shape {list(shape)} for input '{name}': dimensions must be >= 0"
+        )
+    return name, datatype, shape
+
+
+def _input_data(
+    tensor: _InputTensor,
+    has_contents: bool,
+    shape: tuple[int, ...],
+    parameters: dict[str, ParamValue],
+    pending_raw: Iterator[memoryview],
+    model: str,
+) -> memoryview | np.ndarray:
+    name, datatype = tensor.name, tensor.datatype
+    if _SHM_REGION in parameters:
+        if has_contents:
+            raise InvalidArgument(
+                "unexpected 'content' provided when using shared memory for input tensor "
+                f"'{name}' for model '{model}'"
+            )
+        return _NO_DATA  # the core reads the client's region named in the parameters
+    if has_contents:
+        return array_from_contents(name, datatype, shape, tensor.contents, model)
+    data: memoryview | None = next(pending_raw, None)
+    if data is None:
+        raise InvalidArgument(
+            f"unable to find data for input tensor '{name}' for model '{model}' in request."
+        )
+    check_binary_input(name, datatype, shape, data, model)
+    return data
+
+
+def _check_raw_count(inputs: list[InferInput], raw: list[memoryview], model: str) -> None:
+    expected = sum(1 for tensor in inputs if _SHM_REGION not in tensor.parameters)
+    if raw and len(raw) != expected:
+        raise InvalidArgument(
+            f"expected {expected} raw_input_contents entries for model '{model}' (one per "
+            f"input not in shared memory), got {len(raw)}"
+        )
+
+
+# --- responses --------------------------------------------------------------------------------
+
+
+def encode_infer_response(
+    response: InferResponse, decoded: DecodedInfer, *, final: bool | None = None
+) -> list[Chunk]:
+    """A serialized ``ModelInferResponse`` as chunks that may view the response's memory.
+
+    ``final`` (in a stream) is sent as ``triton_final_response``, on every stream response as
+    Triton does; ``None`` (ModelInfer) sends none. Join the chunks before releasing the
+    response.
+    """
+    message = pb.ModelInferResponse(
+        model_name=response.model_name, model_version=response.model_version, id=response.id
+    )
+    if response.parameters:
+        encode_parameters(message.parameters, response.parameters)
+    if final is not None:
+        message.parameters[FINAL_RESPONSE].bool_param = final
+    payloads: list[memoryview] = []
+    for output in response.outputs:
+        tensor = message.outputs.add(name=output.name, datatype=output.datatype, shape=output.shape)
+        if output.parameters:
+            encode_parameters(tensor.parameters, output.parameters)
+        in_shm = output.name in decoded.shared_memory_outputs
+        payloads.append(_NO_DATA if in_shm else output_bytes(output))
+    return [message.SerializeToString(), *raw_field_chunks(_RAW_OUTPUT_CONTENTS, payloads)]
+
+
+def stream_response_chunks(infer_response: list[Chunk]) -> list[Chunk]:
+    """A ``ModelStreamInferResponse`` holding the serialized ``infer_response``."""
+    return embedded_chunks(_INFER_RESPONSE, infer_response)
+
+
+def stream_error(message: str, request: InferRequest | None, *, final: bool | None = None) -> bytes:
+    """A ``ModelStreamInferResponse`` that reports a failed request or an error response of a
+    decoupled model (the stream goes on). ``final``: sent as ``triton_final_response``, as
+    on the model's other responses."""
+    reply = pb.ModelStreamInferResponse(error_message=message)
+    if request is not None:
+        reply.infer_response.model_name = request.model_name
+        reply.infer_response.model_version = request.model_version
+        reply.infer_response.id = request.id
+    if final is not None:
+        reply.infer_response.parameters[FINAL_RESPONSE].bool_param = final
+    return reply.SerializeToString()

@@ -1,0 +1,232 @@
+"""The RPCs of ``inference.GRPCInferenceService``: each method's parsing, behaviour, error
+mapping and reply serialization, shared by both servers (no grpcio import).
+
+A server calls :attr:`Method.handle` with a :class:`CallContext`: the call's metadata and an
+``abort`` that ends the call with a :class:`~shoal.frontends.grpc.status.Status`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterable,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Mapping,
+    Sequence,
+)
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from google.protobuf.message import DecodeError
+
+from shoal.core import InvalidArgument, ShoalError
+from shoal.frontends._restricted import GRPC_GROUPS, GRPC_KEY_PREFIX, Restrictions
+from shoal.frontends.grpc.servicer import Servicer, unexpected
+from shoal.frontends.grpc.status import GRPC_STATUS, Status
+from shoal.protos import grpc_service_pb2 as pb
+
+__all__ = [
+    "MAX_MESSAGE_BYTES",
+    "SERVICE_NAME",
+    "CallContext",
+    "Method",
+    "method_table",
+    "restrictions",
+]
+
+
+class CallContext(Protocol):
+    """What an RPC's behaviour needs of its server: the call's metadata, and ending it."""
+
+    def invocation_metadata(self) -> Sequence[tuple[str, str]] | None: ...
+
+    async def abort(self, code: Status, details: str) -> None:
+        """End the call with ``code`` and ``details``; raises."""
+        ...
+
+
+#: The service name clients call; shoal's messages live in ``shoal.inference`` (see
+#: docs/decisions.md), but the service keeps Triton's name.
+SERVICE_NAME = "inference.GRPCInferenceService"
+
+#: Largest message received or sent: as Triton and tritonclient, INT32_MAX.
+MAX_MESSAGE_BYTES = 2**31 - 1
+
+_Behavior = Callable[[Any], Awaitable[Any]]
+
+
+def _unary_methods(servicer: Servicer) -> dict[str, tuple[type[Any], type[Any], _Behavior]]:
+    """Method name -> (request class, response class, behaviour) of every message-based RPC."""
+    s = servicer
+    return {
+        "ServerLive": (pb.ServerLiveRequest, pb.ServerLiveResponse, s.server_live),
+        "ServerReady": (pb.ServerReadyRequest, pb.ServerReadyResponse, s.server_ready),
+        "ModelReady": (pb.ModelReadyRequest, pb.ModelReadyResponse, s.model_ready),
+        "ServerMetadata": (
+            pb.ServerMetadataRequest,
+            pb.ServerMetadataResponse,
+            s.server_metadata,
+        ),
+        "ModelMetadata": (pb.ModelMetadataRequest, pb.ModelMetadataResponse, s.model_metadata),
+        "ModelConfig": (pb.ModelConfigRequest, pb.ModelConfigResponse, s.model_config),
+        "ModelStatistics": (
+            pb.ModelStatisticsRequest,
+            pb.ModelStatisticsResponse,
+            s.model_statistics,
+        ),
+        "RepositoryIndex": (
+            pb.RepositoryIndexRequest,
+            pb.RepositoryIndexResponse,
+            s.repository_index,
+        ),
+        "RepositoryModelLoad": (
+            pb.RepositoryModelLoadRequest,
+            pb.RepositoryModelLoadResponse,
+            s.repository_model_load,
+        ),
+        "RepositoryModelUnload": (
+            pb.RepositoryModelUnloadRequest,
+            pb.RepositoryModelUnloadResponse,
+            s.repository_model_unload,
+        ),
+        "SystemSharedMemoryStatus": (
+            pb.SystemSharedMemoryStatusRequest,
+            pb.SystemSharedMemoryStatusResponse,
+            s.system_shared_memory_status,
+        ),
+        "SystemSharedMemoryRegister": (
+            pb.SystemSharedMemoryRegisterRequest,
+            pb.SystemSharedMemoryRegisterResponse,
+            s.system_shared_memory_register,
+        ),
+        "SystemSharedMemoryUnregister": (
+            pb.SystemSharedMemoryUnregisterRequest,
+            pb.SystemSharedMemoryUnregisterResponse,
+            s.system_shared_memory_unregister,
+        ),
+        "CudaSharedMemoryStatus": (
+            pb.CudaSharedMemoryStatusRequest,
+            pb.CudaSharedMemoryStatusResponse,
+            s.cuda_shared_memory_status,
+        ),
+        "CudaSharedMemoryRegister": (
+            pb.CudaSharedMemoryRegisterRequest,
+            pb.CudaSharedMemoryRegisterResponse,
+            s.cuda_shared_memory_register,
+        ),
+        "CudaSharedMemoryUnregister": (
+            pb.CudaSharedMemoryUnregisterRequest,
+            pb.CudaSharedMemoryUnregisterResponse,
+            s.cuda_shared_memory_unregister,
+        ),
+        "TraceSetting": (pb.TraceSettingRequest, pb.TraceSettingResponse, s.trace_setting),
+        "LogSettings": (pb.LogSettingsRequest, pb.LogSettingsResponse, s.log_settings),
+    }
+
+
+def restrictions(restricted: Mapping[str, tuple[str, str]] | None) -> Restrictions:
+    return Restrictions(restricted or {}, prefix=GRPC_KEY_PREFIX, what="protocol")
+
+
+@dataclass(frozen=True)
+class Method:
+    """One RPC: how its request is parsed, its behaviour, how its reply is serialized.
+
+    ``parse`` and ``serialize`` are None for ModelInfer and ModelStreamInfer, which take and
+    return serialized bytes. A unary ``handle`` takes the request and a context with grpc.aio's
+    ``abort`` and ``invocation_metadata``; a streaming one takes the request messages too.
+    """
+
+    streaming: bool
+    parse: Callable[[bytes | bytearray], Any] | None
+    serialize: Callable[[Any], bytes] | None
+    handle: Callable[[Any, Any], Any]
+
+
+def method_table(servicer: Servicer, restrictions: Restrictions) -> dict[str, Method]:
+    """Every RPC of the service by method name, guarded (errors become ``context.abort``)."""
+    methods = {
+        name: Method(
+            False,
+            _parser(request_type),
+            response_type.SerializeToString,
+            _guarded(behavior, name, restrictions),
+        )
+        for name, (request_type, response_type, behavior) in _unary_methods(servicer).items()
+    }
+    methods["ModelInfer"] = Method(
+        False, None, None, _guarded(servicer.model_infer, "ModelInfer", restrictions)
+    )
+    methods["ModelStreamInfer"] = Method(
+        True, None, None, _guarded_stream(servicer.model_stream_infer, restrictions)
+    )
+    return methods
+
+
+# --- errors -----------------------------------------------------------------------------------
+
+
+async def _abort(context: CallContext, error: ShoalError) -> None:
+    await context.abort(GRPC_STATUS.get(error.code, Status.INTERNAL), error.message)
+
+
+def _parser(request_type: type[Any]) -> Callable[[bytes | bytearray], Any]:
+    """``request_type.FromString``, with an undecodable message as an error for the handler
+    (gRPC would answer UNKNOWN to a deserializer's exception)."""
+
+    def parse(data: bytes | bytearray) -> Any:
+        try:
+            return request_type.FromString(data)
+        except DecodeError as exc:
+            return InvalidArgument(f"failed to parse the request message: {exc}")
+
+    return parse
+
+
+def _check(restrictions: Restrictions, group: str, context: CallContext) -> None:
+    """PERMISSION_DENIED unless the call may use ``group`` (see ``frontends/_restricted.py``)."""
+    if restrictions.restricts(group):
+        restrictions.check(group, context.invocation_metadata() or ())
+
+
+def _guarded(
+    behavior: _Behavior, name: str, restrictions: Restrictions
+) -> Callable[[Any, Any], Awaitable[Any]]:
+    group = GRPC_GROUPS[name]
+
+    async def handle(request: Any, context: CallContext) -> Any:
+        try:
+            _check(restrictions, group, context)
+            if isinstance(request, ShoalError):
+                raise request
+            return await behavior(request)
+        except ShoalError as exc:
+            error = exc
+        except Exception:
+            error = unexpected(name)
+        await _abort(context, error)  # raises: the RPC ends with the error's status
+
+    return handle
+
+
+def _guarded_stream(
+    behavior: Callable[[AsyncIterable[bytes]], AsyncGenerator[bytes, None]],
+    restrictions: Restrictions,
+) -> Callable[[AsyncIterable[bytes], Any], AsyncIterator[bytes]]:
+    async def handle(requests: AsyncIterable[bytes], context: CallContext) -> AsyncIterator[bytes]:
+        try:
+            _check(restrictions, GRPC_GROUPS["ModelStreamInfer"], context)
+            async with contextlib.aclosing(behavior(requests)) as replies:
+                async for reply in replies:
+                    yield reply
+            return
+        except ShoalError as exc:
+            error = exc
+        except Exception:
+            error = unexpected("ModelStreamInfer")
+        await _abort(context, error)
+
+    return handle

@@ -1,0 +1,155 @@
+"""JSON for the HTTP frontend: ``orjson``, with the standard library as a fallback.
+
+``orjson`` is a dependency of shoal (several times faster than ``json`` on the request path); it
+is looked up at import time through ``importlib`` so that shoal still works, more slowly, in an
+environment that lacks it. orjson is stricter than ``json``: it refuses lone surrogate escapes
+(``"\\ud800"``, not valid UTF-8 text) in a request as malformed JSON, and reads integer literals
+beyond 64 bits as floats (:mod:`shoal.frontends.http._tensor_json` reports them as out of range).
+
+Documents nested more than :data:`MAX_DEPTH` levels deep are refused before they are parsed
+(:func:`check_depth`, at C speed with NumPy), on every Python version and with either parser.
+
+NaN and infinities are written and read as Triton does (``NaN``, ``Infinity``, ``-Infinity``: not
+standard JSON, but what Triton's rapidjson writes and reads, and what Python's ``json`` and
+tritonclient read), instead of orjson's ``null``: see :func:`non_finite`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from typing import Any
+
+import numpy as np
+
+#: The deepest nesting of arrays and objects accepted. A V2 request needs the document's four
+#: levels plus one per dimension of a tensor written as nested lists, and NumPy has at most 64.
+MAX_DEPTH = 100
+
+_QUOTE, _BACKSLASH = 0x22, 0x5C
+_OPEN, _CLOSE = 0x7B, 0x7D  # "{" and "}"; "[" and "]" are the same bytes with 0x20 cleared
+
+
+class JsonDecodeError(ValueError):
+    """The bytes are not valid JSON; ``str()`` says where and why."""
+
+
+def _optional_orjson() -> Any:
+    try:
+        return importlib.import_module("orjson")
+    except ImportError:
+        return None
+
+
+_ORJSON: Any = _optional_orjson()
+#: How orjson's message begins for a document nested more than 1,024 levels deep.
+_DEPTH_LIMIT = "depth limit exceeded"
+
+_NON_FINITE_TEXT = {"nan": b"NaN", "inf": b"Infinity", "-inf": b"-Infinity"}
+#: What :func:`non_finite` returns, by ``repr`` of the float: orjson writes a Fragment as is.
+_NON_FINITE: dict[str, Any] = {
+    key: (_ORJSON.Fragment(text) if _ORJSON is not None else float(key))
+    for key, text in _NON_FINITE_TEXT.items()
+}
+#: The same values as floats, for the standard library's encoder (which writes them alike).
+_AS_FLOAT = {id(token): float(key) for key, token in _NON_FINITE.items()}
+
+
+def non_finite(value: float) -> Any:
+    """The JSON value to put in a document for a NaN or infinite ``value``."""
+    return _NON_FINITE[repr(value)]
+
+
+def _plain(value: Any) -> Any:
+    if id(value) in _AS_FLOAT:
+        return _AS_FLOAT[id(value)]
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+def loads(data: bytes | bytearray | memoryview) -> Any:
+    """Parse UTF-8 JSON text."""
+    check_depth(data)
+    try:
+        if _ORJSON is not None:
+            try:
+                return _ORJSON.loads(data)
+            except ValueError as exc:
+                if str(exc).startswith(_DEPTH_LIMIT):
+                    # Refused here, not handed on: how deep the standard library's parser goes
+                    # depends on the Python version (about 1,000 levels on 3.11, 1,500 on 3.12.1,
+                    # 10,000 on 3.13).
+                    raise
+                # NaN and Infinity literals (Triton reads them): the standard library reads
+                # those, and refuses the same other input orjson does.
+                try:
+                    return _std_loads(data)
+                except ValueError:
+                    raise exc from None
+        return _std_loads(data)
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise JsonDecodeError(str(exc)) from exc
+    except RecursionError:
+        raise JsonDecodeError("the JSON nests too deeply") from None
+
+
+def check_depth(data: bytes | bytearray | memoryview) -> None:
+    """Refuse (JsonDecodeError) a document that nests arrays and objects past :data:`MAX_DEPTH`.
+
+    Counting brackets settles nearly every document at once; one with more brackets than the
+    limit (large nested tensors) is measured with NumPy: brackets inside strings are skipped,
+    the depth is the running sum of openings and closings.
+    """
+    if isinstance(data, memoryview):
+        data = data.tobytes()
+    if data.count(b"[") + data.count(b"{") <= MAX_DEPTH:
+        return
+    raw = np.frombuffer(data, np.uint8)
+    folded = raw | 0x20
+    opens = folded == _OPEN
+    positions = np.flatnonzero(opens | (folded == _CLOSE))
+    del folded
+    quotes = _string_quotes(raw)
+    if quotes.size:
+        outside = np.searchsorted(quotes, positions) % 2 == 0
+        positions = positions[outside]
+    steps = opens[positions].astype(np.int64) * 2 - 1
+    if steps.size and int(np.cumsum(steps).max()) > MAX_DEPTH:
+        raise JsonDecodeError(f"the JSON nests deeper than {MAX_DEPTH} levels")
+
+
+def _string_quotes(raw: np.ndarray) -> np.ndarray:
+    """Positions of the quotes that open and close strings (escaped ones left out)."""
+    quotes = np.flatnonzero(raw == _QUOTE)
+    if not quotes.size:
+        return quotes
+    after_backslash = quotes[(quotes > 0) & (raw[np.maximum(quotes - 1, 0)] == _BACKSLASH)]
+    if not after_backslash.size:
+        return quotes
+    escaped = []
+    for position in after_backslash.tolist():  # rare: \" inside strings
+        run = 0
+        while position - run - 1 >= 0 and raw[position - run - 1] == _BACKSLASH:
+            run += 1
+        if run % 2:
+            escaped.append(position)
+    return np.setdiff1d(quotes, np.array(escaped, dtype=quotes.dtype), assume_unique=True)
+
+
+def _std_loads(data: bytes | bytearray | memoryview) -> Any:
+    # The standard library does not take memoryviews; the copy is of the JSON header only.
+    return json.loads(data.tobytes() if isinstance(data, memoryview) else data)
+
+
+def dumps(value: Any) -> bytes:
+    """Compact UTF-8 JSON (no spaces: responses are parsed by programs, not read by people)."""
+    if _ORJSON is not None:
+        try:
+            encoded: bytes = _ORJSON.dumps(value)
+            return encoded
+        except TypeError:  # orjson.JSONEncodeError: e.g. a lone surrogate quoted from a client
+            pass
+    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=_plain)
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate from a client's string: escape it instead
+        return json.dumps(value, separators=(",", ":"), default=_plain).encode("ascii")

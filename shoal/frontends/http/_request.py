@@ -1,0 +1,217 @@
+"""Decode a V2 ``POST .../infer`` body into an :class:`InferRequest`.
+
+The body is JSON or, with the binary tensor data extension, a JSON header whose size the
+``Inference-Header-Content-Length`` header gives, followed by the data of the inputs that carry
+``parameters.binary_data_size``, back to back in input order. Binary inputs become zero-copy,
+read-only ``memoryview`` slices of the body; JSON inputs become NumPy arrays. Error texts follow
+Triton's where clients are known to match on them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from shoal.core import (
+    DATATYPES,
+    InferInput,
+    InferRequest,
+    InvalidArgument,
+    RequestedOutput,
+    Unsupported,
+)
+from shoal.frontends._binary import BinarySection, check_binary_input
+from shoal.frontends._params import input_parameters, output_parameters, request_parameters
+from shoal.frontends.http import _json
+from shoal.frontends.http._tensor_json import array_from_json
+
+_NO_DATA = memoryview(b"")
+
+
+@dataclass(frozen=True)
+class OutputFormat:
+    """How the client wants each output back: binary, JSON, or left in its shared memory."""
+
+    binary_default: bool = False
+    binary: Mapping[str, bool] = field(default_factory=dict)
+    shared_memory: frozenset[str] = frozenset()
+
+    def is_binary(self, name: str) -> bool:
+        """Per-output ``binary_data`` wins over the request's ``binary_data_output``."""
+        return self.binary.get(name, self.binary_default)
+
+
+@dataclass
+class DecodedRequest:
+    """The core's request plus what only the frontend needs to render the response."""
+
+    request: InferRequest
+    output_format: OutputFormat
+
+
+def decode_infer_request(
+    body: bytes | bytearray | memoryview,
+    *,
+    model_name: str,
+    model_version: str = "",
+    header_length: str | None = None,
+) -> DecodedRequest:
+    """Decode an infer body; ``header_length`` is the ``Inference-Header-Content-Length`` value."""
+    view = memoryview(body).cast("B").toreadonly()
+    json_size = parse_header_length(header_length, len(view))
+    # A JSON-only body is parsed as it is: slicing it would cost a copy of the whole body.
+    whole = json_size == len(view) and not isinstance(body, memoryview)
+    document = _parse_document(body if whole else view[:json_size])
+    parameters, binary_default = request_parameters(document.get("parameters", {}))
+    binary = BinarySection(view[json_size:], model_name, has_header=header_length is not None)
+    inputs = _parse_inputs(document, binary)
+    binary.finish()
+    outputs, output_format = _parse_outputs(document, binary_default)
+    request = InferRequest(
+        model_name=model_name,
+        model_version=model_version,
+        id=_parse_id(document),
+        inputs=inputs,
+        outputs=outputs,
+        parameters=parameters,
+    )
+    return DecodedRequest(request, output_format)
+
+
+def parse_header_length(value: str | None, body_size: int) -> int:
+    """Bytes of JSON at the start of the body: all of it unless the header says otherwise."""
+    if value is None:
+        return body_size
+    try:
+        length = int(value.strip())
+    except ValueError:
+        raise InvalidArgument(
+            f"Unable to parse Inference-Header-Content-Length, got: {value}"
+        ) from None
+    if length == 0:
+        # Triton treats 0 as a raw binary request for a single-input model; shoal does not.
+        raise Unsupported(
+            "Inference-Header-Content-Length 0 (a raw binary request) is not supported; "
+            "send a JSON header with 'binary_data_size' for each binary input"
+        )
+    if not 0 < length <= body_size:
+        raise InvalidArgument(
+            f"inference header size should be in range (0, {body_size}], got: {value}"
+        )
+    return length
+
+
+def _parse_document(header: bytes | bytearray | memoryview) -> dict[str, Any]:
+    try:
+        document = _json.loads(header)
+    except _json.JsonDecodeError as exc:
+        raise InvalidArgument(f"failed to parse the request JSON buffer: {exc}") from None
+    if not isinstance(document, dict):
+        raise InvalidArgument("failed to parse the request JSON buffer: expected a JSON object")
+    return document
+
+
+def _parse_id(document: dict[str, Any]) -> str:
+    request_id = document.get("id", "")
+    if not isinstance(request_id, str):
+        raise InvalidArgument("Unable to parse 'id': expected a string")
+    return request_id
+
+
+def _parse_inputs(document: dict[str, Any], binary: BinarySection) -> list[InferInput]:
+    entries = document.get("inputs")
+    if not isinstance(entries, list) or not all(isinstance(entry, dict) for entry in entries):
+        raise InvalidArgument("Unable to parse 'inputs': expected an array of input objects")
+    inputs: list[InferInput] = []
+    seen: set[str] = set()
+    for entry in entries:
+        tensor = _parse_input(entry, binary)
+        if tensor.name in seen:
+            raise InvalidArgument(f"input '{tensor.name}' already exists in request")
+        seen.add(tensor.name)
+        inputs.append(tensor)
+    return inputs
+
+
+def _parse_input(entry: dict[str, Any], binary: BinarySection) -> InferInput:
+    name, datatype, shape = _tensor_spec(entry)
+    parameters, binary_size = input_parameters(name, entry.get("parameters", {}))
+    _check_one_source(name, entry, parameters, binary_size)
+    data: memoryview | np.ndarray
+    if binary_size is not None:
+        data = binary.take(name, binary_size)
+        check_binary_input(name, datatype, shape, data, binary.model_name)
+    elif "shared_memory_region" in parameters:
+        data = _NO_DATA  # the core reads the client's region named in the parameters
+    else:
+        data = array_from_json(name, datatype, shape, entry["data"])
+    return InferInput(name, datatype, shape, data, parameters)
+
+
+def _tensor_spec(entry: dict[str, Any]) -> tuple[str, str, tuple[int, ...]]:
+    name = entry.get("name")
+    if not isinstance(name, str) or not name:
+        raise InvalidArgument("Unable to parse 'name': each input needs a non-empty string name")
+    datatype = entry.get("datatype")
+    if not isinstance(datatype, str):
+        raise InvalidArgument(f"Unable to parse 'datatype' for input '{name}': expected a string")
+    if datatype not in DATATYPES:
+        raise InvalidArgument(
+            f"invalid datatype for input {name}: '{datatype}' is not one of " + ", ".join(DATATYPES)
+        )
+    shape = entry.get("shape")
+    if not isinstance(shape, list) or not all(type(dim) is int and dim >= 0 for dim in shape):
+        raise InvalidArgument(
+            f"Unable to parse 'shape' for input '{name}': expected an array of non-negative "
+            f"integers, got {_json.dumps(shape).decode()}"
+        )
+    return name, datatype, tuple(shape)
+
+
+def _check_one_source(
+    name: str, entry: dict[str, Any], parameters: Mapping[str, Any], binary_size: int | None
+) -> None:
+    """Exactly one of 'data', 'binary_data_size' and 'shared_memory_region' (Triton's rule)."""
+    sources = [
+        label
+        for label, present in (
+            ("'data'", "data" in entry),
+            ("'binary_data_size'", binary_size is not None),
+            ("'shared_memory_region'", "shared_memory_region" in parameters),
+        )
+        if present
+    ]
+    if len(sources) != 1:
+        found = " set " + " ".join(sources) if sources else " no field is set"
+        raise InvalidArgument(
+            "Input must set only one of the following fields: 'data', 'binary_data_size' in "
+            "'parameters', 'shared_memory_region' in 'parameters'. But"
+            f"{found} for input '{name}'"
+        )
+
+
+def _parse_outputs(
+    document: dict[str, Any], binary_default: bool
+) -> tuple[list[RequestedOutput], OutputFormat]:
+    entries = document.get("outputs", [])
+    if not isinstance(entries, list) or not all(isinstance(entry, dict) for entry in entries):
+        raise InvalidArgument("Unable to parse 'outputs': expected an array of output objects")
+    outputs: list[RequestedOutput] = []
+    binary: dict[str, bool] = {}
+    shared_memory: set[str] = set()
+    for entry in entries:
+        name = entry.get("name")
+        if not isinstance(name, str) or not name:
+            raise InvalidArgument(
+                "Unable to parse 'name': each output needs a non-empty string name"
+            )
+        parameters, wants_binary = output_parameters(name, entry.get("parameters", {}))
+        if wants_binary is not None:
+            binary[name] = wants_binary
+        if "shared_memory_region" in parameters:
+            shared_memory.add(name)
+        outputs.append(RequestedOutput(name, parameters))
+    return outputs, OutputFormat(binary_default, binary, frozenset(shared_memory))

@@ -1,0 +1,94 @@
+"""Encode an :class:`InferResponse` as a V2 infer response body.
+
+JSON outputs carry ``data`` as a flat row-major list. Binary outputs (binary tensor data
+extension) carry ``parameters.binary_data_size`` and their bytes follow the JSON header, in output
+order; the ``Inference-Header-Content-Length`` header gives the JSON header's size. Outputs the
+client placed in shared memory (requested with, or returned with, ``shared_memory_region`` in their
+parameters) carry neither, nor the ``shared_memory_*`` parameters, as Triton. The body is
+returned as chunks (header bytes, then the outputs' own memoryviews) so that the caller copies
+the tensor bytes exactly once, when it joins them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from shoal.core import InferOutput, InferResponse
+from shoal.frontends._output_bytes import output_bytes
+from shoal.frontends.http import _json
+from shoal.frontends.http._request import OutputFormat
+from shoal.frontends.http._tensor_json import json_from_output
+
+JSON_CONTENT_TYPE = "application/json"
+BINARY_CONTENT_TYPE = "application/octet-stream"
+HEADER_LENGTH = "inference-header-content-length"
+_SHM_REGION = "shared_memory_region"
+_SHM_PREFIX = "shared_memory_"
+
+
+@dataclass(frozen=True)
+class EncodedResponse:
+    """HTTP headers and body chunks of an infer response.
+
+    The chunks may view the response's shared memory: join them (:meth:`body`) before releasing it.
+    """
+
+    headers: tuple[tuple[str, str], ...]
+    chunks: tuple[bytes | memoryview, ...]
+
+    def body(self) -> bytes:
+        """The whole body, in one copy."""
+        return b"".join(self.chunks)
+
+
+def encode_infer_response(response: InferResponse, output_format: OutputFormat) -> EncodedResponse:
+    """Render ``response`` with each output binary or JSON as ``output_format`` says."""
+    document: dict[str, Any] = {}
+    if response.id:
+        document["id"] = response.id
+    document["model_name"] = response.model_name
+    document["model_version"] = response.model_version
+    if response.parameters:
+        document["parameters"] = dict(response.parameters)
+    outputs: list[dict[str, Any]] = []
+    binary: list[memoryview] = []
+    for output in response.outputs:
+        entry, data = _encode_output(output, output_format)
+        outputs.append(entry)
+        if data is not None:
+            binary.append(data)
+    document["outputs"] = outputs
+    header = _json.dumps(document)
+    if not binary:
+        return EncodedResponse((("content-type", JSON_CONTENT_TYPE),), (header,))
+    headers = (("content-type", BINARY_CONTENT_TYPE), (HEADER_LENGTH, str(len(header))))
+    return EncodedResponse(headers, (header, *(data for data in binary if data.nbytes)))
+
+
+def _encode_output(
+    output: InferOutput, output_format: OutputFormat
+) -> tuple[dict[str, Any], memoryview | None]:
+    entry: dict[str, Any] = {
+        "name": output.name,
+        "datatype": output.datatype,
+        "shape": list(output.shape),
+    }
+    parameters: dict[str, Any] = dict(output.parameters)
+    if output.name in output_format.shared_memory or _SHM_REGION in parameters:
+        # The core wrote it into the client's region: nothing goes back but the model's own
+        # parameters. Triton adds no shared_memory_* parameters here, and the C++ client
+        # (perf_analyzer) takes an output's "parameters" to hold binary_data_size.
+        kept = {k: v for k, v in parameters.items() if not k.startswith(_SHM_PREFIX)}
+        if kept:
+            entry["parameters"] = kept
+        return entry, None
+    data = output_bytes(output)
+    if output_format.is_binary(output.name):
+        parameters["binary_data_size"] = data.nbytes
+        entry["parameters"] = parameters
+        return entry, data
+    if parameters:
+        entry["parameters"] = parameters
+    entry["data"] = json_from_output(output.name, output.datatype, output.shape, data)
+    return entry, None

@@ -1,0 +1,233 @@
+"""Tensor data in JSON: the ``data`` lists of inputs and outputs.
+
+Inputs: a nested or flat list becomes a NumPy array of the tensor's datatype (BYTES: an object array
+of ``bytes``). Each value must suit the datatype, as in Triton: booleans for BOOL, integers in range
+for integer types, numbers for floating-point types, strings for BYTES. NumPy does the work for the
+common case; Python walks the values only to find the offending one for an error message.
+
+Outputs: the raw V2 bytes become a flat list in row-major order, as Triton returns them.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from shoal.core import (
+    NUMPY_DTYPES,
+    BytesFormatError,
+    InternalError,
+    InvalidArgument,
+    deserialize_bytes,
+    element_count,
+)
+from shoal.frontends.http import _json
+
+_INTEGER_TYPES = frozenset(
+    ("UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64")
+)
+_FLOAT_TYPES = frozenset(("FP16", "FP32", "FP64"))
+
+#: What a JSON value of each kind of datatype must be, for error messages.
+_EXPECTED = {"BOOL": "a boolean", "BYTES": "a string"}
+
+# Marks "no offending value found"; None cannot, since JSON null is a possible offender.
+_NOTHING = object()
+
+
+def array_from_json(name: str, datatype: str, shape: tuple[int, ...], data: Any) -> np.ndarray:
+    """Convert an input's JSON ``data`` into an array of ``shape`` and ``datatype``."""
+    if not isinstance(data, list):
+        raise InvalidArgument(f"Unable to parse 'data' for input '{name}': expected a JSON array")
+    if datatype == "BF16":
+        # As Triton: JSON numbers cannot say how to round to bfloat16.
+        raise InvalidArgument(
+            "receiving BF16 data via JSON is not supported. Please use the binary data format "
+            f"for input {name}"
+        )
+    if datatype == "BYTES":
+        values = _bytes_array(name, data)
+    else:
+        values = _numeric_array(name, datatype, data)
+    expected = element_count(shape)
+    if values.size != expected:
+        raise InvalidArgument(
+            "Unable to parse 'data': Shape does not match true shape of 'data' field for input "
+            f"'{name}': shape {list(shape)} has {expected} elements, 'data' has {values.size}"
+        )
+    try:
+        return values.reshape(shape)
+    except ValueError as exc:  # e.g. [0, 2**62]: no elements, but no array has that shape
+        raise InvalidArgument(
+            f"input '{name}' has an impossible shape {list(shape)}: {exc}"
+        ) from None
+
+
+def _numeric_array(name: str, datatype: str, data: list[Any]) -> np.ndarray:
+    target = NUMPY_DTYPES[datatype]
+    values = _as_array(data)
+    if values.size == 0:
+        return np.empty(0, dtype=target)
+    kind = values.dtype.kind
+    if datatype == "BOOL":
+        if kind != "b":
+            raise _bad_value(name, datatype, data)
+        return values.reshape(-1)
+    if datatype in _INTEGER_TYPES:
+        if kind in "iu":
+            _check_range(name, datatype, int(values.min()), int(values.max()))
+        else:
+            # NumPy turns [0, 2**64 - 1] into float64; check such lists value by value.
+            values = _exact_integers(name, datatype, data)
+    elif kind not in "iuf":
+        raise _bad_value(name, datatype, data)
+    with np.errstate(over="ignore"):  # like Triton, 1e6 as FP16 becomes inf
+        return values.astype(target, copy=False).reshape(-1)
+
+
+def _as_array(data: list[Any]) -> np.ndarray:
+    try:
+        return np.asarray(data)
+    except (ValueError, TypeError):
+        # Ragged nesting such as [[1, 2], [3]]: Triton only counts elements, so flatten first.
+        return np.asarray(_flatten(data))
+
+
+def _exact_integers(name: str, datatype: str, data: list[Any]) -> np.ndarray:
+    # orjson reads an integer literal beyond 64 bits as a float: such a value is out of range
+    # of every integer datatype, and is reported as the integer the client wrote.
+    flat = [_beyond_64_bits(value) for value in _flatten(data)]
+    if not all(type(value) is int for value in flat):
+        raise _bad_value(name, datatype, flat)
+    _check_range(name, datatype, min(flat), max(flat))
+    return np.array(flat, dtype=NUMPY_DTYPES[datatype])
+
+
+def _beyond_64_bits(value: Any) -> Any:
+    if type(value) is float and abs(value) >= 2.0**64 and value.is_integer():
+        return int(value)
+    return value
+
+
+def _check_range(name: str, datatype: str, low: int, high: int) -> None:
+    info = np.iinfo(NUMPY_DTYPES[datatype])
+    if low < info.min or high > info.max:
+        value = low if low < info.min else high
+        raise InvalidArgument(
+            f"Unable to parse 'data' for input '{name}': value {value} is out of range for "
+            f"{datatype} [{info.min}, {info.max}]"
+        )
+
+
+def _bytes_array(name: str, data: list[Any]) -> np.ndarray:
+    flat = _flatten(data)
+    if not all(type(value) is str for value in flat):
+        raise _bad_value(name, "BYTES", flat)
+    try:
+        encoded = [value.encode("utf-8") for value in flat]
+    except UnicodeEncodeError as exc:  # a lone surrogate escape such as "\ud800"
+        raise InvalidArgument(f"Unable to parse 'data' for input '{name}': {exc}") from exc
+    array = np.empty(len(encoded), dtype=np.object_)
+    array[:] = encoded
+    return array
+
+
+def _flatten(data: list[Any]) -> list[Any]:
+    """Row-major flattening of nested lists, without recursion (depth is client-controlled)."""
+    flat: list[Any] = []
+    stack = [iter(data)]
+    while stack:
+        for item in stack[-1]:
+            if isinstance(item, list):
+                stack.append(iter(item))
+                break
+            flat.append(item)
+        else:
+            stack.pop()
+    return flat
+
+
+def _fits(datatype: str, value: Any) -> bool:
+    if datatype == "BOOL":
+        return type(value) is bool
+    if datatype == "BYTES":
+        return type(value) is str
+    if datatype in _INTEGER_TYPES:
+        return type(value) is int
+    return type(value) in (int, float)
+
+
+def _bad_value(name: str, datatype: str, data: list[Any]) -> InvalidArgument:
+    expected = _EXPECTED.get(datatype, "an integer" if datatype in _INTEGER_TYPES else "a number")
+    offenders = (value for value in _flatten(data) if not _fits(datatype, value))
+    offender = next(offenders, _NOTHING)
+    got = "" if offender is _NOTHING else f", got {_json_repr(offender)}"
+    return InvalidArgument(
+        f"Unable to parse 'data' for input '{name}': expected {expected} for datatype "
+        f"{datatype}{got}"
+    )
+
+
+def _json_repr(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return f'"{value[:40]}"'
+    return type(value).__name__ if isinstance(value, dict) else repr(value)
+
+
+def json_from_output(
+    name: str, datatype: str, shape: tuple[int, ...], data: memoryview
+) -> list[Any]:
+    """An output's raw V2 bytes as a flat JSON-ready list (BYTES as UTF-8 strings)."""
+    count = element_count(shape)
+    if datatype == "BYTES":
+        return _strings_from_output(name, data, count)
+    dtype = NUMPY_DTYPES[datatype]
+    if data.nbytes != dtype.itemsize * count:
+        raise _size_mismatch(name)
+    if datatype == "BOOL":
+        # Any non-zero byte is true; a bool view of such bytes would be undefined.
+        return (np.frombuffer(data, dtype=np.uint8) != 0).tolist()  # type: ignore[no-any-return]
+    if datatype == "BF16":
+        # bfloat16 is the upper half of a float32: widening the bits is exact.
+        words = np.frombuffer(data, dtype="<u2").astype("<u4") << 16
+        return _floats(words.view("<f4"))
+    array = np.frombuffer(data, dtype=dtype)
+    if array.dtype.kind == "f":
+        return _floats(array)
+    values: list[Any] = array.tolist()  # typed Any or a list by the numpy version: no ignore
+    return values
+
+
+def _floats(array: np.ndarray) -> list[Any]:
+    """Floats as JSON values, NaN and infinities written as Triton writes them."""
+    values: list[Any] = array.tolist()
+    if not np.isfinite(array).all():
+        values = [v if math.isfinite(v) else _json.non_finite(v) for v in values]
+    return values
+
+
+def _strings_from_output(name: str, data: memoryview, count: int) -> list[str]:
+    try:
+        items = deserialize_bytes(data, count)
+    except BytesFormatError as exc:
+        raise InternalError(f"{_size_mismatch(name)}: {exc}") from exc
+    strings: list[str] = []
+    for index, item in enumerate(items.tolist()):
+        try:
+            strings.append(item.decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            raise InvalidArgument(
+                f"output '{name}' element {index} is not valid UTF-8 and cannot be sent as JSON; "
+                "request the output with binary_data=true"
+            ) from exc
+    return strings
+
+
+def _size_mismatch(name: str) -> InternalError:
+    return InternalError(f"output tensor shape does not match size of output for '{name}'")

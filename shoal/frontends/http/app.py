@@ -1,0 +1,348 @@
+"""The HTTP/REST frontend: KServe V2 endpoints, compatible with Triton and ``tritonclient.http``.
+
+:func:`build_http_app` builds a Starlette app over a :class:`~shoal.core.api.CoreAPI`; it
+only parses, calls the core and renders (see :mod:`shoal.frontends.http.codec`). :class:`HttpServer`
+serves an app with uvicorn on the supervisor's running event loop. Core errors become
+``{"error": "<message>"}`` with the HTTP status of :data:`HTTP_STATUS`, the one table that maps
+error codes to statuses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import re
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from shoal.core import CoreAPI, ShoalError
+from shoal.frontends._limits import ConnectionLimits
+from shoal.frontends._restricted import Restrictions, restrict_routes
+from shoal.frontends._serving import AddressInUseError, EmbeddedServer, bind_socket, wait_started
+from shoal.frontends.http import _json, codec
+from shoal.frontends.http._body import ClientDisconnected, read_body
+from shoal.frontends.http._endpoint import (
+    HTTP_STATUS,
+    JSON_TYPE,
+    Endpoint,
+    Headers,
+    error_parts,
+    guarded,
+    json_response,
+    model_ref,
+    unexpected,
+)
+from shoal.frontends.http.extensions import extension_routes, model_stats_routes
+from shoal.frontends.http.fast_path import FastInferHttpToolsProtocol
+from shoal.frontends.http.generate import generate_routes
+
+__all__ = ["HTTP_STATUS", "AddressInUseError", "ConnectionLimits", "HttpServer", "build_http_app"]
+
+_T = TypeVar("_T")
+
+# Above this size, compress (zlib releases the GIL) or parse JSON in a thread.
+_THREAD_THRESHOLD = 1 << 20
+
+
+def build_http_app(
+    core: CoreAPI,
+    *,
+    max_input_size: int = codec.DEFAULT_MAX_INPUT_SIZE,
+    restricted: Mapping[str, tuple[str, str]] | None = None,
+) -> Starlette:
+    """The KServe V2 REST app; infer bodies over ``max_input_size`` bytes are refused unread.
+
+    ``restricted`` maps an API group (see :mod:`shoal.frontends._restricted`) to the header and
+    value its requests must carry (``--http-restricted-api``); other requests get 403.
+    """
+    infer = _InferEndpoint(core, max_input_size)
+    routes = [
+        Route("/v2/health/live", _health("live", core.is_live), methods=["GET"]),
+        Route("/v2/health/ready", _health("ready", core.is_ready), methods=["GET"]),
+        Route("/v2", _server_metadata(core), methods=["GET"]),
+        # Before "/v2/models/{model_name}", which would take "stats" for a model name.
+        *model_stats_routes(core),
+    ]
+    for model in ("/v2/models/{model_name}", "/v2/models/{model_name}/versions/{model_version}"):
+        routes += [
+            Route(model, _model_metadata(core), methods=["GET"]),
+            Route(model + "/ready", _model_ready(core), methods=["GET"]),
+            Route(model + "/config", _model_config(core), methods=["GET"]),
+            Route(model + "/infer", infer, methods=["POST"]),
+        ]
+    routes += generate_routes(core, max_input_size)
+    routes += extension_routes(core, max_input_size)
+    restrictions = Restrictions(restricted or {})
+    return _App(
+        infer=None if restricted else infer,
+        routes=restrict_routes(routes, restrictions),
+        exception_handlers={HTTPException: _http_exception},
+    )
+
+
+#: ``POST /v2/models/{m}[/versions/{v}]/infer``, as Starlette's routes would match it.
+_INFER_PATH = re.compile(r"^/v2/models/([^/]+)(?:/versions/([^/]+))?/infer$")
+
+
+class _App(Starlette):
+    """The REST app, with a fast path for inference: it skips Starlette's middleware and the
+    scan of every route (tens of microseconds a request) when no API is restricted."""
+
+    def __init__(self, *, infer: _InferEndpoint | None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._infer = infer
+        #: Served by the HTTP protocol without ASGI (see :mod:`._http_protocol`).
+        self.fast_infer = infer
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self._infer is not None and scope["type"] == "http" and scope["method"] == "POST":
+            match = _INFER_PATH.match(scope["path"])
+            if match is not None:
+                params = {"model_name": match[1]}
+                if match[2] is not None:
+                    params["model_version"] = match[2]
+                scope["path_params"] = params
+                scope["app"] = self
+                await self._infer(scope, receive, send)
+                return
+        await super().__call__(scope, receive, send)
+
+
+async def _http_exception(request: Request, exc: Exception) -> Response:
+    """Routing errors (404 unknown path, 405 wrong method) in the same JSON form as Triton's."""
+    assert isinstance(exc, HTTPException)
+    body = _json.dumps({"error": exc.detail})
+    return Response(body, status_code=exc.status_code, headers=exc.headers, media_type=JSON_TYPE)
+
+
+# --- health and metadata ----------------------------------------------------------------------
+
+
+def _health(key: str, check: Callable[[], bool]) -> Endpoint:
+    @guarded
+    async def health(request: Request) -> Response:
+        # The status as Triton's (400, not 503, when not live / not ready), which is all that
+        # tritonclient reads; the body as the KServe V2 spec's ({"live": true}), which the
+        # KServe SDK reads.
+        state = check()
+        return Response(_json.dumps({key: state}), 200 if state else 400, media_type=JSON_TYPE)
+
+    return health
+
+
+def _server_metadata(core: CoreAPI) -> Endpoint:
+    @guarded
+    async def server_metadata(request: Request) -> Response:
+        return json_response(codec.server_metadata_json(core.server_metadata()))
+
+    return server_metadata
+
+
+def _model_metadata(core: CoreAPI) -> Endpoint:
+    @guarded
+    async def model_metadata(request: Request) -> Response:
+        name, version = model_ref(request.path_params)
+        return json_response(codec.model_metadata_json(core.model_metadata(name, version)))
+
+    return model_metadata
+
+
+def _model_ready(core: CoreAPI) -> Endpoint:
+    @guarded
+    async def model_ready(request: Request) -> Response:
+        name, version = model_ref(request.path_params)
+        if core.model_ready(name, version):
+            return Response(status_code=200)
+        body = _json.dumps({"error": "Model version not ready"})
+        return Response(body, 400, media_type=JSON_TYPE)
+
+    return model_ready
+
+
+def _model_config(core: CoreAPI) -> Endpoint:
+    @guarded
+    async def model_config(request: Request) -> Response:
+        name, version = model_ref(request.path_params)
+        return json_response(core.model_config(name, version))
+
+    return model_config
+
+
+# --- inference --------------------------------------------------------------------------------
+
+
+class _InferEndpoint:
+    """``POST .../infer`` as a bare ASGI app (Starlette's Route serves it without wrapping), and
+    as :meth:`respond` for the HTTP protocol's fast path (:mod:`._http_protocol`).
+
+    It reads the body itself, to refuse an oversized one before reading it and to copy it once, and
+    sends one pre-built body: no Request or Response objects on the hot path.
+    """
+
+    def __init__(self, core: CoreAPI, max_input_size: int) -> None:
+        self._core = core
+        self.limit = max_input_size
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        params = scope["path_params"]
+        what = "Request JSON" if headers.get(codec.HEADER_LENGTH) is None else "Request"
+        try:
+            body = await read_body(receive, headers.get("content-length"), self.limit, what=what)
+        except ClientDisconnected:
+            return  # nobody is left to answer
+        except ShoalError as exc:
+            await _send(send, *error_parts(exc))
+            return
+        name, version = params["model_name"], params.get("model_version", "")
+        await _send(send, *await self.respond(name, version, headers, body))
+
+    async def respond(
+        self, name: str, version: str, headers: dict[str, str], body: bytes | bytearray
+    ) -> tuple[int, Headers, bytes]:
+        """Status, headers and body of the answer to an inference request."""
+        try:
+            name, version = model_ref({"model_name": name, "model_version": version})
+            response_headers, out = await self._infer(name, version, headers, body)
+            return 200, response_headers, out
+        except ShoalError as exc:
+            return error_parts(exc)
+        except Exception:
+            return error_parts(unexpected("an inference request"))
+
+    async def _infer(
+        self, name: str, version: str, headers: dict[str, str], body: bytes | bytearray
+    ) -> tuple[Headers, bytes]:
+        encoding = codec.request_encoding(headers.get("content-encoding"))
+        if encoding is not None:
+            body = await codec.inflate(body, encoding, limit=self.limit)
+        header_length = headers.get(codec.HEADER_LENGTH)
+        decode = functools.partial(
+            codec.decode_infer_request,
+            body,
+            model_name=name,
+            model_version=version,
+            header_length=header_length,
+        )
+        if header_length is None and len(body) >= _THREAD_THRESHOLD:
+            # A large JSON body: parsed in a thread, so that the event loop gets the GIL back
+            # between the parse and each tensor's conversion (each one C call that holds it).
+            decoded = await asyncio.to_thread(decode)
+        else:
+            decoded = decode()
+        response = await self._core.infer(decoded.request)
+        try:
+            encoded = codec.encode_infer_response(response, decoded.output_format)
+            out = encoded.body()
+        finally:
+            response.release()  # the body is a copy: give the shared memory back before sending
+        return await _compressed(list(encoded.headers), out, headers.get("accept-encoding"))
+
+
+async def _compressed(
+    headers: Headers, body: bytes, accept_encoding: str | None
+) -> tuple[Headers, bytes]:
+    encoding = codec.response_encoding(accept_encoding)
+    if encoding is None:
+        return headers, body
+    body = await _sized_run(len(body), functools.partial(codec.compress, body, encoding))
+    return [*headers, ("content-encoding", encoding)], body
+
+
+async def _sized_run(size: int, work: Callable[[], _T]) -> _T:
+    return work() if size < _THREAD_THRESHOLD else await asyncio.to_thread(work)
+
+
+async def _send(send: Send, status: int, headers: Headers, body: bytes) -> None:
+    raw_headers = [(b"content-length", str(len(body)).encode("latin-1"))]
+    raw_headers += [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers]
+    await send({"type": "http.response.start", "status": status, "headers": raw_headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+# --- serving ----------------------------------------------------------------------------------
+
+
+class HttpServer:
+    """Serves an ASGI app (normally :func:`build_http_app`'s) with uvicorn on the running loop.
+
+    ``start`` binds and returns the bound port; ``stop`` stops accepting connections, lets
+    in-flight requests finish (cancelling them after ``shutdown_timeout`` seconds) and returns.
+    It installs no signal handlers: the CLI owns signals and calls :meth:`stop`.
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        keep_alive_timeout: int = 60,
+        shutdown_timeout: int | None = 30,
+        limits: ConnectionLimits | None = None,
+    ) -> None:
+        self._app = app
+        self._limits = limits or ConnectionLimits()
+        self._keep_alive_timeout = keep_alive_timeout
+        self._shutdown_timeout = shutdown_timeout
+        self._server: EmbeddedServer | None = None
+        self._serving: asyncio.Task[None] | None = None
+
+    async def start(self, host: str, port: int) -> int:
+        """Listen on ``host:port`` (0: any free port) and return the port.
+
+        Raises :class:`AddressInUseError` if the address is taken.
+        """
+        if self._serving is not None:
+            raise RuntimeError("the HTTP server is already running")
+        sock = bind_socket(host, port)
+        bound_port: int = sock.getsockname()[1]
+        server = EmbeddedServer(self._config())
+        serving = asyncio.create_task(server.serve(sockets=[sock]), name="shoal-http-server")
+        try:
+            await wait_started(server, serving)
+        except BaseException:
+            sock.close()
+            serving.cancel()
+            raise
+        self._server, self._serving = server, serving
+        return bound_port
+
+    async def stop(self) -> None:
+        """Stop gracefully; a no-op when not running."""
+        server, serving = self._server, self._serving
+        if server is None or serving is None:
+            return
+        self._server = self._serving = None
+        server.should_exit = True
+        await serving
+
+    def _config(self) -> uvicorn.Config:
+        config = _Config(
+            self._app,
+            http=FastInferHttpToolsProtocol,
+            ws="none",
+            lifespan="off",
+            log_config=None,  # leave the process's logging configuration alone
+            log_level="warning",
+            access_log=False,
+            proxy_headers=False,  # no per-request header rewriting
+            server_header=False,
+            timeout_keep_alive=self._keep_alive_timeout,
+            timeout_graceful_shutdown=self._shutdown_timeout,
+        )
+        config.connection_limits = self._limits
+        return config
+
+
+class _Config(uvicorn.Config):
+    """uvicorn's configuration, with what :class:`FastInferHttpToolsProtocol` reads of shoal's
+    own: the limits of a connection."""
+
+    connection_limits = ConnectionLimits()

@@ -1,0 +1,370 @@
+"""uvicorn's httptools protocol, with a response's writes coalesced into one system call.
+
+uvicorn writes a response's status line and headers, then its body, with two ``transport.write``
+calls: two ``send`` system calls, and a client woken twice (waking a process is the most
+expensive part of a small request on a VM). Here the writes of one event-loop iteration leave
+together, through one ``writelines`` (a single ``writev``, without joining a large body into a
+copy). Nothing waits: the flush runs at the end of the same iteration.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import http
+import re
+from typing import Any, Protocol, cast
+
+import httptools
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from shoal.frontends._limits import ConnectionLimits
+from shoal.frontends.http import _json
+
+
+class CoalescingHttpToolsProtocol(HttpToolsProtocol):
+    """:class:`HttpToolsProtocol` over a :class:`_CoalescingTransport`."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports are not asyncio.Transport subclasses: no isinstance check here.
+        coalescing = _CoalescingTransport(cast(asyncio.Transport, transport))
+        super().connection_made(cast(asyncio.Transport, coalescing))
+
+
+class _CoalescingTransport:
+    """Holds writes until the end of the loop iteration; everything else goes straight through."""
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self._transport = transport
+        self._pending: list[bytes | bytearray | memoryview] = []
+        self._loop = asyncio.get_running_loop()
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        if not self._pending:
+            self._loop.call_soon(self._flush)
+        self._pending.append(data)
+
+    def writelines(self, lines: Any) -> None:
+        for data in lines:
+            self.write(data)
+
+    def _flush(self) -> None:
+        pending, self._pending = self._pending, []
+        if pending and not self._transport.is_closing():
+            self._transport.writelines(pending)
+
+    def close(self) -> None:
+        self._flush()
+        self._transport.close()
+
+    def write_eof(self) -> None:
+        self._flush()
+        self._transport.write_eof()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
+class FastInfer(Protocol):
+    """What the protocol needs of the inference endpoint to serve it without ASGI."""
+
+    limit: int
+
+    async def respond(
+        self, name: str, version: str, headers: dict[str, str], body: bytes | bytearray
+    ) -> tuple[int, list[tuple[str, str]], bytes]:
+        """Status, headers and body of the answer to an inference request."""
+
+
+#: ``POST /v2/models/{m}[/versions/{v}]/infer``, on the raw request target.
+_INFER_TARGET = re.compile(rb"^/v2/models/([^/?%]+)(?:/versions/([^/?%]+))?/infer$")
+
+
+class _NoEvent:
+    """uvicorn sets its cycle's ``message_event`` on a disconnect; a fast request has none."""
+
+    @staticmethod
+    def set() -> None:
+        pass
+
+
+class _FastRequest:
+    """An inference request served without ASGI, standing where uvicorn keeps its cycle (so its
+    pipelining, keep-alive and shutdown logic see a request in progress)."""
+
+    __slots__ = (
+        "body",
+        "disconnected",
+        "headers",
+        "keep_alive",
+        "name",
+        "response_complete",
+        "version",
+    )
+    message_event = _NoEvent()
+
+    def __init__(self, name: str, version: str, headers: dict[str, str], keep_alive: bool):
+        self.name = name
+        self.version = version
+        self.headers = headers
+        self.keep_alive = keep_alive
+        self.body: list[bytes] = []
+        self.disconnected = False
+        self.response_complete = False
+
+
+class FastInferHttpToolsProtocol(CoalescingHttpToolsProtocol):
+    """Serves ``POST .../infer`` straight from the HTTP parser's callbacks: no ASGI scope, no
+    Starlette, no receive/send round trips (about a fifth of the supervisor's time per small
+    request). Only the plain case takes this way: a Content-Length body within the limit, no
+    ``Expect: 100-continue``, no percent-encoded path or query string, no request already in
+    progress on the connection. Everything else goes through ASGI as before, to the same
+    endpoint, so both ways answer alike.
+    """
+
+    # uvicorn's own versions of the next four callbacks run for every request; here they are
+    # compiled with the rest of this module (docs/perf.md, "Compiled hot path"), and the
+    # keep-alive timer is armed once per idle period instead of made and cancelled per request.
+
+    # A connection's limits (docs/hardening.md, "Connections"): ``_head_left`` is what the
+    # request head being read may still take (-1: no head is being read), ``_head_started`` when
+    # its first byte came (0: none yet), ``_in_body`` whether a request body is due. One timer
+    # per connection (``_watch``) checks them lazily: nothing is armed or cancelled per request.
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        limits: ConnectionLimits = getattr(self.config, "connection_limits", _DEFAULT_LIMITS)
+        self._limits = limits
+        now = self.loop.time()
+        self._last_data = now
+        self._head_left = limits.max_header_size
+        self._head_started = now  # the first request's head is due from the accept
+        self._in_body = False
+        self._watch: asyncio.TimerHandle | None = self.loop.call_later(
+            min(limits.header_timeout, limits.body_timeout), self._check_progress
+        )
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+            self._watch = None
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        now = self.loop.time()
+        self._last_data = now
+        if self._head_left >= 0:
+            if self._head_started == 0.0:
+                self._head_started = now
+            if len(data) > self._head_left:
+                self._head_overrun(data)
+                return
+            self._head_left -= len(data)
+        self._feed(data)
+
+    def _head_overrun(self, data: bytes) -> None:
+        """``data`` holds more than the head being read may still take: parse only what it may;
+        unless the head ended within it, answer 431. (httptools gathers a header's value by
+        concatenation, so a giant header would also cost time quadratic in its size.)"""
+        allowed = self._head_left
+        self._head_left = 0
+        if allowed:
+            self._feed(data[:allowed])
+        if self._head_left == 0 and not self.transport.is_closing():
+            limit = self._limits.max_header_size
+            self._refuse(
+                431,
+                f"the request header fields exceed the limit of {limit} bytes; "
+                "use --http-max-header-size to raise it",
+            )
+        elif not self.transport.is_closing():
+            self.data_received(data[allowed:])
+
+    def _check_progress(self) -> None:
+        """The connection's timer: end a request head or body that is overdue (408)."""
+        self._watch = None
+        if self.transport is None or self.transport.is_closing():
+            return
+        limits = self._limits
+        now = self.loop.time()
+        if self._in_body:
+            due = self._last_data + limits.body_timeout
+            what = "body"
+        elif self._head_started != 0.0 and self._head_left >= 0:
+            due = self._head_started + limits.header_timeout
+            what = "header"
+        else:  # idle between requests (the keep-alive timeout's business), or a request running
+            due = now + min(limits.header_timeout, limits.body_timeout)
+            what = ""
+        if what and now >= due:
+            timeout = limits.body_timeout if what == "body" else limits.header_timeout
+            self._refuse(
+                408,
+                f"the request {what} did not arrive within {timeout:g} s; "
+                f"use --http-{what}-timeout-secs to change the limit",
+            )
+            return
+        self._watch = self.loop.call_later(due - now, self._check_progress)
+
+    def _refuse(self, status: int, message: str) -> None:
+        """Answer ``status`` with a JSON error and close: the connection cannot go on."""
+        body = _json.dumps({"error": message})
+        head = [_status_line(status)]
+        for name, value in self.server_state.default_headers:
+            head += [name, b": ", value, b"\r\n"]
+        head += [
+            b"content-type: application/json\r\n",
+            b"content-length: ",
+            str(len(body)).encode("latin-1"),
+            b"\r\nconnection: close\r\n\r\n",
+            body,
+        ]
+        self.transport.write(b"".join(head))
+        self.transport.close()
+
+    def _feed(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError:
+            message = "Invalid HTTP request received."
+            self.logger.warning(message)
+            self.send_400_response(message)
+        except httptools.HttpParserUpgrade:
+            if self._should_upgrade():
+                self.handle_websocket_upgrade()
+            else:
+                self._unsupported_upgrade_warning()
+
+    def on_url(self, url: bytes) -> None:
+        self.url = self.url + url  # not +=: mypyc 2.4 fails on it for an inherited attribute
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        name = name.lower()
+        if name == b"expect" and value.lower() == b"100-continue":
+            self.expect_100_continue = True
+        self.headers.append((name, value))
+
+    def on_response_complete(self) -> None:
+        self.server_state.total_requests += 1
+        if self.transport.is_closing():
+            return
+        self.flow.resume_reading()
+        if self.pipeline:
+            cycle, app = self.pipeline.pop()
+            self._start_asgi_task(cycle, app)
+            return
+        self._last_data = self.loop.time()
+        if self.timeout_keep_alive_task is None:
+            self.timeout_keep_alive_task = self.loop.call_later(
+                self.timeout_keep_alive, self._keep_alive_check
+            )
+
+    def _keep_alive_check(self) -> None:
+        """Close the connection once it has been idle for the keep-alive timeout: no request in
+        progress and no bytes received for that long (uvicorn's rule, checked lazily)."""
+        self.timeout_keep_alive_task = None
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            return  # busy: the response's completion arms the timer again
+        idle = self.loop.time() - self._last_data
+        if idle >= self.timeout_keep_alive:
+            self.timeout_keep_alive_handler()
+        else:
+            self.timeout_keep_alive_task = self.loop.call_later(
+                self.timeout_keep_alive - idle, self._keep_alive_check
+            )
+
+    def on_message_begin(self) -> None:
+        self.url = b""
+        self.expect_100_continue = False
+        self.headers = []
+
+    def on_headers_complete(self) -> None:
+        self._head_left = -1
+        self._head_started = 0.0
+        self._in_body = True
+        fast = self._fast_request()
+        if fast is not None:
+            self.cycle = cast(Any, fast)
+            return
+        # The ASGI way: build the scope uvicorn's on_message_begin would have built.
+        url, headers, expect = self.url, self.headers, self.expect_100_continue
+        super().on_message_begin()
+        self.url, self.headers, self.expect_100_continue = url, headers, expect
+        self.scope["headers"] = headers
+        super().on_headers_complete()
+
+    def on_body(self, body: bytes) -> None:
+        cycle = self.cycle
+        if isinstance(cycle, _FastRequest):
+            cycle.body.append(body)
+        else:
+            super().on_body(body)
+
+    def on_message_complete(self) -> None:
+        self._in_body = False
+        self._head_left = self._limits.max_header_size  # the next request's head
+        cycle = self.cycle
+        if not isinstance(cycle, _FastRequest):
+            super().on_message_complete()
+            return
+        task = self.loop.create_task(self._serve(cycle, cast(Any, self.app).fast_infer))
+        task.add_done_callback(self.tasks.discard)
+        self.tasks.add(task)
+
+    def _fast_request(self) -> _FastRequest | None:
+        endpoint: FastInfer | None = getattr(self.app, "fast_infer", None)
+        if endpoint is None or self.expect_100_continue:
+            return None
+        if self.cycle is not None and not self.cycle.response_complete:
+            return None  # pipelined behind a request in progress: uvicorn queues it
+        if self.parser.get_method() != b"POST":
+            return None
+        target = _INFER_TARGET.match(self.url)
+        if target is None:
+            return None
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in self.headers}
+        length = headers.get("content-length")
+        if length is None or not length.isdigit() or int(length) > endpoint.limit:
+            return None  # chunked, malformed or too large: the ASGI way answers those
+        if "transfer-encoding" in headers:
+            return None
+        keep_alive = self.parser.get_http_version() != "1.0" and self.parser.should_keep_alive()
+        version = "" if target[2] is None else target[2].decode("latin-1")
+        return _FastRequest(target[1].decode("latin-1"), version, headers, keep_alive)
+
+    async def _serve(self, request: _FastRequest, endpoint: FastInfer) -> None:
+        body = request.body[0] if len(request.body) == 1 else b"".join(request.body)
+        request.body = []
+        status, headers, payload = await endpoint.respond(
+            request.name, request.version, request.headers, body
+        )
+        if request.disconnected:
+            return
+        head = [_status_line(status)]
+        for name, value in self.server_state.default_headers:
+            head += [name, b": ", value, b"\r\n"]
+        head += [b"content-length: ", str(len(payload)).encode("latin-1"), b"\r\n"]
+        for name_, value_ in headers:
+            head += [name_.encode("latin-1"), b": ", value_.encode("latin-1"), b"\r\n"]
+        if not request.keep_alive:
+            head.append(b"connection: close\r\n")
+        head.append(b"\r\n")
+        self.transport.write(b"".join(head))
+        self.transport.write(payload)
+        request.response_complete = True
+        if not request.keep_alive:
+            self.transport.close()
+        self.on_response_complete()
+
+
+_DEFAULT_LIMITS = ConnectionLimits()
+
+
+@functools.lru_cache(maxsize=64)
+def _status_line(status: int) -> bytes:
+    try:
+        phrase = http.HTTPStatus(status).phrase
+    except ValueError:
+        phrase = ""
+    return f"HTTP/1.1 {status} {phrase}\r\n".encode("latin-1")

@@ -1,0 +1,336 @@
+"""BLS calls from stubs: a model's ``InferenceRequest.exec()`` enters the target model's
+scheduler like any request. Tensors pass by descriptor both ways (the caller receives the fds of
+the target's output segments); the target's blocks stay reserved until the caller drops the
+response (``BlsDone``) or dies. A cancelled call (``BlsCancel``: the caller's own request was
+cancelled, or the model called ``ResponseIterator.cancel()``) cancels the target's request as a
+client's cancel would, and answers the caller at once with a CANCELLED error."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import sys
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from shoal.core.errors import (
+    Cancelled,
+    DeadlineExceeded,
+    ModelError,
+    ShoalError,
+    Unavailable,
+    Unsupported,
+)
+from shoal.core.types import InferInput, InferRequest, RequestedOutput
+from shoal.ipc import messages as msg
+from shoal.ipc.queue import PeerGone
+from shoal.supervisor.instances.decoupled import new_stream
+from shoal.supervisor.memory.segments import SegmentDirectory
+from shoal.supervisor.models.versions import ModelVersion
+from shoal.supervisor.requests import staging
+from shoal.supervisor.work import Completion, Work
+
+if TYPE_CHECKING:
+    from shoal.supervisor.instances.instance import StubInstance
+    from shoal.supervisor.instances.process import StubProcess
+
+log = logging.getLogger("shoal")
+
+
+class VersionResolver(Protocol):
+    def resolve(self, name: str, version: str) -> ModelVersion: ...
+
+
+class BlsRouter:
+    """Runs BLS calls and holds the called models' output blocks until the caller is done."""
+
+    def __init__(self, models: VersionResolver, directory: SegmentDirectory) -> None:
+        self._models = models
+        self._directory = directory
+        self._held: dict[tuple[int, int], list[Completion]] = {}  # (caller pid, call) -> ...
+        self._tasks: dict[tuple[int, int], asyncio.Task[None]] = {}
+        self._cancelled: set[tuple[int, int]] = set()
+        self._open: dict[tuple[int, int], _OpenCall] = {}  # calls with one response
+        self._sending: set[asyncio.Future[None]] = set()
+
+    def handle(self, caller: StubInstance, proc: StubProcess, call: msg.BlsCall) -> None:
+        key = (proc.pid, call.call_id)
+        if not call.decoupled:
+            self._start(caller, proc, call, key)
+            return
+        task = asyncio.create_task(self._serve(caller, proc, call), name=f"bls {call.call_id}")
+        self._tasks[key] = task
+        task.add_done_callback(lambda _: self._finished(key))
+
+    def _finished(self, key: tuple[int, int]) -> None:
+        self._tasks.pop(key, None)
+        self._cancelled.discard(key)
+
+    def cancel(self, proc: StubProcess, call_id: int) -> None:
+        """Cancel a call still running (a finished one is left alone)."""
+        key = (proc.pid, call_id)
+        if key in self._open:
+            self._end_early(
+                key, Cancelled(f"BLS request to model '{self._open[key].name}' was cancelled")
+            )
+            return
+        task = self._tasks.get(key)
+        if task is not None and not task.done() and key not in self._cancelled:
+            self._cancelled.add(key)
+            task.cancel()
+
+    def done(self, proc: StubProcess, call_id: int) -> None:
+        for completion in self._held.pop((proc.pid, call_id), []):
+            completion.release()
+
+    def forget_process(self, proc: StubProcess) -> None:
+        for key in [k for k in self._open if k[0] == proc.pid]:
+            open_call = self._open.pop(key)
+            if open_call.timer is not None:
+                open_call.timer.cancel()
+            _abandon(open_call.work, [])
+        for key in [k for k in self._held if k[0] == proc.pid]:
+            for completion in self._held.pop(key):
+                completion.release()
+
+    # -- a call with one response: callbacks, no task ---------------------------------------
+
+    def _start(
+        self, caller: StubInstance, proc: StubProcess, call: msg.BlsCall, key: tuple[int, int]
+    ) -> None:
+        """Submit the call's request now, from the message's own callback; the reply is sent
+        from its future's done-callback. A cancel or a timeout answers at once."""
+        try:
+            target = self._target(caller, call)
+        except ShoalError as error:
+            self._send(proc, _error_reply(call.call_id, error))
+            return
+        except Exception as error:  # a bug must answer the caller, not leave it waiting
+            log.exception("BLS call from '%s' failed", caller.name)
+            internal = ShoalError(f"internal error in BLS: {error!r}")
+            self._send(proc, _error_reply(call.call_id, internal))
+            return
+        future: asyncio.Future[Completion] = asyncio.get_running_loop().create_future()
+        batch = staging.batch_of(target.config, [t.shape for t in call.request.inputs])
+        work = Work(call.request, [], future, batch_size=batch)
+        open_call = _OpenCall(call.model_name, work, target, proc)
+        self._open[key] = open_call
+        if call.request.timeout_us > 0:
+            open_call.timer = asyncio.get_running_loop().call_later(
+                call.request.timeout_us / 1e6,
+                self._end_early,
+                key,
+                DeadlineExceeded("Request timeout expired"),
+            )
+        future.add_done_callback(functools.partial(self._answered, key, open_call))
+        target.submit(work)
+
+    def _answered(
+        self, key: tuple[int, int], open_call: _OpenCall, future: asyncio.Future[Completion]
+    ) -> None:
+        if self._open.get(key) is not open_call:  # answered already: _end_early released it
+            return
+        del self._open[key]
+        if open_call.timer is not None:
+            open_call.timer.cancel()
+        proc, work, target = open_call.proc, open_call.work, open_call.target
+        if future.cancelled():  # not by this router: it answers its own cancels first
+            error: BaseException | None = Cancelled(
+                f"BLS request to model '{open_call.name}' was cancelled"
+            )
+        else:
+            error = future.exception()
+        if error is not None:
+            if not isinstance(error, ShoalError):
+                error = ShoalError(f"internal error in BLS: {error!r}")
+            self._send(proc, _error_reply(key[1], error))
+            return
+        completion = future.result()
+        elapsed = time.monotonic_ns() - work.enqueued_ns
+        if completion.response.error is None:
+            target.stats.success(
+                work.batch_size, elapsed, completion.queue_ns, completion.compute_ns
+            )
+        else:
+            target.stats.failure(elapsed, ModelError.reason)
+        self._held.setdefault(key, []).append(completion)
+        try:
+            proc.forward([o.location for o in completion.response.outputs], self._directory)
+        except ShoalError as forward_error:  # the target's arena is gone (its stub died)
+            self._send(proc, _error_reply(key[1], forward_error))
+            return
+        except OSError:
+            return  # the caller is gone: forget_process releases what it held
+        self._send(proc, msg.BlsReply(key[1], completion.response, True))
+
+    def _end_early(self, key: tuple[int, int], error: ShoalError) -> None:
+        """Answer a call with ``error`` now and drop its request (cancel or timeout)."""
+        open_call = self._open.pop(key, None)
+        if open_call is None:
+            return
+        if open_call.timer is not None:
+            open_call.timer.cancel()
+        _abandon(open_call.work, [])
+        self._send(open_call.proc, _error_reply(key[1], error))
+
+    def _send(self, proc: StubProcess, reply: msg.BlsReply) -> None:
+        try:
+            if proc.send(reply):
+                return
+        except PeerGone:
+            return  # the caller is gone
+        task = asyncio.ensure_future(self._send_later(proc, reply))  # a full ring: wait
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
+
+    @staticmethod
+    async def _send_later(proc: StubProcess, reply: msg.BlsReply) -> None:
+        try:
+            await proc.send_async(reply)
+        except PeerGone:
+            pass
+
+    # -- a decoupled call: a task that forwards each response -------------------------------
+
+    async def _serve(self, caller: StubInstance, proc: StubProcess, call: msg.BlsCall) -> None:
+        try:
+            target = self._target(caller, call)
+            timeout = call.request.timeout_us / 1e6 if call.request.timeout_us > 0 else None
+            await asyncio.wait_for(self._run(target, proc, call), timeout)
+        except asyncio.CancelledError:
+            if (proc.pid, call.call_id) not in self._cancelled:
+                raise  # shutdown, not a BLS cancel
+            current = asyncio.current_task()
+            if current is not None and sys.version_info >= (3, 11):  # 3.10 keeps no count
+                current.uncancel()
+            await self._reply_error(
+                proc, call, Cancelled(f"BLS request to model '{call.model_name}' was cancelled")
+            )
+        except asyncio.TimeoutError:
+            await self._reply_error(proc, call, DeadlineExceeded("Request timeout expired"))
+        except ShoalError as error:
+            await self._reply_error(proc, call, error)
+        except Exception as error:  # a bug must answer the caller, not leave it waiting
+            log.exception("BLS call from '%s' failed", caller.name)
+            await self._reply_error(proc, call, ShoalError(f"internal error in BLS: {error!r}"))
+
+    def _target(self, caller: StubInstance, call: msg.BlsCall) -> ModelVersion:
+        version = "" if call.model_version < 0 else str(call.model_version)
+        target = self._models.resolve(call.model_name, version)
+        if target.config.is_ensemble:
+            raise Unsupported(
+                f"BLS calls to ensemble '{target.name}' are not supported yet; call its steps"
+            )
+        if target.config.decoupled and not call.decoupled:
+            # A decoupled call takes any model (its one response comes with FINAL), as in
+            # Triton; a decoupled model's responses need an iterator.
+            raise Unsupported(  # Triton's words
+                f"Model {target.name} is using the decoupled. The current BLS request call "
+                "doesn't support models using the decoupled transaction policy. Please use "
+                "'decoupled=True' argument to the 'exec' or 'async_exec' calls for decoupled "
+                "models.'"
+            )
+        if caller in target.instances and not any(
+            i is not caller and i.ready and not i.busy for i in target.instances
+        ):
+            raise Unavailable(
+                f"BLS request from instance '{caller.name}' to its own model '{target.name}' "
+                "would wait for itself: every other instance is busy or absent"
+            )
+        request = InferRequest(
+            call.model_name,
+            inputs=[InferInput(t.name, t.datatype, t.shape, b"") for t in call.request.inputs],
+            outputs=[RequestedOutput(n) for n in call.request.requested_outputs],
+        )
+        call.request.requested_outputs = staging.check_outputs(target.config, request)
+        staging.check_inputs(target.config, request)
+        return target
+
+    async def _run(self, target: ModelVersion, proc: StubProcess, call: msg.BlsCall) -> None:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Completion] = loop.create_future()
+        work = Work(
+            call.request,
+            [],
+            future,
+            batch_size=staging.batch_of(target.config, [t.shape for t in call.request.inputs]),
+        )
+        if target.config.decoupled:
+            work.stream = new_stream()
+        target.submit(work)
+        held = self._held.setdefault((proc.pid, call.call_id), [])
+        try:
+            if work.stream is None:
+                completion = await future
+                held.append(completion)
+                if completion.response.error is None:
+                    target.stats.success(
+                        work.batch_size,
+                        time.monotonic_ns() - work.enqueued_ns,
+                        completion.queue_ns,
+                        completion.compute_ns,
+                    )
+                else:
+                    target.stats.failure(time.monotonic_ns() - work.enqueued_ns, ModelError.reason)
+                await self._reply(proc, call.call_id, completion.response, True)
+                return
+            while (item := await work.stream.get()) is not None:
+                if isinstance(item, BaseException):
+                    raise item
+                held.append(item)
+                # The response that carries FINAL is the iterator's last (Triton yields no
+                # extra empty one); a flags-only FINAL comes as an empty response.
+                await self._reply(proc, call.call_id, item.response, item.final)
+                if item.final:
+                    return
+            await self._reply(proc, call.call_id, None, True)
+        except BaseException:
+            _abandon(work, held)
+            raise
+
+    async def _reply(
+        self, proc: StubProcess, call_id: int, body: msg.ResponseRecord | None, final: bool
+    ) -> None:
+        if body is not None:
+            proc.forward([o.location for o in body.outputs], self._directory)
+        await proc.send_async(msg.BlsReply(call_id, body, final))
+
+    async def _reply_error(self, proc: StubProcess, call: msg.BlsCall, error: ShoalError) -> None:
+        body = msg.ResponseRecord(error=(error.code.name, error.message))
+        try:
+            await proc.send_async(msg.BlsReply(call.call_id, body, True))
+        except Exception:
+            pass  # the caller is gone
+
+
+@dataclass(eq=False)
+class _OpenCall:
+    """A call with one response, submitted and not answered yet."""
+
+    name: str  # the called model, as the caller named it
+    work: Work
+    target: ModelVersion
+    proc: StubProcess
+    timer: asyncio.TimerHandle | None = None
+
+
+def _error_reply(call_id: int, error: ShoalError) -> msg.BlsReply:
+    return msg.BlsReply(call_id, msg.ResponseRecord(error=(error.code.name, error.message)), True)
+
+
+def _abandon(work: Work, held: list[Completion]) -> None:
+    """The caller no longer waits: cancel the target's request (dropped if still queued, flagged
+    to the model if running) and give back the responses nobody will read."""
+    future = work.future
+    arrived = future.done() and not future.cancelled() and future.exception() is None
+    if arrived and future.result() not in held:  # it came as the call was being cancelled
+        future.result().release()
+    work.closed = True
+    work.cancel()
+    if work.stream is not None:
+        while not work.stream.empty():
+            item = work.stream.get_nowait()
+            if isinstance(item, Completion):
+                item.release()

@@ -1,0 +1,132 @@
+"""Triton's logging extension: settings read and changed at run time, and Triton's log lines.
+
+The CLI configures the process's logging once from the ``--log-*`` flags (a
+:class:`TritonFormatter` on stderr or ``--log-file``, and :func:`shoal_level`);
+:class:`LogSettings` starts from the same flags and applies later changes.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+
+from shoal.core.errors import InvalidArgument, Unsupported
+from shoal.core.types import ParamValue
+from shoal.supervisor.options import ServerOptions
+
+_BOOLS = ("log_info", "log_warning", "log_error")
+
+#: Triton's ``--log-format`` values.
+LOG_FORMATS = ("default", "ISO8601")
+
+
+class TritonFormatter(logging.Formatter):
+    """Log lines with Triton's prefixes, timestamps in UTC as Triton's:
+
+    * ``default``: ``I0215 21:04:11.572305 4242 shoal.supervisor] message``
+    * ``ISO8601``: ``2024-02-15T21:04:11Z I 4242 shoal.supervisor] message``
+
+    (level letter, time, process id, logger name). ``log_format`` may change while serving.
+    """
+
+    def __init__(self, log_format: str = "default") -> None:
+        super().__init__()
+        self.log_format = log_format
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        when = datetime.datetime.fromtimestamp(record.created, datetime.timezone.utc)
+        level = record.levelname[:1]
+        if self.log_format == "ISO8601":
+            prefix = f"{when:%Y-%m-%dT%H:%M:%SZ} {level}"
+        else:
+            prefix = f"{level}{when:%m%d %H:%M:%S.%f}"
+        return f"{prefix} {record.process} {record.name}] {record.message}"
+
+
+def shoal_level(verbose: int, info: bool, warning: bool, error: bool) -> int:
+    """The level of the ``shoal`` loggers for Triton's settings: the lowest level still on."""
+    if verbose:
+        return logging.DEBUG
+    if info:
+        return logging.INFO
+    if warning:
+        return logging.WARNING
+    if error:
+        return logging.ERROR
+    return logging.CRITICAL + 1
+
+
+class LogSettings:
+    """The settings Triton exposes, applied to shoal's loggers."""
+
+    def __init__(
+        self,
+        verbose: int = 0,
+        log_file: str = "",
+        log_format: str = "default",
+        *,
+        log_info: bool = True,
+        log_warning: bool = True,
+        log_error: bool = True,
+    ) -> None:
+        self._settings: dict[str, ParamValue] = {
+            "log_file": log_file,
+            "log_info": log_info,
+            "log_warning": log_warning,
+            "log_error": log_error,
+            "log_verbose_level": verbose,
+            "log_format": log_format,
+        }
+
+    @classmethod
+    def from_options(cls, options: ServerOptions) -> LogSettings:
+        """The settings the server started with (the ``--log-*`` flags)."""
+        return cls(
+            options.log_verbose,
+            options.log_file,
+            options.log_format,
+            log_info=options.log_info,
+            log_warning=options.log_warning,
+            log_error=options.log_error,
+        )
+
+    def current(self) -> dict[str, ParamValue]:
+        return dict(self._settings)
+
+    def update(self, changes: dict[str, ParamValue]) -> dict[str, ParamValue]:
+        for key, value in changes.items():
+            self._check(key, value)
+        self._settings.update(changes)
+        self._apply()
+        return self.current()
+
+    def _check(self, key: str, value: ParamValue) -> None:
+        if key in _BOOLS:
+            if not isinstance(value, bool):
+                raise InvalidArgument(f"expect boolean for log setting '{key}', got {value!r}")
+        elif key == "log_verbose_level":
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise InvalidArgument(
+                    f"expect a non-negative integer for 'log_verbose_level', got {value!r}"
+                )
+        elif key == "log_format":
+            if value not in LOG_FORMATS:
+                raise InvalidArgument(f"log_format must be 'default' or 'ISO8601', got {value!r}")
+        elif key == "log_file":
+            if value != self._settings["log_file"]:
+                raise Unsupported("log file location can not be updated through network protocol")
+        else:
+            raise InvalidArgument(f"unknown log setting '{key}'")
+
+    def _apply(self) -> None:
+        s = self._settings
+        level = shoal_level(
+            int(s["log_verbose_level"]),
+            bool(s["log_info"]),
+            bool(s["log_warning"]),
+            bool(s["log_error"]),
+        )
+        logging.getLogger("shoal").setLevel(level)
+        for handler in logging.getLogger().handlers:
+            if isinstance(handler.formatter, TritonFormatter):
+                handler.formatter.log_format = str(s["log_format"])

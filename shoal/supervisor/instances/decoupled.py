@@ -1,0 +1,85 @@
+"""The open requests of a decoupled model inside one stub: responses arrive one by one.
+
+A request's input blocks may back any of its responses (an input returned unchanged), so they
+are freed only once the final response has arrived and every response has been released.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from shoal.core.errors import ShoalError
+from shoal.ipc import messages as msg
+from shoal.ipc.arena import Block
+from shoal.ipc.tensor import CudaLocation
+from shoal.supervisor.work import Completion, Work
+
+
+@dataclass(eq=False)
+class OpenStream:
+    work: Work
+    free_inputs: Callable[[list[Block]], None]
+    unreleased: int = 0
+    final: bool = False
+    #: Responses so far, and when the last one (or the dispatch) happened: response statistics.
+    responses: int = 0
+    last_ns: int = 0
+
+    def _finished(self) -> None:
+        self.final = True
+        on_final, self.work.on_final = self.work.on_final, None
+        if on_final is not None:
+            on_final()
+
+    def _maybe_free(self) -> None:
+        if self.final and self.unreleased == 0 and self.work.input_blocks:
+            blocks, self.work.input_blocks = self.work.input_blocks, []
+            self.free_inputs(blocks)
+
+    def released(self) -> None:
+        self.unreleased -= 1
+        self._maybe_free()
+
+    def push(self, completion: Completion | None, final: bool) -> None:
+        """Hand one response (``None``: only the final flag) to the requester."""
+        queue = self.work.stream
+        assert queue is not None
+        if completion is not None:
+            self.unreleased += 1
+            completion.on_release = self.released
+            completion.final = final
+            if self.work.closed:
+                completion.release()
+            else:
+                queue.put_nowait(completion)
+        if final:
+            self._finished()
+            queue.put_nowait(None)
+            self._maybe_free()
+
+    def fail(self, error: ShoalError) -> None:
+        queue = self.work.stream
+        assert queue is not None
+        queue.put_nowait(error)
+        queue.put_nowait(None)
+        self._finished()
+        self._maybe_free()
+
+
+def response_cuda(response: msg.ResponseRecord) -> list[CudaLocation]:
+    """The CUDA pool blocks a response's outputs live in."""
+    return [o.location for o in response.outputs if type(o.location) is CudaLocation]
+
+
+def response_blocks(response: msg.ResponseRecord) -> list[Block]:
+    seen: dict[Block, None] = {}
+    for output in response.outputs:
+        if isinstance(output.location, Block):
+            seen[output.location] = None
+    return list(seen)
+
+
+def new_stream() -> asyncio.Queue[Completion | BaseException | None]:
+    return asyncio.Queue()

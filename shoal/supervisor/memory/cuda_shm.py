@@ -1,0 +1,150 @@
+"""Clients' CUDA shared-memory regions (Triton's CUDA shared-memory extension).
+
+A client registers a ``cudaIpcMemHandle_t`` of its own device allocation (the 64 raw bytes that
+``tritonclient.utils.cuda_shared_memory`` produces), a device id and a size. The supervisor opens
+the handle once per registration (``cudaIpcOpenMemHandle``, which also checks it) and closes it on
+unregister. Requests reach the region by descriptor (``location``): the stub that runs the model
+opens the handle itself and reads inputs or writes outputs in place. Without
+CUDA, registering fails as it does in a ``tritonserver`` built without GPU support (INVALID_ARG,
+"GPUs not supported"), while status and unregister work and see no regions.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from shoal.core.errors import ErrorCode, InvalidArgument, NotFound, ShoalError
+from shoal.core.types import CudaSharedMemoryRegion
+from shoal.ipc import cuda
+from shoal.ipc.cuda import close_ipc_handle, cuda_device_count, open_ipc_handle
+from shoal.ipc.tensor import CudaRegionLocation
+
+
+@dataclass
+class _Opened:
+    region: CudaSharedMemoryRegion
+    pointer: int
+    handle: bytes
+    #: Unique per registration, so that a stub never reuses its handle of an older one.
+    generation: int
+
+
+class CudaSharedMemoryRegistry:
+    """Registered CUDA regions by name, each handle opened once for its registration.
+
+    Names are unique across system and CUDA regions, as in Triton: ``SharedMemoryRegistry``
+    passes ``taken`` for a name a system region holds. ``device_count``, ``opener`` and
+    ``closer`` are cupy's unless a test injects others.
+    """
+
+    def __init__(
+        self,
+        *,
+        device_count: Callable[[], int] = cuda_device_count,
+        opener: Callable[[int, bytes], int] = open_ipc_handle,
+        closer: Callable[[int, int], None] = close_ipc_handle,
+    ) -> None:
+        self._regions: dict[str, _Opened] = {}
+        self._generations = itertools.count(1)
+        self._device_count = device_count
+        self._opener = opener
+        self._closer = closer
+
+    def register(
+        self, name: str, raw_handle: bytes, device_id: int, byte_size: int, *, taken: bool = False
+    ) -> None:
+        """Open and remember a client's handle; ``taken``: a system region has the name."""
+        devices = self._device_count()
+        if devices == 0:  # first, as in a tritonserver built without GPU support
+            raise InvalidArgument(
+                f"failed to register CUDA shared memory region: '{name}', GPUs not supported"
+            )
+        if taken or name in self._regions:
+            raise ShoalError(
+                f"shared memory region '{name}' already in manager", ErrorCode.ALREADY_EXISTS
+            )
+        if len(raw_handle) != cuda.IPC_HANDLE_BYTES:
+            raise InvalidArgument(
+                f"failed to register CUDA shared memory region '{name}': raw_handle must be "
+                f"{cuda.IPC_HANDLE_BYTES} bytes (a cudaIpcMemHandle_t), got {len(raw_handle)}"
+            )
+        if not 0 <= device_id < devices or byte_size < 0:
+            raise InvalidArgument(
+                f"failed to register CUDA shared memory region '{name}': device_id {device_id} "
+                f"must name one of the {devices} visible GPUs and byte_size must not be negative"
+            )
+        try:
+            pointer = self._opener(device_id, raw_handle)
+        except Exception as error:
+            raise InvalidArgument(
+                f"failed to register CUDA shared memory region '{name}': {error}"
+            ) from None
+        region = CudaSharedMemoryRegion(name, device_id, byte_size)
+        self._regions[name] = _Opened(region, pointer, bytes(raw_handle), next(self._generations))
+
+    def unregister(self, name: str = "") -> list[tuple[int, bytes]]:
+        """Close ``name`` (every region when empty); returns the (device, handle) of each,
+        for the stubs that may have opened them too."""
+        names = [name] if name else list(self._regions)
+        closed = []
+        for each in names:
+            entry = self._regions.pop(each, None)
+            if entry is not None:
+                self._closer(entry.region.device_id, entry.pointer)
+                closed.append((entry.region.device_id, entry.handle))
+        return closed
+
+    def status(self, name: str = "") -> list[CudaSharedMemoryRegion]:
+        if not name:
+            return [entry.region for entry in self._regions.values()]
+        entry = self._regions.get(name)
+        if entry is None:
+            raise NotFound(f"Unable to find cuda shared memory region: '{name}'")
+        return [entry.region]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._regions
+
+    def pointer(self, name: str, offset: int, byte_size: int, *, what: str) -> tuple[int, int]:
+        """``(device, device pointer)`` of a window of a region, bounds checked."""
+        entry = self._regions.get(name)
+        if entry is None:
+            raise InvalidArgument(f"Unable to find cuda shared memory region: '{name}' ({what})")
+        size = entry.region.byte_size
+        if offset < 0 or byte_size < 0 or offset + byte_size > size:
+            raise InvalidArgument(
+                f"{what}: offset {offset} and byte size {byte_size} do not fit in CUDA shared "
+                f"memory region '{name}' of {size} bytes"
+            )
+        return entry.region.device_id, entry.pointer + offset
+
+    def location(self, name: str, offset: int, byte_size: int, *, what: str) -> CudaRegionLocation:
+        """Where a window of a region is, for the stub to open and use in place."""
+        self.pointer(name, offset, byte_size, what=what)  # bounds checks
+        entry = self._regions[name]
+        key = f"{entry.generation}:{name}"
+        return CudaRegionLocation(key, entry.region.device_id, offset, byte_size, entry.handle)
+
+    def read(self, name: str, offset: int, byte_size: int, *, what: str) -> memoryview:
+        """A host copy of a window (one device-to-host copy)."""
+        device, pointer = self.pointer(name, offset, byte_size, what=what)
+        host = np.empty(byte_size, dtype=np.uint8)
+        if byte_size:
+            with cuda.cupy_module().cuda.Device(device):
+                cuda.memcpy(host.ctypes.data, pointer, byte_size, cuda.MEMCPY_DEVICE_TO_HOST)
+        return host.data
+
+    def write(self, name: str, offset: int, data: memoryview, *, what: str) -> None:
+        """Copy host bytes into a window (one host-to-device copy, straight from ``data``)."""
+        device, pointer = self.pointer(name, offset, data.nbytes, what=what)
+        if data.nbytes:
+            host = np.frombuffer(data, dtype=np.uint8)  # no copy, read-only views included
+            with cuda.cupy_module().cuda.Device(device):
+                cuda.memcpy(pointer, host.ctypes.data, data.nbytes, cuda.MEMCPY_HOST_TO_DEVICE)
+
+    def close(self) -> None:
+        self.unregister()

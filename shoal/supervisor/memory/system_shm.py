@@ -1,0 +1,211 @@
+"""Clients' system shared-memory regions (Triton's system shared-memory extension).
+
+Regions are POSIX shared-memory objects the client created and names by key. The supervisor
+keeps each registered object open but never maps it: the client owns the object and may shrink it
+at any time, and touching a mapped page past the end of a shrunk object raises SIGBUS, which would
+kill the server and every stub. So what the supervisor reads (BYTES inputs, whose elements it
+checks) or writes (an ensemble's outputs) goes through ``pread``/``pwrite``, which report a short
+object as a short count instead; and every window is checked against the object's size now
+(``fstat``), not only against the size it had when registered: a request for a window the object
+no longer holds fails with INVALID_ARGUMENT naming the region.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from dataclasses import dataclass
+
+import posix_ipc
+
+from shoal.core.errors import ErrorCode, InvalidArgument, NotFound, ShoalError, Unsupported
+from shoal.core.types import CudaSharedMemoryRegion, SharedMemoryRegion
+from shoal.ipc.tensor import RegionLocation
+from shoal.supervisor.memory.cuda_shm import CudaSharedMemoryRegistry
+
+#: Triton's words for a register or unregister call while ``--allow-client-shm=false``.
+CLIENT_SHM_DISABLED = (
+    "Client shared memory is disabled. Start the server with '--allow-client-shm=true' to enable."
+)
+
+
+class AlreadyExists(ShoalError):
+    """A region with that name is already registered."""
+
+    code = ErrorCode.ALREADY_EXISTS
+
+
+@dataclass
+class _Opened:
+    region: SharedMemoryRegion
+    #: The object, open for the life of the registration (never mapped here: see above).
+    fd: int
+    #: Unique per registration: a stub's cached mapping of an older registration of the same
+    #: key (the client may have re-created the object) is never reused for a new one.
+    generation: int
+
+
+class SharedMemoryRegistry:
+    """Registered regions by name; each object open for the life of its registration.
+
+    ``cuda`` holds the clients' CUDA regions; a name is unique across both kinds, as in Triton.
+    ``allow_client=False`` (``--allow-client-shm=false``) refuses every register and unregister
+    call, as Triton does; status calls still answer (with nothing registered).
+    """
+
+    def __init__(
+        self, cuda: CudaSharedMemoryRegistry | None = None, *, allow_client: bool = True
+    ) -> None:
+        self._regions: dict[str, _Opened] = {}
+        self._generations = itertools.count(1)
+        self.cuda = cuda if cuda is not None else CudaSharedMemoryRegistry()
+        self.allow_client = allow_client
+
+    def _check_allowed(self) -> None:
+        if not self.allow_client:
+            raise Unsupported(CLIENT_SHM_DISABLED)
+
+    def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
+        self._check_allowed()
+        self._check_new(name)
+        if offset < 0 or byte_size <= 0:
+            # Triton maps byte_size bytes, and mmap refuses a length of 0.
+            raise InvalidArgument(
+                f"shared memory region '{name}': offset must not be negative and byte_size must "
+                f"be positive (got offset {offset}, byte_size {byte_size})"
+            )
+        posix_name = key if key.startswith("/") else "/" + key
+        _check_key(name, key, posix_name)
+        try:
+            shm = posix_ipc.SharedMemory(posix_name)
+        except (posix_ipc.ExistentialError, posix_ipc.PermissionsError, ValueError) as error:
+            raise InvalidArgument(
+                f"Unable to open shared memory region: '{key}': {error}"
+            ) from None
+        try:
+            size = os.fstat(shm.fd).st_size
+            if offset + byte_size > size:
+                raise InvalidArgument(
+                    f"shared memory region '{name}': offset {offset} + byte_size {byte_size} "
+                    f"exceeds the size of '{key}' ({size} bytes)"
+                )
+        except BaseException:
+            shm.close_fd()
+            raise
+        region = SharedMemoryRegion(name, key, offset, byte_size)
+        self._regions[name] = _Opened(region, shm.fd, next(self._generations))
+
+    def register_cuda(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> None:
+        """Register a client's CUDA IPC handle (INVALID_ARGUMENT without GPUs, as Triton)."""
+        self._check_allowed()
+        self.cuda.register(name, raw_handle, device_id, byte_size, taken=name in self._regions)
+
+    def unregister_cuda(self, name: str = "") -> list[tuple[int, bytes]]:
+        self._check_allowed()
+        return self.cuda.unregister(name)
+
+    def cuda_status(self, name: str = "") -> list[CudaSharedMemoryRegion]:
+        return self.cuda.status(name)
+
+    def _check_new(self, name: str) -> None:
+        if name in self._regions or name in self.cuda:
+            raise AlreadyExists(f"shared memory region '{name}' already in manager")
+
+    def unregister(self, name: str = "") -> None:
+        self._check_allowed()
+        self._unmap([name] if name else list(self._regions))
+
+    def _unmap(self, names: list[str]) -> None:
+        for each in names:
+            entry = self._regions.pop(each, None)
+            if entry is not None:
+                os.close(entry.fd)
+
+    def status(self, name: str = "") -> list[SharedMemoryRegion]:
+        if not name:
+            return [entry.region for entry in self._regions.values()]
+        entry = self._regions.get(name)
+        if entry is None:
+            raise NotFound(f"Unable to find system shared memory region: '{name}'")
+        return [entry.region]
+
+    def read(self, name: str, offset: int, byte_size: int, *, what: str) -> memoryview:
+        """A copy of a window of a region; ``offset`` is relative to the registered offset."""
+        entry, start = self._present(name, offset, byte_size, what)
+        data = bytearray(byte_size)
+        view = memoryview(data)
+        done = 0
+        while done < byte_size:
+            count = os.preadv(entry.fd, [view[done:]], start + done)
+            if count == 0:  # shrunk since the check: the end of the object came first
+                raise self._shrunk(entry, name, start, byte_size, what)
+            done += count
+        return view
+
+    def write(self, name: str, offset: int, data: memoryview, *, what: str) -> None:
+        """Copy ``data`` into a window of a region. Should the client shrink the object between
+        the size check and the copy, ``pwrite`` grows it back where a mapping would fault."""
+        entry, start = self._present(name, offset, data.nbytes, what)
+        source = data.cast("B") if data.ndim != 1 or data.format != "B" else data
+        done = 0
+        while done < source.nbytes:
+            done += os.pwrite(entry.fd, source[done:], start + done)
+
+    def location(self, name: str, offset: int, byte_size: int, *, what: str) -> RegionLocation:
+        """Where a window of a region is, for a stub to map it itself (no copy)."""
+        entry, start = self._present(name, offset, byte_size, what)
+        key = entry.region.key if entry.region.key.startswith("/") else "/" + entry.region.key
+        return RegionLocation(f"{entry.generation}:{key}", start, byte_size)
+
+    def _present(self, name: str, offset: int, byte_size: int, what: str) -> tuple[_Opened, int]:
+        """The registration and the absolute start of a window that fits the registered region
+        and the object as it is now."""
+        entry = self._regions.get(name)
+        if entry is None:  # Triton's words and code (NOT_FOUND), then which tensor asked
+            raise NotFound(
+                f"Unable to find shared memory region: '{name}' (a system shared memory region "
+                f"named by {what})"
+            )
+        region = entry.region
+        if offset < 0 or byte_size < 0 or offset + byte_size > region.byte_size:
+            lead = (
+                f"Invalid offset for shared memory region: '{name}': "
+                if offset >= region.byte_size
+                else ""
+            )
+            raise InvalidArgument(
+                f"{lead}{what}: offset {offset} and byte size {byte_size} do not fit in shared "
+                f"memory region '{name}' of {region.byte_size} bytes"
+            )
+        start = region.offset + offset
+        if start + byte_size > os.fstat(entry.fd).st_size:
+            raise self._shrunk(entry, name, start, byte_size, what)
+        return entry, start
+
+    @staticmethod
+    def _shrunk(
+        entry: _Opened, name: str, start: int, byte_size: int, what: str
+    ) -> InvalidArgument:
+        size = os.fstat(entry.fd).st_size
+        return InvalidArgument(
+            f"{what}: shared memory region '{name}' no longer holds bytes {start} to "
+            f"{start + byte_size}: its object '{entry.region.key}' was shrunk to {size} bytes "
+            "after it was registered"
+        )
+
+    def close(self) -> None:
+        self._unmap(list(self._regions))
+        self.cuda.close()
+
+
+def _check_key(name: str, key: str, posix_name: str) -> None:
+    """Refuse keys POSIX cannot name (posix_ipc crashes the process on some of them)."""
+    try:
+        encoded = posix_name.encode("utf-8")
+    except UnicodeEncodeError:
+        encoded = b""
+    if not encoded or b"\0" in encoded or "/" in posix_name[1:] or len(encoded) > 255:
+        raise InvalidArgument(
+            f"Unable to open shared memory region: '{key}' (region '{name}'): a key is one "
+            "POSIX name of at most 255 UTF-8 bytes, without NUL or '/' after the first character"
+        )

@@ -1,0 +1,351 @@
+"""Ensembles: a DAG of model steps run inside the supervisor.
+
+A step starts as soon as all of its input tensors exist, so independent steps run in parallel.
+Intermediate tensors stay where the producing stub wrote them and are handed to the consuming
+stub by descriptor (the segment directory sends it the segment's fd): no copy between steps.
+Every block stays alive until the ensemble's response is released. A step may itself be an
+ensemble: its steps run inside the outer request (their blocks held by it too), and the nested
+ensemble's statistics count it as one request, as its step models count theirs.
+
+A request is driven by callbacks rather than by a task per step: the done-callback of a step's
+future stores the step's outputs and submits the steps they complete at once, so the next step
+reaches its model's scheduler in the event-loop turn that delivered the previous step's result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+import weakref
+from collections.abc import Callable
+from typing import Protocol
+
+from shoal.core.errors import ErrorCode, InvalidArgument, ModelError, ShoalError
+from shoal.core.types import InferOutput, InferRequest, InferResponse
+from shoal.ipc.arena import Block
+from shoal.ipc.messages import RequestRecord
+from shoal.ipc.tensor import CudaLocation, TensorDesc
+from shoal.supervisor.memory.segments import SegmentDirectory
+from shoal.supervisor.models._ensemble_plan import EnsemblePlan, StepPlan, input_datatypes, plan_of
+from shoal.supervisor.models.versions import ModelVersion
+from shoal.supervisor.requests.staging import batch_of
+from shoal.supervisor.work import Completion, Work
+
+#: Called once when a graph ends: its tensors, or the error that ended it.
+OnDone = Callable[[dict[str, TensorDesc] | None, BaseException | None], None]
+
+
+class VersionResolver(Protocol):
+    def resolve(self, name: str, version: str) -> ModelVersion: ...
+
+
+class EnsembleRunner:
+    """Runs one ensemble request over the composing models' schedulers."""
+
+    def __init__(
+        self,
+        models: VersionResolver,
+        directory: SegmentDirectory,
+        free_inputs: Callable[[list[Block]], None],
+    ) -> None:
+        self.models = models
+        self._directory = directory
+        self._free_inputs = free_inputs
+        self._plans: weakref.WeakKeyDictionary[ModelVersion, EnsemblePlan] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def plan(self, mv: ModelVersion) -> EnsemblePlan:
+        """The step graph of a loaded ensemble version, worked out on its first request."""
+        plan = self._plans.get(mv)
+        if plan is None:
+            plan = self._plans[mv] = plan_of(mv.config)
+        return plan
+
+    async def run(
+        self,
+        mv: ModelVersion,
+        request: InferRequest,
+        record: RequestRecord,
+        blocks: list[Block],
+    ) -> InferResponse:
+        """``record`` holds the staged client inputs; ``blocks`` are freed with the response."""
+        completions: list[Completion] = []
+
+        def release() -> None:
+            for completion in completions:
+                completion.release()
+            completions.clear()
+            self._free_inputs(blocks)
+
+        done: asyncio.Future[dict[str, TensorDesc]] = asyncio.get_running_loop().create_future()
+        inputs = {desc.name: desc for desc in record.inputs}
+        graph = _Graph(self, mv, record, inputs, completions, (), functools.partial(_settle, done))
+        try:
+            graph.start()
+            tensors = await done
+            outputs = [self._output(mv, tensors, name) for name in record.requested_outputs]
+        except BaseException:
+            graph.abort()  # the client went away: steps still queued are dropped
+            release()
+            raise
+        return InferResponse(
+            model_name=mv.name,
+            model_version=str(mv.version),
+            id=request.id,
+            outputs=outputs,
+            _release=release,
+        )
+
+    def _output(self, mv: ModelVersion, tensors: dict[str, TensorDesc], name: str) -> InferOutput:
+        desc = tensors.get(name)
+        if desc is None:
+            raise InvalidArgument(f"ensemble '{mv.name}' produced no tensor '{name}'")
+        assert isinstance(desc.location, Block | CudaLocation)
+        view = self._directory.view(desc.location)
+        return InferOutput(name, desc.datatype, desc.shape, view)
+
+
+def _settle(
+    done: asyncio.Future[dict[str, TensorDesc]],
+    tensors: dict[str, TensorDesc] | None,
+    error: BaseException | None,
+) -> None:
+    if done.done():
+        return
+    if error is not None:
+        done.set_exception(error)
+    else:
+        done.set_result(tensors or {})
+
+
+class _Graph:
+    """The steps of one ensemble within one request; a nested ensemble gets a graph of its own.
+
+    ``tensors`` maps ensemble tensor names to descriptors (whose own names may be the producing
+    model's). Every step's completion joins ``completions``, which the request releases.
+    """
+
+    def __init__(
+        self,
+        runner: EnsembleRunner,
+        mv: ModelVersion,
+        base: RequestRecord,
+        tensors: dict[str, TensorDesc],
+        completions: list[Completion],
+        chain: tuple[str, ...],
+        on_done: OnDone,
+    ) -> None:
+        self._runner = runner
+        self.mv = mv
+        self._base = base
+        self._plan = runner.plan(mv)
+        self.tensors = tensors
+        self._completions = completions
+        self._chain = (*chain, mv.name)  # this ensemble and those it is nested in
+        self._on_done = on_done
+        #: Per step: input tensors still missing; -1 once the step has started.
+        self._missing = [step.needs for step in self._plan.steps]
+        self._running: dict[int, asyncio.Future[Completion] | _Graph] = {}
+        self._finished = False
+
+    # -- driving ----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._finished:  # aborted before a deferred start
+            return
+        missing = self._missing
+        for name in self.tensors:
+            for step in self._plan.consumers.get(name, ()):
+                missing[step.index] -= 1
+        self._advance([step for step in self._plan.steps if missing[step.index] == 0])
+
+    def abort(self) -> None:
+        """Stop without reporting: queued steps are dropped, running ones' results released."""
+        self._finished = True
+        running, self._running = self._running, {}
+        for item in running.values():
+            if isinstance(item, _Graph):
+                item.abort()
+            else:
+                item.cancel()
+
+    def _fail(self, error: BaseException) -> None:
+        if not self._finished:
+            self.abort()
+            self._on_done(None, error)
+
+    def _advance(self, ready: list[StepPlan]) -> None:
+        """Start the steps whose inputs all exist (in step order), then see if all is done."""
+        try:
+            for step in ready:
+                if self._finished:
+                    return
+                self._missing[step.index] = -1
+                self._start(step)
+        except Exception as error:  # a step that cannot start fails the request
+            self._fail(error)
+            return
+        if self._finished or self._running:
+            return
+        if any(m >= 0 for m in self._missing):
+            self._fail(InvalidArgument(self._stuck()))
+        else:
+            self._finished = True
+            self._on_done(self.tensors, None)
+
+    def _produced(self, step: StepPlan, outputs: list[tuple[str, TensorDesc]]) -> None:
+        """Store a finished step's outputs under their ensemble names; start what they free."""
+        ready = []
+        for name, desc in outputs:
+            target = step.output_map.get(name)
+            if target is None:
+                continue
+            if target not in self.tensors:
+                for consumer in self._plan.consumers.get(target, ()):
+                    self._missing[consumer.index] -= 1
+                    if self._missing[consumer.index] == 0:
+                        ready.append(consumer)
+            self.tensors[target] = desc
+        ready.sort(key=lambda s: s.index)
+        self._advance(ready)
+
+    def _stuck(self) -> str:
+        waiting = [s for s in self._plan.steps if self._missing[s.index] >= 0]
+        missing = sorted({t for s in waiting for _, t in s.inputs if t not in self.tensors})
+        return (
+            f"ensemble '{self.mv.name}' cannot run steps {[s.index for s in waiting]}: tensors "
+            f"{missing} were never produced (an optional input was not given?)"
+        )
+
+    # -- one step ---------------------------------------------------------------------------
+
+    def _start(self, step: StepPlan) -> None:
+        target = self._runner.models.resolve(step.model_name, step.version)
+        if target.name in self._chain:  # refused at load; a later reload must not make it loop
+            raise InvalidArgument(
+                f"ensemble '{self.mv.name}' reaches itself through its step '{target.name}'"
+            )
+        inputs = self._step_inputs(step, target)
+        started = time.monotonic_ns()
+        batch = batch_of(target.config, [t.shape for t in inputs])
+        if target.config.is_ensemble:
+            self._start_nested(step, target, inputs, batch, started)
+            return
+        base = self._base
+        record = RequestRecord(
+            request_id=base.request_id,
+            correlation_id=base.correlation_id,
+            flags=base.flags,
+            parameters=base.parameters,
+            requested_outputs=list(step.requested),
+            inputs=inputs,
+            timeout_us=base.timeout_us,
+        )
+        future: asyncio.Future[Completion] = asyncio.get_running_loop().create_future()
+        self._running[step.index] = future
+        future.add_done_callback(functools.partial(self._model_done, step, target, batch, started))
+        # The inputs belong to the ensemble request: the step's work owns no block.
+        target.submit(Work(record, [], future, batch_size=batch))
+
+    def _step_inputs(self, step: StepPlan, target: ModelVersion) -> list[TensorDesc]:
+        inputs = []
+        datatypes = input_datatypes(step, target)
+        for (name, source_name), expected in zip(step.inputs, datatypes, strict=True):
+            source = self.tensors[source_name]
+            if expected is None:
+                raise InvalidArgument(
+                    f"ensemble '{self.mv.name}' maps tensor '{source_name}' to input '{name}', "
+                    f"which model '{target.name}' does not have"
+                )
+            if expected != source.datatype:
+                raise InvalidArgument(
+                    f"ensemble '{self.mv.name}': tensor '{source_name}' is {source.datatype} "
+                    f"but input '{name}' of model '{target.name}' expects {expected}"
+                )
+            inputs.append(TensorDesc(name, source.datatype, source.shape, source.location))
+        return inputs
+
+    def _model_done(
+        self,
+        step: StepPlan,
+        target: ModelVersion,
+        batch: int,
+        started: int,
+        future: asyncio.Future[Completion],
+    ) -> None:
+        self._running.pop(step.index, None)
+        if future.cancelled():  # by abort(), or by whoever else cancels work
+            self._fail(asyncio.CancelledError())
+            return
+        error = future.exception()
+        if error is None:
+            completion = future.result()
+            if self._finished:
+                completion.release()
+                return
+            if completion.response.error is None:
+                self._completions.append(completion)
+                elapsed = time.monotonic_ns() - started
+                target.stats.success(batch, elapsed, completion.queue_ns, completion.compute_ns)
+                outputs = completion.response.outputs
+                self._produced(step, [(o.name, o) for o in outputs])
+                return
+            completion.release()
+            code, message = completion.response.error
+            error = ModelError(
+                f"in ensemble '{self.mv.name}', step '{target.name}': {message}",
+                ErrorCode.__members__.get(code, ErrorCode.INTERNAL),
+            )
+        if isinstance(error, ShoalError):
+            target.stats.failure(time.monotonic_ns() - started, error.reason)
+        self._fail(error)
+
+    def _start_nested(
+        self,
+        step: StepPlan,
+        target: ModelVersion,
+        inputs: list[TensorDesc],
+        batch: int,
+        started: int,
+    ) -> None:
+        """A step that is an ensemble: its steps run here, their blocks held by the outer
+        request like any other step's; its outputs pass on by descriptor."""
+        done = functools.partial(self._nested_done, step, target, batch, started)
+        child = _Graph(
+            self._runner,
+            target,
+            self._base,
+            {desc.name: desc for desc in inputs},
+            self._completions,
+            self._chain,
+            done,
+        )
+        self._running[step.index] = child
+        # Started on the next turn, so that its end never runs inside this graph's _advance.
+        asyncio.get_running_loop().call_soon(child.start)
+
+    def _nested_done(
+        self,
+        step: StepPlan,
+        target: ModelVersion,
+        batch: int,
+        started: int,
+        tensors: dict[str, TensorDesc] | None,
+        error: BaseException | None,
+    ) -> None:
+        self._running.pop(step.index, None)
+        if tensors is not None:
+            missing = [name for name in step.requested if name not in tensors]
+            if missing:
+                error = InvalidArgument(f"ensemble '{target.name}' produced no tensor {missing}")
+        elapsed = time.monotonic_ns() - started
+        if error is not None or tensors is None:
+            if isinstance(error, ShoalError):
+                target.stats.failure(elapsed, error.reason)
+            self._fail(error or asyncio.CancelledError())
+            return
+        target.stats.success(batch, elapsed, 0, (0, 0, 0))
+        if not self._finished:
+            self._produced(step, [(name, tensors[name]) for name in step.requested])

@@ -1,0 +1,585 @@
+"""The model repository manager: which model versions are loaded, loading and unloading them.
+
+``--model-control-mode=none`` loads everything at start; ``explicit`` loads what ``--load-model``
+names (``*`` for all) and then what clients ask for. A reload brings the new versions up before the
+old ones are drained, so no request fails during it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import shutil
+import sys
+import tarfile
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from shoal import config as model_config
+from shoal.core.errors import (
+    ErrorCode,
+    InvalidArgument,
+    NotFound,
+    ShoalError,
+    Unavailable,
+)
+from shoal.core.types import RepositoryEntry
+from shoal.supervisor.instances.devices import check_gpu_parameters, visible_gpus
+from shoal.supervisor.models import environments, onnx_autocomplete, python_backends
+from shoal.supervisor.models._ensemble_checks import EnsembleProblem, check_ensemble
+from shoal.supervisor.models.autocomplete import (
+    auto_complete,
+    require_pytorch_config,
+    wants_auto_complete,
+)
+from shoal.supervisor.models.remote_repository import RemoteRepositoryError, RepositorySources
+from shoal.supervisor.models.repository import scan
+from shoal.supervisor.models.versions import (
+    ModelLoader,
+    ModelState,
+    ModelVersion,
+    without_repository,
+)
+from shoal.supervisor.options import ServerOptions
+
+log = logging.getLogger("shoal")
+
+
+class _LoggedLoadFailure(InvalidArgument):
+    """A version failed to start; the loader has logged why, with the model's traceback."""
+
+
+class ModelRepositoryManager:
+    """Loaded versions by model name, plus the reason of each model that failed to load."""
+
+    def __init__(self, options: ServerOptions, loader: ModelLoader) -> None:
+        self.options = options
+        self.loader = loader
+        # Local repositories as they are, remote ones mirrored: what scan() reads.
+        self.sources = RepositorySources(options.model_repositories, options.model_repository_cache)
+        self.models: dict[str, dict[int, ModelVersion]] = {}
+        self.failed: dict[str, str] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._scratch: dict[str, str] = {}  # model name -> temp dir holding uploaded files
+        self._fingerprints: dict[str, tuple[tuple[str, int, int], ...]] = {}
+        self._poller: asyncio.Task[None] | None = None
+        self._loading: set[str] = set()
+        # Models loaded only because an ensemble needed them (unload_dependents unloads them).
+        self._composing: set[str] = set()
+        # Ensembles unloaded because a step model was: loaded again when it is, as Triton does.
+        self._orphans: set[str] = set()
+
+    def versions(self) -> Iterator[ModelVersion]:
+        for versions in self.models.values():
+            yield from versions.values()
+
+    # -- start-up ---------------------------------------------------------------------------
+
+    async def load_startup(self) -> dict[str, str]:
+        """Load what the control mode says to load at start; returns the models that failed,
+        with the reason (each is logged once, and recorded for the repository index)."""
+        await self.sources.open()
+        sources, broken = scan(self.sources.local_paths)
+        self.failed.update(broken)
+        for reason in broken.values():
+            log.error("%s", reason)
+        if self.options.model_control_mode == "explicit":
+            wanted = set(self.options.load_models)
+            names = sorted(sources) if "*" in wanted else sorted(wanted)
+        else:
+            names = sorted(sources)
+        # Claimed before any starts, so an ensemble does not load its steps a second time.
+        self._loading.update(names)
+        results = await asyncio.gather(*(self._load_quietly(name) for name in names))
+        if self.options.model_control_mode == "poll":
+            self._fingerprints = {n: _fingerprint(s.path) for n, s in sources.items()}
+            self._poller = asyncio.create_task(self._poll_forever(), name="repository poll")
+        failures = dict(broken)
+        failures.update((n, r) for n, r in zip(names, results, strict=True) if r is not None)
+        return failures
+
+    async def _poll_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.options.repository_poll_secs)
+            try:
+                await self.poll_once()
+            except RemoteRepositoryError as error:  # the store is unreachable: keep what runs
+                log.error("repository poll failed: %s", error)
+            except Exception:  # a bad poll must not stop polling
+                log.exception("repository poll failed")
+
+    async def poll_once(self) -> None:
+        """Load added models, reload changed ones, unload removed ones."""
+        await self.sources.sync()
+        sources, _ = scan(self.sources.local_paths)
+        current = {n: _fingerprint(s.path) for n, s in sources.items()}
+        known = set(self.models) | set(self.failed) | set(self._fingerprints)
+        changed = [n for n in current if current[n] != self._fingerprints.get(n)]
+        removed = [n for n in known if n not in current]
+        self._fingerprints = current
+        for name in removed:
+            log.info("model '%s' left the repository: unloading it", name)
+            if name in self.models:
+                await self._unload_locked(name)
+            self.models.pop(name, None)
+            self.failed.pop(name, None)
+        await asyncio.gather(*(self._load_quietly(name) for name in changed))
+
+    async def _load_quietly(self, name: str) -> str | None:
+        """Load ``name``; returns why it failed (logged once), or None."""
+        try:
+            await self.load(name, _startup=True)
+        except _LoggedLoadFailure as error:
+            return str(error)
+        except Exception as error:  # one model's failure must not stop the others
+            log.error("%s", error)
+            return str(error)
+        return None
+
+    # -- load / unload ----------------------------------------------------------------------
+
+    def _check_control_allowed(self) -> None:
+        if self.options.model_control_mode != "explicit":
+            # Triton's code and words (whatever the mode), then what to do about it.
+            raise Unavailable(
+                "explicit model load / unload is not allowed if polling is enabled"
+                if self.options.model_control_mode == "poll"
+                else "explicit model load / unload is not allowed: the server runs with "
+                "--model-control-mode=none; start it with --model-control-mode=explicit"
+            )
+
+    async def load(
+        self,
+        name: str,
+        config_json: str | None = None,
+        files: dict[str, bytes] | None = None,
+        *,
+        _startup: bool = False,
+    ) -> None:
+        if not _startup:
+            self._check_control_allowed()
+            self._composing.discard(name)  # asked for by name: no longer only a step model
+        self._orphans.discard(name)
+        self._loading.add(name)
+        try:
+            if not _startup and not files:
+                await self._sync_model(name)
+            await self._load_locked(name, config_json, files)
+        finally:
+            self._loading.discard(name)
+        await self._reload_orphans()
+
+    async def _sync_model(self, name: str) -> None:
+        """An explicit load reads the model as its remote repository has it now."""
+        try:
+            await self.sources.sync(name)
+        except RemoteRepositoryError as error:
+            raise InvalidArgument(f"failed to load '{name}': {error}") from None
+
+    async def _load_locked(
+        self, name: str, config_json: str | None, files: dict[str, bytes] | None
+    ) -> None:
+        lock = self._locks.setdefault(name, asyncio.Lock())
+        async with lock:
+            path = self._model_path(name, config_json, files)
+            override = self._override(name, config_json)
+            try:
+                new = await self._prepare(name, path, override)
+            except model_config.ConfigError as error:
+                log.error("failed to load '%s': %s", name, error)
+                reason = without_repository(str(error), path)
+                self._record_failure(name, reason)
+                raise _LoggedLoadFailure(f"failed to load '{name}': {reason}") from None
+            await self._load_composing(name, new)
+            for mv in new:
+                problem = self._ensemble_problem(mv)
+                if problem is not None:
+                    self._record_failure(name, problem)
+                    raise InvalidArgument(f"failed to load '{name}': {problem}")
+            await asyncio.gather(*(self.loader.start(mv) for mv in new))
+            broken = [mv for mv in new if not mv.ready]
+            if broken:
+                await asyncio.gather(*(self.loader.stop(mv, 5.0) for mv in new if mv.ready))
+                # Each reason reads "failed to load '<name>' version <n>: ...".
+                reason = "; ".join(mv.reason for mv in broken)
+                if name not in self.models or not any(m.ready for m in self.models[name].values()):
+                    self.models[name] = {mv.version: mv for mv in new}
+                raise _LoggedLoadFailure(reason)
+            old = self.models.get(name, {})
+            self.models[name] = {mv.version: mv for mv in new}
+            self.failed.pop(name, None)
+            await asyncio.gather(*(self._retire(mv) for mv in old.values()))
+
+    def _record_failure(self, name: str, reason: str) -> None:
+        """``name`` failed to load. A failed reload keeps the version that serves, as Triton
+        does: the model and the server stay ready (model-analyzer reloads configurations, some
+        of which cannot load here, through a server it expects to stay ready)."""
+        if not self._ready(name):
+            self.failed[name] = reason
+
+    async def _load_composing(self, name: str, versions: list[ModelVersion]) -> None:
+        """An ensemble's step models are loaded with it (explicit mode), as Triton does."""
+        steps = {s.model_name for mv in versions for s in mv.config.ensemble_steps}
+        # An unloaded step model is still listed (with its reason) but must be loaded again.
+        missing = [
+            m for m in sorted(steps) if m != name and not self._ready(m) and m not in self._loading
+        ]
+        for model in missing:
+            try:
+                await self.load(model, _startup=True)
+            except ShoalError as error:
+                raise InvalidArgument(
+                    f"failed to load '{name}': its step model '{model}' failed to load: {error}"
+                ) from None
+            self._composing.add(model)
+
+    def _ensemble_problem(self, mv: ModelVersion) -> str | None:
+        """What stops an ensemble from loading, checked against its step models (nested
+        ensembles included) as Triton does; step models still loading at start-up are skipped."""
+        if not mv.config.is_ensemble:
+            return None
+        sources, _ = scan(self.sources.local_paths)
+        try:
+            check_ensemble(
+                mv.config,
+                lambda name: name in sources or name in self.models,
+                self._loaded_config,
+                lambda name: self._steps_of(name, sources),
+            )
+        except EnsembleProblem as problem:
+            return str(problem)
+        return None
+
+    def _loaded_config(self, name: str) -> model_config.ModelConfig | None:
+        versions = self.models.get(name)
+        if not versions:
+            return None
+        config: model_config.ModelConfig = max(versions.values(), key=lambda v: v.version).config
+        return config
+
+    def _steps_of(self, name: str, sources: dict[str, Any]) -> list[str]:
+        """The step models of ensemble ``name``: loaded, else as its repository config says."""
+        loaded = self._loaded_config(name)
+        if loaded is not None:
+            return [s.model_name for s in loaded.ensemble_steps]
+        source = sources.get(name)
+        if source is None:
+            return []
+        try:
+            proto = model_config.read_config(source.path, strict=False).proto
+        except (model_config.ConfigError, OSError):
+            return []  # it fails its own load, with its own message
+        return [s.model_name for s in proto.ensemble_scheduling.step]
+
+    def _model_path(
+        self, name: str, config_json: str | None, files: dict[str, bytes] | None
+    ) -> str:
+        if files:
+            if config_json is None:
+                raise InvalidArgument(
+                    f"failed to load '{name}': model files were given without a 'config' "
+                    "parameter; Triton requires the config with file overrides"
+                )
+            return self._write_files(name, files)
+        sources, _ = scan(self.sources.local_paths)
+        source = sources.get(name)
+        if source is None:
+            raise InvalidArgument(f"failed to load '{name}', failed to poll from model repository")
+        return source.path
+
+    def _write_files(self, name: str, files: dict[str, bytes]) -> str:
+        """Materialise uploaded ``file:<path>`` contents in a private directory named ``name``."""
+        if name in ("", ".", "..") or "/" in name or "\0" in name:
+            # The name becomes a directory: "." or ".." would be the scratch directory itself
+            # or its parent.
+            raise InvalidArgument(
+                f"failed to load '{name}': a model loaded from files needs a name that can be a "
+                "directory name (not '.', '..', nor containing '/')"
+            )
+        root = tempfile.mkdtemp(prefix="shoal-model-")
+        model_dir = Path(root) / name
+        try:
+            model_dir.mkdir()
+            for key, content in files.items():
+                relative = key.removeprefix("file:")
+                target = (model_dir / relative).resolve()
+                if not key.startswith("file:") or not target.is_relative_to(model_dir.resolve()):
+                    raise InvalidArgument(
+                        f"failed to load '{name}': file parameter '{key}' must be "
+                        "'file:<relative path>' inside the model directory"
+                    )
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(content)
+        except BaseException:
+            shutil.rmtree(root, ignore_errors=True)
+            raise
+        previous = self._scratch.pop(name, None)
+        if previous is not None:
+            shutil.rmtree(previous, ignore_errors=True)
+        self._scratch[name] = root
+        return str(model_dir)
+
+    @staticmethod
+    def _override(name: str, config_json: str | None) -> dict[str, object] | None:
+        if config_json is None:
+            return None
+        try:
+            override = json.loads(config_json)
+        except json.JSONDecodeError as error:
+            raise InvalidArgument(
+                f"failed to load '{name}': 'config' is not JSON: {error}"
+            ) from None
+        if not isinstance(override, dict):
+            raise InvalidArgument(f"failed to load '{name}': 'config' must be a JSON object")
+        return override
+
+    async def _prepare(
+        self, name: str, path: str, override: dict[str, object] | None
+    ) -> list[ModelVersion]:
+        strict = self.options.strict_model_config
+        source = model_config.read_config(path, strict=strict, override=override)
+        available = model_config.list_versions(path)
+        proto = source.proto
+        runtime = python_backends.runtime_file(proto, self.options.backend_directory)
+        model_file = _python_model_file(path, source.proto, available, runtime is not None)
+        code = runtime or model_file
+        if not strict and model_file is not None and code and wants_auto_complete(code):
+            environment = await _environment(name, path, proto, model_file)
+            python, env = (sys.executable, None) if environment is None else environment
+            proto = await auto_complete(model_file, source.proto, python, runtime=runtime, env=env)
+        onnx_file = None if strict else onnx_autocomplete.model_file(path, proto, available)
+        if onnx_file is not None and onnx_autocomplete.wants_auto_complete(proto):
+            proto = await onnx_autocomplete.auto_complete(
+                onnx_file,
+                proto,
+                model=name,
+                default_max_batch=onnx_autocomplete.default_max_batch_size(
+                    self.options.backend_config
+                ),
+            )
+        require_pytorch_config(path, proto, name)
+        config = model_config.complete_config(source, proto=proto, gpus=visible_gpus())
+        check_gpu_parameters(config.parameters, name)
+        chosen = model_config.select_versions(config.version_policy, available, model_name=name)
+        as_json = model_config.config_to_json(config)
+        versions = [ModelVersion(name, v, config, as_json) for v in chosen]
+        for mv in versions:
+            mv.runtime_file = "" if runtime is None else str(runtime)
+        return versions
+
+    async def _retire(self, mv: ModelVersion) -> None:
+        """Let a replaced or unloaded version finish what it has, then stop it."""
+        mv.state = ModelState.UNLOADING
+        try:
+            await asyncio.wait_for(self.loader.drain(mv), self.options.exit_timeout_secs)
+        except asyncio.TimeoutError:
+            log.warning(
+                "'%s' version %d did not drain in time; failing what is left", mv.name, mv.version
+            )
+        await self.loader.stop(mv, self.options.exit_timeout_secs)
+        mv.reason = "unloaded"
+
+    async def unload(self, name: str, unload_dependents: bool = False) -> None:
+        """Unload ``name`` (a model that is not loaded is no error, as in Triton). Ensembles
+        that use it are unloaded too, and loaded again when it is; ``unload_dependents``
+        also unloads the step models an ensemble loaded for itself, unless another loaded
+        ensemble uses them."""
+        self._check_control_allowed()
+        await self._unload_with_dependents(name, unload_dependents)
+
+    async def _unload_with_dependents(self, name: str, unload_dependents: bool) -> None:
+        steps = self._direct_steps(name) if unload_dependents else []
+        self._composing.discard(name)
+        self._orphans.discard(name)
+        await self._unload_locked(name)
+        await self._orphan_users_of(name)
+        for step in steps:
+            if step in self._composing and not any(
+                step in self._direct_steps(user) for user in self.models if self._ready(user)
+            ):
+                await self._unload_with_dependents(step, True)
+
+    async def _orphan_users_of(self, name: str) -> None:
+        """Unload the loaded ensembles with ``name`` as a step, remembering them."""
+        users = [
+            user for user in self.models if self._ready(user) and name in self._direct_steps(user)
+        ]
+        for user in users:
+            log.info("unloading ensemble '%s': its step model '%s' was unloaded", user, name)
+            await self._unload_locked(user)
+            self._orphans.add(user)
+            await self._orphan_users_of(user)
+
+    async def _reload_orphans(self) -> None:
+        """Load again the ensembles unloaded for a step model, once all their steps are back."""
+        for user in sorted(self._orphans):
+            if user in self._orphans and all(self._ready(s) for s in self._direct_steps(user)):
+                self._orphans.discard(user)
+                try:
+                    await self.load(user, _startup=True)
+                except ShoalError as error:
+                    log.error("could not load ensemble '%s' again: %s", user, error)
+
+    def _ready(self, name: str) -> bool:
+        return any(mv.ready for mv in self.models.get(name, {}).values())
+
+    def _direct_steps(self, name: str) -> list[str]:
+        """The step models of the loaded ensemble ``name`` (none for another model)."""
+        return sorted(
+            {
+                s.model_name
+                for mv in self.models.get(name, {}).values()
+                for s in mv.config.ensemble_steps
+            }
+        )
+
+    async def _unload_locked(self, name: str) -> None:
+        lock = self._locks.setdefault(name, asyncio.Lock())
+        async with lock:
+            versions = self.models.get(name)
+            if versions is None:
+                self.failed.pop(name, None)  # nothing loaded: as in Triton, not an error
+                return
+            await asyncio.gather(*(self._retire(mv) for mv in versions.values()))
+            scratch = self._scratch.pop(name, None)
+            if scratch is not None:
+                shutil.rmtree(scratch, ignore_errors=True)
+
+    async def shutdown(self, timeout: float) -> None:
+        if self._poller is not None:
+            self._poller.cancel()
+        await asyncio.gather(*(self.loader.stop(mv, timeout) for mv in self.versions()))
+        for scratch in self._scratch.values():
+            shutil.rmtree(scratch, ignore_errors=True)
+        self._scratch.clear()
+        self.sources.close()
+
+    # -- queries ----------------------------------------------------------------------------
+
+    def resolve(self, name: str, version: str) -> ModelVersion:
+        """The version a request for ``name`` (``version`` "" = the policy's latest) goes to."""
+        versions = self.models.get(name)
+        if versions is None:
+            if name in self.failed:
+                raise Unavailable(
+                    f"Request for unknown model: '{name}' is not found: {self.failed[name]}",
+                    ErrorCode.UNAVAILABLE,
+                )
+            raise NotFound(f"Request for unknown model: '{name}' is not found")
+        if version:
+            try:
+                mv = versions[int(version)]
+            except (ValueError, KeyError):
+                raise NotFound(
+                    f"Request for unknown model: '{name}' version {version} is not found"
+                ) from None
+            if not mv.ready:
+                detail = f": {mv.reason}" if mv.reason else ""
+                raise Unavailable(
+                    f"Request for unavailable model: '{name}' version {version} is not "
+                    f"ready{detail}"
+                )
+            return mv
+        if len(versions) == 1:  # the common case, on every request: no list, no max()
+            (mv,) = versions.values()
+            if mv.ready:
+                return mv
+        ready = [mv for mv in versions.values() if mv.ready]
+        if not ready:
+            reasons = "; ".join(mv.reason for mv in versions.values() if mv.reason)
+            text = f"Request for unknown model: '{name}' has no available versions" + (
+                f": {reasons}" if reasons else ""
+            )
+            if all(mv.reason == "unloaded" for mv in versions.values()):
+                raise NotFound(text)  # Triton's code for an unloaded model
+            raise Unavailable(text)
+        return max(ready, key=lambda mv: mv.version)
+
+    def model_ready(self, name: str, version: str) -> bool:
+        try:
+            self.resolve(name, version)
+        except ShoalError:
+            return False
+        return True
+
+    def all_ready(self) -> bool:
+        if self.failed:
+            return False
+        return all(mv.serving or mv.reason == "unloaded" for mv in self.versions())
+
+    def index(self, ready_only: bool = False) -> list[RepositoryEntry]:
+        try:
+            sources, _ = scan(self.sources.local_paths)
+        except OSError as error:  # no descriptor left to list a directory with, for one
+            log.warning(
+                "repository index: cannot scan the repositories (%s): loaded models only", error
+            )
+            sources = {}
+        entries: list[RepositoryEntry] = []
+        for name in sorted(set(sources) | set(self.models) | set(self.failed)):
+            versions = self.models.get(name)
+            if versions:
+                for v, mv in sorted(versions.items()):
+                    entry = RepositoryEntry(name, str(v), mv.state.value, mv.reason)
+                    if mv.ready and not mv.serving:  # between a stub's death and its restart
+                        reason = mv.down or "no live instance: a stub died and restarts"
+                        entry = RepositoryEntry(name, str(v), ModelState.UNAVAILABLE.value, reason)
+                    if not ready_only or mv.serving:
+                        entries.append(entry)
+            elif name in self.failed:
+                if not ready_only:
+                    entries.append(RepositoryEntry(name, "", "UNAVAILABLE", self.failed[name]))
+            elif not ready_only:
+                entries.append(RepositoryEntry(name))
+        return entries
+
+
+def _fingerprint(model_dir: str) -> tuple[tuple[str, int, int], ...]:
+    """Names, sizes and modification times of every file of a model directory."""
+    entries = []
+    for root, dirs, files in os.walk(model_dir):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        for name in sorted(files):
+            path = os.path.join(root, name)
+            try:
+                st = os.stat(path)
+            except OSError:
+                continue
+            entries.append((os.path.relpath(path, model_dir), st.st_size, st.st_mtime_ns))
+    return tuple(entries)
+
+
+async def _environment(
+    name: str, path: str, proto: Any, model_file: Path
+) -> tuple[str, dict[str, str]] | None:
+    """The interpreter and variables of the model's own environment, for auto-complete."""
+    parameters = {key: value.string_value for key, value in proto.parameters.items()}
+    model_dir = os.path.abspath(path)
+    try:
+        environment = await environments.prepare(
+            parameters, model_dir, str(model_file.parent), name
+        )
+    except (ShoalError, OSError, tarfile.TarError) as error:
+        raise model_config.ConfigError(str(error)) from None
+    return None if environment is None else (environment.python, environment.env)
+
+
+def _python_model_file(
+    path: str, proto: Any, versions: list[int], python_based: bool = False
+) -> Path | None:
+    """The latest version's model.py of a Python model (what auto-complete imports); for a
+    model of a Python-based backend (``python_based``), where that file would be (it need
+    not exist: the backend's model.py runs, and ``get_model_dir()`` is its directory)."""
+    if not versions:
+        return None
+    filename = proto.default_model_filename or "model.py"
+    candidate = Path(path) / str(max(versions)) / filename
+    if python_based:
+        return candidate
+    if proto.platform or (proto.backend and proto.backend != "python"):
+        return None
+    return candidate if candidate.suffix == ".py" and candidate.is_file() else None

@@ -1,0 +1,111 @@
+"""Every response of a request, as an async iterator (the core's ``infer_stream``).
+
+Kept apart from ``service.py``: mypyc compiles that module and does not support async
+generators, and a stream's per-response cost is in the stub and the frontend anyway.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import TYPE_CHECKING, Protocol
+
+from shoal.core.errors import ErrorCode, ModelError
+from shoal.core.types import InferRequest, InferResponse
+from shoal.ipc.arena import Block
+from shoal.ipc.messages import RequestRecord
+from shoal.supervisor.drain import DrainGate
+from shoal.supervisor.instances.decoupled import new_stream
+from shoal.supervisor.requests import classification, staging
+from shoal.supervisor.work import Completion, Work
+
+if TYPE_CHECKING:
+    from shoal.supervisor.models.versions import ModelVersion
+
+
+class StreamingService(Protocol):
+    """What a stream needs of the inference service (``service.py`` implements it)."""
+
+    @property
+    def gate(self) -> DrainGate: ...
+
+    async def infer(self, request: InferRequest) -> InferResponse: ...
+
+    def resolve(self, request: InferRequest) -> ModelVersion: ...
+
+    def stage(
+        self, mv: ModelVersion, request: InferRequest
+    ) -> tuple[RequestRecord, list[Block]]: ...
+
+    def response(
+        self, mv: ModelVersion, request: InferRequest, completion: Completion
+    ) -> InferResponse: ...
+
+
+async def responses(
+    service: StreamingService, request: InferRequest
+) -> AsyncIterator[InferResponse]:
+    """One response for most models, any number for a decoupled one."""
+    mv = service.resolve(request)
+    if not mv.config.decoupled:
+        yield await service.infer(request)
+        return
+    service.gate.enter(request.model_name)
+    try:
+        # aclosing: a client that goes away closes the inner stream (and cancels) at once.
+        async with contextlib.aclosing(_decoupled(service, mv, request)) as each:
+            async for response in each:
+                yield response
+    finally:
+        service.gate.leave()
+
+
+async def _decoupled(
+    service: StreamingService, mv: ModelVersion, request: InferRequest
+) -> AsyncGenerator[InferResponse, None]:
+    classes = classification.requested(request, mv.config) if request.outputs else {}
+    record, blocks = service.stage(mv, request)
+    future: asyncio.Future[Completion] = asyncio.get_running_loop().create_future()
+    stream = new_stream()
+    work = Work(
+        record, blocks, future, batch_size=staging.batch_size(mv.config, request), stream=stream
+    )
+    mv.submit(work)
+    finished = False
+    try:
+        while (item := await stream.get()) is not None:
+            if isinstance(item, BaseException):
+                raise item
+            if item.response.error is not None:
+                yield _error_response(mv, request, item)
+                continue
+            response = service.response(mv, request, item)
+            response.final = item.final
+            if classes:
+                classification.apply(response, mv.config, classes)
+            yield response
+        finished = True
+    finally:
+        work.closed = True  # later responses are released as they come
+        if not finished:
+            work.cancel()
+        while not stream.empty():
+            left = stream.get_nowait()
+            if isinstance(left, Completion):
+                left.release()
+
+
+def _error_response(mv: ModelVersion, request: InferRequest, item: Completion) -> InferResponse:
+    """An error response the model sent: a response of its own, the stream goes on."""
+    assert item.response.error is not None
+    code_name, message = item.response.error
+    error = ModelError(message, ErrorCode.__members__.get(code_name, ErrorCode.INTERNAL))
+    return InferResponse(
+        model_name=mv.name,
+        model_version=str(mv.version),
+        id=request.id,
+        _release=item.release,
+        final=item.final,
+        error=error,
+    )

@@ -1,0 +1,270 @@
+"""The native gRPC server in-process, where an option has no command-line flag (the message size
+limit) or a test needs the event loop's timing (a deadline that comes due in the iteration the
+call starts). The core is the frontend tests' double; the server, its HTTP/2 connection and the
+client (h2, or frames by hand) are real."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import struct
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import numpy as np
+import pytest
+from hyperframe.frame import DataFrame, GoAwayFrame, HeadersFrame
+
+from shoal.frontends.grpc.native import NativeGrpcServer
+from shoal.protos import grpc_service_pb2 as pb
+from tests.h2client import H2Client, RawClient, grpc_frame, request_headers
+from tests.unit.frontends.doubles import LoopThread
+from tests.unit.frontends.grpc.test_double import FullCore
+
+pytestmark = pytest.mark.timeout(30)
+
+LIMIT = 4096
+
+
+class AsyncioLoopThread(LoopThread):
+    """LoopThread on the standard library's event loop instead of uvloop."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="test-asyncio-loop")
+        self._thread.start()
+
+
+def echo_request(size: int, request_id: str = "") -> bytes:
+    """A ModelInferRequest for the double's "echo" model with ``size`` bytes of FP32 data."""
+    request = pb.ModelInferRequest(model_name="echo", id=request_id)
+    tensor = request.inputs.add(name="INPUT0", datatype="FP32")
+    tensor.shape.extend([1, size // 4])
+    request.raw_input_contents.append(np.zeros(size // 4, np.float32).tobytes())
+    return request.SerializeToString()
+
+
+def request_of_exactly(size: int) -> bytes:
+    """An echo request whose serialized size is exactly ``size`` bytes."""
+    data = size - 200
+    for filler in range(200):
+        message = echo_request(data, "x" * filler)
+        if len(message) == size:
+            return message
+    raise AssertionError(f"no echo request of {size} bytes")
+
+
+@contextmanager
+def serve(thread: LoopThread, **options: int) -> Iterator[int]:
+    server = NativeGrpcServer(FullCore(), **options)  # type: ignore[arg-type]
+    port = thread.run(server.start("127.0.0.1", 0))
+    try:
+        yield port
+    finally:
+        thread.run(server.stop(None))
+
+
+@pytest.fixture(scope="module")
+def port(loop_thread: LoopThread) -> Iterator[int]:
+    with serve(loop_thread, max_message_bytes=LIMIT) as bound:
+        yield bound
+
+
+@pytest.fixture
+def client(port: int) -> Iterator[H2Client]:
+    with H2Client(port) as c:
+        yield c
+
+
+# --- the message size limit ---------------------------------------------------------------------
+
+
+def test_a_message_at_the_limit_is_served(client: H2Client) -> None:
+    message = request_of_exactly(LIMIT)
+    response = client.call(grpc_frame(message))
+    assert response.status == "0", response.message
+    (reply,) = response.messages()
+    assert len(pb.ModelInferResponse.FromString(reply).raw_output_contents[0]) == LIMIT - 200
+
+
+def test_a_message_over_the_limit_is_resource_exhausted(client: H2Client) -> None:
+    message = request_of_exactly(LIMIT + 4)
+    response = client.call(grpc_frame(message))
+    assert response.headers[":status"] == "200"
+    assert response.status == "8"
+    assert response.message == f"Received message larger than max ({LIMIT + 4} vs. {LIMIT})"
+    assert not response.data
+    assert client.call(grpc_frame(echo_request(64))).status == "0"  # the connection serves on
+
+
+def test_the_limit_is_checked_on_the_declared_size(client: H2Client) -> None:
+    """Only the 5-byte prefix of a 1 GiB message is sent: the answer comes at once."""
+    stream_id = client.start(b"\x00" + (1 << 30).to_bytes(4, "big"), end_stream=False)
+    response = client.wait(stream_id)
+    assert response.status == "8"
+    assert response.message == f"Received message larger than max ({1 << 30} vs. {LIMIT})"
+
+
+def test_a_message_inflating_past_the_limit_is_resource_exhausted(client: H2Client) -> None:
+    compressed = gzip.compress(bytes(1 << 20))  # 1 MiB of zeros: about 1 KiB
+    assert len(compressed) < LIMIT
+    response = client.call(grpc_frame(compressed, compressed=True), grpc_encoding="gzip")
+    assert response.status == "8"
+    assert response.message == (
+        f"Received message larger than max (more than {LIMIT} bytes uncompressed)"
+    )
+
+
+def test_a_corrupt_compressed_message_is_internal(client: H2Client) -> None:
+    response = client.call(grpc_frame(b"\x1f\x8b not gzip", compressed=True), grpc_encoding="gzip")
+    assert response.status == "13"
+    assert response.message is not None
+    assert response.message.startswith("failed to decompress the request message")
+
+
+# --- a deadline in the loop iteration that starts the call --------------------------------------
+
+
+@pytest.fixture(scope="module")
+def asyncio_thread() -> Iterator[LoopThread]:
+    thread = AsyncioLoopThread()
+    yield thread
+    thread.close()
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+def test_deadline_due_as_the_call_starts(request: pytest.FixtureRequest, loop: str) -> None:
+    """The loop is busy past the call's deadline while the request's last frame arrives, so
+    the deadline timer runs after that frame is handled but before the call's task takes its
+    first step: the task is cancelled before it starts. The call must still end with
+    DEADLINE_EXCEEDED, not hang. (uvloop runs the timers of an iteration before the callbacks
+    that I/O scheduled in the previous one; asyncio appends due timers behind that I/O's.)"""
+    thread: LoopThread = request.getfixturevalue(
+        "loop_thread" if loop == "uvloop" else "asyncio_thread"
+    )
+    with serve(thread) as port, RawClient(port, timeout=5) as raw:
+        headers = raw.block(request_headers(port, grpc_timeout="50m"))
+        raw.send(
+            HeadersFrame(1, data=headers, flags=["END_HEADERS"]),
+            DataFrame(1, data=grpc_frame(echo_request(16))),
+        )
+        raw.ping(b"received")  # the server has read all: the call is open, its deadline armed
+        busy = threading.Event()
+
+        def block() -> None:
+            busy.set()
+            time.sleep(0.3)  # the server's loop is busy past the deadline
+
+        thread.call(block)
+        assert busy.wait(5)
+        raw.send(DataFrame(1, data=b"", flags=["END_STREAM"]))
+        response = raw.read_stream(1)
+        assert response.status == "4", (response.status, response.message)
+        assert response.message == "Deadline Exceeded"
+
+
+# --- message framing ----------------------------------------------------------------------------
+
+
+def test_a_message_split_anywhere_is_reassembled(port: int) -> None:
+    """Two messages on one ModelStreamInfer stream, split into two DATA frames at every byte:
+    the prefixes and bodies are put back together whatever the cut."""
+    first = pb.ModelInferRequest.FromString(echo_request(8, "a"))
+    second = pb.ModelInferRequest.FromString(echo_request(12, "b"))
+    body = grpc_frame(first.SerializeToString()) + grpc_frame(second.SerializeToString())
+    path = "/inference.GRPCInferenceService/ModelStreamInfer"
+    with RawClient(port) as raw:
+        for cut in range(len(body) + 1):
+            stream_id = 2 * cut + 1
+            block = raw.block(request_headers(port, path))
+            raw.send(
+                HeadersFrame(stream_id, data=block, flags=["END_HEADERS"]),
+                DataFrame(stream_id, data=body[:cut]),
+                DataFrame(stream_id, data=body[cut:], flags=["END_STREAM"]),
+            )
+            response = raw.read_stream(stream_id)
+            assert response.status == "0", (cut, response.message)
+            replies = [pb.ModelStreamInferResponse.FromString(m) for m in response.messages()]
+            assert [r.infer_response.id for r in replies] == ["a", "b"], cut
+            sizes = [len(r.infer_response.raw_output_contents[0]) for r in replies]
+            assert sizes == [8, 12], cut
+
+
+# --- stream errors --------------------------------------------------------------------------
+
+
+def _window_update(stream_id: int, increment: int) -> bytes:
+    """WINDOW_UPDATE by hand: hyperframe will not build the invalid ones."""
+    return struct.pack(">HBBBII", 0, 4, 0x8, 0, stream_id, increment)
+
+
+@pytest.mark.parametrize(
+    ("increment", "code"), [(0, 0x1), (2**31 - 1, 0x3)], ids=["zero", "overflow"]
+)
+def test_bad_stream_window_update_resets_the_stream(
+    loop_thread: LoopThread, increment: int, code: int
+) -> None:
+    """A WINDOW_UPDATE of 0 (PROTOCOL_ERROR) or past 2^31-1 (FLOW_CONTROL_ERROR) on a stream
+    resets that stream and cancels its call, not the connection; and when the server is
+    stopping, the connection it left idle closes at once instead of at the end of the grace."""
+    core = FullCore()
+    core.gate = asyncio.Event()  # the "gated" model waits on it: the call stays running
+    server = NativeGrpcServer(core)  # type: ignore[arg-type]
+    port = loop_thread.run(server.start("127.0.0.1", 0))
+    try:
+        with RawClient(port, timeout=5) as raw:
+            request = pb.ModelInferRequest(model_name="gated").SerializeToString()
+            for stream_id in (1, 3):
+                raw.send(
+                    HeadersFrame(
+                        stream_id, data=raw.block(request_headers(port)), flags=["END_HEADERS"]
+                    ),
+                    DataFrame(stream_id, data=grpc_frame(request), flags=["END_STREAM"]),
+                )
+            raw.ping(b"running!")
+            raw.sock.sendall(_window_update(1, increment))
+            response = raw.read_stream(1)
+            assert response.reset == code
+            raw.ping(b"still up")  # the connection, and stream 3, carry on
+            stopping = loop_thread.submit(server.stop(grace=20))
+            frames = []
+            while not any(isinstance(f, GoAwayFrame) for f in frames):
+                frame = raw.read_frame()
+                assert frame is not None
+                frames.append(frame)
+            started = time.monotonic()
+            raw.sock.sendall(_window_update(3, increment))
+            assert raw.read_stream(3).reset == code
+            assert raw.read_frame() is None  # idle and going away: closed
+            stopping.result(timeout=10)
+            assert time.monotonic() - started < 5
+        assert core.cancelled == 2
+    finally:
+        loop_thread.run(server.stop(None))
+
+
+# --- how many streams a client may open at once -------------------------------------------------
+
+
+def test_streams_over_the_limit_are_refused_and_later_ones_served(loop_thread: LoopThread) -> None:
+    with serve(loop_thread, max_concurrent_streams=2) as bound:
+        with H2Client(bound) as client:  # h2 reads the advertised limit and keeps to it
+            assert client.conn.remote_settings.max_concurrent_streams == 2
+        with RawClient(bound) as raw:  # a client that does not keep to it
+            headers = raw.block(request_headers(bound))
+            # Two calls held open (no request message yet), then a third.
+            raw.send(*(HeadersFrame(i, data=headers, flags=["END_HEADERS"]) for i in (1, 3, 5)))
+            assert raw.read_stream(5).reset == 0x7  # REFUSED_STREAM: the client may retry it
+            body = grpc_frame(echo_request(64))
+            for stream_id in (1, 3):
+                raw.send(DataFrame(stream_id, data=body, flags=["END_STREAM"]))
+                assert raw.read_stream(stream_id).status == "0"
+            # Both ended: a new call is served.
+            raw.send(
+                HeadersFrame(7, data=headers, flags=["END_HEADERS"]),
+                DataFrame(7, data=body, flags=["END_STREAM"]),
+            )
+            assert raw.read_stream(7).status == "0"

@@ -1,0 +1,269 @@
+"""ModelStreamInfer through ``tritonclient.grpc``'s stream API, and the stream logic on its own."""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+
+from shoal.frontends.grpc._stream import answer_stream
+from shoal.frontends.grpc.aio import GrpcServer
+from tests.unit.frontends.doubles import LoopThread
+from tests.unit.frontends.grpc.test_double import (
+    GATED,
+    FullCore,
+    client_of,
+    failure_message,
+    serving,
+)
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture(scope="module")
+def stream_core() -> FullCore:
+    return FullCore()
+
+
+@pytest.fixture(scope="module")
+def stream_url(loop_thread: LoopThread, stream_core: FullCore) -> Iterator[str]:
+    with serving(loop_thread, stream_core) as url:
+        yield url
+
+
+@pytest.fixture
+def streaming(
+    stream_url: str, stream_core: FullCore, loop_thread: LoopThread
+) -> Iterator[tuple[Any, queue.Queue[tuple[Any, Any]]]]:
+    """A client with an open stream, and the queue its callback fills with (result, error)."""
+    stream_core.__init__()  # type: ignore[misc]
+    stream_core.gate = loop_thread.run(_new_event())
+    results: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    with client_of(stream_url) as client:
+        client.start_stream(callback=lambda result, error: results.put((result, error)))
+        try:
+            yield client, results
+        finally:
+            loop_thread.call(stream_core.gate.set)
+            client.stop_stream()
+
+
+async def _new_event() -> asyncio.Event:
+    return asyncio.Event()
+
+
+def _input(values: list[int]) -> Any:
+    tensor = grpcclient.InferInput("X", [len(values)], "INT32")
+    tensor.set_data_from_numpy(np.array(values, np.int32))
+    return tensor
+
+
+def _next(results: queue.Queue[tuple[Any, Any]]) -> tuple[Any, Any]:
+    return results.get(timeout=10)
+
+
+def test_every_request_gets_its_response(streaming: Any, stream_core: FullCore) -> None:
+    client, results = streaming
+    for index in range(20):
+        client.async_stream_infer("echo", [_input([index])], request_id=f"r{index}")
+    answers = {}
+    for _ in range(20):
+        result, error = _next(results)
+        assert error is None
+        response = result.get_response()
+        answers[response.id] = result.as_numpy("X").tolist()
+    assert answers == {f"r{index}": [index] for index in range(20)}
+    assert stream_core.released == stream_core.issued == 20
+
+
+def test_a_failed_request_is_reported_and_the_stream_goes_on(streaming: Any) -> None:
+    client, results = streaming
+    client.async_stream_infer("fail_unavailable", [_input([1])], request_id="bad")
+    result, error = _next(results)
+    assert result is None
+    assert error.message() == failure_message("fail_unavailable")
+    client.async_stream_infer("missing", [_input([1])])
+    assert "'missing' is not found" in _next(results)[1].message()
+    client.async_stream_infer("crash", [_input([1])])
+    assert _next(results)[1].message() == (
+        "internal error while serving a streaming inference request; see the server log"
+    )
+    client.async_stream_infer("echo", [_input([5])], request_id="good")
+    result, error = _next(results)
+    assert error is None and result.get_response().id == "good"
+
+
+def test_a_quick_request_is_answered_before_a_slow_earlier_one(
+    streaming: Any, stream_core: FullCore, loop_thread: LoopThread
+) -> None:
+    client, results = streaming
+    client.async_stream_infer(GATED, [_input([1])], request_id="slow")
+    client.async_stream_infer("echo", [_input([2])], request_id="quick")
+    assert _next(results)[0].get_response().id == "quick"
+    assert results.empty()
+    assert stream_core.gate is not None
+    loop_thread.call(stream_core.gate.set)
+    assert _next(results)[0].get_response().id == "slow"
+
+
+def test_every_stream_response_says_whether_it_is_the_last(streaming: Any) -> None:
+    # As Triton 2.51 sends it: with or without enable_empty_final_response.
+    client, results = streaming
+    for flag in (True, False):
+        client.async_stream_infer("echo", [_input([1])], enable_empty_final_response=flag)
+        response = _next(results)[0].get_response(as_json=True)
+        assert response["parameters"]["triton_final_response"] == {"bool_param": True}
+
+
+def test_closing_the_stream_cancels_running_requests(
+    stream_url: str, stream_core: FullCore, loop_thread: LoopThread
+) -> None:
+    stream_core.__init__()  # type: ignore[misc]
+    stream_core.gate = loop_thread.run(_new_event())
+    with client_of(stream_url) as client:
+        client.start_stream(callback=lambda result, error: None)
+        client.async_stream_infer(GATED, [_input([1])])
+        _wait_for(lambda: len(stream_core.requests) == 1)
+        client.stop_stream(cancel_requests=True)
+    _wait_for(lambda: stream_core.cancelled == 1)
+    assert stream_core.issued == 0
+
+
+def test_stopping_the_server_ends_an_idle_stream_at_once(loop_thread: LoopThread) -> None:
+    server = GrpcServer(FullCore())
+    port = loop_thread.run(server.start("127.0.0.1", 0))
+    results: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    with client_of(f"127.0.0.1:{port}") as client:
+        client.start_stream(callback=lambda result, error: results.put((result, error)))
+        client.async_stream_infer("echo", [_input([1])])
+        assert _next(results)[1] is None
+        loop_thread.run(server.stop(grace=60), timeout=10)  # not held for the 60 s of grace
+        client.stop_stream()
+    assert results.empty()
+
+
+def test_stopping_the_server_answers_the_running_requests_of_a_stream(
+    loop_thread: LoopThread,
+) -> None:
+    core = FullCore()
+    core.gate = loop_thread.run(_new_event())
+    server = GrpcServer(core)
+    port = loop_thread.run(server.start("127.0.0.1", 0))
+    results: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    with client_of(f"127.0.0.1:{port}") as client:
+        client.start_stream(callback=lambda result, error: results.put((result, error)))
+        client.async_stream_infer(GATED, [_input([3])], request_id="running")
+        _wait_for(lambda: len(core.requests) == 1)
+        stopping = loop_thread.submit(server.stop(grace=60))
+        loop_thread.call(core.gate.set)
+        result, error = _next(results)
+        assert error is None and result.get_response().id == "running"
+        stopping.result(10)
+        client.stop_stream()
+    assert core.released == core.issued == 1
+
+
+def _wait_for(condition: Any, timeout: float = 10) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.005)  # polling a condition set by another thread, not waiting on time
+
+
+# --- the stream logic without gRPC ------------------------------------------------------------
+
+
+async def _messages(*items: bytes, fail: Exception | None = None) -> AsyncIterator[bytes]:
+    for item in items:
+        yield item
+    if fail is not None:
+        raise fail
+
+
+def _collect(requests: AsyncIterator[bytes], answer: Any) -> list[bytes]:
+    async def run() -> list[bytes]:
+        return [reply async for reply in answer_stream(requests, answer)]
+
+    return asyncio.run(run())
+
+
+def test_answers_come_in_order_of_completion() -> None:
+    async def run() -> None:
+        gates = {message: asyncio.Event() for message in (b"3", b"1", b"2")}
+
+        async def answer(message: bytes) -> bytes:
+            await gates[message].wait()
+            return b"re:" + message
+
+        replies = answer_stream(_messages(b"3", b"1", b"2"), answer)
+        for message in (b"1", b"2", b"3"):
+            gates[message].set()
+            assert await anext(replies) == b"re:" + message
+        assert await anext(replies, None) is None
+
+    asyncio.run(run())
+
+
+def test_an_empty_stream_ends_at_once() -> None:
+    async def answer(message: bytes) -> bytes:
+        raise AssertionError("no request to answer")
+
+    assert _collect(_messages(), answer) == []
+
+
+def test_a_bug_in_answer_ends_the_stream_with_it() -> None:
+    async def answer(message: bytes) -> bytes:
+        raise ValueError("bug")
+
+    with pytest.raises(ValueError, match="bug"):
+        _collect(_messages(b"x"), answer)
+
+
+def test_closing_stops_reading_and_ends_once_the_running_requests_are_answered() -> None:
+    async def run() -> list[bytes]:
+        closing, gate = asyncio.Event(), asyncio.Event()
+        read: list[bytes] = []
+
+        async def requests() -> AsyncIterator[bytes]:
+            yield b"first"
+            await asyncio.Event().wait()  # the client keeps its side open, sending nothing
+            yield b"never"
+
+        async def answer(message: bytes) -> bytes:
+            read.append(message)
+            closing.set()
+            await gate.wait()
+            return b"re:" + message
+
+        replies = answer_stream(requests(), answer, closing)
+        waiting = asyncio.ensure_future(anext(replies))
+        await closing.wait()
+        gate.set()
+        answers = [await waiting] + [reply async for reply in replies]
+        assert read == [b"first"]
+        return answers
+
+    assert asyncio.run(run()) == [b"re:first"]
+
+
+def test_a_broken_request_stream_ends_the_stream_and_cancels_the_rest() -> None:
+    cancelled: list[bytes] = []
+
+    async def answer(message: bytes) -> bytes:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.append(message)
+            raise
+        return message
+
+    with pytest.raises(ConnectionError):
+        _collect(_messages(b"a", b"b", fail=ConnectionError("client went away")), answer)
+    assert sorted(cancelled) == [b"a", b"b"]

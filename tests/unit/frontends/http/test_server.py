@@ -1,0 +1,163 @@
+"""HttpServer: binding, start/stop, graceful shutdown, and signal handlers left alone."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import socket
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+import requests
+
+from shoal.frontends.http.app import AddressInUseError, HttpServer, build_http_app
+from tests.http1 import read_response
+from tests.unit.frontends.doubles import EchoCore, LoopThread
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def test_port_zero_binds_a_free_port_and_stop_releases_it(loop_thread: LoopThread) -> None:
+    server = HttpServer(build_http_app(EchoCore()))
+    port = loop_thread.run(server.start("127.0.0.1", 0))
+    assert port > 0
+    assert requests.get(f"http://127.0.0.1:{port}/v2/health/live", timeout=10).status_code == 200
+    loop_thread.run(server.stop())
+    with pytest.raises(requests.ConnectionError):
+        requests.get(f"http://127.0.0.1:{port}/v2/health/live", timeout=10)
+    loop_thread.run(server.stop())  # stopping twice is a no-op
+
+
+def test_address_in_use_is_a_clear_error(loop_thread: LoopThread) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        server = HttpServer(build_http_app(EchoCore()))
+        with pytest.raises(AddressInUseError) as info:
+            loop_thread.run(server.start("127.0.0.1", port))
+    assert f"127.0.0.1:{port} is already in use" in str(info.value)
+    assert isinstance(info.value, OSError)
+
+
+def test_starting_twice_is_refused(loop_thread: LoopThread) -> None:
+    server = HttpServer(build_http_app(EchoCore()))
+    loop_thread.run(server.start("127.0.0.1", 0))
+    try:
+        with pytest.raises(RuntimeError, match="already running"):
+            loop_thread.run(server.start("127.0.0.1", 0))
+    finally:
+        loop_thread.run(server.stop())
+
+
+def test_restart_after_stop(loop_thread: LoopThread) -> None:
+    server = HttpServer(build_http_app(EchoCore()))
+    loop_thread.run(server.start("127.0.0.1", 0))
+    loop_thread.run(server.stop())
+    port = loop_thread.run(server.start("127.0.0.1", 0))
+    try:
+        assert requests.get(f"http://127.0.0.1:{port}/v2", timeout=10).status_code == 200
+    finally:
+        loop_thread.run(server.stop())
+
+
+def test_signal_handlers_are_left_to_the_cli() -> None:
+    """uvicorn replaces SIGINT/SIGTERM handlers when serving from the main thread; not here."""
+    watched = (signal.SIGINT, signal.SIGTERM)
+
+    def handlers() -> dict[int, Any]:
+        return {sig: signal.getsignal(sig) for sig in watched}
+
+    async def serve_briefly() -> tuple[dict[int, Any], ...]:
+        before = handlers()  # asyncio.run has installed its own SIGINT handler by now
+        server = HttpServer(build_http_app(EchoCore()))
+        await server.start("127.0.0.1", 0)
+        during = handlers()
+        await server.stop()
+        return before, during, handlers()
+
+    before, during, after = asyncio.run(serve_briefly())
+    assert during == before and after == before
+
+
+def test_stop_lets_in_flight_requests_finish(loop_thread: LoopThread) -> None:
+    core = EchoCore()
+    server = HttpServer(build_http_app(core))
+    port = loop_thread.run(server.start("127.0.0.1", 0))
+    core.gate = loop_thread.run(_new_event())
+    body = {"inputs": [{"name": "X", "datatype": "INT32", "shape": [1], "data": [5]}]}
+    url = f"http://127.0.0.1:{port}/v2/models/echo/infer"
+    # A plain blocking client in a thread: tritonclient's gevent-based async client could hang
+    # in close() once the server had closed the connection (seen under load).
+    with ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(requests.post, url, json=body, timeout=30)
+        assert core.entered.wait(timeout=10)  # the request is inside the core
+
+        async def stop_while_in_flight() -> bool:
+            stopping = asyncio.ensure_future(server.stop())
+            # stop() would finish in well under a second if it did not wait for the request.
+            done, _ = await asyncio.wait({stopping}, timeout=1.0)
+            assert core.gate is not None
+            core.gate.set()
+            await stopping
+            return not done
+
+        assert loop_thread.run(stop_while_in_flight())
+        answer = pending.result(timeout=10)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["outputs"][0]["data"] == [5]
+    assert core.released == core.issued == 1
+
+
+def test_stop_closes_idle_keep_alive_connections(loop_thread: LoopThread) -> None:
+    server = HttpServer(build_http_app(EchoCore()), shutdown_timeout=5)
+    port = loop_thread.run(server.start("127.0.0.1", 0))
+    with requests.Session() as session:  # keeps its connection open after the request
+        assert session.get(f"http://127.0.0.1:{port}/v2", timeout=10).status_code == 200
+        loop_thread.run(server.stop(), timeout=5)
+
+
+def _infer_request() -> bytes:
+    body = b'{"inputs":[{"name":"X","datatype":"INT32","shape":[1],"data":[5]}]}'
+    head = (
+        b"POST /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n"
+    )
+    return head + body
+
+
+def test_keep_alive_timeout_closes_only_idle_connections(loop_thread: LoopThread) -> None:
+    server = HttpServer(build_http_app(EchoCore()), keep_alive_timeout=1)
+    port = loop_thread.run(server.start("127.0.0.1", 0))
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            # Requests 0.4 s apart for 2 s: never idle for the timeout, so never closed.
+            for _ in range(5):
+                sock.sendall(_infer_request())
+                assert b'"data":[5]' in _answer(sock)
+                time.sleep(0.4)
+            # A request whose headers trickle in over 1.5 s is not cut off either.
+            request = _infer_request()
+            for piece in (request[:10], request[10:30]):
+                sock.sendall(piece)
+                time.sleep(0.75)
+            sock.sendall(request[30:])
+            assert b'"data":[5]' in _answer(sock)
+            # Then idle: closed after the timeout, not before.
+            idle_from = time.monotonic()
+            assert sock.recv(1) == b""
+            assert 0.9 <= time.monotonic() - idle_from < 5
+    finally:
+        loop_thread.run(server.stop(), timeout=10)
+
+
+def _answer(sock: socket.socket) -> bytes:
+    status, body = read_response(sock)
+    assert status == 200, body
+    return body
+
+
+async def _new_event() -> asyncio.Event:
+    return asyncio.Event()

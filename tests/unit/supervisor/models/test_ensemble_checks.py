@@ -1,0 +1,111 @@
+"""Load-time ensemble checks against step models (shoal/supervisor/models/_ensemble_checks.py),
+with the integration test models' configurations."""
+
+from __future__ import annotations
+
+import pytest
+
+from shoal.config import load_model_config
+from shoal.supervisor.models._ensemble_checks import EnsembleProblem, check_ensemble
+from tests.integration.server import BUNDLED, TEST_MODELS
+from tests.unit.config.helpers import make_model
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def _config(name):
+    for repo in (TEST_MODELS, BUNDLED):
+        if (repo / name).is_dir():
+            return load_model_config(repo / name)
+    return None
+
+
+def _check(name):
+    configs = {}
+
+    def config_of(model):
+        if model not in configs:
+            configs[model] = _config(model)
+        return configs[model]
+
+    def steps_of(model):
+        config = config_of(model)
+        return [s.model_name for s in config.ensemble_steps] if config else []
+
+    check_ensemble(config_of(name), lambda m: config_of(m) is not None, config_of, steps_of)
+
+
+def test_a_nested_ensemble_is_checked_like_a_model():
+    _check("ens_nested")
+    _check("ens_diamond")
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("ens_cycle_a", "ensemble 'ens_cycle_a' contains itself ('ens_cycle_a' -> 'ens_cycle_b'"),
+        ("ens_bad_shape", "tensor 'X' has shape [3] but 'X' of model 'ens_diamond' has shape [4]"),
+        ("ens_bad_dtype", "tensor 'X' is INT32 but 'INPUT0' of model 'add_sub' is FP32"),
+        ("ens_inner_unknown", "uses model 'no_such_model', which is in no model repository"),
+    ],
+)
+def test_problems_name_the_ensemble_and_the_tensor(name, message):
+    with pytest.raises(EnsembleProblem) as info:
+        _check(name)
+    assert message in str(info.value)
+
+
+PRODUCER = """
+    name: "producer"
+    backend: "python"
+    max_batch_size: 8
+    input [ { name: "IN" data_type: TYPE_FP32 dims: [ 4 ] } ]
+    output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 4 ] } ]
+"""
+CONSUMER = """
+    name: "consumer"
+    backend: "python"
+    max_batch_size: 4
+    input [ { name: "IN" data_type: TYPE_FP32 dims: [ -1 ] } ]
+    output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] } ]
+"""
+CHAIN = """
+    name: "chain"
+    platform: "ensemble"
+    max_batch_size: {batch}
+    input [ {{ name: "X" data_type: TYPE_FP32 dims: [ 4 ] }} ]
+    output [ {{ name: "Y" data_type: TYPE_FP32 dims: [ 4 ] }} ]
+    ensemble_scheduling {{ step [
+      {{ model_name: "producer" model_version: -1
+         input_map {{ key: "IN" value: "X" }} output_map {{ key: "OUT" value: "T" }} }},
+      {{ model_name: "consumer" model_version: -1
+         input_map {{ key: "IN" value: "T" }} output_map {{ key: "OUT" value: "Y" }} }}
+    ] }}
+"""
+
+
+def _chain(tmp_path, batch):
+    configs = {
+        name: load_model_config(make_model(tmp_path, name, text, model_file=model_file))
+        for name, text, model_file in (
+            ("producer", PRODUCER, "model.py"),
+            ("consumer", CONSUMER, "model.py"),
+            ("chain", CHAIN.format(batch=batch), None),
+        )
+    }
+    check_ensemble(configs["chain"], configs.__contains__, configs.get, lambda _: [])
+
+
+def test_an_intermediate_tensor_is_checked_between_step_models(tmp_path):
+    with pytest.raises(EnsembleProblem) as info:
+        _chain(tmp_path, 4)
+    assert str(info.value) == (
+        "ensemble 'chain' tensor 'T' is INT32 but 'IN' of model 'consumer' is FP32 "
+        "(the tensor comes from 'OUT' of model 'producer')"
+    )
+
+
+def test_a_step_model_must_batch_as_much_as_the_ensemble(tmp_path):
+    with pytest.raises(EnsembleProblem) as info:
+        _chain(tmp_path, 16)
+    assert "ensemble 'chain' allows batch size 16 but model 'producer'" in str(info.value)

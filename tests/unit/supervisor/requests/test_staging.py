@@ -1,0 +1,138 @@
+"""Request checks against a model's config, and staging of inputs into a real arena."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from shoal.config import load_model_config
+from shoal.core.errors import InvalidArgument, ResourceExhausted
+from shoal.core.types import InferInput, InferRequest, RequestedOutput
+from shoal.ipc.arena import OwnedArena
+from shoal.ipc.dtypes import serialize_bytes
+from shoal.supervisor.requests import staging
+
+CONFIG = """
+name: "m"
+backend: "python"
+max_batch_size: 8
+input [
+  { name: "A" data_type: TYPE_FP32 dims: [ 2 ] },
+  { name: "S" data_type: TYPE_STRING dims: [ -1 ] optional: true },
+  { name: "R" data_type: TYPE_INT32 dims: [ 4 ] reshape: { shape: [ 2, 2 ] } optional: true }
+]
+output [ { name: "Y" data_type: TYPE_FP32 dims: [ 2 ] } ]
+"""
+
+
+@pytest.fixture
+def config(tmp_path):
+    model = tmp_path / "m"
+    (model / "1").mkdir(parents=True)
+    (model / "1" / "model.py").write_text("")
+    (model / "config.pbtxt").write_text(CONFIG)
+    return load_model_config(model)
+
+
+@pytest.fixture
+def arena():
+    with OwnedArena(0, initial_bytes=1 << 16, growth_bytes=1 << 16, limit_bytes=1 << 17) as a:
+        yield a
+
+
+def _fp32(name, shape, values=None):
+    data = np.zeros(shape, dtype=np.float32) if values is None else np.asarray(values, np.float32)
+    return InferInput(name, "FP32", tuple(shape), data.tobytes())
+
+
+def _request(*inputs, outputs=()):
+    return InferRequest("m", inputs=list(inputs), outputs=[RequestedOutput(n) for n in outputs])
+
+
+def test_valid_request_passes(config):
+    staging.check_inputs(config, _request(_fp32("A", (3, 2))))
+    assert staging.check_outputs(config, _request()) == ["Y"]
+
+
+@pytest.mark.parametrize(
+    ("request_", "message"),
+    [
+        (_request(_fp32("B", (1, 2))), "unexpected inference input 'B' for model 'm'"),
+        (_request(), "missing required input(s) ['A']"),
+        (
+            _request(InferInput("A", "INT32", (1, 2), b"\0" * 8)),
+            "inference input 'A' data-type is 'INT32', but model 'm' expects 'FP32'",
+        ),
+        (
+            _request(_fp32("A", (1, 3))),
+            "unexpected shape for input 'A' for model 'm'. Expected [-1,2], got [1,3]",
+        ),
+        (_request(_fp32("A", (2,))), "Expected [-1,2], got [2]"),
+        (_request(_fp32("A", (9, 2))), "inference request batch-size must be <= 8 for 'm'"),
+        (_request(_fp32("A", (1, 2)), _fp32("A", (1, 2))), "more than once"),
+    ],
+)
+def test_invalid_requests(config, request_, message):
+    with pytest.raises(InvalidArgument) as info:
+        staging.check_inputs(config, request_)
+    assert message in str(info.value)
+
+
+def test_unknown_output(config):
+    with pytest.raises(InvalidArgument, match="unexpected inference output 'Z' for model 'm'"):
+        staging.check_outputs(config, _request(outputs=["Z"]))
+
+
+def test_stage_copies_inputs_and_applies_reshape(config, arena):
+    values = np.arange(8, dtype=np.int32).reshape(2, 4)
+    text = np.array([b"ab", b"c"], dtype=np.object_)
+    request = _request(
+        _fp32("A", (1, 2), [[1.5, 2.5]]),
+        InferInput("S", "BYTES", (1, 2), serialize_bytes(text)),
+        InferInput("R", "INT32", (2, 4), values.tobytes()),
+    )
+    record, blocks = staging.stage_request(config, request, arena, ["Y"])
+    assert len(blocks) == 3 and all(b.offset % 64 == 0 for b in blocks)
+    descs = {d.name: d for d in record.inputs}
+    assert descs["R"].shape == (2, 2, 2)  # batch dim kept, dims reshaped as the model sees them
+    assert bytes(arena.view(descs["A"].location)) == np.float32([1.5, 2.5]).tobytes()
+    assert bytes(arena.view(descs["R"].location)) == values.tobytes()
+    assert record.requested_outputs == ["Y"]
+    for block in blocks:
+        arena.free(block)
+    assert arena.used_bytes == 0
+
+
+def test_byte_size_mismatch(config, arena):
+    request = _request(InferInput("A", "FP32", (1, 2), b"\0" * 4))
+    with pytest.raises(InvalidArgument, match="Expected 8, got 4"):
+        staging.stage_request(config, request, arena, ["Y"])
+
+
+def test_broken_bytes_prefix(config, arena):
+    request = _request(_fp32("A", (1, 2)), InferInput("S", "BYTES", (1, 1), b"\x09\0\0\0ab"))
+    with pytest.raises(InvalidArgument, match="input 'S' for model 'm': malformed BYTES"):
+        staging.stage_request(config, request, arena, ["Y"])
+    assert arena.used_bytes == 0
+
+
+def test_arena_exhaustion_is_a_clean_error(config, arena):
+    big = InferInput("A", "FP32", (1, 2), b"\0" * 8)
+    request = _request(
+        big, InferInput("S", "BYTES", (1, 1), serialize_bytes(np.array([b"x" * 300_000], object)))
+    )
+    with pytest.raises(ResourceExhausted, match="model 'm'"):
+        staging.stage_request(config, request, arena, ["Y"])
+    assert arena.used_bytes == 0
+
+
+def test_an_input_in_a_cuda_region_goes_by_descriptor_with_its_size_checked(config, arena):
+    from shoal.ipc.tensor import CudaRegionLocation
+
+    window = CudaRegionLocation("1:gpu", 0, 64, 24, bytes(64))  # 3 x 2 FP32
+    request = _request(InferInput("A", "FP32", (3, 2), memoryview(b"")))
+    record, blocks = staging.stage_request(config, request, arena, ["Y"], {"A": window})
+    assert blocks == [] and record.inputs[0].location == window
+    short = CudaRegionLocation("1:gpu", 0, 64, 16, bytes(64))
+    with pytest.raises(InvalidArgument, match=r"input byte size mismatch for input 'A'.*got 16"):
+        staging.stage_request(config, request, arena, ["Y"], {"A": short})
