@@ -19,6 +19,7 @@ import shoal
 from shoal import _serve_flags, perf
 from shoal.frontends._restricted import GROUPS as RESTRICTED_GROUPS
 from shoal.supervisor.extensions.log_settings import LOG_FORMATS, TritonFormatter, shoal_level
+from shoal.supervisor.extensions.trace_settings import parse_trace_config
 from shoal.supervisor.instances.devices import parse_pool_size
 from shoal.supervisor.options import MIB, ArenaOptions, Restriction, ServerOptions
 
@@ -73,6 +74,16 @@ def parse_backend_config(text: str) -> tuple[str, str, str]:
             f"--backend-config expects <backend>,<setting>=<value>, got '{text}'"
         )
     return backend, key, value
+
+
+def _trace_settings(entries: list[str]) -> tuple[tuple[str, str | tuple[str, ...]], ...]:
+    try:
+        settings = parse_trace_config(entries)
+    except ValueError as error:
+        raise SystemExit(f"shoal: {error}") from None
+    return tuple(
+        (key, value if isinstance(value, str) else tuple(value)) for key, value in settings.items()
+    )
 
 
 def restriction_parser(kind: str) -> Callable[[str], Restriction]:
@@ -270,6 +281,13 @@ def _add_grpc_limit_flags(serve: argparse.ArgumentParser) -> None:
         default=1000,
         help="frames in a row that carry nothing (empty DATA, PRIORITY, unknown types)",
     )
+    serve.add_argument(
+        "--grpc-read-timeout-secs",
+        type=parse_positive_float,
+        default=60.0,
+        help="seconds without a byte while a preface, frame or message is half-sent; "
+        "then the connection is dropped",
+    )
 
 
 class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -458,6 +476,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="on SIGINT/SIGTERM, how long requests in flight may finish before shoal stops",
     )
     serve.add_argument(
+        "--trace-config",
+        action="append",
+        default=[],
+        help="Triton's [<mode>,]<setting>=<value>: level=TIMESTAMPS, rate=N, count=N, "
+        "mode=triton|opentelemetry, triton,file=PATH (repeatable)",
+    )
+    serve.add_argument(
         "--trace-overhead",
         action="store_true",
         help="record each request's time per pipeline stage (shoal_request_stage_* metrics)",
@@ -544,6 +569,7 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         exit_on_error=args.exit_on_error,
         exit_timeout_secs=args.exit_timeout_secs,
         trace_overhead=args.trace_overhead,
+        trace_settings=_trace_settings(args.trace_config),
         log_verbose=args.log_verbose,
         log_file=args.log_file,
         log_format=args.log_format,
@@ -566,6 +592,7 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         grpc_http2_stream_reset_burst=args.grpc_http2_stream_reset_burst,
         grpc_http2_stream_reset_rate=args.grpc_http2_stream_reset_rate,
         grpc_http2_max_empty_frames=args.grpc_http2_max_empty_frames,
+        grpc_read_timeout_secs=args.grpc_read_timeout_secs,
         arenas=_arena_options(args.backend_config),
         backend_config=tuple(args.backend_config),
         backend_directory=args.backend_directory,

@@ -3,7 +3,8 @@ scheduler like any request. Tensors pass by descriptor both ways (the caller rec
 the target's output segments); the target's blocks stay reserved until the caller drops the
 response (``BlsDone``) or dies. A cancelled call (``BlsCancel``: the caller's own request was
 cancelled, or the model called ``ResponseIterator.cancel()``) cancels the target's request as a
-client's cancel would, and answers the caller at once with a CANCELLED error."""
+client's cancel would. A decoupled model already running it decides how its stream ends (as in
+Triton); any other call is answered at once with a CANCELLED error."""
 
 from __future__ import annotations
 
@@ -17,7 +18,6 @@ from typing import TYPE_CHECKING, Protocol
 
 from shoal.core.errors import (
     Cancelled,
-    DeadlineExceeded,
     ModelError,
     ShoalError,
     Unavailable,
@@ -53,6 +53,8 @@ class BlsRouter:
         self._tasks: dict[tuple[int, int], asyncio.Task[None]] = {}
         self._cancelled: set[tuple[int, int]] = set()
         self._open: dict[tuple[int, int], _OpenCall] = {}  # calls with one response
+        #: The request of each decoupled call to a decoupled model, once submitted.
+        self._streaming: dict[tuple[int, int], Work] = {}
         self._sending: set[asyncio.Future[None]] = set()
 
     def handle(self, caller: StubInstance, proc: StubProcess, call: msg.BlsCall) -> None:
@@ -66,10 +68,17 @@ class BlsRouter:
 
     def _finished(self, key: tuple[int, int]) -> None:
         self._tasks.pop(key, None)
+        self._streaming.pop(key, None)
         self._cancelled.discard(key)
 
     def cancel(self, proc: StubProcess, call_id: int) -> None:
-        """Cancel a call still running (a finished one is left alone)."""
+        """Cancel a call still running (a finished one is left alone).
+
+        A decoupled model that has started the call's request only sees it cancelled
+        (``is_cancelled()``), as in Triton: its responses keep coming to the caller's iterator
+        until it sends FINAL, early (honouring the cancel) or not. Any other call ends at once
+        with a CANCELLED error, its request dropped from the queue or flagged to the model.
+        """
         key = (proc.pid, call_id)
         if key in self._open:
             self._end_early(
@@ -77,9 +86,15 @@ class BlsRouter:
             )
             return
         task = self._tasks.get(key)
-        if task is not None and not task.done() and key not in self._cancelled:
-            self._cancelled.add(key)
-            task.cancel()
+        if task is None or task.done() or key in self._cancelled:
+            return
+        work = self._streaming.get(key)
+        if work is not None and work.on_cancel is not None:  # running in an instance
+            self._cancelled.add(key)  # once
+            work.cancel()
+            return
+        self._cancelled.add(key)
+        task.cancel()
 
     def done(self, proc: StubProcess, call_id: int) -> None:
         for completion in self._held.pop((proc.pid, call_id), []):
@@ -88,8 +103,6 @@ class BlsRouter:
     def forget_process(self, proc: StubProcess) -> None:
         for key in [k for k in self._open if k[0] == proc.pid]:
             open_call = self._open.pop(key)
-            if open_call.timer is not None:
-                open_call.timer.cancel()
             _abandon(open_call.work, [])
         for key in [k for k in self._held if k[0] == proc.pid]:
             for completion in self._held.pop(key):
@@ -101,7 +114,9 @@ class BlsRouter:
         self, caller: StubInstance, proc: StubProcess, call: msg.BlsCall, key: tuple[int, int]
     ) -> None:
         """Submit the call's request now, from the message's own callback; the reply is sent
-        from its future's done-callback. A cancel or a timeout answers at once."""
+        from its future's done-callback. A cancel answers at once. The request's ``timeout``
+        is Triton's: a queue timeout, which the target's scheduler enforces (UNAVAILABLE
+        "Request timeout expired"); a call that started in time runs to its end."""
         try:
             target = self._target(caller, call)
         except ShoalError as error:
@@ -117,13 +132,6 @@ class BlsRouter:
         work = Work(call.request, [], future, batch_size=batch)
         open_call = _OpenCall(call.model_name, work, target, proc)
         self._open[key] = open_call
-        if call.request.timeout_us > 0:
-            open_call.timer = asyncio.get_running_loop().call_later(
-                call.request.timeout_us / 1e6,
-                self._end_early,
-                key,
-                DeadlineExceeded("Request timeout expired"),
-            )
         future.add_done_callback(functools.partial(self._answered, key, open_call))
         target.submit(work)
 
@@ -133,8 +141,6 @@ class BlsRouter:
         if self._open.get(key) is not open_call:  # answered already: _end_early released it
             return
         del self._open[key]
-        if open_call.timer is not None:
-            open_call.timer.cancel()
         proc, work, target = open_call.proc, open_call.work, open_call.target
         if future.cancelled():  # not by this router: it answers its own cancels first
             error: BaseException | None = Cancelled(
@@ -166,12 +172,10 @@ class BlsRouter:
         self._send(proc, msg.BlsReply(key[1], completion.response, True))
 
     def _end_early(self, key: tuple[int, int], error: ShoalError) -> None:
-        """Answer a call with ``error`` now and drop its request (cancel or timeout)."""
+        """Answer a call with ``error`` now and drop its request (a cancel)."""
         open_call = self._open.pop(key, None)
         if open_call is None:
             return
-        if open_call.timer is not None:
-            open_call.timer.cancel()
         _abandon(open_call.work, [])
         self._send(open_call.proc, _error_reply(key[1], error))
 
@@ -197,8 +201,7 @@ class BlsRouter:
     async def _serve(self, caller: StubInstance, proc: StubProcess, call: msg.BlsCall) -> None:
         try:
             target = self._target(caller, call)
-            timeout = call.request.timeout_us / 1e6 if call.request.timeout_us > 0 else None
-            await asyncio.wait_for(self._run(target, proc, call), timeout)
+            await self._run(target, proc, call)  # the scheduler enforces the queue timeout
         except asyncio.CancelledError:
             if (proc.pid, call.call_id) not in self._cancelled:
                 raise  # shutdown, not a BLS cancel
@@ -208,8 +211,6 @@ class BlsRouter:
             await self._reply_error(
                 proc, call, Cancelled(f"BLS request to model '{call.model_name}' was cancelled")
             )
-        except asyncio.TimeoutError:
-            await self._reply_error(proc, call, DeadlineExceeded("Request timeout expired"))
         except ShoalError as error:
             await self._reply_error(proc, call, error)
         except Exception as error:  # a bug must answer the caller, not leave it waiting
@@ -259,6 +260,7 @@ class BlsRouter:
         )
         if target.config.decoupled:
             work.stream = new_stream()
+            self._streaming[(proc.pid, call.call_id)] = work
         target.submit(work)
         held = self._held.setdefault((proc.pid, call.call_id), [])
         try:
@@ -313,7 +315,6 @@ class _OpenCall:
     work: Work
     target: ModelVersion
     proc: StubProcess
-    timer: asyncio.TimerHandle | None = None
 
 
 def _error_reply(call_id: int, error: ShoalError) -> msg.BlsReply:

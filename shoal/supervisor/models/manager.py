@@ -48,6 +48,9 @@ from shoal.supervisor.options import ServerOptions
 
 log = logging.getLogger("shoal")
 
+#: Characters Triton's Python backend refuses in stub (model and instance) names.
+_SHELL_CHARS = ";|&$`<>()[]{}\\\"'*?~#!"
+
 
 class _LoggedLoadFailure(InvalidArgument):
     """A version failed to start; the loader has logged why, with the model's traceback."""
@@ -278,6 +281,12 @@ class ModelRepositoryManager:
     def _model_path(
         self, name: str, config_json: str | None, files: dict[str, bytes] | None
     ) -> str:
+        if not name or any(char in _SHELL_CHARS for char in name):
+            # Triton's Python backend refuses them in the names of its stub processes.
+            raise InvalidArgument(
+                f"failed to load '{name}': Invalid stub name: contains invalid characters "
+                f"(a model name may not contain any of {_SHELL_CHARS})"
+            )
         if files:
             if config_json is None:
                 raise InvalidArgument(
@@ -305,7 +314,7 @@ class ModelRepositoryManager:
         try:
             model_dir.mkdir()
             for key, content in files.items():
-                relative = key.removeprefix("file:")
+                relative = key.removeprefix("file:").lstrip("/")  # "file:/1/model.py" too
                 target = (model_dir / relative).resolve()
                 if not key.startswith("file:") or not target.is_relative_to(model_dir.resolve()):
                     raise InvalidArgument(

@@ -79,10 +79,17 @@ def test_required_arguments(missing):
         InferenceRequest(**kwargs)
 
 
-@pytest.mark.parametrize("correlation_id", [1.5, None, b"x", [1]])
+@pytest.mark.parametrize("correlation_id", [1.5, b"x", [1]])
 def test_correlation_id_must_be_int_or_str(correlation_id):
     with pytest.raises(TritonModelException, match=r"^Correlation ID must be integer or string$"):
         bls(correlation_id=correlation_id)
+
+
+def test_none_arguments_are_type_errors_as_in_triton():
+    with pytest.raises(TypeError, match="correlation_id"):
+        bls(correlation_id=None)
+    with pytest.raises(TypeError, match="'OUT0'"):
+        pb_utils.Tensor("OUT0", None)
 
 
 def test_negative_correlation_id_raises():
@@ -127,8 +134,10 @@ def test_parameter_keys_must_be_str():
 
 
 def test_parameters_must_be_a_dict():
-    with pytest.raises(TypeError):
+    with pytest.raises(TritonModelException, match=r"^Expect .*, got <class 'list'>$"):
         bls(parameters=[("a", 1)])
+    with pytest.raises(TritonModelException, match=r", got <class 'list'>$"):
+        pb_utils.InferenceResponse(parameters=[])
 
 
 def test_preferred_memory_and_trace_types_are_checked():
