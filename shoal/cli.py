@@ -18,6 +18,7 @@ from typing import NoReturn
 from shoal import _serve_flags, perf
 from shoal.frontends._restricted import GROUPS as RESTRICTED_GROUPS
 from shoal.supervisor.extensions.log_settings import LOG_FORMATS, TritonFormatter, shoal_level
+from shoal.supervisor.extensions.trace_settings import parse_trace_config
 from shoal.supervisor.instances.devices import parse_pool_size
 from shoal.supervisor.options import MIB, ArenaOptions, Restriction, ServerOptions
 
@@ -58,6 +59,16 @@ def parse_backend_config(text: str) -> tuple[str, str, str]:
             f"--backend-config expects <backend>,<setting>=<value>, got '{text}'"
         )
     return backend, key, value
+
+
+def _trace_settings(entries: list[str]) -> tuple[tuple[str, str | tuple[str, ...]], ...]:
+    try:
+        settings = parse_trace_config(entries)
+    except ValueError as error:
+        raise SystemExit(f"shoal: {error}") from None
+    return tuple(
+        (key, value if isinstance(value, str) else tuple(value)) for key, value in settings.items()
+    )
 
 
 def restriction_parser(kind: str) -> Callable[[str], Restriction]:
@@ -319,6 +330,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--exit-timeout-secs", type=float, default=30.0)
     serve.add_argument(
+        "--trace-config",
+        action="append",
+        default=[],
+        help="Triton's [<mode>,]<setting>=<value>: level=TIMESTAMPS, rate=N, count=N, "
+        "mode=triton|opentelemetry, triton,file=PATH (repeatable)",
+    )
+    serve.add_argument(
         "--trace-overhead",
         action="store_true",
         help="record each request's time per pipeline stage (shoal_request_stage_* metrics)",
@@ -393,6 +411,7 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         exit_on_error=args.exit_on_error,
         exit_timeout_secs=args.exit_timeout_secs,
         trace_overhead=args.trace_overhead,
+        trace_settings=_trace_settings(args.trace_config),
         log_verbose=args.log_verbose,
         log_file=args.log_file,
         log_format=args.log_format,

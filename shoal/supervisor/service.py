@@ -64,6 +64,7 @@ from shoal.supervisor.requests.response_cache import (
     copy_response,
     request_key,
 )
+from shoal.supervisor.schedulers.rate_limiter import RateLimiter
 from shoal.supervisor.work import Completion, Work
 
 log = logging.getLogger("shoal")
@@ -121,10 +122,13 @@ class InferenceService:
         #: ``--cache-config local,size=N``: shared by every model whose config enables it.
         self.cache = ResponseCache(options.cache_bytes) if options.cache_bytes > 0 else None
         loader.response_cache = self.cache is not None
+        if options.rate_limit == "execution_count":
+            loader.rate_limiter = RateLimiter(dict(options.rate_limit_resources))
         self.shm = SharedMemoryRegistry(allow_client=options.allow_client_shm)
         self.logging = LogSettings.from_options(options)
         repository = self.repository
-        self.tracing = TraceSettings(lambda name: name in repository.models)
+        initial = {k: v if isinstance(v, str) else list(v) for k, v in options.trace_settings}
+        self.tracing = TraceSettings(lambda name: name in repository.models, initial)
         self._live = True
         self.gate = DrainGate()
 
@@ -192,6 +196,19 @@ class InferenceService:
         except ShoalError:
             return False
 
+    async def model_ready_now(self, name: str, version: str = "") -> bool:
+        try:
+            mv = self._repo.resolve(name, version)
+        except ShoalError:
+            return False
+        if not mv.serving:
+            return False
+        asking = [instance for instance in mv.instances if instance.user_ready]
+        if not asking:
+            return True
+        answers = await asyncio.gather(*(instance.ask_is_ready() for instance in asking))
+        return all(answers)
+
     def model_metadata(self, name: str, version: str = "") -> ModelMetadata:
         mv = self._repo.resolve(name, version)
         config = mv.config
@@ -255,6 +272,7 @@ class InferenceService:
             mv.config, request, self.input_arena, outputs, regions
         )
         record.output_regions = placed
+        record.trace_context = self.tracing.context_for(mv.name)
         if mv.state is not ModelState.READY:
             self._free_inputs(blocks)
             raise Unavailable(f"model '{mv.name}' version {mv.version} is not ready")

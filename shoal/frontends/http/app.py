@@ -156,7 +156,7 @@ def _model_ready(core: CoreAPI) -> Endpoint:
     @guarded
     async def model_ready(request: Request) -> Response:
         name, version = model_ref(request.path_params)
-        if core.model_ready(name, version):
+        if await core.model_ready_now(name, version):
             return Response(status_code=200)
         body = _json.dumps({"error": "Model version not ready"})
         return Response(body, 400, media_type=JSON_TYPE)

@@ -37,6 +37,9 @@ from shoal.supervisor.work import Completion, Work
 
 log = logging.getLogger("shoal")
 
+#: How long model readiness waits for a model's ``is_ready()`` (Triton's 5 s).
+USER_READY_TIMEOUT_S = 5.0
+
 _LOG_LEVELS = {0: logging.INFO, 1: logging.WARNING, 2: logging.ERROR, 3: logging.DEBUG}
 _arena_ids = itertools.count(1)
 #: Request keys, unique across instances: a rescheduled request keeps its key (and its open
@@ -73,6 +76,18 @@ class ControlHandler(Protocol):
     def forget_process(self, proc: StubProcess) -> None: ...
 
 
+class ExecutionGrant(Protocol):
+    """The rate limiter's grant of one execution; ``release`` (idempotent) frees it."""
+
+    def release(self) -> None: ...
+
+
+class RateLimitGate(Protocol):
+    """This instance's place in the rate limiter (``--rate-limit execution_count``)."""
+
+    async def acquire(self) -> ExecutionGrant: ...
+
+
 class BatchSource(Protocol):
     """What an instance pulls work from (a scheduler)."""
 
@@ -95,7 +110,7 @@ class InstanceSpec:
     runtime_file: str = ""
     restart_backoff: tuple[float, float] = (0.1, 5.0)
     #: Batches in one stub at once when the model's execute is ``async def``.
-    async_concurrency: int = 8
+    async_concurrency: int = 1
     #: Seconds one execute may take before the stub is killed and restarted (None: no limit).
     execute_timeout: float | None = None
     #: This many deaths within ``crash_window`` seconds: stop restarting (a crash loop).
@@ -149,6 +164,8 @@ class _InFlight:
     timer: asyncio.TimerHandle | None = None
     #: For a batch sent ahead: the timer of its requests' queue timeout, until it starts.
     queue_timer: asyncio.TimerHandle | None = None
+    #: The rate limiter's grant this batch runs under, released when it is done.
+    grant: ExecutionGrant | None = None
 
 
 class StubInstance:
@@ -191,6 +208,9 @@ class StubInstance:
         self._limit = 1
         #: Send the next batch while the current one executes (set by the model loader).
         self.send_ahead = False
+        #: Set by the model loader under ``--rate-limit execution_count``: each batch waits
+        #: for a grant before it is sent.
+        self.rate_limit: RateLimitGate | None = None
         self._source: BatchSource | None = None
         self._deaths: list[float] = []
         #: Why the instance gave up restarting (a crash loop), or None.
@@ -222,6 +242,9 @@ class StubInstance:
         self._background: set[asyncio.Future[None]] = set()
         #: Running model_warmup: its executions are not client traffic, so not counted.
         self._warming = False
+        #: The model defines ``is_ready()``; the check in flight, if one is.
+        self.user_ready = False
+        self._readiness: asyncio.Future[bool] | None = None
 
     @property
     def ready(self) -> bool:
@@ -259,6 +282,31 @@ class StubInstance:
             finally:
                 self._warming = False
         self._worker = asyncio.create_task(self._work_loop(source), name=f"worker {self.name}")
+
+    async def ask_is_ready(self, timeout: float = USER_READY_TIMEOUT_S) -> bool:
+        """What the model's ``is_ready()`` says (False when it raised, answered no bool, or
+        did not answer within ``timeout``). A check already running is joined, as in Triton:
+        one slow ``is_ready()`` is not asked again by every caller."""
+        proc = self._proc
+        if proc is None or not self._ready.is_set():
+            return False
+        if self._readiness is None:
+            self._readiness = self._loop.create_future()
+            try:
+                await proc.send_async(msg.ReadinessCheck())
+            except PeerGone:
+                self._answer_readiness(False, "the stub exited")
+        try:
+            return await asyncio.wait_for(asyncio.shield(self._readiness), timeout)
+        except asyncio.TimeoutError:
+            return False
+
+    def _answer_readiness(self, ready: bool, error: str | None) -> None:
+        waiting, self._readiness = self._readiness, None
+        if error is not None:
+            log.info("[%s] is_ready() says not ready: %s", self.name, error)
+        if waiting is not None and not waiting.done():
+            waiting.set_result(ready and error is None)
 
     async def run_now(self, batch: list[Work]) -> list[Completion]:
         """Run ``batch`` on this instance at once, outside any scheduler (warmup), and return its
@@ -371,7 +419,10 @@ class StubInstance:
             case msg.Log(level=level, message=text, filename=filename, line=line):
                 where = f" ({filename}:{line})" if filename else ""
                 log.log(_LOG_LEVELS.get(level, logging.INFO), "[%s]%s %s", self.name, where, text)
-            case msg.Ready(error=error, concurrent=concurrent):
+            case msg.Readiness(ready=ready, error=error):
+                self._answer_readiness(ready, error)
+            case msg.Ready(error=error, concurrent=concurrent, user_ready=user_ready):
+                self.user_ready = user_ready
                 self._limit = max(1, self.spec.async_concurrency) if concurrent else 1
                 ahead = SEND_AHEAD if self.send_ahead and self._limit == 1 else 0
                 self._slots = _Slots(self._limit + ahead)
@@ -467,16 +518,32 @@ class StubInstance:
             except BaseException:
                 slots.release()
                 raise
+            grant = None
+            if self.rate_limit is not None:
+                try:
+                    grant = await self.rate_limit.acquire()
+                except BaseException:
+                    slots.release()
+                    source.requeue(batch)
+                    raise
             proc = self._proc
             if self._stopping or proc is None or not self._ready.is_set():
                 slots.release()
+                if grant is not None:
+                    grant.release()
                 source.requeue(batch)
                 continue
-            await self._send_batch(proc, batch, slots)
+            await self._send_batch(proc, batch, slots, grant)
 
-    async def _send_batch(self, proc: StubProcess, batch: list[Work], slots: _Slots) -> None:
+    async def _send_batch(
+        self,
+        proc: StubProcess,
+        batch: list[Work],
+        slots: _Slots,
+        grant: ExecutionGrant | None = None,
+    ) -> None:
         batch_id = next(self._batch_ids)
-        entry = _InFlight(batch, slots)
+        entry = _InFlight(batch, slots, grant=grant)
         self._in_flight[batch_id] = entry
         now = time.monotonic_ns()
         for work in batch:
@@ -554,6 +621,8 @@ class StubInstance:
         if entry.queue_timer is not None:
             entry.queue_timer.cancel()
         entry.slots.release()
+        if entry.grant is not None:
+            entry.grant.release()
         if not self._in_flight:
             self._idle.set()
         elif self._limit == 1 and self._proc is not None:  # the batch sent ahead starts now
@@ -677,6 +746,8 @@ class StubInstance:
     def _on_exit(self, proc: StubProcess, returncode: int) -> None:
         how = describe_exit(returncode)
         self._ready.clear()
+        if proc is self._proc:
+            self._answer_readiness(False, None)
         if self._init_waiter is not None and not self._init_waiter.done():
             self._init_waiter.set_result(
                 f"Stub process '{self.name}' is not healthy. It exited during initialize with {how}"
@@ -710,6 +781,8 @@ class StubInstance:
                 if timer is not None:
                     timer.cancel()
             entry.slots.release()
+            if entry.grant is not None:
+                entry.grant.release()
         if self._limit == 1 and self._source is not None:
             # A sync stub runs its batches in order: only the first had started. The others
             # were sent ahead and go back to the queue, to the restarted stub or another one.
@@ -797,7 +870,11 @@ class StubInstance:
     # -- stop -------------------------------------------------------------------------------
 
     async def stop(self, timeout: float) -> None:
-        """finalize() within ``timeout``, then SIGTERM, then SIGKILL; releases everything."""
+        """finalize() and the stub's exit within ``timeout``, else SIGKILL; releases everything.
+
+        ``timeout`` bounds the whole stop (the server's exit timeout is one deadline, as in
+        Triton): a stub whose finalize does not return in time (its execute hangs, say) is
+        killed at once, not given further graces."""
         self._stopping = True
         self._ready.clear()
         if self._worker is not None:
@@ -808,14 +885,28 @@ class StubInstance:
         if proc is None:
             return
         if proc.returncode is None:
+            deadline = self._loop.time() + timeout
             self._finalized = self._loop.create_future()
+            finalized = False
             try:
                 await asyncio.wait_for(self._stop_process(proc), timeout)
+                finalized = True
             except (asyncio.TimeoutError, PeerGone):
                 log.warning(
                     "instance '%s' did not finalize in %.1fs: killing it", self.name, timeout
                 )
+                proc.kill()
+            if finalized:  # it exits by itself, in what is left of the timeout (a moment at least)
+                exit_within = max(_EXIT_GRACE, deadline - self._loop.time())
+                try:
+                    await asyncio.wait_for(asyncio.shield(proc.exited), exit_within)
+                except asyncio.TimeoutError:
+                    log.warning("instance '%s' did not exit after finalize: killing it", self.name)
+                    proc.kill()
         await self._discard(proc)
+        for entry in self._in_flight.values():  # their executions are over: free the resources
+            if entry.grant is not None:
+                entry.grant.release()
 
     async def _stop_process(self, proc: StubProcess) -> None:
         await proc.send_async(msg.Finalize())
@@ -835,6 +926,9 @@ class StubInstance:
             except asyncio.TimeoutError:
                 continue
 
+
+#: Seconds a stub gets to exit after its finalize returned, even at the stop's deadline.
+_EXIT_GRACE = 0.5
 
 #: What a response without GPU tensors owns of the CUDA pools.
 _NO_CUDA: list[CudaLocation] = []
