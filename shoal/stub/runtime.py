@@ -22,7 +22,7 @@ from shoal.ipc.cuda import CudaPoolMap
 from shoal.ipc.fdpass import recv_fds, send_fds
 from shoal.ipc.queue import Channel, PeerGone
 from shoal.ipc.tensor import CudaLocation, Location, RegionLocation
-from shoal.stub import c_python_backend_utils, loader, pb_utils, readiness
+from shoal.stub import c_python_backend_utils, failures, loader, pb_utils, readiness
 from shoal.stub.bls import BlsClient
 from shoal.stub.control import ControlClient, StubMetrics
 from shoal.stub.executor import BatchExecutor
@@ -220,8 +220,9 @@ class StubRuntime:
             pb_utils._set_metrics_backend(StubMetrics(control))
             try:
                 self._initialize(first)
-            except BaseException:
-                self._send(msg.Ready(error=_format_exception()))
+            except BaseException as error:
+                text = failures.summary(error)
+                self._send(msg.Ready(error=text, traceback=failures.user_traceback(error)))
                 return 1
             executor = BatchExecutor(
                 self.instance,
