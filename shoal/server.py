@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from shoal import _compiled
 from shoal.supervisor.memory.gc_tuning import settle_after_start
+from shoal.supervisor.models.table import format_model_table
 from shoal.supervisor.options import Restriction, ServerOptions
 from shoal.supervisor.service import InferenceService
 
@@ -130,9 +131,15 @@ async def run_server(options: ServerOptions, stop: asyncio.Event) -> int:
     deadline: float | None = None
     drained = False
     try:
-        await service.load_repository()
-        if options.exit_on_error and service.failed:
-            log.error("exiting: some models failed to load (--exit-on-error=true)")
+        failures = await service.load_repository()
+        log.info("models:\n%s", format_model_table(service.repository_index()))
+        if options.exit_on_error and failures:
+            log.error(
+                "exiting: %d model(s) failed to load: %s (--exit-on-error=true; start with "
+                "--exit-on-error=false to serve the others)",
+                len(failures),
+                ", ".join(sorted(failures)),
+            )
             return 1
         if options.allow_http:
             app = build_http_app(
