@@ -101,6 +101,8 @@ class RequestRecord:
     #: Bit ``i`` set: input ``i`` lies in a block staged for this request alone, which the
     #: model may write in place; any other input is made writable by a private mapping.
     private_inputs: int = 0
+    #: The request's trace context (``request.trace().get_context()``); "" when not traced.
+    trace_context: str = ""
 
     def to_wire(self) -> list[Any]:
         return [
@@ -114,13 +116,14 @@ class RequestRecord:
             self.key,
             {name: location_to_wire(r) for name, r in self.output_regions.items()},
             self.private_inputs,
+            self.trace_context,
         ]
 
     @classmethod
     def from_wire(cls, w: list[Any]) -> RequestRecord:
         inputs = [TensorDesc.from_wire(t) for t in w[5]]
         regions = {name: _region_from_wire(r) for name, r in w[8].items()}
-        return cls(w[0], w[1], w[2], w[3], w[4], inputs, w[6], w[7], regions, w[9])
+        return cls(w[0], w[1], w[2], w[3], w[4], inputs, w[6], w[7], regions, w[9], w[10])
 
 
 def _region_from_wire(obj: list[Any]) -> RegionLocation | CudaRegionLocation:
@@ -173,20 +176,22 @@ class Finalize:
 
 @dataclass(slots=True)
 class Ready:
-    """``initialize`` finished; ``error`` holds the traceback text when it failed."""
+    """``initialize`` finished; when it failed, ``error`` says why in one line (for clients)
+    and ``traceback`` holds the model's traceback (for the log)."""
 
     error: str | None = None
     #: ``execute`` is a coroutine: several batches may be in the stub at once.
     concurrent: bool = False
     #: The model defines ``is_ready()``: model readiness asks it (``ReadinessCheck``).
     user_ready: bool = False
+    traceback: str = ""
 
     def fields(self) -> list[Any]:
-        return [self.error, self.concurrent, self.user_ready]
+        return [self.error, self.concurrent, self.user_ready, self.traceback]
 
     @classmethod
     def from_fields(cls, f: list[Any]) -> Ready:
-        return cls(f[0], f[1], f[2])
+        return cls(f[0], f[1], f[2], f[3])
 
 
 @dataclass(slots=True)

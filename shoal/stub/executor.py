@@ -348,6 +348,7 @@ class BatchExecutor:
             model_version=-1,
             deliver=deliver,
             decoupled=self.decoupled,
+            trace_context=record.trace_context or None,
         )
 
     def _cpu_input(self, desc: TensorDesc, private: bool) -> Any:

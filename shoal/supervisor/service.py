@@ -64,6 +64,7 @@ from shoal.supervisor.requests.response_cache import (
     copy_response,
     request_key,
 )
+from shoal.supervisor.schedulers.rate_limiter import RateLimiter
 from shoal.supervisor.work import Completion, Work
 
 log = logging.getLogger("shoal")
@@ -121,10 +122,13 @@ class InferenceService:
         #: ``--cache-config local,size=N``: shared by every model whose config enables it.
         self.cache = ResponseCache(options.cache_bytes) if options.cache_bytes > 0 else None
         loader.response_cache = self.cache is not None
+        if options.rate_limit == "execution_count":
+            loader.rate_limiter = RateLimiter(dict(options.rate_limit_resources))
         self.shm = SharedMemoryRegistry(allow_client=options.allow_client_shm)
         self.logging = LogSettings.from_options(options)
         repository = self.repository
-        self.tracing = TraceSettings(lambda name: name in repository.models)
+        initial = {k: v if isinstance(v, str) else list(v) for k, v in options.trace_settings}
+        self.tracing = TraceSettings(lambda name: name in repository.models, initial)
         self._live = True
         self.gate = DrainGate()
 
@@ -152,9 +156,10 @@ class InferenceService:
         for block in blocks:
             self.input_arena.free(block)
 
-    async def load_repository(self) -> None:
-        """Load the models the control mode asks for at start."""
-        await self._repo.load_startup()
+    async def load_repository(self) -> dict[str, str]:
+        """Load the models the control mode asks for at start; returns those that failed to
+        load, with the reason."""
+        return await self._repo.load_startup()
 
     def begin_drain(self) -> None:
         """Refuse new inference and report not live / not ready (503), as Triton does on exit."""
@@ -268,6 +273,7 @@ class InferenceService:
             mv.config, request, self.input_arena, outputs, regions
         )
         record.output_regions = placed
+        record.trace_context = self.tracing.context_for(mv.name)
         if mv.state is not ModelState.READY:
             self._free_inputs(blocks)
             raise Unavailable(f"model '{mv.name}' version {mv.version} is not ready")

@@ -4,7 +4,9 @@ works in ``auto_complete_config``, and thread counts are set only when a model a
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import time
 from pathlib import Path
 
@@ -40,7 +42,9 @@ class TritonPythonModel:
 
 # Sleeps SECONDS, then answers; its auto_complete_config checks get_model_dir().
 SLEEPER = """
+import json
 import os
+import re
 import time
 
 import numpy as np
@@ -96,6 +100,48 @@ class TritonPythonModel:
 """
 
 
+# Answers its request's trace context, and the one a BLS call it passes the trace to sees.
+TRACED = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+def _text(name, value):
+    if isinstance(value, str) or value is None:
+        value = (value or "").encode()
+    return pb_utils.Tensor(name, np.array([value], dtype=np.object_))
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            context = request.trace().get_context()
+            if pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()[0] == 0:
+                responses.append(
+                    pb_utils.InferenceResponse([_text("CONTEXT", context), _text("CHILD", "")])
+                )
+                continue
+            call = pb_utils.InferenceRequest(
+                model_name="traced",
+                inputs=[pb_utils.Tensor("IN", np.array([0], dtype=np.int32))],
+                requested_output_names=["CONTEXT"],
+                trace=request.trace(),
+            )
+            child = pb_utils.get_output_tensor_by_name(call.exec(), "CONTEXT").as_numpy()[0]
+            responses.append(
+                pb_utils.InferenceResponse([_text("CONTEXT", context), _text("CHILD", child)])
+            )
+        return responses
+"""
+TRACED_IO = (
+    'input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
+    'output [ { name: "CONTEXT" data_type: TYPE_STRING dims: [ 1 ] },\n'
+    '         { name: "CHILD" data_type: TYPE_STRING dims: [ 1 ] } ]\n'
+    "instance_group [ { count: 2 kind: KIND_CPU } ]\n"  # one free for its own BLS call
+)
+
+
 def _model(repo: Path, name: str, source: str, config: str) -> None:
     (repo / name / "1").mkdir(parents=True)
     (repo / name / "1" / "model.py").write_text(source)
@@ -132,6 +178,7 @@ def server(tmp_path_factory):
         '        { name: "TIMEOUT_US" data_type: TYPE_INT64 dims: [ 1 ] } ]\n'
         'output [ { name: "RESULT" data_type: TYPE_STRING dims: [ 1 ] } ]\n',
     )
+    _model(repo, "traced", TRACED, TRACED_IO)
     with ShoalServer(repo) as running:
         yield running
 
@@ -207,3 +254,30 @@ def test_thread_counts_are_set_when_the_model_asks(server):
     assert omp == os.environ.get("OMP_NUM_THREADS", "3")
     assert openblas == os.environ.get("OPENBLAS_NUM_THREADS", "3")
     assert [o["name"] for o in config["output"]] == ["THREADS"]
+
+
+def _contexts(server: ShoalServer, call_child: bool) -> list[str]:
+    client = httpclient.InferenceServerClient(server.url)
+    try:
+        tensor = httpclient.InferInput("IN", [1], "INT32")
+        tensor.set_data_from_numpy(np.array([1 if call_child else 0], dtype=np.int32))
+        result = client.infer("traced", [tensor])
+    finally:
+        client.close()
+    return [result.as_numpy(name)[0].decode() for name in ("CONTEXT", "CHILD")]
+
+
+def test_request_trace_has_no_context_while_tracing_is_off(server):
+    assert _contexts(server, call_child=False) == ["", ""]
+
+
+def test_request_trace_carries_a_context_when_tracing_is_on(tmp_path):
+    _model(tmp_path, "traced", TRACED, TRACED_IO)
+    flags = ("--trace-config", "mode=opentelemetry", "--trace-config", "level=TIMESTAMPS")
+    with ShoalServer(tmp_path, extra_args=(*flags, "--trace-config", "rate=1")) as running:
+        first, second = _contexts(running, call_child=False)[0], _contexts(running, True)
+        parent = json.loads(first)["traceparent"]
+        assert re.fullmatch(r"00-[0-9a-f]{32}-[0-9a-f]{16}-01", parent), parent
+        # Each request has its own trace; a BLS call given request.trace() shares its caller's.
+        assert json.loads(second[0])["traceparent"] != parent
+        assert second[1] == second[0]
