@@ -27,6 +27,7 @@ from shoal.stub.bls import BlsClient
 from shoal.stub.control import ControlClient, StubMetrics
 from shoal.stub.executor import BatchExecutor
 from shoal.stub.gpu_tensors import GpuTensors
+from shoal.stub.lent_outputs import OutputLender
 from shoal.stub.memory import ClientRegions, Locations, SharedOutputArena
 from shoal.stub.pump import DownPump
 from shoal.stub.tensors_out import TensorWriter
@@ -192,6 +193,8 @@ class StubRuntime:
             outputs = SharedOutputArena(self._create_outputs(first))
             c_python_backend_utils._set_free_memory(outputs.free_bytes)
             writer = TensorWriter(outputs, Locations())
+            lender = writer.lender = OutputLender(outputs, writer.locations)
+            pb_utils._set_output_lender(lender.lend)
             cancels: list[Callable[[list[int]], None]] = []  # filled once execute can run
 
             def cancel(keys: list[int]) -> None:
@@ -199,7 +202,11 @@ class StubRuntime:
                     each(keys)
 
             pump = DownPump(
-                self.channel, outputs.free, cancel, self.retire_input, self.retire_chunk
+                self.channel,
+                lambda blocks: outputs.free(lender.released(blocks)),
+                cancel,
+                self.retire_input,
+                self.retire_chunk,
             )
             # Model control and custom metrics work from initialize on; BLS from execute on.
             control = ControlClient(pump, self._send)
