@@ -302,27 +302,36 @@ class ModelRepositoryManager:
 
     def _write_files(self, name: str, files: dict[str, bytes]) -> str:
         """Materialise uploaded ``file:<path>`` contents in a private directory named ``name``."""
-        if name in ("", ".", "..") or "/" in name or "\0" in name:
+        if name in ("", ".", "..") or "/" in name or _bad_file_name(name):
             # The name becomes a directory: "." or ".." would be the scratch directory itself
             # or its parent.
             raise InvalidArgument(
                 f"failed to load '{name}': a model loaded from files needs a name that can be a "
-                "directory name (not '.', '..', nor containing '/')"
+                f"directory name (not '.', '..', nor containing '/' or NUL, at most {_NAME_MAX} "
+                "bytes)"
             )
+        relatives = {key: _file_path(name, key) for key in files}
         root = tempfile.mkdtemp(prefix="shoal-model-")
         model_dir = Path(root) / name
         try:
             model_dir.mkdir()
             for key, content in files.items():
-                relative = key.removeprefix("file:").lstrip("/")  # "file:/1/model.py" too
-                target = (model_dir / relative).resolve()
-                if not key.startswith("file:") or not target.is_relative_to(model_dir.resolve()):
+                target = (model_dir / relatives[key]).resolve()
+                if not target.is_relative_to(model_dir.resolve()) or target == model_dir:
                     raise InvalidArgument(
                         f"failed to load '{name}': file parameter '{key}' must be "
                         "'file:<relative path>' inside the model directory"
                     )
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_bytes(content)
+                try:
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    target.write_bytes(content)
+                except (FileExistsError, NotADirectoryError, IsADirectoryError) as error:
+                    # "file:1" beside "file:1/model.py": one path is a file and a directory.
+                    raise InvalidArgument(
+                        f"failed to load '{name}': file parameter '{key}' cannot be written: "
+                        f"{error.strerror} (another file parameter uses the same path as a "
+                        "file and as a directory)"
+                    ) from None
         except BaseException:
             shutil.rmtree(root, ignore_errors=True)
             raise
@@ -545,6 +554,41 @@ class ModelRepositoryManager:
             elif not ready_only:
                 entries.append(RepositoryEntry(name))
         return entries
+
+
+#: The longest file name and path Linux takes (NAME_MAX, PATH_MAX less the scratch directory).
+_NAME_MAX = 255
+_PATH_MAX = 3072
+
+
+def _bad_file_name(name: str) -> bool:
+    """A name no file can have: NUL, not encodable, or longer than NAME_MAX bytes."""
+    try:
+        encoded = os.fsencode(name)
+    except UnicodeEncodeError:
+        return True
+    return b"\0" in encoded or len(encoded) > _NAME_MAX
+
+
+def _file_path(model: str, key: str) -> str:
+    """The relative path a ``file:<path>`` load parameter names (INVALID_ARGUMENT unless it is
+    a file's path: not a directory, no NUL, no part over NAME_MAX, not over PATH_MAX)."""
+    if not key.startswith("file:"):
+        raise InvalidArgument(
+            f"failed to load '{model}': file parameter '{key}' must be 'file:<relative path>'"
+        )
+    relative = key.removeprefix("file:").lstrip("/")  # "file:/1/model.py" too
+    parts = relative.split("/")
+    if parts[-1] in ("", ".", ".."):
+        problem = "names a directory, not a file"
+    elif any(_bad_file_name(part) for part in parts):
+        problem = f"has a NUL, a name that is not valid, or a name over {_NAME_MAX} bytes"
+    elif len(os.fsencode(relative)) > _PATH_MAX:
+        problem = f"is a path over {_PATH_MAX} bytes"
+    else:
+        return relative
+    shown = key if len(key) <= 80 else key[:77] + "..."
+    raise InvalidArgument(f"failed to load '{model}': file parameter {shown!r} {problem}")
 
 
 def _fingerprint(model_dir: str) -> tuple[tuple[str, int, int], ...]:
