@@ -176,20 +176,22 @@ class Finalize:
 
 @dataclass(slots=True)
 class Ready:
-    """``initialize`` finished; ``error`` holds the traceback text when it failed."""
+    """``initialize`` finished; when it failed, ``error`` says why in one line (for clients)
+    and ``traceback`` holds the model's traceback (for the log)."""
 
     error: str | None = None
     #: ``execute`` is a coroutine: several batches may be in the stub at once.
     concurrent: bool = False
     #: The model defines ``is_ready()``: model readiness asks it (``ReadinessCheck``).
     user_ready: bool = False
+    traceback: str = ""
 
     def fields(self) -> list[Any]:
-        return [self.error, self.concurrent, self.user_ready]
+        return [self.error, self.concurrent, self.user_ready, self.traceback]
 
     @classmethod
     def from_fields(cls, f: list[Any]) -> Ready:
-        return cls(f[0], f[1], f[2])
+        return cls(f[0], f[1], f[2], f[3])
 
 
 @dataclass(slots=True)

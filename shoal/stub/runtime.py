@@ -22,11 +22,12 @@ from shoal.ipc.cuda import CudaPoolMap
 from shoal.ipc.fdpass import recv_fds, send_fds
 from shoal.ipc.queue import Channel, PeerGone
 from shoal.ipc.tensor import CudaLocation, Location, RegionLocation
-from shoal.stub import c_python_backend_utils, loader, pb_utils, readiness
+from shoal.stub import c_python_backend_utils, failures, loader, pb_utils, readiness
 from shoal.stub.bls import BlsClient
 from shoal.stub.control import ControlClient, StubMetrics
 from shoal.stub.executor import BatchExecutor
 from shoal.stub.gpu_tensors import GpuTensors
+from shoal.stub.lent_outputs import OutputLender
 from shoal.stub.memory import ClientRegions, Locations, SharedOutputArena
 from shoal.stub.pump import DownPump
 from shoal.stub.tensors_out import TensorWriter
@@ -192,6 +193,8 @@ class StubRuntime:
             outputs = SharedOutputArena(self._create_outputs(first))
             c_python_backend_utils._set_free_memory(outputs.free_bytes)
             writer = TensorWriter(outputs, Locations())
+            lender = writer.lender = OutputLender(outputs, writer.locations)
+            pb_utils._set_output_lender(lender.lend)
             cancels: list[Callable[[list[int]], None]] = []  # filled once execute can run
 
             def cancel(keys: list[int]) -> None:
@@ -199,7 +202,11 @@ class StubRuntime:
                     each(keys)
 
             pump = DownPump(
-                self.channel, outputs.free, cancel, self.retire_input, self.retire_chunk
+                self.channel,
+                lambda blocks: outputs.free(lender.released(blocks)),
+                cancel,
+                self.retire_input,
+                self.retire_chunk,
             )
             # Model control and custom metrics work from initialize on; BLS from execute on.
             control = ControlClient(pump, self._send)
@@ -213,8 +220,9 @@ class StubRuntime:
             pb_utils._set_metrics_backend(StubMetrics(control))
             try:
                 self._initialize(first)
-            except BaseException:
-                self._send(msg.Ready(error=_format_exception()))
+            except BaseException as error:
+                text = failures.summary(error)
+                self._send(msg.Ready(error=text, traceback=failures.user_traceback(error)))
                 return 1
             executor = BatchExecutor(
                 self.instance,

@@ -57,7 +57,7 @@ class ServerOptions:
     load_models: tuple[str, ...] = ()
     strict_model_config: bool = False
     strict_readiness: bool = True
-    exit_on_error: bool = False
+    exit_on_error: bool = True
     exit_timeout_secs: float = 30.0
     #: Record the time each request spends in each stage of the pipeline (docs/perf.md).
     trace_overhead: bool = False

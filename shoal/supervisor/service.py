@@ -156,9 +156,10 @@ class InferenceService:
         for block in blocks:
             self.input_arena.free(block)
 
-    async def load_repository(self) -> None:
-        """Load the models the control mode asks for at start."""
-        await self._repo.load_startup()
+    async def load_repository(self) -> dict[str, str]:
+        """Load the models the control mode asks for at start; returns those that failed to
+        load, with the reason."""
+        return await self._repo.load_startup()
 
     def begin_drain(self) -> None:
         """Refuse new inference and report not live / not ready (503), as Triton does on exit."""

@@ -66,8 +66,8 @@ def build_http_app(
     """
     infer = _InferEndpoint(core, max_input_size)
     routes = [
-        Route("/v2/health/live", _health(core.is_live), methods=["GET"]),
-        Route("/v2/health/ready", _health(core.is_ready), methods=["GET"]),
+        Route("/v2/health/live", _health("live", core.is_live), methods=["GET"]),
+        Route("/v2/health/ready", _health("ready", core.is_ready), methods=["GET"]),
         Route("/v2", _server_metadata(core), methods=["GET"]),
         # Before "/v2/models/{model_name}", which would take "stats" for a model name.
         *model_stats_routes(core),
@@ -127,11 +127,14 @@ async def _http_exception(request: Request, exc: Exception) -> Response:
 # --- health and metadata ----------------------------------------------------------------------
 
 
-def _health(check: Callable[[], bool]) -> Endpoint:
+def _health(key: str, check: Callable[[], bool]) -> Endpoint:
     @guarded
     async def health(request: Request) -> Response:
-        # As Triton: the status says it all; 400 (not 503) when not live / not ready.
-        return Response(status_code=200 if check() else 400)
+        # The status as Triton's (400, not 503, when not live / not ready), which is all that
+        # tritonclient reads; the body as the KServe V2 spec's ({"live": true}), which the
+        # KServe SDK reads.
+        state = check()
+        return Response(_json.dumps({key: state}), 200 if state else 400, media_type=JSON_TYPE)
 
     return health
 

@@ -89,6 +89,8 @@ class RemoteCore(CoreAPI):
         self._reading: asyncio.Task[None] | None = None
         #: Set when the core asks the worker to stop, or goes away.
         self.stopping = asyncio.Event()
+        #: The seconds the core gives the worker to finish its responses when it stops.
+        self.stop_grace = 0.0
 
     async def connect(self, calls: socket.socket) -> None:
         """Start reading answers from the asynchronous socket."""
@@ -121,6 +123,7 @@ class RemoteCore(CoreAPI):
     def _dispatch(self, header: list[Any], payloads: list[memoryview]) -> None:
         kind, call_id, *fields = header
         if kind == wire.STOP:
+            self.stop_grace = float(fields[0]) if fields else 0.0
             self.stopping.set()
             return
         future = self._calls.pop(call_id, None)

@@ -261,7 +261,7 @@ class WorkerPool:
             task.cancel()
         links = [link for link in self._links if link is not None and not link.exited.done()]
         for link in links:
-            link.send([wire.STOP, 0])
+            link.send([wire.STOP, 0, grace])
         if links:
             await asyncio.wait([link.exited for link in links], timeout=grace + 5.0)
         for link in links:

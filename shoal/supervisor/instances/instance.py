@@ -53,7 +53,12 @@ SEND_AHEAD = 3
 
 
 class LoadError(Exception):
-    """The stub could not start or the model's ``initialize`` raised; the text says why."""
+    """The stub could not start or the model's ``initialize`` raised; the text says why in one
+    line, fit for clients; ``traceback`` is the model's traceback, for the log ("" if none)."""
+
+    def __init__(self, message: str, traceback: str = "") -> None:
+        super().__init__(message)
+        self.traceback = traceback
 
 
 class BlsHandler(Protocol):
@@ -231,7 +236,8 @@ class StubInstance:
         self.control: ControlHandler | None = None
         #: Batches in the stub, in the order they were sent.
         self._in_flight: dict[int, _InFlight] = {}
-        self._init_waiter: asyncio.Future[str | None] | None = None
+        # (error, traceback) when initialize failed, else None.
+        self._init_waiter: asyncio.Future[tuple[str, str] | None] | None = None
         self._finalized: asyncio.Future[None] | None = None
         self._worker: asyncio.Task[None] | None = None
         self._restart_task: asyncio.Task[None] | None = None
@@ -378,9 +384,9 @@ class StubInstance:
             await proc.send_async(init)
         except PeerGone:
             pass  # it died at once: _on_exit says how, through the waiter
-        error = await self._init_waiter
-        if error is not None:
-            raise LoadError(error)
+        failure = await self._init_waiter
+        if failure is not None:
+            raise LoadError(*failure)
 
     def announce_segment(self, segment: Any) -> None:
         """A new input-arena segment exists: the live stub must be able to map it."""
@@ -421,13 +427,15 @@ class StubInstance:
                 log.log(_LOG_LEVELS.get(level, logging.INFO), "[%s]%s %s", self.name, where, text)
             case msg.Readiness(ready=ready, error=error):
                 self._answer_readiness(ready, error)
-            case msg.Ready(error=error, concurrent=concurrent, user_ready=user_ready):
+            case msg.Ready(
+                error=error, concurrent=concurrent, user_ready=user_ready, traceback=trace
+            ):
                 self.user_ready = user_ready
                 self._limit = max(1, self.spec.async_concurrency) if concurrent else 1
                 ahead = SEND_AHEAD if self.send_ahead and self._limit == 1 else 0
                 self._slots = _Slots(self._limit + ahead)
                 if self._init_waiter is not None and not self._init_waiter.done():
-                    self._init_waiter.set_result(error)
+                    self._init_waiter.set_result(None if error is None else (error, trace))
             case msg.Finalized(error=error):
                 if error:
                     log.warning("[%s] finalize raised:\n%s", self.name, error)
@@ -435,6 +443,13 @@ class StubInstance:
                     self._finalized.set_result(None)
             case _:
                 log.error("[%s] unexpected message %s", self.name, type(message).__name__)
+
+    def _stream_done(self, work: Work) -> None:
+        """A decoupled request's statistics, as Triton's: from enqueued to its final response,
+        with the compute times of the execution that ran it."""
+        compute = work.compute_ns if work.compute_ns is not None else (0, 0, 0)
+        queue_ns = work.dispatched_ns - work.enqueued_ns
+        self.stats.success(work.batch_size, work.final_ns - work.enqueued_ns, queue_ns, compute)
 
     def _complete(self, proc: StubProcess, result: msg.Result) -> None:
         entry = self._batch_done(result.batch_id)
@@ -450,6 +465,10 @@ class StubInstance:
         for work in batch:
             if id(work) in again:
                 self._reschedule(work)
+            elif work.stream is not None and not self._warming:
+                work.compute_ns = result.compute_ns if result.executed else (0, 0, 0)
+                if work.final_ns:  # the final response came before execute returned
+                    self._stream_done(work)
         answered = [w for w in batch if w.stream is None]  # decoupled requests answer apart
         for work, response in zip(answered, result.responses, strict=True):
             if id(work) in again:
@@ -652,11 +671,10 @@ class StubInstance:
             work = stream.work
             if work.reschedule is not None:
                 work.reschedule(work, False)
-            queue_ns = work.dispatched_ns - work.enqueued_ns
             if not self._warming:
-                self.stats.success(
-                    work.batch_size, time.monotonic_ns() - work.enqueued_ns, queue_ns, (0, 0, 0)
-                )
+                work.final_ns = time.monotonic_ns()
+                if work.compute_ns is not None:  # else when execute returns (_complete)
+                    self._stream_done(work)
         completion = None
         if body is not None:
             # An error response is one response among the others (Triton's too): the request
@@ -748,10 +766,15 @@ class StubInstance:
         self._ready.clear()
         if proc is self._proc:
             self._answer_readiness(False, None)
-        if self._init_waiter is not None and not self._init_waiter.done():
-            self._init_waiter.set_result(
-                f"Stub process '{self.name}' is not healthy. It exited during initialize with {how}"
-            )
+        waiter = self._init_waiter
+        if waiter is not None and not waiter.done():
+            try:
+                self._drain(proc)  # the Ready with the model's error may still be in the ring
+            except Exception:  # a record cut short by the death: the exit says enough
+                pass
+            if not waiter.done():
+                died = f"Stub process '{self.name}' is not healthy. It exited during initialize"
+                waiter.set_result((f"{died} with {how}", ""))
         if self._finalized is not None and not self._finalized.done():
             self._finalized.set_result(None)
         self._directory.unregister(proc)
@@ -870,7 +893,11 @@ class StubInstance:
     # -- stop -------------------------------------------------------------------------------
 
     async def stop(self, timeout: float) -> None:
-        """finalize() within ``timeout``, then SIGTERM, then SIGKILL; releases everything."""
+        """finalize() and the stub's exit within ``timeout``, else SIGKILL; releases everything.
+
+        ``timeout`` bounds the whole stop (the server's exit timeout is one deadline, as in
+        Triton): a stub whose finalize does not return in time (its execute hangs, say) is
+        killed at once, not given further graces."""
         self._stopping = True
         self._ready.clear()
         if self._worker is not None:
@@ -881,13 +908,24 @@ class StubInstance:
         if proc is None:
             return
         if proc.returncode is None:
+            deadline = self._loop.time() + timeout
             self._finalized = self._loop.create_future()
+            finalized = False
             try:
                 await asyncio.wait_for(self._stop_process(proc), timeout)
+                finalized = True
             except (asyncio.TimeoutError, PeerGone):
                 log.warning(
                     "instance '%s' did not finalize in %.1fs: killing it", self.name, timeout
                 )
+                proc.kill()
+            if finalized:  # it exits by itself, in what is left of the timeout (a moment at least)
+                exit_within = max(_EXIT_GRACE, deadline - self._loop.time())
+                try:
+                    await asyncio.wait_for(asyncio.shield(proc.exited), exit_within)
+                except asyncio.TimeoutError:
+                    log.warning("instance '%s' did not exit after finalize: killing it", self.name)
+                    proc.kill()
         await self._discard(proc)
         for entry in self._in_flight.values():  # their executions are over: free the resources
             if entry.grant is not None:
@@ -911,6 +949,9 @@ class StubInstance:
             except asyncio.TimeoutError:
                 continue
 
+
+#: Seconds a stub gets to exit after its finalize returned, even at the stop's deadline.
+_EXIT_GRACE = 0.5
 
 #: What a response without GPU tensors owns of the CUDA pools.
 _NO_CUDA: list[CudaLocation] = []

@@ -9,6 +9,7 @@ import logging
 import os
 import sys
 import tarfile
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -169,6 +170,7 @@ class ModelLoader:
         """Bring up every instance; on failure the version is UNAVAILABLE with the reason."""
         if self.trace_overhead:
             mv.stats.overhead = {}
+        started = time.monotonic()
         try:
             if self.response_cache and mv.config.response_cache and mv.config.decoupled:
                 raise InvalidArgument(
@@ -181,9 +183,7 @@ class ModelLoader:
                 mv.config.parameters, model_dir, os.path.join(model_dir, str(mv.version)), mv.name
             )
         except (ShoalError, OSError, tarfile.TarError) as error:
-            mv.state = ModelState.UNAVAILABLE
-            mv.reason = f"failed to load '{mv.name}' version {mv.version}: {error}"
-            log.error("%s", mv.reason)
+            _failed(mv, str(error))
             return
         if mv.config.is_ensemble:  # runs in the supervisor: no stub, no scheduler
             mv.state = ModelState.READY
@@ -199,9 +199,7 @@ class ModelLoader:
                 arena_stager(self._directory.input_arena),
             )
         except (SchedulerConfigError, warmup.WarmupError) as error:
-            mv.state = ModelState.UNAVAILABLE
-            mv.reason = f"failed to load '{mv.name}' version {mv.version}: {error}"
-            log.error("%s", mv.reason)
+            _failed(mv, str(error))
             return
         mv.scheduler = scheduler
         mv.instances = [
@@ -210,10 +208,16 @@ class ModelLoader:
         try:
             self._join_rate_limiter(mv)
         except ShoalError as error:
-            mv.state = ModelState.UNAVAILABLE
-            mv.reason = f"failed to load '{mv.name}' version {mv.version}: {error}"
-            log.error("%s", mv.reason)
+            _failed(mv, str(error))
             return
+        log.info(
+            "loading '%s' version %d: %d instance%s of %s",
+            mv.name,
+            mv.version,
+            len(specs),
+            "" if len(specs) == 1 else "s",
+            specs[0].model_file if specs else mv.config.path,
+        )
         for instance in mv.instances:
             instance.bls = self.bls
             instance.control = self.control
@@ -238,12 +242,15 @@ class ModelLoader:
             first = errors[0]
             reason = str(first) if isinstance(first, LoadError) else repr(first)
             await self.stop(mv, timeout=5.0)
-            mv.state = ModelState.UNAVAILABLE
-            mv.reason = f"failed to load '{mv.name}' version {mv.version}: {reason}"
-            log.error("%s", mv.reason)
+            _failed(mv, reason, first.traceback if isinstance(first, LoadError) else "")
             return
         mv.state = ModelState.READY
-        log.info("successfully loaded '%s' version %d", mv.name, mv.version)
+        log.info(
+            "successfully loaded '%s' version %d in %.2f s",
+            mv.name,
+            mv.version,
+            time.monotonic() - started,
+        )
 
     def _join_rate_limiter(self, mv: ModelVersion) -> None:
         """Give each instance its place in the rate limiter, with its group's resources and
@@ -408,3 +415,19 @@ def _async_concurrency(parameters: Mapping[str, str], model: str) -> int:
             raw,
         )
         return 1
+
+
+def without_repository(text: str, model_dir: str) -> str:
+    """``text`` with the paths inside the model's repository made relative to it: clients
+    learn which file of the model is at fault, not where the server keeps its repository."""
+    repository = os.path.dirname(os.path.abspath(model_dir))
+    return text.replace(repository + os.sep, "")
+
+
+def _failed(mv: ModelVersion, reason: str, traceback: str = "") -> None:
+    """``mv`` failed to load. The one log line of the failure has the full paths and the model's
+    traceback; the reason kept for clients has neither."""
+    text = f"failed to load '{mv.name}' version {mv.version}: {reason}"
+    log.error("%s%s", text, f"\n{traceback}" if traceback else "")
+    mv.state = ModelState.UNAVAILABLE
+    mv.reason = without_repository(text, mv.config.path)
