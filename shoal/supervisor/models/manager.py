@@ -26,6 +26,7 @@ from shoal.core.errors import (
     Unavailable,
 )
 from shoal.core.types import RepositoryEntry
+from shoal.protos import model_config_pb2 as pb
 from shoal.supervisor.instances.devices import check_gpu_parameters, visible_gpus
 from shoal.supervisor.models import onnx_autocomplete
 from shoal.supervisor.models._ensemble_checks import EnsembleProblem, check_ensemble
@@ -514,7 +515,7 @@ def _fingerprint(model_dir: str) -> tuple[tuple[str, int, int], ...]:
     return tuple(entries)
 
 
-def _python_model_file(path: str, proto: Any, versions: list[int]) -> Path | None:
+def _python_model_file(path: str, proto: pb.ModelConfig, versions: list[int]) -> Path | None:
     """The latest version's model.py of a Python model (what auto-complete imports)."""
     if proto.platform or (proto.backend and proto.backend != "python") or not versions:
         return None

@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from shoal.config import ModelConfig
 from shoal.core.errors import InvalidArgument, ShoalError, Unavailable
 from shoal.ipc.arena import Block
 from shoal.supervisor.extensions.statistics import StatsRecorder
@@ -57,7 +58,7 @@ class ModelVersion:
 
     name: str
     version: int
-    config: Any
+    config: ModelConfig
     config_json: dict[str, Any]
     state: ModelState = ModelState.LOADING
     reason: str = ""
