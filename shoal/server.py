@@ -8,6 +8,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from shoal import _compiled
+from shoal.supervisor.compose import build_service
 from shoal.supervisor.memory.gc_tuning import settle_after_start
 from shoal.supervisor.options import Restriction, ServerOptions
 from shoal.supervisor.service import InferenceService
@@ -113,7 +114,7 @@ async def run_server(options: ServerOptions, stop: asyncio.Event) -> int:
     """Serve until ``stop`` is set. Shutdown order: frontends, then models, then arenas."""
     from shoal.frontends.http.app import ConnectionLimits, HttpServer, build_http_app
 
-    service = InferenceService(options)
+    service = build_service(options)
     http: HttpServer | None = None
     metrics: HttpServer | None = None
     grpc_server: GrpcServer | NativeGrpcServer | None = None

@@ -98,17 +98,22 @@ class ModelLoader:
         directory: SegmentDirectory,
         arenas: ArenaOptions,
         free_inputs: Callable[[list[Block]], None],
+        *,
+        bls: BlsHandler,
+        control: ControlHandler,
+        trace_overhead: bool = False,
+        response_cache: bool = False,
     ) -> None:
         self._directory = directory
         self._arenas = arenas
         self._free_inputs = free_inputs
-        #: Serves BLS calls of every instance (set by the service once it exists).
-        self.bls: BlsHandler | None = None
-        self.control: ControlHandler | None = None
+        #: Serve the BLS, model-control and custom-metric calls of every instance.
+        self.bls = bls
+        self.control = control
         #: ``--trace-overhead``: every version records its per-stage times.
-        self.trace_overhead = False
+        self.trace_overhead = trace_overhead
         #: The server has a response cache (``--cache-config``).
-        self.response_cache = False
+        self.response_cache = response_cache
 
     def _specs(self, mv: ModelVersion) -> list[InstanceSpec]:
         config = mv.config
