@@ -15,6 +15,8 @@ from shoal.supervisor.calls.control import ControlRouter, ModelControl
 from shoal.supervisor.extensions.custom_metrics import CustomMetrics
 from shoal.supervisor.extensions.log_settings import LogSettings
 from shoal.supervisor.extensions.trace_settings import TraceSettings
+from shoal.supervisor.instances.instance import MakeStub
+from shoal.supervisor.instances.process import StubProcess
 from shoal.supervisor.memory.cuda_pools import CudaPools
 from shoal.supervisor.memory.segments import INPUT_ARENA_ID, SegmentDirectory
 from shoal.supervisor.memory.system_shm import SharedMemoryRegistry
@@ -29,8 +31,9 @@ from shoal.supervisor.service import InferenceService
 log = logging.getLogger("shoal")
 
 
-def build_service(options: ServerOptions) -> InferenceService:
-    """The inference service for ``options``, with every part it uses."""
+def build_service(options: ServerOptions, make_stub: MakeStub = StubProcess) -> InferenceService:
+    """The inference service for ``options``, with every part it uses; ``make_stub`` starts
+    each instance's stub (a process; the loopback kind in unit tests)."""
     # Named segments a crashed supervisor could not unlink (memfd arenas need no cleanup).
     for name in remove_stale_segments():
         log.warning("removed a stale shared-memory segment of a dead server: %s", name)
@@ -55,6 +58,7 @@ def build_service(options: ServerOptions) -> InferenceService:
             control=ControlRouter(models, custom_metrics, directory),
             trace_overhead=options.trace_overhead,
             response_cache=cache is not None,
+            make_stub=make_stub,
         )
 
     return InferenceService(

@@ -33,8 +33,8 @@ from shoal.supervisor.requests import staging
 from shoal.supervisor.work import Completion, Work
 
 if TYPE_CHECKING:
+    from shoal.supervisor.instances.channel import StubChannel
     from shoal.supervisor.instances.instance import StubInstance
-    from shoal.supervisor.instances.process import StubProcess
 
 log = logging.getLogger("shoal")
 
@@ -55,7 +55,7 @@ class BlsRouter:
         self._open: dict[tuple[int, int], _OpenCall] = {}  # calls with one response
         self._sending: set[asyncio.Future[None]] = set()
 
-    def handle(self, caller: StubInstance, proc: StubProcess, call: msg.BlsCall) -> None:
+    def handle(self, caller: StubInstance, proc: StubChannel, call: msg.BlsCall) -> None:
         key = (proc.pid, call.call_id)
         if not call.decoupled:
             self._start(caller, proc, call, key)
@@ -68,7 +68,7 @@ class BlsRouter:
         self._tasks.pop(key, None)
         self._cancelled.discard(key)
 
-    def cancel(self, proc: StubProcess, call_id: int) -> None:
+    def cancel(self, proc: StubChannel, call_id: int) -> None:
         """Cancel a call still running (a finished one is left alone)."""
         key = (proc.pid, call_id)
         if key in self._open:
@@ -81,11 +81,11 @@ class BlsRouter:
             self._cancelled.add(key)
             task.cancel()
 
-    def done(self, proc: StubProcess, call_id: int) -> None:
+    def done(self, proc: StubChannel, call_id: int) -> None:
         for completion in self._held.pop((proc.pid, call_id), []):
             completion.release()
 
-    def forget_process(self, proc: StubProcess) -> None:
+    def forget_process(self, proc: StubChannel) -> None:
         for key in [k for k in self._open if k[0] == proc.pid]:
             open_call = self._open.pop(key)
             if open_call.timer is not None:
@@ -98,7 +98,7 @@ class BlsRouter:
     # -- a call with one response: callbacks, no task ---------------------------------------
 
     def _start(
-        self, caller: StubInstance, proc: StubProcess, call: msg.BlsCall, key: tuple[int, int]
+        self, caller: StubInstance, proc: StubChannel, call: msg.BlsCall, key: tuple[int, int]
     ) -> None:
         """Submit the call's request now, from the message's own callback; the reply is sent
         from its future's done-callback. A cancel or a timeout answers at once."""
@@ -175,7 +175,7 @@ class BlsRouter:
         _abandon(open_call.work, [])
         self._send(open_call.proc, _error_reply(key[1], error))
 
-    def _send(self, proc: StubProcess, reply: msg.BlsReply) -> None:
+    def _send(self, proc: StubChannel, reply: msg.BlsReply) -> None:
         try:
             if proc.send(reply):
                 return
@@ -186,7 +186,7 @@ class BlsRouter:
         task.add_done_callback(self._sending.discard)
 
     @staticmethod
-    async def _send_later(proc: StubProcess, reply: msg.BlsReply) -> None:
+    async def _send_later(proc: StubChannel, reply: msg.BlsReply) -> None:
         try:
             await proc.send_async(reply)
         except PeerGone:
@@ -194,7 +194,7 @@ class BlsRouter:
 
     # -- a decoupled call: a task that forwards each response -------------------------------
 
-    async def _serve(self, caller: StubInstance, proc: StubProcess, call: msg.BlsCall) -> None:
+    async def _serve(self, caller: StubInstance, proc: StubChannel, call: msg.BlsCall) -> None:
         try:
             target = self._target(caller, call)
             timeout = call.request.timeout_us / 1e6 if call.request.timeout_us > 0 else None
@@ -248,7 +248,7 @@ class BlsRouter:
         staging.check_inputs(target.config, request)
         return target
 
-    async def _run(self, target: ModelVersion, proc: StubProcess, call: msg.BlsCall) -> None:
+    async def _run(self, target: ModelVersion, proc: StubChannel, call: msg.BlsCall) -> None:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Completion] = loop.create_future()
         work = Work(
@@ -291,13 +291,13 @@ class BlsRouter:
             raise
 
     async def _reply(
-        self, proc: StubProcess, call_id: int, body: msg.ResponseRecord | None, final: bool
+        self, proc: StubChannel, call_id: int, body: msg.ResponseRecord | None, final: bool
     ) -> None:
         if body is not None:
             proc.forward([o.location for o in body.outputs], self._directory)
         await proc.send_async(msg.BlsReply(call_id, body, final))
 
-    async def _reply_error(self, proc: StubProcess, call: msg.BlsCall, error: ShoalError) -> None:
+    async def _reply_error(self, proc: StubChannel, call: msg.BlsCall, error: ShoalError) -> None:
         body = msg.ResponseRecord(error=(error.code.name, error.message))
         try:
             await proc.send_async(msg.BlsReply(call.call_id, body, True))
@@ -312,7 +312,7 @@ class _OpenCall:
     name: str  # the called model, as the caller named it
     work: Work
     target: ModelVersion
-    proc: StubProcess
+    proc: StubChannel
     timer: asyncio.TimerHandle | None = None
 
 

@@ -23,9 +23,10 @@ from shoal.supervisor.instances.instance import (
     ControlHandler,
     InstanceSpec,
     LoadError,
+    MakeStub,
     StubInstance,
 )
-from shoal.supervisor.instances.process import StubLaunch
+from shoal.supervisor.instances.process import StubLaunch, StubProcess
 from shoal.supervisor.memory.segments import SegmentDirectory
 from shoal.supervisor.models import environments, warmup
 from shoal.supervisor.options import ArenaOptions
@@ -103,8 +104,11 @@ class ModelLoader:
         control: ControlHandler,
         trace_overhead: bool = False,
         response_cache: bool = False,
+        make_stub: MakeStub = StubProcess,
     ) -> None:
         self._directory = directory
+        #: Starts each instance's stub: a process, or the loopback kind in tests.
+        self._make_stub = make_stub
         self._arenas = arenas
         self._free_inputs = free_inputs
         #: Serve the BLS, model-control and custom-metric calls of every instance.
@@ -202,7 +206,8 @@ class ModelLoader:
             return
         mv.scheduler = scheduler
         mv.instances = [
-            StubInstance(spec, self._directory, self._free_inputs, mv.stats) for spec in specs
+            StubInstance(spec, self._directory, self._free_inputs, mv.stats, self._make_stub)
+            for spec in specs
         ]
         for instance in mv.instances:
             instance.bls = self.bls
