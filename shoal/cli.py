@@ -23,7 +23,6 @@ from shoal.supervisor.options import MIB, ArenaOptions, Restriction, ServerOptio
 
 #: tritonserver flags that shoal accepts so that scripts keep working, and ignores.
 _IGNORED_FLAGS: tuple[tuple[str, Callable[[str], object]], ...] = (
-    ("--backend-directory", str),
     ("--cache-directory", str),
     ("--grpc-infer-allocation-pool-size", int),
     ("--http-thread-count", int),
@@ -217,6 +216,13 @@ def _add_grpc_limit_flags(serve: argparse.ArgumentParser) -> None:
         default=1000,
         help="frames in a row that carry nothing (empty DATA, PRIORITY, unknown types)",
     )
+    serve.add_argument(
+        "--grpc-read-timeout-secs",
+        type=parse_positive_float,
+        default=60.0,
+        help="seconds without a byte while a preface, frame or message is half-sent; "
+        "then the connection is dropped",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -305,6 +311,11 @@ def build_parser() -> argparse.ArgumentParser:
         type=parse_backend_config,
         default=[],
         help="<backend>,<setting>=<value>, e.g. python,shm-default-byte-size=67108864",
+    )
+    serve.add_argument(
+        "--backend-directory",
+        default="/opt/tritonserver/backends",
+        help='where Python-based backends live: backend "<name>" runs <dir>/<name>/model.py',
     )
     serve.add_argument("--exit-timeout-secs", type=float, default=30.0)
     serve.add_argument(
@@ -404,8 +415,10 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         grpc_http2_stream_reset_burst=args.grpc_http2_stream_reset_burst,
         grpc_http2_stream_reset_rate=args.grpc_http2_stream_reset_rate,
         grpc_http2_max_empty_frames=args.grpc_http2_max_empty_frames,
+        grpc_read_timeout_secs=args.grpc_read_timeout_secs,
         arenas=_arena_options(args.backend_config),
         backend_config=tuple(args.backend_config),
+        backend_directory=args.backend_directory,
         cuda_pool_limits=tuple(args.cuda_memory_pool_byte_size),
         **_serve_flags.options(args),
     )

@@ -80,6 +80,7 @@ async def _start_grpc(
         reset_burst=options.grpc_http2_stream_reset_burst,
         reset_rate=options.grpc_http2_stream_reset_rate,
         max_empty_frames=options.grpc_http2_max_empty_frames,
+        read_timeout=options.grpc_read_timeout_secs,
     )
     size = options.grpc_max_message_size
     server: GrpcServer | NativeGrpcServer

@@ -62,13 +62,22 @@ class Initialize:
     model_file: str  # absolute path of model.py
     output_arena_id: int
     output_arena: tuple[int, int, int]  # initial, growth and limit bytes
+    #: A Python-based backend's ``model.py`` (``<backend-directory>/<backend>/model.py``), which
+    #: the stub runs instead of ``model_file``; "" when the model is its own ``model.py``.
+    runtime_file: str = ""
 
     def fields(self) -> list[Any]:
-        return [self.args, self.model_file, self.output_arena_id, list(self.output_arena)]
+        return [
+            self.args,
+            self.model_file,
+            self.output_arena_id,
+            list(self.output_arena),
+            self.runtime_file,
+        ]
 
     @classmethod
     def from_fields(cls, f: list[Any]) -> Initialize:
-        return cls(f[0], f[1], f[2], tuple(f[3]))
+        return cls(f[0], f[1], f[2], tuple(f[3]), f[4])
 
 
 @dataclass(slots=True)

@@ -35,11 +35,7 @@ def _set_log_sink(sink: LogSink | None) -> None:
 def _emit(message: object, level: object, depth: int) -> None:
     if not isinstance(message, str):
         raise TypeError(f"log message must be a str, not {type(message).__name__}")
-    if (
-        isinstance(level, bool)
-        or not isinstance(level, int)
-        or level not in LogLevel._value2member_map_
-    ):
+    if not isinstance(level, LogLevel):  # Triton's levels are an enum: a plain int is refused
         raise TypeError(f"log level must be a pb_utils.Logger level, not {level!r}")
     frame = sys._getframe(depth)
     filename, lineno = frame.f_code.co_filename, frame.f_lineno

@@ -306,7 +306,13 @@ class InferenceRequest:
 
     def get_response_sender(self) -> InferenceResponseSender:
         """The request's response sender (the same object on every call)."""
+        self._sender._taken = True
         return self._sender
+
+    def _awaits_sender(self) -> bool:
+        """Whether the model took the response sender and has not sent FINAL through it yet
+        (for the runtime: a default-mode response may still come from another thread)."""
+        return self._sender._is_taken() and not self._sender._is_closed()
 
     def is_cancelled(self) -> bool:
         """Whether the client cancelled the request."""
@@ -363,6 +369,8 @@ class InferenceRequest:
 
 
 def _check_correlation_id(correlation_id: object) -> int | str:
+    if correlation_id is None:  # Triton refuses None before looking at the value
+        raise TypeError("correlation_id must be an int or a str, not None")
     if isinstance(correlation_id, str):
         return correlation_id
     if isinstance(correlation_id, int):

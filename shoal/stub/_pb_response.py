@@ -126,7 +126,7 @@ class InferenceResponseSender:
     response. A sender may be used from other threads and after ``execute`` returns.
     """
 
-    __slots__ = ("_closed", "_decoupled", "_deliver", "_is_cancelled", "_lock", "_sent")
+    __slots__ = ("_closed", "_decoupled", "_deliver", "_is_cancelled", "_lock", "_sent", "_taken")
 
     def __init__(
         self, deliver: Deliver | None, decoupled: bool, is_cancelled: Callable[[], bool]
@@ -138,6 +138,7 @@ class InferenceResponseSender:
         self._lock = threading.Lock()
         self._closed = False
         self._sent = 0
+        self._taken = False
 
     def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
         """Send ``response`` and/or ``flags`` (0 or ``TRITONSERVER_RESPONSE_COMPLETE_FINAL``)."""
@@ -210,6 +211,10 @@ class InferenceResponseSender:
         """Whether FINAL was sent (or the sender was closed)."""
         return self._closed
 
+    def _is_taken(self) -> bool:
+        """Whether the model asked for this sender (``get_response_sender()``)."""
+        return self._taken
+
 
 class ResponseIterator:
     """The responses of a decoupled BLS call (``request.exec(decoupled=True)``).
@@ -225,6 +230,7 @@ class ResponseIterator:
         self._responses: list[InferenceResponse] = []
         self._next = 0
         self._finished = False
+        self._first = threading.Event()
 
     def __iter__(self) -> Iterator[InferenceResponse]:
         if self._finished:
@@ -244,11 +250,20 @@ class ResponseIterator:
         return response
 
     def cancel(self) -> None:
-        """Cancel the called model's request: its ``is_cancelled()`` turns true, and this
-        iteration ends with a CANCELLED error response. Does nothing once the call finished."""
+        """Cancel the called model's request, as in Triton: its ``is_cancelled()`` turns true
+        and the iteration goes on with whatever it still sends (a model that honours the
+        cancel ends with a CANCELLED error response; one that ignores it runs to its end). A
+        call whose request has not started yet ends at once with a CANCELLED error response.
+        Does nothing once the call finished."""
         if self._cancel is not None:
             self._cancel()
 
     def _push(self, response: InferenceResponse | None, final: bool) -> None:
         """Queue one response (``None``: a flags-only FINAL, seen as an empty response)."""
         self._pending.put((InferenceResponse() if response is None else response, final))
+        self._first.set()
+
+    def _wait_first(self) -> None:
+        """Block until the first response has come (Triton's exec returns the iterator then,
+        so an ``async_exec`` awaits it and iterating does not block the model's loop)."""
+        self._first.wait()

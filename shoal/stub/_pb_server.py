@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import enum
+import itertools
+import weakref
 from typing import Any, Protocol
 
 from shoal.stub._pb_errors import TritonModelException
@@ -171,11 +173,25 @@ class Metric:
             raise TritonModelException(
                 "Failed to create metric. Only histogram metrics take buckets"
             )
-        self._family = family  # a family must outlive its metrics
+        bounds = None if buckets is None else [float(b) for b in buckets]
+        if bounds and any(high <= low for low, high in itertools.pairwise(bounds)):
+            raise TritonModelException(
+                f"Failed to create metric. Histogram buckets must be in strictly ascending "
+                f"order, got {bounds}"
+            )
+        # As in Triton, a metric does not keep its family alive: once the model drops the
+        # family (and the server with it), the metric's operations raise.
+        self._family = weakref.ref(family)
+        self._backend = family._backend
         self._kind = family._kind
         values = {str(k): str(v) for k, v in (labels or {}).items()}
-        bounds = None if buckets is None else [float(b) for b in buckets]
         self._id = family._backend.new_metric(family._id, values, bounds)
+
+    def _check_family(self) -> None:
+        if self._family() is None:
+            raise TritonModelException(
+                "Invalid metric operation as the corresponding 'MetricFamily' has been deleted."
+            )
 
     def increment(self, value: float) -> None:
         if self._kind is _MetricKind.HISTOGRAM:
@@ -186,31 +202,35 @@ class Metric:
             raise TritonModelException(
                 "Failed to increment metric value. Counters only increase: the value must be >= 0"
             )
-        self._family._backend.update(self._id, "increment", float(value))
+        self._check_family()
+        self._backend.update(self._id, "increment", float(value))
 
     def set(self, value: float) -> None:
         if self._kind is not _MetricKind.GAUGE:
             raise TritonModelException("Failed to set metric value. Only gauges can be set")
-        self._family._backend.update(self._id, "set", float(value))
+        self._check_family()
+        self._backend.update(self._id, "set", float(value))
 
     def observe(self, value: float) -> None:
         if self._kind is not _MetricKind.HISTOGRAM:
             raise TritonModelException(
                 "Failed to observe metric value. Only histograms take observations"
             )
-        self._family._backend.update(self._id, "observe", float(value))
+        self._check_family()
+        self._backend.update(self._id, "observe", float(value))
 
     def value(self) -> float:
         if self._kind is _MetricKind.HISTOGRAM:
             raise TritonModelException(
                 "Failed to get metric value. Histograms have no single value"
             )
-        return float(self._family._backend.value(self._id))
+        self._check_family()
+        return float(self._backend.value(self._id))
 
     def __del__(self) -> None:
-        family = getattr(self, "_family", None)
-        if family is not None:
+        backend = getattr(self, "_backend", None)
+        if backend is not None:
             try:
-                family._backend.delete_metric(self._id)
+                backend.delete_metric(self._id)
             except Exception:
                 pass

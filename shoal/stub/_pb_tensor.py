@@ -64,6 +64,8 @@ class Tensor:
     __slots__ = ("_data", "_dtype", "_gpu", "_name", "_object_view")
 
     def __init__(self, name: str, array: np.ndarray) -> None:
+        if array is None:  # Triton converts the arguments first: None is no NumPy array
+            raise TypeError(f"tensor {name!r}: expected a NumPy array, got None")
         self._name = _check_name(name)
         if not isinstance(array, np.ndarray):
             array = np.asarray(array)

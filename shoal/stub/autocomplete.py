@@ -1,22 +1,27 @@
-"""``python -m shoal.stub.autocomplete MODEL_FILE``: run a model's ``auto_complete_config``.
+"""``python -m shoal.stub.autocomplete MODEL_FILE [RUNTIME_FILE]``: run ``auto_complete_config``.
 
 Triton runs it at load, in a throw-away process, before any instance starts. The configuration
 as written comes in as JSON on stdin; the completed one goes out as JSON on stdout. Any failure
-exits non-zero with the reason on stderr, which becomes the model's load error.
+exits non-zero with the reason on stderr, which becomes the model's load error. MODEL_FILE is
+the version's ``model.py`` (``get_model_dir()`` is its directory, as in ``execute``);
+RUNTIME_FILE, when given, is the ``model.py`` of the model's Python-based backend, which runs
+instead.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import traceback
 
 from shoal.stub import loader, pb_utils
 
 
-def complete(model_file: str, config_json: str) -> dict[str, object]:
+def complete(model_file: str, config_json: str, runtime_file: str = "") -> dict[str, object]:
     loader.install_pb_utils()
-    module = loader.import_model_module(model_file)
+    pb_utils._set_model_dir(os.path.dirname(model_file))
+    module = loader.import_model(model_file, runtime_file)
     model_class = getattr(module, "TritonPythonModel", None)
     if model_class is None:
         raise AttributeError(f"Python model '{model_file}' does not define 'TritonPythonModel'")
@@ -36,11 +41,14 @@ def complete(model_file: str, config_json: str) -> dict[str, object]:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        print("usage: python -m shoal.stub.autocomplete MODEL_FILE < config.json", file=sys.stderr)
+    if len(args) not in (1, 2):
+        print(
+            "usage: python -m shoal.stub.autocomplete MODEL_FILE [RUNTIME_FILE] < config.json",
+            file=sys.stderr,
+        )
         return 2
     try:
-        completed = complete(args[0], sys.stdin.read())
+        completed = complete(args[0], sys.stdin.read(), args[1] if len(args) > 1 else "")
     except BaseException:
         print(traceback.format_exc().rstrip(), file=sys.stderr)
         return 1

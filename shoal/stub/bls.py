@@ -161,6 +161,7 @@ class BlsClient:
                 daemon=True,
                 name=f"bls-stream-{call_id}",
             ).start()
+            iterator._wait_first()
             return iterator
         try:
             reply = self._pump.next_reply(call_id)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import inspect
 import logging
 import threading
@@ -30,7 +31,7 @@ from shoal.ipc.tensor import (
 from shoal.stub import pb_utils
 from shoal.stub.bls import calling_requests
 from shoal.stub.gpu_tensors import CudaPoolRefused
-from shoal.stub.memory import RegionTooSmall
+from shoal.stub.memory import RegionShrunk, RegionTooSmall
 from shoal.stub.tensors_out import TensorWriter, Written
 
 FINAL = 1
@@ -91,6 +92,10 @@ class BatchExecutor:
         # starts (so the set only holds requests still in the ring).
         self._newest_key = 0
         self._cancelled_early: set[int] = set()
+        # Default-mode requests whose execute returned without their response, which the
+        # model sends later through the request's sender: key -> called when it arrives.
+        self._late: dict[int, Callable[[], None]] = {}
+        self._late_lock = threading.Lock()
 
     def cancel(self, keys: list[int]) -> None:
         """The supervisor says these requests' clients went away (any thread)."""
@@ -203,13 +208,19 @@ class BatchExecutor:
     def _send_finished(self, batch: _Batch, done: concurrent.futures.Future[Any]) -> None:
         error = done.exception()
         if error is not None:
-            result = self._failed(batch, self.failure(f"{type(error).__name__}: {error}"))
+            result: msg.Result | None = self._failed(
+                batch, self.failure(f"{type(error).__name__}: {error}")
+            )
         else:
             result = self._finish(batch, done.result())
+        if result is not None:
+            self._send_result(result)
+
+    def _send_result(self, result: msg.Result) -> None:
         try:
             self.send(result)
         except Exception:
-            log.exception("could not send the result of an async execute")
+            log.exception("could not send the result of an execute")
 
     def _failed(self, batch: _Batch, text: str) -> msg.Result:
         self._untrack([r.key for r in batch.execute.requests])
@@ -224,7 +235,9 @@ class BatchExecutor:
         timings = (batch.t1 - batch.t0, t2 - batch.t1, 0)
         return msg.Result(batch.execute.batch_id, records, timings)
 
-    def _finish(self, batch: _Batch, result: Any) -> msg.Result:
+    def _finish(self, batch: _Batch, result: Any) -> msg.Result | None:
+        """The batch's Result; None when responses are still to come through senders (the
+        Result goes up once the last of them arrives)."""
         try:
             responses = self._check_return(result, len(batch.requests))
             rescheduled = self._rescheduled(batch.requests, responses)
@@ -237,6 +250,40 @@ class BatchExecutor:
                 zip(responses, batch.requests, batch.sent, strict=True)
             )
         ]
+        waiting = [
+            i
+            for i, (response, request) in enumerate(zip(responses, batch.requests, strict=True))
+            if response is None and i not in rescheduled and request._awaits_sender()
+        ]
+        if waiting and not self._wait_for_senders(batch, responses, rescheduled, waiting):
+            return None
+        return self._result(batch, responses, rescheduled)
+
+    def _wait_for_senders(
+        self, batch: _Batch, responses: list[Any], rescheduled: list[int], waiting: list[int]
+    ) -> bool:
+        """Triton's default-mode sender may answer after execute returned (from a thread): the
+        batch's Result waits for those responses. True if they are all here already."""
+        remaining: set[int] = set()
+
+        def arrived(position: int) -> None:
+            with self._late_lock:
+                responses[position] = batch.sent[position][0]
+                remaining.discard(position)
+                done = not remaining
+            if done:
+                self._send_result(self._result(batch, responses, rescheduled))
+
+        with self._late_lock:
+            for i in waiting:
+                if batch.sent[i]:
+                    responses[i] = batch.sent[i][0]
+                else:
+                    remaining.add(i)
+                    self._late[batch.execute.requests[i].key] = functools.partial(arrived, i)
+            return not remaining  # decided under the lock: else arrived() sends the Result
+
+    def _result(self, batch: _Batch, responses: list[Any], rescheduled: list[int]) -> msg.Result:
         t2 = time.perf_counter_ns()
         records = [
             msg.ResponseRecord() if i in rescheduled else self.record(resp, record)
@@ -251,10 +298,10 @@ class BatchExecutor:
         positions = [i for i, r in enumerate(requests) if r._release_flags() == RESCHEDULE]
         for i in positions:
             if responses[i] is not None:
-                raise ExecuteError(
+                raise ExecuteError(  # Triton's words, its spelling ("reschduled") included
                     self.failure(
                         "Expected a None object in the execute function return list for "
-                        f"rescheduled request, found type '{type(responses[i]).__name__}'."
+                        f"reschduled request, found type '{type(responses[i]).__name__}'."
                     )
                 )
         return positions
@@ -272,10 +319,16 @@ class BatchExecutor:
         if self.decoupled:
             deliver = self._stream_to(record)
         else:
+            key = record.key
 
             def deliver(response: Any, flags: int) -> None:
-                if response is not None:
+                if response is None:
+                    return
+                with self._late_lock:
                     delivered.append(response)
+                    late = self._late.pop(key, None)
+                if late is not None:
+                    late()
 
         return pb_utils.InferenceRequest._from_server(
             request_id=record.request_id,
@@ -379,7 +432,9 @@ class BatchExecutor:
             self._fail_open(requests, records, self.failure(f"{type(error).__name__}: {error}"))
 
     def _fail_open(self, requests: list[Any], records: list[msg.RequestRecord], text: str) -> None:
-        """Send an error as the final response of every request whose sender is still open."""
+        """Send an error as the final response of every request whose sender is still open;
+        an error no client can receive any more (every sender sent FINAL) goes to the log."""
+        delivered = False
         for request, record in zip(requests, records, strict=True):
             sender = request.get_response_sender()
             if not sender._is_closed():
@@ -387,11 +442,16 @@ class BatchExecutor:
                 self._untrack([record.key])
                 error = msg.ResponseRecord(error=("INTERNAL", text))
                 self.send(msg.Response(record.key, error, True))
+                delivered = True
+        if not delivered:
+            pb_utils.Logger.log_error(text)
 
     def failure(self, text: str) -> str:
         return f"Failed to process the request(s) for model '{self.instance}', message: {text}"
 
     def _check_return(self, result: Any, count: int) -> list[Any]:
+        if result is None:  # every request is answered through its response sender
+            return [None] * count
         if not isinstance(result, list):
             raise ExecuteError(
                 self.failure(
@@ -417,9 +477,20 @@ class BatchExecutor:
         return result
 
     def _settle(self, returned: Any, request: Any, delivered: list[Any]) -> Any:
-        """The one response of a request: returned from execute, or sent through its sender."""
+        """The one response of a request: returned from execute, or sent through its sender.
+        One sent with FINAL and also returned: the sent one, as in Triton (the sender was
+        closed; the returned one is dropped with a warning)."""
         if returned is None:
             return delivered[0] if delivered else None
+        if delivered and request.get_response_sender()._is_closed():
+            log.warning(
+                "%s",
+                self.failure(
+                    "a response was returned for a request whose response sender already "
+                    "sent its response and the final flag: the returned one is dropped"
+                ),
+            )
+            return delivered[0]
         try:
             request.get_response_sender()._mark_returned(returned)
         except pb_utils.TritonModelException as error:
@@ -463,7 +534,7 @@ class BatchExecutor:
         except (ArenaExhausted, CudaPoolRefused) as error:
             self.writer.free(written)
             return msg.ResponseRecord(error=("RESOURCE_EXHAUSTED", self.failure(str(error))))
-        except RegionTooSmall as error:
+        except (RegionTooSmall, RegionShrunk) as error:
             self.writer.free(written)
             return msg.ResponseRecord(error=("INVALID_ARG", str(error)))
         except (TypeError, ValueError) as error:

@@ -40,6 +40,25 @@ def import_model_module(model_file: str) -> ModuleType:
     return importlib.import_module(f"{package}.{stem}")
 
 
+def import_backend_module(runtime_file: str) -> ModuleType:
+    """Import a Python-based backend's ``model.py`` as Triton does: as the top-level module
+    ``model``, with the backend's directory on ``sys.path`` (for its sibling modules)."""
+    if not os.path.isfile(runtime_file):
+        raise FileNotFoundError(f"Python-based backend file not found: '{runtime_file}'")
+    backend_dir = os.path.dirname(os.path.abspath(runtime_file))
+    if backend_dir not in sys.path:
+        sys.path.append(backend_dir)
+    return importlib.import_module(os.path.splitext(os.path.basename(runtime_file))[0])
+
+
+def import_model(model_file: str, runtime_file: str = "") -> ModuleType:
+    """The module of a model: its backend's ``model.py`` if it has a Python-based backend,
+    else its own ``model.py``."""
+    if runtime_file:
+        return import_backend_module(runtime_file)
+    return import_model_module(model_file)
+
+
 def instantiate(module: ModuleType, model_file: str) -> Any:
     """Create the module's ``TritonPythonModel`` and check it can execute."""
     model_class = getattr(module, "TritonPythonModel", None)
@@ -51,10 +70,11 @@ def instantiate(module: ModuleType, model_file: str) -> Any:
     return model
 
 
-def create_model(model_file: str, args: Mapping[str, str]) -> Any:
+def create_model(model_file: str, args: Mapping[str, str], runtime_file: str = "") -> Any:
     """The model object of an instance: the built-in model class of the configuration's backend
-    (``onnxruntime``, ``pytorch``), or else the ``TritonPythonModel`` of ``model.py``."""
+    (``onnxruntime``, ``pytorch``), or else the ``TritonPythonModel`` of ``model.py`` (the
+    backend's, for a Python-based backend)."""
     backend = backends.builtin_backend(args)
     if backend is not None:
         return backends.create_model(backend, model_file)
-    return instantiate(import_model_module(model_file), model_file)
+    return instantiate(import_model(model_file, runtime_file), runtime_file or model_file)

@@ -93,6 +93,11 @@ def kept_view(datatype: str, shape: tuple[int, ...], view: memoryview, keeper: A
     return buffer_to_numpy(datatype, shape, memoryview(holder).cast("B"), readonly=True)
 
 
+class RegionShrunk(ValueError):
+    """A client's shared-memory object no longer holds a window it registered (INVALID_ARG:
+    the client's doing)."""
+
+
 class ClientRegions:
     """Clients' registered shared-memory regions, mapped on first use and cached.
 
@@ -124,8 +129,18 @@ class ClientRegions:
                 entry = self._map(location.region)
             self._maps.move_to_end(location.region)
         size = len(entry[0])
-        if location.offset < 0 or location.offset + location.nbytes > size:
+        end = location.offset + location.nbytes
+        if location.offset < 0 or end > size:
             raise ValueError(f"{location} lies outside the {size}-byte region")
+        # The client may have shrunk its object since: touching the mapping past the object's
+        # end now would kill this stub with SIGBUS. (It can still shrink it while the model
+        # reads: then only this stub dies, and restarts; the supervisor never maps it.)
+        now = os.fstat(entry[1]).st_size
+        if end > now:
+            raise RegionShrunk(
+                f"the client's shared-memory object '{location.region.split(':', 1)[1]}' was "
+                f"shrunk to {now} bytes: bytes {location.offset} to {end} are gone"
+            )
         return entry
 
     def _map(self, region: str) -> tuple[mmap.mmap, int]:

@@ -176,7 +176,7 @@ class StubRuntime:
         loader.install_pb_utils()
         pb_utils._set_model_dir(os.path.dirname(init.model_file))
         pb_utils._set_log_sink(self._log_sink)
-        self.model = loader.create_model(init.model_file, init.args)
+        self.model = loader.create_model(init.model_file, init.args, init.runtime_file)
         initialize = getattr(self.model, "initialize", None)
         if initialize is not None:
             result = initialize(dict(init.args))

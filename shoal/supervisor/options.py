@@ -83,8 +83,11 @@ class ServerOptions:
     grpc_http2_stream_reset_burst: int = 1000
     grpc_http2_stream_reset_rate: float = 33.0
     grpc_http2_max_empty_frames: int = 1000
+    grpc_read_timeout_secs: float = 60.0
     arenas: ArenaOptions = field(default_factory=ArenaOptions)
     backend_config: tuple[tuple[str, str, str], ...] = ()
+    #: ``--backend-directory``: where Python-based backends live (``<dir>/<name>/model.py``).
+    backend_directory: str = "/opt/tritonserver/backends"
     #: ``--cuda-memory-pool-byte-size``: the limit of each device's CUDA pool, by device.
     cuda_pool_limits: tuple[tuple[int, int], ...] = ()
     #: ``--cache-config local,size=N``: the response cache's size in bytes (0: no cache).

@@ -214,3 +214,202 @@ def test_exec_decoupled_on_a_model_that_is_not_decoupled_yields_its_one_response
     assert len(seen) == 2  # one response from the iterator, then the refused call's error
     assert seen[0] == [1, 2]  # caller's response: what its own decoupled call saw
     assert seen[1].startswith("Model sender is using the decoupled."), seen[1]
+
+
+RAISE_AFTER_FINAL = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            out = pb_utils.Tensor("OUT", np.array([7], dtype=np.int32))
+            request.get_response_sender().send(
+                pb_utils.InferenceResponse([out]),
+                flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
+            )
+        raise RuntimeError("raised after the final response")
+"""
+
+
+def test_an_exception_after_the_final_response_is_logged(tmp_path):
+    _write(tmp_path, "late_raise", DECOUPLED_CONFIG, RAISE_AFTER_FINAL)
+    with ShoalServer(tmp_path) as running:
+        results: queue.Queue = queue.Queue()
+        client = grpcclient.InferenceServerClient(running.grpc_url)
+        client.start_stream(callback=lambda result, error: results.put((result, error)))
+        client.async_stream_infer("late_raise", _mode(grpcclient, 0))
+        result, error = results.get(timeout=30)
+        assert error is None and int(result.as_numpy("OUT")[0]) == 7
+        client.stop_stream()
+        client.close()
+        running.stop()
+        log = running.output
+    assert "RuntimeError: raised after the final response" in log, log
+
+
+DELAYED = """
+import time
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            time.sleep(1.0)
+            out = pb_utils.Tensor("OUT", np.array([5], dtype=np.int32))
+            request.get_response_sender().send(
+                pb_utils.InferenceResponse([out]),
+                flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
+            )
+        return None
+"""
+
+# While one coroutine awaits a decoupled async_exec, the model's event loop runs the others:
+# the call resolves once the first response is there, so iterating it does not block the loop.
+ASYNC_CALLER = """
+import asyncio
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    async def execute(self, requests):
+        events = []
+
+        async def call():
+            request = pb_utils.InferenceRequest(
+                model_name="delayed",
+                inputs=[pb_utils.Tensor("IN", np.array([0], dtype=np.int32))],
+                requested_output_names=["OUT"],
+            )
+            responses = await request.async_exec(decoupled=True)
+            for response in responses:
+                events.append(int(response.output_tensors()[0].as_numpy()[0]))
+
+        async def other():
+            await asyncio.sleep(0.2)
+            events.append("other")
+
+        await asyncio.gather(call(), other())
+        out = np.array([json.dumps(events).encode()], dtype=np.object_)
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", out)]) for _ in requests]
+"""
+
+
+def test_a_decoupled_async_exec_resolves_with_its_first_response(tmp_path):
+    _write(tmp_path, "delayed", DECOUPLED_CONFIG, DELAYED)
+    _write(tmp_path, "async_caller", PLAIN_CONFIG, ASYNC_CALLER)
+    with ShoalServer(tmp_path) as running:
+        client = httpclient.InferenceServerClient(running.url)
+        result = client.infer("async_caller", _mode(httpclient, 0))
+        client.close()
+    assert json.loads(result.as_numpy("OUT")[0]) == ["other", 5]
+
+
+# IN 1: ignores cancellation (sends 5 responses whatever happens); IN 0: honours it with a
+# CANCELLED error response. Each response's OUT says whether it saw the request cancelled.
+STUBBORN = """
+import time
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            ignore = bool(pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()[0])
+            sender = request.get_response_sender()
+            final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+            for index in range(5):
+                if index == 2:  # the caller cancels after two responses: wait until it has
+                    deadline = time.monotonic() + 20
+                    while not request.is_cancelled() and time.monotonic() < deadline:
+                        time.sleep(0.01)
+                if request.is_cancelled() and not ignore:
+                    error = pb_utils.TritonError("stopped", pb_utils.TritonError.CANCELLED)
+                    sender.send(pb_utils.InferenceResponse(error=error), flags=final)
+                    break
+                seen = np.array([int(request.is_cancelled())], dtype=np.int32)
+                sender.send(
+                    pb_utils.InferenceResponse([pb_utils.Tensor("OUT", seen)]),
+                    flags=final if index == 4 else 0,
+                )
+        return None
+"""
+
+CANCELLING = """
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        results = []
+        for request in requests:
+            call = pb_utils.InferenceRequest(
+                model_name="stubborn",
+                inputs=[pb_utils.get_input_tensor_by_name(request, "IN")],
+                requested_output_names=["OUT"],
+            )
+            responses = call.exec(decoupled=True)
+            seen = []
+            for response in responses:
+                if response.has_error():
+                    seen.append(pb_utils.TritonError.CANCELLED == response.error().code())
+                    continue
+                seen.append(int(response.output_tensors()[0].as_numpy()[0]))
+                if len(seen) == 2:
+                    responses.cancel()
+            out = np.array([json.dumps(seen).encode()], dtype=np.object_)
+            results.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", out)]))
+        return results
+"""
+
+
+def test_response_iterator_cancel_lets_the_called_model_decide(tmp_path):
+    _write(tmp_path, "stubborn", DECOUPLED_CONFIG, STUBBORN)
+    _write(tmp_path, "cancelling", PLAIN_CONFIG, CANCELLING)
+    with ShoalServer(tmp_path) as running:
+        client = httpclient.InferenceServerClient(running.url)
+        try:
+            ignored = client.infer("cancelling", _mode(httpclient, 1)).as_numpy("OUT")[0]
+            honoured = client.infer("cancelling", _mode(httpclient, 0)).as_numpy("OUT")[0]
+        finally:
+            client.close()
+    # Ignored: every response still arrives, the later ones sent after the cancel.
+    assert json.loads(ignored) == [0, 0, 1, 1, 1]
+    # Honoured: the model's own CANCELLED error response ends the iteration.
+    assert json.loads(honoured) == [0, 0, True]
+
+
+def test_triton_grpc_error_metadata_ends_the_stream_with_the_errors_status(server):
+    """With ``triton_grpc_error: true`` (Triton's stream metadata) the first error ends the
+    stream with its gRPC status; nothing after it arrives."""
+    results: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(
+        callback=lambda result, error: results.put((result, error)),
+        headers={"triton_grpc_error": "true"},
+    )
+    try:
+        client.async_stream_infer("sender", _mode(grpcclient, 0))
+        result, error = results.get(timeout=30)
+        assert error is None and int(result.as_numpy("OUT")[0]) == 1
+        result, error = results.get(timeout=30)
+        assert error is not None, result
+        assert str(error.status()) == "StatusCode.INTERNAL"
+        assert "midway" in error.message()
+        with pytest.raises(queue.Empty):
+            results.get(timeout=1.0)  # the stream is closed: no more data, no FINAL
+    finally:
+        client.stop_stream()
+        client.close()

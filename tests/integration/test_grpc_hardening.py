@@ -38,6 +38,7 @@ pytestmark = pytest.mark.timeout(120)
 MIB = 1 << 20
 ENHANCE_YOUR_CALM = 0xB
 RESOURCE_EXHAUSTED = "8"
+READ_TIMEOUT = 1.5
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +54,8 @@ def server():
         "100",
         "--grpc-max-message-size",
         str(16 * MIB),
+        "--grpc-read-timeout-secs",
+        str(READ_TIMEOUT),
     )
     with ShoalServer(BUNDLED, extra_args=args) as srv:
         yield srv
@@ -324,3 +327,55 @@ def test_a_request_too_long_to_walk_is_still_served_right(server):
         status, message, reply = _call(raw, 1, request.SerializeToString())
     assert status == "0", message
     np.testing.assert_array_equal(output_array(reply, np.int32), data)
+
+
+# --- half-sent connections ------------------------------------------------------------------------
+
+
+def _dropped_after(sock: socket.socket) -> float:
+    """Seconds until the server drops the connection (reading whatever it sends first)."""
+    started = time.monotonic()
+    sock.settimeout(READ_TIMEOUT + 10)
+    try:
+        while sock.recv(65536):
+            pass
+    except ConnectionResetError:
+        pass
+    return time.monotonic() - started
+
+
+@pytest.mark.parametrize("half", ["preface", "frame", "message"])
+def test_a_half_sent_connection_is_dropped_after_the_read_timeout(server, half):
+    with socket.create_connection(("127.0.0.1", server.grpc_port)) as sock:
+        if half == "preface":
+            sock.sendall(PREFACE[:10])
+        else:
+            sock.sendall(PREFACE + SettingsFrame(0).serialize())
+            if half == "frame":
+                sock.sendall(b"\x00\x00\x64\x00\x00\x00\x00\x00\x01" + b"x" * 10)
+            else:
+                with RawClient(server.grpc_port) as encoder:  # only for its HPACK encoder
+                    block = encoder.block(request_headers(server.grpc_port))
+                sock.sendall(
+                    HeadersFrame(1, data=block, flags=["END_HEADERS"]).serialize()
+                    + DataFrame(1, data=struct.pack(">BI", 0, 100) + b"x" * 10).serialize()
+                )
+        waited = _dropped_after(sock)
+    assert READ_TIMEOUT * 0.9 <= waited < READ_TIMEOUT + 8, f"{waited:.1f} s"
+    _served(server)
+
+
+def test_an_idle_connection_is_kept(server):
+    # Nothing half-sent: gRPC clients keep their channels open between calls.
+    data = np.arange(2, dtype=np.int32)
+    with RawClient(server.grpc_port, timeout=10) as raw:
+        deadline = time.monotonic() + READ_TIMEOUT * 2 + 1
+        while time.monotonic() < deadline:
+            raw.sock.settimeout(0.5)
+            try:
+                assert raw.sock.recv(1, socket.MSG_PEEK) != b"", "the server closed it"
+            except TimeoutError:
+                pass
+        raw.sock.settimeout(10)
+        status, message, _ = _call(raw, 1, identity_request(data))
+    assert status == "0", message

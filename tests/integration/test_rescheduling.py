@@ -62,7 +62,10 @@ def test_default_model_reschedules_and_answers_once(server):
 
 def test_response_for_a_rescheduled_request_is_an_error(server):
     client = httpclient.InferenceServerClient(server.url)
-    with pytest.raises(InferenceServerException, match="Expected a None object"):
+    with pytest.raises(
+        InferenceServerException,
+        match="Expected a None object in the execute function return list for reschduled request",
+    ):
         client.infer("iterative_default", _in(httpclient, -1))
     client.close()
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
@@ -102,7 +104,7 @@ def test_registering_an_unknown_key_fails_clearly(protocol):
 def test_allow_client_shm_false_refuses_register_and_unregister_as_triton():
     """``--allow-client-shm=false``: register and unregister answer Triton's UNSUPPORTED error
     on both protocols, the status calls still answer, and no region gets registered."""
-    key = "/shoal_test_disallowed"
+    key = f"/shoal_test_disallowed_{os.getpid()}"
     handle = shm.create_shared_memory_region("disallowed", key, 64)
     try:
         with ShoalServer(BUNDLED, extra_args=("--allow-client-shm=false",)) as srv:

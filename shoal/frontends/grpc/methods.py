@@ -212,14 +212,24 @@ def _guarded(
     return handle
 
 
+def _closes_on_error(context: CallContext) -> bool:
+    """Triton's ``triton_grpc_error: true`` stream metadata: an error ends the stream with
+    its gRPC status."""
+    for key, value in context.invocation_metadata() or ():
+        if key.lower() == "triton_grpc_error":
+            return str(value).strip().lower() == "true"
+    return False
+
+
 def _guarded_stream(
-    behavior: Callable[[AsyncIterable[bytes]], AsyncGenerator[bytes, None]],
+    behavior: Callable[..., AsyncGenerator[bytes, None]],
     restrictions: Restrictions,
 ) -> Callable[[AsyncIterable[bytes], Any], AsyncIterator[bytes]]:
     async def handle(requests: AsyncIterable[bytes], context: CallContext) -> AsyncIterator[bytes]:
         try:
             _check(restrictions, GRPC_GROUPS["ModelStreamInfer"], context)
-            async with contextlib.aclosing(behavior(requests)) as replies:
+            close = _closes_on_error(context)
+            async with contextlib.aclosing(behavior(requests, close_on_error=close)) as replies:
                 async for reply in replies:
                     yield reply
             return

@@ -57,6 +57,8 @@ UNIMPLEMENTED = Status.UNIMPLEMENTED
 STREAM_BACKLOG = 1 << 20
 #: A compressed message smaller than this is inflated on the event loop (at most ~1 MiB out).
 _INFLATE_INLINE = 1024
+#: What one zlib call inflates, at most.
+_INFLATE_PIECE = 1 << 20
 #: A message announcing at most this many bytes gets its buffer at once; a larger one's grows as
 #: its bytes arrive.
 _PREALLOCATE = 64 * 1024
@@ -103,7 +105,9 @@ class _Inbox:
     """The request messages of a streaming call, as an async iterator; compressed ones are
     inflated as they are taken, off the event loop when large (:func:`_inflate`)."""
 
-    def __init__(self, inflate: Callable[[bytes | bytearray], Awaitable[bytes]]) -> None:
+    def __init__(
+        self, inflate: Callable[[bytes | bytearray], Awaitable[bytes | bytearray]]
+    ) -> None:
         self._items: deque[bytes | bytearray | _Compressed | None] = deque()  # None: no more
         self._waiter: asyncio.Future[None] | None = None
         self._inflate = inflate
@@ -214,6 +218,9 @@ class _Call(StreamHandler):
     def trailers_received(self) -> None:
         self._requests_end()
 
+    def mid_message(self) -> bool:
+        return not self._done and (self._message is not None or bool(self._prefix))
+
     def reset(self) -> None:
         """The client cancelled the call, or its connection is gone: stop the work."""
         self._done = True
@@ -278,7 +285,7 @@ class _Call(StreamHandler):
         else:
             self._fail(UNIMPLEMENTED, "more than one request message for a unary method")
 
-    async def _inflate(self, message: bytes | bytearray) -> bytes:
+    async def _inflate(self, message: bytes | bytearray) -> bytes | bytearray:
         """Inflate a compressed message, refusing past the message size limit while inflating
         (a small "zip bomb" costs at most the limit); off the event loop unless small."""
         wbits = 16 + zlib.MAX_WBITS if self._encoding == b"gzip" else zlib.MAX_WBITS
@@ -582,10 +589,24 @@ class NativeGrpcServer:
         return call
 
 
-def _inflate(message: bytes | bytearray, wbits: int, limit: int) -> bytes | None:
-    """``message`` inflated; None past ``limit`` bytes (zlib stops one byte after it)."""
-    out = zlib.decompressobj(wbits).decompress(message, limit + 1)
-    return None if len(out) > limit else out
+def _inflate(message: bytes | bytearray, wbits: int, limit: int) -> bytearray | None:
+    """``message`` inflated; None past ``limit`` bytes (checked after each piece).
+
+    Inflated a piece at a time into one growing buffer: zlib releases the GIL while it
+    inflates, but one call for the whole message would also assemble its output (a gigabyte
+    copy) with the GIL held, stalling the event loop for seconds.
+    """
+    inflater = zlib.decompressobj(wbits)
+    out = bytearray()
+    pending: bytes | bytearray = message
+    while True:
+        piece = inflater.decompress(pending, _INFLATE_PIECE)
+        out += piece
+        if len(out) > limit:
+            return None
+        pending = inflater.unconsumed_tail
+        if not pending and len(piece) < _INFLATE_PIECE:
+            return out
 
 
 def _timeout_seconds(value: bytes) -> float | None:

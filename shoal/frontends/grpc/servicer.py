@@ -126,10 +126,24 @@ class Servicer:
         finally:
             response.release()  # the message is a copy: give the shared memory back
 
-    def model_stream_infer(self, requests: AsyncIterable[bytes]) -> AsyncGenerator[bytes, None]:
-        return answer_stream(requests, self._stream_answer, self._closing)
+    def model_stream_infer(
+        self, requests: AsyncIterable[bytes], *, close_on_error: bool = False
+    ) -> AsyncGenerator[bytes, None]:
+        """``close_on_error`` (the client's ``triton_grpc_error: true`` metadata, as in Triton):
+        the first error ends the whole stream with its gRPC status, instead of travelling in
+        a response's ``error_message``."""
+        answer = self._stream_answer_or_close if close_on_error else self._stream_answer
+        return answer_stream(requests, answer, self._closing)
 
-    async def _stream_answer(self, data: bytes | bytearray | memoryview) -> AsyncIterator[bytes]:
+    async def _stream_answer_or_close(
+        self, data: bytes | bytearray | memoryview
+    ) -> AsyncIterator[bytes]:
+        async for reply in self._stream_answer(data, close_on_error=True):
+            yield reply
+
+    async def _stream_answer(
+        self, data: bytes | bytearray | memoryview, *, close_on_error: bool = False
+    ) -> AsyncIterator[bytes]:
         """Every response of one request (several for a decoupled model), each sent as soon as
         the model sends it, with ``triton_final_response`` saying whether it is the last. A
         decoupled model that ends with the final flag alone ends the stream with an empty
@@ -143,6 +157,8 @@ class Servicer:
                 ended = response.final
                 if response.error is not None:  # one response of the stream: it goes on
                     response.release()
+                    if close_on_error:
+                        raise response.error
                     yield stream_error(response.error.message, decoded.request, final=ended)
                     continue
                 yield self._stream_reply(response, decoded, final=ended)
@@ -154,6 +170,8 @@ class Servicer:
             error = exc
         except Exception:
             error = unexpected("a streaming inference request")
+        if close_on_error:
+            raise error
         yield stream_error(error.message, None if decoded is None else decoded.request)
 
     @staticmethod

@@ -69,6 +69,9 @@ class FloodLimits:
     reset_burst: int = 1000
     reset_rate: float = 33.0
     max_empty_frames: int = 1000
+    #: Seconds without a byte while something is half-sent (the preface, a frame, a header
+    #: block or a stream's message): then the connection is dropped (nginx's read timeouts).
+    read_timeout: float = 60.0
 
 
 #: Decoded header blocks remembered per connection.
@@ -84,6 +87,9 @@ class StreamHandler(Protocol):
 
     def reset(self) -> None:
         """The stream ended abnormally: the peer reset it, or the connection was lost."""
+
+    def mid_message(self) -> bool:
+        """Whether part of a request message has arrived and the rest is due."""
 
 
 class StreamOpener(Protocol):
@@ -162,11 +168,14 @@ class Http2Connection(asyncio.Protocol):
         self._reset_tokens = float(limits.reset_burst)
         self._reset_time = self._loop.time()
         self._empty_frames = 0
+        self._last_read = self._loop.time()
+        self._watch: asyncio.TimerHandle | None = None
         self.closed: asyncio.Future[None] = self._loop.create_future()
 
     # --- asyncio.Protocol ---------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._watch = self._loop.call_later(self._limits.read_timeout, self._check_reads)
         self._transport = cast(asyncio.Transport, transport)
         settings = {
             h2.SETTINGS_ENABLE_PUSH: 0,
@@ -179,6 +188,7 @@ class Http2Connection(asyncio.Protocol):
         self._write(h2.window_update(0, h2.MAX_WINDOW - h2.DEFAULT_WINDOW))
 
     def data_received(self, data: bytes) -> None:
+        self._last_read = self._loop.time()
         scheduled = self._flush_scheduled
         self._flush_scheduled = True  # what parsing writes leaves at the end of this call
         try:
@@ -216,7 +226,35 @@ class Http2Connection(asyncio.Protocol):
         self._writing_paused = False
         self._queued_replies = 0
 
+    def _check_reads(self) -> None:
+        """The connection's timer: drop it when something half-sent has stalled (see
+        FloodLimits.read_timeout). Idle connections stay: gRPC clients keep theirs for long."""
+        self._watch = None
+        if self._transport is None:
+            return
+        timeout = self._limits.read_timeout
+        now = self._loop.time()
+        if now - self._last_read >= timeout and self._half_sent():
+            log.debug("HTTP/2 connection dropped: nothing read for %g s mid-request", timeout)
+            self._abort_streams()
+            self._transport.abort()
+            return
+        self._watch = self._loop.call_later(
+            max(self._last_read + timeout - now, 1.0), self._check_reads
+        )
+
+    def _half_sent(self) -> bool:
+        if not self._preface_seen or self._buffer or self._continuation is not None:
+            return True
+        return any(
+            stream.handler is not None and stream.handler.mid_message()
+            for stream in self._streams.values()
+        )
+
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+            self._watch = None
         self._transport = None
         self._abort_streams()
         if not self.closed.done():

@@ -87,9 +87,19 @@ def _numeric_array(name: str, datatype: str, data: list[Any]) -> np.ndarray:
         return values.astype(target, copy=False).reshape(-1)
 
 
+#: Elements of a JSON list converted by one NumPy call. A large list goes in slices: each call
+#: holds the GIL, and a request decoded in a thread (large JSON bodies) lets the event loop run
+#: between them.
+_SLICE = 1 << 16
+
+
 def _as_array(data: list[Any]) -> np.ndarray:
     try:
-        return np.asarray(data)
+        if len(data) <= _SLICE:
+            return np.asarray(data)
+        return np.concatenate(
+            [np.asarray(data[start : start + _SLICE]) for start in range(0, len(data), _SLICE)]
+        )
     except (ValueError, TypeError):
         # Ragged nesting such as [[1, 2], [3]]: Triton only counts elements, so flatten first.
         return np.asarray(_flatten(data))

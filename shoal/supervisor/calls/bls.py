@@ -3,7 +3,8 @@ scheduler like any request. Tensors pass by descriptor both ways (the caller rec
 the target's output segments); the target's blocks stay reserved until the caller drops the
 response (``BlsDone``) or dies. A cancelled call (``BlsCancel``: the caller's own request was
 cancelled, or the model called ``ResponseIterator.cancel()``) cancels the target's request as a
-client's cancel would, and answers the caller at once with a CANCELLED error."""
+client's cancel would. A decoupled model already running it decides how its stream ends (as in
+Triton); any other call is answered at once with a CANCELLED error."""
 
 from __future__ import annotations
 
@@ -53,6 +54,8 @@ class BlsRouter:
         self._tasks: dict[tuple[int, int], asyncio.Task[None]] = {}
         self._cancelled: set[tuple[int, int]] = set()
         self._open: dict[tuple[int, int], _OpenCall] = {}  # calls with one response
+        #: The request of each decoupled call to a decoupled model, once submitted.
+        self._streaming: dict[tuple[int, int], Work] = {}
         self._sending: set[asyncio.Future[None]] = set()
 
     def handle(self, caller: StubInstance, proc: StubChannel, call: msg.BlsCall) -> None:
@@ -66,10 +69,17 @@ class BlsRouter:
 
     def _finished(self, key: tuple[int, int]) -> None:
         self._tasks.pop(key, None)
+        self._streaming.pop(key, None)
         self._cancelled.discard(key)
 
     def cancel(self, proc: StubChannel, call_id: int) -> None:
-        """Cancel a call still running (a finished one is left alone)."""
+        """Cancel a call still running (a finished one is left alone).
+
+        A decoupled model that has started the call's request only sees it cancelled
+        (``is_cancelled()``), as in Triton: its responses keep coming to the caller's iterator
+        until it sends FINAL, early (honouring the cancel) or not. Any other call ends at once
+        with a CANCELLED error, its request dropped from the queue or flagged to the model.
+        """
         key = (proc.pid, call_id)
         if key in self._open:
             self._end_early(
@@ -77,9 +87,15 @@ class BlsRouter:
             )
             return
         task = self._tasks.get(key)
-        if task is not None and not task.done() and key not in self._cancelled:
-            self._cancelled.add(key)
-            task.cancel()
+        if task is None or task.done() or key in self._cancelled:
+            return
+        work = self._streaming.get(key)
+        if work is not None and work.on_cancel is not None:  # running in an instance
+            self._cancelled.add(key)  # once
+            work.cancel()
+            return
+        self._cancelled.add(key)
+        task.cancel()
 
     def done(self, proc: StubChannel, call_id: int) -> None:
         for completion in self._held.pop((proc.pid, call_id), []):
@@ -259,6 +275,7 @@ class BlsRouter:
         )
         if target.config.decoupled:
             work.stream = new_stream()
+            self._streaming[(proc.pid, call.call_id)] = work
         target.submit(work)
         held = self._held.setdefault((proc.pid, call.call_id), [])
         try:

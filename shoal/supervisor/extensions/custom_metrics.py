@@ -112,6 +112,8 @@ class CustomMetrics:
             series.holders -= 1
             if series.holders <= 0:
                 del family.series[key]
+            if family.holders <= 0 and not family.series:  # its family was deleted first
+                self._families.pop(family.name, None)
 
     def delete_family(self, owner: int, handle: int) -> None:
         family = self._family_handles.pop((owner, handle), None)
@@ -150,4 +152,6 @@ class CustomMetrics:
 
 
 def _le(bound: float) -> str:
-    return repr(float(bound))
+    """A bucket's bound as Triton's exporter writes it: ``1`` (not ``1.0``), ``0.1``, ``2.5``."""
+    value = float(bound)
+    return str(int(value)) if value.is_integer() else repr(value)

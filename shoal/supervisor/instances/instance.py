@@ -96,6 +96,8 @@ class InstanceSpec:
     model_file: str
     launch: StubLaunch
     output_arena: tuple[int, int, int]
+    #: A Python-based backend's ``model.py``, run instead of ``model_file``; "" for none.
+    runtime_file: str = ""
     restart_backoff: tuple[float, float] = (0.1, 5.0)
     #: Batches in one stub at once when the model's execute is ``async def``.
     async_concurrency: int = 8
@@ -330,6 +332,7 @@ class StubInstance:
             self.spec.model_file,
             proc.output_arena_id,
             self.spec.output_arena,
+            self.spec.runtime_file,
         )
         try:
             await proc.send_async(init)

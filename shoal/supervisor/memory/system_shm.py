@@ -1,14 +1,19 @@
 """Clients' system shared-memory regions (Triton's system shared-memory extension).
 
-Regions are POSIX shared-memory objects the client created and names by key. The supervisor maps
-each registered region once; request inputs are read from it and outputs written into it, with
-every offset and size checked against the registered window.
+Regions are POSIX shared-memory objects the client created and names by key. The supervisor
+keeps each registered object open but never maps it: the client owns the object and may shrink it
+at any time, and touching a mapped page past the end of a shrunk object raises SIGBUS, which would
+kill the server and every stub. So what the supervisor reads (BYTES inputs, whose elements it
+checks) or writes (an ensemble's outputs) goes through ``pread``/``pwrite``, which report a short
+object as a short count instead; and every window is checked against the object's size now
+(``fstat``), not only against the size it had when registered: a request for a window the object
+no longer holds fails with INVALID_ARGUMENT naming the region.
 """
 
 from __future__ import annotations
 
 import itertools
-import mmap
+import os
 from dataclasses import dataclass
 
 import posix_ipc
@@ -31,16 +36,17 @@ class AlreadyExists(ShoalError):
 
 
 @dataclass
-class _Mapped:
+class _Opened:
     region: SharedMemoryRegion
-    mapping: mmap.mmap
+    #: The object, open for the life of the registration (never mapped here: see above).
+    fd: int
     #: Unique per registration: a stub's cached mapping of an older registration of the same
     #: key (the client may have re-created the object) is never reused for a new one.
     generation: int
 
 
 class SharedMemoryRegistry:
-    """Registered regions by name; each mapped once for the life of its registration.
+    """Registered regions by name; each object open for the life of its registration.
 
     ``cuda`` holds the clients' CUDA regions; a name is unique across both kinds, as in Triton.
     ``allow_client=False`` (``--allow-client-shm=false``) refuses every register and unregister
@@ -50,7 +56,7 @@ class SharedMemoryRegistry:
     def __init__(
         self, cuda: CudaSharedMemoryRegistry | None = None, *, allow_client: bool = True
     ) -> None:
-        self._regions: dict[str, _Mapped] = {}
+        self._regions: dict[str, _Opened] = {}
         self._generations = itertools.count(1)
         self.cuda = cuda if cuda is not None else CudaSharedMemoryRegistry()
         self.allow_client = allow_client
@@ -62,9 +68,11 @@ class SharedMemoryRegistry:
     def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
         self._check_allowed()
         self._check_new(name)
-        if offset < 0 or byte_size < 0:
+        if offset < 0 or byte_size <= 0:
+            # Triton maps byte_size bytes, and mmap refuses a length of 0.
             raise InvalidArgument(
-                f"shared memory region '{name}': offset and byte_size must not be negative"
+                f"shared memory region '{name}': offset must not be negative and byte_size must "
+                f"be positive (got offset {offset}, byte_size {byte_size})"
             )
         posix_name = key if key.startswith("/") else "/" + key
         _check_key(name, key, posix_name)
@@ -75,16 +83,17 @@ class SharedMemoryRegistry:
                 f"Unable to open shared memory region: '{key}': {error}"
             ) from None
         try:
-            if offset + byte_size > shm.size:
+            size = os.fstat(shm.fd).st_size
+            if offset + byte_size > size:
                 raise InvalidArgument(
                     f"shared memory region '{name}': offset {offset} + byte_size {byte_size} "
-                    f"exceeds the size of '{key}' ({shm.size} bytes)"
+                    f"exceeds the size of '{key}' ({size} bytes)"
                 )
-            mapping = mmap.mmap(shm.fd, shm.size)
-        finally:
+        except BaseException:
             shm.close_fd()
+            raise
         region = SharedMemoryRegion(name, key, offset, byte_size)
-        self._regions[name] = _Mapped(region, mapping, next(self._generations))
+        self._regions[name] = _Opened(region, shm.fd, next(self._generations))
 
     def register_cuda(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> None:
         """Register a client's CUDA IPC handle (INVALID_ARGUMENT without GPUs, as Triton)."""
@@ -110,7 +119,7 @@ class SharedMemoryRegistry:
         for each in names:
             entry = self._regions.pop(each, None)
             if entry is not None:
-                _close(entry.mapping)
+                os.close(entry.fd)
 
     def status(self, name: str = "") -> list[SharedMemoryRegion]:
         if not name:
@@ -120,8 +129,37 @@ class SharedMemoryRegistry:
             raise NotFound(f"Unable to find system shared memory region: '{name}'")
         return [entry.region]
 
-    def view(self, name: str, offset: int, byte_size: int, *, what: str) -> memoryview:
-        """A window of a region; ``offset`` is relative to the registered offset."""
+    def read(self, name: str, offset: int, byte_size: int, *, what: str) -> memoryview:
+        """A copy of a window of a region; ``offset`` is relative to the registered offset."""
+        entry, start = self._present(name, offset, byte_size, what)
+        data = bytearray(byte_size)
+        view = memoryview(data)
+        done = 0
+        while done < byte_size:
+            count = os.preadv(entry.fd, [view[done:]], start + done)
+            if count == 0:  # shrunk since the check: the end of the object came first
+                raise self._shrunk(entry, name, start, byte_size, what)
+            done += count
+        return view
+
+    def write(self, name: str, offset: int, data: memoryview, *, what: str) -> None:
+        """Copy ``data`` into a window of a region. Should the client shrink the object between
+        the size check and the copy, ``pwrite`` grows it back where a mapping would fault."""
+        entry, start = self._present(name, offset, data.nbytes, what)
+        source = data.cast("B") if data.ndim != 1 or data.format != "B" else data
+        done = 0
+        while done < source.nbytes:
+            done += os.pwrite(entry.fd, source[done:], start + done)
+
+    def location(self, name: str, offset: int, byte_size: int, *, what: str) -> RegionLocation:
+        """Where a window of a region is, for a stub to map it itself (no copy)."""
+        entry, start = self._present(name, offset, byte_size, what)
+        key = entry.region.key if entry.region.key.startswith("/") else "/" + entry.region.key
+        return RegionLocation(f"{entry.generation}:{key}", start, byte_size)
+
+    def _present(self, name: str, offset: int, byte_size: int, what: str) -> tuple[_Opened, int]:
+        """The registration and the absolute start of a window that fits the registered region
+        and the object as it is now."""
         entry = self._regions.get(name)
         if entry is None:  # Triton's words and code (NOT_FOUND), then which tensor asked
             raise NotFound(
@@ -140,25 +178,24 @@ class SharedMemoryRegistry:
                 f"memory region '{name}' of {region.byte_size} bytes"
             )
         start = region.offset + offset
-        return memoryview(entry.mapping)[start : start + byte_size]
+        if start + byte_size > os.fstat(entry.fd).st_size:
+            raise self._shrunk(entry, name, start, byte_size, what)
+        return entry, start
 
-    def location(self, name: str, offset: int, byte_size: int, *, what: str) -> RegionLocation:
-        """Where a window of a region is, for a stub to map it itself (no copy)."""
-        self.view(name, offset, byte_size, what=what)  # bounds checks
-        entry = self._regions[name]
-        key = entry.region.key if entry.region.key.startswith("/") else "/" + entry.region.key
-        return RegionLocation(f"{entry.generation}:{key}", entry.region.offset + offset, byte_size)
+    @staticmethod
+    def _shrunk(
+        entry: _Opened, name: str, start: int, byte_size: int, what: str
+    ) -> InvalidArgument:
+        size = os.fstat(entry.fd).st_size
+        return InvalidArgument(
+            f"{what}: shared memory region '{name}' no longer holds bytes {start} to "
+            f"{start + byte_size}: its object '{entry.region.key}' was shrunk to {size} bytes "
+            "after it was registered"
+        )
 
     def close(self) -> None:
         self._unmap(list(self._regions))
         self.cuda.close()
-
-
-def _close(mapping: mmap.mmap) -> None:
-    try:
-        mapping.close()
-    except BufferError:
-        pass  # a view is still alive; the mapping goes when it does
 
 
 def _check_key(name: str, key: str, posix_name: str) -> None:

@@ -11,6 +11,7 @@ import asyncio
 import json
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 from shoal import config as model_config
@@ -32,19 +33,32 @@ def wants_auto_complete(model_file: Path) -> bool:
 
 
 async def auto_complete(
-    model_file: Path, proto: pb.ModelConfig, python: str = sys.executable
+    model_file: Path,
+    proto: pb.ModelConfig,
+    python: str = sys.executable,
+    *,
+    runtime: Path | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> pb.ModelConfig:
-    """The configuration after the model's ``auto_complete_config``; raises ConfigError."""
+    """The configuration after the model's ``auto_complete_config``; raises ConfigError.
+
+    ``model_file`` is the version's ``model.py`` (``get_model_dir()`` is its directory);
+    ``runtime`` the ``model.py`` of the model's Python-based backend, which runs instead;
+    ``python`` and ``env`` those of the model's own environment (``EXECUTION_ENV_PATH``), where
+    it has one, so that imports only that environment has work here too.
+    """
     given = json.dumps(model_config.config_to_json(proto, include_defaults=False))
+    ran = runtime or model_file  # the file whose code runs, named in errors
     process = await asyncio.create_subprocess_exec(
         python,
         "-m",
         "shoal.stub.autocomplete",
         str(model_file),
+        *([] if runtime is None else [str(runtime)]),
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env={**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"},
     )
     try:
         out, err = await asyncio.wait_for(process.communicate(given.encode()), TIMEOUT_S)
@@ -52,17 +66,17 @@ async def auto_complete(
         process.kill()
         await process.wait()
         raise model_config.ConfigError(
-            f"auto_complete_config of '{model_file}' did not finish within {TIMEOUT_S:.0f}s"
+            f"auto_complete_config of '{ran}' did not finish within {TIMEOUT_S:.0f}s"
         ) from None
     if process.returncode != 0:
         raise model_config.ConfigError(
-            f"auto_complete_config of '{model_file}' failed:\n{err.decode(errors='replace')}"
+            f"auto_complete_config of '{ran}' failed:\n{err.decode(errors='replace')}"
         )
     try:
         return model_config.json_to_config(json.loads(out))
     except (ValueError, model_config.ConfigError) as error:
         raise model_config.ConfigError(
-            f"auto_complete_config of '{model_file}' returned an invalid configuration: {error}"
+            f"auto_complete_config of '{ran}' returned an invalid configuration: {error}"
         ) from None
 
 

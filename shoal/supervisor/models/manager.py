@@ -12,6 +12,8 @@ import json
 import logging
 import os
 import shutil
+import sys
+import tarfile
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -27,7 +29,7 @@ from shoal.core.types import RepositoryEntry
 from shoal.protos import model_config_pb2 as pb
 from shoal.supervisor.calls.control import ModelControl
 from shoal.supervisor.instances.devices import check_gpu_parameters, visible_gpus
-from shoal.supervisor.models import onnx_autocomplete
+from shoal.supervisor.models import environments, onnx_autocomplete, python_backends
 from shoal.supervisor.models._ensemble_checks import EnsembleProblem, check_ensemble
 from shoal.supervisor.models.autocomplete import (
     auto_complete,
@@ -41,6 +43,9 @@ from shoal.supervisor.models.versions import ModelLoader, ModelState, ModelVersi
 from shoal.supervisor.options import ServerOptions
 
 log = logging.getLogger("shoal")
+
+#: Characters Triton's Python backend refuses in stub (model and instance) names.
+_SHELL_CHARS = ";|&$`<>()[]{}\\\"'*?~#!"
 
 
 class ModelRepositoryManager:
@@ -255,6 +260,12 @@ class ModelRepositoryManager:
     def _model_path(
         self, name: str, config_json: str | None, files: dict[str, bytes] | None
     ) -> str:
+        if not name or any(char in _SHELL_CHARS for char in name):
+            # Triton's Python backend refuses them in the names of its stub processes.
+            raise InvalidArgument(
+                f"failed to load '{name}': Invalid stub name: contains invalid characters "
+                f"(a model name may not contain any of {_SHELL_CHARS})"
+            )
         if files:
             if config_json is None:
                 raise InvalidArgument(
@@ -282,7 +293,7 @@ class ModelRepositoryManager:
         try:
             model_dir.mkdir()
             for key, content in files.items():
-                relative = key.removeprefix("file:")
+                relative = key.removeprefix("file:").lstrip("/")  # "file:/1/model.py" too
                 target = (model_dir / relative).resolve()
                 if not key.startswith("file:") or not target.is_relative_to(model_dir.resolve()):
                     raise InvalidArgument(
@@ -321,9 +332,13 @@ class ModelRepositoryManager:
         source = model_config.read_config(path, strict=strict, override=override)
         available = model_config.list_versions(path)
         proto = source.proto
-        model_file = _python_model_file(path, source.proto, available)
-        if not strict and model_file is not None and wants_auto_complete(model_file):
-            proto = await auto_complete(model_file, source.proto)
+        runtime = python_backends.runtime_file(proto, self.options.backend_directory)
+        model_file = _python_model_file(path, source.proto, available, runtime is not None)
+        code = runtime or model_file
+        if not strict and model_file is not None and code and wants_auto_complete(code):
+            environment = await _environment(name, path, proto, model_file)
+            python, env = (sys.executable, None) if environment is None else environment
+            proto = await auto_complete(model_file, source.proto, python, runtime=runtime, env=env)
         onnx_file = None if strict else onnx_autocomplete.model_file(path, proto, available)
         if onnx_file is not None and onnx_autocomplete.wants_auto_complete(proto):
             proto = await onnx_autocomplete.auto_complete(
@@ -339,7 +354,10 @@ class ModelRepositoryManager:
         check_gpu_parameters(config.parameters, name)
         chosen = model_config.select_versions(config.version_policy, available, model_name=name)
         as_json = model_config.config_to_json(config)
-        return [ModelVersion(name, v, config, as_json) for v in chosen]
+        versions = [ModelVersion(name, v, config, as_json) for v in chosen]
+        for mv in versions:
+            mv.runtime_file = "" if runtime is None else str(runtime)
+        return versions
 
     async def _retire(self, mv: ModelVersion) -> None:
         """Let a replaced or unloaded version finish what it has, then stop it."""
@@ -488,10 +506,33 @@ def _fingerprint(model_dir: str) -> tuple[tuple[str, int, int], ...]:
     return tuple(entries)
 
 
-def _python_model_file(path: str, proto: pb.ModelConfig, versions: list[int]) -> Path | None:
-    """The latest version's model.py of a Python model (what auto-complete imports)."""
-    if proto.platform or (proto.backend and proto.backend != "python") or not versions:
+async def _environment(
+    name: str, path: str, proto: pb.ModelConfig, model_file: Path
+) -> tuple[str, dict[str, str]] | None:
+    """The interpreter and variables of the model's own environment, for auto-complete."""
+    parameters = {key: value.string_value for key, value in proto.parameters.items()}
+    model_dir = os.path.abspath(path)
+    try:
+        environment = await environments.prepare(
+            parameters, model_dir, str(model_file.parent), name
+        )
+    except (ShoalError, OSError, tarfile.TarError) as error:
+        raise model_config.ConfigError(str(error)) from None
+    return None if environment is None else (environment.python, environment.env)
+
+
+def _python_model_file(
+    path: str, proto: pb.ModelConfig, versions: list[int], python_based: bool = False
+) -> Path | None:
+    """The latest version's model.py of a Python model (what auto-complete imports); for a
+    model of a Python-based backend (``python_based``), where that file would be (it need
+    not exist: the backend's model.py runs, and ``get_model_dir()`` is its directory)."""
+    if not versions:
         return None
     filename = proto.default_model_filename or "model.py"
     candidate = Path(path) / str(max(versions)) / filename
+    if python_based:
+        return candidate
+    if proto.platform or (proto.backend and proto.backend != "python"):
+        return None
     return candidate if candidate.suffix == ".py" and candidate.is_file() else None

@@ -67,6 +67,8 @@ class ModelVersion:
     instances: list[StubInstance] = field(default_factory=list)
     stats: StatsRecorder = field(init=False)
     environment: environments.StubEnvironment | None = None
+    #: The ``model.py`` of the model's Python-based backend; "" when the model is its own.
+    runtime_file: str = ""
     #: Why no instance is live while every restart keeps failing (None when one is live or
     #: about to be): requests are refused with it instead of waiting for an instance.
     down: str | None = None
@@ -122,7 +124,8 @@ class ModelLoader:
     def _specs(self, mv: ModelVersion) -> list[InstanceSpec]:
         config = mv.config
         model_dir = os.path.abspath(config.path)
-        model_file = os.path.join(model_dir, str(mv.version), config.default_model_filename)
+        filename = config.default_model_filename or "model.py"  # a Python-based backend has none
+        model_file = os.path.join(model_dir, str(mv.version), filename)
         config_text = json.dumps(mv.config_json)
         specs = []
         instances = list(config.instance_names())
@@ -147,6 +150,7 @@ class ModelLoader:
                     instance_name=instance_name,
                     init_args=args,
                     model_file=model_file,
+                    runtime_file=mv.runtime_file,
                     launch=StubLaunch(
                         instance_name,
                         python=python,

@@ -2,8 +2,10 @@
 
 Both kinds go to the stub by descriptor: it maps a system region, or opens a CUDA region's IPC
 handle, and reads inputs or writes outputs in place. Two cases go through the supervisor
-instead: BYTES inputs in a CUDA region (copied to the host once, so that their elements can be
-checked), and an ensemble's outputs, which the ensemble's last steps do not write themselves.
+instead: BYTES inputs (copied once, so that their elements can be checked and cannot change
+after), and an ensemble's outputs, which the ensemble's last steps do not write themselves. The
+supervisor reads and writes system regions with ``pread``/``pwrite``, never through a mapping
+(a client may shrink its object at any time: see ``memory.system_shm``).
 """
 
 from __future__ import annotations
@@ -35,8 +37,8 @@ def read_shm_inputs(
     registry: SharedMemoryRegistry, request: InferRequest
 ) -> dict[str, ClientRegion]:
     """Inputs given by region: where the stub finds them (it maps or opens the region itself,
-    so they are never copied). A system region input's ``data`` becomes a view of the region,
-    for the size checks; a CUDA region input's is empty (staging checks its window's size)."""
+    so they are never copied); their ``data`` is empty (staging checks the window's size). A
+    BYTES input is read instead (its ``data`` is a copy, staged like any other input)."""
     regions: dict[str, ClientRegion] = {}
     for tensor in request.inputs:
         if REGION not in tensor.parameters:
@@ -48,11 +50,16 @@ def read_shm_inputs(
                 tensor.data = registry.cuda.read(region, offset, size, what=what)
             else:
                 regions[tensor.name] = registry.cuda.location(region, offset, size, what=what)
-                tensor.data = memoryview(b"")
-            continue
-        tensor.data = registry.view(region, offset, size, what=what)
-        regions[tensor.name] = registry.location(region, offset, size, what=what)
+                tensor.data = _EMPTY
+        elif tensor.datatype == "BYTES":
+            tensor.data = registry.read(region, offset, size, what=what)
+        else:
+            regions[tensor.name] = registry.location(region, offset, size, what=what)
+            tensor.data = _EMPTY
     return regions
+
+
+_EMPTY = memoryview(b"")
 
 
 def output_regions(
@@ -108,7 +115,7 @@ def write_shm_outputs(
         if region in registry.cuda:
             registry.cuda.write(region, offset, output.data, what=what)
         else:
-            registry.view(region, offset, nbytes, what=what)[:] = output.data
+            registry.write(region, offset, output.data, what=what)
         expected = byte_size(output.datatype, output.shape)
         assert expected is None or expected == nbytes
         response.outputs[index] = InferOutput(

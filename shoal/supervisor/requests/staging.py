@@ -198,8 +198,10 @@ def _model_shape(
 
 def _payload_size(config: ModelConfig, tensor: InferInput, region: object = None) -> int:
     """Validated size in bytes of the tensor's V2 serialized payload (in ``region`` when the
-    input is in a client's CUDA region, whose bytes the supervisor does not see)."""
-    if region is not None and type(region) is CudaRegionLocation:
+    input is in a client's region, whose bytes the supervisor does not read)."""
+    if region is not None and (
+        type(region) is CudaRegionLocation or type(region) is RegionLocation
+    ):
         expected = byte_size(tensor.datatype, tensor.shape)
         if region.nbytes != expected:
             raise _size_mismatch(config, tensor, expected, region.nbytes)

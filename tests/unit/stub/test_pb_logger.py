@@ -81,6 +81,10 @@ def test_bad_arguments():
         Logger.log(42)
     with pytest.raises(TypeError):
         Logger.log("x", 9)
+    with pytest.raises(TypeError):  # a level's number is not a level (Triton's enum)
+        Logger.log("x", 1)
+    with pytest.raises(TypeError):
+        Logger.log("x", None)
     with pytest.raises(TypeError):
         Logger.log("x", "INFO")
 

@@ -79,10 +79,17 @@ def test_required_arguments(missing):
         InferenceRequest(**kwargs)
 
 
-@pytest.mark.parametrize("correlation_id", [1.5, None, b"x", [1]])
+@pytest.mark.parametrize("correlation_id", [1.5, b"x", [1]])
 def test_correlation_id_must_be_int_or_str(correlation_id):
     with pytest.raises(TritonModelException, match=r"^Correlation ID must be integer or string$"):
         bls(correlation_id=correlation_id)
+
+
+def test_none_arguments_are_type_errors_as_in_triton():
+    with pytest.raises(TypeError, match="correlation_id"):
+        bls(correlation_id=None)
+    with pytest.raises(TypeError, match="'OUT0'"):
+        pb_utils.Tensor("OUT0", None)
 
 
 def test_negative_correlation_id_raises():

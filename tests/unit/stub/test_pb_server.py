@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from shoal.stub import pb_utils
@@ -52,7 +54,8 @@ def test_metric_rules_follow_triton():
     backend = _Backend()
     pb_utils._set_metrics_backend(backend)
     try:
-        counter = pb_utils.MetricFamily("c", "d", pb_utils.MetricFamily.COUNTER).Metric({"a": "1"})
+        family = pb_utils.MetricFamily("c", "d", pb_utils.MetricFamily.COUNTER)
+        counter = family.Metric({"a": "1"})
         counter.increment(2)
         counter.increment(3)
         assert counter.value() == 5
@@ -67,6 +70,33 @@ def test_metric_rules_follow_triton():
             pb_utils.MetricFamily("g", "d", pb_utils.MetricFamily.GAUGE).Metric(buckets=[1])
         with pytest.raises(TritonModelException, match="labels must be a dict"):
             histogram.Metric(labels=["x"], buckets=[1])
+    finally:
+        pb_utils._set_metrics_backend(None)
+
+
+@pytest.mark.parametrize("buckets", [[2.5, 0.1, 1.0], [1, 1, 2], [1.0, 0.5]])
+def test_histogram_buckets_must_ascend_strictly(buckets):
+    pb_utils._set_metrics_backend(_Backend())
+    try:
+        histogram = pb_utils.MetricFamily("h", "d", pb_utils.MetricFamily.HISTOGRAM)
+        with pytest.raises(TritonModelException, match="strictly ascending"):
+            histogram.Metric(buckets=buckets)
+        histogram.Metric(buckets=[])  # no bucket but +Inf: allowed, as in Triton
+    finally:
+        pb_utils._set_metrics_backend(None)
+
+
+def test_a_metric_whose_family_was_deleted_raises_as_in_triton():
+    pb_utils._set_metrics_backend(_Backend())
+    try:
+        family = pb_utils.MetricFamily("g", "d", pb_utils.MetricFamily.GAUGE)
+        gauge = family.Metric({"a": "1"})
+        gauge.set(3)
+        del family
+        gone = "Invalid metric operation as the corresponding 'MetricFamily' has been deleted."
+        for operation in (lambda: gauge.set(1), lambda: gauge.increment(1), gauge.value):
+            with pytest.raises(TritonModelException, match=re.escape(gone)):
+                operation()
     finally:
         pb_utils._set_metrics_backend(None)
 

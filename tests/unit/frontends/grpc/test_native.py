@@ -10,6 +10,7 @@ import gzip
 import struct
 import threading
 import time
+import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -17,7 +18,7 @@ import numpy as np
 import pytest
 from hyperframe.frame import DataFrame, GoAwayFrame, HeadersFrame
 
-from shoal.frontends.grpc.native import NativeGrpcServer
+from shoal.frontends.grpc.native import NativeGrpcServer, _inflate
 from shoal.protos import grpc_service_pb2 as pb
 from tests.h2client import H2Client, RawClient, grpc_frame, request_headers
 from tests.unit.frontends.doubles import LoopThread
@@ -268,3 +269,17 @@ def test_streams_over_the_limit_are_refused_and_later_ones_served(loop_thread: L
                 DataFrame(7, data=body, flags=["END_STREAM"]),
             )
             assert raw.read_stream(7).status == "0"
+
+
+@pytest.mark.parametrize("size", [0, 5, (1 << 20) - 1, 1 << 20, (3 << 20) + 7])
+@pytest.mark.parametrize("gzipped", [True, False])
+def test_inflate_in_pieces_gives_the_whole_message(size: int, gzipped: bool) -> None:
+    message = np.random.default_rng(size).integers(0, 4, size, dtype=np.uint8).tobytes()
+    wbits = 16 + zlib.MAX_WBITS if gzipped else zlib.MAX_WBITS
+    packed = gzip.compress(message) if gzipped else zlib.compress(message)
+    assert _inflate(packed, wbits, 1 << 30) == message
+
+
+def test_inflate_stops_past_the_limit() -> None:
+    assert _inflate(gzip.compress(bytes(8 << 20)), 16 + zlib.MAX_WBITS, 3 << 20) is None
+    assert _inflate(gzip.compress(bytes(3 << 20)), 16 + zlib.MAX_WBITS, 3 << 20) == bytes(3 << 20)

@@ -60,6 +60,9 @@ class _Echo:
     def reset(self) -> None:
         pass
 
+    def mid_message(self) -> bool:
+        return False
+
 
 def _open(connection: Http2Connection, stream_id: int, headers: Headers, end: bool) -> _Echo:
     handler = _Echo(connection, stream_id)

@@ -6,7 +6,8 @@ import triton_python_backend_utils as pb_utils
 
 
 class TritonPythonModel:
-    """Streams ticks until the client cancels, then says so in the log and sends FINAL."""
+    """Streams ticks until the client cancels, then says so in the log and ends with a
+    CANCELLED error response (FINAL), as a Triton model honouring cancellation does."""
 
     def execute(self, requests):
         for request in requests:
@@ -24,4 +25,9 @@ class TritonPythonModel:
             tick += 1
             time.sleep(0.01)
         pb_utils.Logger.log_info(f"decoupled_until_cancel: cancelled={request.is_cancelled()}")
-        sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        if request.is_cancelled():
+            error = pb_utils.TritonError("cancelled", pb_utils.TritonError.CANCELLED)
+            sender.send(pb_utils.InferenceResponse(error=error), flags=final)
+        else:
+            sender.send(flags=final)
