@@ -15,6 +15,7 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -32,9 +33,19 @@ from shoal.ipc.tensor import (
 from shoal.supervisor.instances.channel import Tensors
 from shoal.supervisor.instances.process import StubLaunch
 
-#: One request's inputs to its outputs. Raising answers that request with the error; returning
-#: None never answers the batch (a model that hangs).
-LoopbackModel = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray] | None]
+
+@dataclass(frozen=True)
+class Call:
+    """What a loopback model returns to call another model (BLS, ``InferenceRequest.exec()``):
+    its request is answered with that model's outputs, or its error."""
+
+    model: str
+    inputs: dict[str, np.ndarray]
+
+
+#: One request's inputs to its outputs (or a :class:`Call`). Raising answers that request with
+#: the error; returning None never answers the batch (a model that hangs).
+LoopbackModel = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray] | Call | None]
 
 #: Pids no process has (above Linux's largest pid_max), one per loopback stub.
 _pids = itertools.count(1 << 23)
@@ -64,6 +75,8 @@ class LoopbackStub:
         self._ready: Callable[[], None] | None = None
         self._on_exit: Callable[[int], None] | None = None
         self._loop = asyncio.get_running_loop()
+        self._call_ids = itertools.count(1)
+        self._calls: dict[int, _PendingCall] = {}
 
     # -- the StubChannel side ----------------------------------------------------------------
 
@@ -147,29 +160,64 @@ class LoopbackStub:
             case msg.Finalize():
                 self._reply(msg.Finalized())
                 self._loop.call_soon(self._exit, 0)
+            case msg.BlsReply(call_id=call_id, response=response):
+                self._called(call_id, response)
 
     def _execute(self, batch_id: int, requests: list[msg.RequestRecord]) -> None:
-        started = time.monotonic_ns()
-        responses = []
-        for request in requests:
-            response = self._run(request)
-            if response is None:
+        batch = _Batch(batch_id, time.monotonic_ns(), [None] * len(requests))
+        for index, request in enumerate(requests):
+            answer = self._run(request)
+            if answer is None:
                 return  # the model hangs: no Result
-            responses.append(response)
-        self.executions += 1
-        stub_ns = (started, time.monotonic_ns())
-        self._reply(msg.Result(batch_id, responses, stub_ns=stub_ns))
+            if isinstance(answer, Call):
+                self._call(batch, index, answer)
+            else:
+                batch.responses[index] = answer
+        self._finish(batch)
 
-    def _run(self, request: msg.RequestRecord) -> msg.ResponseRecord | None:
+    def _run(self, request: msg.RequestRecord) -> msg.ResponseRecord | Call | None:
         inputs = {t.name: self._array(t) for t in request.inputs}
         try:
             outputs = self._model(inputs)
         except Exception as error:
             return msg.ResponseRecord(error=("INTERNAL", f"{type(error).__name__}: {error}"))
-        if outputs is None:
-            return None
+        if outputs is None or isinstance(outputs, Call):
+            return outputs
         wanted = request.requested_outputs or list(outputs)
         return msg.ResponseRecord([self._output(name, outputs[name]) for name in wanted])
+
+    def _finish(self, batch: _Batch) -> None:
+        """Send the batch's Result once every request has its response."""
+        if any(response is None for response in batch.responses):
+            return
+        self.executions += 1
+        responses = [r for r in batch.responses if r is not None]
+        stub_ns = (batch.started_ns, time.monotonic_ns())
+        self._reply(msg.Result(batch.batch_id, responses, stub_ns=stub_ns))
+
+    def _call(self, batch: _Batch, index: int, call: Call) -> None:
+        """A BLS call: its inputs go in this stub's output arena, as a stub puts them."""
+        tensors = [self._output(name, array) for name, array in call.inputs.items()]
+        call_id = next(self._call_ids)
+        self._calls[call_id] = _PendingCall(batch, index, tensors)
+        request = msg.RequestRecord("", 0, 0, {}, [], tensors)
+        self._reply(msg.BlsCall(call_id, call.model, -1, request, False))
+
+    def _called(self, call_id: int, response: msg.ResponseRecord | None) -> None:
+        pending = self._calls.pop(call_id)
+        for tensor in pending.inputs:
+            assert isinstance(tensor.location, Block)
+            self._outputs.free(tensor.location)
+        if response is None or response.error is not None:
+            answer = msg.ResponseRecord(error=response.error if response else ("INTERNAL", ""))
+        else:
+            answer = msg.ResponseRecord([self._copy(t) for t in response.outputs])
+        self._reply(msg.BlsDone(call_id))  # the called model's outputs are copied: release them
+        pending.batch.responses[pending.index] = answer
+        self._finish(pending.batch)
+
+    def _copy(self, tensor: TensorDesc) -> TensorDesc:
+        return self._output(tensor.name, self._array(tensor))
 
     def _array(self, tensor: TensorDesc) -> np.ndarray:
         block = tensor.location
@@ -195,6 +243,20 @@ class LoopbackStub:
         self.exited.set_result(returncode)
         if self._on_exit is not None:
             self._on_exit(returncode)
+
+
+@dataclass(eq=False)
+class _Batch:
+    batch_id: int
+    started_ns: int
+    responses: list[msg.ResponseRecord | None]
+
+
+@dataclass(eq=False)
+class _PendingCall:
+    batch: _Batch
+    index: int
+    inputs: list[TensorDesc] = field(default_factory=list)
 
 
 class Loopback:

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from shoal.cli import build_parser, options_from_args
-from shoal.core import InferInput, InferRequest, InvalidArgument, Unavailable
+from shoal.core import InferInput, InferRequest, InvalidArgument, ShoalError, Unavailable
 from shoal.supervisor.compose import build_service
-from shoal.supervisor.instances.loopback import Loopback
+from shoal.supervisor.instances.loopback import Call, Loopback
 from shoal.supervisor.service import InferenceService
 
 pytestmark = pytest.mark.timeout(10)
@@ -29,26 +29,30 @@ def double(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray] | None:
     return {"Y": inputs["X"] * 2}
 
 
-def repository(tmp_path) -> str:
-    model = tmp_path / "double"
-    (model / "1").mkdir(parents=True)
-    (model / "config.pbtxt").write_text(CONFIG)
-    (model / "1" / "model.py").write_text("class TritonPythonModel:\n    pass\n")
+def repository(tmp_path, models: tuple[str, ...]) -> str:
+    for name in models:
+        model = tmp_path / name
+        (model / "1").mkdir(parents=True)
+        (model / "config.pbtxt").write_text(CONFIG.replace('"double"', f'"{name}"'))
+        (model / "1" / "model.py").write_text("class TritonPythonModel:\n    pass\n")
     return str(tmp_path)
 
 
-def service_for(tmp_path, kind: Loopback, *flags: str) -> InferenceService:
-    args = build_parser().parse_args(["serve", "--model-repository", repository(tmp_path), *flags])
+def service_for(
+    tmp_path, kind: Loopback, *flags: str, models: tuple[str, ...] = ("double",)
+) -> InferenceService:
+    repo = repository(tmp_path, models)
+    args = build_parser().parse_args(["serve", "--model-repository", repo, *flags])
     return build_service(options_from_args(args), make_stub=kind)
 
 
-def request(*values: float, shape: tuple[int, ...] = (1, 2)) -> InferRequest:
+def request(*values: float, shape: tuple[int, ...] = (1, 2), model: str = "double") -> InferRequest:
     data = np.array(values, np.float32).tobytes()
-    return InferRequest("double", inputs=[InferInput("X", "FP32", shape, data)])
+    return InferRequest(model, inputs=[InferInput("X", "FP32", shape, data)])
 
 
-async def infer(service: InferenceService, *values: float) -> np.ndarray:
-    response = await asyncio.wait_for(service.infer(request(*values)), 5)
+async def infer(service: InferenceService, *values: float, model: str = "double") -> np.ndarray:
+    response = await asyncio.wait_for(service.infer(request(*values, model=model)), 5)
     try:
         (output,) = response.outputs
         return np.array(output.as_numpy())
@@ -125,6 +129,32 @@ def test_a_stub_that_dies_fails_its_request_and_the_model_serves_again(tmp_path)
             while len(kind.made) < 2 or not service.model_ready("double"):
                 await asyncio.sleep(0.01)
         np.testing.assert_array_equal(await infer(service, 3.0, 4.0), [[6.0, 8.0]])
+        await service.shutdown(1.0)
+
+    asyncio.run(scenario())
+
+
+def test_a_bls_call_runs_the_called_model_and_gives_its_blocks_back(tmp_path):
+    async def scenario():
+        def model_of(instance: str):
+            if instance.startswith("caller"):
+                return lambda inputs: Call("double", {"X": inputs["X"] + 1})
+            if instance.startswith("lost"):
+                return lambda inputs: Call("missing", {"X": inputs["X"]})
+            return double
+
+        kind = Loopback(model_of)
+        service = service_for(tmp_path, kind, models=("double", "caller", "lost"))
+        await service.load_repository()
+        np.testing.assert_array_equal(await infer(service, 1.0, 2.0, model="caller"), [[4.0, 6.0]])
+        (stats,) = service.model_statistics("double")
+        assert stats.inference_count == 1  # the call counts as the called model's request
+        with pytest.raises(ShoalError, match="'missing'"):
+            await infer(service, 1.0, 2.0, model="lost")
+        await asyncio.sleep(0)
+        for stub in kind.latest.values():
+            assert stub.output_bytes_in_use == 0
+        assert service.input_arena.used_bytes == 0
         await service.shutdown(1.0)
 
     asyncio.run(scenario())
