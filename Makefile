@@ -5,17 +5,32 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.shoal-installed
 REPO ?= model_repository
 HTTP_PORT ?= 8000
+SERVE_FLAGS ?=
 
-.PHONY: serve test check lint typecheck unit integration protos bench-ipc bench-compare clean
+.PHONY: serve compile test check lint typecheck unit integration protos bench-ipc bench-compare clean
 
+# `make serve` installs what serving needs: shoal's runtime dependencies (RUNTIME), then the
+# framework extras (onnx, torch) only when a model of $(REPO) uses that backend.
+RUNTIME := $(VENV)/.shoal-runtime
+# These installs build in pip's isolated environment, where mypyc is not: they install shoal
+# interpreted whatever SHOAL_REQUIRE_COMPILED says (.ci/run sets it for the compiled build below).
+NO_REQUIRE := env -u SHOAL_REQUIRE_COMPILED
+
+$(RUNTIME): setup.cfg pyproject.toml setup.py
+	@echo "shoal: installing the runtime dependencies into $(VENV)"
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(NO_REQUIRE) $(BIN)/python -m pip install --quiet -e .
+	touch $(RUNTIME)
+
+# Everything `make test` needs: every extra and the test tools.
 $(STAMP): setup.cfg pyproject.toml setup.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	# torch pinned first: the CPU build of this release lies on disk, and the extra's range then
 	# admits it instead of pulling a newer multi-GB CUDA build.
 	$(BIN)/python -m pip install --quiet torch==2.13.0
-	$(BIN)/python -m pip install --quiet -e '.[test,onnx,torch]'
-	touch $(STAMP)
+	$(NO_REQUIRE) $(BIN)/python -m pip install --quiet -e '.[test,onnx,torch]'
+	touch $(STAMP) $(RUNTIME)
 
 # The request hot path compiled with mypyc (setup.py, docs/perf.md), rebuilt when one of its
 # sources changes. It needs the dependencies installed first, hence a second, unisolated build.
@@ -31,8 +46,16 @@ $(COMPILED): $(STAMP) setup.py shoal/_compiled.py $(HOT_PATH)
 	@$(BIN)/python -c "import shoal._compiled as c; print('shoal: request hot path', c.state)"
 	touch $(COMPILED)
 
-serve: $(COMPILED)
-	$(BIN)/shoal serve --model-repository $(REPO) --http-port $(HTTP_PORT)
+serve: $(RUNTIME)
+	@extras=$$($(BIN)/python scripts/repository_extras.py $(REPO)) || exit 1; \
+	if [ -n "$$extras" ]; then \
+		echo "shoal: $(REPO) has models that need the extras [$$extras]: installing them"; \
+		$(BIN)/python -m pip install --quiet -e ".[$$extras]" || exit 1; \
+	fi
+	$(BIN)/shoal serve --model-repository $(REPO) --http-port $(HTTP_PORT) $(SERVE_FLAGS)
+
+# The compiled hot path for `make serve` too (it needs mypy: the test extra).
+compile: $(COMPILED)
 
 test: check
 

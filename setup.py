@@ -3,7 +3,8 @@
 mypyc type-checks what it compiles, so it needs shoal's dependencies importable: the Makefile
 installs them first and then builds without isolation (`pip install --no-build-isolation -e .`).
 Where mypyc, the dependencies or a C compiler are missing, or SHOAL_PURE_PYTHON=1 is set, shoal
-installs interpreted and behaves the same, only slower (docs/perf.md, "Compiled hot path").
+installs interpreted and behaves the same, only slower (docs/perf.md, "Compiled hot path"); with
+SHOAL_REQUIRE_COMPILED=1 (the container image's build, CI) such a build fails instead.
 """
 
 from __future__ import annotations
@@ -19,6 +20,19 @@ from setuptools.command.build_ext import build_ext
 
 def _say(message: str) -> None:
     print(f"shoal: {message}", file=sys.stderr)
+
+
+def _required() -> bool:
+    return bool(os.environ.get("SHOAL_REQUIRE_COMPILED")) and not os.environ.get(
+        "SHOAL_PURE_PYTHON"
+    )
+
+
+def _cannot_compile(message: str) -> None:
+    """Stay interpreted, or fail the build where the compiled hot path is required."""
+    if _required():
+        raise SystemExit(f"shoal: {message}, and SHOAL_REQUIRE_COMPILED=1 is set: build failed")
+    _say(f"{message}; the hot path stays interpreted")
 
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -39,7 +53,7 @@ def _extensions() -> list[Extension]:
     try:
         from mypyc.build import mypycify
     except ImportError:
-        _say("mypyc is not installed; the hot path stays interpreted")
+        _cannot_compile("mypyc is not installed (pip install 'shoal[compile]')")
         return []
     compiled = _compiled_module()
     try:
@@ -51,7 +65,7 @@ def _extensions() -> list[Extension]:
         paths = [*options, *compiled.HOT_PATH]
         extensions = list(mypycify(paths, opt_level="3", group_name="shoal._hot"))
     except (Exception, SystemExit) as e:  # mypyc exits on a type error it cannot compile
-        _say(f"mypyc could not compile the hot path ({e!r}); it stays interpreted")
+        _cannot_compile(f"mypyc could not compile the hot path ({e!r})")
         return []
     compiled.record_sources(HERE, compiled.HOT_PATH)
     return extensions
@@ -64,7 +78,7 @@ class _OptionalBuildExt(build_ext):  # type: ignore[misc]
         try:
             super().run()
         except Exception as e:
-            _say(f"compiling the hot path failed ({e!r}); it stays interpreted")
+            _cannot_compile(f"compiling the hot path failed ({e!r})")
 
 
 setup(ext_modules=_extensions(), cmdclass={"build_ext": _OptionalBuildExt})

@@ -15,11 +15,27 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
+import shoal
 from shoal import _serve_flags, perf
 from shoal.frontends._restricted import GROUPS as RESTRICTED_GROUPS
 from shoal.supervisor.extensions.log_settings import LOG_FORMATS, TritonFormatter, shoal_level
+from shoal.supervisor.extensions.trace_settings import parse_trace_config
 from shoal.supervisor.instances.devices import parse_pool_size
 from shoal.supervisor.options import MIB, ArenaOptions, Restriction, ServerOptions
+
+# What ``shoal --help`` shows: the module docstring above is for the code's readers.
+_DESCRIPTION = """\
+shoal serves a Triton-style model repository (config.pbtxt + <version>/model.py) over the
+KServe V2 protocol: HTTP/REST, gRPC and Prometheus metrics, with tritonserver's flag names.
+Existing Triton clients and tools (tritonclient, perf_analyzer, genai-perf) work unmodified."""
+
+_EPILOG = """\
+examples:
+  shoal serve --model-repository ./model_repository
+  shoal serve --model-repository s3://bucket/models --model-control-mode explicit --load-model '*'
+  shoal perf -m add_sub -u localhost:8000 --concurrency-range 1:8:2
+
+'shoal <command> --help' lists the flags of a command and their defaults."""
 
 #: tritonserver flags that shoal accepts so that scripts keep working, and ignores.
 _IGNORED_FLAGS: tuple[tuple[str, Callable[[str], object]], ...] = (
@@ -58,6 +74,16 @@ def parse_backend_config(text: str) -> tuple[str, str, str]:
             f"--backend-config expects <backend>,<setting>=<value>, got '{text}'"
         )
     return backend, key, value
+
+
+def _trace_settings(entries: list[str]) -> tuple[tuple[str, str | tuple[str, ...]], ...]:
+    try:
+        settings = parse_trace_config(entries)
+    except ValueError as error:
+        raise SystemExit(f"shoal: {error}") from None
+    return tuple(
+        (key, value if isinstance(value, str) else tuple(value)) for key, value in settings.items()
+    )
 
 
 def restriction_parser(kind: str) -> Callable[[str], Restriction]:
@@ -99,15 +125,28 @@ def _add_restriction_flags(serve: argparse.ArgumentParser) -> None:
             action="append",
             type=restriction_parser(kind),
             default=[],
+            metavar="SPEC",
             help=f"<{kind}>[,<{kind}>...]:<key>=<value> (repeatable): calls to these groups "
             f"need {header} set to <value>; groups: {groups}",
         )
 
 
 def _add_logging_flags(serve: argparse.ArgumentParser) -> None:
-    serve.add_argument("--log-verbose", type=int, default=0)
+    serve.add_argument(
+        "--log-verbose",
+        type=int,
+        default=0,
+        metavar="LEVEL",
+        help="verbose logging level: 0 turns it off, 1 or more adds the debug lines",
+    )
     for level in ("info", "warning", "error"):
-        serve.add_argument(f"--log-{level}", type=parse_bool, default=True)
+        serve.add_argument(
+            f"--log-{level}",
+            type=parse_bool,
+            default=True,
+            metavar="BOOL",
+            help=f"log {level} lines",
+        )
     serve.add_argument(
         "--log-format",
         choices=LOG_FORMATS,
@@ -117,6 +156,7 @@ def _add_logging_flags(serve: argparse.ArgumentParser) -> None:
     serve.add_argument(
         "--log-file",
         default="",
+        metavar="FILE",
         help="append the server log (and the models' output) to this file instead of stderr",
     )
 
@@ -124,18 +164,28 @@ def _add_logging_flags(serve: argparse.ArgumentParser) -> None:
 def _add_compatibility_flags(serve: argparse.ArgumentParser) -> None:
     for flag, kind in _IGNORED_FLAGS:
         serve.add_argument(
-            flag, type=kind, help="accepted for tritonserver compatibility; no effect in shoal"
+            flag,
+            type=kind,
+            metavar="VALUE",
+            help="accepted for tritonserver compatibility; no effect in shoal",
         )
     serve.add_argument(
         "--cuda-memory-pool-byte-size",
         type=parse_pool_size,
         action="append",
         default=[],
+        metavar="DEVICE:BYTES",
         help="<device>:<bytes> (repeatable): the most device memory the CUDA pool of that GPU "
         "may hold for GPU tensors passed between processes (default 4 GiB, allocated as used)",
     )
     for flag in ("--grpc-use-ssl", "--grpc-use-ssl-mutual"):
-        serve.add_argument(flag, type=parse_ssl, default=False, help="false only: no TLS")
+        serve.add_argument(
+            flag,
+            type=parse_ssl,
+            default=False,
+            metavar="BOOL",
+            help="false only: shoal serves gRPC without TLS (terminate TLS in front of it)",
+        )
 
 
 def parse_positive_float(text: str) -> float:
@@ -189,14 +239,24 @@ def _add_grpc_limit_flags(serve: argparse.ArgumentParser) -> None:
         default=2**31 - 1,
         help="bytes of a request message; a larger one is RESOURCE_EXHAUSTED",
     )
-    serve.add_argument("--grpc-http2-max-ping-strikes", type=parse_count, default=2)
+    serve.add_argument(
+        "--grpc-http2-max-ping-strikes",
+        type=parse_count,
+        default=2,
+        help="PINGs too soon (see the next flag) before the connection is closed; 0: no limit",
+    )
     serve.add_argument(
         "--grpc-http2-min-recv-ping-interval-without-data",
         type=parse_count,
         default=300_000,
         help="milliseconds; a PING sooner, with no data sent since the last, is a strike",
     )
-    serve.add_argument("--grpc-keepalive-permit-without-calls", type=parse_bool, default=False)
+    serve.add_argument(
+        "--grpc-keepalive-permit-without-calls",
+        type=parse_bool,
+        default=False,
+        help="accept keepalive PINGs on a connection with no call open",
+    )
     serve.add_argument(
         "--grpc-http2-max-queued-control-frames",
         type=parse_positive_int,
@@ -209,7 +269,12 @@ def _add_grpc_limit_flags(serve: argparse.ArgumentParser) -> None:
         default=1000,
         help="streams a client may reset at once (then --grpc-http2-stream-reset-rate a second)",
     )
-    serve.add_argument("--grpc-http2-stream-reset-rate", type=parse_positive_float, default=33.0)
+    serve.add_argument(
+        "--grpc-http2-stream-reset-rate",
+        type=parse_positive_float,
+        default=33.0,
+        help="stream resets a second a client may make once its burst is spent",
+    )
     serve.add_argument(
         "--grpc-http2-max-empty-frames",
         type=parse_positive_int,
@@ -225,16 +290,59 @@ def _add_grpc_limit_flags(serve: argparse.ArgumentParser) -> None:
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="shoal", description=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True)
-    serve = commands.add_parser("serve", help="serve a Triton-style model repository")
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Shows each flag's default after its help, unless the help already says it or the flag
+    has none worth showing (an empty list, an unset value, a store_true switch)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if (
+            "default" in text
+            or default in (None, "", [], argparse.SUPPRESS)
+            or isinstance(action, argparse._StoreTrueAction)
+        ):
+            return text
+        shown = str(default).lower() if isinstance(default, bool) else "%(default)s"
+        return f"{text} (default: {shown})" if text else f"(default: {shown})"
+
+
+def _add_endpoint_flags(serve: argparse.ArgumentParser) -> None:
+    for protocol, port, what in (
+        ("http", 8000, "HTTP/REST (KServe V2)"),
+        ("grpc", 8001, "gRPC (KServe V2)"),
+        ("metrics", 8002, "Prometheus metrics (/metrics)"),
+    ):
+        serve.add_argument(
+            f"--allow-{protocol}",
+            type=parse_bool,
+            default=True,
+            metavar="BOOL",
+            help=f"serve {what}",
+        )
+        serve.add_argument(
+            f"--{protocol}-address",
+            default="0.0.0.0",
+            metavar="HOST",
+            help=f"address the {what} endpoint binds",
+        )
+        serve.add_argument(
+            f"--{protocol}-port",
+            type=int,
+            default=port,
+            metavar="PORT",
+            help=f"port of the {what} endpoint; 0 binds a free one (printed at start)",
+        )
+
+
+def _add_model_flags(serve: argparse.ArgumentParser) -> None:
     serve.add_argument(
         "--model-repository",
         "--model-store",
         action="append",
         required=True,
         dest="model_repository",
+        metavar="PATH",
         help="model repository: a directory, or s3://bucket/path, gs://bucket/path, "
         "az://container/path (repeatable)",
     )
@@ -244,41 +352,6 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="keep the copies of remote repositories in DIR, reused after a restart "
         "(default: a temporary directory removed at exit)",
-    )
-    serve.add_argument("--http-address", default="0.0.0.0")
-    serve.add_argument("--http-port", type=int, default=8000, help="0 binds a free port")
-    serve.add_argument("--grpc-address", default="0.0.0.0")
-    serve.add_argument("--grpc-port", type=int, default=8001)
-    serve.add_argument(
-        "--grpc-server",
-        choices=("native", "grpcio"),
-        default="native",
-        help="native: shoal's HTTP/2 gRPC server on the event loop (the fastest); "
-        "grpcio: grpc.aio's server",
-    )
-    serve.add_argument("--metrics-address", default="0.0.0.0")
-    serve.add_argument("--metrics-port", type=int, default=8002)
-    serve.add_argument("--allow-http", type=parse_bool, default=True)
-    serve.add_argument("--allow-grpc", type=parse_bool, default=True)
-    serve.add_argument("--allow-metrics", type=parse_bool, default=True)
-    serve.add_argument(
-        "--metrics-interval-ms",
-        type=parse_positive_int,
-        default=2000,
-        help="how long a polled gauge (a stub's RSS) is reused; other metrics are computed "
-        "on each scrape",
-    )
-    serve.add_argument(
-        "--allow-gpu-metrics",
-        type=parse_bool,
-        default=True,
-        help="accepted for tritonserver compatibility; shoal exports no GPU metrics",
-    )
-    serve.add_argument(
-        "--allow-cpu-metrics",
-        type=parse_bool,
-        default=True,
-        help="export Triton's host CPU families (nv_cpu_utilization, nv_cpu_memory_*)",
     )
     serve.add_argument(
         "--allow-client-shm",
@@ -295,42 +368,145 @@ def build_parser() -> argparse.ArgumentParser:
         help="none: load every model at start; explicit: load --load-model names (* for all) "
         "and then what clients ask for; poll: load everything and follow changes on disk",
     )
-    serve.add_argument("--repository-poll-secs", type=float, default=15.0)
-    serve.add_argument("--load-model", action="append", default=[])
-    serve.add_argument("--strict-model-config", type=parse_bool, default=False)
-    serve.add_argument("--strict-readiness", type=parse_bool, default=True)
+    serve.add_argument(
+        "--repository-poll-secs",
+        type=float,
+        default=15.0,
+        metavar="SECONDS",
+        help="how often --model-control-mode=poll looks for changes in the repositories",
+    )
+    serve.add_argument(
+        "--load-model",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="with --model-control-mode=explicit: a model to load at start, * for all (repeatable)",
+    )
+    serve.add_argument(
+        "--strict-model-config",
+        type=parse_bool,
+        default=False,
+        metavar="BOOL",
+        help="require a config.pbtxt in every model (false: complete a missing or partial "
+        "one from the model's files, as tritonserver does)",
+    )
+    serve.add_argument(
+        "--strict-readiness",
+        type=parse_bool,
+        default=True,
+        metavar="BOOL",
+        help="report the server ready only while every model is ready (false: once it runs)",
+    )
     serve.add_argument(
         "--exit-on-error",
         type=parse_bool,
-        default=False,
-        help="exit when a model fails to load (default: keep serving the others)",
+        default=True,
+        metavar="BOOL",
+        help="exit with status 1 when a model fails to load at start, as tritonserver does "
+        "(false: log it and serve the other models; default: true)",
     )
     serve.add_argument(
         "--backend-config",
         action="append",
         type=parse_backend_config,
         default=[],
+        metavar="BACKEND,KEY=VALUE",
         help="<backend>,<setting>=<value>, e.g. python,shm-default-byte-size=67108864",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="shoal",
+        description=_DESCRIPTION,
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"shoal {shoal.__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="<command>")
+    serve = commands.add_parser(
+        "serve",
+        help="serve a Triton-style model repository",
+        description="Serve the models of one or more Triton-style model repositories over\n"
+        "HTTP/REST, gRPC and metrics endpoints (tritonserver's flag names).",
+        formatter_class=_HelpFormatter,
+    )
+    _add_model_flags(serve)
+    _add_endpoint_flags(serve)
+    serve.add_argument(
+        "--grpc-server",
+        choices=("native", "grpcio"),
+        default="native",
+        help="native: shoal's HTTP/2 gRPC server on the event loop (the fastest); "
+        "grpcio: grpc.aio's server",
+    )
+    serve.add_argument(
+        "--metrics-interval-ms",
+        type=parse_positive_int,
+        default=2000,
+        metavar="MS",
+        help="how long a polled gauge (a stub's RSS) is reused; other metrics are computed "
+        "on each scrape",
+    )
+    serve.add_argument(
+        "--allow-gpu-metrics",
+        type=parse_bool,
+        default=True,
+        metavar="BOOL",
+        help="accepted for tritonserver compatibility; shoal exports no GPU metrics",
+    )
+    serve.add_argument(
+        "--allow-cpu-metrics",
+        type=parse_bool,
+        default=True,
+        metavar="BOOL",
+        help="export Triton's host CPU families (nv_cpu_utilization, nv_cpu_memory_*)",
     )
     serve.add_argument(
         "--backend-directory",
         default="/opt/tritonserver/backends",
+        metavar="DIR",
         help='where Python-based backends live: backend "<name>" runs <dir>/<name>/model.py',
     )
-    serve.add_argument("--exit-timeout-secs", type=float, default=30.0)
+    serve.add_argument(
+        "--exit-timeout-secs",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="on SIGINT/SIGTERM, how long requests in flight may finish before shoal stops",
+    )
+    serve.add_argument(
+        "--trace-config",
+        action="append",
+        default=[],
+        help="Triton's [<mode>,]<setting>=<value>: level=TIMESTAMPS, rate=N, count=N, "
+        "mode=triton|opentelemetry, triton,file=PATH (repeatable)",
+    )
     serve.add_argument(
         "--trace-overhead",
         action="store_true",
         help="record each request's time per pipeline stage (shoal_request_stage_* metrics)",
     )
-    serve.add_argument("--http-max-input-size", type=int, default=64 * MIB)
+    serve.add_argument(
+        "--http-max-input-size",
+        type=int,
+        default=64 * MIB,
+        metavar="BYTES",
+        help="the largest HTTP request body accepted (larger ones get 400)",
+    )
     _add_connection_flags(serve)
     _add_grpc_limit_flags(serve)
     _add_logging_flags(serve)
     _add_restriction_flags(serve)
     _add_compatibility_flags(serve)
     _serve_flags.add_arguments(serve)
-    perf.add_arguments(commands.add_parser("perf", help="load-test a KServe V2 server"))
+    perf.add_arguments(
+        commands.add_parser(
+            "perf",
+            help="load-test a KServe V2 server (perf_analyzer's flag names)",
+            formatter_class=_HelpFormatter,
+        )
+    )
     return parser
 
 
@@ -393,6 +569,7 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         exit_on_error=args.exit_on_error,
         exit_timeout_secs=args.exit_timeout_secs,
         trace_overhead=args.trace_overhead,
+        trace_settings=_trace_settings(args.trace_config),
         log_verbose=args.log_verbose,
         log_file=args.log_file,
         log_format=args.log_format,

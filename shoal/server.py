@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from shoal import _compiled
 from shoal.supervisor.compose import build_service
 from shoal.supervisor.memory.gc_tuning import settle_after_start
+from shoal.supervisor.models.table import format_model_table
 from shoal.supervisor.options import Restriction, ServerOptions
 from shoal.supervisor.service import InferenceService
 
@@ -95,12 +96,17 @@ async def _start_grpc(
     return server
 
 
-async def _drain(service: InferenceService, timeout: float) -> float:
+#: What a frontend gets to close its sockets when requests still run at the end of the drain.
+_CLOSE_SECS = 0.2
+#: The end of the exit timeout kept for the models' finalize (at most half of it): a request
+#: that never finishes must not leave the idle models no time to finalize.
+_FINALIZE_RESERVE = 1.0
+
+
+async def _drain(service: InferenceService, timeout: float) -> bool:
     """Refuse new inference (503) and report not ready while the requests in flight finish, with
     the endpoints still open: a load balancer retries the refused requests on another replica
-    and its health checks see this one leave. Returns the seconds it took."""
-    loop = asyncio.get_running_loop()
-    started = loop.time()
+    and its health checks see this one leave. False if some still run after ``timeout``."""
     service.begin_drain()
     if service.gate.in_flight:
         log.info("draining %d in-flight inference requests", service.gate.in_flight)
@@ -108,7 +114,8 @@ async def _drain(service: InferenceService, timeout: float) -> float:
         log.warning(
             "%d inference requests were still running at the exit timeout", service.gate.in_flight
         )
-    return loop.time() - started
+        return False
+    return True
 
 
 async def run_server(options: ServerOptions, stop: asyncio.Event) -> int:
@@ -119,11 +126,21 @@ async def run_server(options: ServerOptions, stop: asyncio.Event) -> int:
     http: HttpServer | None = None
     metrics: HttpServer | None = None
     grpc_server: GrpcServer | NativeGrpcServer | None = None
-    grace = options.exit_timeout_secs  # what the frontends get to finish, after the drain
+    loop = asyncio.get_running_loop()
+    #: When the shutdown must be over: ``--exit-timeout-secs`` is the total for the drain, the
+    #: frontends and the models together, as in Triton (set when the shutdown starts).
+    deadline: float | None = None
+    drained = False
     try:
-        await service.load_repository()
-        if options.exit_on_error and service.failed:
-            log.error("exiting: some models failed to load (--exit-on-error=true)")
+        failures = await service.load_repository()
+        log.info("models:\n%s", format_model_table(service.repository_index()))
+        if options.exit_on_error and failures:
+            log.error(
+                "exiting: %d model(s) failed to load: %s (--exit-on-error=true; start with "
+                "--exit-on-error=false to serve the others)",
+                len(failures),
+                ", ".join(sorted(failures)),
+            )
             return 1
         if options.allow_http:
             app = build_http_app(
@@ -147,27 +164,37 @@ async def run_server(options: ServerOptions, stop: asyncio.Event) -> int:
         settle_after_start()
         log.info("shoal is ready")
         await stop.wait()
-        log.info("shutting down (exit timeout %.0fs)", options.exit_timeout_secs)
-        grace -= await _drain(service, options.exit_timeout_secs)
+        timeout = options.exit_timeout_secs
+        deadline = loop.time() + timeout
+        log.info("shutting down (exit timeout %.0fs)", timeout)
+        drained = await _drain(service, timeout - min(_FINALIZE_RESERVE, timeout / 2))
         return 0
     finally:
-        # gRPC drains (up to the exit timeout) while HTTP does.
+        if deadline is None:  # a failed start: the same budget for what was started
+            deadline = loop.time() + options.exit_timeout_secs
+
+        def left() -> float:
+            return max(0.0, deadline - loop.time())
+
+        # Once drained, the frontends get until the deadline to write the last responses; if
+        # requests still run, they only close their sockets: those requests would not finish.
+        grace = min(left(), _CLOSE_SECS) if not drained else max(left(), _CLOSE_SECS)
+        # gRPC drains while HTTP does.
         grpc_stopping = (
-            None
-            if grpc_server is None
-            else asyncio.ensure_future(grpc_server.stop(grace=max(1.0, grace)))
+            None if grpc_server is None else asyncio.ensure_future(grpc_server.stop(grace=grace))
         )
         if http is not None:
             try:
-                await asyncio.wait_for(http.stop(), max(1.0, grace))
+                await asyncio.wait_for(http.stop(), grace)
             except asyncio.TimeoutError:
                 log.warning("in-flight HTTP requests did not finish within the exit timeout")
         if metrics is not None:
             try:
-                await asyncio.wait_for(metrics.stop(), options.exit_timeout_secs)
+                await asyncio.wait_for(metrics.stop(), grace)
             except asyncio.TimeoutError:
                 log.warning("the metrics endpoint did not stop within the exit timeout")
         if grpc_stopping is not None:
             await grpc_stopping
-        await service.shutdown(timeout=max(1.0, options.exit_timeout_secs))
+        # What is left goes to the models' finalize; a stub still running then is killed.
+        await service.shutdown(timeout=left())
         sys.stdout.flush()

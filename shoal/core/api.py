@@ -50,6 +50,12 @@ class InferenceAPI(Protocol):
         """Whether the model (version) can serve; False (not an error) for unknown models."""
         ...
 
+    async def model_ready_now(self, name: str, version: str = "") -> bool:
+        """``model_ready``, and for a model that defines ``is_ready()``, what it says in every
+        instance (Triton's user-defined readiness: not ready when it raises, answers no bool,
+        or takes over 5 s; a check still running is joined, not repeated)."""
+        ...
+
     def model_metadata(self, name: str, version: str = "") -> ModelMetadata:
         """Metadata of a loaded model; NotFound / Unavailable otherwise."""
         ...

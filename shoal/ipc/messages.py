@@ -52,6 +52,8 @@ class Kind(enum.IntEnum):
     CUDA_CHUNK_RETIRED = 31
     CUDA_REGION_CLOSED = 32
     BLS_CANCEL = 19
+    READINESS_CHECK = 8
+    READINESS = 20
 
 
 @dataclass(slots=True)
@@ -99,6 +101,8 @@ class RequestRecord:
     #: Bit ``i`` set: input ``i`` lies in a block staged for this request alone, which the
     #: model may write in place; any other input is made writable by a private mapping.
     private_inputs: int = 0
+    #: The request's trace context (``request.trace().get_context()``); "" when not traced.
+    trace_context: str = ""
 
     def to_wire(self) -> list[Any]:
         return [
@@ -112,13 +116,14 @@ class RequestRecord:
             self.key,
             {name: location_to_wire(r) for name, r in self.output_regions.items()},
             self.private_inputs,
+            self.trace_context,
         ]
 
     @classmethod
     def from_wire(cls, w: list[Any]) -> RequestRecord:
         inputs = [TensorDesc.from_wire(t) for t in w[5]]
         regions = {name: _region_from_wire(r) for name, r in w[8].items()}
-        return cls(w[0], w[1], w[2], w[3], w[4], inputs, w[6], w[7], regions, w[9])
+        return cls(w[0], w[1], w[2], w[3], w[4], inputs, w[6], w[7], regions, w[9], w[10])
 
 
 def _region_from_wire(obj: list[Any]) -> RegionLocation | CudaRegionLocation:
@@ -171,17 +176,48 @@ class Finalize:
 
 @dataclass(slots=True)
 class Ready:
-    """``initialize`` finished; ``error`` holds the traceback text when it failed."""
+    """``initialize`` finished; when it failed, ``error`` says why in one line (for clients)
+    and ``traceback`` holds the model's traceback (for the log)."""
 
     error: str | None = None
     #: ``execute`` is a coroutine: several batches may be in the stub at once.
     concurrent: bool = False
+    #: The model defines ``is_ready()``: model readiness asks it (``ReadinessCheck``).
+    user_ready: bool = False
+    traceback: str = ""
 
     def fields(self) -> list[Any]:
-        return [self.error, self.concurrent]
+        return [self.error, self.concurrent, self.user_ready, self.traceback]
 
     @classmethod
     def from_fields(cls, f: list[Any]) -> Ready:
+        return cls(f[0], f[1], f[2], f[3])
+
+
+@dataclass(slots=True)
+class ReadinessCheck:
+    """Run the model's ``is_ready()`` (Triton's user-defined model readiness)."""
+
+    def fields(self) -> list[Any]:
+        return []
+
+    @classmethod
+    def from_fields(cls, f: list[Any]) -> ReadinessCheck:
+        return cls()
+
+
+@dataclass(slots=True)
+class Readiness:
+    """What ``is_ready()`` said: ``ready``, or ``error`` (it raised or returned no bool)."""
+
+    ready: bool
+    error: str | None = None
+
+    def fields(self) -> list[Any]:
+        return [self.ready, self.error]
+
+    @classmethod
+    def from_fields(cls, f: list[Any]) -> Readiness:
         return cls(f[0], f[1])
 
 
@@ -523,6 +559,8 @@ Message = (
     | SegmentRetired
     | CudaChunkRetired
     | CudaRegionClosed
+    | ReadinessCheck
+    | Readiness
 )
 
 #: Each message class's kind. (Not a ClassVar on the dataclasses: mypyc, which compiles this
@@ -547,6 +585,8 @@ _KINDS: dict[type, Kind] = {
     Cancel: Kind.CANCEL,
     ControlCall: Kind.CONTROL_CALL,
     ControlReply: Kind.CONTROL_REPLY,
+    ReadinessCheck: Kind.READINESS_CHECK,
+    Readiness: Kind.READINESS,
 }
 _TYPES: dict[int, Any] = {int(kind): cls for cls, kind in _KINDS.items()}
 

@@ -14,7 +14,7 @@ from shoal.perf.errors import PerfError
 from shoal.perf.report import format_table, plot, write_csv, write_json
 from shoal.perf.runner import CLIENTS, PROTOCOLS, RunConfig, run
 from shoal.perf.stats import CellResult
-from shoal.perf.sweep import parse_concurrency
+from shoal.perf.sweep import parse_concurrency, parse_concurrency_range
 from shoal.perf.tensors import parse_input_spec
 
 T = TypeVar("T")
@@ -30,12 +30,34 @@ def _argument(parse: Any) -> Any:
     return convert
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+def _input_data(text: str) -> str | Path:
+    """perf_analyzer's ``--input-data``: ``random``, ``zero`` or a JSON file."""
+    return text if text in ("random", "zero") else Path(text)
+
+
+def _add_target(parser: argparse.ArgumentParser) -> None:
     target = parser.add_argument_group("target")
-    target.add_argument("--url", default="", help="host:port (default 127.0.0.1:8000 or :8001)")
-    target.add_argument("--protocol", choices=PROTOCOLS, default="http")
-    target.add_argument("--model", "-m", required=True)
-    target.add_argument("--model-version", default="")
+    target.add_argument(
+        "--url", "-u", default="", help="host:port (default: 127.0.0.1:8000, or :8001 for gRPC)"
+    )
+    target.add_argument(
+        "--protocol",
+        "-i",
+        type=str.lower,
+        choices=PROTOCOLS,
+        default="http",
+        help="the protocol to load the server with",
+    )
+    target.add_argument("--model", "--model-name", "-m", required=True, help="the model to load")
+    target.add_argument(
+        "--model-version",
+        "-x",
+        default="",
+        help="the version to load (default: the server's choice)",
+    )
+
+
+def _add_inputs(parser: argparse.ArgumentParser) -> None:
     data = parser.add_argument_group("inputs (default: every input from the model's metadata)")
     data.add_argument(
         "--input",
@@ -48,20 +70,68 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     data.add_argument(
         "--bytes", type=int, default=None, help="size each metadata input to this many bytes"
     )
-    data.add_argument("--input-data", type=Path, help="a V2 JSON request body with the inputs")
+    data.add_argument(
+        "--input-data",
+        type=_input_data,
+        default="random",
+        metavar="random|zero|FILE",
+        help="random or zero data of the metadata's shapes, or a JSON file: perf_analyzer's "
+        '{"data": [{...}]} (its first entry) or a V2 request body',
+    )
+    data.add_argument(
+        "--batch-size",
+        "-b",
+        type=int,
+        default=1,
+        help="the batch dimension of the requests to a batched model",
+    )
+
+
+def _add_load(parser: argparse.ArgumentParser) -> None:
     load = parser.add_argument_group("load")
-    load.add_argument(
+    levels = load.add_mutually_exclusive_group()
+    levels.add_argument(
         "--concurrency",
         "-c",
         type=_argument(parse_concurrency),
         default=(1,),
-        help="one level or a sweep: 8, 1,8,64 or 1:64 (doubling)",
+        metavar="LEVELS",
+        help="one level or a sweep: 8, 1,8,64 or 1:64 (doubling) (default: 1)",
     )
-    load.add_argument("--duration", type=float, default=5.0, help="seconds measured per level")
+    levels.add_argument(
+        "--concurrency-range",
+        dest="concurrency",
+        type=_argument(parse_concurrency_range),
+        metavar="START:END:STEP",
+        help="perf_analyzer's sweep: START to END by STEP (1:8:2 is 1, 3, 5, 7)",
+    )
+    span = load.add_mutually_exclusive_group()
+    span.add_argument("--duration", type=float, default=5.0, help="seconds measured per level")
+    span.add_argument(
+        "--measurement-interval",
+        "-p",
+        dest="duration",
+        type=lambda text: float(text) / 1000,
+        metavar="MS",
+        help="perf_analyzer's name: milliseconds measured per level (default: 5000)",
+    )
     load.add_argument("--warmup", type=float, default=1.0, help="seconds before measuring")
-    load.add_argument("--request-timeout", type=float, default=30.0)
-    load.add_argument("--http-format", choices=("binary", "json"), default="binary")
-    load.add_argument("--shared-memory", choices=("none", "system"), default="none")
+    load.add_argument(
+        "--request-timeout", type=float, default=30.0, help="seconds before a request fails"
+    )
+    load.add_argument(
+        "--http-format",
+        choices=("binary", "json"),
+        default="binary",
+        help="tensor data as the binary extension or as JSON",
+    )
+    load.add_argument(
+        "--shared-memory",
+        choices=("none", "system", "cuda"),
+        default="none",
+        help="pass inputs and outputs through system shared memory registered with the server "
+        "(cuda: use perf_analyzer)",
+    )
     load.add_argument(
         "--streaming",
         action=argparse.BooleanOptionalAction,
@@ -74,9 +144,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="python",
         help="python (built in), wrk (HTTP) or h2load (gRPC) when installed",
     )
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """shoal perf's flags; perf_analyzer's names (-m, -u, -i, -b, --concurrency-range,
+    --measurement-interval, --input-data, --shared-memory, -f) are accepted beside them."""
+    _add_target(parser)
+    _add_inputs(parser)
+    _add_load(parser)
     out = parser.add_argument_group("output")
     out.add_argument("--json", type=Path, help="write the results as JSON")
-    out.add_argument("--csv", type=Path, help="write one CSV row per concurrency level")
+    out.add_argument(
+        "--csv", "-f", type=Path, help="write one CSV row per concurrency level to this file"
+    )
     out.add_argument(
         "--plot",
         type=Path,
@@ -85,13 +165,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
+    if args.shared_memory == "cuda":
+        raise PerfError(
+            "--shared-memory cuda is not built into shoal perf: use perf_analyzer "
+            "(docs/perf.md), which shoal serves unmodified"
+        )
+    input_data = args.input_data
     return RunConfig(
         model=args.model,
         url=args.url,
         protocol=args.protocol,
         version=args.model_version,
         inputs=tuple(args.input),
-        input_data=args.input_data,
+        input_data=input_data if isinstance(input_data, Path) else None,
+        zero_data=input_data == "zero",
+        batch_size=args.batch_size,
         payload_bytes=args.bytes,
         concurrency=args.concurrency,
         duration_s=args.duration,
@@ -140,8 +228,8 @@ def write_outputs(args: argparse.Namespace, config: RunConfig, results: list[Cel
 
 def main(args: argparse.Namespace) -> int:
     """Run ``shoal perf``: 0 when every request succeeded, 1 if some failed, 2 on a fatal error."""
-    config = config_from_args(args)
     try:
+        config = config_from_args(args)
         results = run_loop(run(config))
     except PerfError as error:
         print(f"shoal perf: {error}", file=sys.stderr)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -20,6 +21,7 @@ from shoal.perf._control import (
 from shoal.perf._load import Transport, measure
 from shoal.perf._transports import GrpcStreamTransport, GrpcUnaryTransport, HttpTransport
 from shoal.perf.errors import PerfError
+from shoal.perf.input_data import is_perf_analyzer_data, tensors_from_data
 from shoal.perf.requests import RequestPlan, grpc_request, http_request, infer_path
 from shoal.perf.shm import ShmRegion, plan_layout
 from shoal.perf.stats import CellResult, summarize
@@ -44,7 +46,9 @@ class RunConfig:
     protocol: str = "http"
     version: str = ""
     inputs: tuple[tuple[str, str, tuple[int, ...]], ...] = ()
-    input_data: Path | None = None
+    input_data: Path | None = None  # a V2 request body or perf_analyzer's {"data": [...]}
+    zero_data: bool = False  # perf_analyzer's --input-data zero
+    batch_size: int = 1
     payload_bytes: int | None = None
     concurrency: tuple[int, ...] = (1,)
     duration_s: float = 5.0
@@ -73,16 +77,41 @@ def check(config: RunConfig) -> None:
         raise PerfError("--shared-memory system needs the built-in client (--client python)")
     if config.duration_s <= 0 or config.warmup_s < 0:
         raise PerfError("--duration must be positive and --warmup not negative")
+    if config.batch_size < 1:
+        raise PerfError("--batch-size must be positive")
 
 
 def choose_inputs(config: RunConfig, info: ModelInfo) -> list[TensorSpec]:
+    batched = info.max_batch_size > 0
     if config.input_data is not None:
-        return tensors_from_json(config.input_data)
+        try:
+            document = json.loads(config.input_data.read_text())
+        except (OSError, ValueError) as error:
+            raise PerfError(f"--input-data {config.input_data}: {error}") from None
+        try:
+            if is_perf_analyzer_data(document):
+                return tensors_from_data(
+                    document, info.inputs, batch_size=config.batch_size, batched=batched
+                )
+            return tensors_from_json(config.input_data)
+        except (ValueError, KeyError, TypeError) as error:
+            raise PerfError(f"--input-data {config.input_data}: {error}") from None
     if config.inputs:
         return [random_tensor(n, d, s, seed=i) for i, (n, d, s) in enumerate(config.inputs)]
     if not info.inputs:
         raise PerfError(f"model '{config.model}' declares no inputs; pass --input")
-    return tensors_from_metadata(info.inputs, config.payload_bytes, batched=info.max_batch_size > 0)
+    if config.batch_size > max(info.max_batch_size, 1):
+        raise PerfError(
+            f"--batch-size {config.batch_size} is larger than the max_batch_size "
+            f"({info.max_batch_size}) of model '{config.model}'"
+        )
+    return tensors_from_metadata(
+        info.inputs,
+        config.payload_bytes,
+        batched=batched,
+        batch_size=config.batch_size,
+        zeros=config.zero_data,
+    )
 
 
 async def run(config: RunConfig) -> list[CellResult]:

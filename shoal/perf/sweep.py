@@ -44,3 +44,18 @@ def _positive(text: str, part: str) -> int:
     if value <= 0:
         raise ValueError(f"concurrency must be positive, got '{part}'")
     return value
+
+
+def parse_concurrency_range(text: str) -> tuple[int, ...]:
+    """perf_analyzer's ``--concurrency-range start[:end[:step]]``: from ``start`` up to ``end``
+    (default ``start``) by ``step`` (default 1), as perf_analyzer steps: ``1:8:2`` is 1, 3, 5,
+    7; ``end`` is measured only when a step lands on it."""
+    parts = text.split(":")
+    if not 1 <= len(parts) <= 3 or not all(p.strip() for p in parts):
+        raise ValueError(f"--concurrency-range expects start[:end[:step]], got '{text}'")
+    start = _positive(parts[0].strip(), text)
+    end = _positive(parts[1].strip(), text) if len(parts) > 1 else start
+    step = _positive(parts[2].strip(), text) if len(parts) > 2 else 1
+    if end < start:
+        raise ValueError(f"concurrency range '{text}' goes down")
+    return tuple(range(start, end + 1, step))

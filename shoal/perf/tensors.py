@@ -148,16 +148,21 @@ def tensors_from_json(path: Path) -> list[TensorSpec]:
 
 
 def concrete_shape(
-    shape: Sequence[int], datatype: str, payload_bytes: int | None, *, batched: bool
+    shape: Sequence[int],
+    datatype: str,
+    payload_bytes: int | None,
+    *,
+    batched: bool,
+    batch_size: int = 1,
 ) -> tuple[int, ...]:
     """A shape for ``shape`` with its ``-1`` filled in.
 
-    The batch dimension of a batched model becomes 1; the last variable dimension takes what
-    makes the tensor ``payload_bytes`` long (when given), the others become 1.
+    The batch dimension of a batched model becomes ``batch_size``; the last variable dimension
+    takes what makes the tensor ``payload_bytes`` long (when given), the others become 1.
     """
     dims = list(shape)
     if batched and dims and dims[0] == -1:
-        dims[0] = 1
+        dims[0] = batch_size
     variable = [i for i, d in enumerate(dims) if d < 0]
     for i in variable:
         dims[i] = 1
@@ -169,14 +174,28 @@ def concrete_shape(
 
 
 def tensors_from_metadata(
-    inputs: Sequence[TensorInfo], payload_bytes: int | None, *, batched: bool
+    inputs: Sequence[TensorInfo],
+    payload_bytes: int | None,
+    *,
+    batched: bool,
+    batch_size: int = 1,
+    zeros: bool = False,
 ) -> list[TensorSpec]:
-    return [
-        random_tensor(
-            info.name,
-            info.datatype,
-            concrete_shape(info.shape, info.datatype, payload_bytes, batched=batched),
-            seed=index,
+    """Random (or, with ``zeros``, zero) data of the shapes the metadata gives."""
+    tensors = []
+    for index, info in enumerate(inputs):
+        shape = concrete_shape(
+            info.shape, info.datatype, payload_bytes, batched=batched, batch_size=batch_size
         )
-        for index, info in enumerate(inputs)
-    ]
+        if zeros:
+            tensors.append(zero_tensor(info.name, info.datatype, shape))
+        else:
+            tensors.append(random_tensor(info.name, info.datatype, shape, seed=index))
+    return tensors
+
+
+def zero_tensor(name: str, datatype: str, shape: Sequence[int]) -> TensorSpec:
+    """perf_analyzer's ``--input-data zero``: zeros, and empty strings for BYTES."""
+    if datatype == "BYTES":
+        return tensor_from_array(name, datatype, np.full(tuple(shape), b"", dtype=object))
+    return tensor_from_array(name, datatype, np.zeros(tuple(shape), dtype=NUMPY_TYPES[datatype]))

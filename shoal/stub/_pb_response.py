@@ -21,8 +21,8 @@ def check_parameters(parameters: object) -> dict[str, bool | int | str]:
     """Validate request/response parameters set by a model: ``str`` keys, bool/int/str values."""
     if parameters is None:
         return {}
-    if not isinstance(parameters, Mapping):
-        raise TypeError(f"parameters must be a dict, not {type(parameters).__name__}")
+    if not isinstance(parameters, Mapping):  # Triton's exception and words
+        raise TritonModelException(f"Expect parameters to be a dict, got {type(parameters)}")
     checked: dict[str, bool | int | str] = {}
     for key, value in parameters.items():
         if not isinstance(key, str):

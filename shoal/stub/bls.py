@@ -206,6 +206,7 @@ class BlsClient:
             requested_outputs=sorted(request.requested_output_names()),
             inputs=inputs,
             timeout_us=int(request.timeout()),
+            trace_context=request.trace().get_context() or "",  # the caller's, passed on
         )
         self._pump.expect(call_id)
         orphan = self._opened(call_id)

@@ -70,6 +70,8 @@ class BatchExecutor:
         send: Callable[[msg.Message], None],
         decoupled: bool,
         private_view: Callable[[Location, memoryview], memoryview],
+        *,
+        concurrent_async: bool = False,
     ) -> None:
         self.instance = instance
         self.model = model
@@ -79,8 +81,12 @@ class BatchExecutor:
         self.private_view = private_view
         self.send = send
         self.decoupled = decoupled
-        #: ``async def execute``: batches run concurrently on the model's event loop.
-        self.concurrent = inspect.iscoroutinefunction(getattr(model, "execute", None))
+        #: ``async def execute`` of a model that asked for it (``async_execute_concurrency`` > 1):
+        #: batches run concurrently on the model's event loop. Otherwise each coroutine runs to
+        #: completion before the next batch, as in Triton.
+        self.concurrent = concurrent_async and inspect.iscoroutinefunction(
+            getattr(model, "execute", None)
+        )
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_lock = threading.Lock()
         # Cancellation flags of the requests in the stub, by key (not the requests: no
@@ -342,6 +348,7 @@ class BatchExecutor:
             model_version=-1,
             deliver=deliver,
             decoupled=self.decoupled,
+            trace_context=record.trace_context or None,
         )
 
     def _cpu_input(self, desc: TensorDesc, private: bool) -> Any:

@@ -31,6 +31,8 @@ from shoal.stub._pb_helpers import (
 from shoal.stub._pb_logger import Logger
 from shoal.stub._pb_logger import _set_log_sink as _set_log_sink
 from shoal.stub._pb_model_config import ModelConfig
+from shoal.stub._pb_output import _set_output_lender as _set_output_lender
+from shoal.stub._pb_output import empty_output_tensor
 from shoal.stub._pb_request import (
     TRITONSERVER_REQUEST_RELEASE_ALL,
     TRITONSERVER_REQUEST_RELEASE_RESCHEDULE,
@@ -89,6 +91,7 @@ __all__ = [
     "TritonError",
     "TritonModelException",
     "deserialize_bytes_tensor",
+    "empty_output_tensor",
     "get_input_config_by_name",
     "get_input_tensor_by_name",
     "get_model_dir",

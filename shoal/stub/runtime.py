@@ -22,11 +22,12 @@ from shoal.ipc.cuda import CudaPoolMap
 from shoal.ipc.fdpass import recv_fds, send_fds
 from shoal.ipc.queue import Channel, PeerGone
 from shoal.ipc.tensor import CudaLocation, Location, RegionLocation
-from shoal.stub import c_python_backend_utils, loader, pb_utils
+from shoal.stub import c_python_backend_utils, failures, loader, pb_utils, readiness
 from shoal.stub.bls import BlsClient
 from shoal.stub.control import ControlClient, StubMetrics
 from shoal.stub.executor import BatchExecutor
 from shoal.stub.gpu_tensors import GpuTensors
+from shoal.stub.lent_outputs import OutputLender
 from shoal.stub.memory import ClientRegions, Locations, SharedOutputArena
 from shoal.stub.pump import DownPump
 from shoal.stub.tensors_out import TensorWriter
@@ -192,6 +193,8 @@ class StubRuntime:
             outputs = SharedOutputArena(self._create_outputs(first))
             c_python_backend_utils._set_free_memory(outputs.free_bytes)
             writer = TensorWriter(outputs, Locations())
+            lender = writer.lender = OutputLender(outputs, writer.locations)
+            pb_utils._set_output_lender(lender.lend)
             cancels: list[Callable[[list[int]], None]] = []  # filled once execute can run
 
             def cancel(keys: list[int]) -> None:
@@ -199,7 +202,11 @@ class StubRuntime:
                     each(keys)
 
             pump = DownPump(
-                self.channel, outputs.free, cancel, self.retire_input, self.retire_chunk
+                self.channel,
+                lambda blocks: outputs.free(lender.released(blocks)),
+                cancel,
+                self.retire_input,
+                self.retire_chunk,
             )
             # Model control and custom metrics work from initialize on; BLS from execute on.
             control = ControlClient(pump, self._send)
@@ -213,8 +220,9 @@ class StubRuntime:
             pb_utils._set_metrics_backend(StubMetrics(control))
             try:
                 self._initialize(first)
-            except BaseException:
-                self._send(msg.Ready(error=_format_exception()))
+            except BaseException as error:
+                text = failures.summary(error)
+                self._send(msg.Ready(error=text, traceback=failures.user_traceback(error)))
                 return 1
             executor = BatchExecutor(
                 self.instance,
@@ -224,13 +232,19 @@ class StubRuntime:
                 self._send,
                 _is_decoupled(first.args),
                 self.private_input_view,
+                concurrent_async=_async_concurrency(first.args) > 1,
             )
             bls = BlsClient(writer, pump, self._send, self.input_view)
             cancels.append(executor.cancel)
             cancels.append(bls.cancel_requests)  # after the flags: the model sees them first
             pb_utils._set_bls_executor(bls)
             pb_utils._set_cancel_poller(pump.poll)
-            self._send(msg.Ready(concurrent=executor.concurrent and not executor.decoupled))
+            self._send(
+                msg.Ready(
+                    concurrent=executor.concurrent and not executor.decoupled,
+                    user_ready=readiness.defines_is_ready(self.model),
+                )
+            )
             return self._serve(executor, pump, bls)
         except PeerGone:
             return 1
@@ -250,6 +264,8 @@ class StubRuntime:
                         bls.end_batch()
                     if result is not None:
                         self._send(result)
+                case msg.ReadinessCheck():
+                    readiness.start_check(self.model, executor.await_result, self._send)
                 case msg.CudaRegionClosed(device=device, handle=handle):
                     # Here, between batches: a sync execute is never reading it now.
                     if self.gpu is not None:
@@ -296,6 +312,17 @@ def _force_cpu_inputs(args: dict[str, str]) -> bool:
         return str(value.get("string_value", "yes")).strip().lower() != "no"
     except (ValueError, AttributeError):
         return True
+
+
+def _async_concurrency(args: dict[str, str]) -> int:
+    """The model parameter ``async_execute_concurrency`` (1 when absent or not a number: the
+    supervisor warns about such a value)."""
+    try:
+        config = json.loads(args.get("model_config", "{}"))
+        value = config.get("parameters", {}).get("async_execute_concurrency", {})
+        return int(str(value.get("string_value", "1")).strip() or "1")
+    except (ValueError, AttributeError):
+        return 1
 
 
 def _is_decoupled(args: dict[str, str]) -> bool:

@@ -16,6 +16,7 @@ from shoal.stub.memory import Locations, RegionTooSmall, SharedOutputArena
 
 if TYPE_CHECKING:
     from shoal.stub.gpu_tensors import GpuTensors
+    from shoal.stub.lent_outputs import OutputLender
 
 #: Memory a descriptor was written into, which goes back if the message is never sent.
 Written = list[Block | CudaLocation]
@@ -34,10 +35,16 @@ class TensorWriter:
         self.outputs = outputs
         self.locations = locations
         self.gpu = gpu
+        #: Blocks lent to the model (``pb_utils.empty_output_tensor``): a response carries
+        #: them by descriptor.
+        self.lender: OutputLender | None = None
 
     def free(self, written: Written) -> None:
         """Give back what descriptors that will not be sent were written into."""
-        self.outputs.free([w for w in written if type(w) is Block])
+        blocks = [w for w in written if type(w) is Block]
+        if self.lender is not None:
+            blocks = self.lender.released(blocks)  # lent blocks: only no longer carried
+        self.outputs.free(blocks)
         cuda = [w for w in written if type(w) is CudaLocation]
         if cuda and self.gpu is not None:
             self.gpu.give_back(cuda)
@@ -67,7 +74,19 @@ class TensorWriter:
         shape = tuple(int(d) for d in array.shape)
         known = self.locations.lookup(array, for_response=for_response)
         if known is not None and known.datatype == datatype and known.shape == shape:
-            return TensorDesc(tensor.name(), datatype, shape, known.location)
+            location = known.location
+            lender = self.lender
+            if not (
+                for_response
+                and lender is not None
+                and type(location) is Block
+                and lender.is_lent(location)
+            ):
+                return TensorDesc(tensor.name(), datatype, shape, location)
+            if lender.carry(location):  # a lent block: the response takes it as it is
+                written.append(location)
+                return TensorDesc(tensor.name(), datatype, shape, location)
+            # another response carries it already: this one gets a copy
         block = self.outputs.allocate(numpy_to_buffer_size(array, datatype))
         written.append(block)
         write_numpy(array, datatype, self.outputs.view(block))

@@ -21,11 +21,12 @@ from shoal.supervisor.memory.cuda_pools import CudaPools
 from shoal.supervisor.memory.segments import INPUT_ARENA_ID, SegmentDirectory
 from shoal.supervisor.memory.system_shm import SharedMemoryRegistry
 from shoal.supervisor.models.ensemble import EnsembleRunner
+from shoal.supervisor.models.loaded import LoadedModels
 from shoal.supervisor.models.manager import ModelRepositoryManager
-from shoal.supervisor.models.table import ModelTable
 from shoal.supervisor.models.versions import ModelLoader
 from shoal.supervisor.options import ServerOptions
 from shoal.supervisor.requests.response_cache import ResponseCache
+from shoal.supervisor.schedulers.rate_limiter import RateLimiter
 from shoal.supervisor.service import InferenceService
 
 log = logging.getLogger("shoal")
@@ -37,8 +38,8 @@ def build_service(options: ServerOptions, make_stub: MakeStub = StubProcess) -> 
     # Named segments a crashed supervisor could not unlink (memfd arenas need no cleanup).
     for name in remove_stale_segments():
         log.warning("removed a stale shared-memory segment of a dead server: %s", name)
-    table = ModelTable()
-    input_arena = _input_arena(options, table)
+    loaded = LoadedModels()
+    input_arena = _input_arena(options, loaded)
     directory = SegmentDirectory(input_arena, CudaPools(dict(options.cuda_pool_limits)))
 
     def free_inputs(blocks: list[Block]) -> None:
@@ -46,8 +47,12 @@ def build_service(options: ServerOptions, make_stub: MakeStub = StubProcess) -> 
             input_arena.free(block)
 
     custom_metrics = CustomMetrics()
-    bls = BlsRouter(table, directory)
+    bls = BlsRouter(loaded, directory)
     cache = ResponseCache(options.cache_bytes) if options.cache_bytes > 0 else None
+    rate_limiter = None
+    if options.rate_limit == "execution_count":
+        rate_limiter = RateLimiter(dict(options.rate_limit_resources))
+    initial_traces = {k: v if isinstance(v, str) else list(v) for k, v in options.trace_settings}
 
     def make_loader(models: ModelControl) -> ModelLoader:
         return ModelLoader(
@@ -58,24 +63,25 @@ def build_service(options: ServerOptions, make_stub: MakeStub = StubProcess) -> 
             control=ControlRouter(models, custom_metrics, directory),
             trace_overhead=options.trace_overhead,
             response_cache=cache is not None,
+            rate_limiter=rate_limiter,
             make_stub=make_stub,
         )
 
     return InferenceService(
         options,
-        repository=ModelRepositoryManager(options, table, make_loader),
+        repository=ModelRepositoryManager(options, loaded, make_loader),
         input_arena=input_arena,
         directory=directory,
-        ensembles=EnsembleRunner(table, directory, free_inputs),
+        ensembles=EnsembleRunner(loaded, directory, free_inputs),
         custom_metrics=custom_metrics,
         cache=cache,
         shm=SharedMemoryRegistry(allow_client=options.allow_client_shm),
         log_settings=LogSettings.from_options(options),
-        trace_settings=TraceSettings(lambda name: name in table.models),
+        trace_settings=TraceSettings(lambda name: name in loaded.models, initial_traces),
     )
 
 
-def _input_arena(options: ServerOptions, table: ModelTable) -> OwnedArena:
+def _input_arena(options: ServerOptions, loaded: LoadedModels) -> OwnedArena:
     """The supervisor's input arena; each new segment is announced to every live stub."""
     arenas = options.arenas
     return OwnedArena(
@@ -83,5 +89,5 @@ def _input_arena(options: ServerOptions, table: ModelTable) -> OwnedArena:
         initial_bytes=arenas.input_initial_bytes,
         growth_bytes=arenas.growth_bytes,
         limit_bytes=arenas.limit_bytes,
-        on_new_segment=table.announce_segment,
+        on_new_segment=loaded.announce_segment,
     )

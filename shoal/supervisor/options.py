@@ -54,7 +54,7 @@ class ServerOptions:
     load_models: tuple[str, ...] = ()
     strict_model_config: bool = False
     strict_readiness: bool = True
-    exit_on_error: bool = False
+    exit_on_error: bool = True
     exit_timeout_secs: float = 30.0
     #: Record the time each request spends in each stage of the pipeline (docs/perf.md).
     trace_overhead: bool = False
@@ -90,6 +90,8 @@ class ServerOptions:
     backend_directory: str = "/opt/tritonserver/backends"
     #: ``--cuda-memory-pool-byte-size``: the limit of each device's CUDA pool, by device.
     cuda_pool_limits: tuple[tuple[int, int], ...] = ()
+    #: ``--trace-config``: the global trace settings at start (trace_level, trace_file, ...).
+    trace_settings: tuple[tuple[str, str | tuple[str, ...]], ...] = ()
     #: ``--cache-config local,size=N``: the response cache's size in bytes (0: no cache).
     cache_bytes: int = 0
     #: ``--rate-limit``: "off" or "execution_count".

@@ -136,9 +136,10 @@ class InferenceService:
         for block in blocks:
             self.input_arena.free(block)
 
-    async def load_repository(self) -> None:
-        """Load the models the control mode asks for at start."""
-        await self._repo.load_startup()
+    async def load_repository(self) -> dict[str, str]:
+        """Load the models the control mode asks for at start; returns those that failed to
+        load, with the reason."""
+        return await self._repo.load_startup()
 
     def begin_drain(self) -> None:
         """Refuse new inference and report not live / not ready (503), as Triton does on exit."""
@@ -175,6 +176,19 @@ class InferenceService:
             return self._repo.resolve(name, version).serving
         except ShoalError:
             return False
+
+    async def model_ready_now(self, name: str, version: str = "") -> bool:
+        try:
+            mv = self._repo.resolve(name, version)
+        except ShoalError:
+            return False
+        if not mv.serving:
+            return False
+        asking = [instance for instance in mv.instances if instance.user_ready]
+        if not asking:
+            return True
+        answers = await asyncio.gather(*(instance.ask_is_ready() for instance in asking))
+        return all(answers)
 
     def model_metadata(self, name: str, version: str = "") -> ModelMetadata:
         mv = self._repo.resolve(name, version)
@@ -239,6 +253,7 @@ class InferenceService:
             mv.config, request, self.input_arena, outputs, regions
         )
         record.output_regions = placed
+        record.trace_context = self.tracing.context_for(mv.name)
         if mv.state is not ModelState.READY:
             self._free_inputs(blocks)
             raise Unavailable(f"model '{mv.name}' version {mv.version} is not ready")

@@ -92,6 +92,11 @@ class Work:
     stream: asyncio.Queue[Completion | BaseException | None] | None = None
     #: The requester stopped reading the stream: responses are released as they arrive.
     closed: bool = False
+    #: For a decoupled model, whose statistics are recorded once both are known: the compute
+    #: times of the execution that ran it (when execute returned), and when its final response
+    #: arrived (monotonic ns; 0 before).
+    compute_ns: tuple[int, int, int] | None = None
+    final_ns: int = 0
     #: Set by the instance that runs the work: tells the model the client went away.
     on_cancel: Callable[[], None] | None = None
     #: For a decoupled model: called once its final response arrived or its stream failed

@@ -8,8 +8,10 @@ import ast
 import configparser
 import importlib.metadata
 import json
+import os
 import re
 import shlex
+import subprocess
 import sys
 
 from packaging.requirements import Requirement
@@ -50,7 +52,7 @@ def test_base_image_is_a_slim_python_chosen_by_build_argument():
     assert all(rest.startswith("${BASE_IMAGE}") for rest in _all("FROM"))
     assert any(rest.startswith("EXTRAS") for rest in _all("ARG"))
     install = " ".join(rest for rest in _all("RUN") if "pip install" in rest)
-    assert "${EXTRAS:+[$EXTRAS]}" in install, "EXTRAS must select shoal's extras"
+    assert "${EXTRAS:+,$EXTRAS}]" in install, "EXTRAS must select shoal's extras"
 
 
 def test_final_stage_runs_shoal_serve_as_a_non_root_user():
@@ -149,3 +151,75 @@ def test_install_requires_covers_every_module_level_import():
         if not dists & provided:
             missing.append(f"{module} (imported by {where}, from {sorted(dists)})")
     assert not missing, f"setup.cfg install_requires lacks: {missing}"
+
+
+def _build_stage_install() -> str:
+    return next(rest for rest in _all("RUN") if "--no-build-isolation" in rest)
+
+
+def test_the_image_build_fails_when_the_hot_path_does_not_compile():
+    install = _build_stage_install()
+    assert "[compile" in install, "the build stage must install the `compile` extra"
+    assert "SHOAL_REQUIRE_COMPILED=" in install, "a mypyc failure must fail the build"
+    fallback = re.search(r"--force-reinstall /src\s*(\)|\|\|)", install)
+    assert fallback is None, "no fallback that would build an interpreted image silently"
+    assert "-m shoal.check_compiled" in install, "the build must check what it installed"
+
+
+def test_the_compile_extra_has_every_stub_package_mypy_checks_with():
+    config = configparser.ConfigParser()
+    config.read(REPO_ROOT / "setup.cfg")
+    extras = config["options.extras_require"]
+
+    def names(block: str) -> set[str]:
+        return {canonicalize_name(Requirement(ln).name) for ln in block.split("\n") if ln.strip()}
+
+    compile_extra = names(extras["compile"])
+    assert {"mypy", "types-protobuf", "setuptools"} <= compile_extra
+    stubs = {name for name in names(extras["test"]) if name.startswith("types-")}
+    assert stubs <= compile_extra, f"`make check` type-checks with {stubs - compile_extra} too"
+
+
+def _setup_py(tmp_path, **env: str) -> subprocess.CompletedProcess[str]:
+    """``setup.py --version`` where ``import mypyc`` fails, as in an image without the extra."""
+    fake = tmp_path / "no_mypyc" / "mypyc"
+    fake.mkdir(parents=True, exist_ok=True)
+    (fake / "__init__.py").write_text("raise ImportError('mypyc is hidden by the test')\n")
+    environment = {**os.environ, "PYTHONPATH": str(fake.parent), **env}
+    for name in ("SHOAL_REQUIRE_COMPILED", "SHOAL_PURE_PYTHON"):
+        if name not in env:
+            environment.pop(name, None)
+    return subprocess.run(
+        [sys.executable, "setup.py", "--version"],
+        cwd=REPO_ROOT,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_setup_py_fails_without_mypyc_when_compiling_is_required(tmp_path):
+    required = _setup_py(tmp_path, SHOAL_REQUIRE_COMPILED="1")
+    assert required.returncode != 0
+    assert "mypyc is not installed" in required.stderr
+    assert "SHOAL_REQUIRE_COMPILED=1 is set: build failed" in required.stderr
+    relaxed = _setup_py(tmp_path)
+    assert relaxed.returncode == 0, relaxed.stderr
+    assert "the hot path stays interpreted" in relaxed.stderr
+
+
+def test_check_compiled_fails_an_interpreted_installation():
+    command = [sys.executable, "-m", "shoal.check_compiled"]
+    environment = {**os.environ, "SHOAL_PURE_PYTHON": "1"}  # imports the hot path from source
+    done = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1
+    assert "request hot path interpreted" in done.stdout and "SHOAL_REQUIRE_COMPILED" in done.stderr
+    allowed = subprocess.run(
+        [*command, "--allow-interpreted"],
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert allowed.returncode == 0

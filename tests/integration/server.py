@@ -43,6 +43,8 @@ class ShoalServer:
     started.
 
     ``metrics=True`` also serves ``/metrics`` on a free loopback port, read into ``metrics_port``.
+    The test repositories hold models that fail to load on purpose, so the server starts with
+    ``--exit-on-error=false`` (as Triton's own QA does) unless ``exit_on_error`` is set.
     """
 
     def __init__(
@@ -51,10 +53,12 @@ class ShoalServer:
         extra_args: tuple[str, ...] = (),
         timeout: float = 60.0,
         metrics: bool = False,
+        exit_on_error: bool = False,
     ):
         self.repos = repos or (BUNDLED,)
         self.extra_args = extra_args
         self.metrics = metrics
+        self.exit_on_error = exit_on_error
         self.metrics_port = 0
         self.timeout = timeout
         self.log = tempfile.NamedTemporaryFile(prefix="shoal-test-", suffix=".log", delete=False)
@@ -94,6 +98,7 @@ class ShoalServer:
             args += ["--allow-metrics", "false"]
         for repo in self.repos:
             args += ["--model-repository", str(repo)]
+        args += ["--exit-on-error", "true" if self.exit_on_error else "false"]
         args += list(self.extra_args)
         self.proc = subprocess.Popen(
             args, stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO_ROOT

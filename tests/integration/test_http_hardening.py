@@ -218,3 +218,21 @@ def test_a_slow_body_that_keeps_coming_is_not_ended(server):
         status, answer = read_response(sock)
     assert status == 200, answer
     assert json.loads(answer)["outputs"][0]["data"] == [7]
+
+
+# --- JSON depth -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", ["/v2/models/identity/infer", "/v2/repository/index"])
+def test_json_nested_a_thousand_deep_is_refused(server, path):
+    deep = "[" * 1000 + "1" + "]" * 1000
+    body = (
+        '{"inputs":[{"name":"IN_INT32","datatype":"INT32","shape":[1],"data":[1]}],'
+        f'"parameters":{{"x":{deep}}}}}'
+    ).encode()
+    head = f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n"
+    with _connect(server) as sock:
+        sock.sendall(head.encode() + body)
+        status, answer = read_response(sock)
+    assert status == 400, answer
+    assert "nests deeper than 100 levels" in json.loads(answer)["error"]

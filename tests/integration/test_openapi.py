@@ -188,3 +188,29 @@ def test_load_file_paths_cannot_leave_the_model_directory(server, session, relat
     # Path.glob("**") raises.
     written = [d for d, _, files in os.walk(tmp) if token in files]
     assert not written and not list(tmp.parent.glob(token))
+
+
+def _documented(path: str, method: str = "get") -> set[str]:
+    return set(yaml.safe_load(SPEC.read_text())["paths"][path][method]["responses"])
+
+
+def test_the_statuses_of_an_unloaded_version_and_a_raw_binary_request_are_documented():
+    args = ("--model-control-mode", "explicit", "--load-model", "add_sub")
+    with ShoalServer(BUNDLED, extra_args=args) as srv, requests.Session() as http:
+        base = f"http://{srv.url}"
+        assert http.post(f"{base}/v2/repository/models/add_sub/unload", timeout=30).ok
+        version = "/v2/models/{model_name}/versions/{model_version}"
+        for suffix in ("", "/config", "/stats"):
+            reply = http.get(f"{base}/v2/models/add_sub/versions/1{suffix}", timeout=10)
+            assert reply.status_code == 503, (suffix, reply.text)
+            assert "503" in _documented(version + suffix), f"{version}{suffix} lacks its 503"
+        assert http.post(f"{base}/v2/repository/models/add_sub/load", timeout=60).ok
+        reply = http.post(
+            f"{base}/v2/models/add_sub/infer",
+            data=b"\x00" * 16,
+            headers={"Inference-Header-Content-Length": "0"},
+            timeout=10,
+        )
+        assert reply.status_code == 501, reply.text
+        description = yaml.safe_load(SPEC.read_text())["paths"]["/v2/models/{model_name}/infer"]
+        assert "Inference-Header-Content-Length: 0" in str(description["post"]["responses"]["501"])

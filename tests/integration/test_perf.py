@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import shutil
 import subprocess
@@ -68,3 +69,28 @@ def test_perf_with_system_shared_memory_leaves_no_region(bundled_server, tmp_pat
     status_url = f"http://{bundled_server.url}/v2/systemsharedmemory/status"
     with urllib.request.urlopen(status_url, timeout=10) as status:
         assert json.load(status) == []  # unregistered at the end
+
+
+def test_perf_takes_perf_analyzer_flag_names(bundled_server, tmp_path):
+    data = tmp_path / "data.json"
+    # perf_analyzer's --input-data: flat values, shapes from the model's metadata.
+    data.write_text(json.dumps({"data": [{"INPUT0": [1.0] * 4, "INPUT1": [2.0] * 4}]}))
+    csv_file = tmp_path / "perf.csv"
+    _perf(
+        *("-m", "add_sub", "-u", bundled_server.url, "-i", "http", "-b", "1"),
+        *("--concurrency-range", "1:3:2", "--measurement-interval", "400", "--warmup", "0.1"),
+        *("--input-data", str(data), "--shared-memory", "system", "-f", str(csv_file)),
+    )
+    with csv_file.open(newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert [row["concurrency"] for row in rows] == ["1", "3"]  # 1:3:2 as perf_analyzer
+    assert all(row["errors"] == "0" and float(row["throughput"]) > 0 for row in rows), rows
+
+
+def test_perf_refuses_cuda_shared_memory_with_a_pointer(bundled_server):
+    command = [sys.executable, "-m", "shoal", "perf", "-m", "add_sub", "-u", bundled_server.url]
+    run = subprocess.run(
+        [*command, "--shared-memory", "cuda"], capture_output=True, text=True, timeout=60
+    )
+    assert run.returncode == 2
+    assert "perf_analyzer" in run.stderr

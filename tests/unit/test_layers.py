@@ -33,6 +33,7 @@ ALLOWED: dict[str, set[str]] = {
     "_serve_flags": set(),
     "__init__": {"_compiled"},
     "_compiled": set(),
+    "check_compiled": {"_compiled"},
     "__main__": {"cli"},
 }
 

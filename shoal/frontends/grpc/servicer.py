@@ -84,7 +84,7 @@ class Servicer:
 
     async def model_ready(self, request: pb.ModelReadyRequest) -> pb.ModelReadyResponse:
         version = _model_version(request.version)
-        return pb.ModelReadyResponse(ready=self._core.model_ready(request.name, version))
+        return pb.ModelReadyResponse(ready=await self._core.model_ready_now(request.name, version))
 
     async def server_metadata(self, request: pb.ServerMetadataRequest) -> pb.ServerMetadataResponse:
         metadata = self._core.server_metadata()

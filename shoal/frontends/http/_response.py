@@ -4,9 +4,9 @@ JSON outputs carry ``data`` as a flat row-major list. Binary outputs (binary ten
 extension) carry ``parameters.binary_data_size`` and their bytes follow the JSON header, in output
 order; the ``Inference-Header-Content-Length`` header gives the JSON header's size. Outputs the
 client placed in shared memory (requested with, or returned with, ``shared_memory_region`` in their
-parameters) carry neither, only their parameters. The body is returned as chunks (header bytes, then
-the outputs' own memoryviews) so that the caller copies the tensor bytes exactly once, when it
-joins them.
+parameters) carry neither, nor the ``shared_memory_*`` parameters, as Triton. The body is
+returned as chunks (header bytes, then the outputs' own memoryviews) so that the caller copies
+the tensor bytes exactly once, when it joins them.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ JSON_CONTENT_TYPE = "application/json"
 BINARY_CONTENT_TYPE = "application/octet-stream"
 HEADER_LENGTH = "inference-header-content-length"
 _SHM_REGION = "shared_memory_region"
+_SHM_PREFIX = "shared_memory_"
 
 
 @dataclass(frozen=True)
@@ -75,9 +76,12 @@ def _encode_output(
     }
     parameters: dict[str, Any] = dict(output.parameters)
     if output.name in output_format.shared_memory or _SHM_REGION in parameters:
-        # The core wrote it into the client's region: only its parameters go back.
-        if parameters:
-            entry["parameters"] = parameters
+        # The core wrote it into the client's region: nothing goes back but the model's own
+        # parameters. Triton adds no shared_memory_* parameters here, and the C++ client
+        # (perf_analyzer) takes an output's "parameters" to hold binary_data_size.
+        kept = {k: v for k, v in parameters.items() if not k.startswith(_SHM_PREFIX)}
+        if kept:
+            entry["parameters"] = kept
         return entry, None
     data = output_bytes(output)
     if output_format.is_binary(output.name):

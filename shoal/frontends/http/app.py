@@ -65,8 +65,8 @@ def build_http_app(
     """
     infer = _InferEndpoint(core, max_input_size)
     routes = [
-        Route("/v2/health/live", _health(core.is_live), methods=["GET"]),
-        Route("/v2/health/ready", _health(core.is_ready), methods=["GET"]),
+        Route("/v2/health/live", _health("live", core.is_live), methods=["GET"]),
+        Route("/v2/health/ready", _health("ready", core.is_ready), methods=["GET"]),
         Route("/v2", _server_metadata(core), methods=["GET"]),
         # Before "/v2/models/{model_name}", which would take "stats" for a model name.
         *model_stats_routes(core),
@@ -126,11 +126,14 @@ async def _http_exception(request: Request, exc: Exception) -> Response:
 # --- health and metadata ----------------------------------------------------------------------
 
 
-def _health(check: Callable[[], bool]) -> Endpoint:
+def _health(key: str, check: Callable[[], bool]) -> Endpoint:
     @guarded
     async def health(request: Request) -> Response:
-        # As Triton: the status says it all; 400 (not 503) when not live / not ready.
-        return Response(status_code=200 if check() else 400)
+        # The status as Triton's (400, not 503, when not live / not ready), which is all that
+        # tritonclient reads; the body as the KServe V2 spec's ({"live": true}), which the
+        # KServe SDK reads.
+        state = check()
+        return Response(_json.dumps({key: state}), 200 if state else 400, media_type=JSON_TYPE)
 
     return health
 
@@ -156,7 +159,7 @@ def _model_ready(core: CoreAPI) -> Endpoint:
     @guarded
     async def model_ready(request: Request) -> Response:
         name, version = model_ref(request.path_params)
-        if core.model_ready(name, version):
+        if await core.model_ready_now(name, version):
             return Response(status_code=200)
         body = _json.dumps({"error": "Model version not ready"})
         return Response(body, 400, media_type=JSON_TYPE)

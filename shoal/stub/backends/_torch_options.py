@@ -1,7 +1,7 @@
 """The parameters of Triton's PyTorch backend, read from the configuration and applied to torch.
 
 Applied: ``DISABLE_OPTIMIZED_EXECUTION``, ``INFERENCE_MODE``, ``ENABLE_CACHE_CLEANING``,
-``INTRA_OP_THREAD_COUNT`` (default: this stub's ``OMP_NUM_THREADS`` share, so that instances do
+``INTRA_OP_THREAD_COUNT`` (default: this stub's ``OMP_NUM_THREADS`` when set, so that instances do
 not oversubscribe the CPU), ``INTER_OP_THREAD_COUNT``, and ``ENABLE_JIT_EXECUTOR``,
 ``ENABLE_JIT_PROFILING``, ``ENABLE_TENSOR_FUSER`` (process-wide TorchScript switches; a stub
 runs one instance, so they cannot leak into another model). Accepted without effect:

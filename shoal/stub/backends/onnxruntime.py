@@ -14,7 +14,7 @@ so a stub runs it like a ``model.py``:
   place (no copy). String inputs are decoded to ``str`` once (onnxruntime's Python API takes text).
 
 Session options follow the parameters of Triton's onnxruntime backend: ``intra_op_thread_count``
-(default: this stub's ``OMP_NUM_THREADS`` share, so instances do not oversubscribe the CPU),
+(default: this stub's ``OMP_NUM_THREADS`` when set, so instances do not oversubscribe the CPU),
 ``inter_op_thread_count``, ``execution_mode`` (0 sequential, 1 parallel), ``enable_mem_arena``,
 ``enable_mem_pattern``, and ``optimization { graph { level } }`` (-1 basic, 1 extended,
 2 disabled, otherwise all optimizations).

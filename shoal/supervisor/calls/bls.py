@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Protocol
 
 from shoal.core.errors import (
     Cancelled,
-    DeadlineExceeded,
     ModelError,
     ShoalError,
     Unavailable,
@@ -104,8 +103,6 @@ class BlsRouter:
     def forget_process(self, proc: StubChannel) -> None:
         for key in [k for k in self._open if k[0] == proc.pid]:
             open_call = self._open.pop(key)
-            if open_call.timer is not None:
-                open_call.timer.cancel()
             _abandon(open_call.work, [])
         for key in [k for k in self._held if k[0] == proc.pid]:
             for completion in self._held.pop(key):
@@ -117,7 +114,9 @@ class BlsRouter:
         self, caller: StubInstance, proc: StubChannel, call: msg.BlsCall, key: tuple[int, int]
     ) -> None:
         """Submit the call's request now, from the message's own callback; the reply is sent
-        from its future's done-callback. A cancel or a timeout answers at once."""
+        from its future's done-callback. A cancel answers at once. The request's ``timeout``
+        is Triton's: a queue timeout, which the target's scheduler enforces (UNAVAILABLE
+        "Request timeout expired"); a call that started in time runs to its end."""
         try:
             target = self._target(caller, call)
         except ShoalError as error:
@@ -133,13 +132,6 @@ class BlsRouter:
         work = Work(call.request, [], future, batch_size=batch)
         open_call = _OpenCall(call.model_name, work, target, proc)
         self._open[key] = open_call
-        if call.request.timeout_us > 0:
-            open_call.timer = asyncio.get_running_loop().call_later(
-                call.request.timeout_us / 1e6,
-                self._end_early,
-                key,
-                DeadlineExceeded("Request timeout expired"),
-            )
         future.add_done_callback(functools.partial(self._answered, key, open_call))
         target.submit(work)
 
@@ -149,8 +141,6 @@ class BlsRouter:
         if self._open.get(key) is not open_call:  # answered already: _end_early released it
             return
         del self._open[key]
-        if open_call.timer is not None:
-            open_call.timer.cancel()
         proc, work, target = open_call.proc, open_call.work, open_call.target
         if future.cancelled():  # not by this router: it answers its own cancels first
             error: BaseException | None = Cancelled(
@@ -182,12 +172,10 @@ class BlsRouter:
         self._send(proc, msg.BlsReply(key[1], completion.response, True))
 
     def _end_early(self, key: tuple[int, int], error: ShoalError) -> None:
-        """Answer a call with ``error`` now and drop its request (cancel or timeout)."""
+        """Answer a call with ``error`` now and drop its request (a cancel)."""
         open_call = self._open.pop(key, None)
         if open_call is None:
             return
-        if open_call.timer is not None:
-            open_call.timer.cancel()
         _abandon(open_call.work, [])
         self._send(open_call.proc, _error_reply(key[1], error))
 
@@ -213,8 +201,7 @@ class BlsRouter:
     async def _serve(self, caller: StubInstance, proc: StubChannel, call: msg.BlsCall) -> None:
         try:
             target = self._target(caller, call)
-            timeout = call.request.timeout_us / 1e6 if call.request.timeout_us > 0 else None
-            await asyncio.wait_for(self._run(target, proc, call), timeout)
+            await self._run(target, proc, call)  # the scheduler enforces the queue timeout
         except asyncio.CancelledError:
             if (proc.pid, call.call_id) not in self._cancelled:
                 raise  # shutdown, not a BLS cancel
@@ -224,8 +211,6 @@ class BlsRouter:
             await self._reply_error(
                 proc, call, Cancelled(f"BLS request to model '{call.model_name}' was cancelled")
             )
-        except asyncio.TimeoutError:
-            await self._reply_error(proc, call, DeadlineExceeded("Request timeout expired"))
         except ShoalError as error:
             await self._reply_error(proc, call, error)
         except Exception as error:  # a bug must answer the caller, not leave it waiting
@@ -330,7 +315,6 @@ class _OpenCall:
     work: Work
     target: ModelVersion
     proc: StubChannel
-    timer: asyncio.TimerHandle | None = None
 
 
 def _error_reply(call_id: int, error: ShoalError) -> msg.BlsReply:

@@ -1,7 +1,9 @@
 """Triton's trace extension: global and per-model trace settings, read and changed at run time.
 
-Settings are stored, validated and reported as Triton does; shoal writes no trace file (see
-docs/http.md, "Trace settings"). Values have Triton's string forms: ``trace_level`` is a list
+Settings are stored, validated and reported as Triton does; ``--trace-config`` sets the global
+ones at start. shoal writes no trace file (see docs/http.md, "Trace settings"), but a request
+sampled for tracing carries a trace context to its model (:meth:`TraceSettings.context_for`).
+Values have Triton's string forms: ``trace_level`` is a list
 (``["OFF"]`` or some of ``["TIMESTAMPS", "TENSORS"]``), every other setting one string.
 
 A model's settings start as a copy of the global ones the first time they are updated; a setting
@@ -10,7 +12,9 @@ cleared with ``None`` (JSON ``null``, an empty gRPC value) follows the global on
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import json
+import secrets
+from collections.abc import Callable, Mapping, Sequence
 
 from shoal.core.errors import InvalidArgument, Unsupported
 from shoal.core.types import TraceChange, TraceValue
@@ -36,10 +40,38 @@ _FIXED = {
 class TraceSettings:
     """The global settings and each model's own settings."""
 
-    def __init__(self, known_model: Callable[[str], bool] = lambda _: True) -> None:
-        self._global: dict[str, TraceValue] = dict(DEFAULTS)
+    def __init__(
+        self,
+        known_model: Callable[[str], bool] = lambda _: True,
+        initial: Mapping[str, TraceValue] | None = None,
+    ) -> None:
+        """``initial``: the global settings ``--trace-config`` gave (checked by the CLI)."""
+        self._global: dict[str, TraceValue] = {**DEFAULTS, **(initial or {})}
         self._models: dict[str, dict[str, TraceValue]] = {}
         self._known_model = known_model
+        #: Requests seen and traces started, per model, for trace_rate and trace_count.
+        self._seen: dict[str, int] = {}
+        self._traced: dict[str, int] = {}
+
+    def context_for(self, model: str) -> str:
+        """The trace context of the next request to ``model``: "" unless tracing is on for it
+        and this request is one of every ``trace_rate`` (``trace_count`` traces at most).
+
+        The context is what ``request.trace().get_context()`` returns in the model: a W3C
+        ``traceparent`` as JSON, the form Triton gives in OpenTelemetry mode, which a model
+        can hand to OpenTelemetry's propagator. shoal itself writes no trace yet.
+        """
+        settings = {**self._global, **self._models.get(model, {})}
+        if settings["trace_level"] == ["OFF"]:
+            return ""
+        seen = self._seen.get(model, 0)
+        self._seen[model] = seen + 1
+        count = int(str(settings["trace_count"]))
+        if seen % int(str(settings["trace_rate"])) or 0 <= count <= self._traced.get(model, 0):
+            return ""
+        self._traced[model] = self._traced.get(model, 0) + 1
+        parent = f"00-{secrets.token_hex(16)}-{secrets.token_hex(8)}-01"
+        return json.dumps({"traceparent": parent})
 
     def current(self, model: str = "") -> dict[str, TraceValue]:
         """The settings in effect for ``model`` ("" for the global ones)."""
@@ -52,12 +84,13 @@ class TraceSettings:
         checked = {key: self._value(key, value, model) for key, value in changes.items()}
         now = self.current(model)
         level = checked.get("trace_level") or now["trace_level"]
-        if level != ["OFF"] and not now["trace_file"]:
-            # Triton's check and words: a level other than OFF needs a file to write to, and
-            # shoal has none (it writes no traces).
+        if level != ["OFF"] and now["trace_mode"] == "triton" and not now["trace_file"]:
+            # Triton's check and words: in triton mode a level other than OFF needs a file
+            # (given at start: --trace-config triton,file=PATH).
             raise InvalidArgument(
                 "Attempting to set invalid trace setting :trace file name is not given "
-                "(shoal writes no traces: trace_level can only be OFF)"
+                "(start the server with --trace-config triton,file=PATH, or "
+                "--trace-config mode=opentelemetry)"
             )
         target = self._global if not model else self._models.setdefault(model, {})
         for key, value in checked.items():
@@ -131,4 +164,53 @@ def _integer(key: str, value: TraceChange) -> str:
     return str(number)
 
 
-__all__ = ["DEFAULTS", "TraceChange", "TraceSettings", "TraceValue"]
+#: ``--trace-config`` keys (Triton's) and the setting each one sets.
+_CONFIG_KEYS = {
+    "file": "trace_file",
+    "level": "trace_level",
+    "rate": "trace_rate",
+    "count": "trace_count",
+    "log-frequency": "log_frequency",
+    "mode": "trace_mode",
+}
+
+
+def parse_trace_config(entries: Sequence[str]) -> dict[str, TraceValue]:
+    """The global settings of Triton's ``--trace-config [<mode>,]<key>=<value>`` flags (``level``
+    may repeat); ValueError names a malformed one. OpenTelemetry's exporter settings
+    (``opentelemetry,url=...``, ``resource=...``) are accepted and unused: shoal exports none."""
+    settings: dict[str, TraceValue] = {}
+    levels: list[str] = []
+    for entry in entries:
+        scope, _, setting = entry.rpartition(",")
+        key, eq, value = setting.partition("=")
+        if not eq or scope not in ("", "triton", "opentelemetry"):
+            raise ValueError(f"--trace-config expects [<mode>,]<setting>=<value>, got '{entry}'")
+        if scope == "opentelemetry":
+            continue
+        name = _CONFIG_KEYS.get(key)
+        if name is None:
+            known = ", ".join(_CONFIG_KEYS)
+            raise ValueError(f"--trace-config: unknown setting '{key}'; expected one of {known}")
+        try:
+            if name == "trace_level":
+                levels.append(value.upper())
+            elif name == "trace_mode":
+                if value not in ("triton", "opentelemetry"):
+                    raise InvalidArgument(f"mode must be triton or opentelemetry, not '{value}'")
+                settings[name] = value
+            elif name == "trace_file":
+                settings[name] = value
+            else:
+                settings[name] = _integer(name, value)
+        except InvalidArgument as error:
+            raise ValueError(f"--trace-config {entry}: {error.message}") from None
+    if levels:
+        try:
+            settings["trace_level"] = _level(levels)
+        except InvalidArgument as error:
+            raise ValueError(f"--trace-config: {error.message}") from None
+    return settings
+
+
+__all__ = ["DEFAULTS", "TraceChange", "TraceSettings", "TraceValue", "parse_trace_config"]

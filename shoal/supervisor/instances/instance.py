@@ -38,6 +38,9 @@ from shoal.supervisor.work import Completion, Work
 
 log = logging.getLogger("shoal")
 
+#: How long model readiness waits for a model's ``is_ready()`` (Triton's 5 s).
+USER_READY_TIMEOUT_S = 5.0
+
 _LOG_LEVELS = {0: logging.INFO, 1: logging.WARNING, 2: logging.ERROR, 3: logging.DEBUG}
 _arena_ids = itertools.count(1)
 #: Request keys, unique across instances: a rescheduled request keeps its key (and its open
@@ -55,7 +58,12 @@ MakeStub = Callable[[StubLaunch, int], StubChannel]
 
 
 class LoadError(Exception):
-    """The stub could not start or the model's ``initialize`` raised; the text says why."""
+    """The stub could not start or the model's ``initialize`` raised; the text says why in one
+    line, fit for clients; ``traceback`` is the model's traceback, for the log ("" if none)."""
+
+    def __init__(self, message: str, traceback: str = "") -> None:
+        super().__init__(message)
+        self.traceback = traceback
 
 
 class BlsHandler(Protocol):
@@ -76,6 +84,18 @@ class ControlHandler(Protocol):
     def handle(self, caller: StubInstance, proc: StubChannel, call: msg.ControlCall) -> None: ...
 
     def forget_process(self, proc: StubChannel) -> None: ...
+
+
+class ExecutionGrant(Protocol):
+    """The rate limiter's grant of one execution; ``release`` (idempotent) frees it."""
+
+    def release(self) -> None: ...
+
+
+class RateLimitGate(Protocol):
+    """This instance's place in the rate limiter (``--rate-limit execution_count``)."""
+
+    async def acquire(self) -> ExecutionGrant: ...
 
 
 class BatchSource(Protocol):
@@ -100,7 +120,7 @@ class InstanceSpec:
     runtime_file: str = ""
     restart_backoff: tuple[float, float] = (0.1, 5.0)
     #: Batches in one stub at once when the model's execute is ``async def``.
-    async_concurrency: int = 8
+    async_concurrency: int = 1
     #: Seconds one execute may take before the stub is killed and restarted (None: no limit).
     execute_timeout: float | None = None
     #: This many deaths within ``crash_window`` seconds: stop restarting (a crash loop).
@@ -154,6 +174,8 @@ class _InFlight:
     timer: asyncio.TimerHandle | None = None
     #: For a batch sent ahead: the timer of its requests' queue timeout, until it starts.
     queue_timer: asyncio.TimerHandle | None = None
+    #: The rate limiter's grant this batch runs under, released when it is done.
+    grant: ExecutionGrant | None = None
 
 
 class StubInstance:
@@ -199,6 +221,9 @@ class StubInstance:
         self._limit = 1
         #: Send the next batch while the current one executes (set by the model loader).
         self.send_ahead = False
+        #: Set by the model loader under ``--rate-limit execution_count``: each batch waits
+        #: for a grant before it is sent.
+        self.rate_limit: RateLimitGate | None = None
         self._source: BatchSource | None = None
         self._deaths: list[float] = []
         #: Why the instance gave up restarting (a crash loop), or None.
@@ -219,7 +244,8 @@ class StubInstance:
         self.control: ControlHandler | None = None
         #: Batches in the stub, in the order they were sent.
         self._in_flight: dict[int, _InFlight] = {}
-        self._init_waiter: asyncio.Future[str | None] | None = None
+        # (error, traceback) when initialize failed, else None.
+        self._init_waiter: asyncio.Future[tuple[str, str] | None] | None = None
         self._finalized: asyncio.Future[None] | None = None
         self._worker: asyncio.Task[None] | None = None
         self._restart_task: asyncio.Task[None] | None = None
@@ -230,6 +256,9 @@ class StubInstance:
         self._background: set[asyncio.Future[None]] = set()
         #: Running model_warmup: its executions are not client traffic, so not counted.
         self._warming = False
+        #: The model defines ``is_ready()``; the check in flight, if one is.
+        self.user_ready = False
+        self._readiness: asyncio.Future[bool] | None = None
 
     @property
     def ready(self) -> bool:
@@ -267,6 +296,31 @@ class StubInstance:
             finally:
                 self._warming = False
         self._worker = asyncio.create_task(self._work_loop(source), name=f"worker {self.name}")
+
+    async def ask_is_ready(self, timeout: float = USER_READY_TIMEOUT_S) -> bool:
+        """What the model's ``is_ready()`` says (False when it raised, answered no bool, or
+        did not answer within ``timeout``). A check already running is joined, as in Triton:
+        one slow ``is_ready()`` is not asked again by every caller."""
+        proc = self._proc
+        if proc is None or not self._ready.is_set():
+            return False
+        if self._readiness is None:
+            self._readiness = self._loop.create_future()
+            try:
+                await proc.send_async(msg.ReadinessCheck())
+            except PeerGone:
+                self._answer_readiness(False, "the stub exited")
+        try:
+            return await asyncio.wait_for(asyncio.shield(self._readiness), timeout)
+        except asyncio.TimeoutError:
+            return False
+
+    def _answer_readiness(self, ready: bool, error: str | None) -> None:
+        waiting, self._readiness = self._readiness, None
+        if error is not None:
+            log.info("[%s] is_ready() says not ready: %s", self.name, error)
+        if waiting is not None and not waiting.done():
+            waiting.set_result(ready and error is None)
 
     async def run_now(self, batch: list[Work]) -> list[Completion]:
         """Run ``batch`` on this instance at once, outside any scheduler (warmup), and return its
@@ -338,9 +392,9 @@ class StubInstance:
             await proc.send_async(init)
         except PeerGone:
             pass  # it died at once: _on_exit says how, through the waiter
-        error = await self._init_waiter
-        if error is not None:
-            raise LoadError(error)
+        failure = await self._init_waiter
+        if failure is not None:
+            raise LoadError(*failure)
 
     def announce_segment(self, segment: Any) -> None:
         """A new input-arena segment exists: the live stub must be able to map it."""
@@ -379,12 +433,17 @@ class StubInstance:
             case msg.Log(level=level, message=text, filename=filename, line=line):
                 where = f" ({filename}:{line})" if filename else ""
                 log.log(_LOG_LEVELS.get(level, logging.INFO), "[%s]%s %s", self.name, where, text)
-            case msg.Ready(error=error, concurrent=concurrent):
+            case msg.Readiness(ready=ready, error=error):
+                self._answer_readiness(ready, error)
+            case msg.Ready(
+                error=error, concurrent=concurrent, user_ready=user_ready, traceback=trace
+            ):
+                self.user_ready = user_ready
                 self._limit = max(1, self.spec.async_concurrency) if concurrent else 1
                 ahead = SEND_AHEAD if self.send_ahead and self._limit == 1 else 0
                 self._slots = _Slots(self._limit + ahead)
                 if self._init_waiter is not None and not self._init_waiter.done():
-                    self._init_waiter.set_result(error)
+                    self._init_waiter.set_result(None if error is None else (error, trace))
             case msg.Finalized(error=error):
                 if error:
                     log.warning("[%s] finalize raised:\n%s", self.name, error)
@@ -392,6 +451,13 @@ class StubInstance:
                     self._finalized.set_result(None)
             case _:
                 log.error("[%s] unexpected message %s", self.name, type(message).__name__)
+
+    def _stream_done(self, work: Work) -> None:
+        """A decoupled request's statistics, as Triton's: from enqueued to its final response,
+        with the compute times of the execution that ran it."""
+        compute = work.compute_ns if work.compute_ns is not None else (0, 0, 0)
+        queue_ns = work.dispatched_ns - work.enqueued_ns
+        self.stats.success(work.batch_size, work.final_ns - work.enqueued_ns, queue_ns, compute)
 
     def _complete(self, proc: StubChannel, result: msg.Result) -> None:
         entry = self._batch_done(result.batch_id)
@@ -407,6 +473,10 @@ class StubInstance:
         for work in batch:
             if id(work) in again:
                 self._reschedule(work)
+            elif work.stream is not None and not self._warming:
+                work.compute_ns = result.compute_ns if result.executed else (0, 0, 0)
+                if work.final_ns:  # the final response came before execute returned
+                    self._stream_done(work)
         answered = [w for w in batch if w.stream is None]  # decoupled requests answer apart
         for work, response in zip(answered, result.responses, strict=True):
             if id(work) in again:
@@ -475,16 +545,32 @@ class StubInstance:
             except BaseException:
                 slots.release()
                 raise
+            grant = None
+            if self.rate_limit is not None:
+                try:
+                    grant = await self.rate_limit.acquire()
+                except BaseException:
+                    slots.release()
+                    source.requeue(batch)
+                    raise
             proc = self._proc
             if self._stopping or proc is None or not self._ready.is_set():
                 slots.release()
+                if grant is not None:
+                    grant.release()
                 source.requeue(batch)
                 continue
-            await self._send_batch(proc, batch, slots)
+            await self._send_batch(proc, batch, slots, grant)
 
-    async def _send_batch(self, proc: StubChannel, batch: list[Work], slots: _Slots) -> None:
+    async def _send_batch(
+        self,
+        proc: StubChannel,
+        batch: list[Work],
+        slots: _Slots,
+        grant: ExecutionGrant | None = None,
+    ) -> None:
         batch_id = next(self._batch_ids)
-        entry = _InFlight(batch, slots)
+        entry = _InFlight(batch, slots, grant=grant)
         self._in_flight[batch_id] = entry
         now = time.monotonic_ns()
         for work in batch:
@@ -562,6 +648,8 @@ class StubInstance:
         if entry.queue_timer is not None:
             entry.queue_timer.cancel()
         entry.slots.release()
+        if entry.grant is not None:
+            entry.grant.release()
         if not self._in_flight:
             self._idle.set()
         elif self._limit == 1 and self._proc is not None:  # the batch sent ahead starts now
@@ -591,11 +679,10 @@ class StubInstance:
             work = stream.work
             if work.reschedule is not None:
                 work.reschedule(work, False)
-            queue_ns = work.dispatched_ns - work.enqueued_ns
             if not self._warming:
-                self.stats.success(
-                    work.batch_size, time.monotonic_ns() - work.enqueued_ns, queue_ns, (0, 0, 0)
-                )
+                work.final_ns = time.monotonic_ns()
+                if work.compute_ns is not None:  # else when execute returns (_complete)
+                    self._stream_done(work)
         completion = None
         if body is not None:
             # An error response is one response among the others (Triton's too): the request
@@ -685,10 +772,17 @@ class StubInstance:
     def _on_exit(self, proc: StubChannel, returncode: int) -> None:
         how = describe_exit(returncode)
         self._ready.clear()
-        if self._init_waiter is not None and not self._init_waiter.done():
-            self._init_waiter.set_result(
-                f"Stub process '{self.name}' is not healthy. It exited during initialize with {how}"
-            )
+        if proc is self._proc:
+            self._answer_readiness(False, None)
+        waiter = self._init_waiter
+        if waiter is not None and not waiter.done():
+            try:
+                self._drain(proc)  # the Ready with the model's error may still be in the ring
+            except Exception:  # a record cut short by the death: the exit says enough
+                pass
+            if not waiter.done():
+                died = f"Stub process '{self.name}' is not healthy. It exited during initialize"
+                waiter.set_result((f"{died} with {how}", ""))
         if self._finalized is not None and not self._finalized.done():
             self._finalized.set_result(None)
         self._directory.unregister(proc)
@@ -718,6 +812,8 @@ class StubInstance:
                 if timer is not None:
                     timer.cancel()
             entry.slots.release()
+            if entry.grant is not None:
+                entry.grant.release()
         if self._limit == 1 and self._source is not None:
             # A sync stub runs its batches in order: only the first had started. The others
             # were sent ahead and go back to the queue, to the restarted stub or another one.
@@ -805,7 +901,11 @@ class StubInstance:
     # -- stop -------------------------------------------------------------------------------
 
     async def stop(self, timeout: float) -> None:
-        """finalize() within ``timeout``, then SIGTERM, then SIGKILL; releases everything."""
+        """finalize() and the stub's exit within ``timeout``, else SIGKILL; releases everything.
+
+        ``timeout`` bounds the whole stop (the server's exit timeout is one deadline, as in
+        Triton): a stub whose finalize does not return in time (its execute hangs, say) is
+        killed at once, not given further graces."""
         self._stopping = True
         self._ready.clear()
         if self._worker is not None:
@@ -816,14 +916,28 @@ class StubInstance:
         if proc is None:
             return
         if proc.returncode is None:
+            deadline = self._loop.time() + timeout
             self._finalized = self._loop.create_future()
+            finalized = False
             try:
                 await asyncio.wait_for(self._stop_process(proc), timeout)
+                finalized = True
             except (asyncio.TimeoutError, PeerGone):
                 log.warning(
                     "instance '%s' did not finalize in %.1fs: killing it", self.name, timeout
                 )
+                proc.kill()
+            if finalized:  # it exits by itself, in what is left of the timeout (a moment at least)
+                exit_within = max(_EXIT_GRACE, deadline - self._loop.time())
+                try:
+                    await asyncio.wait_for(asyncio.shield(proc.exited), exit_within)
+                except asyncio.TimeoutError:
+                    log.warning("instance '%s' did not exit after finalize: killing it", self.name)
+                    proc.kill()
         await self._discard(proc)
+        for entry in self._in_flight.values():  # their executions are over: free the resources
+            if entry.grant is not None:
+                entry.grant.release()
 
     async def _stop_process(self, proc: StubChannel) -> None:
         await proc.send_async(msg.Finalize())
@@ -843,6 +957,9 @@ class StubInstance:
             except asyncio.TimeoutError:
                 continue
 
+
+#: Seconds a stub gets to exit after its finalize returned, even at the stop's deadline.
+_EXIT_GRACE = 0.5
 
 #: What a response without GPU tensors owns of the CUDA pools.
 _NO_CUDA: list[CudaLocation] = []

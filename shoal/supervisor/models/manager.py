@@ -36,10 +36,15 @@ from shoal.supervisor.models.autocomplete import (
     require_pytorch_config,
     wants_auto_complete,
 )
+from shoal.supervisor.models.loaded import LoadedModels
 from shoal.supervisor.models.remote_repository import RemoteRepositoryError, RepositorySources
 from shoal.supervisor.models.repository import scan
-from shoal.supervisor.models.table import ModelTable
-from shoal.supervisor.models.versions import ModelLoader, ModelState, ModelVersion
+from shoal.supervisor.models.versions import (
+    ModelLoader,
+    ModelState,
+    ModelVersion,
+    without_repository,
+)
 from shoal.supervisor.options import ServerOptions
 
 log = logging.getLogger("shoal")
@@ -48,25 +53,29 @@ log = logging.getLogger("shoal")
 _SHELL_CHARS = ";|&$`<>()[]{}\\\"'*?~#!"
 
 
+class _LoggedLoadFailure(InvalidArgument):
+    """A version failed to start; the loader has logged why, with the model's traceback."""
+
+
 class ModelRepositoryManager:
     """Loaded versions by model name, plus the reason of each model that failed to load."""
 
     def __init__(
         self,
         options: ServerOptions,
-        table: ModelTable,
+        loaded: LoadedModels,
         make_loader: Callable[[ModelControl], ModelLoader],
     ) -> None:
         """``make_loader`` builds the loader with this manager as the model control its stubs'
         ``pb_utils.load_model`` / ``unload_model`` calls reach (the one cycle in the wiring)."""
         self.options = options
-        self.table = table
+        self.loaded = loaded
         self.loader = make_loader(self)
         # Local repositories as they are, remote ones mirrored: what scan() reads.
         self.sources = RepositorySources(options.model_repositories, options.model_repository_cache)
-        # The table's own dicts: the manager writes them, requests read them through the table.
-        self.models = table.models
-        self.failed = table.failed
+        # The registry's own dicts: the manager writes them, requests read them through it.
+        self.models = loaded.models
+        self.failed = loaded.failed
         self._locks: dict[str, asyncio.Lock] = {}
         self._scratch: dict[str, str] = {}  # model name -> temp dir holding uploaded files
         self._fingerprints: dict[str, tuple[tuple[str, int, int], ...]] = {}
@@ -78,15 +87,18 @@ class ModelRepositoryManager:
         self._orphans: set[str] = set()
 
     def versions(self) -> Iterator[ModelVersion]:
-        return self.table.versions()
+        return self.loaded.versions()
 
     # -- start-up ---------------------------------------------------------------------------
 
-    async def load_startup(self) -> None:
-        """Load what the control mode says to load at start; failures are recorded."""
+    async def load_startup(self) -> dict[str, str]:
+        """Load what the control mode says to load at start; returns the models that failed,
+        with the reason (each is logged once, and recorded for the repository index)."""
         await self.sources.open()
         sources, broken = scan(self.sources.local_paths)
         self.failed.update(broken)
+        for reason in broken.values():
+            log.error("%s", reason)
         if self.options.model_control_mode == "explicit":
             wanted = set(self.options.load_models)
             names = sorted(sources) if "*" in wanted else sorted(wanted)
@@ -94,10 +106,13 @@ class ModelRepositoryManager:
             names = sorted(sources)
         # Claimed before any starts, so an ensemble does not load its steps a second time.
         self._loading.update(names)
-        await asyncio.gather(*(self._load_quietly(name) for name in names))
+        results = await asyncio.gather(*(self._load_quietly(name) for name in names))
         if self.options.model_control_mode == "poll":
             self._fingerprints = {n: _fingerprint(s.path) for n, s in sources.items()}
             self._poller = asyncio.create_task(self._poll_forever(), name="repository poll")
+        failures = dict(broken)
+        failures.update((n, r) for n, r in zip(names, results, strict=True) if r is not None)
+        return failures
 
     async def _poll_forever(self) -> None:
         while True:
@@ -126,11 +141,16 @@ class ModelRepositoryManager:
             self.failed.pop(name, None)
         await asyncio.gather(*(self._load_quietly(name) for name in changed))
 
-    async def _load_quietly(self, name: str) -> None:
+    async def _load_quietly(self, name: str) -> str | None:
+        """Load ``name``; returns why it failed (logged once), or None."""
         try:
             await self.load(name, _startup=True)
+        except _LoggedLoadFailure as error:
+            return str(error)
         except Exception as error:  # one model's failure must not stop the others
             log.error("%s", error)
+            return str(error)
+        return None
 
     # -- load / unload ----------------------------------------------------------------------
 
@@ -182,26 +202,36 @@ class ModelRepositoryManager:
             try:
                 new = await self._prepare(name, path, override)
             except model_config.ConfigError as error:
-                self.failed[name] = str(error)
-                raise InvalidArgument(f"failed to load '{name}': {error}") from None
+                log.error("failed to load '%s': %s", name, error)
+                reason = without_repository(str(error), path)
+                self._record_failure(name, reason)
+                raise _LoggedLoadFailure(f"failed to load '{name}': {reason}") from None
             await self._load_composing(name, new)
             for mv in new:
                 problem = self._ensemble_problem(mv)
                 if problem is not None:
-                    self.failed[name] = problem
+                    self._record_failure(name, problem)
                     raise InvalidArgument(f"failed to load '{name}': {problem}")
             await asyncio.gather(*(self.loader.start(mv) for mv in new))
             broken = [mv for mv in new if not mv.ready]
             if broken:
                 await asyncio.gather(*(self.loader.stop(mv, 5.0) for mv in new if mv.ready))
+                # Each reason reads "failed to load '<name>' version <n>: ...".
                 reason = "; ".join(mv.reason for mv in broken)
                 if name not in self.models or not any(m.ready for m in self.models[name].values()):
                     self.models[name] = {mv.version: mv for mv in new}
-                raise InvalidArgument(f"failed to load '{name}': {reason}")
+                raise _LoggedLoadFailure(reason)
             old = self.models.get(name, {})
             self.models[name] = {mv.version: mv for mv in new}
             self.failed.pop(name, None)
             await asyncio.gather(*(self._retire(mv) for mv in old.values()))
+
+    def _record_failure(self, name: str, reason: str) -> None:
+        """``name`` failed to load. A failed reload keeps the version that serves, as Triton
+        does: the model and the server stay ready (model-analyzer reloads configurations, some
+        of which cannot load here, through a server it expects to stay ready)."""
+        if not self._ready(name):
+            self.failed[name] = reason
 
     async def _load_composing(self, name: str, versions: list[ModelVersion]) -> None:
         """An ensemble's step models are loaded with it (explicit mode), as Triton does."""
@@ -281,27 +311,36 @@ class ModelRepositoryManager:
 
     def _write_files(self, name: str, files: dict[str, bytes]) -> str:
         """Materialise uploaded ``file:<path>`` contents in a private directory named ``name``."""
-        if name in ("", ".", "..") or "/" in name or "\0" in name:
+        if name in ("", ".", "..") or "/" in name or _bad_file_name(name):
             # The name becomes a directory: "." or ".." would be the scratch directory itself
             # or its parent.
             raise InvalidArgument(
                 f"failed to load '{name}': a model loaded from files needs a name that can be a "
-                "directory name (not '.', '..', nor containing '/')"
+                f"directory name (not '.', '..', nor containing '/' or NUL, at most {_NAME_MAX} "
+                "bytes)"
             )
+        relatives = {key: _file_path(name, key) for key in files}
         root = tempfile.mkdtemp(prefix="shoal-model-")
         model_dir = Path(root) / name
         try:
             model_dir.mkdir()
             for key, content in files.items():
-                relative = key.removeprefix("file:").lstrip("/")  # "file:/1/model.py" too
-                target = (model_dir / relative).resolve()
-                if not key.startswith("file:") or not target.is_relative_to(model_dir.resolve()):
+                target = (model_dir / relatives[key]).resolve()
+                if not target.is_relative_to(model_dir.resolve()) or target == model_dir:
                     raise InvalidArgument(
                         f"failed to load '{name}': file parameter '{key}' must be "
                         "'file:<relative path>' inside the model directory"
                     )
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_bytes(content)
+                try:
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    target.write_bytes(content)
+                except (FileExistsError, NotADirectoryError, IsADirectoryError) as error:
+                    # "file:1" beside "file:1/model.py": one path is a file and a directory.
+                    raise InvalidArgument(
+                        f"failed to load '{name}': file parameter '{key}' cannot be written: "
+                        f"{error.strerror} (another file parameter uses the same path as a "
+                        "file and as a directory)"
+                    ) from None
         except BaseException:
             shutil.rmtree(root, ignore_errors=True)
             raise
@@ -450,7 +489,7 @@ class ModelRepositoryManager:
 
     def resolve(self, name: str, version: str) -> ModelVersion:
         """The version a request for ``name`` (``version`` "" = the policy's latest) goes to."""
-        return self.table.resolve(name, version)
+        return self.loaded.resolve(name, version)
 
     def model_ready(self, name: str, version: str) -> bool:
         try:
@@ -489,6 +528,41 @@ class ModelRepositoryManager:
             elif not ready_only:
                 entries.append(RepositoryEntry(name))
         return entries
+
+
+#: The longest file name and path Linux takes (NAME_MAX, PATH_MAX less the scratch directory).
+_NAME_MAX = 255
+_PATH_MAX = 3072
+
+
+def _bad_file_name(name: str) -> bool:
+    """A name no file can have: NUL, not encodable, or longer than NAME_MAX bytes."""
+    try:
+        encoded = os.fsencode(name)
+    except UnicodeEncodeError:
+        return True
+    return b"\0" in encoded or len(encoded) > _NAME_MAX
+
+
+def _file_path(model: str, key: str) -> str:
+    """The relative path a ``file:<path>`` load parameter names (INVALID_ARGUMENT unless it is
+    a file's path: not a directory, no NUL, no part over NAME_MAX, not over PATH_MAX)."""
+    if not key.startswith("file:"):
+        raise InvalidArgument(
+            f"failed to load '{model}': file parameter '{key}' must be 'file:<relative path>'"
+        )
+    relative = key.removeprefix("file:").lstrip("/")  # "file:/1/model.py" too
+    parts = relative.split("/")
+    if parts[-1] in ("", ".", ".."):
+        problem = "names a directory, not a file"
+    elif any(_bad_file_name(part) for part in parts):
+        problem = f"has a NUL, a name that is not valid, or a name over {_NAME_MAX} bytes"
+    elif len(os.fsencode(relative)) > _PATH_MAX:
+        problem = f"is a path over {_PATH_MAX} bytes"
+    else:
+        return relative
+    shown = key if len(key) <= 80 else key[:77] + "..."
+    raise InvalidArgument(f"failed to load '{model}': file parameter {shown!r} {problem}")
 
 
 def _fingerprint(model_dir: str) -> tuple[tuple[str, int, int], ...]:

@@ -1,71 +1,33 @@
-"""The loaded model versions, by name and version: what every request resolves against.
-
-The repository manager writes the table (loads, unloads, failures); requests, BLS calls, ensemble
-steps and the input arena's new-segment news read it. It exists before any of them, so each is
-given the table when it is built.
-"""
+"""The model table the server logs once its models are loaded, as tritonserver does."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Sequence
 
-from shoal.core.errors import ErrorCode, NotFound, Unavailable
-from shoal.supervisor.models.versions import ModelVersion
+from shoal.core.types import RepositoryEntry
+
+_HEADER = ("Model", "Version", "Status")
+_MAX_STATUS = 100  # a long reason is cut here: the full one was logged when the load failed
 
 
-class ModelTable:
-    """Loaded versions by model name, plus the reason of each model that failed to load."""
+def _status(entry: RepositoryEntry) -> str:
+    state = entry.state or "UNAVAILABLE"
+    reason = entry.reason.removeprefix(f"failed to load '{entry.name}' version {entry.version}: ")
+    text = f"{state}: {reason}" if reason and state != "READY" else state
+    text = " ".join(text.split())  # one line per model, whatever the reason holds
+    return text if len(text) <= _MAX_STATUS else text[: _MAX_STATUS - 3] + "..."
 
-    def __init__(self) -> None:
-        self.models: dict[str, dict[int, ModelVersion]] = {}
-        self.failed: dict[str, str] = {}
 
-    def versions(self) -> Iterator[ModelVersion]:
-        for versions in self.models.values():
-            yield from versions.values()
+def format_model_table(entries: Sequence[RepositoryEntry]) -> str:
+    """``+-------+---------+--------+`` framed rows of model, version and status. Models never
+    asked to load (explicit mode) are left out, as tritonserver does."""
+    shown = [e for e in entries if e.state or e.reason]
+    rows = [_HEADER] + [(e.name, e.version or "-", _status(e)) for e in shown]
+    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    rule = "+" + "+".join("-" * (w + 2) for w in widths) + "+"
 
-    def announce_segment(self, segment: Any) -> None:
-        """A new input-arena segment: every live stub must be able to map it."""
-        for mv in self.versions():
-            for instance in mv.instances:
-                instance.announce_segment(segment)
+    def line(row: tuple[str, str, str]) -> str:
+        return "| " + " | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) + " |"
 
-    def resolve(self, name: str, version: str) -> ModelVersion:
-        """The version a request for ``name`` (``version`` "" = the policy's latest) goes to."""
-        versions = self.models.get(name)
-        if versions is None:
-            if name in self.failed:
-                raise Unavailable(
-                    f"Request for unknown model: '{name}' is not found: {self.failed[name]}",
-                    ErrorCode.UNAVAILABLE,
-                )
-            raise NotFound(f"Request for unknown model: '{name}' is not found")
-        if version:
-            try:
-                mv = versions[int(version)]
-            except (ValueError, KeyError):
-                raise NotFound(
-                    f"Request for unknown model: '{name}' version {version} is not found"
-                ) from None
-            if not mv.ready:
-                detail = f": {mv.reason}" if mv.reason else ""
-                raise Unavailable(
-                    f"Request for unavailable model: '{name}' version {version} is not "
-                    f"ready{detail}"
-                )
-            return mv
-        if len(versions) == 1:  # the common case, on every request: no list, no max()
-            (mv,) = versions.values()
-            if mv.ready:
-                return mv
-        ready = [mv for mv in versions.values() if mv.ready]
-        if not ready:
-            reasons = "; ".join(mv.reason for mv in versions.values() if mv.reason)
-            text = f"Request for unknown model: '{name}' has no available versions" + (
-                f": {reasons}" if reasons else ""
-            )
-            if all(mv.reason == "unloaded" for mv in versions.values()):
-                raise NotFound(text)  # Triton's code for an unloaded model
-            raise Unavailable(text)
-        return max(ready, key=lambda mv: mv.version)
+    body = [line(row) for row in rows[1:]] or ["| (no models)".ljust(len(rule) - 1) + "|"]
+    return "\n".join([rule, line(rows[0]), rule, *body, rule])

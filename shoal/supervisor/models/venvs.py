@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import hashlib
+import logging
 import os
 import shutil
 import sys
@@ -29,6 +30,10 @@ DEFAULT_TIMEOUT = 600.0
 _MODEL_DIR_TOKEN = "$$TRITON_MODEL_DIRECTORY"
 _DONE = ".shoal-complete"
 _TAIL_LINES = 15
+#: pip's lines that tell a build's progress in the server log (the rest only on failure).
+_PROGRESS = ("Collecting", "Processing", "Building", "Installing", "Successfully")
+
+log = logging.getLogger("shoal")
 
 
 def requirements_file(
@@ -83,7 +88,16 @@ async def build(requirements: Path, cache: Path, model: str, timeout: float) -> 
     lock = await asyncio.to_thread(_lock, cache / f"{target.name}.lock")
     try:
         if not (target / _DONE).exists():  # another load may have built it while we waited
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            log.info("model '%s': building its environment from %s", model, requirements)
             await _build(requirements, target, model, timeout)
+            log.info(
+                "model '%s': environment built in %.1f s (cached in %s)",
+                model,
+                loop.time() - started,
+                target,
+            )
     finally:
         os.close(lock)  # releases the lock
     return target
@@ -138,8 +152,9 @@ async def _run(command: list[str], cwd: Path, timeout: float, model: str, what: 
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
     )
+    lines: list[str] = []
     try:
-        output, _ = await asyncio.wait_for(process.communicate(), max(timeout, 0.001))
+        await asyncio.wait_for(_follow(process, lines, model), max(timeout, 0.001))
     except BaseException as error:  # too slow, or the load was cancelled: no stray pip
         if process.returncode is None:
             process.kill()
@@ -151,8 +166,22 @@ async def _run(command: list[str], cwd: Path, timeout: float, model: str, what: 
             "the venv was not built"
         ) from None
     if process.returncode != 0:
-        lines = output.decode(errors="replace").rstrip().splitlines()[-_TAIL_LINES:]
-        tail = "\n".join(lines) or "(no output)"
+        tail = "\n".join(lines[-_TAIL_LINES:]) or "(no output)"
         raise InvalidArgument(
             f"model '{model}': {what} failed (exit {process.returncode}):\n{tail}"
         )
+
+
+async def _follow(process: asyncio.subprocess.Process, lines: list[str], model: str) -> None:
+    """Read the build's output as it comes: its progress lines go to the log, every line to
+    ``lines`` (the failure message quotes the last ones)."""
+    assert process.stdout is not None
+    async for raw in process.stdout:
+        line = raw.decode(errors="replace").rstrip()
+        if not line:
+            continue
+        lines.append(line)
+        del lines[: -_TAIL_LINES * 4]
+        if line.lstrip().startswith(_PROGRESS):
+            log.info("model '%s': pip: %s", model, line.strip())
+    await process.wait()

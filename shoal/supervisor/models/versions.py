@@ -9,6 +9,7 @@ import logging
 import os
 import sys
 import tarfile
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,6 +40,7 @@ from shoal.supervisor.schedulers import (
     make_scheduler,
 )
 from shoal.supervisor.schedulers.base import fail_work
+from shoal.supervisor.schedulers.rate_limiter import LimitedInstance, RateLimiter
 from shoal.supervisor.work import Work
 
 log = logging.getLogger("shoal")
@@ -69,6 +71,8 @@ class ModelVersion:
     environment: environments.StubEnvironment | None = None
     #: The ``model.py`` of the model's Python-based backend; "" when the model is its own.
     runtime_file: str = ""
+    #: Its instances' places in the rate limiter (``--rate-limit execution_count``).
+    rate_limited: list[LimitedInstance] = field(default_factory=list)
     #: Why no instance is live while every restart keeps failing (None when one is live or
     #: about to be): requests are refused with it instead of waiting for an instance.
     down: str | None = None
@@ -106,6 +110,7 @@ class ModelLoader:
         control: ControlHandler,
         trace_overhead: bool = False,
         response_cache: bool = False,
+        rate_limiter: RateLimiter | None = None,
         make_stub: MakeStub = StubProcess,
     ) -> None:
         self._directory = directory
@@ -120,6 +125,8 @@ class ModelLoader:
         self.trace_overhead = trace_overhead
         #: The server has a response cache (``--cache-config``).
         self.response_cache = response_cache
+        #: ``--rate-limit execution_count``: every instance runs under it.
+        self.rate_limiter = rate_limiter
 
     def _specs(self, mv: ModelVersion) -> list[InstanceSpec]:
         config = mv.config
@@ -174,6 +181,7 @@ class ModelLoader:
         """Bring up every instance; on failure the version is UNAVAILABLE with the reason."""
         if self.trace_overhead:
             mv.stats.overhead = {}
+        started = time.monotonic()
         try:
             if self.response_cache and mv.config.response_cache and mv.config.decoupled:
                 raise InvalidArgument(
@@ -186,9 +194,7 @@ class ModelLoader:
                 mv.config.parameters, model_dir, os.path.join(model_dir, str(mv.version)), mv.name
             )
         except (ShoalError, OSError, tarfile.TarError) as error:
-            mv.state = ModelState.UNAVAILABLE
-            mv.reason = f"failed to load '{mv.name}' version {mv.version}: {error}"
-            log.error("%s", mv.reason)
+            _failed(mv, str(error))
             return
         if mv.config.is_ensemble:  # runs in the supervisor: no stub, no scheduler
             mv.state = ModelState.READY
@@ -204,22 +210,38 @@ class ModelLoader:
                 arena_stager(self._directory.input_arena),
             )
         except (SchedulerConfigError, warmup.WarmupError) as error:
-            mv.state = ModelState.UNAVAILABLE
-            mv.reason = f"failed to load '{mv.name}' version {mv.version}: {error}"
-            log.error("%s", mv.reason)
+            _failed(mv, str(error))
             return
         mv.scheduler = scheduler
         mv.instances = [
             StubInstance(spec, self._directory, self._free_inputs, mv.stats, self._make_stub)
             for spec in specs
         ]
+        try:
+            self._join_rate_limiter(mv)
+        except ShoalError as error:
+            _failed(mv, str(error))
+            return
+        log.info(
+            "loading '%s' version %d: %d instance%s of %s",
+            mv.name,
+            mv.version,
+            len(specs),
+            "" if len(specs) == 1 else "s",
+            specs[0].model_file if specs else mv.config.path,
+        )
         for instance in mv.instances:
             instance.bls = self.bls
             instance.control = self.control
             instance.decoupled = mv.config.decoupled
             # Only a lone instance: with several, a request sent ahead to a busy one could wait
-            # while another instance is idle.
-            instance.send_ahead = len(mv.instances) == 1 and isinstance(scheduler, DefaultScheduler)
+            # while another instance is idle; and not under the rate limiter, whose grant is for
+            # an execution that starts now.
+            instance.send_ahead = (
+                len(mv.instances) == 1
+                and isinstance(scheduler, DefaultScheduler)
+                and self.rate_limiter is None
+            )
             instance.on_failed = lambda failed, mv=mv: self._on_instance_failed(mv, failed)
             instance.on_health = lambda _, mv=mv: self._on_instance_health(mv)
         warm_up = self._warm_up(mv.name, samples) if samples else None
@@ -232,12 +254,38 @@ class ModelLoader:
             first = errors[0]
             reason = str(first) if isinstance(first, LoadError) else repr(first)
             await self.stop(mv, timeout=5.0)
-            mv.state = ModelState.UNAVAILABLE
-            mv.reason = f"failed to load '{mv.name}' version {mv.version}: {reason}"
-            log.error("%s", mv.reason)
+            _failed(mv, reason, first.traceback if isinstance(first, LoadError) else "")
             return
         mv.state = ModelState.READY
-        log.info("successfully loaded '%s' version %d", mv.name, mv.version)
+        log.info(
+            "successfully loaded '%s' version %d in %.2f s",
+            mv.name,
+            mv.version,
+            time.monotonic() - started,
+        )
+
+    def _join_rate_limiter(self, mv: ModelVersion) -> None:
+        """Give each instance its place in the rate limiter, with its group's resources and
+        priority (instances are named as ``ModelConfig.instance_names`` names them)."""
+        limiter = self.rate_limiter
+        if limiter is None:
+            return
+        by_name = {i.name: i for i in mv.instances}
+        members: list[LimitedInstance] = []
+        try:
+            for group in mv.config.proto.instance_group:
+                devices = list(group.gpus) if group.kind == group.KIND_GPU else [0]
+                for index in range(group.count):
+                    for device in devices:
+                        name = f"{group.name}_{index}"
+                        member = limiter.register(mv.name, name, device, group.rate_limiter)
+                        members.append(member)
+                        by_name[name].rate_limit = member
+        except ShoalError:
+            for member in members:
+                limiter.forget(member)
+            raise
+        mv.rate_limited = members
 
     def _warm_up(
         self, model: str, samples: list[warmup.WarmupSample]
@@ -293,28 +341,47 @@ class ModelLoader:
             for work in mv.scheduler.close():
                 fail_work(work, error, lambda w: self._free_inputs(w.input_blocks))
         await asyncio.gather(*(i.stop(timeout) for i in mv.instances))
+        if self.rate_limiter is not None:
+            for member in mv.rate_limited:
+                self.rate_limiter.forget(member)
+            mv.rate_limited = []
         mv.state = ModelState.UNAVAILABLE
         mv.reason = "unloaded"
 
 
-#: Thread-pool sizes each stub gets (torch follows OMP_NUM_THREADS).
+#: Thread-pool sizes a stub may be given (torch follows OMP_NUM_THREADS).
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+#: The model parameter that asks shoal to size them: ``auto`` (the CPUs this server may use
+#: divided by the model's instance count) or a number of threads.
+THREADS_PARAMETER = "SHOAL_THREADS_PER_INSTANCE"
 
 
 def thread_env(
     parameters: Any, instances: int, environ: Any = os.environ, cpus: int | None = None
 ) -> dict[str, str]:
-    """Per-stub thread counts: a model parameter of the same name, else the server's own
-    environment (inherited, so not set here), else the CPUs this process may use divided by the
-    model's instance count (at least 1)."""
-    if cpus is None:
-        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    share = str(max(1, (cpus or 1) // max(1, instances)))
-    env: dict[str, str] = {}
+    """Thread counts set for a model's stubs: none unless asked, as in Triton, where a stub
+    inherits the server's environment. A model asks with a parameter of a variable's own name
+    (that value) or with ``SHOAL_THREADS_PER_INSTANCE`` (every variable the server's
+    environment leaves unset)."""
+    env = {name: str(parameters[name]) for name in THREAD_VARIABLES if name in parameters}
+    asked = str(parameters.get(THREADS_PARAMETER, "")).strip().lower()
+    if not asked:
+        return env
+    if asked == "auto":
+        if cpus is None:
+            cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+        share = str(max(1, (cpus or os.cpu_count() or 1) // max(1, instances)))
+    elif asked.isdigit() and int(asked) > 0:
+        share = asked
+    else:
+        log.warning(
+            "%s must be 'auto' or a positive number of threads, not %r; ignored",
+            THREADS_PARAMETER,
+            asked,
+        )
+        return env
     for name in THREAD_VARIABLES:
-        if name in parameters:
-            env[name] = str(parameters[name])
-        elif name not in environ:
+        if name not in env and name not in environ:
             env[name] = share
     return env
 
@@ -344,17 +411,35 @@ ASYNC_CONCURRENCY_PARAMETER = "async_execute_concurrency"
 
 
 def _async_concurrency(parameters: Mapping[str, str], model: str) -> int:
-    """How many batches an ``async def execute`` instance runs at once (default 8)."""
+    """How many batches an ``async def execute`` instance runs at once: 1 unless the model
+    asks for more, as Triton runs a non-decoupled coroutine to completion before the next
+    batch (the stub reads the same parameter)."""
     raw = parameters.get(ASYNC_CONCURRENCY_PARAMETER)
     if not raw:
-        return 8
+        return 1
     try:
         return max(1, int(raw))
     except ValueError:
         log.warning(
-            "model '%s': %s must be an integer, not %r; using 8",
+            "model '%s': %s must be an integer, not %r; using 1",
             model,
             ASYNC_CONCURRENCY_PARAMETER,
             raw,
         )
-        return 8
+        return 1
+
+
+def without_repository(text: str, model_dir: str) -> str:
+    """``text`` with the paths inside the model's repository made relative to it: clients
+    learn which file of the model is at fault, not where the server keeps its repository."""
+    repository = os.path.dirname(os.path.abspath(model_dir))
+    return text.replace(repository + os.sep, "")
+
+
+def _failed(mv: ModelVersion, reason: str, traceback: str = "") -> None:
+    """``mv`` failed to load. The one log line of the failure has the full paths and the model's
+    traceback; the reason kept for clients has neither."""
+    text = f"failed to load '{mv.name}' version {mv.version}: {reason}"
+    log.error("%s%s", text, f"\n{traceback}" if traceback else "")
+    mv.state = ModelState.UNAVAILABLE
+    mv.reason = without_repository(text, str(mv.config.path))

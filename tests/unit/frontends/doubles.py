@@ -145,6 +145,9 @@ class BaseEchoCore(NoExtensions):
     def model_ready(self, name: str, version: str = "") -> bool:
         return name == "echo" and version in ("", "1")
 
+    async def model_ready_now(self, name: str, version: str = "") -> bool:
+        return self.model_ready(name, version)
+
     def model_metadata(self, name: str, version: str = "") -> ModelMetadata:
         self._check_model(name)
         tensor = TensorMetadata("INPUT0", "FP32", (-1, 3))

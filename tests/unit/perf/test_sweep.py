@@ -1,6 +1,6 @@
 import pytest
 
-from shoal.perf.sweep import parse_concurrency
+from shoal.perf.sweep import parse_concurrency, parse_concurrency_range
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -27,3 +27,23 @@ def test_sweeps(text, levels):
 def test_bad_sweeps_are_refused(text):
     with pytest.raises(ValueError):
         parse_concurrency(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "levels"),
+    [
+        ("4", (4,)),  # end defaults to start
+        ("1:4", (1, 2, 3, 4)),  # step defaults to 1
+        ("1:8:2", (1, 3, 5, 7)),  # as perf_analyzer: 8 is not on a step
+        ("2:8:2", (2, 4, 6, 8)),
+        ("16:16:4", (16,)),
+    ],
+)
+def test_perf_analyzer_concurrency_ranges(text, levels):
+    assert parse_concurrency_range(text) == levels
+
+
+@pytest.mark.parametrize("text", ["", "0", "8:4", "1:2:0", "1:2:3:4", "1::2", "a:b"])
+def test_bad_perf_analyzer_ranges_are_refused(text):
+    with pytest.raises(ValueError):
+        parse_concurrency_range(text)

@@ -134,8 +134,10 @@ def test_parameter_keys_must_be_str():
 
 
 def test_parameters_must_be_a_dict():
-    with pytest.raises(TypeError):
+    with pytest.raises(TritonModelException, match=r"^Expect .*, got <class 'list'>$"):
         bls(parameters=[("a", 1)])
+    with pytest.raises(TritonModelException, match=r", got <class 'list'>$"):
+        pb_utils.InferenceResponse(parameters=[])
 
 
 def test_preferred_memory_and_trace_types_are_checked():

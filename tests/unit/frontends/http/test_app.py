@@ -287,11 +287,15 @@ class TestRawRequests:
 class TestHealthAndMetadata:
     def test_live_and_ready(self, client: Client, core: EchoCore, url: str) -> None:
         assert client.is_server_live() and client.is_server_ready()
+        # The KServe V2 bodies, which the KServe SDK reads (tritonclient reads the status).
+        assert http(url, "GET", "/v2/health/live").json() == {"live": True}
+        assert http(url, "GET", "/v2/health/ready").json() == {"ready": True}
         core.live = core.ready = False
         assert not client.is_server_live() and not client.is_server_ready()
-        for path in ("/v2/health/live", "/v2/health/ready"):
-            reply = http(url, "GET", path)
-            assert (reply.status_code, reply.content) == (400, b"")
+        for key in ("live", "ready"):
+            reply = http(url, "GET", f"/v2/health/{key}")
+            assert (reply.status_code, reply.json()) == (400, {key: False})
+            assert reply.headers["content-type"] == "application/json"
 
     def test_server_metadata(self, client: Client) -> None:
         assert client.get_server_metadata() == {

@@ -158,17 +158,16 @@ class TestBinaryOutputs:
 
     def test_shared_memory_outputs_carry_no_data(self) -> None:
         fmt = OutputFormat(binary_default=True, shared_memory=frozenset({"S"}))
-        out = InferOutput("S", "FP32", (4,), memoryview(b""), {"shared_memory_region": "r"})
+        placed = {
+            "shared_memory_region": "r",
+            "shared_memory_offset": 0,
+            "shared_memory_byte_size": 16,
+        }
+        out = InferOutput("S", "FP32", (4,), memoryview(b""), placed)
         encoded = encode_infer_response(response(out), fmt)
         document, rest = split(encoded)
-        assert document["outputs"] == [
-            {
-                "name": "S",
-                "datatype": "FP32",
-                "shape": [4],
-                "parameters": {"shared_memory_region": "r"},
-            }
-        ]
+        # As Triton: no parameters, which perf_analyzer's C++ client would read as binary data.
+        assert document["outputs"] == [{"name": "S", "datatype": "FP32", "shape": [4]}]
         assert dict(encoded.headers)["content-type"] == "application/json" and rest == b""
 
 

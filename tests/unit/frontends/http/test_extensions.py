@@ -399,14 +399,9 @@ class TestSharedMemoryTensors:
             "shared_memory_region": "out_region",
             "shared_memory_byte_size": 64,
         }
-        # Only the parameters the core set; no data, no binary section.
+        # No data, no binary section, and (as Triton) no shared_memory_* parameters.
         assert result.get_response()["outputs"] == [
-            {
-                "name": "X",
-                "datatype": "INT32",
-                "shape": [1, 3],
-                "parameters": {"shared_memory_region": "out_region", "shared_memory_byte_size": 12},
-            }
+            {"name": "X", "datatype": "INT32", "shape": [1, 3]}
         ]
 
     def test_shm_output_beside_a_binary_one_adds_no_bytes(self, url: str, core: EchoCore) -> None:
@@ -424,12 +419,7 @@ class TestSharedMemoryTensors:
             result = triton.infer("echo", inputs, outputs=outputs)
         np.testing.assert_array_equal(result.as_numpy("A"), a)
         # No "data" and no bytes for B: A's bytes are the whole binary section.
-        assert result.get_output("B") == {
-            "name": "B",
-            "datatype": "INT8",
-            "shape": [2],
-            "parameters": {"shared_memory_region": "out_region", "shared_memory_byte_size": 2},
-        }
+        assert result.get_output("B") == {"name": "B", "datatype": "INT8", "shape": [2]}
 
     def test_a_response_of_shm_outputs_only_is_plain_json(self, url: str) -> None:
         shm = {"shared_memory_region": "r", "shared_memory_byte_size": 4}
@@ -442,9 +432,7 @@ class TestSharedMemoryTensors:
         assert reply.status_code == 200
         assert reply.headers["content-type"] == "application/json"
         assert "inference-header-content-length" not in reply.headers
-        assert reply.json()["outputs"] == [
-            {"name": "X", "datatype": "FP32", "shape": [1], "parameters": shm}
-        ]
+        assert reply.json()["outputs"] == [{"name": "X", "datatype": "FP32", "shape": [1]}]
 
     def test_shm_input_with_data_is_refused(self, url: str, core: EchoCore) -> None:
         entry = {

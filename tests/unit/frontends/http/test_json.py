@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 from typing import Any
 
 import pytest
@@ -122,3 +123,40 @@ def test_non_finite_literals_are_read_as_triton_reads_them() -> None:
     assert [str(v) for v in document["data"]] == ["nan", "inf", "-inf", "1"]
     with pytest.raises(_json.JsonDecodeError):
         _json.loads(b'{"data":[nan]}')  # only Triton's spellings
+
+
+def _depth(value: Any) -> int:
+    if isinstance(value, list):
+        return 1 + max((_depth(item) for item in value), default=0)
+    if isinstance(value, dict):
+        return 1 + max((_depth(item) for item in value.values()), default=0)
+    return 0
+
+
+def _random_value(rng: random.Random, depth: int) -> Any:
+    """A random document of exactly ``depth`` levels, with strings full of brackets, quotes and
+    backslashes, and wide levels of rows."""
+    if depth == 0:
+        return rng.choice(
+            [1, 2.5, True, None, "".join(rng.choice('[]{}"\\\\ab') for _ in range(6))]
+        )
+    width = rng.randint(1, 4)
+    items = [_random_value(rng, rng.randint(0, min(depth - 1, 2))) for _ in range(width - 1)]
+    items.insert(rng.randrange(width), _random_value(rng, depth - 1))
+    if rng.random() < 0.5:
+        return items
+    return {f"k{index}[{{\\": item for index, item in enumerate(items)}
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_depth_agrees_with_the_parsed_document(seed: int) -> None:
+    rng = random.Random(seed)
+    depth = rng.choice([_json.MAX_DEPTH - 1, _json.MAX_DEPTH, _json.MAX_DEPTH + 1, 150])
+    value = _random_value(rng, depth)
+    assert _depth(value) == depth
+    body = json.dumps(value).encode()
+    if depth > _json.MAX_DEPTH:
+        with pytest.raises(_json.JsonDecodeError, match="nests deeper"):
+            _json.check_depth(body)
+    else:
+        _json.check_depth(body)

@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import json
+import re
+
 import pytest
 
 from shoal.core.errors import InvalidArgument, Unsupported
-from shoal.supervisor.extensions.trace_settings import DEFAULTS, TraceSettings, _level
+from shoal.supervisor.extensions.trace_settings import (
+    DEFAULTS,
+    TraceSettings,
+    _level,
+    parse_trace_config,
+)
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -63,3 +71,44 @@ def test_unchanged_fixed_settings_are_accepted_and_models_must_exist():
     with pytest.raises(InvalidArgument, match="'other' is not found"):
         settings.current("other")
     assert settings.current("known") == dict(DEFAULTS)
+
+
+def test_no_trace_context_while_tracing_is_off():
+    settings = TraceSettings()
+    assert [settings.context_for("m") for _ in range(3)] == ["", "", ""]
+
+
+def test_one_request_in_every_trace_rate_gets_a_context_up_to_trace_count():
+    settings = TraceSettings(
+        initial={"trace_level": ["TIMESTAMPS"], "trace_rate": "2", "trace_count": "2"}
+    )
+    contexts = [settings.context_for("m") for _ in range(7)]
+    traced = [i for i, context in enumerate(contexts) if context]
+    assert traced == [0, 2]  # every second request, two traces at most
+    parent = json.loads(contexts[0])["traceparent"]
+    assert re.fullmatch(r"00-[0-9a-f]{32}-[0-9a-f]{16}-01", parent)
+    assert contexts[0] != contexts[2]
+
+
+def test_trace_config_flags_give_the_initial_settings():
+    settings = parse_trace_config(
+        [
+            "triton,file=/tmp/trace.json",
+            "level=TIMESTAMPS",
+            "level=TENSORS",
+            "rate=10",
+            "count=-1",
+            "mode=opentelemetry",
+            "opentelemetry,url=localhost:4318/v1/traces",
+        ]
+    )
+    assert settings == {
+        "trace_file": "/tmp/trace.json",
+        "trace_level": ["TIMESTAMPS", "TENSORS"],
+        "trace_rate": "10",
+        "trace_count": "-1",
+        "trace_mode": "opentelemetry",
+    }
+    for bad in ("level", "rate=0", "colour=red", "mode=zipkin", "jaeger,url=x"):
+        with pytest.raises(ValueError, match="--trace-config"):
+            parse_trace_config([bad])

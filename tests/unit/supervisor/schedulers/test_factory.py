@@ -49,16 +49,26 @@ def test_the_config_picks_the_scheduler(tmp_path, extra, kind):
     asyncio.run(scenario())
 
 
-def test_thread_env_defaults_and_overrides():
-    assert thread_env({}, 4, environ={}, cpus=16) == {
+def test_thread_env_sets_nothing_unless_asked():
+    assert thread_env({}, 4, environ={}, cpus=16) == {}  # the stub inherits, as in Triton
+    assert thread_env({"MKL_NUM_THREADS": "7"}, 4, environ={}, cpus=16) == {"MKL_NUM_THREADS": "7"}
+
+
+def test_thread_env_shares_the_cpus_when_asked():
+    auto = {"SHOAL_THREADS_PER_INSTANCE": "auto"}
+    assert thread_env(auto, 4, environ={}, cpus=16) == {
         "OMP_NUM_THREADS": "4",
         "MKL_NUM_THREADS": "4",
         "OPENBLAS_NUM_THREADS": "4",
     }
-    assert thread_env({}, 32, environ={}, cpus=16)["OMP_NUM_THREADS"] == "1"
+    assert thread_env(auto, 32, environ={}, cpus=16)["OMP_NUM_THREADS"] == "1"
     # The server's environment is inherited (not set); a model parameter wins over both.
-    env = thread_env({"MKL_NUM_THREADS": "7"}, 2, environ={"OMP_NUM_THREADS": "2"}, cpus=8)
+    env = thread_env({**auto, "MKL_NUM_THREADS": "7"}, 2, environ={"OMP_NUM_THREADS": "2"}, cpus=8)
     assert env == {"MKL_NUM_THREADS": "7", "OPENBLAS_NUM_THREADS": "4"}
+    assert thread_env({"SHOAL_THREADS_PER_INSTANCE": "3"}, 2, environ={}, cpus=8) == {
+        name: "3" for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+    }
+    assert thread_env({"SHOAL_THREADS_PER_INSTANCE": "many"}, 2, environ={}, cpus=8) == {}
 
 
 def test_direct_queue_delay_waits_for_slot_utilization(tmp_path):

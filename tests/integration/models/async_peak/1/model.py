@@ -5,7 +5,8 @@ import triton_python_backend_utils as pb_utils
 
 
 class TritonPythonModel:
-    """Records how many of its executes ran at the same time inside this one instance."""
+    """Records how many of its executes ran at the same time inside this one instance
+    (config.pbtxt opts into concurrent executes with async_execute_concurrency)."""
 
     def initialize(self, args):
         self.running = 0

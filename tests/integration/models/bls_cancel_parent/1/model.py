@@ -4,16 +4,15 @@ import time
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-EXEC, STREAM, ITERATOR_CANCEL, ASYNC_EXEC, TIMEOUT = 0, 1, 2, 3, 4
+EXEC, STREAM, ITERATOR_CANCEL, ASYNC_EXEC = 0, 1, 2, 3
 
 
-def _waiter(request_id, timeout=0):
+def _waiter(request_id):
     return pb_utils.InferenceRequest(
         request_id=request_id,
         model_name="cancel_waiter",
         inputs=[pb_utils.Tensor("IN", np.array([0], dtype=np.int32))],
         requested_output_names=["OUT"],
-        timeout=timeout,
     )
 
 
@@ -38,7 +37,7 @@ class TritonPythonModel:
     """Calls a child model through BLS in one of four ways and logs how the call ended.
 
     EXEC, STREAM and ASYNC_EXEC wait until the client cancels this request; ITERATOR_CANCEL
-    cancels its own decoupled call after three responses; TIMEOUT gives its call 0.2 s.
+    cancels its own decoupled call after three responses.
     """
 
     def execute(self, requests):
@@ -51,10 +50,6 @@ class TritonPythonModel:
         pb_utils.Logger.log_info(f"bls_cancel_parent: calling mode={mode}")
         if mode == EXEC:
             cancelled = _cancelled(_waiter(request.request_id()).exec())
-        elif mode == TIMEOUT:
-            error = _waiter(request.request_id(), timeout=200_000).exec().error()
-            message = None if error is None else error.message()
-            pb_utils.Logger.log_info(f"bls_cancel_parent: timeout error={message}")
         elif mode == ASYNC_EXEC:
             cancelled = _cancelled(asyncio.run(_async_wait(request.request_id())))
         else:

@@ -1,0 +1,83 @@
+"""Repository-API load requests whose names or ``file:`` keys cannot be files are client errors
+(400 / INVALID_ARGUMENT naming the parameter), never 500, and leave nothing behind."""
+
+from __future__ import annotations
+
+import glob
+import json
+import tempfile
+
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from tests.integration.server import TEST_MODELS, ShoalServer
+
+pytestmark = pytest.mark.timeout(120)
+
+MODEL = b"""
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("O", r.inputs()[0].as_numpy())])
+                for r in requests]
+"""
+CONFIG = json.dumps(
+    {
+        "backend": "python",
+        "input": [{"name": "I", "data_type": "TYPE_INT32", "dims": [1]}],
+        "output": [{"name": "O", "data_type": "TYPE_INT32", "dims": [1]}],
+    }
+)
+
+#: (model name, files, words the error must carry)
+CASES = {
+    "file:.": ("m", {"file:.": MODEL}, "names a directory"),
+    "file:1/": ("m", {"file:1/": MODEL, "file:1/model.py": MODEL}, "names a directory"),
+    "NUL in a file key": ("m", {"file:1/mo\0del.py": MODEL}, "NUL"),
+    "a file and a directory": ("m", {"file:1": MODEL, "file:1/model.py": MODEL}, "same path"),
+    "overlong model name": ("n" * 300, {"file:1/model.py": MODEL}, "at most 255 bytes"),
+    "overlong file name": ("m", {"file:1/" + "a" * 300: MODEL}, "over 255 bytes"),
+    "overlong path": ("m", {"file:" + "/".join(["a" * 200] * 30): MODEL}, "over 3072 bytes"),
+}
+
+
+@pytest.fixture(scope="module")
+def server():
+    args = ("--model-control-mode", "explicit")
+    with ShoalServer(TEST_MODELS, extra_args=args) as srv:
+        yield srv
+
+
+def _scratch_dirs() -> set[str]:
+    return set(glob.glob(f"{tempfile.gettempdir()}/shoal-model-*"))
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_http_load_refuses_unusable_names_and_files(server, case):
+    name, files, words = CASES[case]
+    client = httpclient.InferenceServerClient(server.url)
+    before = _scratch_dirs()
+    with pytest.raises(InferenceServerException) as info:
+        client.load_model(name, config=CONFIG, files=files)
+    assert info.value.status() == "400", info.value
+    assert words in info.value.message(), info.value
+    assert _scratch_dirs() == before
+    client.load_model("ok", config=CONFIG, files={"file:1/model.py": MODEL})
+    assert client.is_model_ready("ok")
+    client.unload_model("ok")
+    client.close()
+
+
+@pytest.mark.parametrize("case", ["file:.", "NUL in a file key", "overlong path"])
+def test_grpc_load_refuses_unusable_names_and_files(server, case):
+    name, files, words = CASES[case]
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    with pytest.raises(InferenceServerException) as info:
+        client.load_model(name, config=CONFIG, files=files)
+    assert info.value.status() == "StatusCode.INVALID_ARGUMENT", info.value
+    assert words in info.value.message(), info.value
+    client.close()
