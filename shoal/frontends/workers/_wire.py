@@ -152,6 +152,31 @@ class FrameReader(asyncio.Protocol):
         self._on_lost()
 
 
+class Outbox:
+    """Frames queued during one turn of the event loop leave in one ``writelines``: under load,
+    one system call carries many frames."""
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self.transport = transport
+        self._loop = asyncio.get_running_loop()
+        self._pieces: list[bytes | memoryview] = []
+
+    def put(self, pieces: list[bytes | memoryview], *, copy: bool) -> None:
+        """Queue one frame's pieces; ``copy`` when they are views of memory that the caller
+        frees once this returns (a response's output blocks)."""
+        if not self._pieces:
+            self._loop.call_soon(self._flush)
+        if copy:
+            self._pieces.append(b"".join(pieces))
+        else:
+            self._pieces.extend(pieces)
+
+    def _flush(self) -> None:
+        pieces, self._pieces = self._pieces, []
+        if not self.transport.is_closing():
+            self.transport.writelines(pieces)
+
+
 # --- requests -------------------------------------------------------------------------------
 
 

@@ -75,7 +75,7 @@ class RemoteCore(CoreAPI):
         self._ids = itertools.count(1)
         self._calls: dict[int, asyncio.Future[_Answer]] = {}
         self._streams: dict[int, asyncio.Queue[_Answer | BaseException | None]] = {}
-        self._transport: asyncio.Transport | None = None
+        self._outbox: wire.Outbox | None = None
         #: Set when the core asks the worker to stop, or goes away.
         self.stopping = asyncio.Event()
         #: The seconds the core gives the worker to finish its responses when it stops.
@@ -86,19 +86,20 @@ class RemoteCore(CoreAPI):
         loop = asyncio.get_running_loop()
         reader = wire.FrameReader(self._dispatch, self._lost)
         await loop.connect_accepted_socket(lambda: reader, sock=calls)
-        self._transport = reader.transport
+        assert reader.transport is not None
+        self._outbox = wire.Outbox(reader.transport)
 
     def send(self, header: list[Any], payloads: list[memoryview | bytes] | None = None) -> None:
-        transport = self._transport
-        if transport is None or transport.is_closing():
+        outbox = self._outbox
+        if outbox is None or outbox.transport.is_closing():
             raise CoreGone()
-        # The payloads are views of the request's own buffers (kept alive by the transport
-        # while it holds them), so they need no copy here.
-        transport.writelines(wire.frame(header, payloads or ()))
+        # The payloads are views of the request's own buffers (kept alive while queued), so
+        # they need no copy here.
+        outbox.put(wire.frame(header, payloads or ()), copy=False)
 
     async def close(self) -> None:
-        if self._transport is not None:
-            self._transport.close()
+        if self._outbox is not None:
+            self._outbox.transport.close()
         self._control.close()
 
     def _lost(self) -> None:

@@ -45,14 +45,14 @@ class _Link:
         self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.exited: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self.tasks: dict[int, asyncio.Task[None]] = {}
-        self.transport: asyncio.Transport | None = None
+        self.outbox: wire.Outbox | None = None
         self.control: asyncio.Transport | None = None
 
     def send(self, header: list[Any], payloads: Sequence[memoryview | bytes] = ()) -> None:
         """Queue a frame; its bytes are copied first, so blocks may be released right after."""
-        transport = self.transport
-        if transport is not None and not transport.is_closing():
-            transport.write(b"".join(wire.frame(header, payloads)))
+        outbox = self.outbox
+        if outbox is not None and not outbox.transport.is_closing():
+            outbox.put(wire.frame(header, payloads), copy=True)
 
     def on_call(self, header: list[Any], payloads: list[memoryview]) -> None:
         kind, call_id, *fields = header
@@ -121,9 +121,10 @@ class _Link:
             self.control.write(b"".join(wire.frame(answer)))
 
     def close(self) -> None:
-        for transport in (self.transport, self.control):
-            if transport is not None:
-                transport.close()
+        if self.outbox is not None:
+            self.outbox.transport.close()
+        if self.control is not None:
+            self.control.close()
 
 
 class WorkerPool:
@@ -204,7 +205,8 @@ class WorkerPool:
         control.sendall(b"".join(wire.frame(["hello", self._hello])))
         calls_reader = wire.FrameReader(link.on_call, link.cancel_all)
         await loop.connect_accepted_socket(lambda: calls_reader, sock=calls)
-        link.transport = calls_reader.transport
+        assert calls_reader.transport is not None
+        link.outbox = wire.Outbox(calls_reader.transport)
         control_reader = wire.FrameReader(link.on_control, lambda: None)
         await loop.connect_accepted_socket(lambda: control_reader, sock=control)
         link.control = control_reader.transport
