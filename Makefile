@@ -12,11 +12,14 @@ SERVE_FLAGS ?=
 # `make serve` installs what serving needs: shoal's runtime dependencies (RUNTIME), then the
 # framework extras (onnx, torch) only when a model of $(REPO) uses that backend.
 RUNTIME := $(VENV)/.shoal-runtime
+# These installs build in pip's isolated environment, where mypyc is not: they install shoal
+# interpreted whatever SHOAL_REQUIRE_COMPILED says (.ci/run sets it for the compiled build below).
+NO_REQUIRE := env -u SHOAL_REQUIRE_COMPILED
 
 $(RUNTIME): setup.cfg pyproject.toml setup.py
 	@echo "shoal: installing the runtime dependencies into $(VENV)"
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet -e .
+	$(NO_REQUIRE) $(BIN)/python -m pip install --quiet -e .
 	touch $(RUNTIME)
 
 # Everything `make test` needs: every extra and the test tools.
@@ -26,7 +29,7 @@ $(STAMP): setup.cfg pyproject.toml setup.py
 	# torch pinned first: the CPU build of this release lies on disk, and the extra's range then
 	# admits it instead of pulling a newer multi-GB CUDA build.
 	$(BIN)/python -m pip install --quiet torch==2.13.0
-	$(BIN)/python -m pip install --quiet -e '.[test,onnx,torch]'
+	$(NO_REQUIRE) $(BIN)/python -m pip install --quiet -e '.[test,onnx,torch]'
 	touch $(STAMP) $(RUNTIME)
 
 # The request hot path compiled with mypyc (setup.py, docs/perf.md), rebuilt when one of its

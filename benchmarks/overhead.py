@@ -18,11 +18,18 @@ after each cell. Stages, in a request's order (docs/perf.md defines each):
 ``core_total`` is the whole (it also holds what falls between stages). ``outside the core`` is
 the client's mean latency minus ``core_total``: the frontend (HTTP or gRPC parsing and
 serialisation), the sockets and the client itself.
+
+The CPU rows are what each kind of process spent per request (from ``/proc``): the core process
+(with ``--frontend-workers 1`` it also runs the frontends), the frontend workers
+(``--frontend-workers N``) and the stubs.
+
+    .venv/bin/python -m benchmarks.overhead --frontend-workers 2 --protocol grpc -c 8
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import subprocess
 import sys
@@ -61,7 +68,7 @@ class TracedServer:
     metrics_port: str
 
 
-def start_traced_server(log_path: Path) -> TracedServer:
+def start_traced_server(log_path: Path, frontend_workers: int = 1) -> TracedServer:
     """``shoal serve --trace-overhead`` with HTTP, gRPC and metrics on free loopback ports."""
     command = [
         sys.executable,
@@ -69,6 +76,7 @@ def start_traced_server(log_path: Path) -> TracedServer:
         *("--http-address", "127.0.0.1", "--http-port", "0"),
         *("--grpc-address", "127.0.0.1", "--grpc-port", "0"),
         *("--metrics-address", "127.0.0.1", "--metrics-port", "0", "--trace-overhead"),
+        *("--frontend-workers", str(frontend_workers)),
     ]
     log = log_path.open("wb")
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, cwd=ROOT)
@@ -115,6 +123,35 @@ def stage_totals(metrics_port: str, model: str) -> dict[str, tuple[float, float]
     return {stage: (counts.get(stage, 0.0), totals.get(stage, 0.0)) for stage in STAGES}
 
 
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(core_pid: int) -> dict[str, float]:
+    """CPU seconds (user + system) so far of the core, its frontend workers and its stubs."""
+    totals = {"core": _cpu(core_pid), "workers": 0.0, "stubs": 0.0}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+            if int(fields[1]) != core_pid:  # the parent pid
+                continue
+            with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
+                args = cmdline.read()
+        except OSError:
+            continue
+        kind = "workers" if b"worker_main" in args else "stubs"
+        totals[kind] += (int(fields[11]) + int(fields[12])) / _TICK
+    return totals
+
+
+def _cpu(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _TICK
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="identity_fp32")
@@ -122,17 +159,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-c", "--concurrency", default="1,8")
     parser.add_argument("--bytes", type=int, default=64)
     parser.add_argument("--duration", type=float, default=5.0)
+    parser.add_argument("--frontend-workers", type=int, default=1)
     args = parser.parse_args(argv)
     levels = [int(level) for level in args.concurrency.split(",")]
     with tempfile.TemporaryDirectory(prefix="shoal-overhead-") as tmp:
-        server = start_traced_server(Path(tmp) / "shoal.log")
+        server = start_traced_server(Path(tmp) / "shoal.log", args.frontend_workers)
         url = server.http if args.protocol == "http" else server.grpc
         try:
-            print(f"# {args.model} over {args.protocol}, {args.bytes} B, {machine()}\n")
+            print(
+                f"# {args.model} over {args.protocol}, {args.bytes} B, "
+                f"--frontend-workers {args.frontend_workers}, {machine()}\n"
+            )
             header = "| stage | " + " | ".join(f"c={level} µs" for level in levels) + " |"
             columns: list[dict[str, float]] = []
             for level in levels:
                 before = stage_totals(server.metrics_port, args.model)
+                cpu_before = cpu_seconds(server.process.pid)
                 config = RunConfig(
                     model=args.model,
                     url=url,
@@ -143,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
                     warmup_s=1.0,
                 )
                 (result,) = run_loop(run(config))
+                cpu_after = cpu_seconds(server.process.pid)
                 after = stage_totals(server.metrics_port, args.model)
                 column = {}
                 for stage in STAGES:
@@ -151,10 +194,16 @@ def main(argv: list[str] | None = None) -> int:
                 column["client mean latency"] = result.latency_ms.mean * 1000
                 column["outside the core"] = column["client mean latency"] - column["core_total"]
                 column["infer/s"] = result.throughput
+                # the warm-up's requests count too: the CPU counters cannot tell them apart
+                done = after["core_total"][0] - before["core_total"][0]
+                for kind in ("core", "workers", "stubs"):
+                    spent = cpu_after[kind] - cpu_before[kind]
+                    column[f"{kind} CPU µs/req"] = spent * 1e6 / done if done else 0.0
                 columns.append(column)
             print(header)
             print("|---|" + "---:|" * len(levels))
             rows = [*STAGES, "outside the core", "client mean latency", "infer/s"]
+            rows += ["core CPU µs/req", "workers CPU µs/req", "stubs CPU µs/req"]
             for row in rows:
                 cells = " | ".join(f"{column[row]:,.0f}" for column in columns)
                 print(f"| {row} | {cells} |")

@@ -65,6 +65,19 @@ def parse_positive_int(text: str) -> int:
     return value
 
 
+def auto_frontend_workers(cores: int | None = None) -> int:
+    """``--frontend-workers auto``: leave the core and the stubs cores of their own."""
+    if cores is None:
+        cores = len(os.sched_getaffinity(0))
+    return max(1, min(8, (cores - 1) // 2))
+
+
+def parse_workers(text: str) -> int:
+    if text.strip().lower() == "auto":
+        return auto_frontend_workers()
+    return parse_positive_int(text)
+
+
 def parse_backend_config(text: str) -> tuple[str, str, str]:
     """``python,shm-default-byte-size=1048576`` → ('python', 'shm-default-byte-size', '1048576')."""
     backend, sep, setting = text.partition(",")
@@ -441,6 +454,15 @@ def build_parser() -> argparse.ArgumentParser:
         "grpcio: grpc.aio's server",
     )
     serve.add_argument(
+        "--frontend-workers",
+        type=parse_workers,
+        default=1,
+        metavar="N|auto",
+        help="processes that serve HTTP and gRPC (parsing, encoding, sockets) around the "
+        "scheduling core, on the same ports; 1 (the default) serves them in the core's process; "
+        "auto: one per two cores beyond the first, at most 8 (1 on two cores)",
+    )
+    serve.add_argument(
         "--metrics-interval-ms",
         type=parse_positive_int,
         default=2000,
@@ -553,6 +575,7 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         grpc_address=args.grpc_address,
         grpc_port=args.grpc_port,
         grpc_server=args.grpc_server,
+        frontend_workers=args.frontend_workers,
         metrics_address=args.metrics_address,
         metrics_port=args.metrics_port,
         allow_http=args.allow_http,

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+import socket
 import sys
 from typing import TYPE_CHECKING
+
+import msgpack
 
 from shoal import _compiled
 from shoal.supervisor.memory.gc_tuning import settle_after_start
@@ -14,9 +18,11 @@ from shoal.supervisor.options import Restriction, ServerOptions
 from shoal.supervisor.service import InferenceService
 
 if TYPE_CHECKING:
+    from shoal.core.api import CoreAPI
     from shoal.frontends.grpc.aio import GrpcServer
     from shoal.frontends.grpc.native import NativeGrpcServer
     from shoal.frontends.http.app import HttpServer
+    from shoal.frontends.workers.host import WorkerPool
 
 log = logging.getLogger("shoal")
 
@@ -65,9 +71,10 @@ def _by_api(restrictions: tuple[Restriction, ...]) -> dict[str, tuple[str, str]]
 
 
 async def _start_grpc(
-    service: InferenceService, options: ServerOptions
+    core: CoreAPI, options: ServerOptions, sock: socket.socket | None = None
 ) -> GrpcServer | NativeGrpcServer:
-    """Serve ``inference.GRPCInferenceService`` on the gRPC address."""
+    """Serve ``inference.GRPCInferenceService`` on the gRPC address (or on ``sock``, bound by
+    the core for its frontend workers)."""
     from shoal.frontends.grpc.aio import GrpcServer
     from shoal.frontends.grpc.native import FloodLimits, NativeGrpcServer
 
@@ -83,16 +90,62 @@ async def _start_grpc(
         read_timeout=options.grpc_read_timeout_secs,
     )
     size = options.grpc_max_message_size
-    server: GrpcServer | NativeGrpcServer
     if options.grpc_server == "grpcio":
-        server = GrpcServer(service, max_message_bytes=size, restricted=restricted, limits=limits)
-    else:
-        server = NativeGrpcServer(
-            service, max_message_bytes=size, restricted=restricted, limits=limits
+        # grpcio binds its own sockets: workers share the port with SO_REUSEPORT.
+        aio = GrpcServer(
+            core,
+            max_message_bytes=size,
+            restricted=restricted,
+            limits=limits,
+            reuse_port=options.frontend_workers > 1,
         )
-    port = await server.start(options.grpc_address, options.grpc_port)
-    announce("grpc", options.grpc_address, port)
-    return server
+        return aio
+    return NativeGrpcServer(core, max_message_bytes=size, restricted=restricted, limits=limits)
+
+
+async def _start_frontends(
+    core: CoreAPI, options: ServerOptions, sockets: dict[str, socket.socket] | None = None
+) -> tuple[HttpServer | None, GrpcServer | NativeGrpcServer | None]:
+    """Start HTTP and gRPC over ``core``: in the core process (N = 1), or in a frontend worker
+    on the listening ``sockets`` the core bound."""
+    from shoal.frontends.grpc.native import NativeGrpcServer
+    from shoal.frontends.http.app import ConnectionLimits, HttpServer, build_http_app
+
+    http: HttpServer | None = None
+    grpc_server: GrpcServer | NativeGrpcServer | None = None
+    in_worker = sockets is not None
+    sockets = sockets or {}
+    try:
+        if options.allow_http:
+            app = build_http_app(
+                core,
+                max_input_size=options.http_max_input_size,
+                restricted=_by_api(options.http_restricted_api),
+            )
+            limits = ConnectionLimits(
+                max_header_size=options.http_max_header_size,
+                header_timeout=options.http_header_timeout_secs,
+                body_timeout=options.http_body_timeout_secs,
+            )
+            http = HttpServer(app, limits=limits)
+            port = await http.start(options.http_address, options.http_port, sockets.get("http"))
+            if not in_worker:
+                announce("http", options.http_address, port)
+        if options.allow_grpc:
+            grpc_server = await _start_grpc(core, options)
+            if isinstance(grpc_server, NativeGrpcServer):
+                port = await grpc_server.start(
+                    options.grpc_address, options.grpc_port, sockets.get("grpc")
+                )
+            else:
+                port = await grpc_server.start(options.grpc_address, options.grpc_port)
+            if not in_worker:
+                announce("grpc", options.grpc_address, port)
+    except BaseException:
+        if http is not None:
+            await http.stop()
+        raise
+    return http, grpc_server
 
 
 #: What a frontend gets to close its sockets when requests still run at the end of the drain.
@@ -119,12 +172,11 @@ async def _drain(service: InferenceService, timeout: float) -> bool:
 
 async def run_server(options: ServerOptions, stop: asyncio.Event) -> int:
     """Serve until ``stop`` is set. Shutdown order: frontends, then models, then arenas."""
-    from shoal.frontends.http.app import ConnectionLimits, HttpServer, build_http_app
-
     service = InferenceService(options)
     http: HttpServer | None = None
     metrics: HttpServer | None = None
     grpc_server: GrpcServer | NativeGrpcServer | None = None
+    workers: WorkerPool | None = None
     loop = asyncio.get_running_loop()
     #: When the shutdown must be over: ``--exit-timeout-secs`` is the total for the drain, the
     #: frontends and the models together, as in Triton (set when the shutdown starts).
@@ -141,22 +193,10 @@ async def run_server(options: ServerOptions, stop: asyncio.Event) -> int:
                 ", ".join(sorted(failures)),
             )
             return 1
-        if options.allow_http:
-            app = build_http_app(
-                service,
-                max_input_size=options.http_max_input_size,
-                restricted=_by_api(options.http_restricted_api),
-            )
-            limits = ConnectionLimits(
-                max_header_size=options.http_max_header_size,
-                header_timeout=options.http_header_timeout_secs,
-                body_timeout=options.http_body_timeout_secs,
-            )
-            http = HttpServer(app, limits=limits)
-            port = await http.start(options.http_address, options.http_port)
-            announce("http", options.http_address, port)
-        if options.allow_grpc:
-            grpc_server = await _start_grpc(service, options)
+        if options.frontend_workers > 1:
+            workers = await _start_workers(service, options)
+        else:
+            http, grpc_server = await _start_frontends(service, options)
         if options.allow_metrics:
             metrics = await _start_metrics(service, options)
         _report_hot_path()
@@ -182,6 +222,8 @@ async def run_server(options: ServerOptions, stop: asyncio.Event) -> int:
         grpc_stopping = (
             None if grpc_server is None else asyncio.ensure_future(grpc_server.stop(grace=grace))
         )
+        if workers is not None:
+            await workers.stop(grace)
         if http is not None:
             try:
                 await asyncio.wait_for(http.stop(), grace)
@@ -197,3 +239,157 @@ async def run_server(options: ServerOptions, stop: asyncio.Event) -> int:
         # What is left goes to the models' finalize; a stub still running then is killed.
         await service.shutdown(timeout=left())
         sys.stdout.flush()
+
+
+# --- frontend workers (--frontend-workers N > 1) -------------------------------------------
+
+#: What a frontend worker process runs (with its sockets' descriptors appended).
+_WORKER_CODE = (
+    "import sys; from shoal.server import worker_main; sys.exit(worker_main(sys.argv[1:]))"
+)
+
+
+def _listening(host: str, port: int, what: str) -> socket.socket:
+    from shoal.frontends._serving import bind_socket
+
+    sock = bind_socket(host, port, what=what)
+    sock.listen(2048)
+    return sock
+
+
+def _port_reservation(host: str, port: int) -> socket.socket:
+    """A bound, not listening socket that holds a port for grpcio's SO_REUSEPORT listeners (a
+    free port when ``port`` is 0)."""
+    from shoal.frontends._serving import AddressInUseError
+
+    family, kind, proto, _, address = socket.getaddrinfo(
+        host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    try:
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        raise AddressInUseError(
+            exc.errno, f"the gRPC address {host}:{port} is already in use"
+        ) from exc
+    return sock
+
+
+async def _start_workers(service: InferenceService, options: ServerOptions) -> WorkerPool:
+    """Bind the listening sockets here, once, and start the workers that serve them."""
+    from shoal.frontends.workers import _wire as wire
+    from shoal.frontends.workers.host import WorkerPool
+
+    sockets: dict[str, socket.socket] = {}
+    ports: dict[str, int] = {}
+    try:
+        if options.allow_http:
+            sockets["http"] = _listening(options.http_address, options.http_port, "HTTP")
+        if options.allow_grpc:
+            if options.grpc_server == "grpcio":
+                sockets["grpc-port"] = _port_reservation(options.grpc_address, options.grpc_port)
+            else:
+                sockets["grpc"] = _listening(options.grpc_address, options.grpc_port, "gRPC")
+        ports = {name: sock.getsockname()[1] for name, sock in sockets.items()}
+        worker_options = dataclasses.replace(
+            options,
+            http_port=ports.get("http", options.http_port),
+            grpc_port=ports.get("grpc", ports.get("grpc-port", options.grpc_port)),
+        )
+        command = [sys.executable, "-c", _WORKER_CODE]
+        for name in ("http", "grpc"):
+            if name in sockets:
+                command += [f"--{name}-fd", str(sockets[name].fileno())]
+        pool = WorkerPool(
+            service,
+            options.frontend_workers,
+            command,
+            [sock.fileno() for sock in sockets.values() if sock is not sockets.get("grpc-port")],
+            msgpack.packb(wire.to_plain(worker_options)),
+        )
+        pool.sockets = list(sockets.values())
+        await pool.start()
+    except BaseException:
+        for sock in sockets.values():
+            sock.close()
+        raise
+    if "http" in ports:
+        announce("http", options.http_address, ports["http"])
+    if options.allow_grpc:
+        announce("grpc", options.grpc_address, worker_options.grpc_port)
+    log.info("%d frontend workers serve HTTP and gRPC", options.frontend_workers)
+    return pool
+
+
+def worker_main(argv: list[str]) -> int:
+    """A frontend worker process: HTTP and gRPC over the core's API, on inherited sockets."""
+    import argparse
+
+    import uvloop
+
+    parser = argparse.ArgumentParser(prog="shoal-frontend-worker")
+    for name in ("control", "calls", "parent", "index", "http-fd", "grpc-fd"):
+        parser.add_argument(f"--{name}", type=int, default=-1)
+    args = parser.parse_args(argv)
+    from shoal.frontends.workers.process import follow_parent, read_hello
+
+    follow_parent(args.parent)
+    control = socket.socket(fileno=args.control)
+    from shoal.frontends.workers import _wire as wire
+
+    plain = msgpack.unpackb(read_hello(control))
+    options: ServerOptions = wire.from_plain(ServerOptions, plain)
+    _configure_worker_logging(options)
+    sockets = {}
+    if args.http_fd >= 0:
+        sockets["http"] = socket.socket(fileno=args.http_fd)
+    if args.grpc_fd >= 0:
+        sockets["grpc"] = socket.socket(fileno=args.grpc_fd)
+    return int(
+        uvloop.run(_serve_worker(options, control, socket.socket(fileno=args.calls), sockets))
+    )
+
+
+def _configure_worker_logging(options: ServerOptions) -> None:
+    from shoal.supervisor.extensions.log_settings import TritonFormatter, shoal_level
+
+    handler: logging.Handler
+    if options.log_file:
+        handler = logging.FileHandler(options.log_file, encoding="utf-8")
+    else:
+        handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(TritonFormatter(options.log_format))
+    level = shoal_level(
+        options.log_verbose, options.log_info, options.log_warning, options.log_error
+    )
+    logging.basicConfig(handlers=[handler], level=level)
+
+
+async def _serve_worker(
+    options: ServerOptions,
+    control: socket.socket,
+    calls: socket.socket,
+    sockets: dict[str, socket.socket],
+) -> int:
+    from shoal.frontends.workers import _wire as wire
+    from shoal.frontends.workers.client import RemoteCore
+
+    core = RemoteCore(control)
+    await core.connect(calls)
+    http, grpc_server = await _start_frontends(core, options, sockets)
+    settle_after_start()
+    core.send([wire.OK, 0])  # serving: the core may announce its ports
+    await core.stopping.wait()
+    grace = max(core.stop_grace, _CLOSE_SECS)
+    stopping = [] if grpc_server is None else [asyncio.ensure_future(grpc_server.stop(grace=grace))]
+    if http is not None:
+        try:
+            await asyncio.wait_for(http.stop(), grace)
+        except asyncio.TimeoutError:
+            pass
+    if stopping:
+        await asyncio.gather(*stopping)
+    await core.close()
+    return 0

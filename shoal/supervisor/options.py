@@ -39,6 +39,9 @@ class ServerOptions:
     grpc_port: int = 8001
     #: "native" (shoal's HTTP/2 server on the event loop) or "grpcio" (grpc.aio).
     grpc_server: str = "native"
+    #: ``--frontend-workers``: processes serving HTTP and gRPC around the core; 1 serves them in
+    #: the core's own process (no hop).
+    frontend_workers: int = 1
     metrics_address: str = "0.0.0.0"
     metrics_port: int = 8002
     allow_http: bool = True

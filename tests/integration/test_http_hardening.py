@@ -236,3 +236,17 @@ def test_json_nested_a_thousand_deep_is_refused(server, path):
         status, answer = read_response(sock)
     assert status == 400, answer
     assert "nests deeper than 100 levels" in json.loads(answer)["error"]
+
+
+def test_pipelined_requests_past_the_head_limit_together_are_all_served(server):
+    # 400 small requests in one write (~24 KiB, three times the head limit): each head has the
+    # limit to itself, whatever the reads that carry them.
+    request = b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n"
+    answers = b""
+    with _connect(server) as sock:
+        sock.sendall(request * 400)
+        while answers.count(b"HTTP/1.1 ") < 400 or not answers.endswith(b'{"live":true}'):
+            chunk = sock.recv(65536)
+            assert chunk, f"closed after {answers.count(b'HTTP/1.1 ')} answers"
+            answers += chunk
+    assert answers.count(b"HTTP/1.1 200 OK\r\n") == 400

@@ -115,8 +115,11 @@ class GrpcServer:
         max_message_bytes: int = MAX_MESSAGE_BYTES,
         restricted: Mapping[str, tuple[str, str]] | None = None,
         limits: FloodLimits | None = None,
+        reuse_port: bool = False,
     ) -> None:
         self._core = core
+        #: Frontend workers each bind the same port (grpcio cannot serve an inherited socket).
+        self._reuse_port = reuse_port
         self._max_message_bytes = max_message_bytes
         self._limits = limits or FloodLimits()
         self._restrictions = restrictions(restricted)
@@ -158,7 +161,7 @@ class GrpcServer:
             ("grpc.keepalive_permit_without_calls", int(limits.permit_pings_without_calls)),
             # Without this, gRPC binds with SO_REUSEPORT: a second server on a port in use would
             # start, and share the port, instead of failing.
-            ("grpc.so_reuseport", 0),
+            ("grpc.so_reuseport", int(self._reuse_port)),
         ]
 
 

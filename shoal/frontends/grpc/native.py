@@ -20,6 +20,7 @@ import asyncio
 import functools
 import logging
 import re
+import socket
 import zlib
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
@@ -502,8 +503,9 @@ class NativeGrpcServer:
         self.running: set[asyncio.Task[None]] = set()
         self.buffers = _BufferPool()
 
-    async def start(self, host: str, port: int) -> int:
-        """Listen on ``host:port`` (0: any free port) and return the port.
+    async def start(self, host: str, port: int, sock: socket.socket | None = None) -> int:
+        """Listen on ``host:port`` (0: any free port) and return the port; or serve ``sock``,
+        a socket bound (and listening) already, as a frontend worker does.
 
         Raises :class:`AddressInUseError` if the address is taken.
         """
@@ -514,7 +516,8 @@ class NativeGrpcServer:
             f"/{SERVICE_NAME}/{name}".encode(): method
             for name, method in method_table(servicer, self._restrictions).items()
         }
-        sock = bind_socket(host, port, what="gRPC")
+        if sock is None:
+            sock = bind_socket(host, port, what="gRPC")
         bound: int = sock.getsockname()[1]
         loop = asyncio.get_running_loop()
         try:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import re
+import socket
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
@@ -294,14 +295,16 @@ class HttpServer:
         self._server: EmbeddedServer | None = None
         self._serving: asyncio.Task[None] | None = None
 
-    async def start(self, host: str, port: int) -> int:
-        """Listen on ``host:port`` (0: any free port) and return the port.
+    async def start(self, host: str, port: int, sock: socket.socket | None = None) -> int:
+        """Listen on ``host:port`` (0: any free port) and return the port; or serve ``sock``,
+        a socket bound (and listening) already, as a frontend worker does.
 
         Raises :class:`AddressInUseError` if the address is taken.
         """
         if self._serving is not None:
             raise RuntimeError("the HTTP server is already running")
-        sock = bind_socket(host, port)
+        if sock is None:
+            sock = bind_socket(host, port)
         bound_port: int = sock.getsockname()[1]
         server = EmbeddedServer(self._config())
         serving = asyncio.create_task(server.serve(sockets=[sock]), name="shoal-http-server")

@@ -153,32 +153,32 @@ class FastInferHttpToolsProtocol(CoalescingHttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         now = self.loop.time()
         self._last_data = now
-        if self._head_left >= 0:
+        while self._head_left >= 0:
             if self._head_started == 0.0:
                 self._head_started = now
-            if len(data) > self._head_left:
-                self._head_overrun(data)
+            if len(data) <= self._head_left:
+                self._head_left -= len(data)
+                break
+            # More than the head being read may still take: parse only what it may (httptools
+            # gathers a header's value by concatenation, so a giant header would also cost time
+            # quadratic in its size); unless the head ended within it, answer 431.
+            allowed = self._head_left
+            self._head_left = 0
+            if allowed:
+                self._feed(data[:allowed])
+            if self.transport.is_closing():
                 return
-            self._head_left -= len(data)
-        self._feed(data)
-
-    def _head_overrun(self, data: bytes) -> None:
-        """``data`` holds more than the head being read may still take: parse only what it may;
-        unless the head ended within it, answer 431. (httptools gathers a header's value by
-        concatenation, so a giant header would also cost time quadratic in its size.)"""
-        allowed = self._head_left
-        self._head_left = 0
-        if allowed:
-            self._feed(data[:allowed])
-        if self._head_left == 0 and not self.transport.is_closing():
-            limit = self._limits.max_header_size
-            self._refuse(
-                431,
-                f"the request header fields exceed the limit of {limit} bytes; "
-                "use --http-max-header-size to raise it",
-            )
-        elif not self.transport.is_closing():
-            self.data_received(data[allowed:])
+            if self._head_left == 0:
+                limit = self._limits.max_header_size
+                self._refuse(
+                    431,
+                    f"the request header fields exceed the limit of {limit} bytes; "
+                    "use --http-max-header-size to raise it",
+                )
+                return
+            data = data[allowed:]  # the rest: a body, or the next requests (pipelined)
+        if data:
+            self._feed(data)
 
     def _check_progress(self) -> None:
         """The connection's timer: end a request head or body that is overdue (408)."""

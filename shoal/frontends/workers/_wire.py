@@ -1,0 +1,318 @@
+"""The records between a frontend worker and the core: MessagePack headers, raw tensor bytes.
+
+A frame is ``<u32 header length><header><payload>``: the header is a MessagePack array whose last
+element lists the sizes of the tensor payloads that follow it, back to back. Tensor bytes are
+never packed into MessagePack (no copy into the packer) and are sliced out of the received frame
+as memoryviews (no copy out of it).
+
+Core types travel as plain MessagePack values: dataclasses as arrays of their fields (decoded
+generically from their type hints), errors as ``[class, code, message, reason, http_message]``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import struct
+import types
+import typing
+from collections.abc import Sequence
+from functools import cache
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from shoal.core import errors
+from shoal.core.types import (
+    BatchStatistics,
+    InferInput,
+    InferOutput,
+    InferRequest,
+    InferResponse,
+    MemoryUsage,
+    ModelMetadata,
+    ModelStatistics,
+    RequestedOutput,
+    ResponseStatistics,
+    ServerMetadata,
+    TensorMetadata,
+)
+
+_LENGTH = struct.Struct("<I")
+LENGTH_SIZE = _LENGTH.size
+
+# Worker -> core (calls) and core -> worker (answers).
+CALL = 1
+CANCEL = 2
+OK = 3
+ERROR = 4
+ITEM = 5  # one response of a stream
+END = 6  # a stream's end
+STOP = 7  # core -> worker: stop serving (drain done or shutdown)
+
+#: An input whose data is a NumPy array (JSON inputs): dtype and shape travel with the bytes.
+_ARRAY = 1
+#: A NumPy object array (JSON BYTES): its items travel in the header.
+_OBJECTS = 2
+_RAW = 0
+
+
+def frame(
+    header: list[Any], payloads: Sequence[memoryview | bytes] = ()
+) -> list[bytes | memoryview]:
+    """The pieces of one frame, for ``writelines`` / ``sendmsg``."""
+    header.append([memoryview(p).nbytes for p in payloads])
+    packed = msgpack.packb(header)
+    return [_LENGTH.pack(len(packed)), packed, *payloads]
+
+
+def header_length(prefix: bytes) -> int:
+    return int(_LENGTH.unpack(prefix)[0])
+
+
+def split(packed: bytes, payload: bytes | bytearray) -> tuple[list[Any], list[memoryview]]:
+    """Header fields (the sizes removed) and the payload views."""
+    header: list[Any] = msgpack.unpackb(packed, use_list=True)
+    sizes: list[int] = header.pop()
+    views: list[memoryview] = []
+    whole = memoryview(payload)
+    at = 0
+    for size in sizes:
+        views.append(whole[at : at + size])
+        at += size
+    return header, views
+
+
+def payload_size(packed: bytes) -> int:
+    """Total bytes of the payloads that follow ``packed`` (peeks at the size list)."""
+    header: list[Any] = msgpack.unpackb(packed, use_list=True)
+    return sum(header[-1])
+
+
+# --- requests -------------------------------------------------------------------------------
+
+
+def request_to_wire(request: InferRequest, payloads: list[memoryview | bytes]) -> list[Any]:
+    inputs = []
+    for tensor in request.inputs:
+        data = tensor.data
+        if isinstance(data, np.ndarray):
+            if data.dtype == object:
+                inputs.append(
+                    [
+                        tensor.name,
+                        tensor.datatype,
+                        list(tensor.shape),
+                        tensor.parameters,
+                        _OBJECTS,
+                        [list(data.shape), data.ravel().tolist()],
+                    ]
+                )
+                continue
+            array = np.ascontiguousarray(data)
+            payloads.append(memoryview(array.data).cast("B"))
+            inputs.append(
+                [
+                    tensor.name,
+                    tensor.datatype,
+                    list(tensor.shape),
+                    tensor.parameters,
+                    _ARRAY,
+                    [list(array.shape), array.dtype.str],
+                ]
+            )
+        else:
+            view = memoryview(data)
+            payloads.append(view if view.format == "B" and view.ndim == 1 else view.cast("B"))
+            inputs.append(
+                [tensor.name, tensor.datatype, list(tensor.shape), tensor.parameters, _RAW, None]
+            )
+    outputs = [[o.name, o.parameters] for o in request.outputs]
+    return [
+        request.model_name,
+        request.model_version,
+        request.id,
+        inputs,
+        outputs,
+        request.parameters,
+    ]
+
+
+def request_from_wire(fields: Sequence[Any], payloads: list[memoryview]) -> InferRequest:
+    model_name, model_version, request_id, inputs, outputs, parameters = fields
+    tensors = []
+    at = 0
+    for name, datatype, shape, params, kind, extra in inputs:
+        data: memoryview | np.ndarray
+        if kind == _OBJECTS:
+            array_shape, items = extra
+            data = np.empty(len(items), dtype=object)
+            data[:] = items
+            data = data.reshape(array_shape)
+        elif kind == _ARRAY:
+            array_shape, dtype = extra
+            data = np.frombuffer(payloads[at], dtype=np.dtype(dtype)).reshape(array_shape)
+            at += 1
+        else:
+            data = payloads[at]
+            at += 1
+        tensors.append(InferInput(name, datatype, tuple(shape), data, params))
+    return InferRequest(
+        model_name,
+        model_version,
+        request_id,
+        tensors,
+        [RequestedOutput(name, params) for name, params in outputs],
+        parameters,
+    )
+
+
+# --- responses ------------------------------------------------------------------------------
+
+
+def response_to_wire(response: InferResponse, payloads: list[memoryview | bytes]) -> list[Any]:
+    outputs = []
+    for output in response.outputs:
+        payloads.append(output.data)
+        outputs.append([output.name, output.datatype, list(output.shape), output.parameters])
+    error = None if response.error is None else error_to_wire(response.error)
+    return [
+        response.model_name,
+        response.model_version,
+        response.id,
+        outputs,
+        response.parameters,
+        response.final,
+        error,
+    ]
+
+
+def response_from_wire(fields: Sequence[Any], payloads: list[memoryview]) -> InferResponse:
+    model_name, model_version, response_id, outputs, parameters, final, error = fields
+    return InferResponse(
+        model_name,
+        model_version,
+        response_id,
+        [
+            InferOutput(name, datatype, tuple(shape), payloads[i], params)
+            for i, (name, datatype, shape, params) in enumerate(outputs)
+        ],
+        parameters,
+        final=final,
+        error=None if error is None else _shoal_error(error_from_wire(error)),
+    )
+
+
+# --- errors ---------------------------------------------------------------------------------
+
+
+def error_to_wire(error: BaseException) -> list[Any]:
+    if isinstance(error, errors.ShoalError):
+        return [
+            type(error).__name__,
+            error.code.value,
+            error.message,
+            error.reason,
+            getattr(error, "http_message", None),
+        ]
+    if isinstance(error, NotImplementedError):
+        return ["NotImplementedError", "", str(error), "", None]
+    return [
+        "InternalError",
+        errors.ErrorCode.INTERNAL.value,
+        f"internal error: {error}",
+        "OTHER",
+        None,
+    ]
+
+
+def error_from_wire(fields: Sequence[Any]) -> BaseException:
+    name, code, message, reason, http_message = fields
+    if name == "NotImplementedError":
+        return NotImplementedError(message)
+    cls = getattr(errors, name, None)
+    if not (isinstance(cls, type) and issubclass(cls, errors.ShoalError)):
+        cls = errors.ShoalError
+    error: errors.ShoalError = cls.__new__(cls)
+    errors.ShoalError.__init__(error, message, errors.ErrorCode(code))
+    error.reason = reason
+    if http_message is not None:
+        error.http_message = http_message  # type: ignore[attr-defined]
+    return error
+
+
+def _shoal_error(error: BaseException) -> errors.ShoalError:
+    if isinstance(error, errors.ShoalError):
+        return error
+    return errors.InternalError(str(error))
+
+
+# --- plain values: dataclasses of core.types ------------------------------------------------
+
+
+def to_plain(value: Any) -> Any:
+    """A dataclass (nested) as arrays of field values; containers recursively."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return [to_plain(getattr(value, f.name)) for f in _fields(type(value))]
+    if isinstance(value, (list, tuple)):
+        return [to_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: to_plain(v) for k, v in value.items()}
+    return value
+
+
+def from_plain(kind: Any, value: Any) -> Any:
+    """The inverse of :func:`to_plain` for the type ``kind`` (a type hint)."""
+    origin = typing.get_origin(kind)
+    if origin is list:
+        item = typing.get_args(kind)[0]
+        return [from_plain(item, v) for v in value]
+    if origin is tuple:
+        args = typing.get_args(kind)
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(from_plain(args[0], v) for v in value)
+        return tuple(from_plain(a, v) for a, v in zip(args, value, strict=True))
+    if origin is dict:
+        _, item = typing.get_args(kind)
+        return {k: from_plain(item, v) for k, v in value.items()}
+    if origin in (typing.Union, types.UnionType):
+        if isinstance(value, list):  # a sequence member of the union: rebuild it
+            for member in typing.get_args(kind):
+                if typing.get_origin(member) in (list, tuple):
+                    return from_plain(member, value)
+        return value
+    if isinstance(kind, type) and dataclasses.is_dataclass(kind):
+        hints = _hints(kind)
+        return kind(
+            *(from_plain(hints[f.name], v) for f, v in zip(_fields(kind), value, strict=True))
+        )
+    return value
+
+
+@cache
+def _fields(kind: type) -> tuple[dataclasses.Field[Any], ...]:
+    return tuple(f for f in dataclasses.fields(kind) if not f.name.startswith("_"))
+
+
+@cache
+def _hints(kind: type) -> dict[str, Any]:
+    return {**typing.get_type_hints(kind), **_GENERIC_FIELDS.get(kind, {})}
+
+
+#: The generic fields of the compiled core types: mypyc keeps ``tuple`` of ``tuple[str, ...]``
+#: in the annotations it leaves, so the item types are written here.
+_GENERIC_FIELDS: dict[type, dict[str, Any]] = {
+    ServerMetadata: {"extensions": tuple[str, ...]},
+    TensorMetadata: {"shape": tuple[int, ...]},
+    ModelMetadata: {
+        "versions": tuple[str, ...],
+        "inputs": tuple[TensorMetadata, ...],
+        "outputs": tuple[TensorMetadata, ...],
+    },
+    ModelStatistics: {
+        "batch_stats": list[BatchStatistics],
+        "response_stats": dict[str, ResponseStatistics],
+        "memory_usage": list[MemoryUsage],
+        "failure_reasons": dict[str, int],
+    },
+}

@@ -1,0 +1,341 @@
+"""A frontend worker's client of the core: the core API over two Unix sockets.
+
+:class:`RemoteCore` implements :class:`~shoal.core.api.CoreAPI`, so the HTTP and gRPC frontends
+run in a worker process unchanged. The API's synchronous calls (health, metadata, statistics,
+shared-memory registration, settings) are blocking round trips on their own socket: they are
+rare, and the core answers them at once from its event loop. Inference, streams and model
+control are asynchronous calls multiplexed by id on a second socket that the worker's event loop
+reads; a cancelled call (a client that went away) cancels the core's side too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import socket
+from collections.abc import AsyncIterator
+from typing import Any, cast
+
+from shoal.core import errors
+from shoal.core.api import CoreAPI
+from shoal.core.types import (
+    CudaSharedMemoryRegion,
+    InferRequest,
+    InferResponse,
+    JsonDict,
+    ModelMetadata,
+    ModelStatistics,
+    ParamValue,
+    RepositoryEntry,
+    ServerMetadata,
+    SharedMemoryRegion,
+    TraceChange,
+    TraceValue,
+)
+from shoal.frontends.workers import _wire as wire
+
+__all__ = ["CoreGone", "RemoteCore"]
+
+_Answer = tuple[list[Any], list[memoryview]]
+
+
+class CoreGone(errors.Unavailable):
+    """The core process closed the worker's sockets: it is exiting or died."""
+
+    def __init__(self) -> None:
+        super().__init__("the server's core process is not reachable (shutting down)")
+
+
+def recv_exactly(sock: socket.socket, size: int) -> bytearray:
+    """``size`` bytes from a blocking socket; :class:`CoreGone` at end of stream."""
+    buffer = bytearray(size)
+    view = memoryview(buffer)
+    got = 0
+    while got < size:
+        count = sock.recv_into(view[got:])
+        if count == 0:
+            raise CoreGone()
+        got += count
+    return buffer
+
+
+def recv_frame(sock: socket.socket) -> _Answer:
+    """One frame from a blocking socket."""
+    length = wire.header_length(bytes(recv_exactly(sock, wire.LENGTH_SIZE)))
+    packed = bytes(recv_exactly(sock, length))
+    payload = recv_exactly(sock, wire.payload_size(packed))
+    return wire.split(packed, payload)
+
+
+async def read_frame(reader: asyncio.StreamReader) -> _Answer:
+    """One frame from a stream; IncompleteReadError at its end."""
+    length = wire.header_length(await reader.readexactly(wire.LENGTH_SIZE))
+    packed = await reader.readexactly(length)
+    size = wire.payload_size(packed)
+    payload = await reader.readexactly(size) if size else b""
+    return wire.split(packed, payload)
+
+
+class RemoteCore(CoreAPI):
+    """The core API, answered by the core process."""
+
+    def __init__(self, control: socket.socket) -> None:
+        control.setblocking(True)
+        self._control = control
+        self._ids = itertools.count(1)
+        self._calls: dict[int, asyncio.Future[_Answer]] = {}
+        self._streams: dict[int, asyncio.Queue[_Answer | BaseException | None]] = {}
+        self._writer: asyncio.StreamWriter | None = None
+        self._reading: asyncio.Task[None] | None = None
+        #: Set when the core asks the worker to stop, or goes away.
+        self.stopping = asyncio.Event()
+        #: The seconds the core gives the worker to finish its responses when it stops.
+        self.stop_grace = 0.0
+
+    async def connect(self, calls: socket.socket) -> None:
+        """Start reading answers from the asynchronous socket."""
+        reader, self._writer = await asyncio.open_unix_connection(sock=calls)
+        self._reading = asyncio.create_task(self._read(reader), name="shoal-worker-core")
+
+    def send(self, header: list[Any], payloads: list[memoryview | bytes] | None = None) -> None:
+        if self._writer is None or self._writer.is_closing():
+            raise CoreGone()
+        self._writer.writelines(wire.frame(header, payloads or ()))
+
+    async def close(self) -> None:
+        if self._reading is not None:
+            self._reading.cancel()
+        if self._writer is not None:
+            self._writer.close()
+        self._control.close()
+
+    async def _read(self, reader: asyncio.StreamReader) -> None:
+        try:
+            while True:
+                header, payloads = await read_frame(reader)
+                self._dispatch(header, payloads)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            self._fail_all(CoreGone())
+            self.stopping.set()
+
+    def _dispatch(self, header: list[Any], payloads: list[memoryview]) -> None:
+        kind, call_id, *fields = header
+        if kind == wire.STOP:
+            self.stop_grace = float(fields[0]) if fields else 0.0
+            self.stopping.set()
+            return
+        future = self._calls.pop(call_id, None)
+        if future is not None:
+            if future.done():
+                return
+            if kind == wire.ERROR:
+                future.set_exception(wire.error_from_wire(fields[0]))
+            else:
+                future.set_result((fields, payloads))
+            return
+        queue = self._streams.get(call_id)
+        if queue is None:
+            return  # an answer to a call cancelled meanwhile
+        if kind == wire.ITEM:
+            queue.put_nowait((fields, payloads))
+        elif kind == wire.ERROR:
+            queue.put_nowait(wire.error_from_wire(fields[0]))
+        else:
+            queue.put_nowait(None)
+
+    def _fail_all(self, error: BaseException) -> None:
+        for future in self._calls.values():
+            if not future.done():
+                future.set_exception(error)
+        self._calls.clear()
+        for queue in self._streams.values():
+            queue.put_nowait(error)
+
+    # --- calls ----------------------------------------------------------------------------
+
+    def _sync(self, method: str, *args: Any) -> Any:
+        self._control.sendall(b"".join(wire.frame([method, list(args)])))
+        (kind, value), _ = recv_frame(self._control)
+        if kind == wire.ERROR:
+            raise wire.error_from_wire(value)
+        return value
+
+    async def _async(
+        self, method: str, fields: list[Any], payloads: list[memoryview | bytes]
+    ) -> _Answer:
+        call_id = next(self._ids)
+        future: asyncio.Future[_Answer] = asyncio.get_running_loop().create_future()
+        self._calls[call_id] = future
+        try:
+            self.send([wire.CALL, call_id, method, fields], payloads)
+            return await future
+        except asyncio.CancelledError:
+            if self._calls.pop(call_id, None) is not None:
+                self._cancel(call_id)
+            raise
+
+    def _cancel(self, call_id: int) -> None:
+        try:
+            self.send([wire.CANCEL, call_id])
+        except CoreGone:
+            pass
+
+    # --- InferenceAPI ---------------------------------------------------------------------
+
+    def is_live(self) -> bool:
+        return bool(self._sync("is_live"))
+
+    def is_ready(self) -> bool:
+        return bool(self._sync("is_ready"))
+
+    def server_metadata(self) -> ServerMetadata:
+        return cast("ServerMetadata", _decoded(ServerMetadata, self._sync("server_metadata")))
+
+    def model_ready(self, name: str, version: str = "") -> bool:
+        return bool(self._sync("model_ready", name, version))
+
+    async def model_ready_now(self, name: str, version: str = "") -> bool:
+        (ready,), _ = await self._async("model_ready_now", [name, version], [])
+        return bool(ready)
+
+    def model_metadata(self, name: str, version: str = "") -> ModelMetadata:
+        return cast(
+            "ModelMetadata", _decoded(ModelMetadata, self._sync("model_metadata", name, version))
+        )
+
+    def model_config(self, name: str, version: str = "") -> JsonDict:
+        config: JsonDict = self._sync("model_config", name, version)
+        return config
+
+    async def infer(self, request: InferRequest) -> InferResponse:
+        payloads: list[memoryview | bytes] = []
+        fields = wire.request_to_wire(request, payloads)
+        answer, views = await self._async("infer", fields, payloads)
+        return wire.response_from_wire(answer, views)
+
+    async def infer_stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
+        payloads: list[memoryview | bytes] = []
+        fields = wire.request_to_wire(request, payloads)
+        call_id = next(self._ids)
+        queue: asyncio.Queue[_Answer | BaseException | None] = asyncio.Queue()
+        self._streams[call_id] = queue
+        ended = False
+        try:
+            self.send([wire.CALL, call_id, "infer_stream", fields], payloads)
+            while True:
+                item = await queue.get()
+                if item is None:
+                    ended = True
+                    return
+                if isinstance(item, BaseException):
+                    ended = True
+                    raise item
+                answer, views = item
+                yield wire.response_from_wire(answer, views)
+        finally:
+            self._streams.pop(call_id, None)
+            if not ended:
+                self._cancel(call_id)
+
+    # --- ExtensionAPI ---------------------------------------------------------------------
+
+    def model_statistics(self, name: str = "", version: str = "") -> list[ModelStatistics]:
+        return cast(
+            "list[ModelStatistics]",
+            _decoded(list[ModelStatistics], self._sync("model_statistics", name, version)),
+        )
+
+    def repository_index(self, ready_only: bool = False) -> list[RepositoryEntry]:
+        return cast(
+            "list[RepositoryEntry]",
+            _decoded(list[RepositoryEntry], self._sync("repository_index", ready_only)),
+        )
+
+    async def load_model(
+        self,
+        name: str,
+        config_json: str | None = None,
+        files: dict[str, bytes] | None = None,
+    ) -> None:
+        await self._async("load_model", [name, config_json, files], [])
+
+    async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
+        await self._async("unload_model", [name, unload_dependents], [])
+
+    def register_system_shm(self, name: str, key: str, offset: int, byte_size: int) -> None:
+        self._sync("register_system_shm", name, key, offset, byte_size)
+
+    def unregister_system_shm(self, name: str = "") -> None:
+        self._sync("unregister_system_shm", name)
+
+    def system_shm_status(self, name: str = "") -> list[SharedMemoryRegion]:
+        return cast(
+            "list[SharedMemoryRegion]",
+            _decoded(list[SharedMemoryRegion], self._sync("system_shm_status", name)),
+        )
+
+    def register_cuda_shm(
+        self, name: str, raw_handle: bytes, device_id: int, byte_size: int
+    ) -> None:
+        self._sync("register_cuda_shm", name, raw_handle, device_id, byte_size)
+
+    def unregister_cuda_shm(self, name: str = "") -> None:
+        self._sync("unregister_cuda_shm", name)
+
+    def cuda_shm_status(self, name: str = "") -> list[CudaSharedMemoryRegion]:
+        return cast(
+            "list[CudaSharedMemoryRegion]",
+            _decoded(list[CudaSharedMemoryRegion], self._sync("cuda_shm_status", name)),
+        )
+
+    def log_settings(self) -> dict[str, ParamValue]:
+        settings: dict[str, ParamValue] = self._sync("log_settings")
+        return settings
+
+    def update_log_settings(self, settings: dict[str, ParamValue]) -> dict[str, ParamValue]:
+        updated: dict[str, ParamValue] = self._sync("update_log_settings", settings)
+        return updated
+
+    def trace_settings(self, model: str = "") -> dict[str, TraceValue]:
+        settings: dict[str, TraceValue] = self._sync("trace_settings", model)
+        return settings
+
+    def update_trace_settings(
+        self, changes: dict[str, TraceChange], model: str = ""
+    ) -> dict[str, TraceValue]:
+        updated: dict[str, TraceValue] = self._sync("update_trace_settings", changes, model)
+        return updated
+
+
+def _decoded(kind: Any, value: Any) -> Any:
+    return wire.from_plain(kind, value)
+
+
+#: The core API's asynchronous methods, other than inference, a worker may call by name.
+ASYNC_METHODS: frozenset[str] = frozenset({"load_model", "unload_model", "model_ready_now"})
+
+#: The core API's synchronous methods a worker may call, by name.
+SYNC_METHODS: frozenset[str] = frozenset(
+    {
+        "is_live",
+        "is_ready",
+        "server_metadata",
+        "model_ready",
+        "model_metadata",
+        "model_config",
+        "model_statistics",
+        "repository_index",
+        "register_system_shm",
+        "unregister_system_shm",
+        "system_shm_status",
+        "register_cuda_shm",
+        "unregister_cuda_shm",
+        "cuda_shm_status",
+        "log_settings",
+        "update_log_settings",
+        "trace_settings",
+        "update_trace_settings",
+    }
+)

@@ -1,0 +1,280 @@
+"""The core's side of the frontend workers: spawn them, answer their calls, restart the dead.
+
+Each worker is a process started with ``command`` plus the two sockets of its link: ``control``
+(blocking request/answer pairs for the core API's synchronous calls) and ``calls`` (inference,
+streams and model control, multiplexed by id). The listening sockets in ``inherit`` are passed
+down, so every worker accepts on the same ports. A worker that exits unasked fails only the
+calls it had in flight (their tasks are cancelled, which frees their blocks) and is started
+again; a worker finds out that the core died from its sockets closing (and its parent-death
+signal), so the core's death takes every worker with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import subprocess
+from collections.abc import Sequence
+from typing import Any
+
+from shoal.core.api import CoreAPI
+from shoal.frontends.workers import _wire as wire
+from shoal.frontends.workers.client import ASYNC_METHODS, SYNC_METHODS, read_frame
+
+__all__ = ["WorkerPool"]
+
+log = logging.getLogger("shoal")
+
+#: Restart delays for a worker that keeps dying: doubled up to the last, reset after a minute up.
+_BACKOFF = (0.2, 5.0)
+_STABLE_SECS = 60.0
+
+
+class _Link:
+    """One worker process and its two sockets, from the core's side."""
+
+    def __init__(self, core: CoreAPI, index: int) -> None:
+        self.core = core
+        self.index = index
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.pidfd = -1
+        self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.exited: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self.tasks: dict[int, asyncio.Task[None]] = {}
+        self.serving: list[asyncio.Task[None]] = []
+        self.writer: asyncio.StreamWriter | None = None
+        self.control_writer: asyncio.StreamWriter | None = None
+
+    def send(self, header: list[Any], payloads: Sequence[memoryview | bytes] = ()) -> None:
+        """Queue a frame; its bytes are copied first, so blocks may be released right after."""
+        writer = self.writer
+        if writer is not None and not writer.is_closing():
+            writer.write(b"".join(wire.frame(header, payloads)))
+
+    async def serve_calls(self, reader: asyncio.StreamReader) -> None:
+        try:
+            while True:
+                header, payloads = await read_frame(reader)
+                kind, call_id, *fields = header
+                if kind == wire.CALL:
+                    method, args = fields
+                    self.tasks[call_id] = asyncio.create_task(
+                        self._run(call_id, method, args, payloads)
+                    )
+                elif kind == wire.CANCEL:
+                    task = self.tasks.pop(call_id, None)
+                    if task is not None:
+                        task.cancel()
+                elif kind == wire.OK and call_id == 0 and not self.ready.done():
+                    self.ready.set_result(None)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            self.cancel_all()
+
+    def cancel_all(self) -> None:
+        """Cancel the calls in flight: their requests fail and free their blocks."""
+        tasks, self.tasks = self.tasks, {}
+        for task in tasks.values():
+            task.cancel()
+
+    async def _run(
+        self, call_id: int, method: str, args: list[Any], payloads: list[memoryview]
+    ) -> None:
+        try:
+            if method == "infer":
+                response = await self.core.infer(wire.request_from_wire(args, payloads))
+                try:
+                    out: list[memoryview | bytes] = []
+                    self.send([wire.OK, call_id, *wire.response_to_wire(response, out)], out)
+                finally:
+                    response.release()
+            elif method == "infer_stream":
+                stream = self.core.infer_stream(wire.request_from_wire(args, payloads))
+                try:
+                    async for response in stream:
+                        try:
+                            out = []
+                            self.send(
+                                [wire.ITEM, call_id, *wire.response_to_wire(response, out)], out
+                            )
+                        finally:
+                            response.release()
+                finally:
+                    await stream.aclose()  # type: ignore[attr-defined]
+                self.send([wire.END, call_id])
+            elif method in ASYNC_METHODS:
+                result = await getattr(self.core, method)(*args)
+                self.send([wire.OK, call_id, wire.to_plain(result)])
+            else:
+                raise NotImplementedError(f"frontend workers do not forward '{method}'")
+        except asyncio.CancelledError:
+            pass  # the worker gave up on the call (or died): nobody waits for an answer
+        except Exception as error:  # every failure is the caller's answer
+            self.send([wire.ERROR, call_id, wire.error_to_wire(error)])
+        finally:
+            self.tasks.pop(call_id, None)
+
+    async def serve_control(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        try:
+            while True:
+                (method, args), _ = await read_frame(reader)
+                try:
+                    if method not in SYNC_METHODS:
+                        raise NotImplementedError(f"frontend workers do not forward '{method}'")
+                    answer = [wire.OK, wire.to_plain(getattr(self.core, method)(*args))]
+                except Exception as error:  # every failure is the caller's answer
+                    answer = [wire.ERROR, wire.error_to_wire(error)]
+                writer.write(b"".join(wire.frame(answer)))
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+
+
+class WorkerPool:
+    """``count`` frontend worker processes serving ``core``."""
+
+    def __init__(
+        self,
+        core: CoreAPI,
+        count: int,
+        command: Sequence[str],
+        inherit: Sequence[int],
+        hello: bytes,
+    ) -> None:
+        self._core = core
+        self._count = count
+        self._command = list(command)
+        self._inherit = list(inherit)
+        self._hello = hello
+        self._links: list[_Link | None] = [None] * count
+        self._stopping = False
+        self._restarts: set[asyncio.Task[None]] = set()
+        #: The listening sockets the workers serve, closed once they have stopped.
+        self.sockets: list[socket.socket] = []
+
+    @property
+    def pids(self) -> list[int]:
+        return [link.proc.pid for link in self._links if link is not None and link.proc is not None]
+
+    async def start(self, timeout: float = 60.0) -> None:
+        """Start every worker and wait until each serves its sockets."""
+        links = [await self._spawn(i) for i in range(self._count)]
+        await self._wait_ready(links, timeout)
+
+    async def _wait_ready(self, links: list[_Link], timeout: float) -> None:
+        for link in links:
+            waits: list[asyncio.Future[Any]] = [link.ready, link.exited]
+            await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            if not link.ready.done():
+                why = (
+                    f"exited with status {link.exited.result()}"
+                    if link.exited.done()
+                    else (f"did not start within {timeout:.0f}s")
+                )
+                raise RuntimeError(f"frontend worker {link.index} {why}")
+
+    async def _spawn(self, index: int) -> _Link:
+        loop = asyncio.get_running_loop()
+        link = _Link(self._core, index)
+        control, control_child = socket.socketpair()
+        calls, calls_child = socket.socketpair()
+        try:
+            argv = [
+                *self._command,
+                "--control",
+                str(control_child.fileno()),
+                "--calls",
+                str(calls_child.fileno()),
+                "--parent",
+                str(os.getpid()),
+                "--index",
+                str(index),
+            ]
+            link.proc = subprocess.Popen(
+                argv,
+                pass_fds=[control_child.fileno(), calls_child.fileno(), *self._inherit],
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,  # a terminal's ^C goes to the core, which stops workers
+            )
+        finally:
+            control_child.close()
+            calls_child.close()
+        link.pidfd = os.pidfd_open(link.proc.pid)
+        loop.add_reader(link.pidfd, self._reap, link)
+        control.sendall(b"".join(wire.frame(["hello", self._hello])))
+        reader, link.writer = await asyncio.open_unix_connection(sock=calls)
+        control_reader, link.control_writer = await asyncio.open_unix_connection(sock=control)
+        link.serving = [
+            asyncio.create_task(link.serve_calls(reader)),
+            asyncio.create_task(link.serve_control(control_reader, link.control_writer)),
+        ]
+        self._links[index] = link
+        return link
+
+    def _reap(self, link: _Link) -> None:
+        loop = asyncio.get_running_loop()
+        loop.remove_reader(link.pidfd)
+        os.close(link.pidfd)
+        link.pidfd = -1
+        assert link.proc is not None
+        status = link.proc.wait()
+        link.cancel_all()
+        for writer in (link.writer, link.control_writer):
+            if writer is not None:
+                writer.close()
+        if not link.exited.done():
+            link.exited.set_result(status)
+        if self._stopping:
+            return
+        why = f"signal {signal.Signals(-status).name}" if status < 0 else f"status {status}"
+        log.warning(
+            "frontend worker %d (pid %d) exited with %s; restarting it",
+            link.index,
+            link.proc.pid,
+            why,
+        )
+        task = asyncio.create_task(self._restart(link.index))
+        self._restarts.add(task)
+        task.add_done_callback(self._restarts.discard)
+
+    async def _restart(self, index: int) -> None:
+        await asyncio.sleep(_BACKOFF[0])
+        if self._stopping:
+            return
+        try:
+            link = await self._spawn(index)
+            await self._wait_ready([link], 60.0)
+        except (OSError, RuntimeError) as error:
+            log.error("frontend worker %d could not be restarted: %s", index, error)
+
+    async def stop(self, grace: float) -> None:
+        """Ask every worker to stop (finishing what it serves within ``grace``), then kill the
+        ones still running."""
+        self._stopping = True
+        for task in list(self._restarts):
+            task.cancel()
+        links = [link for link in self._links if link is not None and not link.exited.done()]
+        for link in links:
+            link.send([wire.STOP, 0, grace])
+        if links:
+            await asyncio.wait([link.exited for link in links], timeout=grace + 5.0)
+        for link in links:
+            if not link.exited.done() and link.proc is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    link.proc.kill()
+        if links:
+            await asyncio.wait([link.exited for link in links], timeout=5.0)
+        for last in self._links:
+            if last is None:
+                continue
+            for task in last.serving:
+                task.cancel()
+            last.cancel_all()
+        for sock in self.sockets:
+            sock.close()

@@ -1,0 +1,369 @@
+"""``shoal serve --frontend-workers 2``: two worker processes serve HTTP and gRPC around the core.
+
+Which worker accepts a new connection is the kernel's choice; a test that needs a given worker
+stops the other one (SIGSTOP) while it opens its connection, so the call goes through the one
+left running. Each scenario here also runs with one worker elsewhere in the suite.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import signal
+import time
+import urllib.request
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+import tritonclient.utils.shared_memory as shm
+from tritonclient.utils import InferenceServerException
+
+from tests.integration.server import BUNDLED, TEST_MODELS, ShoalServer
+
+pytestmark = pytest.mark.timeout(120)
+
+MODELS = (
+    "identity",
+    "add_sub",
+    "seq_direct",
+    "ens_chain",
+    "ens_scale",
+    "bls_add_sub",
+    "decoupled_repeat",
+    "cancel_waiter",
+    "slow",
+)
+
+
+def _start(*extra: str, metrics: bool = False) -> ShoalServer:
+    args = ["--frontend-workers", "2", "--model-control-mode", "explicit", *extra]
+    for name in MODELS:
+        args += ["--load-model", name]
+    return ShoalServer(BUNDLED, TEST_MODELS, extra_args=tuple(args), metrics=metrics)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ShoalServer]:
+    with _start(metrics=True) as running:
+        yield running
+        assert "Traceback" not in running.output, running.output
+
+
+def worker_pids(server: ShoalServer) -> list[int]:
+    """The server's frontend worker processes, by index."""
+    assert server.proc is not None
+    found: dict[int, int] = {}
+    parent = str(server.proc.pid).encode()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                args = f.read().split(b"\0")
+        except OSError:
+            continue
+        ours = b"--parent" in args and args[args.index(b"--parent") + 1] == parent
+        if ours and any(b"worker_main" in a for a in args):
+            found[int(args[args.index(b"--index") + 1])] = int(entry)
+    return [found[i] for i in sorted(found)]
+
+
+def _wait_for_workers(
+    server: ShoalServer, count: int, exclude: set[int] = frozenset()
+) -> list[int]:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        pids = worker_pids(server)
+        if len(pids) == count and not exclude & set(pids):
+            return pids
+        time.sleep(0.05)  # polling the process table
+    raise AssertionError(f"workers now: {worker_pids(server)}\n{server.output}")
+
+
+@contextlib.contextmanager
+def through(server: ShoalServer, index: int) -> Iterator[None]:
+    """New connections go to worker ``index``: the others are stopped meanwhile."""
+    others = [pid for i, pid in enumerate(worker_pids(server)) if i != index]
+    for pid in others:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for pid in others:
+            os.kill(pid, signal.SIGCONT)
+
+
+def _add_sub_inputs(module, a: np.ndarray, b: np.ndarray) -> list:
+    inputs = [module.InferInput("INPUT0", [4], "FP32"), module.InferInput("INPUT1", [4], "FP32")]
+    inputs[0].set_data_from_numpy(a)
+    inputs[1].set_data_from_numpy(b)
+    return inputs
+
+
+def test_two_workers_serve_both_protocols(server):
+    assert len(_wait_for_workers(server, 2)) == 2
+    a = np.arange(4, dtype=np.float32)
+    b = np.ones(4, dtype=np.float32)
+    for index in (0, 1):
+        with through(server, index):
+            for module, url in ((httpclient, server.url), (grpcclient, server.grpc_url)):
+                client = module.InferenceServerClient(url)
+                try:
+                    assert client.is_server_ready() and client.is_model_ready("add_sub")
+                    assert client.get_model_metadata("add_sub") is not None
+                    result = client.infer("add_sub", _add_sub_inputs(module, a, b))
+                    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
+                    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
+                finally:
+                    client.close()
+
+
+def test_json_and_string_tensors_round_trip(server):
+    client = httpclient.InferenceServerClient(server.url)
+    try:
+        strings = np.array([b"a", b"", "é".encode()], dtype=object)
+        floats = np.array([1.5, -2.0], dtype=np.float32)
+        inputs = [
+            httpclient.InferInput("IN_STRING", [3], "BYTES"),
+            httpclient.InferInput("IN_FP32", [2], "FP32"),
+        ]
+        inputs[0].set_data_from_numpy(strings, binary_data=False)
+        inputs[1].set_data_from_numpy(floats, binary_data=False)
+        outputs = [
+            httpclient.InferRequestedOutput(n, binary_data=False)
+            for n in ("OUT_STRING", "OUT_FP32")
+        ]
+        result = client.infer("identity", inputs, outputs=outputs)
+        # tritonclient decodes JSON strings to str
+        assert result.as_numpy("OUT_STRING").tolist() == [s.decode() for s in strings]
+        np.testing.assert_array_equal(result.as_numpy("OUT_FP32"), floats)
+        with pytest.raises(InferenceServerException, match="IN_NOPE"):
+            bad = httpclient.InferInput("IN_NOPE", [1], "FP32")
+            bad.set_data_from_numpy(np.zeros(1, np.float32))
+            client.infer("identity", [bad])
+    finally:
+        client.close()
+
+
+def _seq_step(url: str, corr: int, value: int, start: bool, end: bool) -> int:
+    client = httpclient.InferenceServerClient(url)
+    try:
+        tensor = httpclient.InferInput("IN", [1, 1], "INT32")
+        tensor.set_data_from_numpy(np.array([[value]], np.int32))
+        result = client.infer(
+            "seq_direct", [tensor], sequence_id=corr, sequence_start=start, sequence_end=end
+        )
+        return int(result.as_numpy("OUT")[0][0])
+    finally:
+        client.close()
+
+
+def test_a_sequence_continues_across_workers(server):
+    sums = []
+    for step, value in enumerate([1, 2, 3, 4]):
+        with through(server, step % 2):
+            sums.append(_seq_step(server.url, 77, value, start=step == 0, end=step == 3))
+    assert sums == [1, 3, 6, 10]
+
+
+def test_ensemble_and_bls(server):
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        x = grpcclient.InferInput("X", [3], "FP32")
+        x.set_data_from_numpy(np.array([1, 2, 3], np.float32))
+        chained = client.infer("ens_chain", [x]).as_numpy("Y")
+        assert chained.shape == (3,)
+        a, b = np.arange(4, dtype=np.float32), np.full(4, 2, np.float32)
+        inputs = [grpcclient.InferInput("A", [4], "FP32"), grpcclient.InferInput("B", [4], "FP32")]
+        inputs[0].set_data_from_numpy(a)
+        inputs[1].set_data_from_numpy(b)
+        result = client.infer("bls_add_sub", inputs)
+        np.testing.assert_array_equal(result.as_numpy("SUM"), a + b)
+    finally:
+        client.close()
+
+
+def test_decoupled_stream(server):
+    responses: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(callback=lambda result, error: responses.put((result, error)))
+    try:
+        count = grpcclient.InferInput("COUNT", [1], "INT32")
+        count.set_data_from_numpy(np.array([3], np.int32))
+        client.async_stream_infer("decoupled_repeat", [count])
+        got = []
+        for _ in range(3):
+            result, error = responses.get(timeout=30)
+            assert error is None, error
+            got.append(int(result.as_numpy("INDEX")[0]))
+        assert sorted(got) == [0, 1, 2]
+    finally:
+        client.stop_stream()
+        client.close()
+
+
+def test_shared_memory_registered_through_one_worker_used_through_another(server):
+    key = f"/shoal_workers_{os.getpid()}"
+    handle = shm.create_shared_memory_region("wk_in", key, 32)
+    try:
+        a, b = np.arange(4, dtype=np.float32), np.full(4, 10, np.float32)
+        shm.set_shared_memory_region(handle, [a, b])
+        with through(server, 0):
+            registrar = httpclient.InferenceServerClient(server.url)
+            registrar.register_system_shared_memory("wk_in", key, 32)
+            registrar.close()
+        with through(server, 1):
+            client = grpcclient.InferenceServerClient(server.grpc_url)
+            try:
+                status = client.get_system_shared_memory_status()
+                assert [r.name for r in status.regions.values()] == ["wk_in"]
+                inputs = [
+                    grpcclient.InferInput("INPUT0", [4], "FP32"),
+                    grpcclient.InferInput("INPUT1", [4], "FP32"),
+                ]
+                inputs[0].set_shared_memory("wk_in", 16, offset=0)
+                inputs[1].set_shared_memory("wk_in", 16, offset=16)
+                result = client.infer("add_sub", inputs)
+                np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
+                client.unregister_system_shared_memory("wk_in")
+            finally:
+                client.close()
+    finally:
+        shm.destroy_shared_memory_region(handle)
+
+
+def test_a_client_that_goes_away_cancels_its_request(server):
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        tensor = grpcclient.InferInput("IN", [1], "INT32")
+        tensor.set_data_from_numpy(np.array([1], np.int32))
+        mark = len(server.output)
+        call = client.async_infer("cancel_waiter", [tensor], callback=lambda *_: None)
+        deadline = time.monotonic() + 30
+        while "cancel_waiter: started" not in server.output[mark:]:
+            assert time.monotonic() < deadline, server.output[mark:]
+            time.sleep(0.02)  # polling the server log
+        call.cancel()
+        while "cancel_waiter: cancelled=True" not in server.output[mark:]:
+            assert time.monotonic() < deadline, server.output[mark:]
+            time.sleep(0.02)
+    finally:
+        client.close()
+
+
+def _metric(server: ShoalServer, name: str, model: str) -> float:
+    url = f"http://127.0.0.1:{server.metrics_port}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as response:
+        text = response.read().decode()
+    for line in text.splitlines():
+        if line.startswith(name + "{") and f'model="{model}"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_statistics_and_metrics_count_every_worker(server):
+    def count() -> int:
+        client = httpclient.InferenceServerClient(server.url)
+        try:
+            stats = client.get_inference_statistics("add_sub")["model_stats"][0]
+            return int(stats["inference_count"])
+        finally:
+            client.close()
+
+    before, metric_before = count(), _metric(server, "nv_inference_request_success", "add_sub")
+    a = np.zeros(4, dtype=np.float32)
+    for index in (0, 1):
+        with through(server, index):
+            for module, url in ((httpclient, server.url), (grpcclient, server.grpc_url)):
+                client = module.InferenceServerClient(url)
+                for _ in range(3):
+                    client.infer("add_sub", _add_sub_inputs(module, a, a))
+                client.close()
+    assert count() - before == 12
+    assert _metric(server, "nv_inference_request_success", "add_sub") - metric_before == 12
+
+
+def _slow_call(url: str, seconds: float, results: queue.Queue) -> grpcclient.InferenceServerClient:
+    client = grpcclient.InferenceServerClient(url)
+    tensor = grpcclient.InferInput("SECONDS", [1], "FP32")
+    tensor.set_data_from_numpy(np.array([seconds], np.float32))
+    client.async_infer(
+        "slow", [tensor], callback=lambda result, error: results.put((result, error))
+    )
+    return client
+
+
+def test_a_killed_worker_fails_only_its_requests_and_is_restarted(server):
+    pids = _wait_for_workers(server, 2)
+    results: queue.Queue = queue.Queue()
+    with through(server, 0):
+        doomed = _slow_call(server.grpc_url, 2.0, results)
+        time.sleep(0.3)  # the call reaches the worker (it cannot be observed from outside)
+    os.kill(pids[0], signal.SIGKILL)
+    _, error = results.get(timeout=30)
+    assert error is not None  # the connection died with the worker
+    doomed.close()
+    client = httpclient.InferenceServerClient(server.url)  # the other worker serves meanwhile
+    try:
+        assert client.is_server_live()
+    finally:
+        client.close()
+    restarted = _wait_for_workers(server, 2, exclude={pids[0]})
+    assert restarted[1] == pids[1]
+    assert "frontend worker 0" in server.output and "restarting it" in server.output
+    test_two_workers_serve_both_protocols(server)
+
+
+def test_drain_on_sigterm_finishes_requests_then_stops_the_workers():
+    with _start() as running:
+        workers = _wait_for_workers(running, 2)
+        results: queue.Queue = queue.Queue()
+        client = _slow_call(running.grpc_url, 1.0, results)
+        time.sleep(0.3)  # the call is in flight
+        assert running.stop(signal.SIGTERM) == 0
+        result, error = results.get(timeout=30)
+        assert error is None, error
+        assert float(result.as_numpy("SECONDS_OUT")[0]) == 1.0
+        client.close()
+        assert not [pid for pid in workers if os.path.exists(f"/proc/{pid}")]
+
+
+def test_a_killed_core_takes_the_workers_with_it():
+    with _start() as running:
+        workers = _wait_for_workers(running, 2)
+        stubs = running.stub_pids()
+        assert stubs
+        running.stop(signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        left = set(workers) | stubs
+        while left and time.monotonic() < deadline:
+            left = {pid for pid in left if _alive(pid)}
+            time.sleep(0.05)  # polling the process table
+        assert not left, f"outlived the core: {left}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(") ", 1)[1][0] != "Z"
+    except OSError:
+        return False
+
+
+def test_grpcio_workers_share_the_port():
+    """grpcio binds its own sockets: each worker listens with SO_REUSEPORT on the same port (the
+    kernel spreads connections by hash, so a stopped worker cannot steer them here)."""
+    with _start("--grpc-server", "grpcio") as running:
+        assert len(_wait_for_workers(running, 2)) == 2
+        for _ in range(4):
+            client = grpcclient.InferenceServerClient(running.grpc_url)
+            try:
+                a = np.arange(4, dtype=np.float32)
+                result = client.infer("add_sub", _add_sub_inputs(grpcclient, a, a))
+                np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + a)
+            finally:
+                client.close()

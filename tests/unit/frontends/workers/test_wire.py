@@ -1,0 +1,167 @@
+"""The records between frontend workers and the core survive a round trip exactly."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from shoal.core import errors
+from shoal.core.types import (
+    BatchStatistics,
+    InferInput,
+    InferOutput,
+    InferRequest,
+    InferResponse,
+    ModelMetadata,
+    ModelStatistics,
+    RequestedOutput,
+    ResponseStatistics,
+    StatDuration,
+    TensorMetadata,
+)
+from shoal.frontends.workers import _wire as wire
+
+pytestmark = pytest.mark.timeout(10)
+
+
+def _through(header: list, payloads: list) -> tuple[list, list[memoryview]]:
+    pieces = wire.frame(header, payloads)
+    data = b"".join(bytes(p) for p in pieces)
+    length = wire.header_length(data[: wire.LENGTH_SIZE])
+    packed = data[wire.LENGTH_SIZE : wire.LENGTH_SIZE + length]
+    payload = data[wire.LENGTH_SIZE + length :]
+    assert len(payload) == wire.payload_size(packed)
+    return wire.split(packed, payload)
+
+
+def test_a_request_keeps_raw_array_and_object_inputs():
+    raw = np.arange(6, dtype=np.int32)
+    request = InferRequest(
+        "m",
+        "2",
+        "id-1",
+        [
+            InferInput("RAW", "INT32", (2, 3), memoryview(raw.tobytes()), {"p": 1}),
+            InferInput("JSON", "FP32", (2,), np.array([1.5, 2.5])),
+            InferInput("TEXT", "BYTES", (2,), np.array([b"a", "b"], dtype=object)),
+            InferInput("SHM", "FP32", (4,), b"", {"shared_memory_region": "r"}),
+        ],
+        [RequestedOutput("OUT", {"binary_data": True})],
+        {"sequence_id": 7, "sequence_start": True},
+    )
+    payloads: list = []
+    header, views = _through(wire.request_to_wire(request, payloads), payloads)
+    back = wire.request_from_wire(header, views)
+    assert (back.model_name, back.model_version, back.id) == ("m", "2", "id-1")
+    assert back.parameters == request.parameters
+    assert back.outputs == request.outputs
+    assert bytes(back.inputs[0].data) == raw.tobytes()
+    assert back.inputs[0].shape == (2, 3) and back.inputs[0].parameters == {"p": 1}
+    json_in = back.inputs[1].data
+    assert isinstance(json_in, np.ndarray) and json_in.dtype == np.float64
+    assert json_in.tolist() == [1.5, 2.5]
+    text = back.inputs[2].data
+    assert isinstance(text, np.ndarray) and text.dtype == object
+    assert text.tolist() == [b"a", "b"]
+    assert bytes(back.inputs[3].data) == b""
+    assert back.inputs[3].parameters == {"shared_memory_region": "r"}
+
+
+def test_a_response_keeps_outputs_and_its_stream_fields():
+    released = []
+    response = InferResponse(
+        "m",
+        "1",
+        "r",
+        [InferOutput("OUT", "UINT8", (3,), memoryview(b"abc"), {"x": "y"})],
+        {"triton_final_response": False},
+        _release=lambda: released.append(True),
+        final=False,
+        error=errors.ModelError("model 'm' failed", errors.ErrorCode.INVALID_ARG),
+    )
+    payloads: list = []
+    header, views = _through(wire.response_to_wire(response, payloads), payloads)
+    back = wire.response_from_wire(header, views)
+    assert bytes(back.outputs[0].data) == b"abc"
+    assert back.outputs[0].shape == (3,) and back.outputs[0].parameters == {"x": "y"}
+    assert back.final is False and back.parameters == {"triton_final_response": False}
+    assert isinstance(back.error, errors.ModelError)
+    assert back.error.code is errors.ErrorCode.INVALID_ARG and back.error.reason == "BACKEND"
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        errors.NotFound("unknown model 'x'"),
+        errors.Rejected("queue full"),
+        errors.DecoupledInfer("d"),
+        NotImplementedError("no"),
+    ],
+)
+def test_errors_keep_class_code_reason_and_messages(error):
+    back = wire.error_from_wire(wire.error_to_wire(error))
+    assert type(back) is type(error) and str(back) == str(error)
+    if isinstance(error, errors.ShoalError):
+        assert isinstance(back, errors.ShoalError)
+        assert (back.code, back.reason) == (error.code, error.reason)
+        assert getattr(back, "http_message", None) == getattr(error, "http_message", None)
+
+
+def test_an_unexpected_exception_is_an_internal_error():
+    back = wire.error_from_wire(wire.error_to_wire(KeyError("k")))
+    assert isinstance(back, errors.ShoalError) and back.code is errors.ErrorCode.INTERNAL
+
+
+def test_nested_statistics_and_metadata_round_trip():
+    stats = ModelStatistics("m", "1", 5, 3, 2)
+    stats.inference_stats.success = StatDuration(3, 300)
+    stats.batch_stats = [BatchStatistics(2, compute_infer=StatDuration(1, 10))]
+    stats.response_stats = {"0": ResponseStatistics(success=StatDuration(1, 1))}
+    stats.failure_reasons = {"BACKEND": 1}
+    assert wire.from_plain(list[ModelStatistics], wire.to_plain([stats])) == [stats]
+    metadata = ModelMetadata("m", ("1",), "python", (TensorMetadata("I", "FP32", (-1, 2)),), ())
+    assert wire.from_plain(ModelMetadata, wire.to_plain(metadata)) == metadata
+
+
+def test_server_options_reach_the_workers_intact():
+    from shoal.supervisor.options import ArenaOptions, Restriction, ServerOptions
+
+    options = ServerOptions(
+        ("/models",),
+        http_port=9,
+        http_restricted_api=(Restriction(("health", "metadata"), "k", "v"),),
+        arenas=ArenaOptions(limit_bytes=5),
+        backend_config=(("python", "a", "b"),),
+        rate_limit_resources=((("R", None), 2), (("G", 1), 3)),
+        cuda_pool_limits=((0, 1 << 20),),
+        frontend_workers=4,
+        trace_settings=(("trace_level", ("TIMESTAMPS",)), ("trace_rate", "10")),
+    )
+    assert wire.from_plain(ServerOptions, wire.to_plain(options)) == options
+
+
+def test_every_core_api_call_is_forwarded_the_way_it_is_declared():
+    import inspect
+
+    from shoal.core.api import CoreAPI
+    from shoal.frontends.workers.client import ASYNC_METHODS, SYNC_METHODS, RemoteCore
+
+    declared = {
+        name: member
+        for name, member in vars(CoreAPI).items() | _inherited(CoreAPI)
+        if not name.startswith("_") and callable(member)
+    }
+    for name, member in declared.items():
+        if name in ("infer", "infer_stream"):
+            continue
+        is_async = inspect.iscoroutinefunction(member)
+        assert name in (ASYNC_METHODS if is_async else SYNC_METHODS), name
+        assert inspect.iscoroutinefunction(getattr(RemoteCore, name)) == is_async, name
+
+
+def _inherited(cls: type) -> set:
+    found: set = set()
+    for base in cls.__mro__[1:]:
+        if base.__module__ == "shoal.core.api":
+            found |= set(vars(base).items())
+    return found
