@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import msgpack
 
 from shoal import _compiled
+from shoal.supervisor.compose import build_service
 from shoal.supervisor.memory.gc_tuning import settle_after_start
 from shoal.supervisor.models.table import format_model_table
 from shoal.supervisor.options import Restriction, ServerOptions
@@ -172,7 +173,7 @@ async def _drain(service: InferenceService, timeout: float) -> bool:
 
 async def run_server(options: ServerOptions, stop: asyncio.Event) -> int:
     """Serve until ``stop`` is set. Shutdown order: frontends, then models, then arenas."""
-    service = InferenceService(options)
+    service = build_service(options)
     http: HttpServer | None = None
     metrics: HttpServer | None = None
     grpc_server: GrpcServer | NativeGrpcServer | None = None

@@ -1,4 +1,7 @@
-"""The inference service: the implementation of :class:`~shoal.core.api.CoreAPI`."""
+"""The inference service: the implementation of :class:`~shoal.core.api.CoreAPI`.
+
+Its parts are built and wired by :mod:`shoal.supervisor.compose`.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +9,6 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
-from typing import Any
 
 import shoal
 from shoal.core.errors import (
@@ -34,21 +36,18 @@ from shoal.core.types import (
     TensorMetadata,
 )
 from shoal.ipc import messages as msg
-from shoal.ipc.arena import Block, OwnedArena, remove_stale_segments
+from shoal.ipc.arena import Block, OwnedArena
 from shoal.ipc.messages import RequestRecord
 from shoal.ipc.tensor import CudaRegionLocation, RegionLocation
-from shoal.supervisor.calls.bls import BlsRouter
-from shoal.supervisor.calls.control import ControlRouter
 from shoal.supervisor.drain import EXITING, DrainGate
 from shoal.supervisor.extensions.custom_metrics import CustomMetrics
 from shoal.supervisor.extensions.log_settings import LogSettings
 from shoal.supervisor.extensions.trace_settings import TraceChange, TraceSettings, TraceValue
-from shoal.supervisor.memory.cuda_pools import CudaPools
 from shoal.supervisor.memory.segments import SegmentDirectory
 from shoal.supervisor.memory.system_shm import SharedMemoryRegistry
 from shoal.supervisor.models.ensemble import EnsembleRunner
 from shoal.supervisor.models.manager import ModelRepositoryManager
-from shoal.supervisor.models.versions import ModelLoader, ModelState, ModelVersion
+from shoal.supervisor.models.versions import ModelState, ModelVersion
 from shoal.supervisor.options import ServerOptions
 from shoal.supervisor.requests import classification, staging, streaming
 from shoal.supervisor.requests.client_shm import (
@@ -64,7 +63,6 @@ from shoal.supervisor.requests.response_cache import (
     copy_response,
     request_key,
 )
-from shoal.supervisor.schedulers.rate_limiter import RateLimiter
 from shoal.supervisor.work import Completion, Work
 
 log = logging.getLogger("shoal")
@@ -87,7 +85,6 @@ EXTENSIONS = (
     "sequence",
     "schedule_policy",
 )
-INPUT_ARENA_ID = 0
 
 
 _COMPUTE_STAGES = ("compute_input", "compute_infer", "compute_output")
@@ -96,61 +93,44 @@ _COMPUTE_STAGES = ("compute_input", "compute_infer", "compute_output")
 class InferenceService:
     """Owns the input arena, the model repository manager and the client shm registry."""
 
-    def __init__(self, options: ServerOptions) -> None:
+    def __init__(
+        self,
+        options: ServerOptions,
+        *,
+        repository: ModelRepositoryManager,
+        input_arena: OwnedArena,
+        directory: SegmentDirectory,
+        ensembles: EnsembleRunner,
+        custom_metrics: CustomMetrics,
+        cache: ResponseCache | None,
+        shm: SharedMemoryRegistry,
+        log_settings: LogSettings,
+        trace_settings: TraceSettings,
+    ) -> None:
+        """Built by :func:`shoal.supervisor.compose.build_service`, which wires the parts."""
         self.options = options
-        # Named segments a crashed supervisor could not unlink (memfd arenas need no cleanup).
-        for name in remove_stale_segments():
-            log.warning("removed a stale shared-memory segment of a dead server: %s", name)
-        self.repository: ModelRepositoryManager | None = None
-        arenas = options.arenas
-        self.input_arena = OwnedArena(
-            INPUT_ARENA_ID,
-            initial_bytes=arenas.input_initial_bytes,
-            growth_bytes=arenas.growth_bytes,
-            limit_bytes=arenas.limit_bytes,
-            on_new_segment=self._announce_segment,
-        )
-        cuda_pools = CudaPools(dict(options.cuda_pool_limits))
-        self.directory = SegmentDirectory(self.input_arena, cuda_pools)
-        loader = ModelLoader(self.directory, arenas, self._free_inputs)
-        self.repository = ModelRepositoryManager(options, loader)
-        self.ensembles = EnsembleRunner(self.repository, self.directory, self._free_inputs)
-        loader.bls = BlsRouter(self.repository, self.directory)
-        self.custom_metrics = CustomMetrics()
-        loader.control = ControlRouter(self.repository, self.custom_metrics, self.directory)
-        loader.trace_overhead = options.trace_overhead
+        self.repository = repository
+        self.input_arena = input_arena
+        self.directory = directory
+        self.ensembles = ensembles
+        self.custom_metrics = custom_metrics
         #: ``--cache-config local,size=N``: shared by every model whose config enables it.
-        self.cache = ResponseCache(options.cache_bytes) if options.cache_bytes > 0 else None
-        loader.response_cache = self.cache is not None
-        if options.rate_limit == "execution_count":
-            loader.rate_limiter = RateLimiter(dict(options.rate_limit_resources))
-        self.shm = SharedMemoryRegistry(allow_client=options.allow_client_shm)
-        self.logging = LogSettings.from_options(options)
-        repository = self.repository
-        initial = {k: v if isinstance(v, str) else list(v) for k, v in options.trace_settings}
-        self.tracing = TraceSettings(lambda name: name in repository.models, initial)
+        self.cache = cache
+        self.shm = shm
+        self.logging = log_settings
+        self.tracing = trace_settings
         self._live = True
         self.gate = DrainGate()
 
     @property
     def failed(self) -> dict[str, str]:
-        assert self.repository is not None
         return self.repository.failed
 
     @property
     def _repo(self) -> ModelRepositoryManager:
-        assert self.repository is not None
         return self.repository
 
     # -- lifecycle --------------------------------------------------------------------------
-
-    def _announce_segment(self, segment: Any) -> None:
-        # Runs for the first segment too, from the arena's constructor, before any model exists.
-        if self.repository is None:
-            return
-        for mv in self.repository.versions():
-            for instance in mv.instances:
-                instance.announce_segment(segment)
 
     def _free_inputs(self, blocks: list[Block]) -> None:
         for block in blocks:

@@ -33,7 +33,7 @@ class Completion:
 
     response: ResponseRecord
     instance: OutputOwner
-    #: The stub process that wrote the outputs (a ``StubProcess``).
+    #: The stub that wrote the outputs (a ``StubChannel``).
     process: Any
     #: Blocks this completion must give back: outputs in the stub's arena and inputs passed
     #: through unchanged. Blocks of other arenas (an ensemble's intermediates) belong elsewhere.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -103,11 +104,18 @@ class ShoalServer:
         self.proc = subprocess.Popen(
             args, stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO_ROOT
         )
-        self.http_port = self._wait_for_port()
-        self.grpc_port = self._wait_for_port("grpc")
-        if self.metrics:
-            self.metrics_port = self._wait_for_port("metrics")
-        self._wait_ready()
+        try:
+            self.http_port = self._wait_for_port()
+            self.grpc_port = self._wait_for_port("grpc")
+            if self.metrics:
+                self.metrics_port = self._wait_for_port("metrics")
+            self._wait_ready()
+        except BaseException:
+            # A server that did not come up in time is stopped, not left running with its
+            # stubs (under load a start can pass the timeout; the error raised is about that).
+            with contextlib.suppress(AssertionError):
+                self.stop()
+            raise
         return self
 
     def _wait_for_port(self, protocol: str = "http") -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import re
 import zipfile
 from pathlib import Path
 
@@ -94,3 +95,8 @@ def test_requirements_become_one_cached_venv_and_failures_show_pip(tmp_path, mon
             client.infer("req_broken", [inp])
         assert "installing" in str(failure.value), failure.value
         client.close()
+        # The build's progress is in the log: started, pip's lines, how long it took.
+        log = server.output
+        assert "building its environment from" in log
+        assert f"pip: Processing ./{WHEEL}" in log or "pip: Successfully installed" in log, log
+        assert re.search(r"environment built in \d+\.\d s", log), log

@@ -11,11 +11,12 @@ generically from their type hints), errors as ``[class, code, message, reason, h
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import struct
 import types
 import typing
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import cache
 from typing import Any
 
@@ -38,8 +39,9 @@ from shoal.core.types import (
     TensorMetadata,
 )
 
-_LENGTH = struct.Struct("<I")
-LENGTH_SIZE = _LENGTH.size
+#: A frame's prefix: the header's length, then the payloads' total length.
+_PREFIX = struct.Struct("<II")
+PREFIX_SIZE = _PREFIX.size
 
 # Worker -> core (calls) and core -> worker (answers).
 CALL = 1
@@ -60,17 +62,22 @@ _RAW = 0
 def frame(
     header: list[Any], payloads: Sequence[memoryview | bytes] = ()
 ) -> list[bytes | memoryview]:
-    """The pieces of one frame, for ``writelines`` / ``sendmsg``."""
-    header.append([memoryview(p).nbytes for p in payloads])
+    """The pieces of one frame, for ``writelines`` (or joined, for ``write``)."""
+    sizes = [memoryview(p).nbytes for p in payloads]
+    header.append(sizes)
     packed = msgpack.packb(header)
-    return [_LENGTH.pack(len(packed)), packed, *payloads]
+    return [_PREFIX.pack(len(packed), sum(sizes)), packed, *payloads]
 
 
-def header_length(prefix: bytes) -> int:
-    return int(_LENGTH.unpack(prefix)[0])
+def prefix(data: bytes | bytearray | memoryview, at: int = 0) -> tuple[int, int]:
+    """(header length, payload length) of the frame starting at ``at``."""
+    header, payload = _PREFIX.unpack_from(data, at)
+    return int(header), int(payload)
 
 
-def split(packed: bytes, payload: bytes | bytearray) -> tuple[list[Any], list[memoryview]]:
+def split(
+    packed: bytes | memoryview, payload: bytes | bytearray | memoryview
+) -> tuple[list[Any], list[memoryview]]:
     """Header fields (the sizes removed) and the payload views."""
     header: list[Any] = msgpack.unpackb(packed, use_list=True)
     sizes: list[int] = header.pop()
@@ -83,10 +90,51 @@ def split(packed: bytes, payload: bytes | bytearray) -> tuple[list[Any], list[me
     return header, views
 
 
-def payload_size(packed: bytes) -> int:
-    """Total bytes of the payloads that follow ``packed`` (peeks at the size list)."""
-    header: list[Any] = msgpack.unpackb(packed, use_list=True)
-    return sum(header[-1])
+OnFrame = Callable[[list[Any], list[memoryview]], None]
+
+
+class FrameReader(asyncio.Protocol):
+    """Cuts a stream into frames and hands each to ``on_frame`` as it completes; ``on_lost``
+    when the stream ends. Frames that arrive whole are sliced out of the received bytes."""
+
+    def __init__(self, on_frame: OnFrame, on_lost: Callable[[], None]) -> None:
+        self._on_frame = on_frame
+        self._on_lost = on_lost
+        self._buffer = bytearray()
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        buffer = self._buffer
+        if buffer:
+            buffer += data
+            if len(buffer) < PREFIX_SIZE:
+                return
+            header_size, payload_size = _PREFIX.unpack_from(buffer)
+            if len(buffer) < PREFIX_SIZE + header_size + payload_size:
+                return  # a large frame still arriving: no copy until it is whole
+            data = bytes(buffer)
+            buffer.clear()
+        view = memoryview(data)
+        at, end = 0, len(data)
+        while end - at >= PREFIX_SIZE:
+            header_size, payload_size = _PREFIX.unpack_from(data, at)
+            start = at + PREFIX_SIZE
+            stop = start + header_size + payload_size
+            if stop > end:
+                break
+            fields, payloads = split(
+                view[start : start + header_size], view[start + header_size : stop]
+            )
+            at = stop
+            self._on_frame(fields, payloads)
+        if at < end:
+            self._buffer += view[at:]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._on_lost()
 
 
 # --- requests -------------------------------------------------------------------------------

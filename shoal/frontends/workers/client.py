@@ -61,19 +61,9 @@ def recv_exactly(sock: socket.socket, size: int) -> bytearray:
 
 def recv_frame(sock: socket.socket) -> _Answer:
     """One frame from a blocking socket."""
-    length = wire.header_length(bytes(recv_exactly(sock, wire.LENGTH_SIZE)))
-    packed = bytes(recv_exactly(sock, length))
-    payload = recv_exactly(sock, wire.payload_size(packed))
-    return wire.split(packed, payload)
-
-
-async def read_frame(reader: asyncio.StreamReader) -> _Answer:
-    """One frame from a stream; IncompleteReadError at its end."""
-    length = wire.header_length(await reader.readexactly(wire.LENGTH_SIZE))
-    packed = await reader.readexactly(length)
-    size = wire.payload_size(packed)
-    payload = await reader.readexactly(size) if size else b""
-    return wire.split(packed, payload)
+    header_size, payload_size = wire.prefix(recv_exactly(sock, wire.PREFIX_SIZE))
+    rest = memoryview(recv_exactly(sock, header_size + payload_size))
+    return wire.split(rest[:header_size], rest[header_size:])
 
 
 class RemoteCore(CoreAPI):
@@ -85,8 +75,7 @@ class RemoteCore(CoreAPI):
         self._ids = itertools.count(1)
         self._calls: dict[int, asyncio.Future[_Answer]] = {}
         self._streams: dict[int, asyncio.Queue[_Answer | BaseException | None]] = {}
-        self._writer: asyncio.StreamWriter | None = None
-        self._reading: asyncio.Task[None] | None = None
+        self._transport: asyncio.Transport | None = None
         #: Set when the core asks the worker to stop, or goes away.
         self.stopping = asyncio.Event()
         #: The seconds the core gives the worker to finish its responses when it stops.
@@ -94,31 +83,27 @@ class RemoteCore(CoreAPI):
 
     async def connect(self, calls: socket.socket) -> None:
         """Start reading answers from the asynchronous socket."""
-        reader, self._writer = await asyncio.open_unix_connection(sock=calls)
-        self._reading = asyncio.create_task(self._read(reader), name="shoal-worker-core")
+        loop = asyncio.get_running_loop()
+        reader = wire.FrameReader(self._dispatch, self._lost)
+        await loop.connect_accepted_socket(lambda: reader, sock=calls)
+        self._transport = reader.transport
 
     def send(self, header: list[Any], payloads: list[memoryview | bytes] | None = None) -> None:
-        if self._writer is None or self._writer.is_closing():
+        transport = self._transport
+        if transport is None or transport.is_closing():
             raise CoreGone()
-        self._writer.writelines(wire.frame(header, payloads or ()))
+        # The payloads are views of the request's own buffers (kept alive by the transport
+        # while it holds them), so they need no copy here.
+        transport.writelines(wire.frame(header, payloads or ()))
 
     async def close(self) -> None:
-        if self._reading is not None:
-            self._reading.cancel()
-        if self._writer is not None:
-            self._writer.close()
+        if self._transport is not None:
+            self._transport.close()
         self._control.close()
 
-    async def _read(self, reader: asyncio.StreamReader) -> None:
-        try:
-            while True:
-                header, payloads = await read_frame(reader)
-                self._dispatch(header, payloads)
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
-        finally:
-            self._fail_all(CoreGone())
-            self.stopping.set()
+    def _lost(self) -> None:
+        self._fail_all(CoreGone())
+        self.stopping.set()
 
     def _dispatch(self, header: list[Any], payloads: list[memoryview]) -> None:
         kind, call_id, *fields = header

@@ -23,7 +23,7 @@ from typing import Any
 
 from shoal.core.api import CoreAPI
 from shoal.frontends.workers import _wire as wire
-from shoal.frontends.workers.client import ASYNC_METHODS, SYNC_METHODS, read_frame
+from shoal.frontends.workers.client import ASYNC_METHODS, SYNC_METHODS
 
 __all__ = ["WorkerPool"]
 
@@ -45,36 +45,26 @@ class _Link:
         self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.exited: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self.tasks: dict[int, asyncio.Task[None]] = {}
-        self.serving: list[asyncio.Task[None]] = []
-        self.writer: asyncio.StreamWriter | None = None
-        self.control_writer: asyncio.StreamWriter | None = None
+        self.transport: asyncio.Transport | None = None
+        self.control: asyncio.Transport | None = None
 
     def send(self, header: list[Any], payloads: Sequence[memoryview | bytes] = ()) -> None:
         """Queue a frame; its bytes are copied first, so blocks may be released right after."""
-        writer = self.writer
-        if writer is not None and not writer.is_closing():
-            writer.write(b"".join(wire.frame(header, payloads)))
+        transport = self.transport
+        if transport is not None and not transport.is_closing():
+            transport.write(b"".join(wire.frame(header, payloads)))
 
-    async def serve_calls(self, reader: asyncio.StreamReader) -> None:
-        try:
-            while True:
-                header, payloads = await read_frame(reader)
-                kind, call_id, *fields = header
-                if kind == wire.CALL:
-                    method, args = fields
-                    self.tasks[call_id] = asyncio.create_task(
-                        self._run(call_id, method, args, payloads)
-                    )
-                elif kind == wire.CANCEL:
-                    task = self.tasks.pop(call_id, None)
-                    if task is not None:
-                        task.cancel()
-                elif kind == wire.OK and call_id == 0 and not self.ready.done():
-                    self.ready.set_result(None)
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
-        finally:
-            self.cancel_all()
+    def on_call(self, header: list[Any], payloads: list[memoryview]) -> None:
+        kind, call_id, *fields = header
+        if kind == wire.CALL:
+            method, args = fields
+            self.tasks[call_id] = asyncio.create_task(self._run(call_id, method, args, payloads))
+        elif kind == wire.CANCEL:
+            task = self.tasks.pop(call_id, None)
+            if task is not None:
+                task.cancel()
+        elif kind == wire.OK and call_id == 0 and not self.ready.done():
+            self.ready.set_result(None)
 
     def cancel_all(self) -> None:
         """Cancel the calls in flight: their requests fail and free their blocks."""
@@ -119,21 +109,21 @@ class _Link:
         finally:
             self.tasks.pop(call_id, None)
 
-    async def serve_control(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
+    def on_control(self, header: list[Any], payloads: list[memoryview]) -> None:
+        method, args = header
         try:
-            while True:
-                (method, args), _ = await read_frame(reader)
-                try:
-                    if method not in SYNC_METHODS:
-                        raise NotImplementedError(f"frontend workers do not forward '{method}'")
-                    answer = [wire.OK, wire.to_plain(getattr(self.core, method)(*args))]
-                except Exception as error:  # every failure is the caller's answer
-                    answer = [wire.ERROR, wire.error_to_wire(error)]
-                writer.write(b"".join(wire.frame(answer)))
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
+            if method not in SYNC_METHODS:
+                raise NotImplementedError(f"frontend workers do not forward '{method}'")
+            answer = [wire.OK, wire.to_plain(getattr(self.core, method)(*args))]
+        except Exception as error:  # every failure is the caller's answer
+            answer = [wire.ERROR, wire.error_to_wire(error)]
+        if self.control is not None and not self.control.is_closing():
+            self.control.write(b"".join(wire.frame(answer)))
+
+    def close(self) -> None:
+        for transport in (self.transport, self.control):
+            if transport is not None:
+                transport.close()
 
 
 class WorkerPool:
@@ -208,12 +198,12 @@ class WorkerPool:
         link.pidfd = os.pidfd_open(link.proc.pid)
         loop.add_reader(link.pidfd, self._reap, link)
         control.sendall(b"".join(wire.frame(["hello", self._hello])))
-        reader, link.writer = await asyncio.open_unix_connection(sock=calls)
-        control_reader, link.control_writer = await asyncio.open_unix_connection(sock=control)
-        link.serving = [
-            asyncio.create_task(link.serve_calls(reader)),
-            asyncio.create_task(link.serve_control(control_reader, link.control_writer)),
-        ]
+        calls_reader = wire.FrameReader(link.on_call, link.cancel_all)
+        await loop.connect_accepted_socket(lambda: calls_reader, sock=calls)
+        link.transport = calls_reader.transport
+        control_reader = wire.FrameReader(link.on_control, lambda: None)
+        await loop.connect_accepted_socket(lambda: control_reader, sock=control)
+        link.control = control_reader.transport
         self._links[index] = link
         return link
 
@@ -225,9 +215,7 @@ class WorkerPool:
         assert link.proc is not None
         status = link.proc.wait()
         link.cancel_all()
-        for writer in (link.writer, link.control_writer):
-            if writer is not None:
-                writer.close()
+        link.close()
         if not link.exited.done():
             link.exited.set_result(status)
         if self._stopping:
@@ -273,8 +261,7 @@ class WorkerPool:
         for last in self._links:
             if last is None:
                 continue
-            for task in last.serving:
-                task.cancel()
             last.cancel_all()
+            last.close()
         for sock in self.sockets:
             sock.close()

@@ -33,8 +33,8 @@ from shoal.supervisor.requests import staging
 from shoal.supervisor.work import Completion, Work
 
 if TYPE_CHECKING:
+    from shoal.supervisor.instances.channel import StubChannel
     from shoal.supervisor.instances.instance import StubInstance
-    from shoal.supervisor.instances.process import StubProcess
 
 log = logging.getLogger("shoal")
 
@@ -57,7 +57,7 @@ class BlsRouter:
         self._streaming: dict[tuple[int, int], Work] = {}
         self._sending: set[asyncio.Future[None]] = set()
 
-    def handle(self, caller: StubInstance, proc: StubProcess, call: msg.BlsCall) -> None:
+    def handle(self, caller: StubInstance, proc: StubChannel, call: msg.BlsCall) -> None:
         key = (proc.pid, call.call_id)
         if not call.decoupled:
             self._start(caller, proc, call, key)
@@ -71,7 +71,7 @@ class BlsRouter:
         self._streaming.pop(key, None)
         self._cancelled.discard(key)
 
-    def cancel(self, proc: StubProcess, call_id: int) -> None:
+    def cancel(self, proc: StubChannel, call_id: int) -> None:
         """Cancel a call still running (a finished one is left alone).
 
         A decoupled model that has started the call's request only sees it cancelled
@@ -96,11 +96,11 @@ class BlsRouter:
         self._cancelled.add(key)
         task.cancel()
 
-    def done(self, proc: StubProcess, call_id: int) -> None:
+    def done(self, proc: StubChannel, call_id: int) -> None:
         for completion in self._held.pop((proc.pid, call_id), []):
             completion.release()
 
-    def forget_process(self, proc: StubProcess) -> None:
+    def forget_process(self, proc: StubChannel) -> None:
         for key in [k for k in self._open if k[0] == proc.pid]:
             open_call = self._open.pop(key)
             _abandon(open_call.work, [])
@@ -111,7 +111,7 @@ class BlsRouter:
     # -- a call with one response: callbacks, no task ---------------------------------------
 
     def _start(
-        self, caller: StubInstance, proc: StubProcess, call: msg.BlsCall, key: tuple[int, int]
+        self, caller: StubInstance, proc: StubChannel, call: msg.BlsCall, key: tuple[int, int]
     ) -> None:
         """Submit the call's request now, from the message's own callback; the reply is sent
         from its future's done-callback. A cancel answers at once. The request's ``timeout``
@@ -179,7 +179,7 @@ class BlsRouter:
         _abandon(open_call.work, [])
         self._send(open_call.proc, _error_reply(key[1], error))
 
-    def _send(self, proc: StubProcess, reply: msg.BlsReply) -> None:
+    def _send(self, proc: StubChannel, reply: msg.BlsReply) -> None:
         try:
             if proc.send(reply):
                 return
@@ -190,7 +190,7 @@ class BlsRouter:
         task.add_done_callback(self._sending.discard)
 
     @staticmethod
-    async def _send_later(proc: StubProcess, reply: msg.BlsReply) -> None:
+    async def _send_later(proc: StubChannel, reply: msg.BlsReply) -> None:
         try:
             await proc.send_async(reply)
         except PeerGone:
@@ -198,7 +198,7 @@ class BlsRouter:
 
     # -- a decoupled call: a task that forwards each response -------------------------------
 
-    async def _serve(self, caller: StubInstance, proc: StubProcess, call: msg.BlsCall) -> None:
+    async def _serve(self, caller: StubInstance, proc: StubChannel, call: msg.BlsCall) -> None:
         try:
             target = self._target(caller, call)
             await self._run(target, proc, call)  # the scheduler enforces the queue timeout
@@ -249,7 +249,7 @@ class BlsRouter:
         staging.check_inputs(target.config, request)
         return target
 
-    async def _run(self, target: ModelVersion, proc: StubProcess, call: msg.BlsCall) -> None:
+    async def _run(self, target: ModelVersion, proc: StubChannel, call: msg.BlsCall) -> None:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Completion] = loop.create_future()
         work = Work(
@@ -293,13 +293,13 @@ class BlsRouter:
             raise
 
     async def _reply(
-        self, proc: StubProcess, call_id: int, body: msg.ResponseRecord | None, final: bool
+        self, proc: StubChannel, call_id: int, body: msg.ResponseRecord | None, final: bool
     ) -> None:
         if body is not None:
             proc.forward([o.location for o in body.outputs], self._directory)
         await proc.send_async(msg.BlsReply(call_id, body, final))
 
-    async def _reply_error(self, proc: StubProcess, call: msg.BlsCall, error: ShoalError) -> None:
+    async def _reply_error(self, proc: StubChannel, call: msg.BlsCall, error: ShoalError) -> None:
         body = msg.ResponseRecord(error=(error.code.name, error.message))
         try:
             await proc.send_async(msg.BlsReply(call.call_id, body, True))
@@ -314,7 +314,7 @@ class _OpenCall:
     name: str  # the called model, as the caller named it
     work: Work
     target: ModelVersion
-    proc: StubProcess
+    proc: StubChannel
 
 
 def _error_reply(call_id: int, error: ShoalError) -> msg.BlsReply:

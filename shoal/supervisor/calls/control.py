@@ -14,8 +14,8 @@ from shoal.supervisor.extensions.custom_metrics import CustomMetrics
 from shoal.supervisor.memory.segments import SegmentDirectory
 
 if TYPE_CHECKING:
+    from shoal.supervisor.instances.channel import StubChannel
     from shoal.supervisor.instances.instance import StubInstance
-    from shoal.supervisor.instances.process import StubProcess
 
 log = logging.getLogger("shoal")
 Op = msg.ControlOp
@@ -43,7 +43,7 @@ class ControlRouter:
         self._directory = directory
         self._tasks: set[asyncio.Task[None]] = set()
 
-    def handle(self, caller: StubInstance, proc: StubProcess, call: msg.ControlCall) -> None:
+    def handle(self, caller: StubInstance, proc: StubChannel, call: msg.ControlCall) -> None:
         if call.op in (Op.LOAD_MODEL, Op.UNLOAD_MODEL):
             task = asyncio.create_task(self._model_call(proc, call))
             self._tasks.add(task)
@@ -67,7 +67,7 @@ class ControlRouter:
         else:
             self._reply(proc, call, None, value)
 
-    def _cuda_allocate(self, proc: StubProcess, call: msg.ControlCall) -> None:
+    def _cuda_allocate(self, proc: StubChannel, call: msg.ControlCall) -> None:
         """A pool block for a stub's GPU tensor; its chunk's handle goes first if it is new to
         the stub. A refusal is the reply's error, which fails only that response; a device
         whose pool is disabled (a limit of 0) answers no block, and the stub sends the tensor
@@ -100,7 +100,7 @@ class ControlRouter:
             return
         self._reply(proc, call, None, [location.device, location.offset, location.nbytes])
 
-    def forget_process(self, proc: StubProcess) -> None:
+    def forget_process(self, proc: StubChannel) -> None:
         self.metrics.forget(proc.pid)
 
     def _now(self, owner: int, call: msg.ControlCall) -> Any:
@@ -122,7 +122,7 @@ class ControlRouter:
                 self.metrics.delete_family(owner, args[0])
         return None
 
-    async def _model_call(self, proc: StubProcess, call: msg.ControlCall) -> None:
+    async def _model_call(self, proc: StubChannel, call: msg.ControlCall) -> None:
         args = call.args
         try:
             if call.op is Op.LOAD_MODEL:
@@ -136,7 +136,7 @@ class ControlRouter:
         self._reply(proc, call, None, None)
 
     @staticmethod
-    def _reply(proc: StubProcess, call: msg.ControlCall, error: str | None, value: Any) -> None:
+    def _reply(proc: StubChannel, call: msg.ControlCall, error: str | None, value: Any) -> None:
         if call.call_id == 0:
             if error is not None:
                 log.warning("a model's metric update failed: %s", error)

@@ -54,10 +54,8 @@ class ServiceCollector:
             yield from self._cpu.families()
 
     def _ready_versions(self) -> dict[tuple[str, str], ModelVersion]:
-        repository = self._service.repository
-        if repository is None:
-            return {}
-        return {(mv.name, str(mv.version)): mv for mv in repository.versions() if mv.ready}
+        versions = self._service.repository.versions()
+        return {(mv.name, str(mv.version)): mv for mv in versions if mv.ready}
 
     def _models(self, versions: dict[tuple[str, str], ModelVersion]) -> list[ModelSample]:
         samples = []

@@ -29,6 +29,7 @@ from shoal.ipc.arena import Block
 from shoal.ipc.queue import PeerGone
 from shoal.ipc.tensor import CudaLocation
 from shoal.supervisor.extensions.statistics import StatsRecorder
+from shoal.supervisor.instances.channel import StubChannel
 from shoal.supervisor.instances.decoupled import OpenStream, response_blocks, response_cuda
 from shoal.supervisor.instances.process import StubLaunch, StubProcess, describe_exit
 from shoal.supervisor.memory.segments import SegmentDirectory
@@ -52,6 +53,10 @@ _request_keys = itertools.count(1)
 SEND_AHEAD = 3
 
 
+#: Makes the stub of an instance from its launch and output arena id (a kind of StubChannel).
+MakeStub = Callable[[StubLaunch, int], StubChannel]
+
+
 class LoadError(Exception):
     """The stub could not start or the model's ``initialize`` raised; the text says why in one
     line, fit for clients; ``traceback`` is the model's traceback, for the log ("" if none)."""
@@ -64,21 +69,21 @@ class LoadError(Exception):
 class BlsHandler(Protocol):
     """Serves the BLS calls a stub makes (the supervisor's BLS router)."""
 
-    def handle(self, caller: StubInstance, proc: StubProcess, call: msg.BlsCall) -> None: ...
+    def handle(self, caller: StubInstance, proc: StubChannel, call: msg.BlsCall) -> None: ...
 
-    def done(self, proc: StubProcess, call_id: int) -> None: ...
+    def done(self, proc: StubChannel, call_id: int) -> None: ...
 
-    def cancel(self, proc: StubProcess, call_id: int) -> None: ...
+    def cancel(self, proc: StubChannel, call_id: int) -> None: ...
 
-    def forget_process(self, proc: StubProcess) -> None: ...
+    def forget_process(self, proc: StubChannel) -> None: ...
 
 
 class ControlHandler(Protocol):
     """Answers a stub's model-control and custom-metric calls."""
 
-    def handle(self, caller: StubInstance, proc: StubProcess, call: msg.ControlCall) -> None: ...
+    def handle(self, caller: StubInstance, proc: StubChannel, call: msg.ControlCall) -> None: ...
 
-    def forget_process(self, proc: StubProcess) -> None: ...
+    def forget_process(self, proc: StubChannel) -> None: ...
 
 
 class ExecutionGrant(Protocol):
@@ -191,8 +196,11 @@ class StubInstance:
         directory: SegmentDirectory,
         free_inputs: Callable[[list[Block]], None],
         stats: StatsRecorder,
+        make_stub: MakeStub = StubProcess,
     ) -> None:
         self.spec = spec
+        #: Starts a stub: a process (StubProcess), or in-process for tests (LoopbackStub).
+        self._make_stub = make_stub
         self.stats = stats
         self.name = spec.instance_name
         self.restarts = 0
@@ -201,7 +209,7 @@ class StubInstance:
         self._cuda = directory.cuda
         self._free_inputs = free_inputs
         self._loop = asyncio.get_running_loop()
-        self._proc: StubProcess | None = None
+        self._proc: StubChannel | None = None
         self._ready = asyncio.Event()
         self._stopping = False
         self._batch_ids = itertools.count(1)
@@ -353,7 +361,7 @@ class StubInstance:
         self._launching = True
         failure: BaseException | None = None
         try:
-            proc = StubProcess(self.spec.launch, next(_arena_ids))
+            proc = self._make_stub(self.spec.launch, next(_arena_ids))
             self._proc = proc
             try:
                 await self._initialize(proc)
@@ -366,13 +374,13 @@ class StubInstance:
             self._launching = False
         self._ready.set()
 
-    async def _initialize(self, proc: StubProcess) -> None:
+    async def _initialize(self, proc: StubChannel) -> None:
         for segment in self._directory.input_arena.segments:
             proc.announce(segment)
         self._directory.register(proc)
         self._init_waiter = self._loop.create_future()
         proc.spawn(self._loop, lambda code: self._on_exit(proc, code))
-        proc.channel.watch_up(self._loop, lambda: self._drain(proc))
+        proc.watch_up(self._loop, lambda: self._drain(proc))
         init = msg.Initialize(
             dict(self.spec.init_args),
             self.spec.model_file,
@@ -398,11 +406,11 @@ class StubInstance:
 
     # -- messages from the stub -------------------------------------------------------------
 
-    def _drain(self, proc: StubProcess) -> None:
-        while (payload := proc.channel.recv_up_nowait()) is not None:
+    def _drain(self, proc: StubChannel) -> None:
+        while (payload := proc.recv_up_nowait()) is not None:
             self._dispatch(proc, msg.decode(payload))
 
-    def _dispatch(self, proc: StubProcess, message: msg.Message) -> None:
+    def _dispatch(self, proc: StubChannel, message: msg.Message) -> None:
         match message:
             case msg.Result():
                 self._complete(proc, message)
@@ -451,7 +459,7 @@ class StubInstance:
         queue_ns = work.dispatched_ns - work.enqueued_ns
         self.stats.success(work.batch_size, work.final_ns - work.enqueued_ns, queue_ns, compute)
 
-    def _complete(self, proc: StubProcess, result: msg.Result) -> None:
+    def _complete(self, proc: StubChannel, result: msg.Result) -> None:
         entry = self._batch_done(result.batch_id)
         batch = entry.batch if entry is not None else []
         received_ns = time.monotonic_ns()
@@ -556,7 +564,7 @@ class StubInstance:
 
     async def _send_batch(
         self,
-        proc: StubProcess,
+        proc: StubChannel,
         batch: list[Work],
         slots: _Slots,
         grant: ExecutionGrant | None = None,
@@ -591,7 +599,7 @@ class StubInstance:
         elif batch_id in self._in_flight:
             self._watch_queue_timeout(proc, entry)
 
-    def _watch_queue_timeout(self, proc: StubProcess, entry: _InFlight) -> None:
+    def _watch_queue_timeout(self, proc: StubChannel, entry: _InFlight) -> None:
         """A request sent ahead is still queued: its ``timeout`` expires at its deadline, as
         it would in the scheduler's queue, and the stub is told not to run it."""
         deadlines = [w.queue_deadline_ns for w in entry.batch if w.queue_deadline_ns]
@@ -600,7 +608,7 @@ class StubInstance:
         delay = max(0, min(deadlines) - time.monotonic_ns()) / 1e9
         entry.queue_timer = self._loop.call_later(delay, self._queue_timeout, proc, entry)
 
-    def _queue_timeout(self, proc: StubProcess, entry: _InFlight) -> None:
+    def _queue_timeout(self, proc: StubChannel, entry: _InFlight) -> None:
         entry.queue_timer = None
         now = time.monotonic_ns()
         expired = [w for w in entry.batch if w.queue_deadline_ns and w.queue_deadline_ns < now]
@@ -613,14 +621,14 @@ class StubInstance:
         if len(expired) < len(entry.batch):
             self._watch_queue_timeout(proc, entry)
 
-    def _start_clock(self, proc: StubProcess, batch_id: int, entry: _InFlight) -> None:
+    def _start_clock(self, proc: StubChannel, batch_id: int, entry: _InFlight) -> None:
         """Arm the execute timeout of a batch that is executing now."""
         timeout = self.spec.execute_timeout
         if timeout is None or self.decoupled or entry.timer is not None:
             return
         entry.timer = self._loop.call_later(timeout, self._execute_timed_out, proc, batch_id)
 
-    def _execute_timed_out(self, proc: StubProcess, batch_id: int) -> None:
+    def _execute_timed_out(self, proc: StubChannel, batch_id: int) -> None:
         if batch_id not in self._in_flight or proc.returncode is not None:
             return
         timeout = self.spec.execute_timeout
@@ -652,7 +660,7 @@ class StubInstance:
             self._start_clock(self._proc, head_id, head)
         return entry
 
-    def _on_response(self, proc: StubProcess, message: msg.Response) -> None:
+    def _on_response(self, proc: StubChannel, message: msg.Response) -> None:
         """One response of a decoupled model's request."""
         stream = self._streams.get(message.key)
         body = message.response
@@ -701,7 +709,7 @@ class StubInstance:
         stream.responses += 1
         stream.last_ns = now
 
-    def _cancel_keys(self, proc: StubProcess, keys: list[int]) -> None:
+    def _cancel_keys(self, proc: StubChannel, keys: list[int]) -> None:
         if proc.returncode is None and not proc.send(msg.Cancel(keys)):
             task = asyncio.ensure_future(self._send_quietly(proc, msg.Cancel(keys)))
             self._background.add(task)
@@ -716,12 +724,12 @@ class StubInstance:
 
     # -- outputs ----------------------------------------------------------------------------
 
-    def output_view(self, proc: StubProcess, block: Block | CudaLocation) -> memoryview:
+    def output_view(self, proc: StubChannel, block: Block | CudaLocation) -> memoryview:
         if type(block) is Block and block.arena_id == proc.output_arena_id:
             return proc.output_view(block)
         return self._directory.view(block)
 
-    def _adopt_cuda(self, proc: StubProcess, response: msg.ResponseRecord) -> list[CudaLocation]:
+    def _adopt_cuda(self, proc: StubChannel, response: msg.ResponseRecord) -> list[CudaLocation]:
         """The CUDA pool blocks lent to ``proc`` that ``response`` hands on (callers on the
         hot path look at ``lent_count`` first: no GPU tensor in flight, nothing to look for)."""
         cuda = response_cuda(response)
@@ -731,7 +739,7 @@ class StubInstance:
         if locations:
             self._cuda.free(locations)
 
-    def release_outputs(self, proc: StubProcess, blocks: list[Block]) -> None:
+    def release_outputs(self, proc: StubChannel, blocks: list[Block]) -> None:
         """The frontend is done with these blocks (owned by a completion): return them."""
         for block in blocks:
             if block.arena_id != proc.output_arena_id:
@@ -753,7 +761,7 @@ class StubInstance:
             self._background.add(task)
             task.add_done_callback(self._background.discard)
 
-    async def _send_quietly(self, proc: StubProcess, message: msg.Message) -> None:
+    async def _send_quietly(self, proc: StubChannel, message: msg.Message) -> None:
         try:
             await proc.send_async(message)
         except PeerGone:
@@ -761,7 +769,7 @@ class StubInstance:
 
     # -- death and restart ------------------------------------------------------------------
 
-    def _on_exit(self, proc: StubProcess, returncode: int) -> None:
+    def _on_exit(self, proc: StubChannel, returncode: int) -> None:
         how = describe_exit(returncode)
         self._ready.clear()
         if proc is self._proc:
@@ -839,7 +847,7 @@ class StubInstance:
             return
         self._restart_task = asyncio.create_task(self._restart(proc))
 
-    async def _restart(self, dead: StubProcess) -> None:
+    async def _restart(self, dead: StubChannel) -> None:
         """Start a new stub until one comes up, waiting longer after each failure. Every kind
         of failure is retried: one that passes (file descriptors or memory exhausted for a
         moment) must not leave the model without an instance for good."""
@@ -873,7 +881,7 @@ class StubInstance:
             log.info("instance '%s' restarted (restart %d)", self.name, self.restarts)
             return
 
-    def _forget(self, proc: StubProcess) -> None:
+    def _forget(self, proc: StubChannel) -> None:
         """Give back what a stub that exited held: the BLS responses it kept, its open calls,
         its custom metrics, the CUDA pool blocks lent to it."""
         if self.bls is not None:
@@ -882,7 +890,7 @@ class StubInstance:
             self.control.forget_process(proc)
         self._cuda.forget_process(proc.pid)
 
-    async def _discard(self, proc: StubProcess) -> None:
+    async def _discard(self, proc: StubChannel) -> None:
         """Wait for (or force) the exit of a stub we are done with, then close its resources."""
         await self._wait_exit(proc)
         self._directory.unregister(proc)
@@ -931,12 +939,12 @@ class StubInstance:
             if entry.grant is not None:
                 entry.grant.release()
 
-    async def _stop_process(self, proc: StubProcess) -> None:
+    async def _stop_process(self, proc: StubChannel) -> None:
         await proc.send_async(msg.Finalize())
         assert self._finalized is not None
         await self._finalized
 
-    async def _wait_exit(self, proc: StubProcess) -> None:
+    async def _wait_exit(self, proc: StubChannel) -> None:
         if not proc.spawned:
             return
         for action, grace in ((None, 2.0), (proc.terminate, 2.0), (proc.kill, 5.0)):

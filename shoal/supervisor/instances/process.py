@@ -12,27 +12,18 @@ import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import msgpack
 
 from shoal.ipc import messages as msg
 from shoal.ipc._alloc import split_key
 from shoal.ipc.arena import ArenaMap, Block, Segment
-from shoal.ipc.cuda import CudaChunkAnnounce
 from shoal.ipc.fdpass import PeerGone, recv_fds, send_fds
 from shoal.ipc.queue import Channel
 from shoal.ipc.tensor import CudaLocation, Location
+from shoal.supervisor.instances.channel import Tensors
 
 log = logging.getLogger("shoal.stub")
-
-
-class Tensors(Protocol):
-    """Where the segments and CUDA pool chunks behind descriptors are (the directory)."""
-
-    def fd(self, arena_id: int, index: int) -> tuple[int, int]: ...
-
-    def cuda_chunk(self, location: CudaLocation) -> CudaChunkAnnounce: ...
 
 
 @dataclass(frozen=True)
@@ -57,7 +48,8 @@ def describe_exit(returncode: int) -> str:
 
 
 class StubProcess:
-    """A spawned ``python -m shoal.stub``; the owner drives it with messages."""
+    """A spawned ``python -m shoal.stub``; the owner drives it with messages (the shared-memory
+    kind of :class:`~shoal.supervisor.instances.channel.StubChannel`)."""
 
     def __init__(self, launch: StubLaunch, output_arena_id: int) -> None:
         self.launch = launch
@@ -207,6 +199,12 @@ class StubProcess:
         data = self._partial.pop(fd, b"")
         for line in data.splitlines():
             log.info("[%s] %s", self.launch.instance_name, line.decode(errors="replace"))
+
+    def watch_up(self, loop: asyncio.AbstractEventLoop, ready: Callable[[], None]) -> None:
+        self.channel.watch_up(loop, ready)
+
+    def recv_up_nowait(self) -> bytes | None:
+        return self.channel.recv_up_nowait()
 
     def send(self, message: msg.Message) -> bool:
         """Queue a message for the stub; False if the ring is full."""

@@ -24,7 +24,7 @@ from shoal.ipc.tensor import CudaLocation
 from shoal.supervisor.memory.cuda_pools import CudaPools
 
 if TYPE_CHECKING:
-    from shoal.supervisor.instances.process import StubProcess
+    from shoal.supervisor.instances.channel import StubChannel
 
 INPUT_ARENA_ID = 0
 #: What the directory tells stubs about memory going away.
@@ -37,16 +37,16 @@ class SegmentDirectory:
     def __init__(self, input_arena: OwnedArena, cuda: CudaPools | None = None) -> None:
         self.input_arena = input_arena
         self.cuda = cuda if cuda is not None else CudaPools()
-        self._owners: dict[int, StubProcess] = {}
+        self._owners: dict[int, StubChannel] = {}
         self._sending: set[asyncio.Task[None]] = set()
         # The directory knows which stub holds which segment, so it passes the news on.
         input_arena.on_retired_segment = self._input_retired
         self.cuda.on_retired_chunk = self._cuda_retired
 
-    def register(self, proc: StubProcess) -> None:
+    def register(self, proc: StubChannel) -> None:
         self._owners[proc.output_arena_id] = proc
 
-    def unregister(self, proc: StubProcess) -> None:
+    def unregister(self, proc: StubChannel) -> None:
         if self._owners.get(proc.output_arena_id) is proc:
             del self._owners[proc.output_arena_id]
 
@@ -78,7 +78,7 @@ class SegmentDirectory:
         segment = self.segment(block.arena_id, block.segment)
         return segment.buf[block.offset : block.offset + block.nbytes].toreadonly()
 
-    def output_retired(self, proc: StubProcess, index: int) -> None:
+    def output_retired(self, proc: StubChannel, index: int) -> None:
         """``proc`` retired one of its output segments: we and the stubs we gave it drop it."""
         if self._owners.get(proc.output_arena_id) is not proc:
             return  # it has exited: closing it drops all of its segments
@@ -100,7 +100,7 @@ class SegmentDirectory:
                 proc.cuda_chunks.discard(key)
                 self._send(proc, msg.CudaChunkRetired(device, chunk))
 
-    def _owner(self, arena_id: int) -> StubProcess:
+    def _owner(self, arena_id: int) -> StubChannel:
         owner = self._owners.get(arena_id)
         if owner is None:
             raise Unavailable(
@@ -115,7 +115,7 @@ class SegmentDirectory:
                 proc.announced.discard(key)
                 self._send(proc, msg.SegmentRetired(arena_id, index))
 
-    def _send(self, proc: StubProcess, message: _News) -> None:
+    def _send(self, proc: StubChannel, message: _News) -> None:
         if proc.returncode is not None:
             return
         try:
@@ -129,7 +129,7 @@ class SegmentDirectory:
         task.add_done_callback(self._sending.discard)
 
     @staticmethod
-    async def _send_later(proc: StubProcess, message: _News) -> None:
+    async def _send_later(proc: StubChannel, message: _News) -> None:
         try:
             await proc.send_async(message)
         except PeerGone:

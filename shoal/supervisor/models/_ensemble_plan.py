@@ -7,7 +7,16 @@ instead of re-reading the configuration and re-testing every waiting step after 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Protocol
+
+from shoal.config import ModelConfig
+
+
+class StepTarget(Protocol):
+    """The model version a step runs (a loaded ``ModelVersion``)."""
+
+    @property
+    def config(self) -> ModelConfig: ...
 
 
 @dataclass(eq=False)
@@ -26,7 +35,7 @@ class StepPlan:
     needs: int
     #: The target version the datatypes below were read from (checked by identity per request,
     #: so a reloaded target is read again).
-    target: Any = None
+    target: StepTarget | None = None
     datatypes: tuple[str | None, ...] = ()
 
 
@@ -37,7 +46,7 @@ class EnsemblePlan:
     consumers: dict[str, tuple[StepPlan, ...]] = field(default_factory=dict)
 
 
-def plan_of(config: Any) -> EnsemblePlan:
+def plan_of(config: ModelConfig) -> EnsemblePlan:
     steps = []
     for index, step in enumerate(config.ensemble_steps):
         inputs = tuple(step.input_map.items())
@@ -59,7 +68,7 @@ def plan_of(config: Any) -> EnsemblePlan:
     return EnsemblePlan(tuple(steps), {k: tuple(v) for k, v in consumers.items()})
 
 
-def input_datatypes(step: StepPlan, target: Any) -> tuple[str | None, ...]:
+def input_datatypes(step: StepPlan, target: StepTarget) -> tuple[str | None, ...]:
     """The datatype the target model expects for each of the step's inputs (None: it has no
     such input), cached on the step for this target version."""
     if step.target is not target:

@@ -15,19 +15,19 @@ import shutil
 import sys
 import tarfile
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from shoal import config as model_config
 from shoal.core.errors import (
-    ErrorCode,
     InvalidArgument,
-    NotFound,
     ShoalError,
     Unavailable,
 )
 from shoal.core.types import RepositoryEntry
+from shoal.protos import model_config_pb2 as pb
+from shoal.supervisor.calls.control import ModelControl
 from shoal.supervisor.instances.devices import check_gpu_parameters, visible_gpus
 from shoal.supervisor.models import environments, onnx_autocomplete, python_backends
 from shoal.supervisor.models._ensemble_checks import EnsembleProblem, check_ensemble
@@ -36,6 +36,7 @@ from shoal.supervisor.models.autocomplete import (
     require_pytorch_config,
     wants_auto_complete,
 )
+from shoal.supervisor.models.loaded import LoadedModels
 from shoal.supervisor.models.remote_repository import RemoteRepositoryError, RepositorySources
 from shoal.supervisor.models.repository import scan
 from shoal.supervisor.models.versions import (
@@ -59,13 +60,22 @@ class _LoggedLoadFailure(InvalidArgument):
 class ModelRepositoryManager:
     """Loaded versions by model name, plus the reason of each model that failed to load."""
 
-    def __init__(self, options: ServerOptions, loader: ModelLoader) -> None:
+    def __init__(
+        self,
+        options: ServerOptions,
+        loaded: LoadedModels,
+        make_loader: Callable[[ModelControl], ModelLoader],
+    ) -> None:
+        """``make_loader`` builds the loader with this manager as the model control its stubs'
+        ``pb_utils.load_model`` / ``unload_model`` calls reach (the one cycle in the wiring)."""
         self.options = options
-        self.loader = loader
+        self.loaded = loaded
+        self.loader = make_loader(self)
         # Local repositories as they are, remote ones mirrored: what scan() reads.
         self.sources = RepositorySources(options.model_repositories, options.model_repository_cache)
-        self.models: dict[str, dict[int, ModelVersion]] = {}
-        self.failed: dict[str, str] = {}
+        # The registry's own dicts: the manager writes them, requests read them through it.
+        self.models = loaded.models
+        self.failed = loaded.failed
         self._locks: dict[str, asyncio.Lock] = {}
         self._scratch: dict[str, str] = {}  # model name -> temp dir holding uploaded files
         self._fingerprints: dict[str, tuple[tuple[str, int, int], ...]] = {}
@@ -77,8 +87,7 @@ class ModelRepositoryManager:
         self._orphans: set[str] = set()
 
     def versions(self) -> Iterator[ModelVersion]:
-        for versions in self.models.values():
-            yield from versions.values()
+        return self.loaded.versions()
 
     # -- start-up ---------------------------------------------------------------------------
 
@@ -480,42 +489,7 @@ class ModelRepositoryManager:
 
     def resolve(self, name: str, version: str) -> ModelVersion:
         """The version a request for ``name`` (``version`` "" = the policy's latest) goes to."""
-        versions = self.models.get(name)
-        if versions is None:
-            if name in self.failed:
-                raise Unavailable(
-                    f"Request for unknown model: '{name}' is not found: {self.failed[name]}",
-                    ErrorCode.UNAVAILABLE,
-                )
-            raise NotFound(f"Request for unknown model: '{name}' is not found")
-        if version:
-            try:
-                mv = versions[int(version)]
-            except (ValueError, KeyError):
-                raise NotFound(
-                    f"Request for unknown model: '{name}' version {version} is not found"
-                ) from None
-            if not mv.ready:
-                detail = f": {mv.reason}" if mv.reason else ""
-                raise Unavailable(
-                    f"Request for unavailable model: '{name}' version {version} is not "
-                    f"ready{detail}"
-                )
-            return mv
-        if len(versions) == 1:  # the common case, on every request: no list, no max()
-            (mv,) = versions.values()
-            if mv.ready:
-                return mv
-        ready = [mv for mv in versions.values() if mv.ready]
-        if not ready:
-            reasons = "; ".join(mv.reason for mv in versions.values() if mv.reason)
-            text = f"Request for unknown model: '{name}' has no available versions" + (
-                f": {reasons}" if reasons else ""
-            )
-            if all(mv.reason == "unloaded" for mv in versions.values()):
-                raise NotFound(text)  # Triton's code for an unloaded model
-            raise Unavailable(text)
-        return max(ready, key=lambda mv: mv.version)
+        return self.loaded.resolve(name, version)
 
     def model_ready(self, name: str, version: str) -> bool:
         try:
@@ -607,7 +581,7 @@ def _fingerprint(model_dir: str) -> tuple[tuple[str, int, int], ...]:
 
 
 async def _environment(
-    name: str, path: str, proto: Any, model_file: Path
+    name: str, path: str, proto: pb.ModelConfig, model_file: Path
 ) -> tuple[str, dict[str, str]] | None:
     """The interpreter and variables of the model's own environment, for auto-complete."""
     parameters = {key: value.string_value for key, value in proto.parameters.items()}
@@ -622,7 +596,7 @@ async def _environment(
 
 
 def _python_model_file(
-    path: str, proto: Any, versions: list[int], python_based: bool = False
+    path: str, proto: pb.ModelConfig, versions: list[int], python_based: bool = False
 ) -> Path | None:
     """The latest version's model.py of a Python model (what auto-complete imports); for a
     model of a Python-based backend (``python_based``), where that file would be (it need

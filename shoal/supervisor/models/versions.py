@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from shoal.config import ModelConfig
 from shoal.core.errors import InvalidArgument, ShoalError, Unavailable
 from shoal.ipc.arena import Block
 from shoal.supervisor.extensions.statistics import StatsRecorder
@@ -23,9 +24,10 @@ from shoal.supervisor.instances.instance import (
     ControlHandler,
     InstanceSpec,
     LoadError,
+    MakeStub,
     StubInstance,
 )
-from shoal.supervisor.instances.process import StubLaunch
+from shoal.supervisor.instances.process import StubLaunch, StubProcess
 from shoal.supervisor.memory.segments import SegmentDirectory
 from shoal.supervisor.models import environments, warmup
 from shoal.supervisor.options import ArenaOptions
@@ -59,7 +61,7 @@ class ModelVersion:
 
     name: str
     version: int
-    config: Any
+    config: ModelConfig
     config_json: dict[str, Any]
     state: ModelState = ModelState.LOADING
     reason: str = ""
@@ -103,19 +105,28 @@ class ModelLoader:
         directory: SegmentDirectory,
         arenas: ArenaOptions,
         free_inputs: Callable[[list[Block]], None],
+        *,
+        bls: BlsHandler,
+        control: ControlHandler,
+        trace_overhead: bool = False,
+        response_cache: bool = False,
+        rate_limiter: RateLimiter | None = None,
+        make_stub: MakeStub = StubProcess,
     ) -> None:
         self._directory = directory
+        #: Starts each instance's stub: a process, or the loopback kind in tests.
+        self._make_stub = make_stub
         self._arenas = arenas
         self._free_inputs = free_inputs
-        #: Serves BLS calls of every instance (set by the service once it exists).
-        self.bls: BlsHandler | None = None
-        self.control: ControlHandler | None = None
+        #: Serve the BLS, model-control and custom-metric calls of every instance.
+        self.bls = bls
+        self.control = control
         #: ``--trace-overhead``: every version records its per-stage times.
-        self.trace_overhead = False
+        self.trace_overhead = trace_overhead
         #: The server has a response cache (``--cache-config``).
-        self.response_cache = False
+        self.response_cache = response_cache
         #: ``--rate-limit execution_count``: every instance runs under it.
-        self.rate_limiter: RateLimiter | None = None
+        self.rate_limiter = rate_limiter
 
     def _specs(self, mv: ModelVersion) -> list[InstanceSpec]:
         config = mv.config
@@ -203,7 +214,8 @@ class ModelLoader:
             return
         mv.scheduler = scheduler
         mv.instances = [
-            StubInstance(spec, self._directory, self._free_inputs, mv.stats) for spec in specs
+            StubInstance(spec, self._directory, self._free_inputs, mv.stats, self._make_stub)
+            for spec in specs
         ]
         try:
             self._join_rate_limiter(mv)
@@ -430,4 +442,4 @@ def _failed(mv: ModelVersion, reason: str, traceback: str = "") -> None:
     text = f"failed to load '{mv.name}' version {mv.version}: {reason}"
     log.error("%s%s", text, f"\n{traceback}" if traceback else "")
     mv.state = ModelState.UNAVAILABLE
-    mv.reason = without_repository(text, mv.config.path)
+    mv.reason = without_repository(text, str(mv.config.path))

@@ -22,12 +22,14 @@ from typing import Any
 
 import numpy as np
 
+from shoal.config import ModelConfig
 from shoal.config.datatypes import config_dtype_to_v2
 from shoal.core.errors import ShoalError
 from shoal.ipc.arena import Block
 from shoal.ipc.dtypes import NUMPY_DTYPES, byte_size, element_count
 from shoal.ipc.messages import RequestRecord
 from shoal.ipc.tensor import TensorDesc
+from shoal.protos import model_config_pb2 as pb
 from shoal.supervisor.schedulers.base import StageTensor
 from shoal.supervisor.work import Completion, Work
 
@@ -59,7 +61,7 @@ class WarmupError(ShoalError):
     """A warmup sample could not be built or its execution failed: the load fails."""
 
 
-def build_samples(config: Any, model_dir: str) -> list[WarmupSample]:
+def build_samples(config: ModelConfig, model_dir: str) -> list[WarmupSample]:
     """The samples of ``config.proto.model_warmup`` with their data (files read now).
 
     Raises :class:`WarmupError` naming the sample when a data file is missing or too short.
@@ -82,7 +84,12 @@ def build_samples(config: Any, model_dir: str) -> list[WarmupSample]:
 
 
 def _item_data(
-    spec: Any, datatype: str, dims: tuple[int, ...], model_dir: str, label: str, rng: Any
+    spec: pb.ModelWarmup.Input,
+    datatype: str,
+    dims: tuple[int, ...],
+    model_dir: str,
+    label: str,
+    rng: Any,
 ) -> bytes:
     """One batch item's bytes in the V2 layout."""
     count = element_count(dims)

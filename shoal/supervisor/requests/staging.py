@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from shoal.config import ModelConfig, TensorConfig
 from shoal.core.errors import InvalidArgument, ResourceExhausted
 from shoal.core.types import InferInput, InferRequest
 from shoal.ipc.arena import ArenaExhausted, Block, OwnedArena
@@ -35,7 +36,7 @@ def _shape_matches(expected: Sequence[int], actual: Sequence[int]) -> bool:
     )
 
 
-def _check_text(config: Any, request: InferRequest) -> None:
+def _check_text(config: ModelConfig, request: InferRequest) -> None:
     """Strings cross to the stub as UTF-8: a lone surrogate (JSON's escaped DC00) cannot."""
     texts = [request.id, *request.parameters]
     texts += [v for v in request.parameters.values() if isinstance(v, str)]
@@ -49,7 +50,7 @@ def _check_text(config: Any, request: InferRequest) -> None:
             ) from None
 
 
-def check_inputs(config: Any, request: InferRequest) -> None:
+def check_inputs(config: ModelConfig, request: InferRequest) -> None:
     """Names, datatypes, shapes and batch size of every input, in Triton's order and words.
 
     Like Triton, the messages about the request's own tensors begin with ``[request id: <id>]``
@@ -92,7 +93,9 @@ def _names_text(names: Sequence[str]) -> str:
     return "[" + ",".join(f"'{name}'" for name in names) + "]"
 
 
-def _missing_inputs(config: Any, request: InferRequest, required: list[str]) -> InvalidArgument:
+def _missing_inputs(
+    config: ModelConfig, request: InferRequest, required: list[str]
+) -> InvalidArgument:
     given = [t.name for t in request.inputs]
     missing = [name for name in required if name not in given]
     text = (
@@ -128,7 +131,9 @@ _BATCH_NOTE = (
 )
 
 
-def _check_shape(config: Any, spec: Any, tensor: InferInput, request: InferRequest) -> None:
+def _check_shape(
+    config: ModelConfig, spec: TensorConfig, tensor: InferInput, request: InferRequest
+) -> None:
     model = config.name
     if any(d < 0 for d in tensor.shape):
         raise request_error(
@@ -167,7 +172,7 @@ def _check_shape(config: Any, spec: Any, tensor: InferInput, request: InferReque
         )
 
 
-def check_outputs(config: Any, request: InferRequest) -> list[str]:
+def check_outputs(config: ModelConfig, request: InferRequest) -> list[str]:
     """The output names the model must produce (all of them when the client named none)."""
     names = {t.name for t in config.outputs}
     for output in request.outputs:
@@ -180,7 +185,9 @@ def check_outputs(config: Any, request: InferRequest) -> list[str]:
     return [t.name for t in config.outputs]
 
 
-def _model_shape(config: Any, spec: Any, shape: tuple[int, ...]) -> tuple[int, ...]:
+def _model_shape(
+    config: ModelConfig, spec: TensorConfig, shape: tuple[int, ...]
+) -> tuple[int, ...]:
     reshape = getattr(spec, "reshape", None)
     if reshape is None:
         return shape
@@ -189,7 +196,7 @@ def _model_shape(config: Any, spec: Any, shape: tuple[int, ...]) -> tuple[int, .
     return tuple(reshape)
 
 
-def _payload_size(config: Any, tensor: InferInput, region: object = None) -> int:
+def _payload_size(config: ModelConfig, tensor: InferInput, region: object = None) -> int:
     """Validated size in bytes of the tensor's V2 serialized payload (in ``region`` when the
     input is in a client's region, whose bytes the supervisor does not read)."""
     if region is not None and (
@@ -223,7 +230,7 @@ def _payload_size(config: Any, tensor: InferInput, region: object = None) -> int
 
 
 def _size_mismatch(
-    config: Any, tensor: InferInput, expected: int | None, actual: int
+    config: ModelConfig, tensor: InferInput, expected: int | None, actual: int
 ) -> InvalidArgument:
     return InvalidArgument(
         f"input byte size mismatch for input '{tensor.name}' for model '{config.name}'. "
@@ -239,7 +246,7 @@ def _write(tensor: InferInput, dest: memoryview) -> None:
 
 
 def stage_request(
-    config: Any,
+    config: ModelConfig,
     request: InferRequest,
     arena: OwnedArena,
     outputs: list[str],
@@ -304,12 +311,12 @@ def _sequence_flags(params: dict[str, Any]) -> int:
     return flags | (FLAG_SEQUENCE_END if params.get("sequence_end") is True else 0)
 
 
-def batch_size(config: Any, request: InferRequest) -> int:
+def batch_size(config: ModelConfig, request: InferRequest) -> int:
     """Inferences in a request: the first dimension for a batching model, else 1."""
     return batch_of(config, [tuple(t.shape) for t in request.inputs])
 
 
-def batch_of(config: Any, shapes: Sequence[Sequence[int]]) -> int:
+def batch_of(config: ModelConfig, shapes: Sequence[Sequence[int]]) -> int:
     """Inferences in a request whose inputs have ``shapes`` (client, ensemble or BLS request)."""
     if config.max_batch_size > 0 and shapes and shapes[0]:
         return int(shapes[0][0])

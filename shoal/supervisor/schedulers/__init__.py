@@ -8,8 +8,7 @@
 
 from __future__ import annotations
 
-from typing import Any
-
+from shoal.config import ModelConfig
 from shoal.supervisor.schedulers._batching import dynamic_settings
 from shoal.supervisor.schedulers._controls import SchedulerConfigError
 from shoal.supervisor.schedulers._staging import arena_stager
@@ -27,7 +26,7 @@ from shoal.supervisor.schedulers.sequence import SequenceBatcher
 
 
 def make_scheduler(
-    config: Any,
+    config: ModelConfig,
     instances: int,
     free_work: FreeWork,
     stage_tensor: StageTensor,

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from shoal.config import QueuePolicy
+from shoal.config import ModelConfig, QueuePolicy, SequenceBatchingConfig
 from shoal.ipc.messages import RequestRecord
 from shoal.supervisor.schedulers._queues import Entry
 
@@ -38,7 +38,7 @@ class BatchSettings:
         return max(self.preferred_batch_sizes, default=self.max_batch_size)
 
 
-def shape_rules(config: Any) -> dict[str, Any]:
+def shape_rules(config: ModelConfig) -> dict[str, Any]:
     """The shape-agreement settings of a model (Triton's ``enforce_equal_shape_tensors``)."""
     equal = frozenset(
         t.name
@@ -51,9 +51,19 @@ def shape_rules(config: Any) -> dict[str, Any]:
     }
 
 
-def dynamic_settings(config: Any) -> BatchSettings:
+def sequence_settings(config: ModelConfig) -> SequenceBatchingConfig:
+    """A model's ``sequence_batching`` (a sequence batcher is made only for a model with one)."""
+    batching = config.sequence_batching
+    if batching is None:
+        raise ValueError(f"model '{config.name}' has no sequence_batching")
+    return batching
+
+
+def dynamic_settings(config: ModelConfig) -> BatchSettings:
     """Settings of a model's ``dynamic_batching``."""
     batching = config.dynamic_batching
+    if batching is None:
+        raise ValueError(f"model '{config.name}' has no dynamic_batching")
     return BatchSettings(
         max_batch_size=max(1, config.max_batch_size),
         preferred_batch_sizes=frozenset(batching.preferred_batch_sizes),

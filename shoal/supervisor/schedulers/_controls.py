@@ -19,11 +19,12 @@ from typing import Any
 
 import numpy as np
 
-from shoal.config import SequenceBatchingConfig
+from shoal.config import ModelConfig
 from shoal.config import SequenceState as StateConfig
 from shoal.ipc.arena import Block
 from shoal.ipc.dtypes import NUMPY_DTYPES, byte_size, element_count
 from shoal.ipc.tensor import CudaLocation
+from shoal.supervisor.schedulers._batching import sequence_settings
 from shoal.supervisor.schedulers.base import StageTensor
 from shoal.supervisor.work import Completion, Work
 
@@ -56,8 +57,8 @@ class SequenceState:
 class SequenceTensors:
     """Builds and stages the control and state inputs of one model's requests."""
 
-    def __init__(self, config: Any, stage: StageTensor) -> None:
-        batching: SequenceBatchingConfig = config.sequence_batching
+    def __init__(self, config: ModelConfig, stage: StageTensor) -> None:
+        batching = sequence_settings(config)
         self._stage = stage
         self._batched = config.max_batch_size > 0
         self._controls = batching.controls
@@ -135,7 +136,7 @@ class SequenceTensors:
         if hidden:
             hide_outputs(done, hidden)
 
-    def _initial_value(self, config: Any, spec: StateConfig) -> StateValue:
+    def _initial_value(self, config: ModelConfig, spec: StateConfig) -> StateValue:
         batch = (1,) if self._batched else ()
         if not spec.initial_states:
             dims = tuple(1 if d == -1 else d for d in spec.dims)

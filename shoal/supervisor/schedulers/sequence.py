@@ -21,10 +21,10 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from typing import Any
 
+from shoal.config import ModelConfig
 from shoal.core.errors import InvalidArgument, Rejected, ShoalError, Unavailable
-from shoal.supervisor.schedulers._batching import BatchSettings, shape_rules
+from shoal.supervisor.schedulers._batching import BatchSettings, sequence_settings, shape_rules
 from shoal.supervisor.schedulers._controls import FLAG_END, FLAG_START, SequenceTensors
 from shoal.supervisor.schedulers._direct import DirectStrategy
 from shoal.supervisor.schedulers._oldest import OldestStrategy
@@ -51,13 +51,13 @@ class SequenceBatcher:
 
     def __init__(
         self,
-        config: Any,
+        config: ModelConfig,
         instances: int,
         free_work: FreeWork,
         stage_tensor: StageTensor,
         clock: Clock | None = None,
     ) -> None:
-        batching = config.sequence_batching
+        batching = sequence_settings(config)
         self.model = config.name
         self.free_work = free_work
         self.clock = clock or LoopClock()
@@ -74,9 +74,9 @@ class SequenceBatcher:
         self._ids = itertools.count(1 << 62)
 
     def _strategy_for(
-        self, config: Any, instances: int
+        self, config: ModelConfig, instances: int
     ) -> tuple[SlotTable, DirectStrategy | OldestStrategy]:
-        batching = config.sequence_batching
+        batching = sequence_settings(config)
         max_batch = max(1, config.max_batch_size)
         settings = BatchSettings(
             max_batch_size=max_batch,

@@ -25,13 +25,23 @@ pytestmark = pytest.mark.timeout(10)
 
 
 def _through(header: list, payloads: list) -> tuple[list, list[memoryview]]:
-    pieces = wire.frame(header, payloads)
-    data = b"".join(bytes(p) for p in pieces)
-    length = wire.header_length(data[: wire.LENGTH_SIZE])
-    packed = data[wire.LENGTH_SIZE : wire.LENGTH_SIZE + length]
-    payload = data[wire.LENGTH_SIZE + length :]
-    assert len(payload) == wire.payload_size(packed)
-    return wire.split(packed, payload)
+    """Through a FrameReader, the bytes cut at every position (frames arrive in pieces)."""
+    data = b"".join(bytes(p) for p in wire.frame(header, payloads))
+    got: list = []
+    for cut in sorted({0, 1, 5, len(data) // 2, len(data) - 1}):
+        frames: list = []
+
+        def keep(h: list, p: list, frames: list = frames) -> None:
+            frames.append((h, [bytes(v) for v in p]))
+
+        reader = wire.FrameReader(keep, list)
+        for piece in (data[:cut], data[cut:], data):  # one frame in two parts, then a whole one
+            if piece:
+                reader.data_received(piece)
+        assert len(frames) == 2 and frames[0] == frames[1]
+        got = frames
+    header_back, payloads_back = got[0]
+    return header_back, [memoryview(p) for p in payloads_back]
 
 
 def test_a_request_keeps_raw_array_and_object_inputs():

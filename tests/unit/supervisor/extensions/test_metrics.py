@@ -283,10 +283,8 @@ def test_exporter_reads_queues_instances_and_the_input_arena():
     assert "shoal_cuda_pool" not in text
 
 
-def test_exporter_without_a_repository_reports_the_arena_only():
-    service = _service([])
-    service.repository = None
-    text = MetricsExporter(service).render().decode()
+def test_exporter_without_models_reports_the_arena_first():
+    text = MetricsExporter(_service([])).render().decode()
     assert text.startswith("# HELP shoal_arena_used_bytes ")
 
 

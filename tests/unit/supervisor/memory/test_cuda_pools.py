@@ -41,7 +41,7 @@ def make_pools(**limits: int) -> tuple[CudaPools, HostLedger]:
 def metrics_text(pools: CudaPools) -> str:
     """What /metrics shows of a server whose only state is ``pools``."""
     service = SimpleNamespace(
-        repository=None,
+        repository=SimpleNamespace(versions=lambda: iter(())),
         input_arena=SimpleNamespace(used_bytes=0, capacity_bytes=0),
         directory=SimpleNamespace(cuda=pools),
         model_statistics=lambda: [],

@@ -1,0 +1,71 @@
+"""The loaded model versions, by name and version: what every request resolves against.
+
+The repository manager writes the table (loads, unloads, failures); requests, BLS calls, ensemble
+steps and the input arena's new-segment news read it. It exists before any of them, so each is
+given the table when it is built.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from shoal.core.errors import ErrorCode, NotFound, Unavailable
+from shoal.supervisor.models.versions import ModelVersion
+
+
+class LoadedModels:
+    """Loaded versions by model name, plus the reason of each model that failed to load."""
+
+    def __init__(self) -> None:
+        self.models: dict[str, dict[int, ModelVersion]] = {}
+        self.failed: dict[str, str] = {}
+
+    def versions(self) -> Iterator[ModelVersion]:
+        for versions in self.models.values():
+            yield from versions.values()
+
+    def announce_segment(self, segment: Any) -> None:
+        """A new input-arena segment: every live stub must be able to map it."""
+        for mv in self.versions():
+            for instance in mv.instances:
+                instance.announce_segment(segment)
+
+    def resolve(self, name: str, version: str) -> ModelVersion:
+        """The version a request for ``name`` (``version`` "" = the policy's latest) goes to."""
+        versions = self.models.get(name)
+        if versions is None:
+            if name in self.failed:
+                raise Unavailable(
+                    f"Request for unknown model: '{name}' is not found: {self.failed[name]}",
+                    ErrorCode.UNAVAILABLE,
+                )
+            raise NotFound(f"Request for unknown model: '{name}' is not found")
+        if version:
+            try:
+                mv = versions[int(version)]
+            except (ValueError, KeyError):
+                raise NotFound(
+                    f"Request for unknown model: '{name}' version {version} is not found"
+                ) from None
+            if not mv.ready:
+                detail = f": {mv.reason}" if mv.reason else ""
+                raise Unavailable(
+                    f"Request for unavailable model: '{name}' version {version} is not "
+                    f"ready{detail}"
+                )
+            return mv
+        if len(versions) == 1:  # the common case, on every request: no list, no max()
+            (mv,) = versions.values()
+            if mv.ready:
+                return mv
+        ready = [mv for mv in versions.values() if mv.ready]
+        if not ready:
+            reasons = "; ".join(mv.reason for mv in versions.values() if mv.reason)
+            text = f"Request for unknown model: '{name}' has no available versions" + (
+                f": {reasons}" if reasons else ""
+            )
+            if all(mv.reason == "unloaded" for mv in versions.values()):
+                raise NotFound(text)  # Triton's code for an unloaded model
+            raise Unavailable(text)
+        return max(ready, key=lambda mv: mv.version)
