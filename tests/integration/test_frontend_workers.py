@@ -149,6 +149,19 @@ def test_json_and_string_tensors_round_trip(server):
         client.close()
 
 
+def test_large_tensors_cross_the_worker_link_intact(server):
+    data = np.random.default_rng(7).random(1 << 20, dtype=np.float32)  # 4 MiB
+    for module, url in ((httpclient, server.url), (grpcclient, server.grpc_url)):
+        client = module.InferenceServerClient(url)
+        try:
+            tensor = module.InferInput("IN_FP32", [data.size], "FP32")
+            tensor.set_data_from_numpy(data)
+            result = client.infer("identity", [tensor])
+            np.testing.assert_array_equal(result.as_numpy("OUT_FP32"), data)
+        finally:
+            client.close()
+
+
 def _seq_step(url: str, corr: int, value: int, start: bool, end: bool) -> int:
     client = httpclient.InferenceServerClient(url)
     try:

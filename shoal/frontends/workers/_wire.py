@@ -95,43 +95,58 @@ OnFrame = Callable[[list[Any], list[memoryview]], None]
 
 class FrameReader(asyncio.Protocol):
     """Cuts a stream into frames and hands each to ``on_frame`` as it completes; ``on_lost``
-    when the stream ends. Frames that arrive whole are sliced out of the received bytes."""
+    when the stream ends. Frames that arrive whole are sliced out of the received bytes; a frame
+    that arrives in pieces is copied once, into a buffer of its exact size."""
 
     def __init__(self, on_frame: OnFrame, on_lost: Callable[[], None]) -> None:
         self._on_frame = on_frame
         self._on_lost = on_lost
-        self._buffer = bytearray()
+        #: Fewer bytes than a prefix, left over from the last read.
+        self._head = b""
+        #: The frame being filled, and how much of it has arrived.
+        self._frame: bytearray | None = None
+        self._filled = 0
         self.transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
-        buffer = self._buffer
-        if buffer:
-            buffer += data
-            if len(buffer) < PREFIX_SIZE:
-                return
-            header_size, payload_size = _PREFIX.unpack_from(buffer)
-            if len(buffer) < PREFIX_SIZE + header_size + payload_size:
-                return  # a large frame still arriving: no copy until it is whole
-            data = bytes(buffer)
-            buffer.clear()
+        if self._head:
+            data, self._head = self._head + data, b""
         view = memoryview(data)
-        at, end = 0, len(data)
+        frame = self._frame
+        if frame is not None:
+            take = min(len(view), len(frame) - self._filled)
+            frame[self._filled : self._filled + take] = view[:take]
+            self._filled += take
+            if self._filled < len(frame):
+                return
+            self._frame = None
+            whole = memoryview(frame)
+            self._emit(whole, 0, len(frame))
+            view = view[take:]
+        at, end = 0, len(view)
         while end - at >= PREFIX_SIZE:
-            header_size, payload_size = _PREFIX.unpack_from(data, at)
-            start = at + PREFIX_SIZE
-            stop = start + header_size + payload_size
+            header_size, payload_size = _PREFIX.unpack_from(view, at)
+            stop = at + PREFIX_SIZE + header_size + payload_size
             if stop > end:
-                break
-            fields, payloads = split(
-                view[start : start + header_size], view[start + header_size : stop]
-            )
+                self._frame = bytearray(stop - at)
+                self._frame[: end - at] = view[at:end]
+                self._filled = end - at
+                return
+            self._emit(view, at, stop)
             at = stop
-            self._on_frame(fields, payloads)
         if at < end:
-            self._buffer += view[at:]
+            self._head = bytes(view[at:end])
+
+    def _emit(self, view: memoryview, at: int, stop: int) -> None:
+        header_size, _ = _PREFIX.unpack_from(view, at)
+        start = at + PREFIX_SIZE
+        fields, payloads = split(
+            view[start : start + header_size], view[start + header_size : stop]
+        )
+        self._on_frame(fields, payloads)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._on_lost()

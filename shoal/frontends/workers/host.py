@@ -145,6 +145,9 @@ class WorkerPool:
         self._links: list[_Link | None] = [None] * count
         self._stopping = False
         self._restarts: set[asyncio.Task[None]] = set()
+        #: When each worker was last started, and the delay of its last restart.
+        self._started: dict[int, float] = {}
+        self._delays: dict[int, float] = {}
         #: The listening sockets the workers serve, closed once they have stopped.
         self.sockets: list[socket.socket] = []
 
@@ -172,6 +175,7 @@ class WorkerPool:
     async def _spawn(self, index: int) -> _Link:
         loop = asyncio.get_running_loop()
         link = _Link(self._core, index)
+        self._started[index] = loop.time()
         control, control_child = socket.socketpair()
         calls, calls_child = socket.socketpair()
         try:
@@ -232,7 +236,15 @@ class WorkerPool:
         task.add_done_callback(self._restarts.discard)
 
     async def _restart(self, index: int) -> None:
-        await asyncio.sleep(_BACKOFF[0])
+        loop = asyncio.get_running_loop()
+        last = self._started.get(index, 0.0)
+        # A worker that keeps dying at once is restarted more and more slowly.
+        if loop.time() - last > _STABLE_SECS:
+            delay = _BACKOFF[0]
+        else:
+            delay = min(self._delays.get(index, _BACKOFF[0] / 2) * 2, _BACKOFF[1])
+        self._delays[index] = delay
+        await asyncio.sleep(delay)
         if self._stopping:
             return
         try:

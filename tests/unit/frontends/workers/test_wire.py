@@ -175,3 +175,15 @@ def _inherited(cls: type) -> set:
         if base.__module__ == "shoal.core.api":
             found |= set(vars(base).items())
     return found
+
+
+def test_a_large_frame_in_many_reads_then_small_ones_in_one():
+    big = np.random.default_rng(1).integers(0, 255, 1 << 20, dtype=np.uint8).tobytes()
+    stream = b"".join(bytes(p) for p in wire.frame([1, "big"], [big]))
+    stream += b"".join(bytes(p) for p in wire.frame([2, "small"], [b"xy"]))
+    stream += b"".join(bytes(p) for p in wire.frame([3, "empty"]))
+    frames: list = []
+    reader = wire.FrameReader(lambda h, p: frames.append((h, [bytes(v) for v in p])), list)
+    for at in range(0, len(stream), 65_531):  # reads that cut prefixes, headers and payloads
+        reader.data_received(stream[at : at + 65_531])
+    assert frames == [([1, "big"], [big]), ([2, "small"], [b"xy"]), ([3, "empty"], [])]
