@@ -22,7 +22,8 @@ EXIT_TIMEOUT = 3.0
 
 def test_shutdown_with_a_hung_request_takes_the_exit_timeout_once():
     segments_before = shoal_shm_segments()
-    args = ("--exit-timeout-secs", str(EXIT_TIMEOUT))
+    args = ("--exit-timeout-secs", str(EXIT_TIMEOUT), "--model-control-mode", "explicit")
+    args += ("--load-model", "slow", "--load-model", "init_args")  # hung, and idle
     with ShoalServer(TEST_MODELS, extra_args=args) as server:
         client = httpclient.InferenceServerClient(server.url, network_timeout=120)
         inp = httpclient.InferInput("SECONDS", [1], "FP32")
@@ -44,10 +45,10 @@ def test_shutdown_with_a_hung_request_takes_the_exit_timeout_once():
         started = time.monotonic()
         assert server.stop(signal.SIGTERM, timeout=60) == 0
         took = time.monotonic() - started
-        # The timeout, plus killing the stubs and a process exit (~1 s on two busy cores).
-        # Before: the drain took the timeout, then finalize the timeout again, then 2 s before
-        # SIGTERM and 2 s before SIGKILL (over 10 s).
-        assert EXIT_TIMEOUT <= took < EXIT_TIMEOUT + 2.5, f"shutdown took {took:.1f}s"
+        # The timeout, plus killing the stubs and a process exit (0.2-1.3 s on two cores shared
+        # by a loaded machine). Before: the drain took the timeout, then finalize the timeout
+        # again, then 2 s before SIGTERM and 2 s before SIGKILL (over 10 s).
+        assert EXIT_TIMEOUT <= took < EXIT_TIMEOUT + 3.0, f"shutdown took {took:.1f}s"
         assert "did not finalize" in server.output
         caller.join(10)
         assert "result" not in outcome
