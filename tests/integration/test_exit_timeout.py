@@ -47,8 +47,9 @@ def test_shutdown_with_a_hung_request_takes_the_exit_timeout_once():
         took = time.monotonic() - started
         # The timeout, plus killing the stubs and a process exit (0.2-1.3 s on two cores shared
         # by a loaded machine). Before: the drain took the timeout, then finalize the timeout
-        # again, then 2 s before SIGTERM and 2 s before SIGKILL (over 10 s).
-        assert EXIT_TIMEOUT <= took < EXIT_TIMEOUT + 3.0, f"shutdown took {took:.1f}s"
+        # again, then 2 s before SIGTERM and 2 s before SIGKILL (over 10 s). The bound sits
+        # between the two, wide enough for a busy CI machine (6.4 s was seen under load 29).
+        assert EXIT_TIMEOUT <= took < 2 * EXIT_TIMEOUT + 2.0, f"shutdown took {took:.1f}s"
         assert "did not finalize" in server.output
         caller.join(10)
         assert "result" not in outcome
