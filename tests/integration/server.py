@@ -16,6 +16,9 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUNDLED = REPO_ROOT / "model_repository"
 TEST_MODELS = Path(__file__).resolve().parent / "models"
+#: ``SHOAL_TEST_FRONTEND_WORKERS=2 pytest tests/integration`` runs every server of the suite with
+#: that many frontend workers (a test that names its own count keeps it).
+FRONTEND_WORKERS = os.environ.get("SHOAL_TEST_FRONTEND_WORKERS", "")
 
 
 def _children(pid: int) -> set[int]:
@@ -101,6 +104,8 @@ class ShoalServer:
             args += ["--model-repository", str(repo)]
         args += ["--exit-on-error", "true" if self.exit_on_error else "false"]
         args += list(self.extra_args)
+        if FRONTEND_WORKERS and "--frontend-workers" not in args:
+            args += ["--frontend-workers", FRONTEND_WORKERS]
         self.proc = subprocess.Popen(
             args, stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO_ROOT
         )
