@@ -18,7 +18,7 @@ from typing import NoReturn
 import shoal
 from shoal import _serve_flags, perf
 from shoal.frontends._restricted import GROUPS as RESTRICTED_GROUPS
-from shoal.supervisor.extensions.log_settings import LOG_FORMATS, TritonFormatter, shoal_level
+from shoal.supervisor.extensions.log_settings import LOG_FORMATS, configure_logging
 from shoal.supervisor.extensions.trace_settings import parse_trace_config
 from shoal.supervisor.instances.devices import parse_pool_size
 from shoal.supervisor.options import MIB, ArenaOptions, Restriction, ServerOptions
@@ -624,21 +624,6 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
     )
 
 
-def _configure_logging(options: ServerOptions) -> None:
-    """Triton-style lines on stderr, or appended to ``--log-file`` (OSError if it cannot be
-    opened), at the level the ``--log-verbose/info/warning/error`` flags give."""
-    handler: logging.Handler
-    if options.log_file:
-        handler = logging.FileHandler(options.log_file, encoding="utf-8")
-    else:
-        handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(TritonFormatter(options.log_format))
-    level = shoal_level(
-        options.log_verbose, options.log_info, options.log_warning, options.log_error
-    )
-    logging.basicConfig(handlers=[handler], level=level)
-
-
 async def _serve(options: ServerOptions) -> int:
     from shoal.server import run_server
 
@@ -698,7 +683,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "serve":
         options = options_from_args(args)
         try:
-            _configure_logging(options)
+            configure_logging(options)
         except OSError as error:
             print(f"shoal: cannot open the log file: {error}", file=sys.stderr)
             return 1

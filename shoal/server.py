@@ -342,7 +342,9 @@ def worker_main(argv: list[str]) -> int:
 
     plain = msgpack.unpackb(read_hello(control))
     options: ServerOptions = wire.from_plain(ServerOptions, plain)
-    _configure_worker_logging(options)
+    from shoal.supervisor.extensions.log_settings import configure_logging
+
+    configure_logging(options)
     sockets = {}
     if args.http_fd >= 0:
         sockets["http"] = socket.socket(fileno=args.http_fd)
@@ -351,21 +353,6 @@ def worker_main(argv: list[str]) -> int:
     return int(
         uvloop.run(_serve_worker(options, control, socket.socket(fileno=args.calls), sockets))
     )
-
-
-def _configure_worker_logging(options: ServerOptions) -> None:
-    from shoal.supervisor.extensions.log_settings import TritonFormatter, shoal_level
-
-    handler: logging.Handler
-    if options.log_file:
-        handler = logging.FileHandler(options.log_file, encoding="utf-8")
-    else:
-        handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(TritonFormatter(options.log_format))
-    level = shoal_level(
-        options.log_verbose, options.log_info, options.log_warning, options.log_error
-    )
-    logging.basicConfig(handlers=[handler], level=level)
 
 
 async def _serve_worker(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+import sys
 
 from shoal.core.errors import InvalidArgument, Unsupported
 from shoal.core.types import ParamValue
@@ -130,3 +131,19 @@ class LogSettings:
         for handler in logging.getLogger().handlers:
             if isinstance(handler.formatter, TritonFormatter):
                 handler.formatter.log_format = str(s["log_format"])
+
+
+def configure_logging(options: ServerOptions) -> None:
+    """Triton-style lines on stderr, or appended to ``--log-file`` (OSError if it cannot be
+    opened), at the level the ``--log-verbose/info/warning/error`` flags give. The core and
+    every frontend worker configure their logging with it."""
+    handler: logging.Handler
+    if options.log_file:
+        handler = logging.FileHandler(options.log_file, encoding="utf-8")
+    else:
+        handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(TritonFormatter(options.log_format))
+    level = shoal_level(
+        options.log_verbose, options.log_info, options.log_warning, options.log_error
+    )
+    logging.basicConfig(handlers=[handler], level=level)
