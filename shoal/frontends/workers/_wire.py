@@ -65,7 +65,9 @@ def frame(
     """The pieces of one frame, for ``writelines`` (or joined, for ``write``)."""
     sizes = [memoryview(p).nbytes for p in payloads]
     header.append(sizes)
-    packed = msgpack.packb(header)
+    # Names, ids and parameters are the client's strings: a lone surrogate that JSON let in must
+    # cross as it is, so the core answers as it does without workers (400, not an encoding 500).
+    packed = msgpack.packb(header, unicode_errors="surrogatepass")
     return [_PREFIX.pack(len(packed), sum(sizes)), packed, *payloads]
 
 
@@ -79,7 +81,7 @@ def split(
     packed: bytes | memoryview, payload: bytes | bytearray | memoryview
 ) -> tuple[list[Any], list[memoryview]]:
     """Header fields (the sizes removed) and the payload views."""
-    header: list[Any] = msgpack.unpackb(packed, use_list=True)
+    header: list[Any] = msgpack.unpackb(packed, use_list=True, unicode_errors="surrogatepass")
     sizes: list[int] = header.pop()
     views: list[memoryview] = []
     whole = memoryview(payload)

@@ -187,3 +187,8 @@ def test_a_large_frame_in_many_reads_then_small_ones_in_one():
     for at in range(0, len(stream), 65_531):  # reads that cut prefixes, headers and payloads
         reader.data_received(stream[at : at + 65_531])
     assert frames == [([1, "big"], [big]), ([2, "small"], [b"xy"]), ([3, "empty"], [])]
+
+
+def test_a_lone_surrogate_crosses_unchanged():
+    header, _ = _through(["\udc00", {"note": "\udc00"}], [])
+    assert header == ["\udc00", {"note": "\udc00"}]
