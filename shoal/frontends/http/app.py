@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import re
 import socket
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
@@ -44,6 +43,7 @@ from shoal.frontends.http._endpoint import (
 from shoal.frontends.http.extensions import extension_routes, model_stats_routes
 from shoal.frontends.http.fast_path import FastInferHttpToolsProtocol
 from shoal.frontends.http.generate import generate_routes
+from shoal.frontends.http.routing import InferRoutes
 
 __all__ = ["HTTP_STATUS", "AddressInUseError", "ConnectionLimits", "HttpServer", "build_http_app"]
 
@@ -77,8 +77,8 @@ def build_http_app(
             Route(model, _model_metadata(core), methods=["GET"]),
             Route(model + "/ready", _model_ready(core), methods=["GET"]),
             Route(model + "/config", _model_config(core), methods=["GET"]),
-            Route(model + "/infer", infer, methods=["POST"]),
         ]
+    routes += infer.routes.routes
     routes += generate_routes(core, max_input_size)
     routes += extension_routes(core, max_input_size)
     restrictions = Restrictions(restricted or {})
@@ -89,10 +89,6 @@ def build_http_app(
     )
 
 
-#: ``POST /v2/models/{m}[/versions/{v}]/infer``, as Starlette's routes would match it.
-_INFER_PATH = re.compile(r"^/v2/models/([^/]+)(?:/versions/([^/]+))?/infer$")
-
-
 class _App(Starlette):
     """The REST app, with a fast path for inference: it skips Starlette's middleware and the
     scan of every route (tens of microseconds a request) when no API is restricted."""
@@ -100,16 +96,13 @@ class _App(Starlette):
     def __init__(self, *, infer: _InferEndpoint | None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._infer = infer
-        #: Served by the HTTP protocol without ASGI (see :mod:`._http_protocol`).
+        #: Served by the HTTP protocol without ASGI (see :mod:`.fast_path`).
         self.fast_infer = infer
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self._infer is not None and scope["type"] == "http" and scope["method"] == "POST":
-            match = _INFER_PATH.match(scope["path"])
-            if match is not None:
-                params = {"model_name": match[1]}
-                if match[2] is not None:
-                    params["model_version"] = match[2]
+            params = self._infer.routes.match_path(scope["path"])
+            if params is not None:
                 scope["path_params"] = params
                 scope["app"] = self
                 await self._infer(scope, receive, send)
@@ -182,7 +175,7 @@ def _model_config(core: CoreAPI) -> Endpoint:
 
 class _InferEndpoint:
     """``POST .../infer`` as a bare ASGI app (Starlette's Route serves it without wrapping), and
-    as :meth:`respond` for the HTTP protocol's fast path (:mod:`._http_protocol`).
+    as :meth:`respond` for the HTTP protocol's fast path (:mod:`.fast_path`).
 
     It reads the body itself, to refuse an oversized one before reading it and to copy it once, and
     sends one pre-built body: no Request or Response objects on the hot path.
@@ -191,6 +184,8 @@ class _InferEndpoint:
     def __init__(self, core: CoreAPI, max_input_size: int) -> None:
         self._core = core
         self.limit = max_input_size
+        #: The URL it serves (:mod:`.routing`): the app's routes and the fast ways' matchers.
+        self.routes = InferRoutes(self)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import http
-import re
 from typing import Any, Protocol, cast
 
 import httptools
@@ -20,6 +19,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from shoal.frontends._limits import ConnectionLimits
 from shoal.frontends.http import _json
+from shoal.frontends.http.routing import InferRoutes
 
 
 class CoalescingHttpToolsProtocol(HttpToolsProtocol):
@@ -69,15 +69,12 @@ class FastInfer(Protocol):
     """What the protocol needs of the inference endpoint to serve it without ASGI."""
 
     limit: int
+    routes: InferRoutes
 
     async def respond(
         self, name: str, version: str, headers: dict[str, str], body: bytes | bytearray
     ) -> tuple[int, list[tuple[str, str]], bytes]:
         """Status, headers and body of the answer to an inference request."""
-
-
-#: ``POST /v2/models/{m}[/versions/{v}]/infer``, on the raw request target.
-_INFER_TARGET = re.compile(rb"^/v2/models/([^/?%]+)(?:/versions/([^/?%]+))?/infer$")
 
 
 class _NoEvent:
@@ -320,7 +317,7 @@ class FastInferHttpToolsProtocol(CoalescingHttpToolsProtocol):
             return None  # pipelined behind a request in progress: uvicorn queues it
         if self.parser.get_method() != b"POST":
             return None
-        target = _INFER_TARGET.match(self.url)
+        target = endpoint.routes.match_target(self.url)
         if target is None:
             return None
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in self.headers}
@@ -330,8 +327,7 @@ class FastInferHttpToolsProtocol(CoalescingHttpToolsProtocol):
         if "transfer-encoding" in headers:
             return None
         keep_alive = self.parser.get_http_version() != "1.0" and self.parser.should_keep_alive()
-        version = "" if target[2] is None else target[2].decode("latin-1")
-        return _FastRequest(target[1].decode("latin-1"), version, headers, keep_alive)
+        return _FastRequest(target[0], target[1], headers, keep_alive)
 
     async def _serve(self, request: _FastRequest, endpoint: FastInfer) -> None:
         body = request.body[0] if len(request.body) == 1 else b"".join(request.body)
