@@ -56,6 +56,12 @@ class StreamOpener(Protocol):
 class Http2Connection(asyncio.Protocol):
     """An HTTP/2 server connection (prior knowledge, cleartext: gRPC's ``h2c``)."""
 
+    _last_stream_id = 0  # the last stream opened: what GOAWAY reports
+    _highest_stream_id = 0  # the last the peer used, those refused after GOAWAY too
+    _recv_unacked = 0  # credit we have not yet given back on the connection
+    _going_away = False
+    _watch: asyncio.TimerHandle | None = None  # the timer of _check_reads
+
     def __init__(
         self,
         open_stream: StreamOpener,
@@ -70,15 +76,10 @@ class Http2Connection(asyncio.Protocol):
         self._loop = asyncio.get_running_loop()
         self._decoder = HeaderDecoder()
         self._streams: dict[int, Stream] = {}
-        self._last_stream_id = 0  # the last stream opened: what GOAWAY reports
-        self._highest_stream_id = 0  # the last the peer used, those refused after GOAWAY too
-        self._recv_unacked = 0  # credit we have not yet given back on the connection
-        self._going_away = False
         self._guard = FloodGuard(limits, self._loop)
         self._sender = Sender(self._loop, self._streams, self._guard, self._end_local)
         self._reader = FrameReader(self._frame_table(), self._header_block, self._guard)
         self._last_read = self._loop.time()
-        self._watch: asyncio.TimerHandle | None = None
         self.closed: asyncio.Future[None] = self._loop.create_future()
 
     def _frame_table(self) -> dict[int, FrameHandler]:

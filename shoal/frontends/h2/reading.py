@@ -64,14 +64,11 @@ class FrameReader:
     def _parse(self, data: bytes | bytearray) -> int:
         """Handle every whole frame of ``data``; return the bytes consumed."""
         view = memoryview(data)
-        offset = 0
+        offset = 0 if self._preface_seen else self._read_preface(view)
         if not self._preface_seen:
-            offset = self._read_preface(view)
-            if not offset:
-                return 0
+            return 0
         total = len(view)
         unpack = h2.FRAME_HEADER.unpack_from
-        handlers = self._handlers
         while total - offset >= h2.FRAME_HEADER_SIZE:
             high, low, kind, flags, stream_id = unpack(view, offset)
             length = (high << 8) | low
@@ -80,15 +77,17 @@ class FrameReader:
             end = offset + h2.FRAME_HEADER_SIZE + length
             if end > total:
                 break
-            payload = view[offset + h2.FRAME_HEADER_SIZE : end]
+            self._frame(kind, flags, stream_id & 0x7FFFFFFF, view[end - length : end])
             offset = end
-            if self._continuation is not None and kind != h2.CONTINUATION:
-                raise ConnectionError_(h2.PROTOCOL_ERROR, "a header block was interrupted")
-            self._guard.frame(kind, flags, length)
-            handler = handlers.get(kind)
-            if handler is not None:
-                handler(stream_id & 0x7FFFFFFF, flags, payload)
         return offset
+
+    def _frame(self, kind: int, flags: int, stream_id: int, payload: memoryview) -> None:
+        if self._continuation is not None and kind != h2.CONTINUATION:
+            raise ConnectionError_(h2.PROTOCOL_ERROR, "a header block was interrupted")
+        self._guard.frame(kind, flags, len(payload))
+        handler = self._handlers.get(kind)
+        if handler is not None:
+            handler(stream_id, flags, payload)
 
     def _read_preface(self, view: memoryview) -> int:
         """The bytes of the client's connection preface in ``view``: 0 until all of it came."""

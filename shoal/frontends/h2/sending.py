@@ -21,6 +21,10 @@ class Sender:
     """Frames out of one connection. ``streams`` is the connection's table of open streams;
     ``end_local`` is called when a stream's END_STREAM has been written from its queue."""
 
+    flush_scheduled = False
+    #: Whether the next header block starts with a dynamic table size update (to 0).
+    table_size_update = False
+
     def __init__(
         self,
         loop: asyncio.AbstractEventLoop,
@@ -34,13 +38,10 @@ class Sender:
         self._end_local = end_local
         self.transport: asyncio.Transport | None = None
         self._out: list[bytes | memoryview] = []
-        self.flush_scheduled = False
         # What the peer lets us send.
         self.window = h2.DEFAULT_WINDOW
         self.initial_window = h2.DEFAULT_WINDOW
         self.max_frame = h2.DEFAULT_MAX_FRAME
-        # Whether the next header block starts with a dynamic table size update (to 0).
-        self.table_size_update = False
         self.blocked: dict[int, None] = {}  # streams with pending DATA, in order
 
     # --- the socket ---------------------------------------------------------------------------
