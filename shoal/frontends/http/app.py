@@ -20,7 +20,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from shoal.core import CoreAPI, ShoalError
@@ -65,20 +65,7 @@ def build_http_app(
     value its requests must carry (``--http-restricted-api``); other requests get 403.
     """
     infer = _InferEndpoint(core, max_input_size)
-    routes = [
-        Route("/v2/health/live", _health("live", core.is_live), methods=["GET"]),
-        Route("/v2/health/ready", _health("ready", core.is_ready), methods=["GET"]),
-        Route("/v2", _server_metadata(core), methods=["GET"]),
-        # Before "/v2/models/{model_name}", which would take "stats" for a model name.
-        *model_stats_routes(core),
-    ]
-    for model in ("/v2/models/{model_name}", "/v2/models/{model_name}/versions/{model_version}"):
-        routes += [
-            Route(model, _model_metadata(core), methods=["GET"]),
-            Route(model + "/ready", _model_ready(core), methods=["GET"]),
-            Route(model + "/config", _model_config(core), methods=["GET"]),
-        ]
-    routes += infer.routes.routes
+    routes = _server_routes(core) + _model_routes(core) + infer.routes.routes
     routes += generate_routes(core, max_input_size)
     routes += extension_routes(core, max_input_size)
     restrictions = Restrictions(restricted or {})
@@ -87,6 +74,29 @@ def build_http_app(
         routes=restrict_routes(routes, restrictions),
         exception_handlers={HTTPException: _http_exception},
     )
+
+
+def _server_routes(core: CoreAPI) -> list[BaseRoute]:
+    """Health and server metadata, and the statistics of every model."""
+    return [
+        Route("/v2/health/live", _health("live", core.is_live), methods=["GET"]),
+        Route("/v2/health/ready", _health("ready", core.is_ready), methods=["GET"]),
+        Route("/v2", _server_metadata(core), methods=["GET"]),
+        # Before "/v2/models/{model_name}", which would take "stats" for a model name.
+        *model_stats_routes(core),
+    ]
+
+
+def _model_routes(core: CoreAPI) -> list[BaseRoute]:
+    """A model's metadata, readiness and configuration, with and without a version."""
+    routes: list[BaseRoute] = []
+    for model in ("/v2/models/{model_name}", "/v2/models/{model_name}/versions/{model_version}"):
+        routes += [
+            Route(model, _model_metadata(core), methods=["GET"]),
+            Route(model + "/ready", _model_ready(core), methods=["GET"]),
+            Route(model + "/config", _model_config(core), methods=["GET"]),
+        ]
+    return routes
 
 
 class _App(Starlette):
@@ -220,20 +230,7 @@ class _InferEndpoint:
         encoding = codec.request_encoding(headers.get("content-encoding"))
         if encoding is not None:
             body = await codec.inflate(body, encoding, limit=self.limit)
-        header_length = headers.get(codec.HEADER_LENGTH)
-        decode = functools.partial(
-            codec.decode_infer_request,
-            body,
-            model_name=name,
-            model_version=version,
-            header_length=header_length,
-        )
-        if header_length is None and len(body) >= _THREAD_THRESHOLD:
-            # A large JSON body: parsed in a thread, so that the event loop gets the GIL back
-            # between the parse and each tensor's conversion (each one C call that holds it).
-            decoded = await asyncio.to_thread(decode)
-        else:
-            decoded = decode()
+        decoded = await _decoded(body, name, version, headers.get(codec.HEADER_LENGTH))
         response = await self._core.infer(decoded.request)
         try:
             encoded = codec.encode_infer_response(response, decoded.output_format)
@@ -241,6 +238,23 @@ class _InferEndpoint:
         finally:
             response.release()  # the body is a copy: give the shared memory back before sending
         return await _compressed(list(encoded.headers), out, headers.get("accept-encoding"))
+
+
+async def _decoded(
+    body: bytes | bytearray, name: str, version: str, header_length: str | None
+) -> codec.DecodedRequest:
+    decode = functools.partial(
+        codec.decode_infer_request,
+        body,
+        model_name=name,
+        model_version=version,
+        header_length=header_length,
+    )
+    if header_length is None and len(body) >= _THREAD_THRESHOLD:
+        # A large JSON body: parsed in a thread, so that the event loop gets the GIL back
+        # between the parse and each tensor's conversion (each one C call that holds it).
+        return await asyncio.to_thread(decode)
+    return decode()
 
 
 async def _compressed(

@@ -160,22 +160,29 @@ class FastInferHttpToolsProtocol(CoalescingHttpToolsProtocol):
             # gathers a header's value by concatenation, so a giant header would also cost time
             # quadratic in its size); unless the head ended within it, answer 431.
             allowed = self._head_left
-            self._head_left = 0
-            if allowed:
-                self._feed(data[:allowed])
-            if self.transport.is_closing():
-                return
-            if self._head_left == 0:
-                limit = self._limits.max_header_size
-                self._refuse(
-                    431,
-                    f"the request header fields exceed the limit of {limit} bytes; "
-                    "use --http-max-header-size to raise it",
-                )
+            if not self._feed_head_end(data[:allowed]):
                 return
             data = data[allowed:]  # the rest: a body, or the next requests (pipelined)
         if data:
             self._feed(data)
+
+    def _feed_head_end(self, data: bytes) -> bool:
+        """Feed the last bytes the head being read may take; False when the connection is
+        over (the head did not end within them: 431)."""
+        self._head_left = 0
+        if data:
+            self._feed(data)
+        if self.transport.is_closing():
+            return False
+        if self._head_left == 0:
+            limit = self._limits.max_header_size
+            self._refuse(
+                431,
+                f"the request header fields exceed the limit of {limit} bytes; "
+                "use --http-max-header-size to raise it",
+            )
+            return False
+        return True
 
     def _check_progress(self) -> None:
         """The connection's timer: end a request head or body that is overdue (408)."""
@@ -184,15 +191,7 @@ class FastInferHttpToolsProtocol(CoalescingHttpToolsProtocol):
             return
         limits = self._limits
         now = self.loop.time()
-        if self._in_body:
-            due = self._last_data + limits.body_timeout
-            what = "body"
-        elif self._head_started != 0.0 and self._head_left >= 0:
-            due = self._head_started + limits.header_timeout
-            what = "header"
-        else:  # idle between requests (the keep-alive timeout's business), or a request running
-            due = now + min(limits.header_timeout, limits.body_timeout)
-            what = ""
+        due, what = self._due(now)
         if what and now >= due:
             timeout = limits.body_timeout if what == "body" else limits.header_timeout
             self._refuse(
@@ -202,6 +201,16 @@ class FastInferHttpToolsProtocol(CoalescingHttpToolsProtocol):
             )
             return
         self._watch = self.loop.call_later(due - now, self._check_progress)
+
+    def _due(self, now: float) -> tuple[float, str]:
+        """When what is being read (``what``: "body", "header" or "": nothing) is overdue."""
+        limits = self._limits
+        if self._in_body:
+            return self._last_data + limits.body_timeout, "body"
+        if self._head_started != 0.0 and self._head_left >= 0:
+            return self._head_started + limits.header_timeout, "header"
+        # Idle between requests (the keep-alive timeout's business), or a request running.
+        return now + min(limits.header_timeout, limits.body_timeout), ""
 
     def _refuse(self, status: int, message: str) -> None:
         """Answer ``status`` with a JSON error and close: the connection cannot go on."""
@@ -337,21 +346,27 @@ class FastInferHttpToolsProtocol(CoalescingHttpToolsProtocol):
         )
         if request.disconnected:
             return
-        head = [_status_line(status)]
-        for name, value in self.server_state.default_headers:
-            head += [name, b": ", value, b"\r\n"]
-        head += [b"content-length: ", str(len(payload)).encode("latin-1"), b"\r\n"]
-        for name_, value_ in headers:
-            head += [name_.encode("latin-1"), b": ", value_.encode("latin-1"), b"\r\n"]
-        if not request.keep_alive:
-            head.append(b"connection: close\r\n")
-        head.append(b"\r\n")
-        self.transport.write(b"".join(head))
+        self.transport.write(self._head(status, headers, len(payload), request.keep_alive))
         self.transport.write(payload)
         request.response_complete = True
         if not request.keep_alive:
             self.transport.close()
         self.on_response_complete()
+
+    def _head(
+        self, status: int, headers: list[tuple[str, str]], length: int, keep_alive: bool
+    ) -> bytes:
+        """The status line and headers of a fast response."""
+        head = [_status_line(status)]
+        for name, value in self.server_state.default_headers:
+            head += [name, b": ", value, b"\r\n"]
+        head += [b"content-length: ", str(length).encode("latin-1"), b"\r\n"]
+        for name_, value_ in headers:
+            head += [name_.encode("latin-1"), b": ", value_.encode("latin-1"), b"\r\n"]
+        if not keep_alive:
+            head.append(b"connection: close\r\n")
+        head.append(b"\r\n")
+        return b"".join(head)
 
 
 _DEFAULT_LIMITS = ConnectionLimits()
