@@ -4,9 +4,10 @@ Each worker is a process started with ``command`` plus the two sockets of its li
 (blocking request/answer pairs for the core API's synchronous calls) and ``calls`` (inference,
 streams and model control, multiplexed by id). The listening sockets in ``inherit`` are passed
 down, so every worker accepts on the same ports. A worker that exits unasked fails only the
-calls it had in flight (their tasks are cancelled, which frees their blocks) and is started
-again; a worker finds out that the core died from its sockets closing (and its parent-death
-signal), so the core's death takes every worker with it.
+calls it had in flight (they are cancelled, which frees their blocks) and is started again; a
+worker finds out that the core died from its sockets closing (and its parent-death signal), so
+the core's death takes every worker with it. An inference call costs the core no task: the
+service answers it through a callback (:meth:`LinkedCore.start_infer`).
 """
 
 from __future__ import annotations
@@ -18,10 +19,11 @@ import os
 import signal
 import socket
 import subprocess
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 from shoal.core.api import CoreAPI
+from shoal.core.types import InferRequest, InferResponse
 from shoal.frontends.workers import _wire as wire
 from shoal.frontends.workers.client import ASYNC_METHODS, SYNC_METHODS
 
@@ -33,18 +35,35 @@ log = logging.getLogger("shoal")
 _BACKOFF = (0.2, 5.0)
 _STABLE_SECS = 60.0
 
+#: Called once with (response, None) or (None, the error; CancelledError when cancelled).
+Answer = Callable[[InferResponse | None, BaseException | None], None]
+
+
+class LinkedCore(CoreAPI, Protocol):
+    """The core the workers serve: the API, and inference answered through a callback."""
+
+    def start_infer(self, request: InferRequest, done: Answer) -> Callable[[], object]:
+        """Start ``request``; ``done`` answers it once (maybe before this returns); the function
+        returned cancels it. No task per request: the core's CPU per request counts most."""
+        ...
+
+
+def _nothing() -> None:
+    pass
+
 
 class _Link:
     """One worker process and its two sockets, from the core's side."""
 
-    def __init__(self, core: CoreAPI, index: int) -> None:
+    def __init__(self, core: LinkedCore, index: int) -> None:
         self.core = core
         self.index = index
         self.proc: subprocess.Popen[bytes] | None = None
         self.pidfd = -1
         self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.exited: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        self.tasks: dict[int, asyncio.Task[None]] = {}
+        #: What cancels each call in flight, by id.
+        self.calls: dict[int, Callable[[], object]] = {}
         self.outbox: wire.Outbox | None = None
         self.control: asyncio.Transport | None = None
 
@@ -58,37 +77,61 @@ class _Link:
         kind, call_id, *fields = header
         if kind == wire.CALL:
             method, args = fields
-            self.tasks[call_id] = asyncio.create_task(self._run(call_id, method, args, payloads))
+            if method == "infer":
+                self._infer(call_id, args, payloads)
+            else:
+                task = asyncio.create_task(self._run(call_id, method, args, payloads))
+                self.calls[call_id] = task.cancel
         elif kind == wire.CANCEL:
-            task = self.tasks.pop(call_id, None)
-            if task is not None:
-                task.cancel()
+            cancel = self.calls.pop(call_id, None)
+            if cancel is not None:
+                cancel()
         elif kind == wire.OK and call_id == 0 and not self.ready.done():
             self.ready.set_result(None)
 
     def cancel_all(self) -> None:
         """Cancel the calls in flight: their requests fail and free their blocks."""
-        tasks, self.tasks = self.tasks, {}
-        for task in tasks.values():
-            task.cancel()
+        calls, self.calls = self.calls, {}
+        for cancel in calls.values():
+            cancel()
+
+    def _infer(self, call_id: int, args: list[Any], payloads: list[memoryview]) -> None:
+        self.calls[call_id] = _nothing  # until started: it may be answered before that
+        try:
+            request = wire.request_from_wire(args, payloads)
+            cancel = self.core.start_infer(request, lambda r, e: self._answer(call_id, r, e))
+        except Exception as error:  # every failure is the caller's answer
+            self._answer(call_id, None, error)
+            return
+        if call_id in self.calls:
+            self.calls[call_id] = cancel
+
+    def _answer(
+        self, call_id: int, response: InferResponse | None, error: BaseException | None
+    ) -> None:
+        self.calls.pop(call_id, None)
+        if response is not None:
+            try:
+                out: list[memoryview | bytes] = []
+                self.send([wire.OK, call_id, *wire.response_to_wire(response, out)], out)
+                return
+            except Exception as failure:  # every failure is the caller's answer
+                error = failure
+            finally:
+                response.release()
+        if error is not None and not isinstance(error, asyncio.CancelledError):
+            self.send([wire.ERROR, call_id, wire.error_to_wire(error)])
 
     async def _run(
         self, call_id: int, method: str, args: list[Any], payloads: list[memoryview]
     ) -> None:
         try:
-            if method == "infer":
-                response = await self.core.infer(wire.request_from_wire(args, payloads))
-                try:
-                    out: list[memoryview | bytes] = []
-                    self.send([wire.OK, call_id, *wire.response_to_wire(response, out)], out)
-                finally:
-                    response.release()
-            elif method == "infer_stream":
+            if method == "infer_stream":
                 stream = self.core.infer_stream(wire.request_from_wire(args, payloads))
                 try:
                     async for response in stream:
                         try:
-                            out = []
+                            out: list[memoryview | bytes] = []
                             self.send(
                                 [wire.ITEM, call_id, *wire.response_to_wire(response, out)], out
                             )
@@ -107,7 +150,7 @@ class _Link:
         except Exception as error:  # every failure is the caller's answer
             self.send([wire.ERROR, call_id, wire.error_to_wire(error)])
         finally:
-            self.tasks.pop(call_id, None)
+            self.calls.pop(call_id, None)
 
     def on_control(self, header: list[Any], payloads: list[memoryview]) -> None:
         method, args = header
@@ -132,7 +175,7 @@ class WorkerPool:
 
     def __init__(
         self,
-        core: CoreAPI,
+        core: LinkedCore,
         count: int,
         command: Sequence[str],
         inherit: Sequence[int],
