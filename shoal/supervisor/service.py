@@ -182,22 +182,15 @@ class InferenceService:
         self.gate.enter(request.model_name)
         try:
             mv = self.resolve(request)
-        except BaseException:
-            self.gate.leave()
-            raise
-        return await self._entered(mv, request)
-
-    async def _entered(self, mv: ModelVersion, request: InferRequest) -> InferResponse:
-        """:meth:`_infer` with its failure counted, once past the drain gate (which it leaves)."""
-        started = time.monotonic_ns()
-        try:
-            return await self._infer(mv, request)
-        except ShoalError as error:
-            mv.stats.failure(time.monotonic_ns() - started, error.reason)
-            raise
-        except asyncio.CancelledError:  # the client went away
-            mv.stats.failure(time.monotonic_ns() - started, Cancelled.reason)
-            raise
+            started = time.monotonic_ns()
+            try:
+                return await self._infer(mv, request)
+            except ShoalError as error:
+                mv.stats.failure(time.monotonic_ns() - started, error.reason)
+                raise
+            except asyncio.CancelledError:  # the client went away
+                mv.stats.failure(time.monotonic_ns() - started, Cancelled.reason)
+                raise
         finally:
             self.gate.leave()
 
@@ -276,25 +269,20 @@ class InferenceService:
         """:meth:`infer` without a coroutine or a task per request (the frontend workers' link):
         ``done(response, None)`` or ``done(None, error)`` is called once, maybe before this
         returns; the function returned cancels the request (the client went away)."""
+        mv = self._plain_version(request)
+        if mv is None:
+            return in_task(self.infer(request), done)
+        started = time.monotonic_ns()
         try:
             self.gate.enter(request.model_name)
-        except ShoalError as error:
-            done(None, error)
-            return nothing
-        try:
-            mv = self.resolve(request)
-            config = mv.config
-            if config.decoupled or config.is_ensemble or self.cache is not None:
-                return in_task(self._entered(mv, request), done)
-            started = time.monotonic_ns()
             try:
-                classes = classification.requested(request, config) if request.outputs else {}
+                classes = classification.requested(request, mv.config) if request.outputs else {}
                 record, blocks = self.stage(mv, request)
             except ShoalError as error:
                 mv.stats.failure(time.monotonic_ns() - started, error.reason)
+                self.gate.leave()
                 raise
         except ShoalError as error:
-            self.gate.leave()
             done(None, error)
             return nothing
         work = self._submit(mv, request, record, blocks, started)
@@ -318,6 +306,17 @@ class InferenceService:
 
         work.future.add_done_callback(completed)
         return work.cancel
+
+    def _plain_version(self, request: InferRequest) -> ModelVersion | None:
+        """The model version of a request that neither an ensemble, a decoupled model nor the
+        response cache answers (None for those, and when infer must say why there is none)."""
+        try:
+            mv = self.resolve(request)
+        except ShoalError:
+            return None
+        config = mv.config
+        plain = not (config.decoupled or config.is_ensemble or self.cache is not None)
+        return mv if plain else None
 
     def _submit(
         self,
