@@ -1,7 +1,7 @@
 """Run one batch through the model's ``execute`` and turn its return value into messages.
 
-Non-decoupled models answer with one :class:`~shoal.ipc.messages.Result` per batch. Decoupled
-models send each response as it is made (:class:`~shoal.ipc.messages.Response`), from any
+Non-decoupled models answer with one :class:`~shoal.ipc.model_messages.Result` per batch. Decoupled
+models send each response as it is made (:class:`~shoal.ipc.model_messages.Response`), from any
 thread, and the batch's Result only says that ``execute`` returned.
 """
 
