@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import os
 import signal
@@ -22,9 +23,10 @@ import subprocess
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from shoal.core.api import CoreAPI
+from shoal.core.api import ArenaRegistry, CoreAPI
 from shoal.core.types import InferRequest, InferResponse
 from shoal.frontends.workers import _wire as wire
+from shoal.frontends.workers.arenas import LentArena
 from shoal.frontends.workers.client import ASYNC_METHODS, SYNC_METHODS
 
 __all__ = ["WorkerPool"]
@@ -34,6 +36,10 @@ log = logging.getLogger("shoal")
 #: Restart delays for a worker that keeps dying: doubled up to the last, reset after a minute up.
 _BACKOFF = (0.2, 5.0)
 _STABLE_SECS = 60.0
+
+#: Ids of the workers' input arenas: above every stub's output arena id, and never reused (a
+#: restarted worker's arena is a new one, which no stub can mistake for the old).
+_arena_ids = itertools.count(1 << 32)
 
 #: Called once with (response, None) or (None, the error; CancelledError when cancelled).
 Answer = Callable[[InferResponse | None, BaseException | None], None]
@@ -53,11 +59,13 @@ def _nothing() -> None:
 
 
 class _Link:
-    """One worker process and its two sockets, from the core's side."""
+    """One worker process and its sockets, from the core's side."""
 
     def __init__(self, core: LinkedCore, index: int) -> None:
         self.core = core
         self.index = index
+        #: The worker's input arena, where it places large input tensors.
+        self.arena: LentArena | None = None
         self.proc: subprocess.Popen[bytes] | None = None
         self.pidfd = -1
         self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -86,6 +94,9 @@ class _Link:
             cancel = self.calls.pop(call_id, None)
             if cancel is not None:
                 cancel()
+        elif kind == wire.RETIRED:
+            if self.arena is not None:
+                self.arena.retired(fields[0])
         elif kind == wire.OK and call_id == 0 and not self.ready.done():
             self.ready.set_result(None)
 
@@ -97,37 +108,52 @@ class _Link:
 
     def _infer(self, call_id: int, args: list[Any], payloads: list[memoryview]) -> None:
         self.calls[call_id] = _nothing  # until started: it may be answered before that
+        lend = None if self.arena is None else self.arena.lend
         try:
-            request = wire.request_from_wire(args, payloads)
-            cancel = self.core.start_infer(request, lambda r, e: self._answer(call_id, r, e))
+            request = wire.request_from_wire(args, payloads, lend)
         except Exception as error:  # every failure is the caller's answer
-            self._answer(call_id, None, error)
+            self._answer(call_id, None, None, error)
+            return
+        try:
+            cancel = self.core.start_infer(
+                request, lambda response, error: self._answer(call_id, request, response, error)
+            )
+        except Exception as error:
+            self._answer(call_id, request, None, error)
             return
         if call_id in self.calls:
             self.calls[call_id] = cancel
 
     def _answer(
-        self, call_id: int, response: InferResponse | None, error: BaseException | None
+        self,
+        call_id: int,
+        request: InferRequest | None,
+        response: InferResponse | None,
+        error: BaseException | None,
     ) -> None:
         self.calls.pop(call_id, None)
         if response is not None:
             try:
                 out: list[memoryview | bytes] = []
                 self.send([wire.OK, call_id, *wire.response_to_wire(response, out)], out)
-                return
             except Exception as failure:  # every failure is the caller's answer
                 error = failure
             finally:
                 response.release()
         if error is not None and not isinstance(error, asyncio.CancelledError):
             self.send([wire.ERROR, call_id, wire.error_to_wire(error)])
+        if request is not None and self.arena is not None:
+            self.arena.give_back(request)
 
     async def _run(
         self, call_id: int, method: str, args: list[Any], payloads: list[memoryview]
     ) -> None:
+        request: InferRequest | None = None
+        lend = None if self.arena is None else self.arena.lend
         try:
             if method == "infer_stream":
-                stream = self.core.infer_stream(wire.request_from_wire(args, payloads))
+                request = wire.request_from_wire(args, payloads, lend)
+                stream = self.core.infer_stream(request)
                 try:
                     async for response in stream:
                         try:
@@ -151,6 +177,8 @@ class _Link:
             self.send([wire.ERROR, call_id, wire.error_to_wire(error)])
         finally:
             self.calls.pop(call_id, None)
+            if request is not None and self.arena is not None:
+                self.arena.give_back(request)
 
     def on_control(self, header: list[Any], payloads: list[memoryview]) -> None:
         method, args = header
@@ -163,11 +191,16 @@ class _Link:
         if self.control is not None and not self.control.is_closing():
             self.control.write(b"".join(wire.frame(answer)))
 
+    def send_free(self, flat: list[int]) -> None:
+        self.send([wire.FREE, 0, flat])
+
     def close(self) -> None:
         if self.outbox is not None:
             self.outbox.transport.close()
         if self.control is not None:
             self.control.close()
+        if self.arena is not None:
+            self.arena.worker_exited()  # its blocks still in use come back later
 
 
 class WorkerPool:
@@ -180,8 +213,11 @@ class WorkerPool:
         command: Sequence[str],
         inherit: Sequence[int],
         hello: bytes,
+        arenas: ArenaRegistry | None = None,
     ) -> None:
         self._core = core
+        #: Where the workers' input arenas are announced (None: inputs travel inline).
+        self._arenas = arenas
         self._count = count
         self._command = list(command)
         self._inherit = list(inherit)
@@ -222,6 +258,8 @@ class WorkerPool:
         self._started[index] = loop.time()
         control, control_child = socket.socketpair()
         calls, calls_child = socket.socketpair()
+        segments, segments_child = socket.socketpair()
+        arena_id = next(_arena_ids) if self._arenas is not None else -1
         try:
             argv = [
                 *self._command,
@@ -229,6 +267,10 @@ class WorkerPool:
                 str(control_child.fileno()),
                 "--calls",
                 str(calls_child.fileno()),
+                "--segments",
+                str(segments_child.fileno()),
+                "--arena",
+                str(arena_id),
                 "--parent",
                 str(os.getpid()),
                 "--index",
@@ -236,13 +278,26 @@ class WorkerPool:
             ]
             link.proc = subprocess.Popen(
                 argv,
-                pass_fds=[control_child.fileno(), calls_child.fileno(), *self._inherit],
+                pass_fds=[
+                    control_child.fileno(),
+                    calls_child.fileno(),
+                    segments_child.fileno(),
+                    *self._inherit,
+                ],
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,  # a terminal's ^C goes to the core, which stops workers
             )
+        except BaseException:
+            segments.close()
+            raise
         finally:
             control_child.close()
             calls_child.close()
+            segments_child.close()
+        if self._arenas is not None:
+            link.arena = LentArena(arena_id, segments, self._arenas, link.send_free)
+        else:
+            segments.close()
         link.pidfd = os.pidfd_open(link.proc.pid)
         loop.add_reader(link.pidfd, self._reap, link)
         control.sendall(b"".join(wire.frame(["hello", self._hello])))
