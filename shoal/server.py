@@ -364,7 +364,10 @@ async def _serve_worker(
     from shoal.frontends.workers import _wire as wire
     from shoal.frontends.workers.client import RemoteCore
 
+    from shoal.supervisor.extensions.log_settings import apply_log_settings
+
     core = RemoteCore(control)
+    core.on_log_settings = apply_log_settings
     await core.connect(calls)
     http, grpc_server = await _start_frontends(core, options, sockets)
     settle_after_start()

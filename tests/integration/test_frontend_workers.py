@@ -11,6 +11,7 @@ import contextlib
 import os
 import queue
 import signal
+import socket
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -380,3 +381,56 @@ def test_grpcio_workers_share_the_port():
                 np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + a)
             finally:
                 client.close()
+
+
+def _bad_preface(server: ShoalServer) -> None:
+    """A connection that is not HTTP/2: the worker that accepts it logs it at verbose level."""
+    host, port = server.grpc_url.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" + b"x" * 64)
+        with contextlib.suppress(OSError):
+            while sock.recv(4096):
+                pass  # until the worker closes the connection
+
+
+def _verbose_lines(server: ShoalServer, pid: int) -> int:
+    return sum(
+        1
+        for line in server.output.splitlines()
+        if f" {pid} " in line and "HTTP/2 connection error" in line
+    )
+
+
+def _until_logged(server: ShoalServer, index: int, pid: int) -> None:
+    deadline = time.monotonic() + 10
+    while _verbose_lines(server, pid) == 0:
+        assert time.monotonic() < deadline, f"worker {pid} never logged\n{server.output}"
+        with through(server, index):
+            _bad_preface(server)
+        time.sleep(0.05)  # the settings frame is on its way to the other worker
+
+
+def test_log_settings_reach_every_worker_and_restarted_ones(server):
+    pids = _wait_for_workers(server, 2)
+    client = httpclient.InferenceServerClient(server.url)
+    try:
+        with through(server, 0):
+            assert client.update_log_settings({"log_verbose_level": 1})["log_verbose_level"] == 1
+        client.close()
+        for index, pid in enumerate(pids):  # the worker that changed them, and the other one
+            _until_logged(server, index, pid)
+        os.kill(pids[1], signal.SIGKILL)
+        restarted = _wait_for_workers(server, 2, exclude={pids[1]})
+        _until_logged(server, 1, restarted[1])  # started with the settings of now
+        client = httpclient.InferenceServerClient(server.url)
+        with through(server, 1):
+            assert client.update_log_settings({"log_verbose_level": 0})["log_verbose_level"] == 0
+        client.close()
+        quiet = _verbose_lines(server, restarted[0])
+        with through(server, 0):
+            for _ in range(3):
+                _bad_preface(server)
+        time.sleep(0.3)  # what a verbose worker would have logged by now
+        assert _verbose_lines(server, restarted[0]) == quiet
+    finally:
+        client.close()

@@ -51,6 +51,7 @@ ERROR = 4
 ITEM = 5  # one response of a stream
 END = 6  # a stream's end
 STOP = 7  # core -> worker: stop serving (drain done or shutdown)
+LOG_SETTINGS = 8  # core -> worker: the log settings now (at the start and on every change)
 
 #: An input whose data is a NumPy array (JSON inputs): dtype and shape travel with the bytes.
 _ARRAY = 1
