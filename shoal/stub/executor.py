@@ -535,7 +535,7 @@ class BatchExecutor:
                     outputs.append(self.writer.gpu.place(tensor, target))
                 elif target is not None:
                     assert isinstance(target, RegionLocation)
-                    outputs.append(self.writer.place(tensor, target, self.input_view(target)))
+                    outputs.append(self.writer.place(tensor, target))
                 else:
                     outputs.append(self.writer.describe(tensor, written, for_response=True))
         except (ArenaExhausted, CudaPoolRefused) as error:
