@@ -8,6 +8,7 @@ left running. Each scenario here also runs with one worker elsewhere in the suit
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import queue
 import signal
@@ -26,6 +27,8 @@ from tritonclient.utils import InferenceServerException
 from tests.integration.server import BUNDLED, TEST_MODELS, ShoalServer
 
 pytestmark = pytest.mark.timeout(120)
+
+_SYS_PIDFD_GETFD = 438
 
 MODELS = (
     "identity",
@@ -346,12 +349,55 @@ def test_drain_on_sigterm_finishes_requests_then_stops_the_workers():
         assert not [pid for pid in workers if os.path.exists(f"/proc/{pid}")]
 
 
+def _borrow_fd(pid: int, flag: bytes) -> int:
+    """A duplicate of worker ``pid``'s inherited socket ``--<flag>`` (pidfd_getfd), or -1 where
+    the kernel does not allow it."""
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        args = f.read().split(b"\0")
+    target = int(args[args.index(flag) + 1])
+    pidfd = os.pidfd_open(pid)
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return int(libc.syscall(_SYS_PIDFD_GETFD, pidfd, target, 0))
+    finally:
+        os.close(pidfd)
+
+
+def _answered(port: int) -> bool | None:
+    """None: the connection was refused; else whether an HTTP request on it got an answer."""
+    try:
+        sock = socket.create_connection(("127.0.0.1", port), timeout=2)
+    except ConnectionRefusedError:
+        return None
+    with sock:
+        try:
+            sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+            return bool(sock.recv(64))
+        except OSError:  # reset, or no answer within the timeout
+            return False
+
+
 def test_a_killed_core_takes_the_workers_with_it():
+    """No connection is answered once the core is dead, and the port refuses new ones even while
+    a dying worker still holds the listening socket (the test holds a copy of it too, so without
+    the worker stopping it for every holder, the kernel would keep accepting)."""
     with _start() as running:
         workers = _wait_for_workers(running, 2)
         stubs = running.stub_pids()
         assert stubs
-        running.stop(signal.SIGKILL)
+        port = int(running.url.rsplit(":", 1)[1])
+        held = _borrow_fd(workers[0], b"--http-fd")
+        try:
+            running.stop(signal.SIGKILL)  # returns once the core is reaped
+            reaped = time.monotonic()
+            answers = []
+            while (answered := _answered(port)) is not None:
+                answers.append(answered)
+                assert time.monotonic() - reaped < 5, f"still accepting: {answers}"
+            assert not any(answers), "a worker answered after the core died"
+        finally:
+            if held >= 0:
+                os.close(held)
         deadline = time.monotonic() + 10
         left = set(workers) | stubs
         while left and time.monotonic() < deadline:

@@ -83,6 +83,8 @@ class RemoteCore(CoreAPI):
         #: Applies the core's log settings in this process: sent at the start and on every
         #: change (made through any worker).
         self.on_log_settings: Callable[[dict[str, ParamValue]], None] | None = None
+        #: Called when the link drops without the core having asked the worker to stop.
+        self.on_core_lost: Callable[[], None] | None = None
 
     async def connect(self, calls: socket.socket) -> None:
         """Start reading answers from the asynchronous socket."""
@@ -106,6 +108,8 @@ class RemoteCore(CoreAPI):
         self._control.close()
 
     def _lost(self) -> None:
+        if not self.stopping.is_set() and self.on_core_lost is not None:
+            self.on_core_lost()
         self._fail_all(CoreGone())
         self.stopping.set()
 
