@@ -117,11 +117,11 @@ class ClientRegions:
     def view(self, location: RegionLocation) -> memoryview:
         """A copy of the window, the stub's own (the model may write it)."""
         fd = self._checked(location)
-        copy = np.empty(location.nbytes, np.uint8)
+        copy = memoryview(np.empty(location.nbytes, np.uint8))  # type: ignore[arg-type]
         got = os.preadv(fd, [copy], location.offset) if location.nbytes else 0
         if got < location.nbytes:  # shrunk after the check: the bytes are not all there
             raise self._shrunk(location, location.offset + got)
-        return memoryview(copy)
+        return copy
 
     def private_view(self, location: RegionLocation) -> memoryview:
         """A view the model may write, that the client never sees: the copy :meth:`view` reads."""

@@ -37,7 +37,7 @@ from shoal.core.types import (
 )
 from shoal.ipc import messages as msg
 from shoal.ipc.arena import Block, OwnedArena
-from shoal.ipc.messages import RequestRecord
+from shoal.ipc.records import RequestRecord
 from shoal.ipc.tensor import CudaRegionLocation, RegionLocation
 from shoal.supervisor.drain import EXITING, DrainGate
 from shoal.supervisor.extensions.custom_metrics import CustomMetrics

@@ -16,7 +16,7 @@ from shoal.core.errors import InvalidArgument, ResourceExhausted
 from shoal.core.types import InferInput, InferRequest
 from shoal.ipc.arena import ArenaExhausted, Block, OwnedArena
 from shoal.ipc.dtypes import BytesFormatError, byte_size, deserialize_bytes, element_count
-from shoal.ipc.messages import RequestRecord
+from shoal.ipc.records import RequestRecord
 from shoal.ipc.tensor import (
     CudaRegionLocation,
     RegionLocation,
