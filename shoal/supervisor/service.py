@@ -133,8 +133,7 @@ class InferenceService:
     # -- lifecycle --------------------------------------------------------------------------
 
     def _free_inputs(self, blocks: list[Block]) -> None:
-        for block in blocks:
-            self.input_arena.free(block)
+        self.directory.free_inputs(blocks)
 
     async def load_repository(self) -> dict[str, str]:
         """Load the models the control mode asks for at start; returns those that failed to

@@ -11,6 +11,7 @@ import contextlib
 import ctypes
 import os
 import queue
+import re
 import signal
 import socket
 import time
@@ -40,6 +41,7 @@ MODELS = (
     "decoupled_repeat",
     "cancel_waiter",
     "slow",
+    "slow_echo",
 )
 
 
@@ -164,6 +166,83 @@ def test_large_tensors_cross_the_worker_link_intact(server):
             np.testing.assert_array_equal(result.as_numpy("OUT_FP32"), data)
         finally:
             client.close()
+
+
+#: A frontend worker's input arena: ids from 2**32 (shoal-arena-<id>-<segment> in the maps).
+_WORKER_ARENA = re.compile(rb"memfd:shoal-arena-(\d+)-\d+")
+
+
+def worker_arenas(pid: int) -> set[int]:
+    """The frontend-worker arenas process ``pid`` maps now."""
+    with open(f"/proc/{pid}/maps", "rb") as maps:
+        ids = {int(m[1]) for m in _WORKER_ARENA.finditer(maps.read())}
+    return {i for i in ids if i >= 1 << 32}
+
+
+def _stub_of(server: ShoalServer, model: str) -> int:
+    for pid in server.stub_pids():
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            if f"{model}_0".encode() in f.read().split(b"\0"):
+                return pid
+    raise AssertionError(f"no stub of {model}")
+
+
+def test_large_inputs_reach_the_stub_through_the_worker_arena(server):
+    """A large input crosses by descriptor: the stub maps the worker's segment; a small one
+    stays on the link."""
+    stub = _stub_of(server, "slow_echo")
+    data = np.arange(1 << 18, dtype=np.float32)  # 1 MiB
+    for module, url in ((httpclient, server.url), (grpcclient, server.grpc_url)):
+        client = module.InferenceServerClient(url)
+        try:
+            inputs = [
+                module.InferInput("IN", [data.size], "FP32"),
+                module.InferInput("SECONDS", [1], "FP32"),
+            ]
+            inputs[0].set_data_from_numpy(data)
+            inputs[1].set_data_from_numpy(np.array([0.0], np.float32))
+            result = client.infer("slow_echo", inputs)
+            np.testing.assert_array_equal(result.as_numpy("OUT"), data)
+        finally:
+            client.close()
+    assert worker_arenas(stub), "the stub never mapped a worker's arena"
+
+
+def test_a_worker_killed_with_large_requests_in_flight_leaves_nothing_mapped(server):
+    pids = _wait_for_workers(server, 2)
+    stub = _stub_of(server, "slow_echo")
+    core = server.proc.pid
+    shm_before = set(os.listdir("/dev/shm"))
+    results: queue.Queue = queue.Queue()
+    data = np.ones(1 << 20, dtype=np.float32)  # 4 MiB
+    with through(server, 0):
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        inputs = [
+            grpcclient.InferInput("IN", [data.size], "FP32"),
+            grpcclient.InferInput("SECONDS", [1], "FP32"),
+        ]
+        inputs[0].set_data_from_numpy(data)
+        inputs[1].set_data_from_numpy(np.array([1.0], np.float32))
+        client.async_infer(
+            "slow_echo", inputs, callback=lambda result, error: results.put((result, error))
+        )
+        time.sleep(0.3)  # the call reaches the stub (it cannot be observed from outside)
+    held = worker_arenas(stub)
+    assert held, "the request never reached the stub"
+    os.kill(pids[0], signal.SIGKILL)
+    _, error = results.get(timeout=30)
+    assert error is not None  # its connection died with the worker
+    client.close()
+    dead = held - worker_arenas(pids[1])
+    assert dead, "no arena of the killed worker was mapped"
+    deadline = time.monotonic() + 15
+    while (dead & (worker_arenas(stub) | worker_arenas(core))) and time.monotonic() < deadline:
+        time.sleep(0.05)  # polling: the stub finishes the request, then both drop the arena
+    assert not dead & worker_arenas(stub), "the stub still maps the dead worker's arena"
+    assert not dead & worker_arenas(core), "the core still maps the dead worker's arena"
+    assert set(os.listdir("/dev/shm")) - shm_before == set()
+    _wait_for_workers(server, 2, exclude={pids[0]})
+    test_two_workers_serve_both_protocols(server)
 
 
 def _seq_step(url: str, corr: int, value: int, start: bool, end: bool) -> int:

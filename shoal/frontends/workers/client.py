@@ -33,6 +33,7 @@ from shoal.core.types import (
     TraceValue,
 )
 from shoal.frontends.workers import _wire as wire
+from shoal.frontends.workers.arenas import StagingArena
 
 __all__ = ["CoreGone", "RemoteCore"]
 
@@ -69,9 +70,11 @@ def recv_frame(sock: socket.socket) -> _Answer:
 class RemoteCore(CoreAPI):
     """The core API, answered by the core process."""
 
-    def __init__(self, control: socket.socket) -> None:
+    def __init__(self, control: socket.socket, arena: StagingArena | None = None) -> None:
         control.setblocking(True)
         self._control = control
+        #: Large input tensors are copied here and the core receives their blocks.
+        self.arena = arena
         self._ids = itertools.count(1)
         self._calls: dict[int, asyncio.Future[_Answer]] = {}
         self._streams: dict[int, asyncio.Queue[_Answer | BaseException | None]] = {}
@@ -106,6 +109,8 @@ class RemoteCore(CoreAPI):
         if self._outbox is not None:
             self._outbox.transport.close()
         self._control.close()
+        if self.arena is not None:
+            self.arena.close()
 
     def _lost(self) -> None:
         if not self.stopping.is_set() and self.on_core_lost is not None:
@@ -115,6 +120,10 @@ class RemoteCore(CoreAPI):
 
     def _dispatch(self, header: list[Any], payloads: list[memoryview]) -> None:
         kind, call_id, *fields = header
+        if kind == wire.FREE:
+            if self.arena is not None:
+                self.arena.free(fields[0])
+            return
         if kind == wire.STOP:
             self.stop_grace = float(fields[0]) if fields else 0.0
             self.stopping.set()
@@ -206,15 +215,21 @@ class RemoteCore(CoreAPI):
         config: JsonDict = self._sync("model_config", name, version)
         return config
 
+    def _request_fields(
+        self, request: InferRequest, payloads: list[memoryview | bytes]
+    ) -> list[Any]:
+        place = None if self.arena is None else self.arena.place
+        return wire.request_to_wire(request, payloads, place)
+
     async def infer(self, request: InferRequest) -> InferResponse:
         payloads: list[memoryview | bytes] = []
-        fields = wire.request_to_wire(request, payloads)
+        fields = self._request_fields(request, payloads)
         answer, views = await self._async("infer", fields, payloads)
         return wire.response_from_wire(answer, views)
 
     async def infer_stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
         payloads: list[memoryview | bytes] = []
-        fields = wire.request_to_wire(request, payloads)
+        fields = self._request_fields(request, payloads)
         call_id = next(self._ids)
         queue: asyncio.Queue[_Answer | BaseException | None] = asyncio.Queue()
         self._streams[call_id] = queue

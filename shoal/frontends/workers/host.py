@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import os
 import signal
@@ -21,8 +22,10 @@ import subprocess
 from collections.abc import Sequence
 from typing import Any
 
-from shoal.core.api import CoreAPI
+from shoal.core.api import ArenaRegistry, CoreAPI
+from shoal.core.types import InferRequest
 from shoal.frontends.workers import _wire as wire
+from shoal.frontends.workers.arenas import LentArena
 from shoal.frontends.workers.client import ASYNC_METHODS, SYNC_METHODS
 
 __all__ = ["WorkerPool"]
@@ -33,14 +36,20 @@ log = logging.getLogger("shoal")
 _BACKOFF = (0.2, 5.0)
 _STABLE_SECS = 60.0
 
+#: Ids of the workers' input arenas: above every stub's output arena id, and never reused (a
+#: restarted worker's arena is a new one, which no stub can mistake for the old).
+_arena_ids = itertools.count(1 << 32)
+
 
 class _Link:
-    """One worker process and its two sockets, from the core's side."""
+    """One worker process and its sockets, from the core's side."""
 
     def __init__(self, core: CoreAPI, index: int, pool: WorkerPool) -> None:
         self.core = core
         self.index = index
         self.pool = pool
+        #: The worker's input arena, where it places large input tensors.
+        self.arena: LentArena | None = None
         self.proc: subprocess.Popen[bytes] | None = None
         self.pidfd = -1
         self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -64,6 +73,9 @@ class _Link:
             task = self.tasks.pop(call_id, None)
             if task is not None:
                 task.cancel()
+        elif kind == wire.RETIRED:
+            if self.arena is not None:
+                self.arena.retired(fields[0])
         elif kind == wire.OK and call_id == 0 and not self.ready.done():
             self.ready.set_result(None)
 
@@ -76,16 +88,20 @@ class _Link:
     async def _run(
         self, call_id: int, method: str, args: list[Any], payloads: list[memoryview]
     ) -> None:
+        request: InferRequest | None = None
+        lend = None if self.arena is None else self.arena.lend
         try:
             if method == "infer":
-                response = await self.core.infer(wire.request_from_wire(args, payloads))
+                request = wire.request_from_wire(args, payloads, lend)
+                response = await self.core.infer(request)
                 try:
                     out: list[memoryview | bytes] = []
                     self.send([wire.OK, call_id, *wire.response_to_wire(response, out)], out)
                 finally:
                     response.release()
             elif method == "infer_stream":
-                stream = self.core.infer_stream(wire.request_from_wire(args, payloads))
+                request = wire.request_from_wire(args, payloads, lend)
+                stream = self.core.infer_stream(request)
                 try:
                     async for response in stream:
                         try:
@@ -109,6 +125,8 @@ class _Link:
             self.send([wire.ERROR, call_id, wire.error_to_wire(error)])
         finally:
             self.tasks.pop(call_id, None)
+            if request is not None and self.arena is not None:
+                self.arena.give_back(request)
 
     def on_control(self, header: list[Any], payloads: list[memoryview]) -> None:
         method, args = header
@@ -123,11 +141,16 @@ class _Link:
         if method == "update_log_settings" and answer[0] == wire.OK:
             self.pool.send_log_settings(answer[1], but=self)
 
+    def send_free(self, flat: list[int]) -> None:
+        self.send([wire.FREE, 0, flat])
+
     def close(self) -> None:
         if self.outbox is not None:
             self.outbox.transport.close()
         if self.control is not None:
             self.control.close()
+        if self.arena is not None:
+            self.arena.worker_exited()  # its blocks still in use come back later
 
 
 class WorkerPool:
@@ -140,8 +163,11 @@ class WorkerPool:
         command: Sequence[str],
         inherit: Sequence[int],
         hello: bytes,
+        arenas: ArenaRegistry | None = None,
     ) -> None:
         self._core = core
+        #: Where the workers' input arenas are announced (None: inputs travel inline).
+        self._arenas = arenas
         self._count = count
         self._command = list(command)
         self._inherit = list(inherit)
@@ -182,6 +208,8 @@ class WorkerPool:
         self._started[index] = loop.time()
         control, control_child = socket.socketpair()
         calls, calls_child = socket.socketpair()
+        segments, segments_child = socket.socketpair()
+        arena_id = next(_arena_ids) if self._arenas is not None else -1
         try:
             argv = [
                 *self._command,
@@ -189,6 +217,10 @@ class WorkerPool:
                 str(control_child.fileno()),
                 "--calls",
                 str(calls_child.fileno()),
+                "--segments",
+                str(segments_child.fileno()),
+                "--arena",
+                str(arena_id),
                 "--parent",
                 str(os.getpid()),
                 "--index",
@@ -196,13 +228,26 @@ class WorkerPool:
             ]
             link.proc = subprocess.Popen(
                 argv,
-                pass_fds=[control_child.fileno(), calls_child.fileno(), *self._inherit],
+                pass_fds=[
+                    control_child.fileno(),
+                    calls_child.fileno(),
+                    segments_child.fileno(),
+                    *self._inherit,
+                ],
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,  # a terminal's ^C goes to the core, which stops workers
             )
+        except BaseException:
+            segments.close()
+            raise
         finally:
             control_child.close()
             calls_child.close()
+            segments_child.close()
+        if self._arenas is not None:
+            link.arena = LentArena(arena_id, segments, self._arenas, link.send_free)
+        else:
+            segments.close()
         link.pidfd = os.pidfd_open(link.proc.pid)
         loop.add_reader(link.pidfd, self._reap, link)
         control.sendall(b"".join(wire.frame(["hello", self._hello])))
