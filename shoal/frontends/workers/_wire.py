@@ -54,6 +54,7 @@ END = 6  # a stream's end
 STOP = 7  # core -> worker: stop serving (drain done or shutdown)
 FREE = 8  # core -> worker: blocks of the worker's arena given back
 RETIRED = 9  # worker -> core: the worker retired an (empty) segment of its arena
+LOG_SETTINGS = 10  # core -> worker: the log settings now (at the start and on every change)
 
 #: An input whose data is a NumPy array (JSON inputs): dtype and shape travel with the bytes.
 _ARRAY = 1

@@ -61,9 +61,10 @@ def _nothing() -> None:
 class _Link:
     """One worker process and its sockets, from the core's side."""
 
-    def __init__(self, core: LinkedCore, index: int) -> None:
+    def __init__(self, core: LinkedCore, index: int, pool: WorkerPool) -> None:
         self.core = core
         self.index = index
+        self.pool = pool
         #: The worker's input arena, where it places large input tensors.
         self.arena: LentArena | None = None
         self.proc: subprocess.Popen[bytes] | None = None
@@ -190,6 +191,8 @@ class _Link:
             answer = [wire.ERROR, wire.error_to_wire(error)]
         if self.control is not None and not self.control.is_closing():
             self.control.write(b"".join(wire.frame(answer)))
+        if method == "update_log_settings" and answer[0] == wire.OK:
+            self.pool.send_log_settings(answer[1], but=self)
 
     def send_free(self, flat: list[int]) -> None:
         self.send([wire.FREE, 0, flat])
@@ -254,7 +257,7 @@ class WorkerPool:
 
     async def _spawn(self, index: int) -> _Link:
         loop = asyncio.get_running_loop()
-        link = _Link(self._core, index)
+        link = _Link(self._core, index, self)
         self._started[index] = loop.time()
         control, control_child = socket.socketpair()
         calls, calls_child = socket.socketpair()
@@ -309,7 +312,15 @@ class WorkerPool:
         await loop.connect_accepted_socket(lambda: control_reader, sock=control)
         link.control = control_reader.transport
         self._links[index] = link
+        # A worker started after a change of the log settings starts with them too.
+        link.send([wire.LOG_SETTINGS, 0, self._core.log_settings()])
         return link
+
+    def send_log_settings(self, settings: dict[str, Any], but: _Link | None = None) -> None:
+        """Tell every worker (``but`` the one that changed them) the log settings now."""
+        for link in self._links:
+            if link is not None and link is not but:
+                link.send([wire.LOG_SETTINGS, 0, settings])
 
     def _reap(self, link: _Link) -> None:
         loop = asyncio.get_running_loop()
