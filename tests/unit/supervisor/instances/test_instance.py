@@ -13,7 +13,7 @@ import pytest
 from shoal.core.errors import DeadlineExceeded, Unavailable
 from shoal.ipc import messages as msg
 from shoal.ipc.arena import OwnedArena
-from shoal.ipc.messages import RequestRecord
+from shoal.ipc.records import RequestRecord
 from shoal.supervisor.extensions.statistics import StatsRecorder
 from shoal.supervisor.instances.instance import InstanceSpec, StubInstance
 from shoal.supervisor.instances.loopback import Loopback, LoopbackModel
