@@ -22,6 +22,7 @@ from shoal.supervisor.instances.devices import stub_environment
 from shoal.supervisor.instances.instance import (
     BlsHandler,
     ControlHandler,
+    InstanceLinks,
     InstanceSpec,
     LoadError,
     MakeStub,
@@ -213,15 +214,30 @@ class ModelLoader:
             _failed(mv, str(error))
             return
         mv.scheduler = scheduler
-        mv.instances = [
-            StubInstance(spec, self._directory, self._free_inputs, mv.stats, self._make_stub)
-            for spec in specs
-        ]
         try:
-            self._join_rate_limiter(mv)
+            gates = self._join_rate_limiter(mv)
         except ShoalError as error:
             _failed(mv, str(error))
             return
+        # Send-ahead only for a lone instance: with several, a request sent ahead to a busy one
+        # could wait while another instance is idle; and not under the rate limiter, whose grant
+        # is for an execution that starts now.
+        send_ahead = (
+            len(specs) == 1
+            and isinstance(scheduler, DefaultScheduler)
+            and self.rate_limiter is None
+        )
+        mv.instances = [
+            StubInstance(
+                spec,
+                self._directory,
+                self._free_inputs,
+                mv.stats,
+                self._make_stub,
+                self._links(mv, gates.get(spec.instance_name), send_ahead),
+            )
+            for spec in specs
+        ]
         log.info(
             "loading '%s' version %d: %d instance%s of %s",
             mv.name,
@@ -230,20 +246,6 @@ class ModelLoader:
             "" if len(specs) == 1 else "s",
             specs[0].model_file if specs else mv.config.path,
         )
-        for instance in mv.instances:
-            instance.bls = self.bls
-            instance.control = self.control
-            instance.decoupled = mv.config.decoupled
-            # Only a lone instance: with several, a request sent ahead to a busy one could wait
-            # while another instance is idle; and not under the rate limiter, whose grant is for
-            # an execution that starts now.
-            instance.send_ahead = (
-                len(mv.instances) == 1
-                and isinstance(scheduler, DefaultScheduler)
-                and self.rate_limiter is None
-            )
-            instance.on_failed = lambda failed, mv=mv: self._on_instance_failed(mv, failed)
-            instance.on_health = lambda _, mv=mv: self._on_instance_health(mv)
         warm_up = self._warm_up(mv.name, samples) if samples else None
         results = await asyncio.gather(
             *(i.start(scheduler.source(n), warm_up) for n, i in enumerate(mv.instances)),
@@ -264,14 +266,28 @@ class ModelLoader:
             time.monotonic() - started,
         )
 
-    def _join_rate_limiter(self, mv: ModelVersion) -> None:
-        """Give each instance its place in the rate limiter, with its group's resources and
-        priority (instances are named as ``ModelConfig.instance_names`` names them)."""
+    def _links(
+        self, mv: ModelVersion, gate: LimitedInstance | None, send_ahead: bool
+    ) -> InstanceLinks:
+        """What one instance of ``mv`` is connected to."""
+        return InstanceLinks(
+            bls=self.bls,
+            control=self.control,
+            decoupled=mv.config.decoupled,
+            send_ahead=send_ahead,
+            rate_limit=gate,
+            on_failed=lambda failed: self._on_instance_failed(mv, failed),
+            on_health=lambda _: self._on_instance_health(mv),
+        )
+
+    def _join_rate_limiter(self, mv: ModelVersion) -> dict[str, LimitedInstance]:
+        """Each instance's place in the rate limiter, by instance name, with its group's
+        resources and priority (named as ``ModelConfig.instance_names`` names instances)."""
         limiter = self.rate_limiter
         if limiter is None:
-            return
-        by_name = {i.name: i for i in mv.instances}
+            return {}
         members: list[LimitedInstance] = []
+        by_name: dict[str, LimitedInstance] = {}
         try:
             for group in mv.config.proto.instance_group:
                 devices = list(group.gpus) if group.kind == group.KIND_GPU else [0]
@@ -280,12 +296,13 @@ class ModelLoader:
                         name = f"{group.name}_{index}"
                         member = limiter.register(mv.name, name, device, group.rate_limiter)
                         members.append(member)
-                        by_name[name].rate_limit = member
+                        by_name[name] = member
         except ShoalError:
             for member in members:
                 limiter.forget(member)
             raise
         mv.rate_limited = members
+        return by_name
 
     def _warm_up(
         self, model: str, samples: list[warmup.WarmupSample]

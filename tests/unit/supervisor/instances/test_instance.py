@@ -15,7 +15,7 @@ from shoal.ipc import messages as msg
 from shoal.ipc.arena import OwnedArena
 from shoal.ipc.messages import RequestRecord
 from shoal.supervisor.extensions.statistics import StatsRecorder
-from shoal.supervisor.instances.instance import InstanceSpec, StubInstance
+from shoal.supervisor.instances.instance import InstanceLinks, InstanceSpec, StubInstance
 from shoal.supervisor.instances.loopback import Loopback, LoopbackModel
 from shoal.supervisor.instances.process import StubLaunch
 from shoal.supervisor.memory.segments import SegmentDirectory
@@ -68,8 +68,8 @@ class Setup:
             self._free,
             StatsRecorder("m", 1),
             self.kind,
+            InstanceLinks(on_failed=self.failed.append),
         )
-        self.instance.on_failed = self.failed.append
         self._stage = arena_stager(self.arena)
 
     def _free(self, blocks: list) -> None:
