@@ -14,8 +14,7 @@ from shoal.supervisor.instances.channel import StubChannel
 from shoal.supervisor.instances.decoupled import OpenStream, OpenStreams, response_blocks
 from shoal.supervisor.instances.ledger import InFlightLedger
 from shoal.supervisor.instances.outputs import StubOutputs, owned_outputs
-from shoal.supervisor.instances.spec import FreeInputs
-from shoal.supervisor.memory.cuda_pools import CudaPools
+from shoal.supervisor.instances.spec import InstanceScope
 from shoal.supervisor.work import Completion, Work
 
 
@@ -24,21 +23,19 @@ class Answers:
 
     def __init__(
         self,
-        name: str,
+        scope: InstanceScope,
         ledger: InFlightLedger,
         streams: OpenStreams,
         outputs: StubOutputs,
         stats: StatsRecorder,
-        free_inputs: FreeInputs,
-        cuda: CudaPools,
     ) -> None:
-        self._name = name
+        self._name = scope.name
+        self._free_inputs = scope.free_inputs
+        self._cuda = scope.directory.cuda
         self._ledger = ledger
         self._streams = streams
         self._outputs = outputs
         self._stats = stats
-        self._free_inputs = free_inputs
-        self._cuda = cuda
         #: Running model_warmup: its executions are not client traffic, so not counted.
         self.warming = False
 
@@ -55,7 +52,7 @@ class Answers:
         again = self._after_execute(batch, result)
         answered = [w for w in batch if w.stream is None]  # decoupled requests answer apart
         for work, response in zip(answered, result.responses, strict=True):
-            if id(work) not in again:
+            if id(work) not in again:  # received_ns: when the stub's Result was read
                 self._answer(proc, work, response, result, received_ns)
 
     def on_response(self, proc: StubChannel, message: msg.Response) -> None:
@@ -119,17 +116,10 @@ class Answers:
         return again
 
     def _answer(
-        self,
-        proc: StubChannel,
-        work: Work,
-        response: msg.ResponseRecord,
-        result: msg.Result,
-        received_ns: int,
+        self, proc: StubChannel, work: Work, answer: msg.ResponseRecord, result: msg.Result, at: int
     ) -> None:
-        if work.reschedule is not None:
-            work.reschedule(work, False)
-        owned = self._take_outputs(proc, work, response)
-        cuda = self._outputs.adopt_cuda(proc, response) if self._cuda.lent_count else _NO_CUDA
+        owned = self._finish_request(proc, work, answer)
+        cuda = self._outputs.adopt_cuda(proc, answer) if self._cuda.lent_count else _NO_CUDA
         if work.future.done():  # the client went away: nobody will release the outputs
             self._outputs.release_outputs(proc, owned)
             self._outputs.release_cuda(cuda)
@@ -138,7 +128,7 @@ class Answers:
         # ring, which is queueing too (the stub stamps the same monotonic clock).
         queue_ns = max(work.dispatched_ns, result.stub_ns[0]) - work.enqueued_ns
         completion = Completion(
-            response, self._outputs, proc, owned, queue_ns, result.compute_ns, None, received_ns
+            answer, self._outputs, proc, owned, queue_ns, result.compute_ns, None, at
         )
         if cuda:
             completion.owned_cuda = cuda
@@ -146,10 +136,13 @@ class Answers:
             work.on_complete(completion)
         work.future.set_result(completion)
 
-    def _take_outputs(
+    def _finish_request(
         self, proc: StubChannel, work: Work, response: msg.ResponseRecord
     ) -> list[Block]:
-        """The blocks a completion owns; the request's other input blocks are freed."""
+        """The request leaves its scheduler; returns the blocks its completion owns (its other
+        input blocks are freed)."""
+        if work.reschedule is not None:
+            work.reschedule(work, False)
         outputs = response_blocks(response)
         # An input returned unchanged as an output: its block now belongs to the response.
         passed = [b for b in work.input_blocks if b in outputs]

@@ -10,8 +10,7 @@ from shoal.supervisor.instances.answers import Answers
 from shoal.supervisor.instances.channel import StubChannel
 from shoal.supervisor.instances.handshake import Handshake
 from shoal.supervisor.instances.ledger import InFlightLedger
-from shoal.supervisor.instances.spec import BlsHandler, Caller, ControlHandler
-from shoal.supervisor.memory.segments import SegmentDirectory
+from shoal.supervisor.instances.spec import BlsHandler, Caller, ControlHandler, InstanceScope
 
 log = logging.getLogger("shoal")
 
@@ -23,23 +22,21 @@ class UpMessages:
 
     def __init__(
         self,
+        scope: InstanceScope,
         caller: Caller,
+        calls: tuple[BlsHandler | None, ControlHandler | None],
         answers: Answers,
-        ledger: InFlightLedger,
         handshake: Handshake,
-        directory: SegmentDirectory,
-        bls: BlsHandler | None,
-        control: ControlHandler | None,
+        ledger: InFlightLedger,
         async_concurrency: int,
     ) -> None:
+        self._name = scope.name
+        self._directory = scope.directory
         self._caller = caller
-        self._name = caller.name
+        self._bls, self._control = calls
         self._answers = answers
-        self._ledger = ledger
         self._handshake = handshake
-        self._directory = directory
-        self._bls = bls
-        self._control = control
+        self._ledger = ledger
         self._async_concurrency = max(1, async_concurrency)
 
     def drain(self, proc: StubChannel) -> None:

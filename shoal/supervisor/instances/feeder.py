@@ -15,15 +15,12 @@ from shoal.ipc.queue import PeerGone
 from shoal.supervisor.instances.channel import StubChannel
 from shoal.supervisor.instances.decoupled import OpenStreams
 from shoal.supervisor.instances.ledger import InFlightLedger, Slots
-from shoal.supervisor.instances.outbox import Outbox
 from shoal.supervisor.instances.spec import (
     BatchSource,
-    CurrentStub,
     ExecutionGrant,
-    FreeInputs,
+    InstanceScope,
     RateLimitGate,
 )
-from shoal.supervisor.memory.segments import SegmentDirectory
 from shoal.supervisor.work import Completion, Work
 
 log = logging.getLogger("shoal")
@@ -32,29 +29,29 @@ log = logging.getLogger("shoal")
 #: response stream) wherever it runs next.
 _request_keys = itertools.count(1)
 
+Grant = ExecutionGrant | None
+
 
 class Feeder:
-    """Sends batches to the current stub, as many at once as the ledger has slots for."""
+    """Sends batches to the current stub, as many at once as the ledger has slots for: one at a
+    time (Triton's contract for a sync execute; SEND_AHEAD more sent ahead where allowed), or
+    several for an async execute. A slot is given back when its batch is answered or failed."""
 
     def __init__(
         self,
-        name: str,
-        current: CurrentStub,
+        scope: InstanceScope,
         ledger: InFlightLedger,
         streams: OpenStreams,
-        outbox: Outbox,
-        directory: SegmentDirectory,
-        free_inputs: FreeInputs,
         rate_limit: RateLimitGate | None,
         decoupled: bool,
     ) -> None:
-        self._name = name
-        self._current = current
+        self._name = scope.name
+        self._current = scope.current
+        self._outbox = scope.outbox
+        self._directory = scope.directory
+        self._free_inputs = scope.free_inputs
         self._ledger = ledger
         self._streams = streams
-        self._outbox = outbox
-        self._directory = directory
-        self._free_inputs = free_inputs
         #: Under ``--rate-limit execution_count`` each batch waits for a grant before it is sent.
         self._rate_limit = rate_limit
         self._decoupled = decoupled
@@ -67,9 +64,6 @@ class Feeder:
         while not current.stopping:
             if not current.ready.is_set():
                 await current.ready.wait()
-            # One batch at a time (Triton's contract for a sync execute; SEND_AHEAD more sent
-            # ahead where allowed), or several for an async execute. A slot is given back when
-            # its batch is answered or failed (InFlightLedger.done).
             slots = self._ledger.slots
             if not slots.take():
                 await slots.take_when_free()
@@ -78,9 +72,7 @@ class Feeder:
             except BaseException:
                 slots.release()
                 raise
-            grant = None
-            if self._rate_limit is not None:
-                grant = await self._grant(self._rate_limit, slots, source, batch)
+            grant = None if self._rate_limit is None else await self._grant(slots, source, batch)
             proc = current.proc
             if current.stopping or proc is None or not current.ready.is_set():
                 _put_back(slots, grant, source, batch)
@@ -104,11 +96,7 @@ class Feeder:
         return await _collect(batch)
 
     async def send_batch(
-        self,
-        proc: StubChannel,
-        batch: list[Work],
-        slots: Slots,
-        grant: ExecutionGrant | None = None,
+        self, proc: StubChannel, batch: list[Work], slots: Slots, grant: Grant = None
     ) -> None:
         batch_id = self._ledger.open(batch, slots, grant)
         self._stamp(proc, batch)
@@ -117,15 +105,19 @@ class Feeder:
             await proc.send_async(msg.Execute(batch_id, [w.record for w in batch]))
         except PeerGone:
             return  # its exit fails the batch
-        except ShoalError as error:  # a tensor's arena is gone (its stub died)
-            self._ledger.fail_unsent(proc, batch_id, error, self._free_inputs)
-            return
-        except Exception as error:  # a bug must fail the batch, not stop the work loop
-            log.exception("[%s] could not send a batch", self._name)
-            failure = InternalError(f"instance '{self._name}': {error!r}")
-            self._ledger.fail_unsent(proc, batch_id, failure, self._free_inputs)
+        except Exception as error:  # one clause: compiled, a second would expect a ShoalError
+            self._unsent(proc, batch_id, error)
             return
         self._ledger.sent(proc, batch_id)
+
+    def _unsent(self, proc: StubChannel, batch_id: int, error: Exception) -> None:
+        """Fail a batch that could not be sent: a tensor's arena is gone (its stub died), or a
+        bug, which must fail the batch, not stop the work loop."""
+        failure = error if isinstance(error, ShoalError) else None
+        if failure is None:
+            log.error("[%s] could not send a batch", self._name, exc_info=error)
+            failure = InternalError(f"instance '{self._name}': {error!r}")
+        self._ledger.fail_unsent(proc, batch_id, failure, self._free_inputs)
 
     def _stamp(self, proc: StubChannel, batch: list[Work]) -> None:
         """Mark a batch's requests dispatched to ``proc``, with their keys and cancel hooks."""
@@ -138,20 +130,18 @@ class Feeder:
             if work.stream is not None:
                 self._streams.open(work)
 
-    async def _grant(
-        self, gate: RateLimitGate, slots: Slots, source: BatchSource, batch: list[Work]
-    ) -> ExecutionGrant:
+    async def _grant(self, slots: Slots, source: BatchSource, batch: list[Work]) -> ExecutionGrant:
+        """The rate limiter's grant for ``batch``; cancelled, the batch goes back."""
+        assert self._rate_limit is not None
         try:
-            return await gate.acquire()
+            return await self._rate_limit.acquire()
         except BaseException:
             slots.release()
             source.requeue(batch)
             raise
 
 
-def _put_back(
-    slots: Slots, grant: ExecutionGrant | None, source: BatchSource, batch: list[Work]
-) -> None:
+def _put_back(slots: Slots, grant: Grant, source: BatchSource, batch: list[Work]) -> None:
     """The stub went away while a batch was being pulled: it waits for the next one."""
     slots.release()
     if grant is not None:
@@ -162,21 +152,30 @@ def _put_back(
 async def _collect(batch: list[Work]) -> list[Completion]:
     """Every completion of a batch run at once; raises the first error once all are in."""
     completions: list[Completion] = []
-    failure: BaseException | None = None
+    failures: list[BaseException] = []
     for work in batch:
-        if work.stream is None:
-            try:
-                completions.append(await work.future)
-            except ShoalError as error:
-                failure = failure or error
+        if work.stream is not None:
+            await _collect_stream(work.stream, completions, failures)
             continue
-        while (item := await work.stream.get()) is not None:
-            if isinstance(item, BaseException):
-                failure = failure or item
-            else:
-                completions.append(item)
-    if failure is not None:
+        try:
+            completions.append(await work.future)
+        except ShoalError as error:
+            failures.append(error)
+    if failures:
         for completion in completions:
             completion.release()
-        raise failure
+        raise failures[0]
     return completions
+
+
+async def _collect_stream(
+    stream: asyncio.Queue[Completion | BaseException | None],
+    completions: list[Completion],
+    failures: list[BaseException],
+) -> None:
+    """A decoupled request's responses, to its final one."""
+    while (item := await stream.get()) is not None:
+        if isinstance(item, BaseException):
+            failures.append(item)
+        else:
+            completions.append(item)

@@ -9,7 +9,7 @@ import logging
 from shoal.ipc import messages as msg
 from shoal.ipc.queue import PeerGone
 from shoal.supervisor.instances.channel import StubChannel
-from shoal.supervisor.instances.spec import CurrentStub, LoadError
+from shoal.supervisor.instances.spec import InstanceScope, LoadError
 
 log = logging.getLogger("shoal")
 
@@ -20,10 +20,10 @@ USER_READY_TIMEOUT_S = 5.0
 class Handshake:
     """Waits for the stub's replies; a stub that dies answers each of them with its death."""
 
-    def __init__(self, name: str, current: CurrentStub, loop: asyncio.AbstractEventLoop) -> None:
-        self._name = name
-        self._current = current
-        self._loop = loop
+    def __init__(self, scope: InstanceScope) -> None:
+        self._name = scope.name
+        self._current = scope.current
+        self._loop = scope.loop
         # (error, traceback) when initialize failed, else None.
         self._initialized: asyncio.Future[tuple[str, str] | None] | None = None
         self._finalized: asyncio.Future[None] | None = None

@@ -29,15 +29,14 @@ from shoal.supervisor.instances.feeder import Feeder
 from shoal.supervisor.instances.handshake import USER_READY_TIMEOUT_S, Handshake
 from shoal.supervisor.instances.ledger import SEND_AHEAD, InFlightLedger, fail_batch
 from shoal.supervisor.instances.lifecycle import MakeStub, StubLifecycle
-from shoal.supervisor.instances.outbox import Outbox
 from shoal.supervisor.instances.outputs import StubOutputs
 from shoal.supervisor.instances.process import StubProcess
 from shoal.supervisor.instances.spec import (
     BatchSource,
     BlsHandler,
     ControlHandler,
-    CurrentStub,
     FreeInputs,
+    InstanceScope,
     InstanceSpec,
     LoadError,
     RateLimitGate,
@@ -61,6 +60,13 @@ __all__ = [
 class InstanceLinks:
     """What the model loader connects an instance to, and how the instance runs its model."""
 
+    #: The segments stubs map (the input arena among them), and how input blocks go back.
+    directory: SegmentDirectory
+    free_inputs: FreeInputs
+    #: The model version's statistics.
+    stats: StatsRecorder
+    #: Starts a stub: a process, or the loopback kind in unit tests.
+    make_stub: MakeStub = StubProcess
     #: Route the BLS, model-control and custom-metric calls the model makes.
     bls: BlsHandler | None = None
     control: ControlHandler | None = None
@@ -78,68 +84,26 @@ class InstanceLinks:
     on_health: Callable[[StubInstance], None] | None = None
 
 
-_NO_LINKS = InstanceLinks()
-
-
 class StubInstance:
     """Runs batches on its current stub process and restarts it when it dies."""
 
-    def __init__(
-        self,
-        spec: InstanceSpec,
-        directory: SegmentDirectory,
-        free_inputs: FreeInputs,
-        stats: StatsRecorder,
-        make_stub: MakeStub = StubProcess,
-        links: InstanceLinks = _NO_LINKS,
-    ) -> None:
-        self.spec = spec
-        self.stats = stats
-        self.name = spec.instance_name
+    def __init__(self, spec: InstanceSpec, links: InstanceLinks) -> None:
+        self.spec, self.stats, self.name = spec, links.stats, spec.instance_name
         self._links = links
-        self._free_inputs = free_inputs
-        loop = asyncio.get_running_loop()
-        self._current = current = CurrentStub()
-        outbox = Outbox()
+        scope = InstanceScope(self.name, links.directory, links.free_inputs)
+        self._current = scope.current
         timeout = None if links.decoupled else spec.execute_timeout
-        self._ledger = InFlightLedger(self.name, timeout, links.send_ahead, outbox, loop)
-        self._streams = OpenStreams(free_inputs)
-        self._outputs = StubOutputs(current, directory, free_inputs, outbox, loop)
-        self._answers = Answers(
-            self.name,
-            self._ledger,
-            self._streams,
-            self._outputs,
-            stats,
-            free_inputs,
-            directory.cuda,
-        )
-        self._handshake = Handshake(self.name, current, loop)
-        self._feeder = Feeder(
-            self.name,
-            current,
-            self._ledger,
-            self._streams,
-            outbox,
-            directory,
-            free_inputs,
-            links.rate_limit,
-            links.decoupled,
-        )
+        self._ledger = InFlightLedger(scope, timeout, links.send_ahead)
+        self._streams = OpenStreams(links.free_inputs)
+        self._outputs = StubOutputs(scope)
+        self._answers = Answers(scope, self._ledger, self._streams, self._outputs, links.stats)
+        self._handshake = Handshake(scope)
+        self._feeder = Feeder(scope, self._ledger, self._streams, links.rate_limit, links.decoupled)
+        calls = (links.bls, links.control)
         up = UpMessages(
-            self,
-            self._answers,
-            self._ledger,
-            self._handshake,
-            directory,
-            links.bls,
-            links.control,
-            spec.async_concurrency,
+            scope, self, calls, self._answers, self._handshake, self._ledger, spec.async_concurrency
         )
-        self._lifecycle = StubLifecycle(
-            spec, make_stub, directory, current, self._handshake, up, self, loop
-        )
-        self._cuda = directory.cuda
+        self._lifecycle = StubLifecycle(scope, spec, links.make_stub, (self._handshake, up, self))
         self._worker: asyncio.Task[None] | None = None
 
     # -- state ------------------------------------------------------------------------------
@@ -164,22 +128,22 @@ class StubInstance:
 
     @property
     def restarts(self) -> int:
-        return self._lifecycle.restarts
+        return self._lifecycle.health.restarts
 
     @property
     def last_exit(self) -> str:
         """How the last stub died ("" before any death)."""
-        return self._lifecycle.last_exit
+        return self._lifecycle.health.last_exit
 
     @property
     def failed(self) -> str | None:
         """Why the instance gave up restarting (a crash loop), or None."""
-        return self._lifecycle.failed
+        return self._lifecycle.health.failed
 
     @property
     def down(self) -> str | None:
         """Why the instance has no live stub after a failed restart, or None."""
-        return self._lifecycle.down
+        return self._lifecycle.health.down
 
     @property
     def user_ready(self) -> bool:
@@ -260,7 +224,7 @@ class StubInstance:
             assert source is not None
             source.requeue(entry.batch)
         for entry in started:
-            fail_batch(entry.batch, error, self._free_inputs)
+            fail_batch(entry.batch, error, self._links.free_inputs)
         self._streams.fail_all(error)
         self.stub_gone(proc)
         self._outputs.forget()
@@ -272,7 +236,7 @@ class StubInstance:
             self._links.bls.forget_process(proc)
         if self._links.control is not None:
             self._links.control.forget_process(proc)
-        self._cuda.forget_process(proc.pid)
+        self._links.directory.cuda.forget_process(proc.pid)
 
     def gave_up(self) -> None:
         if self._links.on_failed is not None:

@@ -19,8 +19,7 @@ from dataclasses import dataclass
 
 from shoal.core.errors import ShoalError, Unavailable
 from shoal.supervisor.instances.channel import StubChannel
-from shoal.supervisor.instances.outbox import Outbox
-from shoal.supervisor.instances.spec import ExecutionGrant, FreeInputs
+from shoal.supervisor.instances.spec import ExecutionGrant, FreeInputs, InstanceScope
 from shoal.supervisor.schedulers.dynamic import TIMEOUT_EXPIRED
 from shoal.supervisor.work import Work
 
@@ -97,25 +96,19 @@ class InFlightLedger:
     """The batches sent to the current stub and not yet answered, in the order they were sent."""
 
     def __init__(
-        self,
-        name: str,
-        execute_timeout: float | None,
-        send_ahead: bool,
-        outbox: Outbox,
-        loop: asyncio.AbstractEventLoop,
+        self, scope: InstanceScope, execute_timeout: float | None, send_ahead: bool
     ) -> None:
-        self._name = name
-        #: None for no limit (and for a decoupled model: it answers as it goes).
+        self._name = scope.name
+        self._outbox = scope.outbox
+        self._loop = scope.loop
+        #: None: no limit (a decoupled model answers as it goes).
         self._execute_timeout = execute_timeout
-        #: Send the next batches while the current one executes (a lone instance).
         self._send_ahead = send_ahead
-        self._outbox = outbox
-        self._loop = loop
         self._batches: dict[int, InFlight] = {}
         self._ids = itertools.count(1)
-        #: What the work loop takes one of before it sends a batch.
+        #: What the work loop takes one of before it sends a batch; batches the stub runs at
+        #: once (more than 1: an async execute that asks for it).
         self.slots = Slots(1)
-        #: Batches the stub runs at once (more than 1: an async execute that asks for it).
         self.limit = 1
         #: Set while no batch is inside the stub.
         self.idle = asyncio.Event()

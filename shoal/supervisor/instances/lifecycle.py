@@ -8,6 +8,7 @@ import itertools
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 from shoal.ipc import messages as msg
@@ -16,8 +17,7 @@ from shoal.supervisor.instances.channel import StubChannel
 from shoal.supervisor.instances.dispatch import UpMessages
 from shoal.supervisor.instances.handshake import Handshake
 from shoal.supervisor.instances.process import StubLaunch, describe_exit
-from shoal.supervisor.instances.spec import CurrentStub, InstanceSpec, LoadError
-from shoal.supervisor.memory.segments import SegmentDirectory
+from shoal.supervisor.instances.spec import InstanceScope, InstanceSpec, LoadError
 
 log = logging.getLogger("shoal")
 
@@ -51,6 +51,20 @@ class StubEvents(Protocol):
         ...
 
 
+@dataclass
+class Health:
+    """What an instance's restarts have come to."""
+
+    restarts: int = 0
+    #: How the last stub died ("" before any death).
+    last_exit: str = ""
+    #: Why the instance gave up restarting (a crash loop), or None.
+    failed: str | None = None
+    #: Why the instance has no live stub after a failed restart (None while it has one, or
+    #: while its first restart after a death is under way); it keeps retrying.
+    down: str | None = None
+
+
 class CrashLoop:
     """A stub's deaths within a window: too many, and the instance stops restarting."""
 
@@ -71,37 +85,24 @@ class StubLifecycle:
 
     def __init__(
         self,
+        scope: InstanceScope,
         spec: InstanceSpec,
         make_stub: MakeStub,
-        directory: SegmentDirectory,
-        current: CurrentStub,
-        handshake: Handshake,
-        up: UpMessages,
-        events: StubEvents,
-        loop: asyncio.AbstractEventLoop,
+        parts: tuple[Handshake, UpMessages, StubEvents],
     ) -> None:
+        self._name = scope.name
+        self._directory = scope.directory
+        self._current = scope.current
+        self._loop = scope.loop
         self._spec = spec
-        self._name = spec.instance_name
         #: Starts a stub: a process (StubProcess), or in-process for tests (LoopbackStub).
         self._make_stub = make_stub
-        self._directory = directory
-        self._current = current
-        self._handshake = handshake
-        self._up = up
-        self._events = events
-        self._loop = loop
+        self._handshake, self._up, self._events = parts
         self._crashes = CrashLoop(spec.crash_limit, spec.crash_window)
         #: A stub is starting: its exit is the launcher's to handle, not a crash to restart.
         self._launching = False
         self._restart_task: asyncio.Task[None] | None = None
-        self.restarts = 0
-        #: How the last stub died ("" before any death).
-        self.last_exit = ""
-        #: Why the instance gave up restarting (a crash loop), or None.
-        self.failed: str | None = None
-        #: Why the instance has no live stub after a failed restart (None while it has one, or
-        #: while its first restart after a death is under way); it keeps retrying.
-        self.down: str | None = None
+        self.health = Health()
 
     async def launch(self) -> None:
         """Start a stub and wait for its ``initialize``. Whatever fails (no file descriptor or
@@ -191,7 +192,7 @@ class StubLifecycle:
             pass
 
     def _died(self, proc: StubChannel, how: str) -> None:
-        self.last_exit = how
+        self.health.last_exit = how
         # Triton's words first: log scrapers and its QA look for them.
         log.error(
             "Stub process '%s' is not healthy. Process %d died with %s", self._name, proc.pid, how
@@ -204,11 +205,11 @@ class StubLifecycle:
             self._restart_task = asyncio.create_task(self._restart(proc))
 
     def _give_up(self, proc: StubChannel, how: str, deaths: int) -> None:
-        self.failed = (
+        self.health.failed = (
             f"instance '{self._name}' died {deaths} times within "
             f"{self._crashes.window:g}s (last: {how}); it is not restarted"
         )
-        log.error("%s", self.failed)
+        log.error("%s", self.health.failed)
         self._events.gave_up()
         self._restart_task = asyncio.create_task(self.discard(proc))
 
@@ -221,7 +222,7 @@ class StubLifecycle:
         attempt = 0
         while not self._current.stopping:
             await asyncio.sleep(delay)
-            self.restarts += 1
+            self.health.restarts += 1
             attempt += 1
             reason = await self._relaunch()
             if reason is None:
@@ -236,25 +237,23 @@ class StubLifecycle:
             await self.launch()
         except asyncio.CancelledError:
             raise
-        except LoadError as error:
-            return str(error)
-        except Exception as error:
-            return repr(error)
+        except Exception as error:  # one clause: compiled, a second would expect a LoadError
+            return str(error) if isinstance(error, LoadError) else repr(error)
         return None
 
     def _still_down(self, attempt: int, reason: str, delay: float) -> None:
-        self.down = (
+        self.health.down = (
             f"instance '{self._name}' has no live stub: restart {attempt} failed: "
             f"{reason}; retrying in {delay:g}s"
         )
-        log.error("%s", self.down)
+        log.error("%s", self.health.down)
         self._events.health_changed()
 
     def _back_up(self) -> None:
-        if self.down is not None:
-            self.down = None
+        if self.health.down is not None:
+            self.health.down = None
             self._events.health_changed()
-        log.info("instance '%s' restarted (restart %d)", self._name, self.restarts)
+        log.info("instance '%s' restarted (restart %d)", self._name, self.health.restarts)
 
     async def _finalize(self, proc: StubChannel, timeout: float) -> None:
         """Ask the model's ``finalize()``, then wait for the exit, within ``timeout``."""

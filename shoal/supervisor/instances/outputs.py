@@ -7,35 +7,24 @@ input arena; the CUDA pool blocks a response handed on go back to their pools.
 
 from __future__ import annotations
 
-import asyncio
-
 from shoal.ipc import messages as msg
 from shoal.ipc.arena import Block
 from shoal.ipc.tensor import CudaLocation
 from shoal.supervisor.instances.channel import StubChannel
 from shoal.supervisor.instances.decoupled import response_blocks, response_cuda
-from shoal.supervisor.instances.outbox import Outbox
-from shoal.supervisor.instances.spec import CurrentStub, FreeInputs
-from shoal.supervisor.memory.segments import SegmentDirectory
+from shoal.supervisor.instances.spec import InstanceScope
 
 
 class StubOutputs:
     """The owner of an instance's completions' blocks (a ``work.OutputOwner``)."""
 
-    def __init__(
-        self,
-        current: CurrentStub,
-        directory: SegmentDirectory,
-        free_inputs: FreeInputs,
-        outbox: Outbox,
-        loop: asyncio.AbstractEventLoop,
-    ) -> None:
-        self._current = current
-        self._directory = directory
-        self._cuda = directory.cuda
-        self._free_inputs = free_inputs
-        self._outbox = outbox
-        self._loop = loop
+    def __init__(self, scope: InstanceScope) -> None:
+        self._current = scope.current
+        self._directory = scope.directory
+        self._cuda = scope.directory.cuda
+        self._free_inputs = scope.free_inputs
+        self._outbox = scope.outbox
+        self._loop = scope.loop
         self._pending: list[Block] = []
         self._scheduled = False
 

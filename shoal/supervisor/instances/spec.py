@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from shoal.ipc import messages as msg
 from shoal.ipc.arena import Block
 from shoal.supervisor.instances.channel import StubChannel
+from shoal.supervisor.instances.outbox import Outbox
 from shoal.supervisor.instances.process import StubLaunch
+from shoal.supervisor.memory.segments import SegmentDirectory
 from shoal.supervisor.work import Work
 
 #: Gives input-arena blocks back.
@@ -59,6 +61,19 @@ class CurrentStub:
         self.ready = asyncio.Event()
         #: The instance is being unloaded: nothing restarts, nothing more is sent.
         self.stopping = False
+
+
+@dataclass(frozen=True)
+class InstanceScope:
+    """What every part of one instance is built with."""
+
+    name: str
+    directory: SegmentDirectory
+    free_inputs: FreeInputs
+    current: CurrentStub = field(default_factory=CurrentStub)
+    #: Messages to the stub that nobody waits for.
+    outbox: Outbox = field(default_factory=Outbox)
+    loop: asyncio.AbstractEventLoop = field(default_factory=asyncio.get_running_loop)
 
 
 class Caller(Protocol):

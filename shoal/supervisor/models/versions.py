@@ -233,14 +233,7 @@ class ModelLoader:
             and self.rate_limiter is None
         )
         mv.instances = [
-            StubInstance(
-                spec,
-                self._directory,
-                self._free_inputs,
-                mv.stats,
-                self._make_stub,
-                self._links(mv, gates.get(spec.instance_name), send_ahead),
-            )
+            StubInstance(spec, self._links(mv, gates.get(spec.instance_name), send_ahead))
             for spec in specs
         ]
         log.info(
@@ -276,6 +269,10 @@ class ModelLoader:
     ) -> InstanceLinks:
         """What one instance of ``mv`` is connected to."""
         return InstanceLinks(
+            self._directory,
+            self._free_inputs,
+            mv.stats,
+            self._make_stub,
             bls=self.bls,
             control=self.control,
             decoupled=mv.config.decoupled,

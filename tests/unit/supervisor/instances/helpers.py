@@ -65,16 +65,16 @@ class Setup:
         self.health: list[str | None] = []
         spec.setdefault("restart_backoff", (0.01, 0.05))
         links = InstanceLinks(
+            self.directory,
+            self._free,
+            StatsRecorder("m", 1),
+            make_stub or self.kind,
             send_ahead=send_ahead,
             on_failed=self.failed.append,
             on_health=lambda instance: self.health.append(instance.down),
         )
         self.instance = StubInstance(
             InstanceSpec("m", "m_0", {}, "model.py", StubLaunch("m_0"), (1 << 20,) * 3, **spec),
-            self.directory,
-            self._free,
-            StatsRecorder("m", 1),
-            make_stub or self.kind,
             links,
         )
         self._stage = arena_stager(self.arena)

@@ -20,10 +20,9 @@ from shoal.supervisor.instances.dispatch import UpMessages
 from shoal.supervisor.instances.handshake import Handshake
 from shoal.supervisor.instances.ledger import InFlightLedger
 from shoal.supervisor.instances.loopback import Loopback
-from shoal.supervisor.instances.outbox import Outbox
 from shoal.supervisor.instances.outputs import StubOutputs
 from shoal.supervisor.instances.process import StubLaunch
-from shoal.supervisor.instances.spec import CurrentStub, LoadError
+from shoal.supervisor.instances.spec import InstanceScope, LoadError
 from shoal.supervisor.memory.segments import SegmentDirectory
 from shoal.supervisor.schedulers import arena_stager
 from shoal.supervisor.work import Completion, Work
@@ -53,26 +52,19 @@ class Parts:
     """An instance's parts around one loopback stub, wired as ``StubInstance`` wires them."""
 
     def __init__(self) -> None:
-        loop = asyncio.get_running_loop()
         self.arena = OwnedArena(0, initial_bytes=1 << 20, growth_bytes=1 << 20, limit_bytes=1 << 24)
-        directory = SegmentDirectory(self.arena)
-        current = CurrentStub()
-        outbox = Outbox()
+        scope = InstanceScope("m_0", SegmentDirectory(self.arena), self._free)
         self.stats = StatsRecorder("m", 1)
-        self.ledger = InFlightLedger("m_0", None, True, outbox, loop)
+        self.ledger = InFlightLedger(scope, None, True)
         self.streams = OpenStreams(self._free)
-        outputs = StubOutputs(current, directory, self._free, outbox, loop)
-        answers = Answers(
-            "m_0", self.ledger, self.streams, outputs, self.stats, self._free, directory.cuda
-        )
-        self.handshake = Handshake("m_0", current, loop)
+        answers = Answers(scope, self.ledger, self.streams, StubOutputs(scope), self.stats)
+        self.handshake = Handshake(scope)
         self.control = ControlCalls()
         self.caller = Named()
-        self.up = UpMessages(
-            self.caller, answers, self.ledger, self.handshake, directory, None, self.control, 4
-        )
+        calls = (None, self.control)
+        self.up = UpMessages(scope, self.caller, calls, answers, self.handshake, self.ledger, 4)
         self.stub = Loopback(lambda name: lambda inputs: None)(StubLaunch("m_0"), 7)
-        current.proc = self.stub
+        scope.current.proc = self.stub
         self._stage = arena_stager(self.arena)
 
     def _free(self, blocks: list) -> None:
