@@ -26,25 +26,28 @@ def thread_env(
     environment leaves unset)."""
     env = {name: str(parameters[name]) for name in THREAD_VARIABLES if name in parameters}
     asked = str(parameters.get(THREADS_PARAMETER, "")).strip().lower()
-    if not asked:
-        return env
-    if asked == "auto":
-        if cpus is None:
-            cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
-        share = str(max(1, (cpus or os.cpu_count() or 1) // max(1, instances)))
-    elif asked.isdigit() and int(asked) > 0:
-        share = asked
-    else:
-        log.warning(
-            "%s must be 'auto' or a positive number of threads, not %r; ignored",
-            THREADS_PARAMETER,
-            asked,
-        )
-        return env
-    for name in THREAD_VARIABLES:
+    share = _thread_share(asked, instances, cpus) if asked else None
+    for name in THREAD_VARIABLES if share is not None else ():
         if name not in env and name not in environ:
             env[name] = share
     return env
+
+
+def _thread_share(asked: str, instances: int, cpus: int | None) -> str | None:
+    """The threads each stub gets for ``SHOAL_THREADS_PER_INSTANCE`` = ``asked`` (None: not a
+    valid value, ignored)."""
+    if asked == "auto":
+        if cpus is None:
+            cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+        return str(max(1, (cpus or os.cpu_count() or 1) // max(1, instances)))
+    if asked.isdigit() and int(asked) > 0:
+        return asked
+    log.warning(
+        "%s must be 'auto' or a positive number of threads, not %r; ignored",
+        THREADS_PARAMETER,
+        asked,
+    )
+    return None
 
 
 EXECUTE_TIMEOUT_PARAMETER = "execute_timeout_seconds"
