@@ -309,6 +309,7 @@ async def _start_workers(service: InferenceService, options: ServerOptions) -> W
             command,
             [sock.fileno() for sock in sockets.values() if sock is not sockets.get("grpc-port")],
             msgpack.packb(wire.to_plain(worker_options)),
+            arenas=service.directory,
         )
         pool.sockets = list(sockets.values())
         await pool.start()
@@ -331,12 +332,12 @@ def worker_main(argv: list[str]) -> int:
     import uvloop
 
     parser = argparse.ArgumentParser(prog="shoal-frontend-worker")
-    for name in ("control", "calls", "parent", "index", "http-fd", "grpc-fd"):
+    for name in ("control", "calls", "segments", "arena", "parent", "index", "http-fd", "grpc-fd"):
         parser.add_argument(f"--{name}", type=int, default=-1)
     args = parser.parse_args(argv)
     from shoal.frontends.workers.process import follow_parent, read_hello
 
-    follow_parent(args.parent)
+    follow_parent(args.parent, [args.http_fd, args.grpc_fd])
     control = socket.socket(fileno=args.control)
     from shoal.frontends.workers import _wire as wire
 
@@ -350,8 +351,13 @@ def worker_main(argv: list[str]) -> int:
         sockets["http"] = socket.socket(fileno=args.http_fd)
     if args.grpc_fd >= 0:
         sockets["grpc"] = socket.socket(fileno=args.grpc_fd)
+    segments = socket.socket(fileno=args.segments) if args.segments >= 0 else None
     return int(
-        uvloop.run(_serve_worker(options, control, socket.socket(fileno=args.calls), sockets))
+        uvloop.run(
+            _serve_worker(
+                options, control, socket.socket(fileno=args.calls), sockets, segments, args.arena
+            )
+        )
     )
 
 
@@ -360,11 +366,30 @@ async def _serve_worker(
     control: socket.socket,
     calls: socket.socket,
     sockets: dict[str, socket.socket],
+    segments: socket.socket | None = None,
+    arena_id: int = -1,
 ) -> int:
     from shoal.frontends.workers import _wire as wire
+    from shoal.frontends.workers.arenas import StagingArena
     from shoal.frontends.workers.client import RemoteCore
+    from shoal.frontends.workers.process import stop_accepting
+    from shoal.supervisor.extensions.log_settings import apply_log_settings
 
-    core = RemoteCore(control)
+    arena = None
+    if segments is not None and arena_id >= 0:
+        arena = StagingArena(
+            arena_id,
+            segments,
+            initial_bytes=options.arenas.output_initial_bytes,
+            growth_bytes=options.arenas.growth_bytes,
+            limit_bytes=options.arenas.limit_bytes,
+            on_retired=lambda index: core.send([wire.RETIRED, 0, index]),
+        )
+    elif segments is not None:
+        segments.close()
+    core = RemoteCore(control, arena)
+    core.on_log_settings = apply_log_settings
+    core.on_core_lost = stop_accepting
     await core.connect(calls)
     http, grpc_server = await _start_frontends(core, options, sockets)
     settle_after_start()

@@ -26,8 +26,9 @@ from shoal.core.types import (
     TraceChange,
     TraceValue,
 )
+from shoal.ipc.arena import Block, Segment
 
-__all__ = ["CoreAPI", "ExtensionAPI", "InferenceAPI"]
+__all__ = ["ArenaRegistry", "CoreAPI", "ExtensionAPI", "InferenceAPI", "PeerArena"]
 
 
 class InferenceAPI(Protocol):
@@ -148,3 +149,45 @@ class ExtensionAPI(Protocol):
 
 class CoreAPI(InferenceAPI, ExtensionAPI, Protocol):
     """The whole API: what :class:`~shoal.supervisor.service.InferenceService` implements."""
+
+
+class PeerArena(Protocol):
+    """An arena another process owns (a frontend worker's input arena), as the core sees it:
+    the core reads its blocks, hands its segments' fds to stubs and gives its blocks back."""
+
+    @property
+    def arena_id(self) -> int: ...
+
+    def segment(self, index: int) -> Segment:
+        """The core's mapping of one of its segments."""
+        ...
+
+    def segment_fd(self, index: int) -> tuple[int, int]:
+        """(fd, size) of one of its segments, to hand to a stub."""
+        ...
+
+    def free(self, blocks: list[Block]) -> None:
+        """The core is done with these blocks: the owner may reuse them."""
+        ...
+
+
+class ArenaRegistry(Protocol):
+    """Where the core finds the arenas of other processes (what its segment directory does)."""
+
+    def attach_arena(self, arena: PeerArena) -> None:
+        """Blocks of ``arena`` may now appear in requests."""
+        ...
+
+    def detach_arena(self, arena_id: int) -> None:
+        """The owner has gone and the core holds none of its blocks any more: every stub
+        drops the arena's segments."""
+        ...
+
+    def segment_retired(self, arena_id: int, index: int) -> None:
+        """The owner retired one segment: the stubs that mapped it drop it."""
+        ...
+
+    def segment_fd(self, arena_id: int, index: int) -> tuple[int, int]:
+        """(fd, size) of any segment the core knows (a stub's output arena's, for a worker that
+        writes a response from it)."""
+        ...

@@ -22,6 +22,7 @@ from typing import Any, TypeAlias
 import numpy as np
 
 from shoal.core.errors import ShoalError
+from shoal.ipc.arena import Block
 
 #: Parameter values allowed by the KServe V2 protocol.
 ParamValue = bool | int | float | str
@@ -43,6 +44,11 @@ class InferInput:
 
     ``data`` holds the raw bytes in the V2 binary layout (any object supporting the buffer protocol,
     e.g. a slice of the HTTP body) or a NumPy array already of the right dtype (JSON inputs).
+
+    ``placed``: ``data`` already lies in this shared-memory block (a frontend worker staged it
+    in its own arena), so the core passes the block on instead of copying. The request owns the
+    block until staging takes it (and sets ``placed`` to None); whoever made the request gives
+    back a block still placed once the request is answered.
     """
 
     name: str
@@ -50,6 +56,7 @@ class InferInput:
     shape: tuple[int, ...]
     data: memoryview | bytes | np.ndarray
     parameters: dict[str, ParamValue] = field(default_factory=dict)
+    placed: Block | None = None
 
 
 @dataclass

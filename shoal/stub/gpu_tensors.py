@@ -31,6 +31,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from shoal.ipc.call_messages import ControlOp
 from shoal.ipc.cuda import (
     MEMCPY_DEVICE_TO_DEVICE,
     MEMCPY_HOST_TO_DEVICE,
@@ -43,7 +44,6 @@ from shoal.ipc.cuda import (
     pinned_host_array,
 )
 from shoal.ipc.dtypes import NUMPY_DTYPES
-from shoal.ipc.messages import ControlOp
 from shoal.ipc.tensor import (
     CudaLocation,
     CudaRegionLocation,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 
-from shoal.ipc.arena import Block, OwnedArena, remove_stale_segments
+from shoal.ipc.arena import OwnedArena, remove_stale_segments
 from shoal.supervisor.calls.bls import BlsRouter
 from shoal.supervisor.calls.control import ControlRouter, ModelControl
 from shoal.supervisor.extensions.custom_metrics import CustomMetrics
@@ -42,10 +42,7 @@ def build_service(options: ServerOptions, make_stub: MakeStub = StubProcess) -> 
     input_arena = _input_arena(options, loaded)
     directory = SegmentDirectory(input_arena, CudaPools(dict(options.cuda_pool_limits)))
 
-    def free_inputs(blocks: list[Block]) -> None:
-        for block in blocks:
-            input_arena.free(block)
-
+    free_inputs = directory.free_inputs
     custom_metrics = CustomMetrics()
     bls = BlsRouter(loaded, directory)
     cache = ResponseCache(options.cache_bytes) if options.cache_bytes > 0 else None

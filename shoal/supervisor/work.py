@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from shoal.ipc.arena import Block
-from shoal.ipc.messages import RequestRecord, ResponseRecord
+from shoal.ipc.records import RequestRecord, ResponseRecord
 from shoal.ipc.tensor import CudaLocation
 
 

@@ -38,6 +38,7 @@ from shoal.core.types import (
     ServerMetadata,
     TensorMetadata,
 )
+from shoal.ipc.arena import Block
 
 #: A frame's prefix: the header's length, then the payloads' total length.
 _PREFIX = struct.Struct("<II")
@@ -51,12 +52,22 @@ ERROR = 4
 ITEM = 5  # one response of a stream
 END = 6  # a stream's end
 STOP = 7  # core -> worker: stop serving (drain done or shutdown)
+FREE = 8  # core -> worker: blocks of the worker's arena given back
+RETIRED = 9  # worker -> core: the worker retired an (empty) segment of its arena
+LOG_SETTINGS = 10  # core -> worker: the log settings now (at the start and on every change)
 
 #: An input whose data is a NumPy array (JSON inputs): dtype and shape travel with the bytes.
 _ARRAY = 1
 #: A NumPy object array (JSON BYTES): its items travel in the header.
 _OBJECTS = 2
 _RAW = 0
+#: Raw bytes the worker placed in its own arena: ``[segment, offset, nbytes]`` travel instead.
+_PLACED = 3
+
+#: Copies a raw input into the worker's arena; None: send it inline.
+Place = Callable[[memoryview], Block | None]
+#: The core's side of that: the block a call names and a view of its bytes.
+Lend = Callable[[int, int, int], tuple[Block, memoryview]]
 
 
 def frame(
@@ -182,7 +193,11 @@ class Outbox:
 # --- requests -------------------------------------------------------------------------------
 
 
-def request_to_wire(request: InferRequest, payloads: list[memoryview | bytes]) -> list[Any]:
+def request_to_wire(
+    request: InferRequest, payloads: list[memoryview | bytes], place: Place | None = None
+) -> list[Any]:
+    """The request's fields; its tensors' bytes go to ``payloads``, or to the worker's arena
+    through ``place`` (large raw tensors)."""
     inputs = []
     for tensor in request.inputs:
         data = tensor.data
@@ -213,7 +228,23 @@ def request_to_wire(request: InferRequest, payloads: list[memoryview | bytes]) -
             )
         else:
             view = memoryview(data)
-            payloads.append(view if view.format == "B" and view.ndim == 1 else view.cast("B"))
+            if view.format != "B" or view.ndim != 1:
+                view = view.cast("B")
+            block = None if place is None else place(view)
+            if block is not None:
+                where = [block.segment, block.offset, block.nbytes]
+                inputs.append(
+                    [
+                        tensor.name,
+                        tensor.datatype,
+                        list(tensor.shape),
+                        tensor.parameters,
+                        _PLACED,
+                        where,
+                    ]
+                )
+                continue
+            payloads.append(view)
             inputs.append(
                 [tensor.name, tensor.datatype, list(tensor.shape), tensor.parameters, _RAW, None]
             )
@@ -228,12 +259,21 @@ def request_to_wire(request: InferRequest, payloads: list[memoryview | bytes]) -
     ]
 
 
-def request_from_wire(fields: Sequence[Any], payloads: list[memoryview]) -> InferRequest:
+def request_from_wire(
+    fields: Sequence[Any], payloads: list[memoryview], lend: Lend | None = None
+) -> InferRequest:
+    """The request a worker sent; inputs it placed in its arena come through ``lend``."""
     model_name, model_version, request_id, inputs, outputs, parameters = fields
     tensors = []
     at = 0
     for name, datatype, shape, params, kind, extra in inputs:
         data: memoryview | np.ndarray
+        if kind == _PLACED:
+            if lend is None:
+                raise ValueError(f"input '{name}' lies in a worker arena the core does not know")
+            block, data = lend(*extra)
+            tensors.append(InferInput(name, datatype, tuple(shape), data, params, block))
+            continue
         if kind == _OBJECTS:
             array_shape, items = extra
             data = np.empty(len(items), dtype=object)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, cast
 
 from shoal.core import errors
@@ -33,6 +33,7 @@ from shoal.core.types import (
     TraceValue,
 )
 from shoal.frontends.workers import _wire as wire
+from shoal.frontends.workers.arenas import StagingArena
 
 __all__ = ["CoreGone", "RemoteCore"]
 
@@ -69,9 +70,11 @@ def recv_frame(sock: socket.socket) -> _Answer:
 class RemoteCore(CoreAPI):
     """The core API, answered by the core process."""
 
-    def __init__(self, control: socket.socket) -> None:
+    def __init__(self, control: socket.socket, arena: StagingArena | None = None) -> None:
         control.setblocking(True)
         self._control = control
+        #: Large input tensors are copied here and the core receives their blocks.
+        self.arena = arena
         self._ids = itertools.count(1)
         self._calls: dict[int, asyncio.Future[_Answer]] = {}
         self._streams: dict[int, asyncio.Queue[_Answer | BaseException | None]] = {}
@@ -80,6 +83,11 @@ class RemoteCore(CoreAPI):
         self.stopping = asyncio.Event()
         #: The seconds the core gives the worker to finish its responses when it stops.
         self.stop_grace = 0.0
+        #: Applies the core's log settings in this process: sent at the start and on every
+        #: change (made through any worker).
+        self.on_log_settings: Callable[[dict[str, ParamValue]], None] | None = None
+        #: Called when the link drops without the core having asked the worker to stop.
+        self.on_core_lost: Callable[[], None] | None = None
 
     async def connect(self, calls: socket.socket) -> None:
         """Start reading answers from the asynchronous socket."""
@@ -101,16 +109,28 @@ class RemoteCore(CoreAPI):
         if self._outbox is not None:
             self._outbox.transport.close()
         self._control.close()
+        if self.arena is not None:
+            self.arena.close()
 
     def _lost(self) -> None:
+        if not self.stopping.is_set() and self.on_core_lost is not None:
+            self.on_core_lost()
         self._fail_all(CoreGone())
         self.stopping.set()
 
     def _dispatch(self, header: list[Any], payloads: list[memoryview]) -> None:
         kind, call_id, *fields = header
+        if kind == wire.FREE:
+            if self.arena is not None:
+                self.arena.free(fields[0])
+            return
         if kind == wire.STOP:
             self.stop_grace = float(fields[0]) if fields else 0.0
             self.stopping.set()
+            return
+        if kind == wire.LOG_SETTINGS:
+            if self.on_log_settings is not None:
+                self.on_log_settings(fields[0])
             return
         future = self._calls.pop(call_id, None)
         if future is not None:
@@ -195,15 +215,21 @@ class RemoteCore(CoreAPI):
         config: JsonDict = self._sync("model_config", name, version)
         return config
 
+    def _request_fields(
+        self, request: InferRequest, payloads: list[memoryview | bytes]
+    ) -> list[Any]:
+        place = None if self.arena is None else self.arena.place
+        return wire.request_to_wire(request, payloads, place)
+
     async def infer(self, request: InferRequest) -> InferResponse:
         payloads: list[memoryview | bytes] = []
-        fields = wire.request_to_wire(request, payloads)
+        fields = self._request_fields(request, payloads)
         answer, views = await self._async("infer", fields, payloads)
         return wire.response_from_wire(answer, views)
 
     async def infer_stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
         payloads: list[memoryview | bytes] = []
-        fields = wire.request_to_wire(request, payloads)
+        fields = self._request_fields(request, payloads)
         call_id = next(self._ids)
         queue: asyncio.Queue[_Answer | BaseException | None] = asyncio.Queue()
         self._streams[call_id] = queue
@@ -282,6 +308,9 @@ class RemoteCore(CoreAPI):
 
     def update_log_settings(self, settings: dict[str, ParamValue]) -> dict[str, ParamValue]:
         updated: dict[str, ParamValue] = self._sync("update_log_settings", settings)
+        # This worker's own loggers change before it answers; the core tells the others.
+        if self.on_log_settings is not None:
+            self.on_log_settings(updated)
         return updated
 
     def trace_settings(self, model: str = "") -> dict[str, TraceValue]:

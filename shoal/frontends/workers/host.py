@@ -4,25 +4,29 @@ Each worker is a process started with ``command`` plus the two sockets of its li
 (blocking request/answer pairs for the core API's synchronous calls) and ``calls`` (inference,
 streams and model control, multiplexed by id). The listening sockets in ``inherit`` are passed
 down, so every worker accepts on the same ports. A worker that exits unasked fails only the
-calls it had in flight (their tasks are cancelled, which frees their blocks) and is started
-again; a worker finds out that the core died from its sockets closing (and its parent-death
-signal), so the core's death takes every worker with it.
+calls it had in flight (they are cancelled, which frees their blocks) and is started again; a
+worker finds out that the core died from its sockets closing (and its parent-death signal), so
+the core's death takes every worker with it. An inference call costs the core no task: the
+service answers it through a callback (:meth:`LinkedCore.start_infer`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import os
 import signal
 import socket
 import subprocess
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
-from shoal.core.api import CoreAPI
+from shoal.core.api import ArenaRegistry, CoreAPI
+from shoal.core.types import InferRequest, InferResponse
 from shoal.frontends.workers import _wire as wire
+from shoal.frontends.workers.arenas import LentArena
 from shoal.frontends.workers.client import ASYNC_METHODS, SYNC_METHODS
 
 __all__ = ["WorkerPool"]
@@ -33,18 +37,42 @@ log = logging.getLogger("shoal")
 _BACKOFF = (0.2, 5.0)
 _STABLE_SECS = 60.0
 
+#: Ids of the workers' input arenas: above every stub's output arena id, and never reused (a
+#: restarted worker's arena is a new one, which no stub can mistake for the old).
+_arena_ids = itertools.count(1 << 32)
+
+#: Called once with (response, None) or (None, the error; CancelledError when cancelled).
+Answer = Callable[[InferResponse | None, BaseException | None], None]
+
+
+class LinkedCore(CoreAPI, Protocol):
+    """The core the workers serve: the API, and inference answered through a callback."""
+
+    def start_infer(self, request: InferRequest, done: Answer) -> Callable[[], object]:
+        """Start ``request``; ``done`` answers it once (maybe before this returns); the function
+        returned cancels it. No task per request: the core's CPU per request counts most."""
+        ...
+
+
+def _nothing() -> None:
+    pass
+
 
 class _Link:
-    """One worker process and its two sockets, from the core's side."""
+    """One worker process and its sockets, from the core's side."""
 
-    def __init__(self, core: CoreAPI, index: int) -> None:
+    def __init__(self, core: LinkedCore, index: int, pool: WorkerPool) -> None:
         self.core = core
         self.index = index
+        self.pool = pool
+        #: The worker's input arena, where it places large input tensors.
+        self.arena: LentArena | None = None
         self.proc: subprocess.Popen[bytes] | None = None
         self.pidfd = -1
         self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.exited: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        self.tasks: dict[int, asyncio.Task[None]] = {}
+        #: What cancels each call in flight, by id.
+        self.calls: dict[int, Callable[[], object]] = {}
         self.outbox: wire.Outbox | None = None
         self.control: asyncio.Transport | None = None
 
@@ -58,37 +86,79 @@ class _Link:
         kind, call_id, *fields = header
         if kind == wire.CALL:
             method, args = fields
-            self.tasks[call_id] = asyncio.create_task(self._run(call_id, method, args, payloads))
+            if method == "infer":
+                self._infer(call_id, args, payloads)
+            else:
+                task = asyncio.create_task(self._run(call_id, method, args, payloads))
+                self.calls[call_id] = task.cancel
         elif kind == wire.CANCEL:
-            task = self.tasks.pop(call_id, None)
-            if task is not None:
-                task.cancel()
+            cancel = self.calls.pop(call_id, None)
+            if cancel is not None:
+                cancel()
+        elif kind == wire.RETIRED:
+            if self.arena is not None:
+                self.arena.retired(fields[0])
         elif kind == wire.OK and call_id == 0 and not self.ready.done():
             self.ready.set_result(None)
 
     def cancel_all(self) -> None:
         """Cancel the calls in flight: their requests fail and free their blocks."""
-        tasks, self.tasks = self.tasks, {}
-        for task in tasks.values():
-            task.cancel()
+        calls, self.calls = self.calls, {}
+        for cancel in calls.values():
+            cancel()
+
+    def _infer(self, call_id: int, args: list[Any], payloads: list[memoryview]) -> None:
+        self.calls[call_id] = _nothing  # until started: it may be answered before that
+        lend = None if self.arena is None else self.arena.lend
+        try:
+            request = wire.request_from_wire(args, payloads, lend)
+        except Exception as error:  # every failure is the caller's answer
+            self._answer(call_id, None, None, error)
+            return
+        try:
+            cancel = self.core.start_infer(
+                request, lambda response, error: self._answer(call_id, request, response, error)
+            )
+        except Exception as error:
+            self._answer(call_id, request, None, error)
+            return
+        if call_id in self.calls:
+            self.calls[call_id] = cancel
+
+    def _answer(
+        self,
+        call_id: int,
+        request: InferRequest | None,
+        response: InferResponse | None,
+        error: BaseException | None,
+    ) -> None:
+        self.calls.pop(call_id, None)
+        if response is not None:
+            try:
+                out: list[memoryview | bytes] = []
+                self.send([wire.OK, call_id, *wire.response_to_wire(response, out)], out)
+            except Exception as failure:  # every failure is the caller's answer
+                error = failure
+            finally:
+                response.release()
+        if error is not None and not isinstance(error, asyncio.CancelledError):
+            self.send([wire.ERROR, call_id, wire.error_to_wire(error)])
+        if request is not None and self.arena is not None:
+            self.arena.give_back(request)
 
     async def _run(
         self, call_id: int, method: str, args: list[Any], payloads: list[memoryview]
     ) -> None:
+        request: InferRequest | None = None
+        lend = None if self.arena is None else self.arena.lend
         try:
-            if method == "infer":
-                response = await self.core.infer(wire.request_from_wire(args, payloads))
-                try:
-                    out: list[memoryview | bytes] = []
-                    self.send([wire.OK, call_id, *wire.response_to_wire(response, out)], out)
-                finally:
-                    response.release()
-            elif method == "infer_stream":
-                stream = self.core.infer_stream(wire.request_from_wire(args, payloads))
+            if method == "infer_stream":
+                request = wire.request_from_wire(args, payloads, lend)
+                stream = self.core.infer_stream(request)
                 try:
                     async for response in stream:
                         try:
-                            out = []
+                            out: list[memoryview | bytes] = []
                             self.send(
                                 [wire.ITEM, call_id, *wire.response_to_wire(response, out)], out
                             )
@@ -107,7 +177,9 @@ class _Link:
         except Exception as error:  # every failure is the caller's answer
             self.send([wire.ERROR, call_id, wire.error_to_wire(error)])
         finally:
-            self.tasks.pop(call_id, None)
+            self.calls.pop(call_id, None)
+            if request is not None and self.arena is not None:
+                self.arena.give_back(request)
 
     def on_control(self, header: list[Any], payloads: list[memoryview]) -> None:
         method, args = header
@@ -119,12 +191,19 @@ class _Link:
             answer = [wire.ERROR, wire.error_to_wire(error)]
         if self.control is not None and not self.control.is_closing():
             self.control.write(b"".join(wire.frame(answer)))
+        if method == "update_log_settings" and answer[0] == wire.OK:
+            self.pool.send_log_settings(answer[1], but=self)
+
+    def send_free(self, flat: list[int]) -> None:
+        self.send([wire.FREE, 0, flat])
 
     def close(self) -> None:
         if self.outbox is not None:
             self.outbox.transport.close()
         if self.control is not None:
             self.control.close()
+        if self.arena is not None:
+            self.arena.worker_exited()  # its blocks still in use come back later
 
 
 class WorkerPool:
@@ -132,13 +211,16 @@ class WorkerPool:
 
     def __init__(
         self,
-        core: CoreAPI,
+        core: LinkedCore,
         count: int,
         command: Sequence[str],
         inherit: Sequence[int],
         hello: bytes,
+        arenas: ArenaRegistry | None = None,
     ) -> None:
         self._core = core
+        #: Where the workers' input arenas are announced (None: inputs travel inline).
+        self._arenas = arenas
         self._count = count
         self._command = list(command)
         self._inherit = list(inherit)
@@ -175,10 +257,12 @@ class WorkerPool:
 
     async def _spawn(self, index: int) -> _Link:
         loop = asyncio.get_running_loop()
-        link = _Link(self._core, index)
+        link = _Link(self._core, index, self)
         self._started[index] = loop.time()
         control, control_child = socket.socketpair()
         calls, calls_child = socket.socketpair()
+        segments, segments_child = socket.socketpair()
+        arena_id = next(_arena_ids) if self._arenas is not None else -1
         try:
             argv = [
                 *self._command,
@@ -186,6 +270,10 @@ class WorkerPool:
                 str(control_child.fileno()),
                 "--calls",
                 str(calls_child.fileno()),
+                "--segments",
+                str(segments_child.fileno()),
+                "--arena",
+                str(arena_id),
                 "--parent",
                 str(os.getpid()),
                 "--index",
@@ -193,13 +281,26 @@ class WorkerPool:
             ]
             link.proc = subprocess.Popen(
                 argv,
-                pass_fds=[control_child.fileno(), calls_child.fileno(), *self._inherit],
+                pass_fds=[
+                    control_child.fileno(),
+                    calls_child.fileno(),
+                    segments_child.fileno(),
+                    *self._inherit,
+                ],
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,  # a terminal's ^C goes to the core, which stops workers
             )
+        except BaseException:
+            segments.close()
+            raise
         finally:
             control_child.close()
             calls_child.close()
+            segments_child.close()
+        if self._arenas is not None:
+            link.arena = LentArena(arena_id, segments, self._arenas, link.send_free)
+        else:
+            segments.close()
         link.pidfd = os.pidfd_open(link.proc.pid)
         loop.add_reader(link.pidfd, self._reap, link)
         control.sendall(b"".join(wire.frame(["hello", self._hello])))
@@ -211,7 +312,15 @@ class WorkerPool:
         await loop.connect_accepted_socket(lambda: control_reader, sock=control)
         link.control = control_reader.transport
         self._links[index] = link
+        # A worker started after a change of the log settings starts with them too.
+        link.send([wire.LOG_SETTINGS, 0, self._core.log_settings()])
         return link
+
+    def send_log_settings(self, settings: dict[str, Any], but: _Link | None = None) -> None:
+        """Tell every worker (``but`` the one that changed them) the log settings now."""
+        for link in self._links:
+            if link is not None and link is not but:
+                link.send([wire.LOG_SETTINGS, 0, settings])
 
     def _reap(self, link: _Link) -> None:
         loop = asyncio.get_running_loop()

@@ -27,8 +27,8 @@ def thread_env(
     env = {name: str(parameters[name]) for name in THREAD_VARIABLES if name in parameters}
     asked = str(parameters.get(THREADS_PARAMETER, "")).strip().lower()
     share = _thread_share(asked, instances, cpus) if asked else None
-    for name in THREAD_VARIABLES if share is not None else ():
-        if name not in env and name not in environ:
+    for name in THREAD_VARIABLES:
+        if share is not None and name not in env and name not in environ:
             env[name] = share
     return env
 

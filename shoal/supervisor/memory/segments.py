@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
+from shoal.core.api import PeerArena
 from shoal.core.errors import Unavailable
 from shoal.ipc import messages as msg
 from shoal.ipc.arena import Block, OwnedArena, Segment
@@ -38,6 +39,8 @@ class SegmentDirectory:
         self.input_arena = input_arena
         self.cuda = cuda if cuda is not None else CudaPools()
         self._owners: dict[int, StubChannel] = {}
+        #: Arenas of frontend workers: they stage requests' inputs there.
+        self._peers: dict[int, PeerArena] = {}
         self._sending: set[asyncio.Task[None]] = set()
         # The directory knows which stub holds which segment, so it passes the news on.
         input_arena.on_retired_segment = self._input_retired
@@ -53,6 +56,9 @@ class SegmentDirectory:
     def segment(self, arena_id: int, index: int) -> Segment:
         if arena_id == INPUT_ARENA_ID:
             return self.input_arena.segment(index)
+        peer = self._peers.get(arena_id)
+        if peer is not None:
+            return peer.segment(index)
         return self._owner(arena_id).mapped_segment(arena_id, index)
 
     def fd(self, arena_id: int, index: int) -> tuple[int, int]:
@@ -61,7 +67,41 @@ class SegmentDirectory:
             segment = self.input_arena.segment(index)
             assert segment.fd is not None
             return segment.fd, segment.size
+        peer = self._peers.get(arena_id)
+        if peer is not None:
+            return peer.segment_fd(index)
         return self._owner(arena_id).segment_fd(arena_id, index)
+
+    def free_inputs(self, blocks: list[Block]) -> None:
+        """Give back the blocks of requests' inputs: to the input arena, or to the frontend
+        worker that staged them in its own."""
+        for block in blocks:
+            if block.arena_id == INPUT_ARENA_ID:
+                self.input_arena.free(block)
+            else:
+                peer = self._peers.get(block.arena_id)
+                if peer is not None:
+                    peer.free([block])
+
+    # -- frontend workers' arenas (ArenaRegistry) -------------------------------------------
+
+    def attach_arena(self, arena: PeerArena) -> None:
+        self._peers[arena.arena_id] = arena
+
+    def detach_arena(self, arena_id: int) -> None:
+        if self._peers.pop(arena_id, None) is None:
+            return
+        for proc in self._owners.values():
+            gone = [key for key in proc.announced if key[0] == arena_id]
+            for key in gone:
+                proc.announced.discard(key)
+                self._send(proc, msg.SegmentRetired(*key))
+
+    def segment_retired(self, arena_id: int, index: int) -> None:
+        self._tell_holders(arena_id, index)
+
+    def segment_fd(self, arena_id: int, index: int) -> tuple[int, int]:
+        return self.fd(arena_id, index)
 
     def cuda_chunk(self, location: CudaLocation) -> CudaChunkAnnounce:
         """The chunk a pool block lies in, to announce to a stub that must open it."""

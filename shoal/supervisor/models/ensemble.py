@@ -24,7 +24,7 @@ from typing import Protocol
 from shoal.core.errors import ErrorCode, InvalidArgument, ModelError, ShoalError
 from shoal.core.types import InferOutput, InferRequest, InferResponse
 from shoal.ipc.arena import Block
-from shoal.ipc.messages import RequestRecord
+from shoal.ipc.records import RequestRecord
 from shoal.ipc.tensor import CudaLocation, TensorDesc
 from shoal.supervisor.memory.segments import SegmentDirectory
 from shoal.supervisor.models._ensemble_plan import EnsemblePlan, StepPlan, input_datatypes, plan_of

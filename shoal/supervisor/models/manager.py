@@ -8,15 +8,9 @@ old ones are drained, so no request fails during it.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import os
 import shutil
-import sys
-import tarfile
-import tempfile
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 from shoal import config as model_config
@@ -26,19 +20,14 @@ from shoal.core.errors import (
     Unavailable,
 )
 from shoal.core.types import RepositoryEntry
-from shoal.protos import model_config_pb2 as pb
 from shoal.supervisor.calls.control import ModelControl
-from shoal.supervisor.instances.devices import check_gpu_parameters, visible_gpus
-from shoal.supervisor.models import environments, onnx_autocomplete, python_backends
 from shoal.supervisor.models._ensemble_checks import EnsembleProblem, check_ensemble
-from shoal.supervisor.models.autocomplete import (
-    auto_complete,
-    require_pytorch_config,
-    wants_auto_complete,
-)
+from shoal.supervisor.models.index import repository_index
 from shoal.supervisor.models.loaded import LoadedModels
+from shoal.supervisor.models.preparation import check_model_name, parse_override, prepare_versions
 from shoal.supervisor.models.remote_repository import RemoteRepositoryError, RepositorySources
-from shoal.supervisor.models.repository import scan
+from shoal.supervisor.models.repository import fingerprint, scan
+from shoal.supervisor.models.uploads import write_model_files
 from shoal.supervisor.models.versions import (
     ModelLoader,
     ModelState,
@@ -48,9 +37,6 @@ from shoal.supervisor.models.versions import (
 from shoal.supervisor.options import ServerOptions
 
 log = logging.getLogger("shoal")
-
-#: Characters Triton's Python backend refuses in stub (model and instance) names.
-_SHELL_CHARS = ";|&$`<>()[]{}\\\"'*?~#!"
 
 
 class _LoggedLoadFailure(InvalidArgument):
@@ -108,7 +94,7 @@ class ModelRepositoryManager:
         self._loading.update(names)
         results = await asyncio.gather(*(self._load_quietly(name) for name in names))
         if self.options.model_control_mode == "poll":
-            self._fingerprints = {n: _fingerprint(s.path) for n, s in sources.items()}
+            self._fingerprints = {n: fingerprint(s.path) for n, s in sources.items()}
             self._poller = asyncio.create_task(self._poll_forever(), name="repository poll")
         failures = dict(broken)
         failures.update((n, r) for n, r in zip(names, results, strict=True) if r is not None)
@@ -128,7 +114,7 @@ class ModelRepositoryManager:
         """Load added models, reload changed ones, unload removed ones."""
         await self.sources.sync()
         sources, _ = scan(self.sources.local_paths)
-        current = {n: _fingerprint(s.path) for n, s in sources.items()}
+        current = {n: fingerprint(s.path) for n, s in sources.items()}
         known = set(self.models) | set(self.failed) | set(self._fingerprints)
         changed = [n for n in current if current[n] != self._fingerprints.get(n)]
         removed = [n for n in known if n not in current]
@@ -198,33 +184,46 @@ class ModelRepositoryManager:
         lock = self._locks.setdefault(name, asyncio.Lock())
         async with lock:
             path = self._model_path(name, config_json, files)
-            override = self._override(name, config_json)
-            try:
-                new = await self._prepare(name, path, override)
-            except model_config.ConfigError as error:
-                log.error("failed to load '%s': %s", name, error)
-                reason = without_repository(str(error), path)
-                self._record_failure(name, reason)
-                raise _LoggedLoadFailure(f"failed to load '{name}': {reason}") from None
+            new = await self._prepare(name, path, parse_override(name, config_json))
             await self._load_composing(name, new)
-            for mv in new:
-                problem = self._ensemble_problem(mv)
-                if problem is not None:
-                    self._record_failure(name, problem)
-                    raise InvalidArgument(f"failed to load '{name}': {problem}")
+            self._check_ensembles(name, new)
             await asyncio.gather(*(self.loader.start(mv) for mv in new))
-            broken = [mv for mv in new if not mv.ready]
-            if broken:
-                await asyncio.gather(*(self.loader.stop(mv, 5.0) for mv in new if mv.ready))
-                # Each reason reads "failed to load '<name>' version <n>: ...".
-                reason = "; ".join(mv.reason for mv in broken)
-                if name not in self.models or not any(m.ready for m in self.models[name].values()):
-                    self.models[name] = {mv.version: mv for mv in new}
-                raise _LoggedLoadFailure(reason)
+            await self._fail_unless_ready(name, new)
             old = self.models.get(name, {})
             self.models[name] = {mv.version: mv for mv in new}
             self.failed.pop(name, None)
             await asyncio.gather(*(self._retire(mv) for mv in old.values()))
+
+    async def _prepare(
+        self, name: str, path: str, override: dict[str, object] | None
+    ) -> list[ModelVersion]:
+        try:
+            return await prepare_versions(name, path, override, self.options)
+        except model_config.ConfigError as error:
+            log.error("failed to load '%s': %s", name, error)
+            reason = without_repository(str(error), path)
+            self._record_failure(name, reason)
+            raise _LoggedLoadFailure(f"failed to load '{name}': {reason}") from None
+
+    def _check_ensembles(self, name: str, new: list[ModelVersion]) -> None:
+        for mv in new:
+            problem = self._ensemble_problem(mv)
+            if problem is not None:
+                self._record_failure(name, problem)
+                raise InvalidArgument(f"failed to load '{name}': {problem}")
+
+    async def _fail_unless_ready(self, name: str, new: list[ModelVersion]) -> None:
+        """A version failed to start: stop the others, and keep the new versions (with their
+        reasons) only when no version of ``name`` serves."""
+        broken = [mv for mv in new if not mv.ready]
+        if not broken:
+            return
+        await asyncio.gather(*(self.loader.stop(mv, 5.0) for mv in new if mv.ready))
+        # Each reason reads "failed to load '<name>' version <n>: ...".
+        reason = "; ".join(mv.reason for mv in broken)
+        if name not in self.models or not any(m.ready for m in self.models[name].values()):
+            self.models[name] = {mv.version: mv for mv in new}
+        raise _LoggedLoadFailure(reason)
 
     def _record_failure(self, name: str, reason: str) -> None:
         """``name`` failed to load. A failed reload keeps the version that serves, as Triton
@@ -290,12 +289,7 @@ class ModelRepositoryManager:
     def _model_path(
         self, name: str, config_json: str | None, files: dict[str, bytes] | None
     ) -> str:
-        if not name or any(char in _SHELL_CHARS for char in name):
-            # Triton's Python backend refuses them in the names of its stub processes.
-            raise InvalidArgument(
-                f"failed to load '{name}': Invalid stub name: contains invalid characters "
-                f"(a model name may not contain any of {_SHELL_CHARS})"
-            )
+        check_model_name(name)
         if files:
             if config_json is None:
                 raise InvalidArgument(
@@ -310,93 +304,14 @@ class ModelRepositoryManager:
         return source.path
 
     def _write_files(self, name: str, files: dict[str, bytes]) -> str:
-        """Materialise uploaded ``file:<path>`` contents in a private directory named ``name``."""
-        if name in ("", ".", "..") or "/" in name or _bad_file_name(name):
-            # The name becomes a directory: "." or ".." would be the scratch directory itself
-            # or its parent.
-            raise InvalidArgument(
-                f"failed to load '{name}': a model loaded from files needs a name that can be a "
-                f"directory name (not '.', '..', nor containing '/' or NUL, at most {_NAME_MAX} "
-                "bytes)"
-            )
-        relatives = {key: _file_path(name, key) for key in files}
-        root = tempfile.mkdtemp(prefix="shoal-model-")
-        model_dir = Path(root) / name
-        try:
-            model_dir.mkdir()
-            for key, content in files.items():
-                target = (model_dir / relatives[key]).resolve()
-                if not target.is_relative_to(model_dir.resolve()) or target == model_dir:
-                    raise InvalidArgument(
-                        f"failed to load '{name}': file parameter '{key}' must be "
-                        "'file:<relative path>' inside the model directory"
-                    )
-                try:
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    target.write_bytes(content)
-                except (FileExistsError, NotADirectoryError, IsADirectoryError) as error:
-                    # "file:1" beside "file:1/model.py": one path is a file and a directory.
-                    raise InvalidArgument(
-                        f"failed to load '{name}': file parameter '{key}' cannot be written: "
-                        f"{error.strerror} (another file parameter uses the same path as a "
-                        "file and as a directory)"
-                    ) from None
-        except BaseException:
-            shutil.rmtree(root, ignore_errors=True)
-            raise
+        """Write uploaded files to a scratch directory of their own, replacing the previous
+        one of ``name`` (removed when the model is unloaded)."""
+        root, model_dir = write_model_files(name, files)
         previous = self._scratch.pop(name, None)
         if previous is not None:
             shutil.rmtree(previous, ignore_errors=True)
         self._scratch[name] = root
-        return str(model_dir)
-
-    @staticmethod
-    def _override(name: str, config_json: str | None) -> dict[str, object] | None:
-        if config_json is None:
-            return None
-        try:
-            override = json.loads(config_json)
-        except json.JSONDecodeError as error:
-            raise InvalidArgument(
-                f"failed to load '{name}': 'config' is not JSON: {error}"
-            ) from None
-        if not isinstance(override, dict):
-            raise InvalidArgument(f"failed to load '{name}': 'config' must be a JSON object")
-        return override
-
-    async def _prepare(
-        self, name: str, path: str, override: dict[str, object] | None
-    ) -> list[ModelVersion]:
-        strict = self.options.strict_model_config
-        source = model_config.read_config(path, strict=strict, override=override)
-        available = model_config.list_versions(path)
-        proto = source.proto
-        runtime = python_backends.runtime_file(proto, self.options.backend_directory)
-        model_file = _python_model_file(path, source.proto, available, runtime is not None)
-        code = runtime or model_file
-        if not strict and model_file is not None and code and wants_auto_complete(code):
-            environment = await _environment(name, path, proto, model_file)
-            python, env = (sys.executable, None) if environment is None else environment
-            proto = await auto_complete(model_file, source.proto, python, runtime=runtime, env=env)
-        onnx_file = None if strict else onnx_autocomplete.model_file(path, proto, available)
-        if onnx_file is not None and onnx_autocomplete.wants_auto_complete(proto):
-            proto = await onnx_autocomplete.auto_complete(
-                onnx_file,
-                proto,
-                model=name,
-                default_max_batch=onnx_autocomplete.default_max_batch_size(
-                    self.options.backend_config
-                ),
-            )
-        require_pytorch_config(path, proto, name)
-        config = model_config.complete_config(source, proto=proto, gpus=visible_gpus())
-        check_gpu_parameters(config.parameters, name)
-        chosen = model_config.select_versions(config.version_policy, available, model_name=name)
-        as_json = model_config.config_to_json(config)
-        versions = [ModelVersion(name, v, config, as_json) for v in chosen]
-        for mv in versions:
-            mv.runtime_file = "" if runtime is None else str(runtime)
-        return versions
+        return model_dir
 
     async def _retire(self, mv: ModelVersion) -> None:
         """Let a replaced or unloaded version finish what it has, then stop it."""
@@ -511,102 +426,4 @@ class ModelRepositoryManager:
                 "repository index: cannot scan the repositories (%s): loaded models only", error
             )
             sources = {}
-        entries: list[RepositoryEntry] = []
-        for name in sorted(set(sources) | set(self.models) | set(self.failed)):
-            versions = self.models.get(name)
-            if versions:
-                for v, mv in sorted(versions.items()):
-                    entry = RepositoryEntry(name, str(v), mv.state.value, mv.reason)
-                    if mv.ready and not mv.serving:  # between a stub's death and its restart
-                        reason = mv.down or "no live instance: a stub died and restarts"
-                        entry = RepositoryEntry(name, str(v), ModelState.UNAVAILABLE.value, reason)
-                    if not ready_only or mv.serving:
-                        entries.append(entry)
-            elif name in self.failed:
-                if not ready_only:
-                    entries.append(RepositoryEntry(name, "", "UNAVAILABLE", self.failed[name]))
-            elif not ready_only:
-                entries.append(RepositoryEntry(name))
-        return entries
-
-
-#: The longest file name and path Linux takes (NAME_MAX, PATH_MAX less the scratch directory).
-_NAME_MAX = 255
-_PATH_MAX = 3072
-
-
-def _bad_file_name(name: str) -> bool:
-    """A name no file can have: NUL, not encodable, or longer than NAME_MAX bytes."""
-    try:
-        encoded = os.fsencode(name)
-    except UnicodeEncodeError:
-        return True
-    return b"\0" in encoded or len(encoded) > _NAME_MAX
-
-
-def _file_path(model: str, key: str) -> str:
-    """The relative path a ``file:<path>`` load parameter names (INVALID_ARGUMENT unless it is
-    a file's path: not a directory, no NUL, no part over NAME_MAX, not over PATH_MAX)."""
-    if not key.startswith("file:"):
-        raise InvalidArgument(
-            f"failed to load '{model}': file parameter '{key}' must be 'file:<relative path>'"
-        )
-    relative = key.removeprefix("file:").lstrip("/")  # "file:/1/model.py" too
-    parts = relative.split("/")
-    if parts[-1] in ("", ".", ".."):
-        problem = "names a directory, not a file"
-    elif any(_bad_file_name(part) for part in parts):
-        problem = f"has a NUL, a name that is not valid, or a name over {_NAME_MAX} bytes"
-    elif len(os.fsencode(relative)) > _PATH_MAX:
-        problem = f"is a path over {_PATH_MAX} bytes"
-    else:
-        return relative
-    shown = key if len(key) <= 80 else key[:77] + "..."
-    raise InvalidArgument(f"failed to load '{model}': file parameter {shown!r} {problem}")
-
-
-def _fingerprint(model_dir: str) -> tuple[tuple[str, int, int], ...]:
-    """Names, sizes and modification times of every file of a model directory."""
-    entries = []
-    for root, dirs, files in os.walk(model_dir):
-        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
-        for name in sorted(files):
-            path = os.path.join(root, name)
-            try:
-                st = os.stat(path)
-            except OSError:
-                continue
-            entries.append((os.path.relpath(path, model_dir), st.st_size, st.st_mtime_ns))
-    return tuple(entries)
-
-
-async def _environment(
-    name: str, path: str, proto: pb.ModelConfig, model_file: Path
-) -> tuple[str, dict[str, str]] | None:
-    """The interpreter and variables of the model's own environment, for auto-complete."""
-    parameters = {key: value.string_value for key, value in proto.parameters.items()}
-    model_dir = os.path.abspath(path)
-    try:
-        environment = await environments.prepare(
-            parameters, model_dir, str(model_file.parent), name
-        )
-    except (ShoalError, OSError, tarfile.TarError) as error:
-        raise model_config.ConfigError(str(error)) from None
-    return None if environment is None else (environment.python, environment.env)
-
-
-def _python_model_file(
-    path: str, proto: pb.ModelConfig, versions: list[int], python_based: bool = False
-) -> Path | None:
-    """The latest version's model.py of a Python model (what auto-complete imports); for a
-    model of a Python-based backend (``python_based``), where that file would be (it need
-    not exist: the backend's model.py runs, and ``get_model_dir()`` is its directory)."""
-    if not versions:
-        return None
-    filename = proto.default_model_filename or "model.py"
-    candidate = Path(path) / str(max(versions)) / filename
-    if python_based:
-        return candidate
-    if proto.platform or (proto.backend and proto.backend != "python"):
-        return None
-    return candidate if candidate.suffix == ".py" and candidate.is_file() else None
+        return repository_index(sources, self.models, self.failed, ready_only)

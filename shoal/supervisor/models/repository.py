@@ -1,4 +1,5 @@
-"""Find models in one or more model repositories (directories of model directories)."""
+"""Find models in one or more model repositories (directories of model directories), and
+fingerprint a model directory (what poll mode compares)."""
 
 from __future__ import annotations
 
@@ -37,3 +38,18 @@ def scan(repositories: tuple[str, ...]) -> tuple[dict[str, ModelSource], dict[st
     for name in broken:
         found.pop(name, None)
     return found, broken
+
+
+def fingerprint(model_dir: str) -> tuple[tuple[str, int, int], ...]:
+    """Names, sizes and modification times of every file of a model directory."""
+    entries = []
+    for root, dirs, files in os.walk(model_dir):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        for name in sorted(files):
+            path = os.path.join(root, name)
+            try:
+                st = os.stat(path)
+            except OSError:
+                continue
+            entries.append((os.path.relpath(path, model_dir), st.st_size, st.st_mtime_ns))
+    return tuple(entries)

@@ -27,7 +27,7 @@ from shoal.config.datatypes import config_dtype_to_v2
 from shoal.core.errors import ShoalError
 from shoal.ipc.arena import Block
 from shoal.ipc.dtypes import NUMPY_DTYPES, byte_size, element_count
-from shoal.ipc.messages import RequestRecord
+from shoal.ipc.records import RequestRecord
 from shoal.ipc.tensor import TensorDesc
 from shoal.protos import model_config_pb2 as pb
 from shoal.supervisor.schedulers.base import StageTensor

@@ -16,7 +16,7 @@ from shoal.core.errors import InvalidArgument, ResourceExhausted
 from shoal.core.types import InferInput, InferRequest
 from shoal.ipc.arena import ArenaExhausted, Block, OwnedArena
 from shoal.ipc.dtypes import BytesFormatError, byte_size, deserialize_bytes, element_count
-from shoal.ipc.messages import RequestRecord
+from shoal.ipc.records import RequestRecord
 from shoal.ipc.tensor import (
     CudaRegionLocation,
     RegionLocation,
@@ -269,14 +269,17 @@ def stage_request(
             if in_region is not None:
                 descs.append(TensorDesc(tensor.name, tensor.datatype, shape, in_region))
                 continue
-            block = arena.allocate(size)
+            block = tensor.placed
+            if block is None:
+                block = arena.allocate(size)
+                _write(tensor, arena.view(block))
+            else:  # a worker placed it: the caller owns it from now on, with the others
+                tensor.placed = None
             blocks.append(block)
-            _write(tensor, arena.view(block))
             private |= 1 << len(descs)  # this request's own copy: the model may write it
             descs.append(TensorDesc(tensor.name, tensor.datatype, shape, block))
     except ArenaExhausted as error:
-        for block in blocks:
-            arena.free(block)
+        _give_back(request, regions, blocks, arena)
         raise ResourceExhausted(
             f"cannot stage the inputs of a request for model '{config.name}': {error}"
         ) from None
@@ -292,6 +295,22 @@ def stage_request(
         private_inputs=private,
     )
     return record, blocks
+
+
+def _give_back(
+    request: InferRequest,
+    regions: Mapping[str, RegionLocation | CudaRegionLocation] | None,
+    blocks: list[Block],
+    arena: OwnedArena,
+) -> None:
+    """Undo a staging that failed: free the blocks it allocated, and hand the blocks a worker
+    placed back to the request (whose maker gives them back)."""
+    staged = [t for t in request.inputs if t.name not in (regions or {})]
+    for tensor, block in zip(staged, blocks, strict=False):
+        if block.arena_id == arena.arena_id:
+            arena.free(block)
+        else:
+            tensor.placed = block
 
 
 def _correlation_id(params: dict[str, Any]) -> int | str:

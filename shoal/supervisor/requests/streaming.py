@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Protocol
 from shoal.core.errors import ErrorCode, ModelError
 from shoal.core.types import InferRequest, InferResponse
 from shoal.ipc.arena import Block
-from shoal.ipc.messages import RequestRecord
+from shoal.ipc.records import RequestRecord
 from shoal.supervisor.drain import DrainGate
 from shoal.supervisor.instances.decoupled import new_stream
 from shoal.supervisor.requests import classification, staging

@@ -12,7 +12,7 @@ from types import MappingProxyType
 from typing import Any
 
 from shoal.config import ModelConfig, QueuePolicy, SequenceBatchingConfig
-from shoal.ipc.messages import RequestRecord
+from shoal.ipc.records import RequestRecord
 from shoal.supervisor.schedulers._queues import Entry
 
 

@@ -19,7 +19,7 @@ import functools
 from shoal.core.errors import ShoalError
 from shoal.ipc.arena import Block
 from shoal.ipc.dtypes import byte_size, element_count
-from shoal.ipc.messages import RequestRecord
+from shoal.ipc.records import RequestRecord
 from shoal.ipc.tensor import TensorDesc
 from shoal.supervisor.instances.decoupled import new_stream
 from shoal.supervisor.schedulers._batching import BatchSettings, shape_key

@@ -107,7 +107,7 @@ def test_descriptor_wire_round_trip(location: Location) -> None:
 
 
 def test_output_regions_of_both_kinds_cross_the_wire() -> None:
-    from shoal.ipc.messages import RequestRecord
+    from shoal.ipc.records import RequestRecord
 
     regions: dict[str, RegionLocation | CudaRegionLocation] = {
         "A": RegionLocation("1:/cpu", 0, 64),

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from shoal.ipc._alloc import SEGMENT_SHIFT
+from shoal.ipc.call_messages import ControlOp
 from shoal.ipc.cuda import CudaChunkAnnounce, CudaPoolMap
-from shoal.ipc.messages import ControlOp
 from shoal.ipc.tensor import CudaLocation, TensorDesc
 from shoal.stub import gpu_tensors
 from shoal.stub.control import ControlError

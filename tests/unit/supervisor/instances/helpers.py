@@ -8,7 +8,7 @@ from collections import deque
 import numpy as np
 
 from shoal.ipc.arena import OwnedArena
-from shoal.ipc.messages import RequestRecord
+from shoal.ipc.records import RequestRecord
 from shoal.supervisor.extensions.statistics import StatsRecorder
 from shoal.supervisor.instances.instance import InstanceLinks, InstanceSpec, MakeStub, StubInstance
 from shoal.supervisor.instances.loopback import Loopback, LoopbackModel

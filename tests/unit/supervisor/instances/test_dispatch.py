@@ -12,7 +12,7 @@ import pytest
 from shoal.core.errors import Unavailable
 from shoal.ipc import messages as msg
 from shoal.ipc.arena import OwnedArena
-from shoal.ipc.messages import RequestRecord, ResponseRecord
+from shoal.ipc.records import RequestRecord, ResponseRecord
 from shoal.supervisor.extensions.statistics import StatsRecorder
 from shoal.supervisor.instances.answers import Answers
 from shoal.supervisor.instances.decoupled import OpenStreams, new_stream

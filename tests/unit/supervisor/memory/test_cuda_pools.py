@@ -200,7 +200,7 @@ def _call(router: object, stub: FakeStub, op: object, *args: object, call_id: in
 
 
 def test_a_stub_asks_for_a_block_and_gets_its_chunk_first(input_arena: OwnedArena) -> None:
-    from shoal.ipc.messages import ControlOp
+    from shoal.ipc.call_messages import ControlOp
 
     router, pools, stub = _router(input_arena)
     reply = _call(router, stub, ControlOp.CUDA_ALLOCATE, 0, 1000)
@@ -214,7 +214,7 @@ def test_a_stub_asks_for_a_block_and_gets_its_chunk_first(input_arena: OwnedAren
 
 
 def test_refused_blocks_answer_with_the_reason(input_arena: OwnedArena) -> None:
-    from shoal.ipc.messages import ControlOp
+    from shoal.ipc.call_messages import ControlOp
 
     router, pools, stub = _router(input_arena, limit=4 * MIB)
     exhausted = _call(router, stub, ControlOp.CUDA_ALLOCATE, 0, 8 * MIB)
@@ -273,7 +273,7 @@ def test_random_traffic_never_loses_or_double_frees_a_block(
 
 
 def test_a_pool_limit_of_zero_turns_the_pool_off(input_arena: OwnedArena) -> None:
-    from shoal.ipc.messages import ControlOp
+    from shoal.ipc.call_messages import ControlOp
 
     router, pools, stub = _router(input_arena, limit=0)  # --cuda-memory-pool-byte-size 0:0
     reply = _call(router, stub, ControlOp.CUDA_ALLOCATE, 0, 1000)
@@ -282,7 +282,7 @@ def test_a_pool_limit_of_zero_turns_the_pool_off(input_arena: OwnedArena) -> Non
 
 
 def test_a_stub_that_exited_gets_no_block(input_arena: OwnedArena) -> None:
-    from shoal.ipc.messages import ControlOp
+    from shoal.ipc.call_messages import ControlOp
 
     router, pools, stub = _router(input_arena)
     stub.returncode = -9  # type: ignore[attr-defined]

@@ -136,3 +136,27 @@ def test_an_input_in_a_cuda_region_goes_by_descriptor_with_its_size_checked(conf
     short = CudaRegionLocation("1:gpu", 0, 64, 16, bytes(64))
     with pytest.raises(InvalidArgument, match=r"input byte size mismatch for input 'A'.*got 16"):
         staging.stage_request(config, request, arena, ["Y"], {"A": short})
+
+
+def test_an_input_a_worker_placed_goes_by_its_block_without_a_copy(config, arena):
+    with OwnedArena(1 << 32, initial_bytes=1 << 16) as worker:
+        block = worker.allocate(8)
+        worker.view(block)[:] = np.float32([3.0, 4.0]).tobytes()
+        placed = InferInput("A", "FP32", (1, 2), worker.view(block), placed=block)
+        record, blocks = staging.stage_request(config, _request(placed), arena, ["Y"])
+        assert blocks == [block] and record.inputs[0].location == block
+        assert placed.placed is None  # the caller owns it now, as the arena's own blocks
+        assert record.private_inputs == 1  # the request's own copy: the model may write it
+        assert arena.used_bytes == 0
+
+
+def test_a_failed_staging_hands_placed_blocks_back_to_the_request(config, arena):
+    with OwnedArena(1 << 32, initial_bytes=1 << 16) as worker:
+        block = worker.allocate(8)
+        placed = InferInput("A", "FP32", (1, 2), worker.view(block), placed=block)
+        text = serialize_bytes(np.array([b"x" * 300_000], object))
+        request = _request(placed, InferInput("S", "BYTES", (1, 1), text))
+        with pytest.raises(ResourceExhausted):
+            staging.stage_request(config, request, arena, ["Y"])
+        assert placed.placed == block  # its maker gives it back
+        assert arena.used_bytes == 0

@@ -15,7 +15,7 @@ import numpy as np
 
 from shoal.config import load_model_config
 from shoal.ipc.arena import Block, OwnedArena
-from shoal.ipc.messages import RequestRecord, ResponseRecord
+from shoal.ipc.records import RequestRecord, ResponseRecord
 from shoal.ipc.tensor import TensorDesc, buffer_to_numpy, numpy_to_buffer_size, write_numpy
 from shoal.supervisor.schedulers import arena_stager
 from shoal.supervisor.work import Completion, Work

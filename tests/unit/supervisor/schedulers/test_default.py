@@ -9,7 +9,7 @@ import pytest
 
 from shoal.core.errors import Unavailable
 from shoal.ipc.arena import Block
-from shoal.ipc.messages import RequestRecord
+from shoal.ipc.records import RequestRecord
 from shoal.supervisor.schedulers.default import DefaultScheduler
 from shoal.supervisor.work import Work
 from tests.unit.supervisor.schedulers.helpers import ManualClock

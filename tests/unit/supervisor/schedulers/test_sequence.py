@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from shoal.core.errors import ErrorCode, ShoalError
-from shoal.ipc.messages import RequestRecord, ResponseRecord
+from shoal.ipc.records import RequestRecord, ResponseRecord
 from shoal.supervisor.schedulers import SchedulerConfigError, SequenceBatcher, make_scheduler
 
 from .helpers import Arenas, Loopback, ManualClock, load_config, make_work, result, settle

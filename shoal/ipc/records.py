@@ -1,0 +1,88 @@
+"""The request and response records that batch messages carry, with their wire lists.
+
+A :class:`RequestRecord` is one request of an :class:`~shoal.ipc.model_messages.Execute` (or a
+BLS call), as the stub rebuilds it into a ``pb_utils.InferenceRequest``; a
+:class:`ResponseRecord` is one answer. Tensors travel as
+:class:`~shoal.ipc.tensor.TensorDesc` wire lists, never as bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from shoal.ipc.tensor import (
+    CudaRegionLocation,
+    RegionLocation,
+    TensorDesc,
+    location_from_wire,
+    location_to_wire,
+)
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """One request of a batch, as the stub rebuilds it into a ``pb_utils.InferenceRequest``."""
+
+    request_id: str
+    correlation_id: int | str
+    flags: int
+    parameters: dict[str, Any]
+    requested_outputs: list[str]
+    inputs: list[TensorDesc]
+    timeout_us: int = 0
+    #: Identifies the request to its stub across messages (decoupled responses).
+    key: int = 0
+    #: Outputs the stub writes straight into a client's shared-memory region (system or
+    #: CUDA), by name.
+    output_regions: dict[str, RegionLocation | CudaRegionLocation] = field(default_factory=dict)
+    #: Bit ``i`` set: input ``i`` lies in a block staged for this request alone, which the
+    #: model may write in place; any other input is made writable by a private mapping.
+    private_inputs: int = 0
+    #: The request's trace context (``request.trace().get_context()``); "" when not traced.
+    trace_context: str = ""
+
+    def to_wire(self) -> list[Any]:
+        return [
+            self.request_id,
+            self.correlation_id,
+            self.flags,
+            self.parameters,
+            self.requested_outputs,
+            [t.to_wire() for t in self.inputs],
+            self.timeout_us,
+            self.key,
+            {name: location_to_wire(r) for name, r in self.output_regions.items()},
+            self.private_inputs,
+            self.trace_context,
+        ]
+
+    @classmethod
+    def from_wire(cls, w: list[Any]) -> RequestRecord:
+        inputs = [TensorDesc.from_wire(t) for t in w[5]]
+        regions = {name: _region_from_wire(r) for name, r in w[8].items()}
+        return cls(w[0], w[1], w[2], w[3], w[4], inputs, w[6], w[7], regions, w[9], w[10])
+
+
+def _region_from_wire(obj: list[Any]) -> RegionLocation | CudaRegionLocation:
+    location = location_from_wire(obj)
+    if not isinstance(location, RegionLocation | CudaRegionLocation):
+        raise ValueError(f"an output region must be a client's region, got {obj!r}")
+    return location
+
+
+@dataclass(slots=True)
+class ResponseRecord:
+    """The answer to one request: outputs, or an error with a TritonError code name."""
+
+    outputs: list[TensorDesc] = field(default_factory=list)
+    error: tuple[str, str] | None = None  # (code name, message)
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+    def to_wire(self) -> list[Any]:
+        return [[t.to_wire() for t in self.outputs], self.error, self.parameters]
+
+    @classmethod
+    def from_wire(cls, w: list[Any]) -> ResponseRecord:
+        error = None if w[1] is None else (w[1][0], w[1][1])
+        return cls([TensorDesc.from_wire(t) for t in w[0]], error, w[2])

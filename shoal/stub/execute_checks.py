@@ -1,0 +1,95 @@
+"""What Triton's contract asks of ``execute``'s return value, checked with Triton's words."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from shoal.stub import pb_utils
+
+RESCHEDULE = 2  # TRITONSERVER_REQUEST_RELEASE_RESCHEDULE
+log = logging.getLogger("shoal.stub")
+
+
+class ExecuteError(Exception):
+    """The model's execute raised or returned something Triton's contract forbids."""
+
+
+def failure_text(instance: str, text: str) -> str:
+    """An error text as Triton's Python backend words it for the model's instance."""
+    return f"Failed to process the request(s) for model '{instance}', message: {text}"
+
+
+def check_return(instance: str, result: Any, count: int) -> list[Any]:
+    """The responses execute returned for ``count`` requests (all None when it returned None:
+    every request is answered through its response sender)."""
+    if result is None:
+        return [None] * count
+    if not isinstance(result, list):
+        raise ExecuteError(
+            failure_text(
+                instance,
+                f"Expected a list in the execute return, found type '{type(result).__name__}'.",
+            )
+        )
+    if len(result) != count:
+        raise ExecuteError(
+            failure_text(
+                instance,
+                "Number of InferenceResponse objects do not match the number of "
+                f"InferenceRequest objects. InferenceRequest(s) size is:{count}, and "
+                f"InferenceResponse(s) size is:{len(result)}",
+            )
+        )
+    _check_items(instance, result)
+    return result
+
+
+def _check_items(instance: str, result: list[Any]) -> None:
+    for item in result:
+        if item is not None and not isinstance(item, pb_utils.InferenceResponse):
+            raise ExecuteError(
+                failure_text(
+                    instance,
+                    "Expected an 'InferenceResponse' object in the execute function return "
+                    f"list, found type '{type(item).__name__}'.",
+                )
+            )
+
+
+def rescheduled_positions(instance: str, requests: list[Any], responses: list[Any]) -> list[int]:
+    """Positions of the requests released with RESCHEDULE; each must have returned None."""
+    positions = [i for i, r in enumerate(requests) if r._release_flags() == RESCHEDULE]
+    for i in positions:
+        if responses[i] is not None:
+            raise ExecuteError(  # Triton's words, its spelling ("reschduled") included
+                failure_text(
+                    instance,
+                    "Expected a None object in the execute function return list for "
+                    f"reschduled request, found type '{type(responses[i]).__name__}'.",
+                )
+            )
+    return positions
+
+
+def settle(instance: str, returned: Any, request: Any, delivered: list[Any]) -> Any:
+    """The one response of a request: returned from execute, or sent through its sender.
+    One sent with FINAL and also returned: the sent one, as in Triton (the sender was
+    closed; the returned one is dropped with a warning)."""
+    if returned is None:
+        return delivered[0] if delivered else None
+    if delivered and request.get_response_sender()._is_closed():
+        log.warning(
+            "%s",
+            failure_text(
+                instance,
+                "a response was returned for a request whose response sender already "
+                "sent its response and the final flag: the returned one is dropped",
+            ),
+        )
+        return delivered[0]
+    try:
+        request.get_response_sender()._mark_returned(returned)
+    except pb_utils.TritonModelException as error:
+        return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(error)))
+    return returned

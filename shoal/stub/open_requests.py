@@ -1,0 +1,54 @@
+"""The cancellation flags of the requests in a stub, by key, and Cancels that came early."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from shoal.ipc import messages as msg
+
+
+class OpenRequests:
+    """Which requests are in the stub, so that a ``Cancel`` from the supervisor reaches them.
+
+    Only their cancellation flags are kept, not the requests: no reference here may keep a
+    request's input views alive.
+    """
+
+    def __init__(self) -> None:
+        self._flags: dict[int, Any] = {}
+        self._lock = threading.Lock()
+        # Keys are handed out in increasing order. A Cancel for a key above every key seen is
+        # for a request sent ahead and not yet started: it is remembered until that request
+        # starts (so the set only holds requests still in the ring).
+        self._newest_key = 0
+        self._cancelled_early: set[int] = set()
+
+    def cancel(self, keys: list[int]) -> None:
+        """The supervisor says these requests' clients went away (any thread)."""
+        with self._lock:
+            flags = [self._flags.get(key) for key in keys]
+            self._cancelled_early.update(
+                key
+                for key, flag in zip(keys, flags, strict=True)
+                if flag is None and key > self._newest_key
+            )
+        for flag in flags:
+            if flag is not None:
+                flag.cancelled = True
+
+    def track(self, records: list[msg.RequestRecord], requests: list[Any]) -> None:
+        with self._lock:
+            for record, request in zip(records, requests, strict=True):
+                key = record.key
+                self._flags[key] = request._cancellation
+                if key > self._newest_key:
+                    self._newest_key = key
+                if self._cancelled_early and key in self._cancelled_early:
+                    self._cancelled_early.discard(key)
+                    request._cancellation.cancelled = True
+
+    def untrack(self, keys: list[int]) -> None:
+        with self._lock:
+            for key in keys:
+                self._flags.pop(key, None)

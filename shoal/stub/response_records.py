@@ -1,0 +1,81 @@
+"""A model's ``InferenceResponse`` as a :class:`~shoal.ipc.records.ResponseRecord`: each
+requested output written once (into the stub's output arena, a CUDA pool block, or the
+client's region it was asked into), the others dropped as Triton drops them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shoal.ipc import messages as msg
+from shoal.ipc.arena import ArenaExhausted
+from shoal.ipc.tensor import CudaRegionLocation, RegionLocation, TensorDesc
+from shoal.stub.execute_checks import failure_text
+from shoal.stub.gpu_tensors import CudaPoolRefused
+from shoal.stub.memory import RegionShrunk, RegionTooSmall
+from shoal.stub.tensors_out import TensorWriter, Written
+
+
+class ResponseRecorder:
+    """Turns the responses of one instance's model into records."""
+
+    def __init__(self, instance: str, writer: TensorWriter) -> None:
+        self.instance = instance
+        self.writer = writer
+
+    def record(self, response: Any, request: msg.RequestRecord) -> msg.ResponseRecord:
+        """A response as a record: outputs written once, unrequested outputs dropped."""
+        if response is None:
+            return self._error(
+                "INTERNAL",
+                "execute returned None for a request and sent no response for it "
+                "through its response sender",
+            )
+        if response.has_error():
+            error = response.error()
+            code = response._error_code_name() or "INTERNAL"
+            return msg.ResponseRecord(error=(code, str(error.message())))
+        written: Written = []
+        try:
+            outputs = self._write_outputs(response, request, written)
+        except Exception as error:
+            self.writer.free(written)
+            return self._write_failed(error)
+        # The dict itself, not parameters()'s JSON text: no dumps and loads per response.
+        parameters = dict(response._parameters_dict())
+        return msg.ResponseRecord(outputs=outputs, parameters=parameters)
+
+    def _write_outputs(
+        self, response: Any, request: msg.RequestRecord, written: Written
+    ) -> list[TensorDesc]:
+        requested = set(request.requested_outputs)
+        outputs: list[TensorDesc] = []
+        for tensor in response.output_tensors():
+            if requested and tensor.name() not in requested:
+                continue  # Triton drops outputs that were not requested
+            outputs.append(self._write_output(tensor, request, written))
+        return outputs
+
+    def _write_output(
+        self, tensor: Any, request: msg.RequestRecord, written: Written
+    ) -> TensorDesc:
+        target = request.output_regions.get(tensor.name())
+        if type(target) is CudaRegionLocation:
+            assert self.writer.gpu is not None
+            return self.writer.gpu.place(tensor, target)
+        if target is not None:
+            assert isinstance(target, RegionLocation)
+            return self.writer.place(tensor, target)
+        return self.writer.describe(tensor, written, for_response=True)
+
+    def _write_failed(self, error: Exception) -> msg.ResponseRecord:
+        """This response fails (the arena is full, a CUDA error, say), not the stub."""
+        if isinstance(error, ArenaExhausted | CudaPoolRefused):
+            return self._error("RESOURCE_EXHAUSTED", str(error))
+        if isinstance(error, RegionTooSmall | RegionShrunk):
+            return msg.ResponseRecord(error=("INVALID_ARG", str(error)))
+        if isinstance(error, TypeError | ValueError):
+            return self._error("INTERNAL", str(error))
+        return self._error("INTERNAL", f"{type(error).__name__}: {error}")
+
+    def _error(self, code: str, text: str) -> msg.ResponseRecord:
+        return msg.ResponseRecord(error=(code, failure_text(self.instance, text)))

@@ -1,0 +1,134 @@
+"""A frontend worker's input arena: the worker places inputs, the core lends and gives back."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+
+import pytest
+
+from shoal.core.errors import Unavailable
+from shoal.core.types import InferInput, InferRequest
+from shoal.frontends.workers.arenas import INLINE_MAX, LentArena, StagingArena
+from shoal.ipc.arena import OwnedArena
+from shoal.supervisor.memory.segments import SegmentDirectory
+
+pytestmark = pytest.mark.timeout(30)
+
+ARENA = 1 << 32
+
+
+def _fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def _staging(sock: socket.socket, retired: list[int]) -> StagingArena:
+    return StagingArena(
+        ARENA,
+        sock,
+        initial_bytes=1 << 20,
+        growth_bytes=1 << 20,
+        limit_bytes=4 << 20,
+        on_retired=retired.append,
+    )
+
+
+def test_placed_blocks_reach_the_core_by_descriptor_and_come_back():
+    before = _fds()
+    worker_sock, core_sock = socket.socketpair()
+    staging = _staging(worker_sock, [])
+    directory = SegmentDirectory(OwnedArena(0, initial_bytes=1 << 16))
+    sent: list[list[int]] = []
+
+    async def run() -> None:
+        lent = LentArena(ARENA, core_sock, directory, sent.append)
+        assert staging.place(memoryview(b"x" * (INLINE_MAX - 1))) is None  # small: inline
+        data = os.urandom(INLINE_MAX * 2)
+        block = staging.place(memoryview(data))
+        assert block is not None and block.arena_id == ARENA
+        lent_block, view = lent.lend(block.segment, block.offset, block.nbytes)
+        assert lent_block == block and bytes(view) == data and view.readonly
+        assert bytes(directory.view(block)) == data  # the core finds it by arena id
+        fd, size = directory.fd(ARENA, block.segment)  # what a stub will be sent
+        assert size >= block.nbytes and fd >= 0
+        directory.free_inputs([block])  # the stub is done with it: back to the worker
+        await asyncio.sleep(0)
+        assert sent == [[block.segment, block.offset, block.nbytes]]
+        staging.free(sent[0])
+        assert staging.arena.used_bytes == 0 and lent.held == 0
+        lent.worker_exited()  # nothing held: detached at once
+        with pytest.raises(Unavailable):
+            directory.segment(ARENA, block.segment)
+
+    asyncio.run(run())
+    staging.close()
+    directory.input_arena.close()
+    assert _fds() == before
+
+
+def test_a_dead_workers_arena_stays_until_the_core_gives_its_last_block_back():
+    before = _fds()
+    worker_sock, core_sock = socket.socketpair()
+    staging = _staging(worker_sock, [])
+    directory = SegmentDirectory(OwnedArena(0, initial_bytes=1 << 16))
+    sent: list[list[int]] = []
+
+    async def run() -> None:
+        lent = LentArena(ARENA, core_sock, directory, sent.append)
+        first = staging.place(memoryview(bytes(INLINE_MAX)))
+        second = staging.place(memoryview(bytes(INLINE_MAX)))
+        assert first is not None and second is not None
+        _, view = lent.lend(first.segment, first.offset, first.nbytes)
+        lent.lend(second.segment, second.offset, second.nbytes)
+        staging.close()  # the worker dies...
+        lent.worker_exited()
+        directory.free_inputs([first])  # a stub finished with one request
+        assert bytes(directory.view(second)) == bytes(INLINE_MAX)  # still mapped
+        # ... and the other request was never staged: its maker gives its block back.
+        request = InferRequest("m", inputs=[InferInput("A", "FP32", (1,), view, placed=second)])
+        lent.give_back(request)
+        assert request.inputs[0].placed is None and lent.held == 0
+        with pytest.raises(Unavailable):
+            directory.segment(ARENA, second.segment)
+        await asyncio.sleep(0)
+        assert sent == []  # nothing is sent to a dead worker
+
+    asyncio.run(run())
+    directory.input_arena.close()
+    assert _fds() == before
+
+
+def test_a_retired_worker_segment_is_dropped_by_the_core():
+    before = _fds()
+    worker_sock, core_sock = socket.socketpair()
+    retired: list[int] = []
+    staging = StagingArena(
+        ARENA,
+        worker_sock,
+        initial_bytes=0,
+        growth_bytes=1 << 20,
+        limit_bytes=4 << 20,
+        on_retired=retired.append,
+    )
+    staging.arena.retire_after = 0.0
+    directory = SegmentDirectory(OwnedArena(0, initial_bytes=1 << 16))
+
+    async def run() -> None:
+        lent = LentArena(ARENA, core_sock, directory, lambda flat: None)
+        block = staging.place(memoryview(bytes(INLINE_MAX)))
+        assert block is not None
+        lent.lend(block.segment, block.offset, block.nbytes)
+        staging.free([block.segment, block.offset, block.nbytes])  # empty: retired at once
+        assert retired == [block.segment]
+        lent.retired(block.segment)
+        with pytest.raises(Exception, match="retired"):
+            directory.segment(ARENA, block.segment)
+        lent.worker_exited()
+        lent.give_back(InferRequest("m"))
+        lent.free([block])
+
+    asyncio.run(run())
+    staging.close()
+    directory.input_arena.close()
+    assert _fds() == before
