@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import json
 import logging
 import os
-import sys
 import tarfile
 import time
 from collections.abc import Awaitable, Callable
@@ -18,7 +16,6 @@ from shoal.config import ModelConfig
 from shoal.core.errors import InvalidArgument, ShoalError, Unavailable
 from shoal.ipc.arena import Block
 from shoal.supervisor.extensions.statistics import StatsRecorder
-from shoal.supervisor.instances.devices import stub_environment
 from shoal.supervisor.instances.instance import (
     BlsHandler,
     ControlHandler,
@@ -28,14 +25,10 @@ from shoal.supervisor.instances.instance import (
     MakeStub,
     StubInstance,
 )
-from shoal.supervisor.instances.process import StubLaunch, StubProcess
-from shoal.supervisor.instances.stub_parameters import (
-    async_concurrency,
-    execute_timeout,
-    thread_env,
-)
+from shoal.supervisor.instances.process import StubProcess
 from shoal.supervisor.memory.segments import SegmentDirectory
 from shoal.supervisor.models import environments, warmup
+from shoal.supervisor.models.instance_specs import instance_specs
 from shoal.supervisor.options import ArenaOptions
 from shoal.supervisor.requests import classification
 from shoal.supervisor.schedulers import (
@@ -50,8 +43,6 @@ from shoal.supervisor.schedulers.rate_limiter import LimitedInstance, RateLimite
 from shoal.supervisor.work import Work
 
 log = logging.getLogger("shoal")
-
-_KIND_NAMES = {"KIND_CPU": "CPU", "KIND_GPU": "GPU", "KIND_MODEL": "MODEL", "KIND_AUTO": "AUTO"}
 
 
 class ModelState(enum.Enum):
@@ -134,60 +125,34 @@ class ModelLoader:
         #: ``--rate-limit execution_count``: every instance runs under it.
         self.rate_limiter = rate_limiter
 
-    def _specs(self, mv: ModelVersion) -> list[InstanceSpec]:
-        config = mv.config
-        model_dir = os.path.abspath(config.path)
-        filename = config.default_model_filename or "model.py"  # a Python-based backend has none
-        model_file = os.path.join(model_dir, str(mv.version), filename)
-        config_text = json.dumps(mv.config_json)
-        specs = []
-        instances = list(config.instance_names())
-        env = thread_env(config.parameters, len(instances))
-        python = sys.executable
-        if mv.environment is not None:
-            python = mv.environment.python
-            env = {**env, **mv.environment.env}
-        for instance_name, kind, device_id in instances:
-            args = {
-                "model_config": config_text,
-                "model_instance_kind": _KIND_NAMES.get(kind, "CPU"),
-                "model_instance_name": instance_name,
-                "model_instance_device_id": str(device_id),
-                "model_repository": model_dir,
-                "model_version": str(mv.version),
-                "model_name": mv.name,
-            }
-            specs.append(
-                InstanceSpec(
-                    model_name=mv.name,
-                    instance_name=instance_name,
-                    init_args=args,
-                    model_file=model_file,
-                    runtime_file=mv.runtime_file,
-                    launch=StubLaunch(
-                        instance_name,
-                        python=python,
-                        env={
-                            **env,
-                            **stub_environment(config.parameters, kind, device_id, mv.name),
-                        },
-                    ),
-                    output_arena=(
-                        self._arenas.output_initial_bytes,
-                        self._arenas.growth_bytes,
-                        self._arenas.limit_bytes,
-                    ),
-                    execute_timeout=execute_timeout(config.parameters, mv.name),
-                    async_concurrency=async_concurrency(config.parameters, mv.name),
-                )
-            )
-        return specs
-
     async def start(self, mv: ModelVersion) -> None:
         """Bring up every instance; on failure the version is UNAVAILABLE with the reason."""
         if self.trace_overhead:
             mv.stats.overhead = {}
         started = time.monotonic()
+        if not await self._prepare(mv):
+            return
+        if mv.config.is_ensemble:  # runs in the supervisor: no stub, no scheduler
+            mv.state = ModelState.READY
+            log.info("successfully loaded ensemble '%s' version %d", mv.name, mv.version)
+            return
+        specs = instance_specs(mv, self._arenas)
+        planned = self._plan(mv, specs)
+        if planned is None or not self._create_instances(mv, specs, planned[0]):
+            return
+        _log_loading(mv, specs)
+        if await self._start_instances(mv, *planned):
+            mv.state = ModelState.READY
+            log.info(
+                "successfully loaded '%s' version %d in %.2f s",
+                mv.name,
+                mv.version,
+                time.monotonic() - started,
+            )
+
+    async def _prepare(self, mv: ModelVersion) -> bool:
+        """Check what the version needs beyond its config and prepare its Python environment;
+        False (the version failed) when it cannot load."""
         try:
             if self.response_cache and mv.config.response_cache and mv.config.decoupled:
                 raise InvalidArgument(
@@ -201,12 +166,13 @@ class ModelLoader:
             )
         except (ShoalError, OSError, tarfile.TarError) as error:
             _failed(mv, str(error))
-            return
-        if mv.config.is_ensemble:  # runs in the supervisor: no stub, no scheduler
-            mv.state = ModelState.READY
-            log.info("successfully loaded ensemble '%s' version %d", mv.name, mv.version)
-            return
-        specs = self._specs(mv)
+            return False
+        return True
+
+    def _plan(
+        self, mv: ModelVersion, specs: list[InstanceSpec]
+    ) -> tuple[Scheduler, list[warmup.WarmupSample]] | None:
+        """The version's scheduler and warmup samples (None: the version failed)."""
         try:
             samples = warmup.build_samples(mv.config, os.path.abspath(mv.config.path))
             scheduler = make_scheduler(
@@ -217,13 +183,18 @@ class ModelLoader:
             )
         except (SchedulerConfigError, warmup.WarmupError) as error:
             _failed(mv, str(error))
-            return
+            return None
+        return scheduler, samples
+
+    def _create_instances(
+        self, mv: ModelVersion, specs: list[InstanceSpec], scheduler: Scheduler
+    ) -> bool:
         mv.scheduler = scheduler
         try:
             gates = self._join_rate_limiter(mv)
         except ShoalError as error:
             _failed(mv, str(error))
-            return
+            return False
         # Send-ahead only for a lone instance: with several, a request sent ahead to a busy one
         # could wait while another instance is idle; and not under the rate limiter, whose grant
         # is for an execution that starts now.
@@ -236,33 +207,7 @@ class ModelLoader:
             StubInstance(spec, self._links(mv, gates.get(spec.instance_name), send_ahead))
             for spec in specs
         ]
-        log.info(
-            "loading '%s' version %d: %d instance%s of %s",
-            mv.name,
-            mv.version,
-            len(specs),
-            "" if len(specs) == 1 else "s",
-            specs[0].model_file if specs else mv.config.path,
-        )
-        warm_up = self._warm_up(mv.name, samples) if samples else None
-        results = await asyncio.gather(
-            *(i.start(scheduler.source(n), warm_up) for n, i in enumerate(mv.instances)),
-            return_exceptions=True,
-        )
-        errors = [r for r in results if isinstance(r, BaseException)]
-        if errors:
-            first = errors[0]
-            reason = str(first) if isinstance(first, LoadError) else repr(first)
-            await self.stop(mv, timeout=5.0)
-            _failed(mv, reason, first.traceback if isinstance(first, LoadError) else "")
-            return
-        mv.state = ModelState.READY
-        log.info(
-            "successfully loaded '%s' version %d in %.2f s",
-            mv.name,
-            mv.version,
-            time.monotonic() - started,
-        )
+        return True
 
     def _links(
         self, mv: ModelVersion, gate: LimitedInstance | None, send_ahead: bool
@@ -281,6 +226,24 @@ class ModelLoader:
             on_failed=lambda failed: self._on_instance_failed(mv, failed),
             on_health=lambda _: self._on_instance_health(mv),
         )
+
+    async def _start_instances(
+        self, mv: ModelVersion, scheduler: Scheduler, samples: list[warmup.WarmupSample]
+    ) -> bool:
+        """Start every instance (each warms up first); on a failure, stop them all."""
+        warm_up = self._warm_up(mv.name, samples) if samples else None
+        results = await asyncio.gather(
+            *(i.start(scheduler.source(n), warm_up) for n, i in enumerate(mv.instances)),
+            return_exceptions=True,
+        )
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if not errors:
+            return True
+        first = errors[0]
+        reason = str(first) if isinstance(first, LoadError) else repr(first)
+        await self.stop(mv, timeout=5.0)
+        _failed(mv, reason, first.traceback if isinstance(first, LoadError) else "")
+        return False
 
     def _join_rate_limiter(self, mv: ModelVersion) -> dict[str, LimitedInstance]:
         """Each instance's place in the rate limiter, by instance name, with its group's
@@ -366,6 +329,17 @@ class ModelLoader:
             mv.rate_limited = []
         mv.state = ModelState.UNAVAILABLE
         mv.reason = "unloaded"
+
+
+def _log_loading(mv: ModelVersion, specs: list[InstanceSpec]) -> None:
+    log.info(
+        "loading '%s' version %d: %d instance%s of %s",
+        mv.name,
+        mv.version,
+        len(specs),
+        "" if len(specs) == 1 else "s",
+        specs[0].model_file if specs else mv.config.path,
+    )
 
 
 def without_repository(text: str, model_dir: str) -> str:
