@@ -372,6 +372,7 @@ async def _serve_worker(
     from shoal.frontends.workers import _wire as wire
     from shoal.frontends.workers.arenas import StagingArena
     from shoal.frontends.workers.client import RemoteCore
+    from shoal.frontends.workers.outputs import MappedOutputs
 
     arena = None
     if segments is not None and arena_id >= 0:
@@ -385,7 +386,8 @@ async def _serve_worker(
         )
     elif segments is not None:
         segments.close()
-    core = RemoteCore(control, arena)
+    outputs = None if arena is None or segments is None else MappedOutputs(segments, arena)
+    core = RemoteCore(control, arena, outputs)
     await core.connect(calls)
     http, grpc_server = await _start_frontends(core, options, sockets)
     settle_after_start()
