@@ -337,7 +337,7 @@ def worker_main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     from shoal.frontends.workers.process import follow_parent, read_hello
 
-    follow_parent(args.parent)
+    follow_parent(args.parent, [args.http_fd, args.grpc_fd])
     control = socket.socket(fileno=args.control)
     from shoal.frontends.workers import _wire as wire
 
@@ -373,6 +373,8 @@ async def _serve_worker(
     from shoal.frontends.workers.arenas import StagingArena
     from shoal.frontends.workers.client import RemoteCore
     from shoal.frontends.workers.outputs import MappedOutputs
+    from shoal.frontends.workers.process import stop_accepting
+    from shoal.supervisor.extensions.log_settings import apply_log_settings
 
     arena = None
     if segments is not None and arena_id >= 0:
@@ -388,6 +390,8 @@ async def _serve_worker(
         segments.close()
     outputs = None if arena is None or segments is None else MappedOutputs(segments, arena)
     core = RemoteCore(control, arena, outputs)
+    core.on_log_settings = apply_log_settings
+    core.on_core_lost = stop_accepting
     await core.connect(calls)
     http, grpc_server = await _start_frontends(core, options, sockets)
     settle_after_start()

@@ -90,7 +90,7 @@ class BatchExecutor:
             getattr(model, "execute", None)
         )
         self._model_loop = ModelLoop()
-        self._recorder = ResponseRecorder(instance, writer, input_view)
+        self._recorder = ResponseRecorder(instance, writer)
         self._open = OpenRequests()
         # Default-mode requests whose execute returned without their response, which the
         # model sends later through the request's sender: key -> called when it arrives.

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import collections
-import contextlib
 import ctypes
-import mmap
 import os
 import threading
 import weakref
@@ -14,7 +12,7 @@ from typing import Any
 import numpy as np
 import posix_ipc
 
-from shoal.ipc.arena import Block, OwnedArena, private_view
+from shoal.ipc.arena import Block, OwnedArena
 from shoal.ipc.tensor import RegionLocation, TensorDesc, buffer_to_numpy
 
 
@@ -99,72 +97,83 @@ class RegionShrunk(ValueError):
 
 
 class ClientRegions:
-    """Clients' registered shared-memory regions, mapped on first use and cached.
+    """Clients' registered shared-memory regions, opened on first use and cached.
 
     Locations name a region as ``"<registration>:<key>"``: a new registration of the same key
-    (the client may have re-created it) is mapped afresh. Views read the client's bytes in
-    place: an input from client shared memory is never copied.
+    (the client may have re-created it) is opened afresh. The stub never maps a client's
+    object: the client may shrink it at any moment, and a mapping touched past the object's
+    end would kill this stub with SIGBUS (while the model reads an input, say). Inputs are read
+    with ``preadv`` into the stub's own memory and outputs written with ``pwrite``; neither can
+    fault. A window the object no longer holds fails the request (:class:`RegionShrunk`).
     """
 
     _KEEP = 64
 
     def __init__(self) -> None:
-        # The fd stays open beside the mapping: private views of an input map it again.
-        self._maps: collections.OrderedDict[str, tuple[mmap.mmap, int]] = collections.OrderedDict()
+        #: region -> (fd, the object's size when it was opened).
+        self._fds: collections.OrderedDict[str, tuple[int, int]] = collections.OrderedDict()
         self._lock = threading.Lock()
 
     def view(self, location: RegionLocation) -> memoryview:
-        mapping = self._mapping(location)[0]
-        return memoryview(mapping)[location.offset : location.offset + location.nbytes]
+        """A copy of the window, the stub's own (the model may write it)."""
+        fd = self._checked(location)
+        copy = memoryview(np.empty(location.nbytes, np.uint8))  # type: ignore[arg-type]
+        got = os.preadv(fd, [copy], location.offset) if location.nbytes else 0
+        if got < location.nbytes:  # shrunk after the check: the bytes are not all there
+            raise self._shrunk(location, location.offset + got)
+        return copy
 
     def private_view(self, location: RegionLocation) -> memoryview:
-        """A copy-on-write view: the model may write it, the client's bytes stay as they are."""
-        fd = self._mapping(location)[1]
-        return private_view(fd, location.offset, location.nbytes)
+        """A view the model may write, that the client never sees: the copy :meth:`view` reads."""
+        return self.view(location)
 
-    def _mapping(self, location: RegionLocation) -> tuple[mmap.mmap, int]:
+    def write(self, location: RegionLocation, data: memoryview) -> None:
+        """Write ``data`` at the start of the window (the caller checked that it fits). Should
+        the object shrink after the check, ``pwrite`` grows it back: it cannot fault."""
+        fd = self._checked(location)
+        offset = location.offset
+        data = data.cast("B")
+        while data.nbytes:
+            written = os.pwrite(fd, data, offset)
+            data = data[written:]
+            offset += written
+
+    def _checked(self, location: RegionLocation) -> int:
+        """The region's fd, once the window is checked against the registered size and the
+        object's size now."""
         with self._lock:
-            entry = self._maps.get(location.region)
+            entry = self._fds.get(location.region)
             if entry is None:
-                entry = self._map(location.region)
-            self._maps.move_to_end(location.region)
-        size = len(entry[0])
+                entry = self._open(location.region)
+            self._fds.move_to_end(location.region)
+        fd, size = entry
         end = location.offset + location.nbytes
         if location.offset < 0 or end > size:
             raise ValueError(f"{location} lies outside the {size}-byte region")
-        # The client may have shrunk its object since: touching the mapping past the object's
-        # end now would kill this stub with SIGBUS. (It can still shrink it while the model
-        # reads: then only this stub dies, and restarts; the supervisor never maps it.)
-        now = os.fstat(entry[1]).st_size
+        now = os.fstat(fd).st_size
         if end > now:
-            raise RegionShrunk(
-                f"the client's shared-memory object '{location.region.split(':', 1)[1]}' was "
-                f"shrunk to {now} bytes: bytes {location.offset} to {end} are gone"
-            )
-        return entry
+            raise self._shrunk(location, now)
+        return fd
 
-    def _map(self, region: str) -> tuple[mmap.mmap, int]:
+    @staticmethod
+    def _shrunk(location: RegionLocation, size: int) -> RegionShrunk:
+        return RegionShrunk(
+            f"the client's shared-memory object '{location.region.split(':', 1)[1]}' was "
+            f"shrunk to {size} bytes: bytes {location.offset} to "
+            f"{location.offset + location.nbytes} are gone"
+        )
+
+    def _open(self, region: str) -> tuple[int, int]:
         key = region.split(":", 1)[1]
         shm = posix_ipc.SharedMemory(key)
-        try:
-            mapping = mmap.mmap(shm.fd, shm.size)
-        except BaseException:
-            shm.close_fd()
-            raise
-        self._maps[region] = (mapping, shm.fd)
-        while len(self._maps) > self._KEEP:
-            _, (old, fd) = self._maps.popitem(last=False)
-            os.close(fd)
-            try:
-                old.close()
-            except BufferError:
-                pass  # a view is alive; the mapping goes with it
-        return mapping, shm.fd
+        self._fds[region] = entry = (shm.fd, shm.size)
+        while len(self._fds) > self._KEEP:
+            _, (old, _size) = self._fds.popitem(last=False)
+            os.close(old)
+        return entry
 
     def close(self) -> None:
         with self._lock:
-            for mapping, fd in self._maps.values():
+            for fd, _size in self._fds.values():
                 os.close(fd)
-                with contextlib.suppress(BufferError):
-                    mapping.close()
-            self._maps.clear()
+            self._fds.clear()

@@ -4,12 +4,11 @@ client's region it was asked into), the others dropped as Triton drops them."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from shoal.ipc import messages as msg
 from shoal.ipc.arena import ArenaExhausted
-from shoal.ipc.tensor import CudaRegionLocation, Location, RegionLocation, TensorDesc
+from shoal.ipc.tensor import CudaRegionLocation, RegionLocation, TensorDesc
 from shoal.stub.execute_checks import failure_text
 from shoal.stub.gpu_tensors import CudaPoolRefused
 from shoal.stub.memory import RegionShrunk, RegionTooSmall
@@ -19,12 +18,9 @@ from shoal.stub.tensors_out import TensorWriter, Written
 class ResponseRecorder:
     """Turns the responses of one instance's model into records."""
 
-    def __init__(
-        self, instance: str, writer: TensorWriter, input_view: Callable[[Location], memoryview]
-    ) -> None:
+    def __init__(self, instance: str, writer: TensorWriter) -> None:
         self.instance = instance
         self.writer = writer
-        self.input_view = input_view
 
     def record(self, response: Any, request: msg.RequestRecord) -> msg.ResponseRecord:
         """A response as a record: outputs written once, unrequested outputs dropped."""
@@ -68,7 +64,7 @@ class ResponseRecorder:
             return self.writer.gpu.place(tensor, target)
         if target is not None:
             assert isinstance(target, RegionLocation)
-            return self.writer.place(tensor, target, self.input_view(target))
+            return self.writer.place(tensor, target)
         return self.writer.describe(tensor, written, for_response=True)
 
     def _write_failed(self, error: Exception) -> msg.ResponseRecord:

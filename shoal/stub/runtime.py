@@ -134,18 +134,17 @@ class StubRuntime:
     def private_input_view(self, location: Location, view: memoryview) -> memoryview:
         """A writable view of ``view`` (of ``location``) whose writes no one else sees: a
         copy-on-write mapping, or a plain copy where that is cheaper (small tensors) or the
-        segment has no fd (named segments)."""
+        segment has no fd (named segments). A client region's ``view`` is already a copy."""
+        if isinstance(location, RegionLocation):
+            return view
+        assert isinstance(location, Block)
         if view.nbytes >= PRIVATE_MAPPING_MIN_BYTES:
             mapped: memoryview | None
-            if isinstance(location, RegionLocation):
-                mapped = self.regions.private_view(location)
+            if self.outputs is not None and location.arena_id == self.outputs.arena_id:
+                mapped = self.outputs.private_view(location)
             else:
-                assert isinstance(location, Block)
-                if self.outputs is not None and location.arena_id == self.outputs.arena_id:
-                    mapped = self.outputs.private_view(location)
-                else:
-                    with self._segments_lock:
-                        mapped = self.inputs.private_view(location)
+                with self._segments_lock:
+                    mapped = self.inputs.private_view(location)
             if mapped is not None:
                 return mapped
         return memoryview(bytearray(view))
@@ -192,7 +191,7 @@ class StubRuntime:
                 raise RuntimeError(f"expected Initialize, got {type(first).__name__}")
             outputs = SharedOutputArena(self._create_outputs(first))
             c_python_backend_utils._set_free_memory(outputs.free_bytes)
-            writer = TensorWriter(outputs, Locations())
+            writer = TensorWriter(outputs, Locations(), regions=self.regions)
             lender = writer.lender = OutputLender(outputs, writer.locations)
             pb_utils._set_output_lender(lender.lend)
             cancels: list[Callable[[list[int]], None]] = []  # filled once execute can run

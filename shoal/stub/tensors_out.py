@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from shoal.ipc.arena import Block
+from shoal.ipc.dtypes import NUMPY_DTYPES
 from shoal.ipc.tensor import (
     CudaLocation,
     RegionLocation,
@@ -12,7 +13,7 @@ from shoal.ipc.tensor import (
     numpy_to_buffer_size,
     write_numpy,
 )
-from shoal.stub.memory import Locations, RegionTooSmall, SharedOutputArena
+from shoal.stub.memory import ClientRegions, Locations, RegionTooSmall, SharedOutputArena
 
 if TYPE_CHECKING:
     from shoal.stub.gpu_tensors import GpuTensors
@@ -30,11 +31,17 @@ class TensorWriter:
     """
 
     def __init__(
-        self, outputs: SharedOutputArena, locations: Locations, gpu: GpuTensors | None = None
+        self,
+        outputs: SharedOutputArena,
+        locations: Locations,
+        gpu: GpuTensors | None = None,
+        regions: ClientRegions | None = None,
     ) -> None:
         self.outputs = outputs
         self.locations = locations
         self.gpu = gpu
+        #: Clients' shared-memory regions, for outputs the client asked to receive in one.
+        self.regions = regions if regions is not None else ClientRegions()
         #: Blocks lent to the model (``pb_utils.empty_output_tensor``): a response carries
         #: them by descriptor.
         self.lender: OutputLender | None = None
@@ -49,14 +56,25 @@ class TensorWriter:
         if cuda and self.gpu is not None:
             self.gpu.give_back(cuda)
 
-    def place(self, tensor: Any, target: RegionLocation, view: memoryview) -> TensorDesc:
-        """Write an output straight into the client's shared-memory region (``view``)."""
+    def place(self, tensor: Any, target: RegionLocation) -> TensorDesc:
+        """Write an output straight into the client's shared-memory region (``pwrite``: a
+        client that shrinks its object meanwhile cannot make the stub fault)."""
         array = tensor._array()
         datatype = tensor._datatype()
         nbytes = numpy_to_buffer_size(array, datatype)
         if nbytes > target.nbytes:
             raise RegionTooSmall(tensor.name(), target.nbytes, nbytes)
-        write_numpy(array, datatype, view[:nbytes])
+        if (
+            datatype != "BYTES"
+            and array.dtype == NUMPY_DTYPES.get(datatype)
+            and array.flags.c_contiguous
+        ):
+            data = memoryview(array).cast("B") if nbytes else memoryview(b"")
+        else:
+            staged = bytearray(nbytes)
+            write_numpy(array, datatype, memoryview(staged))
+            data = memoryview(staged)
+        self.regions.write(RegionLocation(target.region, target.offset, nbytes), data)
         shape = tuple(int(d) for d in array.shape)
         location = RegionLocation(target.region, target.offset, nbytes)
         return TensorDesc(tensor.name(), datatype, shape, location)

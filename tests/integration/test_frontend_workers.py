@@ -8,10 +8,12 @@ left running. Each scenario here also runs with one worker elsewhere in the suit
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import queue
 import re
 import signal
+import socket
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -26,6 +28,8 @@ from tritonclient.utils import InferenceServerException
 from tests.integration.server import BUNDLED, TEST_MODELS, ShoalServer
 
 pytestmark = pytest.mark.timeout(120)
+
+_SYS_PIDFD_GETFD = 438
 
 MODELS = (
     "identity",
@@ -450,12 +454,55 @@ def test_drain_on_sigterm_finishes_requests_then_stops_the_workers():
         assert not [pid for pid in workers if os.path.exists(f"/proc/{pid}")]
 
 
+def _borrow_fd(pid: int, flag: bytes) -> int:
+    """A duplicate of worker ``pid``'s inherited socket ``--<flag>`` (pidfd_getfd), or -1 where
+    the kernel does not allow it."""
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        args = f.read().split(b"\0")
+    target = int(args[args.index(flag) + 1])
+    pidfd = os.pidfd_open(pid)
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return int(libc.syscall(_SYS_PIDFD_GETFD, pidfd, target, 0))
+    finally:
+        os.close(pidfd)
+
+
+def _answered(port: int) -> bool | None:
+    """None: the connection was refused; else whether an HTTP request on it got an answer."""
+    try:
+        sock = socket.create_connection(("127.0.0.1", port), timeout=2)
+    except ConnectionRefusedError:
+        return None
+    with sock:
+        try:
+            sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+            return bool(sock.recv(64))
+        except OSError:  # reset, or no answer within the timeout
+            return False
+
+
 def test_a_killed_core_takes_the_workers_with_it():
+    """No connection is answered once the core is dead, and the port refuses new ones even while
+    a dying worker still holds the listening socket (the test holds a copy of it too, so without
+    the worker stopping it for every holder, the kernel would keep accepting)."""
     with _start() as running:
         workers = _wait_for_workers(running, 2)
         stubs = running.stub_pids()
         assert stubs
-        running.stop(signal.SIGKILL)
+        port = int(running.url.rsplit(":", 1)[1])
+        held = _borrow_fd(workers[0], b"--http-fd")
+        try:
+            running.stop(signal.SIGKILL)  # returns once the core is reaped
+            reaped = time.monotonic()
+            answers = []
+            while (answered := _answered(port)) is not None:
+                answers.append(answered)
+                assert time.monotonic() - reaped < 5, f"still accepting: {answers}"
+            assert not any(answers), "a worker answered after the core died"
+        finally:
+            if held >= 0:
+                os.close(held)
         deadline = time.monotonic() + 10
         left = set(workers) | stubs
         while left and time.monotonic() < deadline:
@@ -485,3 +532,56 @@ def test_grpcio_workers_share_the_port():
                 np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + a)
             finally:
                 client.close()
+
+
+def _bad_preface(server: ShoalServer) -> None:
+    """A connection that is not HTTP/2: the worker that accepts it logs it at verbose level."""
+    host, port = server.grpc_url.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" + b"x" * 64)
+        with contextlib.suppress(OSError):
+            while sock.recv(4096):
+                pass  # until the worker closes the connection
+
+
+def _verbose_lines(server: ShoalServer, pid: int) -> int:
+    return sum(
+        1
+        for line in server.output.splitlines()
+        if f" {pid} " in line and "HTTP/2 connection error" in line
+    )
+
+
+def _until_logged(server: ShoalServer, index: int, pid: int) -> None:
+    deadline = time.monotonic() + 10
+    while _verbose_lines(server, pid) == 0:
+        assert time.monotonic() < deadline, f"worker {pid} never logged\n{server.output}"
+        with through(server, index):
+            _bad_preface(server)
+        time.sleep(0.05)  # the settings frame is on its way to the other worker
+
+
+def test_log_settings_reach_every_worker_and_restarted_ones(server):
+    pids = _wait_for_workers(server, 2)
+    client = httpclient.InferenceServerClient(server.url)
+    try:
+        with through(server, 0):
+            assert client.update_log_settings({"log_verbose_level": 1})["log_verbose_level"] == 1
+        client.close()
+        for index, pid in enumerate(pids):  # the worker that changed them, and the other one
+            _until_logged(server, index, pid)
+        os.kill(pids[1], signal.SIGKILL)
+        restarted = _wait_for_workers(server, 2, exclude={pids[1]})
+        _until_logged(server, 1, restarted[1])  # started with the settings of now
+        client = httpclient.InferenceServerClient(server.url)
+        with through(server, 1):
+            assert client.update_log_settings({"log_verbose_level": 0})["log_verbose_level"] == 0
+        client.close()
+        quiet = _verbose_lines(server, restarted[0])
+        with through(server, 0):
+            for _ in range(3):
+                _bad_preface(server)
+        time.sleep(0.3)  # what a verbose worker would have logged by now
+        assert _verbose_lines(server, restarted[0]) == quiet
+    finally:
+        client.close()

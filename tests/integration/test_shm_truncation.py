@@ -4,6 +4,7 @@ and its stubs live on (it used to kill the supervisor with SIGBUS)."""
 from __future__ import annotations
 
 import os
+import time
 
 import numpy as np
 import pytest
@@ -11,7 +12,7 @@ import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException, serialize_byte_tensor
 
-from tests.integration.server import BUNDLED, ShoalServer
+from tests.integration.server import BUNDLED, TEST_MODELS, ShoalServer
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -111,3 +112,40 @@ def test_registering_an_empty_object_or_window_is_a_client_error(server, client,
     _expect_400(lambda: client.register_system_shared_memory("r", KEY, 16), "exceeds")
     assert client.get_system_shared_memory_status() == []
     _still_serving(server, client, server.stub_pids())
+
+
+def test_object_shrunk_while_the_model_holds_the_input():
+    """The race the size checks cannot close: the client shrinks its object after the request
+    started, while the model holds the input and before it reads it. The stub read the window
+    into memory of its own when the request started, so the model reads what the client had
+    sent and the stub lives on (a mapping of the client's object would have killed it with
+    SIGBUS)."""
+    key = f"/shoal_test_held_{os.getpid()}"
+    values = np.arange(1 << 18, dtype=np.float32)  # 1 MiB, many pages
+    handle = shm.create_shared_memory_region("held", key, values.nbytes)
+    args = ("--model-control-mode", "explicit", "--load-model", "shm_holder")
+    try:
+        with ShoalServer(TEST_MODELS, extra_args=args) as server:
+            shm.set_shared_memory_region(handle, [values])
+            client = httpclient.InferenceServerClient(server.url)
+            try:
+                client.register_system_shared_memory("held", key, values.nbytes)
+                stubs = server.stub_pids()
+                data = httpclient.InferInput("DATA", [values.size], "FP32")
+                data.set_shared_memory("held", values.nbytes)
+                seconds = httpclient.InferInput("SECONDS", [1], "FP32")
+                seconds.set_data_from_numpy(np.array([0.5], dtype=np.float32))
+                pending = client.async_infer("shm_holder", [data, seconds])
+                deadline = time.monotonic() + 30
+                while "shm_holder: holding the input" not in server.output:
+                    assert time.monotonic() < deadline, server.output
+                    time.sleep(0.01)  # polling the server's log
+                os.truncate(f"/dev/shm{key}", 0)
+                result = pending.get_result()
+                assert result.as_numpy("SUM")[0] == values.sum(dtype=np.float64)
+                assert server.proc.poll() is None and server.stub_pids() == stubs, server.output
+                client.unregister_system_shared_memory()
+            finally:
+                client.close()
+    finally:
+        shm.destroy_shared_memory_region(handle)

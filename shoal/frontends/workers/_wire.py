@@ -55,8 +55,9 @@ END = 6  # a stream's end
 STOP = 7  # core -> worker: stop serving (drain done or shutdown)
 FREE = 8  # core -> worker: blocks of the worker's arena given back
 RETIRED = 9  # worker -> core: the worker retired an (empty) segment of its arena
-RELEASE = 10  # worker -> core: a response read in place is written: its blocks may go
-DROP = 11  # core -> worker: a segment it maps went away (or a whole arena: segment -1)
+LOG_SETTINGS = 10  # core -> worker: the log settings now (at the start and on every change)
+RELEASE = 11  # worker -> core: a response read in place is written: its blocks may go
+DROP = 12  # core -> worker: a segment it maps went away (or a whole arena: segment -1)
 
 #: An input whose data is a NumPy array (JSON inputs): dtype and shape travel with the bytes.
 _ARRAY = 1

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, cast
 
 from shoal.core import errors
@@ -91,6 +91,11 @@ class RemoteCore(CoreAPI):
         self.stopping = asyncio.Event()
         #: The seconds the core gives the worker to finish its responses when it stops.
         self.stop_grace = 0.0
+        #: Applies the core's log settings in this process: sent at the start and on every
+        #: change (made through any worker).
+        self.on_log_settings: Callable[[dict[str, ParamValue]], None] | None = None
+        #: Called when the link drops without the core having asked the worker to stop.
+        self.on_core_lost: Callable[[], None] | None = None
 
     async def connect(self, calls: socket.socket) -> None:
         """Start reading answers from the asynchronous socket."""
@@ -118,6 +123,8 @@ class RemoteCore(CoreAPI):
             self.arena.close()
 
     def _lost(self) -> None:
+        if not self.stopping.is_set() and self.on_core_lost is not None:
+            self.on_core_lost()
         self._fail_all(CoreGone())
         self.stopping.set()
 
@@ -134,6 +141,10 @@ class RemoteCore(CoreAPI):
         if kind == wire.STOP:
             self.stop_grace = float(fields[0]) if fields else 0.0
             self.stopping.set()
+            return
+        if kind == wire.LOG_SETTINGS:
+            if self.on_log_settings is not None:
+                self.on_log_settings(fields[0])
             return
         future = self._calls.pop(call_id, None)
         if future is not None:
@@ -324,6 +335,9 @@ class RemoteCore(CoreAPI):
 
     def update_log_settings(self, settings: dict[str, ParamValue]) -> dict[str, ParamValue]:
         updated: dict[str, ParamValue] = self._sync("update_log_settings", settings)
+        # This worker's own loggers change before it answers; the core tells the others.
+        if self.on_log_settings is not None:
+            self.on_log_settings(updated)
         return updated
 
     def trace_settings(self, model: str = "") -> dict[str, TraceValue]:

@@ -4,9 +4,10 @@ Each worker is a process started with ``command`` plus the two sockets of its li
 (blocking request/answer pairs for the core API's synchronous calls) and ``calls`` (inference,
 streams and model control, multiplexed by id). The listening sockets in ``inherit`` are passed
 down, so every worker accepts on the same ports. A worker that exits unasked fails only the
-calls it had in flight (their tasks are cancelled, which frees their blocks) and is started
-again; a worker finds out that the core died from its sockets closing (and its parent-death
-signal), so the core's death takes every worker with it.
+calls it had in flight (they are cancelled, which frees their blocks) and is started again; a
+worker finds out that the core died from its sockets closing (and its parent-death signal), so
+the core's death takes every worker with it. An inference call costs the core no task: the
+service answers it through a callback (:meth:`LinkedCore.start_infer`).
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ import os
 import signal
 import socket
 import subprocess
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 from shoal.core.api import ArenaRegistry, CoreAPI
 from shoal.core.types import InferRequest, InferResponse
@@ -41,13 +42,30 @@ _STABLE_SECS = 60.0
 #: restarted worker's arena is a new one, which no stub can mistake for the old).
 _arena_ids = itertools.count(1 << 32)
 
+#: Called once with (response, None) or (None, the error; CancelledError when cancelled).
+Answer = Callable[[InferResponse | None, BaseException | None], None]
+
+
+class LinkedCore(CoreAPI, Protocol):
+    """The core the workers serve: the API, and inference answered through a callback."""
+
+    def start_infer(self, request: InferRequest, done: Answer) -> Callable[[], object]:
+        """Start ``request``; ``done`` answers it once (maybe before this returns); the function
+        returned cancels it. No task per request: the core's CPU per request counts most."""
+        ...
+
+
+def _nothing() -> None:
+    pass
+
 
 class _Link:
     """One worker process and its sockets, from the core's side."""
 
-    def __init__(self, core: CoreAPI, index: int) -> None:
+    def __init__(self, core: LinkedCore, index: int, pool: WorkerPool) -> None:
         self.core = core
         self.index = index
+        self.pool = pool
         #: The worker's input arena, where it places large input tensors.
         self.arena: LentArena | None = None
         #: Responses whose large outputs the worker reads in place.
@@ -56,7 +74,8 @@ class _Link:
         self.pidfd = -1
         self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.exited: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        self.tasks: dict[int, asyncio.Task[None]] = {}
+        #: What cancels each call in flight, by id.
+        self.calls: dict[int, Callable[[], object]] = {}
         self.outbox: wire.Outbox | None = None
         self.control: asyncio.Transport | None = None
 
@@ -70,11 +89,15 @@ class _Link:
         kind, call_id, *fields = header
         if kind == wire.CALL:
             method, args = fields
-            self.tasks[call_id] = asyncio.create_task(self._run(call_id, method, args, payloads))
+            if method == "infer":
+                self._infer(call_id, args, payloads)
+            else:
+                task = asyncio.create_task(self._run(call_id, method, args, payloads))
+                self.calls[call_id] = task.cancel
         elif kind == wire.CANCEL:
-            task = self.tasks.pop(call_id, None)
-            if task is not None:
-                task.cancel()
+            cancel = self.calls.pop(call_id, None)
+            if cancel is not None:
+                cancel()
         elif kind == wire.RELEASE:
             if self.outputs is not None:
                 self.outputs.release(fields[0])
@@ -86,9 +109,45 @@ class _Link:
 
     def cancel_all(self) -> None:
         """Cancel the calls in flight: their requests fail and free their blocks."""
-        tasks, self.tasks = self.tasks, {}
-        for task in tasks.values():
-            task.cancel()
+        calls, self.calls = self.calls, {}
+        for cancel in calls.values():
+            cancel()
+
+    def _infer(self, call_id: int, args: list[Any], payloads: list[memoryview]) -> None:
+        self.calls[call_id] = _nothing  # until started: it may be answered before that
+        lend = None if self.arena is None else self.arena.lend
+        try:
+            request = wire.request_from_wire(args, payloads, lend)
+        except Exception as error:  # every failure is the caller's answer
+            self._answer(call_id, None, None, error)
+            return
+        try:
+            cancel = self.core.start_infer(
+                request, lambda response, error: self._answer(call_id, request, response, error)
+            )
+        except Exception as error:
+            self._answer(call_id, request, None, error)
+            return
+        if call_id in self.calls:
+            self.calls[call_id] = cancel
+
+    def _answer(
+        self,
+        call_id: int,
+        request: InferRequest | None,
+        response: InferResponse | None,
+        error: BaseException | None,
+    ) -> None:
+        self.calls.pop(call_id, None)
+        if response is not None:
+            try:
+                self.answer(wire.OK, call_id, response)
+            except Exception as failure:  # every failure is the caller's answer
+                error = failure
+        if error is not None and not isinstance(error, asyncio.CancelledError):
+            self.send([wire.ERROR, call_id, wire.error_to_wire(error)])
+        if request is not None and self.arena is not None:
+            self.arena.give_back(request)
 
     async def _run(
         self, call_id: int, method: str, args: list[Any], payloads: list[memoryview]
@@ -96,10 +155,7 @@ class _Link:
         request: InferRequest | None = None
         lend = None if self.arena is None else self.arena.lend
         try:
-            if method == "infer":
-                request = wire.request_from_wire(args, payloads, lend)
-                self.answer(wire.OK, call_id, await self.core.infer(request))
-            elif method == "infer_stream":
+            if method == "infer_stream":
                 request = wire.request_from_wire(args, payloads, lend)
                 stream = self.core.infer_stream(request)
                 try:
@@ -118,7 +174,7 @@ class _Link:
         except Exception as error:  # every failure is the caller's answer
             self.send([wire.ERROR, call_id, wire.error_to_wire(error)])
         finally:
-            self.tasks.pop(call_id, None)
+            self.calls.pop(call_id, None)
             if request is not None and self.arena is not None:
                 self.arena.give_back(request)
 
@@ -150,6 +206,8 @@ class _Link:
             answer = [wire.ERROR, wire.error_to_wire(error)]
         if self.control is not None and not self.control.is_closing():
             self.control.write(b"".join(wire.frame(answer)))
+        if method == "update_log_settings" and answer[0] == wire.OK:
+            self.pool.send_log_settings(answer[1], but=self)
 
     def send_free(self, flat: list[int]) -> None:
         self.send([wire.FREE, 0, flat])
@@ -173,7 +231,7 @@ class WorkerPool:
 
     def __init__(
         self,
-        core: CoreAPI,
+        core: LinkedCore,
         count: int,
         command: Sequence[str],
         inherit: Sequence[int],
@@ -219,7 +277,7 @@ class WorkerPool:
 
     async def _spawn(self, index: int) -> _Link:
         loop = asyncio.get_running_loop()
-        link = _Link(self._core, index)
+        link = _Link(self._core, index, self)
         self._started[index] = loop.time()
         control, control_child = socket.socketpair()
         calls, calls_child = socket.socketpair()
@@ -275,7 +333,15 @@ class WorkerPool:
         await loop.connect_accepted_socket(lambda: control_reader, sock=control)
         link.control = control_reader.transport
         self._links[index] = link
+        # A worker started after a change of the log settings starts with them too.
+        link.send([wire.LOG_SETTINGS, 0, self._core.log_settings()])
         return link
+
+    def send_log_settings(self, settings: dict[str, Any], but: _Link | None = None) -> None:
+        """Tell every worker (``but`` the one that changed them) the log settings now."""
+        for link in self._links:
+            if link is not None and link is not but:
+                link.send([wire.LOG_SETTINGS, 0, settings])
 
     def _reap(self, link: _Link) -> None:
         loop = asyncio.get_running_loop()

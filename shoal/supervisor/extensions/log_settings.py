@@ -120,17 +120,22 @@ class LogSettings:
             raise InvalidArgument(f"unknown log setting '{key}'")
 
     def _apply(self) -> None:
-        s = self._settings
-        level = shoal_level(
-            int(s["log_verbose_level"]),
-            bool(s["log_info"]),
-            bool(s["log_warning"]),
-            bool(s["log_error"]),
-        )
-        logging.getLogger("shoal").setLevel(level)
-        for handler in logging.getLogger().handlers:
-            if isinstance(handler.formatter, TritonFormatter):
-                handler.formatter.log_format = str(s["log_format"])
+        apply_log_settings(self._settings)
+
+
+def apply_log_settings(settings: dict[str, ParamValue]) -> None:
+    """Set this process's ``shoal`` loggers to ``settings`` (Triton's keys): the core applies
+    a change, and each frontend worker applies what the core sends it."""
+    level = shoal_level(
+        int(settings["log_verbose_level"]),
+        bool(settings["log_info"]),
+        bool(settings["log_warning"]),
+        bool(settings["log_error"]),
+    )
+    logging.getLogger("shoal").setLevel(level)
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler.formatter, TritonFormatter):
+            handler.formatter.log_format = str(settings["log_format"])
 
 
 def configure_logging(options: ServerOptions) -> None:
