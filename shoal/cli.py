@@ -253,6 +253,14 @@ def _add_grpc_limit_flags(serve: argparse.ArgumentParser) -> None:
         help="bytes of a request message; a larger one is RESOURCE_EXHAUSTED",
     )
     serve.add_argument(
+        "--grpc-max-connection-buffer-size",
+        type=parse_positive_int,
+        default=2**31 - 1,
+        help="request bytes one connection may hold across its calls (messages arriving or not "
+        "yet taken; at least one message of --grpc-max-message-size): the call that would pass "
+        "it is RESOURCE_EXHAUSTED",
+    )
+    serve.add_argument(
         "--grpc-http2-max-ping-strikes",
         type=parse_count,
         default=2,
@@ -606,6 +614,7 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         http_header_timeout_secs=args.http_header_timeout_secs,
         http_body_timeout_secs=args.http_body_timeout_secs,
         grpc_max_message_size=args.grpc_max_message_size,
+        grpc_max_connection_buffer_size=args.grpc_max_connection_buffer_size,
         grpc_http2_max_ping_strikes=args.grpc_http2_max_ping_strikes,
         grpc_http2_min_recv_ping_interval_without_data=(
             args.grpc_http2_min_recv_ping_interval_without_data

@@ -107,11 +107,14 @@ class _Inbox:
     inflated as they are taken, off the event loop when large (:func:`_inflate`)."""
 
     def __init__(
-        self, inflate: Callable[[bytes | bytearray], Awaitable[bytes | bytearray]]
+        self,
+        inflate: Callable[[bytes | bytearray], Awaitable[bytes | bytearray]],
+        taken: Callable[[int], None],
     ) -> None:
         self._items: deque[bytes | bytearray | _Compressed | None] = deque()  # None: no more
         self._waiter: asyncio.Future[None] | None = None
         self._inflate = inflate
+        self._taken = taken  # told the size of each message the handler takes
 
     def put(self, item: bytes | bytearray | _Compressed | None) -> None:
         self._items.append(item)
@@ -133,6 +136,7 @@ class _Inbox:
         if item is None:
             self._items.appendleft(None)
             raise StopAsyncIteration
+        self._taken(len(item.message) if isinstance(item, _Compressed) else len(item))
         if isinstance(item, _Compressed):
             return await self._inflate(item.message)
         return item
@@ -147,6 +151,27 @@ class _Compressed:
         self.message = message
 
 
+class _Budget:
+    """The request bytes one connection's calls hold and have not handed on yet (messages
+    arriving, and received ones a handler has not taken): bounded across all its streams, so
+    that a client's memory is not the message limit times its streams."""
+
+    __slots__ = ("held", "limit")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+
+    def take(self, size: int) -> bool:
+        if self.held + size > self.limit:
+            return False
+        self.held += size
+        return True
+
+    def give(self, size: int) -> None:
+        self.held -= size
+
+
 class _Call(StreamHandler):
     """One RPC on one HTTP/2 stream."""
 
@@ -158,9 +183,12 @@ class _Call(StreamHandler):
         method: Method,
         headers: Headers,
         encoding: bytes | None,
+        budget: _Budget,
     ) -> None:
         self._server = server
         self._connection = connection
+        self._budget = budget
+        self._held = 0  # what this call holds of the connection's budget
         self._stream_id = stream_id
         self._method = method
         self._context = _Context(headers)
@@ -171,6 +199,7 @@ class _Call(StreamHandler):
         self._expected = 0  # the size of the message being received
         self._filled = 0
         self._growing = False  # whether it is received into a buffer that grows as it comes
+        self._held_whole = False  # whether its whole size was counted when it began
         self._compressed = False
         self._request: bytes | bytearray | memoryview | _Compressed | None = None
         self._inbox: _Inbox | None = None
@@ -187,7 +216,7 @@ class _Call(StreamHandler):
         if timeout is not None:
             self._timer = loop.call_later(timeout, self._deadline)
         if self._method.streaming:
-            self._inbox = _Inbox(self._inflate)
+            self._inbox = _Inbox(self._inflate, self._release)
             self._launch(self._run_stream())
 
     def data_received(self, data: memoryview, end_stream: bool) -> None:
@@ -204,7 +233,8 @@ class _Call(StreamHandler):
                 self._prefix = bytearray()
                 continue
             size = min(len(view), self._expected - self._filled)
-            if self._growing:
+            if not self._held_whole and not self._hold(size):
+                return
                 assert isinstance(message, bytearray)
                 message += view[:size]
             else:
@@ -225,6 +255,7 @@ class _Call(StreamHandler):
     def reset(self) -> None:
         """The client cancelled the call, or its connection is gone: stop the work."""
         self._done = True
+        self._release(self._held)
         self._stop_timer()
         if self._task is not None:
             self._task.cancel()
@@ -243,6 +274,7 @@ class _Call(StreamHandler):
         self._expected = size
         self._filled = 0
         self._growing = False
+        self._held_whole = False
         pooled = None
         if size >= _BufferPool.MIN_SIZE and self._inbox is None and self._pooled is None:
             pooled = self._server.buffers.take(size)
@@ -250,6 +282,9 @@ class _Call(StreamHandler):
             self._pooled = pooled
             self._message = memoryview(pooled)[:size]
         elif size <= _PREALLOCATE:
+            if not self._hold(size):
+                return
+            self._held_whole = True
             self._message = bytearray(size)
         else:
             # The length prefix is only a claim: the message grows as its bytes arrive (two
@@ -261,6 +296,24 @@ class _Call(StreamHandler):
                 self._pooled = self._message
         if size == 0:
             self._message_done()
+
+    def _hold(self, size: int) -> bool:
+        """Count ``size`` more bytes against the connection's budget; past it, the call fails
+        (RESOURCE_EXHAUSTED) and the client is told to stop sending on the stream."""
+        if self._budget.take(size):
+            self._held += size
+            return True
+        self._fail(
+            RESOURCE_EXHAUSTED,
+            f"the connection holds more request bytes than its limit ({self._budget.limit} "
+            "bytes across its calls; --grpc-max-connection-buffer-size)",
+        )
+        return False
+
+    def _release(self, size: int) -> None:
+        size = min(size, self._held)
+        self._held -= size
+        self._budget.give(size)
 
     def _message_done(self) -> None:
         received = self._message
@@ -337,6 +390,7 @@ class _Call(StreamHandler):
             await self._run(self._unary())
         finally:
             self._request = None
+            self._release(self._held)
             if self._pooled is not None:
                 self._server.buffers.give_back(self._pooled)
                 self._pooled = None
@@ -426,6 +480,8 @@ class _Call(StreamHandler):
         if self._done and not force:
             return
         self._done = True
+        self._message = None
+        self._release(self._held)
         self._stop_timer()
         block = _OK_TRAILERS if code == OK else _status_block(code, details)
         if not self._headers_sent:
@@ -490,6 +546,7 @@ class NativeGrpcServer:
         restricted: Mapping[str, tuple[str, str]] | None = None,
         max_concurrent_streams: int = MAX_CONCURRENT_STREAMS,
         limits: FloodLimits | None = None,
+        max_connection_bytes: int = MAX_MESSAGE_BYTES,
     ) -> None:
         self._core = core
         self._limits = limits or FloodLimits()
@@ -500,6 +557,9 @@ class NativeGrpcServer:
         self._methods: dict[bytes, Method] = {}
         self._server: asyncio.Server | None = None
         self._connections: set[Http2Connection] = set()
+        self._budgets: dict[Http2Connection, _Budget] = {}
+        #: Request bytes one connection may hold across its calls (at least one message).
+        self.max_connection_bytes = max(max_connection_bytes, max_message_bytes)
         self.running: set[asyncio.Task[None]] = set()
         self.buffers = _BufferPool()
 
@@ -552,10 +612,15 @@ class NativeGrpcServer:
 
     def _connection(self) -> Http2Connection:
         connection = Http2Connection(
-            self._open_stream, self._connections.discard, self._max_streams, self._limits
+            self._open_stream, self._closed, self._max_streams, self._limits
         )
         self._connections.add(connection)
+        self._budgets[connection] = _Budget(self.max_connection_bytes)
         return connection
+
+    def _closed(self, connection: Http2Connection) -> None:
+        self._connections.discard(connection)
+        self._budgets.pop(connection, None)
 
     def _open_stream(
         self, connection: Http2Connection, stream_id: int, headers: Headers, end_stream: bool
@@ -585,7 +650,10 @@ class NativeGrpcServer:
             return None
         if encoding == b"identity":
             encoding = None
-        call = _Call(self, connection, stream_id, method, headers, encoding)
+        budget = self._budgets.get(connection)
+        if budget is None:  # a connection that closed meanwhile: nothing to serve
+            return None
+        call = _Call(self, connection, stream_id, method, headers, encoding, budget)
         call.start(None if timeout is None else _timeout_seconds(timeout))
         if end_stream:
             call.trailers_received()
