@@ -8,16 +8,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import shoal
 from shoal.core.errors import (
     Cancelled,
     DecoupledInfer,
     ErrorCode,
-    InvalidArgument,
     ModelError,
-    NotFound,
     ShoalError,
     Unavailable,
 )
@@ -33,23 +31,26 @@ from shoal.core.types import (
     RepositoryEntry,
     ServerMetadata,
     SharedMemoryRegion,
-    TensorMetadata,
 )
 from shoal.ipc import messages as msg
 from shoal.ipc.arena import Block, OwnedArena
 from shoal.ipc.records import RequestRecord
 from shoal.ipc.tensor import CudaRegionLocation, RegionLocation
 from shoal.supervisor.drain import EXITING, DrainGate
+from shoal.supervisor.extensions import EXTENSIONS
 from shoal.supervisor.extensions.custom_metrics import CustomMetrics
 from shoal.supervisor.extensions.log_settings import LogSettings
 from shoal.supervisor.extensions.trace_settings import TraceChange, TraceSettings, TraceValue
 from shoal.supervisor.memory.segments import SegmentDirectory
 from shoal.supervisor.memory.system_shm import SharedMemoryRegistry
+from shoal.supervisor.models import describe
 from shoal.supervisor.models.ensemble import EnsembleRunner
 from shoal.supervisor.models.manager import ModelRepositoryManager
 from shoal.supervisor.models.versions import ModelState, ModelVersion
 from shoal.supervisor.options import ServerOptions
 from shoal.supervisor.requests import classification, staging, streaming
+from shoal.supervisor.requests.answers import Answer, in_task, nothing
+from shoal.supervisor.requests.cached import cache_hit, cache_insert
 from shoal.supervisor.requests.client_shm import (
     ClientRegion,
     output_regions,
@@ -57,37 +58,12 @@ from shoal.supervisor.requests.client_shm import (
     read_shm_inputs,
     write_shm_outputs,
 )
-from shoal.supervisor.requests.response_cache import (
-    CachedResponse,
-    ResponseCache,
-    copy_response,
-    request_key,
-)
+from shoal.supervisor.requests.response_cache import ResponseCache, request_key
 from shoal.supervisor.work import Completion, Work
 
 log = logging.getLogger("shoal")
 #: Outputs the stub wrote into a client's region: the response carries no data for them.
 _CLIENT_REGIONS = (RegionLocation, CudaRegionLocation)
-
-EXTENSIONS = (
-    "binary_tensor_data",
-    "model_configuration",
-    "model_repository",
-    "model_repository(unload_dependents)",
-    "parameters",
-    "statistics",
-    "system_shared_memory",
-    "cuda_shared_memory",
-    "logging",
-    "trace",
-    "generate",
-    "classification",
-    "sequence",
-    "schedule_policy",
-)
-
-
-_COMPUTE_STAGES = ("compute_input", "compute_infer", "compute_output")
 
 
 class InferenceService:
@@ -190,21 +166,7 @@ class InferenceService:
         return all(answers)
 
     def model_metadata(self, name: str, version: str = "") -> ModelMetadata:
-        mv = self._repo.resolve(name, version)
-        config = mv.config
-        batch = (-1,) if config.max_batch_size > 0 else ()
-        versions = self._repo.models[name]
-        return ModelMetadata(
-            name=name,
-            versions=tuple(str(v) for v, m in sorted(versions.items()) if m.ready),
-            platform=config.platform or config.backend,
-            inputs=tuple(
-                TensorMetadata(t.name, t.datatype, batch + tuple(t.dims)) for t in config.inputs
-            ),
-            outputs=tuple(
-                TensorMetadata(t.name, t.datatype, batch + tuple(t.dims)) for t in config.outputs
-            ),
-        )
+        return describe.metadata(self._repo, name, version)
 
     def model_config(self, name: str, version: str = "") -> JsonDict:
         versions = self._repo.models.get(name)
@@ -281,33 +243,111 @@ class InferenceService:
             key = request_key(request, mv.name, mv.version)
             cached = self.cache.get(key) if key is not None else None
             if cached is not None:
-                return self._cache_hit(mv, request, cached, classes, started, lookup_started)
+                return cache_hit(self.shm, mv, request, cached, classes, started, lookup_started)
             lookup_ns = time.monotonic_ns() - lookup_started
         record, blocks = self.stage(mv, request, regions)
         if mv.config.is_ensemble:
             response = await self.ensembles.run(mv, request, record, blocks)
             if key is not None:
-                self._cache_insert(mv, key, response, lookup_ns)
+                cache_insert(self.cache, mv, key, response, lookup_ns)
             if classes:
                 classification.apply(response, mv.config, classes)
             mv.stats.success(
                 staging.batch_size(mv.config, request), time.monotonic_ns() - started, 0, (0, 0, 0)
             )
             return response
-        future: asyncio.Future[Completion] = asyncio.get_running_loop().create_future()
-        batch_size = staging.batch_size(mv.config, request)
-        work = Work(record, blocks, future, batch_size=batch_size)
-        if mv.stats.overhead is not None:  # --trace-overhead
-            mv.stats.stage("stage", work.enqueued_ns - started)
-        mv.submit(work)
+        work = self._submit(mv, request, record, blocks, started)
         try:
-            completion = await future
+            completion = await work.future
         except asyncio.CancelledError:
             work.cancel()
             raise
+        return self._answer(mv, request, work, completion, started, classes, key, lookup_ns)
+
+    def start_infer(self, request: InferRequest, done: Answer) -> Callable[[], object]:
+        """:meth:`infer` without a coroutine or a task per request (the frontend workers' link):
+        ``done(response, None)`` or ``done(None, error)`` is called once, maybe before this
+        returns; the function returned cancels the request (the client went away)."""
+        mv = self._plain_version(request)
+        if mv is None:
+            return in_task(self.infer(request), done)
+        started = time.monotonic_ns()
+        try:
+            self.gate.enter(request.model_name)
+            try:
+                classes = classification.requested(request, mv.config) if request.outputs else {}
+                record, blocks = self.stage(mv, request)
+            except ShoalError as error:
+                mv.stats.failure(time.monotonic_ns() - started, error.reason)
+                self.gate.leave()
+                raise
+        except ShoalError as error:
+            done(None, error)
+            return nothing
+        work = self._submit(mv, request, record, blocks, started)
+
+        def completed(future: asyncio.Future[Completion]) -> None:
+            try:
+                if future.cancelled():
+                    mv.stats.failure(time.monotonic_ns() - started, Cancelled.reason)
+                    done(None, asyncio.CancelledError())
+                    return
+                response = self._answer(mv, request, work, future.result(), started, classes)
+            except ShoalError as error:
+                mv.stats.failure(time.monotonic_ns() - started, error.reason)
+                done(None, error)
+            except Exception as error:  # a bug: the caller's answer still, never a hang
+                done(None, error)
+            else:
+                done(response, None)
+            finally:
+                self.gate.leave()
+
+        work.future.add_done_callback(completed)
+        return work.cancel
+
+    def _plain_version(self, request: InferRequest) -> ModelVersion | None:
+        """The model version of a request that neither an ensemble, a decoupled model nor the
+        response cache answers (None for those, and when infer must say why there is none)."""
+        try:
+            mv = self.resolve(request)
+        except ShoalError:
+            return None
+        config = mv.config
+        plain = not (config.decoupled or config.is_ensemble or self.cache is not None)
+        return mv if plain else None
+
+    def _submit(
+        self,
+        mv: ModelVersion,
+        request: InferRequest,
+        record: RequestRecord,
+        blocks: list[Block],
+        started: int,
+    ) -> Work:
+        """Hand a staged request to the model's scheduler."""
+        future: asyncio.Future[Completion] = asyncio.get_running_loop().create_future()
+        work = Work(record, blocks, future, batch_size=staging.batch_size(mv.config, request))
+        if mv.stats.overhead is not None:  # --trace-overhead
+            mv.stats.stage("stage", work.enqueued_ns - started)
+        mv.submit(work)
+        return work
+
+    def _answer(
+        self,
+        mv: ModelVersion,
+        request: InferRequest,
+        work: Work,
+        completion: Completion,
+        started: int,
+        classes: dict[str, int],
+        key: bytes | None = None,
+        lookup_ns: int = 0,
+    ) -> InferResponse:
+        """The response of a completed request, with its statistics."""
         response = self.response(mv, request, completion)
         if key is not None:
-            self._cache_insert(mv, key, response, lookup_ns)
+            cache_insert(self.cache, mv, key, response, lookup_ns)
         try:
             if classes:
                 classification.classify(response, mv.config, classes)
@@ -316,51 +356,18 @@ class InferenceService:
             response.release()
             raise
         finished = time.monotonic_ns()
-        mv.stats.success(batch_size, finished - started, completion.queue_ns, completion.compute_ns)
-        if mv.stats.overhead is not None:
-            # Until the Execute was written: the wait in the stub's ring is ipc_in's.
-            mv.stats.stage("queue", work.dispatched_ns - work.enqueued_ns)
-            for stage, ns in zip(_COMPUTE_STAGES, completion.compute_ns, strict=True):
-                mv.stats.stage(stage, ns)
-            mv.stats.stage("complete", finished - completion.received_ns)
-            mv.stats.stage("core_total", finished - started)
-        return response
-
-    def _cache_hit(
-        self,
-        mv: ModelVersion,
-        request: InferRequest,
-        cached: CachedResponse,
-        classes: dict[str, int],
-        started: int,
-        lookup_started: int,
-    ) -> InferResponse:
-        """Answer from the response cache: the model does not run (Triton's statistics: a
-        success and a cache hit, no inference or execution)."""
-        response = cached.response(mv.name, str(mv.version), request.id)
-        if classes:
-            classification.classify(response, mv.config, classes)
-        write_shm_outputs(self.shm, request, response)
-        finished = time.monotonic_ns()
-        mv.stats.cache_hit(finished - started, lookup_started - started, finished - lookup_started)
-        return response
-
-    def _cache_insert(
-        self, mv: ModelVersion, key: bytes, response: InferResponse, lookup_ns: int
-    ) -> None:
-        """Keep a copy of a miss's response; the lookup and this copy are its cache-miss time."""
-        assert self.cache is not None
-        inserting = time.monotonic_ns()
-        entry = copy_response(response)
-        if entry is not None and not self.cache.put(key, entry):
-            log.warning(
-                "model '%s': a response of %d bytes is larger than the response cache (%d "
-                "bytes): not cached",
-                mv.name,
-                entry.nbytes,
-                self.cache.limit_bytes,
+        stats = mv.stats
+        stats.success(
+            work.batch_size, finished - started, completion.queue_ns, completion.compute_ns
+        )
+        if stats.overhead is not None:
+            stats.answered_stages(
+                work.dispatched_ns - work.enqueued_ns,
+                completion.compute_ns,
+                finished - completion.received_ns,
+                finished - started,
             )
-        mv.stats.cache_miss(lookup_ns + time.monotonic_ns() - inserting)
+        return response
 
     def response(
         self, mv: ModelVersion, request: InferRequest, completion: Completion
@@ -388,21 +395,7 @@ class InferenceService:
     # -- statistics -------------------------------------------------------------------------
 
     def model_statistics(self, name: str = "", version: str = "") -> list[ModelStatistics]:
-        if not name:
-            if version:
-                raise InvalidArgument("a model version was given without a model name")
-            return [mv.stats.snapshot() for mv in self._repo.versions() if mv.ready]
-        if name not in self._repo.models:
-            raise InvalidArgument(f"requested model '{name}' is not available")
-        if version:
-            try:
-                return [self._repo.resolve(name, version).stats.snapshot()]
-            except NotFound:  # Triton's answer here (metadata and config answer NotFound)
-                raise InvalidArgument(
-                    f"requested model version is not available for model '{name}'"
-                ) from None
-        versions = self._repo.models[name].values()
-        return [mv.stats.snapshot() for mv in sorted(versions, key=lambda m: m.version) if mv.ready]
+        return describe.statistics(self._repo, name, version)
 
     # -- model repository -------------------------------------------------------------------
 

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 import shoal
-from shoal.cli import build_parser
+from shoal._serve_parser import build_parser
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -6,7 +6,9 @@ import argparse
 
 import pytest
 
-from shoal.cli import auto_frontend_workers, build_parser, options_from_args, parse_workers
+from shoal._flag_types import auto_frontend_workers, parse_workers
+from shoal._serve_parser import build_parser
+from shoal.cli import options_from_args
 
 pytestmark = pytest.mark.timeout(10)
 

@@ -29,7 +29,11 @@ ALLOWED: dict[str, set[str]] = {
     "perf": {"perf", "protos"},  # a client: nothing of the server's processes
     # the composition root and the command line may wire anything but the stub
     "server": {"server", "_compiled", "core", "config", "frontends", "ipc", "protos", "supervisor"},
-    "cli": {"cli", "_serve_flags", "server", "core", "config", "frontends", "perf", "supervisor"},
+    "cli": {"cli", "_serve_flags", "_serve_parser", "server", "config", "perf", "supervisor"},
+    # the command line's parser: flag tables and their argparse types
+    "_serve_parser": {"_serve_flags", "_flag_types", "_network_flags", "perf", "supervisor"},
+    "_network_flags": {"_flag_types", "frontends", "supervisor"},
+    "_flag_types": {"frontends", "supervisor"},
     "_serve_flags": set(),
     "__init__": {"_compiled"},
     "_compiled": set(),

@@ -225,18 +225,23 @@ def json_from_output(
     dtype = NUMPY_DTYPES[datatype]
     if data.nbytes != dtype.itemsize * count:
         raise _size_mismatch(name)
-    if datatype == "BOOL":
-        # Any non-zero byte is true; a bool view of such bytes would be undefined.
-        return (np.frombuffer(data, dtype=np.uint8) != 0).tolist()  # type: ignore[no-any-return]
-    if datatype == "BF16":
-        # bfloat16 is the upper half of a float32: widening the bits is exact.
-        words = np.frombuffer(data, dtype="<u2").astype("<u4") << 16
-        return _floats(words.view("<f4"))
+    if datatype == "BOOL" or datatype == "BF16":
+        return _without_numpy_view(datatype, data)
     array = np.frombuffer(data, dtype=dtype)
     if array.dtype.kind == "f":
         return _floats(array)
     values: list[Any] = array.tolist()  # typed Any or a list by the numpy version: no ignore
     return values
+
+
+def _without_numpy_view(datatype: str, data: memoryview) -> list[Any]:
+    """BOOL and BF16 values: NumPy has no view of their bytes that reads them right."""
+    if datatype == "BOOL":
+        # Any non-zero byte is true; a bool view of such bytes would be undefined.
+        return (np.frombuffer(data, dtype=np.uint8) != 0).tolist()  # type: ignore[no-any-return]
+    # bfloat16 is the upper half of a float32: widening the bits is exact.
+    words = np.frombuffer(data, dtype="<u2").astype("<u4") << 16
+    return _floats(words.view("<f4"))
 
 
 def _floats(array: np.ndarray) -> list[Any]:

@@ -4,9 +4,10 @@ Each worker is a process started with ``command`` plus the two sockets of its li
 (blocking request/answer pairs for the core API's synchronous calls) and ``calls`` (inference,
 streams and model control, multiplexed by id). The listening sockets in ``inherit`` are passed
 down, so every worker accepts on the same ports. A worker that exits unasked fails only the
-calls it had in flight (their tasks are cancelled, which frees their blocks) and is started
-again; a worker finds out that the core died from its sockets closing (and its parent-death
-signal), so the core's death takes every worker with it.
+calls it had in flight (they are cancelled, which frees their blocks) and is started again; a
+worker finds out that the core died from its sockets closing (and its parent-death signal), so
+the core's death takes every worker with it. An inference call costs the core no task: the
+service answers it through a callback (:meth:`LinkedCore.start_infer`).
 """
 
 from __future__ import annotations
@@ -19,11 +20,11 @@ import os
 import signal
 import socket
 import subprocess
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 from shoal.core.api import ArenaRegistry, CoreAPI
-from shoal.core.types import InferRequest
+from shoal.core.types import InferRequest, InferResponse
 from shoal.frontends.workers import _wire as wire
 from shoal.frontends.workers.arenas import LentArena
 from shoal.frontends.workers.client import ASYNC_METHODS, SYNC_METHODS
@@ -40,11 +41,27 @@ _STABLE_SECS = 60.0
 #: restarted worker's arena is a new one, which no stub can mistake for the old).
 _arena_ids = itertools.count(1 << 32)
 
+#: Called once with (response, None) or (None, the error; CancelledError when cancelled).
+Answer = Callable[[InferResponse | None, BaseException | None], None]
+
+
+class LinkedCore(CoreAPI, Protocol):
+    """The core the workers serve: the API, and inference answered through a callback."""
+
+    def start_infer(self, request: InferRequest, done: Answer) -> Callable[[], object]:
+        """Start ``request``; ``done`` answers it once (maybe before this returns); the function
+        returned cancels it. No task per request: the core's CPU per request counts most."""
+        ...
+
+
+def _nothing() -> None:
+    pass
+
 
 class _Link:
     """One worker process and its sockets, from the core's side."""
 
-    def __init__(self, core: CoreAPI, index: int, pool: WorkerPool) -> None:
+    def __init__(self, core: LinkedCore, index: int, pool: WorkerPool) -> None:
         self.core = core
         self.index = index
         self.pool = pool
@@ -54,7 +71,8 @@ class _Link:
         self.pidfd = -1
         self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.exited: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        self.tasks: dict[int, asyncio.Task[None]] = {}
+        #: What cancels each call in flight, by id.
+        self.calls: dict[int, Callable[[], object]] = {}
         self.outbox: wire.Outbox | None = None
         self.control: asyncio.Transport | None = None
 
@@ -68,11 +86,15 @@ class _Link:
         kind, call_id, *fields = header
         if kind == wire.CALL:
             method, args = fields
-            self.tasks[call_id] = asyncio.create_task(self._run(call_id, method, args, payloads))
+            if method == "infer":
+                self._infer(call_id, args, payloads)
+            else:
+                task = asyncio.create_task(self._run(call_id, method, args, payloads))
+                self.calls[call_id] = task.cancel
         elif kind == wire.CANCEL:
-            task = self.tasks.pop(call_id, None)
-            if task is not None:
-                task.cancel()
+            cancel = self.calls.pop(call_id, None)
+            if cancel is not None:
+                cancel()
         elif kind == wire.RETIRED:
             if self.arena is not None:
                 self.arena.retired(fields[0])
@@ -81,9 +103,48 @@ class _Link:
 
     def cancel_all(self) -> None:
         """Cancel the calls in flight: their requests fail and free their blocks."""
-        tasks, self.tasks = self.tasks, {}
-        for task in tasks.values():
-            task.cancel()
+        calls, self.calls = self.calls, {}
+        for cancel in calls.values():
+            cancel()
+
+    def _infer(self, call_id: int, args: list[Any], payloads: list[memoryview]) -> None:
+        self.calls[call_id] = _nothing  # until started: it may be answered before that
+        lend = None if self.arena is None else self.arena.lend
+        try:
+            request = wire.request_from_wire(args, payloads, lend)
+        except Exception as error:  # every failure is the caller's answer
+            self._answer(call_id, None, None, error)
+            return
+        try:
+            cancel = self.core.start_infer(
+                request, lambda response, error: self._answer(call_id, request, response, error)
+            )
+        except Exception as error:
+            self._answer(call_id, request, None, error)
+            return
+        if call_id in self.calls:
+            self.calls[call_id] = cancel
+
+    def _answer(
+        self,
+        call_id: int,
+        request: InferRequest | None,
+        response: InferResponse | None,
+        error: BaseException | None,
+    ) -> None:
+        self.calls.pop(call_id, None)
+        if response is not None:
+            try:
+                out: list[memoryview | bytes] = []
+                self.send([wire.OK, call_id, *wire.response_to_wire(response, out)], out)
+            except Exception as failure:  # every failure is the caller's answer
+                error = failure
+            finally:
+                response.release()
+        if error is not None and not isinstance(error, asyncio.CancelledError):
+            self.send([wire.ERROR, call_id, wire.error_to_wire(error)])
+        if request is not None and self.arena is not None:
+            self.arena.give_back(request)
 
     async def _run(
         self, call_id: int, method: str, args: list[Any], payloads: list[memoryview]
@@ -91,21 +152,13 @@ class _Link:
         request: InferRequest | None = None
         lend = None if self.arena is None else self.arena.lend
         try:
-            if method == "infer":
-                request = wire.request_from_wire(args, payloads, lend)
-                response = await self.core.infer(request)
-                try:
-                    out: list[memoryview | bytes] = []
-                    self.send([wire.OK, call_id, *wire.response_to_wire(response, out)], out)
-                finally:
-                    response.release()
-            elif method == "infer_stream":
+            if method == "infer_stream":
                 request = wire.request_from_wire(args, payloads, lend)
                 stream = self.core.infer_stream(request)
                 try:
                     async for response in stream:
                         try:
-                            out = []
+                            out: list[memoryview | bytes] = []
                             self.send(
                                 [wire.ITEM, call_id, *wire.response_to_wire(response, out)], out
                             )
@@ -124,7 +177,7 @@ class _Link:
         except Exception as error:  # every failure is the caller's answer
             self.send([wire.ERROR, call_id, wire.error_to_wire(error)])
         finally:
-            self.tasks.pop(call_id, None)
+            self.calls.pop(call_id, None)
             if request is not None and self.arena is not None:
                 self.arena.give_back(request)
 
@@ -158,7 +211,7 @@ class WorkerPool:
 
     def __init__(
         self,
-        core: CoreAPI,
+        core: LinkedCore,
         count: int,
         command: Sequence[str],
         inherit: Sequence[int],

@@ -33,6 +33,19 @@ class StatsRecorder:
         entry[0] += 1
         entry[1] += max(0, ns)
 
+    def answered_stages(
+        self, queue_ns: int, compute: ComputeNs, complete_ns: int, total_ns: int
+    ) -> None:
+        """The traced stages of one answered request: its queue time (until the Execute was
+        written; the wait in the stub's ring is ipc_in's), the stub's three, from the Result
+        read to the response, and the whole."""
+        self.stage("queue", queue_ns)
+        self.stage("compute_input", compute[0])
+        self.stage("compute_infer", compute[1])
+        self.stage("compute_output", compute[2])
+        self.stage("complete", complete_ns)
+        self.stage("core_total", total_ns)
+
     def execution(self, batch_size: int, compute: ComputeNs) -> None:
         """One call of the model's execute over ``batch_size`` inferences."""
         self._stats.execution_count += 1

@@ -19,7 +19,9 @@ from starlette.routing import Route
 from tritonclient.grpc import service_pb2 as triton_pb
 from tritonclient.utils import InferenceServerException
 
-from shoal.cli import build_parser, options_from_args, restriction_parser
+from shoal._flag_types import restriction_parser
+from shoal._serve_parser import build_parser
+from shoal.cli import options_from_args
 from shoal.core import ErrorCode, ShoalError
 from shoal.frontends._restricted import (
     GROUPS,

@@ -1,6 +1,6 @@
 import pytest
 
-from shoal.cli import build_parser
+from shoal._serve_parser import build_parser
 from shoal.perf.cli import config_from_args
 from shoal.perf.errors import PerfError
 from shoal.perf.runner import RunConfig, check

@@ -8,7 +8,8 @@ import asyncio
 import numpy as np
 import pytest
 
-from shoal.cli import build_parser, options_from_args
+from shoal._serve_parser import build_parser
+from shoal.cli import options_from_args
 from shoal.core import InferInput, InferRequest, InvalidArgument, ShoalError, Unavailable
 from shoal.supervisor.compose import build_service
 from shoal.supervisor.instances.loopback import Call, Loopback

@@ -8,7 +8,8 @@ from types import SimpleNamespace
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from shoal.cli import build_parser, options_from_args
+from shoal._serve_parser import build_parser
+from shoal.cli import options_from_args
 from shoal.core.types import ModelStatistics, StatDuration
 from shoal.supervisor.extensions._metrics_families import (
     ArenaSample,

@@ -6,7 +6,8 @@ import argparse
 
 import pytest
 
-from shoal.cli import build_parser, options_from_args
+from shoal._serve_parser import build_parser
+from shoal.cli import options_from_args
 from shoal.config import ConfigError
 from shoal.supervisor.instances.devices import (
     FORCE_CPU_ONLY,
