@@ -101,7 +101,13 @@ async def _start_grpc(
             reuse_port=options.frontend_workers > 1,
         )
         return aio
-    return NativeGrpcServer(core, max_message_bytes=size, restricted=restricted, limits=limits)
+    return NativeGrpcServer(
+        core,
+        max_message_bytes=size,
+        restricted=restricted,
+        limits=limits,
+        max_connection_bytes=options.grpc_max_connection_buffer_size,
+    )
 
 
 async def _start_frontends(

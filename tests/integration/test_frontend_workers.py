@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import os
 import queue
 import re
 import signal
 import socket
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 
@@ -585,3 +587,58 @@ def test_log_settings_reach_every_worker_and_restarted_ones(server):
         assert _verbose_lines(server, restarted[0]) == quiet
     finally:
         client.close()
+
+
+def _post(url: str, path: str, body: dict, headers: dict | None = None) -> tuple[int, bytes]:
+    request = urllib.request.Request(
+        f"http://{url}{path}", data=json.dumps(body).encode(), headers=headers or {}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read()
+
+
+def test_generate_and_generate_stream_through_each_worker(server):
+    for index in (0, 1):
+        with through(server, index):
+            status, body = _post(
+                server.url,
+                "/v2/models/add_sub/generate",
+                {"INPUT0": [1, 2, 3, 4], "INPUT1": [1] * 4},
+            )
+            assert status == 200, body
+            assert json.loads(body)["OUTPUT0"] == [2.0, 3.0, 4.0, 5.0]
+            status, body = _post(
+                server.url, "/v2/models/decoupled_repeat/generate_stream", {"COUNT": 3}
+            )
+            assert status == 200, body
+            events = [json.loads(chunk[6:]) for chunk in body.split(b"\n\n") if chunk]
+            assert [event["INDEX"] for event in events] == [0, 1, 2]
+            status, body = _post(server.url, "/v2/models/decoupled_repeat/generate", {"COUNT": 3})
+            assert status == 400 and b"exactly 1 response" in body, body
+
+
+def test_restricted_apis_are_restricted_by_every_worker():
+    admin = "model-repository:admin-key=admin-value"
+    flags = (f"--http-restricted-api={admin}", f"--grpc-restricted-protocol={admin}")
+    with _start(*flags) as running:
+        _wait_for_workers(running, 2)
+        for index in (0, 1):
+            with through(running, index):
+                status, body = _post(running.url, "/v2/repository/index", {})
+                assert status == 403 and b"expecting header 'admin-key'" in body, body
+                allowed = {"admin-key": "admin-value"}
+                status, body = _post(running.url, "/v2/repository/index", {}, allowed)
+                assert status == 200 and b"add_sub" in body, body
+                client = grpcclient.InferenceServerClient(running.grpc_url)
+                try:
+                    with pytest.raises(InferenceServerException, match="restricted"):
+                        client.get_model_repository_index()
+                    metadata = {"triton-grpc-protocol-admin-key": "admin-value"}
+                    index_ = client.get_model_repository_index(headers=metadata, as_json=True)
+                    assert "add_sub" in json.dumps(index_)
+                    assert client.is_model_ready("add_sub")  # health is not restricted
+                finally:
+                    client.close()

@@ -218,7 +218,8 @@ def request_to_wire(
                 )
                 continue
             array = np.ascontiguousarray(data)
-            payloads.append(memoryview(array.data).cast("B"))
+            # (memoryview cannot cast a view with a zero in its shape: an empty tensor)
+            payloads.append(memoryview(array.data).cast("B") if array.size else memoryview(b""))
             inputs.append(
                 [
                     tensor.name,
