@@ -170,15 +170,23 @@ def test_large_tensors_cross_the_worker_link_intact(server):
             client.close()
 
 
-#: A frontend worker's input arena: ids from 2**32 (shoal-arena-<id>-<segment> in the maps).
-_WORKER_ARENA = re.compile(rb"memfd:shoal-arena-(\d+)-\d+")
+_ARENA_MAP = re.compile(rb"memfd:shoal-arena-(\d+)-\d+")
+#: Frontend workers' input arenas have ids from 2**32; stubs' output arenas from 1.
+_WORKER_ARENAS = 1 << 32
+
+
+def mapped_arenas(pid: int) -> set[int]:
+    """The ids of the arenas process ``pid`` maps now."""
+    with open(f"/proc/{pid}/maps", "rb") as maps:
+        return {int(m[1]) for m in _ARENA_MAP.finditer(maps.read())}
 
 
 def worker_arenas(pid: int) -> set[int]:
-    """The frontend-worker arenas process ``pid`` maps now."""
-    with open(f"/proc/{pid}/maps", "rb") as maps:
-        ids = {int(m[1]) for m in _WORKER_ARENA.finditer(maps.read())}
-    return {i for i in ids if i >= 1 << 32}
+    return {i for i in mapped_arenas(pid) if i >= _WORKER_ARENAS}
+
+
+def stub_arenas(pid: int) -> set[int]:
+    return {i for i in mapped_arenas(pid) if 0 < i < _WORKER_ARENAS}
 
 
 def _stub_of(server: ShoalServer, model: str) -> int:
@@ -189,25 +197,43 @@ def _stub_of(server: ShoalServer, model: str) -> int:
     raise AssertionError(f"no stub of {model}")
 
 
-def test_large_inputs_reach_the_stub_through_the_worker_arena(server):
-    """A large input crosses by descriptor: the stub maps the worker's segment; a small one
-    stays on the link."""
+def _slow_echo(module, url: str, data: np.ndarray, seconds: float = 0.0) -> np.ndarray:
+    client = module.InferenceServerClient(url)
+    try:
+        inputs = [
+            module.InferInput("IN", [data.size], "FP32"),
+            module.InferInput("SECONDS", [1], "FP32"),
+        ]
+        inputs[0].set_data_from_numpy(data)
+        inputs[1].set_data_from_numpy(np.array([seconds], np.float32))
+        return client.infer("slow_echo", inputs).as_numpy("OUT")
+    finally:
+        client.close()
+
+
+def test_large_tensors_cross_by_descriptor_both_ways(server):
+    """A large input reaches the stub in the worker's arena; a large output reaches the worker
+    in the stub's arena. A restarted stub's old segments are dropped by the workers."""
     stub = _stub_of(server, "slow_echo")
     data = np.arange(1 << 18, dtype=np.float32)  # 1 MiB
     for module, url in ((httpclient, server.url), (grpcclient, server.grpc_url)):
-        client = module.InferenceServerClient(url)
-        try:
-            inputs = [
-                module.InferInput("IN", [data.size], "FP32"),
-                module.InferInput("SECONDS", [1], "FP32"),
-            ]
-            inputs[0].set_data_from_numpy(data)
-            inputs[1].set_data_from_numpy(np.array([0.0], np.float32))
-            result = client.infer("slow_echo", inputs)
-            np.testing.assert_array_equal(result.as_numpy("OUT"), data)
-        finally:
-            client.close()
+        np.testing.assert_array_equal(_slow_echo(module, url, data), data)
     assert worker_arenas(stub), "the stub never mapped a worker's arena"
+    workers = _wait_for_workers(server, 2)
+    old = stub_arenas(stub)  # the stub maps its own output arena
+    assert any(old & stub_arenas(pid) for pid in workers), "no worker mapped the stub's outputs"
+    os.kill(stub, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while any(old & stub_arenas(pid) for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.05)  # polling: the workers hear of the exit and unmap its segments
+    assert not any(old & stub_arenas(pid) for pid in workers), "a worker kept a dead stub's arena"
+    while time.monotonic() < deadline:  # the stub restarts and serves again
+        try:
+            np.testing.assert_array_equal(_slow_echo(httpclient, server.url, data), data)
+            break
+        except InferenceServerException:
+            time.sleep(0.1)  # polling the restart
+    np.testing.assert_array_equal(_slow_echo(grpcclient, server.grpc_url, data), data)
 
 
 def test_a_worker_killed_with_large_requests_in_flight_leaves_nothing_mapped(server):
