@@ -30,7 +30,7 @@ from shoal.frontends._serving import bind_socket
 from shoal.frontends.grpc.methods import MAX_MESSAGE_BYTES, SERVICE_NAME, Method, method_table
 from shoal.frontends.grpc.native_call import CallServer, NativeCall
 from shoal.frontends.grpc.native_headers import status_block, timeout_seconds
-from shoal.frontends.grpc.native_messages import BufferPool
+from shoal.frontends.grpc.native_messages import BufferPool, ConnectionBudget
 from shoal.frontends.grpc.servicer import Servicer
 from shoal.frontends.grpc.status import Status
 from shoal.frontends.h2 import frames as h2
@@ -96,6 +96,7 @@ class NativeGrpcServer:
         restricted: Mapping[str, tuple[str, str]] | None = None,
         max_concurrent_streams: int = MAX_CONCURRENT_STREAMS,
         limits: FloodLimits | None = None,
+        max_connection_bytes: int = MAX_MESSAGE_BYTES,
     ) -> None:
         self._core = core
         self._limits = limits or FloodLimits()
@@ -106,6 +107,9 @@ class NativeGrpcServer:
         self._methods: dict[bytes, Method] = {}
         self._server: asyncio.Server | None = None
         self._connections: set[Http2Connection] = set()
+        self._budgets: dict[Http2Connection, ConnectionBudget] = {}
+        #: Request bytes one connection may hold across its calls (at least one message).
+        self.max_connection_bytes = max(max_connection_bytes, max_message_bytes)
 
     async def start(self, host: str, port: int, sock: socket.socket | None = None) -> int:
         """Listen on ``host:port`` (0: any free port) and return the port; or serve ``sock``,
@@ -168,10 +172,15 @@ class NativeGrpcServer:
 
     def _connection(self) -> Http2Connection:
         connection = Http2Connection(
-            self._open_stream, self._connections.discard, self._max_streams, self._limits
+            self._open_stream, self._closed, self._max_streams, self._limits
         )
         self._connections.add(connection)
+        self._budgets[connection] = ConnectionBudget(self.max_connection_bytes)
         return connection
+
+    def _closed(self, connection: Http2Connection) -> None:
+        self._connections.discard(connection)
+        self._budgets.pop(connection, None)
 
     def _open_stream(
         self, connection: Http2Connection, stream_id: int, headers: Headers, end_stream: bool
@@ -185,8 +194,11 @@ class NativeGrpcServer:
         if method is None:
             connection.send_headers(stream_id, _NO_METHOD, end_stream=True)
             return None
+        budget = self._budgets.get(connection)
+        if budget is None:  # the connection closed meanwhile
+            return None
         encoding = None if call.encoding == b"identity" else call.encoding
-        handler = NativeCall(self._calls, connection, stream_id, method, headers, encoding)
+        handler = NativeCall(self._calls, connection, stream_id, method, headers, encoding, budget)
         handler.start(None if call.timeout is None else timeout_seconds(call.timeout))
         if end_stream:
             handler.trailers_received()

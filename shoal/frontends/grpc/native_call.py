@@ -12,7 +12,14 @@ from typing import TYPE_CHECKING, Any
 
 from shoal.frontends.grpc.methods import Method
 from shoal.frontends.grpc.native_headers import OK_TRAILERS, metadata, status_block
-from shoal.frontends.grpc.native_messages import Compressed, Inbox, Message, MessageReader, inflate
+from shoal.frontends.grpc.native_messages import (
+    Compressed,
+    ConnectionBudget,
+    Inbox,
+    Message,
+    MessageReader,
+    inflate,
+)
 from shoal.frontends.grpc.status import Status
 from shoal.frontends.h2 import frames as h2
 from shoal.frontends.h2.connection import Headers, Http2Connection, StreamHandler
@@ -91,8 +98,11 @@ class NativeCall(StreamHandler):
         method: Method,
         headers: Headers,
         encoding: bytes | None,
+        budget: ConnectionBudget,
     ) -> None:
         self._server, self._connection, self._stream_id = server, connection, stream_id
+        self._budget = budget
+        self._held = 0  # what this call holds of the connection's budget
         self._method = method
         self._context = _Context(headers)
         self._encoding = encoding
@@ -102,6 +112,7 @@ class NativeCall(StreamHandler):
             not method.streaming,
             self._message_done,
             self._too_large,
+            self._hold,
         )
 
     # --- from the connection ------------------------------------------------------------------
@@ -111,7 +122,7 @@ class NativeCall(StreamHandler):
         if timeout is not None:
             self._timer = loop.call_later(timeout, self._deadline)
         if self._method.streaming:
-            self._inbox = Inbox(self._inflate)
+            self._inbox = Inbox(self._inflate, self._release)
             self._launch(self._run_stream())
 
     def data_received(self, data: memoryview, end_stream: bool) -> None:
@@ -136,6 +147,24 @@ class NativeCall(StreamHandler):
     def _too_large(self, size: int) -> None:
         limit = self._server.max_message_bytes
         self._fail(RESOURCE_EXHAUSTED, f"Received message larger than max ({size} vs. {limit})")
+
+    def _hold(self, size: int) -> bool:
+        """Count ``size`` more request bytes against the connection's budget; past it, the
+        call fails and the client is told to stop sending on the stream."""
+        if self._budget.take(size):
+            self._held += size
+            return True
+        self._fail(
+            RESOURCE_EXHAUSTED,
+            f"the connection holds more request bytes than its limit ({self._budget.limit} "
+            "bytes across its calls; --grpc-max-connection-buffer-size)",
+        )
+        return False
+
+    def _release(self, size: int) -> None:
+        size = min(size, self._held)
+        self._held -= size
+        self._budget.give(size)
 
     def _message_done(self, received: Message, compressed: bool) -> None:
         message: Message | Compressed = received
@@ -212,6 +241,7 @@ class NativeCall(StreamHandler):
             await self._run(self._unary())
         finally:
             self._request = None
+            self._release(self._held)
             self._reader.release()
 
     async def _run_stream(self) -> None:
@@ -307,6 +337,7 @@ class NativeCall(StreamHandler):
         """The call is over: read nothing more, and its deadline no longer matters."""
         self._done = True
         self._reader.closed = True
+        self._release(self._held)
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None

@@ -54,13 +54,35 @@ class BufferPool:
         self._free.append(buffer)
 
 
+class ConnectionBudget:
+    """The request bytes one connection's calls hold and have not handed on yet (messages
+    arriving, and received ones no handler has taken): bounded across all its streams, so that
+    a client's memory is not the message limit times its streams."""
+
+    __slots__ = ("held", "limit")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+
+    def take(self, size: int) -> bool:
+        if self.held + size > self.limit:
+            return False
+        self.held += size
+        return True
+
+    def give(self, size: int) -> None:
+        self.held -= size
+
+
 class MessageReader:
     """Cuts the length-prefixed messages of one call out of its DATA.
 
     Each whole message goes to ``on_message(message, compressed)``; one announcing more than
     ``max_bytes`` to ``on_too_large(size)``, and nothing is read after it. ``pooled``: a message
     of a unary call may be received into a buffer of ``pool`` (given back by :meth:`release`,
-    once the call is over).
+    once the call is over). ``hold(size)`` counts the bytes of a message as they arrive (a small
+    one's all at once, as its buffer is made); when it says no, nothing more is read.
     """
 
     _message: bytearray | memoryview | None = None
@@ -68,6 +90,7 @@ class MessageReader:
     _expected = 0  # the size of the message being received
     _filled = 0
     _growing = False  # whether it is received into a buffer that grows as it comes
+    _held_whole = False  # whether its whole size was held when it began
     _compressed = False
     closed = False  # set by the call once it is over: nothing more is read
 
@@ -78,8 +101,10 @@ class MessageReader:
         pooled: bool,
         on_message: Callable[[Message, bool], None],
         on_too_large: Callable[[int], None],
+        hold: Callable[[int], bool],
     ) -> None:
         self._pool = pool
+        self._hold = hold
         self._max_bytes = max_bytes
         self._pooled_allowed = pooled
         self._on_message = on_message
@@ -98,6 +123,8 @@ class MessageReader:
                 view = self._read_prefix(view)
                 continue
             size = min(len(view), self._expected - self._filled)
+            if not self._held_whole and not self._hold(size):
+                return
             if self._growing:
                 assert isinstance(message, bytearray)
                 message += view[:size]
@@ -132,6 +159,9 @@ class MessageReader:
         self._expected = size
         self._filled = 0
         self._growing = False
+        self._held_whole = size <= _PREALLOCATE
+        if self._held_whole and not self._hold(size):
+            return
         self._message = self._buffer(size)
         if size == 0:
             self._message_done()
@@ -175,11 +205,14 @@ class Inbox:
     inflated as they are taken, off the event loop when large (:func:`inflate`)."""
 
     def __init__(
-        self, inflate: Callable[[bytes | bytearray], Awaitable[bytes | bytearray]]
+        self,
+        inflate: Callable[[bytes | bytearray], Awaitable[bytes | bytearray]],
+        taken: Callable[[int], None],
     ) -> None:
         self._items: deque[bytes | bytearray | Compressed | None] = deque()  # None: no more
         self._waiter: asyncio.Future[None] | None = None
         self._inflate = inflate
+        self._taken = taken  # told the size of each message the handler takes
 
     def put(self, item: bytes | bytearray | Compressed | None) -> None:
         self._items.append(item)
@@ -201,6 +234,7 @@ class Inbox:
         if item is None:
             self._items.appendleft(None)
             raise StopAsyncIteration
+        self._taken(len(item.message) if isinstance(item, Compressed) else len(item))
         if isinstance(item, Compressed):
             return await self._inflate(item.message)
         return item

@@ -115,7 +115,8 @@ class EnsembleRunner:
             raise InvalidArgument(f"ensemble '{mv.name}' produced no tensor '{name}'")
         assert isinstance(desc.location, Block | CudaLocation)
         view = self._directory.view(desc.location)
-        return InferOutput(name, desc.datatype, desc.shape, view)
+        placed = desc.location if type(desc.location) is Block else None
+        return InferOutput(name, desc.datatype, desc.shape, view, placed=placed)
 
 
 def _settle(
