@@ -34,7 +34,7 @@ from shoal.supervisor.work import Completion, Work
 
 if TYPE_CHECKING:
     from shoal.supervisor.instances.channel import StubChannel
-    from shoal.supervisor.instances.instance import StubInstance
+    from shoal.supervisor.instances.spec import Caller
 
 log = logging.getLogger("shoal")
 
@@ -57,7 +57,7 @@ class BlsRouter:
         self._streaming: dict[tuple[int, int], Work] = {}
         self._sending: set[asyncio.Future[None]] = set()
 
-    def handle(self, caller: StubInstance, proc: StubChannel, call: msg.BlsCall) -> None:
+    def handle(self, caller: Caller, proc: StubChannel, call: msg.BlsCall) -> None:
         key = (proc.pid, call.call_id)
         if not call.decoupled:
             self._start(caller, proc, call, key)
@@ -111,7 +111,7 @@ class BlsRouter:
     # -- a call with one response: callbacks, no task ---------------------------------------
 
     def _start(
-        self, caller: StubInstance, proc: StubChannel, call: msg.BlsCall, key: tuple[int, int]
+        self, caller: Caller, proc: StubChannel, call: msg.BlsCall, key: tuple[int, int]
     ) -> None:
         """Submit the call's request now, from the message's own callback; the reply is sent
         from its future's done-callback. A cancel answers at once. The request's ``timeout``
@@ -185,7 +185,7 @@ class BlsRouter:
 
     # -- a decoupled call: a task that forwards each response -------------------------------
 
-    async def _serve(self, caller: StubInstance, proc: StubChannel, call: msg.BlsCall) -> None:
+    async def _serve(self, caller: Caller, proc: StubChannel, call: msg.BlsCall) -> None:
         try:
             target = self._target(caller, call)
             await self._run(target, proc, call)  # the scheduler enforces the queue timeout
@@ -204,7 +204,7 @@ class BlsRouter:
             log.exception("BLS call from '%s' failed", caller.name)
             await self._reply_error(proc, call, ShoalError(f"internal error in BLS: {error!r}"))
 
-    def _target(self, caller: StubInstance, call: msg.BlsCall) -> ModelVersion:
+    def _target(self, caller: Caller, call: msg.BlsCall) -> ModelVersion:
         version = "" if call.model_version < 0 else str(call.model_version)
         target = self._models.resolve(call.model_name, version)
         _check_callable(target, call)

@@ -15,7 +15,7 @@ from shoal.supervisor.memory.segments import SegmentDirectory
 
 if TYPE_CHECKING:
     from shoal.supervisor.instances.channel import StubChannel
-    from shoal.supervisor.instances.instance import StubInstance
+    from shoal.supervisor.instances.spec import Caller
 
 log = logging.getLogger("shoal")
 Op = msg.ControlOp
@@ -43,7 +43,7 @@ class ControlRouter:
         self._directory = directory
         self._tasks: set[asyncio.Task[None]] = set()
 
-    def handle(self, caller: StubInstance, proc: StubChannel, call: msg.ControlCall) -> None:
+    def handle(self, caller: Caller, proc: StubChannel, call: msg.ControlCall) -> None:
         if call.op in (Op.LOAD_MODEL, Op.UNLOAD_MODEL):
             task = asyncio.create_task(self._model_call(proc, call))
             self._tasks.add(task)
