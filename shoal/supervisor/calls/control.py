@@ -62,7 +62,7 @@ class ControlRouter:
         else:
             self._reply(proc, call, None, value)
 
-    def _cuda_free(self, caller: StubInstance, proc: StubChannel, call: msg.ControlCall) -> None:
+    def _cuda_free(self, caller: Caller, proc: StubChannel, call: msg.ControlCall) -> None:
         try:
             blocks = [CudaLocation(*map(int, wire)) for wire in call.args]
         except (TypeError, ValueError):
