@@ -233,9 +233,9 @@ class _InferEndpoint:
         header_length = headers.get(codec.HEADER_LENGTH)
         decode = _decoder(body, name, version, header_length)
         if header_length is None and len(body) >= _THREAD_THRESHOLD:
-            # A large JSON body: parsed in a thread, so that the event loop gets the GIL back
-            # between the parse and each tensor's conversion (each one C call that holds it).
-            decoded = await asyncio.to_thread(decode)
+            # A large JSON body: parsed in a thread and in pieces, so that the event loop gets
+            # the GIL back between the calls (none takes long), with the collector off meanwhile.
+            decoded = await asyncio.to_thread(_json.without_collections, decode)
         else:
             decoded = decode()
         response = await self._core.infer(decoded.request)
