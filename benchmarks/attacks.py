@@ -206,22 +206,31 @@ def gzip1m(server: ShoalServer) -> str:
     return _grpc_call(server, gzip.compress(bytes(1024 * MIB)), compressed=True)
 
 
-def json_body(server: ShoalServer) -> str:
-    """A 57 MB JSON infer body (10 million FP32 values)."""
+def _json_attack(server: ShoalServer, model: str) -> str:
     values = ",".join(["1.5"] * 10_000_000)
-    body = (
-        '{"inputs":[{"name":"IN_FP32","datatype":"FP32","shape":[10000000],"data":['
-        + values
-        + "]}]}"
-    ).encode()
+    name = "IN_FP32" if model == "identity" else "INPUT0"
+    tensor = f'{{"name":"{name}","datatype":"FP32","shape":[10000000],"data":[{values}]}}'
+    body = f'{{"inputs":[{tensor}]}}'.encode()
     head = (
-        f"POST /v2/models/identity/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n"
+        f"POST /v2/models/{model}/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n"
     )
     with _connect(server) as sock:
         started = time.monotonic()
         sock.sendall(head.encode() + body)
         status, _ = read_response(sock)
     return f"{len(body) / 1e6:.0f} MB: HTTP {status} after {time.monotonic() - started:.2f} s"
+
+
+def json_body(server: ShoalServer) -> str:
+    """A 40 MB JSON infer body (10 million FP32 values) for ``identity``, whose output is answered
+    as JSON too (the probes share its one instance)."""
+    return _json_attack(server, "identity")
+
+
+def json_parse(server: ShoalServer) -> str:
+    """The same body for ``add_sub``: parsed whole, then refused (400, the shape), so that what
+    the probes measure is the parse alone, not a model instance they share."""
+    return _json_attack(server, "add_sub")
 
 
 def header(server: ShoalServer) -> str:
@@ -253,6 +262,7 @@ ATTACKS: dict[str, Callable[[ShoalServer], str]] = {
     "gzip16k": gzip16k,
     "gzip1m": gzip1m,
     "json": json_body,
+    "json-parse": json_parse,
     "header": header,
 }
 

@@ -47,6 +47,7 @@ HOT_PATH: tuple[str, ...] = (
     "shoal/frontends/http/_request.py",
     "shoal/frontends/http/_response.py",
     "shoal/frontends/http/app.py",
+    "shoal/frontends/http/routing.py",
     "shoal/supervisor/drain.py",
     "shoal/supervisor/instances/instance.py",
     "shoal/supervisor/schedulers/_batching.py",

@@ -99,6 +99,14 @@ _GRPC_LIMITS: tuple[_Limit, ...] = (
         "seconds without a byte while a preface, frame or message is half-sent; "
         "then the connection is dropped",
     ),
+    (
+        "--grpc-max-connection-buffer-size",
+        parse_positive_int,
+        2**31 - 1,
+        "request bytes one connection may hold across its calls (messages arriving or not yet "
+        "taken; at least one message of --grpc-max-message-size): the call that would pass it "
+        "is RESOURCE_EXHAUSTED",
+    ),
 )
 
 

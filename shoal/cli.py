@@ -125,6 +125,7 @@ def _limit_options(args: argparse.Namespace) -> dict[str, Any]:
         "http_header_timeout_secs": args.http_header_timeout_secs,
         "http_body_timeout_secs": args.http_body_timeout_secs,
         "grpc_max_message_size": args.grpc_max_message_size,
+        "grpc_max_connection_buffer_size": args.grpc_max_connection_buffer_size,
         "grpc_http2_max_ping_strikes": args.grpc_http2_max_ping_strikes,
         "grpc_http2_min_recv_ping_interval_without_data": (
             args.grpc_http2_min_recv_ping_interval_without_data

@@ -101,7 +101,13 @@ async def _start_grpc(
             reuse_port=options.frontend_workers > 1,
         )
         return aio
-    return NativeGrpcServer(core, max_message_bytes=size, restricted=restricted, limits=limits)
+    return NativeGrpcServer(
+        core,
+        max_message_bytes=size,
+        restricted=restricted,
+        limits=limits,
+        max_connection_bytes=options.grpc_max_connection_buffer_size,
+    )
 
 
 async def _start_frontends(
@@ -372,6 +378,7 @@ async def _serve_worker(
     from shoal.frontends.workers import _wire as wire
     from shoal.frontends.workers.arenas import StagingArena
     from shoal.frontends.workers.client import RemoteCore
+    from shoal.frontends.workers.outputs import MappedOutputs
     from shoal.frontends.workers.process import stop_accepting
     from shoal.supervisor.extensions.log_settings import apply_log_settings
 
@@ -387,7 +394,8 @@ async def _serve_worker(
         )
     elif segments is not None:
         segments.close()
-    core = RemoteCore(control, arena)
+    outputs = None if arena is None or segments is None else MappedOutputs(segments, arena)
+    core = RemoteCore(control, arena, outputs)
     core.on_log_settings = apply_log_settings
     core.on_core_lost = stop_accepting
     await core.connect(calls)

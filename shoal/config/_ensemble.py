@@ -28,6 +28,23 @@ def validate_ensemble(config: pb.ModelConfig, model: str) -> None:
 
 
 def _check_shape(config: pb.ModelConfig, model: str) -> None:
+    _check_ensemble_scheduling(config, model)
+    for name in ("instance_group", "model_warmup"):
+        if getattr(config, name):
+            raise ConfigError(
+                f"{model} is an ensemble and cannot have {name}: remove it (each step's model "
+                "has its own)",
+                field_path=(name,),
+            )
+    if config.HasField("optimization"):
+        raise ConfigError(
+            f"{model} is an ensemble and cannot have optimization: remove it",
+            field_path=("optimization",),
+        )
+
+
+def _check_ensemble_scheduling(config: pb.ModelConfig, model: str) -> None:
+    """The ensemble platform goes with steps in ``ensemble_scheduling``, and they with it."""
     if config.platform != ENSEMBLE_PLATFORM:
         raise ConfigError(
             f"{model} has ensemble_scheduling but platform '{config.platform}': set "
@@ -45,18 +62,6 @@ def _check_shape(config: pb.ModelConfig, model: str) -> None:
             f"{model} is an ensemble without steps: add step [ ... ] to ensemble_scheduling",
             field_path=("ensemble_scheduling",),
         )
-    for name in ("instance_group", "model_warmup"):
-        if getattr(config, name):
-            raise ConfigError(
-                f"{model} is an ensemble and cannot have {name}: remove it (each step's model "
-                "has its own)",
-                field_path=(name,),
-            )
-    if config.HasField("optimization"):
-        raise ConfigError(
-            f"{model} is an ensemble and cannot have optimization: remove it",
-            field_path=("optimization",),
-        )
 
 
 def _build_graph(steps: Sequence[pb.ModelEnsembling.Step], model: str) -> dict[str, _Tensor]:
@@ -70,21 +75,42 @@ def _build_graph(steps: Sequence[pb.ModelEnsembling.Step], model: str) -> dict[s
                 )
         for tensor_name in step.input_map.values():
             tensors.setdefault(tensor_name, _Tensor()).consumers.append(index)
-        for tensor_name in step.output_map.values():
-            tensor = tensors.setdefault(tensor_name, _Tensor())
-            if tensor.producer is not None:
-                raise ConfigError(
-                    f"ensemble tensor '{tensor_name}' of {model} is written by steps "
-                    f"{tensor.producer} and {index}: each tensor must have one producer; rename "
-                    "one of them in output_map",
-                    field_path=(*where, "output_map"),
-                )
-            tensor.producer = index
+        _add_outputs(tensors, step, index, model)
     return tensors
 
 
+def _add_outputs(
+    tensors: dict[str, _Tensor], step: pb.ModelEnsembling.Step, index: int, model: str
+) -> None:
+    for tensor_name in step.output_map.values():
+        tensor = tensors.setdefault(tensor_name, _Tensor())
+        if tensor.producer is not None:
+            raise ConfigError(
+                f"ensemble tensor '{tensor_name}' of {model} is written by steps "
+                f"{tensor.producer} and {index}: each tensor must have one producer; rename "
+                "one of them in output_map",
+                field_path=(*_STEPS, index, "output_map"),
+            )
+        tensor.producer = index
+
+
 def _check_flow(config: pb.ModelConfig, tensors: dict[str, _Tensor], model: str) -> None:
-    steps = config.ensemble_scheduling.step
+    _check_inputs_used(config, tensors, model)
+    _propagate(config.ensemble_scheduling.step, tensors)
+    for index, model_output in enumerate(config.output):
+        if model_output.name not in tensors:
+            raise ConfigError(
+                f"ensemble output '{model_output.name}' of {model} is not written by any step: "
+                "map a step's output to it in output_map",
+                field_path=("output", index),
+            )
+    outputs = {model_output.name for model_output in config.output}
+    for name, tensor in tensors.items():
+        _check_tensor(name, tensor, name in outputs, model)
+
+
+def _check_inputs_used(config: pb.ModelConfig, tensors: dict[str, _Tensor], model: str) -> None:
+    """Every ensemble input feeds a step; each is ready from the start."""
     for index, model_input in enumerate(config.input):
         if model_input.name not in tensors or not tensors[model_input.name].consumers:
             raise ConfigError(
@@ -93,31 +119,25 @@ def _check_flow(config: pb.ModelConfig, tensors: dict[str, _Tensor], model: str)
                 field_path=("input", index),
             )
         tensors[model_input.name].ready = True
-    _propagate(steps, tensors)
-    outputs = {model_output.name for model_output in config.output}
-    for index, model_output in enumerate(config.output):
-        if model_output.name not in tensors:
-            raise ConfigError(
-                f"ensemble output '{model_output.name}' of {model} is not written by any step: "
-                "map a step's output to it in output_map",
-                field_path=("output", index),
-            )
-    for name, tensor in tensors.items():
-        if not tensor.ready:
-            step = tensor.consumers[0] if tensor.producer is None else tensor.producer
-            raise ConfigError(
-                f"ensemble tensor '{name}' of {model} cannot be computed: step {step} needs it "
-                "but it is neither an ensemble input nor written by a step that can run (check "
-                "the names in input_map and output_map)",
-                field_path=(*_STEPS, step),
-            )
-        if not tensor.consumers and name not in outputs:
-            raise ConfigError(
-                f"ensemble tensor '{name}' of {model} is written by step {tensor.producer} but "
-                "no step reads it and it is not an ensemble output: use it or remove it from "
-                "output_map",
-                field_path=(*_STEPS, tensor.producer or 0, "output_map"),
-            )
+
+
+def _check_tensor(name: str, tensor: _Tensor, is_output: bool, model: str) -> None:
+    """A tensor can be computed, and someone reads it."""
+    if not tensor.ready:
+        step = tensor.consumers[0] if tensor.producer is None else tensor.producer
+        raise ConfigError(
+            f"ensemble tensor '{name}' of {model} cannot be computed: step {step} needs it "
+            "but it is neither an ensemble input nor written by a step that can run (check "
+            "the names in input_map and output_map)",
+            field_path=(*_STEPS, step),
+        )
+    if not tensor.consumers and not is_output:
+        raise ConfigError(
+            f"ensemble tensor '{name}' of {model} is written by step {tensor.producer} but "
+            "no step reads it and it is not an ensemble output: use it or remove it from "
+            "output_map",
+            field_path=(*_STEPS, tensor.producer or 0, "output_map"),
+        )
 
 
 def _propagate(steps: Sequence[pb.ModelEnsembling.Step], tensors: dict[str, _Tensor]) -> None:

@@ -22,6 +22,21 @@ def validate_sequence_batching(
 ) -> None:
     """Raise :class:`ConfigError` for the first problem in ``batching``."""
     _check_control_inputs(batching, model)
+    _check_controls(batching, model)
+    for index, state in enumerate(batching.state):
+        _check_state(state, model, (*_WHERE, "state", index))
+    if batching.HasField("oldest"):
+        check_preferred_sizes(
+            batching.oldest.preferred_batch_size,
+            max_batch_size,
+            model,
+            "sequence_batching oldest",
+            (*_WHERE, "oldest", "preferred_batch_size"),
+        )
+
+
+def _check_controls(batching: pb.ModelSequenceBatching, model: str) -> None:
+    """Each control is well formed, and each kind has one tensor."""
     seen_kinds: dict[int, str] = {}
     for index, control_input in enumerate(batching.control_input):
         for position, control in enumerate(control_input.control):
@@ -35,16 +50,6 @@ def validate_sequence_batching(
                 )
             seen_kinds[control.kind] = control_input.name
             _check_control(control, label, where)
-    for index, state in enumerate(batching.state):
-        _check_state(state, model, (*_WHERE, "state", index))
-    if batching.HasField("oldest"):
-        check_preferred_sizes(
-            batching.oldest.preferred_batch_size,
-            max_batch_size,
-            model,
-            "sequence_batching oldest",
-            (*_WHERE, "oldest", "preferred_batch_size"),
-        )
 
 
 def _check_control_inputs(batching: pb.ModelSequenceBatching, model: str) -> None:
@@ -80,18 +85,7 @@ def _check_control(control: pb.ModelSequenceBatching.Control, label: str, where:
     }
     given = [name for name, size in lists.items() if size]
     if control.kind == _Control.CONTROL_SEQUENCE_CORRID:
-        if given:
-            raise ConfigError(
-                f"{label} sets {given[0]}, which a correlation-id control does not use: "
-                "remove it and set data_type",
-                field_path=where,
-            )
-        if control.data_type not in CORRID_DATA_TYPES:
-            raise ConfigError(
-                f"{label} has data_type {pb.DataType.Name(control.data_type)}: a correlation-id "
-                "control must be TYPE_UINT64, TYPE_INT64, TYPE_UINT32, TYPE_INT32 or TYPE_STRING",
-                field_path=(*where, "data_type"),
-            )
+        _check_corrid_control(control, given, label, where)
         return
     if len(given) != 1 or lists[given[0]] != 2:
         raise ConfigError(
@@ -99,6 +93,23 @@ def _check_control(control: pb.ModelSequenceBatching.Control, label: str, where:
             "bool_false_true, with two values: the false value then the true value "
             "(e.g. int32_false_true: [ 0, 1 ])",
             field_path=where,
+        )
+
+
+def _check_corrid_control(
+    control: pb.ModelSequenceBatching.Control, given: list[str], label: str, where: FieldPath
+) -> None:
+    if given:
+        raise ConfigError(
+            f"{label} sets {given[0]}, which a correlation-id control does not use: "
+            "remove it and set data_type",
+            field_path=where,
+        )
+    if control.data_type not in CORRID_DATA_TYPES:
+        raise ConfigError(
+            f"{label} has data_type {pb.DataType.Name(control.data_type)}: a correlation-id "
+            "control must be TYPE_UINT64, TYPE_INT64, TYPE_UINT32, TYPE_INT32 or TYPE_STRING",
+            field_path=(*where, "data_type"),
         )
 
 
@@ -116,22 +127,29 @@ def _check_state(state: pb.ModelSequenceBatching.State, model: str, where: Field
         raise ConfigError(f"{label} has no dims: add dims", field_path=(*where, "dims"))
     check_dims(state.dims, f"{label} has dims", (*where, "dims"))
     for index, initial in enumerate(state.initial_state):
-        at = (*where, "initial_state", index)
-        name = initial.name or str(index)
-        if initial.WhichOneof("state_data") is None:
-            raise ConfigError(
-                f"initial_state '{name}' of {label} gives no data: set zero_data: true or "
-                "data_file",
-                field_path=at,
-            )
-        if initial.data_type != state.data_type:
-            raise ConfigError(
-                f"initial_state '{name}' of {label} has data_type "
-                f"{pb.DataType.Name(initial.data_type)} but the state is "
-                f"{pb.DataType.Name(state.data_type)}: make them equal",
-                field_path=(*at, "data_type"),
-            )
-        check_dims(initial.dims, f"initial_state '{name}' of {label} has dims", (*at, "dims"))
+        _check_initial_state(initial, state, label, (*where, "initial_state", index))
+
+
+def _check_initial_state(
+    initial: pb.ModelSequenceBatching.InitialState,
+    state: pb.ModelSequenceBatching.State,
+    label: str,
+    at: FieldPath,
+) -> None:
+    name = initial.name or str(at[-1])
+    if initial.WhichOneof("state_data") is None:
+        raise ConfigError(
+            f"initial_state '{name}' of {label} gives no data: set zero_data: true or data_file",
+            field_path=at,
+        )
+    if initial.data_type != state.data_type:
+        raise ConfigError(
+            f"initial_state '{name}' of {label} has data_type "
+            f"{pb.DataType.Name(initial.data_type)} but the state is "
+            f"{pb.DataType.Name(state.data_type)}: make them equal",
+            field_path=(*at, "data_type"),
+        )
+    check_dims(initial.dims, f"initial_state '{name}' of {label} has dims", (*at, "dims"))
 
 
 __all__ = ["CORRID_DATA_TYPES", "validate_sequence_batching"]

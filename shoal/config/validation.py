@@ -29,12 +29,7 @@ def validate_config(config: pb.ModelConfig, *, gpus: Sequence[int] = ()) -> list
     """
     model = f"model '{config.name}'"
     _check_backend(config, model)
-    if config.max_batch_size < 0:
-        raise ConfigError(
-            f"{model} has max_batch_size {config.max_batch_size}: use 0 for a model that does "
-            "not batch, or the largest batch it accepts",
-            field_path=("max_batch_size",),
-        )
+    _check_max_batch_size(config, model)
     _check_tensors(config.input, "input", config.max_batch_size, model)
     _check_tensors(config.output, "output", config.max_batch_size, model)
     _check_version_policy(config.version_policy, model)
@@ -47,6 +42,15 @@ def validate_config(config: pb.ModelConfig, *, gpus: Sequence[int] = ()) -> list
         _check_instance_groups(config.instance_group, sorted(set(gpus)), model)
         validate_warmup(config.model_warmup, config.max_batch_size, model)
     return warnings
+
+
+def _check_max_batch_size(config: pb.ModelConfig, model: str) -> None:
+    if config.max_batch_size < 0:
+        raise ConfigError(
+            f"{model} has max_batch_size {config.max_batch_size}: use 0 for a model that does "
+            "not batch, or the largest batch it accepts",
+            field_path=("max_batch_size",),
+        )
 
 
 def _check_backend(config: pb.ModelConfig, model: str) -> None:
@@ -221,26 +225,32 @@ def _check_instance_groups(
     for index, group in enumerate(groups):
         where: FieldPath = ("instance_group", index)
         label = f"instance group '{group.name}' of {model}"
-        kind = _Kind.Kind.Name(group.kind)
         if group.kind == _Kind.KIND_GPU:
-            if not group.gpus:
-                raise ConfigError(
-                    f"{label} has kind KIND_GPU but no GPUs are available: use kind: KIND_CPU "
-                    "or run where a GPU is visible",
-                    field_path=(*where, "kind"),
-                )
-            for gpu in group.gpus:
-                if gpu not in gpus:
-                    available = ", ".join(map(str, gpus)) or "none"
-                    raise ConfigError(
-                        f"{label} lists GPU {gpu}, which is not available (available GPUs: "
-                        f"{available}): change gpus",
-                        field_path=(*where, "gpus"),
-                    )
+            _check_gpus(group, gpus, label, where)
         elif group.gpus:
             raise ConfigError(
-                f"{label} has kind {kind} but lists gpus {list(group.gpus)}: remove gpus, or "
-                "use kind: KIND_GPU",
+                f"{label} has kind {_Kind.Kind.Name(group.kind)} but lists gpus "
+                f"{list(group.gpus)}: remove gpus, or use kind: KIND_GPU",
+                field_path=(*where, "gpus"),
+            )
+
+
+def _check_gpus(
+    group: pb.ModelInstanceGroup, gpus: list[int], label: str, where: FieldPath
+) -> None:
+    """A KIND_GPU group names GPUs, each one this server may use."""
+    if not group.gpus:
+        raise ConfigError(
+            f"{label} has kind KIND_GPU but no GPUs are available: use kind: KIND_CPU "
+            "or run where a GPU is visible",
+            field_path=(*where, "kind"),
+        )
+    for gpu in group.gpus:
+        if gpu not in gpus:
+            available = ", ".join(map(str, gpus)) or "none"
+            raise ConfigError(
+                f"{label} lists GPU {gpu}, which is not available (available GPUs: "
+                f"{available}): change gpus",
                 field_path=(*where, "gpus"),
             )
 

@@ -39,16 +39,7 @@ def select_versions(
         case ("all",):
             selected = versions
         case ("specific", tuple(wanted)):
-            missing = sorted(set(wanted) - set(versions))
-            if missing:
-                names = ", ".join(map(str, missing))
-                plural = "s" if len(missing) > 1 else ""
-                raise ConfigError(
-                    f"version_policy of {model} lists version{plural} {names}, which the model "
-                    f"directory does not have (versions found: {found}): add the version "
-                    "directory or change version_policy"
-                )
-            selected = sorted(set(wanted))
+            selected = _specific(wanted, versions, model, found)
         case _:
             raise ConfigError(f"unknown version policy {policy!r}")
     if not selected:
@@ -60,3 +51,17 @@ def select_versions(
 
 
 __all__ = ["list_versions", "select_versions"]
+
+
+def _specific(wanted: tuple[int, ...], versions: list[int], model: str, found: str) -> list[int]:
+    """The versions a specific policy lists, when the model directory has every one."""
+    missing = sorted(set(wanted) - set(versions))
+    if missing:
+        names = ", ".join(map(str, missing))
+        plural = "s" if len(missing) > 1 else ""
+        raise ConfigError(
+            f"version_policy of {model} lists version{plural} {names}, which the model "
+            f"directory does not have (versions found: {found}): add the version "
+            "directory or change version_policy"
+        )
+    return sorted(set(wanted))

@@ -9,7 +9,7 @@ frontends answer "not supported" (HTTP 501, gRPC UNIMPLEMENTED). Methods raise
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Protocol
 
 from shoal.core.types import (
@@ -191,3 +191,10 @@ class ArenaRegistry(Protocol):
         """(fd, size) of any segment the core knows (a stub's output arena's, for a worker that
         writes a response from it)."""
         ...
+
+    def watch_segments(self, owner: object, gone: Callable[[int, int], None]) -> None:
+        """Call ``gone(arena, segment)`` when a segment goes away (``segment`` -1: the whole
+        arena, e.g. a stub that exited), until ``unwatch_segments(owner)``."""
+        ...
+
+    def unwatch_segments(self, owner: object) -> None: ...

@@ -85,7 +85,8 @@ class InferOutput:
     """One output tensor of a response.
 
     ``data`` is a read-only view of the raw bytes in V2 binary layout; it stays valid until the
-    response's ``release`` is called.
+    response's ``release`` is called. ``placed``: the shared-memory block ``data`` views, which
+    another process (a frontend worker) may map to read it in place.
     """
 
     name: str
@@ -93,6 +94,7 @@ class InferOutput:
     shape: tuple[int, ...]
     data: View
     parameters: dict[str, ParamValue] = field(default_factory=dict)
+    placed: Block | None = None
 
     def as_numpy(self) -> np.ndarray:
         """Decode into a NumPy array (BYTES become an object array of ``bytes``)."""

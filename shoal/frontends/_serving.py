@@ -13,6 +13,7 @@ import contextlib
 import errno
 import socket
 from collections.abc import Generator
+from typing import Any
 
 import uvicorn
 
@@ -52,12 +53,7 @@ async def wait_started(server: EmbeddedServer, serving: asyncio.Task[None]) -> N
 
 def bind_socket(host: str, port: int, what: str = "HTTP") -> socket.socket:
     """A TCP socket bound to ``host:port`` (``port`` 0: any free port) for the ``what`` frontend."""
-    try:
-        family, kind, proto, _, address = socket.getaddrinfo(
-            host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-        )[0]
-    except socket.gaierror as exc:
-        raise OSError(f"cannot resolve the {what} host '{host}': {exc}") from exc
+    family, kind, proto, address = _address(host, port, what)
     sock = socket.socket(family, kind, proto)
     try:
         # Restart at once on a port whose old connections linger in TIME_WAIT.
@@ -71,3 +67,14 @@ def bind_socket(host: str, port: int, what: str = "HTTP") -> socket.socket:
             ) from exc
         raise
     return sock
+
+
+def _address(host: str, port: int, what: str) -> tuple[int, int, int, Any]:
+    """Family, type, protocol and address to bind ``host:port`` to."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+    except socket.gaierror as exc:
+        raise OSError(f"cannot resolve the {what} host '{host}': {exc}") from exc
+    return family, kind, proto, address

@@ -42,7 +42,7 @@ class AnnouncedSegments:
         self._wait_for(block.arena_id, block.segment)
         return self.map.view(block).toreadonly()
 
-    def keys(self) -> list[tuple[int, int]]:
+    def announced(self) -> list[tuple[int, int]]:
         """(arena, segment) of every segment announced and not dropped."""
         return list(self._fds)
 

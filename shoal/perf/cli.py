@@ -89,6 +89,13 @@ def _add_inputs(parser: argparse.ArgumentParser) -> None:
 
 def _add_load(parser: argparse.ArgumentParser) -> None:
     load = parser.add_argument_group("load")
+    _add_levels(load)
+    _add_span(load)
+    _add_transport(load)
+
+
+def _add_levels(load: argparse._ArgumentGroup) -> None:
+    """How many requests are in flight: one level or a sweep."""
     levels = load.add_mutually_exclusive_group()
     levels.add_argument(
         "--concurrency",
@@ -105,6 +112,10 @@ def _add_load(parser: argparse.ArgumentParser) -> None:
         metavar="START:END:STEP",
         help="perf_analyzer's sweep: START to END by STEP (1:8:2 is 1, 3, 5, 7)",
     )
+
+
+def _add_span(load: argparse._ArgumentGroup) -> None:
+    """How long each level is measured, after how long a warmup."""
     span = load.add_mutually_exclusive_group()
     span.add_argument("--duration", type=float, default=5.0, help="seconds measured per level")
     span.add_argument(
@@ -119,6 +130,10 @@ def _add_load(parser: argparse.ArgumentParser) -> None:
     load.add_argument(
         "--request-timeout", type=float, default=30.0, help="seconds before a request fails"
     )
+
+
+def _add_transport(load: argparse._ArgumentGroup) -> None:
+    """How requests travel: their encoding, shared memory, streaming and the client."""
     load.add_argument(
         "--http-format",
         choices=("binary", "json"),

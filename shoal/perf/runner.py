@@ -82,20 +82,9 @@ def check(config: RunConfig) -> None:
 
 
 def choose_inputs(config: RunConfig, info: ModelInfo) -> list[TensorSpec]:
-    batched = info.max_batch_size > 0
+    """The inputs to send: from ``--input-data``, from ``--input``, else from the metadata."""
     if config.input_data is not None:
-        try:
-            document = json.loads(config.input_data.read_text())
-        except (OSError, ValueError) as error:
-            raise PerfError(f"--input-data {config.input_data}: {error}") from None
-        try:
-            if is_perf_analyzer_data(document):
-                return tensors_from_data(
-                    document, info.inputs, batch_size=config.batch_size, batched=batched
-                )
-            return tensors_from_json(config.input_data)
-        except (ValueError, KeyError, TypeError) as error:
-            raise PerfError(f"--input-data {config.input_data}: {error}") from None
+        return _inputs_from_file(config.input_data, config, info)
     if config.inputs:
         return [random_tensor(n, d, s, seed=i) for i, (n, d, s) in enumerate(config.inputs)]
     if not info.inputs:
@@ -108,10 +97,27 @@ def choose_inputs(config: RunConfig, info: ModelInfo) -> list[TensorSpec]:
     return tensors_from_metadata(
         info.inputs,
         config.payload_bytes,
-        batched=batched,
+        batched=info.max_batch_size > 0,
         batch_size=config.batch_size,
         zeros=config.zero_data,
     )
+
+
+def _inputs_from_file(path: Path, config: RunConfig, info: ModelInfo) -> list[TensorSpec]:
+    """perf_analyzer's ``{"data": [...]}`` (its first entry) or a V2 request body."""
+    try:
+        document = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise PerfError(f"--input-data {path}: {error}") from None
+    try:
+        if is_perf_analyzer_data(document):
+            batched = info.max_batch_size > 0
+            return tensors_from_data(
+                document, info.inputs, batch_size=config.batch_size, batched=batched
+            )
+        return tensors_from_json(path)
+    except (ValueError, KeyError, TypeError) as error:
+        raise PerfError(f"--input-data {path}: {error}") from None
 
 
 async def run(config: RunConfig) -> list[CellResult]:

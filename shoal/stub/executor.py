@@ -124,15 +124,7 @@ class BatchExecutor:
         try:
             requests = [self._request(r, sent[i]) for i, r in enumerate(execute.requests)]
         except Exception as error:  # a tensor the stub cannot view must not kill the instance
-            text = self.failure(
-                f"cannot read the request's inputs: {type(error).__name__}: {error}"
-            )
-            failure = msg.ResponseRecord(error=("INVALID_ARG", text))
-            if self.decoupled:  # decoupled requests are answered on their streams
-                for record in execute.requests:
-                    self.send(msg.Response(record.key, failure, True))
-                return msg.Result(execute.batch_id, [], (0, 0, 0))
-            return msg.Result(execute.batch_id, [failure] * len(execute.requests), (0, 0, 0))
+            return self._unreadable(execute, error)
         self._open.track(execute.requests, requests)
         if all(request._cancellation.cancelled for request in requests):
             return self._dropped(execute)
@@ -148,6 +140,16 @@ class BatchExecutor:
             return self._execute(execute, requests, sent, t0, t1)
         finally:
             calling_requests.reset(token)
+
+    def _unreadable(self, execute: msg.Execute, error: Exception) -> msg.Result:
+        """The batch's requests fail: the stub cannot read their inputs."""
+        text = self.failure(f"cannot read the request's inputs: {type(error).__name__}: {error}")
+        failure = msg.ResponseRecord(error=("INVALID_ARG", text))
+        if self.decoupled:  # decoupled requests are answered on their streams
+            for record in execute.requests:
+                self.send(msg.Response(record.key, failure, True))
+            return msg.Result(execute.batch_id, [], (0, 0, 0))
+        return msg.Result(execute.batch_id, [failure] * len(execute.requests), (0, 0, 0))
 
     def _execute(
         self, execute: msg.Execute, requests: list[Any], sent: list[list[Any]], t0: int, t1: int
@@ -272,31 +274,14 @@ class BatchExecutor:
     # -- requests ---------------------------------------------------------------------------
 
     def _request(self, record: msg.RequestRecord, delivered: list[Any]) -> Any:
-        tensors = []
-        for i, desc in enumerate(record.inputs):
-            if type(desc.location) in _ON_A_GPU:
-                assert self.writer.gpu is not None
-                tensors.append(self.writer.gpu.input_tensor(desc))
-                continue
-            tensors.append(self._cpu_input(desc, bool(record.private_inputs >> i & 1)))
         if self.decoupled:
             deliver = self._stream_to(record)
         else:
-            key = record.key
-
-            def deliver(response: Any, flags: int) -> None:
-                if response is None:
-                    return
-                with self._late_lock:
-                    delivered.append(response)
-                    late = self._late.pop(key, None)
-                if late is not None:
-                    late()
-
+            deliver = self._collect_to(delivered, record.key)
         return pb_utils.InferenceRequest._from_server(
             request_id=record.request_id,
             correlation_id=record.correlation_id,
-            inputs=tensors,
+            inputs=self._inputs(record),
             requested_output_names=record.requested_outputs,
             flags=record.flags,
             parameters={k: v for k, v in record.parameters.items() if k not in _RESERVED},
@@ -307,6 +292,31 @@ class BatchExecutor:
             decoupled=self.decoupled,
             trace_context=record.trace_context or None,
         )
+
+    def _inputs(self, record: msg.RequestRecord) -> list[Any]:
+        tensors = []
+        for i, desc in enumerate(record.inputs):
+            if type(desc.location) in _ON_A_GPU:
+                assert self.writer.gpu is not None
+                tensors.append(self.writer.gpu.input_tensor(desc))
+                continue
+            tensors.append(self._cpu_input(desc, bool(record.private_inputs >> i & 1)))
+        return tensors
+
+    def _collect_to(self, delivered: list[Any], key: int) -> Callable[[Any, int], None]:
+        """A default-mode request's sender: its response goes with the batch's Result (or, when
+        execute returned before it came, wakes the Result that waits for it)."""
+
+        def deliver(response: Any, flags: int) -> None:
+            if response is None:
+                return
+            with self._late_lock:
+                delivered.append(response)
+                late = self._late.pop(key, None)
+            if late is not None:
+                late()
+
+        return deliver
 
     def _cpu_input(self, desc: TensorDesc, private: bool) -> Any:
         """An input the model owns, as on Triton: it may write the array ``as_numpy()`` gives.

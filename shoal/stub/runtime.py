@@ -189,55 +189,11 @@ class StubRuntime:
             first = msg.decode(self.channel.recv_down())
             if not isinstance(first, msg.Initialize):
                 raise RuntimeError(f"expected Initialize, got {type(first).__name__}")
-            outputs = SharedOutputArena(self._create_outputs(first))
-            c_python_backend_utils._set_free_memory(outputs.free_bytes)
-            writer = TensorWriter(outputs, Locations(), regions=self.regions)
-            lender = writer.lender = OutputLender(outputs, writer.locations)
-            pb_utils._set_output_lender(lender.lend)
             cancels: list[Callable[[list[int]], None]] = []  # filled once execute can run
-
-            def cancel(keys: list[int]) -> None:
-                for each in cancels:
-                    each(keys)
-
-            pump = DownPump(
-                self.channel,
-                lambda blocks: outputs.free(lender.released(blocks)),
-                cancel,
-                self.retire_input,
-                self.retire_chunk,
-            )
-            # Model control and custom metrics work from initialize on; BLS from execute on.
-            control = ControlClient(pump, self._send)
-            writer.gpu = self.gpu = GpuTensors(
-                control,
-                self.cuda_pools,
-                self.wait_for_chunk,
-                force_cpu_inputs=_force_cpu_inputs(first.args),
-            )
-            pb_utils._set_model_controller(control)
-            pb_utils._set_metrics_backend(StubMetrics(control))
-            try:
-                self._initialize(first)
-            except BaseException as error:
-                text = failures.summary(error)
-                self._send(msg.Ready(error=text, traceback=failures.user_traceback(error)))
+            writer, pump = self._output_side(first, cancels)
+            if not self._initialized(first):
                 return 1
-            executor = BatchExecutor(
-                self.instance,
-                self.model,
-                writer,
-                self.input_view,
-                self._send,
-                _is_decoupled(first.args),
-                self.private_input_view,
-                concurrent_async=_async_concurrency(first.args) > 1,
-            )
-            bls = BlsClient(writer, pump, self._send, self.input_view)
-            cancels.append(executor.cancel)
-            cancels.append(bls.cancel_requests)  # after the flags: the model sees them first
-            pb_utils._set_bls_executor(bls)
-            pb_utils._set_cancel_poller(pump.poll)
+            executor, bls = self._execute_side(first, writer, pump, cancels)
             self._send(
                 msg.Ready(
                     concurrent=executor.concurrent and not executor.decoupled,
@@ -250,19 +206,83 @@ class StubRuntime:
         finally:
             self._close()
 
+    def _output_side(
+        self, first: msg.Initialize, cancels: list[Callable[[list[int]], None]]
+    ) -> tuple[TensorWriter, DownPump]:
+        """The output arena and its writer, the down pump, model control and GPU tensors:
+        what ``initialize`` may use already."""
+        outputs = SharedOutputArena(self._create_outputs(first))
+        c_python_backend_utils._set_free_memory(outputs.free_bytes)
+        writer = TensorWriter(outputs, Locations(), regions=self.regions)
+        lender = writer.lender = OutputLender(outputs, writer.locations)
+        pb_utils._set_output_lender(lender.lend)
+
+        def cancel(keys: list[int]) -> None:
+            for each in cancels:
+                each(keys)
+
+        pump = DownPump(
+            self.channel,
+            lambda blocks: outputs.free(lender.released(blocks)),
+            cancel,
+            self.retire_input,
+            self.retire_chunk,
+        )
+        self._control(first, writer, pump)
+        return writer, pump
+
+    def _control(self, first: msg.Initialize, writer: TensorWriter, pump: DownPump) -> None:
+        """Model control and custom metrics work from initialize on; BLS from execute on."""
+        control = ControlClient(pump, self._send)
+        writer.gpu = self.gpu = GpuTensors(
+            control,
+            self.cuda_pools,
+            self.wait_for_chunk,
+            force_cpu_inputs=_force_cpu_inputs(first.args),
+        )
+        pb_utils._set_model_controller(control)
+        pb_utils._set_metrics_backend(StubMetrics(control))
+
+    def _initialized(self, first: msg.Initialize) -> bool:
+        """Run the model's ``initialize``; when it fails, say why (Ready with the error)."""
+        try:
+            self._initialize(first)
+        except BaseException as error:
+            text = failures.summary(error)
+            self._send(msg.Ready(error=text, traceback=failures.user_traceback(error)))
+            return False
+        return True
+
+    def _execute_side(
+        self,
+        first: msg.Initialize,
+        writer: TensorWriter,
+        pump: DownPump,
+        cancels: list[Callable[[list[int]], None]],
+    ) -> tuple[BatchExecutor, BlsClient]:
+        executor = BatchExecutor(
+            self.instance,
+            self.model,
+            writer,
+            self.input_view,
+            self._send,
+            _is_decoupled(first.args),
+            self.private_input_view,
+            concurrent_async=_async_concurrency(first.args) > 1,
+        )
+        bls = BlsClient(writer, pump, self._send, self.input_view)
+        cancels.append(executor.cancel)
+        cancels.append(bls.cancel_requests)  # after the flags: the model sees them first
+        pb_utils._set_bls_executor(bls)
+        pb_utils._set_cancel_poller(pump.poll)
+        return executor, bls
+
     def _serve(self, executor: BatchExecutor, pump: DownPump, bls: BlsClient) -> int:
         while True:
             message = pump.next_main()
             match message:
                 case msg.Execute():
-                    pump.poll()
-                    bls.begin_batch()
-                    try:
-                        result = executor.run(message)
-                    finally:
-                        bls.end_batch()
-                    if result is not None:
-                        self._send(result)
+                    self._execute(message, executor, pump, bls)
                 case msg.ReadinessCheck():
                     readiness.start_check(self.model, executor.await_result, self._send)
                 case msg.CudaRegionClosed(device=device, handle=handle):
@@ -270,13 +290,29 @@ class StubRuntime:
                     if self.gpu is not None:
                         self.gpu.regions.forget(device, handle)
                 case msg.Finalize():
-                    pb_utils._set_bls_executor(None)
-                    pb_utils._set_cancel_poller(None)
-                    pb_utils._set_model_controller(None)
-                    self._send(msg.Finalized(error=self._finalize()))
+                    self._finish()
                     return 0
                 case _:
                     raise RuntimeError(f"unexpected message {type(message).__name__}")
+
+    def _execute(
+        self, message: msg.Execute, executor: BatchExecutor, pump: DownPump, bls: BlsClient
+    ) -> None:
+        pump.poll()
+        bls.begin_batch()
+        try:
+            result = executor.run(message)
+        finally:
+            bls.end_batch()
+        if result is not None:
+            self._send(result)
+
+    def _finish(self) -> None:
+        """Finalize: no more BLS, cancellation or control calls; then the model's finalize."""
+        pb_utils._set_bls_executor(None)
+        pb_utils._set_cancel_poller(None)
+        pb_utils._set_model_controller(None)
+        self._send(msg.Finalized(error=self._finalize()))
 
     def _finalize(self) -> str | None:
         finalize = getattr(self.model, "finalize", None)

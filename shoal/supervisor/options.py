@@ -79,6 +79,7 @@ class ServerOptions:
     #: gRPC: the message size limit (Triton's fixed INT32_MAX) and HTTP/2 flood limits: the
     #: ping policy of grpc-core under Triton's flags, then nghttp2's defaults.
     grpc_max_message_size: int = 2**31 - 1
+    grpc_max_connection_buffer_size: int = 2**31 - 1
     grpc_http2_max_ping_strikes: int = 2
     grpc_http2_min_recv_ping_interval_without_data: int = 300_000
     grpc_keepalive_permit_without_calls: bool = False

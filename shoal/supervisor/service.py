@@ -380,7 +380,13 @@ class InferenceService:
         outputs = [
             placed_output(o.name, o.datatype, o.shape, request, o.location.nbytes)
             if isinstance(o.location, _CLIENT_REGIONS)
-            else InferOutput(o.name, o.datatype, o.shape, completion.view(o.location))
+            else InferOutput(
+                o.name,
+                o.datatype,
+                o.shape,
+                completion.view(o.location),
+                placed=o.location if type(o.location) is Block else None,
+            )
             for o in record.outputs
         ]
         return InferResponse(

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import os
 import queue
 import re
 import signal
 import socket
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 
@@ -168,15 +170,23 @@ def test_large_tensors_cross_the_worker_link_intact(server):
             client.close()
 
 
-#: A frontend worker's input arena: ids from 2**32 (shoal-arena-<id>-<segment> in the maps).
-_WORKER_ARENA = re.compile(rb"memfd:shoal-arena-(\d+)-\d+")
+_ARENA_MAP = re.compile(rb"memfd:shoal-arena-(\d+)-\d+")
+#: Frontend workers' input arenas have ids from 2**32; stubs' output arenas from 1.
+_WORKER_ARENAS = 1 << 32
+
+
+def mapped_arenas(pid: int) -> set[int]:
+    """The ids of the arenas process ``pid`` maps now."""
+    with open(f"/proc/{pid}/maps", "rb") as maps:
+        return {int(m[1]) for m in _ARENA_MAP.finditer(maps.read())}
 
 
 def worker_arenas(pid: int) -> set[int]:
-    """The frontend-worker arenas process ``pid`` maps now."""
-    with open(f"/proc/{pid}/maps", "rb") as maps:
-        ids = {int(m[1]) for m in _WORKER_ARENA.finditer(maps.read())}
-    return {i for i in ids if i >= 1 << 32}
+    return {i for i in mapped_arenas(pid) if i >= _WORKER_ARENAS}
+
+
+def stub_arenas(pid: int) -> set[int]:
+    return {i for i in mapped_arenas(pid) if 0 < i < _WORKER_ARENAS}
 
 
 def _stub_of(server: ShoalServer, model: str) -> int:
@@ -187,25 +197,43 @@ def _stub_of(server: ShoalServer, model: str) -> int:
     raise AssertionError(f"no stub of {model}")
 
 
-def test_large_inputs_reach_the_stub_through_the_worker_arena(server):
-    """A large input crosses by descriptor: the stub maps the worker's segment; a small one
-    stays on the link."""
+def _slow_echo(module, url: str, data: np.ndarray, seconds: float = 0.0) -> np.ndarray:
+    client = module.InferenceServerClient(url)
+    try:
+        inputs = [
+            module.InferInput("IN", [data.size], "FP32"),
+            module.InferInput("SECONDS", [1], "FP32"),
+        ]
+        inputs[0].set_data_from_numpy(data)
+        inputs[1].set_data_from_numpy(np.array([seconds], np.float32))
+        return client.infer("slow_echo", inputs).as_numpy("OUT")
+    finally:
+        client.close()
+
+
+def test_large_tensors_cross_by_descriptor_both_ways(server):
+    """A large input reaches the stub in the worker's arena; a large output reaches the worker
+    in the stub's arena. A restarted stub's old segments are dropped by the workers."""
     stub = _stub_of(server, "slow_echo")
     data = np.arange(1 << 18, dtype=np.float32)  # 1 MiB
     for module, url in ((httpclient, server.url), (grpcclient, server.grpc_url)):
-        client = module.InferenceServerClient(url)
-        try:
-            inputs = [
-                module.InferInput("IN", [data.size], "FP32"),
-                module.InferInput("SECONDS", [1], "FP32"),
-            ]
-            inputs[0].set_data_from_numpy(data)
-            inputs[1].set_data_from_numpy(np.array([0.0], np.float32))
-            result = client.infer("slow_echo", inputs)
-            np.testing.assert_array_equal(result.as_numpy("OUT"), data)
-        finally:
-            client.close()
+        np.testing.assert_array_equal(_slow_echo(module, url, data), data)
     assert worker_arenas(stub), "the stub never mapped a worker's arena"
+    workers = _wait_for_workers(server, 2)
+    old = stub_arenas(stub)  # the stub maps its own output arena
+    assert any(old & stub_arenas(pid) for pid in workers), "no worker mapped the stub's outputs"
+    os.kill(stub, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while any(old & stub_arenas(pid) for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.05)  # polling: the workers hear of the exit and unmap its segments
+    assert not any(old & stub_arenas(pid) for pid in workers), "a worker kept a dead stub's arena"
+    while time.monotonic() < deadline:  # the stub restarts and serves again
+        try:
+            np.testing.assert_array_equal(_slow_echo(httpclient, server.url, data), data)
+            break
+        except InferenceServerException:
+            time.sleep(0.1)  # polling the restart
+    np.testing.assert_array_equal(_slow_echo(grpcclient, server.grpc_url, data), data)
 
 
 def test_a_worker_killed_with_large_requests_in_flight_leaves_nothing_mapped(server):
@@ -559,3 +587,58 @@ def test_log_settings_reach_every_worker_and_restarted_ones(server):
         assert _verbose_lines(server, restarted[0]) == quiet
     finally:
         client.close()
+
+
+def _post(url: str, path: str, body: dict, headers: dict | None = None) -> tuple[int, bytes]:
+    request = urllib.request.Request(
+        f"http://{url}{path}", data=json.dumps(body).encode(), headers=headers or {}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read()
+
+
+def test_generate_and_generate_stream_through_each_worker(server):
+    for index in (0, 1):
+        with through(server, index):
+            status, body = _post(
+                server.url,
+                "/v2/models/add_sub/generate",
+                {"INPUT0": [1, 2, 3, 4], "INPUT1": [1] * 4},
+            )
+            assert status == 200, body
+            assert json.loads(body)["OUTPUT0"] == [2.0, 3.0, 4.0, 5.0]
+            status, body = _post(
+                server.url, "/v2/models/decoupled_repeat/generate_stream", {"COUNT": 3}
+            )
+            assert status == 200, body
+            events = [json.loads(chunk[6:]) for chunk in body.split(b"\n\n") if chunk]
+            assert [event["INDEX"] for event in events] == [0, 1, 2]
+            status, body = _post(server.url, "/v2/models/decoupled_repeat/generate", {"COUNT": 3})
+            assert status == 400 and b"exactly 1 response" in body, body
+
+
+def test_restricted_apis_are_restricted_by_every_worker():
+    admin = "model-repository:admin-key=admin-value"
+    flags = (f"--http-restricted-api={admin}", f"--grpc-restricted-protocol={admin}")
+    with _start(*flags) as running:
+        _wait_for_workers(running, 2)
+        for index in (0, 1):
+            with through(running, index):
+                status, body = _post(running.url, "/v2/repository/index", {})
+                assert status == 403 and b"expecting header 'admin-key'" in body, body
+                allowed = {"admin-key": "admin-value"}
+                status, body = _post(running.url, "/v2/repository/index", {}, allowed)
+                assert status == 200 and b"add_sub" in body, body
+                client = grpcclient.InferenceServerClient(running.grpc_url)
+                try:
+                    with pytest.raises(InferenceServerException, match="restricted"):
+                        client.get_model_repository_index()
+                    metadata = {"triton-grpc-protocol-admin-key": "admin-value"}
+                    index_ = client.get_model_repository_index(headers=metadata, as_json=True)
+                    assert "add_sub" in json.dumps(index_)
+                    assert client.is_model_ready("add_sub")  # health is not restricted
+                finally:
+                    client.close()

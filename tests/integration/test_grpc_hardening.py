@@ -54,6 +54,8 @@ def server():
         "100",
         "--grpc-max-message-size",
         str(16 * MIB),
+        "--grpc-max-connection-buffer-size",
+        str(16 * MIB),
         "--grpc-read-timeout-secs",
         str(READ_TIMEOUT),
     )
@@ -132,6 +134,30 @@ def test_a_length_prefix_takes_memory_only_as_the_message_arrives(server):
         assert grown < 16 * MIB, f"the server grew {grown / MIB:.0f} MiB for 60 bytes received"
         # The connection still serves calls beside the unfinished ones.
         status, message, _ = _call(raw, 9, identity_request(np.arange(2, dtype=np.int32)))
+        assert status == "0", message
+    _served(server)
+
+
+def test_what_one_connection_holds_is_bounded_across_its_streams(server):
+    """Three streams each send 6 MiB of a 15 MiB message: within the message limit each, but
+    past what the connection may hold (16 MiB), so the third call is refused as its bytes come
+    instead of the connection holding the limit times its streams."""
+    _served(server)
+    before = _rss(server)
+    with RawClient(server.grpc_port) as raw:
+        part = struct.pack(">BI", 0, 15 * MIB) + b"\x0a" * (6 * MIB - 5)
+        for stream_id in (1, 3, 5):
+            frames = _data_frames(stream_id, part)
+            frames[-1].flags.discard("END_STREAM")  # the message is not over
+            headers = raw.block(request_headers(raw.port))
+            raw.send(HeadersFrame(stream_id, data=headers, flags=["END_HEADERS"]), *frames)
+        refused = raw.read_stream(5)
+        assert refused.status == RESOURCE_EXHAUSTED, refused.message
+        assert "--grpc-max-connection-buffer-size" in (refused.message or "")
+        grown = _rss(server) - before
+        assert grown < 28 * MIB, f"the server grew {grown / MIB:.0f} MiB"
+        # The calls within the budget go on; the connection serves new calls.
+        status, message, _ = _call(raw, 7, identity_request(np.arange(2, dtype=np.int32)))
         assert status == "0", message
     _served(server)
 

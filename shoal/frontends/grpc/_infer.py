@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import NoReturn
 
 import numpy as np
 from google.protobuf.message import DecodeError
@@ -64,14 +65,7 @@ class DecodedInfer:
 
 def decode_infer_request(data: bytes | bytearray | memoryview) -> DecodedInfer:
     """Decode a serialized ``ModelInferRequest``."""
-    header, raw = split_raw_contents(data, _RAW_INPUT_CONTENTS)
-    try:
-        # upb parses any buffer, so a view of the received bytes needs no copy first.
-        message = pb.ModelInferRequest.FromString(header)  # type: ignore[arg-type]
-    except DecodeError as exc:
-        raise InvalidArgument(f"failed to parse the request message: {exc}") from None
-    if not raw and message.raw_input_contents:  # a message too long to walk: parsed whole
-        raw = [memoryview(entry) for entry in message.raw_input_contents]
+    message, raw = _parse_request(data)
     parameters, final_flag = decode_request_parameters(message.parameters)
     outputs = [
         RequestedOutput(output.name, decode_output_parameters(output.name, output.parameters))
@@ -89,17 +83,28 @@ def decode_infer_request(data: bytes | bytearray | memoryview) -> DecodedInfer:
     return DecodedInfer(request, shared, final_flag)
 
 
+def _parse_request(
+    data: bytes | bytearray | memoryview,
+) -> tuple[pb.ModelInferRequest, list[memoryview]]:
+    """The message without its raw input contents, and those as views of ``data``."""
+    header, raw = split_raw_contents(data, _RAW_INPUT_CONTENTS)
+    try:
+        # upb parses any buffer, so a view of the received bytes needs no copy first.
+        message = pb.ModelInferRequest.FromString(header)  # type: ignore[arg-type]
+    except DecodeError as exc:
+        raise InvalidArgument(f"failed to parse the request message: {exc}") from None
+    if not raw and message.raw_input_contents:  # a message too long to walk: parsed whole
+        raw = [memoryview(entry) for entry in message.raw_input_contents]
+    return message, raw
+
+
 def _inputs(message: pb.ModelInferRequest, raw: list[memoryview]) -> list[InferInput]:
     model = message.model_name
     tensors = message.inputs
     # Asked once per input: each HasField call on a protobuf message costs a lookup.
     typed = [tensor.HasField("contents") for tensor in tensors]
     if raw and any(typed):
-        name = tensors[typed.index(True)].name
-        raise InvalidArgument(
-            "contents field must not be specified when using raw_input_contents for "
-            f"'{name}' for model '{model}'"
-        )
+        _mixed_contents(tensors[typed.index(True)].name, model)
     inputs: list[InferInput] = []
     seen: set[str] = set()
     pending_raw = iter(raw)
@@ -113,6 +118,13 @@ def _inputs(message: pb.ModelInferRequest, raw: list[memoryview]) -> list[InferI
         inputs.append(InferInput(name, datatype, shape, data, parameters))
     _check_raw_count(inputs, raw, model)
     return inputs
+
+
+def _mixed_contents(name: str, model: str) -> NoReturn:
+    raise InvalidArgument(
+        "contents field must not be specified when using raw_input_contents for "
+        f"'{name}' for model '{model}'"
+    )
 
 
 def _tensor_spec(tensor: _InputTensor) -> tuple[str, str, tuple[int, ...]]:
@@ -149,7 +161,13 @@ def _input_data(
         return _NO_DATA  # the core reads the client's region named in the parameters
     if has_contents:
         return array_from_contents(name, datatype, shape, tensor.contents, model)
-    data: memoryview | None = next(pending_raw, None)
+    return _raw_input(name, datatype, shape, next(pending_raw, None), model)
+
+
+def _raw_input(
+    name: str, datatype: str, shape: tuple[int, ...], data: memoryview | None, model: str
+) -> memoryview:
+    """The input's entry of ``raw_input_contents``, checked against its shape and datatype."""
     if data is None:
         raise InvalidArgument(
             f"unable to find data for input tensor '{name}' for model '{model}' in request."
@@ -186,14 +204,22 @@ def encode_infer_response(
         encode_parameters(message.parameters, response.parameters)
     if final is not None:
         message.parameters[FINAL_RESPONSE].bool_param = final
+    payloads = _outputs(message, response, decoded.shared_memory_outputs)
+    return [message.SerializeToString(), *raw_field_chunks(_RAW_OUTPUT_CONTENTS, payloads)]
+
+
+def _outputs(
+    message: pb.ModelInferResponse, response: InferResponse, in_shm: frozenset[str]
+) -> list[memoryview]:
+    """Each output's metadata added to ``message``; its bytes (none when it is in shared
+    memory) returned, for ``raw_output_contents``."""
     payloads: list[memoryview] = []
     for output in response.outputs:
         tensor = message.outputs.add(name=output.name, datatype=output.datatype, shape=output.shape)
         if output.parameters:
             encode_parameters(tensor.parameters, output.parameters)
-        in_shm = output.name in decoded.shared_memory_outputs
-        payloads.append(_NO_DATA if in_shm else output_bytes(output))
-    return [message.SerializeToString(), *raw_field_chunks(_RAW_OUTPUT_CONTENTS, payloads)]
+        payloads.append(_NO_DATA if output.name in in_shm else output_bytes(output))
+    return payloads
 
 
 def stream_response_chunks(infer_response: list[Chunk]) -> list[Chunk]:

@@ -9,6 +9,8 @@ Values of the narrow integer types must fit them (Triton would keep the low byte
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from shoal.core import NUMPY_DTYPES, InvalidArgument, element_count
@@ -52,24 +54,33 @@ def array_from_contents(
     """The input's values as an array of ``shape`` and ``datatype``."""
     field = _field_for(name, datatype, contents, model_name)
     values = getattr(contents, field)
-    expected = element_count(shape)
-    if len(values) != expected:
-        raise InvalidArgument(
-            f"unexpected number of elements in '{field}' for input '{name}' for model "
-            f"'{model_name}': shape {list(shape)} has {expected} elements, got {len(values)}"
-        )
-    if datatype == "BYTES":
-        array = np.empty(expected, dtype=np.object_)
-        array[:] = list(values)
-    else:
-        array = np.fromiter(values, dtype=_FIELD_DTYPE[field], count=expected)
-        array = _narrowed(name, datatype, array)
+    _check_count(name, field, shape, len(values), model_name)
+    array = _flat_array(name, datatype, field, values)
     try:
         return array.reshape(shape)
     except ValueError as exc:  # e.g. [0, 2**62]: no elements, but no array has that shape
         raise InvalidArgument(
             f"input '{name}' for model '{model_name}' has an impossible shape {list(shape)}: {exc}"
         ) from None
+
+
+def _check_count(name: str, field: str, shape: tuple[int, ...], count: int, model: str) -> None:
+    expected = element_count(shape)
+    if count != expected:
+        raise InvalidArgument(
+            f"unexpected number of elements in '{field}' for input '{name}' for model "
+            f"'{model}': shape {list(shape)} has {expected} elements, got {count}"
+        )
+
+
+def _flat_array(name: str, datatype: str, field: str, values: Any) -> np.ndarray:
+    """The values of a contents field as a one-dimensional array of ``datatype``."""
+    if datatype == "BYTES":
+        array = np.empty(len(values), dtype=np.object_)
+        array[:] = list(values)
+        return array
+    array = np.fromiter(values, dtype=_FIELD_DTYPE[field], count=len(values))
+    return _narrowed(name, datatype, array)
 
 
 def _field_for(name: str, datatype: str, contents: pb.InferTensorContents, model_name: str) -> str:

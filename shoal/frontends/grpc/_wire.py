@@ -21,7 +21,7 @@ the event loop (docs/hardening.md, "Parsing").
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from shoal.core import InvalidArgument
 
@@ -83,49 +83,70 @@ def split_raw_contents(
     protobuf parses the field with the rest.
     """
     view = memoryview(data).toreadonly()
-    # The other fields, as (start, end) runs of ``data``; serializers write fields in number order,
-    # so they are usually one run before the entries, which is then parsed without a join.
-    runs: list[list[int]] = []
-    entries: list[memoryview] = []
-    offset, total = 0, len(view)
-    budget = MAX_WALKED_FIELDS
-    while offset < total:
-        budget -= 1
-        if budget < 0:
-            return data, []
-        start = offset
-        key = view[offset]
-        if key < 0x80:  # one-byte tag: fields 1 to 15, the only ones of ModelInferRequest
-            offset += 1
-        else:
-            key, offset = _read_varint(view, offset)
-        if key >> 3 == 0:
-            raise _malformed("a field numbered 0")
-        wire_type = key & 7
-        if wire_type == _LENGTH_DELIMITED:
-            size = view[offset] if offset < total else 0x80
-            if size < 0x80:
-                offset += 1
-            else:
-                size, offset = _read_varint(view, offset)
-            end = offset + size
-            if end > total:
-                raise _malformed(f"field {key >> 3} runs past the end of the message")
-            offset = end
-            if key >> 3 == number:
-                entries.append(view[end - size : end])
-                continue
-        else:
-            offset = _skip_value(view, offset, wire_type, key >> 3)
-        if runs and runs[-1][1] == start:
-            runs[-1][1] = offset
-        else:
-            runs.append([start, offset])
+    try:
+        runs, entries = _split(view, number)
+    except _TooManyFields:
+        return data, []
     if not entries:
         return data, entries  # nothing to cut out: parse the message as it came
     if len(runs) == 1:
         return view[runs[0][0] : runs[0][1]], entries
     return b"".join(view[start:end] for start, end in runs), entries
+
+
+def _split(view: memoryview, number: int) -> tuple[list[list[int]], list[memoryview]]:
+    """The other fields, as (start, end) runs of ``view``, and the entries of field ``number``.
+    Serializers write fields in number order, so the other fields are usually one run before
+    the entries, which is then parsed without a join."""
+    runs: list[list[int]] = []
+    entries: list[memoryview] = []
+    for start, field, value, end in _fields(view):
+        if field == number:
+            entries.append(view[value:end])
+        elif runs and runs[-1][1] == start:
+            runs[-1][1] = end
+        else:
+            runs.append([start, end])
+    return runs, entries
+
+
+class _TooManyFields(Exception):
+    """The message has more than MAX_WALKED_FIELDS fields."""
+
+
+def _fields(view: memoryview) -> Iterator[tuple[int, int, int, int]]:
+    """(start, number, start of the value, end) of each top-level field of a message."""
+    offset, total = 0, len(view)
+    for _ in range(MAX_WALKED_FIELDS):
+        if offset >= total:
+            return
+        start = offset
+        # A one-byte tag (fields 1 to 15, the only ones of ModelInferRequest) is read inline.
+        key = view[offset]
+        key, offset = (key, offset + 1) if key < 0x80 else _read_varint(view, offset)
+        if key >> 3 == 0:
+            raise _malformed("a field numbered 0")
+        if key & 7 == _LENGTH_DELIMITED:
+            value, offset = _delimited(view, offset, key >> 3)
+        else:
+            value, offset = offset, _skip_value(view, offset, key & 7, key >> 3)
+        yield start, key >> 3, value, offset
+    if offset < total:
+        raise _TooManyFields
+
+
+def _delimited(view: memoryview, offset: int, field: int) -> tuple[int, int]:
+    """Start and end of the value of a length-delimited field whose length is at ``offset``."""
+    total = len(view)
+    size = view[offset] if offset < total else 0x80
+    if size < 0x80:
+        offset += 1
+    else:
+        size, offset = _read_varint(view, offset)
+    end = offset + size
+    if end > total:
+        raise _malformed(f"field {field} runs past the end of the message")
+    return offset, end
 
 
 def _skip_value(view: memoryview, offset: int, wire_type: int, field: int) -> int:

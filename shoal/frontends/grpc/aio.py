@@ -30,7 +30,7 @@ from shoal.frontends._serving import AddressInUseError
 from shoal.frontends.grpc.methods import MAX_MESSAGE_BYTES, SERVICE_NAME, method_table, restrictions
 from shoal.frontends.grpc.servicer import Servicer
 from shoal.frontends.grpc.status import Status
-from shoal.frontends.h2.connection import FloodLimits
+from shoal.frontends.h2.floods import FloodLimits
 
 __all__ = ["AddressInUseError", "GrpcServer", "build_grpc_handler"]
 

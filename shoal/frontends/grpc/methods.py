@@ -58,13 +58,33 @@ MAX_MESSAGE_BYTES = 2**31 - 1
 _Behavior = Callable[[Any], Awaitable[Any]]
 
 
-def _unary_methods(servicer: Servicer) -> dict[str, tuple[type[Any], type[Any], _Behavior]]:
+_Methods = dict[str, tuple[type[Any], type[Any], _Behavior]]
+
+
+def _unary_methods(servicer: Servicer) -> _Methods:
     """Method name -> (request class, response class, behaviour) of every message-based RPC."""
-    s = servicer
+    return {
+        **_health_methods(servicer),
+        **_metadata_methods(servicer),
+        **_repository_methods(servicer),
+        **_system_shm_methods(servicer),
+        **_cuda_shm_methods(servicer),
+        **_settings_methods(servicer),
+    }
+
+
+def _health_methods(s: Servicer) -> _Methods:
+    """The RPCs of health and readiness."""
     return {
         "ServerLive": (pb.ServerLiveRequest, pb.ServerLiveResponse, s.server_live),
         "ServerReady": (pb.ServerReadyRequest, pb.ServerReadyResponse, s.server_ready),
         "ModelReady": (pb.ModelReadyRequest, pb.ModelReadyResponse, s.model_ready),
+    }
+
+
+def _metadata_methods(s: Servicer) -> _Methods:
+    """The RPCs of metadata, configuration and statistics."""
+    return {
         "ServerMetadata": (
             pb.ServerMetadataRequest,
             pb.ServerMetadataResponse,
@@ -77,6 +97,12 @@ def _unary_methods(servicer: Servicer) -> dict[str, tuple[type[Any], type[Any], 
             pb.ModelStatisticsResponse,
             s.model_statistics,
         ),
+    }
+
+
+def _repository_methods(s: Servicer) -> _Methods:
+    """The RPCs of the model repository."""
+    return {
         "RepositoryIndex": (
             pb.RepositoryIndexRequest,
             pb.RepositoryIndexResponse,
@@ -92,6 +118,12 @@ def _unary_methods(servicer: Servicer) -> dict[str, tuple[type[Any], type[Any], 
             pb.RepositoryModelUnloadResponse,
             s.repository_model_unload,
         ),
+    }
+
+
+def _system_shm_methods(s: Servicer) -> _Methods:
+    """The RPCs of system shared memory."""
+    return {
         "SystemSharedMemoryStatus": (
             pb.SystemSharedMemoryStatusRequest,
             pb.SystemSharedMemoryStatusResponse,
@@ -107,6 +139,12 @@ def _unary_methods(servicer: Servicer) -> dict[str, tuple[type[Any], type[Any], 
             pb.SystemSharedMemoryUnregisterResponse,
             s.system_shared_memory_unregister,
         ),
+    }
+
+
+def _cuda_shm_methods(s: Servicer) -> _Methods:
+    """The RPCs of CUDA shared memory."""
+    return {
         "CudaSharedMemoryStatus": (
             pb.CudaSharedMemoryStatusRequest,
             pb.CudaSharedMemoryStatusResponse,
@@ -122,6 +160,12 @@ def _unary_methods(servicer: Servicer) -> dict[str, tuple[type[Any], type[Any], 
             pb.CudaSharedMemoryUnregisterResponse,
             s.cuda_shared_memory_unregister,
         ),
+    }
+
+
+def _settings_methods(s: Servicer) -> _Methods:
+    """The RPCs of trace and log settings."""
+    return {
         "TraceSetting": (pb.TraceSettingRequest, pb.TraceSettingResponse, s.trace_setting),
         "LogSettings": (pb.LogSettingsRequest, pb.LogSettingsResponse, s.log_settings),
     }

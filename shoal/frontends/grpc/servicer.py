@@ -155,24 +155,23 @@ class Servicer:
             ended = False
             async for response in self._core.infer_stream(decoded.request):
                 ended = response.final
-                if response.error is not None:  # one response of the stream: it goes on
-                    response.release()
-                    if close_on_error:
-                        raise response.error
-                    yield stream_error(response.error.message, decoded.request, final=ended)
-                    continue
-                yield self._stream_reply(response, decoded, final=ended)
+                yield self._stream_message(response, decoded, close_on_error)
             if not ended and decoded.final_response_flag:
                 empty = InferResponse(decoded.request.model_name, "", decoded.request.id)
                 yield self._stream_reply(empty, decoded, final=True)
-            return
-        except ShoalError as exc:
-            error = exc
-        except Exception:
-            error = unexpected("a streaming inference request")
+        except Exception as exc:
+            yield _stream_failure(exc, decoded, close_on_error)
+
+    def _stream_message(
+        self, response: InferResponse, decoded: DecodedInfer, close_on_error: bool
+    ) -> bytes:
+        """One response of the stream: its reply, or its error (the stream goes on)."""
+        if response.error is None:
+            return self._stream_reply(response, decoded, final=response.final)
+        response.release()
         if close_on_error:
-            raise error
-        yield stream_error(error.message, None if decoded is None else decoded.request)
+            raise response.error
+        return stream_error(response.error.message, decoded.request, final=response.final)
 
     @staticmethod
     def _stream_reply(response: InferResponse, decoded: DecodedInfer, *, final: bool) -> bytes:
@@ -286,3 +285,12 @@ class Servicer:
             with _extension_call("the logging extension"):
                 settings = self._core.log_settings()
         return ext.log_settings_response(settings)
+
+
+def _stream_failure(exc: Exception, decoded: DecodedInfer | None, close_on_error: bool) -> bytes:
+    """The reply to a stream request that failed (called in the ``except`` that caught ``exc``),
+    unless the failure ends the stream (``close_on_error``): then it raises."""
+    error = exc if isinstance(exc, ShoalError) else unexpected("a streaming inference request")
+    if close_on_error:
+        raise error
+    return stream_error(error.message, None if decoded is None else decoded.request)

@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from shoal.frontends.http._json_pieces import parse_in_pieces
+
 #: The deepest nesting of arrays and objects accepted. A V2 request needs the document's four
 #: levels plus one per dimension of a tensor written as nested lists, and NumPy has at most 64.
 MAX_DEPTH = 100
@@ -72,9 +74,19 @@ def _plain(value: Any) -> Any:
     raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
+#: Documents of this size or more are parsed in pieces where they can be
+#: (:mod:`~shoal.frontends.http._json_pieces`): no single parser call then holds the GIL for
+#: long, so that a large body decoded in a thread costs the other clients nothing.
+LARGE = 1 << 20
+
+
 def loads(data: bytes | bytearray | memoryview) -> Any:
     """Parse UTF-8 JSON text."""
     check_depth(data)
+    if len(data) >= LARGE:
+        document = _loads_in_pieces(data)
+        if document is not None:
+            return document
     try:
         if _ORJSON is not None:
             try:
@@ -98,6 +110,18 @@ def loads(data: bytes | bytearray | memoryview) -> Any:
         raise JsonDecodeError("the JSON nests too deeply") from None
 
 
+def _loads_in_pieces(data: bytes | bytearray | memoryview) -> Any | None:
+    """What :func:`loads` returns, parsed in pieces (both parsers tried, as there); None
+    where the document is not of that shape or is refused: the whole parse then says why."""
+    if isinstance(data, memoryview):
+        data = data.tobytes()
+    if _ORJSON is not None:
+        document = parse_in_pieces(data, _ORJSON.loads)
+        if document is not None:
+            return document
+    return parse_in_pieces(data, _std_loads)
+
+
 def check_depth(data: bytes | bytearray | memoryview) -> None:
     """Refuse (JsonDecodeError) a document that nests arrays and objects past :data:`MAX_DEPTH`.
 
@@ -111,7 +135,7 @@ def check_depth(data: bytes | bytearray | memoryview) -> None:
         data = data.tobytes()
     if b"\\" in data:  # escaped backslashes and quotes are the only escapes that matter here
         data = data.replace(b"\\\\", b"").replace(b'\\"', b"")
-    structure = data.translate(None, _NOT_STRUCTURE)
+    structure = _structure(data)
     if len(structure) <= MAX_DEPTH:  # fewer brackets than the limit: nearly every document
         return
     structure = structure.replace(b'""', b"")  # strings without brackets: nearly all
@@ -128,6 +152,16 @@ def check_depth(data: bytes | bytearray | memoryview) -> None:
     steps = (folded == _OPEN).astype(np.int64) * 2 - 1
     if int(np.cumsum(steps).max()) > MAX_DEPTH:
         raise JsonDecodeError(f"the JSON nests deeper than {MAX_DEPTH} levels")
+
+
+def _structure(data: bytes | bytearray) -> bytes | bytearray:
+    """The brackets and quotes of ``data``; a large document a slice at a time (each call holds
+    the GIL)."""
+    if len(data) < LARGE:
+        return data.translate(None, _NOT_STRUCTURE)
+    return b"".join(
+        data[at : at + LARGE].translate(None, _NOT_STRUCTURE) for at in range(0, len(data), LARGE)
+    )
 
 
 def _std_loads(data: bytes | bytearray | memoryview) -> Any:

@@ -85,12 +85,7 @@ def parse_header_length(value: str | None, body_size: int) -> int:
     """Bytes of JSON at the start of the body: all of it unless the header says otherwise."""
     if value is None:
         return body_size
-    try:
-        length = int(value.strip())
-    except ValueError:
-        raise InvalidArgument(
-            f"Unable to parse Inference-Header-Content-Length, got: {value}"
-        ) from None
+    length = _header_length_value(value)
     if length == 0:
         # Triton treats 0 as a raw binary request for a single-input model; shoal does not.
         raise Unsupported(
@@ -102,6 +97,15 @@ def parse_header_length(value: str | None, body_size: int) -> int:
             f"inference header size should be in range (0, {body_size}], got: {value}"
         )
     return length
+
+
+def _header_length_value(value: str) -> int:
+    try:
+        return int(value.strip())
+    except ValueError:
+        raise InvalidArgument(
+            f"Unable to parse Inference-Header-Content-Length, got: {value}"
+        ) from None
 
 
 def _parse_document(header: bytes | bytearray | memoryview) -> dict[str, Any]:
@@ -203,11 +207,7 @@ def _parse_outputs(
     binary: dict[str, bool] = {}
     shared_memory: set[str] = set()
     for entry in entries:
-        name = entry.get("name")
-        if not isinstance(name, str) or not name:
-            raise InvalidArgument(
-                "Unable to parse 'name': each output needs a non-empty string name"
-            )
+        name = _output_name(entry)
         parameters, wants_binary = output_parameters(name, entry.get("parameters", {}))
         if wants_binary is not None:
             binary[name] = wants_binary
@@ -215,3 +215,10 @@ def _parse_outputs(
             shared_memory.add(name)
         outputs.append(RequestedOutput(name, parameters))
     return outputs, OutputFormat(binary_default, binary, frozenset(shared_memory))
+
+
+def _output_name(entry: dict[str, Any]) -> str:
+    name = entry.get("name")
+    if not isinstance(name, str) or not name:
+        raise InvalidArgument("Unable to parse 'name': each output needs a non-empty string name")
+    return name

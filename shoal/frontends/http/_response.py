@@ -44,13 +44,7 @@ class EncodedResponse:
 
 def encode_infer_response(response: InferResponse, output_format: OutputFormat) -> EncodedResponse:
     """Render ``response`` with each output binary or JSON as ``output_format`` says."""
-    document: dict[str, Any] = {}
-    if response.id:
-        document["id"] = response.id
-    document["model_name"] = response.model_name
-    document["model_version"] = response.model_version
-    if response.parameters:
-        document["parameters"] = dict(response.parameters)
+    document = _document(response)
     outputs: list[dict[str, Any]] = []
     binary: list[memoryview] = []
     for output in response.outputs:
@@ -66,6 +60,18 @@ def encode_infer_response(response: InferResponse, output_format: OutputFormat) 
     return EncodedResponse(headers, (header, *(data for data in binary if data.nbytes)))
 
 
+def _document(response: InferResponse) -> dict[str, Any]:
+    """The response's JSON document without its outputs."""
+    document: dict[str, Any] = {}
+    if response.id:
+        document["id"] = response.id
+    document["model_name"] = response.model_name
+    document["model_version"] = response.model_version
+    if response.parameters:
+        document["parameters"] = dict(response.parameters)
+    return document
+
+
 def _encode_output(
     output: InferOutput, output_format: OutputFormat
 ) -> tuple[dict[str, Any], memoryview | None]:
@@ -76,13 +82,7 @@ def _encode_output(
     }
     parameters: dict[str, Any] = dict(output.parameters)
     if output.name in output_format.shared_memory or _SHM_REGION in parameters:
-        # The core wrote it into the client's region: nothing goes back but the model's own
-        # parameters. Triton adds no shared_memory_* parameters here, and the C++ client
-        # (perf_analyzer) takes an output's "parameters" to hold binary_data_size.
-        kept = {k: v for k, v in parameters.items() if not k.startswith(_SHM_PREFIX)}
-        if kept:
-            entry["parameters"] = kept
-        return entry, None
+        return _in_shared_memory(entry, parameters), None
     data = output_bytes(output)
     if output_format.is_binary(output.name):
         parameters["binary_data_size"] = data.nbytes
@@ -92,3 +92,13 @@ def _encode_output(
         entry["parameters"] = parameters
     entry["data"] = json_from_output(output.name, output.datatype, output.shape, data)
     return entry, None
+
+
+def _in_shared_memory(entry: dict[str, Any], parameters: dict[str, Any]) -> dict[str, Any]:
+    """The entry of an output the core wrote into the client's region: nothing goes back but
+    the model's own parameters. Triton adds no shared_memory_* parameters here, and the C++
+    client (perf_analyzer) takes an output's "parameters" to hold binary_data_size."""
+    kept = {k: v for k, v in parameters.items() if not k.startswith(_SHM_PREFIX)}
+    if kept:
+        entry["parameters"] = kept
+    return entry

@@ -38,7 +38,19 @@ _NOTHING = object()
 
 
 def array_from_json(name: str, datatype: str, shape: tuple[int, ...], data: Any) -> np.ndarray:
-    """Convert an input's JSON ``data`` into an array of ``shape`` and ``datatype``."""
+    """Convert an input's JSON ``data`` into an array of ``shape`` and ``datatype``.
+
+    A large ``data`` list is emptied as it is converted (the caller's document gives it up):
+    its values are freed in slices, not all in one call when the document goes.
+    """
+    try:
+        return _array_from_json(name, datatype, shape, data)
+    finally:
+        if isinstance(data, list) and len(data) > _SLICE:
+            _free_in_slices(data)
+
+
+def _array_from_json(name: str, datatype: str, shape: tuple[int, ...], data: Any) -> np.ndarray:
     if not isinstance(data, list):
         raise InvalidArgument(f"Unable to parse 'data' for input '{name}': expected a JSON array")
     if datatype == "BF16":
@@ -91,6 +103,19 @@ def _numeric_array(name: str, datatype: str, data: list[Any]) -> np.ndarray:
 #: holds the GIL, and a request decoded in a thread (large JSON bodies) lets the event loop run
 #: between them.
 _SLICE = 1 << 16
+
+
+def _free_in_slices(data: list[Any]) -> None:
+    """Empty ``data`` about :data:`_SLICE` values at a time: freeing 10 million values is one
+    call that holds the GIL for a few hundred milliseconds."""
+    row = 1
+    first = data[0]
+    while isinstance(first, list) and first:
+        row *= len(first)
+        first = first[0]
+    step = max(1, _SLICE // row)
+    while data:
+        del data[-step:]
 
 
 def _as_array(data: list[Any]) -> np.ndarray:
@@ -200,18 +225,23 @@ def json_from_output(
     dtype = NUMPY_DTYPES[datatype]
     if data.nbytes != dtype.itemsize * count:
         raise _size_mismatch(name)
-    if datatype == "BOOL":
-        # Any non-zero byte is true; a bool view of such bytes would be undefined.
-        return (np.frombuffer(data, dtype=np.uint8) != 0).tolist()  # type: ignore[no-any-return]
-    if datatype == "BF16":
-        # bfloat16 is the upper half of a float32: widening the bits is exact.
-        words = np.frombuffer(data, dtype="<u2").astype("<u4") << 16
-        return _floats(words.view("<f4"))
+    if datatype == "BOOL" or datatype == "BF16":
+        return _without_numpy_view(datatype, data)
     array = np.frombuffer(data, dtype=dtype)
     if array.dtype.kind == "f":
         return _floats(array)
     values: list[Any] = array.tolist()  # typed Any or a list by the numpy version: no ignore
     return values
+
+
+def _without_numpy_view(datatype: str, data: memoryview) -> list[Any]:
+    """BOOL and BF16 values: NumPy has no view of their bytes that reads them right."""
+    if datatype == "BOOL":
+        # Any non-zero byte is true; a bool view of such bytes would be undefined.
+        return (np.frombuffer(data, dtype=np.uint8) != 0).tolist()  # type: ignore[no-any-return]
+    # bfloat16 is the upper half of a float32: widening the bits is exact.
+    words = np.frombuffer(data, dtype="<u2").astype("<u4") << 16
+    return _floats(words.view("<f4"))
 
 
 def _floats(array: np.ndarray) -> list[Any]:

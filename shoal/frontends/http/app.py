@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import re
 import socket
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
@@ -21,7 +20,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from shoal.core import CoreAPI, ShoalError
@@ -44,6 +43,7 @@ from shoal.frontends.http._endpoint import (
 from shoal.frontends.http.extensions import extension_routes, model_stats_routes
 from shoal.frontends.http.fast_path import FastInferHttpToolsProtocol
 from shoal.frontends.http.generate import generate_routes
+from shoal.frontends.http.routing import InferRoutes
 
 __all__ = ["HTTP_STATUS", "AddressInUseError", "ConnectionLimits", "HttpServer", "build_http_app"]
 
@@ -65,20 +65,7 @@ def build_http_app(
     value its requests must carry (``--http-restricted-api``); other requests get 403.
     """
     infer = _InferEndpoint(core, max_input_size)
-    routes = [
-        Route("/v2/health/live", _health("live", core.is_live), methods=["GET"]),
-        Route("/v2/health/ready", _health("ready", core.is_ready), methods=["GET"]),
-        Route("/v2", _server_metadata(core), methods=["GET"]),
-        # Before "/v2/models/{model_name}", which would take "stats" for a model name.
-        *model_stats_routes(core),
-    ]
-    for model in ("/v2/models/{model_name}", "/v2/models/{model_name}/versions/{model_version}"):
-        routes += [
-            Route(model, _model_metadata(core), methods=["GET"]),
-            Route(model + "/ready", _model_ready(core), methods=["GET"]),
-            Route(model + "/config", _model_config(core), methods=["GET"]),
-            Route(model + "/infer", infer, methods=["POST"]),
-        ]
+    routes = _server_routes(core) + _model_routes(core) + infer.routes.routes
     routes += generate_routes(core, max_input_size)
     routes += extension_routes(core, max_input_size)
     restrictions = Restrictions(restricted or {})
@@ -89,8 +76,27 @@ def build_http_app(
     )
 
 
-#: ``POST /v2/models/{m}[/versions/{v}]/infer``, as Starlette's routes would match it.
-_INFER_PATH = re.compile(r"^/v2/models/([^/]+)(?:/versions/([^/]+))?/infer$")
+def _server_routes(core: CoreAPI) -> list[BaseRoute]:
+    """Health and server metadata, and the statistics of every model."""
+    return [
+        Route("/v2/health/live", _health("live", core.is_live), methods=["GET"]),
+        Route("/v2/health/ready", _health("ready", core.is_ready), methods=["GET"]),
+        Route("/v2", _server_metadata(core), methods=["GET"]),
+        # Before "/v2/models/{model_name}", which would take "stats" for a model name.
+        *model_stats_routes(core),
+    ]
+
+
+def _model_routes(core: CoreAPI) -> list[BaseRoute]:
+    """A model's metadata, readiness and configuration, with and without a version."""
+    routes: list[BaseRoute] = []
+    for model in ("/v2/models/{model_name}", "/v2/models/{model_name}/versions/{model_version}"):
+        routes += [
+            Route(model, _model_metadata(core), methods=["GET"]),
+            Route(model + "/ready", _model_ready(core), methods=["GET"]),
+            Route(model + "/config", _model_config(core), methods=["GET"]),
+        ]
+    return routes
 
 
 class _App(Starlette):
@@ -100,16 +106,13 @@ class _App(Starlette):
     def __init__(self, *, infer: _InferEndpoint | None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._infer = infer
-        #: Served by the HTTP protocol without ASGI (see :mod:`._http_protocol`).
+        #: Served by the HTTP protocol without ASGI (see :mod:`.fast_path`).
         self.fast_infer = infer
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self._infer is not None and scope["type"] == "http" and scope["method"] == "POST":
-            match = _INFER_PATH.match(scope["path"])
-            if match is not None:
-                params = {"model_name": match[1]}
-                if match[2] is not None:
-                    params["model_version"] = match[2]
+            params = self._infer.routes.match_path(scope["path"])
+            if params is not None:
                 scope["path_params"] = params
                 scope["app"] = self
                 await self._infer(scope, receive, send)
@@ -182,7 +185,7 @@ def _model_config(core: CoreAPI) -> Endpoint:
 
 class _InferEndpoint:
     """``POST .../infer`` as a bare ASGI app (Starlette's Route serves it without wrapping), and
-    as :meth:`respond` for the HTTP protocol's fast path (:mod:`._http_protocol`).
+    as :meth:`respond` for the HTTP protocol's fast path (:mod:`.fast_path`).
 
     It reads the body itself, to refuse an oversized one before reading it and to copy it once, and
     sends one pre-built body: no Request or Response objects on the hot path.
@@ -191,6 +194,8 @@ class _InferEndpoint:
     def __init__(self, core: CoreAPI, max_input_size: int) -> None:
         self._core = core
         self.limit = max_input_size
+        #: The URL it serves (:mod:`.routing`): the app's routes and the fast ways' matchers.
+        self.routes = InferRoutes(self)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
@@ -225,20 +230,7 @@ class _InferEndpoint:
         encoding = codec.request_encoding(headers.get("content-encoding"))
         if encoding is not None:
             body = await codec.inflate(body, encoding, limit=self.limit)
-        header_length = headers.get(codec.HEADER_LENGTH)
-        decode = functools.partial(
-            codec.decode_infer_request,
-            body,
-            model_name=name,
-            model_version=version,
-            header_length=header_length,
-        )
-        if header_length is None and len(body) >= _THREAD_THRESHOLD:
-            # A large JSON body: parsed in a thread, so that the event loop gets the GIL back
-            # between the parse and each tensor's conversion (each one C call that holds it).
-            decoded = await asyncio.to_thread(decode)
-        else:
-            decoded = decode()
+        decoded = await _decoded(body, name, version, headers.get(codec.HEADER_LENGTH))
         response = await self._core.infer(decoded.request)
         try:
             encoded = codec.encode_infer_response(response, decoded.output_format)
@@ -246,6 +238,23 @@ class _InferEndpoint:
         finally:
             response.release()  # the body is a copy: give the shared memory back before sending
         return await _compressed(list(encoded.headers), out, headers.get("accept-encoding"))
+
+
+async def _decoded(
+    body: bytes | bytearray, name: str, version: str, header_length: str | None
+) -> codec.DecodedRequest:
+    decode = functools.partial(
+        codec.decode_infer_request,
+        body,
+        model_name=name,
+        model_version=version,
+        header_length=header_length,
+    )
+    if header_length is None and len(body) >= _THREAD_THRESHOLD:
+        # A large JSON body: parsed in a thread, so that the event loop gets the GIL back
+        # between the parse and each tensor's conversion (each one C call that holds it).
+        return await asyncio.to_thread(decode)
+    return decode()
 
 
 async def _compressed(

@@ -125,58 +125,51 @@ def _system_shm_routes(core: CoreAPI, limit: int) -> list[Route]:
     supported = _extension("system shared memory")
 
     async def status(request: Request) -> Response:
-        name = request.path_params.get("region_name", "")
-        return json_response(codec.shm_status_json(core.system_shm_status(name)))
+        return json_response(codec.shm_status_json(core.system_shm_status(_region(request))))
 
     async def register(request: Request) -> Response:
-        name = request.path_params.get("region_name", "")
-        if not name:
-            raise InvalidArgument(
-                "'region name' is necessary to register system shared memory region"
-            )
+        name = _region_to_register(request, "system")
         parsed = codec.parse_register_request(await _body(request, limit))
         core.register_system_shm(name, parsed.key, parsed.offset, parsed.byte_size)
         return _empty()
 
     async def unregister(request: Request) -> Response:
-        core.unregister_system_shm(request.path_params.get("region_name", ""))
+        core.unregister_system_shm(_region(request))
         return _empty()
 
-    return _shm_routes(
-        _SYSTEM_SHM,
-        supported(status),
-        supported(register),
-        supported(unregister),
-    )
+    return _shm_routes(_SYSTEM_SHM, supported(status), supported(register), supported(unregister))
 
 
 def _cuda_shm_routes(core: CoreAPI, limit: int) -> list[Route]:
     supported = _extension("CUDA shared memory")
 
     async def status(request: Request) -> Response:
-        name = request.path_params.get("region_name", "")
-        return json_response(cuda_shm_status_json(core.cuda_shm_status(name)))
+        return json_response(cuda_shm_status_json(core.cuda_shm_status(_region(request))))
 
     async def register(request: Request) -> Response:
-        name = request.path_params.get("region_name", "")
-        if not name:
-            raise InvalidArgument(
-                "'region name' is necessary to register cuda shared memory region"
-            )
+        name = _region_to_register(request, "cuda")
         parsed = parse_cuda_register_request(await _body(request, limit))
         core.register_cuda_shm(name, parsed.raw_handle, parsed.device_id, parsed.byte_size)
         return _empty()
 
     async def unregister(request: Request) -> Response:
-        core.unregister_cuda_shm(request.path_params.get("region_name", ""))
+        core.unregister_cuda_shm(_region(request))
         return _empty()
 
-    return _shm_routes(
-        _CUDA_SHM,
-        supported(status),
-        supported(register),
-        supported(unregister),
-    )
+    return _shm_routes(_CUDA_SHM, supported(status), supported(register), supported(unregister))
+
+
+def _region(request: Request) -> str:
+    """The shared-memory region a request names ("" when none: every region)."""
+    name: str = request.path_params.get("region_name", "")
+    return name
+
+
+def _region_to_register(request: Request, kind: str) -> str:
+    name = _region(request)
+    if not name:
+        raise InvalidArgument(f"'region name' is necessary to register {kind} shared memory region")
+    return name
 
 
 def _shm_routes(

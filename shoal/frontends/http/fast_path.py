@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import http
-import re
 from typing import Any, Protocol, cast
 
 import httptools
@@ -20,6 +19,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from shoal.frontends._limits import ConnectionLimits
 from shoal.frontends.http import _json
+from shoal.frontends.http.routing import InferRoutes
 
 
 class CoalescingHttpToolsProtocol(HttpToolsProtocol):
@@ -69,15 +69,12 @@ class FastInfer(Protocol):
     """What the protocol needs of the inference endpoint to serve it without ASGI."""
 
     limit: int
+    routes: InferRoutes
 
     async def respond(
         self, name: str, version: str, headers: dict[str, str], body: bytes | bytearray
     ) -> tuple[int, list[tuple[str, str]], bytes]:
         """Status, headers and body of the answer to an inference request."""
-
-
-#: ``POST /v2/models/{m}[/versions/{v}]/infer``, on the raw request target.
-_INFER_TARGET = re.compile(rb"^/v2/models/([^/?%]+)(?:/versions/([^/?%]+))?/infer$")
 
 
 class _NoEvent:
@@ -163,22 +160,29 @@ class FastInferHttpToolsProtocol(CoalescingHttpToolsProtocol):
             # gathers a header's value by concatenation, so a giant header would also cost time
             # quadratic in its size); unless the head ended within it, answer 431.
             allowed = self._head_left
-            self._head_left = 0
-            if allowed:
-                self._feed(data[:allowed])
-            if self.transport.is_closing():
-                return
-            if self._head_left == 0:
-                limit = self._limits.max_header_size
-                self._refuse(
-                    431,
-                    f"the request header fields exceed the limit of {limit} bytes; "
-                    "use --http-max-header-size to raise it",
-                )
+            if not self._feed_head_end(data[:allowed]):
                 return
             data = data[allowed:]  # the rest: a body, or the next requests (pipelined)
         if data:
             self._feed(data)
+
+    def _feed_head_end(self, data: bytes) -> bool:
+        """Feed the last bytes the head being read may take; False when the connection is
+        over (the head did not end within them: 431)."""
+        self._head_left = 0
+        if data:
+            self._feed(data)
+        if self.transport.is_closing():
+            return False
+        if self._head_left == 0:
+            limit = self._limits.max_header_size
+            self._refuse(
+                431,
+                f"the request header fields exceed the limit of {limit} bytes; "
+                "use --http-max-header-size to raise it",
+            )
+            return False
+        return True
 
     def _check_progress(self) -> None:
         """The connection's timer: end a request head or body that is overdue (408)."""
@@ -187,15 +191,7 @@ class FastInferHttpToolsProtocol(CoalescingHttpToolsProtocol):
             return
         limits = self._limits
         now = self.loop.time()
-        if self._in_body:
-            due = self._last_data + limits.body_timeout
-            what = "body"
-        elif self._head_started != 0.0 and self._head_left >= 0:
-            due = self._head_started + limits.header_timeout
-            what = "header"
-        else:  # idle between requests (the keep-alive timeout's business), or a request running
-            due = now + min(limits.header_timeout, limits.body_timeout)
-            what = ""
+        due, what = self._due(now)
         if what and now >= due:
             timeout = limits.body_timeout if what == "body" else limits.header_timeout
             self._refuse(
@@ -205,6 +201,16 @@ class FastInferHttpToolsProtocol(CoalescingHttpToolsProtocol):
             )
             return
         self._watch = self.loop.call_later(due - now, self._check_progress)
+
+    def _due(self, now: float) -> tuple[float, str]:
+        """When what is being read (``what``: "body", "header" or "": nothing) is overdue."""
+        limits = self._limits
+        if self._in_body:
+            return self._last_data + limits.body_timeout, "body"
+        if self._head_started != 0.0 and self._head_left >= 0:
+            return self._head_started + limits.header_timeout, "header"
+        # Idle between requests (the keep-alive timeout's business), or a request running.
+        return now + min(limits.header_timeout, limits.body_timeout), ""
 
     def _refuse(self, status: int, message: str) -> None:
         """Answer ``status`` with a JSON error and close: the connection cannot go on."""
@@ -320,7 +326,7 @@ class FastInferHttpToolsProtocol(CoalescingHttpToolsProtocol):
             return None  # pipelined behind a request in progress: uvicorn queues it
         if self.parser.get_method() != b"POST":
             return None
-        target = _INFER_TARGET.match(self.url)
+        target = endpoint.routes.match_target(self.url)
         if target is None:
             return None
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in self.headers}
@@ -330,8 +336,7 @@ class FastInferHttpToolsProtocol(CoalescingHttpToolsProtocol):
         if "transfer-encoding" in headers:
             return None
         keep_alive = self.parser.get_http_version() != "1.0" and self.parser.should_keep_alive()
-        version = "" if target[2] is None else target[2].decode("latin-1")
-        return _FastRequest(target[1].decode("latin-1"), version, headers, keep_alive)
+        return _FastRequest(target[0], target[1], headers, keep_alive)
 
     async def _serve(self, request: _FastRequest, endpoint: FastInfer) -> None:
         body = request.body[0] if len(request.body) == 1 else b"".join(request.body)
@@ -341,21 +346,27 @@ class FastInferHttpToolsProtocol(CoalescingHttpToolsProtocol):
         )
         if request.disconnected:
             return
-        head = [_status_line(status)]
-        for name, value in self.server_state.default_headers:
-            head += [name, b": ", value, b"\r\n"]
-        head += [b"content-length: ", str(len(payload)).encode("latin-1"), b"\r\n"]
-        for name_, value_ in headers:
-            head += [name_.encode("latin-1"), b": ", value_.encode("latin-1"), b"\r\n"]
-        if not request.keep_alive:
-            head.append(b"connection: close\r\n")
-        head.append(b"\r\n")
-        self.transport.write(b"".join(head))
+        self.transport.write(self._head(status, headers, len(payload), request.keep_alive))
         self.transport.write(payload)
         request.response_complete = True
         if not request.keep_alive:
             self.transport.close()
         self.on_response_complete()
+
+    def _head(
+        self, status: int, headers: list[tuple[str, str]], length: int, keep_alive: bool
+    ) -> bytes:
+        """The status line and headers of a fast response."""
+        head = [_status_line(status)]
+        for name, value in self.server_state.default_headers:
+            head += [name, b": ", value, b"\r\n"]
+        head += [b"content-length: ", str(length).encode("latin-1"), b"\r\n"]
+        for name_, value_ in headers:
+            head += [name_.encode("latin-1"), b": ", value_.encode("latin-1"), b"\r\n"]
+        if not keep_alive:
+            head.append(b"connection: close\r\n")
+        head.append(b"\r\n")
+        return b"".join(head)
 
 
 _DEFAULT_LIMITS = ConnectionLimits()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import struct
 import types
 import typing
@@ -55,6 +56,8 @@ STOP = 7  # core -> worker: stop serving (drain done or shutdown)
 FREE = 8  # core -> worker: blocks of the worker's arena given back
 RETIRED = 9  # worker -> core: the worker retired an (empty) segment of its arena
 LOG_SETTINGS = 10  # core -> worker: the log settings now (at the start and on every change)
+RELEASE = 11  # worker -> core: a response read in place is written: its blocks may go
+DROP = 12  # core -> worker: a segment it maps went away (or a whole arena: segment -1)
 
 #: An input whose data is a NumPy array (JSON inputs): dtype and shape travel with the bytes.
 _ARRAY = 1
@@ -215,7 +218,8 @@ def request_to_wire(
                 )
                 continue
             array = np.ascontiguousarray(data)
-            payloads.append(memoryview(array.data).cast("B"))
+            # (memoryview cannot cast a view with a zero in its shape: an empty tensor)
+            payloads.append(memoryview(array.data).cast("B") if array.size else memoryview(b""))
             inputs.append(
                 [
                     tensor.name,
@@ -300,11 +304,27 @@ def request_from_wire(
 # --- responses ------------------------------------------------------------------------------
 
 
-def response_to_wire(response: InferResponse, payloads: list[memoryview | bytes]) -> list[Any]:
+#: The core's choice for one output: ``[arena, segment, offset, nbytes]`` of a block the worker
+#: reads in place, or None (its bytes follow the header).
+Describe = Callable[[InferOutput], list[int] | None]
+#: The worker's view of such a block.
+ViewBlock = Callable[[list[int]], memoryview]
+
+
+def response_to_wire(
+    response: InferResponse,
+    payloads: list[memoryview | bytes],
+    describe: Describe | None = None,
+    lease: int = 0,
+) -> list[Any]:
+    """The response's fields; output bytes go to ``payloads`` unless ``describe`` gives their
+    block (then the core holds the response until the worker releases ``lease``)."""
     outputs = []
     for output in response.outputs:
-        payloads.append(output.data)
-        outputs.append([output.name, output.datatype, list(output.shape), output.parameters])
+        where = None if describe is None else describe(output)
+        if where is None:
+            payloads.append(output.data)
+        outputs.append([output.name, output.datatype, list(output.shape), output.parameters, where])
     error = None if response.error is None else error_to_wire(response.error)
     return [
         response.model_name,
@@ -314,20 +334,40 @@ def response_to_wire(response: InferResponse, payloads: list[memoryview | bytes]
         response.parameters,
         response.final,
         error,
+        lease,
     ]
 
 
-def response_from_wire(fields: Sequence[Any], payloads: list[memoryview]) -> InferResponse:
-    model_name, model_version, response_id, outputs, parameters, final, error = fields
+def response_from_wire(
+    fields: Sequence[Any],
+    payloads: list[memoryview],
+    view: ViewBlock | None = None,
+    release: Callable[[int], None] | None = None,
+) -> InferResponse:
+    """The response the core sent; outputs it described are read through ``view``, and
+    ``release`` tells the core once they are written (the response's ``release``)."""
+    model_name, model_version, response_id, outputs, parameters, final, error, lease = fields
+    tensors = []
+    at = 0
+    for name, datatype, shape, params, where in outputs:
+        if where is None:
+            data = payloads[at]
+            at += 1
+        elif view is None:
+            raise ValueError(f"output '{name}' lies in shared memory this process cannot map")
+        else:
+            data = view(where)
+        tensors.append(InferOutput(name, datatype, tuple(shape), data, params))
+    released = None
+    if lease and release is not None:
+        released = functools.partial(release, lease)
     return InferResponse(
         model_name,
         model_version,
         response_id,
-        [
-            InferOutput(name, datatype, tuple(shape), payloads[i], params)
-            for i, (name, datatype, shape, params) in enumerate(outputs)
-        ],
+        tensors,
         parameters,
+        _release=released,
         final=final,
         error=None if error is None else _shoal_error(error_from_wire(error)),
     )

@@ -31,7 +31,7 @@ __all__ = ["INLINE_MAX", "LentArena", "StagingArena"]
 log = logging.getLogger("shoal")
 
 #: Tensors smaller than this travel inline on the worker's link, not through its arena.
-INLINE_MAX = 64 << 10
+INLINE_MAX = 32 << 10
 
 
 class StagingArena:

@@ -34,6 +34,7 @@ from shoal.core.types import (
 )
 from shoal.frontends.workers import _wire as wire
 from shoal.frontends.workers.arenas import StagingArena
+from shoal.frontends.workers.outputs import MappedOutputs
 
 __all__ = ["CoreGone", "RemoteCore"]
 
@@ -70,11 +71,18 @@ def recv_frame(sock: socket.socket) -> _Answer:
 class RemoteCore(CoreAPI):
     """The core API, answered by the core process."""
 
-    def __init__(self, control: socket.socket, arena: StagingArena | None = None) -> None:
+    def __init__(
+        self,
+        control: socket.socket,
+        arena: StagingArena | None = None,
+        outputs: MappedOutputs | None = None,
+    ) -> None:
         control.setblocking(True)
         self._control = control
         #: Large input tensors are copied here and the core receives their blocks.
         self.arena = arena
+        #: Large output tensors are read here, in the stubs' output arenas.
+        self.outputs = outputs
         self._ids = itertools.count(1)
         self._calls: dict[int, asyncio.Future[_Answer]] = {}
         self._streams: dict[int, asyncio.Queue[_Answer | BaseException | None]] = {}
@@ -109,6 +117,8 @@ class RemoteCore(CoreAPI):
         if self._outbox is not None:
             self._outbox.transport.close()
         self._control.close()
+        if self.outputs is not None:
+            self.outputs.close()
         if self.arena is not None:
             self.arena.close()
 
@@ -123,6 +133,10 @@ class RemoteCore(CoreAPI):
         if kind == wire.FREE:
             if self.arena is not None:
                 self.arena.free(fields[0])
+            return
+        if kind == wire.DROP:
+            if self.outputs is not None:
+                self.outputs.drop(fields[0], fields[1])
             return
         if kind == wire.STOP:
             self.stop_grace = float(fields[0]) if fields else 0.0
@@ -221,11 +235,24 @@ class RemoteCore(CoreAPI):
         place = None if self.arena is None else self.arena.place
         return wire.request_to_wire(request, payloads, place)
 
+    def _response(self, answer: list[Any], views: list[memoryview]) -> InferResponse:
+        outputs = self.outputs
+        if outputs is None:
+            return wire.response_from_wire(answer, views)
+        return wire.response_from_wire(answer, views, outputs.view, self._release)
+
+    def _release(self, lease: int) -> None:
+        """A response read in place is written: the core may give its blocks back."""
+        try:
+            self.send([wire.RELEASE, 0, lease])
+        except CoreGone:
+            pass  # the core is gone, and its blocks with it
+
     async def infer(self, request: InferRequest) -> InferResponse:
         payloads: list[memoryview | bytes] = []
         fields = self._request_fields(request, payloads)
         answer, views = await self._async("infer", fields, payloads)
-        return wire.response_from_wire(answer, views)
+        return self._response(answer, views)
 
     async def infer_stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
         payloads: list[memoryview | bytes] = []
@@ -245,7 +272,7 @@ class RemoteCore(CoreAPI):
                     ended = True
                     raise item
                 answer, views = item
-                yield wire.response_from_wire(answer, views)
+                yield self._response(answer, views)
         finally:
             self._streams.pop(call_id, None)
             if not ended:

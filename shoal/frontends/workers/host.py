@@ -28,6 +28,7 @@ from shoal.core.types import InferRequest, InferResponse
 from shoal.frontends.workers import _wire as wire
 from shoal.frontends.workers.arenas import LentArena
 from shoal.frontends.workers.client import ASYNC_METHODS, SYNC_METHODS
+from shoal.frontends.workers.outputs import LentOutputs
 
 __all__ = ["WorkerPool"]
 
@@ -67,6 +68,8 @@ class _Link:
         self.pool = pool
         #: The worker's input arena, where it places large input tensors.
         self.arena: LentArena | None = None
+        #: Responses whose large outputs the worker reads in place.
+        self.outputs: LentOutputs | None = None
         self.proc: subprocess.Popen[bytes] | None = None
         self.pidfd = -1
         self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -95,6 +98,9 @@ class _Link:
             cancel = self.calls.pop(call_id, None)
             if cancel is not None:
                 cancel()
+        elif kind == wire.RELEASE:
+            if self.outputs is not None:
+                self.outputs.release(fields[0])
         elif kind == wire.RETIRED:
             if self.arena is not None:
                 self.arena.retired(fields[0])
@@ -135,12 +141,9 @@ class _Link:
         self.calls.pop(call_id, None)
         if response is not None:
             try:
-                out: list[memoryview | bytes] = []
-                self.send([wire.OK, call_id, *wire.response_to_wire(response, out)], out)
+                self.answer(wire.OK, call_id, response)
             except Exception as failure:  # every failure is the caller's answer
                 error = failure
-            finally:
-                response.release()
         if error is not None and not isinstance(error, asyncio.CancelledError):
             self.send([wire.ERROR, call_id, wire.error_to_wire(error)])
         if request is not None and self.arena is not None:
@@ -157,13 +160,7 @@ class _Link:
                 stream = self.core.infer_stream(request)
                 try:
                     async for response in stream:
-                        try:
-                            out: list[memoryview | bytes] = []
-                            self.send(
-                                [wire.ITEM, call_id, *wire.response_to_wire(response, out)], out
-                            )
-                        finally:
-                            response.release()
+                        self.answer(wire.ITEM, call_id, response)
                 finally:
                     await stream.aclose()  # type: ignore[attr-defined]
                 self.send([wire.END, call_id])
@@ -181,6 +178,24 @@ class _Link:
             if request is not None and self.arena is not None:
                 self.arena.give_back(request)
 
+    def answer(self, kind: int, call_id: int, response: InferResponse) -> None:
+        """Send a response: large outputs by block when the worker can map them (the response
+        is held until it releases them), the rest inline (released once copied)."""
+        out: list[memoryview | bytes] = []
+        outputs = self.outputs
+        lease = 0
+        try:
+            if outputs is None:
+                fields = wire.response_to_wire(response, out)
+            else:
+                fields = wire.response_to_wire(response, out, outputs.describe)
+                if len(out) < len(response.outputs):
+                    lease = fields[-1] = outputs.hold(response)
+            self.send([kind, call_id, *fields], out)
+        finally:
+            if not lease:
+                response.release()
+
     def on_control(self, header: list[Any], payloads: list[memoryview]) -> None:
         method, args = header
         try:
@@ -197,11 +212,16 @@ class _Link:
     def send_free(self, flat: list[int]) -> None:
         self.send([wire.FREE, 0, flat])
 
+    def send_drop(self, arena_id: int, index: int) -> None:
+        self.send([wire.DROP, 0, arena_id, index])
+
     def close(self) -> None:
         if self.outbox is not None:
             self.outbox.transport.close()
         if self.control is not None:
             self.control.close()
+        if self.outputs is not None:
+            self.outputs.close()
         if self.arena is not None:
             self.arena.worker_exited()  # its blocks still in use come back later
 
@@ -299,6 +319,7 @@ class WorkerPool:
             segments_child.close()
         if self._arenas is not None:
             link.arena = LentArena(arena_id, segments, self._arenas, link.send_free)
+            link.outputs = LentOutputs(segments, self._arenas, arena_id, link.send_drop)
         else:
             segments.close()
         link.pidfd = os.pidfd_open(link.proc.pid)

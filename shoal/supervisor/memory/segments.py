@@ -13,6 +13,7 @@ before its first descriptor into that chunk, and is told when a chunk it opened 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from shoal.core.api import PeerArena
@@ -28,6 +29,8 @@ if TYPE_CHECKING:
     from shoal.supervisor.instances.channel import StubChannel
 
 INPUT_ARENA_ID = 0
+#: A segment index that means every segment of the arena (a stub that exited).
+WHOLE_ARENA = -1
 #: What the directory tells stubs about memory going away.
 _News = msg.SegmentRetired | msg.CudaChunkRetired | msg.CudaRegionClosed
 
@@ -41,6 +44,8 @@ class SegmentDirectory:
         self._owners: dict[int, StubChannel] = {}
         #: Arenas of frontend workers: they stage requests' inputs there.
         self._peers: dict[int, PeerArena] = {}
+        #: Told when a segment goes away (frontend workers that map stubs' outputs).
+        self._watchers: dict[int, tuple[object, Callable[[int, int], None]]] = {}
         self._sending: set[asyncio.Task[None]] = set()
         # The directory knows which stub holds which segment, so it passes the news on.
         input_arena.on_retired_segment = self._input_retired
@@ -52,6 +57,7 @@ class SegmentDirectory:
     def unregister(self, proc: StubChannel) -> None:
         if self._owners.get(proc.output_arena_id) is proc:
             del self._owners[proc.output_arena_id]
+            self._gone(proc.output_arena_id, WHOLE_ARENA)
 
     def segment(self, arena_id: int, index: int) -> Segment:
         if arena_id == INPUT_ARENA_ID:
@@ -91,6 +97,7 @@ class SegmentDirectory:
     def detach_arena(self, arena_id: int) -> None:
         if self._peers.pop(arena_id, None) is None:
             return
+        self._gone(arena_id, WHOLE_ARENA)
         for proc in self._owners.values():
             gone = [key for key in proc.announced if key[0] == arena_id]
             for key in gone:
@@ -128,6 +135,17 @@ class SegmentDirectory:
     def _input_retired(self, segment: Segment) -> None:
         self._tell_holders(segment.arena_id, segment.index)
 
+    def watch_segments(self, owner: object, gone: Callable[[int, int], None]) -> None:
+        self._watchers[id(owner)] = (owner, gone)
+
+    def unwatch_segments(self, owner: object) -> None:
+        self._watchers.pop(id(owner), None)
+
+    def _gone(self, arena_id: int, index: int) -> None:
+        if self._watchers:
+            for _, gone in list(self._watchers.values()):
+                gone(arena_id, index)
+
     def broadcast(self, message: msg.CudaRegionClosed) -> None:
         """Tell every live stub (news that only some may need, and that is rare)."""
         for proc in list(self._owners.values()):
@@ -149,6 +167,7 @@ class SegmentDirectory:
         return owner
 
     def _tell_holders(self, arena_id: int, index: int) -> None:
+        self._gone(arena_id, index)
         key = (arena_id, index)
         for proc in self._owners.values():
             if key in proc.announced:

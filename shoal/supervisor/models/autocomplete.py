@@ -49,19 +49,29 @@ async def auto_complete(
     """
     given = json.dumps(model_config.config_to_json(proto, include_defaults=False))
     ran = runtime or model_file  # the file whose code runs, named in errors
+    command = [python, "-m", "shoal.stub.autocomplete", str(model_file)]
+    if runtime is not None:
+        command.append(str(runtime))
+    out = await _run(command, given.encode(), {**os.environ, **(env or {})}, ran)
+    try:
+        return model_config.json_to_config(json.loads(out))
+    except (ValueError, model_config.ConfigError) as error:
+        raise model_config.ConfigError(
+            f"auto_complete_config of '{ran}' returned an invalid configuration: {error}"
+        ) from None
+
+
+async def _run(command: list[str], given: bytes, env: dict[str, str], ran: Path) -> bytes:
+    """What the auto-complete process printed; ConfigError when it failed or took too long."""
     process = await asyncio.create_subprocess_exec(
-        python,
-        "-m",
-        "shoal.stub.autocomplete",
-        str(model_file),
-        *([] if runtime is None else [str(runtime)]),
+        *command,
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
-        env={**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"},
+        env={**env, "PYTHONUNBUFFERED": "1"},
     )
     try:
-        out, err = await asyncio.wait_for(process.communicate(given.encode()), TIMEOUT_S)
+        out, err = await asyncio.wait_for(process.communicate(given), TIMEOUT_S)
     except asyncio.TimeoutError:
         process.kill()
         await process.wait()
@@ -72,12 +82,7 @@ async def auto_complete(
         raise model_config.ConfigError(
             f"auto_complete_config of '{ran}' failed:\n{err.decode(errors='replace')}"
         )
-    try:
-        return model_config.json_to_config(json.loads(out))
-    except (ValueError, model_config.ConfigError) as error:
-        raise model_config.ConfigError(
-            f"auto_complete_config of '{ran}' returned an invalid configuration: {error}"
-        ) from None
+    return out
 
 
 def is_pytorch_model(path: str | Path, proto: pb.ModelConfig) -> bool:

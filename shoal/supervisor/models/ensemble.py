@@ -72,24 +72,8 @@ class EnsembleRunner:
     ) -> InferResponse:
         """``record`` holds the staged client inputs; ``blocks`` are freed with the response."""
         completions: list[Completion] = []
-
-        def release() -> None:
-            for completion in completions:
-                completion.release()
-            completions.clear()
-            self._free_inputs(blocks)
-
-        done: asyncio.Future[dict[str, TensorDesc]] = asyncio.get_running_loop().create_future()
-        inputs = {desc.name: desc for desc in record.inputs}
-        graph = _Graph(self, mv, record, inputs, completions, (), functools.partial(_settle, done))
-        try:
-            graph.start()
-            tensors = await done
-            outputs = [self._output(mv, tensors, name) for name in record.requested_outputs]
-        except BaseException:
-            graph.abort()  # the client went away: steps still queued are dropped
-            release()
-            raise
+        release = functools.partial(self._release, completions, blocks)
+        outputs = await self._run_graph(mv, record, completions, release)
         return InferResponse(
             model_name=mv.name,
             model_version=str(mv.version),
@@ -98,13 +82,41 @@ class EnsembleRunner:
             _release=release,
         )
 
+    async def _run_graph(
+        self,
+        mv: ModelVersion,
+        record: RequestRecord,
+        completions: list[Completion],
+        release: Callable[[], None],
+    ) -> list[InferOutput]:
+        """The ensemble's requested outputs; on any failure (the client went away too) the
+        steps still queued are dropped and everything held is released."""
+        done: asyncio.Future[dict[str, TensorDesc]] = asyncio.get_running_loop().create_future()
+        inputs = {desc.name: desc for desc in record.inputs}
+        graph = _Graph(self, mv, record, inputs, completions, (), functools.partial(_settle, done))
+        try:
+            graph.start()
+            tensors = await done
+            return [self._output(mv, tensors, name) for name in record.requested_outputs]
+        except BaseException:
+            graph.abort()
+            release()
+            raise
+
+    def _release(self, completions: list[Completion], blocks: list[Block]) -> None:
+        for completion in completions:
+            completion.release()
+        completions.clear()
+        self._free_inputs(blocks)
+
     def _output(self, mv: ModelVersion, tensors: dict[str, TensorDesc], name: str) -> InferOutput:
         desc = tensors.get(name)
         if desc is None:
             raise InvalidArgument(f"ensemble '{mv.name}' produced no tensor '{name}'")
         assert isinstance(desc.location, Block | CudaLocation)
         view = self._directory.view(desc.location)
-        return InferOutput(name, desc.datatype, desc.shape, view)
+        placed = desc.location if type(desc.location) is Block else None
+        return InferOutput(name, desc.datatype, desc.shape, view, placed=placed)
 
 
 def _settle(
@@ -233,8 +245,16 @@ class _Graph:
         if target.config.is_ensemble:
             self._start_nested(step, target, inputs, batch, started)
             return
+        record = self._step_record(step, inputs)
+        future: asyncio.Future[Completion] = asyncio.get_running_loop().create_future()
+        self._running[step.index] = future
+        future.add_done_callback(functools.partial(self._model_done, step, target, batch, started))
+        # The inputs belong to the ensemble request: the step's work owns no block.
+        target.submit(Work(record, [], future, batch_size=batch))
+
+    def _step_record(self, step: StepPlan, inputs: list[TensorDesc]) -> RequestRecord:
         base = self._base
-        record = RequestRecord(
+        return RequestRecord(
             request_id=base.request_id,
             correlation_id=base.correlation_id,
             flags=base.flags,
@@ -243,11 +263,6 @@ class _Graph:
             inputs=inputs,
             timeout_us=base.timeout_us,
         )
-        future: asyncio.Future[Completion] = asyncio.get_running_loop().create_future()
-        self._running[step.index] = future
-        future.add_done_callback(functools.partial(self._model_done, step, target, batch, started))
-        # The inputs belong to the ensemble request: the step's work owns no block.
-        target.submit(Work(record, [], future, batch_size=batch))
 
     def _step_inputs(self, step: StepPlan, target: ModelVersion) -> list[TensorDesc]:
         inputs = []
@@ -281,26 +296,32 @@ class _Graph:
             return
         error = future.exception()
         if error is None:
-            completion = future.result()
-            if self._finished:
-                completion.release()
+            error = self._completed(step, target, batch, started, future.result())
+            if error is None:
                 return
-            if completion.response.error is None:
-                self._completions.append(completion)
-                elapsed = time.monotonic_ns() - started
-                target.stats.success(batch, elapsed, completion.queue_ns, completion.compute_ns)
-                outputs = completion.response.outputs
-                self._produced(step, [(o.name, o) for o in outputs])
-                return
-            completion.release()
-            code, message = completion.response.error
-            error = ModelError(
-                f"in ensemble '{self.mv.name}', step '{target.name}': {message}",
-                ErrorCode.__members__.get(code, ErrorCode.INTERNAL),
-            )
         if isinstance(error, ShoalError):
             target.stats.failure(time.monotonic_ns() - started, error.reason)
         self._fail(error)
+
+    def _completed(
+        self, step: StepPlan, target: ModelVersion, batch: int, started: int, done: Completion
+    ) -> ShoalError | None:
+        """A step's response arrived: its outputs flow on, or its error fails the request."""
+        if self._finished:
+            done.release()
+            return None
+        if done.response.error is None:
+            self._completions.append(done)
+            elapsed = time.monotonic_ns() - started
+            target.stats.success(batch, elapsed, done.queue_ns, done.compute_ns)
+            self._produced(step, [(o.name, o) for o in done.response.outputs])
+            return None
+        done.release()
+        code, message = done.response.error
+        return ModelError(
+            f"in ensemble '{self.mv.name}', step '{target.name}': {message}",
+            ErrorCode.__members__.get(code, ErrorCode.INTERNAL),
+        )
 
     def _start_nested(
         self,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from shoal.core.errors import ErrorCode, NotFound, Unavailable
+from shoal.core.errors import ErrorCode, NotFound, ShoalError, Unavailable
 from shoal.supervisor.models.versions import ModelVersion
 
 
@@ -35,37 +35,48 @@ class LoadedModels:
         """The version a request for ``name`` (``version`` "" = the policy's latest) goes to."""
         versions = self.models.get(name)
         if versions is None:
-            if name in self.failed:
-                raise Unavailable(
-                    f"Request for unknown model: '{name}' is not found: {self.failed[name]}",
-                    ErrorCode.UNAVAILABLE,
-                )
-            raise NotFound(f"Request for unknown model: '{name}' is not found")
+            raise self._unknown(name)
         if version:
-            try:
-                mv = versions[int(version)]
-            except (ValueError, KeyError):
-                raise NotFound(
-                    f"Request for unknown model: '{name}' version {version} is not found"
-                ) from None
-            if not mv.ready:
-                detail = f": {mv.reason}" if mv.reason else ""
-                raise Unavailable(
-                    f"Request for unavailable model: '{name}' version {version} is not "
-                    f"ready{detail}"
-                )
-            return mv
+            return _exact(name, version, versions)
         if len(versions) == 1:  # the common case, on every request: no list, no max()
             (mv,) = versions.values()
             if mv.ready:
                 return mv
-        ready = [mv for mv in versions.values() if mv.ready]
-        if not ready:
-            reasons = "; ".join(mv.reason for mv in versions.values() if mv.reason)
-            text = f"Request for unknown model: '{name}' has no available versions" + (
-                f": {reasons}" if reasons else ""
+        return _latest_ready(name, versions)
+
+    def _unknown(self, name: str) -> ShoalError:
+        if name in self.failed:
+            return Unavailable(
+                f"Request for unknown model: '{name}' is not found: {self.failed[name]}",
+                ErrorCode.UNAVAILABLE,
             )
-            if all(mv.reason == "unloaded" for mv in versions.values()):
-                raise NotFound(text)  # Triton's code for an unloaded model
-            raise Unavailable(text)
+        return NotFound(f"Request for unknown model: '{name}' is not found")
+
+
+def _exact(name: str, version: str, versions: dict[int, ModelVersion]) -> ModelVersion:
+    """Version ``version`` of ``name``, when it is ready."""
+    try:
+        mv = versions[int(version)]
+    except (ValueError, KeyError):
+        raise NotFound(
+            f"Request for unknown model: '{name}' version {version} is not found"
+        ) from None
+    if not mv.ready:
+        detail = f": {mv.reason}" if mv.reason else ""
+        raise Unavailable(
+            f"Request for unavailable model: '{name}' version {version} is not ready{detail}"
+        )
+    return mv
+
+
+def _latest_ready(name: str, versions: dict[int, ModelVersion]) -> ModelVersion:
+    ready = [mv for mv in versions.values() if mv.ready]
+    if ready:
         return max(ready, key=lambda mv: mv.version)
+    reasons = "; ".join(mv.reason for mv in versions.values() if mv.reason)
+    text = f"Request for unknown model: '{name}' has no available versions" + (
+        f": {reasons}" if reasons else ""
+    )
+    if all(mv.reason == "unloaded" for mv in versions.values()):
+        raise NotFound(text)  # Triton's code for an unloaded model
+    raise Unavailable(text)

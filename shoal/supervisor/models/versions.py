@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import json
 import logging
 import os
-import sys
 import tarfile
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,7 +16,6 @@ from shoal.config import ModelConfig
 from shoal.core.errors import InvalidArgument, ShoalError, Unavailable
 from shoal.ipc.arena import Block
 from shoal.supervisor.extensions.statistics import StatsRecorder
-from shoal.supervisor.instances.devices import stub_environment
 from shoal.supervisor.instances.instance import (
     BlsHandler,
     ControlHandler,
@@ -27,9 +24,10 @@ from shoal.supervisor.instances.instance import (
     MakeStub,
     StubInstance,
 )
-from shoal.supervisor.instances.process import StubLaunch, StubProcess
+from shoal.supervisor.instances.process import StubProcess
 from shoal.supervisor.memory.segments import SegmentDirectory
 from shoal.supervisor.models import environments, warmup
+from shoal.supervisor.models.instance_specs import instance_specs
 from shoal.supervisor.options import ArenaOptions
 from shoal.supervisor.requests import classification
 from shoal.supervisor.schedulers import (
@@ -44,8 +42,6 @@ from shoal.supervisor.schedulers.rate_limiter import LimitedInstance, RateLimite
 from shoal.supervisor.work import Work
 
 log = logging.getLogger("shoal")
-
-_KIND_NAMES = {"KIND_CPU": "CPU", "KIND_GPU": "GPU", "KIND_MODEL": "MODEL", "KIND_AUTO": "AUTO"}
 
 
 class ModelState(enum.Enum):
@@ -128,60 +124,34 @@ class ModelLoader:
         #: ``--rate-limit execution_count``: every instance runs under it.
         self.rate_limiter = rate_limiter
 
-    def _specs(self, mv: ModelVersion) -> list[InstanceSpec]:
-        config = mv.config
-        model_dir = os.path.abspath(config.path)
-        filename = config.default_model_filename or "model.py"  # a Python-based backend has none
-        model_file = os.path.join(model_dir, str(mv.version), filename)
-        config_text = json.dumps(mv.config_json)
-        specs = []
-        instances = list(config.instance_names())
-        env = thread_env(config.parameters, len(instances))
-        python = sys.executable
-        if mv.environment is not None:
-            python = mv.environment.python
-            env = {**env, **mv.environment.env}
-        for instance_name, kind, device_id in instances:
-            args = {
-                "model_config": config_text,
-                "model_instance_kind": _KIND_NAMES.get(kind, "CPU"),
-                "model_instance_name": instance_name,
-                "model_instance_device_id": str(device_id),
-                "model_repository": model_dir,
-                "model_version": str(mv.version),
-                "model_name": mv.name,
-            }
-            specs.append(
-                InstanceSpec(
-                    model_name=mv.name,
-                    instance_name=instance_name,
-                    init_args=args,
-                    model_file=model_file,
-                    runtime_file=mv.runtime_file,
-                    launch=StubLaunch(
-                        instance_name,
-                        python=python,
-                        env={
-                            **env,
-                            **stub_environment(config.parameters, kind, device_id, mv.name),
-                        },
-                    ),
-                    output_arena=(
-                        self._arenas.output_initial_bytes,
-                        self._arenas.growth_bytes,
-                        self._arenas.limit_bytes,
-                    ),
-                    execute_timeout=_execute_timeout(config.parameters, mv.name),
-                    async_concurrency=_async_concurrency(config.parameters, mv.name),
-                )
-            )
-        return specs
-
     async def start(self, mv: ModelVersion) -> None:
         """Bring up every instance; on failure the version is UNAVAILABLE with the reason."""
         if self.trace_overhead:
             mv.stats.overhead = {}
         started = time.monotonic()
+        if not await self._prepare(mv):
+            return
+        if mv.config.is_ensemble:  # runs in the supervisor: no stub, no scheduler
+            mv.state = ModelState.READY
+            log.info("successfully loaded ensemble '%s' version %d", mv.name, mv.version)
+            return
+        specs = instance_specs(mv, self._arenas)
+        planned = self._plan(mv, specs)
+        if planned is None or not self._create_instances(mv, specs, planned[0]):
+            return
+        _log_loading(mv, specs)
+        if await self._start_instances(mv, *planned):
+            mv.state = ModelState.READY
+            log.info(
+                "successfully loaded '%s' version %d in %.2f s",
+                mv.name,
+                mv.version,
+                time.monotonic() - started,
+            )
+
+    async def _prepare(self, mv: ModelVersion) -> bool:
+        """Check what the version needs beyond its config and prepare its Python environment;
+        False (the version failed) when it cannot load."""
         try:
             if self.response_cache and mv.config.response_cache and mv.config.decoupled:
                 raise InvalidArgument(
@@ -195,12 +165,13 @@ class ModelLoader:
             )
         except (ShoalError, OSError, tarfile.TarError) as error:
             _failed(mv, str(error))
-            return
-        if mv.config.is_ensemble:  # runs in the supervisor: no stub, no scheduler
-            mv.state = ModelState.READY
-            log.info("successfully loaded ensemble '%s' version %d", mv.name, mv.version)
-            return
-        specs = self._specs(mv)
+            return False
+        return True
+
+    def _plan(
+        self, mv: ModelVersion, specs: list[InstanceSpec]
+    ) -> tuple[Scheduler, list[warmup.WarmupSample]] | None:
+        """The version's scheduler and warmup samples (None: the version failed)."""
         try:
             samples = warmup.build_samples(mv.config, os.path.abspath(mv.config.path))
             scheduler = make_scheduler(
@@ -211,7 +182,12 @@ class ModelLoader:
             )
         except (SchedulerConfigError, warmup.WarmupError) as error:
             _failed(mv, str(error))
-            return
+            return None
+        return scheduler, samples
+
+    def _create_instances(
+        self, mv: ModelVersion, specs: list[InstanceSpec], scheduler: Scheduler
+    ) -> bool:
         mv.scheduler = scheduler
         mv.instances = [
             StubInstance(spec, self._directory, self._free_inputs, mv.stats, self._make_stub)
@@ -221,48 +197,43 @@ class ModelLoader:
             self._join_rate_limiter(mv)
         except ShoalError as error:
             _failed(mv, str(error))
-            return
-        log.info(
-            "loading '%s' version %d: %d instance%s of %s",
-            mv.name,
-            mv.version,
-            len(specs),
-            "" if len(specs) == 1 else "s",
-            specs[0].model_file if specs else mv.config.path,
-        )
+            return False
         for instance in mv.instances:
-            instance.bls = self.bls
-            instance.control = self.control
-            instance.decoupled = mv.config.decoupled
-            # Only a lone instance: with several, a request sent ahead to a busy one could wait
-            # while another instance is idle; and not under the rate limiter, whose grant is for
-            # an execution that starts now.
-            instance.send_ahead = (
-                len(mv.instances) == 1
-                and isinstance(scheduler, DefaultScheduler)
-                and self.rate_limiter is None
-            )
-            instance.on_failed = lambda failed, mv=mv: self._on_instance_failed(mv, failed)
-            instance.on_health = lambda _, mv=mv: self._on_instance_health(mv)
+            self._wire(mv, instance, scheduler)
+        return True
+
+    def _wire(self, mv: ModelVersion, instance: StubInstance, scheduler: Scheduler) -> None:
+        instance.bls = self.bls
+        instance.control = self.control
+        instance.decoupled = mv.config.decoupled
+        # Only a lone instance: with several, a request sent ahead to a busy one could wait
+        # while another instance is idle; and not under the rate limiter, whose grant is for
+        # an execution that starts now.
+        instance.send_ahead = (
+            len(mv.instances) == 1
+            and isinstance(scheduler, DefaultScheduler)
+            and self.rate_limiter is None
+        )
+        instance.on_failed = lambda failed, mv=mv: self._on_instance_failed(mv, failed)
+        instance.on_health = lambda _, mv=mv: self._on_instance_health(mv)
+
+    async def _start_instances(
+        self, mv: ModelVersion, scheduler: Scheduler, samples: list[warmup.WarmupSample]
+    ) -> bool:
+        """Start every instance (each warms up first); on a failure, stop them all."""
         warm_up = self._warm_up(mv.name, samples) if samples else None
         results = await asyncio.gather(
             *(i.start(scheduler.source(n), warm_up) for n, i in enumerate(mv.instances)),
             return_exceptions=True,
         )
         errors = [r for r in results if isinstance(r, BaseException)]
-        if errors:
-            first = errors[0]
-            reason = str(first) if isinstance(first, LoadError) else repr(first)
-            await self.stop(mv, timeout=5.0)
-            _failed(mv, reason, first.traceback if isinstance(first, LoadError) else "")
-            return
-        mv.state = ModelState.READY
-        log.info(
-            "successfully loaded '%s' version %d in %.2f s",
-            mv.name,
-            mv.version,
-            time.monotonic() - started,
-        )
+        if not errors:
+            return True
+        first = errors[0]
+        reason = str(first) if isinstance(first, LoadError) else repr(first)
+        await self.stop(mv, timeout=5.0)
+        _failed(mv, reason, first.traceback if isinstance(first, LoadError) else "")
+        return False
 
     def _join_rate_limiter(self, mv: ModelVersion) -> None:
         """Give each instance its place in the rate limiter, with its group's resources and
@@ -349,84 +320,15 @@ class ModelLoader:
         mv.reason = "unloaded"
 
 
-#: Thread-pool sizes a stub may be given (torch follows OMP_NUM_THREADS).
-THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
-#: The model parameter that asks shoal to size them: ``auto`` (the CPUs this server may use
-#: divided by the model's instance count) or a number of threads.
-THREADS_PARAMETER = "SHOAL_THREADS_PER_INSTANCE"
-
-
-def thread_env(
-    parameters: Any, instances: int, environ: Any = os.environ, cpus: int | None = None
-) -> dict[str, str]:
-    """Thread counts set for a model's stubs: none unless asked, as in Triton, where a stub
-    inherits the server's environment. A model asks with a parameter of a variable's own name
-    (that value) or with ``SHOAL_THREADS_PER_INSTANCE`` (every variable the server's
-    environment leaves unset)."""
-    env = {name: str(parameters[name]) for name in THREAD_VARIABLES if name in parameters}
-    asked = str(parameters.get(THREADS_PARAMETER, "")).strip().lower()
-    if not asked:
-        return env
-    if asked == "auto":
-        if cpus is None:
-            cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
-        share = str(max(1, (cpus or os.cpu_count() or 1) // max(1, instances)))
-    elif asked.isdigit() and int(asked) > 0:
-        share = asked
-    else:
-        log.warning(
-            "%s must be 'auto' or a positive number of threads, not %r; ignored",
-            THREADS_PARAMETER,
-            asked,
-        )
-        return env
-    for name in THREAD_VARIABLES:
-        if name not in env and name not in environ:
-            env[name] = share
-    return env
-
-
-EXECUTE_TIMEOUT_PARAMETER = "execute_timeout_seconds"
-
-
-def _execute_timeout(parameters: Mapping[str, str], model: str) -> float | None:
-    """The model's ``execute_timeout_seconds`` parameter (a stuck execute kills its stub)."""
-    raw = parameters.get(EXECUTE_TIMEOUT_PARAMETER)
-    if not raw:
-        return None
-    try:
-        value = float(raw)
-    except ValueError:
-        log.warning(
-            "model '%s': %s must be a number of seconds, not %r; ignored",
-            model,
-            EXECUTE_TIMEOUT_PARAMETER,
-            raw,
-        )
-        return None
-    return value if value > 0 else None
-
-
-ASYNC_CONCURRENCY_PARAMETER = "async_execute_concurrency"
-
-
-def _async_concurrency(parameters: Mapping[str, str], model: str) -> int:
-    """How many batches an ``async def execute`` instance runs at once: 1 unless the model
-    asks for more, as Triton runs a non-decoupled coroutine to completion before the next
-    batch (the stub reads the same parameter)."""
-    raw = parameters.get(ASYNC_CONCURRENCY_PARAMETER)
-    if not raw:
-        return 1
-    try:
-        return max(1, int(raw))
-    except ValueError:
-        log.warning(
-            "model '%s': %s must be an integer, not %r; using 1",
-            model,
-            ASYNC_CONCURRENCY_PARAMETER,
-            raw,
-        )
-        return 1
+def _log_loading(mv: ModelVersion, specs: list[InstanceSpec]) -> None:
+    log.info(
+        "loading '%s' version %d: %d instance%s of %s",
+        mv.name,
+        mv.version,
+        len(specs),
+        "" if len(specs) == 1 else "s",
+        specs[0].model_file if specs else mv.config.path,
+    )
 
 
 def without_repository(text: str, model_dir: str) -> str:

@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 from hyperframe.frame import DataFrame, GoAwayFrame, HeadersFrame
 
-from shoal.frontends.grpc.native import NativeGrpcServer, _inflate
+from shoal.frontends.grpc.native import NativeGrpcServer
+from shoal.frontends.grpc.native_messages import inflate
 from shoal.protos import grpc_service_pb2 as pb
 from tests.h2client import H2Client, RawClient, grpc_frame, request_headers
 from tests.unit.frontends.doubles import LoopThread
@@ -277,9 +278,9 @@ def test_inflate_in_pieces_gives_the_whole_message(size: int, gzipped: bool) -> 
     message = np.random.default_rng(size).integers(0, 4, size, dtype=np.uint8).tobytes()
     wbits = 16 + zlib.MAX_WBITS if gzipped else zlib.MAX_WBITS
     packed = gzip.compress(message) if gzipped else zlib.compress(message)
-    assert _inflate(packed, wbits, 1 << 30) == message
+    assert inflate(packed, wbits, 1 << 30) == message
 
 
 def test_inflate_stops_past_the_limit() -> None:
-    assert _inflate(gzip.compress(bytes(8 << 20)), 16 + zlib.MAX_WBITS, 3 << 20) is None
-    assert _inflate(gzip.compress(bytes(3 << 20)), 16 + zlib.MAX_WBITS, 3 << 20) == bytes(3 << 20)
+    assert inflate(gzip.compress(bytes(8 << 20)), 16 + zlib.MAX_WBITS, 3 << 20) is None
+    assert inflate(gzip.compress(bytes(3 << 20)), 16 + zlib.MAX_WBITS, 3 << 20) == bytes(3 << 20)

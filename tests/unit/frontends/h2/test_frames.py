@@ -17,7 +17,7 @@ from hyperframe.frame import (
     WindowUpdateFrame,
 )
 
-from shoal.frontends.grpc.native import _percent_encode, _status_block, _timeout_seconds
+from shoal.frontends.grpc.native_headers import percent_encode, status_block, timeout_seconds
 from shoal.frontends.h2 import frames as h2
 
 pytestmark = pytest.mark.timeout(30)
@@ -108,7 +108,7 @@ def test_literal_indexed_name_uses_the_static_table() -> None:
 
 
 def test_trailers_only_error_block_decodes() -> None:
-    block = h2.GRPC_RESPONSE_HEADERS + _status_block(12, "Method not found!")
+    block = h2.GRPC_RESPONSE_HEADERS + status_block(12, "Method not found!")
     headers, _ = _decode(block)
     assert headers == [
         (":status", "200"),
@@ -116,7 +116,7 @@ def test_trailers_only_error_block_decodes() -> None:
         ("grpc-status", "12"),
         ("grpc-message", "Method not found!"),
     ]
-    assert _decode(_status_block(0, ""))[0] == [("grpc-status", "0")]
+    assert _decode(status_block(0, ""))[0] == [("grpc-status", "0")]
 
 
 # --- frames -------------------------------------------------------------------------------------
@@ -193,7 +193,7 @@ def test_read_u32_drops_the_reserved_bit() -> None:
     ],
 )
 def test_percent_encode(text: str, encoded: bytes) -> None:
-    assert _percent_encode(text) == encoded
+    assert percent_encode(text) == encoded
 
 
 @pytest.mark.parametrize(
@@ -210,14 +210,14 @@ def test_percent_encode(text: str, encoded: bytes) -> None:
     ],
 )
 def test_timeout_seconds(value: bytes, seconds: float) -> None:
-    assert _timeout_seconds(value) == pytest.approx(seconds)
+    assert timeout_seconds(value) == pytest.approx(seconds)
 
 
 @pytest.mark.parametrize(
     "value", [b"", b"10", b"S", b"123456789S", b"1x", b"-1S", b"1.5S", b" 1S", b"1S ", b"1s"]
 )
 def test_timeout_seconds_rejects(value: bytes) -> None:
-    assert _timeout_seconds(value) is None
+    assert timeout_seconds(value) is None
 
 
 def test_table_size_zero_is_a_dynamic_table_size_update() -> None:

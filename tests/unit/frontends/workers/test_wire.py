@@ -192,3 +192,15 @@ def test_a_large_frame_in_many_reads_then_small_ones_in_one():
 def test_a_lone_surrogate_crosses_unchanged():
     header, _ = _through(["\udc00", {"note": "\udc00"}], [])
     assert header == ["\udc00", {"note": "\udc00"}]
+
+
+def test_an_empty_json_tensor_crosses_with_its_shape():
+    """A zero in the shape (``[0, 0]``): no bytes, the shape kept (was a 500: memoryview cannot
+    cast such a view)."""
+    request = InferRequest(
+        "m", "", "", [InferInput("E", "UINT8", (0, 0), np.zeros((0, 0), np.uint8))], [], {}
+    )
+    payloads: list = []
+    header, views = _through(wire.request_to_wire(request, payloads), payloads)
+    back = wire.request_from_wire(header, views).inputs[0].data
+    assert isinstance(back, np.ndarray) and back.shape == (0, 0) and back.dtype == np.uint8

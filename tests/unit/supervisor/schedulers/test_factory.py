@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from shoal.core.errors import ShoalError
-from shoal.supervisor.models.versions import thread_env
+from shoal.supervisor.models.instance_specs import thread_env
 from shoal.supervisor.schedulers import (
     DefaultScheduler,
     DynamicBatcher,

@@ -1,0 +1,343 @@
+"""One RPC on one HTTP/2 stream of shoal's own gRPC server: its request messages, the task that
+runs its method, its deadline, and the status it ends with."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import zlib
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING, Any
+
+from shoal.frontends.grpc.methods import Method
+from shoal.frontends.grpc.native_headers import OK_TRAILERS, metadata, status_block
+from shoal.frontends.grpc.native_messages import (
+    Compressed,
+    ConnectionBudget,
+    Inbox,
+    Message,
+    MessageReader,
+    inflate,
+)
+from shoal.frontends.grpc.status import Status
+from shoal.frontends.h2 import frames as h2
+from shoal.frontends.h2.connection import Headers, Http2Connection, StreamHandler
+
+if TYPE_CHECKING:
+    from shoal.frontends.grpc.native_messages import BufferPool
+
+log = logging.getLogger(__name__)
+
+# gRPC status codes (the numbers of grpc.StatusCode).
+OK = Status.OK
+CANCELLED = Status.CANCELLED
+UNKNOWN = Status.UNKNOWN
+DEADLINE_EXCEEDED = Status.DEADLINE_EXCEEDED
+RESOURCE_EXHAUSTED = Status.RESOURCE_EXHAUSTED
+INTERNAL = Status.INTERNAL
+UNIMPLEMENTED = Status.UNIMPLEMENTED
+
+#: A streaming call stops producing while this much of its output waits for the client's window.
+STREAM_BACKLOG = 1 << 20
+#: A compressed message smaller than this is inflated on the event loop (at most ~1 MiB out).
+_INFLATE_INLINE = 1024
+
+
+class CallServer:
+    """What a call needs of its server: the message size limit, the pool of large request
+    buffers and the set of running calls' tasks (cancelled when the server stops)."""
+
+    def __init__(self, max_message_bytes: int, buffers: BufferPool) -> None:
+        self.max_message_bytes = max_message_bytes
+        self.buffers = buffers
+        self.running: set[asyncio.Task[None]] = set()
+
+
+class _Abort(Exception):
+    def __init__(self, code: int, details: str) -> None:
+        super().__init__(details)
+        self.code = code
+        self.details = details
+
+
+class _Context:
+    """The part of ``grpc.aio.ServicerContext`` that shoal's RPCs use."""
+
+    __slots__ = ("_headers", "_metadata")
+
+    def __init__(self, headers: Headers) -> None:
+        self._headers = headers
+        self._metadata: tuple[tuple[str, str], ...] | None = None
+
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        if self._metadata is None:
+            self._metadata = metadata(self._headers)
+        return self._metadata
+
+    async def abort(self, code: Status, details: str) -> None:
+        raise _Abort(code, details)
+
+
+class NativeCall(StreamHandler):
+    """One RPC on one HTTP/2 stream."""
+
+    _request: Message | Compressed | None = None  # a unary call's
+    _inbox: Inbox | None = None  # a streaming call's requests
+    _task: asyncio.Task[None] | None = None
+    _timer: asyncio.TimerHandle | None = None  # the deadline's
+    _expired = False
+    _headers_sent = False
+    _done = False
+
+    def __init__(
+        self,
+        server: CallServer,
+        connection: Http2Connection,
+        stream_id: int,
+        method: Method,
+        headers: Headers,
+        encoding: bytes | None,
+        budget: ConnectionBudget,
+    ) -> None:
+        self._server, self._connection, self._stream_id = server, connection, stream_id
+        self._budget = budget
+        self._held = 0  # what this call holds of the connection's budget
+        self._method = method
+        self._context = _Context(headers)
+        self._encoding = encoding
+        self._reader = MessageReader(
+            server.buffers,
+            server.max_message_bytes,
+            not method.streaming,
+            self._message_done,
+            self._too_large,
+            self._hold,
+        )
+
+    # --- from the connection ------------------------------------------------------------------
+
+    def start(self, timeout: float | None) -> None:
+        loop = asyncio.get_running_loop()
+        if timeout is not None:
+            self._timer = loop.call_later(timeout, self._deadline)
+        if self._method.streaming:
+            self._inbox = Inbox(self._inflate, self._release)
+            self._launch(self._run_stream())
+
+    def data_received(self, data: memoryview, end_stream: bool) -> None:
+        self._reader.feed(data)
+        if end_stream:
+            self._requests_end()
+
+    def trailers_received(self) -> None:
+        self._requests_end()
+
+    def mid_message(self) -> bool:
+        return not self._done and self._reader.mid_message()
+
+    def reset(self) -> None:
+        """The client cancelled the call, or its connection is gone: stop the work."""
+        self._end()
+        if self._task is not None:
+            self._task.cancel()
+
+    # --- messages in --------------------------------------------------------------------------
+
+    def _too_large(self, size: int) -> None:
+        limit = self._server.max_message_bytes
+        self._fail(RESOURCE_EXHAUSTED, f"Received message larger than max ({size} vs. {limit})")
+
+    def _hold(self, size: int) -> bool:
+        """Count ``size`` more request bytes against the connection's budget; past it, the
+        call fails and the client is told to stop sending on the stream."""
+        if self._budget.take(size):
+            self._held += size
+            return True
+        self._fail(
+            RESOURCE_EXHAUSTED,
+            f"the connection holds more request bytes than its limit ({self._budget.limit} "
+            "bytes across its calls; --grpc-max-connection-buffer-size)",
+        )
+        return False
+
+    def _release(self, size: int) -> None:
+        size = min(size, self._held)
+        self._held -= size
+        self._budget.give(size)
+
+    def _message_done(self, received: Message, compressed: bool) -> None:
+        message: Message | Compressed = received
+        if compressed:
+            if self._encoding not in (b"gzip", b"deflate"):
+                self._unknown_encoding()
+                return
+            # Inflated by the call's task, not here: a large one goes to a thread.
+            message = Compressed(bytes(received) if isinstance(received, memoryview) else received)
+        if self._inbox is not None:
+            assert not isinstance(message, memoryview)  # streams' messages are never pooled
+            self._inbox.put(message)
+        elif self._request is None:
+            self._request = message
+        else:
+            self._fail(UNIMPLEMENTED, "more than one request message for a unary method")
+
+    def _unknown_encoding(self) -> None:
+        encoding = self._encoding
+        name = "identity" if encoding is None else encoding.decode("latin-1")
+        self._fail(
+            UNIMPLEMENTED if encoding is not None else INTERNAL,
+            f"a compressed message with grpc-encoding '{name}'",
+        )
+
+    async def _inflate(self, message: bytes | bytearray) -> bytes | bytearray:
+        """Inflate a compressed message, refusing past the message size limit while inflating
+        (a small "zip bomb" costs at most the limit); off the event loop unless small."""
+        wbits = 16 + zlib.MAX_WBITS if self._encoding == b"gzip" else zlib.MAX_WBITS
+        limit = self._server.max_message_bytes
+        work = functools.partial(inflate, message, wbits, limit)
+        try:
+            out = work() if len(message) < _INFLATE_INLINE else await asyncio.to_thread(work)
+        except zlib.error as exc:
+            raise _Abort(INTERNAL, f"failed to decompress the request message: {exc}") from None
+        if out is None:
+            raise _Abort(
+                RESOURCE_EXHAUSTED,
+                f"Received message larger than max (more than {limit} bytes uncompressed)",
+            )
+        return out
+
+    def _requests_end(self) -> None:
+        if self._done:
+            return
+        if self._reader.mid_message():
+            self._fail(INTERNAL, "the request stream ended inside a message")
+        elif self._inbox is not None:
+            self._inbox.put(None)
+        elif self._task is None:
+            if self._request is None:
+                self._fail(UNIMPLEMENTED, "no request message for a unary method")
+            else:
+                self._launch(self._run_unary())
+
+    # --- running ------------------------------------------------------------------------------
+
+    def _launch(self, work: Any) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._task = task
+        self._server.running.add(task)
+        task.add_done_callback(self._server.running.discard)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        """A task cancelled before its first step never reaches its ``except CancelledError``:
+        the deadline (or the server's stop) came due in the loop iteration that launched it,
+        ahead of the task. The call still needs its status."""
+        if task.cancelled():
+            self._cancelled()
+
+    async def _run_unary(self) -> None:
+        try:
+            await self._run(self._unary())
+        finally:
+            self._request = None
+            self._release(self._held)
+            self._reader.release()
+
+    async def _run_stream(self) -> None:
+        await self._run(self._stream())
+
+    async def _run(self, work: Awaitable[None]) -> None:
+        """Run the call's work and end the call with its outcome's status."""
+        try:
+            await work
+        except _Abort as exc:
+            self._finish(exc.code, exc.details)
+            return
+        except asyncio.CancelledError:
+            self._cancelled()
+            return
+        except Exception as exc:
+            log.exception("unexpected error in a gRPC call")
+            self._finish(UNKNOWN, f"Unexpected error in RPC handling: {exc!r}")
+            return
+        self._finish(OK, "")
+
+    async def _unary(self) -> None:
+        method = self._method
+        request = self._request
+        assert request is not None
+        if isinstance(request, Compressed):
+            request = await self._inflate(request.message)
+        parsed: Any = request if method.parse is None else method.parse(bytes(request))
+        del request  # no view of a pooled buffer may outlive the call
+        reply = await method.handle(parsed, self._context)
+        del parsed
+        body = reply if method.serialize is None else method.serialize(reply)
+        if not self._done:
+            self._send_headers()
+            self._send_message(body)
+
+    async def _stream(self) -> None:
+        assert self._inbox is not None
+        async for reply in self._method.handle(self._inbox, self._context):
+            if self._done:
+                break
+            self._send_headers()
+            self._send_message(reply)
+            await self._connection.writable(self._stream_id, STREAM_BACKLOG)
+
+    # --- answering ----------------------------------------------------------------------------
+
+    def _send_headers(self) -> None:
+        if not self._headers_sent:
+            self._connection.send_headers(self._stream_id, h2.GRPC_RESPONSE_HEADERS)
+            self._headers_sent = True
+
+    def _send_message(self, body: bytes | bytearray) -> None:
+        prefix = b"\x00" + len(body).to_bytes(4, "big")
+        if len(body) < 65536:
+            self._connection.send_data(self._stream_id, prefix + body)
+        else:  # no copy of a large message to put five bytes in front of it
+            self._connection.send_data(self._stream_id, prefix)
+            self._connection.send_data(self._stream_id, body)
+
+    def _cancelled(self) -> None:
+        if self._expired:
+            self._finish(DEADLINE_EXCEEDED, "Deadline Exceeded", force=True)
+        elif not self._done:  # the server is stopping
+            self._finish(CANCELLED, "the server is shutting down")
+
+    def _deadline(self) -> None:
+        self._timer = None
+        if self._done:
+            return
+        self._expired = True
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+        else:
+            self._finish(DEADLINE_EXCEEDED, "Deadline Exceeded")
+
+    def _fail(self, code: int, details: str) -> None:
+        """End the call with an error from the transport side: the work, if any, is cancelled."""
+        self._finish(code, details)
+        if self._task is not None:
+            self._task.cancel()
+
+    def _finish(self, code: int, details: str, force: bool = False) -> None:
+        if self._done and not force:
+            return
+        self._end()
+        block = OK_TRAILERS if code == OK else status_block(code, details)
+        if not self._headers_sent:
+            block = h2.GRPC_RESPONSE_HEADERS + block  # trailers-only
+        self._connection.send_headers(self._stream_id, block, end_stream=True)
+
+    def _end(self) -> None:
+        """The call is over: read nothing more, and its deadline no longer matters."""
+        self._done = True
+        self._reader.closed = True
+        self._release(self._held)
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None

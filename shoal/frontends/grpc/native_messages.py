@@ -1,0 +1,260 @@
+"""A call's request messages on shoal's own gRPC server: gRPC's length-prefixed messages cut
+out of the stream's DATA, into buffers kept for reuse when large, inflated when compressed."""
+
+from __future__ import annotations
+
+import asyncio
+import zlib
+from collections import deque
+from collections.abc import Awaitable, Callable
+
+#: A message announcing at most this many bytes gets its buffer at once; a larger one's grows as
+#: its bytes arrive.
+_PREALLOCATE = 64 * 1024
+#: What one zlib call inflates, at most.
+_INFLATE_PIECE = 1 << 20
+
+Message = bytes | bytearray | memoryview
+
+
+class BufferPool:
+    """Large request buffers, kept for reuse.
+
+    A fresh multi-megabyte ``bytearray`` is zero-filled and page-faulted in on every request: a
+    fifth of the supervisor's time per 4 MiB call. A buffer comes back only once no view of it
+    is left (a bytearray with live views cannot be resized, which is what ``give_back`` tries).
+    """
+
+    MIN_SIZE = 256 * 1024
+    MAX_SIZE = 16 * 1024 * 1024  # with KEEP, at most 64 MiB kept
+    KEEP = 4
+
+    def __init__(self) -> None:
+        self._free: list[bytearray] = []
+
+    def take(self, size: int) -> bytearray | None:
+        """A kept buffer of at least ``size`` bytes; None (allocate nothing) when none fits."""
+        fitting = [b for b in self._free if len(b) >= size]
+        if not fitting:
+            return None
+        buffer = min(fitting, key=len)
+        self._free.remove(buffer)
+        return buffer
+
+    def give_back(self, buffer: bytearray) -> None:
+        if len(buffer) > self.MAX_SIZE:
+            return
+        try:
+            buffer.append(0)
+            del buffer[-1]
+        except BufferError:
+            return  # something still reads it: leave it to the garbage collector
+        if len(self._free) >= self.KEEP:
+            self._free.remove(min(self._free, key=len))
+        self._free.append(buffer)
+
+
+class ConnectionBudget:
+    """The request bytes one connection's calls hold and have not handed on yet (messages
+    arriving, and received ones no handler has taken): bounded across all its streams, so that
+    a client's memory is not the message limit times its streams."""
+
+    __slots__ = ("held", "limit")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+
+    def take(self, size: int) -> bool:
+        if self.held + size > self.limit:
+            return False
+        self.held += size
+        return True
+
+    def give(self, size: int) -> None:
+        self.held -= size
+
+
+class MessageReader:
+    """Cuts the length-prefixed messages of one call out of its DATA.
+
+    Each whole message goes to ``on_message(message, compressed)``; one announcing more than
+    ``max_bytes`` to ``on_too_large(size)``, and nothing is read after it. ``pooled``: a message
+    of a unary call may be received into a buffer of ``pool`` (given back by :meth:`release`,
+    once the call is over). ``hold(size)`` counts the bytes of a message as they arrive (a small
+    one's all at once, as its buffer is made); when it says no, nothing more is read.
+    """
+
+    _message: bytearray | memoryview | None = None
+    _pooled: bytearray | None = None  # the buffer under a pooled message
+    _expected = 0  # the size of the message being received
+    _filled = 0
+    _growing = False  # whether it is received into a buffer that grows as it comes
+    _held_whole = False  # whether its whole size was held when it began
+    _compressed = False
+    closed = False  # set by the call once it is over: nothing more is read
+
+    def __init__(
+        self,
+        pool: BufferPool,
+        max_bytes: int,
+        pooled: bool,
+        on_message: Callable[[Message, bool], None],
+        on_too_large: Callable[[int], None],
+        hold: Callable[[int], bool],
+    ) -> None:
+        self._pool = pool
+        self._hold = hold
+        self._max_bytes = max_bytes
+        self._pooled_allowed = pooled
+        self._on_message = on_message
+        self._on_too_large = on_too_large
+        self._prefix = bytearray()
+
+    def mid_message(self) -> bool:
+        """Whether part of a message has arrived and the rest is due."""
+        return self._message is not None or bool(self._prefix)
+
+    def feed(self, data: memoryview) -> None:
+        view = data
+        while view and not self.closed:
+            message = self._message
+            if message is None:
+                view = self._read_prefix(view)
+                continue
+            size = min(len(view), self._expected - self._filled)
+            if not self._held_whole and not self._hold(size):
+                return
+            if self._growing:
+                assert isinstance(message, bytearray)
+                message += view[:size]
+            else:
+                message[self._filled : self._filled + size] = view[:size]
+            self._filled += size
+            view = view[size:]
+            if self._filled == self._expected:
+                self._message_done()
+
+    def release(self) -> None:
+        """The call is over: its pooled buffer goes back to the pool."""
+        if self._pooled is not None:
+            self._pool.give_back(self._pooled)
+            self._pooled = None
+
+    def _read_prefix(self, view: memoryview) -> memoryview:
+        """Take the bytes of the next message's prefix from ``view``; return the rest."""
+        need = 5 - len(self._prefix)
+        self._prefix += view[:need]
+        if len(self._prefix) == 5:
+            prefix, self._prefix = self._prefix, bytearray()
+            self._begin_message(prefix)
+        return view[need:]
+
+    def _begin_message(self, prefix: bytearray) -> None:
+        size = int.from_bytes(prefix[1:5], "big")
+        if size > self._max_bytes:
+            self._on_too_large(size)
+            return
+        self._compressed = bool(prefix[0])
+        self._expected = size
+        self._filled = 0
+        self._growing = False
+        self._held_whole = size <= _PREALLOCATE
+        if self._held_whole and not self._hold(size):
+            return
+        self._message = self._buffer(size)
+        if size == 0:
+            self._message_done()
+
+    def _buffer(self, size: int) -> bytearray | memoryview:
+        """Where a message of ``size`` bytes is received."""
+        poolable = size >= BufferPool.MIN_SIZE and self._pooled_allowed and self._pooled is None
+        pooled = self._pool.take(size) if poolable else None
+        if pooled is not None:
+            self._pooled = pooled
+            return memoryview(pooled)[:size]
+        if size <= _PREALLOCATE:
+            return bytearray(size)
+        # The length prefix is only a claim: the message grows as its bytes arrive (two
+        # streams announcing 2 GiB and sending nothing cost nothing). A unary call's buffer
+        # joins the pool afterwards, so repeated large calls reuse it.
+        self._growing = True
+        message = bytearray()
+        if poolable:
+            self._pooled = message
+        return message
+
+    def _message_done(self) -> None:
+        received = self._message
+        self._message = None
+        assert received is not None
+        self._on_message(received, self._compressed)
+
+
+class Compressed:
+    """A request message as it came, compressed."""
+
+    __slots__ = ("message",)
+
+    def __init__(self, message: bytes | bytearray) -> None:
+        self.message = message
+
+
+class Inbox:
+    """The request messages of a streaming call, as an async iterator; compressed ones are
+    inflated as they are taken, off the event loop when large (:func:`inflate`)."""
+
+    def __init__(
+        self,
+        inflate: Callable[[bytes | bytearray], Awaitable[bytes | bytearray]],
+        taken: Callable[[int], None],
+    ) -> None:
+        self._items: deque[bytes | bytearray | Compressed | None] = deque()  # None: no more
+        self._waiter: asyncio.Future[None] | None = None
+        self._inflate = inflate
+        self._taken = taken  # told the size of each message the handler takes
+
+    def put(self, item: bytes | bytearray | Compressed | None) -> None:
+        self._items.append(item)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def __aiter__(self) -> Inbox:
+        return self
+
+    async def __anext__(self) -> bytes | bytearray:
+        while not self._items:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        item = self._items.popleft()
+        if item is None:
+            self._items.appendleft(None)
+            raise StopAsyncIteration
+        self._taken(len(item.message) if isinstance(item, Compressed) else len(item))
+        if isinstance(item, Compressed):
+            return await self._inflate(item.message)
+        return item
+
+
+def inflate(message: bytes | bytearray, wbits: int, limit: int) -> bytearray | None:
+    """``message`` inflated; None past ``limit`` bytes (checked after each piece).
+
+    Inflated a piece at a time into one growing buffer: zlib releases the GIL while it
+    inflates, but one call for the whole message would also assemble its output (a gigabyte
+    copy) with the GIL held, stalling the event loop for seconds.
+    """
+    inflater = zlib.decompressobj(wbits)
+    out = bytearray()
+    pending: bytes | bytearray = message
+    while True:
+        piece = inflater.decompress(pending, _INFLATE_PIECE)
+        out += piece
+        if len(out) > limit:
+            return None
+        pending = inflater.unconsumed_tail
+        if not pending and len(piece) < _INFLATE_PIECE:
+            return out

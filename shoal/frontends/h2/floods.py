@@ -1,0 +1,130 @@
+"""Flood accounting of one HTTP/2 connection (docs/hardening.md "HTTP/2 floods").
+
+A peer past a :class:`FloodLimits` limit ends its connection with GOAWAY ``ENHANCE_YOUR_CALM``:
+PINGs past grpc-core's ping policy (the one Triton's ``--grpc-http2-*`` flags set), more than a
+bounded number of replies (PING and SETTINGS ACKs, RST_STREAM) queued for a peer that does not
+read, streams reset faster than a token bucket allows, and long runs of frames that carry
+nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from shoal.frontends.h2 import frames as h2
+from shoal.frontends.h2.errors import ConnectionError_
+
+#: grpc-core's interval between pings on a connection without calls, unless permitted (2 hours).
+_IDLE_PING_INTERVAL = 7200.0
+
+
+@dataclass(frozen=True)
+class FloodLimits:
+    """What a peer may send before the connection ends with GOAWAY ``ENHANCE_YOUR_CALM``.
+
+    The ping policy is grpc-core's (Triton's flags and defaults): a PING sooner than
+    ``min_ping_interval`` seconds after the previous one is a strike, unless the server sent
+    HEADERS or DATA in between; more than ``max_ping_strikes`` strikes (0: any number) end the
+    connection. Without calls in progress the interval is 2 hours unless
+    ``permit_pings_without_calls``. The rest are nghttp2's defaults: ``max_queued_replies``
+    control frames written while the peer does not read (the transport has paused writing),
+    ``reset_burst`` streams reset by the peer at once and ``reset_rate`` a second after that.
+    ``max_empty_frames``: frames in a row that carry nothing (empty DATA or header fragments,
+    PRIORITY, unknown types).
+    """
+
+    max_ping_strikes: int = 2
+    min_ping_interval: float = 300.0
+    permit_pings_without_calls: bool = False
+    max_queued_replies: int = 1000
+    reset_burst: int = 1000
+    reset_rate: float = 33.0
+    max_empty_frames: int = 1000
+    #: Seconds without a byte while something is half-sent (the preface, a frame, a header
+    #: block or a stream's message): then the connection is dropped (nginx's read timeouts).
+    read_timeout: float = 60.0
+
+
+class FloodGuard:
+    """Counts what a connection's peer does against its :class:`FloodLimits`; each check raises
+    :class:`ConnectionError_` (``ENHANCE_YOUR_CALM``) when a limit is passed."""
+
+    def __init__(self, limits: FloodLimits, loop: asyncio.AbstractEventLoop) -> None:
+        self.limits = limits
+        self._loop = loop
+        self._last_ping: float | None = None  # None: we sent HEADERS or DATA since
+        self._ping_strikes = 0
+        self.writing_paused = False
+        self._queued_replies = 0  # control frames written while writing is paused
+        self._reset_tokens = float(limits.reset_burst)
+        self._reset_time = loop.time()
+        self._empty_frames = 0
+
+    def frame(self, kind: int, flags: int, length: int) -> None:
+        """A frame arrived: count a run of frames that carry nothing."""
+        if _carries_nothing(kind, flags, length):
+            self._empty_frames += 1
+            if self._empty_frames > self.limits.max_empty_frames:
+                raise ConnectionError_(h2.ENHANCE_YOUR_CALM, "too many frames that carry nothing")
+        elif kind == h2.DATA or kind == h2.HEADERS or kind == h2.CONTINUATION:
+            self._empty_frames = 0
+
+    def ping(self, calls_open: bool) -> None:
+        """A PING arrived: grpc-core's ping policy (see FloodLimits)."""
+        limits = self.limits
+        now = self._loop.time()
+        last = self._last_ping
+        self._last_ping = now
+        if last is None:
+            return
+        interval = limits.min_ping_interval
+        if not calls_open and not limits.permit_pings_without_calls:
+            interval = max(interval, _IDLE_PING_INTERVAL)
+        if now - last < interval:
+            self._ping_strikes += 1
+            if limits.max_ping_strikes and self._ping_strikes > limits.max_ping_strikes:
+                raise ConnectionError_(h2.ENHANCE_YOUR_CALM, "too_many_pings")
+
+    def sent(self) -> None:
+        """We sent HEADERS or DATA: grpc-core forgives earlier pings."""
+        self._last_ping = None
+        self._ping_strikes = 0
+
+    def reply(self) -> None:
+        """A control frame the peer's frame asked for is written; the peer must read them."""
+        if self.writing_paused:
+            self._queued_replies += 1
+            if self._queued_replies > self.limits.max_queued_replies:
+                raise ConnectionError_(
+                    h2.ENHANCE_YOUR_CALM,
+                    "too many replies wait for a peer that does not read",
+                    abort=True,
+                )
+
+    def pause_writing(self) -> None:
+        self.writing_paused = True
+
+    def resume_writing(self) -> None:
+        self.writing_paused = False
+        self._queued_replies = 0
+
+    def reset(self) -> None:
+        """A stream the peer reset while it was open: a token of the reset bucket."""
+        limits = self.limits
+        now = self._loop.time()
+        tokens = self._reset_tokens + (now - self._reset_time) * limits.reset_rate
+        self._reset_tokens = min(float(limits.reset_burst), tokens) - 1
+        self._reset_time = now
+        if self._reset_tokens < 0:
+            raise ConnectionError_(h2.ENHANCE_YOUR_CALM, "too many streams reset")
+
+
+def _carries_nothing(kind: int, flags: int, length: int) -> bool:
+    """Whether a frame is one a flood is made of (CVE-2019-9518): an empty DATA frame or header
+    fragment that ends nothing, PRIORITY (which shoal ignores) or an unknown type."""
+    if kind == h2.DATA:
+        return length == 0 and not flags & h2.END_STREAM
+    if kind == h2.HEADERS or kind == h2.CONTINUATION:
+        return length == 0 and not flags & h2.END_HEADERS
+    return kind == h2.PRIORITY or kind > h2.CONTINUATION

@@ -1,0 +1,135 @@
+"""The receiving side of an HTTP/2 connection: frames cut out of the bytes read, header blocks
+assembled.
+
+A :class:`FrameReader` checks the client's preface, cuts whole frames out of what the loop
+hands it (keeping a partial one for the next read), and passes each to the handler of its
+type; it assembles header blocks itself (HEADERS and CONTINUATION frames, padding and priority
+removed) and hands each complete block on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from shoal.frontends.h2 import frames as h2
+from shoal.frontends.h2.errors import ConnectionError_
+from shoal.frontends.h2.floods import FloodGuard
+from shoal.frontends.h2.header_blocks import MAX_HEADER_LIST
+
+#: Largest frame the peer may send: fewer frames to parse for large tensors.
+RECEIVE_MAX_FRAME = 1 << 20
+
+#: What handles one frame: (stream id, flags, payload); the payload is valid during the call.
+FrameHandler = Callable[[int, int, memoryview], None]
+
+
+class FrameReader:
+    """Frames out of one connection's bytes. ``handlers``: by frame type (other types are
+    ignored, as RFC 9113 sections 5.3.2 and 4.1 ask); ``header_block``: a complete header block
+    with the flags of its HEADERS frame."""
+
+    def __init__(
+        self,
+        handlers: dict[int, FrameHandler],
+        header_block: FrameHandler,
+        guard: FloodGuard,
+    ) -> None:
+        self._handlers = dict(handlers)
+        self._handlers[h2.HEADERS] = self._on_headers
+        self._handlers[h2.CONTINUATION] = self._on_continuation
+        self._header_block = header_block
+        self._guard = guard
+        self._buffer = bytearray()
+        self._preface_seen = False
+        self._continuation: tuple[int, int, bytearray] | None = None  # stream, flags, block
+
+    def half_read(self) -> bool:
+        """Whether the preface, a frame or a header block has arrived in part."""
+        return not self._preface_seen or bool(self._buffer) or self._continuation is not None
+
+    def feed(self, data: bytes) -> None:
+        """Handle the frames of ``data`` after what was left of earlier reads; keep the rest."""
+        if self._buffer:
+            self._buffer += data
+            consumed = self._parse(self._buffer)
+            try:
+                del self._buffer[:consumed]
+            except BufferError:  # a handler kept a view: keep the rest in a new buffer
+                self._buffer = bytearray(memoryview(self._buffer)[consumed:])
+        else:
+            consumed = self._parse(data)
+            if consumed < len(data):
+                self._buffer = bytearray(memoryview(data)[consumed:])
+
+    def _parse(self, data: bytes | bytearray) -> int:
+        """Handle every whole frame of ``data``; return the bytes consumed."""
+        view = memoryview(data)
+        offset = 0 if self._preface_seen else self._read_preface(view)
+        if not self._preface_seen:
+            return 0
+        total = len(view)
+        unpack = h2.FRAME_HEADER.unpack_from
+        while total - offset >= h2.FRAME_HEADER_SIZE:
+            high, low, kind, flags, stream_id = unpack(view, offset)
+            length = (high << 8) | low
+            if length > RECEIVE_MAX_FRAME:
+                raise ConnectionError_(h2.FRAME_SIZE_ERROR, f"a frame of {length} bytes")
+            end = offset + h2.FRAME_HEADER_SIZE + length
+            if end > total:
+                break
+            self._frame(kind, flags, stream_id & 0x7FFFFFFF, view[end - length : end])
+            offset = end
+        return offset
+
+    def _frame(self, kind: int, flags: int, stream_id: int, payload: memoryview) -> None:
+        if self._continuation is not None and kind != h2.CONTINUATION:
+            raise ConnectionError_(h2.PROTOCOL_ERROR, "a header block was interrupted")
+        self._guard.frame(kind, flags, len(payload))
+        handler = self._handlers.get(kind)
+        if handler is not None:
+            handler(stream_id, flags, payload)
+
+    def _read_preface(self, view: memoryview) -> int:
+        """The bytes of the client's connection preface in ``view``: 0 until all of it came."""
+        if len(view) < len(h2.PREFACE):
+            if not h2.PREFACE.startswith(bytes(view)):
+                raise ConnectionError_(h2.PROTOCOL_ERROR, "not an HTTP/2 connection preface")
+            return 0
+        if view[: len(h2.PREFACE)] != h2.PREFACE:
+            raise ConnectionError_(h2.PROTOCOL_ERROR, "not an HTTP/2 connection preface")
+        self._preface_seen = True
+        return len(h2.PREFACE)
+
+    def _on_headers(self, stream_id: int, flags: int, payload: memoryview) -> None:
+        if stream_id == 0:
+            raise ConnectionError_(h2.PROTOCOL_ERROR, "HEADERS on stream 0")
+        if flags & h2.PADDED:
+            payload = unpad(payload)
+        if flags & h2.PRIORITY_FLAG:
+            payload = payload[5:]
+        if not flags & h2.END_HEADERS:
+            self._continuation = (stream_id, flags, bytearray(payload))
+            return
+        self._header_block(stream_id, flags, payload)
+
+    def _on_continuation(self, stream_id: int, flags: int, payload: memoryview) -> None:
+        if self._continuation is None or self._continuation[0] != stream_id:
+            raise ConnectionError_(h2.PROTOCOL_ERROR, "an unexpected CONTINUATION")
+        block = self._continuation[2]
+        block += payload
+        if len(block) > MAX_HEADER_LIST:
+            raise ConnectionError_(h2.PROTOCOL_ERROR, "a header block too large")
+        if flags & h2.END_HEADERS:
+            first_flags = self._continuation[1]
+            self._continuation = None
+            self._header_block(stream_id, first_flags, memoryview(block))
+
+
+def unpad(payload: memoryview) -> memoryview:
+    """A padded frame's payload without its pad length and padding."""
+    if not payload:
+        raise ConnectionError_(h2.PROTOCOL_ERROR, "a padded frame without a pad length")
+    padding = payload[0]
+    if padding >= len(payload):
+        raise ConnectionError_(h2.PROTOCOL_ERROR, "padding longer than the frame")
+    return payload[1 : len(payload) - padding]

@@ -1,0 +1,165 @@
+"""The sending side of an HTTP/2 connection: writes gathered per loop iteration, and DATA
+within the peer's windows.
+
+Everything written during one event-loop iteration leaves in one ``writev``: a unary call's
+headers, message and trailers, and the answers of several streams. DATA respects the peer's
+connection and stream windows and its frame size; what does not fit waits in the stream's
+``pending`` queue (with a header block that must follow it) for WINDOW_UPDATE.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from shoal.frontends.h2 import frames as h2
+from shoal.frontends.h2.floods import FloodGuard
+from shoal.frontends.h2.streams import Stream
+
+
+class Sender:
+    """Frames out of one connection. ``streams`` is the connection's table of open streams;
+    ``end_local`` is called when a stream's END_STREAM has been written from its queue."""
+
+    flush_scheduled = False
+    #: Whether the next header block starts with a dynamic table size update (to 0).
+    table_size_update = False
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        streams: dict[int, Stream],
+        guard: FloodGuard,
+        end_local: Callable[[int, Stream], None],
+    ) -> None:
+        self._loop = loop
+        self._streams = streams
+        self._guard = guard
+        self._end_local = end_local
+        self.transport: asyncio.Transport | None = None
+        self._out: list[bytes | memoryview] = []
+        # What the peer lets us send.
+        self.window = h2.DEFAULT_WINDOW
+        self.initial_window = h2.DEFAULT_WINDOW
+        self.max_frame = h2.DEFAULT_MAX_FRAME
+        self.blocked: dict[int, None] = {}  # streams with pending DATA, in order
+
+    # --- the socket ---------------------------------------------------------------------------
+
+    def write(self, *data: bytes | memoryview) -> None:
+        self._out.extend(data)
+        if not self.flush_scheduled:
+            self.flush_scheduled = True
+            self._loop.call_soon(self.flush)
+
+    def flush(self) -> None:
+        self.flush_scheduled = False
+        out, self._out = self._out, []
+        transport = self.transport
+        if out and transport is not None and not transport.is_closing():
+            transport.writelines(out)
+
+    def drop(self) -> None:
+        """Forget what waits to be written (the connection is aborted)."""
+        self._out.clear()
+
+    # --- frames -------------------------------------------------------------------------------
+
+    def headers(self, stream_id: int, block: bytes | memoryview, end_stream: bool) -> None:
+        """HEADERS, and CONTINUATION frames for what exceeds the peer's frame size (a long
+        grpc-message): a frame over that size is a connection error for the peer. The frames
+        are written together, so nothing comes between them, as RFC 9113 section 6.10 asks."""
+        self._guard.sent()
+        if self.table_size_update:
+            self.table_size_update = False
+            block = h2.TABLE_SIZE_ZERO + bytes(block)
+        flags = h2.END_STREAM if end_stream else 0
+        if len(block) <= self.max_frame:
+            header = h2.frame_header(h2.HEADERS, flags | h2.END_HEADERS, stream_id, len(block))
+            self.write(header, block)
+        else:
+            self._continued_headers(stream_id, memoryview(block), flags)
+
+    def _continued_headers(self, stream_id: int, view: memoryview, flags: int) -> None:
+        max_frame = self.max_frame
+        kind = h2.HEADERS
+        for offset in range(0, len(view), max_frame):
+            chunk = view[offset : offset + max_frame]
+            if offset + max_frame >= len(view):
+                flags |= h2.END_HEADERS
+            self.write(h2.frame_header(kind, flags, stream_id, len(chunk)), chunk)
+            kind, flags = h2.CONTINUATION, 0
+
+    def data(
+        self, stream_id: int, stream: Stream, view: memoryview, end_stream: bool
+    ) -> memoryview | None:
+        """Write what the windows allow of ``view``; return the rest (None: all was written)."""
+        size = len(view)
+        allowed = min(size, stream.send_window, self.window)
+        if allowed < size and size:
+            if allowed <= 0:
+                return view
+            end_stream = False
+        self._guard.sent()
+        self._data_frames(stream_id, view, allowed, end_stream)
+        stream.send_window -= allowed
+        self.window -= allowed
+        return view[allowed:] if allowed < size else None
+
+    def _data_frames(self, stream_id: int, view: memoryview, size: int, end_stream: bool) -> None:
+        """DATA frames of the peer's frame size for ``view[:size]`` (one empty one if 0)."""
+        max_frame = self.max_frame
+        offset = 0
+        while True:
+            chunk = min(max_frame, size - offset)
+            last = offset + chunk >= size
+            flags = h2.END_STREAM if end_stream and last else 0
+            self.write(h2.frame_header(h2.DATA, flags, stream_id, chunk))
+            if chunk:
+                self.write(view[offset : offset + chunk])
+            offset += chunk
+            if last:
+                return
+
+    # --- what waits for the peer's windows ----------------------------------------------------
+
+    def send_data(self, stream_id: int, stream: Stream, view: memoryview, end_stream: bool) -> None:
+        """Send DATA now as far as the windows allow; queue the rest."""
+        rest = self.data(stream_id, stream, view, end_stream)
+        if rest is not None:
+            stream.pending.append((h2.DATA, rest, end_stream))
+            self.blocked[stream_id] = None
+        elif end_stream:
+            self._end_local(stream_id, stream)
+
+    def resume_blocked(self) -> None:
+        """The connection's window opened: go on with the streams that wait, in order."""
+        for stream_id in list(self.blocked):
+            if self.window <= 0:
+                return
+            stream = self._streams.get(stream_id)
+            if stream is None:
+                self.blocked.pop(stream_id, None)
+            else:
+                self.resume(stream_id, stream)
+
+    def resume(self, stream_id: int, stream: Stream) -> None:
+        """Write what waits on ``stream`` as far as the windows allow."""
+        while stream.pending:
+            kind, view, end_stream = stream.pending[0]
+            if kind == h2.HEADERS:
+                stream.pending.popleft()
+                self.headers(stream_id, view, end_stream)
+            else:
+                rest = self.data(stream_id, stream, view, end_stream)
+                if rest is not None:
+                    stream.pending[0] = (kind, rest, end_stream)
+                    self.blocked[stream_id] = None
+                    break
+                stream.pending.popleft()
+            if end_stream:
+                self._end_local(stream_id, stream)
+                return
+        if not stream.pending:
+            self.blocked.pop(stream_id, None)
+        stream.wake()

@@ -1,0 +1,53 @@
+"""The state of one HTTP/2 stream, and the handler a stream's frames go to."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from typing import Protocol
+
+
+class StreamHandler(Protocol):
+    def data_received(self, data: memoryview, end_stream: bool) -> None:
+        """A DATA frame's payload, valid only during the call (copy what you keep)."""
+
+    def trailers_received(self) -> None:
+        """The peer ended its side with a header block (trailers) instead of a DATA frame."""
+
+    def reset(self) -> None:
+        """The stream ended abnormally: the peer reset it, or the connection was lost."""
+
+    def mid_message(self) -> bool:
+        """Whether part of a request message has arrived and the rest is due."""
+
+
+class Stream:
+    """An open stream: its handler, the peer's window for it and what waits for that window."""
+
+    __slots__ = ("handler", "pending", "recv_unacked", "remote_closed", "send_window", "waiters")
+
+    def __init__(self, handler: StreamHandler | None, send_window: int) -> None:
+        self.handler = handler
+        self.send_window = send_window
+        # DATA (and a final header block) that did not fit the peer's windows, in order:
+        # (kind, payload, end_stream).
+        self.pending: deque[tuple[int, memoryview, bool]] = deque()
+        self.recv_unacked = 0
+        self.remote_closed = False
+        self.waiters: list[asyncio.Future[None]] = []
+
+    def pending_bytes(self) -> int:
+        return sum(len(payload) for _, payload, _ in self.pending)
+
+    def wake(self) -> None:
+        """Wake the writers waiting for the stream's window (it opened, or the stream ended)."""
+        waiters, self.waiters = self.waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def reset(self) -> None:
+        """The stream ended abnormally: wake its writers, tell its handler."""
+        self.wake()
+        if self.handler is not None:
+            self.handler.reset()

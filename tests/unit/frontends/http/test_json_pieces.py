@@ -1,0 +1,155 @@
+"""Large JSON documents parsed in pieces: no parser call over much more than a piece, and the
+same document (or the same error) as one parse of the whole."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from typing import Any
+
+import numpy as np
+import orjson
+import pytest
+
+from shoal.core.errors import InvalidArgument
+from shoal.frontends.http import _json, _json_pieces, _tensor_json
+from shoal.frontends.http.codec import decode_infer_request
+
+pytestmark = pytest.mark.timeout(60)
+
+PIECE = 512
+
+
+@pytest.fixture(autouse=True)
+def small_pieces(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sizes of a real run divided by 512: the same code paths on documents of kilobytes."""
+    monkeypatch.setattr(_json, "LARGE", 2048)
+    monkeypatch.setattr(_json_pieces, "PIECE", PIECE)
+    monkeypatch.setattr(_json_pieces, "MIN_ARRAY", 128)
+
+
+class Recording:
+    """orjson, recording the size of every document it is given."""
+
+    JSONDecodeError = orjson.JSONDecodeError
+
+    def __init__(self) -> None:
+        self.sizes: list[int] = []
+
+    def loads(self, data: Any) -> Any:
+        self.sizes.append(len(data))
+        return orjson.loads(data)
+
+    def dumps(self, value: Any) -> bytes:
+        return orjson.dumps(value)
+
+
+def _infer_body(values: Any, shape: list[int], datatype: str = "FP32") -> bytes:
+    inputs = [{"name": "X", "datatype": datatype, "shape": shape, "data": values}]
+    return orjson.dumps({"id": "r", "inputs": inputs, "outputs": [{"name": "Y"}]})
+
+
+def test_no_parser_call_takes_much_more_than_a_piece(monkeypatch: pytest.MonkeyPatch) -> None:
+    recording = Recording()
+    monkeypatch.setattr(_json, "_ORJSON", recording)
+    body = _infer_body([1.5] * 5000, [5000])
+    assert len(body) > 10 * PIECE
+    decoded = decode_infer_request(body, model_name="m")
+    assert decoded.request.inputs[0].data.tolist() == [1.5] * 5000
+    assert max(recording.sizes) < PIECE + 64, recording.sizes  # a piece cut at its next comma
+    assert sum(recording.sizes) >= len(body) - 64  # every byte parsed once
+
+
+def _random_document(rng: random.Random) -> Any:
+    def number() -> Any:
+        kind = rng.randrange(5)
+        if kind == 0:
+            return rng.randint(-(2**63), 2**63 - 1)
+        if kind == 1:
+            return rng.uniform(-1e30, 1e30)
+        if kind == 2:
+            return rng.random()
+        if kind == 3:
+            return rng.choice([True, False])
+        return rng.randint(-5, 5)
+
+    rows, columns = rng.randint(1, 400), rng.randint(1, 5)
+    nested = rng.random() < 0.5
+    values: Any = [[number() for _ in range(columns)] for _ in range(rows)]
+    if not nested:
+        values = [value for row in values for value in row]
+    inputs = [
+        {"name": "A", "datatype": "FP64", "shape": [rows, columns], "data": values},
+        {"name": "B", "datatype": "INT32", "shape": [2], "data": [1, 2]},
+        {"name": "C", "datatype": "BYTES", "shape": [1], "data": ['x"data":[1,2,3]']},
+    ]
+    rng.shuffle(inputs)
+    return {"inputs": inputs, "parameters": {"data": [3] * rng.randint(0, 300)}}
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_same_document_as_one_parse(seed: int) -> None:
+    document = _random_document(random.Random(seed))
+    body = orjson.dumps(document)
+    if seed % 3 == 0:
+        body = body.replace(b",", b", ").replace(b":", b": ")  # spaces between values
+    assert _json.loads(body) == orjson.loads(body)
+
+
+def test_infinities_and_nan_as_triton_writes_them() -> None:
+    body = b'{"inputs": [{"name": "X", "data": [' + b"1.5," * 400 + b"NaN,Infinity,-Infinity]}]}"
+    document = _json.loads(body)
+    assert _json_pieces.parse_in_pieces(body, _json._std_loads) is not None
+    values = document["inputs"][0]["data"]
+    assert values[:400] == [1.5] * 400 and math.isnan(values[400])
+    assert values[401:] == [math.inf, -math.inf]
+
+
+@pytest.mark.parametrize(
+    "broken",
+    [
+        b"1.5,,2",  # an empty element
+        b"1.5,2,",  # a trailing comma
+        b"1.5,[2",  # an array left open
+        b"1.5,2]]",  # closed twice
+        b"1.5,tru",  # a bad literal
+        b"1.5,2e",  # a bad number
+    ],
+)
+def test_an_invalid_document_gets_the_whole_parse_s_error(broken: bytes) -> None:
+    body = b'{"inputs":[{"name":"X","data":[' + b"1.5," * 500 + broken + b"]}]}"
+    with pytest.raises(_json.JsonDecodeError) as pieces:
+        _json.loads(body)
+    with pytest.raises(orjson.JSONDecodeError) as whole:
+        orjson.loads(body)
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(body)
+    assert str(pieces.value) == str(whole.value)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        # a duplicate key: the last one counts
+        b'{"inputs":[{"data":[' + b"1," * 300 + b'1],"data":[2]}]}',
+        # nested rows written with spaces between them
+        b'{"inputs":[{"data":[' + b"[1, 2], " * 100 + b"[1, 2]]}]}",
+        # uneven rows
+        b'{"inputs":[{"data":[[[1]],' + b"[2]," * 100 + b"[3]]}]}",
+        # "data" inside a string, then a key
+        b'{"s":"\\"data\\":[' + b"1," * 100 + b'1]","inputs":[{"data":[' + b"4," * 100 + b"4]}]}",
+    ],
+)
+def test_other_shapes_parse_the_same(body: bytes) -> None:
+    assert _json.loads(body) == orjson.loads(body)
+
+
+def test_a_large_list_is_freed_in_slices_once_converted() -> None:
+    values = [1.0] * 200_000
+    array = _tensor_json.array_from_json("X", "FP32", (200_000,), values)
+    assert array.dtype == np.float32 and array.shape == (200_000,) and values == []
+    bad: list[Any] = [1.0] * 100_000 + ["x"]
+    with pytest.raises(InvalidArgument, match="'X'"):
+        _tensor_json.array_from_json("X", "FP32", (100_001,), bad)
+    assert bad == []
