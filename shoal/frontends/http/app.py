@@ -251,9 +251,9 @@ async def _decoded(
         header_length=header_length,
     )
     if header_length is None and len(body) >= _THREAD_THRESHOLD:
-        # A large JSON body: parsed in a thread, so that the event loop gets the GIL back
-        # between the parse and each tensor's conversion (each one C call that holds it).
-        return await asyncio.to_thread(decode)
+        # A large JSON body: parsed in a thread and in pieces, so that the event loop gets the
+        # GIL back between the calls (none takes long), with the collector off meanwhile.
+        return await asyncio.to_thread(_json.without_collections, decode)
     return decode()
 
 

@@ -83,3 +83,28 @@ def response_blocks(response: msg.ResponseRecord) -> list[Block]:
 
 def new_stream() -> asyncio.Queue[Completion | BaseException | None]:
     return asyncio.Queue()
+
+
+class OpenStreams:
+    """The open requests of a decoupled model in one instance, by request key: a rescheduled
+    request keeps its key, and so its stream, wherever it runs next."""
+
+    def __init__(self, free_inputs: Callable[[list[Block]], None]) -> None:
+        self._free_inputs = free_inputs
+        self._open: dict[int, OpenStream] = {}
+
+    def open(self, work: Work) -> None:
+        if work.record.key not in self._open:
+            self._open[work.record.key] = OpenStream(work, self._free_inputs)
+
+    def get(self, key: int) -> OpenStream | None:
+        return self._open.get(key)
+
+    def pop(self, key: int) -> OpenStream | None:
+        return self._open.pop(key, None)
+
+    def fail_all(self, error: ShoalError) -> None:
+        """The stub died: every open request ends with ``error``."""
+        for stream in self._open.values():
+            stream.fail(error)
+        self._open.clear()

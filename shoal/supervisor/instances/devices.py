@@ -54,18 +54,22 @@ def stub_environment(
     """Variables a stub of ``model`` starts with for its device (empty unless narrowed)."""
     if kind != "KIND_GPU" or not narrow_visible_devices(parameters, model):
         return {}
-    # Device ids are this server's: the n-th of its own CUDA_VISIBLE_DEVICES, when it has one.
+    return {
+        "CUDA_VISIBLE_DEVICES": _visible_device(device_id, model, environ),
+        # The stub sees its GPU as device 0; GPU tensor descriptors use the server's number.
+        "SHOAL_SERVER_CUDA_DEVICE": str(device_id),
+    }
+
+
+def _visible_device(device_id: int, model: str, environ: Mapping[str, str]) -> str:
+    """Device ids are this server's: the n-th of its own CUDA_VISIBLE_DEVICES, when it has one."""
     inherited = [d.strip() for d in environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d]
     if inherited and device_id >= len(inherited):
         raise ConfigError(
             f"model '{model}': GPU {device_id} is not among CUDA_VISIBLE_DEVICES "
             f"{','.join(inherited)} of the server"
         )
-    return {
-        "CUDA_VISIBLE_DEVICES": inherited[device_id] if inherited else str(device_id),
-        # The stub sees its GPU as device 0; GPU tensor descriptors use the server's number.
-        "SHOAL_SERVER_CUDA_DEVICE": str(device_id),
-    }
+    return inherited[device_id] if inherited else str(device_id)
 
 
 def parse_pool_size(text: str) -> tuple[int, int]:

@@ -55,17 +55,15 @@ class LoopbackStub:
     """One in-process stub (the loopback kind of ``StubChannel``)."""
 
     def __init__(self, launch: StubLaunch, output_arena_id: int, model: LoopbackModel) -> None:
-        self.launch = launch
-        self.output_arena_id = output_arena_id
+        self.launch, self.output_arena_id, self.pid = launch, output_arena_id, next(_pids)
         self.returncode: int | None = None
-        self.exited: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._loop = asyncio.get_running_loop()
+        self.exited: asyncio.Future[int] = self._loop.create_future()
         self.announced: set[tuple[int, int]] = set()
         self.cuda_chunks: set[tuple[int, int]] = set()
-        self.pid = next(_pids)
         self.spawned = False
-        #: Batches the model ran, and messages received, for tests to look at.
-        self.executions = 0
-        self.received: list[msg.Message] = []
+        self.executions = 0  # batches the model ran, for tests to look at
+        self.received: list[msg.Message] = []  # and the messages it received
         self._model = model
         self._outputs = OwnedArena(
             output_arena_id, initial_bytes=1 << 20, growth_bytes=1 << 20, limit_bytes=1 << 26
@@ -74,9 +72,8 @@ class LoopbackStub:
         self._up: deque[bytes] = deque()
         self._ready: Callable[[], None] | None = None
         self._on_exit: Callable[[int], None] | None = None
-        self._loop = asyncio.get_running_loop()
-        self._call_ids = itertools.count(1)
         self._calls: dict[int, _PendingCall] = {}
+        self._call_ids = itertools.count(1)
 
     # -- the StubChannel side ----------------------------------------------------------------
 

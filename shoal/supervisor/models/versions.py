@@ -19,6 +19,7 @@ from shoal.supervisor.extensions.statistics import StatsRecorder
 from shoal.supervisor.instances.instance import (
     BlsHandler,
     ControlHandler,
+    InstanceLinks,
     InstanceSpec,
     LoadError,
     MakeStub,
@@ -189,33 +190,42 @@ class ModelLoader:
         self, mv: ModelVersion, specs: list[InstanceSpec], scheduler: Scheduler
     ) -> bool:
         mv.scheduler = scheduler
-        mv.instances = [
-            StubInstance(spec, self._directory, self._free_inputs, mv.stats, self._make_stub)
-            for spec in specs
-        ]
         try:
-            self._join_rate_limiter(mv)
+            gates = self._join_rate_limiter(mv)
         except ShoalError as error:
             _failed(mv, str(error))
             return False
-        for instance in mv.instances:
-            self._wire(mv, instance, scheduler)
-        return True
-
-    def _wire(self, mv: ModelVersion, instance: StubInstance, scheduler: Scheduler) -> None:
-        instance.bls = self.bls
-        instance.control = self.control
-        instance.decoupled = mv.config.decoupled
-        # Only a lone instance: with several, a request sent ahead to a busy one could wait
-        # while another instance is idle; and not under the rate limiter, whose grant is for
-        # an execution that starts now.
-        instance.send_ahead = (
-            len(mv.instances) == 1
+        # Send-ahead only for a lone instance: with several, a request sent ahead to a busy one
+        # could wait while another instance is idle; and not under the rate limiter, whose grant
+        # is for an execution that starts now.
+        send_ahead = (
+            len(specs) == 1
             and isinstance(scheduler, DefaultScheduler)
             and self.rate_limiter is None
         )
-        instance.on_failed = lambda failed, mv=mv: self._on_instance_failed(mv, failed)
-        instance.on_health = lambda _, mv=mv: self._on_instance_health(mv)
+        mv.instances = [
+            StubInstance(spec, self._links(mv, gates.get(spec.instance_name), send_ahead))
+            for spec in specs
+        ]
+        return True
+
+    def _links(
+        self, mv: ModelVersion, gate: LimitedInstance | None, send_ahead: bool
+    ) -> InstanceLinks:
+        """What one instance of ``mv`` is connected to."""
+        return InstanceLinks(
+            self._directory,
+            self._free_inputs,
+            mv.stats,
+            self._make_stub,
+            bls=self.bls,
+            control=self.control,
+            decoupled=mv.config.decoupled,
+            send_ahead=send_ahead,
+            rate_limit=gate,
+            on_failed=lambda failed: self._on_instance_failed(mv, failed),
+            on_health=lambda _: self._on_instance_health(mv),
+        )
 
     async def _start_instances(
         self, mv: ModelVersion, scheduler: Scheduler, samples: list[warmup.WarmupSample]
@@ -235,14 +245,14 @@ class ModelLoader:
         _failed(mv, reason, first.traceback if isinstance(first, LoadError) else "")
         return False
 
-    def _join_rate_limiter(self, mv: ModelVersion) -> None:
-        """Give each instance its place in the rate limiter, with its group's resources and
-        priority (instances are named as ``ModelConfig.instance_names`` names them)."""
+    def _join_rate_limiter(self, mv: ModelVersion) -> dict[str, LimitedInstance]:
+        """Each instance's place in the rate limiter, by instance name, with its group's
+        resources and priority (named as ``ModelConfig.instance_names`` names instances)."""
         limiter = self.rate_limiter
         if limiter is None:
-            return
-        by_name = {i.name: i for i in mv.instances}
+            return {}
         members: list[LimitedInstance] = []
+        by_name: dict[str, LimitedInstance] = {}
         try:
             for group in mv.config.proto.instance_group:
                 devices = list(group.gpus) if group.kind == group.KIND_GPU else [0]
@@ -251,12 +261,13 @@ class ModelLoader:
                         name = f"{group.name}_{index}"
                         member = limiter.register(mv.name, name, device, group.rate_limiter)
                         members.append(member)
-                        by_name[name].rate_limit = member
+                        by_name[name] = member
         except ShoalError:
             for member in members:
                 limiter.forget(member)
             raise
         mv.rate_limited = members
+        return by_name
 
     def _warm_up(
         self, model: str, samples: list[warmup.WarmupSample]

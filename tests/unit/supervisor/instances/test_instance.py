@@ -5,103 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections import deque
 
 import numpy as np
 import pytest
 
 from shoal.core.errors import DeadlineExceeded, Unavailable
 from shoal.ipc import messages as msg
-from shoal.ipc.arena import OwnedArena
-from shoal.ipc.records import RequestRecord
-from shoal.supervisor.extensions.statistics import StatsRecorder
-from shoal.supervisor.instances.instance import InstanceSpec, StubInstance
-from shoal.supervisor.instances.loopback import Loopback, LoopbackModel
-from shoal.supervisor.instances.process import StubLaunch
-from shoal.supervisor.memory.segments import SegmentDirectory
-from shoal.supervisor.schedulers import arena_stager
-from shoal.supervisor.work import Work
+from tests.unit.supervisor.instances.helpers import Setup, double, run
 from tests.unit.supervisor.schedulers.helpers import WAIT, result, settle
 
 pytestmark = pytest.mark.timeout(10)
-
-
-def double(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    return {"Y": inputs["X"] * 2}
-
-
-class Queue:
-    """A batch source: what the scheduler would hand the instance."""
-
-    def __init__(self) -> None:
-        self._batches: deque[list[Work]] = deque()
-        self._more = asyncio.Event()
-
-    def put(self, batch: list[Work]) -> None:
-        self._batches.append(batch)
-        self._more.set()
-
-    async def next_batch(self) -> list[Work]:
-        while not self._batches:
-            self._more.clear()
-            await self._more.wait()
-        return self._batches.popleft()
-
-    def requeue(self, batch: list[Work]) -> None:
-        self._batches.appendleft(batch)
-        self._more.set()
-
-
-class Setup:
-    """One instance of model "m" over the loopback kind, with a real input arena."""
-
-    def __init__(self, model: LoopbackModel = double, **spec: object) -> None:
-        self.arena = OwnedArena(0, initial_bytes=1 << 20, growth_bytes=1 << 20, limit_bytes=1 << 24)
-        self.directory = SegmentDirectory(self.arena)
-        self.kind = Loopback(lambda name: model)
-        self.queue = Queue()
-        self.failed: list[StubInstance] = []
-        spec.setdefault("restart_backoff", (0.01, 0.05))
-        self.instance = StubInstance(
-            InstanceSpec("m", "m_0", {}, "model.py", StubLaunch("m_0"), (1 << 20,) * 3, **spec),
-            self.directory,
-            self._free,
-            StatsRecorder("m", 1),
-            self.kind,
-        )
-        self.instance.on_failed = self.failed.append
-        self._stage = arena_stager(self.arena)
-
-    def _free(self, blocks: list) -> None:
-        for block in blocks:
-            self.arena.free(block)
-
-    def submit(self, value: float = 1.0) -> Work:
-        desc, block = self._stage("X", "FP32", (1, 2), np.full((1, 2), value, np.float32))
-        record = RequestRecord("", 0, 0, {}, [], [desc])
-        work = Work(record, [block], asyncio.get_running_loop().create_future(), batch_size=1)
-        self.queue.put([work])
-        return work
-
-    @property
-    def stub(self):
-        return self.kind.latest["m_0"]
-
-    async def restarted(self, stubs: int) -> None:
-        """Wait until the instance runs its ``stubs``-th stub and is ready."""
-        async with asyncio.timeout(WAIT):
-            while len(self.kind.made) < stubs or not self.instance.ready:
-                await asyncio.sleep(0.005)
-
-    async def close(self) -> None:
-        await self.instance.stop(1.0)
-        await settle()
-        assert self.arena.used_bytes == 0, "input blocks leaked"
-        self.arena.close()
-
-
-def run(coro) -> None:
-    asyncio.run(coro)
 
 
 def test_a_batch_runs_and_its_outputs_are_given_back():

@@ -1,0 +1,194 @@
+"""What an instance's stub answers, made into completions: the ``Result`` of a batch and each
+``Response`` of a decoupled model's request, with their statistics."""
+
+from __future__ import annotations
+
+import time
+
+from shoal.core.errors import Cancelled, InvalidArgument, ShoalError
+from shoal.ipc import messages as msg
+from shoal.ipc.arena import Block
+from shoal.ipc.tensor import CudaLocation
+from shoal.supervisor.extensions.statistics import StatsRecorder
+from shoal.supervisor.instances.channel import StubChannel
+from shoal.supervisor.instances.decoupled import OpenStream, OpenStreams, response_blocks
+from shoal.supervisor.instances.ledger import InFlightLedger
+from shoal.supervisor.instances.outputs import StubOutputs, owned_outputs
+from shoal.supervisor.instances.spec import InstanceScope
+from shoal.supervisor.work import Completion, Work
+
+
+class Answers:
+    """Completes the requests of the batches the stub answers."""
+
+    def __init__(
+        self,
+        scope: InstanceScope,
+        ledger: InFlightLedger,
+        streams: OpenStreams,
+        outputs: StubOutputs,
+        stats: StatsRecorder,
+    ) -> None:
+        self._name = scope.name
+        self._free_inputs = scope.free_inputs
+        self._cuda = scope.directory.cuda
+        self._ledger = ledger
+        self._streams = streams
+        self._outputs = outputs
+        self._stats = stats
+        #: Running model_warmup: its executions are not client traffic, so not counted.
+        self.warming = False
+
+    def complete(self, proc: StubChannel, result: msg.Result) -> None:
+        """A batch's Result: each request gets its completion, is rescheduled, or (decoupled)
+        learns its compute times."""
+        entry = self._ledger.done(proc, result.batch_id)
+        if entry is None:
+            return
+        batch = entry.batch
+        received_ns = time.monotonic_ns()
+        if batch and result.executed and not self.warming:
+            self._record_execution(batch, result, received_ns)
+        again = self._after_execute(batch, result)
+        answered = [w for w in batch if w.stream is None]  # decoupled requests answer apart
+        for work, response in zip(answered, result.responses, strict=True):
+            if id(work) not in again:  # received_ns: when the stub's Result was read
+                self._answer(proc, work, response, result, received_ns)
+
+    def on_response(self, proc: StubChannel, message: msg.Response) -> None:
+        """One response of a decoupled model's request."""
+        stream = self._streams.get(message.key)
+        body = message.response
+        if stream is None:  # the request was failed already (e.g. shutdown): drop the response
+            if body is not None:
+                self._outputs.drop(proc, body)
+            return
+        if not self.warming:
+            self._response_stats(stream, body)
+        if message.final:
+            self._final_response(stream.work)
+        completion = None
+        if body is not None:
+            # An error response is one response among the others (Triton's too): the request
+            # goes on until the model sends the final flag.
+            completion = self._stream_completion(proc, stream.work, body)
+        stream.push(completion, message.final)
+
+    def reschedule(self, work: Work) -> None:
+        """The model released ``work`` with RESCHEDULE: it goes back to its scheduler, inputs and
+        open response stream kept; a scheduler that cannot take it back fails it, as Triton."""
+        if work.reschedule is not None and not work.abandoned:
+            work.reschedule(work, True)
+            return
+        error: ShoalError = InvalidArgument(
+            "Request is released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, while the model "
+            f"of instance '{self._name}' does not support rescheduling: it needs "
+            "sequence_batching { iterative_sequence: true }"
+        )
+        if work.abandoned:
+            error = Cancelled(f"a request of instance '{self._name}' was cancelled")
+        stream = self._streams.pop(work.record.key)
+        if stream is not None:
+            stream.fail(error)
+            return
+        self._free_inputs(work.input_blocks)
+        if not work.future.done():
+            work.future.set_exception(error)
+
+    def _record_execution(self, batch: list[Work], result: msg.Result, received_ns: int) -> None:
+        self._stats.execution(sum(w.batch_size for w in batch), result.compute_ns)
+        if self._stats.overhead is not None and result.stub_ns[0]:
+            for work in batch:
+                self._stats.stage("ipc_in", result.stub_ns[0] - work.dispatched_ns)
+                self._stats.stage("ipc_out", received_ns - result.stub_ns[1])
+
+    def _after_execute(self, batch: list[Work], result: msg.Result) -> set[int]:
+        """Reschedule the requests the model released so; give the decoupled ones their
+        compute times. Returns the ids of the rescheduled."""
+        again = {id(batch[i]) for i in result.rescheduled if i < len(batch)}
+        for work in batch:
+            if id(work) in again:
+                self.reschedule(work)
+            elif work.stream is not None and not self.warming:
+                work.compute_ns = result.compute_ns if result.executed else (0, 0, 0)
+                if work.final_ns:  # the final response came before execute returned
+                    self._stream_done(work)
+        return again
+
+    def _answer(
+        self, proc: StubChannel, work: Work, answer: msg.ResponseRecord, result: msg.Result, at: int
+    ) -> None:
+        owned = self._finish_request(proc, work, answer)
+        cuda = self._outputs.adopt_cuda(proc, answer) if self._cuda.lent_count else _NO_CUDA
+        if work.future.done():  # the client went away: nobody will release the outputs
+            self._outputs.release_outputs(proc, owned)
+            self._outputs.release_cuda(cuda)
+            return
+        # Queued until the stub started the batch: a request sent ahead waited in the stub's
+        # ring, which is queueing too (the stub stamps the same monotonic clock).
+        queue_ns = max(work.dispatched_ns, result.stub_ns[0]) - work.enqueued_ns
+        completion = Completion(
+            answer, self._outputs, proc, owned, queue_ns, result.compute_ns, None, at
+        )
+        if cuda:
+            completion.owned_cuda = cuda
+        if work.on_complete is not None:
+            work.on_complete(completion)
+        work.future.set_result(completion)
+
+    def _finish_request(
+        self, proc: StubChannel, work: Work, response: msg.ResponseRecord
+    ) -> list[Block]:
+        """The request leaves its scheduler; returns the blocks its completion owns (its other
+        input blocks are freed)."""
+        if work.reschedule is not None:
+            work.reschedule(work, False)
+        outputs = response_blocks(response)
+        # An input returned unchanged as an output: its block now belongs to the response.
+        passed = [b for b in work.input_blocks if b in outputs]
+        self._free_inputs([b for b in work.input_blocks if b not in passed])
+        return [b for b in outputs if b.arena_id == proc.output_arena_id] + passed
+
+    def _final_response(self, work: Work) -> None:
+        self._streams.pop(work.record.key)
+        if work.reschedule is not None:
+            work.reschedule(work, False)
+        if not self.warming:
+            work.final_ns = time.monotonic_ns()
+            if work.compute_ns is not None:  # else when execute returns (complete)
+                self._stream_done(work)
+
+    def _stream_completion(
+        self, proc: StubChannel, work: Work, body: msg.ResponseRecord
+    ) -> Completion:
+        completion = Completion(body, self._outputs, proc, owned_outputs(proc, body))
+        if self._cuda.lent_count:
+            completion.owned_cuda = self._outputs.adopt_cuda(proc, body)
+        if body.error is None and work.on_complete is not None:
+            work.on_complete(completion)
+        return completion
+
+    def _stream_done(self, work: Work) -> None:
+        """A decoupled request's statistics, as Triton's: from enqueued to its final response,
+        with the compute times of the execution that ran it."""
+        compute = work.compute_ns if work.compute_ns is not None else (0, 0, 0)
+        queue_ns = work.dispatched_ns - work.enqueued_ns
+        self._stats.success(work.batch_size, work.final_ns - work.enqueued_ns, queue_ns, compute)
+
+    def _response_stats(self, stream: OpenStream, body: msg.ResponseRecord | None) -> None:
+        now = time.monotonic_ns()
+        start = stream.work.dispatched_ns
+        previous = stream.last_ns or start
+        if body is None:
+            outcome = "empty"
+        elif body.error is not None:
+            outcome = "fail"
+        else:
+            outcome = "success"
+        self._stats.response(stream.responses, outcome, now - previous, now - start)
+        stream.responses += 1
+        stream.last_ns = now
+
+
+#: What a response without GPU tensors owns of the CUDA pools.
+_NO_CUDA: list[CudaLocation] = []

@@ -1,0 +1,88 @@
+"""Messages up from an instance's stub, each handed to the part of the instance (or of the
+supervisor: the BLS and control routers, the segment directory) whose job it is."""
+
+from __future__ import annotations
+
+import logging
+
+from shoal.ipc import messages as msg
+from shoal.supervisor.instances.answers import Answers
+from shoal.supervisor.instances.channel import StubChannel
+from shoal.supervisor.instances.handshake import Handshake
+from shoal.supervisor.instances.ledger import InFlightLedger
+from shoal.supervisor.instances.spec import BlsHandler, Caller, ControlHandler, InstanceScope
+
+log = logging.getLogger("shoal")
+
+_LOG_LEVELS = {0: logging.INFO, 1: logging.WARNING, 2: logging.ERROR, 3: logging.DEBUG}
+
+
+class UpMessages:
+    """Reads what a stub sent and dispatches it."""
+
+    def __init__(
+        self,
+        scope: InstanceScope,
+        caller: Caller,
+        calls: tuple[BlsHandler | None, ControlHandler | None],
+        answers: Answers,
+        handshake: Handshake,
+        ledger: InFlightLedger,
+        async_concurrency: int,
+    ) -> None:
+        self._name = scope.name
+        self._directory = scope.directory
+        self._caller = caller
+        self._bls, self._control = calls
+        self._answers = answers
+        self._handshake = handshake
+        self._ledger = ledger
+        self._async_concurrency = max(1, async_concurrency)
+
+    def drain(self, proc: StubChannel) -> None:
+        """Handle every message waiting in ``proc``'s ring."""
+        while (payload := proc.recv_up_nowait()) is not None:
+            self.dispatch(proc, msg.decode(payload))
+
+    def dispatch(self, proc: StubChannel, message: msg.Message) -> None:
+        match message:
+            case msg.Result():
+                self._answers.complete(proc, message)
+            case msg.Response():
+                self._answers.on_response(proc, message)
+            case msg.BlsCall() | msg.BlsDone() | msg.BlsCancel():
+                self._bls_message(proc, message)
+            case msg.ControlCall():
+                if self._control is not None:
+                    self._control.handle(self._caller, proc, message)
+            case msg.SegmentRetired(segment=index):
+                self._directory.output_retired(proc, index)
+            case _:
+                self._lifecycle_message(message)
+
+    def _bls_message(self, proc: StubChannel, message: msg.Message) -> None:
+        bls = self._bls
+        if bls is None:
+            return
+        match message:
+            case msg.BlsCall():
+                bls.handle(self._caller, proc, message)
+            case msg.BlsDone(call_id=call_id):
+                bls.done(proc, call_id)
+            case msg.BlsCancel(call_id=call_id):
+                bls.cancel(proc, call_id)
+
+    def _lifecycle_message(self, message: msg.Message) -> None:
+        match message:
+            case msg.Log(level=level, message=text, filename=filename, line=line):
+                where = f" ({filename}:{line})" if filename else ""
+                log.log(_LOG_LEVELS.get(level, logging.INFO), "[%s]%s %s", self._name, where, text)
+            case msg.Readiness(ready=ready, error=error):
+                self._handshake.readiness(ready, error)
+            case msg.Ready(error=error, concurrent=concurrent, user_ready=user, traceback=trace):
+                self._ledger.configure(self._async_concurrency if concurrent else 1)
+                self._handshake.ready(error, trace, user)
+            case msg.Finalized(error=error):
+                self._handshake.finalized(error)
+            case _:
+                log.error("[%s] unexpected message %s", self._name, type(message).__name__)

@@ -1,0 +1,181 @@
+"""What an instance sends its stub: batches pulled from its scheduler while the stub is ready,
+and warmup batches run at once."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import itertools
+import logging
+import time
+
+from shoal.core.errors import InternalError, ShoalError, Unavailable
+from shoal.ipc import messages as msg
+from shoal.ipc.queue import PeerGone
+from shoal.supervisor.instances.channel import StubChannel
+from shoal.supervisor.instances.decoupled import OpenStreams
+from shoal.supervisor.instances.ledger import InFlightLedger, Slots
+from shoal.supervisor.instances.spec import (
+    BatchSource,
+    ExecutionGrant,
+    InstanceScope,
+    RateLimitGate,
+)
+from shoal.supervisor.work import Completion, Work
+
+log = logging.getLogger("shoal")
+
+#: Request keys, unique across instances: a rescheduled request keeps its key (and its open
+#: response stream) wherever it runs next.
+_request_keys = itertools.count(1)
+
+Grant = ExecutionGrant | None
+
+
+class Feeder:
+    """Sends batches to the current stub, as many at once as the ledger has slots for: one at a
+    time (Triton's contract for a sync execute; SEND_AHEAD more sent ahead where allowed), or
+    several for an async execute. A slot is given back when its batch is answered or failed."""
+
+    def __init__(
+        self,
+        scope: InstanceScope,
+        ledger: InFlightLedger,
+        streams: OpenStreams,
+        rate_limit: RateLimitGate | None,
+        decoupled: bool,
+    ) -> None:
+        self._name = scope.name
+        self._current = scope.current
+        self._outbox = scope.outbox
+        self._directory = scope.directory
+        self._free_inputs = scope.free_inputs
+        self._ledger = ledger
+        self._streams = streams
+        #: Under ``--rate-limit execution_count`` each batch waits for a grant before it is sent.
+        self._rate_limit = rate_limit
+        self._decoupled = decoupled
+        #: The scheduler the work loop pulls from, once it runs.
+        self.source: BatchSource | None = None
+
+    async def work_loop(self, source: BatchSource) -> None:
+        self.source = source
+        current = self._current
+        while not current.stopping:
+            if not current.ready.is_set():
+                await current.ready.wait()
+            slots = self._ledger.slots
+            if not slots.take():
+                await slots.take_when_free()
+            try:
+                batch = await source.next_batch()
+            except BaseException:
+                slots.release()
+                raise
+            grant = None if self._rate_limit is None else await self._grant(slots, source, batch)
+            proc = current.proc
+            if current.stopping or proc is None or not current.ready.is_set():
+                _put_back(slots, grant, source, batch)
+                continue
+            await self.send_batch(proc, batch, slots, grant)
+
+    async def run_now(self, batch: list[Work]) -> list[Completion]:
+        """Run ``batch`` at once, outside any scheduler (warmup), and return its completions
+        (every response, for a decoupled model). The instance owns the inputs from here, as for
+        any batch; the caller releases the completions. Raises the batch's error (the stub
+        died, a decoupled model's error response)."""
+        proc = self._current.proc
+        if proc is None or not self._current.ready.is_set():
+            raise Unavailable(f"instance '{self._name}' is not ready")
+        if self._decoupled:
+            for work in batch:
+                work.stream = asyncio.Queue()
+        slots = self._ledger.slots
+        await slots.take_when_free()
+        await self.send_batch(proc, batch, slots)
+        return await _collect(batch)
+
+    async def send_batch(
+        self, proc: StubChannel, batch: list[Work], slots: Slots, grant: Grant = None
+    ) -> None:
+        batch_id = self._ledger.open(batch, slots, grant)
+        self._stamp(proc, batch)
+        try:
+            proc.forward([t.location for w in batch for t in w.record.inputs], self._directory)
+            await proc.send_async(msg.Execute(batch_id, [w.record for w in batch]))
+        except PeerGone:
+            return  # its exit fails the batch
+        except Exception as error:  # one clause: compiled, a second would expect a ShoalError
+            self._unsent(proc, batch_id, error)
+            return
+        self._ledger.sent(proc, batch_id)
+
+    def _unsent(self, proc: StubChannel, batch_id: int, error: Exception) -> None:
+        """Fail a batch that could not be sent: a tensor's arena is gone (its stub died), or a
+        bug, which must fail the batch, not stop the work loop."""
+        failure = error if isinstance(error, ShoalError) else None
+        if failure is None:
+            log.error("[%s] could not send a batch", self._name, exc_info=error)
+            failure = InternalError(f"instance '{self._name}': {error!r}")
+        self._ledger.fail_unsent(proc, batch_id, failure, self._free_inputs)
+
+    def _stamp(self, proc: StubChannel, batch: list[Work]) -> None:
+        """Mark a batch's requests dispatched to ``proc``, with their keys and cancel hooks."""
+        now = time.monotonic_ns()
+        for work in batch:
+            work.dispatched_ns = now
+            if not work.record.key:
+                work.record.key = next(_request_keys)
+            work.on_cancel = functools.partial(self._outbox.cancel, proc, [work.record.key])
+            if work.stream is not None:
+                self._streams.open(work)
+
+    async def _grant(self, slots: Slots, source: BatchSource, batch: list[Work]) -> ExecutionGrant:
+        """The rate limiter's grant for ``batch``; cancelled, the batch goes back."""
+        assert self._rate_limit is not None
+        try:
+            return await self._rate_limit.acquire()
+        except BaseException:
+            slots.release()
+            source.requeue(batch)
+            raise
+
+
+def _put_back(slots: Slots, grant: Grant, source: BatchSource, batch: list[Work]) -> None:
+    """The stub went away while a batch was being pulled: it waits for the next one."""
+    slots.release()
+    if grant is not None:
+        grant.release()
+    source.requeue(batch)
+
+
+async def _collect(batch: list[Work]) -> list[Completion]:
+    """Every completion of a batch run at once; raises the first error once all are in."""
+    completions: list[Completion] = []
+    failures: list[BaseException] = []
+    for work in batch:
+        if work.stream is not None:
+            await _collect_stream(work.stream, completions, failures)
+            continue
+        try:
+            completions.append(await work.future)
+        except ShoalError as error:
+            failures.append(error)
+    if failures:
+        for completion in completions:
+            completion.release()
+        raise failures[0]
+    return completions
+
+
+async def _collect_stream(
+    stream: asyncio.Queue[Completion | BaseException | None],
+    completions: list[Completion],
+    failures: list[BaseException],
+) -> None:
+    """A decoupled request's responses, to its final one."""
+    while (item := await stream.get()) is not None:
+        if isinstance(item, BaseException):
+            failures.append(item)
+        else:
+            completions.append(item)

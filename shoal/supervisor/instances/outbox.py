@@ -1,0 +1,35 @@
+"""Messages to a stub that nobody waits for (releases, cancellations): sent at once, or from a
+background task when the stub's ring is full."""
+
+from __future__ import annotations
+
+import asyncio
+
+from shoal.ipc import messages as msg
+from shoal.ipc.queue import PeerGone
+from shoal.supervisor.instances.channel import StubChannel
+
+
+class Outbox:
+    """Sends without waiting; a message that finds the ring full waits in a task of its own."""
+
+    def __init__(self) -> None:
+        self._background: set[asyncio.Future[None]] = set()
+
+    def post(self, proc: StubChannel, message: msg.Message) -> None:
+        if not proc.send(message):
+            task = asyncio.ensure_future(_send_quietly(proc, message))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+
+    def cancel(self, proc: StubChannel, keys: list[int]) -> None:
+        """Tell a live stub not to run (or to stop) the requests with these keys."""
+        if proc.returncode is None:
+            self.post(proc, msg.Cancel(keys))
+
+
+async def _send_quietly(proc: StubChannel, message: msg.Message) -> None:
+    try:
+        await proc.send_async(message)
+    except PeerGone:
+        pass  # the stub died: what it held comes back when its exit is handled

@@ -1,0 +1,77 @@
+"""Where the blocks of an instance's completions go back when the frontend is done with them.
+
+Output blocks of the current stub are given back in one ``Release`` per loop turn, however many
+completions were released in it; an input block passed through as an output goes back to the
+input arena; the CUDA pool blocks a response handed on go back to their pools.
+"""
+
+from __future__ import annotations
+
+from shoal.ipc import messages as msg
+from shoal.ipc.arena import Block
+from shoal.ipc.tensor import CudaLocation
+from shoal.supervisor.instances.channel import StubChannel
+from shoal.supervisor.instances.decoupled import response_blocks, response_cuda
+from shoal.supervisor.instances.spec import InstanceScope
+
+
+class StubOutputs:
+    """The owner of an instance's completions' blocks (a ``work.OutputOwner``)."""
+
+    def __init__(self, scope: InstanceScope) -> None:
+        self._current = scope.current
+        self._directory = scope.directory
+        self._cuda = scope.directory.cuda
+        self._free_inputs = scope.free_inputs
+        self._outbox = scope.outbox
+        self._loop = scope.loop
+        self._pending: list[Block] = []
+        self._scheduled = False
+
+    def output_view(self, proc: StubChannel, block: Block | CudaLocation) -> memoryview:
+        if type(block) is Block and block.arena_id == proc.output_arena_id:
+            return proc.output_view(block)
+        return self._directory.view(block)
+
+    def adopt_cuda(self, proc: StubChannel, response: msg.ResponseRecord) -> list[CudaLocation]:
+        """The CUDA pool blocks lent to ``proc`` that ``response`` hands on (callers on the
+        hot path look at ``lent_count`` first: no GPU tensor in flight, nothing to look for)."""
+        cuda = response_cuda(response)
+        return self._cuda.adopt(proc.pid, cuda) if cuda else []
+
+    def release_cuda(self, locations: list[CudaLocation]) -> None:
+        if locations:
+            self._cuda.free(locations)
+
+    def release_outputs(self, proc: StubChannel, blocks: list[Block]) -> None:
+        """The frontend is done with these blocks (owned by a completion): return them."""
+        for block in blocks:
+            if block.arena_id != proc.output_arena_id:
+                self._free_inputs([block])  # a passed-through input-arena block
+            elif proc is self._current.proc and proc.returncode is None:
+                self._pending.append(block)
+        if self._pending and not self._scheduled:
+            self._scheduled = True
+            self._loop.call_soon(self._flush)
+
+    def drop(self, proc: StubChannel, response: msg.ResponseRecord) -> None:
+        """Give back at once what a response nobody will read holds."""
+        self.release_outputs(proc, owned_outputs(proc, response))
+        if self._cuda.lent_count:
+            self.release_cuda(self.adopt_cuda(proc, response))
+
+    def forget(self) -> None:
+        """The stub died: its output arena goes with it, nothing is left to give back."""
+        self._pending.clear()
+
+    def _flush(self) -> None:
+        self._scheduled = False
+        blocks, self._pending = self._pending, []
+        proc = self._current.proc
+        if blocks and proc is not None and proc.returncode is None:
+            self._outbox.post(proc, msg.Release(blocks))
+
+
+def owned_outputs(proc: StubChannel, response: msg.ResponseRecord) -> list[Block]:
+    """The blocks of ``proc``'s output arena a response's outputs lie in."""
+    return [b for b in response_blocks(response) if b.arena_id == proc.output_arena_id]
