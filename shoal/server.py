@@ -21,7 +21,7 @@ from shoal.supervisor.service import InferenceService
 if TYPE_CHECKING:
     from shoal.core.api import CoreAPI
     from shoal.frontends.grpc.aio import GrpcServer
-    from shoal.frontends.grpc.native import NativeGrpcServer
+    from shoal.frontends.grpc.native import FloodLimits, NativeGrpcServer
     from shoal.frontends.http.app import HttpServer
     from shoal.frontends.workers.host import WorkerPool
 
@@ -77,19 +77,10 @@ async def _start_grpc(
     """Serve ``inference.GRPCInferenceService`` on the gRPC address (or on ``sock``, bound by
     the core for its frontend workers)."""
     from shoal.frontends.grpc.aio import GrpcServer
-    from shoal.frontends.grpc.native import FloodLimits, NativeGrpcServer
+    from shoal.frontends.grpc.native import NativeGrpcServer
 
     restricted = _by_api(options.grpc_restricted_protocol)
-    limits = FloodLimits(
-        max_ping_strikes=options.grpc_http2_max_ping_strikes,
-        min_ping_interval=options.grpc_http2_min_recv_ping_interval_without_data / 1000,
-        permit_pings_without_calls=options.grpc_keepalive_permit_without_calls,
-        max_queued_replies=options.grpc_http2_max_queued_control_frames,
-        reset_burst=options.grpc_http2_stream_reset_burst,
-        reset_rate=options.grpc_http2_stream_reset_rate,
-        max_empty_frames=options.grpc_http2_max_empty_frames,
-        read_timeout=options.grpc_read_timeout_secs,
-    )
+    limits = _flood_limits(options)
     size = options.grpc_max_message_size
     if options.grpc_server == "grpcio":
         # grpcio binds its own sockets: workers share the port with SO_REUSEPORT.
@@ -107,6 +98,22 @@ async def _start_grpc(
         restricted=restricted,
         limits=limits,
         max_connection_bytes=options.grpc_max_connection_buffer_size,
+    )
+
+
+def _flood_limits(options: ServerOptions) -> FloodLimits:
+    """The HTTP/2 flood limits of the gRPC flags (docs/hardening.md)."""
+    from shoal.frontends.grpc.native import FloodLimits
+
+    return FloodLimits(
+        max_ping_strikes=options.grpc_http2_max_ping_strikes,
+        min_ping_interval=options.grpc_http2_min_recv_ping_interval_without_data / 1000,
+        permit_pings_without_calls=options.grpc_keepalive_permit_without_calls,
+        max_queued_replies=options.grpc_http2_max_queued_control_frames,
+        reset_burst=options.grpc_http2_stream_reset_burst,
+        reset_rate=options.grpc_http2_stream_reset_rate,
+        max_empty_frames=options.grpc_http2_max_empty_frames,
+        read_timeout=options.grpc_read_timeout_secs,
     )
 
 
@@ -177,38 +184,53 @@ async def _drain(service: InferenceService, timeout: float) -> bool:
     return True
 
 
+@dataclasses.dataclass
+class _Running:
+    """The servers started, stopped in this order at shutdown."""
+
+    http: HttpServer | None = None
+    metrics: HttpServer | None = None
+    grpc: GrpcServer | NativeGrpcServer | None = None
+    workers: WorkerPool | None = None
+
+    async def stop(self, grace: float) -> None:
+        # gRPC drains while HTTP does.
+        grpc = self.grpc
+        grpc_stopping = None if grpc is None else asyncio.ensure_future(grpc.stop(grace=grace))
+        if self.workers is not None:
+            await self.workers.stop(grace)
+        await _stop_within(
+            self.http, grace, "in-flight HTTP requests did not finish within the exit timeout"
+        )
+        await _stop_within(
+            self.metrics, grace, "the metrics endpoint did not stop within the exit timeout"
+        )
+        if grpc_stopping is not None:
+            await grpc_stopping
+
+
+async def _stop_within(server: HttpServer | None, grace: float, late: str) -> None:
+    if server is None:
+        return
+    try:
+        await asyncio.wait_for(server.stop(), grace)
+    except asyncio.TimeoutError:
+        log.warning("%s", late)
+
+
 async def run_server(options: ServerOptions, stop: asyncio.Event) -> int:
     """Serve until ``stop`` is set. Shutdown order: frontends, then models, then arenas."""
     service = build_service(options)
-    http: HttpServer | None = None
-    metrics: HttpServer | None = None
-    grpc_server: GrpcServer | NativeGrpcServer | None = None
-    workers: WorkerPool | None = None
+    running = _Running()
     loop = asyncio.get_running_loop()
     #: When the shutdown must be over: ``--exit-timeout-secs`` is the total for the drain, the
     #: frontends and the models together, as in Triton (set when the shutdown starts).
     deadline: float | None = None
     drained = False
     try:
-        failures = await service.load_repository()
-        log.info("models:\n%s", format_model_table(service.repository_index()))
-        if options.exit_on_error and failures:
-            log.error(
-                "exiting: %d model(s) failed to load: %s (--exit-on-error=true; start with "
-                "--exit-on-error=false to serve the others)",
-                len(failures),
-                ", ".join(sorted(failures)),
-            )
+        if not await _load(service, options):
             return 1
-        if options.frontend_workers > 1:
-            workers = await _start_workers(service, options)
-        else:
-            http, grpc_server = await _start_frontends(service, options)
-        if options.allow_metrics:
-            metrics = await _start_metrics(service, options)
-        _report_hot_path()
-        settle_after_start()
-        log.info("shoal is ready")
+        await _start(service, options, running)
         await stop.wait()
         timeout = options.exit_timeout_secs
         deadline = loop.time() + timeout
@@ -218,34 +240,51 @@ async def run_server(options: ServerOptions, stop: asyncio.Event) -> int:
     finally:
         if deadline is None:  # a failed start: the same budget for what was started
             deadline = loop.time() + options.exit_timeout_secs
+        await _shut_down(service, running, deadline, drained)
 
-        def left() -> float:
-            return max(0.0, deadline - loop.time())
 
-        # Once drained, the frontends get until the deadline to write the last responses; if
-        # requests still run, they only close their sockets: those requests would not finish.
-        grace = min(left(), _CLOSE_SECS) if not drained else max(left(), _CLOSE_SECS)
-        # gRPC drains while HTTP does.
-        grpc_stopping = (
-            None if grpc_server is None else asyncio.ensure_future(grpc_server.stop(grace=grace))
+async def _load(service: InferenceService, options: ServerOptions) -> bool:
+    """Load the repository; False when a model failed and ``--exit-on-error`` says to exit."""
+    failures = await service.load_repository()
+    log.info("models:\n%s", format_model_table(service.repository_index()))
+    if options.exit_on_error and failures:
+        log.error(
+            "exiting: %d model(s) failed to load: %s (--exit-on-error=true; start with "
+            "--exit-on-error=false to serve the others)",
+            len(failures),
+            ", ".join(sorted(failures)),
         )
-        if workers is not None:
-            await workers.stop(grace)
-        if http is not None:
-            try:
-                await asyncio.wait_for(http.stop(), grace)
-            except asyncio.TimeoutError:
-                log.warning("in-flight HTTP requests did not finish within the exit timeout")
-        if metrics is not None:
-            try:
-                await asyncio.wait_for(metrics.stop(), grace)
-            except asyncio.TimeoutError:
-                log.warning("the metrics endpoint did not stop within the exit timeout")
-        if grpc_stopping is not None:
-            await grpc_stopping
-        # What is left goes to the models' finalize; a stub still running then is killed.
-        await service.shutdown(timeout=left())
-        sys.stdout.flush()
+        return False
+    return True
+
+
+async def _start(service: InferenceService, options: ServerOptions, running: _Running) -> None:
+    if options.frontend_workers > 1:
+        running.workers = await _start_workers(service, options)
+    else:
+        running.http, running.grpc = await _start_frontends(service, options)
+    if options.allow_metrics:
+        running.metrics = await _start_metrics(service, options)
+    _report_hot_path()
+    settle_after_start()
+    log.info("shoal is ready")
+
+
+async def _shut_down(
+    service: InferenceService, running: _Running, deadline: float, drained: bool
+) -> None:
+    loop = asyncio.get_running_loop()
+
+    def left() -> float:
+        return max(0.0, deadline - loop.time())
+
+    # Once drained, the frontends get until the deadline to write the last responses; if
+    # requests still run, they only close their sockets: those requests would not finish.
+    grace = min(left(), _CLOSE_SECS) if not drained else max(left(), _CLOSE_SECS)
+    await running.stop(grace)
+    # What is left goes to the models' finalize; a stub still running then is killed.
+    await service.shutdown(timeout=left())
+    sys.stdout.flush()
 
 
 # --- frontend workers (--frontend-workers N > 1) -------------------------------------------

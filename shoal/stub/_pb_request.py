@@ -132,6 +132,11 @@ def _required(value: Any, name: str) -> Any:
     return value
 
 
+def _check_str(value: Any, name: str) -> None:
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a str, not {type(value).__name__}")
+
+
 def _check_int(value: object, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int, not {type(value).__name__}")
@@ -163,10 +168,8 @@ class InferenceRequest:
         inputs = _required(inputs, "inputs")
         requested_output_names = _required(requested_output_names, "requested_output_names")
         model_name = _required(model_name, "model_name")
-        if not isinstance(request_id, str):
-            raise TypeError(f"request_id must be a str, not {type(request_id).__name__}")
-        if not isinstance(model_name, str):
-            raise TypeError(f"model_name must be a str, not {type(model_name).__name__}")
+        _check_str(request_id, "request_id")
+        _check_str(model_name, "model_name")
         self._init(
             request_id=request_id,
             correlation_id=_check_correlation_id(correlation_id),
@@ -182,6 +185,11 @@ class InferenceRequest:
             deliver=None,
             decoupled=False,
         )
+        self._set_options(preferred_memory, trace)
+
+    def _set_options(
+        self, preferred_memory: PreferredMemory | None, trace: InferenceTrace | None
+    ) -> None:
         if preferred_memory is not None:
             if not isinstance(preferred_memory, PreferredMemory):
                 raise TypeError("preferred_memory must be a pb_utils.PreferredMemory")

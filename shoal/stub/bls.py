@@ -179,15 +179,7 @@ class BlsClient:
     def _call(self, request: Any, decoupled: bool) -> tuple[int, _CallKeeper]:
         call_id = self._pump.new_call_id()
         written: Written = []
-        try:
-            inputs = [
-                self._writer.describe(tensor, written, for_response=False)
-                for tensor in request.inputs()
-            ]
-        except BaseException:
-            self._writer.free(written)  # the inputs written before the one that failed
-            raise
-
+        inputs = self._write_inputs(request, written)
         # The input tensors live until the call's response is dropped: one passed on by
         # descriptor (an earlier call's output, say) must not be freed while this call runs.
         kept = list(request.inputs())
@@ -198,28 +190,26 @@ class BlsClient:
             self._call_done(call_id)
 
         keeper = _CallKeeper(release)
-        record = msg.RequestRecord(
-            request_id=request.request_id(),
-            correlation_id=request.correlation_id(),
-            flags=request.flags(),
-            parameters=request._parameters_dict(),
-            requested_outputs=sorted(request.requested_output_names()),
-            inputs=inputs,
-            timeout_us=int(request.timeout()),
-            trace_context=request.trace().get_context() or "",  # the caller's, passed on
-        )
+        record = _record(request, inputs)
         self._pump.expect(call_id)
         orphan = self._opened(call_id)
         if self._done_ids and threading.get_ident() == self._main:
             self._flush_done()
-        self._send(
-            msg.BlsCall(
-                call_id, request._model_name(), int(request._model_version()), record, decoupled
-            )
-        )
+        model, version = request._model_name(), int(request._model_version())
+        self._send(msg.BlsCall(call_id, model, version, record, decoupled))
         if orphan:  # made for requests whose clients have gone already
             self.cancel_call(call_id)
         return call_id, keeper
+
+    def _write_inputs(self, request: Any, written: Written) -> list[TensorDesc]:
+        try:
+            return [
+                self._writer.describe(tensor, written, for_response=False)
+                for tensor in request.inputs()
+            ]
+        except BaseException:
+            self._writer.free(written)  # the inputs written before the one that failed
+            raise
 
     def _stream(self, call_id: int, iterator: Any, keeper: _CallKeeper) -> None:
         try:
@@ -258,3 +248,17 @@ class BlsClient:
         if desc.datatype != "BYTES":
             self._writer.locations.remember(array, desc, returnable=False)
         return pb_utils.Tensor._wrap(desc.name, array, desc.datatype)
+
+
+def _record(request: Any, inputs: list[TensorDesc]) -> msg.RequestRecord:
+    """A BLS request as the record its target's stub receives."""
+    return msg.RequestRecord(
+        request_id=request.request_id(),
+        correlation_id=request.correlation_id(),
+        flags=request.flags(),
+        parameters=request._parameters_dict(),
+        requested_outputs=sorted(request.requested_output_names()),
+        inputs=inputs,
+        timeout_us=int(request.timeout()),
+        trace_context=request.trace().get_context() or "",  # the caller's, passed on
+    )

@@ -87,31 +87,38 @@ def check_tensors(
                 f"unable to load model '{model}': configuration has {kind} '{tensor.name}', "
                 f"which the ONNX graph does not have (its {kind}s: {names})"
             )
-        if found.datatype not in SUPPORTED:
-            raise OnnxModelError(
-                f"unable to load model '{model}': {kind} '{tensor.name}' has ONNX type "
-                f"{found.ort_type}, which shoal's onnxruntime backend does not support"
-            )
-        if found.datatype != tensor.datatype:
-            raise OnnxModelError(
-                f"unable to load model '{model}', configuration expects datatype "
-                f"{config_type(tensor.datatype)} for {kind} '{tensor.name}', model provides "
-                f"{config_type(found.datatype)}"
-            )
+        _check_datatype(model, kind, tensor, found)
         _check_shape(model, kind, tensor, found, max_batch_size)
     if kind == "input":
-        optional = set(unlisted)
-        missing = [
-            t.name
-            for t in graph
-            if t.name not in {c.name for c in configured} and t.name not in optional
-        ]
-        if missing:
-            raise OnnxModelError(
-                f"unable to load model '{model}': the ONNX graph has input(s) "
-                f"{', '.join(repr(m) for m in missing)} that the configuration does not list: "
-                "add them to config.pbtxt (or remove input/output there to have them filled in)"
-            )
+        _check_all_listed(model, configured, graph, set(unlisted))
+
+
+def _check_datatype(model: str, kind: str, tensor: ConfigTensor, found: GraphTensor) -> None:
+    if found.datatype not in SUPPORTED:
+        raise OnnxModelError(
+            f"unable to load model '{model}': {kind} '{tensor.name}' has ONNX type "
+            f"{found.ort_type}, which shoal's onnxruntime backend does not support"
+        )
+    if found.datatype != tensor.datatype:
+        raise OnnxModelError(
+            f"unable to load model '{model}', configuration expects datatype "
+            f"{config_type(tensor.datatype)} for {kind} '{tensor.name}', model provides "
+            f"{config_type(found.datatype)}"
+        )
+
+
+def _check_all_listed(
+    model: str, configured: Sequence[ConfigTensor], graph: Sequence[GraphTensor], optional: set[str]
+) -> None:
+    """Every graph input is configured, but for the ``optional`` ones."""
+    listed = {c.name for c in configured}
+    missing = [t.name for t in graph if t.name not in listed and t.name not in optional]
+    if missing:
+        raise OnnxModelError(
+            f"unable to load model '{model}': the ONNX graph has input(s) "
+            f"{', '.join(repr(m) for m in missing)} that the configuration does not list: "
+            "add them to config.pbtxt (or remove input/output there to have them filled in)"
+        )
 
 
 def _check_shape(

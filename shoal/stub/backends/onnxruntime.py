@@ -86,6 +86,22 @@ class OnnxRuntimeModel:
         self.name = str(args.get("model_name") or config.get("name", ""))
         label = f"'{self.name}' version {args.get('model_version', '?')}"
         self.max_batch_size = int(config.get("max_batch_size", 0))
+        self.session = self._session(args, config, label)
+        configured_in = config_tensors(config, "input")
+        configured_out = config_tensors(config, "output")
+        overridable = [_graph_tensor(t) for t in self.session.get_overridable_initializers()]
+        graph_in = [_graph_tensor(t) for t in self.session.get_inputs()] + overridable
+        graph_out = [_graph_tensor(t) for t in self.session.get_outputs()]
+        controls, state_inputs, state_outputs = sequence_tensors(config)
+        others = [t.name for t in overridable] + controls + state_inputs
+        check_tensors(self.name, "input", configured_in, graph_in, self.max_batch_size, others)
+        check_tensors(self.name, "output", configured_out, graph_out, self.max_batch_size)
+        _check_state_outputs(state_outputs, graph_out, label)
+        self.inputs = {t.name: t for t in configured_in}
+        self.outputs = {t.name: t for t in configured_out}
+        self._batching(graph_in, graph_out, state_outputs)
+
+    def _session(self, args: Mapping[str, str], config: dict[str, Any], label: str) -> Any:
         if not os.path.isfile(self.model_file):
             raise OnnxModelError(
                 f"unable to load model {label}: ONNX model file '{self.model_file}' not found "
@@ -96,38 +112,17 @@ class OnnxRuntimeModel:
         options = _session_options(ort, config, self.name)
         providers = _providers(ort, args)
         try:
-            self.session = ort.InferenceSession(
-                self.model_file, sess_options=options, providers=providers
-            )
+            return ort.InferenceSession(self.model_file, sess_options=options, providers=providers)
         except Exception as error:  # onnxruntime raises its own pybind exception types
             raise OnnxModelError(
                 f"unable to load model {label}: onnxruntime cannot create a session for "
                 f"'{self.model_file}': {error}"
             ) from None
-        configured_in = config_tensors(config, "input")
-        configured_out = config_tensors(config, "output")
-        overridable = [_graph_tensor(t) for t in self.session.get_overridable_initializers()]
-        graph_in = [_graph_tensor(t) for t in self.session.get_inputs()] + overridable
-        graph_out = [_graph_tensor(t) for t in self.session.get_outputs()]
-        controls, state_inputs, state_outputs = sequence_tensors(config)
-        check_tensors(
-            self.name,
-            "input",
-            configured_in,
-            graph_in,
-            self.max_batch_size,
-            [t.name for t in overridable] + controls + state_inputs,
-        )
-        check_tensors(self.name, "output", configured_out, graph_out, self.max_batch_size)
-        self.inputs = {t.name: t for t in configured_in}
-        self.outputs = {t.name: t for t in configured_out}
-        graph_outputs = [t.name for t in graph_out]
-        for name in state_outputs:
-            if name not in graph_outputs:
-                raise OnnxModelError(
-                    f"unable to load model {label}: sequence_batching state output '{name}' is "
-                    f"not an output of the ONNX graph (its outputs: {', '.join(graph_outputs)})"
-                )
+
+    def _batching(
+        self, graph_in: list[GraphTensor], graph_out: list[GraphTensor], state_outputs: list[str]
+    ) -> None:
+        """How batches are cut and joined; a model that does not batch may take scalars."""
         scalar_outputs: frozenset[str] = frozenset()
         if self.max_batch_size == 0:
             self._scalar_inputs = {t.name for t in graph_in if t.shape == ()}
@@ -162,6 +157,18 @@ class OnnxRuntimeModel:
                 f"onnxruntime failed to run model '{self.name}': {error}".rstrip()
             ) from None
         return [from_ort(value) for value in results]
+
+
+def _check_state_outputs(
+    state_outputs: list[str], graph_out: list[GraphTensor], label: str
+) -> None:
+    graph_outputs = [t.name for t in graph_out]
+    for name in state_outputs:
+        if name not in graph_outputs:
+            raise OnnxModelError(
+                f"unable to load model {label}: sequence_batching state output '{name}' is "
+                f"not an output of the ONNX graph (its outputs: {', '.join(graph_outputs)})"
+            )
 
 
 def _graph_tensor(node: Any) -> GraphTensor:

@@ -96,6 +96,26 @@ class TorchScriptModel:
         self.name = str(args.get("model_name") or config.get("name", ""))
         label = f"'{self.name}' version {args.get('model_version', '?')}"
         max_batch_size = int(config.get("max_batch_size", 0))
+        self._load_module(args, config, label)
+        inputs, outputs = config_tensors(config, "input"), config_tensors(config, "output")
+        for kind, tensors in (("input", inputs), ("output", outputs)):
+            check_datatypes(self.name, kind, tensors)
+            check_strings(self.name, kind, tensors, max_batch_size)
+        self.inputs = {t.name: t for t in inputs}
+        self.outputs = {t.name: t for t in outputs}
+        controls, state_inputs, state_outputs = sequence_tensors(config)
+        self._map_arguments(inputs, [*self.inputs, *controls, *state_inputs], label)
+        self.output_map = map_outputs(self.name, [*self.outputs, *state_outputs])
+        self._warn_config_order()
+        scalars = frozenset(
+            t.name for t in outputs if max_batch_size == 0 and t.dims == (1,) and not t.has_reshape
+        )
+        self.batching = Batching(self.name, max_batch_size, self.outputs, state_outputs, scalars)
+        # Inputs are read-only views of shared memory; torch warns about each one it wraps.
+        warnings.filterwarnings("ignore", "The given NumPy array is not writable", UserWarning)
+
+    def _load_module(self, args: Mapping[str, str], config: dict[str, Any], label: str) -> None:
+        """Import torch with the model's options and load the TorchScript file on its device."""
         if not os.path.isfile(self.model_file):
             raise TorchModelError(
                 f"unable to load model {label}: TorchScript model file '{self.model_file}' not "
@@ -108,26 +128,14 @@ class TorchScriptModel:
             pb_utils.Logger.log_warn(f"model '{self.name}': {warning}")
         self.device = _device(torch, args, label)
         self.module = _load(torch, self.model_file, self.device, label)
-        inputs, outputs = config_tensors(config, "input"), config_tensors(config, "output")
-        for kind, tensors in (("input", inputs), ("output", outputs)):
-            check_datatypes(self.name, kind, tensors)
-            check_strings(self.name, kind, tensors, max_batch_size)
-        self.inputs = {t.name: t for t in inputs}
-        self.outputs = {t.name: t for t in outputs}
-        controls, state_inputs, state_outputs = sequence_tensors(config)
+
+    def _map_arguments(self, inputs: list[ConfigTensor], names: list[str], label: str) -> None:
+        """Which of ``forward``'s arguments each input (and control, and state) goes to."""
         arguments = _arguments(self.module, label)
         self.argument_count = len(arguments)
-        self.input_map = map_inputs(self.name, [*self.inputs, *controls, *state_inputs], arguments)
+        self.input_map = map_inputs(self.name, names, arguments)
         check_indices(self.name, "input", self.input_map, len(arguments))
         check_argument_types(self.name, inputs, self.input_map, arguments)
-        self.output_map = map_outputs(self.name, [*self.outputs, *state_outputs])
-        self._warn_config_order()
-        scalars = frozenset(
-            t.name for t in outputs if max_batch_size == 0 and t.dims == (1,) and not t.has_reshape
-        )
-        self.batching = Batching(self.name, max_batch_size, self.outputs, state_outputs, scalars)
-        # Inputs are read-only views of shared memory; torch warns about each one it wraps.
-        warnings.filterwarnings("ignore", "The given NumPy array is not writable", UserWarning)
 
     def _warn_config_order(self) -> None:
         for kind, mapping in (("input", self.input_map), ("output", self.output_map)):

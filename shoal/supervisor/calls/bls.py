@@ -142,25 +142,12 @@ class BlsRouter:
             return
         del self._open[key]
         proc, work, target = open_call.proc, open_call.work, open_call.target
-        if future.cancelled():  # not by this router: it answers its own cancels first
-            error: BaseException | None = Cancelled(
-                f"BLS request to model '{open_call.name}' was cancelled"
-            )
-        else:
-            error = future.exception()
+        error = _failure(open_call, future)
         if error is not None:
-            if not isinstance(error, ShoalError):
-                error = ShoalError(f"internal error in BLS: {error!r}")
             self._send(proc, _error_reply(key[1], error))
             return
         completion = future.result()
-        elapsed = time.monotonic_ns() - work.enqueued_ns
-        if completion.response.error is None:
-            target.stats.success(
-                work.batch_size, elapsed, completion.queue_ns, completion.compute_ns
-            )
-        else:
-            target.stats.failure(elapsed, ModelError.reason)
+        _count(target, work, completion)
         self._held.setdefault(key, []).append(completion)
         try:
             proc.forward([o.location for o in completion.response.outputs], self._directory)
@@ -220,19 +207,7 @@ class BlsRouter:
     def _target(self, caller: Caller, call: msg.BlsCall) -> ModelVersion:
         version = "" if call.model_version < 0 else str(call.model_version)
         target = self._models.resolve(call.model_name, version)
-        if target.config.is_ensemble:
-            raise Unsupported(
-                f"BLS calls to ensemble '{target.name}' are not supported yet; call its steps"
-            )
-        if target.config.decoupled and not call.decoupled:
-            # A decoupled call takes any model (its one response comes with FINAL), as in
-            # Triton; a decoupled model's responses need an iterator.
-            raise Unsupported(  # Triton's words
-                f"Model {target.name} is using the decoupled. The current BLS request call "
-                "doesn't support models using the decoupled transaction policy. Please use "
-                "'decoupled=True' argument to the 'exec' or 'async_exec' calls for decoupled "
-                "models.'"
-            )
+        _check_callable(target, call)
         if caller in target.instances and not any(
             i is not caller and i.ready and not i.busy for i in target.instances
         ):
@@ -250,8 +225,19 @@ class BlsRouter:
         return target
 
     async def _run(self, target: ModelVersion, proc: StubChannel, call: msg.BlsCall) -> None:
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[Completion] = loop.create_future()
+        work = self._submit(target, proc, call)
+        held = self._held.setdefault((proc.pid, call.call_id), [])
+        try:
+            if work.stream is None:
+                await self._answer(target, proc, call.call_id, work, held)
+            else:
+                await self._stream(proc, call.call_id, work.stream, held)
+        except BaseException:
+            _abandon(work, held)
+            raise
+
+    def _submit(self, target: ModelVersion, proc: StubChannel, call: msg.BlsCall) -> Work:
+        future: asyncio.Future[Completion] = asyncio.get_running_loop().create_future()
         work = Work(
             call.request,
             [],
@@ -262,35 +248,40 @@ class BlsRouter:
             work.stream = new_stream()
             self._streaming[(proc.pid, call.call_id)] = work
         target.submit(work)
-        held = self._held.setdefault((proc.pid, call.call_id), [])
-        try:
-            if work.stream is None:
-                completion = await future
-                held.append(completion)
-                if completion.response.error is None:
-                    target.stats.success(
-                        work.batch_size,
-                        time.monotonic_ns() - work.enqueued_ns,
-                        completion.queue_ns,
-                        completion.compute_ns,
-                    )
-                else:
-                    target.stats.failure(time.monotonic_ns() - work.enqueued_ns, ModelError.reason)
-                await self._reply(proc, call.call_id, completion.response, True)
+        return work
+
+    async def _answer(
+        self,
+        target: ModelVersion,
+        proc: StubChannel,
+        call_id: int,
+        work: Work,
+        held: list[Completion],
+    ) -> None:
+        """A call to a non-decoupled model: its one response, counted in its statistics."""
+        completion = await work.future
+        held.append(completion)
+        _count(target, work, completion)
+        await self._reply(proc, call_id, completion.response, True)
+
+    async def _stream(
+        self,
+        proc: StubChannel,
+        call_id: int,
+        stream: asyncio.Queue[Completion | BaseException | None],
+        held: list[Completion],
+    ) -> None:
+        """A call to a decoupled model: each response as it comes."""
+        while (item := await stream.get()) is not None:
+            if isinstance(item, BaseException):
+                raise item
+            held.append(item)
+            # The response that carries FINAL is the iterator's last (Triton yields no
+            # extra empty one); a flags-only FINAL comes as an empty response.
+            await self._reply(proc, call_id, item.response, item.final)
+            if item.final:
                 return
-            while (item := await work.stream.get()) is not None:
-                if isinstance(item, BaseException):
-                    raise item
-                held.append(item)
-                # The response that carries FINAL is the iterator's last (Triton yields no
-                # extra empty one); a flags-only FINAL comes as an empty response.
-                await self._reply(proc, call.call_id, item.response, item.final)
-                if item.final:
-                    return
-            await self._reply(proc, call.call_id, None, True)
-        except BaseException:
-            _abandon(work, held)
-            raise
+        await self._reply(proc, call_id, None, True)
 
     async def _reply(
         self, proc: StubChannel, call_id: int, body: msg.ResponseRecord | None, final: bool
@@ -319,6 +310,42 @@ class _OpenCall:
 
 def _error_reply(call_id: int, error: ShoalError) -> msg.BlsReply:
     return msg.BlsReply(call_id, msg.ResponseRecord(error=(error.code.name, error.message)), True)
+
+
+def _check_callable(target: ModelVersion, call: msg.BlsCall) -> None:
+    """A BLS call reaches a model, not an ensemble; a decoupled model only by a decoupled call."""
+    if target.config.is_ensemble:
+        raise Unsupported(
+            f"BLS calls to ensemble '{target.name}' are not supported yet; call its steps"
+        )
+    if target.config.decoupled and not call.decoupled:
+        # A decoupled call takes any model (its one response comes with FINAL), as in
+        # Triton; a decoupled model's responses need an iterator.
+        raise Unsupported(  # Triton's words
+            f"Model {target.name} is using the decoupled. The current BLS request call "
+            "doesn't support models using the decoupled transaction policy. Please use "
+            "'decoupled=True' argument to the 'exec' or 'async_exec' calls for decoupled "
+            "models.'"
+        )
+
+
+def _count(target: ModelVersion, work: Work, completion: Completion) -> None:
+    """The call in its target's statistics."""
+    elapsed = time.monotonic_ns() - work.enqueued_ns
+    if completion.response.error is None:
+        target.stats.success(work.batch_size, elapsed, completion.queue_ns, completion.compute_ns)
+    else:
+        target.stats.failure(elapsed, ModelError.reason)
+
+
+def _failure(open_call: _OpenCall, future: asyncio.Future[Completion]) -> ShoalError | None:
+    """Why a call with one response failed (None: it has its response)."""
+    if future.cancelled():  # not by the router: it answers its own cancels first
+        return Cancelled(f"BLS request to model '{open_call.name}' was cancelled")
+    error = future.exception()
+    if error is None or isinstance(error, ShoalError):
+        return error
+    return ShoalError(f"internal error in BLS: {error!r}")
 
 
 def _abandon(work: Work, held: list[Completion]) -> None:

@@ -53,12 +53,7 @@ class ControlRouter:
             self._cuda_allocate(proc, call)
             return
         if call.op is Op.CUDA_FREE:
-            try:
-                blocks = [CudaLocation(*map(int, wire)) for wire in call.args]
-            except (TypeError, ValueError):
-                log.error("[%s] malformed CUDA_FREE %r ignored", caller.name, call.args)
-                return
-            self._directory.cuda.give_back(proc.pid, blocks)
+            self._cuda_free(caller, proc, call)
             return
         try:
             value = self._now(proc.pid, call)
@@ -66,6 +61,14 @@ class ControlRouter:
             self._reply(proc, call, error.message, None)
         else:
             self._reply(proc, call, None, value)
+
+    def _cuda_free(self, caller: Caller, proc: StubChannel, call: msg.ControlCall) -> None:
+        try:
+            blocks = [CudaLocation(*map(int, wire)) for wire in call.args]
+        except (TypeError, ValueError):
+            log.error("[%s] malformed CUDA_FREE %r ignored", caller.name, call.args)
+            return
+        self._directory.cuda.give_back(proc.pid, blocks)
 
     def _cuda_allocate(self, proc: StubChannel, call: msg.ControlCall) -> None:
         """A pool block for a stub's GPU tensor; its chunk's handle goes first if it is new to
@@ -77,26 +80,34 @@ class ControlRouter:
         except (TypeError, ValueError):
             self._reply(proc, call, f"malformed CUDA_ALLOCATE arguments {call.args!r}", None)
             return
-        pools = self._directory.cuda
         if proc.returncode is not None:
             return  # exited already: nobody waits for the block
-        if pools.disabled(device):
+        if self._directory.cuda.disabled(device):
             self._reply(proc, call, None, None)
             return
+        location = self._allocate(proc, call, device, nbytes)
+        if location is not None:
+            self._hand_over(proc, call, location)
+
+    def _allocate(
+        self, proc: StubChannel, call: msg.ControlCall, device: int, nbytes: int
+    ) -> CudaLocation | None:
+        """The block, or None once the refusal is answered."""
         try:
-            location = pools.allocate(proc.pid, device, nbytes)
+            return self._directory.cuda.allocate(proc.pid, device, nbytes)
         except (CudaPoolExhausted, ShoalError) as error:
             text = error.message if isinstance(error, ShoalError) else str(error)
             self._reply(proc, call, text, None)
-            return
         except Exception as error:  # a CUDA error: the stub must get an answer all the same
             log.exception("CUDA pool of device %d: allocating %d bytes failed", device, nbytes)
             self._reply(proc, call, f"CUDA pool of device {device}: {error}", None)
-            return
+        return None
+
+    def _hand_over(self, proc: StubChannel, call: msg.ControlCall, location: CudaLocation) -> None:
         try:
             proc.forward([location], self._directory)
         except OSError:
-            pools.give_back(proc.pid, [location])  # the stub is gone
+            self._directory.cuda.give_back(proc.pid, [location])  # the stub is gone
             return
         self._reply(proc, call, None, [location.device, location.offset, location.nbytes])
 

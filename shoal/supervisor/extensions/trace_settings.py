@@ -61,9 +61,11 @@ class TraceSettings:
         ``traceparent`` as JSON, the form Triton gives in OpenTelemetry mode, which a model
         can hand to OpenTelemetry's propagator. shoal itself writes no trace yet.
         """
-        settings = {**self._global, **self._models.get(model, {})}
-        if settings["trace_level"] == ["OFF"]:
+        own = self._models.get(model)
+        level = own["trace_level"] if own and "trace_level" in own else self._global["trace_level"]
+        if level == ["OFF"]:  # every request asks: no merged copy of the settings for it
             return ""
+        settings = {**self._global, **(own or {})}
         seen = self._seen.get(model, 0)
         self._seen[model] = seen + 1
         count = int(str(settings["trace_count"]))
@@ -182,27 +184,15 @@ def parse_trace_config(entries: Sequence[str]) -> dict[str, TraceValue]:
     settings: dict[str, TraceValue] = {}
     levels: list[str] = []
     for entry in entries:
-        scope, _, setting = entry.rpartition(",")
-        key, eq, value = setting.partition("=")
-        if not eq or scope not in ("", "triton", "opentelemetry"):
-            raise ValueError(f"--trace-config expects [<mode>,]<setting>=<value>, got '{entry}'")
-        if scope == "opentelemetry":
+        parsed = _config_entry(entry)
+        if parsed is None:
             continue
-        name = _CONFIG_KEYS.get(key)
-        if name is None:
-            known = ", ".join(_CONFIG_KEYS)
-            raise ValueError(f"--trace-config: unknown setting '{key}'; expected one of {known}")
+        name, value = parsed
         try:
             if name == "trace_level":
                 levels.append(value.upper())
-            elif name == "trace_mode":
-                if value not in ("triton", "opentelemetry"):
-                    raise InvalidArgument(f"mode must be triton or opentelemetry, not '{value}'")
-                settings[name] = value
-            elif name == "trace_file":
-                settings[name] = value
             else:
-                settings[name] = _integer(name, value)
+                settings[name] = _config_value(name, value)
         except InvalidArgument as error:
             raise ValueError(f"--trace-config {entry}: {error.message}") from None
     if levels:
@@ -211,6 +201,31 @@ def parse_trace_config(entries: Sequence[str]) -> dict[str, TraceValue]:
         except InvalidArgument as error:
             raise ValueError(f"--trace-config: {error.message}") from None
     return settings
+
+
+def _config_entry(entry: str) -> tuple[str, str] | None:
+    """The setting's name and value (None for an OpenTelemetry exporter setting)."""
+    scope, _, setting = entry.rpartition(",")
+    key, eq, value = setting.partition("=")
+    if not eq or scope not in ("", "triton", "opentelemetry"):
+        raise ValueError(f"--trace-config expects [<mode>,]<setting>=<value>, got '{entry}'")
+    if scope == "opentelemetry":
+        return None
+    name = _CONFIG_KEYS.get(key)
+    if name is None:
+        known = ", ".join(_CONFIG_KEYS)
+        raise ValueError(f"--trace-config: unknown setting '{key}'; expected one of {known}")
+    return name, value
+
+
+def _config_value(name: str, value: str) -> TraceValue:
+    if name == "trace_mode":
+        if value not in ("triton", "opentelemetry"):
+            raise InvalidArgument(f"mode must be triton or opentelemetry, not '{value}'")
+        return value
+    if name == "trace_file":
+        return value
+    return _integer(name, value)
 
 
 __all__ = ["DEFAULTS", "TraceChange", "TraceSettings", "TraceValue", "parse_trace_config"]

@@ -58,6 +58,19 @@ class CudaSharedMemoryRegistry:
         self, name: str, raw_handle: bytes, device_id: int, byte_size: int, *, taken: bool = False
     ) -> None:
         """Open and remember a client's handle; ``taken``: a system region has the name."""
+        self._check_registration(name, raw_handle, device_id, byte_size, taken)
+        try:
+            pointer = self._opener(device_id, raw_handle)
+        except Exception as error:
+            raise InvalidArgument(
+                f"failed to register CUDA shared memory region '{name}': {error}"
+            ) from None
+        region = CudaSharedMemoryRegion(name, device_id, byte_size)
+        self._regions[name] = _Opened(region, pointer, bytes(raw_handle), next(self._generations))
+
+    def _check_registration(
+        self, name: str, raw_handle: bytes, device_id: int, byte_size: int, taken: bool
+    ) -> None:
         devices = self._device_count()
         if devices == 0:  # first, as in a tritonserver built without GPU support
             raise InvalidArgument(
@@ -77,14 +90,6 @@ class CudaSharedMemoryRegistry:
                 f"failed to register CUDA shared memory region '{name}': device_id {device_id} "
                 f"must name one of the {devices} visible GPUs and byte_size must not be negative"
             )
-        try:
-            pointer = self._opener(device_id, raw_handle)
-        except Exception as error:
-            raise InvalidArgument(
-                f"failed to register CUDA shared memory region '{name}': {error}"
-            ) from None
-        region = CudaSharedMemoryRegion(name, device_id, byte_size)
-        self._regions[name] = _Opened(region, pointer, bytes(raw_handle), next(self._generations))
 
     def unregister(self, name: str = "") -> list[tuple[int, bytes]]:
         """Close ``name`` (every region when empty); returns the (device, handle) of each,

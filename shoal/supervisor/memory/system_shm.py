@@ -76,19 +76,9 @@ class SharedMemoryRegistry:
             )
         posix_name = key if key.startswith("/") else "/" + key
         _check_key(name, key, posix_name)
+        shm = _open(key, posix_name)
         try:
-            shm = posix_ipc.SharedMemory(posix_name)
-        except (posix_ipc.ExistentialError, posix_ipc.PermissionsError, ValueError) as error:
-            raise InvalidArgument(
-                f"Unable to open shared memory region: '{key}': {error}"
-            ) from None
-        try:
-            size = os.fstat(shm.fd).st_size
-            if offset + byte_size > size:
-                raise InvalidArgument(
-                    f"shared memory region '{name}': offset {offset} + byte_size {byte_size} "
-                    f"exceeds the size of '{key}' ({size} bytes)"
-                )
+            _check_size(name, key, offset, byte_size, os.fstat(shm.fd).st_size)
         except BaseException:
             shm.close_fd()
             raise
@@ -196,6 +186,21 @@ class SharedMemoryRegistry:
     def close(self) -> None:
         self._unmap(list(self._regions))
         self.cuda.close()
+
+
+def _open(key: str, posix_name: str) -> posix_ipc.SharedMemory:
+    try:
+        return posix_ipc.SharedMemory(posix_name)
+    except (posix_ipc.ExistentialError, posix_ipc.PermissionsError, ValueError) as error:
+        raise InvalidArgument(f"Unable to open shared memory region: '{key}': {error}") from None
+
+
+def _check_size(name: str, key: str, offset: int, byte_size: int, size: int) -> None:
+    if offset + byte_size > size:
+        raise InvalidArgument(
+            f"shared memory region '{name}': offset {offset} + byte_size {byte_size} "
+            f"exceeds the size of '{key}' ({size} bytes)"
+        )
 
 
 def _check_key(name: str, key: str, posix_name: str) -> None:

@@ -153,3 +153,28 @@ def test_a_large_list_is_freed_in_slices_once_converted() -> None:
     with pytest.raises(InvalidArgument, match="'X'"):
         _tensor_json.array_from_json("X", "FP32", (100_001,), bad)
     assert bad == []
+
+
+def test_the_collector_is_off_while_a_large_body_is_decoded_and_back_after() -> None:
+    import gc
+
+    assert gc.isenabled()
+
+    def inner() -> bool:
+        return gc.isenabled()
+
+    def outer() -> tuple[bool, bool]:
+        nested = _json.without_collections(inner)  # another decode at the same time
+        return nested, gc.isenabled()
+
+    assert _json.without_collections(outer) == (False, False)
+    assert gc.isenabled()
+    with pytest.raises(ZeroDivisionError):
+        _json.without_collections(lambda: 1 / 0)
+    assert gc.isenabled()
+    gc.disable()  # an application that runs without it: left off
+    try:
+        _json.without_collections(inner)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
