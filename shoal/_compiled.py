@@ -38,6 +38,8 @@ HOT_PATH: tuple[str, ...] = (
     "shoal/ipc/queue.py",
     "shoal/ipc/tensor.py",
     "shoal/frontends/_binary.py",
+    "shoal/frontends/workers/_wire.py",
+    "shoal/frontends/workers/host.py",
     "shoal/frontends/http/_compression.py",
     "shoal/frontends/http/fast_path.py",
     "shoal/frontends/_output_bytes.py",

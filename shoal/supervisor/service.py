@@ -102,10 +102,6 @@ class InferenceService:
     def failed(self) -> dict[str, str]:
         return self.repository.failed
 
-    @property
-    def _repo(self) -> ModelRepositoryManager:
-        return self.repository
-
     # -- lifecycle --------------------------------------------------------------------------
 
     def _free_inputs(self, blocks: list[Block]) -> None:
@@ -114,7 +110,7 @@ class InferenceService:
     async def load_repository(self) -> dict[str, str]:
         """Load the models the control mode asks for at start; returns those that failed to
         load, with the reason."""
-        return await self._repo.load_startup()
+        return await self.repository.load_startup()
 
     def begin_drain(self) -> None:
         """Refuse new inference and report not live / not ready (503), as Triton does on exit."""
@@ -123,7 +119,7 @@ class InferenceService:
     async def shutdown(self, timeout: float) -> None:
         """Stop every model (finalize, then signals) and free the arenas and regions."""
         self._live = False
-        await self._repo.shutdown(timeout)
+        await self.repository.shutdown(timeout)
         self.shm.close()
         self.directory.cuda.close()  # after the stubs: they closed their handles by exiting
         self.input_arena.close()
@@ -140,7 +136,7 @@ class InferenceService:
             raise Unavailable(EXITING)
         if not self._live:
             return False
-        return not self.options.strict_readiness or self._repo.all_ready()
+        return not self.options.strict_readiness or self.repository.all_ready()
 
     def server_metadata(self) -> ServerMetadata:
         return ServerMetadata("shoal", shoal.__version__, EXTENSIONS)
@@ -148,13 +144,13 @@ class InferenceService:
     def model_ready(self, name: str, version: str = "") -> bool:
         """Loaded and with a live instance (false between a stub's death and its restart)."""
         try:
-            return self._repo.resolve(name, version).serving
+            return self.repository.resolve(name, version).serving
         except ShoalError:
             return False
 
     async def model_ready_now(self, name: str, version: str = "") -> bool:
         try:
-            mv = self._repo.resolve(name, version)
+            mv = self.repository.resolve(name, version)
         except ShoalError:
             return False
         if not mv.serving:
@@ -166,14 +162,14 @@ class InferenceService:
         return all(answers)
 
     def model_metadata(self, name: str, version: str = "") -> ModelMetadata:
-        return describe.metadata(self._repo, name, version)
+        return describe.metadata(self.repository, name, version)
 
     def model_config(self, name: str, version: str = "") -> JsonDict:
-        versions = self._repo.models.get(name)
+        versions = self.repository.models.get(name)
         if versions and not version:
             # The config is served even while the model is not ready, as Triton does.
             return max(versions.values(), key=lambda mv: mv.version).config_json
-        return self._repo.resolve(name, version).config_json
+        return self.repository.resolve(name, version).config_json
 
     # -- inference --------------------------------------------------------------------------
 
@@ -195,7 +191,7 @@ class InferenceService:
 
     def resolve(self, request: InferRequest) -> ModelVersion:
         """The model version a request names (NotFound or Unavailable when there is none)."""
-        return self._repo.resolve(request.model_name, request.model_version)
+        return self.repository.resolve(request.model_name, request.model_version)
 
     def stage(
         self,
@@ -307,8 +303,7 @@ class InferenceService:
         return work.cancel
 
     def _plain_version(self, request: InferRequest) -> ModelVersion | None:
-        """The model version of a request that neither an ensemble, a decoupled model nor the
-        response cache answers (None for those, and when infer must say why there is none)."""
+        """The request's model version when plain (no ensemble, decoupled model or cache)."""
         try:
             mv = self.resolve(request)
         except ShoalError:
@@ -401,20 +396,20 @@ class InferenceService:
     # -- statistics -------------------------------------------------------------------------
 
     def model_statistics(self, name: str = "", version: str = "") -> list[ModelStatistics]:
-        return describe.statistics(self._repo, name, version)
+        return describe.statistics(self.repository, name, version)
 
     # -- model repository -------------------------------------------------------------------
 
     def repository_index(self, ready_only: bool = False) -> list[RepositoryEntry]:
-        return self._repo.index(ready_only)
+        return self.repository.index(ready_only)
 
     async def load_model(
         self, name: str, config_json: str | None = None, files: dict[str, bytes] | None = None
     ) -> None:
-        await self._repo.load(name, config_json, files)
+        await self.repository.load(name, config_json, files)
 
     async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
-        await self._repo.unload(name, unload_dependents)
+        await self.repository.unload(name, unload_dependents)
 
     # -- shared memory and logging ----------------------------------------------------------
 

@@ -273,6 +273,35 @@ def test_a_worker_killed_with_large_requests_in_flight_leaves_nothing_mapped(ser
     test_two_workers_serve_both_protocols(server)
 
 
+def test_large_bytes_tensors_go_by_block_and_are_still_checked(server):
+    """A large BYTES tensor crosses by descriptor both ways; a malformed one is still refused
+    with Triton's message."""
+    strings = np.array([os.urandom(n % 700) for n in range(400)], dtype=object)  # ~140 KiB
+    for module, url in ((httpclient, server.url), (grpcclient, server.grpc_url)):
+        client = module.InferenceServerClient(url)
+        try:
+            tensor = module.InferInput("IN_STRING", [strings.size], "BYTES")
+            tensor.set_data_from_numpy(strings)
+            result = client.infer("identity", [tensor])
+            assert result.as_numpy("OUT_STRING").tolist() == strings.tolist()
+        finally:
+            client.close()
+    body = b"\xff\xff\x00\x00" + bytes(64 << 10)  # an element longer than the tensor
+    header = (
+        b'{"inputs":[{"name":"IN_STRING","shape":[1],"datatype":"BYTES",'
+        b'"parameters":{"binary_data_size":%d}}]}' % len(body)
+    )
+    request = urllib.request.Request(
+        f"http://{server.url}/v2/models/identity/infer",
+        data=header + body,
+        headers={"Inference-Header-Content-Length": str(len(header))},
+    )
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=30)
+    assert refused.value.code == 400
+    assert b"element byte size indicator exceeds the end of the buffer" in refused.value.read()
+
+
 def _seq_step(url: str, corr: int, value: int, start: bool, end: bool) -> int:
     client = httpclient.InferenceServerClient(url)
     try:

@@ -3,7 +3,9 @@
 A frame is ``<u32 header length><header><payload>``: the header is a MessagePack array whose last
 element lists the sizes of the tensor payloads that follow it, back to back. Tensor bytes are
 never packed into MessagePack (no copy into the packer) and are sliced out of the received frame
-as memoryviews (no copy out of it).
+as memoryviews (no copy out of it). Large ones are not in the frame at all: an input the worker
+placed in its arena travels as ``[segment, offset, nbytes]``, an output the worker reads in
+place as ``[arena, segment, offset, nbytes]`` (with a lease the worker releases).
 
 Core types travel as plain MessagePack values: dataclasses as arrays of their fields (decoded
 generically from their type hints), errors as ``[class, code, message, reason, http_message]``.

@@ -1,11 +1,13 @@
-"""A frontend worker's client of the core: the core API over two Unix sockets.
+"""A frontend worker's client of the core: the core API over Unix sockets.
 
 :class:`RemoteCore` implements :class:`~shoal.core.api.CoreAPI`, so the HTTP and gRPC frontends
 run in a worker process unchanged. The API's synchronous calls (health, metadata, statistics,
 shared-memory registration, settings) are blocking round trips on their own socket: they are
 rare, and the core answers them at once from its event loop. Inference, streams and model
 control are asynchronous calls multiplexed by id on a second socket that the worker's event loop
-reads; a cancelled call (a client that went away) cancels the core's side too.
+reads; a cancelled call (a client that went away) cancels the core's side too. Large tensors do
+not cross those sockets: inputs are placed in the worker's arena (``arenas.py``) and outputs read
+where the stub wrote them (``outputs.py``), with their fds on a third socket.
 """
 
 from __future__ import annotations

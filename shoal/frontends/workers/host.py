@@ -1,8 +1,10 @@
 """The core's side of the frontend workers: spawn them, answer their calls, restart the dead.
 
-Each worker is a process started with ``command`` plus the two sockets of its link: ``control``
-(blocking request/answer pairs for the core API's synchronous calls) and ``calls`` (inference,
-streams and model control, multiplexed by id). The listening sockets in ``inherit`` are passed
+Each worker is a process started with ``command`` plus the three sockets of its link: ``control``
+(blocking request/answer pairs for the core API's synchronous calls), ``calls`` (inference,
+streams and model control, multiplexed by id) and ``segments`` (memfd fds both ways: the
+worker's input arena, ``arenas.py``; the stubs' output segments it reads, ``outputs.py``). The
+listening sockets in ``inherit`` are passed
 down, so every worker accepts on the same ports. A worker that exits unasked fails only the
 calls it had in flight (they are cancelled, which frees their blocks) and is started again; a
 worker finds out that the core died from its sockets closing (and its parent-death signal), so

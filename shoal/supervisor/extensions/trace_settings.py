@@ -61,9 +61,11 @@ class TraceSettings:
         ``traceparent`` as JSON, the form Triton gives in OpenTelemetry mode, which a model
         can hand to OpenTelemetry's propagator. shoal itself writes no trace yet.
         """
-        settings = {**self._global, **self._models.get(model, {})}
-        if settings["trace_level"] == ["OFF"]:
+        own = self._models.get(model)
+        level = own["trace_level"] if own and "trace_level" in own else self._global["trace_level"]
+        if level == ["OFF"]:  # every request asks: no merged copy of the settings for it
             return ""
+        settings = {**self._global, **(own or {})}
         seen = self._seen.get(model, 0)
         self._seen[model] = seen + 1
         count = int(str(settings["trace_count"]))

@@ -32,8 +32,9 @@ class DefaultScheduler:
         #: expired request run.
         self._timers: dict[Work, TimerHandle] = {}
         self._closed = False
-        self._empty = asyncio.Event()
-        self._empty.set()
+        #: Callers of ``wait_empty``, told when the queue runs dry (an asyncio.Event cleared and
+        #: set on every request cost more than these rare waits).
+        self._drain_waiters: list[asyncio.Future[None]] = []
 
     def submit(self, work: Work) -> None:
         if self._closed:
@@ -47,7 +48,6 @@ class DefaultScheduler:
             timer = self._clock.call_at(deadline + 1, lambda: self._expire(work))
             self._timers[work] = timer
         self._queue.append(work)
-        self._empty.clear()
         self._wake_one()
 
     def source(self, instance: int) -> DefaultScheduler:
@@ -58,8 +58,6 @@ class DefaultScheduler:
         """Put work an instance could not send back at the head of the queue (its timeout no
         longer applies: it was handed out in time)."""
         self._queue.extendleft(reversed(batch))
-        if self._queue:
-            self._empty.clear()
         self._wake_one()
 
     @property
@@ -68,7 +66,17 @@ class DefaultScheduler:
 
     async def wait_empty(self) -> None:
         """Return once every queued request has been handed to an instance."""
-        await self._empty.wait()
+        if self._queue:
+            waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._drain_waiters.append(waiter)
+            await waiter
+
+    def _emptied(self) -> None:
+        """The queue ran dry: wake the callers of ``wait_empty``."""
+        waiters, self._drain_waiters = self._drain_waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
 
     def _wake_one(self) -> None:
         while self._waiters:
@@ -86,7 +94,7 @@ class DefaultScheduler:
         except ValueError:
             return
         if not self._queue:
-            self._empty.set()
+            self._emptied()
         fail_work(work, Unavailable(TIMEOUT_EXPIRED), self._free_blocks)
 
     def _expired(self, work: Work) -> bool:
@@ -102,8 +110,8 @@ class DefaultScheduler:
         while True:
             while self._queue:
                 work = self._queue.popleft()
-                if not self._queue:
-                    self._empty.set()
+                if not self._queue and self._drain_waiters:
+                    self._emptied()
                 if self._expired(work):
                     fail_work(work, Unavailable(TIMEOUT_EXPIRED), self._free_blocks)
                     continue
@@ -123,7 +131,7 @@ class DefaultScheduler:
             if timer is not None:
                 timer.cancel()
         left, self._queue = list(self._queue), collections.deque()
-        self._empty.set()
+        self._emptied()
         return left
 
     def close(self) -> list[Work]:
@@ -133,7 +141,7 @@ class DefaultScheduler:
             timer.cancel()
         self._timers.clear()
         left, self._queue = list(self._queue), collections.deque()
-        self._empty.set()
+        self._emptied()
         for waiter in self._waiters:
             if not waiter.done():
                 waiter.set_result(None)
