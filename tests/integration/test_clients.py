@@ -79,8 +79,17 @@ def baseline(server):
 
 
 def _fd_count(server: ShoalServer) -> int:
+    """The server's open fds but its arena segments: with frontend workers the core keeps one
+    per worker segment it has been handed (held, not leaked, until the segment is retired)."""
     assert server.proc is not None
-    return len(os.listdir(f"/proc/{server.proc.pid}/fd"))
+    fds = f"/proc/{server.proc.pid}/fd"
+    count = 0
+    for fd in os.listdir(fds):
+        try:
+            count += not os.readlink(f"{fds}/{fd}").startswith("/memfd:")
+        except FileNotFoundError:
+            continue  # closed while we looked
+    return count
 
 
 def _address(server: ShoalServer) -> tuple[str, int]:

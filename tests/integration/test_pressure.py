@@ -446,8 +446,12 @@ def over_the_limit(server: ShoalServer) -> dict[int, dict[int, dict[int, int]]]:
 
 def test_arena_fragmented_by_small_requests_refuses_large_ones():
     """docs/hardening.md item 5, fixed: empty segments are retired to make room, and every
-    process that mapped a retired segment drops it."""
-    with ShoalServer(BUNDLED, extra_args=ARENA_ARGS, metrics=True) as server:
+    process that mapped a retired segment drops it. The core's input arena is the one tested:
+    frontend workers would stage these inputs into arenas of their own, so the server runs
+    with none."""
+    with ShoalServer(
+        BUNDLED, extra_args=[*ARENA_ARGS, "--frontend-workers", "1"], metrics=True
+    ) as server:
         # Bursts of twelve concurrent 1 MB requests grow the input arena (identity) and
         # string_upper's output arena 1 MiB at a time.
         for _ in range(5):
