@@ -15,25 +15,28 @@ def validate_warmup(samples: Iterable[pb.ModelWarmup], max_batch_size: int, mode
     for index, sample in enumerate(samples):
         where: FieldPath = ("model_warmup", index)
         label = f"warmup sample '{sample.name}' of {model}"
-        if sample.batch_size < 1:
-            raise ConfigError(
-                f"{label} has batch_size {sample.batch_size}: it must be 1 or more",
-                field_path=(*where, "batch_size"),
-            )
-        if max_batch_size == 0 and sample.batch_size != 1:
-            raise ConfigError(
-                f"{label} has batch_size {sample.batch_size}, but the model does not batch "
-                "(max_batch_size 0): use batch_size: 1",
-                field_path=(*where, "batch_size"),
-            )
-        if max_batch_size and sample.batch_size > max_batch_size:
-            raise ConfigError(
-                f"{label} has batch_size {sample.batch_size}, more than the model's "
-                f"max_batch_size {max_batch_size}",
-                field_path=(*where, "batch_size"),
-            )
+        _check_batch_size(sample.batch_size, max_batch_size, label, (*where, "batch_size"))
         for name, tensor in sorted(sample.inputs.items()):
             _check_input(tensor, f"input '{name}' of {label}", (*where, "inputs", name))
+
+
+def _check_batch_size(batch_size: int, max_batch_size: int, label: str, where: FieldPath) -> None:
+    if batch_size < 1:
+        raise ConfigError(
+            f"{label} has batch_size {batch_size}: it must be 1 or more", field_path=where
+        )
+    if max_batch_size == 0 and batch_size != 1:
+        raise ConfigError(
+            f"{label} has batch_size {batch_size}, but the model does not batch "
+            "(max_batch_size 0): use batch_size: 1",
+            field_path=where,
+        )
+    if max_batch_size and batch_size > max_batch_size:
+        raise ConfigError(
+            f"{label} has batch_size {batch_size}, more than the model's "
+            f"max_batch_size {max_batch_size}",
+            field_path=where,
+        )
 
 
 def _check_input(tensor: pb.ModelWarmup.Input, label: str, where: FieldPath) -> None:
@@ -48,6 +51,11 @@ def _check_input(tensor: pb.ModelWarmup.Input, label: str, where: FieldPath) -> 
             f"{label} has dims {list(tensor.dims)}: a warmup input needs a fixed shape (no -1)",
             field_path=(*where, "dims"),
         )
+    _check_data(tensor, label, where)
+
+
+def _check_data(tensor: pb.ModelWarmup.Input, label: str, where: FieldPath) -> None:
+    """The input says where its data comes from."""
     choice = tensor.WhichOneof("input_data_type")
     if choice is None:
         raise ConfigError(

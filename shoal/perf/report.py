@@ -40,25 +40,29 @@ def format_table(results: Sequence[CellResult]) -> str:
     header = "  ".join(name.rjust(width) for name, width in zip(names, widths, strict=True))
     lines = [header]
     for result in results:
-        values = (
-            result.concurrency,
-            result.throughput,
-            result.responses_per_s,
-            result.latency_ms.p50,
-            result.latency_ms.p90,
-            result.latency_ms.p99,
-            result.errors,
-            result.client_cpu_percent,
-        )
         cells = [
             fmt.format(value).rjust(width)
-            for (_, fmt), value, width in zip(_COLUMNS, values, widths, strict=True)
+            for (_, fmt), value, width in zip(_COLUMNS, _values(result), widths, strict=True)
         ]
         lines.append("  ".join(cells))
     for result in results:
         for sample in result.error_samples:
             lines.append(f"  error at concurrency {result.concurrency}: {sample}")
     return "\n".join(lines)
+
+
+def _values(result: CellResult) -> tuple[float, ...]:
+    """A row of the table, in the order of ``_COLUMNS``."""
+    return (
+        result.concurrency,
+        result.throughput,
+        result.responses_per_s,
+        result.latency_ms.p50,
+        result.latency_ms.p90,
+        result.latency_ms.p99,
+        result.errors,
+        result.client_cpu_percent,
+    )
 
 
 def write_json(results: Sequence[CellResult], path: Path, meta: dict[str, Any]) -> None:
@@ -89,6 +93,14 @@ def plot(results: Sequence[CellResult], path: Path, title: str) -> str:
     except ImportError:
         return f"matplotlib is not installed: no plot written to {path}"
     figure, axes = pyplot.subplots(figsize=(6.4, 4.0))
+    _draw(axes, results, title)
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    pyplot.close(figure)
+    return f"plot written to {path}"
+
+
+def _draw(axes: Any, results: Sequence[CellResult], title: str) -> None:
     throughput = [r.throughput for r in results]
     for name in ("p50", "p99"):
         axes.plot(throughput, [getattr(r.latency_ms, name) for r in results], "o-", label=name)
@@ -105,7 +117,3 @@ def plot(results: Sequence[CellResult], path: Path, title: str) -> str:
     axes.set_title(title)
     axes.grid(True, alpha=0.3)
     axes.legend()
-    figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    pyplot.close(figure)
-    return f"plot written to {path}"

@@ -28,7 +28,8 @@ ALLOWED: dict[str, set[str]] = {
     "frontends": {"frontends", "core", "protos"},
     "perf": {"perf", "protos"},  # a client: nothing of the server's processes
     # the composition root and the command line may wire anything but the stub
-    "server": {"server", "_compiled", "core", "config", "frontends", "ipc", "protos", "supervisor"},
+    "server": {"server", "_compiled", "_endpoints", "core", "frontends", "ipc", "supervisor"},
+    "_endpoints": {"core", "frontends", "supervisor"},
     "cli": {"cli", "_serve_flags", "_serve_parser", "server", "config", "perf", "supervisor"},
     # the command line's parser: flag tables and their argparse types
     "_serve_parser": {"_serve_flags", "_flag_types", "_network_flags", "perf", "supervisor"},

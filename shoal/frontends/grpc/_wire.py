@@ -120,19 +120,28 @@ def _fields(view: memoryview) -> Iterator[tuple[int, int, int, int]]:
     for _ in range(MAX_WALKED_FIELDS):
         if offset >= total:
             return
-        start = offset
-        # A one-byte tag (fields 1 to 15, the only ones of ModelInferRequest) is read inline.
-        key = view[offset]
+        start, key = offset, view[offset]
+        # One-byte tags (fields 1 to 15, the only ones of ModelInferRequest) and lengths (values
+        # under 128 bytes) are read inline; the rest by _value.
         key, offset = (key, offset + 1) if key < 0x80 else _read_varint(view, offset)
-        if key >> 3 == 0:
-            raise _malformed("a field numbered 0")
-        if key & 7 == _LENGTH_DELIMITED:
-            value, offset = _delimited(view, offset, key >> 3)
+        if key & 7 == _LENGTH_DELIMITED and offset < total and view[offset] < 0x80 and key >> 3:
+            value, offset = offset + 1, offset + 1 + view[offset]
         else:
-            value, offset = offset, _skip_value(view, offset, key & 7, key >> 3)
+            value, offset = _value(view, offset, key)
+        if offset > total:
+            raise _malformed(f"field {key >> 3} runs past the end of the message")
         yield start, key >> 3, value, offset
     if offset < total:
         raise _TooManyFields
+
+
+def _value(view: memoryview, offset: int, key: int) -> tuple[int, int]:
+    """Start and end of the value of a field whose tag ``key`` ends at ``offset``."""
+    if key >> 3 == 0:
+        raise _malformed("a field numbered 0")
+    if key & 7 == _LENGTH_DELIMITED:
+        return _delimited(view, offset, key >> 3)
+    return offset, _skip_value(view, offset, key & 7, key >> 3)
 
 
 def _delimited(view: memoryview, offset: int, field: int) -> tuple[int, int]:

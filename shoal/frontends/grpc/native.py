@@ -68,7 +68,7 @@ class _CallHeaders:
             elif name == b"grpc-timeout":
                 self.timeout = value
             elif name == b"grpc-encoding":
-                self.encoding = value
+                self.encoding = None if value == b"identity" else value
 
     def refusal(self) -> int | None:
         """The HTTP status that refuses a request that is not a gRPC call; None for a call."""
@@ -88,6 +88,9 @@ class NativeGrpcServer:
     running ones finish for up to ``grace`` seconds (None: cancels them at once) and returns.
     """
 
+    _servicer: Servicer | None = None
+    _server: asyncio.Server | None = None  # the listener, while serving
+
     def __init__(
         self,
         core: CoreAPI,
@@ -103,9 +106,7 @@ class NativeGrpcServer:
         self._max_streams = max_concurrent_streams
         self._restrictions = Restrictions(restricted or {}, prefix=GRPC_KEY_PREFIX, what="protocol")
         self._calls = CallServer(max_message_bytes, BufferPool())
-        self._servicer: Servicer | None = None
         self._methods: dict[bytes, Method] = {}
-        self._server: asyncio.Server | None = None
         self._connections: set[Http2Connection] = set()
         self._budgets: dict[Http2Connection, ConnectionBudget] = {}
         #: Request bytes one connection may hold across its calls (at least one message).
@@ -186,20 +187,24 @@ class NativeGrpcServer:
         self, connection: Http2Connection, stream_id: int, headers: Headers, end_stream: bool
     ) -> StreamHandler | None:
         call = _CallHeaders(headers)
-        refusal = call.refusal()
-        if refusal is not None:
-            connection.send_headers(stream_id, h2.status_headers(refusal), end_stream=True)
-            return None
         method = self._methods.get(bytes(call.path or b""))
-        if method is None:
-            connection.send_headers(stream_id, _NO_METHOD, end_stream=True)
+        if method is None or call.refusal() is not None:
+            connection.send_headers(stream_id, _refusal(call), end_stream=True)
             return None
         budget = self._budgets.get(connection)
         if budget is None:  # the connection closed meanwhile
             return None
-        encoding = None if call.encoding == b"identity" else call.encoding
-        handler = NativeCall(self._calls, connection, stream_id, method, headers, encoding, budget)
+        handler = NativeCall(
+            self._calls, connection, stream_id, method, headers, call.encoding, budget
+        )
         handler.start(None if call.timeout is None else timeout_seconds(call.timeout))
         if end_stream:
             handler.trailers_received()
         return handler
+
+
+def _refusal(call: _CallHeaders) -> bytes:
+    """The header block that answers a stream that is no call of ours at once: HTTP 405 or 415
+    for a request that is not a gRPC call, else UNIMPLEMENTED (an unknown method)."""
+    status = call.refusal()
+    return _NO_METHOD if status is None else h2.status_headers(status)

@@ -89,6 +89,7 @@ class NativeCall(StreamHandler):
     _expired = False
     _headers_sent = False
     _done = False
+    _held = 0  # what this call holds of the connection's budget
 
     def __init__(
         self,
@@ -101,15 +102,16 @@ class NativeCall(StreamHandler):
         budget: ConnectionBudget,
     ) -> None:
         self._server, self._connection, self._stream_id = server, connection, stream_id
-        self._budget = budget
-        self._held = 0  # what this call holds of the connection's budget
-        self._method = method
+        self._method, self._encoding, self._budget = method, encoding, budget
         self._context = _Context(headers)
-        self._encoding = encoding
-        self._reader = MessageReader(
+        self._reader = self._message_reader()
+
+    def _message_reader(self) -> MessageReader:
+        server = self._server
+        return MessageReader(
             server.buffers,
             server.max_message_bytes,
-            not method.streaming,
+            not self._method.streaming,
             self._message_done,
             self._too_large,
             self._hold,

@@ -77,7 +77,7 @@ class Http2Connection(asyncio.Protocol):
         self._decoder = HeaderDecoder()
         self._streams: dict[int, Stream] = {}
         self._guard = FloodGuard(limits, self._loop)
-        self._sender = Sender(self._loop, self._streams, self._guard, self._end_local)
+        self._sender = Sender(self._loop, self._streams, self._end_local)
         self._reader = FrameReader(self._frame_table(), self._header_block, self._guard)
         self._last_read = self._loop.time()
         self.closed: asyncio.Future[None] = self._loop.create_future()
@@ -241,7 +241,7 @@ class Http2Connection(asyncio.Protocol):
         if len(payload) != 8 or stream_id:
             raise ConnectionError_(h2.PROTOCOL_ERROR, "a malformed PING")
         if not flags & h2.ACK:
-            self._guard.ping(calls_open=bool(self._streams))
+            self._guard.ping(bool(self._streams), self._sender.sent)
             self._reply(h2.frame(h2.PING, h2.ACK, 0, bytes(payload)))
 
     def _on_goaway(self, stream_id: int, flags: int, payload: memoryview) -> None:

@@ -55,6 +55,7 @@ class FloodGuard:
         self._loop = loop
         self._last_ping: float | None = None  # None: we sent HEADERS or DATA since
         self._ping_strikes = 0
+        self._sent = 0  # the sender's count of HEADERS and DATA at the last PING
         self.writing_paused = False
         self._queued_replies = 0  # control frames written while writing is paused
         self._reset_tokens = float(limits.reset_burst)
@@ -62,16 +63,29 @@ class FloodGuard:
         self._empty_frames = 0
 
     def frame(self, kind: int, flags: int, length: int) -> None:
-        """A frame arrived: count a run of frames that carry nothing."""
-        if _carries_nothing(kind, flags, length):
+        """A frame arrived: count a run of frames that carry nothing (CVE-2019-9518): empty
+        DATA frames or header fragments that end nothing, PRIORITY (which shoal ignores) and
+        unknown types."""
+        if kind == h2.DATA:
+            empty = length == 0 and not flags & h2.END_STREAM
+        elif kind == h2.HEADERS or kind == h2.CONTINUATION:
+            empty = length == 0 and not flags & h2.END_HEADERS
+        else:
+            empty = kind == h2.PRIORITY or kind > h2.CONTINUATION
+        if empty:
             self._empty_frames += 1
             if self._empty_frames > self.limits.max_empty_frames:
                 raise ConnectionError_(h2.ENHANCE_YOUR_CALM, "too many frames that carry nothing")
         elif kind == h2.DATA or kind == h2.HEADERS or kind == h2.CONTINUATION:
             self._empty_frames = 0
 
-    def ping(self, calls_open: bool) -> None:
-        """A PING arrived: grpc-core's ping policy (see FloodLimits)."""
+    def ping(self, calls_open: bool, sent: int) -> None:
+        """A PING arrived: grpc-core's ping policy (see FloodLimits). ``sent``: how many
+        HEADERS and DATA frames we have sent; any since the last PING forgive earlier ones."""
+        if sent != self._sent:
+            self._sent = sent
+            self._last_ping = None
+            self._ping_strikes = 0
         limits = self.limits
         now = self._loop.time()
         last = self._last_ping
@@ -85,11 +99,6 @@ class FloodGuard:
             self._ping_strikes += 1
             if limits.max_ping_strikes and self._ping_strikes > limits.max_ping_strikes:
                 raise ConnectionError_(h2.ENHANCE_YOUR_CALM, "too_many_pings")
-
-    def sent(self) -> None:
-        """We sent HEADERS or DATA: grpc-core forgives earlier pings."""
-        self._last_ping = None
-        self._ping_strikes = 0
 
     def reply(self) -> None:
         """A control frame the peer's frame asked for is written; the peer must read them."""
@@ -118,13 +127,3 @@ class FloodGuard:
         self._reset_time = now
         if self._reset_tokens < 0:
             raise ConnectionError_(h2.ENHANCE_YOUR_CALM, "too many streams reset")
-
-
-def _carries_nothing(kind: int, flags: int, length: int) -> bool:
-    """Whether a frame is one a flood is made of (CVE-2019-9518): an empty DATA frame or header
-    fragment that ends nothing, PRIORITY (which shoal ignores) or an unknown type."""
-    if kind == h2.DATA:
-        return length == 0 and not flags & h2.END_STREAM
-    if kind == h2.HEADERS or kind == h2.CONTINUATION:
-        return length == 0 and not flags & h2.END_HEADERS
-    return kind == h2.PRIORITY or kind > h2.CONTINUATION

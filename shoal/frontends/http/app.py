@@ -23,7 +23,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from shoal.core import CoreAPI, ShoalError
+from shoal.core import CoreAPI, InferResponse, ShoalError
 from shoal.frontends._limits import ConnectionLimits
 from shoal.frontends._restricted import Restrictions, restrict_routes
 from shoal.frontends._serving import AddressInUseError, EmbeddedServer, bind_socket, wait_started
@@ -230,31 +230,40 @@ class _InferEndpoint:
         encoding = codec.request_encoding(headers.get("content-encoding"))
         if encoding is not None:
             body = await codec.inflate(body, encoding, limit=self.limit)
-        decoded = await _decoded(body, name, version, headers.get(codec.HEADER_LENGTH))
+        header_length = headers.get(codec.HEADER_LENGTH)
+        decode = _decoder(body, name, version, header_length)
+        if header_length is None and len(body) >= _THREAD_THRESHOLD:
+            # A large JSON body: parsed in a thread and in pieces, so that the event loop gets
+            # the GIL back between the calls (none takes long), with the collector off meanwhile.
+            decoded = await asyncio.to_thread(_json.without_collections, decode)
+        else:
+            decoded = decode()
         response = await self._core.infer(decoded.request)
-        try:
-            encoded = codec.encode_infer_response(response, decoded.output_format)
-            out = encoded.body()
-        finally:
-            response.release()  # the body is a copy: give the shared memory back before sending
-        return await _compressed(list(encoded.headers), out, headers.get("accept-encoding"))
+        out_headers, out = _encoded(response, decoded)
+        return await _compressed(out_headers, out, headers.get("accept-encoding"))
 
 
-async def _decoded(
+def _decoder(
     body: bytes | bytearray, name: str, version: str, header_length: str | None
-) -> codec.DecodedRequest:
-    decode = functools.partial(
+) -> Callable[[], codec.DecodedRequest]:
+    """The decoding of an infer body, to run here or in a thread."""
+    return functools.partial(
         codec.decode_infer_request,
         body,
         model_name=name,
         model_version=version,
         header_length=header_length,
     )
-    if header_length is None and len(body) >= _THREAD_THRESHOLD:
-        # A large JSON body: parsed in a thread and in pieces, so that the event loop gets the
-        # GIL back between the calls (none takes long), with the collector off meanwhile.
-        return await asyncio.to_thread(_json.without_collections, decode)
-    return decode()
+
+
+def _encoded(response: InferResponse, decoded: codec.DecodedRequest) -> tuple[Headers, bytes]:
+    """Headers and body of a response; the response is released, the body being a copy (the
+    shared memory goes back before sending)."""
+    try:
+        encoded = codec.encode_infer_response(response, decoded.output_format)
+        return list(encoded.headers), encoded.body()
+    finally:
+        response.release()
 
 
 async def _compressed(

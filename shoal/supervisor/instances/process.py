@@ -47,29 +47,33 @@ def describe_exit(returncode: int) -> str:
     return f"exit code {returncode}"
 
 
+def _socket_pair(channel: Channel) -> tuple[socket.socket, socket.socket]:
+    """The supervisor's and the stub's ends of its socket; with no descriptor left, the
+    channel's go back."""
+    try:
+        return socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    except BaseException:
+        channel.close()
+        raise
+
+
 class StubProcess:
     """A spawned ``python -m shoal.stub``; the owner drives it with messages (the shared-memory
     kind of :class:`~shoal.supervisor.instances.channel.StubChannel`)."""
 
     def __init__(self, launch: StubLaunch, output_arena_id: int) -> None:
-        self.launch = launch
-        self.output_arena_id = output_arena_id
+        self.launch, self.output_arena_id = launch, output_arena_id
         self.channel = Channel.create(launch.ring_bytes)
-        try:
-            self.sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        except BaseException:  # no descriptor left: the channel's go back
-            self.channel.close()
-            raise
+        self.sock, self._child_sock = _socket_pair(self.channel)
         self.outputs = ArenaMap()
         self.returncode: int | None = None
-        self._child_sock = child_sock
         self._proc: subprocess.Popen[bytes] | None = None
         self._pidfd = -1
         self._pipes: list[int] = []
         self._partial: dict[int, bytes] = {}
-        #: Segments of other arenas this stub has been given (it owns its output arena's).
+        #: Segments of other arenas this stub has been given (it owns its output arena's), and
+        #: CUDA pool chunks (device, chunk) whose IPC handle it has been given.
         self.announced: set[tuple[int, int]] = set()
-        #: CUDA pool chunks (device, chunk) whose IPC handle this stub has been given.
         self.cuda_chunks: set[tuple[int, int]] = set()
         #: Duplicates of this stub's output-segment fds, kept to forward them to other stubs.
         self._segment_fds: dict[tuple[int, int], tuple[int, int]] = {}
@@ -114,44 +118,50 @@ class StubProcess:
 
     def spawn(self, loop: asyncio.AbstractEventLoop, on_exit: Callable[[int], None]) -> None:
         fds = [self._child_sock.fileno(), *self.channel.child_fds()]
-        argv = [
-            self.launch.python,
-            "-m",
-            "shoal.stub",
-            "--socket",
-            str(fds[0]),
-            "--channel",
-            ",".join(str(fd) for fd in fds[1:]),
-            "--parent",
-            str(os.getpid()),
-            "--instance",
-            self.launch.instance_name,
-        ]
-        env = {**os.environ, **self.launch.env, "PYTHONUNBUFFERED": "1"}
         self._proc = subprocess.Popen(
-            argv,
+            self._argv(fds),
             pass_fds=fds,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            env=env,
+            env={**os.environ, **self.launch.env, "PYTHONUNBUFFERED": "1"},
             start_new_session=True,
         )
         self._child_sock.close()
+        self._watch_exit(self._proc, loop, on_exit)
+        for pipe in (self._proc.stdout, self._proc.stderr):
+            assert pipe is not None
+            self._forward_pipe(loop, pipe.fileno())
+
+    def _argv(self, fds: list[int]) -> list[str]:
+        """``python -m shoal.stub`` with its socket and ring fds (``fds``)."""
+        channel = ",".join(str(fd) for fd in fds[1:])
+        return [
+            *(self.launch.python, "-m", "shoal.stub", "--socket", str(fds[0])),
+            *("--channel", channel, "--parent", str(os.getpid())),
+            *("--instance", self.launch.instance_name),
+        ]
+
+    def _watch_exit(
+        self,
+        proc: subprocess.Popen[bytes],
+        loop: asyncio.AbstractEventLoop,
+        on_exit: Callable[[int], None],
+    ) -> None:
         try:
-            self._pidfd = os.pidfd_open(self._proc.pid)
+            self._pidfd = os.pidfd_open(proc.pid)
         except BaseException:  # no descriptor left to watch it with: it must not run unwatched
-            self._proc.kill()
-            self.returncode = self._proc.wait()
+            proc.kill()
+            self.returncode = proc.wait()
             self.exited.set_result(self.returncode)
             raise
         loop.add_reader(self._pidfd, self._reap, loop, on_exit)
-        for pipe in (self._proc.stdout, self._proc.stderr):
-            assert pipe is not None
-            fd = pipe.fileno()
-            os.set_blocking(fd, False)
-            self._pipes.append(fd)
-            loop.add_reader(fd, self._forward_output, fd)
+
+    def _forward_pipe(self, loop: asyncio.AbstractEventLoop, fd: int) -> None:
+        """Log what the stub prints on ``fd`` (its stdout or stderr), line by line."""
+        os.set_blocking(fd, False)
+        self._pipes.append(fd)
+        loop.add_reader(fd, self._forward_output, fd)
 
     def _forward_output(self, fd: int) -> None:
         try:

@@ -111,6 +111,20 @@ def _check_step(
             f"ensemble '{ensemble.name}' allows batch size {ensemble.max_batch_size} but "
             f"model '{model.name}' of its step {index} only allows {model.max_batch_size}"
         )
+    _check_maps(ensemble, index, model, tensors)
+    for spec in model.inputs:
+        if spec.name not in step.input_map and not spec.optional:
+            raise EnsembleProblem(
+                f"{where}: input '{spec.name}' of model '{model.name}' is not mapped to any "
+                "ensemble tensor"
+            )
+
+
+def _check_maps(
+    ensemble: ModelConfig, index: int, model: ModelConfig, tensors: dict[str, _Tensor]
+) -> None:
+    """Every tensor a step maps is the model's, and agrees with the ensemble tensor."""
+    step = ensemble.ensemble_steps[index]
     inputs = {t.name: t for t in model.inputs}
     outputs = {t.name: t for t in model.outputs}
     for model_tensors, mapping in ((inputs, step.input_map), (outputs, step.output_map)):
@@ -118,15 +132,10 @@ def _check_step(
             spec = model_tensors.get(model_tensor)
             if spec is None:
                 raise EnsembleProblem(
-                    f"{where} maps '{model_tensor}', which model '{model.name}' does not have"
+                    f"step {index} of ensemble '{ensemble.name}' maps '{model_tensor}', which "
+                    f"model '{model.name}' does not have"
                 )
             _agree(ensemble.name, ensemble_tensor, spec, model, tensors)
-    for spec in model.inputs:
-        if spec.name not in step.input_map and not spec.optional:
-            raise EnsembleProblem(
-                f"{where}: input '{spec.name}' of model '{model.name}' is not mapped to any "
-                "ensemble tensor"
-            )
 
 
 def _agree(

@@ -171,6 +171,21 @@ def complete_from_graph(
     for tensor in (*graph.inputs, *graph.outputs):
         _check_tensor(tensor, model)
     batching = all(t.dims and t.dims[0] == -1 for t in (*graph.inputs, *graph.outputs))
+    _complete_batching(config, batching, model, default_max_batch)
+    if not config.input and not config.batch_input:
+        for tensor in graph.inputs:
+            _fill(config.input.add(), tensor, config.max_batch_size)
+    if not config.output:
+        for tensor in graph.outputs:
+            _fill(config.output.add(), tensor, config.max_batch_size)
+    return config
+
+
+def _complete_batching(
+    config: pb.ModelConfig, batching: bool, model: str, default_max_batch: int
+) -> None:
+    """A graph whose every tensor has a variable first dimension batches (with the dynamic
+    batcher unless another scheduler is set); any other must not."""
     if batching:
         if config.max_batch_size == 0:
             config.max_batch_size = default_max_batch
@@ -185,13 +200,6 @@ def complete_from_graph(
             "max_batch_size: 0, or export the model with a dynamic batch axis",
             field_path=("max_batch_size",),
         )
-    if not config.input and not config.batch_input:
-        for tensor in graph.inputs:
-            _fill(config.input.add(), tensor, config.max_batch_size)
-    if not config.output:
-        for tensor in graph.outputs:
-            _fill(config.output.add(), tensor, config.max_batch_size)
-    return config
 
 
 def _check_tensor(tensor: GraphTensor, model: str) -> None:

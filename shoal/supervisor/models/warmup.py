@@ -193,19 +193,26 @@ async def warm_up(
                 sample.name,
                 run,
             )
-            try:
-                work = work_for(sample, stage, free)
-            except ShoalError as error:
-                raise WarmupError(_failed(model, instance, sample, str(error))) from None
-            try:  # the instance owns the inputs from here
-                completions = await run_now([work])
-            except ShoalError as error:
-                raise WarmupError(_failed(model, instance, sample, str(error))) from None
-            for completion in completions:
-                failure = completion.response.error
-                completion.release()
-                if failure is not None:
-                    raise WarmupError(_failed(model, instance, sample, failure[1]))
+            failure = await _run_once(sample, stage, free, run_now)
+            if failure is not None:
+                raise WarmupError(_failed(model, instance, sample, failure))
+
+
+async def _run_once(
+    sample: WarmupSample, stage: StageTensor, free: Callable[[list[Block]], None], run_now: RunNow
+) -> str | None:
+    """Run the sample once; why it failed, or None."""
+    try:
+        work = work_for(sample, stage, free)
+        completions = await run_now([work])  # the instance owns the inputs from here
+    except ShoalError as error:
+        return str(error)
+    failures = []
+    for completion in completions:
+        if completion.response.error is not None:
+            failures.append(completion.response.error[1])
+        completion.release()
+    return failures[0] if failures else None
 
 
 def _failed(model: str, instance: str, sample: WarmupSample, why: str) -> str:

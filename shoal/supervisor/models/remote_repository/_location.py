@@ -56,22 +56,8 @@ def parse_location(url: str) -> RemoteLocation:
             "and local directories"
         )
     protocol, extra = _SCHEMES[scheme.lower()]
-    endpoint = account = ""
-    if scheme.lower() == "s3":
-        match = _S3_ENDPOINT.match(rest)
-        if match is not None:
-            endpoint = f"{match['scheme'] or 'http'}://{match['host']}:{match['port']}"
-            rest = rest[match.end() :]
-    elif scheme.lower() == "as":
-        account, _, rest = rest.partition("/")
-    parts = [p for p in rest.split("/") if p]
-    if not parts or (scheme.lower() == "as" and not account):
-        where = "account/container" if scheme.lower() == "as" else "bucket"
-        raise RemoteRepositoryError(
-            f"model repository '{url}' names no {where}; expected {scheme}://{where}/path"
-        )
-    if any(p in (".", "..") for p in parts):
-        raise RemoteRepositoryError(f"model repository '{url}': '.' and '..' are not allowed")
+    endpoint, account, rest = _endpoint_and_account(scheme.lower(), rest)
+    parts = _path_parts(url, scheme, rest, account)
     return RemoteLocation(
         url=url,
         protocol=protocol,
@@ -81,3 +67,30 @@ def parse_location(url: str) -> RemoteLocation:
         endpoint=endpoint,
         account=account,
     )
+
+
+def _endpoint_and_account(scheme: str, rest: str) -> tuple[str, str, str]:
+    """An S3 location's own endpoint (``s3://host:port/bucket``) and an Azure location's
+    account (``as://account/container``), each taken off the rest of the location."""
+    if scheme == "s3":
+        match = _S3_ENDPOINT.match(rest)
+        if match is not None:
+            endpoint = f"{match['scheme'] or 'http'}://{match['host']}:{match['port']}"
+            return endpoint, "", rest[match.end() :]
+    elif scheme == "as":
+        account, _, rest = rest.partition("/")
+        return "", account, rest
+    return "", "", rest
+
+
+def _path_parts(url: str, scheme: str, rest: str, account: str) -> list[str]:
+    """The bucket (or container) and the path in it."""
+    parts = [p for p in rest.split("/") if p]
+    if not parts or (scheme.lower() == "as" and not account):
+        where = "account/container" if scheme.lower() == "as" else "bucket"
+        raise RemoteRepositoryError(
+            f"model repository '{url}' names no {where}; expected {scheme}://{where}/path"
+        )
+    if any(p in (".", "..") for p in parts):
+        raise RemoteRepositoryError(f"model repository '{url}': '.' and '..' are not allowed")
+    return parts

@@ -1,0 +1,155 @@
+"""The endpoints over a core: HTTP, gRPC (native or grpcio) and metrics, each started with the
+limits and restrictions of the server's options, and announced once bound."""
+
+from __future__ import annotations
+
+import socket
+from typing import TYPE_CHECKING
+
+from shoal.supervisor.options import Restriction, ServerOptions
+from shoal.supervisor.service import InferenceService
+
+if TYPE_CHECKING:
+    from shoal.core.api import CoreAPI
+    from shoal.frontends.grpc.aio import GrpcServer
+    from shoal.frontends.grpc.native import FloodLimits, NativeGrpcServer
+    from shoal.frontends.http.app import HttpServer
+
+
+def announce(protocol: str, host: str, port: int) -> None:
+    """One machine-readable line per bound endpoint, for scripts and tests."""
+    print(f"SHOAL_LISTENING {protocol} {host} {port}", flush=True)
+
+
+async def start_metrics(service: InferenceService, options: ServerOptions) -> HttpServer:
+    """Serve ``/metrics`` on its own port; the values are computed from ``service`` per scrape."""
+    from shoal.frontends.http.app import AddressInUseError, HttpServer
+    from shoal.frontends.http.metrics import build_metrics_app
+    from shoal.supervisor.extensions.metrics import MetricsExporter
+
+    exporter = MetricsExporter(
+        service,
+        interval_ms=options.metrics_interval_ms,
+        cpu_metrics=options.allow_cpu_metrics,
+    )
+    server = HttpServer(build_metrics_app(exporter.render))
+    host, port = options.metrics_address, options.metrics_port
+    try:
+        bound = await server.start(host, port)
+    except AddressInUseError as exc:
+        raise AddressInUseError(
+            exc.errno, f"the metrics address {host}:{port} is already in use"
+        ) from exc
+    announce("metrics", host, bound)
+    return server
+
+
+def _by_api(restrictions: tuple[Restriction, ...]) -> dict[str, tuple[str, str]]:
+    """API group -> (key, value), as the frontends take restrictions."""
+    return {api: (r.key, r.value) for r in restrictions for api in r.apis}
+
+
+async def _start_grpc(
+    core: CoreAPI, options: ServerOptions, sock: socket.socket | None = None
+) -> GrpcServer | NativeGrpcServer:
+    """Serve ``inference.GRPCInferenceService`` on the gRPC address (or on ``sock``, bound by
+    the core for its frontend workers)."""
+    from shoal.frontends.grpc.aio import GrpcServer
+    from shoal.frontends.grpc.native import NativeGrpcServer
+
+    restricted = _by_api(options.grpc_restricted_protocol)
+    limits = _flood_limits(options)
+    size = options.grpc_max_message_size
+    if options.grpc_server == "grpcio":
+        # grpcio binds its own sockets: workers share the port with SO_REUSEPORT.
+        aio = GrpcServer(
+            core,
+            max_message_bytes=size,
+            restricted=restricted,
+            limits=limits,
+            reuse_port=options.frontend_workers > 1,
+        )
+        return aio
+    return NativeGrpcServer(
+        core,
+        max_message_bytes=size,
+        restricted=restricted,
+        limits=limits,
+        max_connection_bytes=options.grpc_max_connection_buffer_size,
+    )
+
+
+def _flood_limits(options: ServerOptions) -> FloodLimits:
+    """The HTTP/2 flood limits of the gRPC flags (docs/hardening.md)."""
+    from shoal.frontends.grpc.native import FloodLimits
+
+    return FloodLimits(
+        max_ping_strikes=options.grpc_http2_max_ping_strikes,
+        min_ping_interval=options.grpc_http2_min_recv_ping_interval_without_data / 1000,
+        permit_pings_without_calls=options.grpc_keepalive_permit_without_calls,
+        max_queued_replies=options.grpc_http2_max_queued_control_frames,
+        reset_burst=options.grpc_http2_stream_reset_burst,
+        reset_rate=options.grpc_http2_stream_reset_rate,
+        max_empty_frames=options.grpc_http2_max_empty_frames,
+        read_timeout=options.grpc_read_timeout_secs,
+    )
+
+
+async def start_frontends(
+    core: CoreAPI, options: ServerOptions, sockets: dict[str, socket.socket] | None = None
+) -> tuple[HttpServer | None, GrpcServer | NativeGrpcServer | None]:
+    """Start HTTP and gRPC over ``core``: in the core process (N = 1), or in a frontend worker
+    on the listening ``sockets`` the core bound (a worker announces no port: the core does)."""
+    http: HttpServer | None = None
+    in_worker = sockets is not None
+    sockets = sockets or {}
+    try:
+        if options.allow_http:
+            http = await _start_http(core, options, sockets.get("http"), announced=not in_worker)
+        grpc_server = None
+        if options.allow_grpc:
+            grpc_server = await _start_grpc_endpoint(
+                core, options, sockets.get("grpc"), announced=not in_worker
+            )
+    except BaseException:
+        if http is not None:
+            await http.stop()
+        raise
+    return http, grpc_server
+
+
+async def _start_http(
+    core: CoreAPI, options: ServerOptions, sock: socket.socket | None, *, announced: bool
+) -> HttpServer:
+    from shoal.frontends.http.app import ConnectionLimits, HttpServer, build_http_app
+
+    app = build_http_app(
+        core,
+        max_input_size=options.http_max_input_size,
+        restricted=_by_api(options.http_restricted_api),
+    )
+    limits = ConnectionLimits(
+        max_header_size=options.http_max_header_size,
+        header_timeout=options.http_header_timeout_secs,
+        body_timeout=options.http_body_timeout_secs,
+    )
+    http = HttpServer(app, limits=limits)
+    port = await http.start(options.http_address, options.http_port, sock)
+    if announced:
+        announce("http", options.http_address, port)
+    return http
+
+
+async def _start_grpc_endpoint(
+    core: CoreAPI, options: ServerOptions, sock: socket.socket | None, *, announced: bool
+) -> GrpcServer | NativeGrpcServer:
+    from shoal.frontends.grpc.native import NativeGrpcServer
+
+    grpc_server = await _start_grpc(core, options)
+    if isinstance(grpc_server, NativeGrpcServer):
+        port = await grpc_server.start(options.grpc_address, options.grpc_port, sock)
+    else:
+        port = await grpc_server.start(options.grpc_address, options.grpc_port)
+    if announced:
+        announce("grpc", options.grpc_address, port)
+    return grpc_server
