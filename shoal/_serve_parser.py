@@ -120,11 +120,11 @@ _SERVER_FLAGS: tuple[Flag, ...] = (
     _flag(
         "--frontend-workers",
         type=parse_workers,
-        default=1,
+        default="auto",
         metavar="N|auto",
         help="processes that serve HTTP and gRPC (parsing, encoding, sockets) around the "
-        "scheduling core, on the same ports; 1 (the default) serves them in the core's process; "
-        "auto: one per two cores beyond the first, at most 8 (1 on two cores)",
+        "scheduling core, on the same ports; 1 serves them in the core's process (no hop); "
+        "auto (the default): one per two cores beyond the first, at most 8 (1 on two cores)",
     ),
     _flag(
         "--metrics-interval-ms",

@@ -40,7 +40,7 @@ class ServerOptions:
     #: "native" (shoal's HTTP/2 server on the event loop) or "grpcio" (grpc.aio).
     grpc_server: str = "native"
     #: ``--frontend-workers``: processes serving HTTP and gRPC around the core; 1 serves them in
-    #: the core's own process (no hop).
+    #: the core's own process (no hop). The command line's default is ``auto`` (1 on two cores).
     frontend_workers: int = 1
     metrics_address: str = "0.0.0.0"
     metrics_port: int = 8002

@@ -17,8 +17,9 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 BUNDLED = REPO_ROOT / "model_repository"
 TEST_MODELS = Path(__file__).resolve().parent / "models"
 #: ``SHOAL_TEST_FRONTEND_WORKERS=2 pytest tests/integration`` runs every server of the suite with
-#: that many frontend workers (a test that names its own count keeps it).
-FRONTEND_WORKERS = os.environ.get("SHOAL_TEST_FRONTEND_WORKERS", "")
+#: that many frontend workers (a test that names its own count keeps it). Without it the servers
+#: run with one (the frontends in the core's process), whatever ``auto`` would pick here.
+FRONTEND_WORKERS = os.environ.get("SHOAL_TEST_FRONTEND_WORKERS", "1")
 
 
 def _children(pid: int) -> set[int]:

@@ -18,9 +18,9 @@ def test_auto_leaves_cores_to_the_core_and_the_stubs(cores, workers):
     assert auto_frontend_workers(cores) == workers
 
 
-def test_the_default_is_one_and_bad_values_are_refused():
+def test_the_default_is_auto_and_bad_values_are_refused():
     args = build_parser().parse_args(["serve", "--model-repository", "r"])
-    assert options_from_args(args).frontend_workers == 1
+    assert options_from_args(args).frontend_workers == auto_frontend_workers()
     args = build_parser().parse_args(
         ["serve", "--model-repository", "r", "--frontend-workers", "3"]
     )
