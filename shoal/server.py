@@ -201,7 +201,7 @@ def _port_reservation(host: str, port: int) -> socket.socket:
 
 async def _start_workers(service: InferenceService, options: ServerOptions) -> WorkerPool:
     """Bind the listening sockets here, once, and start the workers that serve them."""
-    from shoal.frontends.workers import _wire as wire
+    from shoal.frontends.workers import _plain as plain
     from shoal.frontends.workers.host import WorkerPool
 
     sockets: dict[str, socket.socket] = {}
@@ -229,7 +229,7 @@ async def _start_workers(service: InferenceService, options: ServerOptions) -> W
             options.frontend_workers,
             command,
             [sock.fileno() for sock in sockets.values() if sock is not sockets.get("grpc-port")],
-            msgpack.packb(wire.to_plain(worker_options)),
+            msgpack.packb(plain.to_plain(worker_options)),
             arenas=service.directory,
         )
         pool.sockets = list(sockets.values())
@@ -260,10 +260,9 @@ def worker_main(argv: list[str]) -> int:
 
     follow_parent(args.parent, [args.http_fd, args.grpc_fd])
     control = socket.socket(fileno=args.control)
-    from shoal.frontends.workers import _wire as wire
+    from shoal.frontends.workers._plain import from_plain
 
-    plain = msgpack.unpackb(read_hello(control))
-    options: ServerOptions = wire.from_plain(ServerOptions, plain)
+    options: ServerOptions = from_plain(ServerOptions, msgpack.unpackb(read_hello(control)))
     from shoal.supervisor.extensions.log_settings import configure_logging
 
     configure_logging(options)

@@ -34,6 +34,7 @@ from shoal.core.types import (
     TraceChange,
     TraceValue,
 )
+from shoal.frontends.workers import _plain as plain
 from shoal.frontends.workers import _wire as wire
 from shoal.frontends.workers.arenas import StagingArena
 from shoal.frontends.workers.outputs import MappedOutputs
@@ -153,7 +154,7 @@ class RemoteCore(CoreAPI):
             if future.done():
                 return
             if kind == wire.ERROR:
-                future.set_exception(wire.error_from_wire(fields[0]))
+                future.set_exception(plain.error_from_wire(fields[0]))
             else:
                 future.set_result((fields, payloads))
             return
@@ -163,7 +164,7 @@ class RemoteCore(CoreAPI):
         if kind == wire.ITEM:
             queue.put_nowait((fields, payloads))
         elif kind == wire.ERROR:
-            queue.put_nowait(wire.error_from_wire(fields[0]))
+            queue.put_nowait(plain.error_from_wire(fields[0]))
         else:
             queue.put_nowait(None)
 
@@ -181,7 +182,7 @@ class RemoteCore(CoreAPI):
         self._control.sendall(b"".join(wire.frame([method, list(args)])))
         (kind, value), _ = recv_frame(self._control)
         if kind == wire.ERROR:
-            raise wire.error_from_wire(value)
+            raise plain.error_from_wire(value)
         return value
 
     async def _async(
@@ -354,7 +355,7 @@ class RemoteCore(CoreAPI):
 
 
 def _decoded(kind: Any, value: Any) -> Any:
-    return wire.from_plain(kind, value)
+    return plain.from_plain(kind, value)
 
 
 #: The core API's asynchronous methods, other than inference, a worker may call by name.

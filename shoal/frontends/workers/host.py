@@ -27,6 +27,7 @@ from typing import Any, Protocol
 
 from shoal.core.api import ArenaRegistry, CoreAPI
 from shoal.core.types import InferRequest, InferResponse
+from shoal.frontends.workers import _plain as plain
 from shoal.frontends.workers import _wire as wire
 from shoal.frontends.workers.arenas import LentArena
 from shoal.frontends.workers.client import ASYNC_METHODS, SYNC_METHODS
@@ -147,7 +148,7 @@ class _Link:
             except Exception as failure:  # every failure is the caller's answer
                 error = failure
         if error is not None and not isinstance(error, asyncio.CancelledError):
-            self.send([wire.ERROR, call_id, wire.error_to_wire(error)])
+            self.send([wire.ERROR, call_id, plain.error_to_wire(error)])
         if request is not None and self.arena is not None:
             self.arena.give_back(request)
 
@@ -168,13 +169,13 @@ class _Link:
                 self.send([wire.END, call_id])
             elif method in ASYNC_METHODS:
                 result = await getattr(self.core, method)(*args)
-                self.send([wire.OK, call_id, wire.to_plain(result)])
+                self.send([wire.OK, call_id, plain.to_plain(result)])
             else:
                 raise NotImplementedError(f"frontend workers do not forward '{method}'")
         except asyncio.CancelledError:
             pass  # the worker gave up on the call (or died): nobody waits for an answer
         except Exception as error:  # every failure is the caller's answer
-            self.send([wire.ERROR, call_id, wire.error_to_wire(error)])
+            self.send([wire.ERROR, call_id, plain.error_to_wire(error)])
         finally:
             self.calls.pop(call_id, None)
             if request is not None and self.arena is not None:
@@ -203,9 +204,9 @@ class _Link:
         try:
             if method not in SYNC_METHODS:
                 raise NotImplementedError(f"frontend workers do not forward '{method}'")
-            answer = [wire.OK, wire.to_plain(getattr(self.core, method)(*args))]
+            answer = [wire.OK, plain.to_plain(getattr(self.core, method)(*args))]
         except Exception as error:  # every failure is the caller's answer
-            answer = [wire.ERROR, wire.error_to_wire(error)]
+            answer = [wire.ERROR, plain.error_to_wire(error)]
         if self.control is not None and not self.control.is_closing():
             self.control.write(b"".join(wire.frame(answer)))
         if method == "update_log_settings" and answer[0] == wire.OK:

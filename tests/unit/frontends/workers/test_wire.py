@@ -19,6 +19,7 @@ from shoal.core.types import (
     StatDuration,
     TensorMetadata,
 )
+from shoal.frontends.workers import _plain as plain
 from shoal.frontends.workers import _wire as wire
 
 pytestmark = pytest.mark.timeout(10)
@@ -109,7 +110,7 @@ def test_a_response_keeps_outputs_and_its_stream_fields():
     ],
 )
 def test_errors_keep_class_code_reason_and_messages(error):
-    back = wire.error_from_wire(wire.error_to_wire(error))
+    back = plain.error_from_wire(plain.error_to_wire(error))
     assert type(back) is type(error) and str(back) == str(error)
     if isinstance(error, errors.ShoalError):
         assert isinstance(back, errors.ShoalError)
@@ -118,7 +119,7 @@ def test_errors_keep_class_code_reason_and_messages(error):
 
 
 def test_an_unexpected_exception_is_an_internal_error():
-    back = wire.error_from_wire(wire.error_to_wire(KeyError("k")))
+    back = plain.error_from_wire(plain.error_to_wire(KeyError("k")))
     assert isinstance(back, errors.ShoalError) and back.code is errors.ErrorCode.INTERNAL
 
 
@@ -128,9 +129,9 @@ def test_nested_statistics_and_metadata_round_trip():
     stats.batch_stats = [BatchStatistics(2, compute_infer=StatDuration(1, 10))]
     stats.response_stats = {"0": ResponseStatistics(success=StatDuration(1, 1))}
     stats.failure_reasons = {"BACKEND": 1}
-    assert wire.from_plain(list[ModelStatistics], wire.to_plain([stats])) == [stats]
+    assert plain.from_plain(list[ModelStatistics], plain.to_plain([stats])) == [stats]
     metadata = ModelMetadata("m", ("1",), "python", (TensorMetadata("I", "FP32", (-1, 2)),), ())
-    assert wire.from_plain(ModelMetadata, wire.to_plain(metadata)) == metadata
+    assert plain.from_plain(ModelMetadata, plain.to_plain(metadata)) == metadata
 
 
 def test_server_options_reach_the_workers_intact():
@@ -147,7 +148,7 @@ def test_server_options_reach_the_workers_intact():
         frontend_workers=4,
         trace_settings=(("trace_level", ("TIMESTAMPS",)), ("trace_rate", "10")),
     )
-    assert wire.from_plain(ServerOptions, wire.to_plain(options)) == options
+    assert plain.from_plain(ServerOptions, plain.to_plain(options)) == options
 
 
 def test_every_core_api_call_is_forwarded_the_way_it_is_declared():
