@@ -192,11 +192,14 @@ class RateLimiter:
                 continue
             if not self._free(head.member):
                 return
-            self._waiting.remove(head)
-            for key, count in head.member.pools():
-                self._in_use[key] = self._in_use.get(key, 0) + count
-            head.member.executions += 1
-            head.future.set_result(Permit(self, head.member))
+            self._grant(head)
+
+    def _grant(self, waiter: _Waiter) -> None:
+        self._waiting.remove(waiter)
+        for key, count in waiter.member.pools():
+            self._in_use[key] = self._in_use.get(key, 0) + count
+        waiter.member.executions += 1
+        waiter.future.set_result(Permit(self, waiter.member))
 
 
 __all__ = ["LimitedInstance", "Permit", "RateLimiter", "ResourceNeed"]
