@@ -86,11 +86,13 @@ def _plain(value: Any) -> Any:
 LARGE = 1 << 20
 
 
-def loads(data: bytes | bytearray | memoryview) -> Any:
-    """Parse UTF-8 JSON text."""
+def loads(data: bytes | bytearray | memoryview, *, numbers: bool = False) -> Any:
+    """Parse UTF-8 JSON text. ``numbers``: in a large document, large arrays of numbers that are
+    values of ``"data"`` keys come back as
+    :class:`~shoal.frontends.http._json_pieces.NumberArray`, not lists."""
     check_depth(data)
     if len(data) >= LARGE:
-        document = _loads_in_pieces(data)
+        document = _loads_in_pieces(data, numbers)
         if document is not None:
             return document
     try:
@@ -116,16 +118,16 @@ def loads(data: bytes | bytearray | memoryview) -> Any:
         raise JsonDecodeError("the JSON nests too deeply") from None
 
 
-def _loads_in_pieces(data: bytes | bytearray | memoryview) -> Any | None:
+def _loads_in_pieces(data: bytes | bytearray | memoryview, numbers: bool) -> Any | None:
     """What :func:`loads` returns, parsed in pieces (both parsers tried, as there); None
     where the document is not of that shape or is refused: the whole parse then says why."""
     if isinstance(data, memoryview):
         data = data.tobytes()
     if _ORJSON is not None:
-        document = parse_in_pieces(data, _ORJSON.loads)
+        document = parse_in_pieces(data, _ORJSON.loads, numbers=numbers)
         if document is not None:
             return document
-    return parse_in_pieces(data, _std_loads)
+    return parse_in_pieces(data, _std_loads, numbers=numbers)
 
 
 _paused = 0
