@@ -21,7 +21,7 @@ import importlib
 import json
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 import numpy as np
@@ -201,6 +201,24 @@ def _structure(data: bytes | bytearray) -> bytes | bytearray:
 def _std_loads(data: bytes | bytearray | memoryview) -> Any:
     # The standard library does not take memoryviews; the copy is of the JSON header only.
     return json.loads(data.tobytes() if isinstance(data, memoryview) else data)
+
+
+def encoded_array(chunks: Iterable[bytes]) -> Any | None:
+    """A JSON array of the elements of ``chunks`` (each an array as :func:`dumps` writes it),
+    in order, to put in a document that :func:`dumps` writes as it is; None without orjson
+    (``chunks`` is then not read).
+
+    A large array is encoded a slice at a time this way: each call holds the GIL briefly, and
+    the final :func:`dumps` only copies the text."""
+    if _ORJSON is None:
+        return None
+    parts: list[bytes | memoryview] = []
+    for chunk in chunks:
+        if len(chunk) > 2:  # "[]" adds nothing
+            parts += [b",", memoryview(chunk)[1:-1]]
+    parts[:1] = [b"["]  # in place of the first comma, if any
+    parts.append(b"]")
+    return _ORJSON.Fragment(b"".join(parts))
 
 
 def dumps(value: Any) -> bytes:

@@ -258,19 +258,33 @@ def _json_repr(value: Any) -> str:
     return type(value).__name__ if isinstance(value, dict) else repr(value)
 
 
-def json_from_output(
-    name: str, datatype: str, shape: tuple[int, ...], data: memoryview
-) -> list[Any]:
-    """An output's raw V2 bytes as a flat JSON-ready list (BYTES as UTF-8 strings)."""
+def json_from_output(name: str, datatype: str, shape: tuple[int, ...], data: memoryview) -> Any:
+    """An output's raw V2 bytes as a flat JSON-ready list (BYTES as UTF-8 strings); a large one
+    (more than :data:`_SLICE` values, numbers) as the array's JSON text, encoded a slice at a
+    time (:func:`_json.encoded_array`) so that no call holds the GIL for long."""
     count = element_count(shape)
     if datatype == "BYTES":
         return _strings_from_output(name, data, count)
     dtype = NUMPY_DTYPES[datatype]
     if data.nbytes != dtype.itemsize * count:
         raise _size_mismatch(name)
+    if count > _SLICE:
+        step = _SLICE * dtype.itemsize
+        chunks = (
+            _json.dumps(_values(datatype, data[at : at + step]))
+            for at in range(0, data.nbytes, step)
+        )
+        encoded = _json.encoded_array(chunks)
+        if encoded is not None:
+            return encoded
+    return _values(datatype, data)
+
+
+def _values(datatype: str, data: memoryview) -> list[Any]:
+    """The values of a numeric tensor's bytes, as a list."""
     if datatype == "BOOL" or datatype == "BF16":
         return _without_numpy_view(datatype, data)
-    array = np.frombuffer(data, dtype=dtype)
+    array = np.frombuffer(data, dtype=NUMPY_DTYPES[datatype])
     if array.dtype.kind == "f":
         return _floats(array)
     values: list[Any] = array.tolist()  # typed Any or a list by the numpy version: no ignore
