@@ -417,25 +417,29 @@ class TestSizeLimit:
         assert reply.status_code == 200
 
 
-def test_a_large_json_response_cancelled_while_encoded_is_released_after_on_the_loop(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_a_large_json_response_cancelled_while_encoded_is_released_after_on_the_loop() -> None:
     import asyncio
     import threading
     import time
+    from concurrent.futures import ThreadPoolExecutor
 
     from shoal.core import InferOutput, InferResponse
     from shoal.frontends.http import app, codec
 
     events: list[tuple[str, int]] = []
-    encode = codec.encode_infer_response
 
-    def encoding(*args: Any) -> Any:
-        encoded = encode(*args)
-        events.append(("encoded", threading.get_ident()))
-        return encoded
+    class Recording(ThreadPoolExecutor):
+        """Says when each job (the encoding) has ended."""
 
-    monkeypatch.setattr(codec, "encode_infer_response", encoding)
+        def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+            def job() -> Any:
+                try:
+                    return fn(*args, **kwargs)
+                finally:
+                    events.append(("encoded", threading.get_ident()))
+
+            return super().submit(job)
+
     values = np.arange(1_000_000, dtype=np.float32)
     output = InferOutput("Y", "FP32", values.shape, memoryview(values.tobytes()))
     response = InferResponse(
@@ -447,8 +451,9 @@ def test_a_large_json_response_cancelled_while_encoded_is_released_after_on_the_
     decoded = codec.decode_infer_request(b'{"inputs":[]}', model_name="m")
 
     async def cancel_then_wait() -> int:
+        asyncio.get_running_loop().set_default_executor(Recording(1))
         task = asyncio.ensure_future(app._encoded(response, decoded))
-        await asyncio.sleep(0)  # the encoding is in its thread now
+        await asyncio.sleep(0)  # the encoding is on its way to its thread now
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
