@@ -81,6 +81,16 @@ class InFlight:
     #: The rate limiter's grant this batch runs under, released when it is done.
     grant: ExecutionGrant | None = None
 
+    def __init__(
+        self, batch: list[Work], slots: Slots, grant: ExecutionGrant | None = None
+    ) -> None:
+        # Written out: a generated __init__ stays interpreted in the compiled hot path.
+        self.batch = batch
+        self.slots = slots
+        self.timer = None
+        self.queue_timer = None
+        self.grant = grant
+
     def close(self) -> None:
         """Stop its timers, give its slot and its grant back."""
         if self.timer is not None:
