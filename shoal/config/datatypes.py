@@ -33,17 +33,19 @@ def config_dtype_to_v2(data_type: str | int) -> str:
 
     Raises :class:`ConfigError` for ``TYPE_INVALID`` and unknown names or numbers.
     """
-    name = data_type
-    if isinstance(data_type, int):
-        try:
-            name = pb.DataType.Name(data_type)
-        except ValueError:
-            raise ConfigError(f"data type number {data_type} is not a DataType") from None
+    name = _type_name(data_type) if isinstance(data_type, int) else data_type
     v2 = _CONFIG_TO_V2.get(str(name))
     if v2 is None:
         choices = ", ".join(_CONFIG_TO_V2)
         raise ConfigError(f"data type {name!s} has no tensor datatype; use one of {choices}")
     return v2
+
+
+def _type_name(number: int) -> str:
+    try:
+        return pb.DataType.Name(number)
+    except ValueError:
+        raise ConfigError(f"data type number {number} is not a DataType") from None
 
 
 def v2_to_config_dtype(datatype: str) -> str:

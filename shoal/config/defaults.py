@@ -67,11 +67,10 @@ def fill_defaults(
     """
     _fill_name(config, model_name)
     _fill_backend(config, detected_backend)
-    if not config.HasField("version_policy"):
-        config.version_policy.latest.num_versions = 1
-    if not config.default_model_filename:
-        config.default_model_filename = DEFAULT_MODEL_FILENAMES.get(config.backend, "")
-    _fill_scheduling(config)
+    _fill_version_policy(config)
+    _fill_model_filename(config)
+    _fill_dynamic_batching(config)
+    _fill_sequence_batching(config)
     if config.platform != ENSEMBLE_PLATFORM and not config.HasField("ensemble_scheduling"):
         _fill_optimization(config)
         _fill_instance_groups(config, sorted(set(gpus)))
@@ -101,11 +100,24 @@ def _fill_backend(config: pb.ModelConfig, detected_backend: str | None) -> None:
         config.platform = _BACKEND_PLATFORMS[config.backend]
 
 
-def _fill_scheduling(config: pb.ModelConfig) -> None:
+def _fill_version_policy(config: pb.ModelConfig) -> None:
+    if not config.HasField("version_policy"):
+        config.version_policy.latest.num_versions = 1
+
+
+def _fill_model_filename(config: pb.ModelConfig) -> None:
+    if not config.default_model_filename:
+        config.default_model_filename = DEFAULT_MODEL_FILENAMES.get(config.backend, "")
+
+
+def _fill_dynamic_batching(config: pb.ModelConfig) -> None:
     if config.HasField("dynamic_batching"):
         batching = config.dynamic_batching
         if not batching.preferred_batch_size and config.max_batch_size > 0:
             batching.preferred_batch_size.append(config.max_batch_size)
+
+
+def _fill_sequence_batching(config: pb.ModelConfig) -> None:
     if config.HasField("sequence_batching"):
         sequence = config.sequence_batching
         if sequence.max_sequence_idle_microseconds == 0:
@@ -132,14 +144,23 @@ def _fill_instance_groups(config: pb.ModelConfig, gpus: list[int]) -> None:
             )
         if not group.name:
             group.name = f"{config.name}_{index}"
-        if group.kind == _Kind.KIND_AUTO:
-            on_gpu = bool(gpus) and all(gpu in gpus for gpu in group.gpus)
-            group.kind = _Kind.KIND_GPU if on_gpu else _Kind.KIND_CPU
-        if group.count == 0:
-            many = group.kind == _Kind.KIND_CPU and config.backend in _MULTI_CPU_INSTANCE_BACKENDS
-            group.count = 2 if many else 1
+        _fill_kind(group, gpus)
+        _fill_count(group, config.backend)
         if group.kind == _Kind.KIND_GPU and not group.gpus:
             group.gpus.extend(gpus)
+
+
+def _fill_kind(group: pb.ModelInstanceGroup, gpus: list[int]) -> None:
+    """KIND_AUTO: on the GPUs when the server has every one the group names, else on the CPU."""
+    if group.kind == _Kind.KIND_AUTO:
+        on_gpu = bool(gpus) and all(gpu in gpus for gpu in group.gpus)
+        group.kind = _Kind.KIND_GPU if on_gpu else _Kind.KIND_CPU
+
+
+def _fill_count(group: pb.ModelInstanceGroup, backend: str) -> None:
+    if group.count == 0:
+        many = group.kind == _Kind.KIND_CPU and backend in _MULTI_CPU_INSTANCE_BACKENDS
+        group.count = 2 if many else 1
 
 
 __all__ = [

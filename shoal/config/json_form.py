@@ -77,19 +77,20 @@ def _map_value(field: FieldDescriptor) -> FieldDescriptor | None:
 
 
 def _as_triton(printed: Mapping[str, Any], descriptor: Descriptor) -> dict[str, Any]:
-    result: dict[str, Any] = {}
-    for field in descriptor.fields:  # declaration order, as Triton's printer writes them
-        if field.name not in printed:
-            continue
-        value = printed[field.name]
-        value_field = _map_value(field)
-        if value_field is not None:
-            result[field.name] = {key: _scalar(value_field, item) for key, item in value.items()}
-        elif field.is_repeated:
-            result[field.name] = [_scalar(field, item) for item in value]
-        else:
-            result[field.name] = _scalar(field, value)
-    return result
+    return {
+        field.name: _triton_value(field, printed[field.name])
+        for field in descriptor.fields  # declaration order, as Triton's printer writes them
+        if field.name in printed
+    }
+
+
+def _triton_value(field: FieldDescriptor, value: Any) -> Any:
+    value_field = _map_value(field)
+    if value_field is not None:
+        return {key: _scalar(value_field, item) for key, item in value.items()}
+    if field.is_repeated:
+        return [_scalar(field, item) for item in value]
+    return _scalar(field, value)
 
 
 def _scalar(field: FieldDescriptor, value: Any) -> Any:

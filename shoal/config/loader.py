@@ -66,10 +66,7 @@ def read_config(
     if not model_dir.is_dir():
         raise ConfigError(f"model directory {model_dir} does not exist or is not a directory")
     if override is not None:
-        try:
-            return ConfigSource(model_dir, json_to_config(override))
-        except ConfigError as exc:
-            raise exc.located(model_dir, None) from None
+        return _override_source(model_dir, override)
     config_file = model_dir / CONFIG_FILENAME
     if not config_file.is_file():
         if strict:
@@ -84,6 +81,13 @@ def read_config(
     return ConfigSource(model_dir, parse_config_text(text, path=config_file), config_file, text)
 
 
+def _override_source(model_dir: Path, override: Mapping[str, Any]) -> ConfigSource:
+    try:
+        return ConfigSource(model_dir, json_to_config(override))
+    except ConfigError as exc:
+        raise exc.located(model_dir, None) from None
+
+
 def complete_config(
     source: ConfigSource, *, gpus: Sequence[int] = (), proto: pb.ModelConfig | None = None
 ) -> ModelConfig:
@@ -92,9 +96,7 @@ def complete_config(
     config = pb.ModelConfig()
     config.CopyFrom(source.proto if proto is None else proto)
     try:
-        detected = None
-        if not config.backend and not config.platform:
-            detected = detect_backend(source.model_dir, config.default_model_filename)
+        detected = _detected_backend(config, source.model_dir)
         fill_defaults(
             config, model_name=source.model_dir.name, gpus=gpus, detected_backend=detected
         )
@@ -106,14 +108,26 @@ def complete_config(
     )
 
 
+def _detected_backend(config: pb.ModelConfig, model_dir: Path) -> str | None:
+    if config.backend or config.platform:
+        return None
+    return detect_backend(model_dir, config.default_model_filename)
+
+
 def detect_backend(model_dir: Path, default_model_filename: str = "") -> str | None:
     """The backend of a model that names none, from its model file (``model.py`` -> python)."""
     if default_model_filename:
         return _SUFFIX_BACKENDS.get(Path(default_model_filename).suffix)
-    for version in reversed(list_versions(model_dir)):
-        for backend, filename in DEFAULT_MODEL_FILENAMES.items():
-            if (model_dir / str(version) / filename).exists():
-                return backend
+    newest_first = reversed(list_versions(model_dir))
+    found = (_backend_in(model_dir / str(version)) for version in newest_first)
+    return next((backend for backend in found if backend is not None), None)
+
+
+def _backend_in(version_dir: Path) -> str | None:
+    """The backend whose default model file is in ``version_dir``."""
+    for backend, filename in DEFAULT_MODEL_FILENAMES.items():
+        if (version_dir / filename).exists():
+            return backend
     return None
 
 

@@ -52,13 +52,18 @@ def _parse_error(exc: text_format.ParseError, text: str, path: str | Path | None
     line, column = exc.GetLine(), exc.GetColumn()
     detail = _POSITION.sub("", str(exc), count=1)
     if line is not None and detail.startswith("'"):
-        lines = text.splitlines()
-        source = lines[line - 1] if 0 < line <= len(lines) else ""
-        quoted = f"'{source}': "
-        detail = detail[len(quoted) :] if detail.startswith(quoted) else detail
+        detail = _without_source(detail, text, line)
     detail = detail.replace(_PACKAGE, "").rstrip(".")
     message = f"{detail}{_hint(detail)}"
     return ConfigError(message, path=path, line=line, column=column)
+
+
+def _without_source(detail: str, text: str, line: int) -> str:
+    """``detail`` without the quoted source line protobuf puts in front of some messages."""
+    lines = text.splitlines()
+    source = lines[line - 1] if 0 < line <= len(lines) else ""
+    quoted = f"'{source}': "
+    return detail[len(quoted) :] if detail.startswith(quoted) else detail
 
 
 def _hint(detail: str) -> str:

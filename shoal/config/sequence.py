@@ -99,16 +99,19 @@ def sequence_batching_from_proto(batching: pb.ModelSequenceBatching) -> Sequence
 
 def _control(tensor_name: str, control: pb.ModelSequenceBatching.Control) -> SequenceControl:
     kind = _Control.Kind.Name(control.kind)
-    values: list[ControlValue]
     if control.kind == _Control.CONTROL_SEQUENCE_CORRID:
         return SequenceControl(kind, tensor_name, config_dtype_to_v2(control.data_type))
-    if control.int32_false_true:
-        datatype, values = "INT32", list(control.int32_false_true)
-    elif control.fp32_false_true:
-        datatype, values = "FP32", list(control.fp32_false_true)
-    else:
-        datatype, values = "BOOL", list(control.bool_false_true)
+    datatype, values = _false_true(control)
     return SequenceControl(kind, tensor_name, datatype, values[0], values[1])
+
+
+def _false_true(control: pb.ModelSequenceBatching.Control) -> tuple[str, list[ControlValue]]:
+    """The datatype of a control's false and true values, and the values."""
+    if control.int32_false_true:
+        return "INT32", list(control.int32_false_true)
+    if control.fp32_false_true:
+        return "FP32", list(control.fp32_false_true)
+    return "BOOL", list(control.bool_false_true)
 
 
 def _state(state: pb.ModelSequenceBatching.State) -> SequenceState:

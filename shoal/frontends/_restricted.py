@@ -129,12 +129,8 @@ class Restrictions:
         if required is None:
             return
         key, value = required
-        wanted = key.lower()
-        for name, given in headers:
-            if name.lower() == wanted:
-                if given == value:
-                    return
-                break
+        if _first_header(headers, key.lower()) == value:
+            return
         raise ShoalError(
             f"This {self._what} is restricted, expecting header '{key}'",
             ErrorCode.PERMISSION_DENIED,
@@ -150,6 +146,14 @@ def restrict_routes(routes: Sequence[BaseRoute], restrictions: Restrictions) -> 
     if not restrictions:
         return list(routes)
     return [_restricted_route(route, restrictions) for route in routes]
+
+
+def _first_header(headers: Iterable[tuple[str, object]], wanted: str) -> object:
+    """The value of the first header named ``wanted`` (lower case), as Triton reads it."""
+    for name, given in headers:
+        if name.lower() == wanted:
+            return given
+    return None
 
 
 def _restricted_route(route: BaseRoute, restrictions: Restrictions) -> BaseRoute:
@@ -176,10 +180,14 @@ class _Guard:
         try:
             self._restrictions.check(self._group, headers)
         except ShoalError as exc:
-            status, response_headers, body = error_parts(exc)
-            raw = [(b"content-length", str(len(body)).encode("latin-1"))]
-            raw += [(k.encode("latin-1"), v.encode("latin-1")) for k, v in response_headers]
-            await send({"type": "http.response.start", "status": status, "headers": raw})
-            await send({"type": "http.response.body", "body": body})
+            await _refuse(send, exc)
             return
         await self._app(scope, receive, send)
+
+
+async def _refuse(send: Send, exc: ShoalError) -> None:
+    status, response_headers, body = error_parts(exc)
+    raw = [(b"content-length", str(len(body)).encode("latin-1"))]
+    raw += [(k.encode("latin-1"), v.encode("latin-1")) for k, v in response_headers]
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": body})

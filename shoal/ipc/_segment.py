@@ -38,13 +38,18 @@ def remove_stale_segments(shm_dir: str = "/dev/shm") -> list[str]:
     """
     removed = []
     for entry in sorted(os.listdir(shm_dir)):
-        match = _NAMED.fullmatch(entry)
-        if match is None or _alive(int(match[1])):
+        if not _stale(entry):
             continue
         with contextlib.suppress(posix_ipc.ExistentialError):
             posix_ipc.unlink_shared_memory("/" + entry)
             removed.append("/" + entry)
     return removed
+
+
+def _stale(entry: str) -> bool:
+    """A named arena segment whose owner process is gone."""
+    match = _NAMED.fullmatch(entry)
+    return match is not None and not _alive(int(match[1]))
 
 
 def _alive(pid: int) -> bool:
@@ -98,9 +103,15 @@ class Segment:
         # mapping is unmapped when the last of them is collected instead of now.
         with contextlib.suppress(BufferError):
             mapping.close()
+        self._close_fd()
+        self._unlink_name()
+
+    def _close_fd(self) -> None:
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
+
+    def _unlink_name(self) -> None:
         if self._unlink and self.name is not None:
             with contextlib.suppress(posix_ipc.ExistentialError):
                 posix_ipc.unlink_shared_memory(self.name)

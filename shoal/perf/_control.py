@@ -103,15 +103,11 @@ class HttpControl:
 
     def probe(self, plan: RequestPlan) -> tuple[OutputInfo, ...]:
         raw = http_request(plan, f"{self._host}:{self._port}", binary=True)
-        head, _, body = raw.partition(b"\r\n\r\n")
-        headers = dict(line.split(": ", 1) for line in head.decode().split("\r\n")[1:])
-        path = head.split(b" ", 2)[1].decode()
-        status, data, response = self._call("POST", path, body, headers)
+        status, data, response = self._call("POST", *_split_request(raw))
         if status != 200:
             text = data[:300].decode(errors="replace")
             raise PerfError(f"probe request failed: HTTP {status}: {text}")
-        header_length = response.getheader("Inference-Header-Content-Length")
-        document = json.loads(data[: int(header_length)] if header_length else data)
+        document = _json_header(data, response)
         return tuple(_http_output(o) for o in document.get("outputs", []))
 
     def register_shm(self, name: str, key: str, byte_size: int) -> None:
@@ -125,6 +121,19 @@ class HttpControl:
         self._connection.close()
 
 
+def _split_request(raw: bytes) -> tuple[str, bytes, dict[str, str]]:
+    """The path, body and headers of a raw HTTP/1.1 request."""
+    head, _, body = raw.partition(b"\r\n\r\n")
+    headers = dict(line.split(": ", 1) for line in head.decode().split("\r\n")[1:])
+    return head.split(b" ", 2)[1].decode(), body, headers
+
+
+def _json_header(data: bytes, response: http.client.HTTPResponse) -> Any:
+    """The JSON part of a response (all of it when it carries no binary outputs)."""
+    header_length = response.getheader("Inference-Header-Content-Length")
+    return json.loads(data[: int(header_length)] if header_length else data)
+
+
 def _info(entry: dict[str, Any]) -> TensorInfo:
     return TensorInfo(str(entry["name"]), str(entry["datatype"]), tuple(entry["shape"]))
 
@@ -133,6 +142,10 @@ def _http_output(entry: dict[str, Any]) -> OutputInfo:
     parameters = entry.get("parameters") or {}
     size = int(parameters.get("binary_data_size", 0))
     return OutputInfo(entry["name"], entry["datatype"], tuple(entry["shape"]), size)
+
+
+def _tensor_infos(tensors: Any) -> tuple[TensorInfo, ...]:
+    return tuple(TensorInfo(t.name, t.datatype, tuple(t.shape)) for t in tensors)
 
 
 class GrpcControl:
@@ -169,8 +182,8 @@ class GrpcControl:
             pb.ModelConfigResponse,
         ).config
         return ModelInfo(
-            inputs=tuple(TensorInfo(t.name, t.datatype, tuple(t.shape)) for t in metadata.inputs),
-            outputs=tuple(TensorInfo(t.name, t.datatype, tuple(t.shape)) for t in metadata.outputs),
+            inputs=_tensor_infos(metadata.inputs),
+            outputs=_tensor_infos(metadata.outputs),
             max_batch_size=int(config.max_batch_size),
             decoupled=bool(config.model_transaction_policy.decoupled),
         )

@@ -76,21 +76,25 @@ async def _run(args: list[str]) -> tuple[str, float]:
 
 def wrk_script(raw_request: bytes, body_path: Path) -> str:
     """The Lua script that makes wrk send ``raw_request``'s body with its headers."""
-    head, _, _ = raw_request.partition(b"\r\n\r\n")
-    headers = {}
-    for line in head.decode("ascii").split("\r\n")[1:]:
-        key, _, value = line.partition(": ")
-        headers[key] = value
-    extra = "".join(
-        f'wrk.headers["{key}"] = "{value}"\n'
-        for key, value in headers.items()
-        if key not in ("Host", "Content-Type", "Content-Length")
-    )
+    headers = _headers(raw_request)
     return _WRK_SCRIPT.format(
         content_type=headers.get("Content-Type", "application/octet-stream"),
-        extra_headers=extra.rstrip("\n"),
+        extra_headers=_lua_headers(headers),
         body_path=str(body_path),
     )
+
+
+def _headers(raw_request: bytes) -> dict[str, str]:
+    head, _, _ = raw_request.partition(b"\r\n\r\n")
+    lines = head.decode("ascii").split("\r\n")[1:]
+    return {key: value for key, _, value in (line.partition(": ") for line in lines)}
+
+
+def _lua_headers(headers: dict[str, str]) -> str:
+    """The headers wrk does not set itself, as lines of its Lua script."""
+    skipped = ("Host", "Content-Type", "Content-Length")
+    lines = (f'wrk.headers["{k}"] = "{v}"' for k, v in headers.items() if k not in skipped)
+    return "\n".join(lines)
 
 
 def parse_wrk(output: str, duration_s: float, cpu_seconds: float) -> ExternalResult:
@@ -138,12 +142,13 @@ def parse_h2load(output: str, log: str) -> tuple[int, int, list[int]]:
     match = _H2LOAD_REQUESTS.search(output)
     if match is None:
         raise PerfError(f"no summary in h2load's output:\n{output[-2000:]}")
-    latencies = []
-    for line in log.splitlines():
-        fields = line.split("\t")
-        if len(fields) >= 3 and fields[1] == "200":
-            latencies.append(int(fields[2]) * 1000)
-    return int(match[1]), int(match[2]), latencies
+    return int(match[1]), int(match[2]), _ok_latencies(log)
+
+
+def _ok_latencies(log: str) -> list[int]:
+    """The latencies (ns) of the streams h2load logged with HTTP 200."""
+    rows = [line.split("\t") for line in log.splitlines()]
+    return [int(row[2]) * 1000 for row in rows if len(row) >= 3 and row[1] == "200"]
 
 
 async def run_h2load(

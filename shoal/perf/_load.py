@@ -76,16 +76,25 @@ async def measure(
     measured = Measurements(start, start + int(duration_s * 1e9))
     tasks = [asyncio.create_task(_worker(t, measured)) for t in transports]
     try:
-        await asyncio.sleep(warmup_s)
-        cpu_start = time.process_time()
-        await asyncio.sleep(max(0.0, (measured.window_end_ns - time.perf_counter_ns()) / 1e9))
-        measured.cpu_seconds = time.process_time() - cpu_start
+        await _window(measured, warmup_s)
         _, pending = await asyncio.wait(tasks, timeout=grace_s)
     finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await _cancel(tasks)
     if pending:  # stuck past the grace period: timeouts
         measured.errors += len(pending)
         measured.error_samples.append(f"{len(pending)} request(s) still running {grace_s} s late")
     return measured
+
+
+async def _window(measured: Measurements, warmup_s: float) -> None:
+    """Sleep through the warm-up and the measured window, timing the CPU used in the window."""
+    await asyncio.sleep(warmup_s)
+    cpu_start = time.process_time()
+    await asyncio.sleep(max(0.0, (measured.window_end_ns - time.perf_counter_ns()) / 1e9))
+    measured.cpu_seconds = time.process_time() - cpu_start
+
+
+async def _cancel(tasks: list[asyncio.Task[None]]) -> None:
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)

@@ -233,12 +233,17 @@ def write_outputs(args: argparse.Namespace, config: RunConfig, results: list[Cel
         write_json(results, args.json, meta)
     if args.csv:
         write_csv(results, args.csv)
-    picture = args.plot
-    if picture is None and args.json and len(results) > 1:
-        picture = args.json.with_suffix(".png")
+    picture = _plot_path(args, results)
     if picture is not None:
         title = f"{config.model} over {config.protocol} ({config.client} client)"
         print(plot(results, picture, title))
+
+
+def _plot_path(args: argparse.Namespace, results: list[CellResult]) -> Path | None:
+    """``--plot``, else a PNG beside the JSON output of a sweep."""
+    if args.plot is None and args.json and len(results) > 1:
+        return Path(args.json.with_suffix(".png"))
+    return Path(args.plot) if args.plot is not None else None
 
 
 def main(args: argparse.Namespace) -> int:

@@ -15,6 +15,8 @@ import numpy as np
 
 from shoal.perf.tensors import NUMPY_TYPES, TensorInfo, TensorSpec, tensor_from_array
 
+_Array = np.ndarray[Any, Any]
+
 
 def is_perf_analyzer_data(document: Any) -> bool:
     return isinstance(document, dict) and isinstance(document.get("data"), list)
@@ -41,18 +43,11 @@ def tensors_from_data(
     return tensors
 
 
-def _array(info: TensorInfo, value: Any, batched: bool) -> np.ndarray[Any, Any]:
+def _array(info: TensorInfo, value: Any, batched: bool) -> _Array:
     shape: Sequence[int] | None = None
     if isinstance(value, dict):
         shape = value.get("shape")
-        if "b64" in value:
-            raw = base64.b64decode(value["b64"])
-            if info.datatype == "BYTES":
-                value = [raw]
-            else:
-                value = np.frombuffer(raw, dtype=NUMPY_TYPES[info.datatype]).tolist()
-        else:
-            value = value.get("content")
+        value = _decode_b64(info, value["b64"]) if "b64" in value else value.get("content")
     if not isinstance(value, list):
         raise ValueError(f"--input-data: input '{info.name}' needs a list of values")
     flat = np.ravel(np.array(value, dtype=object))
@@ -62,6 +57,18 @@ def _array(info: TensorInfo, value: Any, batched: bool) -> np.ndarray[Any, Any]:
             f"--input-data: input '{info.name}' has {len(flat)} values, its shape {list(dims)} "
             f"needs {int(np.prod(dims, dtype=np.int64))}"
         )
+    return _typed(info, flat, dims)
+
+
+def _decode_b64(info: TensorInfo, text: str) -> list[Any]:
+    raw = base64.b64decode(text)
+    if info.datatype == "BYTES":
+        return [raw]
+    values: list[Any] = np.frombuffer(raw, dtype=NUMPY_TYPES[info.datatype]).tolist()
+    return values
+
+
+def _typed(info: TensorInfo, flat: _Array, dims: tuple[int, ...]) -> _Array:
     if info.datatype == "BYTES":
         items = [v if isinstance(v, bytes) else str(v).encode() for v in flat]
         return np.array(items, dtype=object).reshape(dims)

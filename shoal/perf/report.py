@@ -38,17 +38,24 @@ def format_table(results: Sequence[CellResult]) -> str:
     names = [name for name, _ in _COLUMNS]
     widths = [max(len(name), len(fmt.format(0))) for name, fmt in _COLUMNS]
     header = "  ".join(name.rjust(width) for name, width in zip(names, widths, strict=True))
-    lines = [header]
-    for result in results:
-        cells = [
-            fmt.format(value).rjust(width)
-            for (_, fmt), value, width in zip(_COLUMNS, _values(result), widths, strict=True)
-        ]
-        lines.append("  ".join(cells))
-    for result in results:
-        for sample in result.error_samples:
-            lines.append(f"  error at concurrency {result.concurrency}: {sample}")
-    return "\n".join(lines)
+    rows = [_row(result, widths) for result in results]
+    return "\n".join([header, *rows, *_error_lines(results)])
+
+
+def _row(result: CellResult, widths: list[int]) -> str:
+    cells = [
+        fmt.format(value).rjust(width)
+        for (_, fmt), value, width in zip(_COLUMNS, _values(result), widths, strict=True)
+    ]
+    return "  ".join(cells)
+
+
+def _error_lines(results: Sequence[CellResult]) -> list[str]:
+    return [
+        f"  error at concurrency {result.concurrency}: {sample}"
+        for result in results
+        for sample in result.error_samples
+    ]
 
 
 def _values(result: CellResult) -> tuple[float, ...]:
@@ -112,6 +119,10 @@ def _draw(axes: Any, results: Sequence[CellResult], title: str) -> None:
             xytext=(4, 4),
             fontsize=8,
         )
+    _label(axes, title)
+
+
+def _label(axes: Any, title: str) -> None:
     axes.set_xlabel("throughput (infer/s)")
     axes.set_ylabel("latency (ms)")
     axes.set_title(title)

@@ -43,19 +43,23 @@ def plan_layout(
     workers: int,
 ) -> ShmLayout:
     """Place ``inputs`` once and ``output_sizes`` (name, bytes) once per worker."""
-    offset = 0
-    placed_inputs: dict[str, ShmRef] = {}
-    for tensor in inputs:
-        placed_inputs[tensor.name] = ShmRef(region, offset, tensor.nbytes)
-        offset += _aligned(tensor.nbytes)
+    placed_inputs, offset = _place(region, [(t.name, t.nbytes) for t in inputs], 0)
     slots = []
     for _ in range(workers if output_sizes else 0):
-        slot = {}
-        for name, size in output_sizes:
-            slot[name] = ShmRef(region, offset, size)
-            offset += _aligned(size)
+        slot, offset = _place(region, output_sizes, offset)
         slots.append(slot)
     return ShmLayout(region, placed_inputs, tuple(slots))
+
+
+def _place(
+    region: str, sizes: Sequence[tuple[str, int]], offset: int
+) -> tuple[dict[str, ShmRef], int]:
+    """Each (name, bytes) placed in turn from ``offset``; the offset after the last."""
+    placed = {}
+    for name, size in sizes:
+        placed[name] = ShmRef(region, offset, size)
+        offset += _aligned(size)
+    return placed, offset
 
 
 class ShmRegion:

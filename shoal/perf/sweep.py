@@ -28,8 +28,11 @@ def _expand(part: str) -> list[int]:
     high = _positive(high_text, part)
     if high < low:
         raise ValueError(f"concurrency range '{part}' goes down")
-    levels = []
-    level = low
+    return _doubling(low, high)
+
+
+def _doubling(low: int, high: int) -> list[int]:
+    levels, level = [], low
     while level < high:
         levels.append(level)
         level *= 2

@@ -137,14 +137,16 @@ def tensors_from_json(path: Path) -> list[TensorSpec]:
     tensors = []
     for entry in inputs:
         name, datatype = str(entry["name"]), str(entry["datatype"]).upper()
-        shape = tuple(int(d) for d in entry["shape"])
-        if datatype == "BYTES":
-            flat = np.array([str(v).encode() for v in np.ravel(entry["data"])], dtype=object)
-            array = flat.reshape(shape)
-        else:
-            array = np.asarray(entry["data"], dtype=NUMPY_TYPES[datatype]).reshape(shape)
-        tensors.append(tensor_from_array(name, datatype, array))
+        tensors.append(tensor_from_array(name, datatype, _json_array(entry, datatype)))
     return tensors
+
+
+def _json_array(entry: dict[str, Any], datatype: str) -> np.ndarray[Any, Any]:
+    shape = tuple(int(d) for d in entry["shape"])
+    if datatype == "BYTES":
+        flat = np.array([str(v).encode() for v in np.ravel(entry["data"])], dtype=object)
+        return flat.reshape(shape)
+    return np.asarray(entry["data"], dtype=NUMPY_TYPES[datatype]).reshape(shape)
 
 
 def concrete_shape(
@@ -167,10 +169,15 @@ def concrete_shape(
     for i in variable:
         dims[i] = 1
     if variable and payload_bytes is not None:
-        size = element_size(datatype) or 1
-        fixed = int(np.prod([d for i, d in enumerate(dims) if i != variable[-1]], dtype=np.int64))
-        dims[variable[-1]] = max(1, payload_bytes // (size * max(fixed, 1)))
+        dims[variable[-1]] = _payload_dim(dims, variable[-1], datatype, payload_bytes)
     return tuple(dims)
+
+
+def _payload_dim(dims: list[int], last: int, datatype: str, payload_bytes: int) -> int:
+    """The size of dimension ``last`` that makes the tensor ``payload_bytes`` long."""
+    size = element_size(datatype) or 1
+    fixed = int(np.prod([d for i, d in enumerate(dims) if i != last], dtype=np.int64))
+    return max(1, payload_bytes // (size * max(fixed, 1)))
 
 
 def tensors_from_metadata(

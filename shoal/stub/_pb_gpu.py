@@ -46,18 +46,27 @@ def import_device_capsule(name: str, capsule: object, device: tuple[int, int]) -
     as raw 16-bit words, which cupy has no dtype for either); the capsule is consumed."""
     check_device(name, device)
     cupy = cupy_module()
-    try:
-        bfloat16 = dlpack.check_importable(capsule)
-    except dlpack.DLPackError as error:
-        raise TritonModelException(f"Tensor.from_dlpack('{name}'): {error}") from None
+    bfloat16 = _holds_bfloat16(name, capsule)
     with cupy.cuda.Device(device[1]):
         array = cupy.from_dlpack(dlpack.CapsuleProducer(capsule, device))
+    _check_contiguous(array)
+    return array, bfloat16
+
+
+def _holds_bfloat16(name: str, capsule: object) -> bool:
+    """Whether the capsule holds bfloat16; TritonModelException when it cannot be imported."""
+    try:
+        return dlpack.check_importable(capsule)
+    except dlpack.DLPackError as error:
+        raise TritonModelException(f"Tensor.from_dlpack('{name}'): {error}") from None
+
+
+def _check_contiguous(array: Any) -> None:
     if not array.flags.c_contiguous:
         raise TritonModelException(
             "DLPack tensor is not contiguous. Only contiguous DLPack tensors that are stored "
             "in C-Order are supported."
         )
-    return array, bfloat16
 
 
 def datatype_of(array: Any, bfloat16: bool) -> str:

@@ -67,21 +67,10 @@ class ModelConfig:
         """Set ``model_transaction_policy``; only the key ``decoupled`` is allowed."""
         if not isinstance(transaction_policy_dict, dict):
             raise ValueError("model transaction policy must be a dict")
-        for key in transaction_policy_dict:
-            if key != "decoupled":
-                raise ValueError(
-                    f"model transaction policy property '{key}' is not supported; "
-                    "only 'decoupled' can be set"
-                )
+        _check_policy_keys(transaction_policy_dict)
         policy = self._model_config.setdefault("model_transaction_policy", {})
         if "decoupled" in transaction_policy_dict:
-            wanted = transaction_policy_dict["decoupled"]
-            if "decoupled" in policy and policy["decoupled"] != wanted:
-                raise ValueError(
-                    f"configuration sets model_transaction_policy decoupled={policy['decoupled']}"
-                    f", which conflicts with decoupled={wanted} from auto_complete_config"
-                )
-            policy["decoupled"] = wanted
+            _set_decoupled(policy, transaction_policy_dict["decoupled"])
 
     def _add_io(self, kind: str, spec: dict[str, Any], allowed: tuple[str, ...]) -> None:
         if not isinstance(spec, dict):
@@ -92,17 +81,39 @@ class ModelConfig:
                     f"invalid property '{key}' for model {kind} '{spec.get('name', '')}'; "
                     f"allowed: {', '.join(allowed)}"
                 )
-        for key in _REQUIRED_KEYS:
-            if key not in spec:
-                raise ValueError(
-                    f"model {kind} '{spec.get('name', '')}' is missing the '{key}' property"
-                )
+        _check_required(kind, spec)
         entries: list[dict[str, Any]] = self._model_config.setdefault(kind, [])
         existing = next((entry for entry in entries if entry.get("name") == spec["name"]), None)
         if existing is None:
             entries.append(dict(spec))
         else:
             _merge(kind, existing, spec)
+
+
+def _check_policy_keys(policy: dict[str, Any]) -> None:
+    for key in policy:
+        if key != "decoupled":
+            raise ValueError(
+                f"model transaction policy property '{key}' is not supported; "
+                "only 'decoupled' can be set"
+            )
+
+
+def _set_decoupled(policy: dict[str, Any], wanted: Any) -> None:
+    if "decoupled" in policy and policy["decoupled"] != wanted:
+        raise ValueError(
+            f"configuration sets model_transaction_policy decoupled={policy['decoupled']}"
+            f", which conflicts with decoupled={wanted} from auto_complete_config"
+        )
+    policy["decoupled"] = wanted
+
+
+def _check_required(kind: str, spec: dict[str, Any]) -> None:
+    for key in _REQUIRED_KEYS:
+        if key not in spec:
+            raise ValueError(
+                f"model {kind} '{spec.get('name', '')}' is missing the '{key}' property"
+            )
 
 
 def _merge(kind: str, existing: dict[str, Any], spec: dict[str, Any]) -> None:

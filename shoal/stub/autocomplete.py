@@ -22,9 +22,7 @@ def complete(model_file: str, config_json: str, runtime_file: str = "") -> dict[
     loader.install_pb_utils()
     pb_utils._set_model_dir(os.path.dirname(model_file))
     module = loader.import_model(model_file, runtime_file)
-    model_class = getattr(module, "TritonPythonModel", None)
-    if model_class is None:
-        raise AttributeError(f"Python model '{model_file}' does not define 'TritonPythonModel'")
+    model_class = loader.model_class(module, model_file)
     auto_complete = getattr(model_class, "auto_complete_config", None)
     config = pb_utils.ModelConfig(config_json)
     if auto_complete is None:

@@ -114,7 +114,11 @@ class BlsClient:
 
     def cancel_requests(self, keys: list[int]) -> None:
         """These requests were cancelled: cancel the calls made only on their behalf."""
-        gone = set(keys)
+        for call_id in self._orphaned_by(set(keys)):
+            self.cancel_call(call_id)
+
+    def _orphaned_by(self, gone: set[int]) -> list[int]:
+        """The calls whose every requester is in ``gone`` (taken off their lists)."""
         doomed = []
         with self._lock:
             for call_id, parents in self._waiting_on.items():
@@ -122,8 +126,7 @@ class BlsClient:
                     parents -= gone
                     if not parents:
                         doomed.append(call_id)
-        for call_id in doomed:
-            self.cancel_call(call_id)
+        return doomed
 
     def cancel_call(self, call_id: int) -> None:
         """Ask the supervisor to cancel an open call (once; a finished call is left alone)."""

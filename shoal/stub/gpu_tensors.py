@@ -47,6 +47,7 @@ from shoal.ipc.dtypes import NUMPY_DTYPES
 from shoal.ipc.tensor import (
     CudaLocation,
     CudaRegionLocation,
+    Location,
     TensorDesc,
     numpy_to_buffer_size,
     write_numpy,
@@ -145,29 +146,25 @@ class GpuTensors:
     def input_tensor(self, desc: TensorDesc) -> Any:
         """A request input in a pool block or a client's CUDA region, read in place: a GPU
         tensor, or one copy to the host when the model forces CPU inputs."""
-        location = desc.location
-        if type(location) is CudaRegionLocation:
-            pointer = self.regions.pointer(location)
-        else:
-            assert isinstance(location, CudaLocation)
-            pointer = self._pointer(location)
+        pointer = self._input_pointer(desc.location)
         if self.force_cpu_inputs:
-            host = device_to_host(pointer, location.nbytes).view(NUMPY_DTYPES[desc.datatype])
-            host = host.reshape(desc.shape)  # the model's own copy: writable, as on Triton
-            return pb_utils.Tensor._wrap(desc.name, host, desc.datatype)
+            return _host_tensor(desc, pointer)
         return pb_utils.Tensor._wrap_gpu(
             desc.name, self._device_view(desc, pointer, None), desc.datatype
         )
+
+    def _input_pointer(self, location: Location) -> int:
+        if type(location) is CudaRegionLocation:
+            return self.regions.pointer(location)
+        assert isinstance(location, CudaLocation)
+        return self._pointer(location)
 
     def output_tensor(self, desc: TensorDesc, keeper: object) -> Any:
         """A BLS output in a pool block, as a GPU tensor that keeps ``keeper`` alive."""
         location = desc.location
         assert isinstance(location, CudaLocation)
         array = self._device_view(desc, self._pointer(location), keeper)
-        with self._known_lock:
-            if len(self._known) > 4096:
-                self._known = {k: v for k, v in self._known.items() if v[1]() is not None}
-            self._known[int(array.data.ptr)] = (location, weakref.ref(keeper))
+        self._remember(int(array.data.ptr), location, keeper)
         return pb_utils.Tensor._wrap_gpu(desc.name, array, desc.datatype)
 
     def _known_block(self, pointer: int, nbytes: int) -> CudaLocation | None:
@@ -218,6 +215,13 @@ class GpuTensors:
         dtype = NUMPY_DTYPES[desc.datatype]
         return device_array(device, pointer, location.nbytes, dtype, desc.shape, keeper)
 
+    def _remember(self, pointer: int, location: CudaLocation, keeper: object) -> None:
+        """A BLS output's block by its pointer here, for as long as its call's keeper lives."""
+        with self._known_lock:
+            if len(self._known) > 4096:
+                self._known = {k: v for k, v in self._known.items() if v[1]() is not None}
+            self._known[pointer] = (location, weakref.ref(keeper))
+
     def _pointer(self, location: CudaLocation) -> int:
         self._wait_for_chunk(location)
         return self._pools.pointer(location)
@@ -234,6 +238,12 @@ class GpuTensors:
                 f"device {self._server_device} (SHOAL_NARROW_CUDA_VISIBLE_DEVICES is yes)"
             )
         return 0
+
+
+def _host_tensor(desc: TensorDesc, pointer: int) -> Any:
+    """An input copied to the host: the model's own copy, writable, as on Triton."""
+    host = device_to_host(pointer, desc.location.nbytes).view(NUMPY_DTYPES[desc.datatype])
+    return pb_utils.Tensor._wrap(desc.name, host.reshape(desc.shape), desc.datatype)
 
 
 class ClientCudaRegions:

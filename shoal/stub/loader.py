@@ -25,19 +25,27 @@ def install_pb_utils() -> None:
 
 def import_model_module(model_file: str) -> ModuleType:
     """Import ``model_file`` (``<model dir>/<version>/model.py``) as ``<version>.<stem>``."""
+    _check_exists(model_file)
+    version_dir = os.path.dirname(os.path.abspath(model_file))
+    _extend_path(version_dir)
+    stem = os.path.splitext(os.path.basename(model_file))[0]
+    package = os.path.basename(version_dir)
+    return importlib.import_module(f"{package}.{stem}")
+
+
+def _check_exists(model_file: str) -> None:
     if not os.path.isfile(model_file):
         version_dir = os.path.dirname(model_file)
         raise FileNotFoundError(
             f"Failed to preinitialize Python stub: Python model file not found in '{version_dir}'"
         )
-    version_dir = os.path.dirname(os.path.abspath(model_file))
-    model_dir = os.path.dirname(version_dir)
-    for path in (version_dir, model_dir):
+
+
+def _extend_path(version_dir: str) -> None:
+    """The version and model directories go on the path: the model imports its neighbours."""
+    for path in (version_dir, os.path.dirname(version_dir)):
         if path not in sys.path:
             sys.path.append(path)
-    stem = os.path.splitext(os.path.basename(model_file))[0]
-    package = os.path.basename(version_dir)
-    return importlib.import_module(f"{package}.{stem}")
 
 
 def import_backend_module(runtime_file: str) -> ModuleType:
@@ -59,12 +67,17 @@ def import_model(model_file: str, runtime_file: str = "") -> ModuleType:
     return import_model_module(model_file)
 
 
+def model_class(module: ModuleType, model_file: str) -> Any:
+    """The module's ``TritonPythonModel``."""
+    found = getattr(module, "TritonPythonModel", None)
+    if found is None:
+        raise AttributeError(f"Python model '{model_file}' does not define 'TritonPythonModel'")
+    return found
+
+
 def instantiate(module: ModuleType, model_file: str) -> Any:
     """Create the module's ``TritonPythonModel`` and check it can execute."""
-    model_class = getattr(module, "TritonPythonModel", None)
-    if model_class is None:
-        raise AttributeError(f"Python model '{model_file}' does not define 'TritonPythonModel'")
-    model = model_class()
+    model = model_class(module, model_file)()
     if not callable(getattr(model, "execute", None)):
         raise AttributeError(f"Python model {model_file} does not implement `execute` method.")
     return model

@@ -37,13 +37,17 @@ _PR_SET_PDEATHSIG = 1
 PRIVATE_MAPPING_MIN_BYTES = 64 << 10
 
 
-def die_with_parent(parent_pid: int) -> None:
-    """Have the kernel SIGKILL this process when the supervisor dies, even by SIGKILL."""
+def _ask_for_death_signal() -> None:
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     except (OSError, AttributeError):
         pass
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Have the kernel SIGKILL this process when the supervisor dies, even by SIGKILL."""
+    _ask_for_death_signal()
     if os.getppid() != parent_pid:  # the parent died before prctl took effect
         os._exit(1)
     # A Ctrl-C in the server's terminal is for the supervisor, which stops stubs in order.
@@ -177,34 +181,41 @@ class StubRuntime:
         pb_utils._set_model_dir(os.path.dirname(init.model_file))
         pb_utils._set_log_sink(self._log_sink)
         self.model = loader.create_model(init.model_file, init.args, init.runtime_file)
+        self._call_initialize(init.args)
+
+    def _call_initialize(self, args: dict[str, str]) -> None:
         initialize = getattr(self.model, "initialize", None)
         if initialize is not None:
-            result = initialize(dict(init.args))
+            result = initialize(dict(args))
             if inspect.isawaitable(result):
                 self.loop.run_until_complete(result)
 
     def run(self) -> int:
         """Serve until finalize or until the supervisor goes away; returns the exit code."""
         try:
-            first = msg.decode(self.channel.recv_down())
-            if not isinstance(first, msg.Initialize):
-                raise RuntimeError(f"expected Initialize, got {type(first).__name__}")
+            first = self._receive_initialize()
             cancels: list[Callable[[list[int]], None]] = []  # filled once execute can run
             writer, pump = self._output_side(first, cancels)
             if not self._initialized(first):
                 return 1
             executor, bls = self._execute_side(first, writer, pump, cancels)
-            self._send(
-                msg.Ready(
-                    concurrent=executor.concurrent and not executor.decoupled,
-                    user_ready=readiness.defines_is_ready(self.model),
-                )
-            )
+            self._send_ready(executor)
             return self._serve(executor, pump, bls)
         except PeerGone:
             return 1
         finally:
             self._close()
+
+    def _receive_initialize(self) -> msg.Initialize:
+        first = msg.decode(self.channel.recv_down())
+        if not isinstance(first, msg.Initialize):
+            raise RuntimeError(f"expected Initialize, got {type(first).__name__}")
+        return first
+
+    def _send_ready(self, executor: BatchExecutor) -> None:
+        concurrent = executor.concurrent and not executor.decoupled
+        user_ready = readiness.defines_is_ready(self.model)
+        self._send(msg.Ready(concurrent=concurrent, user_ready=user_ready))
 
     def _output_side(
         self, first: msg.Initialize, cancels: list[Callable[[list[int]], None]]
@@ -327,15 +338,18 @@ class StubRuntime:
         return None
 
     def _close(self) -> None:
+        self._close_gpu()
+        pb_utils._set_log_sink(None)
+        self.regions.close()
+        sys.stdout.flush()
+        sys.stderr.flush()
+
+    def _close_gpu(self) -> None:
         try:
             if self.gpu is not None:
                 self.gpu.close()  # the pool chunks and clients' regions it opened, if any
         except Exception:
             pass  # the driver drops them with the process anyway
-        pb_utils._set_log_sink(None)
-        self.regions.close()
-        sys.stdout.flush()
-        sys.stderr.flush()
 
 
 def _force_cpu_inputs(args: dict[str, str]) -> bool:

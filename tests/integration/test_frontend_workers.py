@@ -99,10 +99,34 @@ def through(server: ShoalServer, index: int) -> Iterator[None]:
     for pid in others:
         os.kill(pid, signal.SIGSTOP)
     try:
+        for pid in others:
+            _until_stopped(pid)
         yield
     finally:
         for pid in others:
             os.kill(pid, signal.SIGCONT)
+
+
+def _until_stopped(pid: int) -> None:
+    """Wait until every thread of ``pid`` has stopped. ``kill`` returns before that: the thread
+    the kernel hands SIGSTOP to stops the others only when it next runs, and meanwhile the event
+    loop's thread could still accept the connection the test is about to open."""
+    deadline = time.monotonic() + 10
+    while not all(state in "Tt" for state in _thread_states(pid)):
+        assert time.monotonic() < deadline, f"worker {pid} did not stop"
+        time.sleep(0.001)  # polling the process table
+
+
+def _thread_states(pid: int) -> list[str]:
+    states = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                # The state follows the command name, which is in parentheses.
+                states.append(f.read().rsplit(")", 1)[1].split()[0])
+        except (OSError, IndexError):
+            continue  # a thread that exited meanwhile
+    return states
 
 
 def _add_sub_inputs(module, a: np.ndarray, b: np.ndarray) -> list:

@@ -7,6 +7,7 @@ tracing. Malformed requests raise :class:`~shoal.core.api.InvalidArgument`.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 from shoal.core import (
     BatchStatistics,
@@ -113,16 +114,18 @@ def load_arguments(
     config: str | None = None
     files: dict[str, bytes] = {}
     for key, parameter in parameters.items():
-        choice = parameter.WhichOneof("parameter_choice")
         if key == _CONFIG:
-            if choice != "string_param":
-                raise InvalidArgument(f"expect the '{_CONFIG}' parameter to be a string_param")
-            config = parameter.string_param
+            config = _param(key, parameter, "string_param")
         elif key.startswith(_FILE_PREFIX):
-            if choice != "bytes_param":
-                raise InvalidArgument(f"expect the '{key}' parameter to be a bytes_param")
-            files[key] = parameter.bytes_param
+            files[key] = _param(key, parameter, "bytes_param")
     return config, files or None
+
+
+def _param(key: str, parameter: pb.ModelRepositoryParameter, kind: str) -> Any:
+    """The parameter's value, which must be of ``kind``."""
+    if parameter.WhichOneof("parameter_choice") != kind:
+        raise InvalidArgument(f"expect the '{key}' parameter to be a {kind}")
+    return getattr(parameter, kind)
 
 
 def unload_dependents(parameters: Mapping[str, pb.ModelRepositoryParameter]) -> bool:
@@ -144,12 +147,17 @@ def system_shm_status_response(
     """The SystemSharedMemoryStatus reply, keyed by region name."""
     response = pb.SystemSharedMemoryStatusResponse()
     for region in regions:
-        status = response.regions[region.name]
-        status.name = region.name
-        status.key = region.key
-        status.offset = region.offset
-        status.byte_size = region.byte_size
+        _system_status(response.regions[region.name], region)
     return response
+
+
+def _system_status(
+    status: pb.SystemSharedMemoryStatusResponse.RegionStatus, region: SharedMemoryRegion
+) -> None:
+    status.name = region.name
+    status.key = region.key
+    status.offset = region.offset
+    status.byte_size = region.byte_size
 
 
 def cuda_shm_status_response(
@@ -158,11 +166,16 @@ def cuda_shm_status_response(
     """The CudaSharedMemoryStatus reply, keyed by region name."""
     response = pb.CudaSharedMemoryStatusResponse()
     for region in regions:
-        status = response.regions[region.name]
-        status.name = region.name
-        status.device_id = region.device_id
-        status.byte_size = region.byte_size
+        _cuda_status(response.regions[region.name], region)
     return response
+
+
+def _cuda_status(
+    status: pb.CudaSharedMemoryStatusResponse.RegionStatus, region: CudaSharedMemoryRegion
+) -> None:
+    status.name = region.name
+    status.device_id = region.device_id
+    status.byte_size = region.byte_size
 
 
 # --- logging and tracing ----------------------------------------------------------------------
@@ -172,50 +185,53 @@ _LogValue = pb.LogSettingsRequest.SettingValue
 
 def log_settings_update(settings: Mapping[str, _LogValue]) -> dict[str, ParamValue]:
     """The settings a LogSettings request changes (empty: the request only reads them)."""
-    update: dict[str, ParamValue] = {}
-    for key, setting in settings.items():
-        choice = setting.WhichOneof("parameter_choice")
-        if choice is None:
-            raise InvalidArgument(
-                f"log setting '{key}' has no value: expected bool_param, uint32_param or "
-                "string_param"
-            )
-        update[key] = getattr(setting, choice)
-    return update
+    return {key: _log_value(key, setting) for key, setting in settings.items()}
+
+
+def _log_value(key: str, setting: _LogValue) -> ParamValue:
+    choice = setting.WhichOneof("parameter_choice")
+    if choice is None:
+        raise InvalidArgument(
+            f"log setting '{key}' has no value: expected bool_param, uint32_param or string_param"
+        )
+    value: ParamValue = getattr(setting, choice)
+    return value
 
 
 def log_settings_response(settings: Mapping[str, ParamValue]) -> pb.LogSettingsResponse:
     """The LogSettings reply: booleans, unsigned integers (e.g. the verbose level) and strings."""
     response = pb.LogSettingsResponse()
     for key, value in settings.items():
-        setting = response.settings[key]
-        if isinstance(value, bool):
-            setting.bool_param = value
-        elif isinstance(value, int):
-            if not 0 <= value <= _UINT32_MAX:
-                raise InternalError(f"log setting '{key}' = {value} does not fit a uint32")
-            setting.uint32_param = value
-        else:
-            setting.string_param = str(value)
+        _set_log_value(response.settings[key], key, value)
     return response
+
+
+def _set_log_value(setting: Any, key: str, value: ParamValue) -> None:
+    if isinstance(value, bool):
+        setting.bool_param = value
+    elif isinstance(value, int):
+        if not 0 <= value <= _UINT32_MAX:
+            raise InternalError(f"log setting '{key}' = {value} does not fit a uint32")
+        setting.uint32_param = value
+    else:
+        setting.string_param = str(value)
 
 
 def trace_settings_update(
     settings: Mapping[str, pb.TraceSettingRequest.SettingValue],
 ) -> dict[str, TraceChange]:
     """The changes a TraceSetting request asks for: an empty value clears a model's setting."""
-    changes: dict[str, TraceChange] = {}
-    for key, setting in settings.items():
-        values = list(setting.value)
-        if not values:
-            changes[key] = None
-        elif key == "trace_level":
-            changes[key] = values
-        elif len(values) == 1:
-            changes[key] = values[0]
-        else:
-            raise InvalidArgument(f"trace setting '{key}' takes one value, got {len(values)}")
-    return changes
+    return {key: _trace_change(key, list(setting.value)) for key, setting in settings.items()}
+
+
+def _trace_change(key: str, values: list[str]) -> TraceChange:
+    if not values:
+        return None
+    if key == "trace_level":
+        return values
+    if len(values) == 1:
+        return values[0]
+    raise InvalidArgument(f"trace setting '{key}' takes one value, got {len(values)}")
 
 
 def trace_settings_response(settings: Mapping[str, TraceValue]) -> pb.TraceSettingResponse:

@@ -78,12 +78,14 @@ class Batching:
         except BackendModelError as error:
             responses[index] = error_response(str(error))
             return
-        batch = self.batch_of(feed)
+        responses[index] = self._response(names, results, self.batch_of(feed))
+
+    def _response(self, names: list[str], values: list[np.ndarray], batch: int) -> Any:
         tensors = [
             pb_utils.Tensor(name, self.client_shape(name, value, batch))
-            for name, value in zip(names, results, strict=True)
+            for name, value in zip(names, values, strict=True)
         ]
-        responses[index] = pb_utils.InferenceResponse(output_tensors=tensors)
+        return pb_utils.InferenceResponse(output_tensors=tensors)
 
     def _run_batched(
         self,

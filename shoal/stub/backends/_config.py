@@ -30,21 +30,18 @@ class ConfigTensor:
 
 def config_tensors(config: Mapping[str, Any], key: str) -> list[ConfigTensor]:
     """The ``input`` or ``output`` entries of a configuration in Triton's JSON form."""
-    tensors = []
-    for entry in config.get(key, []) or []:
-        data_type = str(entry.get("data_type", ""))
-        datatype = "BYTES" if data_type == "TYPE_STRING" else data_type.removeprefix("TYPE_")
-        dims = tuple(int(d) for d in entry.get("dims", []))
-        reshape = entry.get("reshape")
-        model_dims = dims
-        if isinstance(reshape, Mapping):
-            model_dims = tuple(int(d) for d in reshape.get("shape", []))
-        tensors.append(
-            ConfigTensor(
-                str(entry.get("name", "")), datatype, dims, model_dims, isinstance(reshape, Mapping)
-            )
-        )
-    return tensors
+    return [_config_tensor(entry) for entry in config.get(key, []) or []]
+
+
+def _config_tensor(entry: Mapping[str, Any]) -> ConfigTensor:
+    data_type = str(entry.get("data_type", ""))
+    datatype = "BYTES" if data_type == "TYPE_STRING" else data_type.removeprefix("TYPE_")
+    dims = tuple(int(d) for d in entry.get("dims", []))
+    name, reshape = str(entry.get("name", "")), entry.get("reshape")
+    if not isinstance(reshape, Mapping):
+        return ConfigTensor(name, datatype, dims, dims, False)
+    model_dims = tuple(int(d) for d in reshape.get("shape", []))
+    return ConfigTensor(name, datatype, dims, model_dims, True)
 
 
 def sequence_tensors(config: Mapping[str, Any]) -> tuple[list[str], list[str], list[str]]:

@@ -348,6 +348,13 @@ def _failure(open_call: _OpenCall, future: asyncio.Future[Completion]) -> ShoalE
     return ShoalError(f"internal error in BLS: {error!r}")
 
 
+def _release_unread(stream: asyncio.Queue[Completion | BaseException | None]) -> None:
+    while not stream.empty():
+        item = stream.get_nowait()
+        if isinstance(item, Completion):
+            item.release()
+
+
 def _abandon(work: Work, held: list[Completion]) -> None:
     """The caller no longer waits: cancel the target's request (dropped if still queued, flagged
     to the model if running) and give back the responses nobody will read."""
@@ -358,7 +365,4 @@ def _abandon(work: Work, held: list[Completion]) -> None:
     work.closed = True
     work.cancel()
     if work.stream is not None:
-        while not work.stream.empty():
-            item = work.stream.get_nowait()
-            if isinstance(item, Completion):
-                item.release()
+        _release_unread(work.stream)

@@ -134,17 +134,20 @@ class ControlRouter:
         return None
 
     async def _model_call(self, proc: StubChannel, call: msg.ControlCall) -> None:
-        args = call.args
         try:
-            if call.op is Op.LOAD_MODEL:
-                await self._models.load(args[0], args[1] or None, args[2] or None)
-            else:
-                await self._models.unload(args[0], bool(args[1]))
+            await self._change_model(call)
         except ShoalError as error:
             verb = "load" if call.op is Op.LOAD_MODEL else "unload"
             self._reply(proc, call, f"Failed to {verb} model: {error.message}", None)
             return
         self._reply(proc, call, None, None)
+
+    async def _change_model(self, call: msg.ControlCall) -> None:
+        args = call.args
+        if call.op is Op.LOAD_MODEL:
+            await self._models.load(args[0], args[1] or None, args[2] or None)
+        else:
+            await self._models.unload(args[0], bool(args[1]))
 
     @staticmethod
     def _reply(proc: StubChannel, call: msg.ControlCall, error: str | None, value: Any) -> None:
@@ -152,8 +155,12 @@ class ControlRouter:
             if error is not None:
                 log.warning("a model's metric update failed: %s", error)
             return
-        reply = msg.ControlReply(call.call_id, error, value)
-        if not proc.send(reply):
-            task = asyncio.ensure_future(proc.send_async(reply))
-            _PENDING.add(task)
-            task.add_done_callback(_PENDING.discard)
+        _send_soon(proc, msg.ControlReply(call.call_id, error, value))
+
+
+def _send_soon(proc: StubChannel, reply: msg.ControlReply) -> None:
+    """Send ``reply`` now, or once the stub's ring has room."""
+    if not proc.send(reply):
+        task = asyncio.ensure_future(proc.send_async(reply))
+        _PENDING.add(task)
+        task.add_done_callback(_PENDING.discard)

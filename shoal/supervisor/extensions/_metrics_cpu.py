@@ -19,13 +19,18 @@ from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 _IDLE_COLUMNS = (3, 4)
 
 
-def read_cpu_times(proc_root: str = "/proc") -> tuple[int, int] | None:
-    """(busy, total) jiffies of all CPUs since boot, or None when unreadable."""
+def _cpu_line(proc_root: str) -> list[bytes] | None:
+    """The fields of the all-CPUs line of /proc/stat."""
     try:
         with open(f"{proc_root}/stat", "rb") as f:
-            first = f.readline().split()
+            return f.readline().split()
     except OSError:
         return None
+
+
+def read_cpu_times(proc_root: str = "/proc") -> tuple[int, int] | None:
+    """(busy, total) jiffies of all CPUs since boot, or None when unreadable."""
+    first = _cpu_line(proc_root)
     if not first or first[0] != b"cpu":
         return None
     # guest and guest_nice are already counted in user and nice.
@@ -33,6 +38,12 @@ def read_cpu_times(proc_root: str = "/proc") -> tuple[int, int] | None:
     idle = sum(values[i] for i in _IDLE_COLUMNS if i < len(values))
     total = sum(values)
     return total - idle, total
+
+
+def _utilization(before: tuple[int, int], now: tuple[int, int], previous: float) -> float:
+    """The busy share of the CPU time between two readings (``previous`` when none passed)."""
+    busy, total = now[0] - before[0], now[1] - before[1]
+    return min(1.0, max(0.0, busy / total)) if total > 0 else previous
 
 
 def read_memory_bytes(proc_root: str = "/proc") -> tuple[int, int] | None:
@@ -90,9 +101,6 @@ class CpuProbe:
         self._read_at = now
         times = read_cpu_times(self._proc_root)
         if times is not None and self._times is not None:
-            busy = times[0] - self._times[0]
-            total = times[1] - self._times[1]
-            if total > 0:
-                self._utilization = min(1.0, max(0.0, busy / total))
+            self._utilization = _utilization(self._times, times, self._utilization)
         self._times = times
         self._memory = read_memory_bytes(self._proc_root)

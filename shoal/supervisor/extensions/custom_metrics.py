@@ -97,9 +97,7 @@ class CustomMetrics:
         elif op == 2:
             series.value = value
         else:
-            series.counts[bisect.bisect_left(series.bounds, value)] += 1
-            series.total += value
-            series.observations += 1
+            _observe(series, value)
 
     def value(self, owner: int, handle: int) -> float:
         return self._series(owner, handle).value
@@ -107,13 +105,15 @@ class CustomMetrics:
     def delete_metric(self, owner: int, handle: int) -> None:
         entry = self._metric_handles.pop((owner, handle), None)
         if entry is not None:
-            family, key = entry
-            series = family.series[key]
-            series.holders -= 1
-            if series.holders <= 0:
-                del family.series[key]
-            if family.holders <= 0 and not family.series:  # its family was deleted first
-                self._families.pop(family.name, None)
+            self._release_series(*entry)
+
+    def _release_series(self, family: _Family, key: Labels) -> None:
+        series = family.series[key]
+        series.holders -= 1
+        if series.holders <= 0:
+            del family.series[key]
+        if family.holders <= 0 and not family.series:  # its family was deleted first
+            self._families.pop(family.name, None)
 
     def delete_family(self, owner: int, handle: int) -> None:
         family = self._family_handles.pop((owner, handle), None)
@@ -155,3 +155,10 @@ def _le(bound: float) -> str:
     """A bucket's bound as Triton's exporter writes it: ``1`` (not ``1.0``), ``0.1``, ``2.5``."""
     value = float(bound)
     return str(int(value)) if value.is_integer() else repr(value)
+
+
+def _observe(series: _Series, value: float) -> None:
+    """A histogram observation: its bucket, sum and count."""
+    series.counts[bisect.bisect_left(series.bounds, value)] += 1
+    series.total += value
+    series.observations += 1

@@ -138,15 +138,17 @@ def apply_log_settings(settings: dict[str, ParamValue]) -> None:
             handler.formatter.log_format = str(settings["log_format"])
 
 
+def _log_handler(options: ServerOptions) -> logging.Handler:
+    if options.log_file:
+        return logging.FileHandler(options.log_file, encoding="utf-8")
+    return logging.StreamHandler(sys.stderr)
+
+
 def configure_logging(options: ServerOptions) -> None:
     """Triton-style lines on stderr, or appended to ``--log-file`` (OSError if it cannot be
     opened), at the level the ``--log-verbose/info/warning/error`` flags give. The core and
     every frontend worker configure their logging with it."""
-    handler: logging.Handler
-    if options.log_file:
-        handler = logging.FileHandler(options.log_file, encoding="utf-8")
-    else:
-        handler = logging.StreamHandler(sys.stderr)
+    handler = _log_handler(options)
     handler.setFormatter(TritonFormatter(options.log_format))
     level = shoal_level(
         options.log_verbose, options.log_info, options.log_warning, options.log_error

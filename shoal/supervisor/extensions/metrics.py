@@ -44,9 +44,7 @@ class ServiceCollector:
     def collect(self) -> Iterator[Metric]:
         versions = self._ready_versions()
         yield from triton_families(self._models(versions))
-        arena = self._service.input_arena
-        arenas = [ArenaSample("input", arena.used_bytes, arena.capacity_bytes)]
-        yield from shoal_families(self._instances(versions), arenas)
+        yield from shoal_families(self._instances(versions), self._arenas())
         yield from _stage_families(versions)
         yield from _cuda_pool_families(self._service.directory.cuda)
         yield from self._service.custom_metrics.families()
@@ -61,11 +59,16 @@ class ServiceCollector:
         samples = []
         for stats in self._service.model_statistics():
             mv = versions.get((stats.name, stats.version))
-            scheduler = mv.scheduler if mv is not None else None
-            pending = scheduler.pending if scheduler is not None else 0
-            cached = self._service.cache is not None and mv is not None and mv.config.response_cache
-            samples.append(ModelSample(stats, pending, cached))
+            samples.append(ModelSample(stats, _pending(mv), self._cached(mv)))
         return samples
+
+    def _cached(self, mv: ModelVersion | None) -> bool:
+        """Whether the version's responses go through the response cache."""
+        return self._service.cache is not None and mv is not None and mv.config.response_cache
+
+    def _arenas(self) -> list[ArenaSample]:
+        arena = self._service.input_arena
+        return [ArenaSample("input", arena.used_bytes, arena.capacity_bytes)]
 
     def _instances(self, versions: dict[tuple[str, str], ModelVersion]) -> list[InstanceSample]:
         samples = []
@@ -83,6 +86,12 @@ class ServiceCollector:
                 )
         self._rss.keep_only(pids)
         return samples
+
+
+def _pending(mv: ModelVersion | None) -> int:
+    """Requests waiting in the version's scheduler."""
+    scheduler = mv.scheduler if mv is not None else None
+    return scheduler.pending if scheduler is not None else 0
 
 
 def _cuda_pool_families(pools: CudaPools) -> Iterator[Metric]:

@@ -211,11 +211,15 @@ def _config_entry(entry: str) -> tuple[str, str] | None:
         raise ValueError(f"--trace-config expects [<mode>,]<setting>=<value>, got '{entry}'")
     if scope == "opentelemetry":
         return None
+    return _config_name(key), value
+
+
+def _config_name(key: str) -> str:
     name = _CONFIG_KEYS.get(key)
     if name is None:
         known = ", ".join(_CONFIG_KEYS)
         raise ValueError(f"--trace-config: unknown setting '{key}'; expected one of {known}")
-    return name, value
+    return name
 
 
 def _config_value(name: str, value: str) -> TraceValue:

@@ -90,7 +90,10 @@ class LoopbackStub:
     def send(self, message: msg.Message) -> bool:
         if self.returncode is not None:
             raise PeerGone("the loopback stub has exited")
-        self._receive(msg.decode(msg.encode(message)))  # the wire form, as on a ring
+        encoded = msg.encode(message)
+        if len(encoded) > self.launch.ring_bytes - 8:  # a ring record's length word
+            raise ValueError(f"message of {len(encoded)} bytes exceeds the ring capacity")
+        self._receive(msg.decode(encoded))  # the wire form, as on a ring
         return True
 
     async def send_async(self, message: msg.Message) -> None:
@@ -134,6 +137,10 @@ class LoopbackStub:
         self._outputs.close()
 
     # -- the stub side -----------------------------------------------------------------------
+
+    def output_block(self, nbytes: int) -> Block:
+        """A block of its output arena, as a response of the model would hold one."""
+        return self._outputs.allocate(nbytes)
 
     @property
     def output_bytes_in_use(self) -> int:

@@ -14,6 +14,11 @@ from shoal.supervisor.instances.channel import StubChannel
 from shoal.supervisor.instances.decoupled import response_blocks, response_cuda
 from shoal.supervisor.instances.spec import InstanceScope
 
+#: Blocks per ``Release``: one message must fit the stub's ring (1 MiB), and a block packs into
+#: at most 37 bytes. One loop turn can release far more than that: a client that hangs up on a
+#: long decoupled stream gives back every response still queued in it at once.
+RELEASE_BATCH = 8192
+
 
 class StubOutputs:
     """The owner of an instance's completions' blocks (a ``work.OutputOwner``)."""
@@ -68,8 +73,10 @@ class StubOutputs:
         self._scheduled = False
         blocks, self._pending = self._pending, []
         proc = self._current.proc
-        if blocks and proc is not None and proc.returncode is None:
-            self._outbox.post(proc, msg.Release(blocks))
+        if proc is None or proc.returncode is not None:
+            return
+        for start in range(0, len(blocks), RELEASE_BATCH):
+            self._outbox.post(proc, msg.Release(blocks[start : start + RELEASE_BATCH]))
 
 
 def owned_outputs(proc: StubChannel, response: msg.ResponseRecord) -> list[Block]:

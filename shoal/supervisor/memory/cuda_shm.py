@@ -95,13 +95,15 @@ class CudaSharedMemoryRegistry:
         """Close ``name`` (every region when empty); returns the (device, handle) of each,
         for the stubs that may have opened them too."""
         names = [name] if name else list(self._regions)
-        closed = []
-        for each in names:
-            entry = self._regions.pop(each, None)
-            if entry is not None:
-                self._closer(entry.region.device_id, entry.pointer)
-                closed.append((entry.region.device_id, entry.handle))
-        return closed
+        closed = [self._close(each) for each in names]
+        return [c for c in closed if c is not None]
+
+    def _close(self, name: str) -> tuple[int, bytes] | None:
+        entry = self._regions.pop(name, None)
+        if entry is None:
+            return None
+        self._closer(entry.region.device_id, entry.pointer)
+        return entry.region.device_id, entry.handle
 
     def status(self, name: str = "") -> list[CudaSharedMemoryRegion]:
         if not name:
@@ -116,9 +118,7 @@ class CudaSharedMemoryRegistry:
 
     def pointer(self, name: str, offset: int, byte_size: int, *, what: str) -> tuple[int, int]:
         """``(device, device pointer)`` of a window of a region, bounds checked."""
-        entry = self._regions.get(name)
-        if entry is None:
-            raise InvalidArgument(f"Unable to find cuda shared memory region: '{name}' ({what})")
+        entry = self._opened(name, what)
         size = entry.region.byte_size
         if offset < 0 or byte_size < 0 or offset + byte_size > size:
             raise InvalidArgument(
@@ -133,6 +133,12 @@ class CudaSharedMemoryRegistry:
         entry = self._regions[name]
         key = f"{entry.generation}:{name}"
         return CudaRegionLocation(key, entry.region.device_id, offset, byte_size, entry.handle)
+
+    def _opened(self, name: str, what: str) -> _Opened:
+        entry = self._regions.get(name)
+        if entry is None:
+            raise InvalidArgument(f"Unable to find cuda shared memory region: '{name}' ({what})")
+        return entry
 
     def read(self, name: str, offset: int, byte_size: int, *, what: str) -> memoryview:
         """A host copy of a window (one device-to-host copy)."""

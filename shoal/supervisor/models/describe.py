@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
+from shoal.config import TensorConfig
 from shoal.core.errors import InvalidArgument, NotFound
 from shoal.core.types import ModelMetadata, ModelStatistics, TensorMetadata
 from shoal.supervisor.models.manager import ModelRepositoryManager
@@ -17,13 +20,13 @@ def metadata(repo: ModelRepositoryManager, name: str, version: str = "") -> Mode
         name=name,
         versions=tuple(str(v) for v, m in sorted(versions.items()) if m.ready),
         platform=config.platform or config.backend,
-        inputs=tuple(
-            TensorMetadata(t.name, t.datatype, batch + tuple(t.dims)) for t in config.inputs
-        ),
-        outputs=tuple(
-            TensorMetadata(t.name, t.datatype, batch + tuple(t.dims)) for t in config.outputs
-        ),
+        inputs=_tensors(config.inputs, batch),
+        outputs=_tensors(config.outputs, batch),
     )
+
+
+def _tensors(tensors: Iterable[TensorConfig], batch: tuple[int, ...]) -> tuple[TensorMetadata, ...]:
+    return tuple(TensorMetadata(t.name, t.datatype, batch + tuple(t.dims)) for t in tensors)
 
 
 def statistics(
@@ -31,9 +34,7 @@ def statistics(
 ) -> list[ModelStatistics]:
     """Statistics of every ready model, of one model's ready versions, or of one version."""
     if not name:
-        if version:
-            raise InvalidArgument("a model version was given without a model name")
-        return [mv.stats.snapshot() for mv in repo.versions() if mv.ready]
+        return _every_model(repo, version)
     if name not in repo.models:
         raise InvalidArgument(f"requested model '{name}' is not available")
     if version:
@@ -45,3 +46,9 @@ def statistics(
             ) from None
     versions = repo.models[name].values()
     return [mv.stats.snapshot() for mv in sorted(versions, key=lambda m: m.version) if mv.ready]
+
+
+def _every_model(repo: ModelRepositoryManager, version: str) -> list[ModelStatistics]:
+    if version:
+        raise InvalidArgument("a model version was given without a model name")
+    return [mv.stats.snapshot() for mv in repo.versions() if mv.ready]

@@ -85,12 +85,16 @@ def _dependencies_dir() -> Path:
     return _links("stub-deps", targets)
 
 
-def _unpack(archive: Path) -> Path:
+def _digest(archive: Path) -> str:
     digest = hashlib.sha256()
     with archive.open("rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             digest.update(chunk)
-    target = cache_root() / digest.hexdigest()[:32]
+    return digest.hexdigest()
+
+
+def _unpack(archive: Path) -> Path:
+    target = cache_root() / _digest(archive)[:32]
     if (target / ".unpacked").exists():
         return target
     staging = Path(tempfile.mkdtemp(prefix="unpack-", dir=cache_root()))
@@ -126,9 +130,7 @@ def resolve(parameters: Mapping[str, str], model_dir: str, model: str) -> StubEn
     raw = parameters.get(PARAMETER)
     if not raw:
         return None
-    path = Path(raw.replace(_MODEL_DIR_TOKEN, model_dir)).expanduser()
-    if not path.is_absolute():
-        path = Path(model_dir) / path
+    path = _located(raw, model_dir)
     if path.is_file() and path.name.endswith((".tar.gz", ".tgz")):
         cache_root().mkdir(parents=True, exist_ok=True)
         path = _unpack(path)
@@ -141,18 +143,26 @@ def resolve(parameters: Mapping[str, str], model_dir: str, model: str) -> StubEn
     return StubEnvironment(str(python), _variables(path))
 
 
+def _located(raw: str, model_dir: str) -> Path:
+    """The path ``EXECUTION_ENV_PATH`` names; relative paths are within the model directory."""
+    path = Path(raw.replace(_MODEL_DIR_TOKEN, model_dir)).expanduser()
+    return path if path.is_absolute() else Path(model_dir) / path
+
+
 def _variables(path: Path) -> dict[str, str]:
-    libraries = os.environ.get("LD_LIBRARY_PATH", "")
     return {
         "PYTHONPATH": str(_shim_dir()),
         "SHOAL_STUB_FALLBACK_PATH": str(_dependencies_dir()),
         "PATH": f"{path / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}",
-        # As Triton does: the environment's shared libraries (conda's libstdc++, MKL) first.
-        "LD_LIBRARY_PATH": f"{path / 'lib'}{os.pathsep}{libraries}"
-        if libraries
-        else str(path / "lib"),
+        "LD_LIBRARY_PATH": _library_path(path),
         "VIRTUAL_ENV": str(path),
     }
+
+
+def _library_path(path: Path) -> str:
+    """As Triton does: the environment's shared libraries (conda's libstdc++, MKL) first."""
+    libraries = os.environ.get("LD_LIBRARY_PATH", "")
+    return f"{path / 'lib'}{os.pathsep}{libraries}" if libraries else str(path / "lib")
 
 
 async def prepare(
@@ -166,12 +176,17 @@ async def prepare(
     elif parameters.get(PARAMETER):
         raise InvalidArgument(f"model '{model}': give {PARAMETER} or {venvs.PARAMETER}, not both")
     else:
-        timeout = venvs.build_timeout(parameters, model)
-        path = await venvs.build(requirements, cache_root(), model, timeout)
-        environment = StubEnvironment(str(path / "bin" / "python"), _variables(path))
+        environment = await _venv(requirements, parameters, model)
     if environment is not None:
         await check(environment, model)
     return environment
+
+
+async def _venv(requirements: Path, parameters: Mapping[str, str], model: str) -> StubEnvironment:
+    """The virtual environment built (or found in the cache) for ``requirements``."""
+    timeout = venvs.build_timeout(parameters, model)
+    path = await venvs.build(requirements, cache_root(), model, timeout)
+    return StubEnvironment(str(path / "bin" / "python"), _variables(path))
 
 
 #: Run on the environment's interpreter before its stubs start: it exits 3 when that Python is

@@ -113,9 +113,7 @@ def thread_env(
     if not asked:
         return env
     if asked == "auto":
-        if cpus is None:
-            cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
-        share = str(max(1, (cpus or os.cpu_count() or 1) // max(1, instances)))
+        share = _auto_share(cpus, instances)
     elif asked.isdigit() and int(asked) > 0:
         share = asked
     else:
@@ -125,10 +123,22 @@ def thread_env(
             asked,
         )
         return env
+    _fill_unset(env, share, environ)
+    return env
+
+
+def _auto_share(cpus: int | None, instances: int) -> str:
+    """The CPUs this process may use, shared among the instances."""
+    if cpus is None:
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    return str(max(1, (cpus or os.cpu_count() or 1) // max(1, instances)))
+
+
+def _fill_unset(env: dict[str, str], share: str, environ: Any) -> None:
+    """Each thread variable neither the model nor the server's environment sets."""
     for name in THREAD_VARIABLES:
         if name not in env and name not in environ:
             env[name] = share
-    return env
 
 
 EXECUTE_TIMEOUT_PARAMETER = "execute_timeout_seconds"

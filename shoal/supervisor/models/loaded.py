@@ -73,10 +73,14 @@ def _latest_ready(name: str, versions: dict[int, ModelVersion]) -> ModelVersion:
     ready = [mv for mv in versions.values() if mv.ready]
     if ready:
         return max(ready, key=lambda mv: mv.version)
+    raise _none_ready(name, versions)
+
+
+def _none_ready(name: str, versions: dict[int, ModelVersion]) -> ShoalError:
     reasons = "; ".join(mv.reason for mv in versions.values() if mv.reason)
     text = f"Request for unknown model: '{name}' has no available versions" + (
         f": {reasons}" if reasons else ""
     )
     if all(mv.reason == "unloaded" for mv in versions.values()):
-        raise NotFound(text)  # Triton's code for an unloaded model
-    raise Unavailable(text)
+        return NotFound(text)  # Triton's code for an unloaded model
+    return Unavailable(text)

@@ -11,7 +11,6 @@ import asyncio
 import logging
 import shutil
 from collections.abc import Callable, Iterator
-from typing import Any
 
 from shoal import config as model_config
 from shoal.core.errors import (
@@ -21,12 +20,12 @@ from shoal.core.errors import (
 )
 from shoal.core.types import RepositoryEntry
 from shoal.supervisor.calls.control import ModelControl
-from shoal.supervisor.models._ensemble_checks import EnsembleProblem, check_ensemble
+from shoal.supervisor.models._step_models import ensemble_problem
 from shoal.supervisor.models.index import repository_index
 from shoal.supervisor.models.loaded import LoadedModels
 from shoal.supervisor.models.preparation import check_model_name, parse_override, prepare_versions
 from shoal.supervisor.models.remote_repository import RemoteRepositoryError, RepositorySources
-from shoal.supervisor.models.repository import fingerprint, scan
+from shoal.supervisor.models.repository import Fingerprint, ModelSource, fingerprint, scan
 from shoal.supervisor.models.uploads import write_model_files
 from shoal.supervisor.models.versions import (
     ModelLoader,
@@ -64,7 +63,7 @@ class ModelRepositoryManager:
         self.failed = loaded.failed
         self._locks: dict[str, asyncio.Lock] = {}
         self._scratch: dict[str, str] = {}  # model name -> temp dir holding uploaded files
-        self._fingerprints: dict[str, tuple[tuple[str, int, int], ...]] = {}
+        self._fingerprints: dict[str, Fingerprint] = {}
         self._poller: asyncio.Task[None] | None = None
         self._loading: set[str] = set()
         # Models loaded only because an ensemble needed them (unload_dependents unloads them).
@@ -82,23 +81,33 @@ class ModelRepositoryManager:
         with the reason (each is logged once, and recorded for the repository index)."""
         await self.sources.open()
         sources, broken = scan(self.sources.local_paths)
-        self.failed.update(broken)
-        for reason in broken.values():
-            log.error("%s", reason)
-        if self.options.model_control_mode == "explicit":
-            wanted = set(self.options.load_models)
-            names = sorted(sources) if "*" in wanted else sorted(wanted)
-        else:
-            names = sorted(sources)
+        self._record_broken(broken)
+        names = self._startup_names(sources)
         # Claimed before any starts, so an ensemble does not load its steps a second time.
         self._loading.update(names)
         results = await asyncio.gather(*(self._load_quietly(name) for name in names))
         if self.options.model_control_mode == "poll":
-            self._fingerprints = {n: fingerprint(s.path) for n, s in sources.items()}
-            self._poller = asyncio.create_task(self._poll_forever(), name="repository poll")
+            self._start_polling(sources)
         failures = dict(broken)
         failures.update((n, r) for n, r in zip(names, results, strict=True) if r is not None)
         return failures
+
+    def _record_broken(self, broken: dict[str, str]) -> None:
+        """Models that cannot load as they lie (a name in two repositories): listed, logged."""
+        self.failed.update(broken)
+        for reason in broken.values():
+            log.error("%s", reason)
+
+    def _startup_names(self, sources: dict[str, ModelSource]) -> list[str]:
+        """Every model in the repositories, or in explicit mode those ``--load-model`` names."""
+        if self.options.model_control_mode != "explicit":
+            return sorted(sources)
+        wanted = set(self.options.load_models)
+        return sorted(sources) if "*" in wanted else sorted(wanted)
+
+    def _start_polling(self, sources: dict[str, ModelSource]) -> None:
+        self._fingerprints = {n: fingerprint(s.path) for n, s in sources.items()}
+        self._poller = asyncio.create_task(self._poll_forever(), name="repository poll")
 
     async def _poll_forever(self) -> None:
         while True:
@@ -115,17 +124,24 @@ class ModelRepositoryManager:
         await self.sources.sync()
         sources, _ = scan(self.sources.local_paths)
         current = {n: fingerprint(s.path) for n, s in sources.items()}
-        known = set(self.models) | set(self.failed) | set(self._fingerprints)
-        changed = [n for n in current if current[n] != self._fingerprints.get(n)]
-        removed = [n for n in known if n not in current]
+        changed, removed = self._changes(current)
         self._fingerprints = current
         for name in removed:
-            log.info("model '%s' left the repository: unloading it", name)
-            if name in self.models:
-                await self._unload_locked(name)
-            self.models.pop(name, None)
-            self.failed.pop(name, None)
+            await self._forget(name)
         await asyncio.gather(*(self._load_quietly(name) for name in changed))
+
+    def _changes(self, current: dict[str, Fingerprint]) -> tuple[list[str], list[str]]:
+        """The models added or changed since the last poll, and the models removed."""
+        known = set(self.models) | set(self.failed) | set(self._fingerprints)
+        changed = [n for n in current if current[n] != self._fingerprints.get(n)]
+        return changed, [n for n in known if n not in current]
+
+    async def _forget(self, name: str) -> None:
+        log.info("model '%s' left the repository: unloading it", name)
+        if name in self.models:
+            await self._unload_locked(name)
+        self.models.pop(name, None)
+        self.failed.pop(name, None)
 
     async def _load_quietly(self, name: str) -> str | None:
         """Load ``name``; returns why it failed (logged once), or None."""
@@ -181,18 +197,28 @@ class ModelRepositoryManager:
     async def _load_locked(
         self, name: str, config_json: str | None, files: dict[str, bytes] | None
     ) -> None:
-        lock = self._locks.setdefault(name, asyncio.Lock())
-        async with lock:
-            path = self._model_path(name, config_json, files)
-            new = await self._prepare(name, path, parse_override(name, config_json))
-            await self._load_composing(name, new)
-            self._check_ensembles(name, new)
+        async with self._locks.setdefault(name, asyncio.Lock()):
+            new = await self._new_versions(name, config_json, files)
             await asyncio.gather(*(self.loader.start(mv) for mv in new))
             await self._fail_unless_ready(name, new)
-            old = self.models.get(name, {})
-            self.models[name] = {mv.version: mv for mv in new}
-            self.failed.pop(name, None)
-            await asyncio.gather(*(self._retire(mv) for mv in old.values()))
+            await self._swap_in(name, new)
+
+    async def _new_versions(
+        self, name: str, config_json: str | None, files: dict[str, bytes] | None
+    ) -> list[ModelVersion]:
+        """The versions ``name`` loads as, checked against the models they depend on."""
+        path = self._model_path(name, config_json, files)
+        new = await self._prepare(name, path, parse_override(name, config_json))
+        await self._load_composing(name, new)
+        self._check_ensembles(name, new)
+        return new
+
+    async def _swap_in(self, name: str, new: list[ModelVersion]) -> None:
+        """Serve ``new`` in place of the versions of ``name`` that served, then retire those."""
+        old = self.models.get(name, {})
+        self.models[name] = {mv.version: mv for mv in new}
+        self.failed.pop(name, None)
+        await asyncio.gather(*(self._retire(mv) for mv in old.values()))
 
     async def _prepare(
         self, name: str, path: str, override: dict[str, object] | None
@@ -249,54 +275,25 @@ class ModelRepositoryManager:
             self._composing.add(model)
 
     def _ensemble_problem(self, mv: ModelVersion) -> str | None:
-        """What stops an ensemble from loading, checked against its step models (nested
-        ensembles included) as Triton does; step models still loading at start-up are skipped."""
         if not mv.config.is_ensemble:
             return None
         sources, _ = scan(self.sources.local_paths)
-        try:
-            check_ensemble(
-                mv.config,
-                lambda name: name in sources or name in self.models,
-                self._loaded_config,
-                lambda name: self._steps_of(name, sources),
-            )
-        except EnsembleProblem as problem:
-            return str(problem)
-        return None
-
-    def _loaded_config(self, name: str) -> model_config.ModelConfig | None:
-        versions = self.models.get(name)
-        if not versions:
-            return None
-        config: model_config.ModelConfig = max(versions.values(), key=lambda v: v.version).config
-        return config
-
-    def _steps_of(self, name: str, sources: dict[str, Any]) -> list[str]:
-        """The step models of ensemble ``name``: loaded, else as its repository config says."""
-        loaded = self._loaded_config(name)
-        if loaded is not None:
-            return [s.model_name for s in loaded.ensemble_steps]
-        source = sources.get(name)
-        if source is None:
-            return []
-        try:
-            proto = model_config.read_config(source.path, strict=False).proto
-        except (model_config.ConfigError, OSError):
-            return []  # it fails its own load, with its own message
-        return [s.model_name for s in proto.ensemble_scheduling.step]
+        return ensemble_problem(mv.config, sources, self.models)
 
     def _model_path(
         self, name: str, config_json: str | None, files: dict[str, bytes] | None
     ) -> str:
         check_model_name(name)
-        if files:
-            if config_json is None:
-                raise InvalidArgument(
-                    f"failed to load '{name}': model files were given without a 'config' "
-                    "parameter; Triton requires the config with file overrides"
-                )
-            return self._write_files(name, files)
+        if not files:
+            return self._repository_path(name)
+        if config_json is None:
+            raise InvalidArgument(
+                f"failed to load '{name}': model files were given without a 'config' "
+                "parameter; Triton requires the config with file overrides"
+            )
+        return self._write_files(name, files)
+
+    def _repository_path(self, name: str) -> str:
         sources, _ = scan(self.sources.local_paths)
         source = sources.get(name)
         if source is None:
@@ -307,11 +304,14 @@ class ModelRepositoryManager:
         """Write uploaded files to a scratch directory of their own, replacing the previous
         one of ``name`` (removed when the model is unloaded)."""
         root, model_dir = write_model_files(name, files)
-        previous = self._scratch.pop(name, None)
-        if previous is not None:
-            shutil.rmtree(previous, ignore_errors=True)
+        self._remove_scratch(name)
         self._scratch[name] = root
         return model_dir
+
+    def _remove_scratch(self, name: str) -> None:
+        scratch = self._scratch.pop(name, None)
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
 
     async def _retire(self, mv: ModelVersion) -> None:
         """Let a replaced or unloaded version finish what it has, then stop it."""
@@ -340,17 +340,16 @@ class ModelRepositoryManager:
         await self._unload_locked(name)
         await self._orphan_users_of(name)
         for step in steps:
-            if step in self._composing and not any(
-                step in self._direct_steps(user) for user in self.models if self._ready(user)
-            ):
+            if step in self._composing and not self._users_of(step):
                 await self._unload_with_dependents(step, True)
+
+    def _users_of(self, name: str) -> list[str]:
+        """The loaded ensembles with ``name`` as a step."""
+        return [u for u in self.models if self._ready(u) and name in self._direct_steps(u)]
 
     async def _orphan_users_of(self, name: str) -> None:
         """Unload the loaded ensembles with ``name`` as a step, remembering them."""
-        users = [
-            user for user in self.models if self._ready(user) and name in self._direct_steps(user)
-        ]
-        for user in users:
+        for user in self._users_of(name):
             log.info("unloading ensemble '%s': its step model '%s' was unloaded", user, name)
             await self._unload_locked(user)
             self._orphans.add(user)
@@ -380,24 +379,20 @@ class ModelRepositoryManager:
         )
 
     async def _unload_locked(self, name: str) -> None:
-        lock = self._locks.setdefault(name, asyncio.Lock())
-        async with lock:
+        async with self._locks.setdefault(name, asyncio.Lock()):
             versions = self.models.get(name)
             if versions is None:
                 self.failed.pop(name, None)  # nothing loaded: as in Triton, not an error
                 return
             await asyncio.gather(*(self._retire(mv) for mv in versions.values()))
-            scratch = self._scratch.pop(name, None)
-            if scratch is not None:
-                shutil.rmtree(scratch, ignore_errors=True)
+            self._remove_scratch(name)
 
     async def shutdown(self, timeout: float) -> None:
         if self._poller is not None:
             self._poller.cancel()
         await asyncio.gather(*(self.loader.stop(mv, timeout) for mv in self.versions()))
-        for scratch in self._scratch.values():
-            shutil.rmtree(scratch, ignore_errors=True)
-        self._scratch.clear()
+        for name in list(self._scratch):
+            self._remove_scratch(name)
         self.sources.close()
 
     # -- queries ----------------------------------------------------------------------------

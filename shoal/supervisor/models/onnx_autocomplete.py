@@ -130,12 +130,15 @@ def read_graph(path: str | Path) -> Graph:
         raise model_config.ConfigError(
             f"cannot read the ONNX graph of '{path}' to complete its configuration: {error}"
         ) from None
-    graph = model.graph
+    return _graph(model.graph)
+
+
+def _graph(graph: Any) -> Graph:
+    """The graph's inputs (its weights left out) and outputs."""
     weights = {t.name for t in graph.initializer}
     weights.update(t.values.name for t in getattr(graph, "sparse_initializer", []))
     inputs = tuple(_tensor(v) for v in graph.input if v.name not in weights)
-    outputs = tuple(_tensor(v) for v in graph.output)
-    return Graph(inputs, outputs)
+    return Graph(inputs, tuple(_tensor(v) for v in graph.output))
 
 
 def _tensor(value_info: Any) -> GraphTensor:
@@ -187,11 +190,7 @@ def _complete_batching(
     """A graph whose every tensor has a variable first dimension batches (with the dynamic
     batcher unless another scheduler is set); any other must not."""
     if batching:
-        if config.max_batch_size == 0:
-            config.max_batch_size = default_max_batch
-        has_scheduler = config.HasField("dynamic_batching") or config.HasField("sequence_batching")
-        if config.max_batch_size > 1 and not has_scheduler:
-            config.dynamic_batching.SetInParent()
+        _batch(config, default_max_batch)
     elif config.max_batch_size != 0:
         raise model_config.ConfigError(
             f"autofill failed for model '{model}': model does not support batching while "
@@ -200,6 +199,14 @@ def _complete_batching(
             "max_batch_size: 0, or export the model with a dynamic batch axis",
             field_path=("max_batch_size",),
         )
+
+
+def _batch(config: pb.ModelConfig, default_max_batch: int) -> None:
+    if config.max_batch_size == 0:
+        config.max_batch_size = default_max_batch
+    has_scheduler = config.HasField("dynamic_batching") or config.HasField("sequence_batching")
+    if config.max_batch_size > 1 and not has_scheduler:
+        config.dynamic_batching.SetInParent()
 
 
 def _check_tensor(tensor: GraphTensor, model: str) -> None:

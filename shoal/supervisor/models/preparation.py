@@ -65,6 +65,12 @@ async def prepare_versions(
     config = model_config.complete_config(source, proto=proto, gpus=visible_gpus())
     check_gpu_parameters(config.parameters, name)
     chosen = model_config.select_versions(config.version_policy, available, model_name=name)
+    return _versions(name, config, chosen, runtime)
+
+
+def _versions(
+    name: str, config: model_config.ModelConfig, chosen: list[int], runtime: Path | None
+) -> list[ModelVersion]:
     as_json = model_config.config_to_json(config)
     versions = [ModelVersion(name, v, config, as_json) for v in chosen]
     for mv in versions:

@@ -6,6 +6,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+#: Names, sizes and modification times of a model directory's files.
+Fingerprint = tuple[tuple[str, int, int], ...]
+
 
 @dataclass(frozen=True)
 class ModelSource:
@@ -40,7 +43,7 @@ def scan(repositories: tuple[str, ...]) -> tuple[dict[str, ModelSource], dict[st
     return found, broken
 
 
-def fingerprint(model_dir: str) -> tuple[tuple[str, int, int], ...]:
+def fingerprint(model_dir: str) -> Fingerprint:
     """Names, sizes and modification times of every file of a model directory."""
     entries = []
     for root, dirs, files in os.walk(model_dir):

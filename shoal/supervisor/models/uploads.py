@@ -23,13 +23,19 @@ def write_model_files(name: str, files: dict[str, bytes]) -> tuple[str, str]:
     root = tempfile.mkdtemp(prefix="shoal-model-")
     model_dir = Path(root) / name
     try:
-        model_dir.mkdir()
-        for key, content in files.items():
-            _write_file(name, model_dir, key, relatives[key], content)
+        _write_files(name, model_dir, files, relatives)
     except BaseException:
         shutil.rmtree(root, ignore_errors=True)
         raise
     return root, str(model_dir)
+
+
+def _write_files(
+    name: str, model_dir: Path, files: dict[str, bytes], relatives: dict[str, str]
+) -> None:
+    model_dir.mkdir()
+    for key, content in files.items():
+        _write_file(name, model_dir, key, relatives[key], content)
 
 
 def _check_model_dir_name(name: str) -> None:

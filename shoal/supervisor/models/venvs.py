@@ -45,14 +45,18 @@ def requirements_file(
     if not raw:
         return None
     path = Path(raw.replace(_MODEL_DIR_TOKEN, model_dir)).expanduser()
-    candidates = (
-        [path] if path.is_absolute() else [Path(version_dir) / path, Path(model_dir) / path]
-    )
+    candidates = _candidates(path, model_dir, version_dir)
     for candidate in candidates:
         if candidate.is_file():
             return candidate.resolve()
     where = " or ".join(str(c) for c in candidates)
     raise InvalidArgument(f"model '{model}': {PARAMETER} '{raw}' names no file ({where})")
+
+
+def _candidates(path: Path, model_dir: str, version_dir: str) -> list[Path]:
+    if path.is_absolute():
+        return [path]
+    return [Path(version_dir) / path, Path(model_dir) / path]
 
 
 def build_timeout(parameters: Mapping[str, str], model: str) -> float:
@@ -156,20 +160,26 @@ async def _run(command: list[str], cwd: Path, timeout: float, model: str, what: 
     try:
         await asyncio.wait_for(_follow(process, lines, model), max(timeout, 0.001))
     except BaseException as error:  # too slow, or the load was cancelled: no stray pip
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
+        await _kill(process)
         if not isinstance(error, asyncio.TimeoutError):
             raise
         raise InvalidArgument(
             f"model '{model}': {what} took longer than {TIMEOUT_PARAMETER} allows; "
             "the venv was not built"
         ) from None
-    if process.returncode != 0:
+    _check_exit(process.returncode, lines, model, what)
+
+
+async def _kill(process: asyncio.subprocess.Process) -> None:
+    if process.returncode is None:
+        process.kill()
+        await process.wait()
+
+
+def _check_exit(returncode: int | None, lines: list[str], model: str, what: str) -> None:
+    if returncode != 0:
         tail = "\n".join(lines[-_TAIL_LINES:]) or "(no output)"
-        raise InvalidArgument(
-            f"model '{model}': {what} failed (exit {process.returncode}):\n{tail}"
-        )
+        raise InvalidArgument(f"model '{model}': {what} failed (exit {returncode}):\n{tail}")
 
 
 async def _follow(process: asyncio.subprocess.Process, lines: list[str], model: str) -> None:

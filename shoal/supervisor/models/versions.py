@@ -8,13 +8,14 @@ import logging
 import os
 import tarfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from shoal.config import ModelConfig
 from shoal.core.errors import InvalidArgument, ShoalError, Unavailable
 from shoal.ipc.arena import Block
+from shoal.protos import model_config_pb2 as pb
 from shoal.supervisor.extensions.statistics import StatsRecorder
 from shoal.supervisor.instances.instance import (
     BlsHandler,
@@ -135,13 +136,7 @@ class ModelLoader:
         if mv.config.is_ensemble:  # runs in the supervisor: no stub, no scheduler
             mv.state = ModelState.READY
             log.info("successfully loaded ensemble '%s' version %d", mv.name, mv.version)
-            return
-        specs = instance_specs(mv, self._arenas)
-        planned = self._plan(mv, specs)
-        if planned is None or not self._create_instances(mv, specs, planned[0]):
-            return
-        _log_loading(mv, specs)
-        if await self._start_instances(mv, *planned):
+        elif await self._start_stubs(mv):
             mv.state = ModelState.READY
             log.info(
                 "successfully loaded '%s' version %d in %.2f s",
@@ -150,24 +145,33 @@ class ModelLoader:
                 time.monotonic() - started,
             )
 
+    async def _start_stubs(self, mv: ModelVersion) -> bool:
+        """Plan, create and start the version's instances; False: the version failed."""
+        specs = instance_specs(mv, self._arenas)
+        planned = self._plan(mv, specs)
+        if planned is None or not self._create_instances(mv, specs, planned[0]):
+            return False
+        _log_loading(mv, specs)
+        return await self._start_instances(mv, *planned)
+
     async def _prepare(self, mv: ModelVersion) -> bool:
         """Check what the version needs beyond its config and prepare its Python environment;
         False (the version failed) when it cannot load."""
         try:
-            if self.response_cache and mv.config.response_cache and mv.config.decoupled:
-                raise InvalidArgument(
-                    f"Response Cache does not currently support model '{mv.name}' with "
-                    "'decoupled' transaction policy: remove response_cache or decoupled"
-                )
-            classification.labels_of(mv.config)
-            model_dir = os.path.abspath(mv.config.path)
-            mv.environment = await environments.prepare(
-                mv.config.parameters, model_dir, os.path.join(model_dir, str(mv.version)), mv.name
-            )
+            self._check_supported(mv)
+            mv.environment = await _environment(mv)
         except (ShoalError, OSError, tarfile.TarError) as error:
             _failed(mv, str(error))
             return False
         return True
+
+    def _check_supported(self, mv: ModelVersion) -> None:
+        if self.response_cache and mv.config.response_cache and mv.config.decoupled:
+            raise InvalidArgument(
+                f"Response Cache does not currently support model '{mv.name}' with "
+                "'decoupled' transaction policy: remove response_cache or decoupled"
+            )
+        classification.labels_of(mv.config)
 
     def _plan(
         self, mv: ModelVersion, specs: list[InstanceSpec]
@@ -195,19 +199,19 @@ class ModelLoader:
         except ShoalError as error:
             _failed(mv, str(error))
             return False
-        # Send-ahead only for a lone instance: with several, a request sent ahead to a busy one
-        # could wait while another instance is idle; and not under the rate limiter, whose grant
-        # is for an execution that starts now.
-        send_ahead = (
-            len(specs) == 1
-            and isinstance(scheduler, DefaultScheduler)
-            and self.rate_limiter is None
-        )
+        send_ahead = self._sends_ahead(specs, scheduler)
         mv.instances = [
             StubInstance(spec, self._links(mv, gates.get(spec.instance_name), send_ahead))
             for spec in specs
         ]
         return True
+
+    def _sends_ahead(self, specs: list[InstanceSpec], scheduler: Scheduler) -> bool:
+        # Send-ahead only for a lone instance: with several, a request sent ahead to a busy one
+        # could wait while another instance is idle; and not under the rate limiter, whose grant
+        # is for an execution that starts now.
+        lone = len(specs) == 1 and isinstance(scheduler, DefaultScheduler)
+        return lone and self.rate_limiter is None
 
     def _links(
         self, mv: ModelVersion, gate: LimitedInstance | None, send_ahead: bool
@@ -237,13 +241,15 @@ class ModelLoader:
             return_exceptions=True,
         )
         errors = [r for r in results if isinstance(r, BaseException)]
-        if not errors:
-            return True
-        first = errors[0]
-        reason = str(first) if isinstance(first, LoadError) else repr(first)
+        if errors:
+            await self._fail_start(mv, errors[0])
+        return not errors
+
+    async def _fail_start(self, mv: ModelVersion, error: BaseException) -> None:
+        """An instance failed to start: stop them all; the version fails with its reason."""
+        reason = str(error) if isinstance(error, LoadError) else repr(error)
         await self.stop(mv, timeout=5.0)
-        _failed(mv, reason, first.traceback if isinstance(first, LoadError) else "")
-        return False
+        _failed(mv, reason, error.traceback if isinstance(error, LoadError) else "")
 
     def _join_rate_limiter(self, mv: ModelVersion) -> dict[str, LimitedInstance]:
         """Each instance's place in the rate limiter, by instance name, with its group's
@@ -255,13 +261,10 @@ class ModelLoader:
         by_name: dict[str, LimitedInstance] = {}
         try:
             for group in mv.config.proto.instance_group:
-                devices = list(group.gpus) if group.kind == group.KIND_GPU else [0]
-                for index in range(group.count):
-                    for device in devices:
-                        name = f"{group.name}_{index}"
-                        member = limiter.register(mv.name, name, device, group.rate_limiter)
-                        members.append(member)
-                        by_name[name] = member
+                for name, device in _placements(group):
+                    member = limiter.register(mv.name, name, device, group.rate_limiter)
+                    members.append(member)
+                    by_name[name] = member
         except ShoalError:
             for member in members:
                 limiter.forget(member)
@@ -289,8 +292,7 @@ class ModelLoader:
             mv.reason = f"every instance is in a crash loop: {instance.failed}"
             if mv.scheduler is not None:  # nothing will run what is queued: fail it now
                 error = Unavailable(f"model '{mv.name}' is unavailable: {mv.reason}")
-                for work in mv.scheduler.close():
-                    fail_work(work, error, lambda w: self._free_inputs(w.input_blocks))
+                self._fail_all(mv.scheduler.close(), error)
 
     def _on_instance_health(self, mv: ModelVersion) -> None:
         """A restart failed or succeeded. With no instance live and every one failing to
@@ -305,8 +307,11 @@ class ModelLoader:
             error = Unavailable(
                 f"model '{mv.name}' version {mv.version} has no live instance: {mv.down}"
             )
-            for work in mv.scheduler.take_queued():
-                fail_work(work, error, lambda w: self._free_inputs(w.input_blocks))
+            self._fail_all(mv.scheduler.take_queued(), error)
+
+    def _fail_all(self, works: Iterable[Work], error: ShoalError) -> None:
+        for work in works:
+            fail_work(work, error, lambda w: self._free_inputs(w.input_blocks))
 
     async def drain(self, mv: ModelVersion) -> None:
         """Wait until every request queued for or running in ``mv`` has finished."""
@@ -320,15 +325,17 @@ class ModelLoader:
         mv.state = ModelState.UNLOADING
         if mv.scheduler is not None:
             error = Unavailable(f"model '{mv.name}' is unloading; the request was not run")
-            for work in mv.scheduler.close():
-                fail_work(work, error, lambda w: self._free_inputs(w.input_blocks))
+            self._fail_all(mv.scheduler.close(), error)
         await asyncio.gather(*(i.stop(timeout) for i in mv.instances))
+        self._leave_rate_limiter(mv)
+        mv.state = ModelState.UNAVAILABLE
+        mv.reason = "unloaded"
+
+    def _leave_rate_limiter(self, mv: ModelVersion) -> None:
         if self.rate_limiter is not None:
             for member in mv.rate_limited:
                 self.rate_limiter.forget(member)
-            mv.rate_limited = []
-        mv.state = ModelState.UNAVAILABLE
-        mv.reason = "unloaded"
+        mv.rate_limited = []
 
 
 def _log_loading(mv: ModelVersion, specs: list[InstanceSpec]) -> None:
@@ -340,6 +347,21 @@ def _log_loading(mv: ModelVersion, specs: list[InstanceSpec]) -> None:
         "" if len(specs) == 1 else "s",
         specs[0].model_file if specs else mv.config.path,
     )
+
+
+async def _environment(mv: ModelVersion) -> environments.StubEnvironment | None:
+    """The version's Python environment (``EXECUTION_ENV_PATH``), unpacked if need be."""
+    model_dir = os.path.abspath(mv.config.path)
+    version_dir = os.path.join(model_dir, str(mv.version))
+    return await environments.prepare(mv.config.parameters, model_dir, version_dir, mv.name)
+
+
+def _placements(group: pb.ModelInstanceGroup) -> Iterator[tuple[str, int]]:
+    """Each instance of ``group`` on each of its devices, named as ``instance_names`` names it."""
+    devices = list(group.gpus) if group.kind == group.KIND_GPU else [0]
+    for index in range(group.count):
+        for device in devices:
+            yield f"{group.name}_{index}", device
 
 
 def without_repository(text: str, model_dir: str) -> str:

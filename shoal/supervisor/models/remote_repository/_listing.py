@@ -73,12 +73,15 @@ def group_by_model(
         if not _safe(parts) or parts[-1] in (".", ".."):
             log.warning("ignoring object '%s' of the model repository: unsafe path", key)
             continue
-        path = "/".join(parts[1:])
-        if not path:  # the model's own "folder" object: it exists, with nothing in it yet
-            path = "/"
         size = int(info.get("size") or 0)
-        models.setdefault(parts[0], []).append(RemoteFile(key, parts[0], path, size, _token(info)))
+        file = RemoteFile(key, parts[0], _path_in_model(parts), size, _token(info))
+        models.setdefault(parts[0], []).append(file)
     return models
+
+
+def _path_in_model(parts: list[str]) -> str:
+    path = "/".join(parts[1:])
+    return path or "/"  # the model's own "folder" object: it exists, with nothing in it yet
 
 
 def fingerprint(files: Iterable[RemoteFile]) -> Fingerprint:

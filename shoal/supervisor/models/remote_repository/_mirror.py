@@ -72,11 +72,7 @@ class RemoteRepository:
             return Changes()  # not a model name a listing could give: nothing to fetch
         with self._mutex:
             listed = self._list(model)
-            changes = compare(
-                self._known,
-                {name: fingerprint(files) for name, files in listed.items()},
-                None if model is None else (model,),
-            )
+            changes = self._compare(listed, model)
             for name in changes.changed:
                 self._download(name, listed[name])
             for name in changes.removed:
@@ -89,6 +85,10 @@ class RemoteRepository:
         os.close(self._lock_fd)
 
     # -- listing and downloading ------------------------------------------------------------
+
+    def _compare(self, listed: dict[str, list[RemoteFile]], model: str | None) -> Changes:
+        fingerprints = {name: fingerprint(files) for name, files in listed.items()}
+        return compare(self._known, fingerprints, None if model is None else (model,))
 
     def _list(self, model: str | None) -> dict[str, list[RemoteFile]]:
         root = self.location.root
@@ -108,13 +108,7 @@ class RemoteRepository:
         try:
             staged = incoming / name
             staged.mkdir()
-            objects = self._layout(staged, files)
-            if objects:
-                self._fs.get([f.key for f in objects], [str(staged / f.path) for f in objects])
-            for f in objects:
-                got = (staged / f.path).stat().st_size
-                if got != f.size:
-                    raise OSError(f"'{f.key}' has {got} bytes, the listing said {f.size}")
+            self._fetch(staged, files)
             self._replace(name, staged)
         except Exception as error:
             raise RemoteRepositoryError(
@@ -125,6 +119,13 @@ class RemoteRepository:
             shutil.rmtree(incoming, ignore_errors=True)
         self._known[name] = fingerprint(files)
         log.info("model repository '%s': downloaded '%s'", self.location.url, name)
+
+    def _fetch(self, staged: Path, files: list[RemoteFile]) -> None:
+        objects = self._layout(staged, files)
+        if objects:
+            self._fs.get([f.key for f in objects], [str(staged / f.path) for f in objects])
+        for f in objects:
+            _check_size(staged / f.path, f)
 
     @staticmethod
     def _layout(staged: Path, files: list[RemoteFile]) -> list[RemoteFile]:
@@ -186,6 +187,12 @@ class RemoteRepository:
         for entry in self.local_dir.iterdir():
             if entry.name.startswith(_SCRATCH_PREFIXES):
                 shutil.rmtree(entry, ignore_errors=True)
+
+
+def _check_size(path: Path, f: RemoteFile) -> None:
+    got = path.stat().st_size
+    if got != f.size:
+        raise OSError(f"'{f.key}' has {got} bytes, the listing said {f.size}")
 
 
 def _lock(directory: Path, url: str) -> int:

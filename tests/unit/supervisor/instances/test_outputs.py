@@ -38,6 +38,26 @@ def test_completions_released_in_one_loop_turn_go_back_in_one_release():
     run(scenario())
 
 
+def test_more_blocks_than_one_message_can_carry_go_back_in_several():
+    """A client that hangs up on a long decoupled stream releases every response queued in it in
+    one loop turn: more blocks than one Release can carry through the stub's ring (1 MiB)."""
+
+    async def scenario():
+        s = Setup()
+        await s.instance.start(s.queue)
+        stub = s.stub
+        blocks = [stub.output_block(8) for _ in range(150_000)]
+        s.instance.release_outputs(stub, blocks)
+        await settle()
+        releases = _releases(stub)
+        assert len(releases) > 1
+        assert sum(len(release.blocks) for release in releases) == len(blocks)
+        assert stub.output_bytes_in_use == 0
+        await s.close()
+
+    run(scenario())
+
+
 def test_a_completion_of_a_dead_stub_is_released_without_a_message():
     async def scenario():
         s = Setup()

@@ -1,0 +1,53 @@
+"""An ensemble checked against its step models, as the repository manager knows them: loaded
+(their configuration as it serves) or only in a repository (as its ``config.pbtxt`` says)."""
+
+from __future__ import annotations
+
+from shoal import config as model_config
+from shoal.supervisor.models._ensemble_checks import EnsembleProblem, check_ensemble
+from shoal.supervisor.models.repository import ModelSource
+from shoal.supervisor.models.versions import ModelVersion
+
+_Loaded = dict[str, dict[int, ModelVersion]]
+
+
+def ensemble_problem(
+    config: model_config.ModelConfig, sources: dict[str, ModelSource], models: _Loaded
+) -> str | None:
+    """What stops an ensemble from loading, checked against its step models (nested
+    ensembles included) as Triton does; step models still loading at start-up are skipped."""
+    try:
+        check_ensemble(
+            config,
+            lambda name: name in sources or name in models,
+            lambda name: _loaded_config(name, models),
+            lambda name: _steps_of(name, sources, models),
+        )
+    except EnsembleProblem as problem:
+        return str(problem)
+    return None
+
+
+def _loaded_config(name: str, models: _Loaded) -> model_config.ModelConfig | None:
+    versions = models.get(name)
+    if not versions:
+        return None
+    return max(versions.values(), key=lambda v: v.version).config
+
+
+def _steps_of(name: str, sources: dict[str, ModelSource], models: _Loaded) -> list[str]:
+    """The step models of ensemble ``name``: loaded, else as its repository config says."""
+    loaded = _loaded_config(name, models)
+    if loaded is not None:
+        return [s.model_name for s in loaded.ensemble_steps]
+    source = sources.get(name)
+    return [] if source is None else _configured_steps(source)
+
+
+def _configured_steps(source: ModelSource) -> list[str]:
+    """The step models an ensemble's config in its repository names."""
+    try:
+        proto = model_config.read_config(source.path, strict=False).proto
+    except (model_config.ConfigError, OSError):
+        return []  # it fails its own load, with its own message
+    return [s.model_name for s in proto.ensemble_scheduling.step]
