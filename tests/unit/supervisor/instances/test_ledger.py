@@ -11,7 +11,8 @@ import pytest
 
 from shoal.core.errors import Unavailable
 from shoal.ipc import messages as msg
-from shoal.supervisor.instances.ledger import SEND_AHEAD, Idle, Slots
+from shoal.supervisor.instances.ledger import SEND_AHEAD, Slots
+from shoal.supervisor.instances.spec import Flag
 from shoal.supervisor.schedulers.dynamic import TIMEOUT_EXPIRED
 from tests.unit.supervisor.instances.helpers import Setup, double, run
 from tests.unit.supervisor.schedulers.helpers import WAIT, result, settle
@@ -38,9 +39,9 @@ def test_slots_are_counted_and_a_release_wakes_the_waiter():
     run(scenario())
 
 
-def test_idle_wakes_its_waiters_once_set_and_forgets_a_cancelled_one():
+def test_a_flag_wakes_its_waiters_once_set_and_forgets_a_cancelled_one():
     async def scenario():
-        idle = Idle()
+        idle = Flag(True)
         assert idle.is_set()
         await idle.wait()  # idle: returns at once
         idle.clear()
