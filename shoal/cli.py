@@ -181,10 +181,14 @@ def _exit_now(sig: signal.Signals) -> NoReturn:
     with the processes, and named segments are swept at the next start."""
     log = logging.getLogger("shoal")
     log.warning("second %s during shutdown: stopping at once", sig.name)
+    _kill_children()
+    _leave(EXIT_INTERRUPTED)
+
+
+def _kill_children() -> None:
     for child in _child_pids():
         with contextlib.suppress(ProcessLookupError):
             os.kill(child, signal.SIGKILL)
-    _leave(EXIT_INTERRUPTED)
 
 
 def _leave(code: int) -> NoReturn:

@@ -66,10 +66,7 @@ def _check_tensors(tensors: Iterable[_Tensor], kind: str, max_batch_size: int, m
     seen: dict[str, int] = {}
     for index, tensor in enumerate(tensors):
         where: FieldPath = (kind, index)
-        if not tensor.name:
-            raise ConfigError(
-                f'{kind} {index} of {model} has no name: add name: "..." to it', field_path=where
-            )
+        _check_named(tensor, kind, index, model)
         label = f"{kind} '{tensor.name}' of {model}"
         if tensor.name in seen:
             raise ConfigError(
@@ -79,6 +76,14 @@ def _check_tensors(tensors: Iterable[_Tensor], kind: str, max_batch_size: int, m
             )
         seen[tensor.name] = index
         _check_tensor(tensor, label, max_batch_size, where)
+
+
+def _check_named(tensor: _Tensor, kind: str, index: int, model: str) -> None:
+    if not tensor.name:
+        raise ConfigError(
+            f'{kind} {index} of {model} has no name: add name: "..." to it',
+            field_path=(kind, index),
+        )
 
 
 def _check_tensor(tensor: _Tensor, label: str, max_batch_size: int, where: FieldPath) -> None:

@@ -23,7 +23,7 @@ from shoal.perf._transports import GrpcStreamTransport, GrpcUnaryTransport, Http
 from shoal.perf.errors import PerfError
 from shoal.perf.input_data import is_perf_analyzer_data, tensors_from_data
 from shoal.perf.requests import RequestPlan, grpc_request, http_request, infer_path
-from shoal.perf.shm import ShmRegion, plan_layout
+from shoal.perf.shm import ShmLayout, ShmRegion, plan_layout
 from shoal.perf.stats import CellResult, summarize
 from shoal.perf.tensors import (
     TensorSpec,
@@ -154,8 +154,7 @@ def _shared_memory(
     layout = plan_layout(f"shoal_perf_{os.getpid()}", plan.inputs, sizes, workers)
     region = ShmRegion(layout.region, layout.byte_size)
     try:
-        for tensor in plan.inputs:
-            region.write(layout.inputs[tensor.name].offset, tensor.data)
+        _write_inputs(region, layout, plan)
         control.register_shm(region.name, region.key, layout.byte_size)
         try:
             yield [replace(plan, input_refs=layout.inputs, output_refs=s) for s in layout.outputs]
@@ -165,20 +164,25 @@ def _shared_memory(
         region.close()
 
 
+def _write_inputs(region: ShmRegion, layout: ShmLayout, plan: RequestPlan) -> None:
+    for tensor in plan.inputs:
+        region.write(layout.inputs[tensor.name].offset, tensor.data)
+
+
 def _transports(
     config: RunConfig, plans: Sequence[RequestPlan], streaming: bool
 ) -> list[Transport]:
+    return [_transport(config, plan, streaming) for plan in plans]
+
+
+def _transport(config: RunConfig, plan: RequestPlan, streaming: bool) -> Transport:
     host, port = config.address
     target = f"{host}:{port}"
-    made: list[Transport] = []
-    for plan in plans:
-        if config.protocol == "http":
-            made.append(HttpTransport(host, port, http_request(plan, target, binary=config.binary)))
-        elif streaming:
-            made.append(GrpcStreamTransport(target, grpc_request(plan, streaming=True)))
-        else:
-            made.append(GrpcUnaryTransport(target, grpc_request(plan), config.request_timeout_s))
-    return made
+    if config.protocol == "http":
+        return HttpTransport(host, port, http_request(plan, target, binary=config.binary))
+    if streaming:
+        return GrpcStreamTransport(target, grpc_request(plan, streaming=True))
+    return GrpcUnaryTransport(target, grpc_request(plan), config.request_timeout_s)
 
 
 async def _cell(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 import json
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from shoal.stub._pb_errors import TritonModelException
 from shoal.stub._pb_response import (
@@ -191,13 +191,11 @@ class InferenceRequest:
         self, preferred_memory: PreferredMemory | None, trace: InferenceTrace | None
     ) -> None:
         if preferred_memory is not None:
-            if not isinstance(preferred_memory, PreferredMemory):
-                raise TypeError("preferred_memory must be a pb_utils.PreferredMemory")
-            self._memory = preferred_memory
+            message = "preferred_memory must be a pb_utils.PreferredMemory"
+            self._memory = _instance_of(preferred_memory, PreferredMemory, message)
         if trace is not None:
-            if not isinstance(trace, InferenceTrace):
-                raise TypeError("trace must be an InferenceTrace (from request.trace())")
-            self._trace = trace
+            message = "trace must be an InferenceTrace (from request.trace())"
+            self._trace = _instance_of(trace, InferenceTrace, message)
 
     def _init(
         self,
@@ -376,6 +374,16 @@ class InferenceRequest:
         )
 
 
+_T = TypeVar("_T")
+
+
+def _instance_of(value: _T, cls: type, message: str) -> _T:
+    """``value``; TypeError with ``message`` unless it is a ``cls``."""
+    if not isinstance(value, cls):
+        raise TypeError(message)
+    return value
+
+
 def _check_correlation_id(correlation_id: object) -> int | str:
     if correlation_id is None:  # Triton refuses None before looking at the value
         raise TypeError("correlation_id must be an int or a str, not None")
@@ -391,32 +399,32 @@ def _check_correlation_id(correlation_id: object) -> int | str:
 def _check_inputs(inputs: object, request_id: str, model_name: str) -> list[Tensor]:
     if inputs is None or isinstance(inputs, str | bytes) or not isinstance(inputs, Sequence):
         raise TypeError("inputs must be a list of pb_utils.Tensor")
-    checked: list[Tensor] = []
-    for tensor in inputs:
-        if tensor is None:
-            raise TritonModelException(
-                f"Input tensor for request with id '{request_id}' and model name "
-                f"'{model_name}' should not be empty."
-            )
-        if not isinstance(tensor, Tensor):
-            raise TypeError(
-                f"inputs must hold pb_utils.Tensor objects, not {type(tensor).__name__}"
-            )
-        checked.append(tensor)
-    return checked
+    return [_checked_input(tensor, request_id, model_name) for tensor in inputs]
+
+
+def _checked_input(tensor: object, request_id: str, model_name: str) -> Tensor:
+    if tensor is None:
+        raise TritonModelException(
+            f"Input tensor for request with id '{request_id}' and model name "
+            f"'{model_name}' should not be empty."
+        )
+    if not isinstance(tensor, Tensor):
+        raise TypeError(f"inputs must hold pb_utils.Tensor objects, not {type(tensor).__name__}")
+    return tensor
 
 
 def _check_output_names(names: object, request_id: str, model_name: str) -> list[str]:
     if names is None or isinstance(names, str | bytes) or not isinstance(names, Sequence | set):
         raise TypeError("requested_output_names must be a list of str")
-    checked: list[str] = []
-    for name in names:
-        if not isinstance(name, str):
-            raise TypeError(f"requested output names must be str, not {type(name).__name__}")
-        if not name:
-            raise TritonModelException(
-                f"Requested output name for request with id '{request_id}' and model name "
-                f"'{model_name}' should not be empty."
-            )
-        checked.append(name)
-    return checked
+    return [_checked_output_name(name, request_id, model_name) for name in names]
+
+
+def _checked_output_name(name: object, request_id: str, model_name: str) -> str:
+    if not isinstance(name, str):
+        raise TypeError(f"requested output names must be str, not {type(name).__name__}")
+    if not name:
+        raise TritonModelException(
+            f"Requested output name for request with id '{request_id}' and model name "
+            f"'{model_name}' should not be empty."
+        )
+    return name

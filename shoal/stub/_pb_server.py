@@ -74,17 +74,20 @@ def unload_model(model_name: str, unload_dependents: bool = False) -> None:
 def is_model_ready(model_name: str, model_version: str = "") -> bool:
     """Whether ``model_name`` (``model_version``; ``""``: the latest) is ready."""
     controller = _model_controller()
-    version = -1
-    if model_version:
-        try:
-            version = int(model_version)
-        except ValueError:
-            version = -2
-        if version < 0:
-            raise TritonModelException(
-                f"Failed to parse model version '{model_version}': it must be an integer >= 0"
-            )
+    version = _version_number(model_version) if model_version else -1
     return controller.is_model_ready(model_name, version)
+
+
+def _version_number(model_version: str) -> int:
+    try:
+        version = int(model_version)
+    except ValueError:
+        version = -2
+    if version < 0:
+        raise TritonModelException(
+            f"Failed to parse model version '{model_version}': it must be an integer >= 0"
+        )
+    return version
 
 
 class _MetricKind(enum.IntEnum):

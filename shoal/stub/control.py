@@ -24,17 +24,21 @@ class ControlClient:
         self._send = send
 
     def call(self, op: msg.ControlOp, *args: Any) -> Any:
-        call_id = self._pump.new_call_id()
-        self._pump.expect(call_id)
-        try:
-            self._send(msg.ControlCall(call_id, op, list(args)))
-            reply = self._pump.next_reply(call_id)
-        finally:
-            self._pump.forget(call_id)
-        assert isinstance(reply, msg.ControlReply)
+        reply = self._exchange(msg.ControlCall(self._pump.new_call_id(), op, list(args)))
         if reply.error is not None:
             raise ControlError(reply.error)
         return reply.value
+
+    def _exchange(self, call: msg.ControlCall) -> msg.ControlReply:
+        """Send ``call`` and wait for its reply."""
+        self._pump.expect(call.call_id)
+        try:
+            self._send(call)
+            reply = self._pump.next_reply(call.call_id)
+        finally:
+            self._pump.forget(call.call_id)
+        assert isinstance(reply, msg.ControlReply)
+        return reply
 
     def tell(self, op: msg.ControlOp, *args: Any) -> None:
         self._send(msg.ControlCall(0, op, list(args)))

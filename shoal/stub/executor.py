@@ -146,8 +146,7 @@ class BatchExecutor:
         text = self.failure(f"cannot read the request's inputs: {type(error).__name__}: {error}")
         failure = msg.ResponseRecord(error=("INVALID_ARG", text))
         if self.decoupled:  # decoupled requests are answered on their streams
-            for record in execute.requests:
-                self.send(msg.Response(record.key, failure, True))
+            self._send_finals(execute.requests, failure)
             return msg.Result(execute.batch_id, [], (0, 0, 0))
         return msg.Result(execute.batch_id, [failure] * len(execute.requests), (0, 0, 0))
 
@@ -168,7 +167,7 @@ class BatchExecutor:
                     return None
                 result = self._model_loop.await_result(result)
         except Exception as error:  # the model's failure fails its requests, not the stub
-            return self._failed(batch, self.failure(f"{type(error).__name__}: {error}"))
+            return self._failed(batch, self._model_error(error))
         return self._finish(batch, result)
 
     def _dropped(self, execute: msg.Execute) -> msg.Result:
@@ -177,18 +176,19 @@ class BatchExecutor:
         self._open.untrack([r.key for r in execute.requests])
         cancelled = msg.ResponseRecord(error=("CANCELLED", "the request was cancelled"))
         if self.decoupled:
-            for record in execute.requests:
-                self.send(msg.Response(record.key, cancelled, True))
+            self._send_finals(execute.requests, cancelled)
             return msg.Result(execute.batch_id, [], (0, 0, 0), executed=False)
         responses = [cancelled] * len(execute.requests)
         return msg.Result(execute.batch_id, responses, (0, 0, 0), executed=False)
 
+    def _send_finals(self, records: list[msg.RequestRecord], answer: msg.ResponseRecord) -> None:
+        for record in records:
+            self.send(msg.Response(record.key, answer, True))
+
     def _send_finished(self, batch: _Batch, done: concurrent.futures.Future[Any]) -> None:
         error = done.exception()
         if error is not None:
-            result: msg.Result | None = self._failed(
-                batch, self.failure(f"{type(error).__name__}: {error}")
-            )
+            result: msg.Result | None = self._failed(batch, self._model_error(error))
         else:
             result = self._finish(batch, done.result())
         if result is not None:
@@ -206,10 +206,7 @@ class BatchExecutor:
             request.get_response_sender()._close()
         failure = msg.ResponseRecord(error=("INTERNAL", text))
         t2 = time.perf_counter_ns()
-        records = [
-            self._recorder.record(delivered[0], record) if delivered else failure
-            for delivered, record in zip(batch.sent, batch.execute.requests, strict=True)
-        ]
+        records = self._records_despite(batch, failure)
         timings = (batch.t1 - batch.t0, t2 - batch.t1, 0)
         return msg.Result(batch.execute.batch_id, records, timings)
 
@@ -347,6 +344,13 @@ class BatchExecutor:
 
         return deliver
 
+    def _records_despite(self, batch: _Batch, failure: msg.ResponseRecord) -> list[Any]:
+        """A request whose response was sent before the failure keeps it; the others fail."""
+        return [
+            self._recorder.record(delivered[0], record) if delivered else failure
+            for delivered, record in zip(batch.sent, batch.execute.requests, strict=True)
+        ]
+
     # -- execute ----------------------------------------------------------------------------
 
     def _run_decoupled(self, requests: list[Any], records: list[msg.RequestRecord]) -> list[int]:
@@ -355,13 +359,12 @@ class BatchExecutor:
             if not self._call_decoupled(requests, records):
                 return []
         except Exception as error:
-            text = (
-                str(error)
-                if isinstance(error, ExecuteError)
-                else self.failure(f"{type(error).__name__}: {error}")
-            )
+            text = str(error) if isinstance(error, ExecuteError) else self._model_error(error)
             self._fail_open(requests, records, text)
             return []  # after an error every request is released with RELEASE_ALL, as in Triton
+        return self._rescheduled(requests, records)
+
+    def _rescheduled(self, requests: list[Any], records: list[msg.RequestRecord]) -> list[int]:
         # Triton reads the release flags once execute returned: the request runs again.
         rescheduled = [i for i, r in enumerate(requests) if r._release_flags() == RESCHEDULE]
         self._open.untrack([records[i].key for i in rescheduled])
@@ -392,22 +395,27 @@ class BatchExecutor:
     ) -> None:
         error = future.exception()
         if error is not None:
-            self._fail_open(requests, records, self.failure(f"{type(error).__name__}: {error}"))
+            self._fail_open(requests, records, self._model_error(error))
 
     def _fail_open(self, requests: list[Any], records: list[msg.RequestRecord], text: str) -> None:
         """Send an error as the final response of every request whose sender is still open;
         an error no client can receive any more (every sender sent FINAL) goes to the log."""
-        delivered = False
-        for request, record in zip(requests, records, strict=True):
-            sender = request.get_response_sender()
-            if not sender._is_closed():
-                sender._close()
-                self._open.untrack([record.key])
-                error = msg.ResponseRecord(error=("INTERNAL", text))
-                self.send(msg.Response(record.key, error, True))
-                delivered = True
-        if not delivered:
+        failed = [self._fail_if_open(q, r, text) for q, r in zip(requests, records, strict=True)]
+        if not any(failed):
             pb_utils.Logger.log_error(text)
+
+    def _fail_if_open(self, request: Any, record: msg.RequestRecord, text: str) -> bool:
+        sender = request.get_response_sender()
+        if sender._is_closed():
+            return False
+        sender._close()
+        self._open.untrack([record.key])
+        self.send(msg.Response(record.key, msg.ResponseRecord(error=("INTERNAL", text)), True))
+        return True
 
     def failure(self, text: str) -> str:
         return failure_text(self.instance, text)
+
+    def _model_error(self, error: BaseException) -> str:
+        """What the model raised, as the error text of its requests."""
+        return self.failure(f"{type(error).__name__}: {error}")

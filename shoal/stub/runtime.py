@@ -186,9 +186,12 @@ class StubRuntime:
     def _call_initialize(self, args: dict[str, str]) -> None:
         initialize = getattr(self.model, "initialize", None)
         if initialize is not None:
-            result = initialize(dict(args))
-            if inspect.isawaitable(result):
-                self.loop.run_until_complete(result)
+            self._run_to_end(initialize(dict(args)))
+
+    def _run_to_end(self, result: Any) -> None:
+        """An ``async def`` initialize or finalize returned a coroutine: run it to its end."""
+        if inspect.isawaitable(result):
+            self.loop.run_until_complete(result)
 
     def run(self) -> int:
         """Serve until finalize or until the supervisor goes away; returns the exit code."""
@@ -297,14 +300,17 @@ class StubRuntime:
                 case msg.ReadinessCheck():
                     readiness.start_check(self.model, executor.await_result, self._send)
                 case msg.CudaRegionClosed(device=device, handle=handle):
-                    # Here, between batches: a sync execute is never reading it now.
-                    if self.gpu is not None:
-                        self.gpu.regions.forget(device, handle)
+                    self._forget_cuda_region(device, handle)
                 case msg.Finalize():
                     self._finish()
                     return 0
                 case _:
                     raise RuntimeError(f"unexpected message {type(message).__name__}")
+
+    def _forget_cuda_region(self, device: int, handle: bytes) -> None:
+        # Here, between batches: a sync execute is never reading it now.
+        if self.gpu is not None:
+            self.gpu.regions.forget(device, handle)
 
     def _execute(
         self, message: msg.Execute, executor: BatchExecutor, pump: DownPump, bls: BlsClient
@@ -330,9 +336,7 @@ class StubRuntime:
         if finalize is None:
             return None
         try:
-            result = finalize()
-            if inspect.isawaitable(result):
-                self.loop.run_until_complete(result)
+            self._run_to_end(finalize())
         except BaseException:
             return _format_exception()
         return None

@@ -27,7 +27,13 @@ import grpc.aio  # type: ignore[import-untyped]
 from shoal.core import CoreAPI
 from shoal.frontends._restricted import Restrictions
 from shoal.frontends._serving import AddressInUseError
-from shoal.frontends.grpc.methods import MAX_MESSAGE_BYTES, SERVICE_NAME, method_table, restrictions
+from shoal.frontends.grpc.methods import (
+    MAX_MESSAGE_BYTES,
+    SERVICE_NAME,
+    Method,
+    method_table,
+    restrictions,
+)
 from shoal.frontends.grpc.servicer import Servicer
 from shoal.frontends.grpc.status import Status
 from shoal.frontends.h2.floods import FloodLimits
@@ -50,17 +56,19 @@ def build_grpc_handler(
 
 
 def _generic_handler(servicer: Servicer, restrictions: Restrictions) -> Any:
-    handlers = {}
-    for name, method in method_table(servicer, restrictions).items():
-        if method.streaming:
-            handlers[name] = grpc.stream_stream_rpc_method_handler(_aio_stream(method.handle))
-        else:
-            handlers[name] = grpc.unary_unary_rpc_method_handler(
-                _aio_unary(method.handle),
-                request_deserializer=method.parse,
-                response_serializer=method.serialize,
-            )
+    methods = method_table(servicer, restrictions)
+    handlers = {name: _method_handler(method) for name, method in methods.items()}
     return grpc.method_handlers_generic_handler(SERVICE_NAME, handlers)
+
+
+def _method_handler(method: Method) -> Any:
+    if method.streaming:
+        return grpc.stream_stream_rpc_method_handler(_aio_stream(method.handle))
+    return grpc.unary_unary_rpc_method_handler(
+        _aio_unary(method.handle),
+        request_deserializer=method.parse,
+        response_serializer=method.serialize,
+    )
 
 
 class _AioContext:

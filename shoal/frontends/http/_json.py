@@ -21,7 +21,7 @@ import importlib
 import json
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 import numpy as np
@@ -86,11 +86,13 @@ def _plain(value: Any) -> Any:
 LARGE = 1 << 20
 
 
-def loads(data: bytes | bytearray | memoryview) -> Any:
-    """Parse UTF-8 JSON text."""
+def loads(data: bytes | bytearray | memoryview, *, numbers: bool = False) -> Any:
+    """Parse UTF-8 JSON text. ``numbers``: in a large document, large arrays of numbers that are
+    values of ``"data"`` keys come back as
+    :class:`~shoal.frontends.http._json_pieces.NumberArray`, not lists."""
     check_depth(data)
     if len(data) >= LARGE:
-        document = _loads_in_pieces(data)
+        document = _loads_in_pieces(data, numbers)
         if document is not None:
             return document
     try:
@@ -116,16 +118,16 @@ def loads(data: bytes | bytearray | memoryview) -> Any:
         raise JsonDecodeError("the JSON nests too deeply") from None
 
 
-def _loads_in_pieces(data: bytes | bytearray | memoryview) -> Any | None:
+def _loads_in_pieces(data: bytes | bytearray | memoryview, numbers: bool) -> Any | None:
     """What :func:`loads` returns, parsed in pieces (both parsers tried, as there); None
     where the document is not of that shape or is refused: the whole parse then says why."""
     if isinstance(data, memoryview):
         data = data.tobytes()
     if _ORJSON is not None:
-        document = parse_in_pieces(data, _ORJSON.loads)
+        document = parse_in_pieces(data, _ORJSON.loads, numbers=numbers)
         if document is not None:
             return document
-    return parse_in_pieces(data, _std_loads)
+    return parse_in_pieces(data, _std_loads, numbers=numbers)
 
 
 _paused = 0
@@ -199,6 +201,24 @@ def _structure(data: bytes | bytearray) -> bytes | bytearray:
 def _std_loads(data: bytes | bytearray | memoryview) -> Any:
     # The standard library does not take memoryviews; the copy is of the JSON header only.
     return json.loads(data.tobytes() if isinstance(data, memoryview) else data)
+
+
+def encoded_array(chunks: Iterable[bytes]) -> Any | None:
+    """A JSON array of the elements of ``chunks`` (each an array as :func:`dumps` writes it),
+    in order, to put in a document that :func:`dumps` writes as it is; None without orjson
+    (``chunks`` is then not read).
+
+    A large array is encoded a slice at a time this way: each call holds the GIL briefly, and
+    the final :func:`dumps` only copies the text."""
+    if _ORJSON is None:
+        return None
+    parts: list[bytes | memoryview] = []
+    for chunk in chunks:
+        if len(chunk) > 2:  # "[]" adds nothing
+            parts += [b",", memoryview(chunk)[1:-1]]
+    parts[:1] = [b"["]  # in place of the first comma, if any
+    parts.append(b"]")
+    return _ORJSON.Fragment(b"".join(parts))
 
 
 def dumps(value: Any) -> bytes:

@@ -11,18 +11,25 @@ and the GIL comes back between the calls. A document of another shape (no such a
 holding strings or objects, nested rows written with spaces between them) or one the parser
 refuses anywhere gives None: the caller parses the whole as before, so that errors are the
 whole parse's errors, word for word.
+
+With ``numbers=True`` each such array comes back as a :class:`NumberArray`: every piece made a
+NumPy array as soon as it is parsed, so that the tensor is never a list of millions of Python
+numbers (each list then cost a call that held the GIL to convert, and another to free).
 """
 
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["MIN_ARRAY", "PIECE", "parse_in_pieces"]
+import numpy as np
+
+__all__ = ["MIN_ARRAY", "PIECE", "NumberArray", "parse_in_pieces"]
 
 #: Bytes of an array parsed by one call (a few milliseconds of the GIL).
-PIECE = 1 << 18
+PIECE = 1 << 17
 #: Arrays shorter than this stay in the skeleton.
 MIN_ARRAY = 1 << 16
 
@@ -35,11 +42,34 @@ _BACKSLASH, _COLON, _OPEN = 0x5C, 0x3A, 0x5B
 Parse = Callable[[bytes], Any]
 #: Where an array is: its ``[``, the end of its last ``]``, and how deep its rows nest.
 _Span = tuple[int, int, int]
+#: What NumPy makes of a list of JSON numbers and booleans alone.
+_NUMBER_KINDS = frozenset("biuf")
 
 
-def parse_in_pieces(data: bytes | bytearray, parse: Parse) -> Any | None:
+@dataclass(eq=False)
+class NumberArray:
+    """A large JSON array of numbers (a ``data`` value), parsed piece by piece.
+
+    ``pieces``: ``np.asarray`` of each piece's list, in order, or None where some piece is not an
+    array of numbers (uneven rows, a null). :meth:`tolist` is the list the parser reads.
+    """
+
+    source: bytes | bytearray
+    span: _Span
+    parse: Parse
+    pieces: list[np.ndarray] | None
+
+    def tolist(self) -> list[Any]:
+        """The array as the parser reads it (parsed again, in pieces)."""
+        values: list[Any] = []
+        for piece in _pieces(self.source, self.span):
+            values += self.parse(piece)
+        return values
+
+
+def parse_in_pieces(data: bytes | bytearray, parse: Parse, *, numbers: bool = False) -> Any | None:
     """``parse(data)``, in pieces; None where the document is not of that shape or ``parse``
-    refuses any piece (ValueError)."""
+    refuses any piece (ValueError). ``numbers``: the arrays as :class:`NumberArray`."""
     spans = _arrays(data)
     if not spans:
         return None
@@ -53,7 +83,8 @@ def parse_in_pieces(data: bytes | bytearray, parse: Parse) -> Any | None:
     parts.append(data[at:])
     try:
         skeleton = parse(b"".join(parts))
-        arrays = [_parse_array(data, span, parse) for span in spans]
+        read = _number_array if numbers else _parse_array
+        arrays = [read(data, span, parse) for span in spans]
     except ValueError:
         return None
     # Each marker must be back in its place exactly once: a marker that is not there means a
@@ -111,26 +142,52 @@ def _skip_space(data: bytes | bytearray, at: int) -> int:
     return -1
 
 
-def _parse_array(data: bytes | bytearray, span: _Span, parse: Parse) -> list[Any]:
-    """The array at ``span``, parsed in pieces cut at its top-level commas: where rows nest
-    ``depth`` deep, a comma between two top-level elements stands between ``depth - 1``
-    closing and as many opening brackets. A cut anywhere else leaves a piece unbalanced,
-    which the parser refuses."""
+def _pieces(data: bytes | bytearray, span: _Span) -> Iterator[bytes]:
+    """The array at ``span`` in pieces of about :data:`PIECE` bytes, each an array of its own,
+    cut at its top-level commas: where rows nest ``depth`` deep, a comma between two top-level
+    elements stands between ``depth - 1`` closing and as many opening brackets. A cut anywhere
+    else leaves a piece unbalanced, which the parser refuses."""
     start, end, depth = span
     separator = b"]" * (depth - 1) + b"," + b"[" * (depth - 1)
-    values: list[Any] = []
     at, stop = start + 1, end - 1
     while True:
         cut = data.find(separator, at + PIECE, stop) if at + PIECE < stop else -1
         if cut < 0:
-            values += parse(b"[" + data[at:stop] + b"]")
-            return values
+            yield b"[" + data[at:stop] + b"]"
+            return
         cut += depth - 1  # the comma
-        values += parse(b"[" + data[at:cut] + b"]")
+        yield b"[" + data[at:cut] + b"]"
         at = cut + 1
 
 
-def _put_back(node: Any, markers: dict[str, int], arrays: list[list[Any]]) -> int:
+def _parse_array(data: bytes | bytearray, span: _Span, parse: Parse) -> list[Any]:
+    values: list[Any] = []
+    for piece in _pieces(data, span):
+        values += parse(piece)
+    return values
+
+
+def _number_array(data: bytes | bytearray, span: _Span, parse: Parse) -> NumberArray:
+    """The array at ``span`` with each piece made a NumPy array as soon as it is parsed (every
+    piece is parsed, so that an error anywhere is found here, as in :func:`_parse_array`)."""
+    pieces: list[np.ndarray] | None = []
+    for piece in _pieces(data, span):
+        values = parse(piece)
+        if pieces is None:
+            continue
+        try:
+            array = np.asarray(values)
+        except (ValueError, TypeError, OverflowError):  # uneven rows
+            pieces = None
+            continue
+        if array.dtype.kind in _NUMBER_KINDS:
+            pieces.append(array)
+        else:  # null, or integers past 64 bits NumPy keeps as objects
+            pieces = None
+    return NumberArray(data, span, parse, pieces)
+
+
+def _put_back(node: Any, markers: dict[str, int], arrays: list[Any]) -> int:
     """Replace each marker that is the value of a ``"data"`` key; how many were."""
     found = 0
     if isinstance(node, dict):

@@ -126,7 +126,7 @@ def _header_length_value(value: str) -> int:
 
 def _parse_document(header: bytes | bytearray | memoryview) -> dict[str, Any]:
     try:
-        document = _json.loads(header)
+        document = _json.loads(header, numbers=True)
     except _json.JsonDecodeError as exc:
         raise InvalidArgument(f"failed to parse the request JSON buffer: {exc}") from None
     if not isinstance(document, dict):

@@ -67,6 +67,15 @@ def encode_infer_response(response: InferResponse, output_format: OutputFormat) 
     return EncodedResponse(headers, (header, *(data for data in binary if data.nbytes)))
 
 
+def json_output_bytes(response: InferResponse, output_format: OutputFormat) -> int:
+    """The raw bytes of the outputs that are to be written as JSON (what encoding them costs)."""
+    return sum(
+        memoryview(output.data).nbytes
+        for output in response.outputs
+        if not output_format.is_binary(output.name)
+    )
+
+
 def _document(response: InferResponse) -> dict[str, Any]:
     """The response's JSON document without its outputs."""
     document: dict[str, Any] = {}

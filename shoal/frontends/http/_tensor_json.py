@@ -10,6 +10,7 @@ Outputs: the raw V2 bytes become a flat list in row-major order, as Triton retur
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -24,6 +25,7 @@ from shoal.core import (
     element_count,
 )
 from shoal.frontends.http import _json
+from shoal.frontends.http._json_pieces import NumberArray
 
 _INTEGER_TYPES = frozenset(
     ("UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64")
@@ -40,9 +42,17 @@ _NOTHING = object()
 def array_from_json(name: str, datatype: str, shape: tuple[int, ...], data: Any) -> np.ndarray:
     """Convert an input's JSON ``data`` into an array of ``shape`` and ``datatype``.
 
-    A large ``data`` list is emptied as it is converted (the caller's document gives it up):
-    its values are freed in slices, not all in one call when the document goes.
+    ``data`` may be a :class:`NumberArray` (a large body's): its pieces are converted one by
+    one, and only where they cannot say what the list would (a value the datatype refuses,
+    uneven rows) is the list read, so that errors are the same. A large ``data`` list is
+    emptied as it is converted (the caller's document gives it up): its values are freed in
+    slices, not all in one call when the document goes.
     """
+    if isinstance(data, NumberArray):
+        values = _from_pieces(name, datatype, data.pieces)
+        if values is not None:
+            return _shaped(name, shape, values)
+        data = data.tolist()
     try:
         return _array_from_json(name, datatype, shape, data)
     finally:
@@ -63,6 +73,10 @@ def _array_from_json(name: str, datatype: str, shape: tuple[int, ...], data: Any
         values = _bytes_array(name, data)
     else:
         values = _numeric_array(name, datatype, data)
+    return _shaped(name, shape, values)
+
+
+def _shaped(name: str, shape: tuple[int, ...], values: np.ndarray) -> np.ndarray:
     expected = element_count(shape)
     if values.size != expected:
         raise InvalidArgument(
@@ -75,6 +89,35 @@ def _array_from_json(name: str, datatype: str, shape: tuple[int, ...], data: Any
         raise InvalidArgument(
             f"input '{name}' has an impossible shape {list(shape)}: {exc}"
         ) from None
+
+
+def _from_pieces(name: str, datatype: str, pieces: list[np.ndarray] | None) -> np.ndarray | None:
+    """The flat array the pieces make, checked as :func:`_numeric_array` checks the whole
+    list's; None where that takes the list (a value to name in an error, uneven rows)."""
+    if pieces is None or datatype in ("BYTES", "BF16") or len({p.shape[1:] for p in pieces}) > 1:
+        return None
+    # What NumPy makes of the whole list: the pieces' types promoted, as when it concatenates.
+    common = functools.reduce(np.promote_types, {piece.dtype for piece in pieces})
+    if datatype == "BOOL":
+        if common.kind != "b":
+            return None
+    elif datatype in _INTEGER_TYPES:
+        if common.kind not in "iu":
+            return None
+        low = min((int(piece.min()) for piece in pieces if piece.size), default=0)
+        high = max((int(piece.max()) for piece in pieces if piece.size), default=0)
+        _check_range(name, datatype, low, high)
+    elif common.kind not in "iuf":
+        return None
+    values = np.empty(sum(piece.size for piece in pieces), dtype=NUMPY_DTYPES[datatype])
+    at = 0
+    with np.errstate(over="ignore"):  # like Triton, 1e6 as FP16 becomes inf
+        for piece in pieces:
+            # Through the common type, as the whole list goes: an integer piece among floats
+            # becomes float64 first (rounded once more on the way to FP32, as the list is).
+            values[at : at + piece.size] = piece.reshape(-1).astype(common, copy=False)
+            at += piece.size
+    return values
 
 
 def _numeric_array(name: str, datatype: str, data: list[Any]) -> np.ndarray:
@@ -215,19 +258,33 @@ def _json_repr(value: Any) -> str:
     return type(value).__name__ if isinstance(value, dict) else repr(value)
 
 
-def json_from_output(
-    name: str, datatype: str, shape: tuple[int, ...], data: memoryview
-) -> list[Any]:
-    """An output's raw V2 bytes as a flat JSON-ready list (BYTES as UTF-8 strings)."""
+def json_from_output(name: str, datatype: str, shape: tuple[int, ...], data: memoryview) -> Any:
+    """An output's raw V2 bytes as a flat JSON-ready list (BYTES as UTF-8 strings); a large one
+    (more than :data:`_SLICE` values, numbers) as the array's JSON text, encoded a slice at a
+    time (:func:`_json.encoded_array`) so that no call holds the GIL for long."""
     count = element_count(shape)
     if datatype == "BYTES":
         return _strings_from_output(name, data, count)
     dtype = NUMPY_DTYPES[datatype]
     if data.nbytes != dtype.itemsize * count:
         raise _size_mismatch(name)
+    if count > _SLICE:
+        step = _SLICE * dtype.itemsize
+        chunks = (
+            _json.dumps(_values(datatype, data[at : at + step]))
+            for at in range(0, data.nbytes, step)
+        )
+        encoded = _json.encoded_array(chunks)
+        if encoded is not None:
+            return encoded
+    return _values(datatype, data)
+
+
+def _values(datatype: str, data: memoryview) -> list[Any]:
+    """The values of a numeric tensor's bytes, as a list."""
     if datatype == "BOOL" or datatype == "BF16":
         return _without_numpy_view(datatype, data)
-    array = np.frombuffer(data, dtype=dtype)
+    array = np.frombuffer(data, dtype=NUMPY_DTYPES[datatype])
     if array.dtype.kind == "f":
         return _floats(array)
     values: list[Any] = array.tolist()  # typed Any or a list by the numpy version: no ignore

@@ -239,7 +239,7 @@ class _InferEndpoint:
         else:
             decoded = decode()
         response = await self._core.infer(decoded.request)
-        out_headers, out = _encoded(response, decoded)
+        out_headers, out = await _encoded(response, decoded)
         return await _compressed(out_headers, out, headers.get("accept-encoding"))
 
 
@@ -256,14 +256,36 @@ def _decoder(
     )
 
 
-def _encoded(response: InferResponse, decoded: codec.DecodedRequest) -> tuple[Headers, bytes]:
+async def _encoded(response: InferResponse, decoded: codec.DecodedRequest) -> tuple[Headers, bytes]:
     """Headers and body of a response; the response is released, the body being a copy (the
-    shared memory goes back before sending)."""
+    shared memory goes back before sending). Large JSON outputs are encoded in a thread, a slice
+    at a time, so that the event loop gets the GIL back between the slices."""
+    if codec.json_output_bytes(response, decoded.output_format) < _THREAD_THRESHOLD:
+        try:
+            return _encode(response, decoded)
+        finally:
+            response.release()
+    work = asyncio.ensure_future(asyncio.to_thread(_encode, response, decoded))
     try:
-        encoded = codec.encode_infer_response(response, decoded.output_format)
-        return list(encoded.headers), encoded.body()
+        return await asyncio.shield(work)
     finally:
-        response.release()
+        # Released on the loop, and only once the thread has done reading the outputs (the
+        # request may be cancelled meanwhile: a client that went away).
+        if work.done():
+            response.release()
+        else:
+            work.add_done_callback(functools.partial(_release_after, response))
+
+
+def _encode(response: InferResponse, decoded: codec.DecodedRequest) -> tuple[Headers, bytes]:
+    encoded = codec.encode_infer_response(response, decoded.output_format)
+    return list(encoded.headers), encoded.body()
+
+
+def _release_after(response: InferResponse, work: asyncio.Future[tuple[Headers, bytes]]) -> None:
+    if not work.cancelled():
+        work.exception()  # retrieved: nobody awaits it any more
+    response.release()
 
 
 async def _compressed(

@@ -47,7 +47,12 @@ from shoal.frontends.http._request import (
     decode_infer_request,
     parse_header_length,
 )
-from shoal.frontends.http._response import HEADER_LENGTH, EncodedResponse, encode_infer_response
+from shoal.frontends.http._response import (
+    HEADER_LENGTH,
+    EncodedResponse,
+    encode_infer_response,
+    json_output_bytes,
+)
 from shoal.frontends.http._shared_memory import (
     RegisterRequest,
     parse_register_request,
@@ -70,6 +75,7 @@ __all__ = [
     "decompress",
     "encode_infer_response",
     "inflate",
+    "json_output_bytes",
     "model_metadata_json",
     "model_stats_json",
     "parse_header_length",

@@ -89,9 +89,7 @@ class OnnxRuntimeModel:
         self.session = self._session(args, config, label)
         configured_in = config_tensors(config, "input")
         configured_out = config_tensors(config, "output")
-        overridable = [_graph_tensor(t) for t in self.session.get_overridable_initializers()]
-        graph_in = [_graph_tensor(t) for t in self.session.get_inputs()] + overridable
-        graph_out = [_graph_tensor(t) for t in self.session.get_outputs()]
+        graph_in, graph_out, overridable = _graph_tensors(self.session)
         controls, state_inputs, state_outputs = sequence_tensors(config)
         others = [t.name for t in overridable] + controls + state_inputs
         check_tensors(self.name, "input", configured_in, graph_in, self.max_batch_size, others)
@@ -157,6 +155,13 @@ class OnnxRuntimeModel:
                 f"onnxruntime failed to run model '{self.name}': {error}".rstrip()
             ) from None
         return [from_ort(value) for value in results]
+
+
+def _graph_tensors(session: Any) -> tuple[list[GraphTensor], list[GraphTensor], list[GraphTensor]]:
+    """The session's inputs (overridable initializers included), outputs and overridables."""
+    overridable = [_graph_tensor(t) for t in session.get_overridable_initializers()]
+    graph_in = [_graph_tensor(t) for t in session.get_inputs()] + overridable
+    return graph_in, [_graph_tensor(t) for t in session.get_outputs()], overridable
 
 
 def _check_state_outputs(

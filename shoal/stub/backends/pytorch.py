@@ -98,21 +98,24 @@ class TorchScriptModel:
         max_batch_size = int(config.get("max_batch_size", 0))
         self._load_module(args, config, label)
         inputs, outputs = config_tensors(config, "input"), config_tensors(config, "output")
-        for kind, tensors in (("input", inputs), ("output", outputs)):
-            check_datatypes(self.name, kind, tensors)
-            check_strings(self.name, kind, tensors, max_batch_size)
+        self._check_tensors(inputs, outputs, max_batch_size)
         self.inputs = {t.name: t for t in inputs}
         self.outputs = {t.name: t for t in outputs}
         controls, state_inputs, state_outputs = sequence_tensors(config)
         self._map_arguments(inputs, [*self.inputs, *controls, *state_inputs], label)
         self.output_map = map_outputs(self.name, [*self.outputs, *state_outputs])
         self._warn_config_order()
-        scalars = frozenset(
-            t.name for t in outputs if max_batch_size == 0 and t.dims == (1,) and not t.has_reshape
-        )
+        scalars = _scalar_outputs(outputs, max_batch_size)
         self.batching = Batching(self.name, max_batch_size, self.outputs, state_outputs, scalars)
         # Inputs are read-only views of shared memory; torch warns about each one it wraps.
         warnings.filterwarnings("ignore", "The given NumPy array is not writable", UserWarning)
+
+    def _check_tensors(
+        self, inputs: list[ConfigTensor], outputs: list[ConfigTensor], max_batch_size: int
+    ) -> None:
+        for kind, tensors in (("input", inputs), ("output", outputs)):
+            check_datatypes(self.name, kind, tensors)
+            check_strings(self.name, kind, tensors, max_batch_size)
 
     def _load_module(self, args: Mapping[str, str], config: dict[str, Any], label: str) -> None:
         """Import torch with the model's options and load the TorchScript file on its device."""
@@ -258,6 +261,12 @@ class TorchScriptModel:
 
 def _feed(request: Any) -> Feed:
     return {tensor.name(): tensor._array() for tensor in request.inputs()}
+
+
+def _scalar_outputs(outputs: list[ConfigTensor], max_batch_size: int) -> frozenset[str]:
+    if max_batch_size > 0:
+        return frozenset()
+    return frozenset(t.name for t in outputs if t.dims == (1,) and not t.has_reshape)
 
 
 def _device(torch: Any, args: Mapping[str, str], label: str) -> Any:

@@ -62,6 +62,11 @@ class BlsRouter:
         if not call.decoupled:
             self._start(caller, proc, call, key)
             return
+        self._serve_in_task(caller, proc, call, key)
+
+    def _serve_in_task(
+        self, caller: Caller, proc: StubChannel, call: msg.BlsCall, key: tuple[int, int]
+    ) -> None:
         task = asyncio.create_task(self._serve(caller, proc, call), name=f"bls {call.call_id}")
         self._tasks[key] = task
         task.add_done_callback(lambda _: self._finished(key))
@@ -102,11 +107,9 @@ class BlsRouter:
 
     def forget_process(self, proc: StubChannel) -> None:
         for key in [k for k in self._open if k[0] == proc.pid]:
-            open_call = self._open.pop(key)
-            _abandon(open_call.work, [])
+            _abandon(self._open.pop(key).work, [])
         for key in [k for k in self._held if k[0] == proc.pid]:
-            for completion in self._held.pop(key):
-                completion.release()
+            self.done(proc, key[1])
 
     # -- a call with one response: callbacks, no task ---------------------------------------
 

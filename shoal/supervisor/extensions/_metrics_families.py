@@ -148,12 +148,16 @@ def _failures(models: Sequence[ModelSample]) -> Metric:
     name = "nv_inference_request_failure"
     family = Metric(name, _FAILURE_HELP, "counter")
     for model in models:
-        counts = model.stats.failure_reasons
-        for reason in FAILURE_REASONS:
-            family.add_sample(
-                name, {**_labels(model.stats), "reason": reason}, counts.get(reason, 0)
-            )
+        _add_failures(family, model)
     return family
+
+
+def _add_failures(family: Metric, model: ModelSample) -> None:
+    """One sample per failure reason of the model version (0 for those it never had)."""
+    counts = model.stats.failure_reasons
+    for reason in FAILURE_REASONS:
+        labels = {**_labels(model.stats), "reason": reason}
+        family.add_sample(family.name, labels, counts.get(reason, 0))
 
 
 def _pending(models: Sequence[ModelSample]) -> Metric:

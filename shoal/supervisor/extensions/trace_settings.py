@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import secrets
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from shoal.core.errors import InvalidArgument, Unsupported
 from shoal.core.types import TraceChange, TraceValue
@@ -95,11 +96,7 @@ class TraceSettings:
                 "--trace-config mode=opentelemetry)"
             )
         target = self._global if not model else self._models.setdefault(model, {})
-        for key, value in checked.items():
-            if value is None:
-                target.pop(key, None)
-            else:
-                target[key] = value
+        _store(target, checked)
         if model and not target:
             del self._models[model]
         return self.current(model)
@@ -128,13 +125,25 @@ class TraceSettings:
         return _integer(key, value)
 
 
-def _level(value: TraceChange) -> list[str]:
+def _store(target: dict[str, TraceValue], checked: Mapping[str, TraceValue | None]) -> None:
+    """Set the checked values; None clears a model's own setting."""
+    for key, value in checked.items():
+        if value is None:
+            target.pop(key, None)
+        else:
+            target[key] = value
+
+
+def _listed(value: TraceChange) -> list[Any]:
     if isinstance(value, str):
-        levels = [value]
-    elif isinstance(value, int) or value is None or not value:
-        levels = []
-    else:
-        levels = list(value)
+        return [value]
+    if isinstance(value, int) or value is None or not value:
+        return []
+    return list(value)
+
+
+def _level(value: TraceChange) -> list[str]:
+    levels = _listed(value)
     if not levels or not all(isinstance(v, str) for v in levels):
         raise InvalidArgument(
             "trace setting 'trace_level' must be a list of strings, e.g. [\"TIMESTAMPS\"]"
@@ -196,11 +205,15 @@ def parse_trace_config(entries: Sequence[str]) -> dict[str, TraceValue]:
         except InvalidArgument as error:
             raise ValueError(f"--trace-config {entry}: {error.message}") from None
     if levels:
-        try:
-            settings["trace_level"] = _level(levels)
-        except InvalidArgument as error:
-            raise ValueError(f"--trace-config: {error.message}") from None
+        settings["trace_level"] = _flag_level(levels)
     return settings
+
+
+def _flag_level(levels: list[str]) -> list[str]:
+    try:
+        return _level(levels)
+    except InvalidArgument as error:
+        raise ValueError(f"--trace-config: {error.message}") from None
 
 
 def _config_entry(entry: str) -> tuple[str, str] | None:

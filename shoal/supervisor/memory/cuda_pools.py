@@ -79,10 +79,13 @@ class CudaPools:
         if nbytes <= 0:
             raise InvalidArgument(f"a CUDA pool block needs a positive size, not {nbytes}")
         location = self._pool(device).allocate(nbytes)
+        self._lend(pid, location)
+        return location
+
+    def _lend(self, pid: int, location: CudaLocation) -> None:
         self._lent.setdefault(pid, set()).add(location)
         self.lent_count += 1
-        self.allocations[device] = self.allocations.get(device, 0) + 1
-        return location
+        self.allocations[location.device] = self.allocations.get(location.device, 0) + 1
 
     def adopt(self, pid: int, locations: Iterable[CudaLocation]) -> list[CudaLocation]:
         """Blocks of ``pid`` that a response now carries: the caller owns them from here on.

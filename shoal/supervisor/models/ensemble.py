@@ -167,11 +167,14 @@ class _Graph:
     def start(self) -> None:
         if self._finished:  # aborted before a deferred start
             return
-        missing = self._missing
+        self._count_given()
+        self._advance([step for step in self._plan.steps if self._missing[step.index] == 0])
+
+    def _count_given(self) -> None:
+        """Each tensor given at the start is one fewer that its consumers wait for."""
         for name in self.tensors:
             for step in self._plan.consumers.get(name, ()):
-                missing[step.index] -= 1
-        self._advance([step for step in self._plan.steps if missing[step.index] == 0])
+                self._missing[step.index] -= 1
 
     def abort(self) -> None:
         """Stop without reporting: queued steps are dropped, running ones' results released."""

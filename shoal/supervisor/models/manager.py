@@ -247,7 +247,7 @@ class ModelRepositoryManager:
         await asyncio.gather(*(self.loader.stop(mv, 5.0) for mv in new if mv.ready))
         # Each reason reads "failed to load '<name>' version <n>: ...".
         reason = "; ".join(mv.reason for mv in broken)
-        if name not in self.models or not any(m.ready for m in self.models[name].values()):
+        if not self._ready(name):
             self.models[name] = {mv.version: mv for mv in new}
         raise _LoggedLoadFailure(reason)
 

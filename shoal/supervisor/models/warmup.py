@@ -157,6 +157,16 @@ def _bytes_length(raw: bytes, count: int, label: str, file: str) -> int:
 
 def work_for(sample: WarmupSample, stage: StageTensor, free: Callable[[list[Block]], None]) -> Work:
     """A request of ``sample``, its inputs staged in the input arena (the work owns them)."""
+    descs, blocks = _staged(sample, stage, free)
+    record = RequestRecord(f"warmup {sample.name}", 0, 0, {}, [], descs)
+    future: asyncio.Future[Completion] = asyncio.get_running_loop().create_future()
+    return Work(record, blocks, future, batch_size=sample.batch_size)
+
+
+def _staged(
+    sample: WarmupSample, stage: StageTensor, free: Callable[[list[Block]], None]
+) -> tuple[list[TensorDesc], list[Block]]:
+    """The sample's inputs staged; on a failure, the blocks staged so far are freed."""
     descs: list[TensorDesc] = []
     blocks: list[Block] = []
     try:
@@ -167,9 +177,7 @@ def work_for(sample: WarmupSample, stage: StageTensor, free: Callable[[list[Bloc
     except ShoalError:
         free(blocks)
         raise
-    record = RequestRecord(f"warmup {sample.name}", 0, 0, {}, [], descs)
-    future: asyncio.Future[Completion] = asyncio.get_running_loop().create_future()
-    return Work(record, blocks, future, batch_size=sample.batch_size)
+    return descs, blocks
 
 
 #: Runs one batch on one instance now and returns its completions (``StubInstance.run_now``).

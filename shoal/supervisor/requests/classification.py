@@ -96,14 +96,15 @@ def _top(row: np.ndarray, count: int, datatype: str, labels: Sequence[str]) -> l
     # equal values in index order (and works for unsigned types, which cannot be negated).
     order = np.argsort(row[::-1], kind="stable")[::-1][:count]
     last = len(row) - 1
-    texts = []
-    for reversed_index in order:
-        index = last - int(reversed_index)
-        text = f"{_value_text(row[index], datatype)}:{index}"
-        if index < len(labels) and labels[index]:
-            text += f":{labels[index]}"
-        texts.append(text)
-    return texts
+    return [_class_text(row, last - int(r), datatype, labels) for r in order]
+
+
+def _class_text(row: np.ndarray, index: int, datatype: str, labels: Sequence[str]) -> str:
+    """``<value>:<index>[:<label>]``, as Triton writes a class."""
+    text = f"{_value_text(row[index], datatype)}:{index}"
+    if index < len(labels) and labels[index]:
+        text += f":{labels[index]}"
+    return text
 
 
 def _value_text(value: np.generic, datatype: str) -> str:

@@ -15,10 +15,11 @@ from __future__ import annotations
 import collections
 import hashlib
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from shoal.core.types import InferOutput, InferRequest, InferResponse, ParamValue
+from shoal.core.types import InferInput, InferOutput, InferRequest, InferResponse, ParamValue
 from shoal.ipc.dtypes import serialize_bytes
 from shoal.supervisor.requests.client_shm import REGION
 
@@ -58,18 +59,26 @@ def request_key(request: InferRequest, model: str, version: int) -> bytes | None
     digest = hashlib.blake2b(digest_size=16)
     digest.update(f"{model}\0{version}\0".encode())
     for tensor in sorted(request.inputs, key=lambda t: t.name):
-        data = tensor.data
-        if isinstance(data, np.ndarray):
-            data = serialize_bytes(data) if data.dtype == np.object_ else data.tobytes()
-        view = memoryview(data)
+        view = _input_view(tensor)
         if view.nbytes == 0 and REGION in tensor.parameters:
             return None  # a CUDA region: its bytes are not here
-        shape = ",".join(map(str, tensor.shape))
-        digest.update(f"{tensor.name}\0{tensor.datatype}\0{shape}\0{view.nbytes}\0".encode())
-        digest.update(view.cast("B") if view.ndim != 1 or view.format != "B" else view)
+        _hash_input(digest, tensor, view)
     for name in sorted(o.name for o in request.outputs):
         digest.update(f"out\0{name}\0".encode())
     return digest.digest()
+
+
+def _input_view(tensor: InferInput) -> memoryview:
+    data = tensor.data
+    if isinstance(data, np.ndarray):
+        data = serialize_bytes(data) if data.dtype == np.object_ else data.tobytes()
+    return memoryview(data)
+
+
+def _hash_input(digest: Any, tensor: InferInput, view: memoryview) -> None:
+    shape = ",".join(map(str, tensor.shape))
+    digest.update(f"{tensor.name}\0{tensor.datatype}\0{shape}\0{view.nbytes}\0".encode())
+    digest.update(view.cast("B") if view.ndim != 1 or view.format != "B" else view)
 
 
 def copy_response(response: InferResponse) -> CachedResponse | None:

@@ -21,7 +21,9 @@ import numpy as np
 from shoal.core.errors import ShoalError
 from shoal.ipc.arena import Block
 from shoal.ipc.tensor import TensorDesc
-from shoal.supervisor.work import Work
+from shoal.supervisor.work import Completion, Work
+
+_Stream = asyncio.Queue[Completion | BaseException | None]
 
 #: Returns a dropped or failed work's input blocks to the input arena.
 FreeWork = Callable[[Work], None]
@@ -152,11 +154,15 @@ def fail_work(work: Work, error: ShoalError, free_work: FreeWork) -> None:
         return
     if work.stream is None:
         work.future.set_exception(error)
-        return
+    else:
+        _end_stream(work, work.stream, error)
+
+
+def _end_stream(work: Work, stream: _Stream, error: ShoalError) -> None:
     work.future.cancel()  # a streaming requester reads the stream, not the future
     if not work.closed:
-        work.stream.put_nowait(error)
-        work.stream.put_nowait(None)
+        stream.put_nowait(error)
+        stream.put_nowait(None)
 
 
 def log_prefix(work: Work) -> str:

@@ -158,8 +158,7 @@ class RateLimiter:
         that the instance that just finished, when it has more work, asks again first and
         competes by its count and priority (granting at once would hand every turn to whoever
         waited, and priorities would never matter)."""
-        for key, count in permit.member.pools():
-            self._in_use[key] = self._in_use.get(key, 0) - count
+        self._take_back(permit.member)
         if self._dispatch_soon:
             return
         try:
@@ -192,11 +191,18 @@ class RateLimiter:
                 continue
             if not self._free(head.member):
                 return
-            self._waiting.remove(head)
-            for key, count in head.member.pools():
-                self._in_use[key] = self._in_use.get(key, 0) + count
-            head.member.executions += 1
-            head.future.set_result(Permit(self, head.member))
+            self._grant(head)
+
+    def _take_back(self, member: LimitedInstance) -> None:
+        for key, count in member.pools():
+            self._in_use[key] = self._in_use.get(key, 0) - count
+
+    def _grant(self, waiter: _Waiter) -> None:
+        self._waiting.remove(waiter)
+        for key, count in waiter.member.pools():
+            self._in_use[key] = self._in_use.get(key, 0) + count
+        waiter.member.executions += 1
+        waiter.future.set_result(Permit(self, waiter.member))
 
 
 __all__ = ["LimitedInstance", "Permit", "RateLimiter", "ResourceNeed"]

@@ -83,6 +83,19 @@ class TestInference:
         received = core.requests[-1].inputs[0].data
         assert isinstance(received, memoryview) is binary_in
 
+    @pytest.mark.parametrize("datatype", ["FP32", "INT64", "BOOL"])
+    def test_large_json_request_and_response(
+        self, client: Client, core: EchoCore, datatype: str
+    ) -> None:
+        # Over a megabyte each way: decoded and encoded in a thread, in pieces.
+        array = np.resize(ARRAYS[datatype], (1, 300_000))
+        requested = httpclient.InferRequestedOutput("X", binary_data=False)
+        result = client.infer(
+            "echo", [echo_input("X", array, datatype, False)], outputs=[requested]
+        )
+        np.testing.assert_array_equal(result.as_numpy("X"), array)
+        assert result.as_numpy("X").dtype == array.dtype
+
     @pytest.mark.parametrize("binary_out", [True, False])
     def test_bf16_binary_input(self, client: Client, binary_out: bool) -> None:
         array = np.array([[1.5, -2.0, 0.0078125]], dtype=ml_dtypes.bfloat16)
@@ -402,3 +415,54 @@ class TestSizeLimit:
         body += b" " * (LIMIT - len(body))
         reply = http(small_url, "POST", "/v2/models/echo/infer", data=body)
         assert reply.status_code == 200
+
+
+def test_a_large_json_response_cancelled_while_encoded_is_released_after_on_the_loop() -> None:
+    import asyncio
+    import threading
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from shoal.core import InferOutput, InferResponse
+    from shoal.frontends.http import app, codec
+
+    events: list[tuple[str, int]] = []
+
+    class Recording(ThreadPoolExecutor):
+        """Says when each job (the encoding) has ended."""
+
+        def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+            def job() -> Any:
+                try:
+                    return fn(*args, **kwargs)
+                finally:
+                    events.append(("encoded", threading.get_ident()))
+
+            return super().submit(job)
+
+    values = np.arange(1_000_000, dtype=np.float32)
+    output = InferOutput("Y", "FP32", values.shape, memoryview(values.tobytes()))
+    response = InferResponse(
+        "m",
+        "1",
+        outputs=[output],
+        _release=lambda: events.append(("released", threading.get_ident())),
+    )
+    decoded = codec.decode_infer_request(b'{"inputs":[]}', model_name="m")
+
+    async def cancel_then_wait() -> int:
+        asyncio.get_running_loop().set_default_executor(Recording(1))
+        task = asyncio.ensure_future(app._encoded(response, decoded))
+        await asyncio.sleep(0)  # the encoding is on its way to its thread now
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        deadline = time.monotonic() + 30
+        while len(events) < 2 and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        return threading.get_ident()
+
+    loop_thread = asyncio.run(cancel_then_wait())
+    (encoded, encoder), (released, releaser) = events
+    assert (encoded, released) == ("encoded", "released")  # the outputs were read, then released
+    assert encoder != loop_thread and releaser == loop_thread

@@ -200,3 +200,43 @@ class TestOutputErrors:
         array = np.array([b"\xff\xfe"], dtype=object)
         _, rest = split(encode_infer_response(response(output("S", array, "BYTES")), BINARY))
         assert rest == serialize_bytes(array)
+
+
+class TestLargeJsonOutputs:
+    """An output of more values than a slice is encoded a slice at a time: the same bytes."""
+
+    @staticmethod
+    def _cases() -> list[tuple[str, np.ndarray]]:
+        cases = [(datatype, np.resize(array, 1000)) for datatype, array, _ in JSON_CASES]
+        special = np.resize(np.array([np.nan, np.inf, -np.inf, 0.1, -0.0], np.float32), 1000)
+        cases.append(("FP32", special))
+        cases.append(("FP64", special.astype(np.float64)))
+        cases.append(("BF16", special.view(np.uint32).astype(np.uint16)))  # truncated floats
+        return [(datatype, array) for datatype, array in cases if datatype != "BYTES"]
+
+    def _encode(self, binary_output: bool) -> bytes:
+        outputs = [output(f"Y{i}", a, t) for i, (t, a) in enumerate(self._cases())]
+        if binary_output:
+            outputs.append(output("B", np.arange(3000, dtype=np.int32), "INT32"))
+        wanted = OutputFormat(binary={"B": True})
+        return encode_infer_response(response(*outputs, id="r"), wanted).body()
+
+    @pytest.mark.parametrize("binary_output", [False, True])
+    def test_the_same_bytes_as_one_list(
+        self, monkeypatch: pytest.MonkeyPatch, binary_output: bool
+    ) -> None:
+        from shoal.frontends.http import _json, _tensor_json
+
+        calls: list[int] = []
+        dumps = _json.dumps
+
+        def recording(value: Any) -> bytes:
+            calls.append(len(value) if isinstance(value, list) else 0)
+            return dumps(value)
+
+        monkeypatch.setattr(_json, "dumps", recording)
+        monkeypatch.setattr(_tensor_json, "_SLICE", 64)
+        in_slices = self._encode(binary_output)
+        assert 0 < max(calls[:-1]) <= 64 and len(calls) > 100  # the last: the document
+        monkeypatch.setattr(_tensor_json, "_SLICE", 1 << 20)
+        assert in_slices == self._encode(binary_output)

@@ -178,3 +178,71 @@ def test_the_collector_is_off_while_a_large_body_is_decoded_and_back_after() -> 
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_arrays_of_numbers_come_back_as_numpy_pieces() -> None:
+    body = _infer_body([[1, 2]] * 3000, [3000, 2], "INT32")
+    data = _json.loads(body, numbers=True)["inputs"][0]["data"]
+    assert isinstance(data, _json_pieces.NumberArray) and data.pieces is not None
+    assert len(data.pieces) > 10 and all(piece.shape[1:] == (2,) for piece in data.pieces)
+    assert data.tolist() == [[1, 2]] * 3000
+    assert _json.loads(body) == orjson.loads(body)  # lists where not asked for
+
+
+def _values(rng: random.Random, kinds: str, count: int) -> list[Any]:
+    makers = {
+        "i": lambda: rng.randint(-300, 300),
+        "I": lambda: rng.choice([2**63, 2**64 - 1, -(2**63), 2**64, -(2**63) - 1]),
+        "f": lambda: rng.uniform(-1e6, 1e6),
+        "F": lambda: rng.choice([1e300, -1e39, 16777217.0, 0.1]),
+        "b": lambda: rng.choice([True, False]),
+        "n": lambda: None,
+    }
+    return [makers[rng.choice(kinds)]() for _ in range(count)]
+
+
+def _decoded(body: bytes) -> Any:
+    try:
+        array = decode_infer_request(body, model_name="m").request.inputs[0].data
+    except InvalidArgument as exc:
+        return str(exc)
+    return array.dtype, array.shape, array.tobytes()
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_numpy_pieces_convert_as_the_whole_list(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = random.Random(seed)
+    datatype = rng.choice(["BOOL", "INT8", "UINT16", "INT32", "INT64", "UINT64", "FP16", "FP32"])
+    # Mostly one kind, now and then another value in one place: where it lands decides which
+    # piece holds it, and the array must not depend on that.
+    main = {"BOOL": "b", "FP16": "f", "FP32": "f"}.get(datatype, "i")
+    count = rng.randint(300, 3000)
+    values = _values(rng, main, count)
+    for _ in range(rng.randint(0, 2)):
+        values[rng.randrange(count)] = _values(rng, rng.choice("iIfFbn"), 1)[0]
+    shape = [count]
+    if rng.random() < 0.4 and count % 2 == 0:
+        values = [values[at : at + 2] for at in range(0, count, 2)]
+        shape = [count // 2, 2]
+        if rng.random() < 0.2:
+            values[rng.randrange(len(values))] = [values[0][0]]  # one uneven row
+    if rng.random() < 0.2:
+        shape = [count + 1]  # a shape the data does not fill
+    inputs = [{"name": "X", "datatype": datatype, "shape": shape, "data": values}]
+    body = json.dumps({"inputs": inputs}, separators=(",", ":")).encode()  # integers past 64 bits
+    in_pieces = _decoded(body)
+    monkeypatch.setattr(_json, "LARGE", len(body) + 1)  # one parse of the whole, as before
+    assert in_pieces == _decoded(body)
+
+
+def test_integer_pieces_among_floats_round_as_the_whole_list(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The whole list is float64 first: 2**60 + 2**36 + 1 rounds to 2**60 + 2**36 there, then to
+    # 2**60 as FP32; straight from int64 to FP32 it would round up to 2**60 + 2**37.
+    values: list[Any] = [2**60 + 2**36 + 1] * 500 + [0.5] * 500
+    body = _infer_body(values, [1000])
+    in_pieces = _decoded(body)
+    assert in_pieces[2][:4] == np.float32(2.0**60).tobytes()
+    monkeypatch.setattr(_json, "LARGE", len(body) + 1)
+    assert in_pieces == _decoded(body)
