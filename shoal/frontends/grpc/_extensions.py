@@ -58,9 +58,13 @@ def statistics_response(stats: Iterable[ModelStatistics]) -> pb.ModelStatisticsR
             _batch_stats(entry.batch_stats.add(), batch)
         for key, stats_of_response in model.response_stats.items():
             _response_stats(entry.response_stats[key], stats_of_response)
-        for usage in model.memory_usage:
-            entry.memory_usage.add(type=usage.type, id=usage.id, byte_size=usage.byte_size)
+        _memory_usage(entry, model)
     return response
+
+
+def _memory_usage(entry: pb.ModelStatistics, model: ModelStatistics) -> None:
+    for usage in model.memory_usage:
+        entry.memory_usage.add(type=usage.type, id=usage.id, byte_size=usage.byte_size)
 
 
 def _duration(target: pb.StatisticDuration, source: StatDuration) -> None:
