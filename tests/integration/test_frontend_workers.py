@@ -566,6 +566,32 @@ def test_a_killed_core_takes_the_workers_with_it():
         assert not left, f"outlived the core: {left}"
 
 
+def test_a_request_in_flight_when_the_core_dies_is_answered_503():
+    """The worker answers what it holds once its core is gone (503, unavailable) before it exits:
+    a load balancer retries that on another replica, and a dropped connection it would not."""
+    with _start() as running:
+        _wait_for_workers(running, 2)
+        port = int(running.url.rsplit(":", 1)[1])
+        body = json.dumps(
+            {"inputs": [{"name": "IN", "datatype": "INT32", "shape": [1], "data": [1]}]}
+        ).encode()
+        mark = len(running.output)
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+            sock.sendall(
+                b"POST /v2/models/cancel_waiter/infer HTTP/1.1\r\nHost: x\r\n"
+                b"Content-Type: application/json\r\n"
+                + f"Content-Length: {len(body)}\r\n\r\n".encode()
+                + body
+            )
+            deadline = time.monotonic() + 30
+            while "cancel_waiter: started" not in running.output[mark:]:
+                assert time.monotonic() < deadline, running.output[mark:]
+                time.sleep(0.02)  # polling the server log
+            running.stop(signal.SIGKILL)
+            answer = sock.recv(4096)
+        assert answer.startswith(b"HTTP/1.1 503 "), answer
+
+
 def _alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as stat:

@@ -5,7 +5,8 @@ The listening sockets are shared with the core and every other worker: a worker 
 core would hold them open (accepting connections into the backlog that nobody answers) until the
 kernel has torn its memory down. So the core's death reaches a worker as a signal it handles,
 and, as soon as the link drops, the worker stops the listening sockets for every holder
-(``shutdown``: new connections are refused at once) before it exits.
+(``shutdown``: new connections are refused at once), then answers what it holds (503: the core is
+gone) and exits.
 """
 
 from __future__ import annotations
@@ -41,9 +42,17 @@ def stop_accepting() -> None:
             sock.shutdown(socket.SHUT_RDWR)
 
 
+#: Seconds a worker whose core died has to answer what it holds before the kernel ends it.
+_DEATH_EXIT_SECS = 2
+
+
 def _on_death_signal(signum: int, frame: FrameType | None) -> None:
     stop_accepting()
-    os._exit(1)
+    # Not an exit here: the link's sockets close with the core, and the worker then answers the
+    # requests it holds, and any that come on its open connections, with 503 before it exits (a
+    # load balancer retries those on another replica; a dropped connection it would not). The
+    # alarm's default action ends the worker if that takes longer.
+    signal.alarm(_DEATH_EXIT_SECS)
 
 
 def follow_parent(parent: int, listening: Sequence[int] = ()) -> None:
