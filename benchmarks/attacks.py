@@ -15,6 +15,7 @@ stubs survived. Results go to docs/hardening.md with the machine they ran on.
 from __future__ import annotations
 
 import argparse
+import functools
 import gzip
 import json
 import socket
@@ -206,7 +207,10 @@ def gzip1m(server: ShoalServer) -> str:
     return _grpc_call(server, gzip.compress(bytes(1024 * MIB)), compressed=True)
 
 
-def _json_attack(server: ShoalServer, model: str) -> str:
+@functools.cache
+def _json_request(model: str) -> bytes:
+    """A 40 MB JSON infer request: made before the probes start (:data:`PREPARE`), since making
+    it holds this process's GIL for a while and would stall the probes' threads, not the server."""
     values = ",".join(["1.5"] * 10_000_000)
     name = "IN_FP32" if model == "identity" else "INPUT0"
     tensor = f'{{"name":"{name}","datatype":"FP32","shape":[10000000],"data":[{values}]}}'
@@ -214,11 +218,16 @@ def _json_attack(server: ShoalServer, model: str) -> str:
     head = (
         f"POST /v2/models/{model}/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n"
     )
+    return head.encode() + body
+
+
+def _json_attack(server: ShoalServer, model: str) -> str:
+    request = _json_request(model)
     with _connect(server) as sock:
         started = time.monotonic()
-        sock.sendall(head.encode() + body)
+        sock.sendall(request)
         status, _ = read_response(sock)
-    return f"{len(body) / 1e6:.0f} MB: HTTP {status} after {time.monotonic() - started:.2f} s"
+    return f"{len(request) / 1e6:.0f} MB: HTTP {status} after {time.monotonic() - started:.2f} s"
 
 
 def json_body(server: ShoalServer) -> str:
@@ -267,7 +276,15 @@ ATTACKS: dict[str, Callable[[ShoalServer], str]] = {
 }
 
 
+#: What an attack makes before the probes start (work in this process that would stall them).
+PREPARE: dict[str, Callable[[], object]] = {
+    "json": lambda: _json_request("identity"),
+    "json-parse": lambda: _json_request("add_sub"),
+}
+
+
 def run(name: str) -> Outcome:
+    PREPARE.get(name, lambda: None)()
     with ShoalServer(BUNDLED, timeout=120) as server:
         assert server.proc is not None
         pid = server.proc.pid

@@ -18,11 +18,12 @@ def read_head_and_body(sock: socket.socket) -> tuple[bytes, bytes]:
         for line in head.split(b"\r\n")
         if line.lower().startswith(b"content-length:")
     )
-    while len(body) < length:
+    received = bytearray(body)  # grown in place: bytes would be copied whole at each chunk
+    while len(received) < length:
         chunk = sock.recv(65536)
-        assert chunk, f"connection closed mid-body: {len(body)} of {length} bytes"
-        body += chunk
-    return head, body
+        assert chunk, f"connection closed mid-body: {len(received)} of {length} bytes"
+        received += chunk
+    return head, bytes(received)
 
 
 def read_response(sock: socket.socket) -> tuple[int, bytes]:

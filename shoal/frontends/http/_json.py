@@ -121,13 +121,23 @@ def loads(data: bytes | bytearray | memoryview, *, numbers: bool = False) -> Any
 def _loads_in_pieces(data: bytes | bytearray | memoryview, numbers: bool) -> Any | None:
     """What :func:`loads` returns, parsed in pieces (both parsers tried, as there); None
     where the document is not of that shape or is refused: the whole parse then says why."""
-    if isinstance(data, memoryview):
-        data = data.tobytes()
+    data = _contents(data)
     if _ORJSON is not None:
         document = parse_in_pieces(data, _ORJSON.loads, numbers=numbers)
         if document is not None:
             return document
     return parse_in_pieces(data, _std_loads, numbers=numbers)
+
+
+def _contents(data: bytes | bytearray | memoryview) -> bytes | bytearray:
+    """``data`` as bytes or a bytearray: the object a view shows whole (a request body) as it
+    is, since copying a large body is one call that holds the GIL."""
+    if not isinstance(data, memoryview):
+        return data
+    whole = data.obj
+    if isinstance(whole, bytes | bytearray) and data.contiguous and data.nbytes == len(whole):
+        return whole
+    return data.tobytes()
 
 
 _paused = 0
@@ -165,8 +175,7 @@ def check_depth(data: bytes | bytearray | memoryview) -> None:
     document still deep after that is measured with NumPy: the depth is the highest running sum
     of openings and closings. Invalid JSON may be measured wrongly; the parser refuses it anyway.
     """
-    if isinstance(data, memoryview):
-        data = data.tobytes()
+    data = _contents(data)
     if b"\\" in data:  # escaped backslashes and quotes are the only escapes that matter here
         data = data.replace(b"\\\\", b"").replace(b'\\"', b"")
     structure = _structure(data)

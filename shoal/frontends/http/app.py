@@ -239,7 +239,10 @@ class _InferEndpoint:
         else:
             decoded = decode()
         response = await self._core.infer(decoded.request)
-        out_headers, out = await _encoded(response, decoded)
+        if codec.json_output_bytes(response, decoded.output_format) < _THREAD_THRESHOLD:
+            out_headers, out = _encoded(response, decoded)
+        else:
+            out_headers, out = await _encoded_in_thread(response, decoded)
         return await _compressed(out_headers, out, headers.get("accept-encoding"))
 
 
@@ -256,15 +259,20 @@ def _decoder(
     )
 
 
-async def _encoded(response: InferResponse, decoded: codec.DecodedRequest) -> tuple[Headers, bytes]:
+def _encoded(response: InferResponse, decoded: codec.DecodedRequest) -> tuple[Headers, bytes]:
     """Headers and body of a response; the response is released, the body being a copy (the
-    shared memory goes back before sending). Large JSON outputs are encoded in a thread, a slice
-    at a time, so that the event loop gets the GIL back between the slices."""
-    if codec.json_output_bytes(response, decoded.output_format) < _THREAD_THRESHOLD:
-        try:
-            return _encode(response, decoded)
-        finally:
-            response.release()
+    shared memory goes back before sending)."""
+    try:
+        return _encode(response, decoded)
+    finally:
+        response.release()
+
+
+async def _encoded_in_thread(
+    response: InferResponse, decoded: codec.DecodedRequest
+) -> tuple[Headers, bytes]:
+    """:func:`_encoded`, for large JSON outputs: encoded in a thread, a slice at a time, so that
+    the event loop gets the GIL back between the slices."""
     work = asyncio.ensure_future(asyncio.to_thread(_encode, response, decoded))
     try:
         return await asyncio.shield(work)

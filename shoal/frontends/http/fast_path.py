@@ -105,7 +105,9 @@ class _FastRequest:
         self.version = version
         self.headers = headers
         self.keep_alive = keep_alive
-        self.body: list[bytes] = []
+        #: A body of several chunks is gathered as they come: joined at the end, a large one
+        #: would be one copy of it all on the event loop.
+        self.body: bytes | bytearray = b""
         self.disconnected = False
         self.response_complete = False
 
@@ -303,7 +305,14 @@ class FastInferHttpToolsProtocol(CoalescingHttpToolsProtocol):
     def on_body(self, body: bytes) -> None:
         cycle = self.cycle
         if isinstance(cycle, _FastRequest):
-            cycle.body.append(body)
+            if not cycle.body:
+                cycle.body = body
+            elif isinstance(cycle.body, bytearray):
+                cycle.body += body  # in place (a large buffer grows without being copied)
+            else:
+                joined = bytearray(cycle.body)
+                joined += body
+                cycle.body = joined
         else:
             super().on_body(body)
 
@@ -339,8 +348,7 @@ class FastInferHttpToolsProtocol(CoalescingHttpToolsProtocol):
         return _FastRequest(target[0], target[1], headers, keep_alive)
 
     async def _serve(self, request: _FastRequest, endpoint: FastInfer) -> None:
-        body = request.body[0] if len(request.body) == 1 else b"".join(request.body)
-        request.body = []
+        body, request.body = request.body, b""
         status, headers, payload = await endpoint.respond(
             request.name, request.version, request.headers, body
         )
