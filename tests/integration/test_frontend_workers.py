@@ -404,6 +404,32 @@ def test_a_stream_after_a_failed_one_gets_only_its_own_answers(server):
             assert [bool(reply.error_message) for reply in replies] == [failed], replies
 
 
+def test_a_stream_after_a_cancelled_one_still_ends(server):
+    """A stream the client cancels mid-way leaves later streams on that worker whole (the
+    compiled link once swallowed the end of every later stream: they hung)."""
+    count = service_pb2.ModelInferRequest(model_name="decoupled_repeat")
+    count.inputs.add(name="COUNT", datatype="INT32", shape=[1])
+    count.raw_input_contents.append(np.array([100_000], np.int32).tobytes())
+    good = service_pb2.ModelInferRequest(model_name="add_sub")
+    for name in ("INPUT0", "INPUT1"):
+        good.inputs.add(name=name, datatype="FP32", shape=[4])
+        good.raw_input_contents.append(np.ones(4, np.float32).tobytes())
+    with grpc.insecure_channel(server.grpc_url) as channel:  # one connection: one worker
+        stream = channel.stream_stream(
+            "/inference.GRPCInferenceService/ModelStreamInfer",
+            request_serializer=service_pb2.ModelInferRequest.SerializeToString,
+            response_deserializer=service_pb2.ModelStreamInferResponse.FromString,
+        )
+        requests: queue.Queue[service_pb2.ModelInferRequest | None] = queue.Queue()
+        requests.put(count)
+        long_one = stream(iter(requests.get, None), timeout=60)
+        assert not next(long_one).error_message
+        long_one.cancel()
+        for _ in range(2):
+            replies = list(stream(iter([good]), timeout=30))
+            assert [reply.error_message for reply in replies] == [""], replies
+
+
 def test_shared_memory_registered_through_one_worker_used_through_another(server):
     key = f"/shoal_workers_{os.getpid()}"
     handle = shm.create_shared_memory_region("wk_in", key, 32)
