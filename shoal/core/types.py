@@ -58,6 +58,23 @@ class InferInput:
     parameters: dict[str, ParamValue] = field(default_factory=dict)
     placed: Block | None = None
 
+    def __init__(
+        self,
+        name: str,
+        datatype: str,
+        shape: tuple[int, ...],
+        data: memoryview | bytes | np.ndarray,
+        parameters: dict[str, ParamValue] | None = None,
+        placed: Block | None = None,
+    ) -> None:
+        # Written out: a generated __init__ stays interpreted in the compiled hot path.
+        self.name = name
+        self.datatype = datatype
+        self.shape = shape
+        self.data = data
+        self.parameters = {} if parameters is None else parameters
+        self.placed = placed
+
 
 @dataclass
 class RequestedOutput:
@@ -65,6 +82,11 @@ class RequestedOutput:
 
     name: str
     parameters: dict[str, ParamValue] = field(default_factory=dict)
+
+    def __init__(self, name: str, parameters: dict[str, ParamValue] | None = None) -> None:
+        # Written out: a generated __init__ stays interpreted in the compiled hot path.
+        self.name = name
+        self.parameters = {} if parameters is None else parameters
 
 
 @dataclass
@@ -78,6 +100,23 @@ class InferRequest:
     #: Empty means "all outputs of the model".
     outputs: list[RequestedOutput] = field(default_factory=list)
     parameters: dict[str, ParamValue] = field(default_factory=dict)
+
+    def __init__(
+        self,
+        model_name: str,
+        model_version: str = "",
+        id: str = "",
+        inputs: list[InferInput] | None = None,
+        outputs: list[RequestedOutput] | None = None,
+        parameters: dict[str, ParamValue] | None = None,
+    ) -> None:
+        # Written out: a generated __init__ stays interpreted in the compiled hot path.
+        self.model_name = model_name
+        self.model_version = model_version
+        self.id = id
+        self.inputs = [] if inputs is None else inputs
+        self.outputs = [] if outputs is None else outputs
+        self.parameters = {} if parameters is None else parameters
 
 
 @dataclass
@@ -95,6 +134,23 @@ class InferOutput:
     data: View
     parameters: dict[str, ParamValue] = field(default_factory=dict)
     placed: Block | None = None
+
+    def __init__(
+        self,
+        name: str,
+        datatype: str,
+        shape: tuple[int, ...],
+        data: View,
+        parameters: dict[str, ParamValue] | None = None,
+        placed: Block | None = None,
+    ) -> None:
+        # Written out: a generated __init__ stays interpreted in the compiled hot path.
+        self.name = name
+        self.datatype = datatype
+        self.shape = shape
+        self.data = data
+        self.parameters = {} if parameters is None else parameters
+        self.placed = placed
 
     def as_numpy(self) -> np.ndarray:
         """Decode into a NumPy array (BYTES become an object array of ``bytes``)."""
@@ -123,6 +179,27 @@ class InferResponse:
     #: In a stream: an error response the decoupled model sent (no outputs); the stream goes
     #: on unless ``final``. ``infer`` raises errors instead.
     error: ShoalError | None = None
+
+    def __init__(
+        self,
+        model_name: str,
+        model_version: str,
+        id: str = "",
+        outputs: list[InferOutput] | None = None,
+        parameters: dict[str, ParamValue] | None = None,
+        _release: Callable[[], None] | None = None,
+        final: bool = True,
+        error: ShoalError | None = None,
+    ) -> None:
+        # Written out: a generated __init__ stays interpreted in the compiled hot path.
+        self.model_name = model_name
+        self.model_version = model_version
+        self.id = id
+        self.outputs = [] if outputs is None else outputs
+        self.parameters = {} if parameters is None else parameters
+        self._release = _release
+        self.final = final
+        self.error = error
 
     def release(self) -> None:
         """Return the response's shared-memory blocks. Idempotent."""

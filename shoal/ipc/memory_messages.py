@@ -24,6 +24,10 @@ class Release:
 
     blocks: list[Block]
 
+    def __init__(self, blocks: list[Block]) -> None:
+        # Written out: a generated __init__ stays interpreted in the compiled hot path.
+        self.blocks = blocks
+
     def fields(self) -> list[Any]:
         return [[b.to_wire() for b in self.blocks]]
 

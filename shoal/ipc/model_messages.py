@@ -47,6 +47,11 @@ class Execute:
     batch_id: int
     requests: list[RequestRecord]
 
+    def __init__(self, batch_id: int, requests: list[RequestRecord]) -> None:
+        # Written out: a generated __init__ stays interpreted in the compiled hot path.
+        self.batch_id = batch_id
+        self.requests = requests
+
     def fields(self) -> list[Any]:
         return [self.batch_id, [r.to_wire() for r in self.requests]]
 
@@ -145,6 +150,23 @@ class Result:
     #: too): the supervisor derives the IPC legs of a request from them (--trace-overhead).
     stub_ns: tuple[int, int] = (0, 0)
 
+    def __init__(
+        self,
+        batch_id: int,
+        responses: list[ResponseRecord],
+        compute_ns: tuple[int, int, int] = (0, 0, 0),
+        rescheduled: list[int] | None = None,
+        executed: bool = True,
+        stub_ns: tuple[int, int] = (0, 0),
+    ) -> None:
+        # Written out: a generated __init__ stays interpreted in the compiled hot path.
+        self.batch_id = batch_id
+        self.responses = responses
+        self.compute_ns = compute_ns
+        self.rescheduled = [] if rescheduled is None else rescheduled
+        self.executed = executed
+        self.stub_ns = stub_ns
+
     def fields(self) -> list[Any]:
         return [
             self.batch_id,
@@ -169,6 +191,12 @@ class Response:
     key: int
     response: ResponseRecord | None
     final: bool
+
+    def __init__(self, key: int, response: ResponseRecord | None, final: bool) -> None:
+        # Written out: a generated __init__ stays interpreted in the compiled hot path.
+        self.key = key
+        self.response = response
+        self.final = final
 
     def fields(self) -> list[Any]:
         return [self.key, None if self.response is None else self.response.to_wire(), self.final]

@@ -70,6 +70,7 @@ class Channel:
         self._peer_dead = False
         self._closed = False
         self._send_lock: asyncio.Lock | None = None
+        self._senders_waiting = 0
         self._up_lock = threading.Lock()
         self._spinner = Spinner(DEFAULT_SPIN_US)
         self._watch: tuple[asyncio.AbstractEventLoop, Callable[[], None]] | None = None
@@ -150,13 +151,19 @@ class Channel:
 
     async def send_down(self, payload: bytes) -> None:
         """Queue a message, waiting (without blocking the loop) while the ring is full."""
+        # Senders already waiting go first. Counted here, not asked of the lock: its
+        # ``locked()`` is interpreted Python, and this runs for every batch.
+        if not self._senders_waiting and self.send_down_nowait(payload):
+            return
         if self._send_lock is None:
             self._send_lock = asyncio.Lock()
-        if not self._send_lock.locked() and self.send_down_nowait(payload):
-            return
-        async with self._send_lock:
-            while not self.send_down_nowait(payload):
-                await self._wait_down_room(len(payload))
+        self._senders_waiting += 1
+        try:
+            async with self._send_lock:
+                while not self.send_down_nowait(payload):
+                    await self._wait_down_room(len(payload))
+        finally:
+            self._senders_waiting -= 1
 
     async def _wait_down_room(self, size: int) -> None:
         # The stub rings once per wait episode, and what it had freed by then may be less than

@@ -42,6 +42,33 @@ class RequestRecord:
     #: The request's trace context (``request.trace().get_context()``); "" when not traced.
     trace_context: str = ""
 
+    def __init__(
+        self,
+        request_id: str,
+        correlation_id: int | str,
+        flags: int,
+        parameters: dict[str, Any],
+        requested_outputs: list[str],
+        inputs: list[TensorDesc],
+        timeout_us: int = 0,
+        key: int = 0,
+        output_regions: dict[str, RegionLocation | CudaRegionLocation] | None = None,
+        private_inputs: int = 0,
+        trace_context: str = "",
+    ) -> None:
+        # Written out: a generated __init__ stays interpreted in the compiled hot path.
+        self.request_id = request_id
+        self.correlation_id = correlation_id
+        self.flags = flags
+        self.parameters = parameters
+        self.requested_outputs = requested_outputs
+        self.inputs = inputs
+        self.timeout_us = timeout_us
+        self.key = key
+        self.output_regions = {} if output_regions is None else output_regions
+        self.private_inputs = private_inputs
+        self.trace_context = trace_context
+
     def to_wire(self) -> list[Any]:
         return [
             self.request_id,
@@ -78,6 +105,17 @@ class ResponseRecord:
     outputs: list[TensorDesc] = field(default_factory=list)
     error: tuple[str, str] | None = None  # (code name, message)
     parameters: dict[str, Any] = field(default_factory=dict)
+
+    def __init__(
+        self,
+        outputs: list[TensorDesc] | None = None,
+        error: tuple[str, str] | None = None,
+        parameters: dict[str, Any] | None = None,
+    ) -> None:
+        # Written out: a generated __init__ stays interpreted in the compiled hot path.
+        self.outputs = [] if outputs is None else outputs
+        self.error = error
+        self.parameters = {} if parameters is None else parameters
 
     def to_wire(self) -> list[Any]:
         return [[t.to_wire() for t in self.outputs], self.error, self.parameters]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, TypeAlias
+from typing import Any, Final, TypeAlias
 
 import numpy as np
 
@@ -30,13 +30,33 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class RegionLocation:
-    """Bytes inside a client's registered system shared-memory region."""
+    """Bytes inside a client's registered system shared-memory region.
 
-    region: str
-    offset: int
-    nbytes: int
+    Immutable; methods written out for the compiled hot path (see :class:`~shoal.ipc.arena.Block`).
+    """
+
+    region: Final[str]
+    offset: Final[int]
+    nbytes: Final[int]
+
+    def __init__(self, region: str, offset: int, nbytes: int) -> None:
+        self.region = region
+        self.offset = offset
+        self.nbytes = nbytes
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, RegionLocation):
+            return NotImplemented
+        return (
+            self.region == other.region
+            and self.offset == other.offset
+            and self.nbytes == other.nbytes
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.region, self.offset, self.nbytes))
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,14 +145,38 @@ def _all_ints(*values: Any) -> bool:
     return True
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class TensorDesc:
-    """A tensor by reference: its V2 name, datatype, shape and where its bytes are."""
+    """A tensor by reference: its V2 name, datatype, shape and where its bytes are.
 
-    name: str
-    datatype: str
-    shape: tuple[int, ...]
-    location: Location
+    Immutable; methods written out for the compiled hot path (see :class:`~shoal.ipc.arena.Block`).
+    """
+
+    name: Final[str]
+    datatype: Final[str]
+    shape: Final[tuple[int, ...]]
+    location: Final[Location]
+
+    def __init__(
+        self, name: str, datatype: str, shape: tuple[int, ...], location: Location
+    ) -> None:
+        self.name = name
+        self.datatype = datatype
+        self.shape = shape
+        self.location = location
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, TensorDesc):
+            return NotImplemented
+        return (
+            self.name == other.name
+            and self.datatype == other.datatype
+            and self.shape == other.shape
+            and self.location == other.location
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.name, self.datatype, self.shape, self.location))
 
     def to_wire(self) -> list[Any]:
         """``[name, datatype, shape, kind, *location fields]``: compact for MessagePack."""

@@ -112,10 +112,7 @@ async def run_wrk(
 ) -> ExternalResult:
     wrk = require("wrk")
     with tempfile.TemporaryDirectory(prefix="shoal-perf-") as folder:
-        body_path = Path(folder) / "body"
-        body_path.write_bytes(raw_request.partition(b"\r\n\r\n")[2])
-        script = Path(folder) / "request.lua"
-        script.write_text(wrk_script(raw_request, body_path))
+        script = _write_wrk_files(Path(folder), raw_request)
         base = [wrk, "-t", "1", "-c", str(concurrency), "--timeout", "30s", "-s", str(script)]
         if warmup_s > 0:
             await _run([*base, "-d", f"{max(1, round(warmup_s))}s", f"http://{url}{path}"])
@@ -127,6 +124,14 @@ async def run_wrk(
 _H2LOAD_REQUESTS = re.compile(
     r"requests: \d+ total, \d+ started, \d+ done, (\d+) succeeded, (\d+) failed"
 )
+
+
+def _write_wrk_files(folder: Path, raw_request: bytes) -> Path:
+    body_path = folder / "body"
+    body_path.write_bytes(raw_request.partition(b"\r\n\r\n")[2])
+    script = folder / "request.lua"
+    script.write_text(wrk_script(raw_request, body_path))
+    return script
 
 
 def parse_h2load(output: str, log: str) -> tuple[int, int, list[int]]:

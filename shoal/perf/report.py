@@ -99,12 +99,16 @@ def plot(results: Sequence[CellResult], path: Path, title: str) -> str:
         from matplotlib import pyplot  # type: ignore[import-not-found, unused-ignore]
     except ImportError:
         return f"matplotlib is not installed: no plot written to {path}"
+    _save(pyplot, results, path, title)
+    return f"plot written to {path}"
+
+
+def _save(pyplot: Any, results: Sequence[CellResult], path: Path, title: str) -> None:
     figure, axes = pyplot.subplots(figsize=(6.4, 4.0))
     _draw(axes, results, title)
     figure.tight_layout()
     figure.savefig(path, dpi=100)
     pyplot.close(figure)
-    return f"plot written to {path}"
 
 
 def _draw(axes: Any, results: Sequence[CellResult], title: str) -> None:

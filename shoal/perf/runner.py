@@ -68,17 +68,21 @@ def check(config: RunConfig) -> None:
     """Refuse combinations the run cannot honour, before connecting to anything."""
     if config.protocol not in PROTOCOLS:
         raise PerfError(f"--protocol must be one of {', '.join(PROTOCOLS)}")
-    if config.client not in CLIENTS:
-        raise PerfError(f"--client must be one of {', '.join(CLIENTS)}")
-    expected = {"wrk": "http", "h2load": "grpc"}.get(config.client, config.protocol)
-    if expected != config.protocol:
-        raise PerfError(f"--client {config.client} drives --protocol {expected} only")
+    _check_client(config)
     if config.shared_memory and config.client != "python":
         raise PerfError("--shared-memory system needs the built-in client (--client python)")
     if config.duration_s <= 0 or config.warmup_s < 0:
         raise PerfError("--duration must be positive and --warmup not negative")
     if config.batch_size < 1:
         raise PerfError("--batch-size must be positive")
+
+
+def _check_client(config: RunConfig) -> None:
+    if config.client not in CLIENTS:
+        raise PerfError(f"--client must be one of {', '.join(CLIENTS)}")
+    expected = {"wrk": "http", "h2load": "grpc"}.get(config.client, config.protocol)
+    if expected != config.protocol:
+        raise PerfError(f"--client {config.client} drives --protocol {expected} only")
 
 
 def choose_inputs(config: RunConfig, info: ModelInfo) -> list[TensorSpec]:

@@ -33,19 +33,28 @@ def _set_log_sink(sink: LogSink | None) -> None:
 
 
 def _emit(message: object, level: object, depth: int) -> None:
-    if not isinstance(message, str):
-        raise TypeError(f"log message must be a str, not {type(message).__name__}")
-    if not isinstance(level, LogLevel):  # Triton's levels are an enum: a plain int is refused
-        raise TypeError(f"log level must be a pb_utils.Logger level, not {level!r}")
+    text, known = _checked(message, level)
     frame = sys._getframe(depth)
     filename, lineno = frame.f_code.co_filename, frame.f_lineno
     sink = _sink
     if sink is not None:
-        sink(int(level), message, filename, lineno)
+        sink(int(known), text, filename, lineno)
         return
+    _to_stderr(known, text, filename, lineno)
+
+
+def _checked(message: object, level: object) -> tuple[str, LogLevel]:
+    if not isinstance(message, str):
+        raise TypeError(f"log message must be a str, not {type(message).__name__}")
+    if not isinstance(level, LogLevel):  # Triton's levels are an enum: a plain int is refused
+        raise TypeError(f"log level must be a pb_utils.Logger level, not {level!r}")
+    return message, level
+
+
+def _to_stderr(level: LogLevel, message: str, filename: str, lineno: int) -> None:
     now = datetime.datetime.now()
     sys.stderr.write(
-        f"{_LETTERS[LogLevel(level)]}{now:%m%d %H:%M:%S.%f} {os.getpid()} "
+        f"{_LETTERS[level]}{now:%m%d %H:%M:%S.%f} {os.getpid()} "
         f"{os.path.basename(filename)}:{lineno}] {message}\n"
     )
 

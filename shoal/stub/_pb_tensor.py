@@ -49,6 +49,14 @@ def _datatype_of(array: np.ndarray) -> str:
         raise TritonModelException("NumPy dtype is not supported.") from None
 
 
+def _contiguous_little_endian(array: np.ndarray, datatype: str) -> np.ndarray:
+    if not array.flags.c_contiguous:
+        array = np.ascontiguousarray(array)
+    if datatype != "BYTES" and array.dtype.byteorder == ">":
+        array = array.astype(array.dtype.newbyteorder("<"))
+    return array
+
+
 class Tensor:
     """A named tensor: a model's input or output.
 
@@ -70,11 +78,7 @@ class Tensor:
         if not isinstance(array, np.ndarray):
             array = np.asarray(array)
         datatype = _datatype_of(array)
-        if not array.flags.c_contiguous:
-            array = np.ascontiguousarray(array)
-        if datatype != "BYTES" and array.dtype.byteorder == ">":
-            array = array.astype(array.dtype.newbyteorder("<"))
-        self._data = array
+        self._data = _contiguous_little_endian(array, datatype)
         self._dtype = datatype
         self._object_view: np.ndarray | None = None
         self._gpu: Any = None

@@ -245,6 +245,10 @@ class BlsClient:
         if type(desc.location) is CudaLocation:
             assert self._writer.gpu is not None
             return self._writer.gpu.output_tensor(desc, keeper)
+        return self._host_tensor(desc, keeper)
+
+    def _host_tensor(self, desc: TensorDesc, keeper: _CallKeeper) -> Any:
+        """An output in shared memory, read in place for as long as ``keeper`` lives."""
         assert isinstance(desc.location, Block)
         view = self._input_view(desc.location)
         array = kept_view(desc.datatype, desc.shape, view, keeper)

@@ -130,13 +130,7 @@ class ClientRegions:
     def write(self, location: RegionLocation, data: memoryview) -> None:
         """Write ``data`` at the start of the window (the caller checked that it fits). Should
         the object shrink after the check, ``pwrite`` grows it back: it cannot fault."""
-        fd = self._checked(location)
-        offset = location.offset
-        data = data.cast("B")
-        while data.nbytes:
-            written = os.pwrite(fd, data, offset)
-            data = data[written:]
-            offset += written
+        _pwrite_all(self._checked(location), data.cast("B"), location.offset)
 
     def _checked(self, location: RegionLocation) -> int:
         """The region's fd, once the window is checked against the registered size and the
@@ -177,3 +171,10 @@ class ClientRegions:
             for fd, _size in self._fds.values():
                 os.close(fd)
             self._fds.clear()
+
+
+def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
+    while data.nbytes:
+        written = os.pwrite(fd, data, offset)
+        data = data[written:]
+        offset += written

@@ -28,14 +28,18 @@ class OpenRequests:
         """The supervisor says these requests' clients went away (any thread)."""
         with self._lock:
             flags = [self._flags.get(key) for key in keys]
-            self._cancelled_early.update(
-                key
-                for key, flag in zip(keys, flags, strict=True)
-                if flag is None and key > self._newest_key
-            )
+            self._remember_early(keys, flags)
         for flag in flags:
             if flag is not None:
                 flag.cancelled = True
+
+    def _remember_early(self, keys: list[int], flags: list[Any]) -> None:
+        """Cancels of requests not started yet, kept until they start (under the lock)."""
+        self._cancelled_early.update(
+            key
+            for key, flag in zip(keys, flags, strict=True)
+            if flag is None and key > self._newest_key
+        )
 
     def track(self, records: list[msg.RequestRecord], requests: list[Any]) -> None:
         with self._lock:

@@ -119,14 +119,18 @@ class DownPump:
         try:
             message = msg.decode(self._channel.recv_down())
         except BaseException as error:
-            with self._cond:
-                self._reading = False
-                self._error = error
-                self._cond.notify_all()
+            self._fail_readers(error)
             raise
         with self._cond:
             self._reading = False
             self._route(message)
+            self._cond.notify_all()
+
+    def _fail_readers(self, error: BaseException) -> None:
+        """Reading failed: every thread waiting on the pump raises ``error``."""
+        with self._cond:
+            self._reading = False
+            self._error = error
             self._cond.notify_all()
 
     def _route(self, message: msg.Message) -> None:

@@ -16,8 +16,10 @@ class DrainGate:
 
     def __init__(self) -> None:
         self._in_flight = 0
-        self._idle = asyncio.Event()
-        self._idle.set()
+        #: Made by :meth:`drained` and resolved by the last :meth:`leave`: a future only while
+        #: someone waits, not an ``asyncio.Event`` cleared and set by every request (its
+        #: methods are interpreted Python, called from this compiled hot path).
+        self._idle: asyncio.Future[None] | None = None
         self.closed = False
 
     @property
@@ -32,12 +34,13 @@ class DrainGate:
                 f"'{model}': send it to another replica"
             )
         self._in_flight += 1
-        self._idle.clear()
 
     def leave(self) -> None:
         self._in_flight -= 1
         if self._in_flight == 0:
-            self._idle.set()
+            idle = self._idle
+            if idle is not None and not idle.done():
+                idle.set_result(None)
 
     def close(self) -> None:
         self.closed = True
@@ -46,8 +49,11 @@ class DrainGate:
         """Wait up to ``timeout`` seconds for the requests in flight; False if some are left."""
         if self._in_flight == 0:
             return True
+        idle = self._idle
+        if idle is None or idle.done():
+            idle = self._idle = asyncio.get_running_loop().create_future()
         try:
-            await asyncio.wait_for(self._idle.wait(), timeout)
+            await asyncio.wait_for(asyncio.shield(idle), timeout)
         except asyncio.TimeoutError:
             return False
         return True

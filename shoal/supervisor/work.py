@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from shoal.ipc.arena import Block
@@ -50,6 +50,31 @@ class Completion:
     #: A decoupled model's response sent with the final flag: the request's last.
     final: bool = False
 
+    def __init__(
+        self,
+        response: ResponseRecord,
+        instance: OutputOwner,
+        process: Any,
+        owned: list[Block],
+        queue_ns: int = 0,
+        compute_ns: tuple[int, int, int] = (0, 0, 0),
+        on_release: Callable[[], None] | None = None,
+        received_ns: int = 0,
+        owned_cuda: Sequence[CudaLocation] = (),
+        final: bool = False,
+    ) -> None:
+        # Written out: a generated __init__ stays interpreted in the compiled hot path.
+        self.response = response
+        self.instance = instance
+        self.process = process
+        self.owned = owned
+        self.queue_ns = queue_ns
+        self.compute_ns = compute_ns
+        self.on_release = on_release
+        self.received_ns = received_ns
+        self.owned_cuda = owned_cuda
+        self.final = final
+
     def view(self, block: Block | CudaLocation) -> memoryview:
         """A read-only view of one output block (a host copy of a GPU one)."""
         return self.instance.output_view(self.process, block)
@@ -85,7 +110,7 @@ class Work:
     #: of a decoupled model; e.g. the sequence batcher keeps implicit state from it); may
     #: replace outputs or raise nothing.
     on_complete: Callable[[Completion], None] | None = None
-    enqueued_ns: int = field(default_factory=time.monotonic_ns)
+    enqueued_ns: int = 0
     dispatched_ns: int = 0
     #: For a decoupled model: each response as it comes, then ``None`` after the final one
     #: (an error ends the stream too).
@@ -115,6 +140,37 @@ class Work:
     #: For an iterative sequence: the request as it came (its inputs, how many input blocks,
     #: its requested outputs, whether it ends its sequence), restored on each reschedule.
     iteration: tuple[list[Any], int, list[str], bool] | None = None
+
+    def __init__(
+        self,
+        record: RequestRecord,
+        input_blocks: list[Block],
+        future: asyncio.Future[Completion],
+        batch_size: int = 1,
+        tag: Any = None,
+        on_complete: Callable[[Completion], None] | None = None,
+        stream: asyncio.Queue[Completion | BaseException | None] | None = None,
+    ) -> None:
+        # Written out: a generated __init__ stays interpreted in the compiled hot path. The
+        # fields below ``stream`` are set by whoever handles the work, never at its creation.
+        self.record = record
+        self.input_blocks = input_blocks
+        self.future = future
+        self.batch_size = batch_size
+        self.tag = tag
+        self.on_complete = on_complete
+        self.enqueued_ns = time.monotonic_ns()
+        self.dispatched_ns = 0
+        self.stream = stream
+        self.closed = False
+        self.compute_ns = None
+        self.final_ns = 0
+        self.on_cancel = None
+        self.on_final = None
+        self.reschedule = None
+        self.queue_deadline_ns = 0
+        self.watched = False
+        self.iteration = None
 
     def cancel(self) -> None:
         """The client went away: drop the work if queued, flag it to the model if running."""

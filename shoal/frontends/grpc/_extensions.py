@@ -54,13 +54,21 @@ def statistics_response(stats: Iterable[ModelStatistics]) -> pb.ModelStatisticsR
             execution_count=model.execution_count,
         )
         _infer_stats(entry.inference_stats, model.inference_stats)
-        for batch in model.batch_stats:
-            _batch_stats(entry.batch_stats.add(), batch)
-        for key, stats_of_response in model.response_stats.items():
-            _response_stats(entry.response_stats[key], stats_of_response)
-        for usage in model.memory_usage:
-            entry.memory_usage.add(type=usage.type, id=usage.id, byte_size=usage.byte_size)
+        _batch_and_response_stats(entry, model)
+        _memory_usage(entry, model)
     return response
+
+
+def _batch_and_response_stats(entry: pb.ModelStatistics, model: ModelStatistics) -> None:
+    for batch in model.batch_stats:
+        _batch_stats(entry.batch_stats.add(), batch)
+    for key, stats_of_response in model.response_stats.items():
+        _response_stats(entry.response_stats[key], stats_of_response)
+
+
+def _memory_usage(entry: pb.ModelStatistics, model: ModelStatistics) -> None:
+    for usage in model.memory_usage:
+        entry.memory_usage.add(type=usage.type, id=usage.id, byte_size=usage.byte_size)
 
 
 def _duration(target: pb.StatisticDuration, source: StatDuration) -> None:

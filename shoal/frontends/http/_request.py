@@ -10,8 +10,8 @@ Triton's where clients are known to match on them.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Final
 
 import numpy as np
 
@@ -31,13 +31,24 @@ from shoal.frontends.http._tensor_json import array_from_json
 _NO_DATA = memoryview(b"")
 
 
-@dataclass(frozen=True)
+@dataclass
 class OutputFormat:
     """How the client wants each output back: binary, JSON, or left in its shared memory."""
 
-    binary_default: bool = False
-    binary: Mapping[str, bool] = field(default_factory=dict)
-    shared_memory: frozenset[str] = frozenset()
+    binary_default: Final[bool]
+    binary: Final[Mapping[str, bool]]
+    shared_memory: Final[frozenset[str]]
+
+    def __init__(
+        self,
+        binary_default: bool = False,
+        binary: Mapping[str, bool] | None = None,
+        shared_memory: frozenset[str] = frozenset(),
+    ) -> None:
+        # Written out: a generated __init__ stays interpreted in the compiled hot path.
+        self.binary_default = binary_default
+        self.binary = {} if binary is None else binary
+        self.shared_memory = shared_memory
 
     def is_binary(self, name: str) -> bool:
         """Per-output ``binary_data`` wins over the request's ``binary_data_output``."""
@@ -50,6 +61,11 @@ class DecodedRequest:
 
     request: InferRequest
     output_format: OutputFormat
+
+    def __init__(self, request: InferRequest, output_format: OutputFormat) -> None:
+        # Written out: a generated __init__ stays interpreted in the compiled hot path.
+        self.request = request
+        self.output_format = output_format
 
 
 def decode_infer_request(

@@ -12,7 +12,7 @@ the tensor bytes exactly once, when it joins them.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from shoal.core import InferOutput, InferResponse
 from shoal.frontends._output_bytes import output_bytes
@@ -27,15 +27,22 @@ _SHM_REGION = "shared_memory_region"
 _SHM_PREFIX = "shared_memory_"
 
 
-@dataclass(frozen=True)
+@dataclass
 class EncodedResponse:
     """HTTP headers and body chunks of an infer response.
 
     The chunks may view the response's shared memory: join them (:meth:`body`) before releasing it.
     """
 
-    headers: tuple[tuple[str, str], ...]
-    chunks: tuple[bytes | memoryview, ...]
+    headers: Final[tuple[tuple[str, str], ...]]
+    chunks: Final[tuple[bytes | memoryview, ...]]
+
+    def __init__(
+        self, headers: tuple[tuple[str, str], ...], chunks: tuple[bytes | memoryview, ...]
+    ) -> None:
+        # Written out: a generated __init__ stays interpreted in the compiled hot path.
+        self.headers = headers
+        self.chunks = chunks
 
     def body(self) -> bytes:
         """The whole body, in one copy."""

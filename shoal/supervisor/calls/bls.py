@@ -175,6 +175,9 @@ class BlsRouter:
                 return
         except PeerGone:
             return  # the caller is gone
+        self._send_when_room(proc, reply)
+
+    def _send_when_room(self, proc: StubChannel, reply: msg.BlsReply) -> None:
         task = asyncio.ensure_future(self._send_later(proc, reply))  # a full ring: wait
         self._sending.add(task)
         task.add_done_callback(self._sending.discard)
@@ -358,13 +361,16 @@ def _release_unread(stream: asyncio.Queue[Completion | BaseException | None]) ->
             item.release()
 
 
-def _abandon(work: Work, held: list[Completion]) -> None:
-    """The caller no longer waits: cancel the target's request (dropped if still queued, flagged
-    to the model if running) and give back the responses nobody will read."""
-    future = work.future
+def _release_late_response(future: asyncio.Future[Completion], held: list[Completion]) -> None:
     arrived = future.done() and not future.cancelled() and future.exception() is None
     if arrived and future.result() not in held:  # it came as the call was being cancelled
         future.result().release()
+
+
+def _abandon(work: Work, held: list[Completion]) -> None:
+    """The caller no longer waits: cancel the target's request (dropped if still queued, flagged
+    to the model if running) and give back the responses nobody will read."""
+    _release_late_response(work.future, held)
     work.closed = True
     work.cancel()
     if work.stream is not None:

@@ -82,9 +82,7 @@ class CpuProbe:
 
     def families(self) -> Iterator[Metric]:
         self._refresh()
-        utilization = GaugeMetricFamily("nv_cpu_utilization", "CPU utilization rate [0.0 - 1.0]")
-        utilization.add_metric([], self._utilization)
-        yield utilization
+        yield self._utilization_family()
         if self._memory is not None:
             total, used = self._memory
             yield GaugeMetricFamily(
@@ -93,6 +91,11 @@ class CpuProbe:
             yield GaugeMetricFamily(
                 "nv_cpu_memory_used_bytes", "CPU used memory (RAM), in bytes", value=used
             )
+
+    def _utilization_family(self) -> Metric:
+        family = GaugeMetricFamily("nv_cpu_utilization", "CPU utilization rate [0.0 - 1.0]")
+        family.add_metric([], self._utilization)
+        return family
 
     def _refresh(self) -> None:
         now = self._clock()

@@ -133,9 +133,13 @@ def apply_log_settings(settings: dict[str, ParamValue]) -> None:
         bool(settings["log_error"]),
     )
     logging.getLogger("shoal").setLevel(level)
+    _set_log_format(str(settings["log_format"]))
+
+
+def _set_log_format(log_format: str) -> None:
     for handler in logging.getLogger().handlers:
         if isinstance(handler.formatter, TritonFormatter):
-            handler.formatter.log_format = str(settings["log_format"])
+            handler.formatter.log_format = log_format
 
 
 def _log_handler(options: ServerOptions) -> logging.Handler:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from shoal.core.errors import ShoalError, Unavailable
 from shoal.supervisor.instances.channel import StubChannel
-from shoal.supervisor.instances.spec import ExecutionGrant, FreeInputs, InstanceScope
+from shoal.supervisor.instances.spec import ExecutionGrant, Flag, FreeInputs, InstanceScope
 from shoal.supervisor.schedulers.dynamic import TIMEOUT_EXPIRED
 from shoal.supervisor.work import Work
 
@@ -81,6 +81,16 @@ class InFlight:
     #: The rate limiter's grant this batch runs under, released when it is done.
     grant: ExecutionGrant | None = None
 
+    def __init__(
+        self, batch: list[Work], slots: Slots, grant: ExecutionGrant | None = None
+    ) -> None:
+        # Written out: a generated __init__ stays interpreted in the compiled hot path.
+        self.batch = batch
+        self.slots = slots
+        self.timer = None
+        self.queue_timer = None
+        self.grant = grant
+
     def close(self) -> None:
         """Stop its timers, give its slot and its grant back."""
         if self.timer is not None:
@@ -111,8 +121,7 @@ class InFlightLedger:
         self.slots = Slots(1)
         self.limit = 1
         #: Set while no batch is inside the stub.
-        self.idle = asyncio.Event()
-        self.idle.set()
+        self.idle = Flag(True)
         #: Why the stub was killed for an execute over its timeout, until its exit is handled.
         self._hung: str | None = None
 

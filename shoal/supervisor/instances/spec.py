@@ -51,6 +51,43 @@ class InstanceSpec:
     crash_window: float = 60.0
 
 
+class Flag:
+    """A flag and a wait for it to be set: ``asyncio.Event``'s methods, compiled.
+
+    An Event here is interpreted Python, asked on every request (``is_set``) and cleared and
+    set on every batch; this keeps a future only while someone waits.
+    """
+
+    def __init__(self, value: bool = False) -> None:
+        self._value = value
+        self._waiters: list[asyncio.Future[None]] = []
+
+    def is_set(self) -> bool:
+        return self._value
+
+    def set(self) -> None:
+        self._value = True
+        if self._waiters:
+            waiters, self._waiters = self._waiters, []
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
+
+    def clear(self) -> None:
+        self._value = False
+
+    async def wait(self) -> None:
+        if self._value:
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await waiter
+        finally:
+            if waiter in self._waiters:  # cancelled before the flag was set
+                self._waiters.remove(waiter)
+
+
 class CurrentStub:
     """The stub an instance runs now: its lifecycle sets it, every other part reads it."""
 
@@ -58,7 +95,7 @@ class CurrentStub:
         #: None between a death and the next start, and after the stop.
         self.proc: StubChannel | None = None
         #: Set while ``proc`` is up and past ``initialize``.
-        self.ready = asyncio.Event()
+        self.ready = Flag()
         #: The instance is being unloaded: nothing restarts, nothing more is sent.
         self.stopping = False
 

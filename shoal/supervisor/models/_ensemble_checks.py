@@ -54,11 +54,7 @@ def check_ensemble(
     _check_cycles(config, steps_of)
     tensors = _ensemble_tensors(config)
     for index, step in enumerate(config.ensemble_steps):
-        if not known(step.model_name):
-            raise EnsembleProblem(
-                f"step {index} of ensemble '{config.name}' uses model '{step.model_name}', "
-                "which is in no model repository"
-            )
+        _check_known(config.name, index, step.model_name, known)
         target = config_of(step.model_name)
         if target is not None:
             _check_step(config, index, target, tensors)
@@ -71,6 +67,14 @@ def _check_cycles(config: ModelConfig, steps_of: StepsOf) -> None:
         raise EnsembleProblem(
             f"ensemble '{config.name}' contains itself ({chain}): an ensemble cannot be a step "
             "of itself, directly or through nested ensembles"
+        )
+
+
+def _check_known(ensemble: str, index: int, model: str, known: Callable[[str], bool]) -> None:
+    if not known(model):
+        raise EnsembleProblem(
+            f"step {index} of ensemble '{ensemble}' uses model '{model}', "
+            "which is in no model repository"
         )
 
 
@@ -106,11 +110,7 @@ def _check_step(
 ) -> None:
     step = ensemble.ensemble_steps[index]
     where = f"step {index} of ensemble '{ensemble.name}'"
-    if 0 < model.max_batch_size < ensemble.max_batch_size:
-        raise EnsembleProblem(
-            f"ensemble '{ensemble.name}' allows batch size {ensemble.max_batch_size} but "
-            f"model '{model.name}' of its step {index} only allows {model.max_batch_size}"
-        )
+    _check_batch_size(ensemble, index, model)
     _check_maps(ensemble, index, model, tensors)
     for spec in model.inputs:
         if spec.name not in step.input_map and not spec.optional:
@@ -118,6 +118,14 @@ def _check_step(
                 f"{where}: input '{spec.name}' of model '{model.name}' is not mapped to any "
                 "ensemble tensor"
             )
+
+
+def _check_batch_size(ensemble: ModelConfig, index: int, model: ModelConfig) -> None:
+    if 0 < model.max_batch_size < ensemble.max_batch_size:
+        raise EnsembleProblem(
+            f"ensemble '{ensemble.name}' allows batch size {ensemble.max_batch_size} but "
+            f"model '{model.name}' of its step {index} only allows {model.max_batch_size}"
+        )
 
 
 def _check_maps(
@@ -138,12 +146,16 @@ def _check_maps(
             _agree(ensemble.name, ensemble_tensor, spec, model, tensors)
 
 
+def _model_side(spec: TensorConfig, model: ModelConfig) -> _Tensor:
+    """What a step model says one of its tensors is."""
+    source = f"'{spec.name}' of model '{model.name}'"
+    return _Tensor(spec.datatype, spec.dims, model.max_batch_size > 0, source)
+
+
 def _agree(
     ensemble: str, name: str, spec: TensorConfig, model: ModelConfig, tensors: dict[str, _Tensor]
 ) -> None:
-    mine = _Tensor(
-        spec.datatype, spec.dims, model.max_batch_size > 0, f"'{spec.name}' of model '{model.name}'"
-    )
+    mine = _model_side(spec, model)
     seen = tensors.setdefault(name, mine)
     if seen is mine:
         return

@@ -61,11 +61,15 @@ def plan_of(config: ModelConfig) -> EnsemblePlan:
                 needs=len({source for _, source in inputs}),
             )
         )
+    return EnsemblePlan(tuple(steps), _consumers(steps))
+
+
+def _consumers(steps: list[StepPlan]) -> dict[str, tuple[StepPlan, ...]]:
     consumers: dict[str, list[StepPlan]] = {}
     for plan in steps:
-        for source in dict.fromkeys(source for _, source in plan.inputs):
+        for source in dict.fromkeys(source for _, source in plan.inputs):  # each tensor once
             consumers.setdefault(source, []).append(plan)
-    return EnsemblePlan(tuple(steps), {k: tuple(v) for k, v in consumers.items()})
+    return {k: tuple(v) for k, v in consumers.items()}
 
 
 def input_datatypes(step: StepPlan, target: StepTarget) -> tuple[str | None, ...]:

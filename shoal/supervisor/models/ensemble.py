@@ -32,6 +32,8 @@ from shoal.supervisor.models.versions import ModelVersion
 from shoal.supervisor.requests.staging import batch_of
 from shoal.supervisor.work import Completion, Work
 
+_Tensors = dict[str, TensorDesc]
+
 #: Called once when a graph ends: its tensors, or the error that ended it.
 OnDone = Callable[[dict[str, TensorDesc] | None, BaseException | None], None]
 
@@ -194,11 +196,7 @@ class _Graph:
     def _advance(self, ready: list[StepPlan]) -> None:
         """Start the steps whose inputs all exist (in step order), then see if all is done."""
         try:
-            for step in ready:
-                if self._finished:
-                    return
-                self._missing[step.index] = -1
-                self._start(step)
+            self._start_all(ready)
         except Exception as error:  # a step that cannot start fails the request
             self._fail(error)
             return
@@ -209,6 +207,13 @@ class _Graph:
         else:
             self._finished = True
             self._on_done(self.tensors, None)
+
+    def _start_all(self, ready: list[StepPlan]) -> None:
+        for step in ready:
+            if self._finished:
+                return
+            self._missing[step.index] = -1
+            self._start(step)
 
     def _produced(self, step: StepPlan, outputs: list[tuple[str, TensorDesc]]) -> None:
         """Store a finished step's outputs under their ensemble names; start what they free."""
@@ -302,8 +307,7 @@ class _Graph:
             error = self._completed(step, target, batch, started, future.result())
             if error is None:
                 return
-        if isinstance(error, ShoalError):
-            target.stats.failure(time.monotonic_ns() - started, error.reason)
+        _count_failure(target, time.monotonic_ns() - started, error)
         self._fail(error)
 
     def _completed(
@@ -361,15 +365,24 @@ class _Graph:
     ) -> None:
         self._running.pop(step.index, None)
         if tensors is not None:
-            missing = [name for name in step.requested if name not in tensors]
-            if missing:
-                error = InvalidArgument(f"ensemble '{target.name}' produced no tensor {missing}")
+            error = _missing_outputs(step, target, tensors)
         elapsed = time.monotonic_ns() - started
         if error is not None or tensors is None:
-            if isinstance(error, ShoalError):
-                target.stats.failure(elapsed, error.reason)
+            _count_failure(target, elapsed, error)
             self._fail(error or asyncio.CancelledError())
             return
         target.stats.success(batch, elapsed, 0, (0, 0, 0))
         if not self._finished:
             self._produced(step, [(name, tensors[name]) for name in step.requested])
+
+
+def _missing_outputs(step: StepPlan, target: ModelVersion, tensors: _Tensors) -> ShoalError | None:
+    missing = [name for name in step.requested if name not in tensors]
+    if missing:
+        return InvalidArgument(f"ensemble '{target.name}' produced no tensor {missing}")
+    return None
+
+
+def _count_failure(target: ModelVersion, elapsed: int, error: BaseException | None) -> None:
+    if isinstance(error, ShoalError):
+        target.stats.failure(elapsed, error.reason)

@@ -22,9 +22,14 @@ def repository_index(
         if versions:
             entries.extend(_version_entries(name, versions, ready_only))
         elif not ready_only:
-            reason = failed.get(name)
-            entries.append(RepositoryEntry(name) if reason is None else _failed_entry(name, reason))
+            entries.append(_unloaded_entry(name, failed))
     return entries
+
+
+def _unloaded_entry(name: str, failed: dict[str, str]) -> RepositoryEntry:
+    """A model with no version loaded: its failure, or nothing when it was never loaded."""
+    reason = failed.get(name)
+    return RepositoryEntry(name) if reason is None else _failed_entry(name, reason)
 
 
 def _version_entries(

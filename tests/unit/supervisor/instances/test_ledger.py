@@ -12,6 +12,7 @@ import pytest
 from shoal.core.errors import Unavailable
 from shoal.ipc import messages as msg
 from shoal.supervisor.instances.ledger import SEND_AHEAD, Slots
+from shoal.supervisor.instances.spec import Flag
 from shoal.supervisor.schedulers.dynamic import TIMEOUT_EXPIRED
 from tests.unit.supervisor.instances.helpers import Setup, double, run
 from tests.unit.supervisor.schedulers.helpers import WAIT, result, settle
@@ -34,6 +35,25 @@ def test_slots_are_counted_and_a_release_wakes_the_waiter():
         slots.release()
         await asyncio.wait_for(waiting, WAIT)
         assert not slots.take()  # the waiter took the slot it was woken for
+
+    run(scenario())
+
+
+def test_a_flag_wakes_its_waiters_once_set_and_forgets_a_cancelled_one():
+    async def scenario():
+        idle = Flag(True)
+        assert idle.is_set()
+        await idle.wait()  # idle: returns at once
+        idle.clear()
+        waiter = asyncio.ensure_future(idle.wait())
+        gone = asyncio.ensure_future(idle.wait())
+        await settle()
+        gone.cancel()
+        await settle()
+        assert not waiter.done() and gone.cancelled()
+        idle.set()
+        await asyncio.wait_for(waiter, WAIT)
+        assert idle.is_set() and idle._waiters == []
 
     run(scenario())
 
