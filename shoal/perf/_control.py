@@ -171,22 +171,22 @@ class GrpcControl:
             raise PerfError(f"{method}: {error.code().name}: {error.details()}") from error
 
     def model_info(self, model: str, version: str) -> ModelInfo:
-        metadata = self._call(
-            "ModelMetadata",
-            pb.ModelMetadataRequest(name=model, version=version),
-            pb.ModelMetadataResponse,
-        )
-        config = self._call(
-            "ModelConfig",
-            pb.ModelConfigRequest(name=model, version=version),
-            pb.ModelConfigResponse,
-        ).config
+        metadata = self._metadata(model, version)
+        config = self._config(model, version)
         return ModelInfo(
             inputs=_tensor_infos(metadata.inputs),
             outputs=_tensor_infos(metadata.outputs),
             max_batch_size=int(config.max_batch_size),
             decoupled=bool(config.model_transaction_policy.decoupled),
         )
+
+    def _metadata(self, model: str, version: str) -> Any:
+        request = pb.ModelMetadataRequest(name=model, version=version)
+        return self._call("ModelMetadata", request, pb.ModelMetadataResponse)
+
+    def _config(self, model: str, version: str) -> Any:
+        request = pb.ModelConfigRequest(name=model, version=version)
+        return self._call("ModelConfig", request, pb.ModelConfigResponse).config
 
     def probe(self, plan: RequestPlan) -> tuple[OutputInfo, ...]:
         response = self._call("ModelInfer", grpc_request(plan), pb.ModelInferResponse)

@@ -156,6 +156,13 @@ class CapsuleProducer:
         return self._device
 
 
+def _numpy_import(producer: CapsuleProducer) -> np.ndarray:
+    try:
+        return np.from_dlpack(cast(Any, producer))
+    except (BufferError, RuntimeError, TypeError) as error:
+        raise DLPackError(f"NumPy cannot import the DLPack tensor: {error}") from error
+
+
 def import_capsule(capsule: object) -> np.ndarray:
     """Zero-copy NumPy array over a host-memory capsule; the capsule is consumed.
 
@@ -165,10 +172,7 @@ def import_capsule(capsule: object) -> np.ndarray:
     """
     legacy = capsule_name(capsule) == LEGACY
     producer = CapsuleProducer(capsule, capsule_device(capsule))
-    try:
-        array = np.from_dlpack(cast(Any, producer))
-    except (BufferError, RuntimeError, TypeError) as error:
-        raise DLPackError(f"NumPy cannot import the DLPack tensor: {error}") from error
+    array = _numpy_import(producer)
     if legacy and not array.flags.writeable:
         array = _writable_alias(array)
     return array

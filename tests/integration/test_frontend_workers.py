@@ -20,11 +20,13 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 
+import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
+from tritonclient.grpc import service_pb2
 from tritonclient.utils import InferenceServerException
 
 from tests.integration.server import BUNDLED, TEST_MODELS, ShoalServer
@@ -381,6 +383,25 @@ def test_decoupled_stream(server):
     finally:
         client.stop_stream()
         client.close()
+
+
+def test_a_stream_after_a_failed_one_gets_only_its_own_answers(server):
+    """Every stream gets one answer per request, also after a stream whose request failed (the
+    compiled link once ended every later stream with the earlier failure as a second answer)."""
+    good = service_pb2.ModelInferRequest(model_name="add_sub")
+    for name in ("INPUT0", "INPUT1"):
+        good.inputs.add(name=name, datatype="FP32", shape=[4])
+        good.raw_input_contents.append(np.ones(4, np.float32).tobytes())
+    unknown = service_pb2.ModelInferRequest(model_name="nope")
+    with grpc.insecure_channel(server.grpc_url) as channel:
+        stream = channel.stream_stream(
+            "/inference.GRPCInferenceService/ModelStreamInfer",
+            request_serializer=service_pb2.ModelInferRequest.SerializeToString,
+            response_deserializer=service_pb2.ModelStreamInferResponse.FromString,
+        )
+        for request, failed in ((good, False), (unknown, True), (good, False), (good, False)):
+            replies = list(stream(iter([request]), timeout=30))
+            assert [bool(reply.error_message) for reply in replies] == [failed], replies
 
 
 def test_shared_memory_registered_through_one_worker_used_through_another(server):

@@ -3,6 +3,7 @@ than its source (shoal/_compiled.py)."""
 
 from __future__ import annotations
 
+import ast
 import importlib.machinery
 import json
 import os
@@ -100,3 +101,37 @@ def test_the_build_compiled_the_hot_path() -> None:
         f"the request hot path is {_compiled.state}: run `make .venv/.shoal-compiled` without "
         "--quiet (or `python setup.py build_ext --inplace`) to see why mypyc or the C build failed"
     )
+
+
+def _awaits_in_finally(source: str) -> list[str]:
+    """``function:line`` of every await (or async for/with) inside a ``finally`` of a coroutine."""
+    found = []
+    for function in ast.walk(ast.parse(source)):
+        if not isinstance(function, ast.AsyncFunctionDef):
+            continue
+        for node in ast.walk(function):
+            if not isinstance(node, ast.Try):
+                continue
+            for statement in node.finalbody:
+                for inner in ast.walk(statement):
+                    if isinstance(inner, ast.Await | ast.AsyncFor | ast.AsyncWith):
+                        found.append(f"{function.name}:{inner.lineno}")
+    return found
+
+
+def test_no_compiled_coroutine_awaits_in_a_finally() -> None:
+    """mypyc miscompiles it: after the await, the finally re-raises the last exception handled
+    before it, even when the try ended normally (a frontend worker's every stream after a
+    failed one ended with that failure). Close or clean up after the try instead."""
+    root = Path(_compiled.__file__).resolve().parent.parent
+    found = {
+        path: where
+        for path in _compiled.HOT_PATH
+        if (where := _awaits_in_finally((root / path).read_text()))
+    }
+    assert not found, found
+
+
+def test_the_finally_check_finds_an_await_in_a_finally() -> None:
+    source = "async def f(s):\n    try:\n        pass\n    finally:\n        await s.aclose()\n"
+    assert _awaits_in_finally(source) == ["f:5"]

@@ -9,11 +9,16 @@ same parameters.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
+from typing import Any
 
 from shoal.core import InvalidArgument, ParamValue
 from shoal.frontends._params import input_parameters, output_parameters, request_parameters
 from shoal.protos import grpc_service_pb2 as pb
+
+_Parameters = Mapping[str, pb.InferParameter]
+#: The frontends' shared parameter check of an input or an output (``name``, raw values).
+_Decode = Callable[[str, Any], tuple[dict[str, ParamValue], Any]]
 
 __all__ = [
     "EMPTY_FINAL_RESPONSE",
@@ -69,19 +74,20 @@ def decode_input_parameters(
     name: str, parameters: Mapping[str, pb.InferParameter]
 ) -> dict[str, ParamValue]:
     """An input's parameters for the core."""
-    if not parameters:
-        return {}
-    decoded, _ = input_parameters(name, _values(parameters))
-    return decoded
+    return _decoded(name, parameters, input_parameters)
 
 
 def decode_output_parameters(
     name: str, parameters: Mapping[str, pb.InferParameter]
 ) -> dict[str, ParamValue]:
     """A requested output's parameters for the core."""
+    return _decoded(name, parameters, output_parameters)
+
+
+def _decoded(name: str, parameters: _Parameters, decode: _Decode) -> dict[str, ParamValue]:
     if not parameters:
         return {}
-    decoded, _ = output_parameters(name, _values(parameters))
+    decoded, _ = decode(name, _values(parameters))
     return decoded
 
 

@@ -160,13 +160,7 @@ class _Link:
         try:
             if method == "infer_stream":
                 request = wire.request_from_wire(args, payloads, lend)
-                stream = self.core.infer_stream(request)
-                try:
-                    async for response in stream:
-                        self.answer(wire.ITEM, call_id, response)
-                finally:
-                    await stream.aclose()  # type: ignore[attr-defined]
-                self.send([wire.END, call_id])
+                await self._forward(call_id, request)
             elif method in ASYNC_METHODS:
                 result = await getattr(self.core, method)(*args)
                 self.send([wire.OK, call_id, plain.to_plain(result)])
@@ -180,6 +174,23 @@ class _Link:
             self.calls.pop(call_id, None)
             if request is not None and self.arena is not None:
                 self.arena.give_back(request)
+
+    async def _forward(self, call_id: int, request: InferRequest) -> None:
+        """Send every response of a stream, then its end."""
+        stream = self.core.infer_stream(request)
+        failure: BaseException | None = None
+        try:
+            async for response in stream:
+                self.answer(wire.ITEM, call_id, response)
+        except BaseException as error:
+            failure = error
+        # Closed after the try, not in a finally: mypyc compiles this module, and a compiled
+        # coroutine that awaits in a finally re-raises the last exception handled before it
+        # (every stream after a failed one ended with that failure; test_compiled.py).
+        await stream.aclose()  # type: ignore[attr-defined]
+        if failure is not None:
+            raise failure
+        self.send([wire.END, call_id])
 
     def answer(self, kind: int, call_id: int, response: InferResponse) -> None:
         """Send a response: large outputs by block when the worker can map them (the response

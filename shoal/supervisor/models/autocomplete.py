@@ -49,9 +49,7 @@ async def auto_complete(
     """
     given = json.dumps(model_config.config_to_json(proto, include_defaults=False))
     ran = runtime or model_file  # the file whose code runs, named in errors
-    command = [python, "-m", "shoal.stub.autocomplete", str(model_file)]
-    if runtime is not None:
-        command.append(str(runtime))
+    command = _command(python, model_file, runtime)
     out = await _run(command, given.encode(), {**os.environ, **(env or {})}, ran)
     try:
         return model_config.json_to_config(json.loads(out))
@@ -59,6 +57,11 @@ async def auto_complete(
         raise model_config.ConfigError(
             f"auto_complete_config of '{ran}' returned an invalid configuration: {error}"
         ) from None
+
+
+def _command(python: str, model_file: Path, runtime: Path | None) -> list[str]:
+    command = [python, "-m", "shoal.stub.autocomplete", str(model_file)]
+    return command if runtime is None else [*command, str(runtime)]
 
 
 async def _run(command: list[str], given: bytes, env: dict[str, str], ran: Path) -> bytes:

@@ -160,17 +160,21 @@ class RemoteRepository:
 
     # -- the manifest and the directory -----------------------------------------------------
 
+    def _saved_models(self) -> dict[str, Any]:
+        """The manifest's models, when it is this repository's."""
+        try:
+            saved = json.loads((self.local_dir / MANIFEST).read_text())
+        except (OSError, ValueError):
+            return {}
+        return saved.get("models", {}) if saved.get("url") == self.location.url else {}
+
     def _read_manifest(self) -> dict[str, Fingerprint]:
         """Fingerprints of the copies on disk; a copy the manifest does not vouch for (a crash
         between rename and manifest write) gets an empty one, so it is downloaded again."""
         on_disk = {
             e.name for e in self.local_dir.iterdir() if e.is_dir() and not e.name.startswith(".")
         }
-        try:
-            saved = json.loads((self.local_dir / MANIFEST).read_text())
-        except (OSError, ValueError):
-            saved = {}
-        models = saved.get("models", {}) if saved.get("url") == self.location.url else {}
+        models = self._saved_models()
         return {
             name: tuple((str(p), int(s), str(t)) for p, s, t in models.get(name, ()))
             for name in on_disk
