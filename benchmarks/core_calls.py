@@ -13,16 +13,13 @@ loopback stub's own calls count too (``loopback.py``).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import collections
 import sys
-import tempfile
-from pathlib import Path
 from types import FrameType
 from typing import Any
 
 import shoal._compiled
-from benchmarks.core_path import CONFIG, _drive, _identity, _parser
+from benchmarks.core_path import _drive, _identity, _parser, on_identity
 from shoal.cli import options_from_args
 from shoal.supervisor.compose import build_service
 from shoal.supervisor.instances.loopback import Loopback
@@ -63,17 +60,9 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=1000)
     parser.add_argument("--way", choices=("callback", "task"), default="callback")
     options = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="shoal-core-calls-") as tmp:
-        model = Path(tmp) / "identity"
-        (model / "1").mkdir(parents=True)
-        (model / "config.pbtxt").write_text(CONFIG)
-        (model / "1" / "model.py").write_text("class TritonPythonModel:\n    pass\n")
-        try:  # the loop shoal serves on: asyncio's own is Python and would count
-            import uvloop
-
-            counts = uvloop.run(_count(tmp, options.way, options.requests))
-        except ImportError:
-            counts = asyncio.run(_count(tmp, options.way, options.requests))
+    counts = on_identity(
+        "shoal-core-calls-", lambda repo: _count(repo, options.way, options.requests)
+    )
     per = {name: n / options.requests for name, n in counts.items()}
     print(
         f"hot path {shoal._compiled.state}, {options.way} way, Python calls per request: "

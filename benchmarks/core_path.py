@@ -22,8 +22,9 @@ import asyncio
 import statistics
 import tempfile
 import time
+from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -33,6 +34,8 @@ from shoal.core import InferInput, InferRequest, InferResponse
 from shoal.supervisor.compose import build_service
 from shoal.supervisor.instances.loopback import Loopback
 from shoal.supervisor.service import InferenceService
+
+T = TypeVar("T")
 
 CONFIG = """
 name: "identity"
@@ -113,27 +116,31 @@ async def _measure(repo: str, requests: int, concurrency: int, rounds: int) -> d
         await service.shutdown(5.0)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=20000)
-    parser.add_argument("-c", "--concurrency", type=int, default=8)
-    parser.add_argument("--rounds", type=int, default=3)
-    options = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="shoal-core-path-") as tmp:
+def on_identity(prefix: str, measure: Callable[[str], Coroutine[Any, Any, T]]) -> T:
+    """``measure(repository)`` over a temporary repository of one identity model, on the loop
+    shoal serves on (uvloop where installed: asyncio's own loop is Python and would count)."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
         model = Path(tmp) / "identity"
         (model / "1").mkdir(parents=True)
         (model / "config.pbtxt").write_text(CONFIG)
         (model / "1" / "model.py").write_text("class TritonPythonModel:\n    pass\n")
         try:
             import uvloop
-
-            result = uvloop.run(
-                _measure(tmp, options.requests, options.concurrency, options.rounds)
-            )
         except ImportError:
-            result = asyncio.run(
-                _measure(tmp, options.requests, options.concurrency, options.rounds)
-            )
+            return asyncio.run(measure(tmp))
+        return uvloop.run(measure(tmp))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=20000)
+    parser.add_argument("-c", "--concurrency", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=3)
+    options = parser.parse_args()
+    result = on_identity(
+        "shoal-core-path-",
+        lambda repo: _measure(repo, options.requests, options.concurrency, options.rounds),
+    )
     print(f"hot path {shoal._compiled.state}, c={options.concurrency}, CPU µs per request:")
     for way, value in result.items():
         print(f"  {way:>8}: {value:6.1f}")
