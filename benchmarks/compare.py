@@ -172,9 +172,26 @@ def _stop(server: Server) -> None:
             server.process.wait()
 
 
-def start_shoal(log: BinaryIO, models: Path = MODELS, extra: Sequence[str] = ()) -> Server:
+def _shoal_command(root: Path) -> tuple[list[str], dict[str, str]]:
+    """How to run the shoal of checkout ``root``: its own venv's ``shoal``, else this
+    interpreter with ``root`` first on the import path (a build without a venv of its own)."""
+    own = root / ".venv" / "bin" / "shoal"
+    if own.exists():
+        return [str(own)], dict(os.environ)
+    env = dict(os.environ, PYTHONPATH=str(root))
+    return [sys.executable, "-m", "shoal"], env
+
+
+def start_shoal(
+    log: BinaryIO,
+    models: Path = MODELS,
+    extra: Sequence[str] = (),
+    root: Path = ROOT,
+    name: str = "shoal",
+) -> Server:
+    program, env = _shoal_command(root)
     command = [
-        str(ROOT / ".venv" / "bin" / "shoal"),
+        *program,
         "serve",
         "--model-repository",
         str(models),
@@ -183,8 +200,8 @@ def start_shoal(log: BinaryIO, models: Path = MODELS, extra: Sequence[str] = ())
         *("--http-port", "0", "--grpc-port", "0", "--metrics-port", "0"),
         *extra,
     ]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, cwd=ROOT)
-    server = Server("shoal", process)
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, cwd=root, env=env)
+    server = Server(name, process)
     try:
         server.ports = _read_listening(process, ("http", "grpc"))
         threading.Thread(target=_drain, args=(process, log), daemon=True).start()
@@ -369,12 +386,12 @@ def _rate(result: CellResult, streaming: bool) -> float:
     return result.responses_per_s if streaming else result.throughput
 
 
-def markdown(rows: Sequence[tuple[Cell, Measured, Measured]]) -> str:
-    """The ratio table: > 1 means shoal is faster (throughput) or slower (p50)."""
+def markdown(rows: Sequence[tuple[Cell, Measured, Measured]], peer: str = "Triton") -> str:
+    """The ratio table: > 1 means shoal is faster (throughput) or slower (p50) than ``peer``."""
     lines = [
-        "| cell | shoal /s | Triton /s | throughput shoal/Triton | shoal p50 ms | Triton p50 ms "
-        "| p50 shoal/Triton | server CPU % shoal / Triton | server CPU µs per request "
-        "shoal / Triton | client CPU % shoal / Triton | errors |",
+        f"| cell | shoal /s | {peer} /s | throughput shoal/{peer} | shoal p50 ms | {peer} p50 ms "
+        f"| p50 shoal/{peer} | server CPU % shoal / {peer} | server CPU µs per request "
+        f"shoal / {peer} | client CPU % shoal / {peer} | errors |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for cell, ours, theirs in rows:
@@ -409,6 +426,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=float, default=1.0)
     parser.add_argument("--client", choices=("auto", "python", "native"), default="auto")
     parser.add_argument("--only", default="", help="run only cells whose label has this text")
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        help="a checkout of another shoal (an earlier commit, built or not) measured in Triton's "
+        "place: old and new side by side in one run",
+    )
     return parser.parse_args(argv)
 
 
@@ -444,10 +467,24 @@ def run_matrix(
     for index, cell in enumerate(cells):
         order = servers if index % 2 == 0 else list(reversed(servers))
         got = {s.name: _measure_or_fail(s, cell, client, duration, warmup) for s in order}
-        rows.append((cell, got["shoal"], got["triton"]))
+        ours, theirs = (got[s.name] for s in servers)
+        rows.append((cell, ours, theirs))
         rate = [f"{m.server} {_rate(m.result, cell.streaming):,.0f}/s" for m in got.values()]
         print(f"{cell.label}: {', '.join(rate)}", file=sys.stderr, flush=True)
     return rows
+
+
+def _servers(baseline: Path | None) -> tuple[str, list[Supervised]]:
+    """This checkout's shoal and its peer: Triton, or the shoal of ``baseline``."""
+    ours = Supervised("shoal", start_shoal)
+    if baseline is None:
+        return "Triton", [ours, Supervised("triton", start_triton)]
+    root = baseline.resolve()
+
+    def start_baseline(log: BinaryIO) -> Server:
+        return start_shoal(log, root=root, name="baseline")
+
+    return f"baseline {root.name}", [ours, Supervised("baseline", start_baseline)]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -459,16 +496,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     cells = [c for c in matrix(args.quick) if args.only in c.label]
     RESULTS.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    servers = [Supervised("shoal", start_shoal), Supervised("triton", start_triton)]
+    peer, servers = _servers(args.baseline)
     try:
-        triton = servers[1].ensure("start")
+        other = servers[1].ensure("start")
         servers[0].ensure("start")
-        print(f"shoal and Triton {triton.version} are up; {len(cells)} cells", file=sys.stderr)
+        print(f"shoal and {peer} {other.version} are up; {len(cells)} cells", file=sys.stderr)
         rows = run_matrix(servers, cells, client, duration, args.warmup)
     finally:
         for server in servers:
             server.close()
-    table = markdown(rows)
+    table = markdown(rows, peer)
     crashes = [crash for server in servers for crash in server.crashes]
     records = [_record(cell, m) for cell, *pair in rows for m in pair]
     document = {"client": client, "duration_s": duration, "crashes": crashes, "cells": records}

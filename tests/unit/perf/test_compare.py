@@ -1,10 +1,19 @@
 """benchmarks/compare.py without servers: its matrix, its table and its CPU accounting."""
 
 import os
+import sys
 
 import pytest
 
-from benchmarks.compare import MIB, Cell, Measured, markdown, matrix, tree_cpu_seconds
+from benchmarks.compare import (
+    MIB,
+    Cell,
+    Measured,
+    _shoal_command,
+    markdown,
+    matrix,
+    tree_cpu_seconds,
+)
 from shoal.perf.stats import summarize
 
 pytestmark = pytest.mark.timeout(10)
@@ -55,6 +64,26 @@ def test_a_failed_cell_has_no_ratio():
     cell = Cell("identity_fp32", "http", 1, 64)
     table = markdown([(cell, _measured("shoal", 0, 1.0), _measured("triton", 100, 1.0))])
     assert "n/a" in table.splitlines()[2]
+
+
+def test_a_baseline_peer_names_its_columns():
+    cell = Cell("identity_fp32", "http", 1, 64)
+    table = markdown(
+        [(cell, _measured("shoal", 50, 2.0), _measured("baseline", 100, 1.0))], "baseline old"
+    )
+    header = table.splitlines()[0]
+    assert "baseline old /s" in header and "shoal/baseline old" in header
+    assert "Triton" not in header
+
+
+def test_a_baseline_without_a_venv_runs_with_this_interpreter(tmp_path):
+    program, env = _shoal_command(tmp_path)
+    assert program == [sys.executable, "-m", "shoal"]
+    assert env["PYTHONPATH"] == str(tmp_path)
+    (tmp_path / ".venv" / "bin").mkdir(parents=True)
+    (tmp_path / ".venv" / "bin" / "shoal").write_text("")
+    program, _ = _shoal_command(tmp_path)
+    assert program == [str(tmp_path / ".venv" / "bin" / "shoal")]
 
 
 def test_tree_cpu_counts_this_process():
