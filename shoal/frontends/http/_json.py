@@ -212,13 +212,11 @@ def _std_loads(data: bytes | bytearray | memoryview) -> Any:
     return json.loads(data.tobytes() if isinstance(data, memoryview) else data)
 
 
-def encoded_array(chunks: Iterable[bytes]) -> Any | None:
-    """A JSON array of the elements of ``chunks`` (each an array as :func:`dumps` writes it),
-    in order, to put in a document that :func:`dumps` writes as it is; None without orjson
-    (``chunks`` is then not read).
+def array_pieces(chunks: Iterable[bytes]) -> list[bytes | memoryview] | None:
+    """The pieces of a JSON array of the elements of ``chunks`` (each an array as :func:`dumps`
+    writes it), in order, without joining them; None without orjson (``chunks`` is then not read).
 
-    A large array is encoded a slice at a time this way: each call holds the GIL briefly, and
-    the final :func:`dumps` only copies the text."""
+    A large array is encoded a slice at a time this way: each call holds the GIL briefly."""
     if _ORJSON is None:
         return None
     parts: list[bytes | memoryview] = []
@@ -227,7 +225,30 @@ def encoded_array(chunks: Iterable[bytes]) -> Any | None:
             parts += [b",", memoryview(chunk)[1:-1]]
     parts[:1] = [b"["]  # in place of the first comma, if any
     parts.append(b"]")
-    return _ORJSON.Fragment(b"".join(parts))
+    return parts
+
+
+def fragment(pieces: list[bytes | memoryview]) -> Any:
+    """``pieces`` (orjson's, :func:`array_pieces`) joined, to put in a document that
+    :func:`dumps` writes as it is."""
+    assert _ORJSON is not None
+    return _ORJSON.Fragment(b"".join(pieces))
+
+
+#: What stands in a document for an array given as pieces (:func:`dumps_around`): a NUL byte,
+#: which orjson never writes raw (it escapes control characters in strings).
+PLACEHOLDER: Any = _ORJSON.Fragment(b"\x00") if _ORJSON is not None else None
+
+
+def dumps_around(document: Any, arrays: list[list[bytes | memoryview]]) -> list[bytes | memoryview]:
+    """:func:`dumps` of ``document``, whose :data:`PLACEHOLDER` values stand for ``arrays`` in
+    order, as pieces: the text around the arrays and the arrays' own pieces, none copied."""
+    between = dumps(document).split(b"\x00")
+    pieces: list[bytes | memoryview] = [between[0]]
+    for array, after in zip(arrays, between[1:], strict=True):
+        pieces += array
+        pieces.append(after)
+    return pieces
 
 
 def dumps(value: Any) -> bytes:

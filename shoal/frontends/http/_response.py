@@ -6,7 +6,8 @@ order; the ``Inference-Header-Content-Length`` header gives the JSON header's si
 client placed in shared memory (requested with, or returned with, ``shared_memory_region`` in their
 parameters) carry neither, nor the ``shared_memory_*`` parameters, as Triton. The body is
 returned as chunks (header bytes, then the outputs' own memoryviews) so that the caller copies
-the tensor bytes exactly once, when it joins them.
+the tensor bytes exactly once, when it joins them. A JSON body with large arrays is returned as
+pieces (:func:`_json.dumps_around`), sent as they are: no call copies the whole body at once.
 """
 
 from __future__ import annotations
@@ -18,13 +19,16 @@ from shoal.core import InferOutput, InferResponse
 from shoal.frontends._output_bytes import output_bytes
 from shoal.frontends.http import _json
 from shoal.frontends.http._request import OutputFormat
-from shoal.frontends.http._tensor_json import json_from_output
+from shoal.frontends.http._tensor_json import json_from_output, json_pieces_from_output
 
 JSON_CONTENT_TYPE = "application/json"
 BINARY_CONTENT_TYPE = "application/octet-stream"
 HEADER_LENGTH = "inference-header-content-length"
 _SHM_REGION = "shared_memory_region"
 _SHM_PREFIX = "shared_memory_"
+
+#: A response body: whole, or in pieces to send one after the other (a large JSON body).
+Body = bytes | tuple[bytes | memoryview, ...]
 
 
 @dataclass
@@ -36,17 +40,27 @@ class EncodedResponse:
 
     headers: Final[tuple[tuple[str, str], ...]]
     chunks: Final[tuple[bytes | memoryview, ...]]
+    #: The chunks are the response's own (JSON pieces), not views of its shared memory.
+    owned: Final[bool]
 
     def __init__(
-        self, headers: tuple[tuple[str, str], ...], chunks: tuple[bytes | memoryview, ...]
+        self,
+        headers: tuple[tuple[str, str], ...],
+        chunks: tuple[bytes | memoryview, ...],
+        owned: bool = False,
     ) -> None:
         # Written out: a generated __init__ stays interpreted in the compiled hot path.
         self.headers = headers
         self.chunks = chunks
+        self.owned = owned
 
     def body(self) -> bytes:
         """The whole body, in one copy."""
         return b"".join(self.chunks)
+
+    def payload(self) -> Body:
+        """The body to send: owned pieces as they are, anything else joined (:meth:`body`)."""
+        return self.chunks if self.owned else self.body()
 
 
 def encode_infer_response(response: InferResponse, output_format: OutputFormat) -> EncodedResponse:
@@ -54,17 +68,44 @@ def encode_infer_response(response: InferResponse, output_format: OutputFormat) 
     document = _document(response)
     outputs: list[dict[str, Any]] = []
     binary: list[memoryview] = []
+    arrays: list[list[bytes | memoryview]] = []
     for output in response.outputs:
-        entry, data = _encode_output(output, output_format)
+        entry, data = _encode_output(output, output_format, arrays)
         outputs.append(entry)
         if data is not None:
             binary.append(data)
     document["outputs"] = outputs
-    header = _json.dumps(document)
+    header = _json.dumps_around(document, arrays) if arrays else [_json.dumps(document)]
     if not binary:
-        return EncodedResponse((("content-type", JSON_CONTENT_TYPE),), (header,))
-    headers = (("content-type", BINARY_CONTENT_TYPE), (HEADER_LENGTH, str(len(header))))
-    return EncodedResponse(headers, (header, *(data for data in binary if data.nbytes)))
+        return EncodedResponse((("content-type", JSON_CONTENT_TYPE),), tuple(header), bool(arrays))
+    size = sum(len(piece) for piece in header)
+    headers = (("content-type", BINARY_CONTENT_TYPE), (HEADER_LENGTH, str(size)))
+    return EncodedResponse(headers, (*header, *(data for data in binary if data.nbytes)))
+
+
+def body_length(body: Body) -> int:
+    """The Content-Length of ``body``."""
+    if isinstance(body, bytes):
+        return len(body)
+    return sum(len(piece) for piece in body)
+
+
+#: Pieces of a body are written this many bytes or more at a time (one encoded slice, about):
+#: each write is short, and the event loop serves the other connections between them.
+BATCH = 1 << 18
+
+
+def body_batches(pieces: tuple[bytes | memoryview, ...]) -> list[list[bytes | memoryview]]:
+    """``pieces`` in consecutive groups of about :data:`BATCH` bytes, to write one at a time."""
+    batches: list[list[bytes | memoryview]] = [[]]
+    size = 0
+    for piece in pieces:
+        if size >= BATCH:
+            batches.append([])
+            size = 0
+        batches[-1].append(piece)
+        size += len(piece)
+    return batches
 
 
 def json_output_bytes(response: InferResponse, output_format: OutputFormat) -> int:
@@ -89,8 +130,10 @@ def _document(response: InferResponse) -> dict[str, Any]:
 
 
 def _encode_output(
-    output: InferOutput, output_format: OutputFormat
+    output: InferOutput, output_format: OutputFormat, arrays: list[list[bytes | memoryview]]
 ) -> tuple[dict[str, Any], memoryview | None]:
+    """An output's entry, and its bytes if they follow the JSON header; a large JSON array's
+    pieces go to ``arrays`` (the entry holds :data:`_json.PLACEHOLDER` in their place)."""
     entry: dict[str, Any] = {
         "name": output.name,
         "datatype": output.datatype,
@@ -106,7 +149,12 @@ def _encode_output(
         return entry, data
     if parameters:
         entry["parameters"] = parameters
-    entry["data"] = json_from_output(output.name, output.datatype, output.shape, data)
+    pieces = json_pieces_from_output(output.name, output.datatype, output.shape, data)
+    if pieces is None:
+        entry["data"] = json_from_output(output.name, output.datatype, output.shape, data)
+    else:
+        entry["data"] = _json.PLACEHOLDER
+        arrays.append(pieces)
     return entry, None
 
 

@@ -261,23 +261,34 @@ def _json_repr(value: Any) -> str:
 def json_from_output(name: str, datatype: str, shape: tuple[int, ...], data: memoryview) -> Any:
     """An output's raw V2 bytes as a flat JSON-ready list (BYTES as UTF-8 strings); a large one
     (more than :data:`_SLICE` values, numbers) as the array's JSON text, encoded a slice at a
-    time (:func:`_json.encoded_array`) so that no call holds the GIL for long."""
-    count = element_count(shape)
+    time (:func:`json_pieces_from_output`) so that no call holds the GIL for long."""
+    pieces = json_pieces_from_output(name, datatype, shape, data)
+    if pieces is not None:
+        return _json.fragment(pieces)
     if datatype == "BYTES":
-        return _strings_from_output(name, data, count)
+        return _strings_from_output(name, data, element_count(shape))
+    if data.nbytes != NUMPY_DTYPES[datatype].itemsize * element_count(shape):
+        raise _size_mismatch(name)
+    return _values(datatype, data)
+
+
+def json_pieces_from_output(
+    name: str, datatype: str, shape: tuple[int, ...], data: memoryview
+) -> list[bytes | memoryview] | None:
+    """A large numeric output (more than :data:`_SLICE` values) as its JSON array's pieces,
+    encoded a slice at a time (:func:`_json.array_pieces`); None for any other output, or
+    without orjson."""
+    count = element_count(shape)
+    if datatype == "BYTES" or count <= _SLICE:
+        return None
     dtype = NUMPY_DTYPES[datatype]
     if data.nbytes != dtype.itemsize * count:
         raise _size_mismatch(name)
-    if count > _SLICE:
-        step = _SLICE * dtype.itemsize
-        chunks = (
-            _json.dumps(_values(datatype, data[at : at + step]))
-            for at in range(0, data.nbytes, step)
-        )
-        encoded = _json.encoded_array(chunks)
-        if encoded is not None:
-            return encoded
-    return _values(datatype, data)
+    step = _SLICE * dtype.itemsize
+    chunks = (
+        _json.dumps(_values(datatype, data[at : at + step])) for at in range(0, data.nbytes, step)
+    )
+    return _json.array_pieces(chunks)
 
 
 def _values(datatype: str, data: memoryview) -> list[Any]:

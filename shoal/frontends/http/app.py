@@ -213,7 +213,7 @@ class _InferEndpoint:
 
     async def respond(
         self, name: str, version: str, headers: dict[str, str], body: bytes | bytearray
-    ) -> tuple[int, Headers, bytes]:
+    ) -> tuple[int, Headers, codec.Body]:
         """Status, headers and body of the answer to an inference request."""
         try:
             name, version = model_ref({"model_name": name, "model_version": version})
@@ -226,7 +226,7 @@ class _InferEndpoint:
 
     async def _infer(
         self, name: str, version: str, headers: dict[str, str], body: bytes | bytearray
-    ) -> tuple[Headers, bytes]:
+    ) -> tuple[Headers, codec.Body]:
         encoding = codec.request_encoding(headers.get("content-encoding"))
         if encoding is not None:
             body = await codec.inflate(body, encoding, limit=self.limit)
@@ -259,7 +259,7 @@ def _decoder(
     )
 
 
-def _encoded(response: InferResponse, decoded: codec.DecodedRequest) -> tuple[Headers, bytes]:
+def _encoded(response: InferResponse, decoded: codec.DecodedRequest) -> tuple[Headers, codec.Body]:
     """Headers and body of a response; the response is released, the body being a copy (the
     shared memory goes back before sending)."""
     try:
@@ -270,7 +270,7 @@ def _encoded(response: InferResponse, decoded: codec.DecodedRequest) -> tuple[He
 
 async def _encoded_in_thread(
     response: InferResponse, decoded: codec.DecodedRequest
-) -> tuple[Headers, bytes]:
+) -> tuple[Headers, codec.Body]:
     """:func:`_encoded`, for large JSON outputs: encoded in a thread, a slice at a time, so that
     the event loop gets the GIL back between the slices."""
     work = asyncio.ensure_future(asyncio.to_thread(_encode, response, decoded))
@@ -285,23 +285,27 @@ async def _encoded_in_thread(
             work.add_done_callback(functools.partial(_release_after, response))
 
 
-def _encode(response: InferResponse, decoded: codec.DecodedRequest) -> tuple[Headers, bytes]:
+def _encode(response: InferResponse, decoded: codec.DecodedRequest) -> tuple[Headers, codec.Body]:
     encoded = codec.encode_infer_response(response, decoded.output_format)
-    return list(encoded.headers), encoded.body()
+    return list(encoded.headers), encoded.payload()
 
 
-def _release_after(response: InferResponse, work: asyncio.Future[tuple[Headers, bytes]]) -> None:
+def _release_after(
+    response: InferResponse, work: asyncio.Future[tuple[Headers, codec.Body]]
+) -> None:
     if not work.cancelled():
         work.exception()  # retrieved: nobody awaits it any more
     response.release()
 
 
 async def _compressed(
-    headers: Headers, body: bytes, accept_encoding: str | None
-) -> tuple[Headers, bytes]:
+    headers: Headers, body: codec.Body, accept_encoding: str | None
+) -> tuple[Headers, codec.Body]:
     encoding = codec.response_encoding(accept_encoding)
     if encoding is None:
         return headers, body
+    if not isinstance(body, bytes):  # pieces are large: joined in a thread (the GIL is let go)
+        body = await asyncio.to_thread(b"".join, body)
     body = await _sized_run(len(body), functools.partial(codec.compress, body, encoding))
     return [*headers, ("content-encoding", encoding)], body
 
@@ -310,11 +314,16 @@ async def _sized_run(size: int, work: Callable[[], _T]) -> _T:
     return work() if size < _THREAD_THRESHOLD else await asyncio.to_thread(work)
 
 
-async def _send(send: Send, status: int, headers: Headers, body: bytes) -> None:
-    raw_headers = [(b"content-length", str(len(body)).encode("latin-1"))]
+async def _send(send: Send, status: int, headers: Headers, body: codec.Body) -> None:
+    raw_headers = [(b"content-length", str(codec.body_length(body)).encode("latin-1"))]
     raw_headers += [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers]
     await send({"type": "http.response.start", "status": status, "headers": raw_headers})
-    await send({"type": "http.response.body", "body": body})
+    if isinstance(body, bytes):
+        await send({"type": "http.response.body", "body": body})
+        return
+    for batch in codec.body_batches(body):  # the server's flow control paces each message
+        await send({"type": "http.response.body", "body": b"".join(batch), "more_body": True})
+    await send({"type": "http.response.body", "body": b""})
 
 
 # --- serving ----------------------------------------------------------------------------------

@@ -49,7 +49,10 @@ from shoal.frontends.http._request import (
 )
 from shoal.frontends.http._response import (
     HEADER_LENGTH,
+    Body,
     EncodedResponse,
+    body_batches,
+    body_length,
     encode_infer_response,
     json_output_bytes,
 )
@@ -64,12 +67,15 @@ __all__ = [
     "DEFAULT_MAX_INPUT_SIZE",
     "HEADER_LENGTH",
     "SUPPORTED_ENCODINGS",
+    "Body",
     "DecodedRequest",
     "EncodedResponse",
     "LoadRequest",
     "OutputFormat",
     "RegisterRequest",
     "UnsupportedEncoding",
+    "body_batches",
+    "body_length",
     "compress",
     "decode_infer_request",
     "decompress",

@@ -19,6 +19,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from shoal.frontends._limits import ConnectionLimits
 from shoal.frontends.http import _json
+from shoal.frontends.http._response import Body, body_batches, body_length
 from shoal.frontends.http.routing import InferRoutes
 
 
@@ -73,7 +74,7 @@ class FastInfer(Protocol):
 
     async def respond(
         self, name: str, version: str, headers: dict[str, str], body: bytes | bytearray
-    ) -> tuple[int, list[tuple[str, str]], bytes]:
+    ) -> tuple[int, list[tuple[str, str]], Body]:
         """Status, headers and body of the answer to an inference request."""
 
 
@@ -354,12 +355,26 @@ class FastInferHttpToolsProtocol(CoalescingHttpToolsProtocol):
         )
         if request.disconnected:
             return
-        self.transport.write(self._head(status, headers, len(payload), request.keep_alive))
-        self.transport.write(payload)
+        self.transport.write(self._head(status, headers, body_length(payload), request.keep_alive))
+        if isinstance(payload, bytes):
+            self.transport.write(payload)
+        elif not await self._write_pieces(payload):
+            return
         request.response_complete = True
         if not request.keep_alive:
             self.transport.close()
         self.on_response_complete()
+
+    async def _write_pieces(self, pieces: tuple[bytes | memoryview, ...]) -> bool:
+        """Write a body in pieces, a batch per turn of the loop, waiting while the transport's
+        buffer is full; False if the connection went away meanwhile."""
+        for batch in body_batches(pieces):
+            if self.transport.is_closing():
+                return False
+            self.transport.writelines(batch)
+            await asyncio.sleep(0)  # the coalescing transport writes at the end of this turn
+            await self.flow.drain()
+        return not self.transport.is_closing()
 
     def _head(
         self, status: int, headers: list[tuple[str, str]], length: int, keep_alive: bool
