@@ -48,20 +48,50 @@ class FrameReader:
         return not self._preface_seen or bool(self._buffer) or self._continuation is not None
 
     def feed(self, data: bytes) -> None:
-        """Handle the frames of ``data`` after what was left of earlier reads; keep the rest."""
-        if self._buffer:
-            self._buffer += data
-            consumed = self._parse(self._buffer)
-            try:
-                del self._buffer[:consumed]
-            except BufferError:  # a handler kept a view: keep the rest in a new buffer
-                self._buffer = bytearray(memoryview(self._buffer)[consumed:])
-        else:
-            consumed = self._parse(data)
-            if consumed < len(data):
-                self._buffer = bytearray(memoryview(data)[consumed:])
+        """Handle the frames of ``data`` after what was left of earlier reads; keep the rest.
 
-    def _parse(self, data: bytes | bytearray) -> int:
+        Only a frame cut by the previous read is copied, to finish it; the whole frames of
+        ``data`` are handled in place, so a large message's DATA is not copied here (a read of
+        many frames, gathered behind a partial one, would be copied whole on every read)."""
+        view = memoryview(data)
+        if self._buffer:
+            if not self._preface_seen:
+                self._buffer += view
+                view = memoryview(self._buffer)
+                self._buffer = bytearray()
+            else:
+                rest = self._finish_frame(view)
+                if rest is None:
+                    return
+                view = rest
+        consumed = self._parse(view)
+        if consumed < len(view):
+            self._buffer = bytearray(view[consumed:])
+
+    def _finish_frame(self, view: memoryview) -> memoryview | None:
+        """Complete the frame begun in the buffer from ``view`` and handle it; return the rest
+        of ``view`` (None: the frame is still incomplete, all of ``view`` is buffered)."""
+        buffer = self._buffer
+        size = h2.FRAME_HEADER_SIZE
+        if len(buffer) < size:
+            taken = size - len(buffer)
+            buffer += view[:taken]
+            view = view[taken:]
+            if len(buffer) < size:
+                return None
+        high, low = h2.FRAME_HEADER.unpack_from(buffer)[:2]
+        length = (high << 8) | low
+        if length > RECEIVE_MAX_FRAME:
+            raise ConnectionError_(h2.FRAME_SIZE_ERROR, f"a frame of {length} bytes")
+        taken = size + length - len(buffer)
+        buffer += view[:taken]
+        if len(buffer) < size + length:
+            return None
+        self._buffer = bytearray()  # a handler may keep a view of the finished frame
+        self._parse(buffer)
+        return view[taken:]
+
+    def _parse(self, data: bytes | bytearray | memoryview) -> int:
         """Handle every whole frame of ``data``; return the bytes consumed."""
         view = memoryview(data)
         offset = 0 if self._preface_seen else self._read_preface(view)
