@@ -615,7 +615,9 @@ def test_a_killed_core_takes_the_workers_with_it():
 
 def test_a_request_in_flight_when_the_core_dies_is_answered_503():
     """The worker answers what it holds once its core is gone (503, unavailable) before it exits:
-    a load balancer retries that on another replica, and a dropped connection it would not."""
+    a load balancer retries that on another replica, and a dropped connection it would not. The
+    answer closes the connection: reused, it would only get 503 again, where a new connection
+    is refused and takes the replica out of the balancer."""
     with _start() as running:
         _wait_for_workers(running, 2)
         port = int(running.url.rsplit(":", 1)[1])
@@ -635,8 +637,12 @@ def test_a_request_in_flight_when_the_core_dies_is_answered_503():
                 assert time.monotonic() < deadline, running.output[mark:]
                 time.sleep(0.02)  # polling the server log
             running.stop(signal.SIGKILL)
-            answer = sock.recv(4096)
-        assert answer.startswith(b"HTTP/1.1 503 "), answer
+            answer = b""
+            while chunk := sock.recv(4096):  # until the worker closes the connection
+                answer += chunk
+        head = answer.split(b"\r\n\r\n", 1)[0].lower()
+        assert head.startswith(b"http/1.1 503 "), answer
+        assert b"\r\nconnection: close" in head, answer
 
 
 def _alive(pid: int) -> bool:
