@@ -66,6 +66,15 @@ log = logging.getLogger("shoal")
 _CLIENT_REGIONS = (RegionLocation, CudaRegionLocation)
 
 
+def _classes_asked(request: InferRequest, mv: ModelVersion) -> dict[str, int]:
+    """:func:`classification.requested`, called only when an output asks for classes (its
+    module is interpreted, and almost no request asks)."""
+    for output in request.outputs:
+        if output.parameters and classification.PARAMETER in output.parameters:
+            return classification.requested(request, mv.config)
+    return {}
+
+
 class InferenceService:
     """Owns the input arena, the model repository manager and the client shm registry."""
 
@@ -191,7 +200,7 @@ class InferenceService:
 
     def resolve(self, request: InferRequest) -> ModelVersion:
         """The model version a request names (NotFound or Unavailable when there is none)."""
-        return self.repository.resolve(request.model_name, request.model_version)
+        return self.repository.loaded.resolve(request.model_name, request.model_version)
 
     def stage(
         self,
@@ -229,7 +238,7 @@ class InferenceService:
         started = time.monotonic_ns()
         if mv.config.decoupled:
             raise DecoupledInfer(mv.name)
-        classes = classification.requested(request, mv.config) if request.outputs else {}
+        classes = _classes_asked(request, mv)
         key: bytes | None = None
         regions: dict[str, ClientRegion] | None = None
         lookup_ns = 0
@@ -271,7 +280,7 @@ class InferenceService:
         try:
             self.gate.enter(request.model_name)
             try:
-                classes = classification.requested(request, mv.config) if request.outputs else {}
+                classes = _classes_asked(request, mv)
                 record, blocks = self.stage(mv, request)
             except ShoalError as error:
                 mv.stats.failure(time.monotonic_ns() - started, error.reason)
