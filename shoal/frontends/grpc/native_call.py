@@ -46,6 +46,10 @@ STREAM_BACKLOG = 1 << 20
 _INFLATE_INLINE = 1024
 #: Reply chunks smaller than this are joined before they are written; larger ones go as views.
 _JOIN_BELOW = 64 * 1024
+#: Reply bytes a server may hold in lent memory (the stubs' arenas) until written: past it,
+#: replies are copied and their memory released at once, so that clients that do not read
+#: cannot hold the arenas other clients need.
+LENT_LIMIT = 256 << 20
 
 
 class CallServer:
@@ -56,6 +60,8 @@ class CallServer:
         self.max_message_bytes = max_message_bytes
         self.buffers = buffers
         self.running: set[asyncio.Task[None]] = set()
+        #: Bytes of replies written from lent memory and not yet released (see LENT_LIMIT).
+        self.lent = 0
 
 
 class _Abort(Exception):
@@ -314,16 +320,30 @@ class NativeCall(StreamHandler):
     def _send_lent(self, reply: LentReply) -> None:
         """A reply that views lent memory: its small chunks joined, its large ones (tensors)
         written as they are, and the memory given back once the stream's bytes have left."""
-        if self._done:
-            reply.release()
+        size = sum(memoryview(chunk).nbytes for chunk in reply.chunks)
+        server = self._server
+        if self._done or server.lent + size > LENT_LIMIT:
+            self._send_copied(reply)
             return
+        server.lent += size
         try:
             self._send_headers()
-            size = sum(memoryview(chunk).nbytes for chunk in reply.chunks)
             for piece in _coalesced([b"\x00" + size.to_bytes(4, "big"), *reply.chunks]):
                 self._connection.send_data(self._stream_id, piece)
         finally:
-            self._connection.after_stream(self._stream_id, reply.release)
+            done = functools.partial(_give_back, server, size, reply)
+            self._connection.after_stream(self._stream_id, done)
+
+    def _send_copied(self, reply: LentReply) -> None:
+        """A lent reply copied, its memory released at once (nothing to send, or too much
+        lent memory waits for clients already)."""
+        try:
+            body = b"" if self._done else b"".join(reply.chunks)
+        finally:
+            reply.release()
+        if not self._done:
+            self._send_headers()
+            self._send_message(body)
 
     def _cancelled(self) -> None:
         if self._expired:
@@ -381,3 +401,9 @@ def _coalesced(chunks: list[Chunk]) -> list[Chunk]:
     if small:
         out.append(b"".join(small))
     return out
+
+
+def _give_back(server: CallServer, size: int, reply: LentReply) -> None:
+    """A lent reply has been written (or will never be): its memory goes back."""
+    server.lent -= size
+    reply.release()

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from h2.settings import SettingCodes
 
+from shoal.frontends.grpc import native_call
 from shoal.frontends.grpc.native import NativeGrpcServer
 from shoal.protos import grpc_service_pb2 as pb
 from tests.h2client import H2Client, grpc_frame
@@ -103,3 +104,22 @@ def test_a_closed_connection_releases_its_reply(served: tuple[FullCore, int]) ->
     assert core.released == 0
     client.close()
     _wait_released(core, 1)
+
+
+def test_past_the_lent_limit_replies_are_copied_and_released_at_once(
+    served: tuple[FullCore, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    core, port = served
+    monkeypatch.setattr(native_call, "LENT_LIMIT", SIZE + SIZE // 2)  # room for one reply
+    data = np.ones(SIZE // 4, np.float32)
+    with _held_client(port) as client:
+        _answered_and_held(client, core, data)  # lent, held by the window
+        client.start(grpc_frame(_request(data)))
+        deadline = time.monotonic() + 10
+        while core.issued < 2:
+            assert time.monotonic() < deadline, "the second call was never answered"
+            client.ping(b"answered")
+        _wait_released(core, 1)  # the second reply is a copy: its memory went back at once
+        client.ping(b"in sync!")
+        assert core.released == 1  # the first still waits for the window
+    _wait_released(core, 2)
