@@ -48,7 +48,7 @@ def unexpected(what: str) -> InternalError:
     return InternalError(f"internal error while serving {what}; see the server log")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class LentReply:
     """A serialized reply whose chunks view memory lent by the core (a response's outputs,
     read in place): ``release`` gives it back, once the chunks have been written out."""
