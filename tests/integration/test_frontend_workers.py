@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import json
 import os
 import queue
@@ -194,6 +195,30 @@ def test_large_tensors_cross_the_worker_link_intact(server):
             np.testing.assert_array_equal(result.as_numpy("OUT_FP32"), data)
         finally:
             client.close()
+
+
+def test_large_grpc_calls_at_once_come_back_byte_exact(server):
+    """Eight 6 MiB calls at once on one channel: each reply is written from the response's
+    memory, which is given back only once written, so none may carry another's bytes."""
+    rng = np.random.default_rng(11)
+    datas = [rng.random(3 << 19, dtype=np.float32) for _ in range(8)]  # 6 MiB each
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        answers: queue.Queue = queue.Queue()
+        for index, data in enumerate(datas):
+            tensor = grpcclient.InferInput("IN_FP32", [data.size], "FP32")
+            tensor.set_data_from_numpy(data)
+            client.async_infer(
+                "identity",
+                [tensor],
+                functools.partial(lambda i, result, error: answers.put((i, result, error)), index),
+            )
+        for _ in datas:
+            index, result, error = answers.get(timeout=60)
+            assert error is None, error
+            np.testing.assert_array_equal(result.as_numpy("OUT_FP32"), datas[index])
+    finally:
+        client.close()
 
 
 _ARENA_MAP = re.compile(rb"memfd:shoal-arena-(\d+)-\d+")
