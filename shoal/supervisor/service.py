@@ -66,15 +66,6 @@ log = logging.getLogger("shoal")
 _CLIENT_REGIONS = (RegionLocation, CudaRegionLocation)
 
 
-def _classes_asked(request: InferRequest, mv: ModelVersion) -> dict[str, int]:
-    """:func:`classification.requested`, called only when an output asks for classes (its
-    module is interpreted, and almost no request asks)."""
-    for output in request.outputs:
-        if output.parameters and classification.PARAMETER in output.parameters:
-            return classification.requested(request, mv.config)
-    return {}
-
-
 class InferenceService:
     """Owns the input arena, the model repository manager and the client shm registry."""
 
@@ -238,7 +229,7 @@ class InferenceService:
         started = time.monotonic_ns()
         if mv.config.decoupled:
             raise DecoupledInfer(mv.name)
-        classes = _classes_asked(request, mv)
+        classes = staging.classes_asked(request, mv.config)
         key: bytes | None = None
         regions: dict[str, ClientRegion] | None = None
         lookup_ns = 0
@@ -280,7 +271,7 @@ class InferenceService:
         try:
             self.gate.enter(request.model_name)
             try:
-                classes = _classes_asked(request, mv)
+                classes = staging.classes_asked(request, mv.config)
                 record, blocks = self.stage(mv, request)
             except ShoalError as error:
                 mv.stats.failure(time.monotonic_ns() - started, error.reason)
