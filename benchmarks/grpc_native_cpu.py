@@ -3,9 +3,9 @@
 The server's HTTP/2 connection is fed the bytes of whole calls (HEADERS, then the message in
 DATA frames of ``--frame`` bytes, handed over in reads of 256 KiB, each a new bytes object as a
 socket read makes) and writes to a transport that takes everything at once; the core is an echo
-that copies each input into a fixed buffer, as a stub writes its arena. What is timed is the process CPU of the calls: framing,
-messages, protobuf and the reply, with no socket, no other process and no client. The best of
-``--rounds`` rounds, in µs per call.
+that copies each input into a fixed buffer, as a stub writes its arena. What is timed is the
+process CPU of the calls: framing, messages, protobuf and the reply, with no socket, no other
+process and no client. The best of ``--rounds`` rounds, in µs per call.
 
     .venv/bin/python -m benchmarks.grpc_native_cpu --bytes 4194304 --calls 30
     .venv/bin/python -m benchmarks.grpc_native_cpu --bytes 64 --calls 3000
