@@ -191,7 +191,7 @@ class InferenceService:
 
     def resolve(self, request: InferRequest) -> ModelVersion:
         """The model version a request names (NotFound or Unavailable when there is none)."""
-        return self.repository.resolve(request.model_name, request.model_version)
+        return self.repository.loaded.resolve(request.model_name, request.model_version)
 
     def stage(
         self,
@@ -229,7 +229,7 @@ class InferenceService:
         started = time.monotonic_ns()
         if mv.config.decoupled:
             raise DecoupledInfer(mv.name)
-        classes = classification.requested(request, mv.config) if request.outputs else {}
+        classes = staging.classes_asked(request, mv.config)
         key: bytes | None = None
         regions: dict[str, ClientRegion] | None = None
         lookup_ns = 0
@@ -271,7 +271,7 @@ class InferenceService:
         try:
             self.gate.enter(request.model_name)
             try:
-                classes = classification.requested(request, mv.config) if request.outputs else {}
+                classes = staging.classes_asked(request, mv.config)
                 record, blocks = self.stage(mv, request)
             except ShoalError as error:
                 mv.stats.failure(time.monotonic_ns() - started, error.reason)

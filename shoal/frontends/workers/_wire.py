@@ -32,6 +32,11 @@ from shoal.core.types import (
 from shoal.frontends.workers._plain import as_shoal_error, error_from_wire, error_to_wire
 from shoal.ipc.arena import Block
 
+#: One packer for every header: ``msgpack.packb`` builds a new one (and its buffer) per call.
+#: Names, ids and parameters are the client's strings: a lone surrogate that JSON let in must
+#: cross as it is, so the core answers as it does without workers (400, not an encoding 500).
+_PACKER = msgpack.Packer(unicode_errors="surrogatepass")
+
 #: A frame's prefix: the header's length, then the payloads' total length.
 _PREFIX = struct.Struct("<II")
 PREFIX_SIZE = _PREFIX.size
@@ -70,9 +75,7 @@ def frame(
     """The pieces of one frame, for ``writelines`` (or joined, for ``write``)."""
     sizes = [memoryview(p).nbytes for p in payloads]
     header.append(sizes)
-    # Names, ids and parameters are the client's strings: a lone surrogate that JSON let in must
-    # cross as it is, so the core answers as it does without workers (400, not an encoding 500).
-    packed = msgpack.packb(header, unicode_errors="surrogatepass")
+    packed: bytes = _PACKER.pack(header)
     return [_PREFIX.pack(len(packed), sum(sizes)), packed, *payloads]
 
 
