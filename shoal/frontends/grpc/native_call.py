@@ -322,7 +322,7 @@ class NativeCall(StreamHandler):
         written as they are, and the memory given back once the stream's bytes have left."""
         size = sum(memoryview(chunk).nbytes for chunk in reply.chunks)
         server = self._server
-        if size < _JOIN_BELOW or self._done or server.lent + size > LENT_LIMIT:
+        if self._done or server.lent + size > LENT_LIMIT:
             self._send_copied(reply)
             return
         server.lent += size
@@ -335,9 +335,8 @@ class NativeCall(StreamHandler):
             self._connection.after_stream(self._stream_id, done)
 
     def _send_copied(self, reply: LentReply) -> None:
-        """A lent reply copied, its memory released at once: a small one (the copy costs
-        less than following the writes), or nothing to send, or too much lent memory waits
-        for clients already."""
+        """A lent reply copied, its memory released at once (nothing to send, or too much
+        lent memory waits for clients already)."""
         try:
             body = b"" if self._done else b"".join(reply.chunks)
         finally:

@@ -57,6 +57,14 @@ class LentReply:
     release: Callable[[], None]
 
 
+#: An output of at least this many bytes is written from lent memory rather than copied.
+LEND_FROM = 64 * 1024
+
+
+def _lendable(chunks: list[Chunk]) -> bool:
+    return any(type(chunk) is memoryview and chunk.nbytes >= LEND_FROM for chunk in chunks)
+
+
 def _model_version(version: str) -> str:
     if version and not (version.isascii() and version.isdigit()):
         raise InvalidArgument(
@@ -137,16 +145,23 @@ class Servicer:
         finally:
             response.release()  # the message is a copy: give the shared memory back
 
-    async def model_infer_lent(self, data: bytes | bytearray | memoryview) -> LentReply:
-        """:meth:`model_infer` without the copy: the reply views the response's outputs, and
-        the caller releases them once written."""
+    async def model_infer_lent(self, data: bytes | bytearray | memoryview) -> LentReply | bytes:
+        """:meth:`model_infer` without the copy of large outputs: the reply views them, and
+        the caller releases them once written. Small replies are copied, as by model_infer
+        (following the writes would cost more than the copy)."""
         decoded = decode_infer_request(data)
         response = await self._core.infer(decoded.request)
         try:
-            return LentReply(encode_infer_response(response, decoded), response.release)
+            chunks = encode_infer_response(response, decoded)
+            if _lendable(chunks):
+                return LentReply(chunks, response.release)
         except BaseException:
             response.release()
             raise
+        try:
+            return b"".join(chunks)
+        finally:
+            response.release()
 
     def model_stream_infer(
         self, requests: AsyncIterable[bytes], *, close_on_error: bool = False
