@@ -205,7 +205,7 @@ class InferenceService:
             regions = read_shm_inputs(self.shm, request)
         outputs = staging.check_outputs(mv.config, request)  # Triton checks the outputs first
         staging.check_inputs(mv.config, request)
-        placed = {} if mv.config.is_ensemble else output_regions(self.shm, request)
+        placed = {} if mv.is_ensemble else output_regions(self.shm, request)
         record, blocks = staging.stage_request(
             mv.config, request, self.input_arena, outputs, regions
         )
@@ -308,9 +308,7 @@ class InferenceService:
             mv = self.resolve(request)
         except ShoalError:
             return None
-        config = mv.config
-        plain = not (config.decoupled or config.is_ensemble or self.cache is not None)
-        return mv if plain else None
+        return mv if mv.plain and self.cache is None else None
 
     def _submit(
         self,
@@ -325,7 +323,9 @@ class InferenceService:
         work = Work(record, blocks, future, batch_size=staging.batch_size(mv.config, request))
         if mv.stats.overhead is not None:  # --trace-overhead
             mv.stats.stage("stage", work.enqueued_ns - started)
-        mv.submit(work)
+        scheduler = mv.scheduler  # mv.submit, without its (interpreted) call
+        assert scheduler is not None
+        scheduler.submit(work)
         return work
 
     def _answer(
