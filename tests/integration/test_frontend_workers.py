@@ -200,9 +200,19 @@ def test_large_tensors_cross_the_worker_link_intact(server):
 def test_large_grpc_calls_at_once_come_back_byte_exact(server):
     """Eight 6 MiB calls at once on one channel: each reply is written from the response's
     memory, which is given back only once written, so none may carry another's bytes."""
+    _large_grpc_calls_at_once(server.grpc_url, 8)
+
+
+def test_one_worker_serves_large_grpc_calls_byte_exact():
+    with _start("--frontend-workers", "1") as one:
+        _large_grpc_calls_at_once(one.grpc_url, 4)
+        assert "Traceback" not in one.output, one.output
+
+
+def _large_grpc_calls_at_once(url: str, count: int) -> None:
     rng = np.random.default_rng(11)
-    datas = [rng.random(3 << 19, dtype=np.float32) for _ in range(8)]  # 6 MiB each
-    client = grpcclient.InferenceServerClient(server.grpc_url)
+    datas = [rng.random(3 << 19, dtype=np.float32) for _ in range(count)]  # 6 MiB each
+    client = grpcclient.InferenceServerClient(url)
     try:
         answers: queue.Queue = queue.Queue()
         for index, data in enumerate(datas):

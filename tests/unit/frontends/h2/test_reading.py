@@ -1,4 +1,6 @@
-"""The frame reader: frames cut anywhere by the reads come out whole, each once, in order."""
+"""The frame reader: frames cut anywhere by the reads come out whole, each once, in order; a
+large DATA frame cut by a read comes out in pieces, as its bytes arrive, END_STREAM on the
+last."""
 
 from __future__ import annotations
 
@@ -19,14 +21,25 @@ def _data_frame(stream_id: int, payload: bytes, flags: int = 0) -> bytes:
 
 
 def _reader(frames: list[tuple[int, int, bytes]]) -> FrameReader:
+    """A reader whose DATA pieces are put back together into ``frames``: a piece that
+    continues the last frame's stream before its END_STREAM is appended to it. (The frames of
+    _stream() are such that this cannot join two frames: no two of one stream in a row
+    without END_STREAM between them.)"""
     loop = asyncio.new_event_loop()
     loop.close()  # the guard only reads the time; no frame here is a flood
     guard = FloodGuard(FloodLimits(), loop)
+    open_frame: list[bool] = [False]  # whether the last frame may go on (no END_STREAM yet)
 
     def on_data(stream_id: int, flags: int, payload: memoryview) -> None:
-        frames.append((stream_id, flags, bytes(payload)))
+        if open_frame[0] and frames and frames[-1][0] == stream_id and frames[-1][1] == 0:
+            last = frames.pop()
+            frames.append((stream_id, flags, last[2] + bytes(payload)))
+        else:
+            frames.append((stream_id, flags, bytes(payload)))
+        open_frame[0] = reader.half_read()
 
-    return FrameReader({h2.DATA: on_data}, lambda *_: None, guard)
+    reader = FrameReader({h2.DATA: on_data}, lambda *_: None, guard)
+    return reader
 
 
 def _stream() -> tuple[bytes, list[tuple[int, int, bytes]]]:
@@ -65,17 +78,25 @@ def test_a_cut_at_every_position_of_a_frame_header() -> None:
         assert frames == expected, cut
 
 
-def test_a_partial_frame_keeps_only_that_frame() -> None:
-    """Bytes after a partial frame's end are not buffered with it: the whole frames of the
-    next read are handled from the read itself."""
+def test_a_cut_data_frame_comes_out_as_it_arrives() -> None:
+    """The part of a DATA frame that came is handed on at once (no END_STREAM on it), the rest
+    with the next read, and the frames after it from that read itself."""
     wire, expected = _stream()
-    frames: list[tuple[int, int, bytes]] = []
-    reader = _reader(frames)
-    first_end = len(h2.PREFACE) + 9 + 200
-    reader.feed(wire[: first_end - 50])
-    assert frames == []
-    reader.feed(wire[first_end - 50 :])
-    assert frames == expected
+    pieces: list[tuple[int, int, bytes]] = []
+    loop = asyncio.new_event_loop()
+    loop.close()
+
+    def on_data(stream_id: int, flags: int, payload: memoryview) -> None:
+        pieces.append((stream_id, flags, bytes(payload)))
+
+    reader = FrameReader({h2.DATA: on_data}, lambda *_: None, FloodGuard(FloodLimits(), loop))
+    third = len(h2.PREFACE) + 9 + 200 + 9 + 9  # the payload of the 100 KiB frame
+    reader.feed(wire[: third + 1000])
+    assert pieces[-1] == (1, 0, bytes(1000)) and reader.half_read()
+    reader.feed(wire[third + 1000 :])
+    assert pieces[3] == (1, h2.END_STREAM, bytes(100 * 1024 - 1000))
+    assert pieces[4:] == expected[3:]
+    assert not reader.half_read()
 
 
 def test_an_oversized_frame_is_refused_once_its_header_is_complete() -> None:
