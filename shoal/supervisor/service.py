@@ -242,7 +242,7 @@ class InferenceService:
                 return cache_hit(self.shm, mv, request, cached, classes, started, lookup_started)
             lookup_ns = time.monotonic_ns() - lookup_started
         record, blocks = self.stage(mv, request, regions)
-        if mv.config.is_ensemble:
+        if mv.is_ensemble:
             response = await self.ensembles.run(mv, request, record, blocks)
             if key is not None:
                 cache_insert(self.cache, mv, key, response, lookup_ns)
