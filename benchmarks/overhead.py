@@ -37,6 +37,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,15 +69,25 @@ class TracedServer:
     metrics_port: str
 
 
-def start_traced_server(log_path: Path, frontend_workers: int = 1) -> TracedServer:
-    """``shoal serve --trace-overhead`` with HTTP, gRPC and metrics on free loopback ports."""
+def start_traced_server(
+    log_path: Path,
+    frontend_workers: int = 1,
+    *,
+    wrapper: Sequence[str] = (),
+    trace: bool = True,
+    timeout: float = START_TIMEOUT_S,
+) -> TracedServer:
+    """``shoal serve --trace-overhead`` with HTTP, gRPC and metrics on free loopback ports;
+    ``wrapper``: a command it runs under (``valgrind ...``), ``trace``: the flag given."""
     command = [
+        *wrapper,
         sys.executable,
         *("-m", "shoal.cli", "serve", "--model-repository", str(ROOT / "benchmarks" / "models")),
         *("--http-address", "127.0.0.1", "--http-port", "0"),
         *("--grpc-address", "127.0.0.1", "--grpc-port", "0"),
-        *("--metrics-address", "127.0.0.1", "--metrics-port", "0", "--trace-overhead"),
+        *("--metrics-address", "127.0.0.1", "--metrics-port", "0"),
         *("--frontend-workers", str(frontend_workers)),
+        *(["--trace-overhead"] if trace else []),
     ]
     log = log_path.open("wb")
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, cwd=ROOT)
@@ -95,7 +106,7 @@ def start_traced_server(log_path: Path, frontend_workers: int = 1) -> TracedServ
     server = TracedServer(
         process, f"127.0.0.1:{ports['http']}", f"127.0.0.1:{ports['grpc']}", ports["metrics"]
     )
-    deadline = time.monotonic() + START_TIMEOUT_S
+    deadline = time.monotonic() + timeout
     while not server_ready(server.http):
         if process.poll() is not None or time.monotonic() > deadline:
             stop_server(process)

@@ -311,9 +311,17 @@ async def _serve_worker(
     outputs = None if arena is None or segments is None else MappedOutputs(segments, arena)
     core = RemoteCore(control, arena, outputs)
     core.on_log_settings = apply_log_settings
-    core.on_core_lost = stop_accepting
+    serving: list[HttpServer] = []
+
+    def on_core_lost() -> None:
+        stop_accepting()
+        for server in serving:
+            server.answer_last()
+
+    core.on_core_lost = on_core_lost
     await core.connect(calls)
     http, grpc_server = await start_frontends(core, options, sockets)
+    serving.extend([] if http is None else [http])
     settle_after_start()
     core.send([wire.OK, 0])  # serving: the core may announce its ports
     await core.stopping.wait()

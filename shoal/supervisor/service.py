@@ -191,7 +191,7 @@ class InferenceService:
 
     def resolve(self, request: InferRequest) -> ModelVersion:
         """The model version a request names (NotFound or Unavailable when there is none)."""
-        return self.repository.resolve(request.model_name, request.model_version)
+        return self.repository.loaded.resolve(request.model_name, request.model_version)
 
     def stage(
         self,
@@ -205,7 +205,7 @@ class InferenceService:
             regions = read_shm_inputs(self.shm, request)
         outputs = staging.check_outputs(mv.config, request)  # Triton checks the outputs first
         staging.check_inputs(mv.config, request)
-        placed = {} if mv.config.is_ensemble else output_regions(self.shm, request)
+        placed = {} if mv.is_ensemble else output_regions(self.shm, request)
         record, blocks = staging.stage_request(
             mv.config, request, self.input_arena, outputs, regions
         )
@@ -229,7 +229,7 @@ class InferenceService:
         started = time.monotonic_ns()
         if mv.config.decoupled:
             raise DecoupledInfer(mv.name)
-        classes = classification.requested(request, mv.config) if request.outputs else {}
+        classes = staging.classes_asked(request, mv.config)
         key: bytes | None = None
         regions: dict[str, ClientRegion] | None = None
         lookup_ns = 0
@@ -242,7 +242,7 @@ class InferenceService:
                 return cache_hit(self.shm, mv, request, cached, classes, started, lookup_started)
             lookup_ns = time.monotonic_ns() - lookup_started
         record, blocks = self.stage(mv, request, regions)
-        if mv.config.is_ensemble:
+        if mv.is_ensemble:
             response = await self.ensembles.run(mv, request, record, blocks)
             if key is not None:
                 cache_insert(self.cache, mv, key, response, lookup_ns)
@@ -271,7 +271,7 @@ class InferenceService:
         try:
             self.gate.enter(request.model_name)
             try:
-                classes = classification.requested(request, mv.config) if request.outputs else {}
+                classes = staging.classes_asked(request, mv.config)
                 record, blocks = self.stage(mv, request)
             except ShoalError as error:
                 mv.stats.failure(time.monotonic_ns() - started, error.reason)
@@ -308,9 +308,7 @@ class InferenceService:
             mv = self.resolve(request)
         except ShoalError:
             return None
-        config = mv.config
-        plain = not (config.decoupled or config.is_ensemble or self.cache is not None)
-        return mv if plain else None
+        return mv if mv.plain and self.cache is None else None
 
     def _submit(
         self,
@@ -325,7 +323,9 @@ class InferenceService:
         work = Work(record, blocks, future, batch_size=staging.batch_size(mv.config, request))
         if mv.stats.overhead is not None:  # --trace-overhead
             mv.stats.stage("stage", work.enqueued_ns - started)
-        mv.submit(work)
+        scheduler = mv.scheduler  # mv.submit, without its (interpreted) call
+        assert scheduler is not None
+        scheduler.submit(work)
         return work
 
     def _answer(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import json
 import os
 import queue
@@ -194,6 +195,40 @@ def test_large_tensors_cross_the_worker_link_intact(server):
             np.testing.assert_array_equal(result.as_numpy("OUT_FP32"), data)
         finally:
             client.close()
+
+
+def test_large_grpc_calls_at_once_come_back_byte_exact(server):
+    """Eight 6 MiB calls at once on one channel: each reply is written from the response's
+    memory, which is given back only once written, so none may carry another's bytes."""
+    _large_grpc_calls_at_once(server.grpc_url, 8)
+
+
+def test_one_worker_serves_large_grpc_calls_byte_exact():
+    with _start("--frontend-workers", "1") as one:
+        _large_grpc_calls_at_once(one.grpc_url, 4)
+        assert "Traceback" not in one.output, one.output
+
+
+def _large_grpc_calls_at_once(url: str, count: int) -> None:
+    rng = np.random.default_rng(11)
+    datas = [rng.random(3 << 19, dtype=np.float32) for _ in range(count)]  # 6 MiB each
+    client = grpcclient.InferenceServerClient(url)
+    try:
+        answers: queue.Queue = queue.Queue()
+        for index, data in enumerate(datas):
+            tensor = grpcclient.InferInput("IN_FP32", [data.size], "FP32")
+            tensor.set_data_from_numpy(data)
+            client.async_infer(
+                "identity",
+                [tensor],
+                functools.partial(lambda i, result, error: answers.put((i, result, error)), index),
+            )
+        for _ in datas:
+            index, result, error = answers.get(timeout=60)
+            assert error is None, error
+            np.testing.assert_array_equal(result.as_numpy("OUT_FP32"), datas[index])
+    finally:
+        client.close()
 
 
 _ARENA_MAP = re.compile(rb"memfd:shoal-arena-(\d+)-\d+")
@@ -615,7 +650,9 @@ def test_a_killed_core_takes_the_workers_with_it():
 
 def test_a_request_in_flight_when_the_core_dies_is_answered_503():
     """The worker answers what it holds once its core is gone (503, unavailable) before it exits:
-    a load balancer retries that on another replica, and a dropped connection it would not."""
+    a load balancer retries that on another replica, and a dropped connection it would not. The
+    answer closes the connection: reused, it would only get 503 again, where a new connection
+    is refused and takes the replica out of the balancer."""
     with _start() as running:
         _wait_for_workers(running, 2)
         port = int(running.url.rsplit(":", 1)[1])
@@ -635,8 +672,12 @@ def test_a_request_in_flight_when_the_core_dies_is_answered_503():
                 assert time.monotonic() < deadline, running.output[mark:]
                 time.sleep(0.02)  # polling the server log
             running.stop(signal.SIGKILL)
-            answer = sock.recv(4096)
-        assert answer.startswith(b"HTTP/1.1 503 "), answer
+            answer = b""
+            while chunk := sock.recv(4096):  # until the worker closes the connection
+                answer += chunk
+        head = answer.split(b"\r\n\r\n", 1)[0].lower()
+        assert head.startswith(b"http/1.1 503 "), answer
+        assert b"\r\nconnection: close" in head, answer
 
 
 def _alive(pid: int) -> bool:

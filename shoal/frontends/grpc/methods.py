@@ -190,8 +190,12 @@ class Method:
     handle: Callable[[Any, Any], Any]
 
 
-def method_table(servicer: Servicer, restrictions: Restrictions) -> dict[str, Method]:
-    """Every RPC of the service by method name, guarded (errors become ``context.abort``)."""
+def method_table(
+    servicer: Servicer, restrictions: Restrictions, *, lent_replies: bool = False
+) -> dict[str, Method]:
+    """Every RPC of the service by method name, guarded (errors become ``context.abort``).
+    ``lent_replies``: ModelInfer returns a :class:`~shoal.frontends.grpc.servicer.LentReply`
+    (shoal's own server writes it without a copy) instead of bytes."""
     methods = {
         name: Method(
             False,
@@ -201,9 +205,8 @@ def method_table(servicer: Servicer, restrictions: Restrictions) -> dict[str, Me
         )
         for name, (request_type, response_type, behavior) in _unary_methods(servicer).items()
     }
-    methods["ModelInfer"] = Method(
-        False, None, None, _guarded(servicer.model_infer, "ModelInfer", restrictions)
-    )
+    infer = servicer.model_infer_lent if lent_replies else servicer.model_infer
+    methods["ModelInfer"] = Method(False, None, None, _guarded(infer, "ModelInfer", restrictions))
     methods["ModelStreamInfer"] = Method(
         True, None, None, _guarded_stream(servicer.model_stream_infer, restrictions)
     )

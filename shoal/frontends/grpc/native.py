@@ -138,7 +138,9 @@ class NativeGrpcServer:
         """Each method by the ``:path`` its calls carry."""
         return {
             f"/{SERVICE_NAME}/{name}".encode(): method
-            for name, method in method_table(servicer, self._restrictions).items()
+            for name, method in method_table(
+                servicer, self._restrictions, lent_replies=True
+            ).items()
         }
 
     async def stop(self, grace: float | None = None) -> None:

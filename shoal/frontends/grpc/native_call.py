@@ -10,6 +10,7 @@ import zlib
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
+from shoal.frontends.grpc._wire import Chunk
 from shoal.frontends.grpc.methods import Method
 from shoal.frontends.grpc.native_headers import OK_TRAILERS, metadata, status_block
 from shoal.frontends.grpc.native_messages import (
@@ -20,6 +21,7 @@ from shoal.frontends.grpc.native_messages import (
     MessageReader,
     inflate,
 )
+from shoal.frontends.grpc.servicer import LentReply
 from shoal.frontends.grpc.status import Status
 from shoal.frontends.h2 import frames as h2
 from shoal.frontends.h2.connection import Headers, Http2Connection, StreamHandler
@@ -42,6 +44,12 @@ UNIMPLEMENTED = Status.UNIMPLEMENTED
 STREAM_BACKLOG = 1 << 20
 #: A compressed message smaller than this is inflated on the event loop (at most ~1 MiB out).
 _INFLATE_INLINE = 1024
+#: Reply chunks smaller than this are joined before they are written; larger ones go as views.
+_JOIN_BELOW = 64 * 1024
+#: Reply bytes a server may hold in lent memory (the stubs' arenas) until written: past it,
+#: replies are copied and their memory released at once, so that clients that do not read
+#: cannot hold the arenas other clients need.
+LENT_LIMIT = 256 << 20
 
 
 class CallServer:
@@ -52,6 +60,8 @@ class CallServer:
         self.max_message_bytes = max_message_bytes
         self.buffers = buffers
         self.running: set[asyncio.Task[None]] = set()
+        #: Bytes of replies written from lent memory and not yet released (see LENT_LIMIT).
+        self.lent = 0
 
 
 class _Abort(Exception):
@@ -275,6 +285,9 @@ class NativeCall(StreamHandler):
         del request  # no view of a pooled buffer may outlive the call
         reply = await method.handle(parsed, self._context)
         del parsed
+        if isinstance(reply, LentReply):
+            self._send_lent(reply)
+            return
         body = reply if method.serialize is None else method.serialize(reply)
         if not self._done:
             self._send_headers()
@@ -303,6 +316,34 @@ class NativeCall(StreamHandler):
         else:  # no copy of a large message to put five bytes in front of it
             self._connection.send_data(self._stream_id, prefix)
             self._connection.send_data(self._stream_id, body)
+
+    def _send_lent(self, reply: LentReply) -> None:
+        """A reply that views lent memory: its small chunks joined, its large ones (tensors)
+        written as they are, and the memory given back once the stream's bytes have left."""
+        size = sum(memoryview(chunk).nbytes for chunk in reply.chunks)
+        server = self._server
+        if self._done or server.lent + size > LENT_LIMIT:
+            self._send_copied(reply)
+            return
+        server.lent += size
+        try:
+            self._send_headers()
+            for piece in _coalesced([b"\x00" + size.to_bytes(4, "big"), *reply.chunks]):
+                self._connection.send_data(self._stream_id, piece)
+        finally:
+            done = functools.partial(_give_back, server, size, reply)
+            self._connection.after_stream(self._stream_id, done)
+
+    def _send_copied(self, reply: LentReply) -> None:
+        """A lent reply copied, its memory released at once (nothing to send, or too much
+        lent memory waits for clients already)."""
+        try:
+            body = b"" if self._done else b"".join(reply.chunks)
+        finally:
+            reply.release()
+        if not self._done:
+            self._send_headers()
+            self._send_message(body)
 
     def _cancelled(self) -> None:
         if self._expired:
@@ -343,3 +384,26 @@ class NativeCall(StreamHandler):
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+
+
+def _coalesced(chunks: list[Chunk]) -> list[Chunk]:
+    """``chunks`` with each run of small ones joined (fewer DATA frames); large ones stay views."""
+    out: list[Chunk] = []
+    small: list[Chunk] = []
+    for chunk in chunks:
+        if memoryview(chunk).nbytes < _JOIN_BELOW:
+            small.append(chunk)
+            continue
+        if small:
+            out.append(b"".join(small))
+            small = []
+        out.append(chunk)
+    if small:
+        out.append(b"".join(small))
+    return out
+
+
+def _give_back(server: CallServer, size: int, reply: LentReply) -> None:
+    """A lent reply has been written (or will never be): its memory goes back."""
+    server.lent -= size
+    reply.release()

@@ -142,6 +142,7 @@ class Http2Connection(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self._guard.resume_writing()
+        self._sender.resume_writing()
 
     def _check_reads(self) -> None:
         """The connection's timer: drop it when something half-sent has stalled (see
@@ -173,8 +174,8 @@ class Http2Connection(asyncio.Protocol):
         if self._watch is not None:
             self._watch.cancel()
             self._watch = None
-        self._sender.transport = None
         self._abort_streams()
+        self._sender.connection_lost()
         if not self.closed.done():
             self.closed.set_result(None)
         self._on_close(self)
@@ -204,6 +205,21 @@ class Http2Connection(asyncio.Protocol):
         else:
             self._sender.send_data(stream_id, stream, memoryview(data), end_stream)
 
+    def after_stream(self, stream_id: int, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once the stream is over (ended, reset, or the connection lost) and
+        what it wrote has left the process: then memory its DATA viewed may be reused."""
+        stream = self._streams.get(stream_id)
+        if stream is None:
+            self._sender.after_sent(callback)
+        else:
+            stream.on_over.append(callback)
+
+    def _over(self, stream: Stream) -> None:
+        """The stream has left the table: its after_stream callbacks wait for the writes."""
+        callbacks, stream.on_over = stream.on_over, []
+        for callback in callbacks:
+            self._sender.after_sent(callback)
+
     async def writable(self, stream_id: int, limit: int) -> None:
         """Return once less than ``limit`` bytes of the stream wait for the peer's window."""
         stream = self._streams.get(stream_id)
@@ -219,6 +235,7 @@ class Http2Connection(asyncio.Protocol):
             self._sender.blocked.pop(stream_id, None)
             stream.wake()
             self._sender.write(h2.rst_stream(stream_id, code))
+            self._over(stream)
             self._close_if_idle()
 
     def go_away(self) -> None:
@@ -381,6 +398,7 @@ class Http2Connection(asyncio.Protocol):
         if stream is not None:
             stream.reset()
             self._guard.reset()
+            self._over(stream)
         self._close_if_idle()
 
     # --- streams ending -----------------------------------------------------------------------
@@ -393,6 +411,7 @@ class Http2Connection(asyncio.Protocol):
         if not stream.remote_closed:
             # The answer is complete: tell the client to stop sending (RFC 9113 section 8.1).
             self._sender.write(h2.rst_stream(stream_id, h2.NO_ERROR))
+        self._over(stream)
         self._close_if_idle()
 
     def _reset_by_us(self, stream_id: int, stream: Stream, code: int) -> None:
@@ -410,3 +429,4 @@ class Http2Connection(asyncio.Protocol):
         self._sender.blocked.clear()
         for stream in streams:
             stream.reset()
+            self._over(stream)

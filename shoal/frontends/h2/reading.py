@@ -19,6 +19,10 @@ from shoal.frontends.h2.header_blocks import MAX_HEADER_LIST
 #: Largest frame the peer may send: fewer frames to parse for large tensors.
 RECEIVE_MAX_FRAME = 1 << 20
 
+#: A DATA frame at least this large, cut by a read, is handed on in pieces as it arrives
+#: rather than gathered first (a copy); a smaller one is gathered, as any other frame.
+STREAM_DATA_FROM = 64 * 1024
+
 #: What handles one frame: (stream id, flags, payload); the payload is valid during the call.
 FrameHandler = Callable[[int, int, memoryview], None]
 
@@ -42,26 +46,98 @@ class FrameReader:
         self._buffer = bytearray()
         self._preface_seen = False
         self._continuation: tuple[int, int, bytearray] | None = None  # stream, flags, block
+        self._data_left = 0  # bytes still due of a DATA frame handed on in pieces
+        self._data_frame = (0, 0)  # its stream and flags
 
     def half_read(self) -> bool:
         """Whether the preface, a frame or a header block has arrived in part."""
-        return not self._preface_seen or bool(self._buffer) or self._continuation is not None
+        return (
+            not self._preface_seen
+            or bool(self._buffer)
+            or self._continuation is not None
+            or self._data_left > 0
+        )
 
     def feed(self, data: bytes) -> None:
-        """Handle the frames of ``data`` after what was left of earlier reads; keep the rest."""
-        if self._buffer:
-            self._buffer += data
-            consumed = self._parse(self._buffer)
-            try:
-                del self._buffer[:consumed]
-            except BufferError:  # a handler kept a view: keep the rest in a new buffer
-                self._buffer = bytearray(memoryview(self._buffer)[consumed:])
-        else:
-            consumed = self._parse(data)
-            if consumed < len(data):
-                self._buffer = bytearray(memoryview(data)[consumed:])
+        """Handle the frames of ``data`` after what was left of earlier reads; keep the rest.
 
-    def _parse(self, data: bytes | bytearray) -> int:
+        Only a frame cut by the previous read is copied, to finish it; the whole frames of
+        ``data`` are handled in place, so a large message's DATA is not copied here (a read of
+        many frames, gathered behind a partial one, would be copied whole on every read)."""
+        view = memoryview(data)
+        if self._data_left:
+            view = self._data_piece(view)
+        if self._buffer:
+            if not self._preface_seen:
+                self._buffer += view
+                view = memoryview(self._buffer)
+                self._buffer = bytearray()
+            else:
+                rest = self._finish_frame(view)
+                if rest is None:
+                    return
+                view = rest
+        consumed = self._parse(view)
+        if consumed < len(view) and not self._begin_data(view[consumed:]):
+            self._buffer = bytearray(view[consumed:])
+
+    def _begin_data(self, rest: memoryview) -> bool:
+        """Hand on what came of a DATA frame cut by the read, if it is one (whole header, no
+        padding): its payload then goes on in pieces as it arrives, uncopied, END_STREAM with
+        the last. A large frame (clients send up to RECEIVE_MAX_FRAME) is not gathered first."""
+        if len(rest) < h2.FRAME_HEADER_SIZE or not self._preface_seen:
+            return False
+        high, low, kind, flags, stream_id = h2.FRAME_HEADER.unpack_from(rest)
+        if kind != h2.DATA or flags & h2.PADDED:
+            return False
+        length = (high << 8) | low  # more than arrived: _parse checked it and kept the frame
+        if length < STREAM_DATA_FROM:
+            return False
+        if self._continuation is not None:
+            raise ConnectionError_(h2.PROTOCOL_ERROR, "a header block was interrupted")
+        self._guard.frame(kind, flags, length)
+        self._data_frame = (stream_id & 0x7FFFFFFF, flags)
+        self._data_left = length
+        self._data_piece(rest[h2.FRAME_HEADER_SIZE :])
+        return True
+
+    def _data_piece(self, view: memoryview) -> memoryview:
+        """Hand on the next piece of the DATA frame in progress; return the rest of ``view``."""
+        size = min(self._data_left, len(view))
+        self._data_left -= size
+        stream_id, flags = self._data_frame
+        if self._data_left:
+            flags &= ~h2.END_STREAM
+        if size or not self._data_left:
+            handler = self._handlers.get(h2.DATA)
+            if handler is not None:
+                handler(stream_id, flags, view[:size])
+        return view[size:]
+
+    def _finish_frame(self, view: memoryview) -> memoryview | None:
+        """Complete the frame begun in the buffer from ``view`` and handle it; return the rest
+        of ``view`` (None: the frame is still incomplete, all of ``view`` is buffered)."""
+        buffer = self._buffer
+        size = h2.FRAME_HEADER_SIZE
+        if len(buffer) < size:
+            taken = size - len(buffer)
+            buffer += view[:taken]
+            view = view[taken:]
+            if len(buffer) < size:
+                return None
+        high, low = h2.FRAME_HEADER.unpack_from(buffer)[:2]
+        length = (high << 8) | low
+        if length > RECEIVE_MAX_FRAME:
+            raise ConnectionError_(h2.FRAME_SIZE_ERROR, f"a frame of {length} bytes")
+        taken = size + length - len(buffer)
+        buffer += view[:taken]
+        if len(buffer) < size + length:
+            return None
+        self._buffer = bytearray()  # a handler may keep a view of the finished frame
+        self._parse(buffer)
+        return view[taken:]
+
+    def _parse(self, data: bytes | bytearray | memoryview) -> int:
         """Handle every whole frame of ``data``; return the bytes consumed."""
         view = memoryview(data)
         offset = 0 if self._preface_seen else self._read_preface(view)

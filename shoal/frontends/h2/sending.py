@@ -5,6 +5,11 @@ Everything written during one event-loop iteration leaves in one ``writev``: a u
 headers, message and trailers, and the answers of several streams. DATA respects the peer's
 connection and stream windows and its frame size; what does not fit waits in the stream's
 ``pending`` queue (with a header block that must follow it) for WINDOW_UPDATE.
+
+DATA may view memory that is not ours to keep (a response's output tensors, read in place): the
+transport holds such views until the kernel has taken their bytes. :meth:`Sender.after_sent`
+calls back once everything written so far has left the process (the transport's buffer is
+empty) or the connection is gone, and the owner gives the memory back then.
 """
 
 from __future__ import annotations
@@ -14,6 +19,10 @@ from collections.abc import Callable
 
 from shoal.frontends.h2 import frames as h2
 from shoal.frontends.h2.streams import Stream
+
+#: The transport's write buffer limits outside a wait for it to drain (asyncio's defaults).
+_HIGH_WATER = 64 * 1024
+_LOW_WATER = _HIGH_WATER // 4
 
 
 class Sender:
@@ -42,6 +51,10 @@ class Sender:
         self.initial_window = h2.DEFAULT_WINDOW
         self.max_frame = h2.DEFAULT_MAX_FRAME
         self.blocked: dict[int, None] = {}  # streams with pending DATA, in order
+        # after_sent's callbacks: waiting for the next flush, then for the buffer to drain.
+        self._after_flush: list[Callable[[], None]] = []
+        self._after_drain: list[Callable[[], None]] = []
+        self._watching_drain = False
 
     # --- the socket ---------------------------------------------------------------------------
 
@@ -57,10 +70,59 @@ class Sender:
         transport = self.transport
         if out and transport is not None and not transport.is_closing():
             transport.writelines(out)
+        if self._after_flush:
+            self._after_drain += self._after_flush
+            self._after_flush = []
+            self._check_drained()
 
     def drop(self) -> None:
         """Forget what waits to be written (the connection is aborted)."""
         self._out.clear()
+
+    # --- memory lent to the transport ---------------------------------------------------------
+
+    def after_sent(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once what has been written so far has left the process, or the
+        connection is gone (:meth:`connection_lost`)."""
+        if self.transport is None:
+            callback()
+            return
+        self._after_flush.append(callback)
+        if not self.flush_scheduled:
+            self.flush_scheduled = True
+            self._loop.call_soon(self.flush)
+
+    def _check_drained(self) -> None:
+        """Call back now if the transport holds nothing; else have it pause as long as it
+        holds anything (limits 0), so that ``resume_writing`` says when it is empty."""
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return  # connection_lost calls back
+        if transport.get_write_buffer_size() == 0:
+            self._drained()
+        elif not self._watching_drain:
+            self._watching_drain = True
+            transport.set_write_buffer_limits(high=0, low=0)
+
+    def resume_writing(self) -> None:
+        """The transport's buffer went below its low limit (empty, while watched)."""
+        transport = self.transport
+        if self._watching_drain and transport is not None and not transport.is_closing():
+            self._watching_drain = False
+            transport.set_write_buffer_limits(high=_HIGH_WATER, low=_LOW_WATER)
+            self._check_drained()
+
+    def _drained(self) -> None:
+        callbacks, self._after_drain = self._after_drain, []
+        for callback in callbacks:
+            callback()
+
+    def connection_lost(self) -> None:
+        """The transport is gone, and its buffer with it: every callback is due."""
+        self.transport = None
+        self._after_drain += self._after_flush
+        self._after_flush = []
+        self._drained()
 
     # --- frames -------------------------------------------------------------------------------
 
@@ -106,19 +168,20 @@ class Sender:
         return view[allowed:] if allowed < size else None
 
     def _data_frames(self, stream_id: int, view: memoryview, size: int, end_stream: bool) -> None:
-        """DATA frames of the peer's frame size for ``view[:size]`` (one empty one if 0)."""
+        """DATA frames of the peer's frame size for ``view[:size]`` (one empty one if 0): each
+        a header and a view, no copy; the full frames share one header."""
         max_frame = self.max_frame
-        offset = 0
-        while True:
-            chunk = min(max_frame, size - offset)
-            last = offset + chunk >= size
-            flags = h2.END_STREAM if end_stream and last else 0
-            self.write(h2.frame_header(h2.DATA, flags, stream_id, chunk))
-            if chunk:
-                self.write(view[offset : offset + chunk])
-            offset += chunk
-            if last:
-                return
+        last = (size - 1) // max_frame * max_frame if size else 0  # where the last frame starts
+        pieces: list[bytes | memoryview] = []
+        if last:
+            full = h2.frame_header(h2.DATA, 0, stream_id, max_frame)
+            for offset in range(0, last, max_frame):
+                pieces += (full, view[offset : offset + max_frame])
+        flags = h2.END_STREAM if end_stream else 0
+        pieces.append(h2.frame_header(h2.DATA, flags, stream_id, size - last))
+        if size > last:
+            pieces.append(view[last:size])
+        self.write(*pieces)
 
     # --- what waits for the peer's windows ----------------------------------------------------
 

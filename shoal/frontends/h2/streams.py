@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Callable
 from typing import Protocol
 
 
@@ -24,7 +25,15 @@ class StreamHandler(Protocol):
 class Stream:
     """An open stream: its handler, the peer's window for it and what waits for that window."""
 
-    __slots__ = ("handler", "pending", "recv_unacked", "remote_closed", "send_window", "waiters")
+    __slots__ = (
+        "handler",
+        "on_over",
+        "pending",
+        "recv_unacked",
+        "remote_closed",
+        "send_window",
+        "waiters",
+    )
 
     def __init__(self, handler: StreamHandler | None, send_window: int) -> None:
         self.handler = handler
@@ -35,6 +44,8 @@ class Stream:
         self.recv_unacked = 0
         self.remote_closed = False
         self.waiters: list[asyncio.Future[None]] = []
+        #: Called once the stream is over and what it wrote has left (Sender.after_sent).
+        self.on_over: list[Callable[[], None]] = []
 
     def pending_bytes(self) -> int:
         return sum(len(payload) for _, payload, _ in self.pending)

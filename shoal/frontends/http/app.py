@@ -13,7 +13,7 @@ import asyncio
 import functools
 import socket
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import uvicorn
 from starlette.applications import Starlette
@@ -383,6 +383,19 @@ class HttpServer:
         server.should_exit = True
         await serving
 
+    def answer_last(self) -> None:
+        """Each open connection closes after its next response: the core is gone, and a load
+        balancer that reused one of them would only be answered 503 again, where a new
+        connection is refused (the listening sockets are stopped) and takes the replica out."""
+        server = self._server
+        if server is None:
+            return
+        cast(_Config, server.config).last_responses = True
+        for connection in list(server.server_state.connections):
+            cycle = getattr(connection, "cycle", None)
+            if cycle is not None and not cycle.response_complete:
+                cycle.keep_alive = False
+
     def _config(self) -> uvicorn.Config:
         config = _Config(
             self._app,
@@ -406,3 +419,5 @@ class _Config(uvicorn.Config):
     own: the limits of a connection."""
 
     connection_limits = ConnectionLimits()
+    #: Set by :meth:`HttpServer.answer_last`: every response from now on closes its connection.
+    last_responses = False

@@ -295,13 +295,15 @@ class FastInferHttpToolsProtocol(CoalescingHttpToolsProtocol):
         fast = self._fast_request()
         if fast is not None:
             self.cycle = cast(Any, fast)
-            return
-        # The ASGI way: build the scope uvicorn's on_message_begin would have built.
-        url, headers, expect = self.url, self.headers, self.expect_100_continue
-        super().on_message_begin()
-        self.url, self.headers, self.expect_100_continue = url, headers, expect
-        self.scope["headers"] = headers
-        super().on_headers_complete()
+        else:
+            # The ASGI way: build the scope uvicorn's on_message_begin would have built.
+            url, headers, expect = self.url, self.headers, self.expect_100_continue
+            super().on_message_begin()
+            self.url, self.headers, self.expect_100_continue = url, headers, expect
+            self.scope["headers"] = headers
+            super().on_headers_complete()
+        if getattr(self.config, "last_responses", False) and self.cycle is not None:
+            self.cycle.keep_alive = False
 
     def on_body(self, body: bytes) -> None:
         cycle = self.cycle

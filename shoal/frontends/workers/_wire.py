@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import struct
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -31,6 +32,10 @@ from shoal.core.types import (
 )
 from shoal.frontends.workers._plain import as_shoal_error, error_from_wire, error_to_wire
 from shoal.ipc.arena import Block
+
+#: One packer per thread (as ``shoal.ipc.messages`` keeps): ``msgpack.packb`` builds a new one
+#: (and its buffer) per call, and a packer is not thread-safe.
+_packers = threading.local()
 
 #: A frame's prefix: the header's length, then the payloads' total length.
 _PREFIX = struct.Struct("<II")
@@ -70,9 +75,13 @@ def frame(
     """The pieces of one frame, for ``writelines`` (or joined, for ``write``)."""
     sizes = [memoryview(p).nbytes for p in payloads]
     header.append(sizes)
-    # Names, ids and parameters are the client's strings: a lone surrogate that JSON let in must
-    # cross as it is, so the core answers as it does without workers (400, not an encoding 500).
-    packed = msgpack.packb(header, unicode_errors="surrogatepass")
+    try:
+        packer = _packers.packer
+    except AttributeError:
+        # Names, ids and parameters are the client's strings: a lone surrogate that JSON let
+        # in must cross as it is, so the core answers as without workers (400, not a 500).
+        packer = _packers.packer = msgpack.Packer(unicode_errors="surrogatepass")
+    packed: bytes = packer.pack(header)
     return [_PREFIX.pack(len(packed), sum(sizes)), packed, *payloads]
 
 

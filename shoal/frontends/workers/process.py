@@ -6,7 +6,7 @@ core would hold them open (accepting connections into the backlog that nobody an
 kernel has torn its memory down. So the core's death reaches a worker as a signal it handles,
 and, as soon as the link drops, the worker stops the listening sockets for every holder
 (``shutdown``: new connections are refused at once), then answers what it holds (503: the core is
-gone) and exits.
+gone, and the connection closes after it) and exits.
 """
 
 from __future__ import annotations

@@ -148,7 +148,7 @@ def _level(value: TraceChange) -> list[str]:
         raise InvalidArgument(
             "trace setting 'trace_level' must be a list of strings, e.g. [\"TIMESTAMPS\"]"
         )
-    unknown = [v for v in levels if v not in ("OFF", *LEVELS)]
+    unknown = [v for v in levels if v != "OFF" and v not in LEVELS]
     if unknown:
         raise InvalidArgument(
             f"trace setting 'trace_level' has unknown level {unknown[0]!r}; expected OFF, "

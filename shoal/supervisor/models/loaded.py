@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from shoal.core.errors import ErrorCode, NotFound, ShoalError, Unavailable
-from shoal.supervisor.models.versions import ModelVersion
+from shoal.supervisor.models.versions import ModelState, ModelVersion
 
 
 class LoadedModels:
@@ -40,7 +40,7 @@ class LoadedModels:
             return _exact(name, version, versions)
         if len(versions) == 1:  # the common case, on every request: no list, no max()
             (mv,) = versions.values()
-            if mv.ready:
+            if mv.state is ModelState.READY:  # mv.ready, without its (interpreted) call
                 return mv
         return _latest_ready(name, versions)
 

@@ -74,9 +74,15 @@ class ModelVersion:
     #: Why no instance is live while every restart keeps failing (None when one is live or
     #: about to be): requests are refused with it instead of waiting for an instance.
     down: str | None = None
+    #: ``config.is_ensemble``, and neither an ensemble nor decoupled: asked on every request,
+    #: read once here (the config's properties are interpreted calls; it never changes).
+    is_ensemble: bool = field(init=False)
+    plain: bool = field(init=False)
 
     def __post_init__(self) -> None:
         self.stats = StatsRecorder(self.name, self.version)
+        self.is_ensemble = self.config.is_ensemble
+        self.plain = not (self.is_ensemble or self.config.decoupled)
 
     @property
     def ready(self) -> bool:

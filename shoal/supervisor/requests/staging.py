@@ -24,6 +24,16 @@ from shoal.ipc.tensor import (
     numpy_to_buffer_size,
     write_numpy,
 )
+from shoal.supervisor.requests import classification
+
+
+def classes_asked(request: InferRequest, config: ModelConfig) -> dict[str, int]:
+    """:func:`classification.requested`, called only when an output names the parameter: its
+    module is interpreted, and almost no request asks (this runs on every request)."""
+    for output in request.outputs:
+        if output.parameters and classification.PARAMETER in output.parameters:
+            return classification.requested(request, config)
+    return {}
 
 
 def dims_text(dims: Sequence[int]) -> str:

@@ -1,0 +1,132 @@
+"""CPU per gRPC ModelInfer in shoal's own gRPC server, in-process: prints figures, asserts nothing.
+
+The server's HTTP/2 connection is fed the bytes of whole calls (HEADERS, then the message in
+DATA frames of ``--frame`` bytes, handed over in reads of 256 KiB, each a new bytes object as a
+socket read makes) and writes to a transport that takes everything at once; the core is an echo
+that copies each input into a fixed buffer, as a stub writes its arena. What is timed is the
+process CPU of the calls: framing, messages, protobuf and the reply, with no socket, no other
+process and no client. The best of ``--rounds`` rounds, in µs per call.
+
+    .venv/bin/python -m benchmarks.grpc_native_cpu --bytes 4194304 --calls 30
+    .venv/bin/python -m benchmarks.grpc_native_cpu --bytes 64 --calls 3000
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from typing import Any
+
+import hpack
+import numpy as np
+import uvloop
+
+from shoal.core import InferOutput, InferRequest, InferResponse
+from shoal.frontends.grpc.native import NativeGrpcServer
+from shoal.frontends.grpc.servicer import Servicer
+from shoal.frontends.h2 import frames as h2
+from shoal.protos import grpc_service_pb2 as pb
+
+_READ = 256 * 1024
+_HEADERS = [
+    (":method", "POST"),
+    (":scheme", "http"),
+    (":path", "/inference.GRPCInferenceService/ModelInfer"),
+    (":authority", "127.0.0.1:8001"),
+    ("content-type", "application/grpc"),
+    ("te", "trailers"),
+]
+
+
+class _EchoCore:
+    """Each input copied into one buffer that stands for the stub's arena."""
+
+    def __init__(self, size: int) -> None:
+        self._arena = bytearray(size)
+
+    async def infer(self, request: InferRequest) -> InferResponse:
+        outputs = []
+        for tensor in request.inputs:
+            size = memoryview(tensor.data).nbytes
+            self._arena[:size] = tensor.data
+            view = memoryview(self._arena)[:size]
+            outputs.append(InferOutput("OUTPUT0", tensor.datatype, tensor.shape, view))
+        return InferResponse(request.model_name, "1", request.id, outputs)
+
+
+class _CountingTransport:
+    """A transport that takes every byte at once."""
+
+    written = 0
+
+    def writelines(self, pieces: list[Any]) -> None:
+        self.written += sum(memoryview(piece).nbytes for piece in pieces)
+
+    def write(self, data: bytes) -> None:
+        self.written += len(data)
+
+    def is_closing(self) -> bool:
+        return False
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+
+def _message(size: int) -> bytes:
+    request = pb.ModelInferRequest(model_name="identity_fp32")
+    request.inputs.add(name="INPUT0", datatype="FP32", shape=[1, size // 4])
+    request.outputs.add(name="OUTPUT0")
+    request.raw_input_contents.append(np.ones(size // 4, np.float32).tobytes())
+    message = request.SerializeToString()
+    return b"\x00" + len(message).to_bytes(4, "big") + message
+
+
+def _call(encoder: hpack.Encoder, stream_id: int, body: bytes, frame: int) -> bytes:
+    block = encoder.encode(_HEADERS)
+    out = [h2.frame_header(h2.HEADERS, h2.END_HEADERS, stream_id, len(block)), block]
+    for offset in range(0, len(body), frame):
+        chunk = body[offset : offset + frame]
+        flags = h2.END_STREAM if offset + frame >= len(body) else 0
+        out += [h2.frame_header(h2.DATA, flags, stream_id, len(chunk)), chunk]
+    return b"".join(out)
+
+
+async def _measure(size: int, calls: int, frame: int, rounds: int) -> float:
+    server = NativeGrpcServer(_EchoCore(max(size, 64)))  # type: ignore[arg-type]
+    server._methods = server._method_paths(Servicer(server._core))
+    connection = server._connection()
+    connection.connection_made(_CountingTransport())  # type: ignore[arg-type]
+    settings = {h2.SETTINGS_MAX_FRAME_SIZE: frame, h2.SETTINGS_INITIAL_WINDOW_SIZE: h2.MAX_WINDOW}
+    grow = h2.window_update(0, h2.MAX_WINDOW - h2.DEFAULT_WINDOW)
+    connection.data_received(h2.PREFACE + h2.settings_frame(settings) + grow)
+    encoder, body, stream_id, best = hpack.Encoder(), _message(size), 1, float("inf")
+    for round_ in range(rounds + 1):  # the first round warms up
+        wires = [_call(encoder, stream_id + 2 * i, body, frame) for i in range(calls)]
+        started = time.process_time()
+        for wire in wires:
+            for offset in range(0, len(wire), _READ):
+                connection.data_received(wire[offset : offset + _READ])
+            while stream_id in connection._streams:
+                await asyncio.sleep(0)
+            stream_id += 2
+            await asyncio.sleep(0)  # the release after the write
+        if round_:
+            best = min(best, time.process_time() - started)
+    return best * 1e6 / calls
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--bytes", type=int, default=4 << 20, help="the input tensor's size")
+    parser.add_argument("--calls", type=int, default=30, help="calls per round")
+    parser.add_argument("--frame", type=int, default=16384, help="DATA frame size, both ways")
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args(argv)
+    per_call = uvloop.run(_measure(args.bytes, args.calls, args.frame, args.rounds))
+    print(f"{args.bytes} B, {args.frame} B frames: {per_call:,.0f} µs CPU per call (best round)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

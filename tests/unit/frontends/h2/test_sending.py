@@ -1,0 +1,139 @@
+"""The sender's DATA: frames of the peer's frame size, each a header and a view of the payload,
+END_STREAM on the last only, within the windows; and its calls back once the writes drained."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from shoal.frontends.h2 import frames as h2
+from shoal.frontends.h2.sending import Sender
+from shoal.frontends.h2.streams import Stream
+
+pytestmark = pytest.mark.timeout(30)
+
+
+class _Transport:
+    """What the sender writes, piece by piece; ``buffered``: what it says it still holds."""
+
+    def __init__(self) -> None:
+        self.pieces: list[bytes | memoryview] = []
+        self.buffered = 0
+        self.limits: list[tuple[int, int]] = []
+
+    def writelines(self, pieces: list[bytes | memoryview]) -> None:
+        self.pieces += pieces
+
+    def is_closing(self) -> bool:
+        return False
+
+    def get_write_buffer_size(self) -> int:
+        return self.buffered
+
+    def set_write_buffer_limits(self, high: int, low: int) -> None:
+        self.limits.append((high, low))
+
+
+def _frames(pieces: list[bytes | memoryview]) -> list[tuple[int, int, bytes]]:
+    """(flags, stream, payload) of each DATA frame in the written bytes."""
+    wire = b"".join(pieces)
+    out, offset = [], 0
+    while offset < len(wire):
+        high, low, kind, flags, stream_id = h2.FRAME_HEADER.unpack_from(wire, offset)
+        length = high << 8 | low
+        assert kind == h2.DATA
+        out.append((flags, stream_id, wire[offset + 9 : offset + 9 + length]))
+        offset += 9 + length
+    return out
+
+
+@pytest.fixture
+def loop() -> Iterator[asyncio.AbstractEventLoop]:
+    """A loop the sender may schedule on; never run: the tests flush by hand."""
+    loop = asyncio.new_event_loop()
+    yield loop
+    loop.close()
+
+
+def _sender(
+    loop: asyncio.AbstractEventLoop, window: int = 1 << 30
+) -> tuple[Sender, _Transport, Stream, list[Any]]:
+    ended: list[Any] = []
+    stream = Stream(None, window)
+    sender = Sender(loop, {1: stream}, lambda stream_id, _: ended.append(stream_id))
+    sender.window = window
+    transport = _Transport()
+    sender.transport = transport  # type: ignore[assignment]
+    return sender, transport, stream, ended
+
+
+@pytest.mark.parametrize("size", [0, 1, 16_384, 16_385, 3 * 16_384, 1 << 20, (1 << 20) + 7])
+def test_data_is_cut_into_frames_of_the_peer_frame_size(
+    loop: asyncio.AbstractEventLoop, size: int
+) -> None:
+    sender, transport, stream, ended = _sender(loop)
+    sender.max_frame = 16_384
+    payload = bytes(range(256)) * (size // 256) + bytes(size % 256)
+    sender.flush_scheduled = True  # as during data_received: flushed by hand
+    sender.send_data(1, stream, memoryview(payload), end_stream=True)
+    sender.flush()
+    frames = _frames(transport.pieces)
+    assert b"".join(payload for _, _, payload in frames) == payload
+    assert all(len(p) == 16_384 for _, _, p in frames[:-1])
+    assert 0 < len(frames[-1][2]) <= 16_384 or size == 0
+    assert [flags for flags, _, _ in frames] == [0] * (len(frames) - 1) + [h2.END_STREAM]
+    assert ended == [1]
+    # no copy: the payload's pieces are views of it
+    assert all(isinstance(p, memoryview) for p in transport.pieces if len(p) > 9)
+
+
+def test_what_exceeds_the_window_waits_then_follows(loop: asyncio.AbstractEventLoop) -> None:
+    sender, transport, stream, ended = _sender(loop, window=40_000)
+    sender.max_frame = 16_384
+    payload = bytes(100_000)
+    sender.flush_scheduled = True
+    sender.send_data(1, stream, memoryview(payload), end_stream=True)
+    sender.flush()
+    assert sum(len(p) for _, _, p in _frames(transport.pieces)) == 40_000
+    assert ended == [] and stream.pending
+    stream.send_window = sender.window = 1 << 20  # WINDOW_UPDATE
+    sender.flush_scheduled = True
+    sender.resume(1, stream)
+    sender.flush()
+    assert b"".join(p for _, _, p in _frames(transport.pieces)) == payload
+    assert ended == [1]
+
+
+def test_after_sent_waits_for_the_transport_to_drain(loop: asyncio.AbstractEventLoop) -> None:
+    sender, transport, stream, _ = _sender(loop)
+    called: list[str] = []
+    sender.flush_scheduled = True
+    sender.send_data(1, stream, memoryview(bytes(100)), end_stream=False)
+    sender.after_sent(lambda: called.append("sent"))
+    transport.buffered = 100  # the kernel has not taken it all
+    sender.flush()
+    assert called == [] and transport.limits == [(0, 0)]  # paused until empty
+    transport.buffered = 0
+    sender.resume_writing()
+    assert called == ["sent"]
+    sender.after_sent(lambda: called.append("at once"))
+    sender.flush()
+    assert called == ["sent", "at once"]
+
+
+def test_a_lost_connection_calls_back_at_once(loop: asyncio.AbstractEventLoop) -> None:
+    sender, transport, _, _ = _sender(loop)
+    called: list[int] = []
+    sender.flush_scheduled = True
+    sender.after_sent(lambda: called.append(1))
+    transport.buffered = 10
+    sender.flush()
+    sender.after_sent(lambda: called.append(2))
+    assert called == []
+    sender.connection_lost()
+    assert called == [1, 2]
+    sender.after_sent(lambda: called.append(3))  # after the loss: nothing to wait for
+    assert called == [1, 2, 3]
