@@ -19,7 +19,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from shoal.frontends._limits import ConnectionLimits
 from shoal.frontends.http import _json
-from shoal.frontends.http._response import Body, body_batches, body_length
+from shoal.frontends.http._response import Body, body_length
 from shoal.frontends.http.routing import InferRoutes
 
 
@@ -360,23 +360,12 @@ class FastInferHttpToolsProtocol(CoalescingHttpToolsProtocol):
         self.transport.write(self._head(status, headers, body_length(payload), request.keep_alive))
         if isinstance(payload, bytes):
             self.transport.write(payload)
-        elif not await self._write_pieces(payload):
-            return
+        else:  # pieces: uvloop keeps references and sends them as the socket drains, in C
+            self.transport.writelines(payload)
         request.response_complete = True
         if not request.keep_alive:
             self.transport.close()
         self.on_response_complete()
-
-    async def _write_pieces(self, pieces: tuple[bytes | memoryview, ...]) -> bool:
-        """Write a body in pieces, a batch per turn of the loop, waiting while the transport's
-        buffer is full; False if the connection went away meanwhile."""
-        for batch in body_batches(pieces):
-            if self.transport.is_closing():
-                return False
-            self.transport.writelines(batch)
-            await asyncio.sleep(0)  # the coalescing transport writes at the end of this turn
-            await self.flow.drain()
-        return not self.transport.is_closing()
 
     def _head(
         self, status: int, headers: list[tuple[str, str]], length: int, keep_alive: bool
