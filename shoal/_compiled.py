@@ -76,6 +76,22 @@ HOT_PATH: tuple[str, ...] = (
     "shoal/supervisor/instances/process.py",
     "shoal/core/types.py",
     "shoal/supervisor/work.py",
+    "shoal/frontends/h2/errors.py",
+    "shoal/frontends/h2/frames.py",
+    "shoal/frontends/h2/floods.py",
+    "shoal/frontends/h2/header_blocks.py",
+    "shoal/frontends/h2/streams.py",
+    "shoal/frontends/h2/sending.py",
+    "shoal/frontends/h2/reading.py",
+    "shoal/frontends/h2/connection.py",
+    "shoal/frontends/grpc/_wire.py",
+    "shoal/frontends/grpc/_params.py",
+    "shoal/frontends/grpc/_tensors.py",
+    "shoal/frontends/grpc/_infer.py",
+    "shoal/frontends/grpc/native_headers.py",
+    "shoal/frontends/grpc/native_messages.py",
+    "shoal/frontends/grpc/native_call.py",
+    "shoal/frontends/grpc/native.py",
 )
 
 #: Written beside this module by the build: the hash of each source it compiled.

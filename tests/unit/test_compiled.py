@@ -135,3 +135,61 @@ def test_no_compiled_coroutine_awaits_in_a_finally() -> None:
 def test_the_finally_check_finds_an_await_in_a_finally() -> None:
     source = "async def f(s):\n    try:\n        pass\n    finally:\n        await s.aclose()\n"
     assert _awaits_in_finally(source) == ["f:5"]
+
+
+def _union_members(annotation: ast.expr) -> list[ast.expr]:
+    if isinstance(annotation, ast.BinOp) and isinstance(annotation.op, ast.BitOr):
+        return _union_members(annotation.left) + _union_members(annotation.right)
+    return [annotation]
+
+
+def _union_aliases(trees: list[ast.Module]) -> set[str]:
+    """Module-level names bound to a union (``Chunk = bytes | memoryview``)."""
+    names = set()
+    for tree in trees:
+        for node in tree.body:
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.BinOp):
+                names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+    return names
+
+
+def _wide_none_defaults(trees: dict[str, ast.Module]) -> list[str]:
+    """``path:Class.attribute`` of each class-body ``x: A | B | None = None``."""
+    aliases = _union_aliases(list(trees.values()))
+    found = []
+    for path, tree in trees.items():
+        for cls in ast.walk(tree):
+            if not isinstance(cls, ast.ClassDef):
+                continue
+            for statement in cls.body:
+                if not (
+                    isinstance(statement, ast.AnnAssign)
+                    and isinstance(statement.target, ast.Name)
+                    and isinstance(statement.value, ast.Constant)
+                    and statement.value.value is None
+                ):
+                    continue
+                members = _union_members(statement.annotation)
+                if len(members) > 2 or any(
+                    isinstance(m, ast.Name) and m.id in aliases for m in members
+                ):
+                    found.append(f"{path}:{cls.name}.{statement.target.id}")
+    return found
+
+
+def test_no_compiled_class_defaults_none_for_a_wide_union() -> None:
+    """mypyc (2.4.1) drops a class-body default of None whose type is a union of more than one
+    type and None: compiled, the attribute is undefined until assigned (AttributeError).
+    Assign such attributes in ``__init__``."""
+    root = Path(_compiled.__file__).resolve().parent.parent
+    trees = {path: ast.parse((root / path).read_text()) for path in _compiled.HOT_PATH}
+    assert not _wide_none_defaults(trees), _wide_none_defaults(trees)
+
+
+def test_the_default_check_finds_a_wide_union_default() -> None:
+    source = (
+        "Chunk = bytes | memoryview\n"
+        "class A:\n    a: bytes | None = None\n    b: bytes | str | None = None\n"
+        "    c: Chunk | None = None\n"
+    )
+    assert _wide_none_defaults({"m.py": ast.parse(source)}) == ["m.py:A.b", "m.py:A.c"]

@@ -92,7 +92,6 @@ class _Context:
 class NativeCall(StreamHandler):
     """One RPC on one HTTP/2 stream."""
 
-    _request: Message | Compressed | None = None  # a unary call's
     _inbox: Inbox | None = None  # a streaming call's requests
     _task: asyncio.Task[None] | None = None
     _timer: asyncio.TimerHandle | None = None  # the deadline's
@@ -114,6 +113,7 @@ class NativeCall(StreamHandler):
         self._server, self._connection, self._stream_id = server, connection, stream_id
         self._method, self._encoding, self._budget = method, encoding, budget
         self._context = _Context(headers)
+        self._request: Message | Compressed | None = None  # a unary call's (see MessageReader)
         self._reader = self._message_reader()
 
     def _message_reader(self) -> MessageReader:

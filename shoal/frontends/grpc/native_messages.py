@@ -7,6 +7,7 @@ import asyncio
 import zlib
 from collections import deque
 from collections.abc import Awaitable, Callable
+from typing import Final
 
 #: A message announcing at most this many bytes gets its buffer at once; a larger one's grows as
 #: its bytes arrive.
@@ -25,9 +26,9 @@ class BufferPool:
     is left (a bytearray with live views cannot be resized, which is what ``give_back`` tries).
     """
 
-    MIN_SIZE = 256 * 1024
-    MAX_SIZE = 16 * 1024 * 1024  # with KEEP, at most 64 MiB kept
-    KEEP = 4
+    MIN_SIZE: Final = 256 * 1024
+    MAX_SIZE: Final = 16 * 1024 * 1024  # with KEEP, at most 64 MiB kept
+    KEEP: Final = 4
 
     def __init__(self) -> None:
         self._free: list[bytearray] = []
@@ -85,7 +86,6 @@ class MessageReader:
     one's all at once, as its buffer is made); when it says no, nothing more is read.
     """
 
-    _message: bytearray | memoryview | None = None
     _pooled: bytearray | None = None  # the buffer under a pooled message
     _expected = 0  # the size of the message being received
     _filled = 0
@@ -110,6 +110,9 @@ class MessageReader:
         self._on_message = on_message
         self._on_too_large = on_too_large
         self._prefix = bytearray()
+        # Set here, not in the class body: mypyc drops a class-level None default of a union
+        # of more than one type and None (the attribute would be undefined when compiled).
+        self._message: bytearray | memoryview | None = None
 
     def mid_message(self) -> bool:
         """Whether part of a message has arrived and the rest is due."""
