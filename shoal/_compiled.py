@@ -69,6 +69,7 @@ HOT_PATH: tuple[str, ...] = (
     "shoal/supervisor/service.py",
     "shoal/supervisor/requests/client_shm.py",
     "shoal/supervisor/requests/staging.py",
+    "shoal/supervisor/requests/summary.py",
     "shoal/supervisor/extensions/statistics.py",
     "shoal/supervisor/extensions/trace_settings.py",
     "shoal/supervisor/models/loaded.py",

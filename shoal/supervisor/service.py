@@ -203,12 +203,11 @@ class InferenceService:
         ``regions``: its inputs in client shared memory, when read already."""
         if regions is None:
             regions = read_shm_inputs(self.shm, request)
-        outputs = staging.check_outputs(mv.config, request)  # Triton checks the outputs first
-        staging.check_inputs(mv.config, request)
+        summary = mv.summary
+        outputs = staging.check_outputs(summary, request)  # Triton checks the outputs first
+        staging.check_inputs(summary, request)
         placed = {} if mv.is_ensemble else output_regions(self.shm, request)
-        record, blocks = staging.stage_request(
-            mv.config, request, self.input_arena, outputs, regions
-        )
+        record, blocks = staging.stage_request(summary, request, self.input_arena, outputs, regions)
         record.output_regions = placed
         record.trace_context = self.tracing.context_for(mv.name)
         if mv.state is not ModelState.READY:
@@ -249,7 +248,7 @@ class InferenceService:
             if classes:
                 classification.apply(response, mv.config, classes)
             mv.stats.success(
-                staging.batch_size(mv.config, request), time.monotonic_ns() - started, 0, (0, 0, 0)
+                staging.batch_size(mv.summary, request), time.monotonic_ns() - started, 0, (0, 0, 0)
             )
             return response
         work = self._submit(mv, request, record, blocks, started)
@@ -320,7 +319,7 @@ class InferenceService:
     ) -> Work:
         """Hand a staged request to the model's scheduler."""
         future: asyncio.Future[Completion] = asyncio.get_running_loop().create_future()
-        work = Work(record, blocks, future, batch_size=staging.batch_size(mv.config, request))
+        work = Work(record, blocks, future, batch_size=staging.batch_size(mv.summary, request))
         if mv.stats.overhead is not None:  # --trace-overhead
             mv.stats.stage("stage", work.enqueued_ns - started)
         scheduler = mv.scheduler  # mv.submit, without its (interpreted) call
