@@ -206,9 +206,7 @@ def _model_shape(model: ModelSummary, rule: InputRule, shape: tuple[int, ...]) -
     reshape = rule.reshape
     if reshape is None:
         return shape
-    if model.max_batch_size > 0:
-        return (shape[0], *reshape)
-    return reshape
+    return (shape[0], *reshape) if model.max_batch_size > 0 else reshape
 
 
 def _payload_size(model: ModelSummary, tensor: InferInput, region: object = None) -> int:
@@ -347,11 +345,8 @@ def _sequence_flags(params: dict[str, Any]) -> int:
 
 def batch_size(model: ModelSummary, request: InferRequest) -> int:
     """Inferences in a request: the first dimension for a batching model, else 1."""
-    if model.max_batch_size > 0 and request.inputs:
-        shape = request.inputs[0].shape
-        if shape:
-            return int(shape[0])
-    return 1
+    shape = request.inputs[0].shape if request.inputs else ()
+    return int(shape[0]) if model.max_batch_size > 0 and shape else 1
 
 
 def batch_of(max_batch_size: int, shapes: Sequence[Sequence[int]]) -> int:

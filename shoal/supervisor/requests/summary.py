@@ -9,39 +9,41 @@ attributes (this module is compiled), with those tables made once, when the vers
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from shoal.config import ModelConfig, TensorConfig
 
 
 class InputRule:
-    """One configured input, as the checks and the staging read it."""
+    """One configured input, as the checks and the staging read it: ``expected`` is the shape a
+    request must have (the dims, after a -1 for the batch dimension when the model batches),
+    ``reshape`` the shape the model sees instead of the dims (None: no reshape)."""
 
     def __init__(self, tensor: TensorConfig, max_batch_size: int) -> None:
         self.name: str = tensor.name
         self.datatype: str = tensor.datatype
         self.optional: bool = tensor.optional
-        #: The shape a request must have: the configured dims, after a -1 for the batch
-        #: dimension when the model batches.
-        self.expected: tuple[int, ...] = (
-            (-1, *tensor.dims) if max_batch_size > 0 else tuple(tensor.dims)
-        )
-        #: The shape the model sees instead of the configured dims (None: no reshape).
-        self.reshape: tuple[int, ...] | None = (
-            None if tensor.reshape is None else tuple(tensor.reshape)
-        )
+        self.expected: tuple[int, ...] = _batched(tensor.dims, max_batch_size)
+        self.reshape: tuple[int, ...] | None = tensor.reshape
 
 
 class ModelSummary:
-    """A model version's inputs and outputs as the per-request checks need them."""
+    """A model version's inputs and outputs as the per-request checks need them: ``inputs``
+    by name and ``required`` (the names a request must give) in the configuration's order,
+    ``outputs`` every output name in order (what a request that names none gets)."""
 
     def __init__(self, config: ModelConfig) -> None:
         self.name: str = config.name
         self.max_batch_size: int = config.max_batch_size
-        #: Inputs by name, in the configuration's order.
-        self.inputs: dict[str, InputRule] = {
-            t.name: InputRule(t, config.max_batch_size) for t in config.inputs
-        }
-        #: The names of the inputs a request must give, in the configuration's order.
+        self.inputs: dict[str, InputRule] = _rules(config)
         self.required: list[str] = [t.name for t in config.inputs if not t.optional]
-        #: Every output name, in the configuration's order (what a request naming none gets).
         self.outputs: list[str] = [t.name for t in config.outputs]
         self.output_names: frozenset[str] = frozenset(self.outputs)
+
+
+def _batched(dims: Sequence[int], max_batch_size: int) -> tuple[int, ...]:
+    return (-1, *dims) if max_batch_size > 0 else tuple(dims)
+
+
+def _rules(config: ModelConfig) -> dict[str, InputRule]:
+    return {t.name: InputRule(t, config.max_batch_size) for t in config.inputs}
