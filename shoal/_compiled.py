@@ -54,6 +54,7 @@ HOT_PATH: tuple[str, ...] = (
     "shoal/supervisor/instances/answers.py",
     "shoal/supervisor/instances/dispatch.py",
     "shoal/supervisor/instances/feeder.py",
+    "shoal/supervisor/instances/handoff.py",
     "shoal/supervisor/instances/handshake.py",
     "shoal/supervisor/instances/instance.py",
     "shoal/supervisor/instances/ledger.py",
