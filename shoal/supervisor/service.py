@@ -97,6 +97,9 @@ class InferenceService:
         self.tracing = trace_settings
         self._live = True
         self.gate = DrainGate()
+        #: Its loop, once it loads models: a future per request made without a getpid (the cost
+        #: of ``asyncio.get_running_loop``).
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     @property
     def failed(self) -> dict[str, str]:
@@ -104,12 +107,10 @@ class InferenceService:
 
     # -- lifecycle --------------------------------------------------------------------------
 
-    def _free_inputs(self, blocks: list[Block]) -> None:
-        self.directory.free_inputs(blocks)
-
     async def load_repository(self) -> dict[str, str]:
         """Load the models the control mode asks for at start; returns those that failed to
         load, with the reason."""
+        self._loop = asyncio.get_running_loop()
         return await self.repository.load_startup()
 
     def begin_drain(self) -> None:
@@ -203,19 +204,18 @@ class InferenceService:
         ``regions``: its inputs in client shared memory, when read already."""
         if regions is None:
             regions = read_shm_inputs(self.shm, request)
-        outputs = staging.check_outputs(mv.config, request)  # Triton checks the outputs first
-        staging.check_inputs(mv.config, request)
+        summary = mv.summary
+        outputs = staging.check_outputs(summary, request)  # Triton checks the outputs first
+        staging.check_inputs(summary, request)
         placed = {} if mv.is_ensemble else output_regions(self.shm, request)
-        record, blocks = staging.stage_request(
-            mv.config, request, self.input_arena, outputs, regions
-        )
+        record, blocks = staging.stage_request(summary, request, self.input_arena, outputs, regions)
         record.output_regions = placed
         record.trace_context = self.tracing.context_for(mv.name)
         if mv.state is not ModelState.READY:
-            self._free_inputs(blocks)
+            self.directory.free_inputs(blocks)
             raise Unavailable(f"model '{mv.name}' version {mv.version} is not ready")
         if mv.down is not None:  # it would wait for as long as the restarts keep failing
-            self._free_inputs(blocks)
+            self.directory.free_inputs(blocks)
             raise Unavailable(
                 f"model '{mv.name}' version {mv.version} has no live instance: {mv.down}"
             )
@@ -249,7 +249,7 @@ class InferenceService:
             if classes:
                 classification.apply(response, mv.config, classes)
             mv.stats.success(
-                staging.batch_size(mv.config, request), time.monotonic_ns() - started, 0, (0, 0, 0)
+                staging.batch_size(mv.summary, request), time.monotonic_ns() - started, 0, (0, 0, 0)
             )
             return response
         work = self._submit(mv, request, record, blocks, started)
@@ -319,8 +319,9 @@ class InferenceService:
         started: int,
     ) -> Work:
         """Hand a staged request to the model's scheduler."""
-        future: asyncio.Future[Completion] = asyncio.get_running_loop().create_future()
-        work = Work(record, blocks, future, batch_size=staging.batch_size(mv.config, request))
+        loop = self._loop or asyncio.get_running_loop()  # tests may load models directly
+        future: asyncio.Future[Completion] = loop.create_future()
+        work = Work(record, blocks, future, batch_size=staging.batch_size(mv.summary, request))
         if mv.stats.overhead is not None:  # --trace-overhead
             mv.stats.stage("stage", work.enqueued_ns - started)
         scheduler = mv.scheduler  # mv.submit, without its (interpreted) call

@@ -131,7 +131,9 @@ class BlsRouter:
             self._send(proc, _error_reply(call.call_id, internal))
             return
         future: asyncio.Future[Completion] = asyncio.get_running_loop().create_future()
-        batch = staging.batch_of(target.config, [t.shape for t in call.request.inputs])
+        batch = staging.batch_of(
+            target.summary.max_batch_size, [t.shape for t in call.request.inputs]
+        )
         work = Work(call.request, [], future, batch_size=batch)
         open_call = _OpenCall(call.model_name, work, target, proc)
         self._open[key] = open_call
@@ -226,8 +228,8 @@ class BlsRouter:
             inputs=[InferInput(t.name, t.datatype, t.shape, b"") for t in call.request.inputs],
             outputs=[RequestedOutput(n) for n in call.request.requested_outputs],
         )
-        call.request.requested_outputs = staging.check_outputs(target.config, request)
-        staging.check_inputs(target.config, request)
+        call.request.requested_outputs = staging.check_outputs(target.summary, request)
+        staging.check_inputs(target.summary, request)
         return target
 
     async def _run(self, target: ModelVersion, proc: StubChannel, call: msg.BlsCall) -> None:
@@ -248,7 +250,9 @@ class BlsRouter:
             call.request,
             [],
             future,
-            batch_size=staging.batch_of(target.config, [t.shape for t in call.request.inputs]),
+            batch_size=staging.batch_of(
+                target.summary.max_batch_size, [t.shape for t in call.request.inputs]
+            ),
         )
         if target.config.decoupled:
             work.stream = new_stream()

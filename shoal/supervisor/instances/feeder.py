@@ -1,5 +1,5 @@
-"""What an instance sends its stub: batches pulled from its scheduler while the stub is ready,
-and warmup batches run at once."""
+"""What an instance sends its stub: batches pulled from its scheduler while the stub is ready
+(or handed to it directly: ``handoff``), and warmup batches run at once."""
 
 from __future__ import annotations
 
@@ -8,12 +8,14 @@ import functools
 import itertools
 import logging
 import time
+from typing import cast
 
 from shoal.core.errors import InternalError, ShoalError, Unavailable
 from shoal.ipc import messages as msg
 from shoal.ipc.queue import PeerGone
 from shoal.supervisor.instances.channel import StubChannel
 from shoal.supervisor.instances.decoupled import OpenStreams
+from shoal.supervisor.instances.handoff import Handoff, ParkingSource
 from shoal.supervisor.instances.ledger import InFlightLedger, Slots
 from shoal.supervisor.instances.spec import (
     BatchSource,
@@ -50,6 +52,7 @@ class Feeder:
         self._outbox = scope.outbox
         self._directory = scope.directory
         self._free_inputs = scope.free_inputs
+        self._loop = scope.loop
         self._ledger = ledger
         self._streams = streams
         #: Under ``--rate-limit execution_count`` each batch waits for a grant before it is sent.
@@ -61,17 +64,22 @@ class Feeder:
     async def work_loop(self, source: BatchSource) -> None:
         self.source = source
         current = self._current
+        handoff = self._handoff(source)
         while not current.stopping:
             if not current.ready.is_set():
                 await current.ready.wait()
             slots = self._ledger.slots
             if not slots.take():
                 await slots.take_when_free()
-            try:
-                batch = await source.next_batch()
-            except BaseException:
-                slots.release()
-                raise
+            if handoff is not None:
+                handed = await handoff.wait(slots)
+                if not isinstance(handed, list):
+                    if handed is not None:  # an Execute that found the stub's ring full
+                        await self.finish_send(handed[0], handed[1], handed[2])
+                    continue
+                batch = handed
+            else:
+                batch = await _next_batch(source, slots)
             grant = None if self._rate_limit is None else await self._grant(slots, source, batch)
             proc = current.proc
             if current.stopping or proc is None or not current.ready.is_set():
@@ -95,20 +103,60 @@ class Feeder:
         await self.send_batch(proc, batch, slots)
         return await _collect(batch)
 
+    def _handoff(self, source: BatchSource) -> Handoff | None:
+        """The direct hand-off where the scheduler parks instances (not under the rate limiter:
+        its grant is for an execution that starts now)."""
+        if self._rate_limit is not None or not hasattr(source, "park"):
+            return None
+        return Handoff(cast(ParkingSource, source), self, self._ledger, self._current, self._loop)
+
     async def send_batch(
         self, proc: StubChannel, batch: list[Work], slots: Slots, grant: Grant = None
     ) -> None:
+        opened = self.open_batch(proc, batch, slots, grant)
+        if opened is not None:
+            await self.finish_send(proc, opened[0], opened[1])
+
+    def open_batch(
+        self, proc: StubChannel, batch: list[Work], slots: Slots, grant: Grant = None
+    ) -> tuple[int, msg.Execute] | None:
+        """Record ``batch`` in the ledger on one of ``slots`` and give the stub the memory its
+        inputs lie in; its Execute, or None when it failed (or the stub is gone)."""
         batch_id = self._ledger.open(batch, slots, grant)
         self._stamp(proc, batch)
         try:
             proc.forward([t.location for w in batch for t in w.record.inputs], self._directory)
-            await proc.send_async(msg.Execute(batch_id, [w.record for w in batch]))
+            return batch_id, msg.Execute(batch_id, [w.record for w in batch])
+        except PeerGone:
+            return None  # its exit fails the batch
+        except Exception as error:  # one clause: compiled, a second would expect a ShoalError
+            self._unsent(proc, batch_id, error)
+            return None
+
+    async def finish_send(self, proc: StubChannel, batch_id: int, message: msg.Execute) -> None:
+        """Send an opened batch's Execute, waiting for room in the stub's ring."""
+        try:
+            await proc.send_async(message)
         except PeerGone:
             return  # its exit fails the batch
         except Exception as error:  # one clause: compiled, a second would expect a ShoalError
             self._unsent(proc, batch_id, error)
             return
         self._ledger.sent(proc, batch_id)
+
+    def send_now(self, proc: StubChannel, batch_id: int, message: msg.Execute) -> bool:
+        """Send an opened batch's Execute if the stub's ring has room; False: it has none
+        (``finish_send`` then)."""
+        try:
+            if not proc.send(message):
+                return False
+        except PeerGone:
+            return True  # its exit fails the batch
+        except Exception as error:  # one clause: compiled, a second would expect a ShoalError
+            self._unsent(proc, batch_id, error)
+            return True
+        self._ledger.sent(proc, batch_id)
+        return True
 
     def _unsent(self, proc: StubChannel, batch_id: int, error: Exception) -> None:
         """Fail a batch that could not be sent: a tensor's arena is gone (its stub died), or a
@@ -139,6 +187,15 @@ class Feeder:
             slots.release()
             source.requeue(batch)
             raise
+
+
+async def _next_batch(source: BatchSource, slots: Slots) -> list[Work]:
+    """The source's next batch, for which a slot of ``slots`` is held (given back if none)."""
+    try:
+        return await source.next_batch()
+    except BaseException:
+        slots.release()
+        raise
 
 
 def _put_back(slots: Slots, grant: Grant, source: BatchSource, batch: list[Work]) -> None:

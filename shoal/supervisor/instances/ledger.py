@@ -15,6 +15,7 @@ import asyncio
 import itertools
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from shoal.core.errors import ShoalError, Unavailable
@@ -43,6 +44,8 @@ class Slots:
     def __init__(self, count: int) -> None:
         self._free = count
         self._waiter: asyncio.Future[None] | None = None
+        #: Called once, at the next release (the direct hand-off waits for a slot so).
+        self.on_free: Callable[[], None] | None = None
 
     def take(self) -> bool:
         """Take a slot if one is free."""
@@ -62,9 +65,11 @@ class Slots:
 
     def release(self) -> None:
         self._free += 1
-        waiter = self._waiter
+        waiter, on_free, self.on_free = self._waiter, self.on_free, None
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
+        if on_free is not None:
+            on_free()
 
 
 @dataclass(eq=False)

@@ -249,7 +249,7 @@ class _Graph:
             )
         inputs = self._step_inputs(step, target)
         started = time.monotonic_ns()
-        batch = batch_of(target.config, [t.shape for t in inputs])
+        batch = batch_of(target.summary.max_batch_size, [t.shape for t in inputs])
         if target.config.is_ensemble:
             self._start_nested(step, target, inputs, batch, started)
             return

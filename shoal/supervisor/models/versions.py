@@ -32,6 +32,7 @@ from shoal.supervisor.models import environments, warmup
 from shoal.supervisor.models.instance_specs import instance_specs
 from shoal.supervisor.options import ArenaOptions
 from shoal.supervisor.requests import classification
+from shoal.supervisor.requests.summary import ModelSummary
 from shoal.supervisor.schedulers import (
     DefaultScheduler,
     Scheduler,
@@ -78,11 +79,14 @@ class ModelVersion:
     #: read once here (the config's properties are interpreted calls; it never changes).
     is_ensemble: bool = field(init=False)
     plain: bool = field(init=False)
+    #: What the per-request checks read of ``config``, in native attributes (built once).
+    summary: ModelSummary = field(init=False)
 
     def __post_init__(self) -> None:
         self.stats = StatsRecorder(self.name, self.version)
         self.is_ensemble = self.config.is_ensemble
         self.plain = not (self.is_ensemble or self.config.decoupled)
+        self.summary = ModelSummary(self.config)
 
     @property
     def ready(self) -> bool:

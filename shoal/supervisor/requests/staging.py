@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from shoal.config import ModelConfig, TensorConfig
+from shoal.config import ModelConfig
 from shoal.core.errors import InvalidArgument, ResourceExhausted
 from shoal.core.types import InferInput, InferRequest
 from shoal.ipc.arena import ArenaExhausted, Block, OwnedArena
@@ -25,6 +25,7 @@ from shoal.ipc.tensor import (
     write_numpy,
 )
 from shoal.supervisor.requests import classification
+from shoal.supervisor.requests.summary import InputRule, ModelSummary
 
 
 def classes_asked(request: InferRequest, config: ModelConfig) -> dict[str, int]:
@@ -46,7 +47,7 @@ def _shape_matches(expected: Sequence[int], actual: Sequence[int]) -> bool:
     )
 
 
-def _check_text(config: ModelConfig, request: InferRequest) -> None:
+def _check_text(model: ModelSummary, request: InferRequest) -> None:
     """Strings cross to the stub as UTF-8: a lone surrogate (JSON's escaped DC00) cannot."""
     texts = [request.id, *request.parameters]
     texts += [v for v in request.parameters.values() if isinstance(v, str)]
@@ -55,43 +56,45 @@ def _check_text(config: ModelConfig, request: InferRequest) -> None:
             text.encode("utf-8")
         except UnicodeEncodeError:
             raise InvalidArgument(
-                f"a request for model '{config.name}' holds a string that is not valid UTF-8 "
+                f"a request for model '{model.name}' holds a string that is not valid UTF-8 "
                 f"(a lone surrogate) in its id or parameters: {text!r}"
             ) from None
 
 
-def check_inputs(config: ModelConfig, request: InferRequest) -> None:
+def check_inputs(model: ModelSummary, request: InferRequest) -> None:
     """Names, datatypes, shapes and batch size of every input, in Triton's order and words.
 
     Like Triton, the messages about the request's own tensors begin with ``[request id: <id>]``
     (``<id_unknown>`` without one); an unknown input name does not.
     """
-    _check_text(config, request)
-    model = config.name
-    by_name = {t.name: t for t in config.inputs}
-    required = [t.name for t in config.inputs if not t.optional]
+    _check_text(model, request)
+    rules = model.inputs
+    required = model.required
     count = len(request.inputs)
-    if count < len(required) or count > len(by_name):
-        raise _missing_inputs(config, request, required)
+    if count < len(required) or count > len(rules):
+        raise _missing_inputs(model, request)
     seen: set[str] = set()
     for tensor in request.inputs:
-        spec = by_name.get(tensor.name)
-        if spec is None:
-            raise InvalidArgument(f"unexpected inference input '{tensor.name}' for model '{model}'")
+        rule = rules.get(tensor.name)
+        if rule is None:
+            raise InvalidArgument(
+                f"unexpected inference input '{tensor.name}' for model '{model.name}'"
+            )
         if tensor.name in seen:
             raise InvalidArgument(
-                f"input '{tensor.name}' is given more than once in the request for model '{model}'"
+                f"input '{tensor.name}' is given more than once in the request for model "
+                f"'{model.name}'"
             )
         seen.add(tensor.name)
-        if tensor.datatype != spec.datatype:
+        if tensor.datatype != rule.datatype:
             raise request_error(
                 request,
                 f"inference input '{tensor.name}' data-type is '{tensor.datatype}', but model "
-                f"'{model}' expects '{spec.datatype}'",
+                f"'{model.name}' expects '{rule.datatype}'",
             )
-        _check_shape(config, spec, tensor, request)
-    if any(name not in seen for name in required):
-        raise _missing_inputs(config, request, required)
+        _check_shape(model, rule, tensor, request)
+    if len(seen) < len(rules) and any(name not in seen for name in required):
+        raise _missing_inputs(model, request)
 
 
 def request_error(request: InferRequest, text: str) -> InvalidArgument:
@@ -103,14 +106,13 @@ def _names_text(names: Sequence[str]) -> str:
     return "[" + ",".join(f"'{name}'" for name in names) + "]"
 
 
-def _missing_inputs(
-    config: ModelConfig, request: InferRequest, required: list[str]
-) -> InvalidArgument:
+def _missing_inputs(model: ModelSummary, request: InferRequest) -> InvalidArgument:
+    required = model.required
     given = [t.name for t in request.inputs]
     missing = [name for name in required if name not in given]
     text = (
         f"expected {len(required)} inputs but got {len(given)} inputs for model "
-        f"'{config.name}'. Got input(s) {_names_text(given)}, "
+        f"'{model.name}'. Got input(s) {_names_text(given)}, "
     )
     if missing:
         text += (
@@ -118,8 +120,7 @@ def _missing_inputs(
             "Please provide all required input(s)."
         )
     else:  # too many: say which (Triton prints an empty list of missing inputs)
-        known = {t.name for t in config.inputs}
-        unknown = [name for name in given if name not in known]
+        unknown = [name for name in given if name not in model.inputs]
         if unknown:
             text += f"but the model has no input(s) {_names_text(unknown)}."
         else:
@@ -142,71 +143,73 @@ _BATCH_NOTE = (
 
 
 def _check_shape(
-    config: ModelConfig, spec: TensorConfig, tensor: InferInput, request: InferRequest
+    model: ModelSummary, rule: InputRule, tensor: InferInput, request: InferRequest
 ) -> None:
-    model = config.name
-    if any(d < 0 for d in tensor.shape):
-        raise request_error(
-            request,
-            f"input '{tensor.name}' for model '{model}' has a negative dimension in its shape "
-            f"{dims_text(tensor.shape)}",
-        )
-    if element_count([d for d in tensor.shape if d]) > MAX_ELEMENTS:
-        raise request_error(
-            request,
-            f"input '{tensor.name}' for model '{model}' has an impossible shape "
-            f"{dims_text(tensor.shape)}: its dimensions multiply past {MAX_ELEMENTS}",
-        )
-    expected = tuple(spec.dims)
     actual = tuple(tensor.shape)
+    _check_dims(model, tensor, actual, request)
+    expected = rule.expected
     note = ""
-    if config.max_batch_size > 0:
-        expected = (-1, *expected)
+    if model.max_batch_size > 0:
         note = _BATCH_NOTE
         if not actual:
             raise request_error(
                 request,
                 f"input '{tensor.name}' has no shape but model requires batch dimension for "
-                f"'{model}'",
+                f"'{model.name}'",
             )
-        if actual[0] > config.max_batch_size:
+        if actual[0] > model.max_batch_size:
             raise request_error(
                 request,
-                f"inference request batch-size must be <= {config.max_batch_size} for '{model}'",
+                f"inference request batch-size must be <= {model.max_batch_size} for "
+                f"'{model.name}'",
             )
     if not _shape_matches(expected, actual):
         raise request_error(
             request,
-            f"unexpected shape for input '{tensor.name}' for model '{model}'. Expected "
+            f"unexpected shape for input '{tensor.name}' for model '{model.name}'. Expected "
             f"{dims_text(expected)}, got {dims_text(actual)}. {note}",
         )
 
 
-def check_outputs(config: ModelConfig, request: InferRequest) -> list[str]:
+def _check_dims(
+    model: ModelSummary, tensor: InferInput, actual: tuple[int, ...], request: InferRequest
+) -> None:
+    """No negative dimension, and no more elements than NumPy can shape."""
+    if any(d < 0 for d in actual):
+        raise request_error(
+            request,
+            f"input '{tensor.name}' for model '{model.name}' has a negative dimension in its "
+            f"shape {dims_text(actual)}",
+        )
+    if element_count([d for d in actual if d]) > MAX_ELEMENTS:
+        raise request_error(
+            request,
+            f"input '{tensor.name}' for model '{model.name}' has an impossible shape "
+            f"{dims_text(actual)}: its dimensions multiply past {MAX_ELEMENTS}",
+        )
+
+
+def check_outputs(model: ModelSummary, request: InferRequest) -> list[str]:
     """The output names the model must produce (all of them when the client named none)."""
-    names = {t.name for t in config.outputs}
+    if not request.outputs:
+        return list(model.outputs)
+    names = model.output_names
     for output in request.outputs:
         if output.name not in names:
             raise InvalidArgument(
-                f"unexpected inference output '{output.name}' for model '{config.name}'"
+                f"unexpected inference output '{output.name}' for model '{model.name}'"
             )
-    if request.outputs:
-        return [o.name for o in request.outputs]
-    return [t.name for t in config.outputs]
+    return [o.name for o in request.outputs]
 
 
-def _model_shape(
-    config: ModelConfig, spec: TensorConfig, shape: tuple[int, ...]
-) -> tuple[int, ...]:
-    reshape = getattr(spec, "reshape", None)
+def _model_shape(model: ModelSummary, rule: InputRule, shape: tuple[int, ...]) -> tuple[int, ...]:
+    reshape = rule.reshape
     if reshape is None:
         return shape
-    if config.max_batch_size > 0:
-        return (shape[0], *reshape)
-    return tuple(reshape)
+    return (shape[0], *reshape) if model.max_batch_size > 0 else reshape
 
 
-def _payload_size(config: ModelConfig, tensor: InferInput, region: object = None) -> int:
+def _payload_size(model: ModelSummary, tensor: InferInput, region: object = None) -> int:
     """Validated size in bytes of the tensor's V2 serialized payload (in ``region`` when the
     input is in a client's region, whose bytes the supervisor does not read)."""
     if region is not None and (
@@ -214,12 +217,12 @@ def _payload_size(config: ModelConfig, tensor: InferInput, region: object = None
     ):
         expected = byte_size(tensor.datatype, tensor.shape)
         if region.nbytes != expected:
-            raise _size_mismatch(config, tensor, expected, region.nbytes)
+            raise _size_mismatch(model, tensor, expected, region.nbytes)
         return region.nbytes
     if isinstance(tensor.data, np.ndarray):
         if tensor.datatype == "BYTES" and tensor.data.size != element_count(tensor.shape):
             raise InvalidArgument(
-                f"input '{tensor.name}' for model '{config.name}' has {tensor.data.size} "
+                f"input '{tensor.name}' for model '{model.name}' has {tensor.data.size} "
                 f"elements, expected {element_count(tensor.shape)} for shape "
                 f"{dims_text(tensor.shape)}"
             )
@@ -231,19 +234,19 @@ def _payload_size(config: ModelConfig, tensor: InferInput, region: object = None
             deserialize_bytes(tensor.data, element_count(tensor.shape))
         except BytesFormatError as error:
             raise InvalidArgument(
-                f"input '{tensor.name}' for model '{config.name}': malformed BYTES data: {error}"
+                f"input '{tensor.name}' for model '{model.name}': malformed BYTES data: {error}"
             ) from None
         return actual
     if actual != expected:
-        raise _size_mismatch(config, tensor, expected, actual)
+        raise _size_mismatch(model, tensor, expected, actual)
     return actual
 
 
 def _size_mismatch(
-    config: ModelConfig, tensor: InferInput, expected: int | None, actual: int
+    model: ModelSummary, tensor: InferInput, expected: int | None, actual: int
 ) -> InvalidArgument:
     return InvalidArgument(
-        f"input byte size mismatch for input '{tensor.name}' for model '{config.name}'. "
+        f"input byte size mismatch for input '{tensor.name}' for model '{model.name}'. "
         f"Expected {expected}, got {actual}"
     )
 
@@ -256,7 +259,7 @@ def _write(tensor: InferInput, dest: memoryview) -> None:
 
 
 def stage_request(
-    config: ModelConfig,
+    model: ModelSummary,
     request: InferRequest,
     arena: OwnedArena,
     outputs: list[str],
@@ -264,17 +267,17 @@ def stage_request(
 ) -> tuple[RequestRecord, list[Block]]:
     """Copy every input into ``arena``, except those in a client's shared-memory region
     (``regions``), which the stub reads in place; the caller owns the returned blocks."""
-    specs = {t.name: t for t in config.inputs}
+    rules = model.inputs
     if regions:
-        sizes = [_payload_size(config, t, regions.get(t.name)) for t in request.inputs]
+        sizes = [_payload_size(model, t, regions.get(t.name)) for t in request.inputs]
     else:
-        sizes = [_payload_size(config, t) for t in request.inputs]
+        sizes = [_payload_size(model, t) for t in request.inputs]
     blocks: list[Block] = []
     descs: list[TensorDesc] = []
     private = 0
     try:
         for tensor, size in zip(request.inputs, sizes, strict=True):
-            shape = _model_shape(config, specs[tensor.name], tuple(tensor.shape))
+            shape = _model_shape(model, rules[tensor.name], tuple(tensor.shape))
             in_region = (regions or {}).get(tensor.name)
             if in_region is not None:
                 descs.append(TensorDesc(tensor.name, tensor.datatype, shape, in_region))
@@ -291,7 +294,7 @@ def stage_request(
     except ArenaExhausted as error:
         _give_back(request, regions, blocks, arena)
         raise ResourceExhausted(
-            f"cannot stage the inputs of a request for model '{config.name}': {error}"
+            f"cannot stage the inputs of a request for model '{model.name}': {error}"
         ) from None
     params = dict(request.parameters)
     record = RequestRecord(
@@ -340,13 +343,14 @@ def _sequence_flags(params: dict[str, Any]) -> int:
     return flags | (FLAG_SEQUENCE_END if params.get("sequence_end") is True else 0)
 
 
-def batch_size(config: ModelConfig, request: InferRequest) -> int:
+def batch_size(model: ModelSummary, request: InferRequest) -> int:
     """Inferences in a request: the first dimension for a batching model, else 1."""
-    return batch_of(config, [tuple(t.shape) for t in request.inputs])
+    shape = request.inputs[0].shape if request.inputs else ()
+    return int(shape[0]) if model.max_batch_size > 0 and shape else 1
 
 
-def batch_of(config: ModelConfig, shapes: Sequence[Sequence[int]]) -> int:
+def batch_of(max_batch_size: int, shapes: Sequence[Sequence[int]]) -> int:
     """Inferences in a request whose inputs have ``shapes`` (client, ensemble or BLS request)."""
-    if config.max_batch_size > 0 and shapes and shapes[0]:
+    if max_batch_size > 0 and shapes and shapes[0]:
         return int(shapes[0][0])
     return 1

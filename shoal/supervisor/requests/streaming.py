@@ -69,7 +69,7 @@ async def _decoupled(
     future: asyncio.Future[Completion] = asyncio.get_running_loop().create_future()
     stream = new_stream()
     work = Work(
-        record, blocks, future, batch_size=staging.batch_size(mv.config, request), stream=stream
+        record, blocks, future, batch_size=staging.batch_size(mv.summary, request), stream=stream
     )
     mv.submit(work)
     finished = False

@@ -4,17 +4,34 @@ A request that carries Triton's ``timeout`` parameter (microseconds) and is stil
 elapses is failed with the dynamic batcher's ``Request timeout expired`` (UNAVAILABLE) and never
 runs; once an instance has it, the timeout no longer applies (a running request is not
 interrupted, as in the dynamic batcher).
+
+An instance with a free slot can **park** with the scheduler instead of waiting in
+``next_batch``: a request submitted while one is parked goes straight to it (``Taker.take``),
+which sends it to its stub at once, with no future resolved and no task woken per request.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+from typing import Protocol
 
 from shoal.core.errors import Unavailable
 from shoal.supervisor.schedulers.base import Clock, LoopClock, TimerHandle, fail_work
 from shoal.supervisor.schedulers.dynamic import TIMEOUT_EXPIRED
 from shoal.supervisor.work import Work
+
+
+class Taker(Protocol):
+    """An instance parked with a free slot, waiting for work (``DefaultScheduler.park``)."""
+
+    def take(self, work: Work) -> None:
+        """Send ``work`` now (or have the instance's task send it); it holds the slot."""
+        ...
+
+    def closed(self) -> None:
+        """The scheduler closed: stop waiting (as ``next_batch`` raises CancelledError)."""
+        ...
 
 
 class DefaultScheduler:
@@ -35,6 +52,9 @@ class DefaultScheduler:
         #: Callers of ``wait_empty``, told when the queue runs dry (an asyncio.Event cleared and
         #: set on every request cost more than these rare waits).
         self._drain_waiters: list[asyncio.Future[None]] = []
+        #: Instances parked with a free slot, first parked first served; while one is, the
+        #: queue is empty (a request either goes to one of them or waits in the queue).
+        self._takers: collections.deque[Taker] = collections.deque()
 
     def submit(self, work: Work) -> None:
         if self._closed:
@@ -42,13 +62,42 @@ class DefaultScheduler:
             return
         timeout_us = work.record.timeout_us
         if timeout_us > 0:
-            deadline = self._clock.now_ns() + timeout_us * 1000
-            work.queue_deadline_ns = deadline
+            # Kept on the work, for a request sent ahead that waits in the stub's ring.
+            work.queue_deadline_ns = self._clock.now_ns() + timeout_us * 1000
+        if self._takers:  # an instance is free: no queue, no timer, no wake-up
+            self._takers.popleft().take(work)
+            return
+        if timeout_us > 0:
             # A request expires once the clock is past its deadline.
-            timer = self._clock.call_at(deadline + 1, lambda: self._expire(work))
-            self._timers[work] = timer
+            deadline = work.queue_deadline_ns
+            self._timers[work] = self._clock.call_at(deadline + 1, lambda: self._expire(work))
         self._queue.append(work)
         self._wake_one()
+
+    def park(self, taker: Taker) -> Work | None:
+        """The next live request for an instance with a free slot; None: it is parked, and
+        the next request submitted goes to it (``taker.take``), unless the scheduler closes
+        first (``taker.closed``)."""
+        work = self._pop_live()
+        if work is None:
+            if self._closed:
+                taker.closed()
+            else:
+                self._takers.append(taker)
+        return work
+
+    def unpark(self, taker: Taker) -> None:
+        """``taker`` waits no longer (its instance stops)."""
+        if taker in self._takers:
+            self._takers.remove(taker)
+
+    def _serve_takers(self) -> None:
+        """Requests queued again while instances are parked: each goes to one."""
+        while self._takers:
+            work = self._pop_live()
+            if work is None:
+                return
+            self._takers.popleft().take(work)
 
     def source(self, instance: int) -> DefaultScheduler:
         """Every instance pulls from the one queue."""
@@ -58,6 +107,7 @@ class DefaultScheduler:
         """Put work an instance could not send back at the head of the queue (its timeout no
         longer applies: it was handed out in time)."""
         self._queue.extendleft(reversed(batch))
+        self._serve_takers()
         self._wake_one()
 
     @property
@@ -108,22 +158,29 @@ class DefaultScheduler:
     async def next_batch(self) -> list[Work]:
         """Wait for the next live request."""
         while True:
-            while self._queue:
-                work = self._queue.popleft()
-                if not self._queue and self._drain_waiters:
-                    self._emptied()
-                if self._expired(work):
-                    fail_work(work, Unavailable(TIMEOUT_EXPIRED), self._free_blocks)
-                    continue
-                if work.abandoned:
-                    self._free_blocks(work)
-                    continue
+            work = self._pop_live()
+            if work is not None:
                 return [work]
             if self._closed:
                 raise asyncio.CancelledError
             waiter = asyncio.get_running_loop().create_future()
             self._waiters.append(waiter)
             await waiter
+
+    def _pop_live(self) -> Work | None:
+        """The head of the queue, past the requests that expired or were abandoned there."""
+        while self._queue:
+            work = self._queue.popleft()
+            if not self._queue and self._drain_waiters:
+                self._emptied()
+            if self._expired(work):
+                fail_work(work, Unavailable(TIMEOUT_EXPIRED), self._free_blocks)
+                continue
+            if work.abandoned:
+                self._free_blocks(work)
+                continue
+            return work
+        return None
 
     def take_queued(self) -> list[Work]:
         for work in self._queue:
@@ -145,4 +202,7 @@ class DefaultScheduler:
         for waiter in self._waiters:
             if not waiter.done():
                 waiter.set_result(None)
+        takers, self._takers = list(self._takers), collections.deque()
+        for taker in takers:
+            taker.closed()
         return left

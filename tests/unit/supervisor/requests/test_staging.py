@@ -11,6 +11,7 @@ from shoal.core.types import InferInput, InferRequest, RequestedOutput
 from shoal.ipc.arena import OwnedArena
 from shoal.ipc.dtypes import serialize_bytes
 from shoal.supervisor.requests import staging
+from shoal.supervisor.requests.summary import ModelSummary
 
 CONFIG = """
 name: "m"
@@ -31,7 +32,7 @@ def config(tmp_path):
     (model / "1").mkdir(parents=True)
     (model / "1" / "model.py").write_text("")
     (model / "config.pbtxt").write_text(CONFIG)
-    return load_model_config(model)
+    return ModelSummary(load_model_config(model))
 
 
 @pytest.fixture
