@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import cast
+from typing import Any, cast
 
 import hpack
 
@@ -44,8 +44,11 @@ class HeaderDecoder:
         return headers
 
     def _table_state(self) -> tuple[object, int, int]:
-        """What identifies the dynamic table: an insertion puts a new entry first; an eviction
-        alone needs a size update."""
-        table = self._decoder.header_table
+        """What identifies the dynamic table: an insertion puts a new entry first (a new object:
+        the cache holds the old one, so its identity cannot be reused); an eviction alone needs
+        a size update. The table is read as ``Any``: mypyc would rebuild a typed entry (a
+        ``tuple[bytes, bytes]``) into a new object on each read, and ``is`` would never hold."""
+        table: Any = self._decoder.header_table
         entries = table.dynamic_entries
-        return (entries[0] if entries else None, len(entries), table.maxsize)
+        first: object = entries[0] if entries else None
+        return (first, len(entries), table.maxsize)
