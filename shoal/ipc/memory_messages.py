@@ -33,7 +33,7 @@ class Release:
 
     @classmethod
     def from_fields(cls, f: list[Any]) -> Release:
-        return cls([Block.from_wire(b) for b in f[0]])
+        return Release([Block.from_wire(b) for b in f[0]])
 
 
 @dataclass(slots=True)

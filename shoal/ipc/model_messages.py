@@ -57,7 +57,8 @@ class Execute:
 
     @classmethod
     def from_fields(cls, f: list[Any]) -> Execute:
-        return cls(f[0], [RequestRecord.from_wire(r) for r in f[1]])
+        # By name, not cls(): compiled, that is a native constructor call, cls() a generic one.
+        return Execute(f[0], [RequestRecord.from_wire(r) for r in f[1]])
 
 
 @dataclass(slots=True)
@@ -71,7 +72,7 @@ class Cancel:
 
     @classmethod
     def from_fields(cls, f: list[Any]) -> Cancel:
-        return cls(list(f[0]))
+        return Cancel(list(f[0]))
 
 
 @dataclass(slots=True)
@@ -181,7 +182,8 @@ class Result:
     def from_fields(cls, f: list[Any]) -> Result:
         responses = [ResponseRecord.from_wire(r) for r in f[1]]
         stub_ns = (int(f[5][0]), int(f[5][1]))
-        return cls(f[0], responses, tuple(f[2]), list(f[3]), bool(f[4]), stub_ns)
+        # By name, not cls(): compiled, that is a native constructor call, cls() a generic one.
+        return Result(f[0], responses, tuple(f[2]), list(f[3]), bool(f[4]), stub_ns)
 
 
 @dataclass(slots=True)
@@ -204,7 +206,7 @@ class Response:
     @classmethod
     def from_fields(cls, f: list[Any]) -> Response:
         response = None if f[1] is None else ResponseRecord.from_wire(f[1])
-        return cls(f[0], response, f[2])
+        return Response(f[0], response, f[2])
 
 
 @dataclass(slots=True)

@@ -88,7 +88,8 @@ class RequestRecord:
     def from_wire(cls, w: list[Any]) -> RequestRecord:
         inputs = [TensorDesc.from_wire(t) for t in w[5]]
         regions = {name: _region_from_wire(r) for name, r in w[8].items()}
-        return cls(w[0], w[1], w[2], w[3], w[4], inputs, w[6], w[7], regions, w[9], w[10])
+        # By name, not cls(): compiled, that is a native constructor call, cls() a generic one.
+        return RequestRecord(w[0], w[1], w[2], w[3], w[4], inputs, w[6], w[7], regions, w[9], w[10])
 
 
 def _region_from_wire(obj: list[Any]) -> RegionLocation | CudaRegionLocation:
@@ -123,4 +124,5 @@ class ResponseRecord:
     @classmethod
     def from_wire(cls, w: list[Any]) -> ResponseRecord:
         error = None if w[1] is None else (w[1][0], w[1][1])
-        return cls([TensorDesc.from_wire(t) for t in w[0]], error, w[2])
+        # By name, not cls(): compiled, that is a native constructor call, cls() a generic one.
+        return ResponseRecord([TensorDesc.from_wire(t) for t in w[0]], error, w[2])

@@ -136,3 +136,15 @@ def test_a_request_sent_ahead_times_out_in_the_ring_and_the_stub_is_told_to_drop
         await s.close()
 
     run(scenario())
+
+
+def test_the_next_release_calls_on_free_once():
+    slots = Slots(1)
+    assert slots.take() and not slots.take()
+    calls: list[int] = []
+    slots.on_free = lambda: calls.append(1)
+    slots.release()
+    assert calls == [1] and slots.on_free is None  # once: the hand-off registers again
+    assert slots.take()
+    slots.release()
+    assert calls == [1]

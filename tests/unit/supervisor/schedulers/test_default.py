@@ -124,3 +124,75 @@ def test_take_queued_empties_the_queue_and_keeps_it_open():
         assert await scheduler.next_batch() == [later]
 
     asyncio.run(scenario())
+
+
+class _Taker:
+    """An instance parked with a free slot: records what it is handed."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.taken: list[Work] = []
+        self.was_closed = False
+
+    def take(self, work: Work) -> None:
+        self.taken.append(work)
+
+    def closed(self) -> None:
+        self.was_closed = True
+
+
+def test_a_parked_instance_is_handed_the_next_request_inside_submit():
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        clock = ManualClock()
+        scheduler = DefaultScheduler(lambda w: None, clock)
+        first, second = _Taker("first"), _Taker("second")
+        assert scheduler.park(first) is None and scheduler.park(second) is None
+        a, b, c = (_work(loop, x) for x in ("a", "b", "c"))
+        a.record.timeout_us = 500
+        for work in (a, b, c):
+            scheduler.submit(work)
+        assert first.taken == [a] and second.taken == [b]  # first parked, first served
+        assert a.queue_deadline_ns == clock.now + 500_000  # kept for the stub's ring
+        assert scheduler.pending == 1  # nobody parked for c: it queues
+        assert scheduler.park(first) is c  # parking again takes the queue's head
+
+    asyncio.run(scenario())
+
+
+def test_parking_skips_dropped_work_and_requeued_work_goes_to_parked_instances():
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        freed = []
+        scheduler = DefaultScheduler(lambda w: freed.append(w.record.request_id))
+        a, b = _work(loop, "a"), _work(loop, "bb")
+        scheduler.submit(a)
+        scheduler.submit(b)
+        a.future.cancel()  # its client went away while it was queued
+        taker = _Taker("t")
+        assert scheduler.park(taker) is b and freed == ["a"]
+        assert scheduler.park(taker) is None
+        scheduler.requeue([b])  # the instance could not send it
+        assert taker.taken == [b] and scheduler.pending == 0
+
+    asyncio.run(scenario())
+
+
+def test_close_and_unpark_release_parked_instances():
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        scheduler = DefaultScheduler(lambda w: None)
+        leaving, staying = _Taker("leaving"), _Taker("staying")
+        scheduler.park(leaving)
+        scheduler.park(staying)
+        scheduler.unpark(leaving)
+        work = _work(loop, "x")
+        scheduler.submit(work)
+        assert leaving.taken == [] and staying.taken == [work]
+        scheduler.park(staying)
+        scheduler.close()
+        assert staying.was_closed and not leaving.was_closed
+        late = _Taker("late")
+        assert scheduler.park(late) is None and late.was_closed  # closed: not parked
+
+    asyncio.run(scenario())
