@@ -28,7 +28,7 @@ from shoal.ipc.records import RequestRecord
 from shoal.ipc.tensor import CudaLocation, TensorDesc
 from shoal.supervisor.memory.segments import SegmentDirectory
 from shoal.supervisor.models._ensemble_plan import EnsemblePlan, StepPlan, input_datatypes, plan_of
-from shoal.supervisor.models.versions import ModelVersion
+from shoal.supervisor.models.version import ModelVersion
 from shoal.supervisor.requests.staging import batch_of
 from shoal.supervisor.work import Completion, Work
 
