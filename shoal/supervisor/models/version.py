@@ -57,6 +57,9 @@ class ModelVersion:
     summary: ModelSummary = field(init=False)
     #: ``str(version)``, as every response names it.
     version_label: str = field(init=False)
+    #: An ensemble's step graph (``ensemble.EnsemblePlan``), worked out on its first request;
+    #: kept here, not in a weak map: a compiled class cannot be weakly referenced.
+    ensemble_plan: Any = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         self.stats = StatsRecorder(self.name, self.version)
