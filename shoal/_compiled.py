@@ -95,6 +95,7 @@ HOT_PATH: tuple[str, ...] = (
     "shoal/frontends/grpc/native_messages.py",
     "shoal/frontends/grpc/native_call.py",
     "shoal/frontends/grpc/native.py",
+    "shoal/frontends/workers/client.py",
 )
 
 #: Written beside this module by the build: the hash of each source it compiled.

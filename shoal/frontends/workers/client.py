@@ -38,6 +38,7 @@ from shoal.frontends.workers import _plain as plain
 from shoal.frontends.workers import _wire as wire
 from shoal.frontends.workers.arenas import StagingArena
 from shoal.frontends.workers.outputs import MappedOutputs
+from shoal.frontends.workers.streams import StreamItem, remote_stream
 
 __all__ = ["CoreGone", "RemoteCore"]
 
@@ -88,7 +89,7 @@ class RemoteCore(CoreAPI):
         self.outputs = outputs
         self._ids = itertools.count(1)
         self._calls: dict[int, asyncio.Future[_Answer]] = {}
-        self._streams: dict[int, asyncio.Queue[_Answer | BaseException | None]] = {}
+        self._streams: dict[int, asyncio.Queue[StreamItem]] = {}
         self._outbox: wire.Outbox | None = None
         #: Set when the core asks the worker to stop, or goes away.
         self.stopping = asyncio.Event()
@@ -257,29 +258,32 @@ class RemoteCore(CoreAPI):
         answer, views = await self._async("infer", fields, payloads)
         return self._response(answer, views)
 
-    async def infer_stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
+    def infer_stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
+        # An async generator, which mypyc cannot compile: it lives in an interpreted module.
+        return remote_stream(self, request)
+
+    def open_stream(self, request: InferRequest) -> tuple[int, asyncio.Queue[StreamItem]]:
+        """Send a streaming call; its answers arrive on the queue returned (None: the end)."""
         payloads: list[memoryview | bytes] = []
         fields = self._request_fields(request, payloads)
         call_id = next(self._ids)
-        queue: asyncio.Queue[_Answer | BaseException | None] = asyncio.Queue()
+        queue: asyncio.Queue[StreamItem] = asyncio.Queue()
         self._streams[call_id] = queue
-        ended = False
         try:
             self.send([wire.CALL, call_id, "infer_stream", fields], payloads)
-            while True:
-                item = await queue.get()
-                if item is None:
-                    ended = True
-                    return
-                if isinstance(item, BaseException):
-                    ended = True
-                    raise item
-                answer, views = item
-                yield self._response(answer, views)
-        finally:
+        except BaseException:
             self._streams.pop(call_id, None)
-            if not ended:
-                self._cancel(call_id)
+            raise
+        return call_id, queue
+
+    def close_stream(self, call_id: int, ended: bool) -> None:
+        """The stream's reader is done with it; the core's side is cancelled unless it ended."""
+        self._streams.pop(call_id, None)
+        if not ended:
+            self._cancel(call_id)
+
+    def response(self, answer: list[Any], views: list[memoryview]) -> InferResponse:
+        return self._response(answer, views)
 
     # --- ExtensionAPI ---------------------------------------------------------------------
 
