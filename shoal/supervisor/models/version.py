@@ -59,7 +59,7 @@ class ModelVersion:
     version_label: str = field(init=False)
     #: An ensemble's step graph (``ensemble.EnsemblePlan``), worked out on its first request;
     #: kept here, not in a weak map: a compiled class cannot be weakly referenced.
-    ensemble_plan: Any = field(init=False, default=None)
+    ensemble_plan: Any = field(init=False)
 
     def __post_init__(self) -> None:
         self.stats = StatsRecorder(self.name, self.version)
@@ -67,6 +67,9 @@ class ModelVersion:
         self.plain = not (self.is_ensemble or self.config.decoupled)
         self.summary = ModelSummary(self.config)
         self.version_label = str(self.version)
+        # Set here, not as the field's default: compiled, an ``init=False`` field's default is
+        # never assigned (no class attribute to fall back on).
+        self.ensemble_plan = None
 
     @property
     def ready(self) -> bool:
