@@ -238,13 +238,13 @@ class NativeCall(StreamHandler):
         task = asyncio.get_running_loop().create_task(work)
         self._task = task
         self._server.running.add(task)
-        task.add_done_callback(self._server.running.discard)
-        task.add_done_callback(self._task_done)
+        task.add_done_callback(self._task_done)  # one callback: each is a loop handle
 
     def _task_done(self, task: asyncio.Task[None]) -> None:
-        """A task cancelled before its first step never reaches its ``except CancelledError``:
-        the deadline (or the server's stop) came due in the loop iteration that launched it,
-        ahead of the task. The call still needs its status."""
+        """The call's task is over. One cancelled before its first step never reaches its
+        ``except CancelledError``: the deadline (or the server's stop) came due in the loop
+        iteration that launched it, ahead of the task. The call still needs its status."""
+        self._server.running.discard(task)
         if task.cancelled():
             self._cancelled()
 

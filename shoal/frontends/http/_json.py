@@ -19,7 +19,9 @@ from __future__ import annotations
 import gc
 import importlib
 import json
+import os
 import re
+import sys
 import threading
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
@@ -140,30 +142,57 @@ def _contents(data: bytes | bytearray | memoryview) -> bytes | bytearray:
     return data.tobytes()
 
 
+#: The GIL's switch interval while large JSON work runs in a thread (Python's default is 5 ms).
+#: The event loop takes the GIL back at each of its callbacks and after each system call; with
+#: a busy thread beside it, each such wait lasted up to the interval, and the few dozen waits of
+#: one small request added up to 100-400 ms while a 40 MB JSON round trip ran (docs/hardening.md).
+SWITCH_INTERVAL = 0.0002
+
 _paused = 0
 _was_enabled = False
+_was_interval = 0.005
 _pause_lock = threading.Lock()
 
 
-def without_collections(work: Callable[[], _T]) -> _T:
-    """``work()`` with the cyclic garbage collector off (for the process, until the last such
-    call ends): a full collection walks every element of every list in one call that holds the
-    GIL, 0.3 s for a document of 10 million values, and would stall every other client while a
-    large body is decoded. Reference counting still frees what is dropped; cycles made
-    meanwhile wait for the collector to be back on."""
-    global _paused, _was_enabled
+def in_background(work: Callable[[], _T]) -> _T:
+    """``work()`` (large JSON work, in a thread) with the cyclic garbage collector off and the
+    GIL's switch interval at :data:`SWITCH_INTERVAL`, for the process, until the last such call
+    ends. A full collection walks every element of every list in one call that holds the GIL,
+    0.3 s for a document of 10 million values, and would stall every other client while a large
+    body is decoded; reference counting still frees what is dropped, and cycles made meanwhile
+    wait for the collector to be back on. The short interval hands the GIL back to the event
+    loop soon after it asks."""
+    global _paused
     with _pause_lock:
         if _paused == 0:
-            _was_enabled = gc.isenabled()
-            gc.disable()
+            _pause()
         _paused += 1
     try:
         return work()
     finally:
         with _pause_lock:
             _paused -= 1
-            if _paused == 0 and _was_enabled:
-                gc.enable()
+            if _paused == 0:
+                _resume()
+
+
+def _pause() -> None:
+    global _was_enabled, _was_interval
+    _was_enabled, _was_interval = gc.isenabled(), sys.getswitchinterval()
+    gc.disable()
+    sys.setswitchinterval(min(_was_interval, SWITCH_INTERVAL))
+
+
+def _resume() -> None:
+    sys.setswitchinterval(_was_interval)
+    if _was_enabled:
+        gc.enable()
+
+
+def yield_gil() -> None:
+    """Let the GIL go between two steps of large work in a thread, so that the event loop, if
+    it waits for it, runs before the next step (each step is one C call that holds it)."""
+    os.sched_yield()
 
 
 def check_depth(data: bytes | bytearray | memoryview) -> None:

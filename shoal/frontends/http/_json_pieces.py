@@ -19,6 +19,7 @@ numbers (each list then cost a call that held the GIL to convert, and another to
 
 from __future__ import annotations
 
+import os
 import secrets
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -172,6 +173,7 @@ def _number_array(data: bytes | bytearray, span: _Span, parse: Parse) -> NumberA
     piece is parsed, so that an error anywhere is found here, as in :func:`_parse_array`)."""
     pieces: list[np.ndarray] | None = []
     for piece in _pieces(data, span):
+        os.sched_yield()  # the GIL to the event loop if it waits (as _json.yield_gil)
         values = parse(piece)
         if pieces is None:
             continue

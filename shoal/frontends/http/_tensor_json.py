@@ -285,10 +285,13 @@ def json_pieces_from_output(
     if data.nbytes != dtype.itemsize * count:
         raise _size_mismatch(name)
     step = _SLICE * dtype.itemsize
-    chunks = (
-        _json.dumps(_values(datatype, data[at : at + step])) for at in range(0, data.nbytes, step)
-    )
+    chunks = (_slice_json(datatype, data[at : at + step]) for at in range(0, data.nbytes, step))
     return _json.array_pieces(chunks)
+
+
+def _slice_json(datatype: str, data: memoryview) -> bytes:
+    _json.yield_gil()
+    return _json.dumps(_values(datatype, data))
 
 
 def _values(datatype: str, data: memoryview) -> list[Any]:

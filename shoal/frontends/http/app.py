@@ -234,8 +234,8 @@ class _InferEndpoint:
         decode = _decoder(body, name, version, header_length)
         if header_length is None and len(body) >= _THREAD_THRESHOLD:
             # A large JSON body: parsed in a thread and in pieces, so that the event loop gets
-            # the GIL back between the calls (none takes long), with the collector off meanwhile.
-            decoded = await asyncio.to_thread(_json.without_collections, decode)
+            # the GIL back between the calls (none takes long; _json.in_background).
+            decoded = await asyncio.to_thread(_json.in_background, decode)
         else:
             decoded = decode()
         response = await self._core.infer(decoded.request)
@@ -272,8 +272,9 @@ async def _encoded_in_thread(
     response: InferResponse, decoded: codec.DecodedRequest
 ) -> tuple[Headers, codec.Body]:
     """:func:`_encoded`, for large JSON outputs: encoded in a thread, a slice at a time, so that
-    the event loop gets the GIL back between the slices."""
-    work = asyncio.ensure_future(asyncio.to_thread(_encode, response, decoded))
+    the event loop gets the GIL back between the slices (:func:`_json.in_background`)."""
+    encode = functools.partial(_encode, response, decoded)
+    work = asyncio.ensure_future(asyncio.to_thread(_json.in_background, encode))
     try:
         return await asyncio.shield(work)
     finally:

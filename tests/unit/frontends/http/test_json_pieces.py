@@ -164,20 +164,61 @@ def test_the_collector_is_off_while_a_large_body_is_decoded_and_back_after() -> 
         return gc.isenabled()
 
     def outer() -> tuple[bool, bool]:
-        nested = _json.without_collections(inner)  # another decode at the same time
+        nested = _json.in_background(inner)  # another decode at the same time
         return nested, gc.isenabled()
 
-    assert _json.without_collections(outer) == (False, False)
+    assert _json.in_background(outer) == (False, False)
     assert gc.isenabled()
     with pytest.raises(ZeroDivisionError):
-        _json.without_collections(lambda: 1 / 0)
+        _json.in_background(lambda: 1 / 0)
     assert gc.isenabled()
     gc.disable()  # an application that runs without it: left off
     try:
-        _json.without_collections(inner)
+        _json.in_background(inner)
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_the_switch_interval_is_short_while_large_json_work_runs_and_back_after() -> None:
+    """Large JSON work in a thread lets the event loop take the GIL back within
+    SWITCH_INTERVAL, not Python's 5 ms (a small request's few dozen waits add up)."""
+    import sys
+
+    before = sys.getswitchinterval()
+
+    def inner() -> float:
+        return sys.getswitchinterval()
+
+    def outer() -> tuple[float, float]:
+        return _json.in_background(inner), sys.getswitchinterval()
+
+    short = pytest.approx(_json.SWITCH_INTERVAL)
+    assert _json.in_background(outer) == (short, short)
+    assert before > _json.SWITCH_INTERVAL
+    assert sys.getswitchinterval() == before
+    with pytest.raises(ZeroDivisionError):
+        _json.in_background(lambda: 1 / 0)
+    assert sys.getswitchinterval() == before
+
+
+def test_large_json_work_lets_the_gil_go_between_its_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each slice of a large output's encoding and each piece of a large body's parse starts by
+    letting the GIL go (os.sched_yield), so a waiting event loop runs between the steps."""
+    import os
+
+    yields = []
+    monkeypatch.setattr(os, "sched_yield", lambda: yields.append(1))
+    values = np.arange(5 * _tensor_json._SLICE, dtype=np.float32)
+    pieces = _tensor_json.json_pieces_from_output(
+        "OUT", "FP32", (values.size,), memoryview(values.tobytes())
+    )
+    assert pieces is not None and len(yields) == 5
+    body = _infer_body(list(range(3000)) * 200, [600000], "INT32")
+    yields.clear()
+    _json.loads(body, numbers=True)
+    assert len(yields) == len(list(_json_pieces._pieces(body, _json_pieces._arrays(body)[0])))
+    assert len(yields) > 1
 
 
 def test_arrays_of_numbers_come_back_as_numpy_pieces() -> None:
