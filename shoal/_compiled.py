@@ -74,6 +74,7 @@ HOT_PATH: tuple[str, ...] = (
     "shoal/supervisor/extensions/statistics.py",
     "shoal/supervisor/extensions/trace_settings.py",
     "shoal/supervisor/models/loaded.py",
+    "shoal/supervisor/models/version.py",
     "shoal/supervisor/instances/decoupled.py",
     "shoal/supervisor/instances/process.py",
     "shoal/core/types.py",

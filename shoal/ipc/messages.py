@@ -161,6 +161,9 @@ _KINDS: dict[type, Kind] = {
     Readiness: Kind.READINESS,
 }
 _TYPES: dict[int, Any] = {int(kind): cls for cls, kind in _KINDS.items()}
+#: Each message class's kind as a plain int, what the wire carries: ``int(kind)`` of an
+#: ``IntEnum`` member is a generic call, once per message sent.
+_KIND_NUMBERS: dict[type, int] = {cls: int(kind) for cls, kind in _KINDS.items()}
 
 
 #: One packer per thread: ``msgpack.packb`` builds a new ``Packer`` for every call, which cost
@@ -175,7 +178,7 @@ def encode(message: Message) -> bytes:
         packer = _packers.packer
     except AttributeError:
         packer = _packers.packer = msgpack.Packer(use_bin_type=True)
-    return packer.pack([int(_KINDS[type(message)]), *message.fields()])  # type: ignore[no-any-return]
+    return packer.pack([_KIND_NUMBERS[type(message)], *message.fields()])  # type: ignore[no-any-return]
 
 
 def decode(payload: bytes) -> Message:

@@ -46,7 +46,7 @@ from shoal.supervisor.memory.system_shm import SharedMemoryRegistry
 from shoal.supervisor.models import describe
 from shoal.supervisor.models.ensemble import EnsembleRunner
 from shoal.supervisor.models.manager import ModelRepositoryManager
-from shoal.supervisor.models.versions import ModelState, ModelVersion
+from shoal.supervisor.models.version import ModelState, ModelVersion
 from shoal.supervisor.options import ServerOptions
 from shoal.supervisor.requests import classification, staging, streaming
 from shoal.supervisor.requests.answers import Answer, in_task, nothing
@@ -387,7 +387,7 @@ class InferenceService:
         ]
         return InferResponse(
             model_name=mv.name,
-            model_version=str(mv.version),
+            model_version=mv.version_label,
             id=request.id,
             outputs=outputs,
             parameters=dict(record.parameters),

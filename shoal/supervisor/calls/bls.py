@@ -28,7 +28,7 @@ from shoal.ipc import messages as msg
 from shoal.ipc.queue import PeerGone
 from shoal.supervisor.instances.decoupled import new_stream
 from shoal.supervisor.memory.segments import SegmentDirectory
-from shoal.supervisor.models.versions import ModelVersion
+from shoal.supervisor.models.version import ModelVersion
 from shoal.supervisor.requests import staging
 from shoal.supervisor.work import Completion, Work
 

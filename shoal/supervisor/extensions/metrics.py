@@ -25,7 +25,7 @@ from shoal.supervisor.extensions._metrics_families import (
 )
 from shoal.supervisor.extensions._metrics_rss import RssProbe
 from shoal.supervisor.memory.cuda_pools import CudaPools
-from shoal.supervisor.models.versions import ModelVersion
+from shoal.supervisor.models.version import ModelVersion
 from shoal.supervisor.service import InferenceService
 
 __all__ = ["MetricsExporter", "ServiceCollector"]

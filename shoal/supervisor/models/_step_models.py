@@ -6,7 +6,7 @@ from __future__ import annotations
 from shoal import config as model_config
 from shoal.supervisor.models._ensemble_checks import EnsembleProblem, check_ensemble
 from shoal.supervisor.models.repository import ModelSource
-from shoal.supervisor.models.versions import ModelVersion
+from shoal.supervisor.models.version import ModelVersion
 
 _Loaded = dict[str, dict[int, ModelVersion]]
 

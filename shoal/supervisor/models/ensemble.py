@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-import weakref
 from collections.abc import Callable
 from typing import Protocol
 
@@ -28,7 +27,7 @@ from shoal.ipc.records import RequestRecord
 from shoal.ipc.tensor import CudaLocation, TensorDesc
 from shoal.supervisor.memory.segments import SegmentDirectory
 from shoal.supervisor.models._ensemble_plan import EnsemblePlan, StepPlan, input_datatypes, plan_of
-from shoal.supervisor.models.versions import ModelVersion
+from shoal.supervisor.models.version import ModelVersion
 from shoal.supervisor.requests.staging import batch_of
 from shoal.supervisor.work import Completion, Work
 
@@ -54,15 +53,12 @@ class EnsembleRunner:
         self.models = models
         self._directory = directory
         self._free_inputs = free_inputs
-        self._plans: weakref.WeakKeyDictionary[ModelVersion, EnsemblePlan] = (
-            weakref.WeakKeyDictionary()
-        )
 
     def plan(self, mv: ModelVersion) -> EnsemblePlan:
         """The step graph of a loaded ensemble version, worked out on its first request."""
-        plan = self._plans.get(mv)
+        plan: EnsemblePlan | None = mv.ensemble_plan
         if plan is None:
-            plan = self._plans[mv] = plan_of(mv.config)
+            plan = mv.ensemble_plan = plan_of(mv.config)
         return plan
 
     async def run(

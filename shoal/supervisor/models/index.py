@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 
 from shoal.core.types import RepositoryEntry
-from shoal.supervisor.models.versions import ModelState, ModelVersion
+from shoal.supervisor.models.version import ModelState, ModelVersion
 
 
 def repository_index(

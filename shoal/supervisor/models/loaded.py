@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from shoal.core.errors import ErrorCode, NotFound, ShoalError, Unavailable
-from shoal.supervisor.models.versions import ModelState, ModelVersion
+from shoal.supervisor.models.version import ModelState, ModelVersion
 
 
 class LoadedModels:

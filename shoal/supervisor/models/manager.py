@@ -27,12 +27,8 @@ from shoal.supervisor.models.preparation import check_model_name, parse_override
 from shoal.supervisor.models.remote_repository import RemoteRepositoryError, RepositorySources
 from shoal.supervisor.models.repository import Fingerprint, ModelSource, fingerprint, scan
 from shoal.supervisor.models.uploads import write_model_files
-from shoal.supervisor.models.versions import (
-    ModelLoader,
-    ModelState,
-    ModelVersion,
-    without_repository,
-)
+from shoal.supervisor.models.version import ModelState, ModelVersion
+from shoal.supervisor.models.versions import ModelLoader, without_repository
 from shoal.supervisor.options import ServerOptions
 
 log = logging.getLogger("shoal")

@@ -20,7 +20,7 @@ from shoal.supervisor.models.autocomplete import (
     require_pytorch_config,
     wants_auto_complete,
 )
-from shoal.supervisor.models.versions import ModelVersion
+from shoal.supervisor.models.version import ModelVersion
 from shoal.supervisor.options import ServerOptions
 
 #: Characters Triton's Python backend refuses in stub (model and instance) names.

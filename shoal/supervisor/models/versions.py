@@ -3,20 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-import enum
 import logging
 import os
 import tarfile
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator
-from dataclasses import dataclass, field
-from typing import Any
 
-from shoal.config import ModelConfig
 from shoal.core.errors import InvalidArgument, ShoalError, Unavailable
 from shoal.ipc.arena import Block
 from shoal.protos import model_config_pb2 as pb
-from shoal.supervisor.extensions.statistics import StatsRecorder
 from shoal.supervisor.instances.instance import (
     BlsHandler,
     ControlHandler,
@@ -30,9 +25,9 @@ from shoal.supervisor.instances.process import StubProcess
 from shoal.supervisor.memory.segments import SegmentDirectory
 from shoal.supervisor.models import environments, warmup
 from shoal.supervisor.models.instance_specs import instance_specs
+from shoal.supervisor.models.version import ModelState, ModelVersion
 from shoal.supervisor.options import ArenaOptions
 from shoal.supervisor.requests import classification
-from shoal.supervisor.requests.summary import ModelSummary
 from shoal.supervisor.schedulers import (
     DefaultScheduler,
     Scheduler,
@@ -45,64 +40,6 @@ from shoal.supervisor.schedulers.rate_limiter import LimitedInstance, RateLimite
 from shoal.supervisor.work import Work
 
 log = logging.getLogger("shoal")
-
-
-class ModelState(enum.Enum):
-    LOADING = "LOADING"
-    READY = "READY"
-    UNAVAILABLE = "UNAVAILABLE"
-    UNLOADING = "UNLOADING"
-
-
-@dataclass(eq=False)
-class ModelVersion:
-    """One version of a model: config, scheduler and instances."""
-
-    name: str
-    version: int
-    config: ModelConfig
-    config_json: dict[str, Any]
-    state: ModelState = ModelState.LOADING
-    reason: str = ""
-    scheduler: Scheduler | None = None
-    instances: list[StubInstance] = field(default_factory=list)
-    stats: StatsRecorder = field(init=False)
-    environment: environments.StubEnvironment | None = None
-    #: The ``model.py`` of the model's Python-based backend; "" when the model is its own.
-    runtime_file: str = ""
-    #: Its instances' places in the rate limiter (``--rate-limit execution_count``).
-    rate_limited: list[LimitedInstance] = field(default_factory=list)
-    #: Why no instance is live while every restart keeps failing (None when one is live or
-    #: about to be): requests are refused with it instead of waiting for an instance.
-    down: str | None = None
-    #: ``config.is_ensemble``, and neither an ensemble nor decoupled: asked on every request,
-    #: read once here (the config's properties are interpreted calls; it never changes).
-    is_ensemble: bool = field(init=False)
-    plain: bool = field(init=False)
-    #: What the per-request checks read of ``config``, in native attributes (built once).
-    summary: ModelSummary = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.stats = StatsRecorder(self.name, self.version)
-        self.is_ensemble = self.config.is_ensemble
-        self.plain = not (self.is_ensemble or self.config.decoupled)
-        self.summary = ModelSummary(self.config)
-
-    @property
-    def ready(self) -> bool:
-        """Loaded (it may be between two stubs of a restart: see ``serving``)."""
-        return self.state is ModelState.READY
-
-    @property
-    def serving(self) -> bool:
-        """Loaded and with a live instance now: what readiness reports."""
-        if self.state is not ModelState.READY:
-            return False
-        return not self.instances or any(i.ready for i in self.instances)
-
-    def submit(self, work: Work) -> None:
-        assert self.scheduler is not None
-        self.scheduler.submit(work)
 
 
 class ModelLoader:

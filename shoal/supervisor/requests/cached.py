@@ -7,7 +7,7 @@ import time
 
 from shoal.core.types import InferRequest, InferResponse
 from shoal.supervisor.memory.system_shm import SharedMemoryRegistry
-from shoal.supervisor.models.versions import ModelVersion
+from shoal.supervisor.models.version import ModelVersion
 from shoal.supervisor.requests import classification
 from shoal.supervisor.requests.client_shm import write_shm_outputs
 from shoal.supervisor.requests.response_cache import CachedResponse, ResponseCache, copy_response

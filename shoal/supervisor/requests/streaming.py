@@ -21,7 +21,7 @@ from shoal.supervisor.requests import classification, staging
 from shoal.supervisor.work import Completion, Work
 
 if TYPE_CHECKING:
-    from shoal.supervisor.models.versions import ModelVersion
+    from shoal.supervisor.models.version import ModelVersion
 
 
 class StreamingService(Protocol):

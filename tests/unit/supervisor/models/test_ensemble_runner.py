@@ -14,7 +14,7 @@ from shoal.ipc import messages as msg
 from shoal.ipc.arena import Block
 from shoal.ipc.tensor import TensorDesc
 from shoal.supervisor.models.ensemble import EnsembleRunner
-from shoal.supervisor.models.versions import ModelState, ModelVersion
+from shoal.supervisor.models.version import ModelState, ModelVersion
 from shoal.supervisor.work import Completion, Work
 from tests.integration.server import BUNDLED, TEST_MODELS
 
@@ -27,6 +27,17 @@ class _Instance:
 
     def release_outputs(self, proc, blocks):
         self.released.extend(blocks)
+
+
+class _StepScheduler:
+    """A step model's scheduler: hands its work to the test's repository."""
+
+    def __init__(self, repository, name):
+        self._repository = repository
+        self._name = name
+
+    def submit(self, work):
+        self._repository._submit(self._name, work)
 
 
 class _Repository:
@@ -44,7 +55,7 @@ class _Repository:
         if name not in self.versions:
             repo = TEST_MODELS if (TEST_MODELS / name).is_dir() else BUNDLED
             mv = ModelVersion(name, 1, load_model_config(repo / name), {}, ModelState.READY)
-            mv.submit = lambda work, name=name: self._submit(name, work)
+            mv.scheduler = _StepScheduler(self, name)  # ModelVersion is compiled: no patching
             self.versions[name] = mv
         return self.versions[name]
 
