@@ -14,12 +14,15 @@ machine's perf has no hardware counters either: samples of CPU time are what is 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import subprocess
 import tempfile
 import threading
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import tritonclient.http as httpclient
@@ -89,19 +92,33 @@ def _profile(pid: int, data: str, url: str, requests: int) -> float:
         record.wait(60)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=8000)
+def core_arguments(doc: str, requests: int) -> argparse.ArgumentParser:
+    """The options every served-core benchmark takes."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=requests)
     parser.add_argument("--frontend-workers", type=int, default=2)
+    return parser
+
+
+@contextlib.contextmanager
+def warm_core(log: Path, frontend_workers: int, **options: Any) -> Iterator[Any]:
+    """``shoal serve`` on benchmarks/models, warmed up (first-use paths do not count), stopped
+    on leaving."""
+    server = start_traced_server(log, frontend_workers, trace=False, **options)
+    try:
+        _drive(server.http, 400)
+        yield server
+    finally:
+        stop_server(server.process)
+
+
+def main() -> None:
+    parser = core_arguments(__doc__, 8000)
     parser.add_argument("--top", type=int, default=30)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        server = start_traced_server(Path(tmp) / "serve.log", args.frontend_workers, trace=False)
-        try:
-            _drive(server.http, 400)  # warm-up: first-use paths do not count
+        with warm_core(Path(tmp) / "serve.log", args.frontend_workers) as server:
             cpu = _profile(server.process.pid, f"{tmp}/perf.data", server.http, args.requests)
-        finally:
-            stop_server(server.process)
         rows = _report(f"{tmp}/perf.data")
     per = cpu / args.requests * 1e6
     print(f"# core process, --frontend-workers {args.frontend_workers}, {args.requests} HTTP")

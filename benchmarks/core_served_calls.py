@@ -11,7 +11,6 @@ mypyc did not compile.
 
 from __future__ import annotations
 
-import argparse
 import collections
 import json
 import os
@@ -23,9 +22,7 @@ from types import FrameType
 from typing import Any
 
 import shoal._compiled
-from benchmarks.batching import stop_server
-from benchmarks.core_profile import _drive
-from benchmarks.overhead import start_traced_server
+from benchmarks.core_profile import _drive, core_arguments, warm_core
 
 
 def _serve() -> None:
@@ -54,24 +51,15 @@ def _serve() -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=2000)
-    parser.add_argument("--frontend-workers", type=int, default=2)
-    args = parser.parse_args()
+    args = core_arguments(__doc__, 2000).parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         out = f"{tmp}/counts.json"
         wrapper = [sys.executable, "-m", "benchmarks.core_served_calls", "--serve", out]
-        server = start_traced_server(
-            Path(tmp) / "serve.log", args.frontend_workers, wrapper=wrapper, trace=False
-        )
-        try:
-            _drive(server.http, 400)  # warm-up: first-use paths do not count
+        with warm_core(Path(tmp) / "serve.log", args.frontend_workers, wrapper=wrapper) as server:
             os.kill(server.process.pid, signal.SIGUSR1)
             _drive(server.http, args.requests)
             os.kill(server.process.pid, signal.SIGUSR2)
             _drive(server.http, 4)  # the handler runs at the loop's next turn
-        finally:
-            stop_server(server.process)
         counts: dict[str, int] = json.loads(Path(out).read_text())
     per = args.requests
     total = sum(counts.values()) / per

@@ -13,16 +13,14 @@ doorbells.
 
 from __future__ import annotations
 
-import argparse
 import signal
 import subprocess
 import tempfile
 from pathlib import Path
 
 import shoal._compiled
-from benchmarks.batching import machine, stop_server
-from benchmarks.core_profile import _THREADS, _drive
-from benchmarks.overhead import start_traced_server
+from benchmarks.batching import machine
+from benchmarks.core_profile import _THREADS, _drive, core_arguments, warm_core
 
 
 def _counts(path: str) -> dict[str, int]:
@@ -52,17 +50,12 @@ def _traced(pid: int, out: str, url: str, requests: int) -> dict[str, int]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=2000)
-    parser.add_argument("--frontend-workers", type=int, default=2)
-    args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        server = start_traced_server(Path(tmp) / "serve.log", args.frontend_workers, trace=False)
-        try:
-            _drive(server.http, 400)  # warm-up: first-use paths do not count
-            counts = _traced(server.process.pid, f"{tmp}/strace.txt", server.http, args.requests)
-        finally:
-            stop_server(server.process)
+    args = core_arguments(__doc__, 2000).parse_args()
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        warm_core(Path(tmp) / "serve.log", args.frontend_workers) as server,
+    ):
+        counts = _traced(server.process.pid, f"{tmp}/strace.txt", server.http, args.requests)
     total = args.requests + 40
     print(f"# core process, --frontend-workers {args.frontend_workers}, {total} HTTP requests")
     print(f"# from {_THREADS} threads, hot path {shoal._compiled.state}, {machine()}\n")
