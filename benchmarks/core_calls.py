@@ -1,6 +1,6 @@
 """Interpreted Python calls per request on the core's path: a count, which load cannot move.
 
-    .venv/bin/python -m benchmarks.core_calls [--requests 1000] [--way callback|task]
+    .venv/bin/python -m benchmarks.core_calls [--requests 1000] [--way callback|task|link]
 
 Drives ``identity`` through the service over a loopback stub, as ``benchmarks.core_path``
 does, and counts with ``sys.setprofile`` every Python frame the requests run, by function.
@@ -58,7 +58,7 @@ async def _count(repo: str, way: str, requests: int) -> collections.Counter[str]
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=1000)
-    parser.add_argument("--way", choices=("callback", "task"), default="callback")
+    parser.add_argument("--way", choices=("callback", "task", "link"), default="callback")
     options = parser.parse_args()
     counts = on_identity(
         "shoal-core-calls-", lambda repo: _count(repo, options.way, options.requests)

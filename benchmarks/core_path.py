@@ -1,16 +1,22 @@
 """The core's own CPU per small request, in one process: the service over a loopback stub.
 
     .venv/bin/python -m benchmarks.core_path [--requests 20000] [-c 8] [--rounds 3]
+        [--ways task,callback,link]
 
-Runs ``identity`` (64-byte FP32 tensors, one instance) through the inference service two ways,
-``-c`` requests in flight, and prints the process's CPU time per request:
+Runs ``identity`` (64-byte FP32 tensors, one instance) through the inference service three
+ways, ``-c`` requests in flight, and prints the process's CPU time per request:
 
 * ``task``: ``InferenceService.infer`` in a task per request (the in-process frontends' way);
 * ``callback``: ``InferenceService.start_infer`` answered through a callback (the frontend
-  workers' link, without its frames).
+  workers' link, without its frames);
+* ``link``: the frontend workers' link itself, the core's whole side of a worker's call: CALL
+  frames as a worker builds them (``wire.frame``) go through the link's real ``FrameReader``
+  and ``_Link.on_call`` to ``start_infer``, and the answer frames leave through its real
+  ``Outbox``. Only the socket is replaced, by a stand-in that keeps what the core writes and
+  sends the next call once an answer arrives (:class:`_WorkerEnd`).
 
 The loopback stub (the Execute/Result codec and the model function) runs in the same process
-and counts in both, as do the scheduler, the instance and the statistics; no socket, no
+and counts in all three, as do the scheduler, the instance and the statistics; no socket, no
 doorbell, no other process, so the figures hold still on a busy machine where the served
 benchmarks (``benchmarks.overhead``) do not. The median of ``--rounds`` rounds per way.
 """
@@ -31,6 +37,8 @@ import numpy as np
 import shoal._compiled
 from shoal.cli import options_from_args
 from shoal.core import InferInput, InferRequest, InferResponse
+from shoal.frontends.workers import _wire as wire
+from shoal.frontends.workers.host import WorkerPool, _Link
 from shoal.supervisor.compose import build_service
 from shoal.supervisor.instances.loopback import Loopback
 from shoal.supervisor.service import InferenceService
@@ -45,6 +53,7 @@ input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
 output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
 """
 DATA = np.zeros(16, np.float32).tobytes()
+WAYS = ("task", "callback", "link")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -63,8 +72,74 @@ def _request() -> InferRequest:
     return InferRequest("identity", inputs=[InferInput("INPUT0", "FP32", (16,), DATA)])
 
 
+class _WorkerEnd(asyncio.Transport):
+    """The link's socket, seen from the worker: what the core writes is read as answer frames
+    (only their kind and call id, the header's first bytes: the worker's decoding is not the
+    core's cost), and each answer sends that call id's next CALL frame while ``answered(ok)``
+    says so, several in one read when several answers left in one write, as a socket would."""
+
+    def __init__(self, calls: list[bytes], answered: Callable[[bool], bool]) -> None:
+        super().__init__()
+        #: Each call id's CALL frame (id ``i + 1`` at ``i``), built once as a worker builds it.
+        self.calls = calls
+        self.reader: wire.FrameReader | None = None
+        self._answered = answered
+        self._pending: list[bytes] = []
+
+    def is_closing(self) -> bool:
+        return False
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        self.writelines([data])
+
+    def writelines(self, pieces: Any) -> None:
+        for piece in pieces:
+            self._read(memoryview(piece))
+        if self._pending:
+            asyncio.get_running_loop().call_soon(self._deliver, self._pending)
+            self._pending = []
+
+    def _read(self, data: memoryview) -> None:
+        at = 0
+        while at < len(data):
+            header, payload = wire.prefix(data, at)
+            # [kind, call id, ...]: a fixarray's byte, then two positive fixints.
+            kind, call_id = data[at + wire.PREFIX_SIZE + 1], data[at + wire.PREFIX_SIZE + 2]
+            at += wire.PREFIX_SIZE + header + payload
+            if self._answered(kind == wire.OK):
+                self._pending.append(self.calls[call_id - 1])
+
+    def send_calls(self, ids: range) -> None:
+        self._deliver([self.calls[call_id - 1] for call_id in ids])
+
+    def _deliver(self, frames: list[bytes]) -> None:
+        assert self.reader is not None
+        self.reader.data_received(b"".join(frames))
+
+
+def _link_way(
+    service: InferenceService, concurrency: int, answered: Callable[[bool], bool]
+) -> tuple[_WorkerEnd, _Link]:
+    """A worker's link to ``service`` over a stand-in socket, and the call frames it sends."""
+    assert concurrency < 128, "the answers' call ids are read as one-byte integers"
+    pool = WorkerPool(service, 0, [], [], b"")  # type: ignore[arg-type]
+    link = _Link(service, 0, pool)  # type: ignore[arg-type]
+    calls = []
+    for call_id in range(1, concurrency + 1):
+        payloads: list[memoryview | bytes] = []
+        fields = wire.request_to_wire(_request(), payloads)
+        calls.append(b"".join(wire.frame([wire.CALL, call_id, "infer", fields], payloads)))
+    end = _WorkerEnd(calls, answered)
+    end.reader = wire.FrameReader(link.on_call, link.cancel_all)
+    end.reader.connection_made(end)
+    link.outbox = wire.Outbox(end)
+    return end, link
+
+
 async def _drive(service: InferenceService, way: str, total: int, concurrency: int) -> float:
     """CPU µs per request for ``total`` requests, ``concurrency`` in flight."""
+    if way == "link":
+        return await _drive_link(service, total, concurrency)
     finished = asyncio.get_running_loop().create_future()
     counts = {"sent": 0, "done": 0}
 
@@ -100,13 +175,44 @@ async def _drive(service: InferenceService, way: str, total: int, concurrency: i
     return (time.process_time_ns() - started) / total / 1000
 
 
-async def _measure(repo: str, requests: int, concurrency: int, rounds: int) -> dict[str, float]:
+async def _drive_link(service: InferenceService, total: int, concurrency: int) -> float:
+    """:func:`_drive` through a frontend worker's link (the ``link`` way)."""
+    finished = asyncio.get_running_loop().create_future()
+    first = min(concurrency, total)
+    counts = {"sent": first, "done": 0}
+
+    def answered(ok: bool) -> bool:
+        if not ok:
+            if not finished.done():
+                finished.set_exception(RuntimeError("the core answered a call with an error"))
+            return False
+        counts["done"] += 1
+        if counts["done"] == total:
+            finished.set_result(None)
+        if counts["sent"] == total:
+            return False
+        counts["sent"] += 1
+        return True
+
+    end, link = _link_way(service, concurrency, answered)
+    started = time.process_time_ns()
+    end.send_calls(range(1, first + 1))
+    await finished
+    elapsed = time.process_time_ns() - started
+    link.outbox = None
+    return elapsed / total / 1000
+
+
+async def _measure(
+    repo: str, requests: int, concurrency: int, rounds: int, ways: list[str]
+) -> dict[str, float]:
     args = _parser().parse_args(["serve", "--model-repository", repo])
     service = build_service(options_from_args(args), make_stub=Loopback(lambda name: _identity))
     await service.load_repository()
     try:
-        await _drive(service, "task", requests // 10, concurrency)  # warm-up
-        ways = ["task", "callback"] if hasattr(service, "start_infer") else ["task"]
+        await _drive(service, ways[0], requests // 10, concurrency)  # warm-up
+        if not hasattr(service, "start_infer"):  # an old tree: the task way only
+            ways = ["task"]
         samples: dict[str, list[float]] = {way: [] for way in ways}
         for _ in range(rounds):
             for way in samples:
@@ -136,10 +242,18 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=20000)
     parser.add_argument("-c", "--concurrency", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--ways",
+        default=",".join(WAYS),
+        help="comma-separated, of: " + ", ".join(WAYS) + " (the first also warms up)",
+    )
     options = parser.parse_args()
+    ways = options.ways.split(",")
+    if not ways or any(way not in WAYS for way in ways):
+        parser.error(f"--ways takes some of {', '.join(WAYS)}")
     result = on_identity(
         "shoal-core-path-",
-        lambda repo: _measure(repo, options.requests, options.concurrency, options.rounds),
+        lambda repo: _measure(repo, options.requests, options.concurrency, options.rounds, ways),
     )
     print(f"hot path {shoal._compiled.state}, c={options.concurrency}, CPU µs per request:")
     for way, value in result.items():

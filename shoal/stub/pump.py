@@ -61,12 +61,13 @@ class DownPump:
 
     def next_main(self) -> msg.Message:
         """The next message for the main loop (Execute, Finalize, ...)."""
+        if self._main:  # the main loop is its only reader; a deque's popleft is atomic
+            return self._main.popleft()
+        return cast(msg.Message, self._wait(self._take_main))
+
+    def _take_main(self) -> msg.Message | None:
         main = self._main
-
-        def take() -> msg.Message | None:
-            return main.popleft() if main else None
-
-        return cast(msg.Message, self._wait(take))
+        return main.popleft() if main else None
 
     def next_reply(self, call_id: int) -> msg.BlsReply | msg.ControlReply:
         """The next reply to call ``call_id``."""

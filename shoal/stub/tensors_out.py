@@ -89,7 +89,7 @@ class TensorWriter:
                 return desc
         array = tensor._array()
         datatype = tensor._datatype()
-        shape = tuple(int(d) for d in array.shape)
+        shape: tuple[int, ...] = array.shape  # a NumPy shape is a tuple of ints already
         known = self.locations.lookup(array, for_response=for_response)
         if known is not None and known.datatype == datatype and known.shape == shape:
             location = known.location
