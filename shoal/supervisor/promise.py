@@ -28,12 +28,15 @@ _CANCELLED: Final = 3
 class Settled:
     """Calls back, from one ``call_soon`` per loop turn, the promises settled in that turn."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        #: None: the loop running when the first promise settles (made before any runs).
         self._loop = loop
         self._queue: list[Promise] = []
 
     def add(self, promise: Promise) -> None:
         if not self._queue:
+            if self._loop is None:
+                self._loop = asyncio.get_running_loop()
             self._loop.call_soon(self._run)
         self._queue.append(promise)
 
@@ -44,7 +47,8 @@ class Settled:
 
     def report(self, error: Exception, callback: object) -> None:
         """A callback raised: logged as the loop logs a failed callback, the others still run."""
-        self._loop.call_exception_handler(
+        loop = self._loop or asyncio.get_running_loop()
+        loop.call_exception_handler(
             {"message": f"Exception in callback {callback!r}", "exception": error}
         )
 
