@@ -422,8 +422,8 @@ class InferenceService:
 
 
 class _Completed:
-    """A :meth:`InferenceService.start_infer` request's callback. Not a closure: a compiled
-    closure's environment holds it, a cycle that left each request to the cyclic collector."""
+    """A :meth:`InferenceService.start_infer` request's callback: one object, where a compiled
+    closure is two (its environment and the function) with every captured name in both."""
 
     def __init__(
         self,
