@@ -62,6 +62,19 @@ def _nothing() -> None:
     pass
 
 
+class _Reply:
+    """Answers one inference call of a link (the ``done`` of ``start_infer``): one object per
+    call, where a closure was two (its cell environment and the function)."""
+
+    def __init__(self, link: _Link, call_id: int, request: InferRequest) -> None:
+        self._link = link
+        self._call_id = call_id
+        self._request = request
+
+    def __call__(self, response: InferResponse | None, error: BaseException | None) -> None:
+        self._link._answer(self._call_id, self._request, response, error)
+
+
 class _Link:
     """One worker process and its sockets, from the core's side."""
 
@@ -89,9 +102,11 @@ class _Link:
             outbox.put(wire.frame(header, payloads), copy=True)
 
     def on_call(self, header: list[Any], payloads: list[memoryview]) -> None:
-        kind, call_id, *fields = header
+        # [kind, call id, *fields], read in place: no list of the fields per call
+        kind = header[0]
+        call_id = header[1]
         if kind == wire.CALL:
-            method, args = fields
+            method, args = header[2], header[3]
             if method == "infer":
                 self._infer(call_id, args, payloads)
             else:
@@ -103,10 +118,10 @@ class _Link:
                 cancel()
         elif kind == wire.RELEASE:
             if self.outputs is not None:
-                self.outputs.release(fields[0])
+                self.outputs.release(header[2])
         elif kind == wire.RETIRED:
             if self.arena is not None:
-                self.arena.retired(fields[0])
+                self.arena.retired(header[2])
         elif kind == wire.OK and call_id == 0 and not self.ready.done():
             self.ready.set_result(None)
 
@@ -125,9 +140,7 @@ class _Link:
             self._answer(call_id, None, None, error)
             return
         try:
-            cancel = self.core.start_infer(
-                request, lambda response, error: self._answer(call_id, request, response, error)
-            )
+            cancel = self.core.start_infer(request, _Reply(self, call_id, request))
         except Exception as error:
             self._answer(call_id, request, None, error)
             return

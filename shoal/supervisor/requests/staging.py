@@ -48,17 +48,29 @@ def _shape_matches(expected: Sequence[int], actual: Sequence[int]) -> bool:
 
 
 def _check_text(model: ModelSummary, request: InferRequest) -> None:
-    """Strings cross to the stub as UTF-8: a lone surrogate (JSON's escaped DC00) cannot."""
-    texts = [request.id, *request.parameters]
-    texts += [v for v in request.parameters.values() if isinstance(v, str)]
-    for text in texts:
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError:
-            raise InvalidArgument(
-                f"a request for model '{model.name}' holds a string that is not valid UTF-8 "
-                f"(a lone surrogate) in its id or parameters: {text!r}"
-            ) from None
+    """Strings cross to the stub as UTF-8: a lone surrogate (JSON's escaped DC00) cannot. The
+    id first, then the parameters' names, then their string values: the first bad one is named.
+    """
+    _check_utf8(model, request.id)
+    parameters = request.parameters
+    if parameters:
+        for name in parameters:
+            _check_utf8(model, name)
+        for value in parameters.values():
+            if isinstance(value, str):
+                _check_utf8(model, value)
+
+
+def _check_utf8(model: ModelSummary, text: str) -> None:
+    if text.isascii():  # a flag of the string: no encoding per request for nearly all
+        return
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidArgument(
+            f"a request for model '{model.name}' holds a string that is not valid UTF-8 "
+            f"(a lone surrogate) in its id or parameters: {text!r}"
+        ) from None
 
 
 def check_inputs(model: ModelSummary, request: InferRequest) -> None:
@@ -278,7 +290,7 @@ def stage_request(
     try:
         for tensor, size in zip(request.inputs, sizes, strict=True):
             shape = _model_shape(model, rules[tensor.name], tuple(tensor.shape))
-            in_region = (regions or {}).get(tensor.name)
+            in_region = regions.get(tensor.name) if regions else None
             if in_region is not None:
                 descs.append(TensorDesc(tensor.name, tensor.datatype, shape, in_region))
                 continue
@@ -297,16 +309,19 @@ def stage_request(
             f"cannot stage the inputs of a request for model '{model.name}': {error}"
         ) from None
     params = dict(request.parameters)
-    record = RequestRecord(
-        request_id=request.id,
-        correlation_id=_correlation_id(params),
-        flags=_sequence_flags(params),
-        parameters=params,
-        requested_outputs=outputs,
-        inputs=descs,
-        timeout_us=int(params.get("timeout", 0) or 0),
-        private_inputs=private,
-    )
+    if params:
+        record = RequestRecord(
+            request.id,
+            _correlation_id(params),
+            _sequence_flags(params),
+            params,
+            outputs,
+            descs,
+            int(params.get("timeout", 0) or 0),
+            private_inputs=private,
+        )
+    else:  # most requests: no sequence, no flags, no timeout to look up
+        record = RequestRecord(request.id, 0, 0, params, outputs, descs, private_inputs=private)
     return record, blocks
 
 
