@@ -88,4 +88,3 @@ def test_execute_round_trips() -> None:
     assert isinstance(decoded, msg.Execute)
     assert decoded.batch_id == 3
     assert decoded.requests == message.requests
-

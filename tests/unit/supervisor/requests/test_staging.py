@@ -171,9 +171,7 @@ def test_a_failed_staging_hands_placed_blocks_back_to_the_request(config, arena)
         ("", {"ok": 1, "also": "v\udc02"}, "v\udc02"),  # then the string values
     ],
 )
-def test_a_lone_surrogate_is_named_id_then_names_then_values(
-    config, request_id, parameters, named
-):
+def test_a_lone_surrogate_is_named_id_then_names_then_values(config, request_id, parameters, named):
     request = InferRequest("m", id=request_id, inputs=[_fp32("A", (1, 2))], parameters=parameters)
     with pytest.raises(InvalidArgument, match="not valid UTF-8") as caught:
         staging.check_inputs(config, request)
