@@ -94,6 +94,8 @@ class _Link:
         self.calls: dict[int, Callable[[], object]] = {}
         self.outbox: wire.Outbox | None = None
         self.control: asyncio.Transport | None = None
+        #: ``arena.lend``, once there is an arena.
+        self._lend: wire.Lend | None = None
 
     def send(self, header: list[Any], payloads: Sequence[memoryview | bytes] = ()) -> None:
         """Queue a frame; its bytes are copied first, so blocks may be released right after."""
@@ -133,7 +135,9 @@ class _Link:
 
     def _infer(self, call_id: int, args: list[Any], payloads: list[memoryview]) -> None:
         self.calls[call_id] = _nothing  # until started: it may be answered before that
-        lend = None if self.arena is None else self.arena.lend
+        lend = self._lend
+        if lend is None and self.arena is not None:  # its bound method made once, not per call
+            lend = self._lend = self.arena.lend
         try:
             request = wire.request_from_wire(args, payloads, lend)
         except Exception as error:  # every failure is the caller's answer

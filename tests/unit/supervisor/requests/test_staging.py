@@ -71,9 +71,25 @@ def test_valid_request_passes(config):
         (_request(_fp32("A", (2,))), "Expected [-1,2], got [2]"),
         (_request(_fp32("A", (9, 2))), "inference request batch-size must be <= 8 for 'm'"),
         (_request(_fp32("A", (1, 2)), _fp32("A", (1, 2))), "more than once"),
+        (
+            _request(InferInput("A", "FP32", (1, -2), b"")),
+            "input 'A' for model 'm' has a negative dimension in its shape [1,-2]",
+        ),
+        (  # a zero does not hide the others' product; the negative one is named first
+            _request(InferInput("A", "FP32", (1 << 30, 0, 1 << 30), b"")),
+            "has an impossible shape [1073741824,0,1073741824]: its dimensions multiply past",
+        ),
+        (
+            _request(InferInput("A", "FP32", (1 << 62, -1, 2), b"")),
+            "has a negative dimension in its shape",
+        ),
+        (_request(_fp32("A", (0, 2))), None),  # an empty batch is a shape that matches
     ],
 )
 def test_invalid_requests(config, request_, message):
+    if message is None:
+        staging.check_inputs(config, request_)
+        return
     with pytest.raises(InvalidArgument) as info:
         staging.check_inputs(config, request_)
     assert message in str(info.value)
