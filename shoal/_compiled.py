@@ -71,6 +71,8 @@ HOT_PATH: tuple[str, ...] = (
     "shoal/supervisor/requests/client_shm.py",
     "shoal/supervisor/requests/staging.py",
     "shoal/supervisor/requests/summary.py",
+    "shoal/supervisor/requests/responses.py",
+    "shoal/supervisor/promise.py",
     "shoal/supervisor/extensions/statistics.py",
     "shoal/supervisor/extensions/trace_settings.py",
     "shoal/supervisor/models/loaded.py",

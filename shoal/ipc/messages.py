@@ -46,6 +46,7 @@ from shoal.ipc.model_messages import (
     Ready,
     Response,
     Result,
+    result_from_wire,
 )
 from shoal.ipc.records import (
     RequestRecord,
@@ -164,6 +165,7 @@ _TYPES: dict[int, Any] = {int(kind): cls for cls, kind in _KINDS.items()}
 #: Each message class's kind as a plain int, what the wire carries: ``int(kind)`` of an
 #: ``IntEnum`` member is a generic call, once per message sent.
 _KIND_NUMBERS: dict[type, int] = {cls: int(kind) for cls, kind in _KINDS.items()}
+_RESULT: Final = int(Kind.RESULT)
 
 
 #: One packer per thread: ``msgpack.packb`` builds a new ``Packer`` for every call, which cost
@@ -191,7 +193,12 @@ def encode(message: Message) -> bytes:
 
 def decode(payload: bytes) -> Message:
     """Parse a message received from a channel ring."""
-    kind, *rest = msgpack.unpackb(payload, raw=False, strict_map_key=False)
+    message = msgpack.unpackb(payload, raw=False, strict_map_key=False)
+    if type(message) is list and len(message) == 7 and message[0] == _RESULT:
+        # Every request's answer: read in place, with a native call (``cls.from_fields`` of
+        # an ``Any`` class is a generic one, and ``*rest`` a list per message).
+        return result_from_wire(message, 1)
+    kind, *rest = message
     cls = _TYPES.get(kind)
     if cls is None:
         raise ValueError(f"unknown message kind {kind!r}")

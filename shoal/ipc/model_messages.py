@@ -180,10 +180,26 @@ class Result:
 
     @classmethod
     def from_fields(cls, f: list[Any]) -> Result:
-        responses = [ResponseRecord.from_wire(r) for r in f[1]]
-        stub_ns = (int(f[5][0]), int(f[5][1]))
-        # By name, not cls(): compiled, that is a native constructor call, cls() a generic one.
-        return Result(f[0], responses, tuple(f[2]), list(f[3]), bool(f[4]), stub_ns)
+        return result_from_wire(f, 0)
+
+
+def result_from_wire(w: list[Any], at: int) -> Result:
+    """The :class:`Result` whose fields start at ``w[at]``: the codec reads a received message
+    in place (``[kind, *fields]``), with no list of its fields made first."""
+    responses = [ResponseRecord.from_wire(r) for r in w[at + 1]]
+    compute, stub = w[at + 2], w[at + 5]
+    rescheduled = w[at + 3]
+    if type(rescheduled) is not list:
+        rescheduled = list(rescheduled)
+    # By name, not cls(): compiled, that is a native constructor call, cls() a generic one.
+    return Result(
+        w[at],
+        responses,
+        (int(compute[0]), int(compute[1]), int(compute[2])),
+        rescheduled,
+        bool(w[at + 4]),
+        (int(stub[0]), int(stub[1])),
+    )
 
 
 @dataclass(slots=True)

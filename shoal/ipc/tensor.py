@@ -116,29 +116,49 @@ def location_to_wire(location: Location) -> list[Any]:
     raise TypeError(f"not a tensor location: {location!r}")
 
 
-def location_from_wire(obj: Sequence[Any]) -> Location:
+def location_from_wire(obj: Sequence[Any], at: int = 0) -> Location:
+    """The location whose wire fields start at ``obj[at]`` (a descriptor's come after its
+    name, datatype and shape: read in place, not sliced out)."""
     # Indexing and exact type tests: a match statement with class patterns costs several
     # microseconds a tensor, and a batch's Result carries one location per response.
-    size = len(obj)
-    if size == 5 and obj[0] == _ARENA and _all_ints(obj[1], obj[2], obj[3], obj[4]):
-        return Block(obj[1], obj[2], obj[3], obj[4])
-    if size == 4 and obj[0] == _REGION and type(obj[1]) is str and _all_ints(obj[2], obj[3]):
-        return RegionLocation(obj[1], obj[2], obj[3])
-    if size == 4 and obj[0] == _CUDA and _all_ints(obj[1], obj[2], obj[3]):
-        return CudaLocation(obj[1], obj[2], obj[3])
-    if (
+    size = len(obj) - at
+    kind = obj[at] if size > 0 else None
+    if size == 5 and kind == _ARENA:
+        arena_id, segment, offset, nbytes = obj[at + 1], obj[at + 2], obj[at + 3], obj[at + 4]
+        if (
+            type(arena_id) is int
+            and type(segment) is int
+            and type(offset) is int
+            and type(nbytes) is int
+        ):
+            return Block(arena_id, segment, offset, nbytes)
+    elif size == 4 and kind == _REGION:
+        if type(obj[at + 1]) is str and _all_ints(obj[at + 2], obj[at + 3]):
+            return RegionLocation(obj[at + 1], obj[at + 2], obj[at + 3])
+    elif size == 4 and kind == _CUDA:
+        if _all_ints(obj[at + 1], obj[at + 2], obj[at + 3]):
+            return CudaLocation(obj[at + 1], obj[at + 2], obj[at + 3])
+    elif (
         size == 6
-        and obj[0] == _CUDA_REGION
-        and type(obj[1]) is str
-        and _all_ints(obj[2], obj[3], obj[4])
-        and type(obj[5]) is bytes
+        and kind == _CUDA_REGION
+        and type(obj[at + 1]) is str
+        and _all_ints(obj[at + 2], obj[at + 3], obj[at + 4])
+        and type(obj[at + 5]) is bytes
     ):
-        return CudaRegionLocation(obj[1], obj[2], obj[3], obj[4], obj[5])
-    raise ValueError(f"malformed tensor location on the wire: {obj!r}")
+        return CudaRegionLocation(obj[at + 1], obj[at + 2], obj[at + 3], obj[at + 4], obj[at + 5])
+    raise ValueError(f"malformed tensor location on the wire: {list(obj[at:])!r}")
 
 
 def _all_ints(*values: Any) -> bool:
     # A loop, not all() over a generator: about half the cost on this per-tensor path.
+    for value in values:  # noqa: SIM110
+        if type(value) is not int:
+            return False
+    return True
+
+
+def _int_list(values: list[Any]) -> bool:
+    """Every item is an int (a shape on the wire; no tuple made of it, as ``*values`` does)."""
     for value in values:  # noqa: SIM110
         if type(value) is not int:
             return False
@@ -200,9 +220,9 @@ class TensorDesc:
         if len(obj) < 4 or type(obj[0]) is not str or type(obj[1]) is not str:
             raise ValueError(f"malformed tensor descriptor on the wire: {obj!r}")
         shape = obj[2]
-        if type(shape) is not list or not _all_ints(*shape):
+        if type(shape) is not list or not _int_list(shape):
             raise ValueError(f"malformed tensor shape on the wire: {shape!r}")
-        return TensorDesc(obj[0], obj[1], tuple(shape), location_from_wire(obj[3:]))
+        return TensorDesc(obj[0], obj[1], tuple(shape), location_from_wire(obj, 3))
 
 
 def _dtype(datatype: str) -> np.dtype:

@@ -85,6 +85,10 @@ class BlsExecutor(Protocol):
     ) -> Awaitable[InferenceResponse | ResponseIterator]: ...
 
 
+#: What a request holds until the model sets its own: no preferred memory, no trace.
+_NO_PREFERENCE = PreferredMemory._default()
+_UNTRACED = InferenceTrace()
+
 _bls_executor: BlsExecutor | None = None
 
 
@@ -222,8 +226,9 @@ class InferenceRequest:
         self._timeout = timeout
         self._target_name = model_name
         self._target_version = model_version
-        self._memory = PreferredMemory._default()
-        self._trace = InferenceTrace()
+        # Shared: neither has a setter, and one per request would cost two objects each.
+        self._memory = _NO_PREFERENCE
+        self._trace = _UNTRACED
         self._release = TRITONSERVER_REQUEST_RELEASE_ALL
         # Shared with the sender without a reference back to the request: no cycle keeps the
         # request (and its zero-copy input views) alive past its last use.

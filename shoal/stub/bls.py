@@ -31,7 +31,9 @@ from shoal.stub.pump import DownPump
 from shoal.stub.tensors_out import TensorWriter, Written
 
 #: The requests whose ``execute`` runs in this context, as ``(key, cancellation flag)`` pairs
-#: (set by the executor; a flag's ``cancelled`` turns true when the client goes away).
+#: (set by the executor; a flag's ``cancelled`` turns true when the client goes away). Not the
+#: requests themselves: a task the model starts copies the context, and must not keep the
+#: requests' input views alive.
 calling_requests: contextvars.ContextVar[tuple[tuple[int, Any], ...]] = contextvars.ContextVar(
     "calling_requests", default=()
 )

@@ -51,6 +51,17 @@ _RESERVED = frozenset(
 log = logging.getLogger("shoal.stub")
 
 
+#: Stands in ``_finish``'s responses for a request the model rescheduled (it has none).
+_RESCHEDULED: Any = object()
+
+
+def _model_parameters(parameters: dict[str, Any]) -> dict[str, Any]:
+    """The request parameters the model sees: those that are not request fields in Triton."""
+    if not parameters:
+        return {}
+    return {k: v for k, v in parameters.items() if k not in _RESERVED}
+
+
 @dataclass(eq=False)
 class _Batch:
     execute: msg.Execute
@@ -118,24 +129,20 @@ class BatchExecutor:
 
     def _run(self, execute: msg.Execute) -> msg.Result | None:
         t0 = time.perf_counter_ns()
+        records = execute.requests
         # What each request's response sender delivered (Triton's default-mode sender: one
         # response and FINAL, with execute returning None for that request).
-        sent: list[list[Any]] = [[] for _ in execute.requests]
+        sent: list[list[Any]] = [[] for _ in records]
         try:
-            requests = [self._request(r, sent[i]) for i, r in enumerate(execute.requests)]
+            requests = [self._request(record, sent[i]) for i, record in enumerate(records)]
         except Exception as error:  # a tensor the stub cannot view must not kill the instance
             return self._unreadable(execute, error)
-        self._open.track(execute.requests, requests)
-        if all(request._cancellation.cancelled for request in requests):
+        if self._open.track(records, requests) == len(requests):
             return self._dropped(execute)
         t1 = time.perf_counter_ns()
         # BLS calls made while serving these requests are cancelled along with them.
-        token = calling_requests.set(
-            tuple(
-                (record.key, request._cancellation)
-                for request, record in zip(requests, execute.requests, strict=True)
-            )
-        )
+        callers = zip([r.key for r in records], [q._cancellation for q in requests], strict=True)
+        token = calling_requests.set(tuple(callers))
         try:
             return self._execute(execute, requests, sent, t0, t1)
         finally:
@@ -214,25 +221,35 @@ class BatchExecutor:
         """The batch's Result; None when responses are still to come through senders (the
         Result goes up once the last of them arrives)."""
         try:
-            responses = check_return(self.instance, result, len(batch.requests))
+            # A copy: the model may keep the list it returned.
+            responses = list(check_return(self.instance, result, len(batch.requests)))
             rescheduled = rescheduled_positions(self.instance, batch.requests, responses)
         except ExecuteError as error:
             return self._failed(batch, str(error))
         self._open.untrack([r.key for r in batch.execute.requests])
-        responses = [
-            None if i in rescheduled else settle(self.instance, returned, request, delivered)
-            for i, (returned, request, delivered) in enumerate(
-                zip(responses, batch.requests, batch.sent, strict=True)
-            )
-        ]
-        waiting = [
-            i
-            for i, (response, request) in enumerate(zip(responses, batch.requests, strict=True))
-            if response is None and i not in rescheduled and request._awaits_sender()
-        ]
+        if rescheduled:
+            for i in rescheduled:
+                responses[i] = _RESCHEDULED
+        waiting = self._settle(batch, responses)
         if waiting and not self._wait_for_senders(batch, responses, rescheduled, waiting):
             return None
         return self._result(batch, responses, rescheduled)
+
+    def _settle(self, batch: _Batch, responses: list[Any]) -> list[int]:
+        """Each request's one response in ``responses`` (None: none yet); returns the positions
+        of those still to come through a sender the model took."""
+        instance = self.instance
+        waiting: list[int] = []
+        for i, (returned, request, delivered) in enumerate(
+            zip(responses, batch.requests, batch.sent, strict=True)
+        ):
+            if returned is _RESCHEDULED:
+                continue
+            response = settle(instance, returned, request, delivered)
+            responses[i] = response
+            if response is None and request._awaits_sender():
+                waiting.append(i)
+        return waiting
 
     def _wait_for_senders(
         self, batch: _Batch, responses: list[Any], rescheduled: list[int], waiting: list[int]
@@ -260,9 +277,10 @@ class BatchExecutor:
 
     def _result(self, batch: _Batch, responses: list[Any], rescheduled: list[int]) -> msg.Result:
         t2 = time.perf_counter_ns()
+        record = self._recorder.record
         records = [
-            msg.ResponseRecord() if i in rescheduled else self._recorder.record(resp, record)
-            for i, (resp, record) in enumerate(zip(responses, batch.execute.requests, strict=True))
+            msg.ResponseRecord() if response is _RESCHEDULED else record(response, request)
+            for response, request in zip(responses, batch.execute.requests, strict=True)
         ]
         t3 = time.perf_counter_ns()
         timings = (batch.t1 - batch.t0, t2 - batch.t1, t3 - t2)
@@ -281,7 +299,7 @@ class BatchExecutor:
             inputs=self._inputs(record),
             requested_output_names=record.requested_outputs,
             flags=record.flags,
-            parameters={k: v for k, v in record.parameters.items() if k not in _RESERVED},
+            parameters=_model_parameters(record.parameters),
             timeout=record.timeout_us,
             model_name="",
             model_version=-1,

@@ -41,7 +41,9 @@ class OpenRequests:
             if flag is None and key > self._newest_key
         )
 
-    def track(self, records: list[msg.RequestRecord], requests: list[Any]) -> None:
+    def track(self, records: list[msg.RequestRecord], requests: list[Any]) -> int:
+        """Track a batch's requests; returns how many of them were cancelled already."""
+        cancelled = 0
         with self._lock:
             for record, request in zip(records, requests, strict=True):
                 key = record.key
@@ -51,6 +53,8 @@ class OpenRequests:
                 if self._cancelled_early and key in self._cancelled_early:
                     self._cancelled_early.discard(key)
                     request._cancellation.cancelled = True
+                    cancelled += 1
+        return cancelled
 
     def untrack(self, keys: list[int]) -> None:
         with self._lock:

@@ -37,7 +37,11 @@ class DownPump:
         self._cancel = cancel
         self._retire = retire
         self._retire_chunk = retire_chunk
-        self._cond = threading.Condition()
+        # Entered as the lock itself (C) rather than the Condition (Python), and notified only
+        # when a thread waits: this runs for every message.
+        self._lock = threading.RLock()
+        self._cond = threading.Condition(self._lock)
+        self._sleepers = 0
         self._reading = False
         self._error: BaseException | None = None
         self._main: collections.deque[msg.Message] = collections.deque()
@@ -52,21 +56,22 @@ class DownPump:
 
     def expect(self, call_id: int) -> None:
         """Register a BLS call before its request is sent, so no reply is dropped."""
-        with self._cond:
+        with self._lock:
             self._replies[call_id] = collections.deque()
 
     def forget(self, call_id: int) -> None:
-        with self._cond:
+        with self._lock:
             self._replies.pop(call_id, None)
 
     def next_main(self) -> msg.Message:
         """The next message for the main loop (Execute, Finalize, ...)."""
+        if self._main:  # the main loop is its only reader; a deque's popleft is atomic
+            return self._main.popleft()
+        return cast(msg.Message, self._wait(self._take_main))
+
+    def _take_main(self) -> msg.Message | None:
         main = self._main
-
-        def take() -> msg.Message | None:
-            return main.popleft() if main else None
-
-        return cast(msg.Message, self._wait(take))
+        return main.popleft() if main else None
 
     def next_reply(self, call_id: int) -> msg.BlsReply | msg.ControlReply:
         """The next reply to call ``call_id``."""
@@ -84,25 +89,25 @@ class DownPump:
         batch starts."""
         if self._channel.down_is_empty():  # every Execute: no lock taken when nothing waits
             return
-        with self._cond:
+        with self._lock:
             if self._reading or self._error is not None:
                 return
             self._reading = True
         try:
             while (payload := self._channel.recv_down_nowait()) is not None:
                 message = msg.decode(payload)
-                with self._cond:
+                with self._lock:
                     self._route(message)
         except Exception:
             pass  # the supervisor is gone: the main loop finds out on its next read
         finally:
-            with self._cond:
+            with self._lock:
                 self._reading = False
-                self._cond.notify_all()
+                self._wake_all()
 
     def _wait(self, take: Callable[[], _T | None]) -> _T:
         while True:
-            with self._cond:
+            with self._lock:
                 while True:
                     if self._error is not None:
                         raise self._error
@@ -112,7 +117,11 @@ class DownPump:
                     if not self._reading:
                         self._reading = True
                         break
-                    self._cond.wait()
+                    self._sleepers += 1
+                    try:
+                        self._cond.wait()
+                    finally:
+                        self._sleepers -= 1
             self._read_one()
 
     def _read_one(self) -> None:
@@ -121,17 +130,22 @@ class DownPump:
         except BaseException as error:
             self._fail_readers(error)
             raise
-        with self._cond:
+        with self._lock:
             self._reading = False
             self._route(message)
+            self._wake_all()
+
+    def _wake_all(self) -> None:
+        """Wake the threads that wait for a message (under the lock)."""
+        if self._sleepers:
             self._cond.notify_all()
 
     def _fail_readers(self, error: BaseException) -> None:
         """Reading failed: every thread waiting on the pump raises ``error``."""
-        with self._cond:
+        with self._lock:
             self._reading = False
             self._error = error
-            self._cond.notify_all()
+            self._wake_all()
 
     def _route(self, message: msg.Message) -> None:
         match message:

@@ -40,24 +40,27 @@ class ResponseRecorder:
         except Exception as error:
             self.writer.free(written)
             return self._write_failed(error)
-        # The dict itself, not parameters()'s JSON text: no dumps and loads per response.
-        parameters = dict(response._parameters_dict())
-        return msg.ResponseRecord(outputs=outputs, parameters=parameters)
+        # The dict itself, not parameters()'s JSON text: no dumps and loads per response. Not
+        # a copy either: the response's own dict, checked when it was built, is never changed.
+        return msg.ResponseRecord(outputs, None, response._parameters_dict())
 
     def _write_outputs(
         self, response: Any, request: msg.RequestRecord, written: Written
     ) -> list[TensorDesc]:
-        requested = set(request.requested_outputs)
-        outputs: list[TensorDesc] = []
-        for tensor in response.output_tensors():
-            if requested and tensor.name() not in requested:
-                continue  # Triton drops outputs that were not requested
-            outputs.append(self._write_output(tensor, request, written))
-        return outputs
+        # The response's own list, as Triton reads its outputs from the response object and
+        # never calls the Python method.
+        tensors = response._outputs
+        if request.requested_outputs:
+            requested = set(request.requested_outputs)
+            # Triton drops outputs that were not requested.
+            tensors = [tensor for tensor in tensors if tensor.name() in requested]
+        return [self._write_output(tensor, request, written) for tensor in tensors]
 
     def _write_output(
         self, tensor: Any, request: msg.RequestRecord, written: Written
     ) -> TensorDesc:
+        if not request.output_regions:
+            return self.writer.describe(tensor, written, for_response=True)
         target = request.output_regions.get(tensor.name())
         if type(target) is CudaRegionLocation:
             assert self.writer.gpu is not None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import errno
 import inspect
 import json
 import os
@@ -45,6 +46,17 @@ def _ask_for_death_signal() -> None:
         pass
 
 
+def _pidfd(pid: int) -> int | None:
+    """A pidfd of the supervisor; None where the kernel (or valgrind) has no pidfd_open: the
+    channel's blocking waits then poll the parent pid instead."""
+    try:
+        return os.pidfd_open(pid)
+    except OSError as error:
+        if error.errno != errno.ENOSYS:
+            raise
+        return None
+
+
 def die_with_parent(parent_pid: int) -> None:
     """Have the kernel SIGKILL this process when the supervisor dies, even by SIGKILL."""
     _ask_for_death_signal()
@@ -61,7 +73,7 @@ class StubRuntime:
         self.instance = instance
         self.sock = socket.socket(fileno=sock_fd)
         self.sock.setblocking(True)
-        self.channel = Channel.attach(channel_fds, peer_pidfd=os.pidfd_open(parent))
+        self.channel = Channel.attach(channel_fds, peer_pidfd=_pidfd(parent))
         self.inputs = ArenaMap()
         self.regions = ClientRegions()
         self.cuda_pools = CudaPoolMap()

@@ -14,14 +14,11 @@ import shoal
 from shoal.core.errors import (
     Cancelled,
     DecoupledInfer,
-    ErrorCode,
-    ModelError,
     ShoalError,
     Unavailable,
 )
 from shoal.core.types import (
     CudaSharedMemoryRegion,
-    InferOutput,
     InferRequest,
     InferResponse,
     JsonDict,
@@ -35,7 +32,6 @@ from shoal.core.types import (
 from shoal.ipc import messages as msg
 from shoal.ipc.arena import Block, OwnedArena
 from shoal.ipc.records import RequestRecord
-from shoal.ipc.tensor import CudaRegionLocation, RegionLocation
 from shoal.supervisor.drain import EXITING, DrainGate
 from shoal.supervisor.extensions import EXTENSIONS
 from shoal.supervisor.extensions.custom_metrics import CustomMetrics
@@ -48,22 +44,21 @@ from shoal.supervisor.models.ensemble import EnsembleRunner
 from shoal.supervisor.models.manager import ModelRepositoryManager
 from shoal.supervisor.models.version import ModelState, ModelVersion
 from shoal.supervisor.options import ServerOptions
+from shoal.supervisor.promise import Promise, Settled
 from shoal.supervisor.requests import classification, staging, streaming
 from shoal.supervisor.requests.answers import Answer, in_task, nothing
 from shoal.supervisor.requests.cached import cache_hit, cache_insert
 from shoal.supervisor.requests.client_shm import (
     ClientRegion,
     output_regions,
-    placed_output,
     read_shm_inputs,
     write_shm_outputs,
 )
 from shoal.supervisor.requests.response_cache import ResponseCache, request_key
+from shoal.supervisor.requests.responses import response_of
 from shoal.supervisor.work import Completion, Work
 
 log = logging.getLogger("shoal")
-#: Outputs the stub wrote into a client's region: the response carries no data for them.
-_CLIENT_REGIONS = (RegionLocation, CudaRegionLocation)
 
 
 class InferenceService:
@@ -100,6 +95,7 @@ class InferenceService:
         #: Its loop, once it loads models: a future per request made without a getpid (the cost
         #: of ``asyncio.get_running_loop``).
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._callbacks: Settled | None = None
 
     @property
     def failed(self) -> dict[str, str]:
@@ -254,7 +250,7 @@ class InferenceService:
             return response
         work = self._submit(mv, request, record, blocks, started)
         try:
-            completion = await work.future
+            completion = await work.awaited()
         except asyncio.CancelledError:
             work.cancel()
             raise
@@ -280,15 +276,16 @@ class InferenceService:
         except ShoalError as error:
             done(None, error)
             return nothing
-        work = self._submit(mv, request, record, blocks, started)
+        promise = Promise(self._settled())
+        work = self._submit(mv, request, record, blocks, started, promise)
 
-        def completed(future: asyncio.Future[Completion]) -> None:
+        def completed(_: object) -> None:  # (reads ``promise``: native calls, compiled)
             try:
-                if future.cancelled():
+                if promise.cancelled():
                     mv.stats.failure(time.monotonic_ns() - started, Cancelled.reason)
                     done(None, asyncio.CancelledError())
                     return
-                response = self._answer(mv, request, work, future.result(), started, classes)
+                response = self._answer(mv, request, work, promise.result(), started, classes)
             except ShoalError as error:
                 mv.stats.failure(time.monotonic_ns() - started, error.reason)
                 done(None, error)
@@ -299,8 +296,14 @@ class InferenceService:
             finally:
                 self.gate.leave()
 
-        work.future.add_done_callback(completed)
+        promise.add_done_callback(completed)
         return work.cancel
+
+    def _settled(self) -> Settled:
+        """What calls back the promises of :meth:`start_infer`, once per loop turn."""
+        if self._callbacks is None:  # tests may load models directly: no loop known yet
+            self._callbacks = Settled(self._loop or asyncio.get_running_loop())
+        return self._callbacks
 
     def _plain_version(self, request: InferRequest) -> ModelVersion | None:
         """The request's model version when plain (no ensemble, decoupled model or cache)."""
@@ -317,10 +320,15 @@ class InferenceService:
         record: RequestRecord,
         blocks: list[Block],
         started: int,
+        promise: Promise | None = None,
     ) -> Work:
-        """Hand a staged request to the model's scheduler."""
-        loop = self._loop or asyncio.get_running_loop()  # tests may load models directly
-        future: asyncio.Future[Completion] = loop.create_future()
+        """Hand a staged request to the model's scheduler; its requester awaits a Future, or
+        is called back through ``promise``."""
+        future: asyncio.Future[Completion] | Promise
+        if promise is None:
+            future = (self._loop or asyncio.get_running_loop()).create_future()
+        else:
+            future = promise
         work = Work(record, blocks, future, batch_size=staging.batch_size(mv.summary, request))
         if mv.stats.overhead is not None:  # --trace-overhead
             mv.stats.stage("stage", work.enqueued_ns - started)
@@ -341,7 +349,7 @@ class InferenceService:
         lookup_ns: int = 0,
     ) -> InferResponse:
         """The response of a completed request, with its statistics."""
-        response = self.response(mv, request, completion)
+        response = response_of(mv, request, completion)
         if key is not None:
             cache_insert(self.cache, mv, key, response, lookup_ns)
         try:
@@ -364,35 +372,6 @@ class InferenceService:
                 finished - started,
             )
         return response
-
-    def response(
-        self, mv: ModelVersion, request: InferRequest, completion: Completion
-    ) -> InferResponse:
-        record = completion.response
-        if record.error is not None:
-            code_name, message = record.error
-            code = ErrorCode.__members__.get(code_name, ErrorCode.INTERNAL)
-            raise ModelError(message, code)
-        outputs = [
-            placed_output(o.name, o.datatype, o.shape, request, o.location.nbytes)
-            if isinstance(o.location, _CLIENT_REGIONS)
-            else InferOutput(
-                o.name,
-                o.datatype,
-                o.shape,
-                completion.view(o.location),
-                placed=o.location if type(o.location) is Block else None,
-            )
-            for o in record.outputs
-        ]
-        return InferResponse(
-            model_name=mv.name,
-            model_version=mv.version_label,
-            id=request.id,
-            outputs=outputs,
-            parameters=dict(record.parameters),
-            _release=completion.release,
-        )
 
     # -- statistics -------------------------------------------------------------------------
 

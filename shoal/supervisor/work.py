@@ -11,6 +11,7 @@ from typing import Any, Protocol
 from shoal.ipc.arena import Block
 from shoal.ipc.records import RequestRecord, ResponseRecord
 from shoal.ipc.tensor import CudaLocation
+from shoal.supervisor.promise import Promise
 
 
 class OutputOwner(Protocol):
@@ -101,7 +102,8 @@ class Work:
 
     record: RequestRecord
     input_blocks: list[Block]
-    future: asyncio.Future[Completion]
+    #: Its outcome: a Future where the requester awaits it, a Promise where it is called back.
+    future: asyncio.Future[Completion] | Promise
     #: Inferences in this request: its first dimension for a batching model, else 1.
     batch_size: int = 1
     #: Scheduler-specific data (priority, sequence slot, ...), opaque to instances.
@@ -145,7 +147,7 @@ class Work:
         self,
         record: RequestRecord,
         input_blocks: list[Block],
-        future: asyncio.Future[Completion],
+        future: asyncio.Future[Completion] | Promise,
         batch_size: int = 1,
         tag: Any = None,
         on_complete: Callable[[Completion], None] | None = None,
@@ -179,6 +181,12 @@ class Work:
         on_cancel, self.on_cancel = self.on_cancel, None
         if on_cancel is not None:
             on_cancel()
+
+    def awaited(self) -> asyncio.Future[Completion]:
+        """The Future of a work whose requester awaits it (it made the work with one)."""
+        future = self.future
+        assert isinstance(future, asyncio.Future)
+        return future
 
     @property
     def abandoned(self) -> bool:

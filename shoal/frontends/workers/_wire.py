@@ -73,7 +73,7 @@ def frame(
     header: list[Any], payloads: Sequence[memoryview | bytes] = ()
 ) -> list[bytes | memoryview]:
     """The pieces of one frame, for ``writelines`` (or joined, for ``write``)."""
-    sizes = [memoryview(p).nbytes for p in payloads]
+    sizes = [_nbytes(p) for p in payloads]
     header.append(sizes)
     try:
         packer = _packers.packer
@@ -83,6 +83,13 @@ def frame(
         packer = _packers.packer = msgpack.Packer(unicode_errors="surrogatepass")
     packed: bytes = packer.pack(header)
     return [_PREFIX.pack(len(packed), sum(sizes)), packed, *payloads]
+
+
+def _nbytes(payload: memoryview | bytes) -> int:
+    # No memoryview made of a memoryview (an output's view) per payload to read its size.
+    if isinstance(payload, memoryview):
+        return payload.nbytes
+    return memoryview(payload).nbytes
 
 
 def prefix(data: bytes | bytearray | memoryview, at: int = 0) -> tuple[int, int]:

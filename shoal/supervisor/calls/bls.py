@@ -269,7 +269,7 @@ class BlsRouter:
         held: list[Completion],
     ) -> None:
         """A call to a non-decoupled model: its one response, counted in its statistics."""
-        completion = await work.future
+        completion = await work.awaited()
         held.append(completion)
         _count(target, work, completion)
         await self._reply(proc, call_id, completion.response, True)
@@ -374,7 +374,7 @@ def _release_late_response(future: asyncio.Future[Completion], held: list[Comple
 def _abandon(work: Work, held: list[Completion]) -> None:
     """The caller no longer waits: cancel the target's request (dropped if still queued, flagged
     to the model if running) and give back the responses nobody will read."""
-    _release_late_response(work.future, held)
+    _release_late_response(work.awaited(), held)
     work.closed = True
     work.cancel()
     if work.stream is not None:

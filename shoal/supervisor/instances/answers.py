@@ -49,6 +49,17 @@ class Answers:
         received_ns = time.monotonic_ns()
         if batch and result.executed and not self.warming:
             self._record_execution(batch, result, received_ns)
+        if result.rescheduled or not _all_answered_here(batch):
+            self._complete_mixed(proc, batch, result, received_ns)
+            return
+        # Every request gets its response: no set of ids, no filtered list.
+        for work, response in zip(batch, result.responses, strict=True):
+            self._answer(proc, work, response, result, received_ns)
+
+    def _complete_mixed(
+        self, proc: StubChannel, batch: list[Work], result: msg.Result, received_ns: int
+    ) -> None:
+        """A batch with requests rescheduled or decoupled: those are answered apart."""
         again = self._after_execute(batch, result)
         answered = [w for w in batch if w.stream is None]  # decoupled requests answer apart
         for work, response in zip(answered, result.responses, strict=True):
@@ -144,10 +155,17 @@ class Answers:
         if work.reschedule is not None:
             work.reschedule(work, False)
         outputs = response_blocks(response)
-        # An input returned unchanged as an output: its block now belongs to the response.
-        passed = [b for b in work.input_blocks if b in outputs]
-        self._free_inputs([b for b in work.input_blocks if b not in passed])
-        return [b for b in outputs if b.arena_id == proc.output_arena_id] + passed
+        arena_id = proc.output_arena_id
+        owned = [b for b in outputs if b.arena_id == arena_id]
+        freed: list[Block] = []
+        for block in work.input_blocks:
+            if block in outputs:  # an input returned unchanged: its block is the response's now
+                owned.append(block)
+            else:
+                freed.append(block)
+        if freed:
+            self._free_inputs(freed)
+        return owned
 
     def _final_response(self, work: Work) -> None:
         self._streams.pop(work.record.key)
@@ -188,6 +206,14 @@ class Answers:
         self._stats.response(stream.responses, outcome, now - previous, now - start)
         stream.responses += 1
         stream.last_ns = now
+
+
+def _all_answered_here(batch: list[Work]) -> bool:
+    """No request of ``batch`` is a decoupled one (those answer through their stream)."""
+    for work in batch:  # noqa: SIM110 (a loop: no generator per batch)
+        if work.stream is not None:
+            return False
+    return True
 
 
 #: What a response without GPU tensors owns of the CUDA pools.

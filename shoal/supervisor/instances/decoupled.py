@@ -74,6 +74,11 @@ def response_cuda(response: msg.ResponseRecord) -> list[CudaLocation]:
 
 
 def response_blocks(response: msg.ResponseRecord) -> list[Block]:
+    """The distinct arena blocks a response's outputs lie in, in order."""
+    outputs = response.outputs
+    if len(outputs) == 1:  # most responses: no dict (and no hash of a block) for one output
+        location = outputs[0].location
+        return [location] if isinstance(location, Block) else []
     seen: dict[Block, None] = {}
     for output in response.outputs:
         if isinstance(output.location, Block):

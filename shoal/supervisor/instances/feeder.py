@@ -215,7 +215,7 @@ async def _collect(batch: list[Work]) -> list[Completion]:
             await _collect_stream(work.stream, completions, failures)
             continue
         try:
-            completions.append(await work.future)
+            completions.append(await work.awaited())
         except ShoalError as error:
             failures.append(error)
     if failures:

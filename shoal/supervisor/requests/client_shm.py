@@ -97,6 +97,8 @@ def write_shm_outputs(
     registry: SharedMemoryRegistry, request: InferRequest, response: InferResponse
 ) -> None:
     """Copy outputs the client asked to receive in a region there; they then carry no data."""
+    if not request.outputs:  # most requests: no dict made to find nothing
+        return
     wanted = {o.name: o.parameters for o in request.outputs if REGION in o.parameters}
     if not wanted:
         return

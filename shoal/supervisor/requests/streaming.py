@@ -18,6 +18,7 @@ from shoal.ipc.records import RequestRecord
 from shoal.supervisor.drain import DrainGate
 from shoal.supervisor.instances.decoupled import new_stream
 from shoal.supervisor.requests import classification, staging
+from shoal.supervisor.requests.responses import response_of
 from shoal.supervisor.work import Completion, Work
 
 if TYPE_CHECKING:
@@ -37,10 +38,6 @@ class StreamingService(Protocol):
     def stage(
         self, mv: ModelVersion, request: InferRequest
     ) -> tuple[RequestRecord, list[Block]]: ...
-
-    def response(
-        self, mv: ModelVersion, request: InferRequest, completion: Completion
-    ) -> InferResponse: ...
 
 
 async def responses(
@@ -80,7 +77,7 @@ async def _decoupled(
             if item.response.error is not None:
                 yield _error_response(mv, request, item)
                 continue
-            response = service.response(mv, request, item)
+            response = response_of(mv, request, item)
             response.final = item.final
             if classes:
                 classification.apply(response, mv.config, classes)

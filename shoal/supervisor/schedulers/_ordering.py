@@ -11,16 +11,18 @@ from __future__ import annotations
 import asyncio
 import collections
 
+from shoal.supervisor.promise import Promise
 from shoal.supervisor.work import Completion, Work
+
+#: A requester's side of a work (``Work.future``).
+_Requester = asyncio.Future[Completion] | Promise
 
 
 class OrderedDelivery:
     """Holds completions back until every earlier dispatched request has completed."""
 
     def __init__(self) -> None:
-        self._order: collections.deque[
-            tuple[asyncio.Future[Completion], asyncio.Future[Completion]]
-        ]
+        self._order: collections.deque[tuple[_Requester, asyncio.Future[Completion]]]
         self._order = collections.deque()
 
     def track(self, work: Work) -> None:
@@ -37,7 +39,7 @@ class OrderedDelivery:
             _pass_on(requester, inner)
 
 
-def _pass_on(requester: asyncio.Future[Completion], inner: asyncio.Future[Completion]) -> None:
+def _pass_on(requester: _Requester, inner: asyncio.Future[Completion]) -> None:
     if inner.cancelled():
         requester.cancel()
         return
