@@ -98,6 +98,14 @@ HOT_PATH: tuple[str, ...] = (
     "shoal/frontends/grpc/native_call.py",
     "shoal/frontends/grpc/native.py",
     "shoal/frontends/workers/client.py",
+    "shoal/stub/executor.py",
+    "shoal/stub/execute_checks.py",
+    "shoal/stub/memory.py",
+    "shoal/stub/model_loop.py",
+    "shoal/stub/open_requests.py",
+    "shoal/stub/pump.py",
+    "shoal/stub/response_records.py",
+    "shoal/stub/tensors_out.py",
 )
 
 #: Written beside this module by the build: the hash of each source it compiled.

@@ -28,12 +28,15 @@ _CANCELLED: Final = 3
 class Settled:
     """Calls back, from one ``call_soon`` per loop turn, the promises settled in that turn."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        #: None: the loop running when the first promise settles (made before any runs).
         self._loop = loop
         self._queue: list[Promise] = []
 
     def add(self, promise: Promise) -> None:
         if not self._queue:
+            if self._loop is None:
+                self._loop = asyncio.get_running_loop()
             self._loop.call_soon(self._run)
         self._queue.append(promise)
 
@@ -44,7 +47,8 @@ class Settled:
 
     def report(self, error: Exception, callback: object) -> None:
         """A callback raised: logged as the loop logs a failed callback, the others still run."""
-        self._loop.call_exception_handler(
+        loop = self._loop or asyncio.get_running_loop()
+        loop.call_exception_handler(
             {"message": f"Exception in callback {callback!r}", "exception": error}
         )
 
@@ -59,7 +63,9 @@ class Promise:
         self._state = _PENDING
         self._result: Any = None
         self._error: BaseException | None = None
-        self._callbacks: list[Callable[[Promise], object]] = []
+        #: The first callback, then any others (most promises have one: no list for it).
+        self._callback: Callable[[Promise], object] | None = None
+        self._more: list[Callable[[Promise], object]] | None = None
         self._queued = False
 
     def done(self) -> bool:
@@ -103,19 +109,31 @@ class Promise:
         return True
 
     def add_done_callback(self, callback: Callable[[Promise], object]) -> None:
-        self._callbacks.append(callback)
+        if self._callback is None and self._more is None:
+            self._callback = callback
+        elif self._more is None:
+            self._more = [callback]
+        else:
+            self._more.append(callback)
         if self._state != _PENDING:
             self._queue()
 
     def call_back(self) -> None:
         """Run the callbacks added so far (:class:`Settled` calls it on the loop)."""
         self._queued = False
-        callbacks, self._callbacks = self._callbacks, []
-        for callback in callbacks:
-            try:
-                callback(self)
-            except Exception as error:
-                self._settled.report(error, callback)
+        first, self._callback = self._callback, None
+        more, self._more = self._more, None
+        if first is not None:
+            self._run(first)
+        if more is not None:
+            for callback in more:
+                self._run(callback)
+
+    def _run(self, callback: Callable[[Promise], object]) -> None:
+        try:
+            callback(self)
+        except Exception as error:
+            self._settled.report(error, callback)
 
     def _check_pending(self) -> None:
         if self._state != _PENDING:
@@ -123,7 +141,7 @@ class Promise:
 
     def _settle(self, state: int) -> None:
         self._state = state
-        if self._callbacks:
+        if self._callback is not None or self._more is not None:
             self._queue()
 
     def _queue(self) -> None:

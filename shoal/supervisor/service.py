@@ -11,12 +11,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 
 import shoal
-from shoal.core.errors import (
-    Cancelled,
-    DecoupledInfer,
-    ShoalError,
-    Unavailable,
-)
+from shoal.core.errors import Cancelled, DecoupledInfer, ShoalError, Unavailable
 from shoal.core.types import (
     CudaSharedMemoryRegion,
     InferRequest,
@@ -95,7 +90,8 @@ class InferenceService:
         #: Its loop, once it loads models: a future per request made without a getpid (the cost
         #: of ``asyncio.get_running_loop``).
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._callbacks: Settled | None = None
+        #: What calls back the promises of :meth:`start_infer`, once per loop turn.
+        self._settled = Settled()
 
     @property
     def failed(self) -> dict[str, str]:
@@ -276,34 +272,30 @@ class InferenceService:
         except ShoalError as error:
             done(None, error)
             return nothing
-        promise = Promise(self._settled())
+        promise = Promise(self._settled)
         work = self._submit(mv, request, record, blocks, started, promise)
-
-        def completed(_: object) -> None:  # (reads ``promise``: native calls, compiled)
-            try:
-                if promise.cancelled():
-                    mv.stats.failure(time.monotonic_ns() - started, Cancelled.reason)
-                    done(None, asyncio.CancelledError())
-                    return
-                response = self._answer(mv, request, work, promise.result(), started, classes)
-            except ShoalError as error:
-                mv.stats.failure(time.monotonic_ns() - started, error.reason)
-                done(None, error)
-            except Exception as error:  # a bug: the caller's answer still, never a hang
-                done(None, error)
-            else:
-                done(response, None)
-            finally:
-                self.gate.leave()
-
-        promise.add_done_callback(completed)
+        promise.add_done_callback(_Completed(self, mv, request, work, started, classes, done))
         return work.cancel
 
-    def _settled(self) -> Settled:
-        """What calls back the promises of :meth:`start_infer`, once per loop turn."""
-        if self._callbacks is None:  # tests may load models directly: no loop known yet
-            self._callbacks = Settled(self._loop or asyncio.get_running_loop())
-        return self._callbacks
+    def completed(self, call: _Completed, promise: Promise) -> None:
+        """Answer a request of :meth:`start_infer` whose work is done."""
+        mv, done, started = call.mv, call.done, call.started
+        try:
+            if promise.cancelled():
+                mv.stats.failure(time.monotonic_ns() - started, Cancelled.reason)
+                done(None, asyncio.CancelledError())
+                return
+            completion = promise.result()
+            response = self._answer(mv, call.request, call.work, completion, started, call.classes)
+        except ShoalError as error:
+            mv.stats.failure(time.monotonic_ns() - started, error.reason)
+            done(None, error)
+        except Exception as error:  # a bug: the caller's answer still, never a hang
+            done(None, error)
+        else:
+            done(response, None)
+        finally:
+            self.gate.leave()
 
     def _plain_version(self, request: InferRequest) -> ModelVersion | None:
         """The request's model version when plain (no ensemble, decoupled model or cache)."""
@@ -427,3 +419,29 @@ class InferenceService:
         self, changes: dict[str, TraceChange], model: str = ""
     ) -> dict[str, TraceValue]:
         return self.tracing.update(changes, model)
+
+
+class _Completed:
+    """A :meth:`InferenceService.start_infer` request's callback: one object, where a compiled
+    closure is two (its environment and the function) with every captured name in both."""
+
+    def __init__(
+        self,
+        service: InferenceService,
+        mv: ModelVersion,
+        request: InferRequest,
+        work: Work,
+        started: int,
+        classes: dict[str, int],
+        done: Answer,
+    ) -> None:
+        self.service = service
+        self.mv = mv
+        self.request = request
+        self.work = work
+        self.started = started
+        self.classes = classes
+        self.done = done
+
+    def __call__(self, promise: Promise) -> None:
+        self.service.completed(self, promise)

@@ -131,7 +131,7 @@ class Answers:
     ) -> None:
         owned = self._finish_request(proc, work, answer)
         cuda = self._outputs.adopt_cuda(proc, answer) if self._cuda.lent_count else _NO_CUDA
-        if work.future.done():  # the client went away: nobody will release the outputs
+        if work.abandoned:  # the client went away: nobody will release the outputs
             self._outputs.release_outputs(proc, owned)
             self._outputs.release_cuda(cuda)
             return
@@ -145,7 +145,7 @@ class Answers:
             completion.owned_cuda = cuda
         if work.on_complete is not None:
             work.on_complete(completion)
-        work.future.set_result(completion)
+        work.answer(completion)
 
     def _finish_request(
         self, proc: StubChannel, work: Work, response: msg.ResponseRecord

@@ -8,6 +8,7 @@ has. The real copies and IPC handles run in tests/gpu/.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -15,13 +16,16 @@ import numpy as np
 import pytest
 
 from shoal.ipc._alloc import SEGMENT_SHIFT
+from shoal.ipc.arena import OwnedArena
 from shoal.ipc.call_messages import ControlOp
 from shoal.ipc.cuda import CudaChunkAnnounce, CudaPoolMap
 from shoal.ipc.tensor import CudaLocation, TensorDesc
 from shoal.stub import gpu_tensors
 from shoal.stub.control import ControlError
 from shoal.stub.gpu_tensors import CudaPoolRefused, GpuTensors
+from shoal.stub.memory import Locations, SharedOutputArena
 from shoal.stub.pb_utils import Tensor
+from shoal.stub.tensors_out import TensorWriter
 
 BASE = 1 << 40  # where this process "opened" chunk 0
 
@@ -184,37 +188,30 @@ def test_a_narrowed_stub_uses_the_servers_device_numbers(copies) -> None:
     assert received._gpu.device.id == 0
 
 
-def test_a_disabled_pool_sends_gpu_tensors_through_the_host(copies) -> None:
-    from shoal.stub.memory import Locations
-    from shoal.stub.tensors_out import TensorWriter
+@pytest.fixture
+def writer_for() -> Iterator[Callable[[GpuTensors], TensorWriter]]:
+    """Makes writers whose output arena these tests never touch (GPU tensors go to the pool):
+    the real classes, which the compiled hot path asks for."""
+    with OwnedArena(2, initial_bytes=1 << 16) as arena:
+        yield lambda gpu: TensorWriter(SharedOutputArena(arena), Locations(), gpu)
 
+
+def test_a_disabled_pool_sends_gpu_tensors_through_the_host(copies) -> None:
     control = FakeControl(disabled=True)
     gpu = make(control)
     assert gpu.write(gpu_output(), [], for_response=True) is None
     assert gpu.write(gpu_output(), [], for_response=True) is None
     assert len(control.calls) == 1, "asked once; the answer is remembered"
 
-    class Arena:
-        arena_id = 1
-
-        def __init__(self) -> None:
-            self.data = bytearray(64)
-
-        def allocate(self, nbytes: int) -> Any:
-            from shoal.ipc.arena import Block
-
-            return Block(1, 0, 0, nbytes)
-
-        def view(self, block: Any) -> memoryview:
-            return memoryview(self.data)[: block.nbytes]
-
     host = np.arange(4, dtype=np.float32)
     tensor = Tensor._wrap_gpu("OUT", DeviceArray(0x7000, 16), "FP32")
     tensor._gpu.get = lambda: host  # what cupy's get() gives: the host copy
-    writer = TensorWriter(Arena(), Locations(), gpu)  # type: ignore[arg-type]
-    written: list[Any] = []
-    desc = writer.describe(tensor, written, for_response=True)
-    assert desc.location.arena_id == 1 and desc.location.nbytes == 16
+    with OwnedArena(1, initial_bytes=1 << 16) as arena:
+        writer = TensorWriter(SharedOutputArena(arena), Locations(), gpu)
+        written: list[Any] = []
+        desc = writer.describe(tensor, written, for_response=True)
+        assert desc.location.arena_id == 1 and desc.location.nbytes == 16
+        assert bytes(arena.view(desc.location)) == host.tobytes()
     assert copies == [], "no device copy: the tensor went to the host"
 
 
@@ -240,9 +237,8 @@ def test_a_region_registered_again_reuses_the_open_handle(monkeypatch) -> None:
     assert opened == [handle], "CUDA opens a handle once per process"
 
 
-def test_a_refused_bls_input_gives_back_the_inputs_copied_before_it(copies) -> None:
+def test_a_refused_bls_input_gives_back_the_inputs_copied_before_it(copies, writer_for) -> None:
     from shoal.stub.bls import BlsClient
-    from shoal.stub.tensors_out import TensorWriter
 
     class RefuseSecond(FakeControl):
         def call(self, op: ControlOp, *args: Any) -> Any:
@@ -252,8 +248,7 @@ def test_a_refused_bls_input_gives_back_the_inputs_copied_before_it(copies) -> N
             return super().call(op, *args)
 
     control = RefuseSecond()
-    arena = SimpleNamespace(free=lambda blocks: None)
-    writer = TensorWriter(arena, None, make(control))  # type: ignore[arg-type]
+    writer = writer_for(make(control))
     pump = SimpleNamespace(new_call_id=lambda: 1)
     client = BlsClient(writer, pump, lambda message: None, lambda block: memoryview(b""))  # type: ignore[arg-type]
     request = SimpleNamespace(inputs=lambda: [gpu_output(0x7000), gpu_output(0x9000)])
@@ -262,13 +257,14 @@ def test_a_refused_bls_input_gives_back_the_inputs_copied_before_it(copies) -> N
     assert control.told == [(ControlOp.CUDA_FREE, ([0, 0, 1024],))]
 
 
-def test_a_bls_input_passed_on_by_descriptor_is_held_until_that_call_is_done(copies) -> None:
+def test_a_bls_input_passed_on_by_descriptor_is_held_until_that_call_is_done(
+    copies, writer_for
+) -> None:
     import gc
     import weakref
 
     from shoal.stub import pb_utils
     from shoal.stub.bls import BlsClient
-    from shoal.stub.tensors_out import TensorWriter
 
     gpu = make(FakeControl())
 
@@ -281,7 +277,7 @@ def test_a_bls_input_passed_on_by_descriptor_is_held_until_that_call_is_done(cop
     received = gpu.output_tensor(TensorDesc("BIG", "FP32", (256,), block), first_call)
     del first_call
     sent: list[Any] = []
-    writer = TensorWriter(SimpleNamespace(free=lambda blocks: None), None, gpu)  # type: ignore[arg-type]
+    writer = writer_for(gpu)
     pump = SimpleNamespace(new_call_id=lambda: 2, expect=lambda call_id: None)
     client = BlsClient(writer, pump, sent.append, lambda block: memoryview(b""))  # type: ignore[arg-type]
     request = pb_utils.InferenceRequest(
