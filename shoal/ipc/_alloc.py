@@ -129,11 +129,14 @@ class RunAllocator:
     def _find(self, size: int) -> int | None:
         near = size.bit_length() - 1
         runs = self._classes[near]
-        for probe, key in enumerate(reversed(runs)):
-            if runs[key] >= size:
-                return key
-            if probe + 1 >= _NEAR_FIT_PROBES:
-                break
+        if runs:
+            probes = 0  # (a count, not enumerate(): compiled, no tuple per run looked at)
+            for key in reversed(runs):
+                if runs[key] >= size:
+                    return key
+                probes += 1  # noqa: SIM113 (see above)
+                if probes >= _NEAR_FIT_PROBES:
+                    break
         # Every run in a class >= ceil(log2(size)) fits; take the smallest such class.
         mask = self._nonempty >> (size - 1).bit_length()
         if not mask:

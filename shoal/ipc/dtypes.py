@@ -34,6 +34,12 @@ NUMPY_DTYPES: dict[str, np.dtype] = {
 
 DATATYPES: tuple[str, ...] = tuple(NUMPY_DTYPES)
 
+#: Bytes per element of each fixed-size datatype: read per input of every request, where a
+#: NumPy dtype's ``itemsize`` is a generic attribute lookup.
+_ITEM_SIZES: dict[str, int] = {
+    name: dtype.itemsize for name, dtype in NUMPY_DTYPES.items() if name != "BYTES"
+}
+
 _LENGTH = np.dtype("<u4")
 
 
@@ -46,7 +52,7 @@ def element_size(datatype: str) -> int | None:
     """Bytes per element, or ``None`` for BYTES (variable length)."""
     if datatype == "BYTES":
         return None
-    return NUMPY_DTYPES[datatype].itemsize
+    return _ITEM_SIZES[datatype]
 
 
 def element_count(shape: Sequence[int]) -> int:

@@ -70,6 +70,7 @@ class RequestRecord:
         self.trace_context = trace_context
 
     def to_wire(self) -> list[Any]:
+        regions = self.output_regions
         return [
             self.request_id,
             self.correlation_id,
@@ -79,7 +80,8 @@ class RequestRecord:
             [t.to_wire() for t in self.inputs],
             self.timeout_us,
             self.key,
-            {name: location_to_wire(r) for name, r in self.output_regions.items()},
+            # (empty, nearly always: packed as it is, the same bytes as an empty copy)
+            {name: location_to_wire(r) for name, r in regions.items()} if regions else regions,
             self.private_inputs,
             self.trace_context,
         ]

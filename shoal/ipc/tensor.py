@@ -199,8 +199,21 @@ class TensorDesc:
         return hash((self.name, self.datatype, self.shape, self.location))
 
     def to_wire(self) -> list[Any]:
-        """``[name, datatype, shape, kind, *location fields]``: compact for MessagePack."""
-        return [self.name, self.datatype, list(self.shape), *location_to_wire(self.location)]
+        """``[name, datatype, shape, kind, *location fields]``: compact for MessagePack, which
+        packs the shape's tuple as the array a list would be (no copy of it per message)."""
+        location = self.location
+        if type(location) is Block:  # nearly every tensor: one list, not two
+            return [
+                self.name,
+                self.datatype,
+                self.shape,
+                _ARENA,
+                location.arena_id,
+                location.segment,
+                location.offset,
+                location.nbytes,
+            ]
+        return [self.name, self.datatype, self.shape, *location_to_wire(location)]
 
     @staticmethod
     def from_wire(obj: list[Any]) -> TensorDesc:

@@ -147,7 +147,8 @@ class FrameReader(asyncio.Protocol):
                 return
             self._frame = None
             whole = memoryview(frame)
-            self._emit(whole, 0, len(frame))
+            header_size, _ = _PREFIX.unpack_from(whole, 0)
+            self._emit(whole, PREFIX_SIZE, PREFIX_SIZE + header_size, len(frame))
             view = view[take:]
         at, end = 0, len(view)
         while end - at >= PREFIX_SIZE:
@@ -158,17 +159,15 @@ class FrameReader(asyncio.Protocol):
                 self._frame[: end - at] = view[at:end]
                 self._filled = end - at
                 return
-            self._emit(view, at, stop)
+            start = at + PREFIX_SIZE
+            self._emit(view, start, start + header_size, stop)
             at = stop
         if at < end:
             self._head = bytes(view[at:end])
 
-    def _emit(self, view: memoryview, at: int, stop: int) -> None:
-        header_size, _ = _PREFIX.unpack_from(view, at)
-        start = at + PREFIX_SIZE
-        fields, payloads = split(
-            view[start : start + header_size], view[start + header_size : stop]
-        )
+    def _emit(self, view: memoryview, start: int, payload: int, stop: int) -> None:
+        """The frame whose header is ``view[start:payload]`` and payload ``[payload:stop]``."""
+        fields, payloads = split(view[start:payload], view[payload:stop])
         self._on_frame(fields, payloads)
 
     def connection_lost(self, exc: Exception | None) -> None:

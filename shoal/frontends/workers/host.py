@@ -62,6 +62,19 @@ def _nothing() -> None:
     pass
 
 
+class _Reply:
+    """Answers one inference call of a link (the ``done`` of ``start_infer``): one object per
+    call, where a closure was two (its cell environment and the function)."""
+
+    def __init__(self, link: _Link, call_id: int, request: InferRequest) -> None:
+        self._link = link
+        self._call_id = call_id
+        self._request = request
+
+    def __call__(self, response: InferResponse | None, error: BaseException | None) -> None:
+        self._link._answer(self._call_id, self._request, response, error)
+
+
 class _Link:
     """One worker process and its sockets, from the core's side."""
 
@@ -81,6 +94,8 @@ class _Link:
         self.calls: dict[int, Callable[[], object]] = {}
         self.outbox: wire.Outbox | None = None
         self.control: asyncio.Transport | None = None
+        #: ``arena.lend``, once there is an arena.
+        self._lend: wire.Lend | None = None
 
     def send(self, header: list[Any], payloads: Sequence[memoryview | bytes] = ()) -> None:
         """Queue a frame; its bytes are copied first, so blocks may be released right after."""
@@ -89,9 +104,11 @@ class _Link:
             outbox.put(wire.frame(header, payloads), copy=True)
 
     def on_call(self, header: list[Any], payloads: list[memoryview]) -> None:
-        kind, call_id, *fields = header
+        # [kind, call id, *fields], read in place: no list of the fields per call
+        kind = header[0]
+        call_id = header[1]
         if kind == wire.CALL:
-            method, args = fields
+            method, args = header[2], header[3]
             if method == "infer":
                 self._infer(call_id, args, payloads)
             else:
@@ -103,10 +120,10 @@ class _Link:
                 cancel()
         elif kind == wire.RELEASE:
             if self.outputs is not None:
-                self.outputs.release(fields[0])
+                self.outputs.release(header[2])
         elif kind == wire.RETIRED:
             if self.arena is not None:
-                self.arena.retired(fields[0])
+                self.arena.retired(header[2])
         elif kind == wire.OK and call_id == 0 and not self.ready.done():
             self.ready.set_result(None)
 
@@ -118,16 +135,16 @@ class _Link:
 
     def _infer(self, call_id: int, args: list[Any], payloads: list[memoryview]) -> None:
         self.calls[call_id] = _nothing  # until started: it may be answered before that
-        lend = None if self.arena is None else self.arena.lend
+        lend = self._lend
+        if lend is None and self.arena is not None:  # its bound method made once, not per call
+            lend = self._lend = self.arena.lend
         try:
             request = wire.request_from_wire(args, payloads, lend)
         except Exception as error:  # every failure is the caller's answer
             self._answer(call_id, None, None, error)
             return
         try:
-            cancel = self.core.start_infer(
-                request, lambda response, error: self._answer(call_id, request, response, error)
-            )
+            cancel = self.core.start_infer(request, _Reply(self, call_id, request))
         except Exception as error:
             self._answer(call_id, request, None, error)
             return

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import secrets
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Final
 
 from shoal.core.errors import InvalidArgument, Unsupported
 from shoal.core.types import TraceChange, TraceValue
@@ -36,6 +36,10 @@ _FIXED = {
     "trace_file": "trace file location can not be updated through network protocol",
     "trace_mode": "trace mode can not be updated through network protocol",
 }
+
+
+#: ``trace_level`` when tracing is off (a list made once, not per request).
+_OFF: Final[list[str]] = ["OFF"]
 
 
 class TraceSettings:
@@ -64,7 +68,7 @@ class TraceSettings:
         """
         own = self._models.get(model)
         level = own["trace_level"] if own and "trace_level" in own else self._global["trace_level"]
-        if level == ["OFF"]:  # every request asks: no merged copy of the settings for it
+        if level == _OFF:  # every request asks: no merged copy of the settings for it
             return ""
         settings = {**self._global, **(own or {})}
         seen = self._seen.get(model, 0)

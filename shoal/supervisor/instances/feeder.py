@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import asyncio
-import functools
 import itertools
 import logging
 import time
@@ -17,6 +16,7 @@ from shoal.supervisor.instances.channel import StubChannel
 from shoal.supervisor.instances.decoupled import OpenStreams
 from shoal.supervisor.instances.handoff import Handoff, ParkingSource
 from shoal.supervisor.instances.ledger import InFlightLedger, Slots
+from shoal.supervisor.instances.outbox import CancelHook
 from shoal.supervisor.instances.spec import (
     BatchSource,
     ExecutionGrant,
@@ -174,7 +174,7 @@ class Feeder:
             work.dispatched_ns = now
             if not work.record.key:
                 work.record.key = next(_request_keys)
-            work.on_cancel = functools.partial(self._outbox.cancel, proc, [work.record.key])
+            work.on_cancel = CancelHook(self._outbox, proc, work.record.key)
             if work.stream is not None:
                 self._streams.open(work)
 

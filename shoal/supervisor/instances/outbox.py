@@ -33,3 +33,17 @@ async def _send_quietly(proc: StubChannel, message: msg.Message) -> None:
         await proc.send_async(message)
     except PeerGone:
         pass  # the stub died: what it held comes back when its exit is handled
+
+
+class CancelHook:
+    """A request's ``Work.on_cancel`` once it is at a stub: tells the stub its client went
+    away. One object per request (a ``functools.partial`` of a bound method and a list of
+    the key was three)."""
+
+    def __init__(self, outbox: Outbox, proc: StubChannel, key: int) -> None:
+        self._outbox = outbox
+        self._proc = proc
+        self._key = key
+
+    def __call__(self) -> None:
+        self._outbox.cancel(self._proc, [self._key])

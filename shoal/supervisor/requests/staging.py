@@ -41,24 +41,41 @@ def dims_text(dims: Sequence[int]) -> str:
     return "[" + ",".join(str(int(d)) for d in dims) + "]"
 
 
-def _shape_matches(expected: Sequence[int], actual: Sequence[int]) -> bool:
-    return len(expected) == len(actual) and all(
-        e == -1 or e == a for e, a in zip(expected, actual, strict=True)
-    )
+def _shape_matches(expected: tuple[int, ...], actual: tuple[int, ...]) -> bool:
+    # A loop over the tuples, not all() of a generator over zip(): compiled, no object is made
+    if len(expected) != len(actual):
+        return False
+    for i in range(len(expected)):
+        wanted = expected[i]
+        if wanted != -1 and wanted != actual[i]:
+            return False
+    return True
 
 
 def _check_text(model: ModelSummary, request: InferRequest) -> None:
-    """Strings cross to the stub as UTF-8: a lone surrogate (JSON's escaped DC00) cannot."""
-    texts = [request.id, *request.parameters]
-    texts += [v for v in request.parameters.values() if isinstance(v, str)]
-    for text in texts:
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError:
-            raise InvalidArgument(
-                f"a request for model '{model.name}' holds a string that is not valid UTF-8 "
-                f"(a lone surrogate) in its id or parameters: {text!r}"
-            ) from None
+    """Strings cross to the stub as UTF-8: a lone surrogate (JSON's escaped DC00) cannot. The
+    id first, then the parameters' names, then their string values: the first bad one is named.
+    """
+    _check_utf8(model, request.id)
+    parameters = request.parameters
+    if parameters:
+        for name in parameters:
+            _check_utf8(model, name)
+        for value in parameters.values():
+            if isinstance(value, str):
+                _check_utf8(model, value)
+
+
+def _check_utf8(model: ModelSummary, text: str) -> None:
+    if text.isascii():  # a flag of the string: no encoding per request for nearly all
+        return
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidArgument(
+            f"a request for model '{model.name}' holds a string that is not valid UTF-8 "
+            f"(a lone surrogate) in its id or parameters: {text!r}"
+        ) from None
 
 
 def check_inputs(model: ModelSummary, request: InferRequest) -> None:
@@ -174,14 +191,18 @@ def _check_shape(
 def _check_dims(
     model: ModelSummary, tensor: InferInput, actual: tuple[int, ...], request: InferRequest
 ) -> None:
-    """No negative dimension, and no more elements than NumPy can shape."""
-    if any(d < 0 for d in actual):
-        raise request_error(
-            request,
-            f"input '{tensor.name}' for model '{model.name}' has a negative dimension in its "
-            f"shape {dims_text(actual)}",
-        )
-    if element_count([d for d in actual if d]) > MAX_ELEMENTS:
+    """No negative dimension, and no more elements than NumPy can shape (zeros ignored)."""
+    count = 1
+    for dim in actual:
+        if dim < 0:
+            raise request_error(
+                request,
+                f"input '{tensor.name}' for model '{model.name}' has a negative dimension in "
+                f"its shape {dims_text(actual)}",
+            )
+        if dim:
+            count *= dim
+    if count > MAX_ELEMENTS:
         raise request_error(
             request,
             f"input '{tensor.name}' for model '{model.name}' has an impossible shape "
@@ -227,7 +248,9 @@ def _payload_size(model: ModelSummary, tensor: InferInput, region: object = None
                 f"{dims_text(tensor.shape)}"
             )
         return numpy_to_buffer_size(tensor.data, tensor.datatype)
-    actual = memoryview(tensor.data).nbytes
+    data = tensor.data
+    # (a view already, nearly always: the frontends' bodies and frames are sliced, not copied)
+    actual = data.nbytes if type(data) is memoryview else memoryview(data).nbytes
     expected = byte_size(tensor.datatype, tensor.shape)
     if expected is None:
         try:
@@ -252,10 +275,14 @@ def _size_mismatch(
 
 
 def _write(tensor: InferInput, dest: memoryview) -> None:
-    if isinstance(tensor.data, np.ndarray):
-        write_numpy(tensor.data, tensor.datatype, dest)
-    else:
-        dest[:] = memoryview(tensor.data).cast("B")
+    data = tensor.data
+    if isinstance(data, np.ndarray):
+        write_numpy(data, tensor.datatype, dest)
+        return
+    try:  # bytes, or a view of bytes: copied as they are, with no view made of them first
+        dest[:] = data
+    except (TypeError, ValueError):  # a view of another format or shape: its bytes
+        dest[:] = memoryview(data).cast("B")
 
 
 def stage_request(
@@ -276,9 +303,10 @@ def stage_request(
     descs: list[TensorDesc] = []
     private = 0
     try:
-        for tensor, size in zip(request.inputs, sizes, strict=True):
+        for index, tensor in enumerate(request.inputs):  # (compiled: no tuple per input)
+            size = sizes[index]
             shape = _model_shape(model, rules[tensor.name], tuple(tensor.shape))
-            in_region = (regions or {}).get(tensor.name)
+            in_region = regions.get(tensor.name) if regions else None
             if in_region is not None:
                 descs.append(TensorDesc(tensor.name, tensor.datatype, shape, in_region))
                 continue
@@ -297,16 +325,19 @@ def stage_request(
             f"cannot stage the inputs of a request for model '{model.name}': {error}"
         ) from None
     params = dict(request.parameters)
-    record = RequestRecord(
-        request_id=request.id,
-        correlation_id=_correlation_id(params),
-        flags=_sequence_flags(params),
-        parameters=params,
-        requested_outputs=outputs,
-        inputs=descs,
-        timeout_us=int(params.get("timeout", 0) or 0),
-        private_inputs=private,
-    )
+    if params:
+        record = RequestRecord(
+            request.id,
+            _correlation_id(params),
+            _sequence_flags(params),
+            params,
+            outputs,
+            descs,
+            int(params.get("timeout", 0) or 0),
+            private_inputs=private,
+        )
+    else:  # most requests: no sequence, no flags, no timeout to look up
+        record = RequestRecord(request.id, 0, 0, params, outputs, descs, private_inputs=private)
     return record, blocks
 
 

@@ -101,9 +101,10 @@ def test_descriptor_wire_round_trip(location: Location) -> None:
     desc = TensorDesc("INPUT0", "FP32", (1, 4), location)
     wire = desc.to_wire()
     assert isinstance(wire, list)
-    assert TensorDesc.from_wire(msgpack.unpackb(msgpack.packb(wire))) == desc
+    received = msgpack.unpackb(msgpack.packb(wire))
+    assert TensorDesc.from_wire(received) == desc
     with pytest.raises(ValueError, match="location"):
-        TensorDesc.from_wire([*wire[:3], 9, 1, 2, 3])
+        TensorDesc.from_wire([*received[:3], 9, 1, 2, 3])
 
 
 def test_output_regions_of_both_kinds_cross_the_wire() -> None:

@@ -71,9 +71,25 @@ def test_valid_request_passes(config):
         (_request(_fp32("A", (2,))), "Expected [-1,2], got [2]"),
         (_request(_fp32("A", (9, 2))), "inference request batch-size must be <= 8 for 'm'"),
         (_request(_fp32("A", (1, 2)), _fp32("A", (1, 2))), "more than once"),
+        (
+            _request(InferInput("A", "FP32", (1, -2), b"")),
+            "input 'A' for model 'm' has a negative dimension in its shape [1,-2]",
+        ),
+        (  # a zero does not hide the others' product; the negative one is named first
+            _request(InferInput("A", "FP32", (1 << 30, 0, 1 << 30), b"")),
+            "has an impossible shape [1073741824,0,1073741824]: its dimensions multiply past",
+        ),
+        (
+            _request(InferInput("A", "FP32", (1 << 62, -1, 2), b"")),
+            "has a negative dimension in its shape",
+        ),
+        (_request(_fp32("A", (0, 2))), None),  # an empty batch is a shape that matches
     ],
 )
 def test_invalid_requests(config, request_, message):
+    if message is None:
+        staging.check_inputs(config, request_)
+        return
     with pytest.raises(InvalidArgument) as info:
         staging.check_inputs(config, request_)
     assert message in str(info.value)
@@ -161,3 +177,45 @@ def test_a_failed_staging_hands_placed_blocks_back_to_the_request(config, arena)
             staging.stage_request(config, request, arena, ["Y"])
         assert placed.placed == block  # its maker gives it back
         assert arena.used_bytes == 0
+
+
+@pytest.mark.parametrize(
+    ("request_id", "parameters", "named"),
+    [
+        ("bad\udc00id", {"k\udc01": "v\udc02"}, "bad\udc00id"),  # the id first
+        ("", {"ok": "v\udc02", "k\udc01": 1}, "k\udc01"),  # then the names
+        ("", {"ok": 1, "also": "v\udc02"}, "v\udc02"),  # then the string values
+    ],
+)
+def test_a_lone_surrogate_is_named_id_then_names_then_values(config, request_id, parameters, named):
+    request = InferRequest("m", id=request_id, inputs=[_fp32("A", (1, 2))], parameters=parameters)
+    with pytest.raises(InvalidArgument, match="not valid UTF-8") as caught:
+        staging.check_inputs(config, request)
+    assert repr(named) in str(caught.value)
+
+
+def test_non_ascii_text_that_is_valid_utf8_passes(config):
+    request = InferRequest(
+        "m", id="requête-é", inputs=[_fp32("A", (1, 2))], parameters={"clé": "värde ✓"}
+    )
+    staging.check_inputs(config, request)
+
+
+def test_a_record_without_parameters_has_no_sequence_and_no_timeout(config, arena):
+    record, blocks = staging.stage_request(config, _request(_fp32("A", (1, 2))), arena, ["Y"])
+    try:
+        assert (record.correlation_id, record.flags, record.timeout_us) == (0, 0, 0)
+        assert record.parameters == {}
+    finally:
+        for block in blocks:
+            arena.free(block)
+    request = _request(_fp32("A", (1, 2)))
+    request.parameters = {"sequence_id": 7, "sequence_start": True, "timeout": 250}
+    record, blocks = staging.stage_request(config, request, arena, ["Y"])
+    try:
+        assert (record.correlation_id, record.flags, record.timeout_us) == (7, 1, 250)
+        assert record.parameters == request.parameters
+        assert record.parameters is not request.parameters
+    finally:
+        for block in blocks:
+            arena.free(block)
