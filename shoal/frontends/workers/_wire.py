@@ -102,14 +102,16 @@ def split(
     packed: bytes | memoryview, payload: bytes | bytearray | memoryview
 ) -> tuple[list[Any], list[memoryview]]:
     """Header fields (the sizes removed) and the payload views."""
-    header: list[Any] = msgpack.unpackb(packed, use_list=True, unicode_errors="surrogatepass")
+    # (arrays as lists: unpackb's default, one keyword fewer to parse per frame)
+    header: list[Any] = msgpack.unpackb(packed, unicode_errors="surrogatepass")
     sizes: list[int] = header.pop()
     views: list[memoryview] = []
-    whole = memoryview(payload)
-    at = 0
-    for size in sizes:
-        views.append(whole[at : at + size])
-        at += size
+    if sizes:  # a frame's payload is a view of the received bytes already: no view of it again
+        whole = payload if isinstance(payload, memoryview) else memoryview(payload)
+        at = 0
+        for size in sizes:
+            views.append(whole[at : at + size])
+            at += size
     return header, views
 
 
