@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from shoal.ipc import busy_poll
 from shoal.ipc._bell import (
     BACKSTOP_S,
     AsyncSleeper,
@@ -151,6 +152,7 @@ class Channel:
             return False
         if ring and self._down.consumer_wants_bell():
             ring_bell(self._down_bell)
+        busy_poll.kick()
         return True
 
     def wake_down(self) -> None:
