@@ -34,7 +34,7 @@ from shoal.frontends.grpc.native_messages import BufferPool, ConnectionBudget
 from shoal.frontends.grpc.servicer import Servicer
 from shoal.frontends.grpc.status import Status
 from shoal.frontends.h2 import frames as h2
-from shoal.frontends.h2.connection import MAX_CONCURRENT_STREAMS, Http2Connection
+from shoal.frontends.h2.connection import MAX_CONCURRENT_STREAMS, Http2Connection, read_buffer
 from shoal.frontends.h2.floods import FloodLimits
 from shoal.frontends.h2.header_blocks import Headers
 from shoal.frontends.h2.streams import StreamHandler
@@ -109,6 +109,7 @@ class NativeGrpcServer:
         self._methods: dict[bytes, Method] = {}
         self._connections: set[Http2Connection] = set()
         self._budgets: dict[Http2Connection, ConnectionBudget] = {}
+        self._reads = read_buffer()  # what every connection's transport reads into
         #: Request bytes one connection may hold across its calls (at least one message).
         self.max_connection_bytes = max(max_connection_bytes, max_message_bytes)
 
@@ -175,7 +176,7 @@ class NativeGrpcServer:
 
     def _connection(self) -> Http2Connection:
         connection = Http2Connection(
-            self._open_stream, self._closed, self._max_streams, self._limits
+            self._open_stream, self._closed, self._max_streams, self._limits, self._reads
         )
         self._connections.add(connection)
         self._budgets[connection] = ConnectionBudget(self.max_connection_bytes)

@@ -7,7 +7,13 @@ the streams mean is the business of a :class:`StreamOpener` (shoal's gRPC calls,
 :mod:`shoal.frontends.grpc.native`): it is given each new stream's headers and returns the
 :class:`StreamHandler` that receives its data.
 
-Receiving: the connection advertises the largest windows HTTP/2 allows and gives credit back when
+Receiving: the transport reads straight into a buffer the connection lends it
+(``asyncio.BufferedProtocol``), one buffer shared by the connections of a server, since a read
+is handled whole before the next one begins: no ``bytes`` object is made and filled per read
+(uvloop copies each read once more into one otherwise). Nothing keeps a view of it past the
+read: the frame reader copies a frame cut by the read, and handlers copy what they keep.
+
+The connection advertises the largest windows HTTP/2 allows and gives credit back when
 half of a window is used, so a client is never slowed down by flow control; the size of what a
 stream may send is bounded by the gRPC layer (its message size limit), not by windows.
 Sending (:mod:`shoal.frontends.h2.sending`): DATA respects the peer's windows and frame size, and
@@ -44,6 +50,13 @@ log = logging.getLogger(__name__)
 
 #: Streams a client may have open at once (advertised; more are refused with REFUSED_STREAM).
 MAX_CONCURRENT_STREAMS = 1024
+#: The size of the buffer reads go into: a 4 MiB message comes in 16 reads.
+READ_BUFFER_BYTES = 256 * 1024
+
+
+def read_buffer() -> memoryview:
+    """A buffer for the reads of connections on one event loop (see the module)."""
+    return memoryview(bytearray(READ_BUFFER_BYTES))
 
 
 class StreamOpener(Protocol):
@@ -53,7 +66,7 @@ class StreamOpener(Protocol):
         """The handler of a new stream, or None when it was answered and closed at once."""
 
 
-class Http2Connection(asyncio.Protocol):
+class Http2Connection(asyncio.BufferedProtocol):
     """An HTTP/2 server connection (prior knowledge, cleartext: gRPC's ``h2c``)."""
 
     _last_stream_id = 0  # the last stream opened: what GOAWAY reports
@@ -68,7 +81,10 @@ class Http2Connection(asyncio.Protocol):
         on_close: Callable[[Http2Connection], None],
         max_concurrent_streams: int = MAX_CONCURRENT_STREAMS,
         limits: FloodLimits | None = None,
+        reads: memoryview | None = None,
     ):
+        #: What the transport reads into (shared with the server's other connections).
+        self._reads = read_buffer() if reads is None else reads
         self._max_streams = max_concurrent_streams
         self._limits = limits = limits or FloodLimits()
         self._open_stream = open_stream
@@ -109,7 +125,14 @@ class Http2Connection(asyncio.Protocol):
         self._sender.write(h2.settings_frame(settings))
         self._sender.write(h2.window_update(0, h2.MAX_WINDOW - h2.DEFAULT_WINDOW))
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._reads
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.data_received(self._reads[:nbytes])
+
+    def data_received(self, data: bytes | memoryview) -> None:
+        """Handle bytes read; nothing keeps a view of ``data`` after the call."""
         self._last_read = self._loop.time()
         sender = self._sender
         scheduled = sender.flush_scheduled

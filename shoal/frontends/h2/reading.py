@@ -58,7 +58,7 @@ class FrameReader:
             or self._data_left > 0
         )
 
-    def feed(self, data: bytes) -> None:
+    def feed(self, data: bytes | memoryview) -> None:
         """Handle the frames of ``data`` after what was left of earlier reads; keep the rest.
 
         Only a frame cut by the previous read is copied, to finish it; the whole frames of
