@@ -35,9 +35,10 @@ from shoal.frontends.grpc.native_split import ReceiveArena
 from shoal.frontends.grpc.servicer import Servicer
 from shoal.frontends.grpc.status import Status
 from shoal.frontends.h2 import frames as h2
-from shoal.frontends.h2.connection import MAX_CONCURRENT_STREAMS, Http2Connection, read_buffer
+from shoal.frontends.h2.connection import MAX_CONCURRENT_STREAMS, Http2Connection
 from shoal.frontends.h2.floods import FloodLimits
 from shoal.frontends.h2.header_blocks import Headers
+from shoal.frontends.h2.reading import read_buffer
 from shoal.frontends.h2.streams import StreamHandler
 
 __all__ = ["FloodLimits", "NativeGrpcServer"]

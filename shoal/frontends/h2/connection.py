@@ -7,15 +7,11 @@ the streams mean is the business of a :class:`StreamOpener` (shoal's gRPC calls,
 :mod:`shoal.frontends.grpc.native`): it is given each new stream's headers and returns the
 :class:`StreamHandler` that receives its data.
 
-Receiving: the transport reads straight into a buffer the connection lends it
-(``asyncio.BufferedProtocol``), one buffer shared by the connections of a server, since a read
-is handled whole before the next one begins: no ``bytes`` object is made and filled per read
-(uvloop copies each read once more into one otherwise). Nothing keeps a view of it past the
-read: the frame reader copies a frame cut by the read, and handlers copy what they keep.
-
-The connection advertises the largest windows HTTP/2 allows and gives credit back when
-half of a window is used, so a client is never slowed down by flow control; the size of what a
-stream may send is bounded by the gRPC layer (its message size limit), not by windows.
+Receiving: the transport reads into a buffer the connection lends it (``BufferedProtocol``,
+see :func:`~shoal.frontends.h2.reading.read_buffer`). The connection advertises the largest
+windows HTTP/2 allows and gives credit back when half of a window is used, so a client is never
+slowed down by flow control; the size of what a stream may send is bounded by the gRPC layer
+(its message size limit), not by windows.
 Sending (:mod:`shoal.frontends.h2.sending`): DATA respects the peer's windows and frame size, and
 what one event-loop iteration writes leaves in one ``writev``. Floods
 (:mod:`shoal.frontends.h2.floods`) end the connection with GOAWAY ``ENHANCE_YOUR_CALM``.
@@ -32,7 +28,13 @@ from shoal.frontends.h2 import frames as h2
 from shoal.frontends.h2.errors import ConnectionError_
 from shoal.frontends.h2.floods import FloodGuard, FloodLimits
 from shoal.frontends.h2.header_blocks import MAX_HEADER_LIST, HeaderDecoder, Headers
-from shoal.frontends.h2.reading import RECEIVE_MAX_FRAME, FrameHandler, FrameReader, unpad
+from shoal.frontends.h2.reading import (
+    RECEIVE_MAX_FRAME,
+    FrameHandler,
+    FrameReader,
+    read_buffer,
+    unpad,
+)
 from shoal.frontends.h2.sending import Sender
 from shoal.frontends.h2.streams import Stream, StreamHandler
 
@@ -50,13 +52,6 @@ log = logging.getLogger(__name__)
 
 #: Streams a client may have open at once (advertised; more are refused with REFUSED_STREAM).
 MAX_CONCURRENT_STREAMS = 1024
-#: The size of the buffer reads go into: a 4 MiB message comes in 16 reads.
-READ_BUFFER_BYTES = 256 * 1024
-
-
-def read_buffer() -> memoryview:
-    """A buffer for the reads of connections on one event loop (see the module)."""
-    return memoryview(bytearray(READ_BUFFER_BYTES))
 
 
 class StreamOpener(Protocol):

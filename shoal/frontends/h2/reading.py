@@ -25,6 +25,17 @@ STREAM_DATA_FROM = 64 * 1024
 
 #: What handles one frame: (stream id, flags, payload); the payload is valid during the call.
 FrameHandler = Callable[[int, int, memoryview], None]
+#: The size of the buffer reads go into: a 4 MiB message comes in 16 reads.
+READ_BUFFER_BYTES = 256 * 1024
+
+
+def read_buffer() -> memoryview:
+    """A buffer the transport reads into, for the connections of one event loop: a read is
+    handled whole before the next one begins, so one serves them all, and no ``bytes`` object is
+    made and filled per read (uvloop would copy each read once more into one). Nothing keeps a
+    view of it past the read: the reader copies a frame cut by the read, handlers what they
+    keep."""
+    return memoryview(bytearray(READ_BUFFER_BYTES))
 
 
 class FrameReader:
