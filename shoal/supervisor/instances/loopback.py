@@ -24,6 +24,7 @@ from shoal.ipc.arena import ArenaMap, Block, OwnedArena, Segment
 from shoal.ipc.dtypes import numpy_to_datatype
 from shoal.ipc.queue import PeerGone
 from shoal.ipc.tensor import (
+    InlineBytes,
     Location,
     TensorDesc,
     buffer_to_numpy,
@@ -225,8 +226,11 @@ class LoopbackStub:
 
     def _array(self, tensor: TensorDesc) -> np.ndarray:
         block = tensor.location
-        assert isinstance(block, Block)
-        view = self._inputs.view(block) if block.nbytes else memoryview(b"")
+        if isinstance(block, InlineBytes):  # bytes the Execute carried
+            view = memoryview(block.data)
+        else:
+            assert isinstance(block, Block)
+            view = self._inputs.view(block) if block.nbytes else memoryview(b"")
         return np.array(buffer_to_numpy(tensor.datatype, tensor.shape, view))
 
     def _output(self, name: str, array: np.ndarray) -> TensorDesc:
