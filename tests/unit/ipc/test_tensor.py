@@ -17,8 +17,8 @@ from shoal.ipc.dtypes import (
     serialize_bytes,
 )
 from shoal.ipc.tensor import (
-    CudaLocation,
     INLINE_MESSAGE_MAX,
+    CudaLocation,
     CudaRegionLocation,
     InlineBytes,
     Location,
