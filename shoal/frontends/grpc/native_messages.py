@@ -13,9 +13,9 @@ from shoal.frontends.grpc.native_split import SPLIT_FROM, InferSplitter, SplitRe
 
 #: A message announcing at most this many bytes gets its buffer at once; a larger one's grows as
 #: its bytes arrive.
-_PREALLOCATE = 64 * 1024
+_PREALLOCATE: Final = 64 * 1024
 #: What one zlib call inflates, at most.
-_INFLATE_PIECE = 1 << 20
+_INFLATE_PIECE: Final = 1 << 20
 
 Message = bytes | bytearray | memoryview | SplitRequest
 #: What makes the splitter of a large message (see native_split), given its size; None when

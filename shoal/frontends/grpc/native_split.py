@@ -19,20 +19,21 @@ Every block received belongs to the call until the arena hands it to the core
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Final, Protocol
 
 from shoal.frontends.grpc._wire import MAX_WALKED_FIELDS
 
 #: ``ModelInferRequest.raw_input_contents``: the field whose large entries are received apart.
-RAW_INPUT_CONTENTS = 7
+RAW_INPUT_CONTENTS: Final = 7
 #: An entry of at least this many bytes is received into the arena; a smaller one stays in
 #: the message (placing it would cost more than the copy it saves).
-RECEIVE_FROM = 64 * 1024
+RECEIVE_FROM: Final = 64 * 1024
 #: A message of at least this many bytes is received in parts.
-SPLIT_FROM = RECEIVE_FROM
-_LENGTH_DELIMITED = 2
+SPLIT_FROM: Final = RECEIVE_FROM
+_LENGTH_DELIMITED: Final = 2
+_NOTHING: Final = memoryview(b"")
 #: A tag (5 bytes at most for field numbers below 2**29) and a length (10 at most).
-_HEAD_MAX = 15
+_HEAD_MAX: Final = 15
 
 
 class ReceiveArena(Protocol):
@@ -120,18 +121,24 @@ class InferSplitter:
         self.result().release()
 
     def _value(self, piece: memoryview) -> memoryview:
-        """Copy what ``piece`` holds of the current value; return the rest of ``piece``."""
-        size = min(self._due, len(piece))
+        """Copy what ``piece`` holds of the current value; return the rest of ``piece``.
+        (Called per DATA frame: a piece inside the value, the usual case, is not sliced.)"""
+        size = len(piece)
+        rest = _NOTHING
+        if size > self._due:
+            size = self._due
+            rest = piece[size:]
+            piece = piece[:size]
         target = self._target
         if target is None:
-            self._rest += piece[:size]
+            self._rest += piece
         else:
             filled = self._filled
-            target[filled : filled + size] = piece[:size]
+            target[filled : filled + size] = piece
             self._filled = filled + size
         self._due -= size
         self._left -= size
-        return piece[size:]
+        return rest
 
     def _read_head(self, piece: memoryview) -> memoryview:
         """Take the next field's tag and length from ``piece``; return the rest of ``piece``."""
