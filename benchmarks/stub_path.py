@@ -7,7 +7,9 @@
 Starts ``python -m shoal.stub`` on the device benchmark's model (``identity_x8``'s: each
 request's 64-byte FP32 input copied into a new array and returned) and drives it the way the
 core does, with no core: a minimal sender keeps ``-c`` Execute messages of one request each in
-its ring, reads each Result and sends back a Release of its output block. The figure is the stub
+its ring (the input inline in the message, as the core sends a 64-byte tensor), reads each
+Result and sends back a Release of its output block when it has one (a small output travels
+inline in the Result and has none). The figure is the stub
 process's CPU time (user + system, from ``/proc``) per request, and its context switches per
 request: the driver's own work does not count, so the figure holds still on a busy machine
 where the served benchmark (``benchmarks.overhead``) does not. The median of ``--rounds``.
@@ -40,7 +42,7 @@ from shoal.ipc._bell import drain_bell
 from shoal.ipc.arena import Block, OwnedArena
 from shoal.ipc.fdpass import send_fds
 from shoal.ipc.queue import Channel
-from shoal.ipc.tensor import TensorDesc
+from shoal.ipc.tensor import InlineBytes, TensorDesc
 
 #: The device benchmark's model (identity_fp32 / identity_x8 there).
 MODEL = """
@@ -136,8 +138,9 @@ class Driver:
 
     def _execute(self, block: Block) -> None:
         self._key += 1
-        desc = TensorDesc("INPUT0", "FP32", (16,), block)
-        record = msg.RequestRecord("", 0, 0, {}, [], [desc], key=self._key, private_inputs=1)
+        location = InlineBytes(bytes(self.inputs.view(block)))  # as the core stages 64 bytes
+        desc = TensorDesc("INPUT0", "FP32", (16,), location)
+        record = msg.RequestRecord("", 0, 0, {}, [], [desc], key=self._key)
         self._send(msg.Execute(self._key, [record]))
 
     def run(self, total: int, concurrency: int) -> None:
@@ -158,7 +161,9 @@ class Driver:
             assert isinstance(result, msg.Result), result
             outputs = [d.location for r in result.responses for d in r.outputs]
             assert len(outputs) == 1 and not result.responses[0].error, result
-            self._send(msg.Release(outputs))  # type: ignore[arg-type]
+            blocks = [o for o in outputs if type(o) is Block]
+            if blocks:
+                self._send(msg.Release(blocks))
             free.append(by_batch.pop(result.batch_id))
             done += 1
 

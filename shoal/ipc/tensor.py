@@ -19,8 +19,12 @@ from shoal.ipc.dtypes import (
 )
 
 __all__ = [
+    "INLINE_MESSAGE_MAX",
+    "INLINE_REQUEST_MAX",
+    "INLINE_TENSOR_MAX",
     "CudaLocation",
     "CudaRegionLocation",
+    "InlineBytes",
     "Location",
     "RegionLocation",
     "TensorDesc",
@@ -85,10 +89,55 @@ class CudaRegionLocation:
     handle: bytes
 
 
-Location: TypeAlias = Block | RegionLocation | CudaLocation | CudaRegionLocation
+@dataclass(slots=True)
+class InlineBytes:
+    """A small tensor's bytes carried inside the message itself (a MessagePack ``bin``): no
+    arena block is allocated, viewed, freed or released for it.
+
+    Immutable; methods written out for the compiled hot path (see :class:`~shoal.ipc.arena.Block`).
+    """
+
+    data: Final[bytes]
+    nbytes: Final[int]
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.nbytes = len(data)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, InlineBytes):
+            return NotImplemented
+        return self.data == other.data
+
+    def __hash__(self) -> int:
+        return hash(self.data)
+
+    def __repr__(self) -> str:
+        return f"InlineBytes(<{self.nbytes} bytes>)"
+
+
+Location: TypeAlias = Block | RegionLocation | CudaLocation | CudaRegionLocation | InlineBytes
+
+#: The largest tensor whose bytes travel inside a message rather than in an arena block.
+#: Below it a block costs more than the bytes: allocate, view, write, free and a ``Release``
+#: per output against one copy into the packer and one out of it (BENCHMARKS.md, "Small
+#: tensors inline"); a 64 KiB tensor still takes a block, read in place.
+INLINE_TENSOR_MAX = 4 << 10
+#: The most inline bytes of one request's inputs (or one response's outputs) ...
+INLINE_REQUEST_MAX = 16 << 10
+#: ... and of one message: a batch's Execute or Result must fit the stub's ring (1 MiB) with
+#: room to spare for its descriptors and for the messages behind it.
+INLINE_MESSAGE_MAX = 256 << 10
+
+
+def inline_budget(max_batch_size: int) -> int:
+    """Inline bytes one request (or response) of a model may carry: a batch holds at most
+    ``max(1, max_batch_size)`` of them, and all together stay within ``INLINE_MESSAGE_MAX``."""
+    return min(INLINE_REQUEST_MAX, INLINE_MESSAGE_MAX // max(1, max_batch_size))
+
 
 # Location kind tags on the wire.
-_ARENA, _REGION, _CUDA, _CUDA_REGION = 0, 1, 2, 3
+_ARENA, _REGION, _CUDA, _CUDA_REGION, _INLINE = 0, 1, 2, 3, 4
 
 
 def location_to_wire(location: Location) -> list[Any]:
@@ -97,6 +146,9 @@ def location_to_wire(location: Location) -> list[Any]:
     if kind is Block:
         block: Block = location  # type: ignore[assignment]
         return [_ARENA, block.arena_id, block.segment, block.offset, block.nbytes]
+    if kind is InlineBytes:
+        inline: InlineBytes = location  # type: ignore[assignment]
+        return [_INLINE, inline.data]
     if kind is RegionLocation:
         region: RegionLocation = location  # type: ignore[assignment]
         return [_REGION, region.region, region.offset, region.nbytes]
@@ -132,6 +184,15 @@ def location_from_wire(obj: Sequence[Any], at: int = 0) -> Location:
             and type(nbytes) is int
         ):
             return Block(arena_id, segment, offset, nbytes)
+    elif size == 2 and kind == _INLINE:
+        data = obj[at + 1]
+        if type(data) is bytes and len(data) <= INLINE_MESSAGE_MAX:
+            return InlineBytes(data)
+        raise ValueError(
+            f"malformed inline tensor on the wire: its bytes must be a bin of at most "
+            f"{INLINE_MESSAGE_MAX} bytes, got {type(data).__name__} "
+            f"of {len(data) if isinstance(data, bytes | str | list) else '?'}"
+        )
     elif size == 4 and kind == _REGION:
         if type(obj[at + 1]) is str and _all_ints(obj[at + 2], obj[at + 3]):
             return RegionLocation(obj[at + 1], obj[at + 2], obj[at + 3])
@@ -213,6 +274,8 @@ class TensorDesc:
                 location.offset,
                 location.nbytes,
             ]
+        if type(location) is InlineBytes:
+            return [self.name, self.datatype, self.shape, _INLINE, location.data]
         return [self.name, self.datatype, self.shape, *location_to_wire(location)]
 
     @staticmethod

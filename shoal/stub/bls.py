@@ -23,7 +23,7 @@ from typing import Any
 
 from shoal.ipc import messages as msg
 from shoal.ipc.arena import Block
-from shoal.ipc.tensor import CudaLocation, TensorDesc
+from shoal.ipc.tensor import CudaLocation, InlineBytes, TensorDesc, buffer_to_numpy
 from shoal.stub import pb_utils
 from shoal.stub._pb_memory import place_outputs
 from shoal.stub.memory import kept_view
@@ -250,7 +250,11 @@ class BlsClient:
         return self._host_tensor(desc, keeper)
 
     def _host_tensor(self, desc: TensorDesc, keeper: _CallKeeper) -> Any:
-        """An output in shared memory, read in place for as long as ``keeper`` lives."""
+        """An output in shared memory, read in place for as long as ``keeper`` lives (or one
+        whose bytes the reply carried: the model's own, read-only as the others)."""
+        if isinstance(desc.location, InlineBytes):
+            array = buffer_to_numpy(desc.datatype, desc.shape, desc.location.data)
+            return pb_utils.Tensor._wrap(desc.name, array, desc.datatype)
         assert isinstance(desc.location, Block)
         view = self._input_view(desc.location)
         array = kept_view(desc.datatype, desc.shape, view, keeper)

@@ -8,7 +8,7 @@ from typing import Any
 
 from shoal.ipc import messages as msg
 from shoal.ipc.arena import ArenaExhausted
-from shoal.ipc.tensor import CudaRegionLocation, RegionLocation, TensorDesc
+from shoal.ipc.tensor import CudaRegionLocation, InlineBytes, RegionLocation, TensorDesc
 from shoal.stub.execute_checks import failure_text
 from shoal.stub.gpu_tensors import CudaPoolRefused
 from shoal.stub.memory import RegionShrunk, RegionTooSmall
@@ -54,13 +54,21 @@ class ResponseRecorder:
             requested = set(request.requested_outputs)
             # Triton drops outputs that were not requested.
             tensors = [tensor for tensor in tensors if tensor.name() in requested]
-        return [self._write_output(tensor, request, written) for tensor in tensors]
+        descs: list[TensorDesc] = []
+        room = self.writer.inline_budget  # small outputs travel inside the record, up to this
+        for tensor in tensors:
+            desc = self._write_output(tensor, request, written, room)
+            location = desc.location
+            if type(location) is InlineBytes:
+                room -= location.nbytes
+            descs.append(desc)
+        return descs
 
     def _write_output(
-        self, tensor: Any, request: msg.RequestRecord, written: Written
+        self, tensor: Any, request: msg.RequestRecord, written: Written, room: int
     ) -> TensorDesc:
         if not request.output_regions:
-            return self.writer.describe(tensor, written, for_response=True)
+            return self.writer.describe(tensor, written, for_response=True, inline_room=room)
         target = request.output_regions.get(tensor.name())
         if type(target) is CudaRegionLocation:
             assert self.writer.gpu is not None
@@ -68,7 +76,7 @@ class ResponseRecorder:
         if target is not None:
             assert isinstance(target, RegionLocation)
             return self.writer.place(tensor, target)
-        return self.writer.describe(tensor, written, for_response=True)
+        return self.writer.describe(tensor, written, for_response=True, inline_room=room)
 
     def _write_failed(self, error: Exception) -> msg.ResponseRecord:
         """This response fails (the arena is full, a CUDA error, say), not the stub."""

@@ -22,7 +22,7 @@ from shoal.ipc.arena import ArenaMap, Block, OwnedArena, Segment
 from shoal.ipc.cuda import CudaPoolMap
 from shoal.ipc.fdpass import recv_fds, send_fds
 from shoal.ipc.queue import Channel, PeerGone
-from shoal.ipc.tensor import CudaLocation, Location, RegionLocation
+from shoal.ipc.tensor import CudaLocation, InlineBytes, Location, RegionLocation, inline_budget
 from shoal.stub import c_python_backend_utils, failures, loader, pb_utils, readiness
 from shoal.stub.bls import BlsClient
 from shoal.stub.control import ControlClient, StubMetrics
@@ -134,6 +134,8 @@ class StubRuntime:
 
     def input_view(self, location: Location) -> memoryview:
         """A view of an input, receiving its segment's fd first if it is new to us."""
+        if isinstance(location, InlineBytes):  # carried in the Execute (read-only bytes)
+            return memoryview(location.data)
         if isinstance(location, RegionLocation):
             return self.regions.view(location)
         assert isinstance(location, Block)
@@ -153,6 +155,8 @@ class StubRuntime:
         segment has no fd (named segments). A client region's ``view`` is already a copy."""
         if isinstance(location, RegionLocation):
             return view
+        if isinstance(location, InlineBytes):  # small: a copy
+            return memoryview(bytearray(view))
         assert isinstance(location, Block)
         if view.nbytes >= PRIVATE_MAPPING_MIN_BYTES:
             mapped: memoryview | None
@@ -240,6 +244,7 @@ class StubRuntime:
         outputs = SharedOutputArena(self._create_outputs(first))
         c_python_backend_utils._set_free_memory(outputs.free_bytes)
         writer = TensorWriter(outputs, Locations(), regions=self.regions)
+        writer.inline_budget = inline_budget(_max_batch_size(first.args))
         lender = writer.lender = OutputLender(outputs, writer.locations)
         pb_utils._set_output_lender(lender.lend)
 
@@ -388,6 +393,15 @@ def _async_concurrency(args: dict[str, str]) -> int:
         return int(str(value.get("string_value", "1")).strip() or "1")
     except (ValueError, AttributeError):
         return 1
+
+
+def _max_batch_size(args: dict[str, str]) -> int:
+    """The model's ``max_batch_size`` (0 when the configuration does not say)."""
+    try:
+        config = json.loads(args.get("model_config", "{}"))
+        return max(0, int(config.get("max_batch_size", 0)))
+    except (ValueError, TypeError, AttributeError):
+        return 0
 
 
 def _is_decoupled(args: dict[str, str]) -> bool:

@@ -9,7 +9,10 @@ import numpy as np
 from shoal.ipc.arena import Block
 from shoal.ipc.dtypes import NUMPY_DTYPES
 from shoal.ipc.tensor import (
+    INLINE_REQUEST_MAX,
+    INLINE_TENSOR_MAX,
     CudaLocation,
+    InlineBytes,
     RegionLocation,
     TensorDesc,
     numpy_to_buffer_size,
@@ -47,6 +50,9 @@ class TensorWriter:
         #: Blocks lent to the model (``pb_utils.empty_output_tensor``): a response carries
         #: them by descriptor.
         self.lender: OutputLender | None = None
+        #: Bytes of one response's outputs that may travel inside its record (set from the
+        #: model's max_batch_size: a batch's Result must fit the ring; ``ipc/tensor.py``).
+        self.inline_budget = INLINE_REQUEST_MAX
 
     def free(self, written: Written) -> None:
         """Give back what descriptors that will not be sent were written into."""
@@ -81,10 +87,13 @@ class TensorWriter:
         location = RegionLocation(target.region, target.offset, nbytes)
         return TensorDesc(tensor.name(), datatype, shape, location)
 
-    def describe(self, tensor: Any, written: Written, *, for_response: bool) -> TensorDesc:
-        """A descriptor for ``tensor``: its existing block if it is a view of one, else a new
-        block (appended to ``written``) holding one copy of it: a CUDA pool block for a GPU
-        tensor, an output arena block otherwise."""
+    def describe(
+        self, tensor: Any, written: Written, *, for_response: bool, inline_room: int = 0
+    ) -> TensorDesc:
+        """A descriptor for ``tensor``: its existing block if it is a view of one, else one
+        copy of it: its bytes inline when it is small and ``inline_room`` bytes are left, else
+        a new block (appended to ``written``): a CUDA pool block for a GPU tensor, an output
+        arena block otherwise."""
         if tensor._gpu is not None and self.gpu is not None and tensor._gpu.nbytes:
             desc = self.gpu.write(tensor, written, for_response=for_response)  # type: ignore[arg-type]
             if desc is not None:
@@ -107,10 +116,26 @@ class TensorWriter:
                 written.append(location)
                 return TensorDesc(tensor.name(), datatype, shape, location)
             # another response carries it already: this one gets a copy
-        block = self.outputs.allocate(numpy_to_buffer_size(array, datatype))
+        nbytes = numpy_to_buffer_size(array, datatype)
+        if nbytes <= inline_room and nbytes <= INLINE_TENSOR_MAX:
+            return TensorDesc(tensor.name(), datatype, shape, _inline(array, datatype, nbytes))
+        block = self.outputs.allocate(nbytes)
         written.append(block)
         _copy(array, datatype, self.outputs.view(block))
         return TensorDesc(tensor.name(), datatype, shape, block)
+
+
+def _inline(array: np.ndarray, datatype: str, nbytes: int) -> InlineBytes:
+    """The tensor's bytes in the wire layout, copied once, to travel inside the message."""
+    if (
+        datatype != "BYTES"
+        and array.flags.c_contiguous
+        and array.dtype == NUMPY_DTYPES.get(datatype)
+    ):
+        return InlineBytes(array.tobytes())
+    staged = bytearray(nbytes)
+    write_numpy(array, datatype, memoryview(staged))
+    return InlineBytes(bytes(staged))
 
 
 def _copy(array: np.ndarray, datatype: str, dest: memoryview) -> None:

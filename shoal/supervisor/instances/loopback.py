@@ -24,6 +24,9 @@ from shoal.ipc.arena import ArenaMap, Block, OwnedArena, Segment
 from shoal.ipc.dtypes import numpy_to_datatype
 from shoal.ipc.queue import PeerGone
 from shoal.ipc.tensor import (
+    INLINE_REQUEST_MAX,
+    INLINE_TENSOR_MAX,
+    InlineBytes,
     Location,
     TensorDesc,
     buffer_to_numpy,
@@ -54,8 +57,17 @@ _pids = itertools.count(1 << 23)
 class LoopbackStub:
     """One in-process stub (the loopback kind of ``StubChannel``)."""
 
-    def __init__(self, launch: StubLaunch, output_arena_id: int, model: LoopbackModel) -> None:
+    def __init__(
+        self,
+        launch: StubLaunch,
+        output_arena_id: int,
+        model: LoopbackModel,
+        inline_outputs: bool = False,
+    ) -> None:
         self.launch, self.output_arena_id, self.pid = launch, output_arena_id, next(_pids)
+        #: Small outputs travel inside the Result, as a real stub sends them; off, every output
+        #: takes a block (what tests of the blocks' lifetimes look at).
+        self.inline_outputs = inline_outputs
         self.returncode: int | None = None
         self._loop = asyncio.get_running_loop()
         self.exited: asyncio.Future[int] = self._loop.create_future()
@@ -191,7 +203,14 @@ class LoopbackStub:
         if outputs is None or isinstance(outputs, Call):
             return outputs
         wanted = request.requested_outputs or list(outputs)
-        return msg.ResponseRecord([self._output(name, outputs[name]) for name in wanted])
+        room = INLINE_REQUEST_MAX if self.inline_outputs else 0
+        tensors = []
+        for name in wanted:
+            tensor = self._output(name, outputs[name], room)
+            if type(tensor.location) is InlineBytes:
+                room -= tensor.location.nbytes
+            tensors.append(tensor)
+        return msg.ResponseRecord(tensors)
 
     def _finish(self, batch: _Batch) -> None:
         """Send the batch's Result once every request has its response."""
@@ -228,13 +247,21 @@ class LoopbackStub:
 
     def _array(self, tensor: TensorDesc) -> np.ndarray:
         block = tensor.location
-        assert isinstance(block, Block)
-        view = self._inputs.view(block) if block.nbytes else memoryview(b"")
+        if isinstance(block, InlineBytes):  # bytes the Execute carried
+            view = memoryview(block.data)
+        else:
+            assert isinstance(block, Block)
+            view = self._inputs.view(block) if block.nbytes else memoryview(b"")
         return np.array(buffer_to_numpy(tensor.datatype, tensor.shape, view))
 
-    def _output(self, name: str, array: np.ndarray) -> TensorDesc:
+    def _output(self, name: str, array: np.ndarray, inline_room: int = 0) -> TensorDesc:
         datatype = numpy_to_datatype(array.dtype)
-        block = self._outputs.allocate(numpy_to_buffer_size(array, datatype))
+        nbytes = numpy_to_buffer_size(array, datatype)
+        if nbytes <= inline_room and nbytes <= INLINE_TENSOR_MAX:
+            data = bytearray(nbytes)
+            write_numpy(array, datatype, memoryview(data))
+            return TensorDesc(name, datatype, tuple(array.shape), InlineBytes(bytes(data)))
+        block = self._outputs.allocate(nbytes)
         write_numpy(array, datatype, self._outputs.view(block))
         return TensorDesc(name, datatype, tuple(array.shape), block)
 
@@ -270,13 +297,17 @@ class Loopback:
     """The loopback kind: makes a :class:`LoopbackStub` per instance, its model chosen by
     instance name, and keeps every stub it made (the last one per instance in ``latest``)."""
 
-    def __init__(self, model_of: Callable[[str], LoopbackModel]) -> None:
+    def __init__(
+        self, model_of: Callable[[str], LoopbackModel], *, inline_outputs: bool = False
+    ) -> None:
         self._model_of = model_of
+        self._inline_outputs = inline_outputs
         self.made: list[LoopbackStub] = []
         self.latest: dict[str, LoopbackStub] = {}
 
     def __call__(self, launch: StubLaunch, output_arena_id: int) -> LoopbackStub:
-        stub = LoopbackStub(launch, output_arena_id, self._model_of(launch.instance_name))
+        model = self._model_of(launch.instance_name)
+        stub = LoopbackStub(launch, output_arena_id, model, self._inline_outputs)
         self.made.append(stub)
         self.latest[launch.instance_name] = stub
         return stub

@@ -24,11 +24,12 @@ from shoal.core.errors import ErrorCode, InvalidArgument, ModelError, ShoalError
 from shoal.core.types import InferOutput, InferRequest, InferResponse
 from shoal.ipc.arena import Block
 from shoal.ipc.records import RequestRecord
-from shoal.ipc.tensor import CudaLocation, TensorDesc
+from shoal.ipc.tensor import CudaLocation, InlineBytes, TensorDesc
 from shoal.supervisor.memory.segments import SegmentDirectory
 from shoal.supervisor.models._ensemble_plan import EnsemblePlan, StepPlan, input_datatypes, plan_of
 from shoal.supervisor.models.version import ModelVersion
 from shoal.supervisor.requests.staging import batch_of
+from shoal.supervisor.schedulers._staging import arena_stager
 from shoal.supervisor.work import Completion, Work
 
 _Tensors = dict[str, TensorDesc]
@@ -101,6 +102,30 @@ class EnsembleRunner:
             release()
             raise
 
+    def spill_inline(self, target: ModelVersion, inputs: list[TensorDesc]) -> list[Block]:
+        """Move a step's inline inputs (earlier steps' small outputs) into input-arena blocks
+        when together they pass what ``target``'s requests may carry inline: a batch of them
+        must fit its stub's ring. Returns the blocks, which the step's work owns."""
+        inline = 0
+        for desc in inputs:
+            if type(desc.location) is InlineBytes:
+                inline += desc.location.nbytes
+        if inline <= target.summary.inline_budget:
+            return []
+        blocks: list[Block] = []
+        stage = arena_stager(self._directory.input_arena)
+        try:
+            for index, desc in enumerate(inputs):
+                location = desc.location
+                if type(location) is InlineBytes:
+                    staged, block = stage(desc.name, desc.datatype, desc.shape, location.data)
+                    blocks.append(block)
+                    inputs[index] = staged
+        except BaseException:
+            self._free_inputs(blocks)
+            raise
+        return blocks
+
     def _release(self, completions: list[Completion], blocks: list[Block]) -> None:
         for completion in completions:
             completion.release()
@@ -111,6 +136,8 @@ class EnsembleRunner:
         desc = tensors.get(name)
         if desc is None:
             raise InvalidArgument(f"ensemble '{mv.name}' produced no tensor '{name}'")
+        if type(desc.location) is InlineBytes:
+            return InferOutput(name, desc.datatype, desc.shape, memoryview(desc.location.data))
         assert isinstance(desc.location, Block | CudaLocation)
         view = self._directory.view(desc.location)
         placed = desc.location if type(desc.location) is Block else None
@@ -249,12 +276,14 @@ class _Graph:
         if target.config.is_ensemble:
             self._start_nested(step, target, inputs, batch, started)
             return
+        spilled = self._runner.spill_inline(target, inputs)
         record = self._step_record(step, inputs)
         future: asyncio.Future[Completion] = asyncio.get_running_loop().create_future()
         self._running[step.index] = future
         future.add_done_callback(functools.partial(self._model_done, step, target, batch, started))
-        # The inputs belong to the ensemble request: the step's work owns no block.
-        target.submit(Work(record, [], future, batch_size=batch))
+        # The inputs belong to the ensemble request: the step's work owns only the blocks
+        # made for it here.
+        target.submit(Work(record, spilled, future, batch_size=batch))
 
     def _step_record(self, step: StepPlan, inputs: list[TensorDesc]) -> RequestRecord:
         base = self._base

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from shoal.core.errors import ErrorCode, ModelError
 from shoal.core.types import InferOutput, InferRequest, InferResponse
 from shoal.ipc.arena import Block
-from shoal.ipc.tensor import CudaLocation
+from shoal.ipc.tensor import CudaLocation, InlineBytes
 from shoal.supervisor.requests.client_shm import placed_output
 from shoal.supervisor.work import Completion
 
@@ -17,7 +17,8 @@ if TYPE_CHECKING:
 
 def response_of(mv: ModelVersion, request: InferRequest, completion: Completion) -> InferResponse:
     """The response to ``request``: views of its outputs in the stub's arena (released with
-    the response), or the error the model answered with."""
+    the response) or of the bytes the Result carried inline, or the error the model answered
+    with."""
     record = completion.response
     if record.error is not None:
         code_name, message = record.error
@@ -27,7 +28,10 @@ def response_of(mv: ModelVersion, request: InferRequest, completion: Completion)
     for o in record.outputs:
         location = o.location
         # One class per test: an isinstance of a tuple is a generic call when compiled.
-        if isinstance(location, Block):
+        if isinstance(location, InlineBytes):
+            data = memoryview(location.data)
+            outputs.append(InferOutput(o.name, o.datatype, o.shape, data))
+        elif isinstance(location, Block):
             view = completion.view(location)
             outputs.append(InferOutput(o.name, o.datatype, o.shape, view, None, location))
         elif isinstance(location, CudaLocation):

@@ -18,7 +18,9 @@ from shoal.ipc.arena import ArenaExhausted, Block, OwnedArena
 from shoal.ipc.dtypes import BytesFormatError, byte_size, deserialize_bytes, element_count
 from shoal.ipc.records import RequestRecord
 from shoal.ipc.tensor import (
+    INLINE_TENSOR_MAX,
     CudaRegionLocation,
+    InlineBytes,
     RegionLocation,
     TensorDesc,
     numpy_to_buffer_size,
@@ -274,6 +276,18 @@ def _size_mismatch(
     )
 
 
+def _inline(tensor: InferInput) -> InlineBytes:
+    """The tensor's bytes, copied once, to travel inside the Execute."""
+    data = tensor.data
+    if isinstance(data, np.ndarray):
+        staged = bytearray(numpy_to_buffer_size(data, tensor.datatype))
+        write_numpy(data, tensor.datatype, memoryview(staged))
+        return InlineBytes(bytes(staged))
+    if type(data) is bytes:
+        return InlineBytes(data)  # (immutable: no copy needed)
+    return InlineBytes(bytes(data))
+
+
 def _write(tensor: InferInput, dest: memoryview) -> None:
     data = tensor.data
     if isinstance(data, np.ndarray):
@@ -293,8 +307,10 @@ def stage_request(
     regions: Mapping[str, RegionLocation | CudaRegionLocation] | None = None,
 ) -> tuple[RequestRecord, list[Block]]:
     """Copy every input into ``arena``, except those in a client's shared-memory region
-    (``regions``), which the stub reads in place; the caller owns the returned blocks."""
+    (``regions``), which the stub reads in place, and small ones, whose bytes travel inside the
+    Execute (up to the model's ``inline_budget``); the caller owns the returned blocks."""
     rules = model.inputs
+    room = model.inline_budget
     if regions:
         sizes = [_payload_size(model, t, regions.get(t.name)) for t in request.inputs]
     else:
@@ -311,6 +327,10 @@ def stage_request(
                 descs.append(TensorDesc(tensor.name, tensor.datatype, shape, in_region))
                 continue
             block = tensor.placed
+            if block is None and size <= INLINE_TENSOR_MAX and size <= room:
+                room -= size
+                descs.append(TensorDesc(tensor.name, tensor.datatype, shape, _inline(tensor)))
+                continue
             if block is None:
                 block = arena.allocate(size)
                 _write(tensor, arena.view(block))
@@ -320,7 +340,7 @@ def stage_request(
             private |= 1 << len(descs)  # this request's own copy: the model may write it
             descs.append(TensorDesc(tensor.name, tensor.datatype, shape, block))
     except ArenaExhausted as error:
-        _give_back(request, regions, blocks, arena)
+        _give_back(request, descs, blocks, arena)
         raise ResourceExhausted(
             f"cannot stage the inputs of a request for model '{model.name}': {error}"
         ) from None
@@ -342,15 +362,13 @@ def stage_request(
 
 
 def _give_back(
-    request: InferRequest,
-    regions: Mapping[str, RegionLocation | CudaRegionLocation] | None,
-    blocks: list[Block],
-    arena: OwnedArena,
+    request: InferRequest, descs: list[TensorDesc], blocks: list[Block], arena: OwnedArena
 ) -> None:
     """Undo a staging that failed: free the blocks it allocated, and hand the blocks a worker
-    placed back to the request (whose maker gives them back)."""
-    staged = [t for t in request.inputs if t.name not in (regions or {})]
-    for tensor, block in zip(staged, blocks, strict=False):
+    placed back to the request (whose maker gives them back). ``descs`` are the inputs staged
+    before the failure, in order: those in a block are the ones ``blocks`` belong to."""
+    staged = [t for t, d in zip(request.inputs, descs, strict=False) if type(d.location) is Block]
+    for tensor, block in zip(staged, blocks, strict=True):
         if block.arena_id == arena.arena_id:
             arena.free(block)
         else:

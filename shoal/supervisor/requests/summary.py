@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from shoal.config import ModelConfig, TensorConfig
+from shoal.ipc.tensor import inline_budget
 
 
 class InputRule:
@@ -39,6 +40,8 @@ class ModelSummary:
         self.required: list[str] = [t.name for t in config.inputs if not t.optional]
         self.outputs: list[str] = [t.name for t in config.outputs]
         self.output_names: frozenset[str] = frozenset(self.outputs)
+        #: Bytes of a request's inputs that may travel inside its Execute (ipc/tensor.py).
+        self.inline_budget: int = inline_budget(config.max_batch_size)
 
 
 def _batched(dims: Sequence[int], max_batch_size: int) -> tuple[int, ...]:

@@ -23,7 +23,7 @@ from shoal.config import ModelConfig
 from shoal.config import SequenceState as StateConfig
 from shoal.ipc.arena import Block
 from shoal.ipc.dtypes import NUMPY_DTYPES, byte_size, element_count
-from shoal.ipc.tensor import CudaLocation
+from shoal.ipc.tensor import CudaLocation, InlineBytes
 from shoal.supervisor.schedulers._batching import sequence_settings
 from shoal.supervisor.schedulers.base import StageTensor
 from shoal.supervisor.work import Completion, Work
@@ -130,9 +130,15 @@ class SequenceTensors:
             input_name = self._state_inputs.get(output.name)
             # A GPU state output is kept as host bytes too (one copy), like a CPU one.
             location = output.location
-            if state is not None and input_name and isinstance(location, Block | CudaLocation):
+            if state is None or not input_name:
+                continue
+            if isinstance(location, InlineBytes):
+                data = location.data
+            elif isinstance(location, Block | CudaLocation):
                 data = bytes(done.view(location))
-                state.values[input_name] = StateValue(output.datatype, output.shape, data)
+            else:
+                continue
+            state.values[input_name] = StateValue(output.datatype, output.shape, data)
         if hidden:
             hide_outputs(done, hidden)
 

@@ -17,6 +17,7 @@ from shoal.ipc.records import RequestRecord
 from shoal.ipc.tensor import (
     CudaLocation,
     CudaRegionLocation,
+    InlineBytes,
     RegionLocation,
     TensorDesc,
     location_to_wire,
@@ -63,6 +64,7 @@ def _records() -> list[RequestRecord]:
             TensorDesc("Y", "FP32", (4,), RegionLocation("1:/region", 16, 16)),
             TensorDesc("Z", "FP16", (), CudaLocation(0, 256, 2)),
             TensorDesc("W", "BYTES", (1, 1), CudaRegionLocation("2:gpu", 1, 0, 8, bytes(64))),
+            TensorDesc("V", "INT8", (1, 3), InlineBytes(b"\x01\x02\x03")),
         ],
         timeout_us=5,
         key=42,
@@ -88,3 +90,14 @@ def test_execute_round_trips() -> None:
     assert isinstance(decoded, msg.Execute)
     assert decoded.batch_id == 3
     assert decoded.requests == message.requests
+
+
+def test_a_result_with_inline_outputs_round_trips() -> None:
+    outputs = [
+        TensorDesc("OUT", "FP32", (1, 2), InlineBytes(bytes(8))),
+        TensorDesc("BIG", "FP32", (1, 4096), Block(7, 0, 0, 16384)),
+    ]
+    message = msg.Result(5, [msg.ResponseRecord(outputs, None, {"p": 1})])
+    decoded = msg.decode(msg.encode(message))
+    assert isinstance(decoded, msg.Result)
+    assert decoded.responses[0].outputs == outputs

@@ -17,8 +17,10 @@ from shoal.ipc.dtypes import (
     serialize_bytes,
 )
 from shoal.ipc.tensor import (
+    INLINE_MESSAGE_MAX,
     CudaLocation,
     CudaRegionLocation,
+    InlineBytes,
     Location,
     RegionLocation,
     TensorDesc,
@@ -95,6 +97,8 @@ def test_write_converts_within_a_kind_only() -> None:
         RegionLocation("client-region", 8, 16),
         CudaLocation(0, 256, 4),
         CudaRegionLocation("3:gpu_in", 1, 64, 16, bytes(range(64))),
+        InlineBytes(bytes(range(16))),
+        InlineBytes(b""),
     ],
 )
 def test_descriptor_wire_round_trip(location: Location) -> None:
@@ -105,6 +109,30 @@ def test_descriptor_wire_round_trip(location: Location) -> None:
     assert TensorDesc.from_wire(received) == desc
     with pytest.raises(ValueError, match="location"):
         TensorDesc.from_wire([*received[:3], 9, 1, 2, 3])
+
+
+def test_inline_bytes_travel_as_a_msgpack_bin_in_the_descriptor() -> None:
+    desc = TensorDesc("INPUT0", "FP32", (1, 2), InlineBytes(b"\x01" * 8))
+    packed = msgpack.packb(desc.to_wire(), use_bin_type=True)
+    assert b"\xc4\x08" + b"\x01" * 8 in packed  # bin 8: the bytes themselves, no list of ints
+    received = TensorDesc.from_wire(msgpack.unpackb(packed))
+    assert type(received.location) is InlineBytes and received.location.nbytes == 8
+
+
+@pytest.mark.parametrize(
+    ("fields", "words"),
+    [
+        ([4, "text"], "must be a bin of at most"),  # a str is not bytes
+        ([4, [1, 2]], "got list"),
+        ([4, b"x" * (INLINE_MESSAGE_MAX + 1)], f"at most {INLINE_MESSAGE_MAX} bytes"),
+        ([4], "malformed tensor location"),  # no bytes at all
+        ([4, b"ab", 2], "malformed tensor location"),  # a field too many
+    ],
+)
+def test_a_malformed_inline_tensor_is_refused_by_name(fields: list, words: str) -> None:
+    with pytest.raises(ValueError, match="malformed") as caught:
+        TensorDesc.from_wire(["INPUT0", "FP32", [2], *fields])
+    assert words in str(caught.value)
 
 
 def test_output_regions_of_both_kinds_cross_the_wire() -> None:

@@ -10,6 +10,13 @@ from shoal.core.errors import InvalidArgument, ResourceExhausted
 from shoal.core.types import InferInput, InferRequest, RequestedOutput
 from shoal.ipc.arena import OwnedArena
 from shoal.ipc.dtypes import serialize_bytes
+from shoal.ipc.tensor import (
+    INLINE_MESSAGE_MAX,
+    INLINE_REQUEST_MAX,
+    INLINE_TENSOR_MAX,
+    InlineBytes,
+    inline_budget,
+)
 from shoal.supervisor.requests import staging
 from shoal.supervisor.requests.summary import ModelSummary
 
@@ -100,24 +107,73 @@ def test_unknown_output(config):
         staging.check_outputs(config, _request(outputs=["Z"]))
 
 
-def test_stage_copies_inputs_and_applies_reshape(config, arena):
+def test_small_inputs_travel_inline_with_the_reshape_applied(config, arena):
     values = np.arange(8, dtype=np.int32).reshape(2, 4)
     text = np.array([b"ab", b"c"], dtype=np.object_)
     request = _request(
         _fp32("A", (1, 2), [[1.5, 2.5]]),
         InferInput("S", "BYTES", (1, 2), serialize_bytes(text)),
-        InferInput("R", "INT32", (2, 4), values.tobytes()),
+        InferInput("R", "INT32", (2, 4), memoryview(values.tobytes())),
     )
     record, blocks = staging.stage_request(config, request, arena, ["Y"])
-    assert len(blocks) == 3 and all(b.offset % 64 == 0 for b in blocks)
+    assert blocks == [] and arena.used_bytes == 0  # no block for a small tensor
     descs = {d.name: d for d in record.inputs}
+    assert all(type(d.location) is InlineBytes for d in descs.values())
     assert descs["R"].shape == (2, 2, 2)  # batch dim kept, dims reshaped as the model sees them
-    assert bytes(arena.view(descs["A"].location)) == np.float32([1.5, 2.5]).tobytes()
-    assert bytes(arena.view(descs["R"].location)) == values.tobytes()
+    assert descs["A"].location.data == np.float32([1.5, 2.5]).tobytes()
+    assert descs["S"].location.data == serialize_bytes(text)
+    assert descs["R"].location.data == values.tobytes()
+    assert record.private_inputs == 0  # (the stub copies an inline input the model may write)
     assert record.requested_outputs == ["Y"]
-    for block in blocks:
-        arena.free(block)
-    assert arena.used_bytes == 0
+
+
+def test_a_json_input_is_written_inline_in_the_wire_layout(config, arena):
+    values = np.array([[1, 2]], dtype=np.float64)  # converted to the input's FP32
+    request = _request(InferInput("A", "FP32", (1, 2), values))
+    record, blocks = staging.stage_request(config, request, arena, ["Y"])
+    assert blocks == [] and record.inputs[0].location.data == np.float32([1, 2]).tobytes()
+
+
+def _text(nbytes):
+    """A BYTES tensor of one element whose V2 payload is ``nbytes`` long."""
+    return InferInput(
+        "S", "BYTES", (1, 1), serialize_bytes(np.array([b"x" * (nbytes - 4)], object))
+    )
+
+
+@pytest.mark.parametrize(
+    ("nbytes", "inline"), [(INLINE_TENSOR_MAX, True), (INLINE_TENSOR_MAX + 1, False)]
+)
+def test_the_tensor_limit_is_inclusive(config, arena, nbytes, inline):
+    record, blocks = staging.stage_request(
+        config, _request(_fp32("A", (1, 2)), _text(nbytes)), arena, ["Y"]
+    )
+    location = record.inputs[1].location
+    assert location.nbytes == nbytes and (type(location) is InlineBytes) is inline
+    assert len(blocks) == (0 if inline else 1)
+    if blocks:
+        assert bytes(arena.view(blocks[0])) == bytes(_text(nbytes).data)
+        arena.free(blocks[0])
+
+
+def test_past_the_models_budget_the_rest_take_blocks(config, arena):
+    assert (
+        config.inline_budget == inline_budget(8) == min(INLINE_REQUEST_MAX, INLINE_MESSAGE_MAX // 8)
+    )
+    config.inline_budget = 40  # A (8 bytes) fits, S (40) would pass it: S takes a block
+    record, blocks = staging.stage_request(
+        config, _request(_fp32("A", (1, 2)), _text(40)), arena, ["Y"]
+    )
+    assert type(record.inputs[0].location) is InlineBytes
+    assert record.inputs[1].location == blocks[0] and record.private_inputs == 0b10
+    arena.free(blocks[0])
+
+
+def test_a_batch_of_the_largest_requests_fits_the_ring():
+    for max_batch_size in (0, 1, 8, 64, 1024, 1 << 20):
+        assert max(1, max_batch_size) * inline_budget(max_batch_size) <= INLINE_MESSAGE_MAX
+    assert inline_budget(1 << 20) == 0  # a model with huge batches: every input in a block
+    assert INLINE_MESSAGE_MAX <= (1 << 20) // 4  # a quarter of the stub's ring at most
 
 
 def test_byte_size_mismatch(config, arena):
@@ -153,6 +209,16 @@ def test_an_input_in_a_cuda_region_goes_by_descriptor_with_its_size_checked(conf
     short = CudaRegionLocation("1:gpu", 0, 64, 16, bytes(64))
     with pytest.raises(InvalidArgument, match=r"input byte size mismatch for input 'A'.*got 16"):
         staging.stage_request(config, request, arena, ["Y"], {"A": short})
+
+
+def test_a_large_input_takes_a_block_whose_bytes_are_the_inputs(config, arena):
+    record, blocks = staging.stage_request(
+        config, _request(_fp32("A", (1, 2)), _text(65536)), arena, ["Y"]
+    )
+    assert record.inputs[1].location == blocks[0]
+    assert bytes(arena.view(blocks[0])) == bytes(_text(65536).data)
+    arena.free(blocks[0])
+    assert arena.used_bytes == 0
 
 
 def test_an_input_a_worker_placed_goes_by_its_block_without_a_copy(config, arena):
@@ -219,3 +285,15 @@ def test_a_record_without_parameters_has_no_sequence_and_no_timeout(config, aren
     finally:
         for block in blocks:
             arena.free(block)
+
+
+def test_a_failed_staging_after_an_inline_input_hands_back_the_right_block(config, arena):
+    with OwnedArena(1 << 32, initial_bytes=1 << 16) as worker:
+        block = worker.allocate(16)
+        placed = InferInput("R", "INT32", (1, 4), worker.view(block), placed=block)
+        text = serialize_bytes(np.array([b"x" * 300_000], object))
+        request = _request(_fp32("A", (1, 2)), placed, InferInput("S", "BYTES", (1, 1), text))
+        with pytest.raises(ResourceExhausted):
+            staging.stage_request(config, request, arena, ["Y"])
+        assert placed.placed == block  # not paired with the inline input before it
+        assert arena.used_bytes == 0
