@@ -95,6 +95,7 @@ HOT_PATH: tuple[str, ...] = (
     "shoal/frontends/grpc/_infer.py",
     "shoal/frontends/grpc/native_headers.py",
     "shoal/frontends/grpc/native_messages.py",
+    "shoal/frontends/grpc/native_split.py",
     "shoal/frontends/grpc/native_call.py",
     "shoal/frontends/grpc/native.py",
     "shoal/frontends/workers/client.py",

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from shoal.frontends.grpc.aio import GrpcServer
     from shoal.frontends.grpc.native import FloodLimits, NativeGrpcServer
     from shoal.frontends.http.app import HttpServer
+    from shoal.frontends.workers.arenas import StagingArena
 
 
 def announce(protocol: str, host: str, port: int) -> None:
@@ -76,7 +77,15 @@ async def _start_grpc(
         restricted=restricted,
         limits=limits,
         max_connection_bytes=options.grpc_max_connection_buffer_size,
+        receive_into=_staging_arena(core),
     )
+
+
+def _staging_arena(core: CoreAPI) -> StagingArena | None:
+    """A frontend worker's input arena, which large gRPC inputs are received into."""
+    from shoal.frontends.workers.client import RemoteCore
+
+    return core.arena if isinstance(core, RemoteCore) else None
 
 
 def _flood_limits(options: ServerOptions) -> FloodLimits:

@@ -41,6 +41,7 @@ from shoal.frontends.grpc._params import (
 )
 from shoal.frontends.grpc._tensors import array_from_contents
 from shoal.frontends.grpc._wire import Chunk, embedded_chunks, raw_field_chunks, split_raw_contents
+from shoal.frontends.grpc.native_split import SplitRequest
 from shoal.protos import grpc_service_pb2 as pb
 
 _RAW_INPUT_CONTENTS = pb.ModelInferRequest.RAW_INPUT_CONTENTS_FIELD_NUMBER
@@ -63,8 +64,8 @@ class DecodedInfer:
     final_response_flag: bool = False
 
 
-def decode_infer_request(data: bytes | bytearray | memoryview) -> DecodedInfer:
-    """Decode a serialized ``ModelInferRequest``."""
+def decode_infer_request(data: bytes | bytearray | memoryview | SplitRequest) -> DecodedInfer:
+    """Decode a serialized ``ModelInferRequest``, or one received in parts."""
     message, raw = _parse_request(data)
     parameters, final_flag = decode_request_parameters(message.parameters)
     outputs = [
@@ -84,10 +85,12 @@ def decode_infer_request(data: bytes | bytearray | memoryview) -> DecodedInfer:
 
 
 def _parse_request(
-    data: bytes | bytearray | memoryview,
+    data: bytes | bytearray | memoryview | SplitRequest,
 ) -> tuple[pb.ModelInferRequest, list[memoryview]]:
-    """The message without its raw input contents, and those as views of ``data``."""
-    header, raw = split_raw_contents(data, _RAW_INPUT_CONTENTS)
+    """The message without its raw input contents, and those as views of ``data`` (of the
+    blocks they were received into, for a :class:`SplitRequest`)."""
+    wire = data.rest if isinstance(data, SplitRequest) else data
+    header, raw = split_raw_contents(wire, _RAW_INPUT_CONTENTS)
     try:
         # upb parses any buffer, so a view of the received bytes needs no copy first.
         message = pb.ModelInferRequest.FromString(header)  # type: ignore[arg-type]
@@ -95,6 +98,8 @@ def _parse_request(
         raise InvalidArgument(f"failed to parse the request message: {exc}") from None
     if not raw and message.raw_input_contents:  # a message too long to walk: parsed whole
         raw = [memoryview(entry) for entry in message.raw_input_contents]
+    if isinstance(data, SplitRequest):
+        raw = data.entries(raw)
     return message, raw
 
 

@@ -182,12 +182,15 @@ class Method:
     ``parse`` and ``serialize`` are None for ModelInfer and ModelStreamInfer, which take and
     return serialized bytes. A unary ``handle`` takes the request and a context with grpc.aio's
     ``abort`` and ``invocation_metadata``; a streaming one takes the request messages too.
+    ``split``: the request may come received in parts (ModelInfer on shoal's own server, see
+    ``native_split``).
     """
 
     streaming: bool
     parse: Callable[[bytes | bytearray], Any] | None
     serialize: Callable[[Any], bytes] | None
     handle: Callable[[Any, Any], Any]
+    split: bool = False
 
 
 def method_table(
@@ -206,7 +209,8 @@ def method_table(
         for name, (request_type, response_type, behavior) in _unary_methods(servicer).items()
     }
     infer = servicer.model_infer_lent if lent_replies else servicer.model_infer
-    methods["ModelInfer"] = Method(False, None, None, _guarded(infer, "ModelInfer", restrictions))
+    handle = _guarded(infer, "ModelInfer", restrictions)
+    methods["ModelInfer"] = Method(False, None, None, handle, split=True)
     methods["ModelStreamInfer"] = Method(
         True, None, None, _guarded_stream(servicer.model_stream_infer, restrictions)
     )

@@ -31,12 +31,14 @@ from shoal.frontends.grpc.methods import MAX_MESSAGE_BYTES, SERVICE_NAME, Method
 from shoal.frontends.grpc.native_call import CallServer, NativeCall
 from shoal.frontends.grpc.native_headers import status_block, timeout_seconds
 from shoal.frontends.grpc.native_messages import BufferPool, ConnectionBudget
+from shoal.frontends.grpc.native_split import ReceiveArena
 from shoal.frontends.grpc.servicer import Servicer
 from shoal.frontends.grpc.status import Status
 from shoal.frontends.h2 import frames as h2
 from shoal.frontends.h2.connection import MAX_CONCURRENT_STREAMS, Http2Connection
 from shoal.frontends.h2.floods import FloodLimits
 from shoal.frontends.h2.header_blocks import Headers
+from shoal.frontends.h2.reading import read_buffer
 from shoal.frontends.h2.streams import StreamHandler
 
 __all__ = ["FloodLimits", "NativeGrpcServer"]
@@ -86,6 +88,8 @@ class NativeGrpcServer:
 
     ``start`` binds and returns the bound port; ``stop`` refuses new calls (GOAWAY), lets
     running ones finish for up to ``grace`` seconds (None: cancels them at once) and returns.
+    ``receive_into``: the arena a frontend worker stages inputs in; large ModelInfer inputs
+    are received straight into it (:mod:`~shoal.frontends.grpc.native_split`).
     """
 
     _servicer: Servicer | None = None
@@ -100,15 +104,17 @@ class NativeGrpcServer:
         max_concurrent_streams: int = MAX_CONCURRENT_STREAMS,
         limits: FloodLimits | None = None,
         max_connection_bytes: int = MAX_MESSAGE_BYTES,
+        receive_into: ReceiveArena | None = None,
     ) -> None:
         self._core = core
         self._limits = limits or FloodLimits()
         self._max_streams = max_concurrent_streams
         self._restrictions = Restrictions(restricted or {}, prefix=GRPC_KEY_PREFIX, what="protocol")
-        self._calls = CallServer(max_message_bytes, BufferPool())
+        self._calls = CallServer(max_message_bytes, BufferPool(), receive_into)
         self._methods: dict[bytes, Method] = {}
         self._connections: set[Http2Connection] = set()
         self._budgets: dict[Http2Connection, ConnectionBudget] = {}
+        self._reads = read_buffer()  # what every connection's transport reads into
         #: Request bytes one connection may hold across its calls (at least one message).
         self.max_connection_bytes = max(max_connection_bytes, max_message_bytes)
 
@@ -175,7 +181,7 @@ class NativeGrpcServer:
 
     def _connection(self) -> Http2Connection:
         connection = Http2Connection(
-            self._open_stream, self._closed, self._max_streams, self._limits
+            self._open_stream, self._closed, self._max_streams, self._limits, self._reads
         )
         self._connections.add(connection)
         self._budgets[connection] = ConnectionBudget(self.max_connection_bytes)

@@ -21,6 +21,7 @@ from shoal.frontends.grpc.native_messages import (
     MessageReader,
     inflate,
 )
+from shoal.frontends.grpc.native_split import InferSplitter, ReceiveArena, SplitRequest
 from shoal.frontends.grpc.servicer import LentReply
 from shoal.frontends.grpc.status import Status
 from shoal.frontends.h2 import frames as h2
@@ -54,11 +55,15 @@ LENT_LIMIT = 256 << 20
 
 class CallServer:
     """What a call needs of its server: the message size limit, the pool of large request
-    buffers and the set of running calls' tasks (cancelled when the server stops)."""
+    buffers, the arena large inputs are received into (a frontend worker's) and the set of
+    running calls' tasks (cancelled when the server stops)."""
 
-    def __init__(self, max_message_bytes: int, buffers: BufferPool) -> None:
+    def __init__(
+        self, max_message_bytes: int, buffers: BufferPool, receive_into: ReceiveArena | None = None
+    ) -> None:
         self.max_message_bytes = max_message_bytes
         self.buffers = buffers
+        self.receive_into = receive_into
         self.running: set[asyncio.Task[None]] = set()
         #: Bytes of replies written from lent memory and not yet released (see LENT_LIMIT).
         self.lent = 0
@@ -118,6 +123,7 @@ class NativeCall(StreamHandler):
 
     def _message_reader(self) -> MessageReader:
         server = self._server
+        split = self._splitter if self._method.split and server.receive_into is not None else None
         return MessageReader(
             server.buffers,
             server.max_message_bytes,
@@ -125,7 +131,13 @@ class NativeCall(StreamHandler):
             self._message_done,
             self._too_large,
             self._hold,
+            split,
         )
+
+    def _splitter(self, size: int) -> InferSplitter | None:
+        """How a large request is received: in parts, its large tensors into the arena."""
+        arena = self._server.receive_into
+        return None if arena is None else InferSplitter(arena, size)
 
     # --- from the connection ------------------------------------------------------------------
 
@@ -185,13 +197,17 @@ class NativeCall(StreamHandler):
                 self._unknown_encoding()
                 return
             # Inflated by the call's task, not here: a large one goes to a thread.
+            assert not isinstance(received, SplitRequest)  # compressed ones are never split
             message = Compressed(bytes(received) if isinstance(received, memoryview) else received)
         if self._inbox is not None:
-            assert not isinstance(message, memoryview)  # streams' messages are never pooled
+            # streams' messages are never pooled nor split
+            assert not isinstance(message, memoryview | SplitRequest)
             self._inbox.put(message)
         elif self._request is None:
             self._request = message
         else:
+            if isinstance(message, SplitRequest):
+                message.release()
             self._fail(UNIMPLEMENTED, "more than one request message for a unary method")
 
     def _unknown_encoding(self) -> None:
@@ -252,9 +268,16 @@ class NativeCall(StreamHandler):
         try:
             await self._run(self._unary())
         finally:
-            self._request = None
+            self._release_request()
             self._release(self._held)
             self._reader.release()
+
+    def _release_request(self) -> None:
+        """Forget the request; the arena blocks it was received into and that were not handed
+        on go back."""
+        request, self._request = self._request, None
+        if isinstance(request, SplitRequest):
+            request.release()
 
     async def _run_stream(self) -> None:
         await self._run(self._stream())
@@ -281,7 +304,11 @@ class NativeCall(StreamHandler):
         assert request is not None
         if isinstance(request, Compressed):
             request = await self._inflate(request.message)
-        parsed: Any = request if method.parse is None else method.parse(bytes(request))
+        if method.parse is None:
+            parsed: Any = request
+        else:
+            assert not isinstance(request, SplitRequest)  # only ModelInfer's are split
+            parsed = method.parse(bytes(request))
         del request  # no view of a pooled buffer may outlive the call
         reply = await method.handle(parsed, self._context)
         del parsed
@@ -377,9 +404,13 @@ class NativeCall(StreamHandler):
         self._connection.send_headers(self._stream_id, block, end_stream=True)
 
     def _end(self) -> None:
-        """The call is over: read nothing more, and its deadline no longer matters."""
+        """The call is over: read nothing more, and its deadline no longer matters. Without a
+        task (that lets go of the request when it ends), the request goes now."""
         self._done = True
         self._reader.closed = True
+        if self._task is None:
+            self._release_request()
+            self._reader.release()
         self._release(self._held)
         if self._timer is not None:
             self._timer.cancel()

@@ -9,13 +9,18 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Final
 
+from shoal.frontends.grpc.native_split import SPLIT_FROM, InferSplitter, SplitRequest
+
 #: A message announcing at most this many bytes gets its buffer at once; a larger one's grows as
 #: its bytes arrive.
-_PREALLOCATE = 64 * 1024
+_PREALLOCATE: Final = 64 * 1024
 #: What one zlib call inflates, at most.
-_INFLATE_PIECE = 1 << 20
+_INFLATE_PIECE: Final = 1 << 20
 
-Message = bytes | bytearray | memoryview
+Message = bytes | bytearray | memoryview | SplitRequest
+#: What makes the splitter of a large message (see native_split), given its size; None when
+#: there is none for it.
+Splitting = Callable[[int], InferSplitter | None]
 
 
 class BufferPool:
@@ -84,6 +89,9 @@ class MessageReader:
     of a unary call may be received into a buffer of ``pool`` (given back by :meth:`release`,
     once the call is over). ``hold(size)`` counts the bytes of a message as they arrive (a small
     one's all at once, as its buffer is made); when it says no, nothing more is read.
+    ``split``: a large uncompressed message may be received in parts instead
+    (:class:`~shoal.frontends.grpc.native_split.SplitRequest`), its large tensors straight into
+    the arena they are staged in.
     """
 
     _pooled: bytearray | None = None  # the buffer under a pooled message
@@ -102,7 +110,9 @@ class MessageReader:
         on_message: Callable[[Message, bool], None],
         on_too_large: Callable[[int], None],
         hold: Callable[[int], bool],
+        split: Splitting | None = None,
     ) -> None:
+        self._split = split
         self._pool = pool
         self._hold = hold
         self._max_bytes = max_bytes
@@ -113,10 +123,11 @@ class MessageReader:
         # Set here, not in the class body: mypyc drops a class-level None default of a union
         # of more than one type and None (the attribute would be undefined when compiled).
         self._message: bytearray | memoryview | None = None
+        self._splitter: InferSplitter | None = None  # the message's, when received in parts
 
     def mid_message(self) -> bool:
         """Whether part of a message has arrived and the rest is due."""
-        return self._message is not None or bool(self._prefix)
+        return self._message is not None or self._splitter is not None or bool(self._prefix)
 
     def feed(self, data: memoryview) -> None:
         """Take a DATA payload: called per frame (256 times for 4 MiB in 16 KiB frames), so
@@ -124,7 +135,8 @@ class MessageReader:
         view = data
         while view and not self.closed:
             message = self._message
-            if message is None:
+            splitter = self._splitter
+            if message is None and splitter is None:
                 view = self._read_prefix(view)
                 continue
             filled = self._filled
@@ -135,10 +147,13 @@ class MessageReader:
             if not self._held_whole and not self._hold(size):
                 return
             piece = view if whole else view[:size]
-            if self._growing:
+            if splitter is not None:
+                splitter.feed(piece)
+            elif self._growing:
                 assert isinstance(message, bytearray)
                 message += piece
             else:
+                assert message is not None
                 message[filled : filled + size] = piece
             self._filled = filled = filled + size
             if filled == self._expected:
@@ -148,7 +163,11 @@ class MessageReader:
             view = view[size:]
 
     def release(self) -> None:
-        """The call is over: its pooled buffer goes back to the pool."""
+        """The call is over: its pooled buffer goes back to the pool, the blocks of a message
+        cut off while received in parts to their arena."""
+        splitter, self._splitter = self._splitter, None
+        if splitter is not None:
+            splitter.release()
         if self._pooled is not None:
             self._pool.give_back(self._pooled)
             self._pooled = None
@@ -174,6 +193,10 @@ class MessageReader:
         self._held_whole = size <= _PREALLOCATE
         if self._held_whole and not self._hold(size):
             return
+        if size >= SPLIT_FROM and not self._compressed and self._split is not None:
+            self._splitter = self._split(size)
+            if self._splitter is not None:
+                return
         self._message = self._buffer(size)
         if size == 0:
             self._message_done()
@@ -197,7 +220,8 @@ class MessageReader:
         return message
 
     def _message_done(self) -> None:
-        received = self._message
+        splitter, self._splitter = self._splitter, None
+        received: Message | None = self._message if splitter is None else splitter.result()
         self._message = None
         assert received is not None
         self._on_message(received, self._compressed)

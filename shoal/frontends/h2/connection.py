@@ -7,9 +7,11 @@ the streams mean is the business of a :class:`StreamOpener` (shoal's gRPC calls,
 :mod:`shoal.frontends.grpc.native`): it is given each new stream's headers and returns the
 :class:`StreamHandler` that receives its data.
 
-Receiving: the connection advertises the largest windows HTTP/2 allows and gives credit back when
-half of a window is used, so a client is never slowed down by flow control; the size of what a
-stream may send is bounded by the gRPC layer (its message size limit), not by windows.
+Receiving: the transport reads into a buffer the connection lends it (``BufferedProtocol``,
+see :func:`~shoal.frontends.h2.reading.read_buffer`). The connection advertises the largest
+windows HTTP/2 allows and gives credit back when half of a window is used, so a client is never
+slowed down by flow control; the size of what a stream may send is bounded by the gRPC layer
+(its message size limit), not by windows.
 Sending (:mod:`shoal.frontends.h2.sending`): DATA respects the peer's windows and frame size, and
 what one event-loop iteration writes leaves in one ``writev``. Floods
 (:mod:`shoal.frontends.h2.floods`) end the connection with GOAWAY ``ENHANCE_YOUR_CALM``.
@@ -26,7 +28,13 @@ from shoal.frontends.h2 import frames as h2
 from shoal.frontends.h2.errors import ConnectionError_
 from shoal.frontends.h2.floods import FloodGuard, FloodLimits
 from shoal.frontends.h2.header_blocks import MAX_HEADER_LIST, HeaderDecoder, Headers
-from shoal.frontends.h2.reading import RECEIVE_MAX_FRAME, FrameHandler, FrameReader, unpad
+from shoal.frontends.h2.reading import (
+    RECEIVE_MAX_FRAME,
+    FrameHandler,
+    FrameReader,
+    read_buffer,
+    unpad,
+)
 from shoal.frontends.h2.sending import Sender
 from shoal.frontends.h2.streams import Stream, StreamHandler
 
@@ -53,7 +61,7 @@ class StreamOpener(Protocol):
         """The handler of a new stream, or None when it was answered and closed at once."""
 
 
-class Http2Connection(asyncio.Protocol):
+class Http2Connection(asyncio.BufferedProtocol):
     """An HTTP/2 server connection (prior knowledge, cleartext: gRPC's ``h2c``)."""
 
     _last_stream_id = 0  # the last stream opened: what GOAWAY reports
@@ -68,7 +76,10 @@ class Http2Connection(asyncio.Protocol):
         on_close: Callable[[Http2Connection], None],
         max_concurrent_streams: int = MAX_CONCURRENT_STREAMS,
         limits: FloodLimits | None = None,
+        reads: memoryview | None = None,
     ):
+        #: What the transport reads into (shared with the server's other connections).
+        self._reads = read_buffer() if reads is None else reads
         self._max_streams = max_concurrent_streams
         self._limits = limits = limits or FloodLimits()
         self._open_stream = open_stream
@@ -109,7 +120,14 @@ class Http2Connection(asyncio.Protocol):
         self._sender.write(h2.settings_frame(settings))
         self._sender.write(h2.window_update(0, h2.MAX_WINDOW - h2.DEFAULT_WINDOW))
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._reads
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.data_received(self._reads[:nbytes])
+
+    def data_received(self, data: bytes | memoryview) -> None:
+        """Handle bytes read; nothing keeps a view of ``data`` after the call."""
         self._last_read = self._loop.time()
         sender = self._sender
         scheduled = sender.flush_scheduled

@@ -9,56 +9,57 @@ and need no encoder state. Received header blocks are decoded with the ``hpack``
 from __future__ import annotations
 
 import struct
+from typing import Final
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
 # Frame types (RFC 9113 section 6).
-DATA = 0x0
-HEADERS = 0x1
-PRIORITY = 0x2
-RST_STREAM = 0x3
-SETTINGS = 0x4
-PUSH_PROMISE = 0x5
-PING = 0x6
-GOAWAY = 0x7
-WINDOW_UPDATE = 0x8
-CONTINUATION = 0x9
+DATA: Final = 0x0
+HEADERS: Final = 0x1
+PRIORITY: Final = 0x2
+RST_STREAM: Final = 0x3
+SETTINGS: Final = 0x4
+PUSH_PROMISE: Final = 0x5
+PING: Final = 0x6
+GOAWAY: Final = 0x7
+WINDOW_UPDATE: Final = 0x8
+CONTINUATION: Final = 0x9
 
 # Flags.
-END_STREAM = 0x1
-ACK = 0x1
-END_HEADERS = 0x4
-PADDED = 0x8
-PRIORITY_FLAG = 0x20
+END_STREAM: Final = 0x1
+ACK: Final = 0x1
+END_HEADERS: Final = 0x4
+PADDED: Final = 0x8
+PRIORITY_FLAG: Final = 0x20
 
 # SETTINGS parameters.
-SETTINGS_HEADER_TABLE_SIZE = 0x1
-SETTINGS_ENABLE_PUSH = 0x2
-SETTINGS_MAX_CONCURRENT_STREAMS = 0x3
-SETTINGS_INITIAL_WINDOW_SIZE = 0x4
-SETTINGS_MAX_FRAME_SIZE = 0x5
-SETTINGS_MAX_HEADER_LIST_SIZE = 0x6
+SETTINGS_HEADER_TABLE_SIZE: Final = 0x1
+SETTINGS_ENABLE_PUSH: Final = 0x2
+SETTINGS_MAX_CONCURRENT_STREAMS: Final = 0x3
+SETTINGS_INITIAL_WINDOW_SIZE: Final = 0x4
+SETTINGS_MAX_FRAME_SIZE: Final = 0x5
+SETTINGS_MAX_HEADER_LIST_SIZE: Final = 0x6
 
 # Error codes (RFC 9113 section 7).
-NO_ERROR = 0x0
-PROTOCOL_ERROR = 0x1
-INTERNAL_ERROR = 0x2
-FLOW_CONTROL_ERROR = 0x3
-STREAM_CLOSED = 0x5
-FRAME_SIZE_ERROR = 0x6
-REFUSED_STREAM = 0x7
-CANCEL = 0x8
-COMPRESSION_ERROR = 0x9
-ENHANCE_YOUR_CALM = 0xB
+NO_ERROR: Final = 0x0
+PROTOCOL_ERROR: Final = 0x1
+INTERNAL_ERROR: Final = 0x2
+FLOW_CONTROL_ERROR: Final = 0x3
+STREAM_CLOSED: Final = 0x5
+FRAME_SIZE_ERROR: Final = 0x6
+REFUSED_STREAM: Final = 0x7
+CANCEL: Final = 0x8
+COMPRESSION_ERROR: Final = 0x9
+ENHANCE_YOUR_CALM: Final = 0xB
 
-DEFAULT_WINDOW = 65_535
-DEFAULT_MAX_FRAME = 16_384
-MAX_WINDOW = 2**31 - 1
-MAX_FRAME_LIMIT = 2**24 - 1
+DEFAULT_WINDOW: Final = 65_535
+DEFAULT_MAX_FRAME: Final = 16_384
+MAX_WINDOW: Final = 2**31 - 1
+MAX_FRAME_LIMIT: Final = 2**24 - 1
 
 #: A frame header: length (24 bits, as 16 + 8), type, flags, stream id (31 bits + reserved bit).
-FRAME_HEADER = struct.Struct(">HBBBI")
-FRAME_HEADER_SIZE = FRAME_HEADER.size
+FRAME_HEADER: Final = struct.Struct(">HBBBI")
+FRAME_HEADER_SIZE: Final = 9  # FRAME_HEADER.size, written out: mypyc inlines a literal
 _SETTING = struct.Struct(">HI")
 _U32 = struct.Struct(">I")
 _GOAWAY = struct.Struct(">II")

@@ -10,6 +10,7 @@ removed) and hands each complete block on.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Final
 
 from shoal.frontends.h2 import frames as h2
 from shoal.frontends.h2.errors import ConnectionError_
@@ -17,14 +18,25 @@ from shoal.frontends.h2.floods import FloodGuard
 from shoal.frontends.h2.header_blocks import MAX_HEADER_LIST
 
 #: Largest frame the peer may send: fewer frames to parse for large tensors.
-RECEIVE_MAX_FRAME = 1 << 20
+RECEIVE_MAX_FRAME: Final = 1 << 20
 
 #: A DATA frame at least this large, cut by a read, is handed on in pieces as it arrives
 #: rather than gathered first (a copy); a smaller one is gathered, as any other frame.
-STREAM_DATA_FROM = 64 * 1024
+STREAM_DATA_FROM: Final = 64 * 1024
 
 #: What handles one frame: (stream id, flags, payload); the payload is valid during the call.
 FrameHandler = Callable[[int, int, memoryview], None]
+#: The size of the buffer reads go into: a 4 MiB message comes in 16 reads.
+READ_BUFFER_BYTES: Final = 256 * 1024
+
+
+def read_buffer() -> memoryview:
+    """A buffer the transport reads into, for the connections of one event loop: a read is
+    handled whole before the next one begins, so one serves them all, and no ``bytes`` object is
+    made and filled per read (uvloop would copy each read once more into one). Nothing keeps a
+    view of it past the read: the reader copies a frame cut by the read, handlers what they
+    keep."""
+    return memoryview(bytearray(READ_BUFFER_BYTES))
 
 
 class FrameReader:
@@ -58,7 +70,7 @@ class FrameReader:
             or self._data_left > 0
         )
 
-    def feed(self, data: bytes) -> None:
+    def feed(self, data: bytes | memoryview) -> None:
         """Handle the frames of ``data`` after what was left of earlier reads; keep the rest.
 
         Only a frame cut by the previous read is copied, to finish it; the whole frames of

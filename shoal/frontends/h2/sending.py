@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import Final
 
 from shoal.frontends.h2 import frames as h2
 from shoal.frontends.h2.streams import Stream
 
 #: The transport's write buffer limits outside a wait for it to drain (asyncio's defaults).
-_HIGH_WATER = 64 * 1024
-_LOW_WATER = _HIGH_WATER // 4
+_HIGH_WATER: Final = 64 * 1024
+_LOW_WATER: Final = _HIGH_WATER // 4
 
 
 class Sender:

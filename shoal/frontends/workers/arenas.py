@@ -7,6 +7,10 @@ blocks through its own mapping (it checks them as it checks an HTTP body), hands
 fds to the stubs that need them, and gives each block back to the worker once nothing uses it:
 the stub has finished with the request, or the request failed before it was staged.
 
+A large gRPC input can be received straight into a block (:meth:`StagingArena.receive`, from
+:mod:`shoal.frontends.grpc.native_split`) as its bytes arrive: ``place`` then hands that block
+on as it is, with no copy.
+
 Small tensors stay inline on the link: below :data:`INLINE_MAX` bytes the socket copy costs less
 than a block's round trip (allocation, the free message, the stub's mapping); see
 docs/decisions.md for the measurement.
@@ -18,6 +22,8 @@ import asyncio
 import logging
 import socket
 from collections.abc import Callable
+
+import numpy as np
 
 from shoal.core.api import ArenaRegistry
 from shoal.core.types import InferRequest
@@ -58,6 +64,8 @@ class StagingArena:
             on_new_segment=self._announce,
             on_retired_segment=lambda segment: on_retired(segment.index),
         )
+        #: Blocks received into and neither placed nor discarded yet, by (address, size).
+        self._received: dict[tuple[int, int], Block] = {}
 
     @property
     def arena_id(self) -> int:
@@ -68,13 +76,42 @@ class StagingArena:
         the arena is full: the link still carries it)."""
         if data.nbytes < INLINE_MAX:
             return None
-        try:
-            block = self.arena.allocate(data.nbytes)
-        except (ArenaExhausted, OSError) as error:
-            log.debug("worker arena full, sending %d bytes inline: %s", data.nbytes, error)
-            return None
-        self.arena.view(block)[:] = data
+        if self._received:  # ``data`` may be a block's bytes as received: no copy then
+            received = self._received.pop((_address(data), data.nbytes), None)
+            if received is not None:
+                return received
+        block = self._allocate(data.nbytes)
+        if block is not None:
+            self.arena.view(block)[:] = data
         return block
+
+    def receive(self, nbytes: int) -> tuple[memoryview, object] | None:
+        """A writable view of a fresh block to receive a large input into, and the token that
+        :meth:`discard` takes; None when the arena is full. The block is the caller's until
+        :meth:`place` is given a view of all of it (the core owns it then) or it is
+        discarded."""
+        block = self._allocate(nbytes)
+        if block is None:
+            return None
+        view = self.arena.view(block)
+        key = (_address(view), nbytes)
+        self._received[key] = block
+        return view, _Received(key, block)
+
+    def discard(self, token: object) -> None:
+        """Free a block :meth:`receive` gave, unless :meth:`place` has handed it on. (Its
+        address may hold another received block by now: that one is left alone.)"""
+        assert isinstance(token, _Received)
+        if self._received.get(token.key) is token.block:
+            del self._received[token.key]
+            self.arena.free(token.block)
+
+    def _allocate(self, nbytes: int) -> Block | None:
+        try:
+            return self.arena.allocate(nbytes)
+        except (ArenaExhausted, OSError) as error:
+            log.debug("worker arena full, sending %d bytes inline: %s", nbytes, error)
+            return None
 
     def free(self, flat: list[int]) -> None:
         """The core gave these blocks back: ``[segment, offset, nbytes] * n``."""
@@ -94,6 +131,22 @@ class StagingArena:
         assert segment.fd is not None
         announce = msg.SegmentAnnounce(segment.arena_id, segment.index, segment.size)
         send_fds(self._segments, announce.encode(), [segment.fd])
+
+
+class _Received:
+    """What :meth:`StagingArena.discard` needs of a block received into."""
+
+    __slots__ = ("block", "key")
+
+    def __init__(self, key: tuple[int, int], block: Block) -> None:
+        self.key = key
+        self.block = block
+
+
+def _address(view: memoryview) -> int:
+    """Where ``view``'s bytes are in this process's memory."""
+    address: int = np.frombuffer(view, np.uint8).ctypes.data
+    return address
 
 
 class LentArena:

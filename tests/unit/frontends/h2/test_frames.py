@@ -227,3 +227,7 @@ def test_table_size_zero_is_a_dynamic_table_size_update() -> None:
     assert headers == [(":status", "200"), ("content-type", "application/grpc")]
     assert decoder.header_table.maxsize == 0
     assert h2.TABLE_SIZE_ZERO == b"\x20"
+
+
+def test_the_frame_header_size_written_out_is_the_structs():
+    assert h2.FRAME_HEADER.size == h2.FRAME_HEADER_SIZE

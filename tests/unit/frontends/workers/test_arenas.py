@@ -122,3 +122,63 @@ def test_a_retired_worker_segment_is_dropped_by_the_core():
     asyncio.run(run())
     staging.close()
     directory.input_arena.close()
+
+
+def test_a_block_received_into_is_placed_as_it_is():
+    worker_sock, core_sock = socket.socketpair()
+    staging = _staging(worker_sock, [])
+    received = staging.receive(INLINE_MAX * 2)
+    assert received is not None
+    view, token = received
+    view[:] = os.urandom(view.nbytes)
+    block = staging.place(view.toreadonly())  # a view of all of it, as decoding makes
+    assert block is not None and bytes(staging.arena.view(block)) == bytes(view)
+    assert staging.arena.used_bytes == block.nbytes  # no second block: no copy
+    staging.discard(token)  # handed on: the core owns it, nothing is freed
+    assert staging.arena.used_bytes == block.nbytes
+    staging.free([block.segment, block.offset, block.nbytes])
+    assert staging.arena.used_bytes == 0
+    staging.close()
+    core_sock.close()
+
+
+def test_a_block_received_into_and_not_placed_is_discarded():
+    worker_sock, core_sock = socket.socketpair()
+    staging = _staging(worker_sock, [])
+    received = staging.receive(INLINE_MAX * 2)
+    assert received is not None
+    view, token = received
+    part = staging.place(view[: INLINE_MAX + 1].toreadonly())  # not the whole block: a copy
+    assert part is not None and staging.arena.used_bytes > INLINE_MAX * 2
+    staging.free([part.segment, part.offset, part.nbytes])
+    staging.discard(token)
+    assert staging.arena.used_bytes == 0
+    staging.discard(token)  # twice: nothing more happens
+    assert staging.arena.used_bytes == 0
+    staging.close()
+    core_sock.close()
+
+
+def test_discarding_a_placed_block_leaves_a_new_one_at_its_address_alone():
+    worker_sock, core_sock = socket.socketpair()
+    staging = _staging(worker_sock, [])
+    first = staging.receive(INLINE_MAX * 2)
+    assert first is not None
+    block = staging.place(first[0].toreadonly())
+    assert block is not None
+    staging.free([block.segment, block.offset, block.nbytes])  # the core is done with it
+    second = staging.receive(INLINE_MAX * 2)  # the same place again
+    assert second is not None
+    staging.discard(first[1])  # the first call ends late
+    assert staging.arena.used_bytes > 0  # the second call's block is still there
+    assert staging.place(second[0].toreadonly()) is not None
+    staging.close()
+    core_sock.close()
+
+
+def test_receive_gives_none_when_the_arena_is_full():
+    worker_sock, core_sock = socket.socketpair()
+    staging = _staging(worker_sock, [])
+    assert staging.receive(8 << 20) is None  # over the 4 MiB limit
+    staging.close()
+    core_sock.close()
