@@ -76,9 +76,11 @@ def start_traced_server(
     wrapper: Sequence[str] = (),
     trace: bool = True,
     timeout: float = START_TIMEOUT_S,
+    extra: Sequence[str] = (),
 ) -> TracedServer:
     """``shoal serve --trace-overhead`` with HTTP, gRPC and metrics on free loopback ports;
-    ``wrapper``: a command it runs under (``valgrind ...``), ``trace``: the flag given."""
+    ``wrapper``: a command it runs under (``valgrind ...``), ``trace``: the flag given,
+    ``extra``: more flags (``--busy-poll-us 0``)."""
     command = [
         *wrapper,
         sys.executable,
@@ -88,6 +90,7 @@ def start_traced_server(
         *("--metrics-address", "127.0.0.1", "--metrics-port", "0"),
         *("--frontend-workers", str(frontend_workers)),
         *(["--trace-overhead"] if trace else []),
+        *extra,
     ]
     log = log_path.open("wb")
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, cwd=ROOT)
@@ -171,10 +174,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bytes", type=int, default=64)
     parser.add_argument("--duration", type=float, default=5.0)
     parser.add_argument("--frontend-workers", type=int, default=1)
+    parser.add_argument(
+        "--server-args", default="", help="more serve flags, one string: '--busy-poll-us 0'"
+    )
     args = parser.parse_args(argv)
     levels = [int(level) for level in args.concurrency.split(",")]
     with tempfile.TemporaryDirectory(prefix="shoal-overhead-") as tmp:
-        server = start_traced_server(Path(tmp) / "shoal.log", args.frontend_workers)
+        server = start_traced_server(
+            Path(tmp) / "shoal.log", args.frontend_workers, extra=args.server_args.split()
+        )
         url = server.http if args.protocol == "http" else server.grpc
         try:
             print(

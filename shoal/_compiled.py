@@ -27,6 +27,7 @@ from types import ModuleType
 HOT_PATH: tuple[str, ...] = (
     "shoal/ipc/_alloc.py",
     "shoal/ipc/_bell.py",
+    "shoal/ipc/busy_poll.py",
     "shoal/ipc/_ring.py",
     "shoal/ipc/arena.py",
     "shoal/ipc/dtypes.py",

@@ -63,6 +63,19 @@ def parse_workers(text: str) -> int:
     return parse_positive_int(text)
 
 
+def parse_busy_poll(text: str) -> float:
+    """``--busy-poll-us``: microseconds, or ``auto`` (-1, resolved once the workers are known)."""
+    if text.strip().lower() == "auto":
+        return -1.0
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 10_000:
+        raise argparse.ArgumentTypeError(f"expected microseconds 0-10000 or auto, got '{text}'")
+    return value
+
+
 def parse_backend_config(text: str) -> tuple[str, str, str]:
     """``python,shm-default-byte-size=1048576`` → ('python', 'shm-default-byte-size', '1048576')."""
     backend, sep, setting = text.partition(",")

@@ -11,6 +11,7 @@ from shoal import _serve_flags, perf
 from shoal._flag_types import (
     parse_backend_config,
     parse_bool,
+    parse_busy_poll,
     parse_positive_int,
     parse_ssl,
     parse_workers,
@@ -125,6 +126,16 @@ _SERVER_FLAGS: tuple[Flag, ...] = (
         help="processes that serve HTTP and gRPC (parsing, encoding, sockets) around the "
         "scheduling core, on the same ports; 1 serves them in the core's process (no hop); "
         "auto (the default): one per two cores beyond the first, at most 8 (1 on two cores)",
+    ),
+    _flag(
+        "--busy-poll-us",
+        type=parse_busy_poll,
+        default="auto",
+        metavar="US|auto",
+        help="how long the core and the frontend workers keep polling for an answer after "
+        "sending work out, instead of sleeping (adapted to the waits seen, at most US); 0 "
+        "never; auto (the default): 100 where every serving process has a spare core, "
+        "else 0 (0 on two cores)",
     ),
     _flag(
         "--metrics-interval-ms",

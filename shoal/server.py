@@ -13,6 +13,7 @@ import msgpack
 
 from shoal import _compiled
 from shoal._endpoints import announce, start_frontends, start_metrics
+from shoal.ipc import busy_poll
 from shoal.supervisor.compose import build_service
 from shoal.supervisor.memory.gc_tuning import settle_after_start
 from shoal.supervisor.models.table import format_model_table
@@ -107,7 +108,9 @@ async def run_server(options: ServerOptions, stop: asyncio.Event) -> int:
         if not await _load(service, options):
             return 1
         await _start(service, options, running)
+        _start_busy_poll(options, loop)
         await stop.wait()
+        busy_poll.uninstall()
         timeout = options.exit_timeout_secs
         deadline = loop.time() + timeout
         log.info("shutting down (exit timeout %.0fs)", timeout)
@@ -117,6 +120,17 @@ async def run_server(options: ServerOptions, stop: asyncio.Event) -> int:
         if deadline is None:  # a failed start: the same budget for what was started
             deadline = loop.time() + options.exit_timeout_secs
         await _shut_down(service, running, deadline, drained)
+
+
+def _start_busy_poll(options: ServerOptions, loop: asyncio.AbstractEventLoop) -> float:
+    """Spin this process's loop after it sends work out (``--busy-poll-us``); the budget."""
+    budget = options.busy_poll_us
+    if budget < 0:
+        budget = busy_poll.auto_budget_us(options.frontend_workers + 1)
+    busy_poll.install(loop, budget)
+    if budget:
+        log.info("busy poll: up to %.0f µs after sending work out", budget)
+    return budget
 
 
 async def _load(service: InferenceService, options: ServerOptions) -> bool:
@@ -320,6 +334,8 @@ async def _serve_worker(
 
     core.on_core_lost = on_core_lost
     await core.connect(calls)
+    if _start_busy_poll(options, asyncio.get_running_loop()):
+        core.on_sent = busy_poll.kick
     http, grpc_server = await start_frontends(core, options, sockets)
     serving.extend([] if http is None else [http])
     settle_after_start()

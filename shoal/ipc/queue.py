@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from shoal.ipc import busy_poll
 from shoal.ipc._bell import (
     BACKSTOP_S,
     AsyncSleeper,
@@ -139,15 +140,29 @@ class Channel:
 
     # supervisor end
 
-    def send_down_nowait(self, payload: bytes) -> bool:
-        """Queue a message for the stub; False when the ring is full."""
+    def send_down_nowait(self, payload: bytes, ring: bool = True) -> bool:
+        """Queue a message for the stub; False when the ring is full.
+
+        ``ring=False`` leaves a sleeping stub asleep: for a message it will read before it
+        needs it anyway. Whoever sends so owes the stub a :meth:`wake_down` later.
+        """
         if self._peer_dead:
             raise PeerGone("the stub is gone")
         if not self._down.try_write(payload):
             return False
-        if self._down.consumer_wants_bell():
+        if ring and self._down.consumer_wants_bell():
             ring_bell(self._down_bell)
+        busy_poll.kick()
         return True
+
+    def wake_down(self) -> None:
+        """Ring the stub's doorbell if it sleeps on messages sent with ``ring=False``.
+
+        The fence in ``consumer_wants_bell`` orders those messages' tail stores before its load
+        of the stub's sleep word: a stub that began to sleep after them saw them.
+        """
+        if not self._peer_dead and not self._closed and self._down.consumer_wants_bell():
+            ring_bell(self._down_bell)
 
     async def send_down(self, payload: bytes) -> None:
         """Queue a message, waiting (without blocking the loop) while the ring is full."""

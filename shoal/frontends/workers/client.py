@@ -93,6 +93,8 @@ class RemoteCore(CoreAPI):
         self._outbox: wire.Outbox | None = None
         #: Set when the core asks the worker to stop, or goes away.
         self.stopping = asyncio.Event()
+        #: Called after each frame sent to the core (the loop's busy poll for the answer).
+        self.on_sent: Callable[[], None] | None = None
         #: The seconds the core gives the worker to finish its responses when it stops.
         self.stop_grace = 0.0
         #: Applies the core's log settings in this process: sent at the start and on every
@@ -116,6 +118,8 @@ class RemoteCore(CoreAPI):
         # The payloads are views of the request's own buffers (kept alive while queued), so
         # they need no copy here.
         outbox.put(wire.frame(header, payloads or ()), copy=False)
+        if self.on_sent is not None:
+            self.on_sent()
 
     async def close(self) -> None:
         if self._outbox is not None:

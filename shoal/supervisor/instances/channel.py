@@ -59,8 +59,14 @@ class StubChannel(Protocol):
         """The next message from the stub (encoded), or None when there is none now."""
         ...
 
-    def send(self, message: msg.Message) -> bool:
-        """Queue a message for the stub; False if its queue is full (then ``send_async``)."""
+    def send(self, message: msg.Message, ring: bool = True) -> bool:
+        """Queue a message for the stub; False if its queue is full (then ``send_async``).
+
+        ``ring=False``: do not wake a sleeping stub for it (then ``wake`` later)."""
+        ...
+
+    def wake(self) -> None:
+        """Wake the stub if it sleeps on messages sent with ``ring=False``."""
         ...
 
     async def send_async(self, message: msg.Message) -> None: ...

@@ -95,7 +95,8 @@ class StubInstance:
         timeout = None if links.decoupled else spec.execute_timeout
         self._ledger = InFlightLedger(scope, timeout, links.send_ahead)
         self._streams = OpenStreams(links.free_inputs)
-        self._outputs = StubOutputs(scope)
+        self._outputs = StubOutputs(scope, None if links.decoupled else self._ledger)
+        self._ledger.on_idle = self._outputs.settle
         self._answers = Answers(scope, self._ledger, self._streams, self._outputs, links.stats)
         self._handshake = Handshake(scope)
         self._feeder = Feeder(scope, self._ledger, self._streams, links.rate_limit, links.decoupled)

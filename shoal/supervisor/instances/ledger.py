@@ -127,6 +127,8 @@ class InFlightLedger:
         self.limit = 1
         #: Set while no batch is inside the stub.
         self.idle = Flag(True)
+        #: Called when the last batch inside the stub is answered.
+        self.on_idle: Callable[[], None] | None = None
         #: Why the stub was killed for an execute over its timeout, until its exit is handled.
         self._hung: str | None = None
 
@@ -162,6 +164,8 @@ class InFlightLedger:
         entry.close()
         if not self._batches:
             self.idle.set()
+            if self.on_idle is not None:
+                self.on_idle()
         elif self.limit == 1:  # the batch sent ahead starts now
             self._started(proc)
         return entry

@@ -99,7 +99,7 @@ class LoopbackStub:
     def recv_up_nowait(self) -> bytes | None:
         return self._up.popleft() if self._up else None
 
-    def send(self, message: msg.Message) -> bool:
+    def send(self, message: msg.Message, ring: bool = True) -> bool:
         if self.returncode is not None:
             raise PeerGone("the loopback stub has exited")
         encoded = msg.encode(message)
@@ -110,6 +110,9 @@ class LoopbackStub:
 
     async def send_async(self, message: msg.Message) -> None:
         self.send(message)
+
+    def wake(self) -> None:
+        """Nothing sleeps here: ``send`` delivers at once."""
 
     def announce(self, segment: Segment) -> None:
         assert segment.fd is not None

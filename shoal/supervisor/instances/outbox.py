@@ -16,8 +16,9 @@ class Outbox:
     def __init__(self) -> None:
         self._background: set[asyncio.Future[None]] = set()
 
-    def post(self, proc: StubChannel, message: msg.Message) -> None:
-        if not proc.send(message):
+    def post(self, proc: StubChannel, message: msg.Message, ring: bool = True) -> None:
+        """``ring=False``: see ``StubChannel.send`` (a full ring sends it later, ringing)."""
+        if not proc.send(message, ring):
             task = asyncio.ensure_future(_send_quietly(proc, message))
             self._background.add(task)
             task.add_done_callback(self._background.discard)

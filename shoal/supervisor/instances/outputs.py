@@ -3,16 +3,23 @@
 Output blocks of the current stub are given back in one ``Release`` per loop turn, however many
 completions were released in it; an input block passed through as an output goes back to the
 input arena; the CUDA pool blocks a response handed on go back to their pools.
+
+A ``Release`` does not wake the stub while it has a batch in flight and runs one batch at a time
+(not decoupled): it reads its ring before it sleeps again, so the wake-up would be wasted. The
+bell it did not ring is owed until the batch is answered (:meth:`StubOutputs.settle`): a stub
+that had already gone to sleep then wakes and frees the blocks (docs/ipc.md, "Wake-ups").
 """
 
 from __future__ import annotations
+
+from typing import Protocol
 
 from shoal.ipc import messages as msg
 from shoal.ipc.arena import Block
 from shoal.ipc.tensor import CudaLocation
 from shoal.supervisor.instances.channel import StubChannel
 from shoal.supervisor.instances.decoupled import response_blocks, response_cuda
-from shoal.supervisor.instances.spec import InstanceScope
+from shoal.supervisor.instances.spec import Flag, InstanceScope
 
 #: Blocks per ``Release``: one message must fit the stub's ring (1 MiB), and a block packs into
 #: at most 37 bytes. One loop turn can release far more than that: a client that hangs up on a
@@ -20,18 +27,32 @@ from shoal.supervisor.instances.spec import InstanceScope
 RELEASE_BATCH = 8192
 
 
+class Batches(Protocol):
+    """What the stub has in flight (the instance's ``InFlightLedger``)."""
+
+    #: Set while no batch is inside the stub.
+    idle: Flag
+    #: How many batches the stub runs at once.
+    limit: int
+
+
 class StubOutputs:
     """The owner of an instance's completions' blocks (a ``work.OutputOwner``)."""
 
-    def __init__(self, scope: InstanceScope) -> None:
+    def __init__(self, scope: InstanceScope, batches: Batches | None = None) -> None:
+        """``batches``: what the stub has in flight; None (a decoupled model, whose stub
+        sleeps while its responses go on) rings for every ``Release``."""
         self._current = scope.current
         self._directory = scope.directory
         self._cuda = scope.directory.cuda
         self._free_inputs = scope.free_inputs
         self._outbox = scope.outbox
         self._loop = scope.loop
+        self._batches = batches
         self._pending: list[Block] = []
         self._scheduled = False
+        #: A ``Release`` went without the bell: the stub is woken once its batch is answered.
+        self._owed: StubChannel | None = None
 
     def output_view(self, proc: StubChannel, block: Block | CudaLocation) -> memoryview:
         if type(block) is Block and block.arena_id == proc.output_arena_id:
@@ -68,6 +89,13 @@ class StubOutputs:
     def forget(self) -> None:
         """The stub died: its output arena goes with it, nothing is left to give back."""
         self._pending.clear()
+        self._owed = None
+
+    def settle(self) -> None:
+        """The stub's batches are answered: ring the bell a ``Release`` did not."""
+        proc, self._owed = self._owed, None
+        if proc is not None and proc is self._current.proc and proc.returncode is None:
+            proc.wake()
 
     def _flush(self) -> None:
         self._scheduled = False
@@ -75,8 +103,17 @@ class StubOutputs:
         proc = self._current.proc
         if proc is None or proc.returncode is not None:
             return
+        ring = self._must_ring()
+        if not ring:
+            self._owed = proc
         for start in range(0, len(blocks), RELEASE_BATCH):
-            self._outbox.post(proc, msg.Release(blocks[start : start + RELEASE_BATCH]))
+            self._outbox.post(proc, msg.Release(blocks[start : start + RELEASE_BATCH]), ring)
+
+    def _must_ring(self) -> bool:
+        """Whether a ``Release`` must wake the stub: unless one sync batch is inside it (its
+        main loop reads the ring when that batch ends, before it sleeps)."""
+        batches = self._batches
+        return batches is None or batches.limit != 1 or batches.idle.is_set()
 
 
 def owned_outputs(proc: StubChannel, response: msg.ResponseRecord) -> list[Block]:

@@ -216,9 +216,12 @@ class StubProcess:
     def recv_up_nowait(self) -> bytes | None:
         return self.channel.recv_up_nowait()
 
-    def send(self, message: msg.Message) -> bool:
+    def send(self, message: msg.Message, ring: bool = True) -> bool:
         """Queue a message for the stub; False if the ring is full."""
-        return self.channel.send_down_nowait(msg.encode(message))
+        return self.channel.send_down_nowait(msg.encode(message), ring)
+
+    def wake(self) -> None:
+        self.channel.wake_down()
 
     async def send_async(self, message: msg.Message) -> None:
         await self.channel.send_down(msg.encode(message))

@@ -205,3 +205,41 @@ def test_watch_up_recovers_when_the_callback_fails(pair: tuple[Channel, Channel]
         return received
 
     assert asyncio.run(scenario()) == [b"hello"]
+
+
+def _rang(bell: int) -> bool:
+    """Whether the doorbell rang since it was last read (and reset it)."""
+    try:
+        return os.eventfd_read(bell) > 0
+    except BlockingIOError:
+        return False
+
+
+def test_a_quiet_send_leaves_a_sleeping_stub_asleep_until_wake_down() -> None:
+    supervisor = Channel.create(RING)
+    fds = supervisor.child_fds()
+    stub = Channel.attach([os.dup(fd) for fd in fds])
+    down_bell = fds[1]
+    try:
+        _rang(down_bell)  # whatever attach left
+        stub._down.begin_sleep()  # the stub found its ring empty and is about to sleep
+        assert supervisor.send_down_nowait(b"release", ring=False)
+        assert not _rang(down_bell)
+        supervisor.wake_down()
+        assert _rang(down_bell)
+        supervisor.wake_down()  # one ring per sleep episode
+        assert not _rang(down_bell)
+        assert stub.recv_down_nowait() == b"release"
+    finally:
+        stub.close()
+        supervisor.close()
+
+
+def test_wake_down_does_not_ring_an_awake_stub(pair: tuple[Channel, Channel]) -> None:
+    supervisor, stub = pair
+    down_bell = supervisor.child_fds()[1]
+    _rang(down_bell)
+    assert supervisor.send_down_nowait(b"first", ring=False)
+    supervisor.wake_down()  # the stub is not sleeping: it will find the message itself
+    assert not _rang(down_bell)
+    assert stub.recv_down(timeout=5) == b"first"

@@ -8,6 +8,11 @@ import asyncio
 import pytest
 
 from shoal.ipc import messages as msg
+from shoal.ipc.arena import Block, OwnedArena
+from shoal.supervisor.instances.ledger import InFlightLedger
+from shoal.supervisor.instances.outputs import StubOutputs
+from shoal.supervisor.instances.spec import InstanceScope
+from shoal.supervisor.memory.segments import SegmentDirectory
 from tests.unit.supervisor.instances.helpers import Setup, run
 from tests.unit.supervisor.schedulers.helpers import WAIT, settle
 
@@ -70,5 +75,87 @@ def test_a_completion_of_a_dead_stub_is_released_without_a_message():
         await settle()
         assert not any(_releases(stub) for stub in s.kind.made)
         await s.close()
+
+    run(scenario())
+
+
+class RecordingStub:
+    """A stub end that records what is sent to it and whether each send would ring its bell."""
+
+    output_arena_id = 7
+    returncode = None
+    pid = 1
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[msg.Message, bool]] = []
+        self.wakes = 0
+
+    def send(self, message: msg.Message, ring: bool = True) -> bool:
+        self.sent.append((message, ring))
+        return True
+
+    def wake(self) -> None:
+        self.wakes += 1
+
+
+def _bell_parts(decoupled: bool = False, concurrency: int = 1):
+    arena = OwnedArena(0, initial_bytes=1 << 16, growth_bytes=1 << 16, limit_bytes=1 << 20)
+    scope = InstanceScope("m_0", SegmentDirectory(arena), lambda blocks: None)
+    stub = RecordingStub()
+    scope.current.proc = stub
+    ledger = InFlightLedger(scope, None, False)
+    ledger.configure(concurrency)
+    outputs = StubOutputs(scope, None if decoupled else ledger)
+    ledger.on_idle = outputs.settle
+    return arena, stub, ledger, outputs
+
+
+async def _release_one(outputs: StubOutputs, stub: RecordingStub) -> bool:
+    """Release one output block; whether its ``Release`` rang the stub's bell."""
+    outputs.release_outputs(stub, [Block(7, 0, 0, 64)])
+    await asyncio.sleep(0)  # the flush runs on the next loop turn
+    message, ring = stub.sent[-1]
+    assert isinstance(message, msg.Release)
+    return ring
+
+
+def test_a_release_while_a_sync_batch_is_in_flight_rings_no_bell_until_it_is_answered():
+    async def scenario():
+        arena, stub, ledger, outputs = _bell_parts()
+        batch_id = ledger.open([], ledger.slots, None)
+        assert not await _release_one(outputs, stub)
+        assert not await _release_one(outputs, stub)
+        assert stub.wakes == 0
+        ledger.done(stub, batch_id)  # answered: the stub may have gone to sleep meanwhile
+        assert stub.wakes == 1
+        assert await _release_one(outputs, stub)  # idle: ring at once
+        ledger.open([], ledger.slots, None)
+        ledger.done(stub, 2)
+        assert stub.wakes == 1  # nothing was owed this time
+        arena.close()
+
+    run(scenario())
+
+
+def test_a_release_rings_at_once_for_a_decoupled_or_concurrent_stub():
+    async def scenario():
+        for decoupled, concurrency in ((True, 1), (False, 2)):
+            arena, stub, ledger, outputs = _bell_parts(decoupled, concurrency)
+            ledger.open([], ledger.slots, None)
+            assert await _release_one(outputs, stub)
+            arena.close()
+
+    run(scenario())
+
+
+def test_a_stub_that_died_is_owed_no_wake_up():
+    async def scenario():
+        arena, stub, ledger, outputs = _bell_parts()
+        batch_id = ledger.open([], ledger.slots, None)
+        assert not await _release_one(outputs, stub)
+        outputs.forget()
+        ledger.done(stub, batch_id)
+        assert stub.wakes == 0
+        arena.close()
 
     run(scenario())

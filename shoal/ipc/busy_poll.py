@@ -1,0 +1,121 @@
+"""A bounded spin of an event loop after it sent work out: the answer is polled for, not slept on.
+
+A process that hands a request on (the core an Execute to a stub, a frontend worker a call to
+the core) usually gets its answer some tens of microseconds later. Asleep in ``epoll_wait`` it
+pays a wake-up for it (the kernel's scheduler, often on another CPU); polling it pays nothing.
+:class:`LoopSpin` keeps the loop turning with a callback that re-arms itself with ``call_soon``
+(so the loop polls its descriptors with a zero timeout) for a budget after each :func:`kick`,
+then lets it sleep. The budget adapts as the stub's ``_bell.Spinner`` does: about twice the
+waits that ended within it, halved after a wait that outlasted it. Only the process that
+installed a spin polls; :func:`kick` elsewhere (the stubs) is one global read.
+
+``--busy-poll-us``: 0 turns it off; ``auto`` spins only where the machine has cores to spare
+(:func:`auto_budget_us`). An idle loop stops polling one budget after the last kick.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Callable
+
+__all__ = ["DEFAULT_SPIN_US", "LoopSpin", "auto_budget_us", "install", "kick", "uninstall"]
+
+#: The longest budget ``auto`` picks, in microseconds: about a stub's execute and answer for a
+#: small request; longer waits are not worth a core.
+DEFAULT_SPIN_US = 100.0
+#: A loop turn that took longer than this ran something besides the spin: work came in.
+_WORK_GAP_NS = 10_000
+
+
+class LoopSpin:
+    """Keeps ``loop`` polling for up to ``max_us`` after each :meth:`kick`."""
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        max_us: float,
+        clock: Callable[[], int] = time.perf_counter_ns,
+    ) -> None:
+        self._loop = loop
+        self._clock = clock
+        self._max_ns = int(max_us * 1000)
+        self._floor_ns = self._max_ns // 8
+        self.budget_ns = self._max_ns // 2
+        self.spinning = False
+        self._kicked = 0
+        self._until = 0
+        self._last = 0
+        self._waiting = False
+        #: Loop turns spun, kicks taken and waits that ended in the spin (for tests and figures).
+        self.turns = 0
+        self.kicks = 0
+        self.caught = 0
+
+    def kick(self) -> None:
+        """Work was sent out: poll for its answer for one budget from now."""
+        now = self._clock()
+        self.kicks += 1
+        self._kicked = now
+        self._until = now + self.budget_ns
+        self._waiting = True
+        if not self.spinning:
+            self.spinning = True
+            self._last = now
+            self._loop.call_soon(self._turn)
+
+    def stop(self) -> None:
+        """Stop at the next turn (the loop is closing)."""
+        self._until = 0
+
+    def _turn(self) -> None:
+        now = self._clock()
+        self.turns += 1
+        if now - self._last > _WORK_GAP_NS and self._waiting:
+            self._caught(now - self._kicked)
+        self._last = now
+        if now < self._until:
+            self._loop.call_soon(self._turn)
+            return
+        self.spinning = False
+        if self._waiting:  # nothing came within the budget: the waits are long now
+            self._waiting = False
+            self.budget_ns = max(self._floor_ns, self.budget_ns // 2)
+
+    def _caught(self, waited_ns: int) -> None:
+        self.caught += 1
+        self._waiting = False
+        self.budget_ns = max(self._floor_ns, min(self._max_ns, 2 * waited_ns))
+
+
+_spin: LoopSpin | None = None
+
+
+def kick() -> None:
+    """This process sent work out: spin for the answer, if a spin is installed."""
+    spin = _spin
+    if spin is not None:
+        spin.kick()
+
+
+def install(loop: asyncio.AbstractEventLoop, max_us: float) -> LoopSpin | None:
+    """Spin ``loop`` after each :func:`kick` in this process; None when ``max_us`` is 0."""
+    global _spin
+    _spin = LoopSpin(loop, max_us) if max_us > 0 else None
+    return _spin
+
+
+def uninstall() -> None:
+    global _spin
+    if _spin is not None:
+        _spin.stop()
+    _spin = None
+
+
+def auto_budget_us(busy_processes: int, cores: int | None = None) -> float:
+    """``--busy-poll-us auto``: spin only with a core to spare for each busy process and as many
+    again for the stubs and the clients (never on a two-core machine)."""
+    if cores is None:
+        cores = len(os.sched_getaffinity(0))
+    return DEFAULT_SPIN_US if cores >= 2 * busy_processes and cores >= 4 else 0.0
