@@ -23,7 +23,13 @@ from typing import Any
 
 from shoal.ipc import messages as msg
 from shoal.ipc.arena import Block
-from shoal.ipc.tensor import CudaLocation, InlineBytes, TensorDesc, buffer_to_numpy
+from shoal.ipc.tensor import (
+    INLINE_REQUEST_MAX,
+    CudaLocation,
+    InlineBytes,
+    TensorDesc,
+    buffer_to_numpy,
+)
 from shoal.stub import pb_utils
 from shoal.stub._pb_memory import place_outputs
 from shoal.stub.memory import kept_view
@@ -207,11 +213,18 @@ class BlsClient:
         return call_id, keeper
 
     def _write_inputs(self, request: Any, written: Written) -> list[TensorDesc]:
+        """The call's inputs: small ones inline in the BlsCall (up to a request's inline
+        budget; the supervisor moves them to blocks where the called model may carry less),
+        the others written into this stub's output arena or passed on by descriptor."""
+        descs: list[TensorDesc] = []
+        room = INLINE_REQUEST_MAX
         try:
-            return [
-                self._writer.describe(tensor, written, for_response=False)
-                for tensor in request.inputs()
-            ]
+            for tensor in request.inputs():
+                desc = self._writer.describe(tensor, written, for_response=False, inline_room=room)
+                if type(desc.location) is InlineBytes:
+                    room -= desc.location.nbytes
+                descs.append(desc)
+            return descs
         except BaseException:
             self._writer.free(written)  # the inputs written before the one that failed
             raise

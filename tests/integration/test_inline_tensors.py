@@ -97,6 +97,45 @@ ensemble_scheduling {
 }
 """
 
+# Calls TARGET (a parameter) with its input X by BLS and answers with the called model's Z and
+# its own input, passed on to the call unchanged (an inline input becomes a call's input).
+CALLER = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "X")
+            target = request.parameters()
+            name = "echo"
+            if '"to_batched": true' in target:  # a batch of one: [1, n]
+                name, x = "batched", pb_utils.Tensor("X", x.as_numpy().reshape(1, -1))
+            call = pb_utils.InferenceRequest(
+                model_name=name, inputs=[x], requested_output_names=["Z", "Y"]
+            )
+            answer = call.exec()
+            if answer.has_error():
+                raise pb_utils.TritonModelException(answer.error().message())
+            z = pb_utils.get_output_tensor_by_name(answer, "Z")
+            y = pb_utils.get_output_tensor_by_name(answer, "Y")
+            z, y = z.as_numpy().reshape(-1), y.as_numpy().reshape(-1)
+            outputs = [pb_utils.Tensor("Z", z), pb_utils.Tensor("Y", y)]
+            responses.append(pb_utils.InferenceResponse(outputs))
+        return responses
+"""
+
+CALLER_CONFIG = """name: "caller"
+backend: "python"
+input [ { name: "X" data_type: TYPE_FP32 dims: [ -1 ] } ]
+output [
+  { name: "Y" data_type: TYPE_FP32 dims: [ -1 ] },
+  { name: "Z" data_type: TYPE_FP32 dims: [ -1 ] }
+]
+"""
+
 #: Around the limit (in FP32 values): inline, exactly the limit, one past it, 64 KiB.
 SIZES = [16, INLINE_TENSOR_MAX // 4, INLINE_TENSOR_MAX // 4 + 1, 1 << 14]
 
@@ -113,6 +152,7 @@ def server(tmp_path_factory):
     _model(root, "echo", ECHO, ECHO_CONFIG.format(name="echo", max_batch_size=0))
     _model(root, "batched", ECHO, ECHO_CONFIG.format(name="batched", max_batch_size=1024))
     _model(root, "wide", WIDE, WIDE_CONFIG)
+    _model(root, "caller", CALLER, CALLER_CONFIG)
     (root / "through" / "1").mkdir(parents=True)
     (root / "through" / "config.pbtxt").write_text(ENSEMBLE)
     with ShoalServer(root) as running:
@@ -183,5 +223,23 @@ def test_an_ensemble_step_with_a_smaller_budget_gets_its_inputs_in_blocks(server
             x = np.arange(size, dtype=np.float32) - round_
             result = client.infer("through", [_input(module, "X", x)])
             np.testing.assert_array_equal(result.as_numpy("Z"), x * 4)
+    finally:
+        client.close()
+
+
+@PROTOCOLS
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("to_batched", [False, True], ids=["echo", "batched"])
+def test_bls_inputs_and_outputs_of_every_size(server, module, size, to_batched):
+    """``batched`` may take 256 inline bytes a request: a larger inline input of the call goes
+    to a block in the supervisor, a smaller one stays inline; either way the same answer."""
+    client = _client(server, module)
+    try:
+        for round_ in range(2):
+            x = np.arange(size, dtype=np.float32) * 0.5 + round_
+            params = {"to_batched": True} if to_batched else {}
+            result = client.infer("caller", [_input(module, "X", x)], parameters=params)
+            np.testing.assert_array_equal(result.as_numpy("Y"), x)
+            np.testing.assert_array_equal(result.as_numpy("Z"), x * 2)
     finally:
         client.close()

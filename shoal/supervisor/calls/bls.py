@@ -25,6 +25,7 @@ from shoal.core.errors import (
 )
 from shoal.core.types import InferInput, InferRequest, RequestedOutput
 from shoal.ipc import messages as msg
+from shoal.ipc.arena import Block
 from shoal.ipc.queue import PeerGone
 from shoal.supervisor.instances.decoupled import new_stream
 from shoal.supervisor.memory.segments import SegmentDirectory
@@ -122,6 +123,7 @@ class BlsRouter:
         "Request timeout expired"); a call that started in time runs to its end."""
         try:
             target = self._target(caller, call)
+            spilled = self._spill(target, call)
         except ShoalError as error:
             self._send(proc, _error_reply(call.call_id, error))
             return
@@ -134,7 +136,7 @@ class BlsRouter:
         batch = staging.batch_of(
             target.summary.max_batch_size, [t.shape for t in call.request.inputs]
         )
-        work = Work(call.request, [], future, batch_size=batch)
+        work = Work(call.request, spilled, future, batch_size=batch)
         open_call = _OpenCall(call.model_name, work, target, proc)
         self._open[key] = open_call
         future.add_done_callback(functools.partial(self._answered, key, open_call))
@@ -232,6 +234,14 @@ class BlsRouter:
         staging.check_inputs(target.summary, request)
         return target
 
+    def _spill(self, target: ModelVersion, call: msg.BlsCall) -> list[Block]:
+        """The call's inline inputs in input-arena blocks when they pass what ``target``'s
+        requests may carry inline (the work owns the blocks)."""
+        inputs = call.request.inputs
+        if staging.inline_bytes(inputs) <= target.summary.inline_budget:
+            return []
+        return staging.spill_inline(inputs, self._directory.input_arena)
+
     async def _run(self, target: ModelVersion, proc: StubChannel, call: msg.BlsCall) -> None:
         work = self._submit(target, proc, call)
         held = self._held.setdefault((proc.pid, call.call_id), [])
@@ -248,7 +258,7 @@ class BlsRouter:
         future: asyncio.Future[Completion] = asyncio.get_running_loop().create_future()
         work = Work(
             call.request,
-            [],
+            self._spill(target, call),
             future,
             batch_size=staging.batch_of(
                 target.summary.max_batch_size, [t.shape for t in call.request.inputs]

@@ -22,14 +22,13 @@ from typing import Protocol
 
 from shoal.core.errors import ErrorCode, InvalidArgument, ModelError, ShoalError
 from shoal.core.types import InferOutput, InferRequest, InferResponse
-from shoal.ipc.arena import Block
+from shoal.ipc.arena import Block, OwnedArena
 from shoal.ipc.records import RequestRecord
 from shoal.ipc.tensor import CudaLocation, InlineBytes, TensorDesc
 from shoal.supervisor.memory.segments import SegmentDirectory
 from shoal.supervisor.models._ensemble_plan import EnsemblePlan, StepPlan, input_datatypes, plan_of
 from shoal.supervisor.models.version import ModelVersion
-from shoal.supervisor.requests.staging import batch_of
-from shoal.supervisor.schedulers._staging import arena_stager
+from shoal.supervisor.requests.staging import batch_of, inline_bytes, spill_inline
 from shoal.supervisor.work import Completion, Work
 
 _Tensors = dict[str, TensorDesc]
@@ -54,6 +53,10 @@ class EnsembleRunner:
         self.models = models
         self._directory = directory
         self._free_inputs = free_inputs
+
+    @property
+    def input_arena(self) -> OwnedArena:
+        return self._directory.input_arena
 
     def plan(self, mv: ModelVersion) -> EnsemblePlan:
         """The step graph of a loaded ensemble version, worked out on its first request."""
@@ -101,30 +104,6 @@ class EnsembleRunner:
             graph.abort()
             release()
             raise
-
-    def spill_inline(self, target: ModelVersion, inputs: list[TensorDesc]) -> list[Block]:
-        """Move a step's inline inputs (earlier steps' small outputs) into input-arena blocks
-        when together they pass what ``target``'s requests may carry inline: a batch of them
-        must fit its stub's ring. Returns the blocks, which the step's work owns."""
-        inline = 0
-        for desc in inputs:
-            if type(desc.location) is InlineBytes:
-                inline += desc.location.nbytes
-        if inline <= target.summary.inline_budget:
-            return []
-        blocks: list[Block] = []
-        stage = arena_stager(self._directory.input_arena)
-        try:
-            for index, desc in enumerate(inputs):
-                location = desc.location
-                if type(location) is InlineBytes:
-                    staged, block = stage(desc.name, desc.datatype, desc.shape, location.data)
-                    blocks.append(block)
-                    inputs[index] = staged
-        except BaseException:
-            self._free_inputs(blocks)
-            raise
-        return blocks
 
     def _release(self, completions: list[Completion], blocks: list[Block]) -> None:
         for completion in completions:
@@ -276,7 +255,9 @@ class _Graph:
         if target.config.is_ensemble:
             self._start_nested(step, target, inputs, batch, started)
             return
-        spilled = self._runner.spill_inline(target, inputs)
+        spilled: list[Block] = []
+        if inline_bytes(inputs) > target.summary.inline_budget:
+            spilled = spill_inline(inputs, self._runner.input_arena)
         record = self._step_record(step, inputs)
         future: asyncio.Future[Completion] = asyncio.get_running_loop().create_future()
         self._running[step.index] = future

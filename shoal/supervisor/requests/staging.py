@@ -361,6 +361,36 @@ def stage_request(
     return record, blocks
 
 
+def inline_bytes(inputs: list[TensorDesc]) -> int:
+    """How many bytes the inputs carry inline."""
+    total = 0
+    for desc in inputs:
+        if type(desc.location) is InlineBytes:
+            total += desc.location.nbytes
+    return total
+
+
+def spill_inline(inputs: list[TensorDesc], arena: OwnedArena) -> list[Block]:
+    """Move the inline inputs into ``arena`` (in place in ``inputs``). For inputs that came
+    inline for another model (an ensemble step's from earlier steps' outputs, a BLS call's
+    from its caller) and pass the ``inline_budget`` of the model they go to: a batch of them
+    must fit its stub's ring. Returns the blocks, which the request's work owns."""
+    blocks: list[Block] = []
+    try:
+        for index, desc in enumerate(inputs):
+            location = desc.location
+            if type(location) is InlineBytes:
+                block = arena.allocate(location.nbytes)
+                blocks.append(block)
+                arena.view(block)[:] = location.data
+                inputs[index] = TensorDesc(desc.name, desc.datatype, desc.shape, block)
+    except ArenaExhausted as error:
+        for block in blocks:
+            arena.free(block)
+        raise ResourceExhausted(f"cannot stage the inputs of a request: {error}") from None
+    return blocks
+
+
 def _give_back(
     request: InferRequest, descs: list[TensorDesc], blocks: list[Block], arena: OwnedArena
 ) -> None:

@@ -297,3 +297,34 @@ def test_a_failed_staging_after_an_inline_input_hands_back_the_right_block(confi
             staging.stage_request(config, request, arena, ["Y"])
         assert placed.placed == block  # not paired with the inline input before it
         assert arena.used_bytes == 0
+
+
+def test_inline_inputs_past_a_budget_move_to_blocks_of_the_same_bytes(arena):
+    from shoal.ipc.tensor import TensorDesc
+
+    inputs = [
+        TensorDesc("A", "FP32", (2,), InlineBytes(np.float32([1, 2]).tobytes())),
+        TensorDesc("E", "FP32", (0,), InlineBytes(b"")),
+        TensorDesc("B", "INT8", (3,), InlineBytes(b"\x01\x02\x03")),
+    ]
+    assert staging.inline_bytes(inputs) == 11
+    blocks = staging.spill_inline(inputs, arena)
+    assert [d.location for d in inputs] == blocks and len(blocks) == 3
+    assert bytes(arena.view(blocks[0])) == np.float32([1, 2]).tobytes()
+    assert bytes(arena.view(blocks[2])) == b"\x01\x02\x03"
+    assert staging.inline_bytes(inputs) == 0
+    for block in blocks:
+        arena.free(block)
+    assert arena.used_bytes == 0
+
+
+def test_a_spill_the_arena_cannot_hold_frees_what_it_took(arena):
+    from shoal.ipc.tensor import TensorDesc
+
+    inputs = [
+        TensorDesc("A", "INT8", (4096,), InlineBytes(bytes(4096))),
+        TensorDesc("B", "INT8", (1 << 17,), InlineBytes(bytes(1 << 17))),  # past the limit
+    ]
+    with pytest.raises(ResourceExhausted, match="cannot stage the inputs"):
+        staging.spill_inline(inputs, arena)
+    assert arena.used_bytes == 0
