@@ -74,9 +74,11 @@ class _StagingCore:
         blocks = []
         for tensor in request.inputs:
             block = self._arena.place(memoryview(tensor.data))
-            assert block is not None
-            blocks.append(block)
-            view = self._arena.arena.view(block)
+            if block is None:  # small: it travels inline, as a copy
+                view = memoryview(bytes(tensor.data))
+            else:
+                blocks.append(block)
+                view = self._arena.arena.view(block)
             outputs.append(InferOutput("OUTPUT0", tensor.datatype, tensor.shape, view))
         release = functools.partial(self._free, blocks)
         return InferResponse(request.model_name, "1", request.id, outputs, _release=release)

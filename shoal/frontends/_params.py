@@ -13,6 +13,10 @@ from shoal.core import InvalidArgument, ParamValue
 
 _NON_NEGATIVE_INTS = ("priority", "timeout", "shared_memory_offset", "shared_memory_byte_size")
 _BOOLS = ("sequence_start", "sequence_end")
+#: The integers a parameter can hold: Triton's are int64 (JSON) or uint64 (gRPC's
+#: ``uint64_param``); a wider one cannot reach the model and is the client's error, not a 500.
+_INT_MIN = -(1 << 63)
+_INT_END = 1 << 64
 
 
 def request_parameters(raw: Any) -> tuple[dict[str, ParamValue], bool]:
@@ -90,7 +94,16 @@ def _parse_value(key: str, value: Any) -> ParamValue:
             f"parameter '{key}' has invalid type. It should be either 'int', 'float', 'bool', "
             "or 'string'."
         )
+    if type(value) is int and not _INT_MIN <= value < _INT_END:
+        raise InvalidArgument(_out_of_range(key, value))
     return value
+
+
+def _out_of_range(key: str, value: int) -> str:
+    return (
+        f"parameter '{key}' is out of range: {value} does not fit in 64 bits "
+        f"(int64 from {_INT_MIN}, uint64 up to {_INT_END - 1})"
+    )
 
 
 def _parse_bool(key: str, value: Any) -> bool:
@@ -102,4 +115,6 @@ def _parse_bool(key: str, value: Any) -> bool:
 def _parse_non_negative(key: str, value: Any) -> int:
     if type(value) is not int or value < 0:
         raise InvalidArgument(f"Unable to parse '{key}': expected a non-negative integer")
+    if value >= _INT_END:
+        raise InvalidArgument(_out_of_range(key, value))
     return value

@@ -117,3 +117,13 @@ def test_hanging_up_mid_stream_leaves_the_server_serving(base):
     # The core dropped the rest: the model serves the next request at once.
     response = post(base, "decoupled_repeat", "generate_stream", {"COUNT": 2})
     assert [event["INDEX"] for event in events(response)] == [0, 1]
+
+
+@pytest.mark.parametrize("route", ["generate", "generate_stream"])
+def test_a_parameter_wider_than_64_bits_is_the_clients_error(base, route):
+    tensors = {"INPUT0": [1, 2, 3, 4], "INPUT1": [1, 2, 3, 4]}
+    response = post(base, "add_sub", route, {**tensors, "big": -(1 << 63) - 1})
+    assert response.status_code == 400, response.text
+    assert "parameter 'big' is out of range" in response.json()["error"]
+    response = post(base, "add_sub", route, {**tensors, "edge": (1 << 64) - 1})
+    assert response.status_code == 200, response.text

@@ -223,3 +223,54 @@ def test_the_arena_full_falls_back_to_the_message(served, loop_thread) -> None:
         assert response.status == "0", response.message
         assert _outputs(response.data) == payloads
     _wait_empty(loop_thread, core)
+
+
+def test_a_message_over_the_limit_is_refused_before_anything_is_received(loop_thread) -> None:
+    ours, theirs = socket.socketpair()
+    arena = StagingArena(
+        1 << 32,
+        ours,
+        initial_bytes=8 << 20,
+        growth_bytes=8 << 20,
+        limit_bytes=8 << 20,
+        on_retired=lambda index: None,
+    )
+    limit = 1 << 20
+    core = _StagingCore(arena)
+    server = NativeGrpcServer(core, max_message_bytes=limit, receive_into=arena)  # type: ignore[arg-type]
+    port = loop_thread.run(server.start("127.0.0.1", 0))
+    try:
+        message, _ = _request([2 << 20])
+        with H2Client(port) as client:
+            response = client.call(grpc_frame(message))
+            assert response.status == "8", response.message  # RESOURCE_EXHAUSTED
+            assert (
+                response.message == f"Received message larger than max ({len(message)} vs. {limit})"
+            )
+            assert _used(loop_thread, core) == 0
+            small, payloads = _request([RECEIVE_FROM * 2])
+            response = client.call(grpc_frame(small))
+            assert response.status == "0", response.message
+            assert _outputs(response.data) == payloads
+    finally:
+        loop_thread.run(server.stop(None))
+        arena.close()
+        theirs.close()
+
+
+def test_a_large_bytes_input_is_received_in_the_arena_and_checked(served, loop_thread) -> None:
+    port, core = served
+    elements = [bytes([index % 251]) * 1000 for index in range(100)]  # ~100 KiB of BYTES
+    raw = b"".join(len(e).to_bytes(4, "little") + e for e in elements)
+    request = pb.ModelInferRequest(model_name="echo")
+    request.inputs.add(name="IN0", datatype="BYTES", shape=[len(elements)])
+    request.raw_input_contents.append(raw)
+    with H2Client(port) as client:
+        response = client.call(grpc_frame(request.SerializeToString()))
+        assert response.status == "0", response.message
+        assert _outputs(response.data) == [raw]
+        assert core.received_bytes[-1] >= len(raw)  # it came in the arena
+        request.inputs[0].shape[0] = len(elements) + 1  # one element more than sent
+        response = client.call(grpc_frame(request.SerializeToString()))
+        assert response.status == "3", response.message  # INVALID_ARGUMENT
+    _wait_empty(loop_thread, core)

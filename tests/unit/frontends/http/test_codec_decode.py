@@ -449,3 +449,22 @@ class TestParameterErrors:
     )
     def test_outputs(self, outputs: Any, expected: str) -> None:
         assert decode_error({"inputs": [], "outputs": outputs}).startswith(expected)
+
+
+@pytest.mark.parametrize(
+    "raw", [{"custom": -(1 << 63) - 1}, {"custom": 1 << 64}, {"priority": 1 << 64}]
+)
+def test_a_parameter_wider_than_64_bits_is_refused(raw: dict[str, int]) -> None:
+    # orjson reads such literals in an infer body as floats; /generate's parser keeps them ints.
+    from shoal.frontends._params import request_parameters
+
+    with pytest.raises(InvalidArgument) as info:
+        request_parameters(raw)
+    assert info.value.message.startswith(f"parameter '{next(iter(raw))}' is out of range")
+
+
+def test_parameters_hold_every_64_bit_integer() -> None:
+    from shoal.frontends._params import request_parameters
+
+    edges = {"lowest": -(1 << 63), "highest": (1 << 64) - 1, "priority": (1 << 64) - 1}
+    assert request_parameters(edges) == (edges, False)
