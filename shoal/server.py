@@ -111,13 +111,14 @@ async def run_server(options: ServerOptions, stop: asyncio.Event) -> int:
         await _start(service, options, running)
         _start_busy_poll(options, loop)
         await stop.wait()
-        busy_poll.uninstall()
+        busy_poll.uninstall()  # the shutdown's sends need no answer soon
         timeout = options.exit_timeout_secs
         deadline = loop.time() + timeout
         log.info("shutting down (exit timeout %.0fs)", timeout)
         drained = await _drain(service, timeout - min(_FINALIZE_RESERVE, timeout / 2))
         return 0
     finally:
+        busy_poll.uninstall()  # also after a failed start or a cancellation: it holds the loop
         if deadline is None:  # a failed start: the same budget for what was started
             deadline = loop.time() + options.exit_timeout_secs
         await _shut_down(service, running, deadline, drained)
