@@ -76,8 +76,8 @@ def _client(protocol: str) -> str:
     return native if shutil.which(native) else "python"
 
 
-def measure(server, protocol: str, duration: float) -> dict[str, float]:
-    """One c=1 run against a started server: the row's figures."""
+def measure(server, protocol: str, duration: float, concurrency: int = 1) -> dict[str, float]:
+    """One run against a started server (c=1 unless told): the row's figures."""
     url = server.http if protocol == "http" else server.grpc
     before = stage_totals(server.metrics_port, MODEL)
     cpu_before, sw_before = cpu_seconds(server.process.pid), context_switches(server.process.pid)
@@ -86,7 +86,7 @@ def measure(server, protocol: str, duration: float) -> dict[str, float]:
         url=url,
         protocol=protocol,
         payload_bytes=64,
-        concurrency=(1,),
+        concurrency=(concurrency,),
         duration_s=duration,
         warmup_s=0.5,
         client=_client(protocol),
@@ -126,9 +126,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--protocols", default="http,grpc")
     parser.add_argument("--duration", type=float, default=3.0)
+    parser.add_argument(
+        "-c", "--concurrency", type=int, default=1, help="1 unless the sleeps under load matter"
+    )
     args = parser.parse_args(argv)
     polls = args.busy_poll.split(",") if args.busy_poll else [""]
-    print(f"# c=1, {MODEL} 64 B, {machine()}\n")
+    print(f"# c={args.concurrency}, {MODEL} 64 B, {machine()}\n")
     stats = [f"{kind} {what}" for kind in KINDS for what in ("µs", "sw")]
     print("| workers | busy poll | protocol | " + " | ".join((*COLUMNS, *stats)) + " |")
     print("|---|---|---|" + "---:|" * (len(COLUMNS) + len(stats)))
@@ -139,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
                 server = start_traced_server(Path(tmp) / "shoal.log", workers, extra=extra)
                 try:
                     for protocol in args.protocols.split(","):
-                        row = measure(server, protocol, args.duration)
+                        row = measure(server, protocol, args.duration, args.concurrency)
                         cells = [f"{row[c]:.0f}" for c in COLUMNS]
                         cells += [f"{row[s]:.{2 if s.endswith('sw') else 0}f}" for s in stats]
                         print(f"| {workers} | {poll or '-'} | {protocol} | {' | '.join(cells)} |")

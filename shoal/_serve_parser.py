@@ -134,8 +134,8 @@ _SERVER_FLAGS: tuple[Flag, ...] = (
         metavar="US|auto",
         help="how long the core and the frontend workers keep polling for an answer after "
         "sending work out, instead of sleeping (adapted to the waits seen, at most US); 0 "
-        "never; auto (the default): 100 where every serving process has a spare core, "
-        "else 0 (0 on two cores)",
+        "never; auto (the default): 100 where a core is left over after the core, the "
+        "workers and the stubs have one each, else 0 (0 on two cores)",
     ),
     _flag(
         "--metrics-interval-ms",

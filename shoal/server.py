@@ -107,6 +107,7 @@ async def run_server(options: ServerOptions, stop: asyncio.Event) -> int:
     try:
         if not await _load(service, options):
             return 1
+        options = _settle_busy_poll(options, service)
         await _start(service, options, running)
         _start_busy_poll(options, loop)
         await stop.wait()
@@ -122,11 +123,20 @@ async def run_server(options: ServerOptions, stop: asyncio.Event) -> int:
         await _shut_down(service, running, deadline, drained)
 
 
+def _settle_busy_poll(options: ServerOptions, service: InferenceService) -> ServerOptions:
+    """``--busy-poll-us auto`` once the models are loaded: count the core, the workers and the
+    stubs (the workers are told the outcome)."""
+    if options.busy_poll_us >= 0:
+        return options
+    workers = options.frontend_workers if options.frontend_workers > 1 else 0
+    stubs = sum(len(version.instances) for version in service.repository.versions())
+    budget = busy_poll.auto_budget_us(1 + workers + stubs)
+    return dataclasses.replace(options, busy_poll_us=budget)
+
+
 def _start_busy_poll(options: ServerOptions, loop: asyncio.AbstractEventLoop) -> float:
     """Spin this process's loop after it sends work out (``--busy-poll-us``); the budget."""
-    budget = options.busy_poll_us
-    if budget < 0:
-        budget = busy_poll.auto_budget_us(options.frontend_workers + 1)
+    budget = max(0.0, options.busy_poll_us)
     busy_poll.install(loop, budget)
     if budget:
         log.info("busy poll: up to %.0f µs after sending work out", budget)

@@ -9,8 +9,9 @@ then lets it sleep. The budget adapts as the stub's ``_bell.Spinner`` does: abou
 waits that ended within it, halved after a wait that outlasted it. Only the process that
 installed a spin polls; :func:`kick` elsewhere (the stubs) is one global read.
 
-``--busy-poll-us``: 0 turns it off; ``auto`` spins only where the machine has cores to spare
-(:func:`auto_budget_us`). An idle loop stops polling one budget after the last kick.
+``--busy-poll-us``: 0 turns it off; ``auto`` spins only where the machine has a core to spare
+after the core, the workers and the stubs have one each (:func:`auto_budget_us`). An idle loop
+stops polling one budget after the last kick.
 """
 
 from __future__ import annotations
@@ -113,9 +114,9 @@ def uninstall() -> None:
     _spin = None
 
 
-def auto_budget_us(busy_processes: int, cores: int | None = None) -> float:
-    """``--busy-poll-us auto``: spin only with a core to spare for each busy process and as many
-    again for the stubs and the clients (never on a two-core machine)."""
+def auto_budget_us(processes: int, cores: int | None = None) -> float:
+    """``--busy-poll-us auto``: spin only where a core is left over once each of the server's
+    ``processes`` (the core, the frontend workers, the stubs) has one of its own."""
     if cores is None:
         cores = len(os.sched_getaffinity(0))
-    return DEFAULT_SPIN_US if cores >= 2 * busy_processes and cores >= 4 else 0.0
+    return DEFAULT_SPIN_US if cores > processes else 0.0

@@ -107,11 +107,10 @@ def test_kicks_while_spinning_extend_it_without_a_second_callback():
 
 
 def test_auto_spins_only_with_spare_cores():
-    assert auto_budget_us(2, cores=2) == 0  # core + one worker on two cores
-    assert auto_budget_us(1, cores=2) == 0
-    assert auto_budget_us(2, cores=16) > 0
-    assert auto_budget_us(8, cores=16) > 0  # 7 workers and the core: half the cores
-    assert auto_budget_us(9, cores=16) == 0
+    assert auto_budget_us(2, cores=2) == 0  # the core and one stub on two cores
+    assert auto_budget_us(16, cores=16) == 0  # core, 7 workers, 8 stubs: none to spare
+    assert auto_budget_us(4, cores=16) > 0
+    assert auto_budget_us(15, cores=16) > 0
 
 
 def test_kick_without_an_installed_spin_does_nothing_and_install_0_is_off():
