@@ -11,6 +11,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -22,24 +23,29 @@ TEST_MODELS = Path(__file__).resolve().parent / "models"
 FRONTEND_WORKERS = os.environ.get("SHOAL_TEST_FRONTEND_WORKERS", "1")
 
 
-def _children(pid: int) -> set[int]:
-    """Stub processes whose --parent is ``pid``."""
-    found = set()
-    marker = str(pid).encode()
+def command_lines() -> Iterator[tuple[int, list[bytes]]]:
+    """Every process's pid and arguments (those that exit while being read are skipped)."""
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             with open(f"/proc/{entry}/cmdline", "rb") as f:
-                args = f.read().split(b"\0")
+                yield int(entry), f.read().split(b"\0")
         except OSError:
             continue
+
+
+def _children(pid: int) -> set[int]:
+    """Stub processes whose --parent is ``pid``."""
+    found = set()
+    marker = str(pid).encode()
+    for entry, args in command_lines():
         if (
             b"shoal.stub" in args
             and b"--parent" in args
             and (args[args.index(b"--parent") + 1] == marker)
         ):
-            found.add(int(entry))
+            found.add(entry)
     return found
 
 

@@ -11,7 +11,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from tests.integration.server import BUNDLED, ShoalServer
+from tests.integration.server import BUNDLED, ShoalServer, command_lines
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -32,16 +32,9 @@ def _serving_pids(server: ShoalServer) -> list[int]:
     assert server.proc is not None
     core = server.proc.pid
     pids = [core]
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                args = f.read().split(b"\0")
-        except OSError:
-            continue
+    for pid, args in command_lines():
         if any(b"worker_main" in a for a in args) and str(core).encode() in args:
-            pids.append(int(entry))
+            pids.append(pid)
     return pids
 
 

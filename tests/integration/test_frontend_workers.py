@@ -30,7 +30,7 @@ import tritonclient.utils.shared_memory as shm
 from tritonclient.grpc import service_pb2
 from tritonclient.utils import InferenceServerException
 
-from tests.integration.server import BUNDLED, TEST_MODELS, ShoalServer
+from tests.integration.server import BUNDLED, TEST_MODELS, ShoalServer, command_lines
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -69,17 +69,10 @@ def worker_pids(server: ShoalServer) -> list[int]:
     assert server.proc is not None
     found: dict[int, int] = {}
     parent = str(server.proc.pid).encode()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                args = f.read().split(b"\0")
-        except OSError:
-            continue
+    for pid, args in command_lines():
         ours = b"--parent" in args and args[args.index(b"--parent") + 1] == parent
         if ours and any(b"worker_main" in a for a in args):
-            found[int(args[args.index(b"--index") + 1])] = int(entry)
+            found[int(args[args.index(b"--index") + 1])] = pid
     return [found[i] for i in sorted(found)]
 
 
