@@ -81,6 +81,8 @@ HOT_PATH: tuple[str, ...] = (
     "shoal/supervisor/instances/decoupled.py",
     "shoal/supervisor/instances/process.py",
     "shoal/core/types.py",
+    "shoal/core/relayed.py",
+    "shoal/supervisor/requests/relayed.py",
     "shoal/supervisor/work.py",
     "shoal/frontends/h2/errors.py",
     "shoal/frontends/h2/frames.py",

@@ -185,10 +185,45 @@ def encode(message: Message) -> bytes:
     except AttributeError:
         packer = _packers.packer = msgpack.Packer(use_bin_type=True)
     if type(message) is Execute:  # one per batch: its array built once, not its fields twice
+        requests = message.requests
+        for record in requests:
+            if record.relayed is not None:
+                return _spliced(packer, message.batch_id, requests)
         return packer.pack(  # type: ignore[no-any-return]
-            [_EXECUTE, message.batch_id, [r.to_wire() for r in message.requests]]
+            [_EXECUTE, message.batch_id, [r.to_wire() for r in requests]]
         )
     return packer.pack([_KIND_NUMBERS[type(message)], *message.fields()])  # type: ignore[no-any-return]
+
+
+def _spliced(packer: msgpack.Packer, batch_id: int, requests: list[RequestRecord]) -> bytes:
+    """An Execute some of whose records a frontend worker packed: the same bytes as packing
+    them all here, with a relayed record's packed head spliced in as it came and only its last
+    fields packed here (``RequestRecord.relayed``)."""
+    start: bytes = packer.pack([_EXECUTE, batch_id, None])
+    pieces: list[bytes | memoryview] = [memoryview(start)[:-1], _array_header(len(requests))]
+    for record in requests:
+        relayed = record.relayed
+        if relayed is None:
+            pieces.append(packer.pack(record.to_wire()))
+            continue
+        # key, output_regions (none: a relayed request has no client shared memory),
+        # private_inputs and trace_context, without their array's header
+        rest: bytes = packer.pack(
+            [record.key, _NO_REGIONS, record.private_inputs, record.trace_context]
+        )
+        pieces.append(relayed)
+        pieces.append(memoryview(rest)[1:])
+    return b"".join(pieces)
+
+
+_NO_REGIONS: Final[dict[str, Any]] = {}
+
+
+def _array_header(count: int) -> bytes:
+    """MessagePack's header of an array of ``count`` items."""
+    if count < 16:
+        return bytes((0x90 | count,))
+    return b"\xdc" + count.to_bytes(2, "big")
 
 
 def decode(payload: bytes) -> Message:

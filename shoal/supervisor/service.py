@@ -9,9 +9,11 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import shoal
 from shoal.core.errors import Cancelled, DecoupledInfer, ShoalError, Unavailable
+from shoal.core.relayed import RelayedCall
 from shoal.core.types import (
     CudaSharedMemoryRegion,
     InferRequest,
@@ -40,7 +42,7 @@ from shoal.supervisor.models.manager import ModelRepositoryManager
 from shoal.supervisor.models.version import ModelState, ModelVersion
 from shoal.supervisor.options import ServerOptions
 from shoal.supervisor.promise import Promise, Settled
-from shoal.supervisor.requests import classification, staging, streaming
+from shoal.supervisor.requests import classification, relayed, staging, streaming
 from shoal.supervisor.requests.answers import Answer, in_task, nothing
 from shoal.supervisor.requests.cached import cache_hit, cache_insert
 from shoal.supervisor.requests.client_shm import (
@@ -244,7 +246,7 @@ class InferenceService:
                 staging.batch_size(mv.summary, request), time.monotonic_ns() - started, 0, (0, 0, 0)
             )
             return response
-        work = self._submit(mv, request, record, blocks, started)
+        work = self._submit(mv, staging.batch_size(mv.summary, request), record, blocks, started)
         try:
             completion = await work.awaited()
         except asyncio.CancelledError:
@@ -273,8 +275,48 @@ class InferenceService:
             done(None, error)
             return nothing
         promise = Promise(self._settled)
-        work = self._submit(mv, request, record, blocks, started, promise)
+        batch_size = staging.batch_size(mv.summary, request)
+        work = self._submit(mv, batch_size, record, blocks, started, promise)
         promise.add_done_callback(_Completed(self, mv, request, work, started, classes, done))
+        return work.cancel
+
+    def relay_summary(self, name: str, version: str = "") -> list[Any] | None:
+        """A frontend worker's snapshot of a model's summary, to check and stage its requests
+        with (``requests/relayed.py``); None where the relay does not apply."""
+        try:
+            mv = self.repository.loaded.resolve(name, version)
+        except ShoalError:
+            return None
+        if self.cache is not None or not relayed.relayable(mv):
+            return None
+        return relayed.snapshot(mv.summary)
+
+    def start_relayed(self, call: RelayedCall, done: Answer) -> Callable[[], object] | None:
+        """:meth:`start_infer` for a request a worker checked and packed: returns what cancels
+        it, or None when the core's own path must take it (``call.stale`` when the worker's
+        snapshot is out of date); the errors of that path are the core's own."""
+        try:
+            mv = self.repository.loaded.resolve(call.model_name, call.model_version)
+        except ShoalError:
+            call.stale = True
+            return None
+        if mv.summary.generation != call.generation:
+            call.stale = True
+            return None
+        if mv.state is not ModelState.READY or mv.down is not None or self.gate.closed:
+            return None
+        started = time.monotonic_ns()
+        self.gate.enter(call.model_name)
+        record = RequestRecord(
+            call.request_id, 0, 0, {}, [], [], call.timeout_us, private_inputs=call.private_inputs
+        )
+        record.relayed = call.head
+        record.trace_context = self.tracing.context_for(mv.name)
+        promise = Promise(self._settled)
+        work = self._submit(mv, call.batch_size, record, call.blocks, started, promise)
+        # What the answer names (its outputs are the model's: none in client shared memory)
+        request = InferRequest(call.model_name, call.model_version, call.request_id)
+        promise.add_done_callback(_Completed(self, mv, request, work, started, _NONE, done))
         return work.cancel
 
     def completed(self, call: _Completed, promise: Promise) -> None:
@@ -308,7 +350,7 @@ class InferenceService:
     def _submit(
         self,
         mv: ModelVersion,
-        request: InferRequest,
+        batch_size: int,
         record: RequestRecord,
         blocks: list[Block],
         started: int,
@@ -321,7 +363,7 @@ class InferenceService:
             future = (self._loop or asyncio.get_running_loop()).create_future()
         else:
             future = promise
-        work = Work(record, blocks, future, batch_size=staging.batch_size(mv.summary, request))
+        work = Work(record, blocks, future, batch_size=batch_size)
         if mv.stats.overhead is not None:  # --trace-overhead
             mv.stats.stage("stage", work.enqueued_ns - started)
         scheduler = mv.scheduler  # mv.submit, without its (interpreted) call
@@ -419,6 +461,10 @@ class InferenceService:
         self, changes: dict[str, TraceChange], model: str = ""
     ) -> dict[str, TraceValue]:
         return self.tracing.update(changes, model)
+
+
+#: No classification asked (a relayed request never asks).
+_NONE: dict[str, int] = {}
 
 
 class _Completed:

@@ -76,6 +76,11 @@ class StagingArena:
         the arena is full: the link still carries it)."""
         if data.nbytes < INLINE_MAX:
             return None
+        return self.stage(data)
+
+    def stage(self, data: memoryview) -> Block | None:
+        """A block holding ``data`` whatever its size (a relayed request's input too large to
+        travel inside its record); None when the arena is full."""
         if self._received:  # ``data`` may be a block's bytes as received: no copy then
             received = self._received.pop((_address(data), data.nbytes), None)
             if received is not None:
@@ -190,6 +195,25 @@ class LentArena:
         view = self._segments.view(block)
         self.held += 1
         return block, view
+
+    def take(self, flat: list[int]) -> list[Block]:
+        """The blocks a relayed call names (``[segment, offset, nbytes] * n``), checked against
+        the segments the worker announced; the core holds them from now on."""
+        blocks = []
+        for at in range(0, len(flat), 3):
+            segment, offset, nbytes = flat[at], flat[at + 1], flat[at + 2]
+            if offset < 0 or nbytes < 0 or offset + nbytes > self.segment(segment).size:
+                raise ValueError(f"a block past the end of worker segment {segment}")
+            blocks.append(Block(self._arena_id, segment, offset, nbytes))
+        self.held += len(blocks)
+        return blocks
+
+    def untake(self, count: int) -> None:
+        """``count`` blocks :meth:`take` gave stay the worker's after all (not freed: it uses
+        them again)."""
+        self.held -= count
+        if self.gone and self.held <= 0:
+            self._detach()
 
     def free(self, blocks: list[Block]) -> None:
         self.held -= len(blocks)

@@ -38,11 +38,22 @@ from shoal.frontends.workers import _plain as plain
 from shoal.frontends.workers import _wire as wire
 from shoal.frontends.workers.arenas import StagingArena
 from shoal.frontends.workers.outputs import MappedOutputs
+from shoal.frontends.workers.relay import Prepared, Snapshots, prepare
 from shoal.frontends.workers.streams import StreamItem, remote_stream
+from shoal.ipc.arena import Block
 
 __all__ = ["CoreGone", "RemoteCore"]
 
 _Answer = tuple[list[Any], list[memoryview]]
+
+
+class RelayRefused(Exception):
+    """The core did not take a relayed call: send it again its own way (``stale``: the
+    worker's snapshot of the model is out of date)."""
+
+    def __init__(self, stale: bool) -> None:
+        super().__init__("relayed call refused")
+        self.stale = stale
 
 
 class CoreGone(errors.Unavailable):
@@ -102,6 +113,8 @@ class RemoteCore(CoreAPI):
         self.on_log_settings: Callable[[dict[str, ParamValue]], None] | None = None
         #: Called when the link drops without the core having asked the worker to stop.
         self.on_core_lost: Callable[[], None] | None = None
+        #: The snapshots of model summaries that requests are checked and packed with here.
+        self.snapshots = Snapshots(self._relay_summary)
 
     async def connect(self, calls: socket.socket) -> None:
         """Start reading answers from the asynchronous socket."""
@@ -154,6 +167,9 @@ class RemoteCore(CoreAPI):
             if self.on_log_settings is not None:
                 self.on_log_settings(fields[0])
             return
+        if kind == wire.STALE:
+            self._refused(call_id, fields[0], fields[1])
+            return
         future = self._calls.pop(call_id, None)
         if future is not None:
             if future.done():
@@ -172,6 +188,15 @@ class RemoteCore(CoreAPI):
             queue.put_nowait(plain.error_from_wire(fields[0]))
         else:
             queue.put_nowait(None)
+
+    def _refused(self, call_id: int, stale: bool, flat: list[int]) -> None:
+        """The core did not take relayed call ``call_id``: its caller sends it again, or, gone
+        meanwhile, the blocks it staged are freed here (they are still the worker's)."""
+        future = self._calls.pop(call_id, None)
+        if future is not None and not future.done():
+            future.set_exception(RelayRefused(stale))
+        elif flat and self.arena is not None:
+            self.arena.free(flat)
 
     def _fail_all(self, error: BaseException) -> None:
         for future in self._calls.values():
@@ -238,10 +263,26 @@ class RemoteCore(CoreAPI):
         return config
 
     def _request_fields(
-        self, request: InferRequest, payloads: list[memoryview | bytes]
+        self,
+        request: InferRequest,
+        payloads: list[memoryview | bytes],
+        staged: list[Block | None] | None = None,
     ) -> list[Any]:
-        place = None if self.arena is None else self.arena.place
+        place: wire.Place | None = None if self.arena is None else self.arena.place
+        if staged:  # inputs a relay placed already go as placed inputs
+            place = _Restage(staged, place)
         return wire.request_to_wire(request, payloads, place)
+
+    def _relay_summary(self, name: str, version: str) -> list[Any] | None:
+        summary: list[Any] | None = self._sync("relay_summary", name, version)
+        return summary
+
+    def _prepare(self, request: InferRequest) -> Prepared | None:
+        """``request`` checked, staged and packed for the relay; None: the core's own way."""
+        snapshot = self.snapshots.get(request.model_name, request.model_version)
+        if snapshot is None:
+            return None
+        return prepare(request, snapshot, None if self.arena is None else self.arena.stage)
 
     def _response(self, answer: list[Any], views: list[memoryview]) -> InferResponse:
         outputs = self.outputs
@@ -257,8 +298,19 @@ class RemoteCore(CoreAPI):
             pass  # the core is gone, and its blocks with it
 
     async def infer(self, request: InferRequest) -> InferResponse:
+        prepared = self._prepare(request)
+        staged = None
+        if prepared is not None:
+            staged = prepared.staged
+            if prepared.fields is not None:
+                try:
+                    answer, views = await self._async("relay", prepared.fields, [prepared.head])
+                    return self._response(answer, views)
+                except RelayRefused as refused:
+                    if refused.stale:
+                        self.snapshots.drop(request.model_name, request.model_version)
         payloads: list[memoryview | bytes] = []
-        fields = self._request_fields(request, payloads)
+        fields = self._request_fields(request, payloads, staged)
         answer, views = await self._async("infer", fields, payloads)
         return self._response(answer, views)
 
@@ -362,6 +414,24 @@ class RemoteCore(CoreAPI):
         return updated
 
 
+class _Restage:
+    """The ``place`` of a request sent the core's way after the relay staged it: each raw
+    input in turn goes in the block the relay placed it in, else through ``place``."""
+
+    def __init__(self, staged: list[Block | None], place: wire.Place | None) -> None:
+        self._staged = staged
+        self._place = place
+        self._next = 0
+
+    def __call__(self, view: memoryview) -> Block | None:
+        index = self._next
+        self._next += 1
+        block = self._staged[index] if index < len(self._staged) else None
+        if block is None and self._place is not None:
+            block = self._place(view)
+        return block
+
+
 def _decoded(kind: Any, value: Any) -> Any:
     return plain.from_plain(kind, value)
 
@@ -388,6 +458,7 @@ SYNC_METHODS: frozenset[str] = frozenset(
         "cuda_shm_status",
         "log_settings",
         "update_log_settings",
+        "relay_summary",
         "trace_settings",
         "update_trace_settings",
     }

@@ -26,12 +26,14 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from shoal.core.api import ArenaRegistry, CoreAPI
+from shoal.core.relayed import RelayedCall
 from shoal.core.types import InferRequest, InferResponse
 from shoal.frontends.workers import _plain as plain
 from shoal.frontends.workers import _wire as wire
 from shoal.frontends.workers.arenas import LentArena
 from shoal.frontends.workers.client import ASYNC_METHODS, SYNC_METHODS
 from shoal.frontends.workers.outputs import LentOutputs
+from shoal.ipc.arena import Block
 
 __all__ = ["WorkerPool"]
 
@@ -57,6 +59,11 @@ class LinkedCore(CoreAPI, Protocol):
         returned cancels it. No task per request: the core's CPU per request counts most."""
         ...
 
+    def start_relayed(self, call: RelayedCall, done: Answer) -> Callable[[], object] | None:
+        """:meth:`start_infer` for a request the worker checked and packed; None: the core did
+        not take it (the worker sends it again as a plain call)."""
+        ...
+
 
 def _nothing() -> None:
     pass
@@ -66,7 +73,7 @@ class _Reply:
     """Answers one inference call of a link (the ``done`` of ``start_infer``): one object per
     call, where a closure was two (its cell environment and the function)."""
 
-    def __init__(self, link: _Link, call_id: int, request: InferRequest) -> None:
+    def __init__(self, link: _Link, call_id: int, request: InferRequest | None) -> None:
         self._link = link
         self._call_id = call_id
         self._request = request
@@ -111,6 +118,8 @@ class _Link:
             method, args = header[2], header[3]
             if method == "infer":
                 self._infer(call_id, args, payloads)
+            elif method == "relay":
+                self._relay(call_id, args, payloads[0])
             else:
                 task = asyncio.create_task(self._run(call_id, method, args, payloads))
                 self.calls[call_id] = task.cancel
@@ -149,6 +158,32 @@ class _Link:
             self._answer(call_id, request, None, error)
             return
         if call_id in self.calls:
+            self.calls[call_id] = cancel
+
+    def _relay(self, call_id: int, args: list[Any], head: memoryview) -> None:
+        """A request the worker checked, staged and packed (``requests/relayed.py``)."""
+        self.calls[call_id] = _nothing  # until started: it may be answered before that
+        flat: list[int] = args[7]
+        arena = self.arena
+        blocks: list[Block] = []
+        try:
+            if flat:
+                if arena is None:
+                    raise ValueError("a relayed call names blocks of an arena the core lacks")
+                blocks = arena.take(flat)
+            call = RelayedCall(args, head, blocks)
+            cancel = self.core.start_relayed(call, _Reply(self, call_id, None))
+        except Exception as error:  # a bug: the blocks go back with the error
+            if arena is not None and blocks:
+                arena.free(blocks)
+            self._answer(call_id, None, None, error)
+            return
+        if cancel is None:  # the worker keeps its blocks and sends the request again
+            self.calls.pop(call_id, None)
+            if arena is not None and blocks:
+                arena.untake(len(blocks))
+            self.send([wire.STALE, call_id, call.stale, flat])
+        elif call_id in self.calls:
             self.calls[call_id] = cancel
 
     def _answer(
