@@ -198,32 +198,33 @@ def encode(message: Message) -> bytes:
 def _spliced(packer: msgpack.Packer, batch_id: int, requests: list[RequestRecord]) -> bytes:
     """An Execute some of whose records a frontend worker packed: the same bytes as packing
     them all here, with a relayed record's packed head spliced in as it came and only its last
-    fields packed here (``RequestRecord.relayed``)."""
-    start: bytes = packer.pack([_EXECUTE, batch_id, None])
-    pieces: list[bytes | memoryview] = [memoryview(start)[:-1], _array_header(len(requests))]
+    fields packed here (``RequestRecord.relayed``): the key, no output regions (a relayed
+    request has no client shared memory), the private inputs and the trace context."""
+    count = len(requests)
+    header = _ARRAY_HEADERS[count] if count < 16 else b"\xdc" + count.to_bytes(2, "big")
+    pieces: list[bytes | memoryview] = [_EXECUTE_START, packer.pack(batch_id), header]
     for record in requests:
         relayed = record.relayed
         if relayed is None:
             pieces.append(packer.pack(record.to_wire()))
             continue
-        # key, output_regions (none: a relayed request has no client shared memory),
-        # private_inputs and trace_context, without their array's header
-        rest: bytes = packer.pack(
-            [record.key, _NO_REGIONS, record.private_inputs, record.trace_context]
-        )
+        private = record.private_inputs
+        trace = record.trace_context
         pieces.append(relayed)
-        pieces.append(memoryview(rest)[1:])
+        pieces.append(packer.pack(record.key))
+        pieces.append(_NO_REGIONS)
+        pieces.append(packer.pack(private) if private else _ZERO)
+        pieces.append(packer.pack(trace) if trace else _NO_TEXT)
     return b"".join(pieces)
 
 
-_NO_REGIONS: Final[dict[str, Any]] = {}
-
-
-def _array_header(count: int) -> bytes:
-    """MessagePack's header of an array of ``count`` items."""
-    if count < 16:
-        return bytes((0x90 | count,))
-    return b"\xdc" + count.to_bytes(2, "big")
+#: What :func:`_spliced` puts around the records: a three-item array's header and the kind (a
+#: positive fixint), an array's header by its length, an empty map, a zero, an empty string.
+_EXECUTE_START: Final = bytes((0x93, _EXECUTE))
+_ARRAY_HEADERS: Final = tuple(bytes((0x90 | count,)) for count in range(16))
+_NO_REGIONS: Final = b"\x80"
+_ZERO: Final = b"\x00"
+_NO_TEXT: Final = b"\xa0"
 
 
 def decode(payload: bytes) -> Message:

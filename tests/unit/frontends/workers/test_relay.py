@@ -153,13 +153,15 @@ def test_the_worker_relays_what_the_core_accepts_and_packs_it_the_same(
         return
     assert isinstance(core, RequestRecord), core  # the relay takes nothing the core refuses
     assert prepared is not None and prepared.fields is not None
-    core.key, core.trace_context = 41, "ctx"
-    spliced = _relayed_record(prepared, 41)
-    spliced.trace_context = "ctx"
-    # the Execute a stub reads is byte for byte the same, alone or beside a record packed here
-    assert msg.encode(msg.Execute(3, [spliced])) == msg.encode(msg.Execute(3, [core]))
-    both = msg.Execute(1 << 40, [core, spliced, core])
-    assert msg.encode(both) == msg.encode(msg.Execute(1 << 40, [core, core, core]))
+    for key, trace in ((41, ""), (1 << 40, "ctx")):
+        core.key, core.trace_context = key, trace
+        spliced = _relayed_record(prepared, key)
+        spliced.trace_context = trace
+        # the Execute a stub reads is the same byte for byte, alone or beside a record packed
+        # the core's way
+        assert msg.encode(msg.Execute(3, [spliced])) == msg.encode(msg.Execute(3, [core]))
+        both = msg.Execute(1 << 40, [core, spliced, core])
+        assert msg.encode(both) == msg.encode(msg.Execute(1 << 40, [core, core, core]))
     name, version, generation, rid, batch, timeout, private, flat = prepared.fields
     assert (name, version, generation, rid) == ("m", "", summary.generation, request_.id)
     assert batch == staging.batch_size(summary, request_)
