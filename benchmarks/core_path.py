@@ -9,9 +9,9 @@ ways, ``-c`` requests in flight, and prints the process's CPU time per request:
 * ``task``: ``InferenceService.infer`` in a task per request (the in-process frontends' way);
 * ``callback``: ``InferenceService.start_infer`` answered through a callback (the frontend
   workers' link, without its frames);
-* ``relay``: ``link`` with the call a worker relays (``frontends/workers/relay.py``): checked,
+* ``packed``: ``link`` with the call a worker relays (``frontends/workers/packing.py``): checked,
   staged and packed by the worker against its snapshot of the model's summary, so the core
-  splices the record into the Execute (trees without the relay skip it);
+  splices the record into the Execute (trees without packed calls skip it);
 * ``link``: the frontend workers' link itself, the core's whole side of a worker's call: CALL
   frames as a worker builds them (``wire.frame``) go through the link's real ``FrameReader``
   and ``_Link.on_call`` to ``start_infer``, and the answer frames leave through its real
@@ -57,7 +57,7 @@ input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
 output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
 """
 DATA = np.zeros(16, np.float32).tobytes()
-WAYS = ("task", "callback", "link", "relay")
+WAYS = ("task", "callback", "link", "packed")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -124,12 +124,12 @@ class _WorkerEnd(asyncio.Transport):
 def _call(service: InferenceService, call_id: int, relay: bool) -> bytes:
     """One CALL frame as a worker builds it: relayed, or the request's fields."""
     if relay:
-        from shoal.frontends.workers.relay import Snapshot, prepare
+        from shoal.frontends.workers.packing import Snapshot, prepare
 
-        plain = service.relay_summary("identity", "")  # type: ignore[attr-defined]
+        plain = service.packing_summary("identity", "")  # type: ignore[attr-defined]
         prepared = prepare(_request(), Snapshot(plain), None)
         assert prepared is not None and prepared.fields is not None
-        header = [wire.CALL, call_id, "relay", prepared.fields]
+        header = [wire.CALL, call_id, "packed", prepared.fields]
         return b"".join(wire.frame(header, [prepared.head]))
     payloads: list[memoryview | bytes] = []
     fields = wire.request_to_wire(_request(), payloads)
@@ -156,8 +156,8 @@ def _link_way(
 
 async def _drive(service: InferenceService, way: str, total: int, concurrency: int) -> float:
     """CPU µs per request for ``total`` requests, ``concurrency`` in flight."""
-    if way in ("link", "relay"):
-        return await _drive_link(service, total, concurrency, way == "relay")
+    if way in ("link", "packed"):
+        return await _drive_link(service, total, concurrency, way == "packed")
     finished = asyncio.get_running_loop().create_future()
     counts = {"sent": 0, "done": 0}
 
@@ -196,7 +196,7 @@ async def _drive(service: InferenceService, way: str, total: int, concurrency: i
 async def _drive_link(
     service: InferenceService, total: int, concurrency: int, relay: bool = False
 ) -> float:
-    """:func:`_drive` through a frontend worker's link (the ``link`` and ``relay`` ways)."""
+    """:func:`_drive` through a frontend worker's link (the ``link`` and ``packed`` ways)."""
     finished = asyncio.get_running_loop().create_future()
     first = min(concurrency, total)
     counts = {"sent": first, "done": 0}
@@ -241,8 +241,8 @@ async def _measure(
         await _drive(service, ways[0], requests // 10, concurrency)  # warm-up
         if not hasattr(service, "start_infer"):  # an old tree: the task way only
             ways = ["task"]
-        if not hasattr(service, "start_relayed"):  # a tree without the relay
-            ways = [way for way in ways if way != "relay"] or ["link"]
+        if not hasattr(service, "start_packed"):  # a tree without the relay
+            ways = [way for way in ways if way != "packed"] or ["link"]
         samples: dict[str, list[float]] = {way: [] for way in ways}
         for _ in range(rounds):
             for way in samples:

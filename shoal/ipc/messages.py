@@ -187,7 +187,7 @@ def encode(message: Message) -> bytes:
     if type(message) is Execute:  # one per batch: its array built once, not its fields twice
         requests = message.requests
         for record in requests:
-            if record.relayed is not None:
+            if record.packed is not None:
                 return _spliced(packer, message.batch_id, requests)
         return packer.pack(  # type: ignore[no-any-return]
             [_EXECUTE, message.batch_id, [r.to_wire() for r in requests]]
@@ -198,19 +198,19 @@ def encode(message: Message) -> bytes:
 def _spliced(packer: msgpack.Packer, batch_id: int, requests: list[RequestRecord]) -> bytes:
     """An Execute some of whose records a frontend worker packed: the same bytes as packing
     them all here, with a relayed record's packed head spliced in as it came and only its last
-    fields packed here (``RequestRecord.relayed``): the key, no output regions (a relayed
+    fields packed here (``RequestRecord.packed``): the key, no output regions (a relayed
     request has no client shared memory), the private inputs and the trace context."""
     count = len(requests)
     header = _ARRAY_HEADERS[count] if count < 16 else b"\xdc" + count.to_bytes(2, "big")
     pieces: list[bytes | memoryview] = [_EXECUTE_START, packer.pack(batch_id), header]
     for record in requests:
-        relayed = record.relayed
-        if relayed is None:
+        packed = record.packed
+        if packed is None:
             pieces.append(packer.pack(record.to_wire()))
             continue
         private = record.private_inputs
         trace = record.trace_context
-        pieces.append(relayed)
+        pieces.append(packed)
         pieces.append(packer.pack(record.key))
         pieces.append(_NO_REGIONS)
         pieces.append(packer.pack(private) if private else _ZERO)

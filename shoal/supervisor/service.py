@@ -13,7 +13,7 @@ from typing import Any
 
 import shoal
 from shoal.core.errors import Cancelled, DecoupledInfer, ShoalError, Unavailable
-from shoal.core.relayed import RelayedCall
+from shoal.core.packed import PackedCall
 from shoal.core.types import (
     CudaSharedMemoryRegion,
     InferRequest,
@@ -39,15 +39,14 @@ from shoal.supervisor.memory.system_shm import SharedMemoryRegistry
 from shoal.supervisor.models import describe
 from shoal.supervisor.models.ensemble import EnsembleRunner
 from shoal.supervisor.models.manager import ModelRepositoryManager
-from shoal.supervisor.models.version import ModelState, ModelVersion
+from shoal.supervisor.models.version import ModelVersion
 from shoal.supervisor.options import ServerOptions
 from shoal.supervisor.promise import Promise, Settled
-from shoal.supervisor.requests import classification, relayed, staging, streaming
+from shoal.supervisor.requests import checked, classification, packed, staging, streaming
 from shoal.supervisor.requests.answers import Answer, in_task, nothing
 from shoal.supervisor.requests.cached import cache_hit, cache_insert
 from shoal.supervisor.requests.client_shm import (
     ClientRegion,
-    output_regions,
     read_shm_inputs,
     write_shm_outputs,
 )
@@ -196,24 +195,9 @@ class InferenceService:
     ) -> tuple[RequestRecord, list[Block]]:
         """Check a request and copy its inputs into the input arena (for the core and streams);
         ``regions``: its inputs in client shared memory, when read already."""
-        if regions is None:
-            regions = read_shm_inputs(self.shm, request)
-        summary = mv.summary
-        outputs = staging.check_outputs(summary, request)  # Triton checks the outputs first
-        staging.check_inputs(summary, request)
-        placed = {} if mv.is_ensemble else output_regions(self.shm, request)
-        record, blocks = staging.stage_request(summary, request, self.input_arena, outputs, regions)
-        record.output_regions = placed
-        record.trace_context = self.tracing.context_for(mv.name)
-        if mv.state is not ModelState.READY:
-            self.directory.free_inputs(blocks)
-            raise Unavailable(f"model '{mv.name}' version {mv.version} is not ready")
-        if mv.down is not None:  # it would wait for as long as the restarts keep failing
-            self.directory.free_inputs(blocks)
-            raise Unavailable(
-                f"model '{mv.name}' version {mv.version} has no live instance: {mv.down}"
-            )
-        return record, blocks
+        return checked.stage(
+            mv, request, regions, self.shm, self.input_arena, self.tracing, self.directory
+        )
 
     def infer_stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
         """Every response of a request: one for most models, any number for a decoupled one."""
@@ -280,43 +264,25 @@ class InferenceService:
         promise.add_done_callback(_Completed(self, mv, request, work, started, classes, done))
         return work.cancel
 
-    def relay_summary(self, name: str, version: str = "") -> list[Any] | None:
-        """A frontend worker's snapshot of a model's summary, to check and stage its requests
-        with (``requests/relayed.py``); None where the relay does not apply."""
-        try:
-            mv = self.repository.loaded.resolve(name, version)
-        except ShoalError:
-            return None
-        if self.cache is not None or not relayed.relayable(mv):
-            return None
-        return relayed.snapshot(mv.summary)
+    def packing_summary(self, name: str, version: str = "") -> list[Any] | None:
+        """A frontend worker's snapshot of a model's summary (``requests/packed.py``)."""
+        return packed.summary_for(self.repository.loaded, name, version, self.cache is None)
 
-    def start_relayed(self, call: RelayedCall, done: Answer) -> Callable[[], object] | None:
+    def start_packed(self, call: PackedCall, done: Answer) -> Callable[[], object] | None:
         """:meth:`start_infer` for a request a worker checked and packed: returns what cancels
-        it, or None when the core's own path must take it (``call.stale`` when the worker's
-        snapshot is out of date); the errors of that path are the core's own."""
-        try:
-            mv = self.repository.loaded.resolve(call.model_name, call.model_version)
-        except ShoalError:
-            call.stale = True
-            return None
-        if mv.summary.generation != call.generation:
-            call.stale = True
-            return None
-        if mv.state is not ModelState.READY or mv.down is not None or self.gate.closed:
+        it, or None when the core's own path must take it (its errors are the core's own)."""
+        mv = packed.version_for(self.repository.loaded, call)
+        if mv is None or self.gate.closed:
             return None
         started = time.monotonic_ns()
         self.gate.enter(call.model_name)
-        record = RequestRecord(
-            call.request_id, 0, 0, {}, [], [], call.timeout_us, private_inputs=call.private_inputs
-        )
-        record.relayed = call.head
-        record.trace_context = self.tracing.context_for(mv.name)
+        record = packed.record(call, self.tracing.context_for(mv.name))
         promise = Promise(self._settled)
         work = self._submit(mv, call.batch_size, record, call.blocks, started, promise)
-        # What the answer names (its outputs are the model's: none in client shared memory)
-        request = InferRequest(call.model_name, call.model_version, call.request_id)
-        promise.add_done_callback(_Completed(self, mv, request, work, started, _NONE, done))
+        request = packed.answered(call)
+        promise.add_done_callback(
+            _Completed(self, mv, request, work, started, packed.NO_CLASSES, done)
+        )
         return work.cancel
 
     def completed(self, call: _Completed, promise: Promise) -> None:
@@ -461,10 +427,6 @@ class InferenceService:
         self, changes: dict[str, TraceChange], model: str = ""
     ) -> dict[str, TraceValue]:
         return self.tracing.update(changes, model)
-
-
-#: No classification asked (a relayed request never asks).
-_NONE: dict[str, int] = {}
 
 
 class _Completed:

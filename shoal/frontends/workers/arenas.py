@@ -32,7 +32,7 @@ from shoal.ipc.arena import ArenaExhausted, Block, OwnedArena, Segment
 from shoal.ipc.fdpass import PeerGone, send_fds
 from shoal.ipc.peer_segments import AnnouncedSegments
 
-__all__ = ["INLINE_MAX", "LentArena", "StagingArena"]
+__all__ = ["INLINE_MAX", "LentArena", "StagingArena", "give_blocks_back", "take_blocks"]
 
 log = logging.getLogger("shoal")
 
@@ -265,3 +265,23 @@ class LentArena:
         self._registry.detach_arena(self._arena_id)
         self._segments.close()
         self._sock.close()
+
+
+def take_blocks(arena: LentArena | None, flat: list[int]) -> list[Block]:
+    """The blocks of ``arena`` a relayed call names (``[segment, offset, nbytes] * n``)."""
+    if not flat:
+        return []
+    if arena is None:
+        raise ValueError("a relayed call names blocks of an arena the core lacks")
+    return arena.take(flat)
+
+
+def give_blocks_back(arena: LentArena | None, blocks: list[Block], *, freed: bool) -> None:
+    """Blocks :func:`take_blocks` gave, no longer the core's: ``freed`` (the worker gets them
+    back), or still the worker's (it uses them again)."""
+    if arena is None or not blocks:
+        return
+    if freed:
+        arena.free(blocks)
+    else:
+        arena.untake(len(blocks))

@@ -38,22 +38,13 @@ from shoal.frontends.workers import _plain as plain
 from shoal.frontends.workers import _wire as wire
 from shoal.frontends.workers.arenas import StagingArena
 from shoal.frontends.workers.outputs import MappedOutputs
-from shoal.frontends.workers.relay import Prepared, Snapshots, prepare
+from shoal.frontends.workers.packing import PackedRefused, Prepared, Restage, Snapshots, prepare
 from shoal.frontends.workers.streams import StreamItem, remote_stream
 from shoal.ipc.arena import Block
 
 __all__ = ["CoreGone", "RemoteCore"]
 
 _Answer = tuple[list[Any], list[memoryview]]
-
-
-class RelayRefused(Exception):
-    """The core did not take a relayed call: send it again its own way (``stale``: the
-    worker's snapshot of the model is out of date)."""
-
-    def __init__(self, stale: bool) -> None:
-        super().__init__("relayed call refused")
-        self.stale = stale
 
 
 class CoreGone(errors.Unavailable):
@@ -114,7 +105,7 @@ class RemoteCore(CoreAPI):
         #: Called when the link drops without the core having asked the worker to stop.
         self.on_core_lost: Callable[[], None] | None = None
         #: The snapshots of model summaries that requests are checked and packed with here.
-        self.snapshots = Snapshots(self._relay_summary)
+        self.snapshots = Snapshots(self._packing_summary)
 
     async def connect(self, calls: socket.socket) -> None:
         """Start reading answers from the asynchronous socket."""
@@ -194,7 +185,7 @@ class RemoteCore(CoreAPI):
         meanwhile, the blocks it staged are freed here (they are still the worker's)."""
         future = self._calls.pop(call_id, None)
         if future is not None and not future.done():
-            future.set_exception(RelayRefused(stale))
+            future.set_exception(PackedRefused(stale))
         elif flat and self.arena is not None:
             self.arena.free(flat)
 
@@ -270,11 +261,11 @@ class RemoteCore(CoreAPI):
     ) -> list[Any]:
         place: wire.Place | None = None if self.arena is None else self.arena.place
         if staged:  # inputs a relay placed already go as placed inputs
-            place = _Restage(staged, place)
+            place = Restage(staged, place)
         return wire.request_to_wire(request, payloads, place)
 
-    def _relay_summary(self, name: str, version: str) -> list[Any] | None:
-        summary: list[Any] | None = self._sync("relay_summary", name, version)
+    def _packing_summary(self, name: str, version: str) -> list[Any] | None:
+        summary: list[Any] | None = self._sync("packing_summary", name, version)
         return summary
 
     def _prepare(self, request: InferRequest) -> Prepared | None:
@@ -304,9 +295,9 @@ class RemoteCore(CoreAPI):
             staged = prepared.staged
             if prepared.fields is not None:
                 try:
-                    answer, views = await self._async("relay", prepared.fields, [prepared.head])
+                    answer, views = await self._async("packed", prepared.fields, [prepared.head])
                     return self._response(answer, views)
-                except RelayRefused as refused:
+                except PackedRefused as refused:
                     if refused.stale:
                         self.snapshots.drop(request.model_name, request.model_version)
         payloads: list[memoryview | bytes] = []
@@ -414,24 +405,6 @@ class RemoteCore(CoreAPI):
         return updated
 
 
-class _Restage:
-    """The ``place`` of a request sent the core's way after the relay staged it: each raw
-    input in turn goes in the block the relay placed it in, else through ``place``."""
-
-    def __init__(self, staged: list[Block | None], place: wire.Place | None) -> None:
-        self._staged = staged
-        self._place = place
-        self._next = 0
-
-    def __call__(self, view: memoryview) -> Block | None:
-        index = self._next
-        self._next += 1
-        block = self._staged[index] if index < len(self._staged) else None
-        if block is None and self._place is not None:
-            block = self._place(view)
-        return block
-
-
 def _decoded(kind: Any, value: Any) -> Any:
     return plain.from_plain(kind, value)
 
@@ -458,7 +431,7 @@ SYNC_METHODS: frozenset[str] = frozenset(
         "cuda_shm_status",
         "log_settings",
         "update_log_settings",
-        "relay_summary",
+        "packing_summary",
         "trace_settings",
         "update_trace_settings",
     }

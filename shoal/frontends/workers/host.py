@@ -23,14 +23,14 @@ import signal
 import socket
 import subprocess
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any
 
-from shoal.core.api import ArenaRegistry, CoreAPI
-from shoal.core.relayed import RelayedCall
+from shoal.core.api import ArenaRegistry, LinkedCore
+from shoal.core.packed import PackedCall
 from shoal.core.types import InferRequest, InferResponse
 from shoal.frontends.workers import _plain as plain
 from shoal.frontends.workers import _wire as wire
-from shoal.frontends.workers.arenas import LentArena
+from shoal.frontends.workers.arenas import LentArena, give_blocks_back, take_blocks
 from shoal.frontends.workers.client import ASYNC_METHODS, SYNC_METHODS
 from shoal.frontends.workers.outputs import LentOutputs
 from shoal.ipc.arena import Block
@@ -46,23 +46,6 @@ _STABLE_SECS = 60.0
 #: Ids of the workers' input arenas: above every stub's output arena id, and never reused (a
 #: restarted worker's arena is a new one, which no stub can mistake for the old).
 _arena_ids = itertools.count(1 << 32)
-
-#: Called once with (response, None) or (None, the error; CancelledError when cancelled).
-Answer = Callable[[InferResponse | None, BaseException | None], None]
-
-
-class LinkedCore(CoreAPI, Protocol):
-    """The core the workers serve: the API, and inference answered through a callback."""
-
-    def start_infer(self, request: InferRequest, done: Answer) -> Callable[[], object]:
-        """Start ``request``; ``done`` answers it once (maybe before this returns); the function
-        returned cancels it. No task per request: the core's CPU per request counts most."""
-        ...
-
-    def start_relayed(self, call: RelayedCall, done: Answer) -> Callable[[], object] | None:
-        """:meth:`start_infer` for a request the worker checked and packed; None: the core did
-        not take it (the worker sends it again as a plain call)."""
-        ...
 
 
 def _nothing() -> None:
@@ -118,8 +101,8 @@ class _Link:
             method, args = header[2], header[3]
             if method == "infer":
                 self._infer(call_id, args, payloads)
-            elif method == "relay":
-                self._relay(call_id, args, payloads[0])
+            elif method == "packed":
+                self._packed(call_id, args, payloads[0])
             else:
                 task = asyncio.create_task(self._run(call_id, method, args, payloads))
                 self.calls[call_id] = task.cancel
@@ -160,29 +143,22 @@ class _Link:
         if call_id in self.calls:
             self.calls[call_id] = cancel
 
-    def _relay(self, call_id: int, args: list[Any], head: memoryview) -> None:
-        """A request the worker checked, staged and packed (``requests/relayed.py``)."""
+    def _packed(self, call_id: int, args: list[Any], head: memoryview) -> None:
+        """A request the worker checked, staged and packed (``requests/packed.py``)."""
         self.calls[call_id] = _nothing  # until started: it may be answered before that
-        flat: list[int] = args[7]
-        arena = self.arena
         blocks: list[Block] = []
         try:
-            if flat:
-                if arena is None:
-                    raise ValueError("a relayed call names blocks of an arena the core lacks")
-                blocks = arena.take(flat)
-            call = RelayedCall(args, head, blocks)
-            cancel = self.core.start_relayed(call, _Reply(self, call_id, None))
+            blocks = take_blocks(self.arena, args[7])
+            call = PackedCall(args, head, blocks)
+            cancel = self.core.start_packed(call, _Reply(self, call_id, None))
         except Exception as error:  # a bug: the blocks go back with the error
-            if arena is not None and blocks:
-                arena.free(blocks)
+            give_blocks_back(self.arena, blocks, freed=True)
             self._answer(call_id, None, None, error)
             return
-        if cancel is None:  # the worker keeps its blocks and sends the request again
+        if cancel is None:  # not taken: the worker keeps its blocks and sends it again
             self.calls.pop(call_id, None)
-            if arena is not None and blocks:
-                arena.untake(len(blocks))
-            self.send([wire.STALE, call_id, call.stale, flat])
+            give_blocks_back(self.arena, blocks, freed=False)
+            self.send([wire.STALE, call_id, call.stale, args[7]])
         elif call_id in self.calls:
             self.calls[call_id] = cancel
 

@@ -192,10 +192,10 @@ class Feeder:
 
 def _locations(batch: list[Work]) -> list[Location]:
     """Where the inputs of ``batch`` lie; a relayed request's are the blocks its work owns (its
-    record's inputs are packed: ``RequestRecord.relayed``)."""
+    record's inputs are packed: ``RequestRecord.packed``)."""
     locations: list[Location] = []
     for work in batch:
-        if work.record.relayed is None:
+        if work.record.packed is None:
             for tensor in work.record.inputs:
                 locations.append(tensor.location)
         else:

@@ -17,7 +17,7 @@ from shoal.core import InferInput, InferRequest
 from shoal.frontends.workers import _wire as wire
 from shoal.frontends.workers.arenas import LentArena, StagingArena
 from shoal.frontends.workers.host import WorkerPool, _Link
-from shoal.frontends.workers.relay import Snapshot, prepare
+from shoal.frontends.workers.packing import Snapshot, prepare
 from shoal.supervisor.compose import build_service
 from shoal.supervisor.instances.loopback import Loopback
 from shoal.supervisor.service import InferenceService
@@ -94,13 +94,13 @@ async def _linked(service: InferenceService, worker: socket.socket, core: socket
 def _call(link: _Link, staging: StagingArena, call_id: int, values: np.ndarray, stale=False):
     """Relay a request for ``echo`` as a worker would; the blocks it staged."""
     request = InferRequest("echo", inputs=[InferInput("X", "FP32", values.shape, values.tobytes())])
-    plain = link.core.relay_summary("echo", "")  # type: ignore[attr-defined]
+    plain = link.core.packing_summary("echo", "")  # type: ignore[attr-defined]
     assert plain is not None
     if stale:
         plain[0] -= 1  # a snapshot of the version before
     prepared = prepare(request, Snapshot(plain), staging.stage)
     assert prepared is not None and prepared.fields is not None
-    header = [wire.CALL, call_id, "relay", prepared.fields]
+    header = [wire.CALL, call_id, "packed", prepared.fields]
     link.on_call(*wire.split(*_parts(wire.frame(header, [prepared.head]))))
     return prepared.blocks()
 

@@ -1,7 +1,7 @@
 """A request a frontend worker checked, staged and packed, as the core reads it.
 
-The worker's side is ``frontends/workers/relay.py``; the core's, ``supervisor/requests/relayed.py``
-and ``InferenceService.start_relayed``. Here, because both the worker link's host (a frontend)
+The worker's side is ``frontends/workers/packing.py``; the core's, ``supervisor/requests/packed.py``
+and ``InferenceService.start_packed``. Here, because both the worker link's host (a frontend)
 and the service (the supervisor) name it.
 """
 
@@ -12,7 +12,7 @@ from typing import Any
 from shoal.ipc.arena import Block
 
 
-class RelayedCall:
+class PackedCall:
     """One relayed request as the core reads it: ``fields`` as the worker sends them
     (``[model, version, generation, request id, batch size, timeout µs, private inputs,
     blocks]``), ``head`` its packed record, ``blocks`` the worker's blocks it names (taken by

@@ -2,11 +2,11 @@
 
 The core's checks of a request read its model's summary (``supervisor/requests/summary.py``); a
 worker holds a snapshot of it per model version (:class:`Snapshot`, asked for once:
-``relay_summary``) and checks each request against it. A request that passes is staged here
+``packing_summary``) and checks each request against it. A request that passes is staged here
 (inputs inline in its record up to the model's budget, the rest in the worker's arena) and its
 stub record packed up to ``timeout_us`` (:func:`prepare`): the core reads a few scheduling fields
 and splices the bytes into the Execute, never building the request's objects, checking or
-staging it (``supervisor/requests/relayed.py``).
+staging it (``supervisor/requests/packed.py``).
 
 Only the happy path is decided here: a request that fails a check, or that anything makes
 unusual (sequence parameters, client shared memory, classification, JSON arrays, non-ASCII
@@ -29,7 +29,7 @@ from shoal.ipc.arena import Block
 from shoal.ipc.dtypes import BytesFormatError, byte_size, deserialize_bytes, element_count
 from shoal.ipc.tensor import INLINE_TENSOR_MAX, InlineBytes, TensorDesc
 
-__all__ = ["Prepared", "Snapshot", "Snapshots", "prepare"]
+__all__ = ["PackedRefused", "Prepared", "Restage", "Snapshot", "Snapshots", "prepare"]
 
 #: ``staging.MAX_ELEMENTS``: past it the core refuses a shape even with a zero dimension.
 MAX_ELEMENTS = 1 << 48
@@ -104,6 +104,33 @@ class Snapshots:
     def drop(self, name: str, version: str) -> None:
         """The core found the snapshot stale: the next request asks again."""
         self._kept.pop((name, version), None)
+
+
+class PackedRefused(Exception):
+    """The core did not take a relayed call: send it again its own way (``stale``: the
+    worker's snapshot of the model is out of date)."""
+
+    def __init__(self, stale: bool) -> None:
+        super().__init__("relayed call refused")
+        self.stale = stale
+
+
+class Restage:
+    """The ``place`` of a request sent the core's way after the relay staged it: each raw
+    input in turn goes in the block the relay placed it in, else through ``place``."""
+
+    def __init__(self, staged: list[Block | None], place: Stage | None) -> None:
+        self._staged = staged
+        self._place = place
+        self._next = 0
+
+    def __call__(self, view: memoryview) -> Block | None:
+        index = self._next
+        self._next += 1
+        block = self._staged[index] if index < len(self._staged) else None
+        if block is None and self._place is not None:
+            block = self._place(view)
+        return block
 
 
 class Prepared:

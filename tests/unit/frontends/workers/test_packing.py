@@ -9,14 +9,14 @@ import pytest
 from shoal.config import load_model_config
 from shoal.core.errors import ShoalError
 from shoal.core.types import InferInput, InferRequest, RequestedOutput
-from shoal.frontends.workers import relay
-from shoal.frontends.workers.relay import Snapshot, Snapshots, prepare
+from shoal.frontends.workers import packing
+from shoal.frontends.workers.packing import Snapshot, Snapshots, prepare
 from shoal.ipc import messages as msg
 from shoal.ipc.arena import OwnedArena
 from shoal.ipc.dtypes import serialize_bytes
 from shoal.ipc.records import RequestRecord
 from shoal.ipc.tensor import Block, InlineBytes
-from shoal.supervisor.requests import relayed, staging
+from shoal.supervisor.requests import packed, staging
 from shoal.supervisor.requests.summary import ModelSummary
 
 pytestmark = pytest.mark.timeout(30)
@@ -126,11 +126,11 @@ def _core_verdict(summary: ModelSummary, request: InferRequest, arena: OwnedAren
     return record
 
 
-def _relayed_record(prepared: relay.Prepared, key: int) -> RequestRecord:
+def _relayed_record(prepared: packing.Prepared, key: int) -> RequestRecord:
     fields = prepared.fields
     assert fields is not None
     record = RequestRecord(fields[3], 0, 0, {}, [], [], fields[5], key, None, fields[6])
-    record.relayed = prepared.head
+    record.packed = prepared.head
     return record
 
 
@@ -145,7 +145,7 @@ def test_the_worker_relays_what_the_core_accepts_and_packs_it_the_same(
     tmp_path, arena, request_, relays
 ):
     summary = _summary(tmp_path, BATCHED)
-    snapshot = Snapshot(relayed.snapshot(summary))
+    snapshot = Snapshot(packed.snapshot(summary))
     core = _core_verdict(summary, request_, arena)
     prepared = prepare(request_, snapshot, None)
     if not relays:
@@ -170,7 +170,7 @@ def test_the_worker_relays_what_the_core_accepts_and_packs_it_the_same(
 
 def test_a_batch_of_many_records_keeps_its_array_header(tmp_path):
     summary = _summary(tmp_path, BATCHED)
-    prepared = prepare(_req("m", _fp32("A", (1, 2))), Snapshot(relayed.snapshot(summary)), None)
+    prepared = prepare(_req("m", _fp32("A", (1, 2))), Snapshot(packed.snapshot(summary)), None)
     assert prepared is not None
     records = [_relayed_record(prepared, key) for key in range(1, 21)]
     decoded = msg.decode(msg.encode(msg.Execute(9, records)))
@@ -195,7 +195,7 @@ def test_inputs_past_the_inline_budget_go_in_worker_blocks(tmp_path, arena):
         placed.append(block)
         return block
 
-    prepared = prepare(request, Snapshot(relayed.snapshot(summary)), stage)
+    prepared = prepare(request, Snapshot(packed.snapshot(summary)), stage)
     assert prepared is not None and prepared.fields is not None
     assert prepared.staged == [placed[0], None]
     assert prepared.fields[6:] == [0b01, [placed[0].segment, placed[0].offset, len(large)]]
@@ -211,10 +211,10 @@ def test_a_full_arena_hands_what_it_staged_to_the_core_s_path(tmp_path):
     summary = _summary(tmp_path, UNBATCHED)
     data = b"\x02" * 5000
     request = _req("n", InferInput("X", "UINT8", (5000,), data))
-    prepared = prepare(request, Snapshot(relayed.snapshot(summary)), lambda view: None)
+    prepared = prepare(request, Snapshot(packed.snapshot(summary)), lambda view: None)
     assert prepared is not None and prepared.fields is None and prepared.staged == [None]
     # no arena at all: only inline inputs relay
-    assert prepare(request, Snapshot(relayed.snapshot(summary)), None).fields is None
+    assert prepare(request, Snapshot(packed.snapshot(summary)), None).fields is None
 
 
 def test_snapshots_are_asked_once_and_dropped_when_stale(monkeypatch):
@@ -234,10 +234,10 @@ def test_snapshots_are_asked_once_and_dropped_when_stale(monkeypatch):
     # a model without one is asked about again only after a while
     assert snapshots.get("none", "") is None and snapshots.get("none", "") is None
     assert asked.count(("none", "")) == 1
-    now = relay.time.monotonic()
-    monkeypatch.setattr(relay.time, "monotonic", lambda: now + 60)
+    now = packing.time.monotonic()
+    monkeypatch.setattr(packing.time, "monotonic", lambda: now + 60)
     assert snapshots.get("none", "") is None and asked.count(("none", "")) == 2
 
 
 def test_the_worker_s_element_limit_is_the_core_s():
-    assert relay.MAX_ELEMENTS == staging.MAX_ELEMENTS
+    assert packing.MAX_ELEMENTS == staging.MAX_ELEMENTS
