@@ -42,7 +42,12 @@ import shoal._compiled
 from shoal.cli import options_from_args
 from shoal.core import InferInput, InferRequest, InferResponse
 from shoal.frontends.workers import _wire as wire
-from shoal.frontends.workers.host import WorkerPool, _Link
+from shoal.frontends.workers.host import _Link
+
+try:
+    from shoal.frontends.workers.pool import WorkerPool
+except ImportError:  # an older tree: the pool lived beside the link
+    from shoal.frontends.workers.host import WorkerPool  # type: ignore[attr-defined,no-redef]
 from shoal.supervisor.compose import build_service
 from shoal.supervisor.instances.loopback import Loopback
 from shoal.supervisor.service import InferenceService

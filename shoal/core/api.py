@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable
 from typing import Protocol
 
-from shoal.core.packed import PackedCall
 from shoal.core.types import (
     CudaSharedMemoryRegion,
     InferRequest,
@@ -29,15 +28,7 @@ from shoal.core.types import (
 )
 from shoal.ipc.arena import Block, Segment
 
-__all__ = [
-    "Answer",
-    "ArenaRegistry",
-    "CoreAPI",
-    "ExtensionAPI",
-    "InferenceAPI",
-    "LinkedCore",
-    "PeerArena",
-]
+__all__ = ["ArenaRegistry", "CoreAPI", "ExtensionAPI", "InferenceAPI", "PeerArena"]
 
 
 class InferenceAPI(Protocol):
@@ -207,21 +198,3 @@ class ArenaRegistry(Protocol):
         ...
 
     def unwatch_segments(self, owner: object) -> None: ...
-
-
-#: Called once with (response, None) or (None, the error; CancelledError when cancelled).
-Answer = Callable[[InferResponse | None, BaseException | None], None]
-
-
-class LinkedCore(CoreAPI, Protocol):
-    """The core the workers serve: the API, and inference answered through a callback."""
-
-    def start_infer(self, request: InferRequest, done: Answer) -> Callable[[], object]:
-        """Start ``request``; ``done`` answers it once (maybe before this returns); the function
-        returned cancels it. No task per request: the core's CPU per request counts most."""
-        ...
-
-    def start_packed(self, call: PackedCall, done: Answer) -> Callable[[], object] | None:
-        """:meth:`start_infer` for a request the worker checked and packed; None: the core did
-        not take it (the worker sends it again as a plain call)."""
-        ...

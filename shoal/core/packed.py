@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from shoal.core.types import InferRequest
 from shoal.ipc.arena import Block
 
 
@@ -28,6 +29,8 @@ class PackedCall:
         self.private_inputs: int = fields[6]
         self.head = head
         self.blocks = blocks
+        #: What the answer names (no inputs: the stub has them; no outputs in a client's region).
+        self.request = InferRequest(self.model_name, self.model_version, self.request_id)
         #: Set when the worker's snapshot of the model is stale (or the model is gone): it
         #: drops it and sends the request the core's own way.
         self.stale = False

@@ -42,14 +42,16 @@ from shoal.supervisor.models.manager import ModelRepositoryManager
 from shoal.supervisor.models.version import ModelVersion
 from shoal.supervisor.options import ServerOptions
 from shoal.supervisor.promise import Promise, Settled
-from shoal.supervisor.requests import checked, classification, packed, staging, streaming
+from shoal.supervisor.requests import classification, packed, staging, streaming
 from shoal.supervisor.requests.answers import Answer, in_task, nothing
 from shoal.supervisor.requests.cached import cache_hit, cache_insert
+from shoal.supervisor.requests.checked import Regions, Staged, Stager
 from shoal.supervisor.requests.client_shm import (
     ClientRegion,
     read_shm_inputs,
     write_shm_outputs,
 )
+from shoal.supervisor.requests.relayed import Relay, record_success, relay_completed, relays
 from shoal.supervisor.requests.response_cache import ResponseCache, request_key
 from shoal.supervisor.requests.responses import response_of
 from shoal.supervisor.work import Completion, Work
@@ -86,6 +88,7 @@ class InferenceService:
         self.shm = shm
         self.logging = log_settings
         self.tracing = trace_settings
+        self.stager = Stager(shm, input_arena, trace_settings, directory)
         self._live = True
         self.gate = DrainGate()
         #: Its loop, once it loads models: a future per request made without a getpid (the cost
@@ -187,17 +190,9 @@ class InferenceService:
         """The model version a request names (NotFound or Unavailable when there is none)."""
         return self.repository.loaded.resolve(request.model_name, request.model_version)
 
-    def stage(
-        self,
-        mv: ModelVersion,
-        request: InferRequest,
-        regions: dict[str, ClientRegion] | None = None,
-    ) -> tuple[RequestRecord, list[Block]]:
-        """Check a request and copy its inputs into the input arena (for the core and streams);
-        ``regions``: its inputs in client shared memory, when read already."""
-        return checked.stage(
-            mv, request, regions, self.shm, self.input_arena, self.tracing, self.directory
-        )
+    def stage(self, mv: ModelVersion, request: InferRequest, regions: Regions = None) -> Staged:
+        """Check a request and stage its inputs (for the core and streams: ``checked.py``)."""
+        return self.stager.stage(mv, request, regions)
 
     def infer_stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
         """Every response of a request: one for most models, any number for a decoupled one."""
@@ -238,10 +233,13 @@ class InferenceService:
             raise
         return self._answer(mv, request, work, completion, started, classes, key, lookup_ns)
 
-    def start_infer(self, request: InferRequest, done: Answer) -> Callable[[], object]:
+    def start_infer(
+        self, request: InferRequest, done: Answer, relay: Relay | None = None
+    ) -> Callable[[], object]:
         """:meth:`infer` without a coroutine or a task per request (the frontend workers' link):
         ``done(response, None)`` or ``done(None, error)`` is called once, maybe before this
-        returns; the function returned cancels the request (the client went away)."""
+        returns; the function returned cancels the request (the client went away). ``relay``
+        takes the completion instead of a response, where :func:`relays` (errors: ``done``)."""
         mv = self._plain_version(request)
         if mv is None:
             return in_task(self.infer(request), done)
@@ -261,27 +259,29 @@ class InferenceService:
         promise = Promise(self._settled)
         batch_size = staging.batch_size(mv.summary, request)
         work = self._submit(mv, batch_size, record, blocks, started, promise)
-        promise.add_done_callback(_Completed(self, mv, request, work, started, classes, done))
+        relay = relays(relay, record, classes)
+        promise.add_done_callback(
+            _Completed(self, mv, request, work, started, classes, done, relay)
+        )
         return work.cancel
 
     def packing_summary(self, name: str, version: str = "") -> list[Any] | None:
-        """A frontend worker's snapshot of a model's summary (``requests/packed.py``)."""
         return packed.summary_for(self.repository.loaded, name, version, self.cache is None)
 
-    def start_packed(self, call: PackedCall, done: Answer) -> Callable[[], object] | None:
+    def start_packed(
+        self, call: PackedCall, done: Answer, relay: Relay | None = None
+    ) -> Callable[[], object] | None:
         """:meth:`start_infer` for a request a worker checked and packed: returns what cancels
         it, or None when the core's own path must take it (its errors are the core's own)."""
-        mv = packed.version_for(self.repository.loaded, call)
-        if mv is None or self.gate.closed:
-            return None
         started = time.monotonic_ns()
-        self.gate.enter(call.model_name)
-        record = packed.record(call, self.tracing.context_for(mv.name))
+        admitted = packed.admit(call, self.repository.loaded, self.gate, self.tracing)
+        if admitted is None:
+            return None
+        mv, record = admitted
         promise = Promise(self._settled)
         work = self._submit(mv, call.batch_size, record, call.blocks, started, promise)
-        request = packed.answered(call)
         promise.add_done_callback(
-            _Completed(self, mv, request, work, started, packed.NO_CLASSES, done)
+            _Completed(self, mv, call.request, work, started, packed.NO_CLASSES, done, relay)
         )
         return work.cancel
 
@@ -294,6 +294,9 @@ class InferenceService:
                 done(None, asyncio.CancelledError())
                 return
             completion = promise.result()
+            if call.relay is not None:
+                relay_completed(mv, call.work, completion, started, call.relay)
+                return
             response = self._answer(mv, call.request, call.work, completion, started, call.classes)
         except ShoalError as error:
             mv.stats.failure(time.monotonic_ns() - started, error.reason)
@@ -359,18 +362,7 @@ class InferenceService:
         except ShoalError:
             response.release()
             raise
-        finished = time.monotonic_ns()
-        stats = mv.stats
-        stats.success(
-            work.batch_size, finished - started, completion.queue_ns, completion.compute_ns
-        )
-        if stats.overhead is not None:
-            stats.answered_stages(
-                work.dispatched_ns - work.enqueued_ns,
-                completion.compute_ns,
-                finished - completion.received_ns,
-                finished - started,
-            )
+        record_success(mv, work, completion, started)
         return response
 
     # -- statistics -------------------------------------------------------------------------
@@ -442,6 +434,7 @@ class _Completed:
         started: int,
         classes: dict[str, int],
         done: Answer,
+        relay: Relay | None,
     ) -> None:
         self.service = service
         self.mv = mv
@@ -450,6 +443,8 @@ class _Completed:
         self.started = started
         self.classes = classes
         self.done = done
+        #: Where the completion goes instead of a response to ``done`` (None: ``done``).
+        self.relay = relay
 
     def __call__(self, promise: Promise) -> None:
         self.service.completed(self, promise)

@@ -18,8 +18,9 @@ from typing import Any
 
 from shoal.core.errors import ShoalError
 from shoal.core.packed import PackedCall
-from shoal.core.types import InferRequest
 from shoal.ipc.records import RequestRecord
+from shoal.supervisor.drain import DrainGate
+from shoal.supervisor.extensions.trace_settings import TraceSettings
 from shoal.supervisor.models.loaded import LoadedModels
 from shoal.supervisor.models.version import ModelState, ModelVersion
 from shoal.supervisor.requests.summary import ModelSummary
@@ -61,6 +62,18 @@ def version_for(loaded: LoadedModels, call: PackedCall) -> ModelVersion | None:
     return mv
 
 
+def admit(
+    call: PackedCall, loaded: LoadedModels, gate: DrainGate, tracing: TraceSettings
+) -> tuple[ModelVersion, RequestRecord] | None:
+    """The model version ``call`` is for and the record to schedule it with, counted in by
+    ``gate``; None: the core's own path takes it (see :func:`version_for`; or a drain)."""
+    mv = version_for(loaded, call)
+    if mv is None or gate.closed:
+        return None
+    gate.enter(call.model_name)
+    return mv, record(call, tracing.context_for(mv.name))
+
+
 def record(call: PackedCall, trace_context: str) -> RequestRecord:
     """The record the core schedules ``call`` with: its scheduling fields, the packed bytes
     (``RequestRecord.packed``) in place of the rest."""
@@ -78,15 +91,9 @@ def record(call: PackedCall, trace_context: str) -> RequestRecord:
     )
 
 
-def answered(call: PackedCall) -> InferRequest:
-    """What the answer to ``call`` names (no inputs: the stub had them; no outputs in a
-    client's regions)."""
-    return InferRequest(call.model_name, call.model_version, call.request_id)
-
-
 def snapshot(summary: ModelSummary) -> list[Any]:
     """What a worker checks and stages a request with, as plain values
-    (``frontends/workers/packing.py`` reads them): the generation first, which a relayed request
+    (``frontends/workers/packing.py`` reads them): the generation first, which a packed request
     names."""
     inputs = [
         [r.name, r.datatype, list(r.expected), None if r.reshape is None else list(r.reshape)]

@@ -16,8 +16,9 @@ from shoal.cli import options_from_args
 from shoal.core import InferInput, InferRequest
 from shoal.frontends.workers import _wire as wire
 from shoal.frontends.workers.arenas import LentArena, StagingArena
-from shoal.frontends.workers.host import WorkerPool, _Link
+from shoal.frontends.workers.host import _Link
 from shoal.frontends.workers.packing import Snapshot, prepare
+from shoal.frontends.workers.pool import WorkerPool
 from shoal.supervisor.compose import build_service
 from shoal.supervisor.instances.loopback import Loopback
 from shoal.supervisor.service import InferenceService
