@@ -230,3 +230,35 @@ def test_a_reloaded_model_is_checked_against_its_new_config_by_every_worker():
                 ), message
                 assert isinstance(_add_sub(server.url, 2), np.ndarray)
                 assert isinstance(_add_sub(server.url, 4), str)
+
+
+def _echo(url: str, data: np.ndarray) -> np.ndarray:
+    client = httpclient.InferenceServerClient(url)
+    try:
+        tensor = httpclient.InferInput("IN_FP32", [data.size], "FP32")
+        tensor.set_data_from_numpy(data)
+        return client.infer("identity", [tensor]).as_numpy("OUT_FP32")
+    finally:
+        client.close()
+
+
+def test_a_stale_call_s_staged_blocks_carry_it_the_core_s_way():
+    """After a reload, a large input the worker staged for a packed call is sent again as a
+    placed input of the core's own path, intact."""
+    args = ("--frontend-workers", "2", "--model-control-mode", "explicit", "--load-model")
+    with ShoalServer(BUNDLED, extra_args=(*args, "identity")) as server:
+        data = np.random.default_rng(7).random(40000, dtype=np.float32)  # 160 KB: a block
+        for index in (0, 1):
+            with through(server, index):
+                np.testing.assert_array_equal(_echo(server.url, data), data)
+        client = httpclient.InferenceServerClient(server.url)
+        try:
+            config = client.get_model_config("identity")
+            config["parameters"] = {"reloaded": {"string_value": "yes"}}
+            client.load_model("identity", config=json.dumps(config))
+        finally:
+            client.close()
+        for index in (0, 1):
+            with through(server, index):
+                np.testing.assert_array_equal(_echo(server.url, data[::-1].copy()), data[::-1])
+                np.testing.assert_array_equal(_echo(server.url, data), data)

@@ -241,3 +241,17 @@ def test_snapshots_are_asked_once_and_dropped_when_stale(monkeypatch):
 
 def test_the_worker_s_element_limit_is_the_core_s():
     assert packing.MAX_ELEMENTS == staging.MAX_ELEMENTS
+
+
+def test_a_resend_places_each_staged_input_in_its_block():
+    staged = [Block(1 << 32, 0, 64, 5000), None, Block(1 << 32, 0, 8192, 9000)]
+    placed: list[int] = []
+
+    def place(view: memoryview) -> Block | None:
+        placed.append(view.nbytes)
+        return None
+
+    restage = packing.Restage(staged, place)
+    views = [memoryview(bytes(n)) for n in (5000, 10, 9000, 20)]
+    assert [restage(v) for v in views] == [staged[0], None, staged[2], None]
+    assert placed == [10, 20]  # only the inputs the relay did not place
