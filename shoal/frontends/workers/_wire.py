@@ -90,9 +90,12 @@ def frame(
 
 
 def _nbytes(payload: memoryview | bytes) -> int:
-    # No memoryview made of a memoryview (an output's view) per payload to read its size.
+    # No memoryview made per payload to read its size: of a memoryview (an output's view), or
+    # of the bytes a stub sent inline (a relayed answer's outputs).
     if isinstance(payload, memoryview):
         return payload.nbytes
+    if type(payload) is bytes:
+        return len(payload)
     return memoryview(payload).nbytes
 
 
