@@ -149,8 +149,10 @@ class NativeCall(StreamHandler):
             self._inbox = Inbox(self._inflate, self._release)
             self._launch(self._run_stream())
 
-    def data_received(self, data: memoryview, end_stream: bool) -> None:
-        self._reader.feed(data)
+    def data_received(self, pieces: list[memoryview], end_stream: bool) -> None:
+        reader = self._reader
+        for piece in pieces:
+            reader.feed(piece)
         if end_stream:
             self._requests_end()
 
