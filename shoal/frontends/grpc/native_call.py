@@ -150,9 +150,7 @@ class NativeCall(StreamHandler):
             self._launch(self._run_stream())
 
     def data_received(self, pieces: list[memoryview], end_stream: bool) -> None:
-        reader = self._reader
-        for piece in pieces:
-            reader.feed(piece)
+        self._reader.feed_pieces(pieces)
         if end_stream:
             self._requests_end()
 

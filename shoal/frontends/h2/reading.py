@@ -108,16 +108,16 @@ class FrameReader:
         the last. A large frame (clients send up to RECEIVE_MAX_FRAME) is not gathered first."""
         if len(rest) < h2.FRAME_HEADER_SIZE or not self._preface_seen:
             return False
-        high, low, kind, flags, stream_id = h2.FRAME_HEADER.unpack_from(rest)
+        length, kind, flags, stream_id = h2.read_header(rest, 0)
         if kind != h2.DATA or flags & h2.PADDED:
             return False
-        length = (high << 8) | low  # more than arrived: _parse checked it and kept the frame
+        # length: more than arrived (_parse checked it and kept the frame)
         if length < STREAM_DATA_FROM:
             return False
         if self._continuation is not None:
             raise ConnectionError_(h2.PROTOCOL_ERROR, "a header block was interrupted")
         self._guard.frame(kind, flags, length)
-        self._data_frame = (stream_id & 0x7FFFFFFF, flags)
+        self._data_frame = (stream_id, flags)
         self._data_left = length
         self._data_piece(rest[h2.FRAME_HEADER_SIZE :])
         return True
@@ -143,8 +143,7 @@ class FrameReader:
             view = view[taken:]
             if len(buffer) < size:
                 return None
-        high, low = h2.FRAME_HEADER.unpack_from(buffer)[:2]
-        length = (high << 8) | low
+        length = h2.read_header(buffer, 0)[0]
         if length > RECEIVE_MAX_FRAME:
             raise ConnectionError_(h2.FRAME_SIZE_ERROR, f"a frame of {length} bytes")
         taken = size + length - len(buffer)
@@ -162,29 +161,26 @@ class FrameReader:
         if not self._preface_seen:
             return 0
         total = len(view)
-        unpack = h2.FRAME_HEADER.unpack_from
         while total - offset >= h2.FRAME_HEADER_SIZE:
-            high, low, kind, flags, stream_id = unpack(view, offset)
-            length = (high << 8) | low
+            length, kind, flags, stream_id = h2.read_header(view, offset)
             if length > RECEIVE_MAX_FRAME:
                 raise ConnectionError_(h2.FRAME_SIZE_ERROR, f"a frame of {length} bytes")
             end = offset + h2.FRAME_HEADER_SIZE + length
             if end > total:
                 break
             if kind == h2.DATA:
-                end = self._data_run(view, end, length, flags, stream_id & 0x7FFFFFFF)
+                end = self._data_run(view, end, length, flags, stream_id)
             else:
-                self._frame(kind, flags, stream_id & 0x7FFFFFFF, view[end - length : end])
+                self._frame(kind, flags, stream_id, view[end - length : end])
             offset = end
         return offset
 
-    def _data_run(
-        self, view: memoryview, end: int, length: int, flags: int, stream_id: int
-    ) -> int:
+    def _data_run(self, view: memoryview, end: int, length: int, flags: int, stream_id: int) -> int:
         """Hand on the DATA frame that ends at ``end`` with the DATA frames of its stream that
         follow it whole in ``view``; return where the run ends. A run is what a frame-by-frame
-        reading would hand on, in one call: it stops at END_STREAM, at a frame of another type
-        or stream, a padded or empty one, or one cut by the read (those go their usual way)."""
+        reading would hand on, in one call: it ends with END_STREAM, and before a frame of
+        another type or stream, a padded one, an empty one that ends nothing (the flood guard
+        counts those) or one cut by the read; those go their usual way."""
         if self._continuation is not None:
             raise ConnectionError_(h2.PROTOCOL_ERROR, "a header block was interrupted")
         self._guard.frame(h2.DATA, flags, length)  # the rest of the run is not empty: no count
@@ -192,16 +188,14 @@ class FrameReader:
         pieces = [unpad(payload) if flags & h2.PADDED else payload]
         counted = length
         total = len(view)
-        unpack = h2.FRAME_HEADER.unpack_from
         while length and not flags & h2.END_STREAM and total - end >= h2.FRAME_HEADER_SIZE:
-            high, low, kind, next_flags, next_id = unpack(view, end)
-            length = (high << 8) | low
+            length, kind, next_flags, next_id = h2.read_header(view, end)
             start = end + h2.FRAME_HEADER_SIZE
             if (
                 kind != h2.DATA
-                or next_id & 0x7FFFFFFF != stream_id
+                or next_id != stream_id
                 or next_flags & h2.PADDED
-                or not length
+                or not (length or next_flags & h2.END_STREAM)
                 or start + length > total
                 or length > RECEIVE_MAX_FRAME
             ):

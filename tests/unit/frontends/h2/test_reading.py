@@ -55,7 +55,7 @@ def _stream() -> tuple[bytes, list[tuple[int, int, bytes]]]:
         (5, h2.END_STREAM, b"tail"),
     ]
     wire = h2.PREFACE + b"".join(_data_frame(s, p, f) for s, f, p in expected)
-    return wire, expected[:3] + [(5, h2.END_STREAM, b"x" * 16384 + b"tail")]
+    return wire, [*expected[:3], (5, h2.END_STREAM, b"x" * 16384 + b"tail")]
 
 
 @pytest.mark.parametrize("piece", [1, 5, 9, 10, 4096, 16393, 65536, 1 << 30])
