@@ -24,8 +24,9 @@ from shoal.frontends.h2.header_blocks import MAX_HEADER_LIST
 RECEIVE_MAX_FRAME: Final = 1 << 20
 
 #: A DATA frame at least this large, cut by a read, is handed on in pieces as it arrives
-#: rather than gathered first (a copy); a smaller one is gathered, as any other frame.
-STREAM_DATA_FROM: Final = 64 * 1024
+#: rather than gathered first (a copy); a smaller one is gathered, as any other frame. Low
+#: enough for the 16 KiB frames most clients send: a 256 KiB read cuts one of them.
+STREAM_DATA_FROM: Final = 1024
 
 #: What handles one frame: (stream id, flags, payload); the payload is valid during the call.
 FrameHandler = Callable[[int, int, memoryview], None]

@@ -16,7 +16,7 @@ from shoal.frontends.h2 import frames as h2
 from shoal.frontends.h2.connection import Headers, Http2Connection
 from shoal.frontends.h2.errors import ConnectionError_
 from shoal.frontends.h2.floods import FloodGuard, FloodLimits
-from shoal.frontends.h2.reading import FrameReader
+from shoal.frontends.h2.reading import STREAM_DATA_FROM, FrameReader
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -73,7 +73,13 @@ class _Recorder:
 
 
 def _payloads() -> tuple[list[bytes], list[bytes]]:
-    return [bytes([1, i]) * (50 + 7 * i) for i in range(5)], [bytes([3, i]) * 40 for i in range(4)]
+    """Stream 1's and 3's payloads; two of them about STREAM_DATA_FROM (1024) bytes, so that a
+    cut frame is gathered or handed on in pieces."""
+    one = [bytes([1, i]) * (50 + 7 * i) for i in range(5)]
+    three = [bytes([3, i]) * 40 for i in range(4)]
+    one[1] = b"\x01" * STREAM_DATA_FROM
+    three[2] = b"\x03" * (STREAM_DATA_FROM - 1)
+    return one, three
 
 
 def _interleaved() -> tuple[bytes, dict[int, tuple[bytes, int, int]], list[bytes]]:
