@@ -49,6 +49,7 @@ from shoal.supervisor.requests.client_shm import (
     read_shm_inputs,
     write_shm_outputs,
 )
+from shoal.supervisor.requests.relayed import Relay, record_success, relay_completed, relays
 from shoal.supervisor.requests.response_cache import ResponseCache, request_key
 from shoal.supervisor.requests.responses import response_of
 from shoal.supervisor.work import Completion, Work
@@ -252,10 +253,13 @@ class InferenceService:
             raise
         return self._answer(mv, request, work, completion, started, classes, key, lookup_ns)
 
-    def start_infer(self, request: InferRequest, done: Answer) -> Callable[[], object]:
+    def start_infer(
+        self, request: InferRequest, done: Answer, relay: Relay | None = None
+    ) -> Callable[[], object]:
         """:meth:`infer` without a coroutine or a task per request (the frontend workers' link):
         ``done(response, None)`` or ``done(None, error)`` is called once, maybe before this
-        returns; the function returned cancels the request (the client went away)."""
+        returns; the function returned cancels the request (the client went away). ``relay``
+        takes the completion instead of a response, where :func:`relays` (errors: ``done``)."""
         mv = self._plain_version(request)
         if mv is None:
             return in_task(self.infer(request), done)
@@ -274,7 +278,10 @@ class InferenceService:
             return nothing
         promise = Promise(self._settled)
         work = self._submit(mv, request, record, blocks, started, promise)
-        promise.add_done_callback(_Completed(self, mv, request, work, started, classes, done))
+        relay = relays(relay, record, classes)
+        promise.add_done_callback(
+            _Completed(self, mv, request, work, started, classes, done, relay)
+        )
         return work.cancel
 
     def completed(self, call: _Completed, promise: Promise) -> None:
@@ -286,6 +293,9 @@ class InferenceService:
                 done(None, asyncio.CancelledError())
                 return
             completion = promise.result()
+            if call.relay is not None:
+                relay_completed(mv, call.work, completion, started, call.relay)
+                return
             response = self._answer(mv, call.request, call.work, completion, started, call.classes)
         except ShoalError as error:
             mv.stats.failure(time.monotonic_ns() - started, error.reason)
@@ -351,18 +361,7 @@ class InferenceService:
         except ShoalError:
             response.release()
             raise
-        finished = time.monotonic_ns()
-        stats = mv.stats
-        stats.success(
-            work.batch_size, finished - started, completion.queue_ns, completion.compute_ns
-        )
-        if stats.overhead is not None:
-            stats.answered_stages(
-                work.dispatched_ns - work.enqueued_ns,
-                completion.compute_ns,
-                finished - completion.received_ns,
-                finished - started,
-            )
+        record_success(mv, work, completion, started)
         return response
 
     # -- statistics -------------------------------------------------------------------------
@@ -434,6 +433,7 @@ class _Completed:
         started: int,
         classes: dict[str, int],
         done: Answer,
+        relay: Relay | None,
     ) -> None:
         self.service = service
         self.mv = mv
@@ -442,6 +442,8 @@ class _Completed:
         self.started = started
         self.classes = classes
         self.done = done
+        #: Where the completion goes instead of a response to ``done`` (None: ``done``).
+        self.relay = relay
 
     def __call__(self, promise: Promise) -> None:
         self.service.completed(self, promise)

@@ -29,6 +29,7 @@ from shoal.core.api import ArenaRegistry, CoreAPI
 from shoal.core.types import InferRequest, InferResponse
 from shoal.frontends.workers import _plain as plain
 from shoal.frontends.workers import _wire as wire
+from shoal.frontends.workers.answer_frames import Relayed, RelaySink, send_record, send_response
 from shoal.frontends.workers.arenas import LentArena
 from shoal.frontends.workers.client import ASYNC_METHODS, SYNC_METHODS
 from shoal.frontends.workers.outputs import LentOutputs
@@ -52,9 +53,12 @@ Answer = Callable[[InferResponse | None, BaseException | None], None]
 class LinkedCore(CoreAPI, Protocol):
     """The core the workers serve: the API, and inference answered through a callback."""
 
-    def start_infer(self, request: InferRequest, done: Answer) -> Callable[[], object]:
-        """Start ``request``; ``done`` answers it once (maybe before this returns); the function
-        returned cancels it. No task per request: the core's CPU per request counts most."""
+    def start_infer(
+        self, request: InferRequest, done: Answer, relay: RelaySink | None = None
+    ) -> Callable[[], object]:
+        """Start ``request``; ``done`` answers it once (maybe before this returns), or ``relay``
+        with the stub's record; the function returned cancels it. No task per request: the
+        core's CPU per request counts most."""
         ...
 
 
@@ -73,6 +77,9 @@ class _Reply:
 
     def __call__(self, response: InferResponse | None, error: BaseException | None) -> None:
         self._link._answer(self._call_id, self._request, response, error)
+
+    def relay(self, model: str, version: str, completion: Relayed) -> None:
+        self._link.relay(self._call_id, self._request, model, version, completion)
 
 
 class _Link:
@@ -144,7 +151,8 @@ class _Link:
             self._answer(call_id, None, None, error)
             return
         try:
-            cancel = self.core.start_infer(request, _Reply(self, call_id, request))
+            reply = _Reply(self, call_id, request)
+            cancel = self.core.start_infer(request, reply, reply)
         except Exception as error:
             self._answer(call_id, request, None, error)
             return
@@ -210,22 +218,17 @@ class _Link:
         self.send([wire.END, call_id])
 
     def answer(self, kind: int, call_id: int, response: InferResponse) -> None:
-        """Send a response: large outputs by block when the worker can map them (the response
-        is held until it releases them), the rest inline (released once copied)."""
-        out: list[memoryview | bytes] = []
-        outputs = self.outputs
-        lease = 0
-        try:
-            if outputs is None:
-                fields = wire.response_to_wire(response, out)
-            else:
-                fields = wire.response_to_wire(response, out, outputs.describe)
-                if len(out) < len(response.outputs):
-                    lease = fields[-1] = outputs.hold(response)
-            self.send([kind, call_id, *fields], out)
-        finally:
-            if not lease:
-                response.release()
+        """Send a response (``answer_frames.send_response``)."""
+        send_response(self.send, self.outputs, kind, call_id, response)
+
+    def relay(
+        self, call_id: int, request: InferRequest, model: str, version: str, done: Relayed
+    ) -> None:
+        """Answer a call from the stub's response record (the core's relay)."""
+        self.calls.pop(call_id, None)
+        send_record(self.send, self.outputs, call_id, (model, version, request.id), done)
+        if self.arena is not None:
+            self.arena.give_back(request)
 
     def on_control(self, header: list[Any], payloads: list[memoryview]) -> None:
         method, args = header

@@ -14,9 +14,10 @@ from __future__ import annotations
 import itertools
 import socket
 from collections.abc import Callable
+from typing import Protocol
 
 from shoal.core.api import ArenaRegistry
-from shoal.core.types import InferOutput, InferResponse
+from shoal.core.types import InferOutput
 from shoal.frontends.workers.arenas import INLINE_MAX, StagingArena
 from shoal.ipc import messages as msg
 from shoal.ipc.arena import Block
@@ -27,6 +28,13 @@ __all__ = ["LentOutputs", "MappedOutputs"]
 
 #: All segments of an arena (a stub that exited), in a drop notice.
 WHOLE_ARENA = -1
+
+
+class Held(Protocol):
+    """What the core keeps until the worker has written it: a response, or the completion
+    the core relayed (``relay.py``)."""
+
+    def release(self) -> None: ...
 
 
 class LentOutputs:
@@ -44,7 +52,7 @@ class LentOutputs:
         self._own_arena = own_arena
         self._send_drop = send_drop
         self._known: set[tuple[int, int]] = set()
-        self._held: dict[int, InferResponse] = {}
+        self._held: dict[int, Held] = {}
         self._leases = itertools.count(1)
         self._closed = False
         registry.watch_segments(self, self._gone)
@@ -53,7 +61,11 @@ class LentOutputs:
         """``[arena, segment, offset, nbytes]`` of an output the worker may read in place
         (its segment's fd sent first); None: its bytes travel inline."""
         block = output.placed
-        if block is None or block.nbytes < INLINE_MAX or self._closed:
+        return None if block is None else self.describe_block(block)
+
+    def describe_block(self, block: Block) -> list[int] | None:
+        """:meth:`describe` of an output block."""
+        if block.nbytes < INLINE_MAX or self._closed:
             return None
         key = (block.arena_id, block.segment)
         if key not in self._known and block.arena_id != self._own_arena:
@@ -66,7 +78,7 @@ class LentOutputs:
             self._known.add(key)
         return [block.arena_id, block.segment, block.offset, block.nbytes]
 
-    def hold(self, response: InferResponse) -> int:
+    def hold(self, response: Held) -> int:
         """Keep ``response`` (and its blocks) until the worker releases the lease returned."""
         lease = next(self._leases)
         self._held[lease] = response

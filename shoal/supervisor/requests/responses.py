@@ -15,15 +15,19 @@ if TYPE_CHECKING:
     from shoal.supervisor.models.version import ModelVersion
 
 
+def model_error(error: tuple[str, str]) -> ModelError:
+    """The error a model answered with: ``(TritonError code name, message)``."""
+    code_name, message = error
+    return ModelError(message, ErrorCode.__members__.get(code_name, ErrorCode.INTERNAL))
+
+
 def response_of(mv: ModelVersion, request: InferRequest, completion: Completion) -> InferResponse:
     """The response to ``request``: views of its outputs in the stub's arena (released with
     the response) or of the bytes the Result carried inline, or the error the model answered
     with."""
     record = completion.response
     if record.error is not None:
-        code_name, message = record.error
-        code = ErrorCode.__members__.get(code_name, ErrorCode.INTERNAL)
-        raise ModelError(message, code)
+        raise model_error(record.error)
     outputs: list[InferOutput] = []
     for o in record.outputs:
         location = o.location
