@@ -9,6 +9,9 @@ ways, ``-c`` requests in flight, and prints the process's CPU time per request:
 * ``task``: ``InferenceService.infer`` in a task per request (the in-process frontends' way);
 * ``callback``: ``InferenceService.start_infer`` answered through a callback (the frontend
   workers' link, without its frames);
+* ``packed``: ``link`` with the call a worker relays (``frontends/workers/packing.py``): checked,
+  staged and packed by the worker against its snapshot of the model's summary, so the core
+  splices the record into the Execute (trees without packed calls skip it);
 * ``link``: the frontend workers' link itself, the core's whole side of a worker's call: CALL
   frames as a worker builds them (``wire.frame``) go through the link's real ``FrameReader``
   and ``_Link.on_call`` to ``start_infer``, and the answer frames leave through its real
@@ -39,7 +42,12 @@ import shoal._compiled
 from shoal.cli import options_from_args
 from shoal.core import InferInput, InferRequest, InferResponse
 from shoal.frontends.workers import _wire as wire
-from shoal.frontends.workers.host import WorkerPool, _Link
+from shoal.frontends.workers.host import _Link
+
+try:
+    from shoal.frontends.workers.pool import WorkerPool
+except ImportError:  # an older tree: the pool lived beside the link
+    from shoal.frontends.workers.host import WorkerPool  # type: ignore[attr-defined,no-redef]
 from shoal.supervisor.compose import build_service
 from shoal.supervisor.instances.loopback import Loopback
 from shoal.supervisor.service import InferenceService
@@ -54,7 +62,7 @@ input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
 output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
 """
 DATA = np.zeros(16, np.float32).tobytes()
-WAYS = ("task", "callback", "link")
+WAYS = ("task", "callback", "link", "packed")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -118,18 +126,32 @@ class _WorkerEnd(asyncio.Transport):
         self.reader.data_received(b"".join(frames))
 
 
+def _call(service: InferenceService, call_id: int, relay: bool) -> bytes:
+    """One CALL frame as a worker builds it: relayed, or the request's fields."""
+    if relay:
+        from shoal.frontends.workers.packing import Snapshot, prepare
+
+        plain = service.packing_summary("identity", "")  # type: ignore[attr-defined]
+        prepared = prepare(_request(), Snapshot(plain), None)
+        assert prepared is not None and prepared.fields is not None
+        header = [wire.CALL, call_id, "packed", prepared.fields]
+        return b"".join(wire.frame(header, [prepared.head]))
+    payloads: list[memoryview | bytes] = []
+    fields = wire.request_to_wire(_request(), payloads)
+    return b"".join(wire.frame([wire.CALL, call_id, "infer", fields], payloads))
+
+
 def _link_way(
-    service: InferenceService, concurrency: int, answered: Callable[[bool], bool]
+    service: InferenceService,
+    concurrency: int,
+    answered: Callable[[bool], bool],
+    relay: bool = False,
 ) -> tuple[_WorkerEnd, _Link]:
     """A worker's link to ``service`` over a stand-in socket, and the call frames it sends."""
     assert concurrency < 128, "the answers' call ids are read as one-byte integers"
     pool = WorkerPool(service, 0, [], [], b"")  # type: ignore[arg-type]
     link = _Link(service, 0, pool)  # type: ignore[arg-type]
-    calls = []
-    for call_id in range(1, concurrency + 1):
-        payloads: list[memoryview | bytes] = []
-        fields = wire.request_to_wire(_request(), payloads)
-        calls.append(b"".join(wire.frame([wire.CALL, call_id, "infer", fields], payloads)))
+    calls = [_call(service, call_id, relay) for call_id in range(1, concurrency + 1)]
     end = _WorkerEnd(calls, answered)
     end.reader = wire.FrameReader(link.on_call, link.cancel_all)
     end.reader.connection_made(end)
@@ -139,8 +161,8 @@ def _link_way(
 
 async def _drive(service: InferenceService, way: str, total: int, concurrency: int) -> float:
     """CPU µs per request for ``total`` requests, ``concurrency`` in flight."""
-    if way == "link":
-        return await _drive_link(service, total, concurrency)
+    if way in ("link", "packed"):
+        return await _drive_link(service, total, concurrency, way == "packed")
     finished = asyncio.get_running_loop().create_future()
     counts = {"sent": 0, "done": 0}
 
@@ -176,8 +198,10 @@ async def _drive(service: InferenceService, way: str, total: int, concurrency: i
     return (time.process_time_ns() - started) / total / 1000
 
 
-async def _drive_link(service: InferenceService, total: int, concurrency: int) -> float:
-    """:func:`_drive` through a frontend worker's link (the ``link`` way)."""
+async def _drive_link(
+    service: InferenceService, total: int, concurrency: int, relay: bool = False
+) -> float:
+    """:func:`_drive` through a frontend worker's link (the ``link`` and ``packed`` ways)."""
     finished = asyncio.get_running_loop().create_future()
     first = min(concurrency, total)
     counts = {"sent": first, "done": 0}
@@ -195,7 +219,7 @@ async def _drive_link(service: InferenceService, total: int, concurrency: int) -
         counts["sent"] += 1
         return True
 
-    end, link = _link_way(service, concurrency, answered)
+    end, link = _link_way(service, concurrency, answered, relay)
     started = time.process_time_ns()
     end.send_calls(range(1, first + 1))
     await finished
@@ -222,6 +246,8 @@ async def _measure(
         await _drive(service, ways[0], requests // 10, concurrency)  # warm-up
         if not hasattr(service, "start_infer"):  # an old tree: the task way only
             ways = ["task"]
+        if not hasattr(service, "start_packed"):  # a tree without the relay
+            ways = [way for way in ways if way != "packed"] or ["link"]
         samples: dict[str, list[float]] = {way: [] for way in ways}
         for _ in range(rounds):
             for way in samples:

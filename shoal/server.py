@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from shoal.frontends.grpc.aio import GrpcServer
     from shoal.frontends.grpc.native import NativeGrpcServer
     from shoal.frontends.http.app import HttpServer
-    from shoal.frontends.workers.host import WorkerPool
+    from shoal.frontends.workers.pool import WorkerPool
 
 log = logging.getLogger("shoal")
 
@@ -227,7 +227,7 @@ def _port_reservation(host: str, port: int) -> socket.socket:
 async def _start_workers(service: InferenceService, options: ServerOptions) -> WorkerPool:
     """Bind the listening sockets here, once, and start the workers that serve them."""
     from shoal.frontends.workers import _plain as plain
-    from shoal.frontends.workers.host import WorkerPool
+    from shoal.frontends.workers.pool import WorkerPool
 
     sockets: dict[str, socket.socket] = {}
     ports: dict[str, int] = {}

@@ -185,10 +185,46 @@ def encode(message: Message) -> bytes:
     except AttributeError:
         packer = _packers.packer = msgpack.Packer(use_bin_type=True)
     if type(message) is Execute:  # one per batch: its array built once, not its fields twice
+        requests = message.requests
+        for record in requests:
+            if record.packed is not None:
+                return _spliced(packer, message.batch_id, requests)
         return packer.pack(  # type: ignore[no-any-return]
-            [_EXECUTE, message.batch_id, [r.to_wire() for r in message.requests]]
+            [_EXECUTE, message.batch_id, [r.to_wire() for r in requests]]
         )
     return packer.pack([_KIND_NUMBERS[type(message)], *message.fields()])  # type: ignore[no-any-return]
+
+
+def _spliced(packer: msgpack.Packer, batch_id: int, requests: list[RequestRecord]) -> bytes:
+    """An Execute some of whose records a frontend worker packed: the same bytes as packing
+    them all here, with a relayed record's packed head spliced in as it came and only its last
+    fields packed here (``RequestRecord.packed``): the key, no output regions (a relayed
+    request has no client shared memory), the private inputs and the trace context."""
+    count = len(requests)
+    header = _ARRAY_HEADERS[count] if count < 16 else b"\xdc" + count.to_bytes(2, "big")
+    pieces: list[bytes | memoryview] = [_EXECUTE_START, packer.pack(batch_id), header]
+    for record in requests:
+        packed = record.packed
+        if packed is None:
+            pieces.append(packer.pack(record.to_wire()))
+            continue
+        private = record.private_inputs
+        trace = record.trace_context
+        pieces.append(packed)
+        pieces.append(packer.pack(record.key))
+        pieces.append(_NO_REGIONS)
+        pieces.append(packer.pack(private) if private else _ZERO)
+        pieces.append(packer.pack(trace) if trace else _NO_TEXT)
+    return b"".join(pieces)
+
+
+#: What :func:`_spliced` puts around the records: a three-item array's header and the kind (a
+#: positive fixint), an array's header by its length, an empty map, a zero, an empty string.
+_EXECUTE_START: Final = bytes((0x93, _EXECUTE))
+_ARRAY_HEADERS: Final = tuple(bytes((0x90 | count,)) for count in range(16))
+_NO_REGIONS: Final = b"\x80"
+_ZERO: Final = b"\x00"
+_NO_TEXT: Final = b"\xa0"
 
 
 def decode(payload: bytes) -> Message:

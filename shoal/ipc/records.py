@@ -41,6 +41,11 @@ class RequestRecord:
     private_inputs: int = 0
     #: The request's trace context (``request.trace().get_context()``); "" when not traced.
     trace_context: str = ""
+    #: A request a frontend worker checked and packed (``frontends/workers/packing.py``): the
+    #: MessagePack of its wire form up to ``timeout_us`` (the array's header for all eleven
+    #: fields first), which the Execute splices in before the fields packed here
+    #: (``messages.encode``); ``inputs`` is then empty. None: the whole record is packed here.
+    packed: bytes | memoryview | None = field(default=None)
 
     def __init__(
         self,
@@ -55,6 +60,7 @@ class RequestRecord:
         output_regions: dict[str, RegionLocation | CudaRegionLocation] | None = None,
         private_inputs: int = 0,
         trace_context: str = "",
+        packed: bytes | memoryview | None = None,
     ) -> None:
         # Written out: a generated __init__ stays interpreted in the compiled hot path.
         self.request_id = request_id
@@ -68,6 +74,7 @@ class RequestRecord:
         self.output_regions = {} if output_regions is None else output_regions
         self.private_inputs = private_inputs
         self.trace_context = trace_context
+        self.packed = packed
 
     def to_wire(self) -> list[Any]:
         regions = self.output_regions

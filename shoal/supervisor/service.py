@@ -9,9 +9,11 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import shoal
 from shoal.core.errors import Cancelled, DecoupledInfer, ShoalError, Unavailable
+from shoal.core.packed import PackedCall
 from shoal.core.types import (
     CudaSharedMemoryRegion,
     InferRequest,
@@ -37,15 +39,15 @@ from shoal.supervisor.memory.system_shm import SharedMemoryRegistry
 from shoal.supervisor.models import describe
 from shoal.supervisor.models.ensemble import EnsembleRunner
 from shoal.supervisor.models.manager import ModelRepositoryManager
-from shoal.supervisor.models.version import ModelState, ModelVersion
+from shoal.supervisor.models.version import ModelVersion
 from shoal.supervisor.options import ServerOptions
 from shoal.supervisor.promise import Promise, Settled
-from shoal.supervisor.requests import classification, staging, streaming
+from shoal.supervisor.requests import classification, packed, staging, streaming
 from shoal.supervisor.requests.answers import Answer, in_task, nothing
 from shoal.supervisor.requests.cached import cache_hit, cache_insert
+from shoal.supervisor.requests.checked import Regions, Staged, Stager
 from shoal.supervisor.requests.client_shm import (
     ClientRegion,
-    output_regions,
     read_shm_inputs,
     write_shm_outputs,
 )
@@ -86,6 +88,7 @@ class InferenceService:
         self.shm = shm
         self.logging = log_settings
         self.tracing = trace_settings
+        self.stager = Stager(shm, input_arena, trace_settings, directory)
         self._live = True
         self.gate = DrainGate()
         #: Its loop, once it loads models: a future per request made without a getpid (the cost
@@ -187,32 +190,9 @@ class InferenceService:
         """The model version a request names (NotFound or Unavailable when there is none)."""
         return self.repository.loaded.resolve(request.model_name, request.model_version)
 
-    def stage(
-        self,
-        mv: ModelVersion,
-        request: InferRequest,
-        regions: dict[str, ClientRegion] | None = None,
-    ) -> tuple[RequestRecord, list[Block]]:
-        """Check a request and copy its inputs into the input arena (for the core and streams);
-        ``regions``: its inputs in client shared memory, when read already."""
-        if regions is None:
-            regions = read_shm_inputs(self.shm, request)
-        summary = mv.summary
-        outputs = staging.check_outputs(summary, request)  # Triton checks the outputs first
-        staging.check_inputs(summary, request)
-        placed = {} if mv.is_ensemble else output_regions(self.shm, request)
-        record, blocks = staging.stage_request(summary, request, self.input_arena, outputs, regions)
-        record.output_regions = placed
-        record.trace_context = self.tracing.context_for(mv.name)
-        if mv.state is not ModelState.READY:
-            self.directory.free_inputs(blocks)
-            raise Unavailable(f"model '{mv.name}' version {mv.version} is not ready")
-        if mv.down is not None:  # it would wait for as long as the restarts keep failing
-            self.directory.free_inputs(blocks)
-            raise Unavailable(
-                f"model '{mv.name}' version {mv.version} has no live instance: {mv.down}"
-            )
-        return record, blocks
+    def stage(self, mv: ModelVersion, request: InferRequest, regions: Regions = None) -> Staged:
+        """Check a request and stage its inputs (for the core and streams: ``checked.py``)."""
+        return self.stager.stage(mv, request, regions)
 
     def infer_stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
         """Every response of a request: one for most models, any number for a decoupled one."""
@@ -245,7 +225,7 @@ class InferenceService:
                 staging.batch_size(mv.summary, request), time.monotonic_ns() - started, 0, (0, 0, 0)
             )
             return response
-        work = self._submit(mv, request, record, blocks, started)
+        work = self._submit(mv, staging.batch_size(mv.summary, request), record, blocks, started)
         try:
             completion = await work.awaited()
         except asyncio.CancelledError:
@@ -277,10 +257,31 @@ class InferenceService:
             done(None, error)
             return nothing
         promise = Promise(self._settled)
-        work = self._submit(mv, request, record, blocks, started, promise)
+        batch_size = staging.batch_size(mv.summary, request)
+        work = self._submit(mv, batch_size, record, blocks, started, promise)
         relay = relays(relay, record, classes)
         promise.add_done_callback(
             _Completed(self, mv, request, work, started, classes, done, relay)
+        )
+        return work.cancel
+
+    def packing_summary(self, name: str, version: str = "") -> list[Any] | None:
+        return packed.summary_for(self.repository.loaded, name, version, self.cache is None)
+
+    def start_packed(
+        self, call: PackedCall, done: Answer, relay: Relay | None = None
+    ) -> Callable[[], object] | None:
+        """:meth:`start_infer` for a request a worker checked and packed: returns what cancels
+        it, or None when the core's own path must take it (its errors are the core's own)."""
+        started = time.monotonic_ns()
+        admitted = packed.admit(call, self.repository.loaded, self.gate, self.tracing)
+        if admitted is None:
+            return None
+        mv, record = admitted
+        promise = Promise(self._settled)
+        work = self._submit(mv, call.batch_size, record, call.blocks, started, promise)
+        promise.add_done_callback(
+            _Completed(self, mv, call.request, work, started, packed.NO_CLASSES, done, relay)
         )
         return work.cancel
 
@@ -318,7 +319,7 @@ class InferenceService:
     def _submit(
         self,
         mv: ModelVersion,
-        request: InferRequest,
+        batch_size: int,
         record: RequestRecord,
         blocks: list[Block],
         started: int,
@@ -331,7 +332,7 @@ class InferenceService:
             future = (self._loop or asyncio.get_running_loop()).create_future()
         else:
             future = promise
-        work = Work(record, blocks, future, batch_size=staging.batch_size(mv.summary, request))
+        work = Work(record, blocks, future, batch_size=batch_size)
         if mv.stats.overhead is not None:  # --trace-overhead
             mv.stats.stage("stage", work.enqueued_ns - started)
         scheduler = mv.scheduler  # mv.submit, without its (interpreted) call

@@ -54,6 +54,10 @@ RETIRED = 9  # worker -> core: the worker retired an (empty) segment of its aren
 LOG_SETTINGS = 10  # core -> worker: the log settings now (at the start and on every change)
 RELEASE = 11  # worker -> core: a response read in place is written: its blocks may go
 DROP = 12  # core -> worker: a segment it maps went away (or a whole arena: segment -1)
+#: core -> worker: a relayed call the core did not take (``[STALE, id, stale, blocks]``): the
+#: worker sends it again the core's own way (and drops its snapshot of the model when stale);
+#: the blocks it named are still the worker's.
+STALE = 13
 
 #: An input whose data is a NumPy array (JSON inputs): dtype and shape travel with the bytes.
 _ARRAY = 1
@@ -86,9 +90,12 @@ def frame(
 
 
 def _nbytes(payload: memoryview | bytes) -> int:
-    # No memoryview made of a memoryview (an output's view) per payload to read its size.
+    # No memoryview made per payload to read its size: of a memoryview (an output's view), or
+    # of the bytes a stub sent inline (a relayed answer's outputs).
     if isinstance(payload, memoryview):
         return payload.nbytes
+    if type(payload) is bytes:
+        return len(payload)
     return memoryview(payload).nbytes
 
 

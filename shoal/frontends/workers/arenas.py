@@ -32,7 +32,7 @@ from shoal.ipc.arena import ArenaExhausted, Block, OwnedArena, Segment
 from shoal.ipc.fdpass import PeerGone, send_fds
 from shoal.ipc.peer_segments import AnnouncedSegments
 
-__all__ = ["INLINE_MAX", "LentArena", "StagingArena"]
+__all__ = ["INLINE_MAX", "LentArena", "StagingArena", "give_blocks_back", "take_blocks"]
 
 log = logging.getLogger("shoal")
 
@@ -76,6 +76,11 @@ class StagingArena:
         the arena is full: the link still carries it)."""
         if data.nbytes < INLINE_MAX:
             return None
+        return self.stage(data)
+
+    def stage(self, data: memoryview) -> Block | None:
+        """A block holding ``data`` whatever its size (a relayed request's input too large to
+        travel inside its record); None when the arena is full."""
         if self._received:  # ``data`` may be a block's bytes as received: no copy then
             received = self._received.pop((_address(data), data.nbytes), None)
             if received is not None:
@@ -191,6 +196,25 @@ class LentArena:
         self.held += 1
         return block, view
 
+    def take(self, flat: list[int]) -> list[Block]:
+        """The blocks a relayed call names (``[segment, offset, nbytes] * n``), checked against
+        the segments the worker announced; the core holds them from now on."""
+        blocks = []
+        for at in range(0, len(flat), 3):
+            segment, offset, nbytes = flat[at], flat[at + 1], flat[at + 2]
+            if offset < 0 or nbytes < 0 or offset + nbytes > self.segment(segment).size:
+                raise ValueError(f"a block past the end of worker segment {segment}")
+            blocks.append(Block(self._arena_id, segment, offset, nbytes))
+        self.held += len(blocks)
+        return blocks
+
+    def untake(self, count: int) -> None:
+        """``count`` blocks :meth:`take` gave stay the worker's after all (not freed: it uses
+        them again)."""
+        self.held -= count
+        if self.gone and self.held <= 0:
+            self._detach()
+
     def free(self, blocks: list[Block]) -> None:
         self.held -= len(blocks)
         if self.gone:
@@ -241,3 +265,23 @@ class LentArena:
         self._registry.detach_arena(self._arena_id)
         self._segments.close()
         self._sock.close()
+
+
+def take_blocks(arena: LentArena | None, flat: list[int]) -> list[Block]:
+    """The blocks of ``arena`` a relayed call names (``[segment, offset, nbytes] * n``)."""
+    if not flat:
+        return []
+    if arena is None:
+        raise ValueError("a relayed call names blocks of an arena the core lacks")
+    return arena.take(flat)
+
+
+def give_blocks_back(arena: LentArena | None, blocks: list[Block], *, freed: bool) -> None:
+    """Blocks :func:`take_blocks` gave, no longer the core's: ``freed`` (the worker gets them
+    back), or still the worker's (it uses them again)."""
+    if arena is None or not blocks:
+        return
+    if freed:
+        arena.free(blocks)
+    else:
+        arena.untake(len(blocks))

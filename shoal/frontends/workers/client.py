@@ -38,7 +38,9 @@ from shoal.frontends.workers import _plain as plain
 from shoal.frontends.workers import _wire as wire
 from shoal.frontends.workers.arenas import StagingArena
 from shoal.frontends.workers.outputs import MappedOutputs
+from shoal.frontends.workers.packing import PackedRefused, Prepared, Restage, Snapshots, prepare
 from shoal.frontends.workers.streams import StreamItem, remote_stream
+from shoal.ipc.arena import Block
 
 __all__ = ["CoreGone", "RemoteCore"]
 
@@ -102,6 +104,8 @@ class RemoteCore(CoreAPI):
         self.on_log_settings: Callable[[dict[str, ParamValue]], None] | None = None
         #: Called when the link drops without the core having asked the worker to stop.
         self.on_core_lost: Callable[[], None] | None = None
+        #: The snapshots of model summaries that requests are checked and packed with here.
+        self.snapshots = Snapshots(self._packing_summary)
 
     async def connect(self, calls: socket.socket) -> None:
         """Start reading answers from the asynchronous socket."""
@@ -154,6 +158,9 @@ class RemoteCore(CoreAPI):
             if self.on_log_settings is not None:
                 self.on_log_settings(fields[0])
             return
+        if kind == wire.STALE:
+            self._refused(call_id, fields[0], fields[1])
+            return
         future = self._calls.pop(call_id, None)
         if future is not None:
             if future.done():
@@ -172,6 +179,15 @@ class RemoteCore(CoreAPI):
             queue.put_nowait(plain.error_from_wire(fields[0]))
         else:
             queue.put_nowait(None)
+
+    def _refused(self, call_id: int, stale: bool, flat: list[int]) -> None:
+        """The core did not take relayed call ``call_id``: its caller sends it again, or, gone
+        meanwhile, the blocks it staged are freed here (they are still the worker's)."""
+        future = self._calls.pop(call_id, None)
+        if future is not None and not future.done():
+            future.set_exception(PackedRefused(stale))
+        elif flat and self.arena is not None:
+            self.arena.free(flat)
 
     def _fail_all(self, error: BaseException) -> None:
         for future in self._calls.values():
@@ -238,10 +254,26 @@ class RemoteCore(CoreAPI):
         return config
 
     def _request_fields(
-        self, request: InferRequest, payloads: list[memoryview | bytes]
+        self,
+        request: InferRequest,
+        payloads: list[memoryview | bytes],
+        staged: list[Block | None] | None = None,
     ) -> list[Any]:
-        place = None if self.arena is None else self.arena.place
+        place: wire.Place | None = None if self.arena is None else self.arena.place
+        if staged:  # inputs a relay placed already go as placed inputs
+            place = Restage(staged, place)
         return wire.request_to_wire(request, payloads, place)
+
+    def _packing_summary(self, name: str, version: str) -> list[Any] | None:
+        summary: list[Any] | None = self._sync("packing_summary", name, version)
+        return summary
+
+    def _prepare(self, request: InferRequest) -> Prepared | None:
+        """``request`` checked, staged and packed for the relay; None: the core's own way."""
+        snapshot = self.snapshots.get(request.model_name, request.model_version)
+        if snapshot is None:
+            return None
+        return prepare(request, snapshot, None if self.arena is None else self.arena.stage)
 
     def _response(self, answer: list[Any], views: list[memoryview]) -> InferResponse:
         outputs = self.outputs
@@ -257,8 +289,19 @@ class RemoteCore(CoreAPI):
             pass  # the core is gone, and its blocks with it
 
     async def infer(self, request: InferRequest) -> InferResponse:
+        prepared = self._prepare(request)
+        staged = None
+        if prepared is not None:
+            staged = prepared.staged
+            if prepared.fields is not None:
+                try:
+                    answer, views = await self._async("packed", prepared.fields, [prepared.head])
+                    return self._response(answer, views)
+                except PackedRefused as refused:
+                    if refused.stale:
+                        self.snapshots.drop(request.model_name, request.model_version)
         payloads: list[memoryview | bytes] = []
-        fields = self._request_fields(request, payloads)
+        fields = self._request_fields(request, payloads, staged)
         answer, views = await self._async("infer", fields, payloads)
         return self._response(answer, views)
 
@@ -388,6 +431,7 @@ SYNC_METHODS: frozenset[str] = frozenset(
         "cuda_shm_status",
         "log_settings",
         "update_log_settings",
+        "packing_summary",
         "trace_settings",
         "update_trace_settings",
     }

@@ -12,6 +12,7 @@ from typing import cast
 from shoal.core.errors import InternalError, ShoalError, Unavailable
 from shoal.ipc import messages as msg
 from shoal.ipc.queue import PeerGone
+from shoal.ipc.tensor import Location
 from shoal.supervisor.instances.channel import StubChannel
 from shoal.supervisor.instances.decoupled import OpenStreams
 from shoal.supervisor.instances.handoff import Handoff, ParkingSource
@@ -125,7 +126,7 @@ class Feeder:
         batch_id = self._ledger.open(batch, slots, grant)
         self._stamp(proc, batch)
         try:
-            proc.forward([t.location for w in batch for t in w.record.inputs], self._directory)
+            proc.forward(_locations(batch), self._directory)
             return batch_id, msg.Execute(batch_id, [w.record for w in batch])
         except PeerGone:
             return None  # its exit fails the batch
@@ -187,6 +188,19 @@ class Feeder:
             slots.release()
             source.requeue(batch)
             raise
+
+
+def _locations(batch: list[Work]) -> list[Location]:
+    """Where the inputs of ``batch`` lie; a relayed request's are the blocks its work owns (its
+    record's inputs are packed: ``RequestRecord.packed``)."""
+    locations: list[Location] = []
+    for work in batch:
+        if work.record.packed is None:
+            for tensor in work.record.inputs:
+                locations.append(tensor.location)
+        else:
+            locations.extend(work.input_blocks)
+    return locations
 
 
 async def _next_batch(source: BatchSource, slots: Slots) -> list[Work]:

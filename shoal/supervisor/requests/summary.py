@@ -9,10 +9,15 @@ attributes (this module is compiled), with those tables made once, when the vers
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 from shoal.config import ModelConfig, TensorConfig
 from shoal.ipc.tensor import inline_budget
+
+#: Each summary's number, unique in the process: a frontend worker's snapshot of a summary names
+#: it, so a request checked against a model version since unloaded or reloaded is known stale.
+_generations = itertools.count(1)
 
 
 class InputRule:
@@ -42,6 +47,8 @@ class ModelSummary:
         self.output_names: frozenset[str] = frozenset(self.outputs)
         #: Bytes of a request's inputs that may travel inside its Execute (ipc/tensor.py).
         self.inline_budget: int = inline_budget(config.max_batch_size)
+        #: Which load of the model this is (see ``_generations``).
+        self.generation: int = next(_generations)
 
 
 def _batched(dims: Sequence[int], max_batch_size: int) -> tuple[int, ...]:

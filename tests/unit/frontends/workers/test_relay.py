@@ -22,8 +22,9 @@ from shoal.cli import options_from_args
 from shoal.core import InferInput, InferRequest, RequestedOutput
 from shoal.frontends.workers import _wire as wire
 from shoal.frontends.workers.arenas import INLINE_MAX
-from shoal.frontends.workers.host import WorkerPool, _Link
+from shoal.frontends.workers.host import _Link
 from shoal.frontends.workers.outputs import LentOutputs, MappedOutputs
+from shoal.frontends.workers.pool import WorkerPool
 from shoal.ipc.tensor import INLINE_TENSOR_MAX
 from shoal.supervisor.compose import build_service
 from shoal.supervisor.instances.loopback import Loopback

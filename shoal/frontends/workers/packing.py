@@ -1,0 +1,306 @@
+"""A frontend worker's side of the relay: requests checked, staged and packed for the stub here.
+
+The core's checks of a request read its model's summary (``supervisor/requests/summary.py``); a
+worker holds a snapshot of it per model version (:class:`Snapshot`, asked for once:
+``packing_summary``) and checks each request against it. A request that passes is staged here
+(inputs inline in its record up to the model's budget, the rest in the worker's arena) and its
+stub record packed up to ``timeout_us`` (:func:`prepare`): the core reads a few scheduling fields
+and splices the bytes into the Execute, never building the request's objects, checking or
+staging it (``supervisor/requests/packed.py``).
+
+Only the happy path is decided here: a request that fails a check, or that anything makes
+unusual (sequence parameters, client shared memory, classification, JSON arrays, non-ASCII
+text, a full arena), is sent the core's own way, so every error is the core's, word for word.
+The core may still refuse a relayed request (the model was reloaded or unloaded: the snapshot's
+generation is stale; it is not ready, or draining): the worker then sends it again the core's
+own way, with the blocks it staged.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import msgpack
+
+from shoal.core.types import InferRequest
+from shoal.ipc.arena import Block
+from shoal.ipc.dtypes import BytesFormatError, byte_size, deserialize_bytes, element_count
+from shoal.ipc.tensor import INLINE_TENSOR_MAX, InlineBytes, TensorDesc
+
+__all__ = ["PackedRefused", "Prepared", "Restage", "Snapshot", "Snapshots", "prepare"]
+
+#: ``staging.MAX_ELEMENTS``: past it the core refuses a shape even with a zero dimension.
+MAX_ELEMENTS = 1 << 48
+
+#: Request parameters the core turns into a record's sequence fields: such requests (for a
+#: model without a sequence batcher) take its path.
+_SEQUENCE = frozenset({"sequence_id", "sequence_start", "sequence_end"})
+#: Parameters of a tensor that the core handles itself: client shared memory, classification.
+_REGION = "shared_memory_region"
+_CLASSIFICATION = "classification"
+#: The other parameter values that cross to the stub as they are.
+_SCALARS = (int, float, bool)
+
+#: How long a worker trusts that a model has no snapshot (the relay does not apply to it, or
+#: it is not loaded) before it asks again.
+_NONE_SECS = 2.0
+#: Snapshots kept at most (a client naming many models that do not exist fills none past it).
+_MAX_KEPT = 1024
+
+#: Places an input's bytes in the worker's arena, whatever their size; None: it is full.
+Stage = Callable[[memoryview], Block | None]
+
+
+class _Rule:
+    """One input of a snapshot, as the checks read it (``summary.InputRule``'s fields)."""
+
+    def __init__(self, datatype: str, expected: list[int], reshape: list[int] | None) -> None:
+        self.datatype = datatype
+        self.expected = tuple(expected)
+        self.reshape = None if reshape is None else tuple(reshape)
+
+
+class Snapshot:
+    """A model version's summary as the core sent it (``relayed.snapshot``)."""
+
+    def __init__(self, plain: list[Any]) -> None:
+        generation, name, max_batch_size, budget, inputs, required, outputs = plain
+        self.generation: int = generation
+        self.name: str = name
+        self.max_batch_size: int = max_batch_size
+        self.inline_budget: int = budget
+        self.inputs = {i[0]: _Rule(i[1], i[2], i[3]) for i in inputs}
+        self.required: list[str] = required
+        #: Every output, in order: what a request that names none asks for.
+        self.outputs: list[str] = outputs
+        self.output_names = frozenset(outputs)
+
+
+class Snapshots:
+    """The snapshots a worker holds, by (model, version) as requests name them."""
+
+    def __init__(self, ask: Callable[[str, str], list[Any] | None]) -> None:
+        self._ask = ask
+        self._kept: dict[tuple[str, str], Snapshot | float] = {}
+
+    def get(self, name: str, version: str) -> Snapshot | None:
+        """The snapshot to relay a request with; None: send it the core's way."""
+        key = (name, version)
+        kept = self._kept.get(key)
+        if isinstance(kept, Snapshot):
+            return kept
+        now = time.monotonic()
+        if kept is not None and now < kept:  # known to have none a moment ago
+            return None
+        plain = self._ask(name, version)
+        if len(self._kept) >= _MAX_KEPT:
+            self._kept.clear()
+        snapshot = None if plain is None else Snapshot(plain)
+        self._kept[key] = now + _NONE_SECS if snapshot is None else snapshot
+        return snapshot
+
+    def drop(self, name: str, version: str) -> None:
+        """The core found the snapshot stale: the next request asks again."""
+        self._kept.pop((name, version), None)
+
+
+class PackedRefused(Exception):
+    """The core did not take a relayed call: send it again its own way (``stale``: the
+    worker's snapshot of the model is out of date)."""
+
+    def __init__(self, stale: bool) -> None:
+        super().__init__("relayed call refused")
+        self.stale = stale
+
+
+class Restage:
+    """The ``place`` of a request sent the core's way after the relay staged it: each raw
+    input in turn goes in the block the relay placed it in, else through ``place``."""
+
+    def __init__(self, staged: list[Block | None], place: Stage | None) -> None:
+        self._staged = staged
+        self._place = place
+        self._next = 0
+
+    def __call__(self, view: memoryview) -> Block | None:
+        index = self._next
+        self._next += 1
+        block = self._staged[index] if index < len(self._staged) else None
+        if block is None and self._place is not None:
+            block = self._place(view)
+        return block
+
+
+class Prepared:
+    """A request staged for the relay: ``fields`` and ``head`` to send (None: it takes the
+    core's path), and ``staged``, the block each input was placed in (None: inline), which a
+    resend the core's way passes on as placed inputs."""
+
+    def __init__(self) -> None:
+        self.fields: list[Any] | None = None
+        self.head = b""
+        self.staged: list[Block | None] = []
+
+    def blocks(self) -> list[Block]:
+        return [block for block in self.staged if block is not None]
+
+
+def prepare(request: InferRequest, snapshot: Snapshot, stage: Stage | None) -> Prepared | None:
+    """``request`` checked against ``snapshot`` and staged, or None (nothing staged) where the
+    core must see it: any check it would fail, anything unusual. ``stage`` places an input in
+    the worker's arena (None: the worker has none, so only inline inputs relay)."""
+    views = _checked(request, snapshot)
+    if views is None:
+        return None
+    prepared = Prepared()
+    room = snapshot.inline_budget
+    descs: list[list[Any]] = []
+    private = 0
+    for index, tensor in enumerate(request.inputs):
+        view = views[index]
+        shape = _model_shape(snapshot, snapshot.inputs[tensor.name], tensor.shape)
+        if view.nbytes <= INLINE_TENSOR_MAX and view.nbytes <= room:
+            room -= view.nbytes
+            inline = InlineBytes(bytes(view))
+            descs.append(TensorDesc(tensor.name, tensor.datatype, shape, inline).to_wire())
+            prepared.staged.append(None)
+            continue
+        block = None if stage is None else stage(view)
+        prepared.staged.append(block)
+        if block is None:  # the arena is full: the core's way, with what is staged so far
+            return prepared
+        private |= 1 << index  # this request's own copy: the model may write it
+        descs.append(TensorDesc(tensor.name, tensor.datatype, shape, block).to_wire())
+    timeout = request.parameters.get("timeout", 0) if request.parameters else 0
+    outputs = [o.name for o in request.outputs] if request.outputs else snapshot.outputs
+    record = [request.id, 0, 0, request.parameters, outputs, descs, timeout]
+    prepared.head = _head(record)
+    flat: list[int] = []
+    for block in prepared.blocks():
+        flat += (block.segment, block.offset, block.nbytes)
+    prepared.fields = [
+        request.model_name,
+        request.model_version,
+        snapshot.generation,
+        request.id,
+        _batch_size(snapshot, request),
+        timeout,
+        private,
+        flat,
+    ]
+    return prepared
+
+
+def _head(record: list[Any]) -> bytes:
+    """The record's first seven fields packed as the start of its eleven-field array."""
+    packed: bytes = msgpack.packb(record, use_bin_type=True)
+    return b"\x9b" + packed[1:]  # a seven-item fixarray's header, made an eleven-item one
+
+
+def _checked(request: InferRequest, snapshot: Snapshot) -> list[memoryview] | None:
+    """Each input's bytes when the core would accept the request as it is; None otherwise."""
+    if not _plain_fields(request, snapshot):
+        return None
+    rules = snapshot.inputs
+    count = len(request.inputs)
+    if count < len(snapshot.required) or count > len(rules):
+        return None
+    views: list[memoryview] = []
+    seen: set[str] = set()
+    for tensor in request.inputs:
+        rule = rules.get(tensor.name)
+        if rule is None or tensor.name in seen or tensor.datatype != rule.datatype:
+            return None
+        if tensor.parameters and _REGION in tensor.parameters:
+            return None
+        seen.add(tensor.name)
+        if not _shape_ok(snapshot, rule, tuple(tensor.shape)):
+            return None
+        view = _bytes_ok(tensor.data, tensor.datatype, tensor.shape)
+        if view is None:
+            return None
+        views.append(view)
+    for name in snapshot.required:
+        if name not in seen:
+            return None
+    return views
+
+
+def _plain_fields(request: InferRequest, snapshot: Snapshot) -> bool:
+    """No sequence fields, client shared memory or classification; ASCII text (the core's
+    UTF-8 check passes); an integer timeout; outputs the model has."""
+    if not request.id.isascii():
+        return False
+    for name, value in request.parameters.items():
+        if name in _SEQUENCE or not name.isascii():
+            return False
+        if isinstance(value, str):
+            if not value.isascii():
+                return False
+        elif type(value) not in _SCALARS:
+            return False
+        if name == "timeout" and type(value) is not int:
+            return False
+    for output in request.outputs:
+        if output.name not in snapshot.output_names:
+            return False
+        params = output.parameters
+        if params and (_REGION in params or _CLASSIFICATION in params):
+            return False
+    return True
+
+
+def _shape_ok(snapshot: Snapshot, rule: _Rule, shape: tuple[int, ...]) -> bool:
+    """The core's shape checks: no negative dimension, not too many elements, the batch
+    dimension within the model's, the configured dims."""
+    elements = 1
+    for dim in shape:
+        if type(dim) is not int or dim < 0:
+            return False
+        if dim:
+            elements *= dim
+    if elements > MAX_ELEMENTS:
+        return False
+    if snapshot.max_batch_size > 0 and (not shape or shape[0] > snapshot.max_batch_size):
+        return False
+    expected = rule.expected
+    if len(expected) != len(shape):
+        return False
+    for wanted, dim in zip(expected, shape, strict=True):
+        if wanted != -1 and wanted != dim:
+            return False
+    return True
+
+
+def _bytes_ok(data: object, datatype: str, shape: tuple[int, ...]) -> memoryview | None:
+    """The raw bytes of an input whose size (or BYTES framing) the shape agrees with; None for
+    anything else (a JSON array: the core stages it)."""
+    if not isinstance(data, bytes | bytearray | memoryview):
+        return None
+    view = memoryview(data)
+    if view.format != "B" or view.ndim != 1:
+        view = view.cast("B")
+    expected = byte_size(datatype, shape)
+    if expected is None:
+        try:
+            deserialize_bytes(view, element_count(shape))
+        except BytesFormatError:
+            return None
+        return view
+    return view if view.nbytes == expected else None
+
+
+def _model_shape(snapshot: Snapshot, rule: _Rule, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The shape the model sees (``staging._model_shape``)."""
+    reshape = rule.reshape
+    if reshape is None:
+        return tuple(shape)
+    return (shape[0], *reshape) if snapshot.max_batch_size > 0 else reshape
+
+
+def _batch_size(snapshot: Snapshot, request: InferRequest) -> int:
+    """``staging.batch_size``."""
+    shape = request.inputs[0].shape if request.inputs else ()
+    return int(shape[0]) if snapshot.max_batch_size > 0 and shape else 1
