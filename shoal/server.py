@@ -135,7 +135,7 @@ def _settle_busy_poll(options: ServerOptions, service: InferenceService) -> Serv
     budget = busy_poll.auto_budget_us(processes)
     if budget == 0 and busy_poll.auto_when_idle(processes):
         return dataclasses.replace(
-            options, busy_poll_us=busy_poll.DEFAULT_SPIN_US, busy_poll_when_idle=True
+            options, busy_poll_us=busy_poll.IDLE_SPIN_US, busy_poll_when_idle=True
         )
     return dataclasses.replace(options, busy_poll_us=budget)
 

@@ -26,6 +26,7 @@ from collections.abc import Callable
 
 __all__ = [
     "DEFAULT_SPIN_US",
+    "IDLE_SPIN_US",
     "IdleCores",
     "LoopSpin",
     "auto_budget_us",
@@ -37,6 +38,9 @@ __all__ = [
 #: The longest budget ``auto`` picks, in microseconds: about a stub's execute and answer for a
 #: small request; longer waits are not worth a core.
 DEFAULT_SPIN_US = 100.0
+#: The longest budget of a spin gated on idle cores: cores are idle whenever it runs, so it may
+#: also wait out a worker's whole round trip through the core and a stub (one request at c=1).
+IDLE_SPIN_US = 200.0
 #: A loop turn that took longer than this ran something besides the spin: work came in.
 _WORK_GAP_NS = 10_000
 #: How often a spin gated on idle cores looks at the machine again, in seconds.
@@ -145,7 +149,8 @@ def spare_cores_needed(cores: int) -> float:
 
 class IdleGate:
     """Allows ``spin`` while the machine has ``needed`` idle cores, looking every
-    ``IDLE_SAMPLE_S`` on ``loop``."""
+    ``IDLE_SAMPLE_S`` on ``loop``. Once allowed, it stops below half of ``needed``: the spins
+    it allows take some of the idle time they were allowed on."""
 
     def __init__(
         self,
@@ -164,7 +169,9 @@ class IdleGate:
         self._timer = loop.call_later(IDLE_SAMPLE_S, self.look)
 
     def look(self) -> None:
-        self._spin.allowed = self._idle.sample() >= self._needed
+        spin = self._spin
+        idle = self._idle.sample()
+        spin.allowed = idle >= (self._needed / 2 if spin.allowed else self._needed)
         self._timer = self._loop.call_later(IDLE_SAMPLE_S, self.look)
 
     def stop(self) -> None:
