@@ -102,7 +102,7 @@ class _ConstantCall:
         self._connection = connection
         self._stream_id = stream_id
 
-    def data_received(self, data: memoryview, end_stream: bool) -> None:
+    def data_received(self, pieces: list[memoryview], end_stream: bool) -> None:
         if end_stream:
             self.trailers_received()
 

@@ -135,7 +135,8 @@ _SERVER_FLAGS: tuple[Flag, ...] = (
         help="how long the core and the frontend workers keep polling for an answer after "
         "sending work out, instead of sleeping (adapted to the waits seen, at most US); 0 "
         "never; auto (the default): 100 where a core is left over after the core, the "
-        "workers and the stubs have one each, else 0 (0 on two cores)",
+        "workers and the stubs have one each, else 200 only while a quarter of the machine's "
+        "cores (3 at least) are idle (never on two cores)",
     ),
     _flag(
         "--metrics-interval-ms",

@@ -131,16 +131,22 @@ def _settle_busy_poll(options: ServerOptions, service: InferenceService) -> Serv
         return options
     workers = options.frontend_workers if options.frontend_workers > 1 else 0
     stubs = sum(len(version.instances) for version in service.repository.versions())
-    budget = busy_poll.auto_budget_us(1 + workers + stubs)
+    processes = 1 + workers + stubs
+    budget = busy_poll.auto_budget_us(processes)
+    if budget == 0 and busy_poll.auto_when_idle(processes):
+        return dataclasses.replace(
+            options, busy_poll_us=busy_poll.IDLE_SPIN_US, busy_poll_when_idle=True
+        )
     return dataclasses.replace(options, busy_poll_us=budget)
 
 
 def _start_busy_poll(options: ServerOptions, loop: asyncio.AbstractEventLoop) -> float:
     """Spin this process's loop after it sends work out (``--busy-poll-us``); the budget."""
     budget = max(0.0, options.busy_poll_us)
-    busy_poll.install(loop, budget)
+    busy_poll.install(loop, budget, options.busy_poll_when_idle)
     if budget:
-        log.info("busy poll: up to %.0f µs after sending work out", budget)
+        idle = " while cores are idle" if options.busy_poll_when_idle else ""
+        log.info("busy poll: up to %.0f µs after sending work out%s", budget, idle)
     return budget
 
 

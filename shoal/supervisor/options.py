@@ -45,6 +45,8 @@ class ServerOptions:
     #: ``--busy-poll-us``: how long the core's and the workers' loops poll for an answer after
     #: sending work out (``shoal.ipc.busy_poll``); 0 never, -1 ``auto`` (where cores are spare).
     busy_poll_us: float = 0.0
+    #: Poll only while the machine has idle cores (``auto`` without a core to spare).
+    busy_poll_when_idle: bool = False
     metrics_address: str = "0.0.0.0"
     metrics_port: int = 8002
     allow_http: bool = True

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import time
 
+import gevent
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
@@ -139,7 +140,9 @@ def test_object_shrunk_while_the_model_holds_the_input():
                 deadline = time.monotonic() + 30
                 while "shm_holder: holding the input" not in server.output:
                     assert time.monotonic() < deadline, server.output
-                    time.sleep(0.01)  # polling the server's log
+                    # gevent's sleep: async_infer's request goes out from a greenlet, which
+                    # runs only while this thread yields to gevent.
+                    gevent.sleep(0.01)  # polling the server's log
                 os.truncate(f"/dev/shm{key}", 0)
                 result = pending.get_result()
                 assert result.as_numpy("SUM")[0] == values.sum(dtype=np.float64)

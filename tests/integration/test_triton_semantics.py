@@ -10,6 +10,7 @@ import re
 import time
 from pathlib import Path
 
+import gevent
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
@@ -217,7 +218,10 @@ def _call(client: httpclient.InferenceServerClient, seconds: float, timeout_us: 
 def _wait_for_log(server: ShoalServer, line: str, after: int) -> None:
     deadline = time.monotonic() + 30  # a loaded CI machine can take seconds to log
     while line not in server.output[after:] and time.monotonic() < deadline:
-        time.sleep(0.01)  # polling the log for the model's own line
+        # Polling the log for the model's own line. gevent's sleep, not time's: the HTTP
+        # client's async_infer sends its request from a greenlet, which only runs while this
+        # thread yields to gevent (it yields 10 ms itself, not enough on a loaded machine).
+        gevent.sleep(0.01)
     assert line in server.output[after:], server.output[after:]
 
 

@@ -149,8 +149,8 @@ class NativeCall(StreamHandler):
             self._inbox = Inbox(self._inflate, self._release)
             self._launch(self._run_stream())
 
-    def data_received(self, data: memoryview, end_stream: bool) -> None:
-        self._reader.feed(data)
+    def data_received(self, pieces: list[memoryview], end_stream: bool) -> None:
+        self._reader.feed_pieces(pieces)
         if end_stream:
             self._requests_end()
 

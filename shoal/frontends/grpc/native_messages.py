@@ -129,9 +129,47 @@ class MessageReader:
         """Whether part of a message has arrived and the rest is due."""
         return self._message is not None or self._splitter is not None or bool(self._prefix)
 
+    def feed_pieces(self, pieces: list[memoryview]) -> None:
+        """Take the payloads of a run of DATA frames (see FrameReader). A run that continues
+        the message being received and does not finish it (most runs of a large message: 16
+        frames of 16 KiB a read) is counted against the budget once and copied on, with
+        nothing else per frame."""
+        if len(pieces) > 1 and not self._held_whole and not self.closed:
+            size = 0
+            for piece in pieces:
+                size += len(piece)
+            if self._filled + size < self._expected and self._continue(pieces, size):
+                return
+        for piece in pieces:
+            self.feed(piece)
+
+    def _continue(self, pieces: list[memoryview], size: int) -> bool:
+        """Copy ``pieces`` (``size`` bytes, all inside the message being received) on;
+        False when no message is being received."""
+        splitter = self._splitter
+        message = self._message
+        if splitter is None and message is None:
+            return False
+        if not self._hold(size):
+            return True
+        if splitter is not None:
+            for piece in pieces:
+                splitter.feed(piece)
+        elif isinstance(message, bytearray) and self._growing:
+            for piece in pieces:
+                message += piece
+        else:
+            assert message is not None
+            filled = self._filled
+            for piece in pieces:
+                message[filled : filled + len(piece)] = piece
+                filled += len(piece)
+        self._filled += size
+        return True
+
     def feed(self, data: memoryview) -> None:
-        """Take a DATA payload: called per frame (256 times for 4 MiB in 16 KiB frames), so
-        a payload that only continues a message is copied with as little else as possible."""
+        """Take a DATA payload: called per frame when not by runs (feed_pieces), so a payload
+        that only continues a message is copied with as little else as possible."""
         view = data
         while view and not self.closed:
             message = self._message

@@ -33,7 +33,6 @@ from shoal.frontends.h2.reading import (
     FrameHandler,
     FrameReader,
     read_buffer,
-    unpad,
 )
 from shoal.frontends.h2.sending import Sender
 from shoal.frontends.h2.streams import Stream, StreamHandler
@@ -89,14 +88,15 @@ class Http2Connection(asyncio.BufferedProtocol):
         self._streams: dict[int, Stream] = {}
         self._guard = FloodGuard(limits, self._loop)
         self._sender = Sender(self._loop, self._streams, self._end_local)
-        self._reader = FrameReader(self._frame_table(), self._header_block, self._guard)
+        self._reader = FrameReader(
+            self._frame_table(), self._on_data, self._header_block, self._guard
+        )
         self._last_read = self._loop.time()
         self.closed: asyncio.Future[None] = self._loop.create_future()
 
     def _frame_table(self) -> dict[int, FrameHandler]:
-        """What handles each frame type but header blocks (the reader assembles those)."""
+        """What handles each frame type but DATA and header blocks (the reader assembles those)."""
         return {
-            h2.DATA: self._on_data,
             h2.SETTINGS: self._on_settings,
             h2.WINDOW_UPDATE: self._on_window_update,
             h2.PING: self._on_ping,
@@ -291,26 +291,26 @@ class Http2Connection(asyncio.BufferedProtocol):
         self._guard.reply()
         self._sender.write(frame)
 
-    def _on_data(self, stream_id: int, flags: int, payload: memoryview) -> None:
+    def _on_data(
+        self, stream_id: int, end_stream: bool, pieces: list[memoryview], length: int
+    ) -> None:
+        """A run of the stream's DATA frames (FrameReader): counted against the windows once."""
         if stream_id == 0:
             raise ConnectionError_(h2.PROTOCOL_ERROR, "DATA on stream 0")
-        self._credit(len(payload))  # padding counts against the window too
+        self._credit(length)  # padding counts against the window too
         stream = self._streams.get(stream_id)
         if stream is None or stream.remote_closed:
             if stream_id > self._highest_stream_id:
                 raise ConnectionError_(h2.PROTOCOL_ERROR, "DATA on an idle stream")
             return  # a stream we have already closed, reset or refused: its data is dropped
-        stream.recv_unacked += len(payload)
-        if flags & h2.PADDED:
-            payload = unpad(payload)
-        end_stream = bool(flags & h2.END_STREAM)
+        stream.recv_unacked += length
         if end_stream:
             stream.remote_closed = True
         elif stream.recv_unacked >= h2.MAX_WINDOW // 2:
             self._sender.write(h2.window_update(stream_id, stream.recv_unacked))
             stream.recv_unacked = 0
         if stream.handler is not None:
-            stream.handler.data_received(payload, end_stream)
+            stream.handler.data_received(pieces, end_stream)
 
     def _credit(self, received: int) -> None:
         """Count DATA against the connection's window; give credit back at half of it."""

@@ -61,6 +61,10 @@ class Sender:
 
     def write(self, *data: bytes | memoryview) -> None:
         self._out.extend(data)
+        self._flush_soon()
+
+    def _flush_soon(self) -> None:
+        """Have what was written leave at the end of this loop iteration."""
         if not self.flush_scheduled:
             self.flush_scheduled = True
             self._loop.call_soon(self.flush)
@@ -89,9 +93,7 @@ class Sender:
             callback()
             return
         self._after_flush.append(callback)
-        if not self.flush_scheduled:
-            self.flush_scheduled = True
-            self._loop.call_soon(self.flush)
+        self._flush_soon()
 
     def _check_drained(self) -> None:
         """Call back now if the transport holds nothing; else have it pause as long as it
@@ -170,19 +172,21 @@ class Sender:
 
     def _data_frames(self, stream_id: int, view: memoryview, size: int, end_stream: bool) -> None:
         """DATA frames of the peer's frame size for ``view[:size]`` (one empty one if 0): each
-        a header and a view, no copy; the full frames share one header."""
+        a header and a view, no copy, straight into what the next flush writes; the full frames
+        share one header."""
         max_frame = self.max_frame
         last = (size - 1) // max_frame * max_frame if size else 0  # where the last frame starts
-        pieces: list[bytes | memoryview] = []
+        out = self._out
         if last:
             full = h2.frame_header(h2.DATA, 0, stream_id, max_frame)
             for offset in range(0, last, max_frame):
-                pieces += (full, view[offset : offset + max_frame])
+                out.append(full)
+                out.append(view[offset : offset + max_frame])
         flags = h2.END_STREAM if end_stream else 0
-        pieces.append(h2.frame_header(h2.DATA, flags, stream_id, size - last))
+        out.append(h2.frame_header(h2.DATA, flags, stream_id, size - last))
         if size > last:
-            pieces.append(view[last:size])
-        self.write(*pieces)
+            out.append(view[last:size])
+        self._flush_soon()
 
     # --- what waits for the peer's windows ----------------------------------------------------
 

@@ -9,8 +9,9 @@ from typing import Protocol
 
 
 class StreamHandler(Protocol):
-    def data_received(self, data: memoryview, end_stream: bool) -> None:
-        """A DATA frame's payload, valid only during the call (copy what you keep)."""
+    def data_received(self, pieces: list[memoryview], end_stream: bool) -> None:
+        """The payloads of one or more DATA frames, in order, valid only during the call (copy
+        what you keep); ``end_stream``: the last one ended the peer's side."""
 
     def trailers_received(self) -> None:
         """The peer ended its side with a header block (trailers) instead of a DATA frame."""

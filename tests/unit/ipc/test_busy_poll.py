@@ -9,7 +9,14 @@ from collections.abc import Callable
 import pytest
 
 from shoal.ipc import busy_poll
-from shoal.ipc.busy_poll import LoopSpin, auto_budget_us
+from shoal.ipc.busy_poll import (
+    IdleCores,
+    IdleGate,
+    LoopSpin,
+    auto_budget_us,
+    auto_when_idle,
+    spare_cores_needed,
+)
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -133,5 +140,87 @@ def test_kick_without_an_installed_spin_does_nothing_and_install_0_is_off():
             assert spin.turns == turns  # idle: no turn spun
         finally:
             busy_poll.uninstall()
+
+    asyncio.run(scenario())
+
+
+def _stat(idle: int, busy: int, cores: int = 4) -> str:
+    """A ``/proc/stat`` text whose machine spent ``idle`` and ``busy`` jiffies in all."""
+    lines = [f"cpu  {busy} 0 0 {idle} 0 0 0 0 0 0"]
+    lines += [f"cpu{i} 0 0 0 0 0 0 0 0 0 0" for i in range(cores)]
+    return "\n".join([*lines, "intr 0", ""])
+
+
+def test_idle_cores_are_the_idle_share_of_the_interval_times_the_cores(tmp_path):
+    stat = tmp_path / "stat"
+    stat.write_text(_stat(idle=1000, busy=1000))
+    idle = IdleCores(str(stat))
+    assert idle.sample() == 0.0  # no interval yet
+    stat.write_text(_stat(idle=1300, busy=1100))  # 300 of 400 jiffies idle on 4 cores
+    assert idle.sample() == pytest.approx(3.0)
+    stat.write_text(_stat(idle=1300, busy=1500))  # none idle
+    assert idle.sample() == 0.0
+    assert IdleCores(str(tmp_path / "missing")).sample() == 0.0
+
+
+class TimerLoop(StepLoop):
+    def __init__(self) -> None:
+        super().__init__()
+        self.timers: list[Callable[[], None]] = []
+
+    def call_later(self, delay: float, callback: Callable[[], None]) -> TimerLoop:
+        self.timers.append(callback)
+        return self  # the handle: its cancel() is never called in these tests
+
+    def cancel(self) -> None:
+        raise AssertionError("not cancelled in these tests")
+
+
+class ScriptedIdle(IdleCores):
+    def __init__(self, values: list[float]) -> None:
+        super().__init__()
+        self.values = values
+
+    def sample(self) -> float:
+        return self.values.pop(0)
+
+
+def test_a_spin_gated_on_idle_cores_spins_only_while_they_are_there():
+    loop, clock = TimerLoop(), Clock()
+    spin = LoopSpin(loop, 100, clock)  # type: ignore[arg-type]
+    idle = ScriptedIdle([0.0, 3.0, 6.5, 2.5, 1.5, 3.5])
+    IdleGate(loop, spin, needed=4, idle=idle)  # type: ignore[arg-type]
+    spin.kick()  # no interval seen yet: not allowed
+    assert not spin.spinning and not loop.ready
+    allowed = []
+    for _ in range(5):  # 3 idle cores, 6.5, 2.5, 1.5, 3.5
+        loop.timers.pop(0)()
+        allowed.append(spin.allowed)
+        spin.kick()
+        assert spin.spinning == spin.allowed
+        _quiet_turns(loop, clock)
+    # on at 4 idle cores and up; once on, off below 2 (its own spins take some idle time)
+    assert allowed == [False, True, True, False, False]
+    assert len(loop.timers) == 1  # it keeps looking
+
+
+def test_auto_spins_while_idle_only_where_the_machine_can_have_idle_cores():
+    assert not auto_when_idle(2, cores=2)  # two cores: never
+    assert auto_when_idle(16, cores=16)  # the 16-core layout: while cores are idle
+    assert not auto_when_idle(4, cores=16)  # a core to spare: always, not gated
+    assert spare_cores_needed(16) == 4 and spare_cores_needed(4) == 3
+
+
+def test_install_when_idle_starts_gated_and_uninstall_stops_looking():
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        spin = busy_poll.install(loop, 100, when_idle=True)
+        try:
+            assert spin is not None and not spin.allowed
+            busy_poll.kick()
+            assert not spin.spinning
+        finally:
+            busy_poll.uninstall()
+        assert busy_poll._gate is None
 
     asyncio.run(scenario())

@@ -134,6 +134,10 @@ def test_frame_header_round_trip(length: int, stream_id: int) -> None:
     assert set(frame.flags) == {"END_STREAM", "PADDED"}
     high, low, kind, flags, sid = h2.FRAME_HEADER.unpack(header)
     assert ((high << 8) | low, kind, flags, sid) == (length, h2.DATA, 0x9, stream_id)
+    # read_header, at an offset, with the reserved bit set (a receiver ignores it)
+    wire = b"xyz" + header[:5] + bytes((header[5] | 0x80,)) + header[6:]
+    assert h2.read_header(memoryview(wire), 3) == (length, h2.DATA, 0x9, stream_id)
+    assert h2.read_header(bytearray(wire), 3) == (length, h2.DATA, 0x9, stream_id)
 
 
 def test_headers_frame() -> None:

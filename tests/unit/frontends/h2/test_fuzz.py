@@ -47,8 +47,9 @@ class _Echo:
         self.stream_id = stream_id
         self.data = bytearray()
 
-    def data_received(self, data: memoryview, end_stream: bool) -> None:
-        self.data += data
+    def data_received(self, pieces: list[memoryview], end_stream: bool) -> None:
+        for piece in pieces:
+            self.data += piece
         if end_stream:
             self.trailers_received()
 

@@ -21,24 +21,27 @@ def _data_frame(stream_id: int, payload: bytes, flags: int = 0) -> bytes:
 
 
 def _reader(frames: list[tuple[int, int, bytes]]) -> FrameReader:
-    """A reader whose DATA pieces are put back together into ``frames``: a piece that
-    continues the last frame's stream before its END_STREAM is appended to it. (The frames of
-    _stream() are such that this cannot join two frames: no two of one stream in a row
-    without END_STREAM between them.)"""
+    """A reader whose DATA (runs of frames, and pieces of frames) is put back together into
+    ``frames``: what continues the last entry's stream before its END_STREAM is appended to
+    it. (The frames of _stream() are such that this cannot join two frames: no two of one
+    stream in a row without END_STREAM between them, but stream 5's, which a run joins.)"""
     loop = asyncio.new_event_loop()
     loop.close()  # the guard only reads the time; no frame here is a flood
     guard = FloodGuard(FloodLimits(), loop)
-    open_frame: list[bool] = [False]  # whether the last frame may go on (no END_STREAM yet)
+    open_frame: list[bool] = [False]  # whether the last entry may go on (no END_STREAM yet)
 
-    def on_data(stream_id: int, flags: int, payload: memoryview) -> None:
+    def on_data(stream_id: int, end: bool, pieces: list[memoryview], length: int) -> None:
+        assert length == sum(len(piece) for piece in pieces)  # no padding here
+        flags = h2.END_STREAM if end else 0
+        payload = b"".join(pieces)
         if open_frame[0] and frames and frames[-1][0] == stream_id and frames[-1][1] == 0:
             last = frames.pop()
-            frames.append((stream_id, flags, last[2] + bytes(payload)))
+            frames.append((stream_id, flags, last[2] + payload))
         else:
-            frames.append((stream_id, flags, bytes(payload)))
-        open_frame[0] = reader.half_read()
+            frames.append((stream_id, flags, payload))
+        open_frame[0] = reader.half_read() or not end
 
-    reader = FrameReader({h2.DATA: on_data}, lambda *_: None, guard)
+    reader = FrameReader({}, on_data, lambda *_: None, guard)
     return reader
 
 
@@ -52,7 +55,7 @@ def _stream() -> tuple[bytes, list[tuple[int, int, bytes]]]:
         (5, h2.END_STREAM, b"tail"),
     ]
     wire = h2.PREFACE + b"".join(_data_frame(s, p, f) for s, f, p in expected)
-    return wire, expected
+    return wire, [*expected[:3], (5, h2.END_STREAM, b"x" * 16384 + b"tail")]
 
 
 @pytest.mark.parametrize("piece", [1, 5, 9, 10, 4096, 16393, 65536, 1 << 30])
@@ -86,10 +89,10 @@ def test_a_cut_data_frame_comes_out_as_it_arrives() -> None:
     loop = asyncio.new_event_loop()
     loop.close()
 
-    def on_data(stream_id: int, flags: int, payload: memoryview) -> None:
-        pieces.append((stream_id, flags, bytes(payload)))
+    def on_data(stream_id: int, end: bool, run: list[memoryview], length: int) -> None:
+        pieces.append((stream_id, h2.END_STREAM if end else 0, b"".join(run)))
 
-    reader = FrameReader({h2.DATA: on_data}, lambda *_: None, FloodGuard(FloodLimits(), loop))
+    reader = FrameReader({}, on_data, lambda *_: None, FloodGuard(FloodLimits(), loop))
     third = len(h2.PREFACE) + 9 + 200 + 9 + 9  # the payload of the 100 KiB frame
     reader.feed(wire[: third + 1000])
     assert pieces[-1] == (1, 0, bytes(1000)) and reader.half_read()
