@@ -269,11 +269,9 @@ class LentArena:
 
 def take_blocks(arena: LentArena | None, flat: list[int]) -> list[Block]:
     """The blocks of ``arena`` a relayed call names (``[segment, offset, nbytes] * n``)."""
-    if not flat:
-        return []
-    if arena is None:
-        raise ValueError("a relayed call names blocks of an arena the core lacks")
-    return arena.take(flat)
+    if flat and arena is None:
+        raise ValueError("a packed call names blocks of an arena the core lacks")
+    return arena.take(flat) if arena is not None and flat else []
 
 
 def give_blocks_back(arena: LentArena | None, blocks: list[Block], *, freed: bool) -> None:

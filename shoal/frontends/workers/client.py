@@ -290,17 +290,15 @@ class RemoteCore(CoreAPI):
 
     async def infer(self, request: InferRequest) -> InferResponse:
         prepared = self._prepare(request)
-        staged = None
-        if prepared is not None:
-            staged = prepared.staged
-            if prepared.fields is not None:
-                try:
-                    answer, views = await self._async("packed", prepared.fields, [prepared.head])
-                    return self._response(answer, views)
-                except PackedRefused as refused:
-                    if refused.stale:
-                        self.snapshots.drop(request.model_name, request.model_version)
+        if prepared is not None and prepared.fields is not None:
+            try:
+                answer, views = await self._async("packed", prepared.fields, [prepared.head])
+                return self._response(answer, views)
+            except PackedRefused as refused:  # sent again the core's way, with what is staged
+                if refused.stale:
+                    self.snapshots.drop(request.model_name, request.model_version)
         payloads: list[memoryview | bytes] = []
+        staged = None if prepared is None else prepared.staged
         fields = self._request_fields(request, payloads, staged)
         answer, views = await self._async("infer", fields, payloads)
         return self._response(answer, views)

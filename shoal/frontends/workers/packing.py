@@ -24,7 +24,7 @@ from typing import Any
 
 import msgpack
 
-from shoal.core.types import InferRequest
+from shoal.core.types import InferInput, InferRequest
 from shoal.ipc.arena import Block
 from shoal.ipc.dtypes import BytesFormatError, byte_size, deserialize_bytes, element_count
 from shoal.ipc.tensor import INLINE_TENSOR_MAX, InlineBytes, TensorDesc
@@ -116,20 +116,17 @@ class PackedRefused(Exception):
 
 
 class Restage:
-    """The ``place`` of a request sent the core's way after the relay staged it: each raw
-    input in turn goes in the block the relay placed it in, else through ``place``."""
+    """The ``place`` of a request sent the core's way after it was staged for packing: each raw
+    input in turn goes in the block it was staged in, else through ``place``."""
 
     def __init__(self, staged: list[Block | None], place: Stage | None) -> None:
-        self._staged = staged
+        self._staged = iter(staged)
         self._place = place
-        self._next = 0
 
     def __call__(self, view: memoryview) -> Block | None:
-        index = self._next
-        self._next += 1
-        block = self._staged[index] if index < len(self._staged) else None
+        block = next(self._staged, None)
         if block is None and self._place is not None:
-            block = self._place(view)
+            return self._place(view)
         return block
 
 
@@ -150,47 +147,82 @@ class Prepared:
 def prepare(request: InferRequest, snapshot: Snapshot, stage: Stage | None) -> Prepared | None:
     """``request`` checked against ``snapshot`` and staged, or None (nothing staged) where the
     core must see it: any check it would fail, anything unusual. ``stage`` places an input in
-    the worker's arena (None: the worker has none, so only inline inputs relay)."""
+    the worker's arena (None: the worker has none, so only inline inputs are packed)."""
     views = _checked(request, snapshot)
     if views is None:
         return None
     prepared = Prepared()
+    descs = _staged(request, snapshot, views, stage, prepared.staged)
+    if descs is None:  # the arena is full: the core's way, with what is staged so far
+        return prepared
+    prepared.head = _head(_record(request, snapshot, descs))
+    prepared.fields = _fields(request, snapshot, prepared.staged)
+    return prepared
+
+
+def _staged(
+    request: InferRequest,
+    snapshot: Snapshot,
+    views: list[memoryview],
+    stage: Stage | None,
+    staged: list[Block | None],
+) -> list[list[Any]] | None:
+    """Each input's descriptor on the wire: inline in the record up to the model's budget, else
+    in a block of the worker's arena (appended to ``staged``, None for an inline one); None when
+    the arena is full."""
     room = snapshot.inline_budget
     descs: list[list[Any]] = []
-    private = 0
     for index, tensor in enumerate(request.inputs):
         view = views[index]
-        shape = _model_shape(snapshot, snapshot.inputs[tensor.name], tensor.shape)
+        location: Block | InlineBytes | None = None
         if view.nbytes <= INLINE_TENSOR_MAX and view.nbytes <= room:
             room -= view.nbytes
-            inline = InlineBytes(bytes(view))
-            descs.append(TensorDesc(tensor.name, tensor.datatype, shape, inline).to_wire())
-            prepared.staged.append(None)
-            continue
-        block = None if stage is None else stage(view)
-        prepared.staged.append(block)
-        if block is None:  # the arena is full: the core's way, with what is staged so far
-            return prepared
-        private |= 1 << index  # this request's own copy: the model may write it
-        descs.append(TensorDesc(tensor.name, tensor.datatype, shape, block).to_wire())
-    timeout = request.parameters.get("timeout", 0) if request.parameters else 0
+            location = InlineBytes(bytes(view))
+            staged.append(None)
+        else:
+            location = None if stage is None else stage(view)
+            staged.append(location)
+        if location is None:
+            return None
+        shape = _model_shape(snapshot, snapshot.inputs[tensor.name], tensor.shape)
+        descs.append(TensorDesc(tensor.name, tensor.datatype, shape, location).to_wire())
+    return descs
+
+
+def _record(request: InferRequest, snapshot: Snapshot, descs: list[list[Any]]) -> list[Any]:
+    """The record's fields up to ``timeout_us`` (``RequestRecord.to_wire``)."""
     outputs = [o.name for o in request.outputs] if request.outputs else snapshot.outputs
-    record = [request.id, 0, 0, request.parameters, outputs, descs, timeout]
-    prepared.head = _head(record)
-    flat: list[int] = []
-    for block in prepared.blocks():
-        flat += (block.segment, block.offset, block.nbytes)
-    prepared.fields = [
+    return [request.id, 0, 0, request.parameters, outputs, descs, _timeout(request)]
+
+
+def _timeout(request: InferRequest) -> Any:
+    """The ``timeout`` parameter (µs; an integer, or the request is not packed)."""
+    return request.parameters.get("timeout", 0) if request.parameters else 0
+
+
+def _fields(request: InferRequest, snapshot: Snapshot, staged: list[Block | None]) -> list[Any]:
+    """What the core reads of a packed call (``core/packed.py``)."""
+    return [
         request.model_name,
         request.model_version,
         snapshot.generation,
         request.id,
         _batch_size(snapshot, request),
-        timeout,
-        private,
-        flat,
+        _timeout(request),
+        _private(staged),
+        _flat(staged),
     ]
-    return prepared
+
+
+def _private(staged: list[Block | None]) -> int:
+    """The inputs in a block of their own (``RequestRecord.private_inputs``): the model may
+    write them."""
+    return sum(1 << index for index, block in enumerate(staged) if block is not None)
+
+
+def _flat(staged: list[Block | None]) -> list[int]:
+    """``[segment, offset, nbytes] * n`` of the blocks staged."""
+    return [n for b in staged if b is not None for n in (b.segment, b.offset, b.nbytes)]
 
 
 def _head(record: list[Any]) -> bytes:
@@ -201,48 +233,59 @@ def _head(record: list[Any]) -> bytes:
 
 def _checked(request: InferRequest, snapshot: Snapshot) -> list[memoryview] | None:
     """Each input's bytes when the core would accept the request as it is; None otherwise."""
-    if not _plain_fields(request, snapshot):
+    if not (_plain_parameters(request) and _plain_outputs(request, snapshot)):
         return None
-    rules = snapshot.inputs
     count = len(request.inputs)
-    if count < len(snapshot.required) or count > len(rules):
+    if count < len(snapshot.required) or count > len(snapshot.inputs):
         return None
     views: list[memoryview] = []
     seen: set[str] = set()
     for tensor in request.inputs:
-        rule = rules.get(tensor.name)
-        if rule is None or tensor.name in seen or tensor.datatype != rule.datatype:
-            return None
-        if tensor.parameters and _REGION in tensor.parameters:
-            return None
-        seen.add(tensor.name)
-        if not _shape_ok(snapshot, rule, tuple(tensor.shape)):
-            return None
-        view = _bytes_ok(tensor.data, tensor.datatype, tensor.shape)
+        view = _input_bytes(snapshot, tensor, seen)
         if view is None:
             return None
         views.append(view)
-    for name in snapshot.required:
-        if name not in seen:
-            return None
-    return views
+    return views if _required_given(snapshot, seen) else None
 
 
-def _plain_fields(request: InferRequest, snapshot: Snapshot) -> bool:
-    """No sequence fields, client shared memory or classification; ASCII text (the core's
-    UTF-8 check passes); an integer timeout; outputs the model has."""
+def _input_bytes(snapshot: Snapshot, tensor: InferInput, seen: set[str]) -> memoryview | None:
+    """The bytes of an input the model has, given once, of its datatype and a shape and size
+    the core accepts, in no client shared memory (added to ``seen``); None otherwise."""
+    rule = snapshot.inputs.get(tensor.name)
+    if rule is None or tensor.name in seen or tensor.datatype != rule.datatype:
+        return None
+    if tensor.parameters and _REGION in tensor.parameters:
+        return None
+    seen.add(tensor.name)
+    if not _shape_ok(snapshot, rule, tuple(tensor.shape)):
+        return None
+    return _bytes_ok(tensor.data, tensor.datatype, tensor.shape)
+
+
+def _required_given(snapshot: Snapshot, seen: set[str]) -> bool:
+    return all(name in seen for name in snapshot.required)
+
+
+def _plain_parameters(request: InferRequest) -> bool:
+    """No sequence fields; ASCII text (the core's UTF-8 check passes); an integer timeout."""
     if not request.id.isascii():
         return False
     for name, value in request.parameters.items():
-        if name in _SEQUENCE or not name.isascii():
+        if name in _SEQUENCE or not name.isascii() or not _plain_value(name, value):
             return False
-        if isinstance(value, str):
-            if not value.isascii():
-                return False
-        elif type(value) not in _SCALARS:
-            return False
-        if name == "timeout" and type(value) is not int:
-            return False
+    return True
+
+
+def _plain_value(name: str, value: object) -> bool:
+    if name == "timeout":
+        return type(value) is int
+    if isinstance(value, str):
+        return value.isascii()
+    return type(value) in _SCALARS
+
+
+def _plain_outputs(request: InferRequest, snapshot: Snapshot) -> bool:
+    """Outputs the model has, none in client shared memory or asking for classes."""
     for output in request.outputs:
         if output.name not in snapshot.output_names:
             return False
