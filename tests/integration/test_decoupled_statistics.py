@@ -47,3 +47,59 @@ def test_streamed_requests_have_compute_times() -> None:
         assert int(infer[stage]["count"]) == 2, (stage, infer)
     assert int(infer["compute_infer"]["ns"]) > 0
     assert int(infer["success"]["ns"]) >= int(infer["compute_infer"]["ns"])
+
+
+# Sends its final response, then takes 0.3 s more before execute returns.
+FINAL_FIRST = """
+import time
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            out = pb_utils.Tensor("OUT", np.array([1], dtype=np.int32))
+            sender.send(
+                pb_utils.InferenceResponse([out]),
+                flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
+            )
+        time.sleep(0.3)
+        return None
+"""
+
+
+def test_a_request_answered_before_execute_returns_lasts_its_execution(tmp_path) -> None:
+    model = tmp_path / "final_first"
+    (model / "1").mkdir(parents=True)
+    (model / "1" / "model.py").write_text(FINAL_FIRST)
+    (model / "config.pbtxt").write_text(
+        'backend: "python"\nmax_batch_size: 0\nmodel_transaction_policy { decoupled: true }\n'
+        'input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
+        'output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
+    )
+    with ShoalServer(tmp_path) as server:
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        answers: queue.Queue = queue.Queue()
+        client.start_stream(callback=lambda result, error: answers.put((result, error)))
+        try:
+            tensor = grpcclient.InferInput("IN", [1], "INT32")
+            tensor.set_data_from_numpy(np.array([1], dtype=np.int32))
+            client.async_stream_infer("final_first", [tensor])
+            _result, error = answers.get(timeout=30)
+            assert error is None, error
+        finally:
+            client.stop_stream()
+        deadline = time.monotonic() + 30
+        stats = client.get_inference_statistics("final_first", as_json=True)["model_stats"][0]
+        while int(stats["inference_stats"]["success"].get("count", 0)) < 1:
+            assert time.monotonic() < deadline, stats
+            time.sleep(0.05)  # polling the statistics, not waiting on time
+            stats = client.get_inference_statistics("final_first", as_json=True)["model_stats"][0]
+        client.close()
+    infer = stats["inference_stats"]
+    assert int(infer["compute_infer"]["ns"]) >= 300_000_000, infer
+    # Triton ends such a request with its execution: its success time covers compute_infer.
+    assert int(infer["success"]["ns"]) >= int(infer["compute_infer"]["ns"]), infer
