@@ -123,6 +123,9 @@ class Answers:
             elif work.stream is not None and not self.warming:
                 work.compute_ns = result.compute_ns if result.executed else (0, 0, 0)
                 if work.final_ns:  # the final response came before execute returned
+                    # The request lasted as long as its execution at least (Triton ends it at
+                    # the execution's end): never a success shorter than its compute_infer.
+                    work.final_ns = time.monotonic_ns()
                     self._stream_done(work)
         return again
 
@@ -187,8 +190,9 @@ class Answers:
         return completion
 
     def _stream_done(self, work: Work) -> None:
-        """A decoupled request's statistics, as Triton's: from enqueued to its final response,
-        with the compute times of the execution that ran it."""
+        """A decoupled request's statistics, as Triton's: from enqueued to its final response
+        (or to its execution's end, if that came later), with the compute times of the
+        execution that ran it."""
         compute = work.compute_ns if work.compute_ns is not None else (0, 0, 0)
         queue_ns = work.dispatched_ns - work.enqueued_ns
         self._stats.success(work.batch_size, work.final_ns - work.enqueued_ns, queue_ns, compute)
