@@ -105,6 +105,7 @@ HOT_PATH: tuple[str, ...] = (
     "shoal/frontends/grpc/native_call.py",
     "shoal/frontends/grpc/native.py",
     "shoal/frontends/workers/client.py",
+    "shoal/frontends/workers/packing.py",
     "shoal/stub/executor.py",
     "shoal/stub/execute_checks.py",
     "shoal/stub/memory.py",

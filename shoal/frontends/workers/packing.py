@@ -18,6 +18,7 @@ own way, with the blocks it staged.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -227,8 +228,21 @@ def _flat(staged: list[Block | None]) -> list[int]:
 
 def _head(record: list[Any]) -> bytes:
     """The record's first seven fields packed as the start of its eleven-field array."""
-    packed: bytes = msgpack.packb(record, use_bin_type=True)
-    return b"\x9b" + packed[1:]  # a seven-item fixarray's header, made an eleven-item one
+    try:
+        packer = _packers.packer
+    except AttributeError:
+        packer = _packers.packer = msgpack.Packer(use_bin_type=True, autoreset=False)
+    packer.pack_array_header(11)
+    for field in record:
+        packer.pack(field)
+    head: bytes = packer.bytes()
+    packer.reset()
+    return head
+
+
+#: One packer per thread (``msgpack.packb`` makes one, and its buffer, per call), used without
+#: autoreset: a record's head is packed piece by piece into its buffer.
+_packers = threading.local()
 
 
 def _checked(request: InferRequest, snapshot: Snapshot) -> list[memoryview] | None:
