@@ -228,10 +228,7 @@ def _flat(staged: list[Block | None]) -> list[int]:
 
 def _head(record: list[Any]) -> bytes:
     """The record's first seven fields packed as the start of its eleven-field array."""
-    try:
-        packer = _packers.packer
-    except AttributeError:
-        packer = _packers.packer = msgpack.Packer(use_bin_type=True, autoreset=False)
+    packer = _packer()
     packer.pack_array_header(11)
     for field in record:
         packer.pack(field)
@@ -243,6 +240,14 @@ def _head(record: list[Any]) -> bytes:
 #: One packer per thread (``msgpack.packb`` makes one, and its buffer, per call), used without
 #: autoreset: a record's head is packed piece by piece into its buffer.
 _packers = threading.local()
+
+
+def _packer() -> msgpack.Packer:
+    try:
+        return _packers.packer
+    except AttributeError:
+        packer = _packers.packer = msgpack.Packer(use_bin_type=True, autoreset=False)
+        return packer
 
 
 def _checked(request: InferRequest, snapshot: Snapshot) -> list[memoryview] | None:
