@@ -157,20 +157,21 @@ class IdleGate:
         loop: asyncio.AbstractEventLoop,
         spin: LoopSpin,
         needed: float,
-        idle: IdleCores | None = None,
+        idle_cores: Callable[[], float] | None = None,
     ) -> None:
         self._loop = loop
         self._spin = spin
         self._needed = needed
-        self._idle = idle or IdleCores()
+        #: Idle cores since its previous call (``IdleCores.sample``).
+        self._idle_cores = idle_cores or IdleCores().sample
         self._timer: asyncio.TimerHandle | None = None
         spin.allowed = False  # until a first interval has been seen
-        self._idle.sample()
+        self._idle_cores()
         self._timer = loop.call_later(IDLE_SAMPLE_S, self.look)
 
     def look(self) -> None:
         spin = self._spin
-        idle = self._idle.sample()
+        idle = self._idle_cores()
         spin.allowed = idle >= (self._needed / 2 if spin.allowed else self._needed)
         self._timer = self._loop.call_later(IDLE_SAMPLE_S, self.look)
 

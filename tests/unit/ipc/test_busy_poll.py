@@ -176,20 +176,11 @@ class TimerLoop(StepLoop):
         raise AssertionError("not cancelled in these tests")
 
 
-class ScriptedIdle(IdleCores):
-    def __init__(self, values: list[float]) -> None:
-        super().__init__()
-        self.values = values
-
-    def sample(self) -> float:
-        return self.values.pop(0)
-
-
 def test_a_spin_gated_on_idle_cores_spins_only_while_they_are_there():
     loop, clock = TimerLoop(), Clock()
     spin = LoopSpin(loop, 100, clock)  # type: ignore[arg-type]
-    idle = ScriptedIdle([0.0, 3.0, 6.5, 2.5, 1.5, 3.5])
-    IdleGate(loop, spin, needed=4, idle=idle)  # type: ignore[arg-type]
+    idle = [0.0, 3.0, 6.5, 2.5, 1.5, 3.5]
+    IdleGate(loop, spin, needed=4, idle_cores=lambda: idle.pop(0))  # type: ignore[arg-type]
     spin.kick()  # no interval seen yet: not allowed
     assert not spin.spinning and not loop.ready
     allowed = []
