@@ -159,6 +159,10 @@ class FrameReader:
         length = h2.read_header(buffer, 0)[0]
         if length > RECEIVE_MAX_FRAME:
             raise ConnectionError_(h2.FRAME_SIZE_ERROR, f"a frame of {length} bytes")
+        if len(buffer) == size and self._begin_data(memoryview(buffer)):
+            # A large DATA frame whose header was cut: its payload goes on in pieces too.
+            self._buffer = bytearray()
+            return self._data_piece(view)
         taken = size + length - len(buffer)
         buffer += view[:taken]
         if len(buffer) < size + length:
