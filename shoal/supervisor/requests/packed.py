@@ -18,8 +18,9 @@ from typing import Any
 
 from shoal.core.errors import ShoalError
 from shoal.core.packed import PackedCall
-from shoal.core.types import InferRequest
+from shoal.core.types import InferInput, InferRequest, ParamValue, RequestedOutput
 from shoal.ipc.records import RequestRecord
+from shoal.ipc.tensor import CudaRegionLocation, RegionLocation, TensorDesc
 from shoal.supervisor.drain import DrainGate
 from shoal.supervisor.extensions.trace_settings import TraceSettings
 from shoal.supervisor.models.loaded import LoadedModels
@@ -29,6 +30,19 @@ from shoal.supervisor.schedulers.default import DefaultScheduler
 
 #: The classes a packed request asks for: none (a worker packs no request that asks).
 NO_CLASSES: dict[str, int] = {}
+
+# The empty containers of every packed request's record and request, shared: seven fewer
+# objects made and freed per request. Nothing fills them: a packed record's fields travel
+# packed (``messages.encode`` splices ``packed``), only the default scheduler takes it (the
+# schedulers that rewrite a record's inputs never do), and its request has no inputs, outputs
+# or parameters to add to. A test checks they stay empty after requests.
+_EMPTY_PARAMETERS: dict[str, Any] = {}
+_EMPTY_NAMES: list[str] = []
+_EMPTY_INPUTS: list[TensorDesc] = []
+_EMPTY_REGIONS: dict[str, RegionLocation | CudaRegionLocation] = {}
+_EMPTY_TENSORS: list[InferInput] = []
+_EMPTY_OUTPUTS: list[RequestedOutput] = []
+_NO_PARAMS: dict[str, ParamValue] = {}
 
 #: The most ``(model, version)`` pairs numbered for packed calls (:class:`PackingSlots`): the
 #: versions a client may name are many ("1", "01", ...); past it, requests take the core's way.
@@ -95,7 +109,7 @@ def version_for(slots: PackingSlots, call: PackedCall) -> tuple[str, ModelVersio
         return None
     if mv.state is not ModelState.READY or mv.down is not None:
         return None
-    call.request = InferRequest(name, version, call.request_id)
+    call.request = request(name, version, call)
     return name, mv
 
 
@@ -117,19 +131,26 @@ def admit(
 
 def record(call: PackedCall, trace_context: str) -> RequestRecord:
     """The record the core schedules ``call`` with: its scheduling fields, the packed bytes
-    (``RequestRecord.packed``) in place of the rest."""
+    (``RequestRecord.packed``) in place of the rest (its containers the shared empty ones)."""
     return RequestRecord(
         call.request_id,
         0,
         0,
-        {},
-        [],
-        [],
+        _EMPTY_PARAMETERS,
+        _EMPTY_NAMES,
+        _EMPTY_INPUTS,
         call.timeout_us,
-        private_inputs=call.private_inputs,
-        trace_context=trace_context,
-        packed=call.head,
+        0,
+        _EMPTY_REGIONS,
+        call.private_inputs,
+        trace_context,
+        call.head,
     )
+
+
+def request(name: str, version: str, call: PackedCall) -> InferRequest:
+    """What the answer to ``call`` names (its containers the shared empty ones)."""
+    return InferRequest(name, version, call.request_id, _EMPTY_TENSORS, _EMPTY_OUTPUTS, _NO_PARAMS)
 
 
 def snapshot(summary: ModelSummary, slot: int) -> list[Any]:

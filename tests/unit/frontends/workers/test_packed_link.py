@@ -22,6 +22,7 @@ from shoal.frontends.workers.packing import Snapshot, prepare
 from shoal.frontends.workers.pool import WorkerPool
 from shoal.supervisor.compose import build_service
 from shoal.supervisor.instances.loopback import Loopback
+from shoal.supervisor.requests import packed
 from shoal.supervisor.service import InferenceService
 
 pytestmark = pytest.mark.timeout(20)
@@ -155,6 +156,9 @@ def test_a_relayed_call_is_answered_and_its_block_comes_back(service):
             assert link.arena is not None and link.arena.held == 0 and not link.calls
             stats = service.model_statistics("echo")[0]
             assert stats.inference_stats.success.count == 1
+            # the empty containers its record and request shared are empty still
+            shared = [getattr(packed, name) for name in dir(packed) if name.startswith("_EMPTY")]
+            assert len(shared) == 6 and not any(shared) and not packed._NO_PARAMS
         finally:
             await _close(service, link, staging)
 
