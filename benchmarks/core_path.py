@@ -1,7 +1,7 @@
 """The core's own CPU per small request, in one process: the service over a loopback stub.
 
     .venv/bin/python -m benchmarks.core_path [--requests 20000] [-c 8] [--rounds 3]
-        [--ways task,callback,link]
+        [--ways task,callback,link] [--batched]
 
 Runs ``identity`` (64-byte FP32 tensors, one instance) through the inference service three
 ways, ``-c`` requests in flight, and prints the process's CPU time per request:
@@ -17,6 +17,10 @@ ways, ``-c`` requests in flight, and prints the process's CPU time per request:
   and ``_Link.on_call`` to ``start_infer``, and the answer frames leave through its real
   ``Outbox``. Only the socket is replaced, by a stand-in that keeps what the core writes and
   sends the next call once an answer arrives (:class:`_WorkerEnd`).
+
+``--batched`` puts the dynamic batcher in front of the same model (``batched_identity``'s
+settings: up to 64 requests of shape [1, 16] per Execute, 1 ms queue delay): the core's cost per
+request where requests share their Execute and Result.
 
 The loopback stub (the Execute/Result codec and the model function; small outputs inline in the
 Result, as a real stub answers) runs in the same process
@@ -61,7 +65,14 @@ max_batch_size: 0
 input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
 output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
 """
+#: ``--batched``: the dynamic batcher in front of the same identity (``batched_identity`` of
+#: ``benchmarks/models``), requests of shape [1, 16].
+BATCHED_CONFIG = CONFIG.replace("max_batch_size: 0", "max_batch_size: 64") + (
+    "dynamic_batching { max_queue_delay_microseconds: 1000 }\n"
+)
 DATA = np.zeros(16, np.float32).tobytes()
+#: The request's shape: (16,), or (1, 16) with ``--batched``.
+SHAPE: list[tuple[int, ...]] = [(16,)]
 WAYS = ("task", "callback", "link", "packed")
 
 
@@ -78,7 +89,7 @@ def _identity(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 
 def _request() -> InferRequest:
-    return InferRequest("identity", inputs=[InferInput("INPUT0", "FP32", (16,), DATA)])
+    return InferRequest("identity", inputs=[InferInput("INPUT0", "FP32", SHAPE[0], DATA)])
 
 
 class _WorkerEnd(asyncio.Transport):
@@ -265,13 +276,15 @@ async def _measure(
         await service.shutdown(5.0)
 
 
-def on_identity(prefix: str, measure: Callable[[str], Coroutine[Any, Any, T]]) -> T:
+def on_identity(
+    prefix: str, measure: Callable[[str], Coroutine[Any, Any, T]], config: str = CONFIG
+) -> T:
     """``measure(repository)`` over a temporary repository of one identity model, on the loop
     shoal serves on (uvloop where installed: asyncio's own loop is Python and would count)."""
     with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
         model = Path(tmp) / "identity"
         (model / "1").mkdir(parents=True)
-        (model / "config.pbtxt").write_text(CONFIG)
+        (model / "config.pbtxt").write_text(config)
         (model / "1" / "model.py").write_text("class TritonPythonModel:\n    pass\n")
         try:
             import uvloop
@@ -287,18 +300,34 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument(
         "--ways",
-        default=",".join(WAYS),
+        default=None,
         help="comma-separated, of: " + ", ".join(WAYS) + " (the first also warms up)",
     )
+    parser.add_argument(
+        "--batched",
+        action="store_true",
+        help="the dynamic batcher in front of identity (max_batch_size 64, 1 ms queue delay)",
+    )
     options = parser.parse_args()
-    ways = options.ways.split(",")
+    default = [way for way in WAYS if way != "packed"] if options.batched else WAYS
+    ways = options.ways.split(",") if options.ways else list(default)
     if not ways or any(way not in WAYS for way in ways):
         parser.error(f"--ways takes some of {', '.join(WAYS)}")
+    if options.batched:
+        if "packed" in ways:  # the worker packs no request that a batcher forms batches from
+            parser.error(
+                "--batched: a batcher's requests are not packed (ways task, callback, link)"
+            )
+        SHAPE[0] = (1, 16)
     result = on_identity(
         "shoal-core-path-",
         lambda repo: _measure(repo, options.requests, options.concurrency, options.rounds, ways),
+        BATCHED_CONFIG if options.batched else CONFIG,
     )
-    print(f"hot path {shoal._compiled.state}, c={options.concurrency}, CPU µs per request:")
+    model = "batched identity" if options.batched else "identity"
+    print(
+        f"{model}, hot path {shoal._compiled.state}, c={options.concurrency}, CPU µs per request:"
+    )
     for way, value in result.items():
         print(f"  {way:>8}: {value:6.1f}")
 

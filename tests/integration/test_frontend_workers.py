@@ -251,6 +251,24 @@ def _stub_of(server: ShoalServer, model: str) -> int:
     raise AssertionError(f"no stub of {model}")
 
 
+#: ``clock_nanosleep`` on x86-64 and arm64: what ``time.sleep`` waits in (Python 3.11+).
+_CLOCK_NANOSLEEP = {"x86_64": 230, "aarch64": 115}
+
+
+def _until_in_model_sleep(pid: int, timeout: float = 30.0) -> None:
+    """Wait until a thread of stub ``pid`` sleeps in ``time.sleep``: slow_echo's execute holds
+    its request (an idle stub waits on its doorbell instead, another system call)."""
+    number = str(_CLOCK_NANOSLEEP[os.uname().machine])
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{task}/syscall") as f:
+                if f.read().split(" ", 1)[0] == number:
+                    return
+        time.sleep(0.01)  # polling the stub's state
+    raise AssertionError(f"stub {pid} never started executing the request")
+
+
 def _slow_echo(module, url: str, data: np.ndarray, seconds: float = 0.0) -> np.ndarray:
     client = module.InferenceServerClient(url)
     try:
@@ -308,7 +326,7 @@ def test_a_worker_killed_with_large_requests_in_flight_leaves_nothing_mapped(ser
         client.async_infer(
             "slow_echo", inputs, callback=lambda result, error: results.put((result, error))
         )
-        time.sleep(0.3)  # the call reaches the stub (it cannot be observed from outside)
+        _until_in_model_sleep(stub)  # the call has reached the stub and holds its input
     held = worker_arenas(stub)
     assert held, "the request never reached the stub"
     os.kill(pids[0], signal.SIGKILL)
