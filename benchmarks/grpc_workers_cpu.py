@@ -10,6 +10,10 @@ counters cannot tell them apart), the core's and the stubs', and the requests pe
 
     .venv/bin/python -m benchmarks.grpc_workers_cpu --bytes 4194304 -c 8 --rounds 3
     .venv/bin/python -m benchmarks.grpc_workers_cpu --bytes 64 -c 64 --rounds 2
+
+h2load sends DATA frames of 16 KiB; ``--grpc-client python`` drives gRPC with ``shoal.perf``'s
+built-in client instead (grpcio, as ``tritonclient.grpc``: frames up to the server's 1 MiB),
+itself a heavier load on the machine.
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ def _cell(server: TracedServer, protocol: str, args: argparse.Namespace) -> dict
         concurrency=(args.concurrency,),
         duration_s=args.duration,
         warmup_s=1.0,
-        client=_CLIENTS[protocol],
+        client=args.grpc_client if protocol == "grpc" else _CLIENTS[protocol],
     )
     (result,) = run_loop(run(config))
     cpu_after = cpu_seconds(server.process.pid)
@@ -61,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--frontend-workers", type=int, default=2)
     parser.add_argument("--protocols", default="grpc,http")
+    parser.add_argument("--grpc-client", choices=("h2load", "python"), default="h2load")
     args = parser.parse_args(argv)
     protocols = args.protocols.split(",")
     with tempfile.TemporaryDirectory(prefix="shoal-grpc-workers-") as tmp:

@@ -94,6 +94,7 @@ HOT_PATH: tuple[str, ...] = (
     "shoal/frontends/h2/streams.py",
     "shoal/frontends/h2/sending.py",
     "shoal/frontends/h2/reading.py",
+    "shoal/frontends/h2/placing.py",
     "shoal/frontends/h2/connection.py",
     "shoal/frontends/grpc/_wire.py",
     "shoal/frontends/grpc/_params.py",

@@ -154,6 +154,14 @@ class NativeCall(StreamHandler):
         if end_stream:
             self._requests_end()
 
+    def receive_buffer(self, nbytes: int) -> memoryview | None:
+        return None if self._done else self._reader.receive_buffer(nbytes)
+
+    def data_placed(self, nbytes: int, end_stream: bool) -> None:
+        self._reader.placed(nbytes)
+        if end_stream:
+            self._requests_end()
+
     def trailers_received(self) -> None:
         self._requests_end()
 

@@ -200,6 +200,27 @@ class MessageReader:
                 return
             view = view[size:]
 
+    def receive_buffer(self, nbytes: int) -> memoryview | None:
+        """Where up to ``nbytes`` of the message may be read straight into (then
+        :meth:`placed`): the rest of the arena block of the large tensor being received."""
+        splitter = self._splitter
+        if splitter is None or self.closed:
+            return None
+        return splitter.receive_buffer(min(nbytes, self._expected - self._filled))
+
+    def placed(self, nbytes: int) -> None:
+        """``nbytes`` were read into :meth:`receive_buffer`'s view: counted as :meth:`feed`
+        counts a payload, without the copy."""
+        splitter = self._splitter
+        if splitter is None or self.closed:
+            return
+        if not self._held_whole and not self._hold(nbytes):
+            return
+        splitter.placed(nbytes)
+        self._filled += nbytes
+        if self._filled == self._expected:
+            self._message_done()
+
     def release(self) -> None:
         """The call is over: its pooled buffer goes back to the pool, the blocks of a message
         cut off while received in parts to their arena."""

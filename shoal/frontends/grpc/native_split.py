@@ -109,6 +109,22 @@ class InferSplitter:
             else:
                 piece = self._read_head(piece)
 
+    def receive_buffer(self, nbytes: int) -> memoryview | None:
+        """The rest of the block the current value goes to, ``nbytes`` at most: where the next
+        bytes may be read straight into (then :meth:`placed`); None when they go elsewhere."""
+        target = self._target
+        due = self._due
+        if target is None or not due:
+            return None
+        filled = self._filled
+        return target[filled : filled + min(nbytes, due)]
+
+    def placed(self, nbytes: int) -> None:
+        """The next ``nbytes`` of the message were read into :meth:`receive_buffer`'s view."""
+        self._filled += nbytes
+        self._due -= nbytes
+        self._left -= nbytes
+
     def result(self) -> SplitRequest:
         """The whole message: its parts (a field cut off at the end stays in ``rest``,
         where decoding finds it malformed)."""

@@ -8,7 +8,8 @@ the streams mean is the business of a :class:`StreamOpener` (shoal's gRPC calls,
 :class:`StreamHandler` that receives its data.
 
 Receiving: the transport reads into a buffer the connection lends it (``BufferedProtocol``,
-see :func:`~shoal.frontends.h2.reading.read_buffer`). The connection advertises the largest
+see :func:`~shoal.frontends.h2.reading.read_buffer`), or a large DATA frame's payload straight
+into its stream's place (:mod:`shoal.frontends.h2.placing`). The connection advertises the largest
 windows HTTP/2 allows and gives credit back when half of a window is used, so a client is never
 slowed down by flow control; the size of what a stream may send is bounded by the gRPC layer
 (its message size limit), not by windows.
@@ -28,6 +29,7 @@ from shoal.frontends.h2 import frames as h2
 from shoal.frontends.h2.errors import ConnectionError_
 from shoal.frontends.h2.floods import FloodGuard, FloodLimits
 from shoal.frontends.h2.header_blocks import MAX_HEADER_LIST, HeaderDecoder, Headers
+from shoal.frontends.h2.placing import Placing
 from shoal.frontends.h2.reading import (
     RECEIVE_MAX_FRAME,
     FrameHandler,
@@ -91,6 +93,7 @@ class Http2Connection(asyncio.BufferedProtocol):
         self._reader = FrameReader(
             self._frame_table(), self._on_data, self._header_block, self._guard
         )
+        self._placing = Placing(self._reader, self._streams, self._reads)
         self._last_read = self._loop.time()
         self.closed: asyncio.Future[None] = self._loop.create_future()
 
@@ -121,19 +124,29 @@ class Http2Connection(asyncio.BufferedProtocol):
         self._sender.write(h2.window_update(0, h2.MAX_WINDOW - h2.DEFAULT_WINDOW))
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        return self._reads
+        return self._placing.buffer()
 
     def buffer_updated(self, nbytes: int) -> None:
-        self.data_received(self._reads[:nbytes])
+        if self._placing.stream is None:
+            self._received(self._reads[:nbytes], 0)
+        else:
+            self._received(None, nbytes)
 
     def data_received(self, data: bytes | memoryview) -> None:
         """Handle bytes read; nothing keeps a view of ``data`` after the call."""
+        self._received(data, 0)
+
+    def _received(self, data: bytes | memoryview | None, placed: int) -> None:
+        """Handle ``data`` read, or ``placed`` bytes read straight into a stream's place."""
         self._last_read = self._loop.time()
         sender = self._sender
         scheduled = sender.flush_scheduled
         sender.flush_scheduled = True  # what parsing writes leaves at the end of this call
         try:
-            self._reader.feed(data)
+            if data is None:
+                self._placed(placed)
+            else:
+                self._reader.feed(data)
         except ConnectionError_ as exc:
             self._fail(exc)
             return
@@ -295,6 +308,22 @@ class Http2Connection(asyncio.BufferedProtocol):
         self, stream_id: int, end_stream: bool, pieces: list[memoryview], length: int
     ) -> None:
         """A run of the stream's DATA frames (FrameReader): counted against the windows once."""
+        handler = self._count_data(stream_id, end_stream, length)
+        if handler is not None:
+            handler.data_received(pieces, end_stream)
+
+    def _placed(self, nbytes: int) -> None:
+        """``nbytes`` of the DATA frame in progress were read into its stream's place."""
+        stream_id, end_stream = self._reader.data_due()[0], self._reader.placed(nbytes)
+        # At the frame's end, the next read takes one header: most likely of the stream's next
+        # frame, whose payload then goes into place too.
+        self._placing.header_next = not end_stream and not self._reader.data_due()[1]
+        handler = self._count_data(stream_id, end_stream, nbytes)
+        if handler is not None:
+            handler.data_placed(nbytes, end_stream)
+
+    def _count_data(self, stream_id: int, end_stream: bool, length: int) -> StreamHandler | None:
+        """Count DATA of the stream against the windows; the handler to hand it to, if any."""
         if stream_id == 0:
             raise ConnectionError_(h2.PROTOCOL_ERROR, "DATA on stream 0")
         self._credit(length)  # padding counts against the window too
@@ -302,15 +331,14 @@ class Http2Connection(asyncio.BufferedProtocol):
         if stream is None or stream.remote_closed:
             if stream_id > self._highest_stream_id:
                 raise ConnectionError_(h2.PROTOCOL_ERROR, "DATA on an idle stream")
-            return  # a stream we have already closed, reset or refused: its data is dropped
+            return None  # a stream we have already closed, reset or refused: data dropped
         stream.recv_unacked += length
         if end_stream:
             stream.remote_closed = True
         elif stream.recv_unacked >= h2.MAX_WINDOW // 2:
             self._sender.write(h2.window_update(stream_id, stream.recv_unacked))
             stream.recv_unacked = 0
-        if stream.handler is not None:
-            stream.handler.data_received(pieces, end_stream)
+        return stream.handler
 
     def _credit(self, received: int) -> None:
         """Count DATA against the connection's window; give credit back at half of it."""
@@ -359,36 +387,16 @@ class Http2Connection(asyncio.BufferedProtocol):
         if flags & h2.ACK:
             return
         for key, value in h2.parse_settings(payload):
-            self._apply_setting(key, value)
+            self._sender.apply_setting(key, value)
         self._reply(h2.frame(h2.SETTINGS, h2.ACK, 0))
         self._sender.resume_blocked()
-
-    def _apply_setting(self, key: int, value: int) -> None:
-        sender = self._sender
-        if key == h2.SETTINGS_INITIAL_WINDOW_SIZE:
-            if value > h2.MAX_WINDOW:
-                raise ConnectionError_(h2.FLOW_CONTROL_ERROR, "initial window too large")
-            delta = value - sender.initial_window
-            sender.initial_window = value
-            for stream in self._streams.values():
-                stream.send_window += delta
-        elif key == h2.SETTINGS_HEADER_TABLE_SIZE:
-            # A decoder whose table shrinks below our encoder's expects a dynamic table size
-            # update at the start of our next header block (RFC 7541 section 4.2; nghttp2
-            # fails the connection without it, and older releases expect one after any
-            # value). We never index: an update to 0 is always valid, so send one each time.
-            sender.table_size_update = True
-        elif key == h2.SETTINGS_MAX_FRAME_SIZE:
-            if not h2.DEFAULT_MAX_FRAME <= value <= h2.MAX_FRAME_LIMIT:
-                raise ConnectionError_(h2.PROTOCOL_ERROR, f"max frame size {value}")
-            sender.max_frame = value
 
     def _on_window_update(self, stream_id: int, flags: int, payload: memoryview) -> None:
         if len(payload) != 4:
             raise ConnectionError_(h2.FRAME_SIZE_ERROR, "a malformed WINDOW_UPDATE")
         increment = h2.read_u32(payload)
         if stream_id == 0:
-            self._connection_window_update(increment)
+            self._sender.connection_window_update(increment)
             return
         stream = self._streams.get(stream_id)
         if stream is None:
@@ -401,14 +409,6 @@ class Http2Connection(asyncio.BufferedProtocol):
             stream.send_window += increment
             if stream.pending:
                 self._sender.resume(stream_id, stream)
-
-    def _connection_window_update(self, increment: int) -> None:
-        if increment == 0:
-            raise ConnectionError_(h2.PROTOCOL_ERROR, "a WINDOW_UPDATE of 0")
-        self._sender.window += increment
-        if self._sender.window > h2.MAX_WINDOW:
-            raise ConnectionError_(h2.FLOW_CONTROL_ERROR, "the connection window overflowed")
-        self._sender.resume_blocked()
 
     def _on_rst_stream(self, stream_id: int, flags: int, payload: memoryview) -> None:
         stream = self._streams.pop(stream_id, None)

@@ -80,6 +80,18 @@ class FrameReader:
             or self._data_left > 0
         )
 
+    def data_due(self) -> tuple[int, int]:
+        """The stream of the DATA frame in progress (cut by a read) and the bytes of its
+        payload still due (0: none in progress): the next bytes the socket holds, which the
+        connection may have read straight into the place the stream keeps them."""
+        return self._data_frame[0], self._data_left
+
+    def placed(self, nbytes: int) -> bool:
+        """``nbytes`` more of the DATA frame in progress were read straight into place (see
+        :meth:`data_due`); whether they are its last and it ends the stream."""
+        self._data_left -= nbytes
+        return not self._data_left and bool(self._data_frame[1] & h2.END_STREAM)
+
     def feed(self, data: bytes | memoryview) -> None:
         """Handle the frames of ``data`` after what was left of earlier reads; keep the rest.
 
@@ -147,6 +159,10 @@ class FrameReader:
         length = h2.read_header(buffer, 0)[0]
         if length > RECEIVE_MAX_FRAME:
             raise ConnectionError_(h2.FRAME_SIZE_ERROR, f"a frame of {length} bytes")
+        if len(buffer) == size and self._begin_data(memoryview(buffer)):
+            # A large DATA frame whose header was cut: its payload goes on in pieces too.
+            self._buffer = bytearray()
+            return self._data_piece(view)
         taken = size + length - len(buffer)
         buffer += view[:taken]
         if len(buffer) < size + length:

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Final
 
 from shoal.frontends.h2 import frames as h2
+from shoal.frontends.h2.errors import ConnectionError_
 from shoal.frontends.h2.streams import Stream
 
 #: The transport's write buffer limits outside a wait for it to drain (asyncio's defaults).
@@ -56,6 +57,35 @@ class Sender:
         self._after_flush: list[Callable[[], None]] = []
         self._after_drain: list[Callable[[], None]] = []
         self._watching_drain = False
+
+    def apply_setting(self, key: int, value: int) -> None:
+        """Apply one of the peer's SETTINGS that concern what we send."""
+        if key == h2.SETTINGS_INITIAL_WINDOW_SIZE:
+            if value > h2.MAX_WINDOW:
+                raise ConnectionError_(h2.FLOW_CONTROL_ERROR, "initial window too large")
+            delta = value - self.initial_window
+            self.initial_window = value
+            for stream in self._streams.values():
+                stream.send_window += delta
+        elif key == h2.SETTINGS_HEADER_TABLE_SIZE:
+            # A decoder whose table shrinks below our encoder's expects a dynamic table size
+            # update at the start of our next header block (RFC 7541 section 4.2; nghttp2
+            # fails the connection without it, and older releases expect one after any
+            # value). We never index: an update to 0 is always valid, so send one each time.
+            self.table_size_update = True
+        elif key == h2.SETTINGS_MAX_FRAME_SIZE:
+            if not h2.DEFAULT_MAX_FRAME <= value <= h2.MAX_FRAME_LIMIT:
+                raise ConnectionError_(h2.PROTOCOL_ERROR, f"max frame size {value}")
+            self.max_frame = value
+
+    def connection_window_update(self, increment: int) -> None:
+        """The peer's WINDOW_UPDATE of the connection's window: go on with what waits."""
+        if increment == 0:
+            raise ConnectionError_(h2.PROTOCOL_ERROR, "a WINDOW_UPDATE of 0")
+        self.window += increment
+        if self.window > h2.MAX_WINDOW:
+            raise ConnectionError_(h2.FLOW_CONTROL_ERROR, "the connection window overflowed")
+        self.resume_blocked()
 
     # --- the socket ---------------------------------------------------------------------------
 

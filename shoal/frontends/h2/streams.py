@@ -13,6 +13,15 @@ class StreamHandler(Protocol):
         """The payloads of one or more DATA frames, in order, valid only during the call (copy
         what you keep); ``end_stream``: the last one ended the peer's side."""
 
+    def receive_buffer(self, nbytes: int) -> memoryview | None:
+        """Where up to ``nbytes`` of the stream's next DATA payload may be read straight into
+        (the socket read writes there; at most ``nbytes``, maybe fewer), or None: read them
+        into the connection's buffer and hand them on by :meth:`data_received`."""
+
+    def data_placed(self, nbytes: int, end_stream: bool) -> None:
+        """``nbytes`` of DATA payload were read into the start of the last
+        :meth:`receive_buffer` view; ``end_stream``: they ended the peer's side."""
+
     def trailers_received(self) -> None:
         """The peer ended its side with a header block (trailers) instead of a DATA frame."""
 

@@ -1,12 +1,14 @@
 """The core's answer frames to a worker: from a response, or relayed from the stub's record.
 
 :func:`send_response` sends an ``InferResponse`` (a stream's items, and the requests whose
-response the core makes itself). :func:`send_record` is the relay (issue 25): its
-:func:`record_to_wire` writes the same fields as ``_wire.response_to_wire`` of the response the
-core would have made from the record (so the worker decodes it unchanged), straight from the
+response the core makes itself). :func:`send_record` is the relay (issue 25), straight from the
 record's tensor descriptors: no ``InferOutput`` or ``InferResponse`` is made, the bytes a stub
 sent inline go into the frame as they are, and an output block is described (the worker reads
-it in place) or viewed once for the frame's copy.
+it in place) or viewed once for the frame's copy. Its answer is the response the core would
+have made from the record, in a frame of its own (``_wire.relayed_from_wire`` decodes it into
+that response): what every answer of a model version repeats (model, version, output names
+and datatypes, :func:`layout`) goes packed once, as bytes, and only the request's own part
+(id, shapes, where its blocks lie, parameters) is packed per answer.
 """
 
 from __future__ import annotations
@@ -14,19 +16,22 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
+import msgpack
+
 from shoal.core.types import InferResponse
 from shoal.frontends.workers import _wire as wire
 from shoal.frontends.workers._plain import error_to_wire
 from shoal.frontends.workers.outputs import LentOutputs
 from shoal.ipc.arena import Block
 from shoal.ipc.records import ResponseRecord
-from shoal.ipc.tensor import CudaLocation, InlineBytes
+from shoal.ipc.tensor import CudaLocation, InlineBytes, TensorDesc
 
 __all__ = [
     "DescribeBlock",
     "RelaySink",
     "Relayed",
     "Send",
+    "layout",
     "record_to_wire",
     "send_record",
     "send_response",
@@ -38,9 +43,6 @@ Send = Callable[[list[Any], Sequence[memoryview | bytes]], None]
 #: ``[arena, segment, offset, nbytes]`` of an output block the worker may read in place (its
 #: segment's fd sent first), or None: its bytes go in the frame.
 DescribeBlock = Callable[[Block], list[int] | None]
-
-#: An output relayed carries no parameters, as the response made from the record had none.
-_NO_PARAMETERS: dict[str, Any] = {}
 
 
 class Relayed(Protocol):
@@ -66,6 +68,53 @@ class RelaySink(Protocol):
     def relay(self, model: str, version: str, completion: Relayed) -> None: ...
 
 
+class _Layout:
+    """What every relayed answer of one model version with these outputs repeats: model,
+    version, output names and datatypes, packed once."""
+
+    def __init__(self, version: str, names: list[str], datatypes: list[str], packed: bytes) -> None:
+        self.version = version
+        self.names = names
+        self.datatypes = datatypes
+        self.packed = packed
+
+    def fits(self, version: str, outputs: list[TensorDesc]) -> bool:
+        """Whether ``outputs`` of ``version`` have this layout's names and datatypes."""
+        names = self.names
+        if version != self.version or len(outputs) != len(names):
+            return False
+        datatypes = self.datatypes
+        for i, output in enumerate(outputs):
+            if output.name != names[i] or output.datatype != datatypes[i]:
+                return False
+        return True
+
+
+#: The latest layout of each model's relayed answers (one per model: a model whose outputs
+#: change from request to request packs its layout again, which is correct, only slower).
+_layouts: dict[str, _Layout] = {}
+#: Forgotten all at once past this many models.
+_MOST_LAYOUTS = 1024
+
+
+def layout(model: str, version: str, outputs: list[TensorDesc]) -> bytes:
+    """The packed constant part of a relayed answer (``_wire.layout_of`` reads it back)."""
+    known = _layouts.get(model)
+    if known is None or not known.fits(version, outputs):
+        if len(_layouts) >= _MOST_LAYOUTS:
+            _layouts.clear()
+        known = _layouts[model] = _new_layout(model, version, outputs)
+    return known.packed
+
+
+def _new_layout(model: str, version: str, outputs: list[TensorDesc]) -> _Layout:
+    names = [output.name for output in outputs]
+    datatypes = [output.datatype for output in outputs]
+    # (surrogatepass: names are the repository's and the model's strings, sent as they are)
+    packed = msgpack.packb([model, version, names, datatypes], unicode_errors="surrogatepass")
+    return _Layout(version, names, datatypes, packed)
+
+
 def record_to_wire(
     model: str,
     version: str,
@@ -74,25 +123,32 @@ def record_to_wire(
     payloads: list[memoryview | bytes],
     describe: DescribeBlock | None = None,
 ) -> list[Any]:
-    """The answer's fields, as ``response_to_wire`` writes them, the lease 0 (the caller sets
-    it when ``describe`` gave a block); output bytes go to ``payloads``."""
-    outputs = []
-    for output in completion.response.outputs:
+    """The relayed answer's fields (``_wire.relayed_from_wire``): its layout, then what is the
+    request's own; the lease 0 (the caller sets it when ``describe`` gave a block, which
+    ``wheres`` then lists); output bytes go to ``payloads``."""
+    outputs = completion.response.outputs
+    shapes = []
+    wheres: list[list[int] | None] | None = None
+    for i, output in enumerate(outputs):
         location = output.location
-        where = None
         if type(location) is InlineBytes:
             payloads.append(location.data)
         elif type(location) is Block:
             where = None if describe is None else describe(location)
             if where is None:
                 payloads.append(completion.view(location))
+            else:
+                if wheres is None:
+                    wheres = [None] * len(outputs)
+                wheres[i] = where
         elif type(location) is CudaLocation:
             payloads.append(completion.view(location))
         else:  # the core relays no request whose outputs go to a client's region
             raise ValueError(f"output '{output.name}' has no bytes to relay")
-        outputs.append([output.name, output.datatype, output.shape, _NO_PARAMETERS, where])
-    # (model, version, id, outputs, parameters, final, error, lease)
-    return [model, version, request_id, outputs, completion.response.parameters, True, None, 0]
+        shapes.append(output.shape)
+    # (layout, id, shapes, wheres, parameters, lease)
+    packed = layout(model, version, outputs)
+    return [packed, request_id, shapes, wheres, completion.response.parameters, 0]
 
 
 def send_record(
@@ -110,7 +166,7 @@ def send_record(
     try:
         describe = None if outputs is None else outputs.describe_block
         fields = record_to_wire(answer[0], answer[1], answer[2], done, out, describe)
-        if outputs is not None and len(out) < len(fields[3]):
+        if outputs is not None and fields[3] is not None:
             lease = fields[-1] = outputs.hold(done)
         send([wire.OK, call_id, *fields], out)
     except Exception as failure:  # every failure is the caller's answer

@@ -148,3 +148,63 @@ def test_a_budget_that_says_no_stops_the_reading_inside_a_run() -> None:
     assert reading.refused and reading.reader.closed
     assert reading.got == []
     assert 0 < reading.held <= 100_000
+
+
+def _place_or_feed(reader: MessageReader, piece: memoryview) -> int:
+    """What the connection does with a DATA payload when it may read into place: the bytes the
+    reader has a place for are written there (then ``placed``), the rest fed; the bytes placed."""
+    placed = 0
+    while piece and not reader.closed:
+        place = reader.receive_buffer(len(piece))
+        if place is None:
+            reader.feed(piece)
+            break
+        assert 0 < len(place) <= len(piece)
+        place[:] = piece[: len(place)]
+        reader.placed(len(place))
+        placed += len(place)
+        piece = piece[len(place) :]
+    return placed
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_bytes_read_into_place_give_the_same_messages(seed: int) -> None:
+    """Large entries' bytes read straight into their blocks, however the payloads cut them:
+    the same messages, the same bytes held, every block given back."""
+    messages = _messages()
+    stream = b"".join(_framed(message) for message in messages)
+    rng = random.Random(seed)
+    reading = _Reading(split=True)
+    placed = sum(_place_or_feed(reading.reader, frame) for frame in _frames(stream, rng))
+    assert reading.got == messages
+    single = _Reading(split=True)
+    for frame in _frames(stream, random.Random(seed)):
+        single.reader.feed(frame)
+    assert reading.held == single.held
+    assert placed > 250_000  # most of the two large entries
+    assert not reading.reader.mid_message()
+    assert not reading.arena.blocks
+
+
+def test_no_place_without_a_split_message_or_once_closed() -> None:
+    reading = _Reading(split=False)
+    reading.reader.feed(memoryview(_framed(_raw_entry(bytes(200_000)))[:1000]))
+    assert reading.reader.receive_buffer(100_000) is None  # received into a buffer, not split
+    reading = _Reading(split=True)
+    reading.reader.feed(memoryview(_framed(_raw_entry(bytes(200_000)))[:1000]))
+    place = reading.reader.receive_buffer(1 << 20)
+    assert place is not None and len(place) == 200_000 - (1000 - 5 - 4)  # the entry's rest
+    reading.reader.closed = True
+    assert reading.reader.receive_buffer(100_000) is None
+
+
+def test_a_budget_that_says_no_to_placed_bytes_stops_the_reading() -> None:
+    reading = _Reading(split=True, budget=150_000)
+    frames = _frames(_framed(_raw_entry(bytes(300_000))), random.Random(3))
+    for frame in frames:
+        _place_or_feed(reading.reader, frame)
+    assert reading.refused and reading.reader.closed
+    assert reading.got == []
+    assert 0 < reading.held <= 150_000
+    reading.reader.release()
+    assert not reading.arena.blocks

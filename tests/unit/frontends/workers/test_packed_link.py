@@ -148,9 +148,11 @@ def test_a_relayed_call_is_answered_and_its_block_comes_back(service):
             (block,) = _call(link, staging, 5, values)
             await _until(lambda: frames.of_kind(wire.OK), "no answer")
             (answer,) = frames.of_kind(wire.OK)
-            assert answer[1] == 5 and answer[5][0][0] == "Y"
-            output = next(p for h, p in frames.frames if h[0] == wire.OK)[0]
-            np.testing.assert_array_equal(np.frombuffer(output, np.float32), values * 2)
+            payloads = next(p for h, p in frames.frames if h[0] == wire.OK)
+            (output,) = wire.response_from_wire(answer[2:], payloads).outputs
+            assert answer[1] == 5 and output.name == "Y" and output.datatype == "FP32"
+            np.testing.assert_array_equal(np.frombuffer(output.data, np.float32), values * 2)
+            del output
             await _until(lambda: _freed(frames), "the block never came back")
             assert _freed(frames) == [block.segment, block.offset, block.nbytes]
             assert link.arena is not None and link.arena.held == 0 and not link.calls
