@@ -145,7 +145,11 @@ def _call(service: InferenceService, call_id: int, relay: bool) -> bytes:
         plain = service.packing_summary("identity", "")  # type: ignore[attr-defined]
         prepared = prepare(_request(), Snapshot(plain), None)
         assert prepared is not None and prepared.fields is not None
-        header = [wire.CALL, call_id, "packed", prepared.fields]
+        if isinstance(prepared.fields, bytes):  # a packed call's own frame (core/packed.py)
+            from shoal.core.packed import frame
+
+            return b"".join(frame(call_id, prepared.fields, prepared.head))
+        header = [wire.CALL, call_id, "packed", prepared.fields]  # before: a MessagePack header
         return b"".join(wire.frame(header, [prepared.head]))
     payloads: list[memoryview | bytes] = []
     fields = wire.request_to_wire(_request(), payloads)
@@ -164,7 +168,11 @@ def _link_way(
     link = _Link(service, 0, pool)  # type: ignore[arg-type]
     calls = [_call(service, call_id, relay) for call_id in range(1, concurrency + 1)]
     end = _WorkerEnd(calls, answered)
-    end.reader = wire.FrameReader(link.on_call, link.cancel_all)
+    on_packed = getattr(link, "on_packed", None)  # a tree whose packed calls have their frame
+    if on_packed is None:
+        end.reader = wire.FrameReader(link.on_call, link.cancel_all)
+    else:
+        end.reader = wire.FrameReader(link.on_call, link.cancel_all, on_packed)
     end.reader.connection_made(end)
     link.outbox = wire.Outbox(end)
     return end, link

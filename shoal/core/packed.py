@@ -1,36 +1,109 @@
-"""A request a frontend worker checked, staged and packed, as the core reads it.
+"""A request a frontend worker checked, staged and packed: its call's frame, both sides.
 
 The worker's side is ``frontends/workers/packing.py``; the core's, ``supervisor/requests/packed.py``
 and ``InferenceService.start_packed``. Here, because both the worker link's host (a frontend)
-and the service (the supervisor) name it.
+and the service (the supervisor) name it, and the worker's writer and the core's reader of the
+frame belong side by side.
+
+The core reads the few fields it schedules a packed call with on every request, so they travel
+as one fixed layout read with one ``struct`` unpack, where every other frame's header is a
+MessagePack list (decoded into a list, its strings and its numbers). The frame's prefix is
+every frame's (``_wire.frame``); its header starts with :data:`MARK`, a byte MessagePack never
+writes, which is how the core's reader tells the two apart (``_wire.FrameReader``); its one
+payload is the packed record's head.
+
+Header, little-endian: the mark and three bytes of padding, the call id (u64), the model
+version's slot (u32: the ``(model, version)`` the worker's snapshot was for, as the core
+numbered it: ``requests/packed.py``), the snapshot's generation (i64), the batch size (u32),
+the timeout (µs, i64), the private inputs (a u64 mask), how many block numbers follow (u32),
+the request id's length (u32); then the block numbers (``[segment, offset, nbytes] * n``, u64
+each) and the request id (UTF-8).
 """
 
 from __future__ import annotations
 
-from typing import Any
+import struct
 
 from shoal.core.types import InferRequest
 from shoal.ipc.arena import Block
 
+#: A packed call's first header byte: 0xC1, which MessagePack never uses (every other header
+#: is a MessagePack array, whose first byte is 0x90-0x9F, 0xDC or 0xDD).
+MARK = 0xC1
+
+_PREFIX = struct.Struct("<II")  # every frame's (``_wire._PREFIX``): header, payload lengths
+_CALL_ID = struct.Struct("<B3xQ")
+_FIELDS = struct.Struct("<IqIqQII")
+_HEADER = struct.Struct("<B3xQIqIqQII")
+_NUMBER = struct.Struct("<Q")
+
+
+def encode(
+    slot: int,
+    generation: int,
+    request_id: str,
+    batch_size: int,
+    timeout_us: int,
+    private_inputs: int,
+    blocks: list[int],
+) -> bytes | None:
+    """A packed call's header after its call id (the worker's side); None when a field does
+    not fit its place (a timeout past 63 bits, a 65th input placed, ...): the request then
+    goes the core's way."""
+    try:
+        request_id_bytes = request_id.encode()
+        fields = _FIELDS.pack(
+            slot,
+            generation,
+            batch_size,
+            timeout_us,
+            private_inputs,
+            len(blocks),
+            len(request_id_bytes),
+        )
+        return b"".join([fields, *[_NUMBER.pack(n) for n in blocks], request_id_bytes])
+    except (struct.error, OverflowError, UnicodeEncodeError):
+        return None
+
+
+def frame(call_id: int, encoded: bytes, head: bytes) -> list[bytes | memoryview]:
+    """The pieces of a packed call's frame (``encoded``: :func:`encode`'s bytes)."""
+    size = _CALL_ID.size + len(encoded)
+    return [_PREFIX.pack(size, len(head)), _CALL_ID.pack(MARK, call_id), encoded, head]
+
 
 class PackedCall:
-    """One relayed request as the core reads it: ``fields`` as the worker sends them
-    (``[model, version, generation, request id, batch size, timeout µs, private inputs,
-    blocks]``), ``head`` its packed record, ``blocks`` the worker's blocks it names (taken by
-    the core: they go back to the worker as any input block does)."""
+    """One relayed request as the core reads it: its header's fields (``view[start:end]``),
+    ``head`` its packed record, ``blocks`` the worker's blocks it names once the core took them
+    (they go back to the worker as any input block does)."""
 
-    def __init__(self, fields: list[Any], head: bytes | memoryview, blocks: list[Block]) -> None:
-        self.model_name: str = fields[0]
-        self.model_version: str = fields[1]
-        self.generation: int = fields[2]
-        self.request_id: str = fields[3]
-        self.batch_size: int = fields[4]
-        self.timeout_us: int = fields[5]
-        self.private_inputs: int = fields[6]
+    def __init__(
+        self, view: memoryview | bytes, start: int, end: int, head: bytes | memoryview
+    ) -> None:
+        mark, call_id, slot, generation, batch_size, timeout_us, private, count, id_size = (
+            _HEADER.unpack_from(view, start)
+        )
+        at = start + _HEADER.size
+        numbers: list[int] = []
+        for _ in range(count):  # none for a small request: no format made per call
+            numbers.append(_NUMBER.unpack_from(view, at)[0])
+            at += _NUMBER.size
+        if mark != MARK or at + id_size != end:
+            raise ValueError("a packed call's header does not add up")
+        self.call_id: int = call_id
+        self.slot: int = slot
+        self.generation: int = generation
+        self.batch_size: int = batch_size
+        self.timeout_us: int = timeout_us
+        self.private_inputs: int = private
+        #: ``[segment, offset, nbytes] * n`` of the worker's blocks it names.
+        self.numbers = numbers
+        self.request_id = str(view[at:end], "utf-8")
         self.head = head
-        self.blocks = blocks
-        #: What the answer names (no inputs: the stub has them; no outputs in a client's region).
-        self.request = InferRequest(self.model_name, self.model_version, self.request_id)
+        self.blocks: list[Block] = []
+        #: What the answer names (no inputs: the stub has them; no outputs in a client's
+        #: region), made once the core knows the model version (``requests/packed.admit``).
+        self.request: InferRequest | None = None
         #: Set when the worker's snapshot of the model is stale (or the model is gone): it
         #: drops it and sends the request the core's own way.
         self.stale = False

@@ -96,6 +96,8 @@ class InferenceService:
         self._loop: asyncio.AbstractEventLoop | None = None
         #: What calls back the promises of :meth:`start_infer`, once per loop turn.
         self._settled = Settled()
+        #: The model versions packed calls name by number (``requests/packed.py``).
+        self._packing = packed.PackingSlots(repository.loaded)
 
     @property
     def failed(self) -> dict[str, str]:
@@ -266,7 +268,7 @@ class InferenceService:
         return work.cancel
 
     def packing_summary(self, name: str, version: str = "") -> list[Any] | None:
-        return packed.summary_for(self.repository.loaded, name, version, self.cache is None)
+        return packed.summary_for(self._packing, name, version, self.cache is None)
 
     def start_packed(
         self, call: PackedCall, done: Answer, relay: Relay | None = None
@@ -274,14 +276,14 @@ class InferenceService:
         """:meth:`start_infer` for a request a worker checked and packed: returns what cancels
         it, or None when the core's own path must take it (its errors are the core's own)."""
         started = time.monotonic_ns()
-        admitted = packed.admit(call, self.repository.loaded, self.gate, self.tracing)
+        admitted = packed.admit(call, self._packing, self.gate, self.tracing)
         if admitted is None:
             return None
-        mv, record = admitted
+        mv, record, request = admitted
         promise = Promise(self._settled)
         work = self._submit(mv, call.batch_size, record, call.blocks, started, promise)
         promise.add_done_callback(
-            _Completed(self, mv, call.request, work, started, packed.NO_CLASSES, done, relay)
+            _Completed(self, mv, request, work, started, packed.NO_CLASSES, done, relay)
         )
         return work.cancel
 
@@ -327,11 +329,9 @@ class InferenceService:
     ) -> Work:
         """Hand a staged request to the model's scheduler; its requester awaits a Future, or
         is called back through ``promise``."""
-        future: asyncio.Future[Completion] | Promise
-        if promise is None:
+        future: asyncio.Future[Completion] | Promise | None = promise
+        if future is None:
             future = (self._loop or asyncio.get_running_loop()).create_future()
-        else:
-            future = promise
         work = Work(record, blocks, future, batch_size=batch_size)
         if mv.stats.overhead is not None:  # --trace-overhead
             mv.stats.stage("stage", work.enqueued_ns - started)

@@ -5,7 +5,9 @@ element lists the sizes of the tensor payloads that follow it, back to back. Ten
 never packed into MessagePack (no copy into the packer) and are sliced out of the received frame
 as memoryviews (no copy out of it). Large ones are not in the frame at all: an input the worker
 placed in its arena travels as ``[segment, offset, nbytes]``, an output the worker reads in
-place as ``[arena, segment, offset, nbytes]`` (with a lease the worker releases).
+place as ``[arena, segment, offset, nbytes]`` (with a lease the worker releases). One frame
+has no MessagePack header: a packed call's, fixed binary fields the core reads with one unpack
+(``core/packed.py``).
 
 Core types travel as plain MessagePack values: dataclasses as arrays of their fields (decoded
 generically from their type hints), errors as ``[class, code, message, reason, http_message]``.
@@ -23,6 +25,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
+from shoal.core.packed import MARK as PACKED_MARK
 from shoal.core.types import (
     InferInput,
     InferOutput,
@@ -130,16 +133,23 @@ def split(
 
 
 OnFrame = Callable[[list[Any], list[memoryview]], None]
+#: A packed call's frame (``core/packed.py``): the received bytes, where its header starts, where
+#: its payload (the packed head) starts and where the frame stops.
+OnPacked = Callable[[memoryview, int, int, int], None]
 
 
 class FrameReader(asyncio.Protocol):
     """Cuts a stream into frames and hands each to ``on_frame`` as it completes; ``on_lost``
     when the stream ends. Frames that arrive whole are sliced out of the received bytes; a frame
-    that arrives in pieces is copied once, into a buffer of its exact size."""
+    that arrives in pieces is copied once, into a buffer of its exact size. A packed call's
+    frame, whose header is not MessagePack, goes to ``on_packed`` undecoded."""
 
-    def __init__(self, on_frame: OnFrame, on_lost: Callable[[], None]) -> None:
+    def __init__(
+        self, on_frame: OnFrame, on_lost: Callable[[], None], on_packed: OnPacked | None = None
+    ) -> None:
         self._on_frame = on_frame
         self._on_lost = on_lost
+        self._on_packed = on_packed
         #: Fewer bytes than a prefix, left over from the last read.
         self._head = b""
         #: The frame being filled, and how much of it has arrived.
@@ -183,6 +193,10 @@ class FrameReader(asyncio.Protocol):
 
     def _emit(self, view: memoryview, start: int, payload: int, stop: int) -> None:
         """The frame whose header is ``view[start:payload]`` and payload ``[payload:stop]``."""
+        on_packed = self._on_packed
+        if on_packed is not None and payload > start and view[start] == PACKED_MARK:
+            on_packed(view, start, payload, stop)
+            return
         fields, payloads = split(view[start:payload], view[payload:stop])
         self._on_frame(fields, payloads)
 

@@ -20,6 +20,7 @@ from typing import Any, cast
 
 from shoal.core import errors
 from shoal.core.api import CoreAPI
+from shoal.core.packed import frame as packed_frame
 from shoal.core.types import (
     CudaSharedMemoryRegion,
     InferRequest,
@@ -116,12 +117,15 @@ class RemoteCore(CoreAPI):
         self._outbox = wire.Outbox(reader.transport)
 
     def send(self, header: list[Any], payloads: list[memoryview | bytes] | None = None) -> None:
+        self._send_frame(wire.frame(header, payloads or ()))
+
+    def _send_frame(self, pieces: list[bytes | memoryview]) -> None:
         outbox = self._outbox
         if outbox is None or outbox.transport.is_closing():
             raise CoreGone()
         # The payloads are views of the request's own buffers (kept alive while queued), so
         # they need no copy here.
-        outbox.put(wire.frame(header, payloads or ()), copy=False)
+        outbox.put(pieces, copy=False)
         if self.on_sent is not None:
             self.on_sent()
 
@@ -210,10 +214,20 @@ class RemoteCore(CoreAPI):
         self, method: str, fields: list[Any], payloads: list[memoryview | bytes]
     ) -> _Answer:
         call_id = next(self._ids)
+        pieces = wire.frame([wire.CALL, call_id, method, fields], payloads)
+        return await self._answered(call_id, pieces)
+
+    async def _packed(self, fields: bytes, head: bytes) -> _Answer:
+        """:meth:`_async` for a packed call, whose frame is its own (``core/packed.py``)."""
+        call_id = next(self._ids)
+        return await self._answered(call_id, packed_frame(call_id, fields, head))
+
+    async def _answered(self, call_id: int, pieces: list[bytes | memoryview]) -> _Answer:
+        """Send call ``call_id``'s frame, await its answer (cancel it if the caller gives up)."""
         future: asyncio.Future[_Answer] = asyncio.get_running_loop().create_future()
         self._calls[call_id] = future
         try:
-            self.send([wire.CALL, call_id, method, fields], payloads)
+            self._send_frame(pieces)
             return await future
         except asyncio.CancelledError:
             if self._calls.pop(call_id, None) is not None:
@@ -292,7 +306,7 @@ class RemoteCore(CoreAPI):
         prepared = self._prepare(request)
         if prepared is not None and prepared.fields is not None:
             try:
-                answer, views = await self._async("packed", prepared.fields, [prepared.head])
+                answer, views = await self._packed(prepared.fields, prepared.head)
                 return self._response(answer, views)
             except PackedRefused as refused:  # sent again the core's way, with what is staged
                 if refused.stale:

@@ -25,7 +25,6 @@ from shoal.frontends.workers.answer_frames import Relayed, RelaySink, send_recor
 from shoal.frontends.workers.arenas import LentArena, give_blocks_back, take_blocks
 from shoal.frontends.workers.client import ASYNC_METHODS, SYNC_METHODS
 from shoal.frontends.workers.outputs import LentOutputs
-from shoal.ipc.arena import Block
 
 __all__ = ["Answer", "LinkedCore"]
 
@@ -82,6 +81,23 @@ class _Reply:
         self._link.relay(self._call_id, self._request, model, version, completion)
 
 
+class _PackedReply:
+    """:class:`_Reply` for a packed call, whose request is made once the core took it (no
+    inputs: nothing to give back but what the work frees)."""
+
+    def __init__(self, link: _Link, call: PackedCall) -> None:
+        self._link = link
+        self._call = call
+
+    def __call__(self, response: InferResponse | None, error: BaseException | None) -> None:
+        self._link._answer(self._call.call_id, self._call.request, response, error)
+
+    def relay(self, model: str, version: str, completion: Relayed) -> None:
+        request = self._call.request
+        assert request is not None  # relayed only once started, which made it
+        self._link.relay(self._call.call_id, request, model, version, completion)
+
+
 class _Link:
     """One worker process and its sockets, from the core's side."""
 
@@ -118,8 +134,6 @@ class _Link:
             method, args = header[2], header[3]
             if method == "infer":
                 self._infer(call_id, args, payloads)
-            elif method == "packed":
-                self._packed(call_id, args, payloads[0])
             else:
                 task = asyncio.create_task(self._run(call_id, method, args, payloads))
                 self.calls[call_id] = task.cancel
@@ -161,23 +175,28 @@ class _Link:
         if call_id in self.calls:
             self.calls[call_id] = cancel
 
-    def _packed(self, call_id: int, args: list[Any], head: memoryview) -> None:
-        """A request the worker checked, staged and packed (``requests/packed.py``)."""
-        self.calls[call_id] = _nothing  # until started: it may be answered before that
-        blocks: list[Block] = []
+    def on_packed(self, view: memoryview, start: int, payload: int, stop: int) -> None:
+        """A request the worker checked, staged and packed (``core/packed.py``): its frame's
+        header is ``view[start:payload]``, its packed head the rest up to ``stop``."""
         try:
-            blocks = take_blocks(self.arena, args[7])
-            call = PackedCall(args, head, blocks)
-            reply = _Reply(self, call_id, call.request)
+            call = PackedCall(view, start, payload, view[payload:stop])
+        except Exception:  # a worker's bug: nothing in it can be trusted, its call id neither
+            log.exception("frontend worker %d sent a packed call the core cannot read", self.index)
+            return
+        call_id = call.call_id
+        self.calls[call_id] = _nothing  # until started: it may be answered before that
+        try:
+            call.blocks = take_blocks(self.arena, call.numbers)
+            reply = _PackedReply(self, call)
             cancel = self.core.start_packed(call, reply, reply)
         except Exception as error:  # a bug: the blocks go back with the error
-            give_blocks_back(self.arena, blocks, freed=True)
+            give_blocks_back(self.arena, call.blocks, freed=True)
             self._answer(call_id, None, None, error)
             return
         if cancel is None:  # not taken: the worker keeps its blocks and sends it again
             self.calls.pop(call_id, None)
-            give_blocks_back(self.arena, blocks, freed=False)
-            self.send([wire.STALE, call_id, call.stale, args[7]])
+            give_blocks_back(self.arena, call.blocks, freed=False)
+            self.send([wire.STALE, call_id, call.stale, call.numbers])
         elif call_id in self.calls:
             self.calls[call_id] = cancel
 

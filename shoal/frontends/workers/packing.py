@@ -25,6 +25,7 @@ from typing import Any
 
 import msgpack
 
+from shoal.core.packed import encode
 from shoal.core.types import InferInput, InferRequest
 from shoal.ipc.arena import Block
 from shoal.ipc.dtypes import BytesFormatError, byte_size, deserialize_bytes, element_count
@@ -67,8 +68,10 @@ class Snapshot:
     """A model version's summary as the core sent it (``relayed.snapshot``)."""
 
     def __init__(self, plain: list[Any]) -> None:
-        generation, name, max_batch_size, budget, inputs, required, outputs = plain
+        generation, name, max_batch_size, budget, inputs, required, outputs, slot = plain
         self.generation: int = generation
+        #: Which ``(model, version)`` the core numbered this snapshot's (a packed call names it).
+        self.slot: int = slot
         self.name: str = name
         self.max_batch_size: int = max_batch_size
         self.inline_budget: int = budget
@@ -137,7 +140,7 @@ class Prepared:
     resend the core's way passes on as placed inputs."""
 
     def __init__(self) -> None:
-        self.fields: list[Any] | None = None
+        self.fields: bytes | None = None
         self.head = b""
         self.staged: list[Block | None] = []
 
@@ -201,18 +204,18 @@ def _timeout(request: InferRequest) -> Any:
     return request.parameters.get("timeout", 0) if request.parameters else 0
 
 
-def _fields(request: InferRequest, snapshot: Snapshot, staged: list[Block | None]) -> list[Any]:
-    """What the core reads of a packed call (``core/packed.py``)."""
-    return [
-        request.model_name,
-        request.model_version,
+def _fields(request: InferRequest, snapshot: Snapshot, staged: list[Block | None]) -> bytes | None:
+    """What the core reads of a packed call, encoded (``core/packed.py``); None where one does
+    not fit its place."""
+    return encode(
+        snapshot.slot,
         snapshot.generation,
         request.id,
         _batch_size(snapshot, request),
         _timeout(request),
         _private(staged),
         _flat(staged),
-    ]
+    )
 
 
 def _private(staged: list[Block | None]) -> int:

@@ -138,7 +138,7 @@ class WorkerPool:
         link.pidfd = os.pidfd_open(link.proc.pid)
         loop.add_reader(link.pidfd, self._reap, link)
         control.sendall(b"".join(wire.frame(["hello", self._hello])))
-        calls_reader = wire.FrameReader(link.on_call, link.cancel_all)
+        calls_reader = wire.FrameReader(link.on_call, link.cancel_all, link.on_packed)
         await loop.connect_accepted_socket(lambda: calls_reader, sock=calls)
         assert calls_reader.transport is not None
         link.outbox = wire.Outbox(calls_reader.transport)

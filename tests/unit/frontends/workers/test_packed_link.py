@@ -14,6 +14,7 @@ import pytest
 from shoal._serve_parser import build_parser
 from shoal.cli import options_from_args
 from shoal.core import InferInput, InferRequest
+from shoal.core.packed import frame
 from shoal.frontends.workers import _wire as wire
 from shoal.frontends.workers.arenas import LentArena, StagingArena
 from shoal.frontends.workers.host import _Link
@@ -21,6 +22,7 @@ from shoal.frontends.workers.packing import Snapshot, prepare
 from shoal.frontends.workers.pool import WorkerPool
 from shoal.supervisor.compose import build_service
 from shoal.supervisor.instances.loopback import Loopback
+from shoal.supervisor.requests import packed
 from shoal.supervisor.service import InferenceService
 
 pytestmark = pytest.mark.timeout(20)
@@ -92,24 +94,29 @@ async def _linked(service: InferenceService, worker: socket.socket, core: socket
     return link, frames, staging
 
 
-def _call(link: _Link, staging: StagingArena, call_id: int, values: np.ndarray, stale=False):
-    """Relay a request for ``echo`` as a worker would; the blocks it staged."""
+def _call(
+    link: _Link,
+    staging: StagingArena,
+    call_id: int,
+    values: np.ndarray,
+    stale: bool = False,
+    slot: int | None = None,
+):
+    """Relay a request for ``echo`` as a worker would (``slot``: another one than the core's);
+    the blocks it staged."""
     request = InferRequest("echo", inputs=[InferInput("X", "FP32", values.shape, values.tobytes())])
     plain = link.core.packing_summary("echo", "")  # type: ignore[attr-defined]
     assert plain is not None
     if stale:
         plain[0] -= 1  # a snapshot of the version before
+    if slot is not None:
+        plain[-1] = slot
     prepared = prepare(request, Snapshot(plain), staging.stage)
     assert prepared is not None and prepared.fields is not None
-    header = [wire.CALL, call_id, "packed", prepared.fields]
-    link.on_call(*wire.split(*_parts(wire.frame(header, [prepared.head]))))
+    # through the link's reader, as the worker's frame arrives
+    reader = wire.FrameReader(link.on_call, link.cancel_all, link.on_packed)
+    reader.data_received(b"".join(frame(call_id, prepared.fields, prepared.head)))
     return prepared.blocks()
-
-
-def _parts(pieces: list) -> tuple[memoryview, memoryview]:
-    data = memoryview(b"".join(bytes(p) for p in pieces))
-    size, _ = wire.prefix(data)
-    return data[wire.PREFIX_SIZE : wire.PREFIX_SIZE + size], data[wire.PREFIX_SIZE + size :]
 
 
 async def _close(service: InferenceService, link: _Link, staging: StagingArena) -> None:
@@ -151,6 +158,9 @@ def test_a_relayed_call_is_answered_and_its_block_comes_back(service):
             assert link.arena is not None and link.arena.held == 0 and not link.calls
             stats = service.model_statistics("echo")[0]
             assert stats.inference_stats.success.count == 1
+            # the empty containers its record and request shared are empty still
+            shared = [getattr(packed, name) for name in dir(packed) if name.startswith("_EMPTY")]
+            assert len(shared) == 6 and not any(shared) and not packed._NO_PARAMS
         finally:
             await _close(service, link, staging)
 
@@ -172,6 +182,27 @@ def test_a_stale_snapshot_hands_the_call_back_with_its_blocks(service):
             stats = service.model_statistics("echo")[0]
             assert stats.inference_stats.success.count == 0
             assert stats.inference_stats.fail.count == 0  # the core's own path answers it
+        finally:
+            await _close(service, link, staging)
+
+    asyncio.run(run())
+
+
+def test_a_slot_the_core_never_numbered_hands_the_call_back_as_stale(service):
+    worker, core = socket.socketpair()
+
+    async def run() -> None:
+        link, frames, staging = await _linked(service, worker, core)
+        try:
+            (block,) = _call(link, staging, 4, np.ones(3000, np.float32), slot=1000)
+            await _until(lambda: frames.of_kind(wire.STALE), "not handed back")
+            (refused,) = frames.of_kind(wire.STALE)
+            assert refused[1:] == [4, True, [block.segment, block.offset, block.nbytes]]
+            assert link.arena is not None and link.arena.held == 0 and not link.calls
+            # the slot the core gave the snapshot still takes the next one
+            _call(link, staging, 5, np.ones(3000, np.float32))
+            await _until(lambda: frames.of_kind(wire.OK), "no answer")
+            assert [h[1] for h in frames.of_kind(wire.OK)] == [5]
         finally:
             await _close(service, link, staging)
 

@@ -8,6 +8,7 @@ import pytest
 
 from shoal.config import load_model_config
 from shoal.core.errors import ShoalError
+from shoal.core.packed import PackedCall, frame
 from shoal.core.types import InferInput, InferRequest, RequestedOutput
 from shoal.frontends.workers import packing
 from shoal.frontends.workers.packing import Snapshot, Snapshots, prepare
@@ -20,6 +21,9 @@ from shoal.supervisor.requests import packed, staging
 from shoal.supervisor.requests.summary import ModelSummary
 
 pytestmark = pytest.mark.timeout(30)
+
+#: The slot the core numbered the snapshots' model version with.
+SLOT = 3
 
 BATCHED = """
 name: "m"
@@ -126,11 +130,17 @@ def _core_verdict(summary: ModelSummary, request: InferRequest, arena: OwnedAren
     return record
 
 
+def _call(prepared: packing.Prepared, call_id: int = 5) -> PackedCall:
+    """The call as the core reads it from the worker's frame."""
+    assert prepared.fields is not None
+    _, *header, head = frame(call_id, prepared.fields, prepared.head)
+    read = b"".join(header)
+    return PackedCall(read, 0, len(read), head)
+
+
 def _relayed_record(prepared: packing.Prepared, key: int) -> RequestRecord:
-    fields = prepared.fields
-    assert fields is not None
-    record = RequestRecord(fields[3], 0, 0, {}, [], [], fields[5], key, None, fields[6])
-    record.packed = prepared.head
+    record = packed.record(_call(prepared), "")
+    record.key = key
     return record
 
 
@@ -145,7 +155,7 @@ def test_the_worker_relays_what_the_core_accepts_and_packs_it_the_same(
     tmp_path, arena, request_, relays
 ):
     summary = _summary(tmp_path, BATCHED)
-    snapshot = Snapshot(packed.snapshot(summary))
+    snapshot = Snapshot(packed.snapshot(summary, SLOT))
     core = _core_verdict(summary, request_, arena)
     prepared = prepare(request_, snapshot, None)
     if not relays:
@@ -162,15 +172,22 @@ def test_the_worker_relays_what_the_core_accepts_and_packs_it_the_same(
         assert msg.encode(msg.Execute(3, [spliced])) == msg.encode(msg.Execute(3, [core]))
         both = msg.Execute(1 << 40, [core, spliced, core])
         assert msg.encode(both) == msg.encode(msg.Execute(1 << 40, [core, core, core]))
-    name, version, generation, rid, batch, timeout, private, flat = prepared.fields
-    assert (name, version, generation, rid) == ("m", "", summary.generation, request_.id)
-    assert batch == staging.batch_size(summary, request_)
-    assert (timeout, private, flat) == (core.timeout_us, core.private_inputs, [])
+    call = _call(prepared)
+    assert (call.call_id, call.slot, call.generation) == (5, SLOT, summary.generation)
+    assert call.request_id == request_.id
+    assert call.batch_size == staging.batch_size(summary, request_)
+    assert (call.timeout_us, call.private_inputs, call.numbers) == (
+        core.timeout_us,
+        core.private_inputs,
+        [],
+    )
 
 
 def test_a_batch_of_many_records_keeps_its_array_header(tmp_path):
     summary = _summary(tmp_path, BATCHED)
-    prepared = prepare(_req("m", _fp32("A", (1, 2))), Snapshot(packed.snapshot(summary)), None)
+    prepared = prepare(
+        _req("m", _fp32("A", (1, 2))), Snapshot(packed.snapshot(summary, SLOT)), None
+    )
     assert prepared is not None
     records = [_relayed_record(prepared, key) for key in range(1, 21)]
     decoded = msg.decode(msg.encode(msg.Execute(9, records)))
@@ -195,10 +212,12 @@ def test_inputs_past_the_inline_budget_go_in_worker_blocks(tmp_path, arena):
         placed.append(block)
         return block
 
-    prepared = prepare(request, Snapshot(packed.snapshot(summary)), stage)
+    prepared = prepare(request, Snapshot(packed.snapshot(summary, SLOT)), stage)
     assert prepared is not None and prepared.fields is not None
     assert prepared.staged == [placed[0], None]
-    assert prepared.fields[6:] == [0b01, [placed[0].segment, placed[0].offset, len(large)]]
+    call = _call(prepared)
+    assert call.private_inputs == 0b01
+    assert call.numbers == [placed[0].segment, placed[0].offset, len(large)]
     decoded = msg.decode(msg.encode(msg.Execute(1, [_relayed_record(prepared, 7)])))
     x, o = decoded.requests[0].inputs
     assert (x.name, x.shape, x.location) == ("X", (len(large),), placed[0])
@@ -211,15 +230,15 @@ def test_a_full_arena_hands_what_it_staged_to_the_core_s_path(tmp_path):
     summary = _summary(tmp_path, UNBATCHED)
     data = b"\x02" * 5000
     request = _req("n", InferInput("X", "UINT8", (5000,), data))
-    prepared = prepare(request, Snapshot(packed.snapshot(summary)), lambda view: None)
+    prepared = prepare(request, Snapshot(packed.snapshot(summary, SLOT)), lambda view: None)
     assert prepared is not None and prepared.fields is None and prepared.staged == [None]
     # no arena at all: only inline inputs relay
-    assert prepare(request, Snapshot(packed.snapshot(summary)), None).fields is None
+    assert prepare(request, Snapshot(packed.snapshot(summary, SLOT)), None).fields is None
 
 
 def test_snapshots_are_asked_once_and_dropped_when_stale(monkeypatch):
     asked: list[tuple[str, str]] = []
-    plain = [7, "m", 0, 16384, [["X", "UINT8", [-1], None]], ["X"], ["Y"]]
+    plain = [7, "m", 0, 16384, [["X", "UINT8", [-1], None]], ["X"], ["Y"], 0]
 
     def ask(name: str, version: str):
         asked.append((name, version))
