@@ -40,6 +40,7 @@ HOT_PATH: tuple[str, ...] = (
     "shoal/ipc/tensor.py",
     "shoal/frontends/_binary.py",
     "shoal/frontends/workers/_wire.py",
+    "shoal/frontends/workers/_response_wire.py",
     "shoal/frontends/workers/host.py",
     "shoal/frontends/workers/arenas.py",
     "shoal/frontends/workers/outputs.py",

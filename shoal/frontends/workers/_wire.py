@@ -16,7 +16,6 @@ generically from their type hints), errors as ``[class, code, message, reason, h
 from __future__ import annotations
 
 import asyncio
-import functools
 import struct
 import threading
 from collections.abc import Callable, Sequence
@@ -28,12 +27,9 @@ import numpy as np
 from shoal.core.packed import MARK as PACKED_MARK
 from shoal.core.types import (
     InferInput,
-    InferOutput,
     InferRequest,
-    InferResponse,
     RequestedOutput,
 )
-from shoal.frontends.workers._plain import as_shoal_error, error_from_wire, error_to_wire
 from shoal.ipc.arena import Block
 
 #: One packer per thread (as ``shoal.ipc.messages`` keeps): ``msgpack.packb`` builds a new one
@@ -335,130 +331,3 @@ def request_from_wire(
         [RequestedOutput(name, params) for name, params in outputs],
         parameters,
     )
-
-
-# --- responses ------------------------------------------------------------------------------
-
-
-#: The core's choice for one output: ``[arena, segment, offset, nbytes]`` of a block the worker
-#: reads in place, or None (its bytes follow the header).
-Describe = Callable[[InferOutput], list[int] | None]
-#: The worker's view of such a block.
-ViewBlock = Callable[[list[int]], memoryview]
-
-
-def response_to_wire(
-    response: InferResponse,
-    payloads: list[memoryview | bytes],
-    describe: Describe | None = None,
-    lease: int = 0,
-) -> list[Any]:
-    """The response's fields; output bytes go to ``payloads`` unless ``describe`` gives their
-    block (then the core holds the response until the worker releases ``lease``)."""
-    outputs = []
-    for output in response.outputs:
-        where = None if describe is None else describe(output)
-        if where is None:
-            payloads.append(output.data)
-        outputs.append([output.name, output.datatype, list(output.shape), output.parameters, where])
-    error = None if response.error is None else error_to_wire(response.error)
-    return [
-        response.model_name,
-        response.model_version,
-        response.id,
-        outputs,
-        response.parameters,
-        response.final,
-        error,
-        lease,
-    ]
-
-
-def response_from_wire(
-    fields: Sequence[Any],
-    payloads: list[memoryview],
-    view: ViewBlock | None = None,
-    release: Callable[[int], None] | None = None,
-) -> InferResponse:
-    """The response the core sent; outputs it described are read through ``view``, and
-    ``release`` tells the core once they are written (the response's ``release``)."""
-    if type(fields[0]) is bytes:
-        return relayed_from_wire(fields, payloads, view, release)
-    model_name, model_version, response_id, outputs, parameters, final, error, lease = fields
-    tensors, at = [], 0
-    for name, datatype, shape, params, where in outputs:
-        if where is None:
-            data = payloads[at]
-            at += 1
-        else:
-            data = _viewed(name, where, view)
-        tensors.append(InferOutput(name, datatype, tuple(shape), data, params))
-    return InferResponse(
-        model_name,
-        model_version,
-        response_id,
-        tensors,
-        parameters,
-        _release=_releaser(lease, release),
-        final=final,
-        error=None if error is None else as_shoal_error(error_from_wire(error)),
-    )
-
-
-def relayed_from_wire(
-    fields: Sequence[Any],
-    payloads: list[memoryview],
-    view: ViewBlock | None = None,
-    release: Callable[[int], None] | None = None,
-) -> InferResponse:
-    """The response the core would have made from a stub's record (final, no error, no output
-    parameters), from its relayed answer (``answer_frames.record_to_wire``)."""
-    packed, response_id, shapes, wheres, parameters, lease = fields
-    model_name, model_version, names, datatypes = layout_of(packed)
-    tensors, at = [], 0
-    for i, shape in enumerate(shapes):
-        where = None if wheres is None else wheres[i]
-        if where is None:
-            data = payloads[at]
-            at += 1
-        else:
-            data = _viewed(names[i], where, view)
-        tensors.append(InferOutput(names[i], datatypes[i], tuple(shape), data, {}))
-    return InferResponse(
-        model_name,
-        model_version,
-        response_id,
-        tensors,
-        parameters,
-        _release=_releaser(lease, release),
-        final=True,
-    )
-
-
-#: The layouts of relayed answers decoded so far, by their bytes: a worker decodes each once
-#: (forgotten all at once past ``_MOST_LAYOUTS``).
-_layouts: dict[bytes, list[Any]] = {}
-_MOST_LAYOUTS = 1024
-
-
-def layout_of(packed: bytes) -> list[Any]:
-    """``[model, version, output names, output datatypes]`` of a relayed answer's layout."""
-    known = _layouts.get(packed)
-    if known is None:
-        if len(_layouts) >= _MOST_LAYOUTS:
-            _layouts.clear()
-        known = _layouts[packed] = msgpack.unpackb(packed, unicode_errors="surrogatepass")
-    return known
-
-
-def _viewed(name: str, where: list[int], view: ViewBlock | None) -> memoryview:
-    if view is None:
-        raise ValueError(f"output '{name}' lies in shared memory this process cannot map")
-    return view(where)
-
-
-def _releaser(lease: int, release: Callable[[int], None] | None) -> Callable[[], None] | None:
-    """The response's ``release``: tells the core its lease's blocks are written."""
-    if lease and release is not None:
-        return functools.partial(release, lease)
-    return None

@@ -5,10 +5,10 @@ response the core makes itself). :func:`send_record` is the relay (issue 25), st
 record's tensor descriptors: no ``InferOutput`` or ``InferResponse`` is made, the bytes a stub
 sent inline go into the frame as they are, and an output block is described (the worker reads
 it in place) or viewed once for the frame's copy. Its answer is the response the core would
-have made from the record, in a frame of its own (``_wire.relayed_from_wire`` decodes it into
-that response): what every answer of a model version repeats (model, version, output names
-and datatypes, :func:`layout`) goes packed once, as bytes, and only the request's own part
-(id, shapes, where its blocks lie, parameters) is packed per answer.
+have made from the record, in a frame of its own (``_response_wire.relayed_from_wire``
+decodes it into that response): what every answer of a model version repeats (model, version,
+output names and datatypes, :func:`layout`) goes packed once, as bytes, and only the request's
+own part (id, shapes, where its blocks lie, parameters) is packed per answer.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import Any, Protocol
 import msgpack
 
 from shoal.core.types import InferResponse
+from shoal.frontends.workers import _response_wire as response_wire
 from shoal.frontends.workers import _wire as wire
 from shoal.frontends.workers._plain import error_to_wire
 from shoal.frontends.workers.outputs import LentOutputs
@@ -98,7 +99,7 @@ _MOST_LAYOUTS = 1024
 
 
 def layout(model: str, version: str, outputs: list[TensorDesc]) -> bytes:
-    """The packed constant part of a relayed answer (``_wire.layout_of`` reads it back)."""
+    """The packed constant part of a relayed answer (``_response_wire.layout_of`` reads it back)."""
     known = _layouts.get(model)
     if known is None or not known.fits(version, outputs):
         if len(_layouts) >= _MOST_LAYOUTS:
@@ -123,8 +124,8 @@ def record_to_wire(
     payloads: list[memoryview | bytes],
     describe: DescribeBlock | None = None,
 ) -> list[Any]:
-    """The relayed answer's fields (``_wire.relayed_from_wire``): its layout, then what is the
-    request's own; the lease 0 (the caller sets it when ``describe`` gave a block, which
+    """The relayed answer's fields (``_response_wire.relayed_from_wire``): its layout, then
+    what is the request's own; the lease 0 (the caller sets it when ``describe`` gave a block, which
     ``wheres`` then lists); output bytes go to ``payloads``."""
     outputs = completion.response.outputs
     shapes = []
@@ -185,9 +186,9 @@ def send_response(
     lease = 0
     try:
         if outputs is None:
-            fields = wire.response_to_wire(response, out)
+            fields = response_wire.response_to_wire(response, out)
         else:
-            fields = wire.response_to_wire(response, out, outputs.describe)
+            fields = response_wire.response_to_wire(response, out, outputs.describe)
             if len(out) < len(response.outputs):
                 lease = fields[-1] = outputs.hold(response)
         send([kind, call_id, *fields], out)

@@ -36,6 +36,7 @@ from shoal.core.types import (
     TraceValue,
 )
 from shoal.frontends.workers import _plain as plain
+from shoal.frontends.workers import _response_wire as response_wire
 from shoal.frontends.workers import _wire as wire
 from shoal.frontends.workers.arenas import StagingArena
 from shoal.frontends.workers.outputs import MappedOutputs
@@ -290,10 +291,9 @@ class RemoteCore(CoreAPI):
         return prepare(request, snapshot, None if self.arena is None else self.arena.stage)
 
     def _response(self, answer: list[Any], views: list[memoryview]) -> InferResponse:
-        outputs = self.outputs
-        if outputs is None:
-            return wire.response_from_wire(answer, views)
-        return wire.response_from_wire(answer, views, outputs.view, self._release)
+        if (outputs := self.outputs) is None:
+            return response_wire.response_from_wire(answer, views)
+        return response_wire.response_from_wire(answer, views, outputs.view, self._release)
 
     def _release(self, lease: int) -> None:
         """A response read in place is written: the core may give its blocks back."""

@@ -15,6 +15,7 @@ from shoal._serve_parser import build_parser
 from shoal.cli import options_from_args
 from shoal.core import InferInput, InferRequest
 from shoal.core.packed import frame
+from shoal.frontends.workers import _response_wire as response_wire
 from shoal.frontends.workers import _wire as wire
 from shoal.frontends.workers.arenas import LentArena, StagingArena
 from shoal.frontends.workers.host import _Link
@@ -149,7 +150,7 @@ def test_a_relayed_call_is_answered_and_its_block_comes_back(service):
             await _until(lambda: frames.of_kind(wire.OK), "no answer")
             (answer,) = frames.of_kind(wire.OK)
             payloads = next(p for h, p in frames.frames if h[0] == wire.OK)
-            (output,) = wire.response_from_wire(answer[2:], payloads).outputs
+            (output,) = response_wire.response_from_wire(answer[2:], payloads).outputs
             assert answer[1] == 5 and output.name == "Y" and output.datatype == "FP32"
             np.testing.assert_array_equal(np.frombuffer(output.data, np.float32), values * 2)
             del output

@@ -4,7 +4,7 @@ byte for byte, as the response the core made before, with every block given back
 Two worker links serve one service over loopback stubs: one as the core runs it (the relay),
 one whose core is asked without a relay (every answer made as an ``InferResponse``). The same
 calls go through both and the responses the worker decodes from their answer frames are
-compared whole (a relayed answer has a frame of its own, ``_wire.relayed_from_wire``).
+compared whole (a relayed answer has a frame of its own, ``_response_wire.relayed_from_wire``).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import pytest
 from shoal._serve_parser import build_parser
 from shoal.cli import options_from_args
 from shoal.core import InferInput, InferRequest, RequestedOutput
+from shoal.frontends.workers import _response_wire as response_wire
 from shoal.frontends.workers import _wire as wire
 from shoal.frontends.workers.arenas import INLINE_MAX
 from shoal.frontends.workers.host import _Link
@@ -128,7 +129,7 @@ def _answer(frame: bytes) -> Any:
     fields, payloads = _fields(frame)
     if fields[0] != wire.OK:
         return fields
-    response = wire.response_from_wire(fields[2:], payloads)
+    response = response_wire.response_from_wire(fields[2:], payloads)
     outputs = [(o.name, o.datatype, o.shape, o.parameters, bytes(o.data)) for o in response.outputs]
     return (
         fields[1],
@@ -259,8 +260,8 @@ def test_a_large_output_relayed_is_read_in_place_until_the_worker_releases_it(tm
             same, same_payloads = _fields((await _answers(made, made_end, [request]))[1])
             assert counting.relayed == ["echo"]
             # The same answer but where the block lies (the first is still held).
-            response = wire.response_from_wire(fields[2:], payloads, mapped.view)
-            made_response = wire.response_from_wire(same[2:], same_payloads, other.view)
+            response = response_wire.response_from_wire(fields[2:], payloads, mapped.view)
+            made_response = response_wire.response_from_wire(same[2:], same_payloads, other.view)
             where, _ = fields[5]
             assert where is not None and where[2] != same[5][0][4][2]
             assert [(o.name, o.datatype, o.shape, bytes(o.data)) for o in response.outputs] == [

@@ -11,6 +11,7 @@ import pytest
 
 from shoal.core.types import InferOutput, InferResponse
 from shoal.frontends.workers import _plain as plain
+from shoal.frontends.workers import _response_wire as response_wire
 from shoal.frontends.workers import _wire as wire
 from shoal.frontends.workers import answer_frames as frames
 from shoal.ipc.arena import Block
@@ -78,8 +79,8 @@ def _made(model: str, version: str, request_id: str, done: _Done) -> InferRespon
         outputs.append(InferOutput(t.name, t.datatype, t.shape, data, {}))
     response = InferResponse(model, version, request_id, outputs, done.response.parameters)
     payloads: list[memoryview | bytes] = []
-    fields = wire.response_to_wire(response, payloads)
-    return wire.response_from_wire(fields, [memoryview(bytes(p)) for p in payloads])
+    fields = response_wire.response_to_wire(response, payloads)
+    return response_wire.response_from_wire(fields, [memoryview(bytes(p)) for p in payloads])
 
 
 def _same(a: InferResponse, b: InferResponse) -> None:
@@ -118,7 +119,7 @@ def test_every_datatype_inline_and_in_blocks_decodes_as_the_response_made_before
     header, payloads = _relayed(done, "model", "2", "id-1")
     assert header[:2] == [wire.OK, 7] and type(header[2]) is bytes
     assert done.released == 1  # copied into the frame: released at once
-    back = wire.response_from_wire(header[2:], payloads)
+    back = response_wire.response_from_wire(header[2:], payloads)
     _same(back, _made("model", "2", "id-1", done))
     assert back.final is True and back.error is None and back._release is None
 
@@ -140,7 +141,9 @@ def test_outputs_the_worker_reads_in_place_are_described_and_leased():
         viewed.append(where)
         return memoryview(bytes(range(16)))
 
-    back = wire.response_from_wire(fields, [memoryview(p) for p in out], view, released.append)
+    back = response_wire.response_from_wire(
+        fields, [memoryview(p) for p in out], view, released.append
+    )
     assert viewed == [[3, 2]]
     assert [(o.name, bytes(o.data)) for o in back.outputs] == [
         ("A", b"xy"),
@@ -150,7 +153,7 @@ def test_outputs_the_worker_reads_in_place_are_described_and_leased():
     back.release()
     assert released == [9]
     with pytest.raises(ValueError, match="output 'B' lies in shared memory"):
-        wire.response_from_wire(fields, [memoryview(p) for p in out])
+        response_wire.response_from_wire(fields, [memoryview(p) for p in out])
 
 
 def test_the_layout_is_packed_once_per_model_version_and_outputs():
@@ -167,16 +170,18 @@ def test_the_layout_is_packed_once_per_model_version_and_outputs():
         frames.layout("lay", "2", []),
     ]
     assert len({first, *others}) == 6
-    assert wire.layout_of(first) == ["lay", "1", ["Y", "Z"], ["FP32", "INT8"]]
-    assert wire.layout_of(first) is wire.layout_of(bytes(first))  # the worker decodes it once
-    assert wire.layout_of(others[-1]) == ["lay", "2", [], []]
+    assert response_wire.layout_of(first) == ["lay", "1", ["Y", "Z"], ["FP32", "INT8"]]
+    assert response_wire.layout_of(first) is response_wire.layout_of(
+        bytes(first)
+    )  # the worker decodes it once
+    assert response_wire.layout_of(others[-1]) == ["lay", "2", [], []]
 
 
 def test_client_strings_cross_as_they_are():
     odd = "r\udc80é"  # a lone surrogate JSON let in, and UTF-8
     done = _Done(ResponseRecord([TensorDesc("Ÿ\udc81", "BYTES", (1,), InlineBytes(b"a"))]))
     header, payloads = _relayed(done, "mödel", "1", odd)
-    back = wire.response_from_wire(header[2:], payloads)
+    back = response_wire.response_from_wire(header[2:], payloads)
     assert back.id == odd and back.model_name == "mödel"
     assert back.outputs[0].name == "Ÿ\udc81"
 

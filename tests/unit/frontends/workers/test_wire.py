@@ -20,6 +20,7 @@ from shoal.core.types import (
     TensorMetadata,
 )
 from shoal.frontends.workers import _plain as plain
+from shoal.frontends.workers import _response_wire as response_wire
 from shoal.frontends.workers import _wire as wire
 
 pytestmark = pytest.mark.timeout(10)
@@ -91,8 +92,8 @@ def test_a_response_keeps_outputs_and_its_stream_fields():
         error=errors.ModelError("model 'm' failed", errors.ErrorCode.INVALID_ARG),
     )
     payloads: list = []
-    header, views = _through(wire.response_to_wire(response, payloads), payloads)
-    back = wire.response_from_wire(header, views)
+    header, views = _through(response_wire.response_to_wire(response, payloads), payloads)
+    back = response_wire.response_from_wire(header, views)
     assert bytes(back.outputs[0].data) == b"abc"
     assert back.outputs[0].shape == (3,) and back.outputs[0].parameters == {"x": "y"}
     assert back.final is False and back.parameters == {"triton_final_response": False}
