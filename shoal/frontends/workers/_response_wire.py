@@ -65,11 +65,7 @@ def response_from_wire(
     model_name, model_version, response_id, outputs, parameters, final, error, lease = fields
     tensors, at = [], 0
     for name, datatype, shape, params, where in outputs:
-        if where is None:
-            data = payloads[at]
-            at += 1
-        else:
-            data = _viewed(name, where, view)
+        data, at = _output_bytes(name, where, payloads, at, view)
         tensors.append(InferOutput(name, datatype, tuple(shape), data, params))
     return InferResponse(
         model_name,
@@ -96,11 +92,7 @@ def relayed_from_wire(
     tensors, at = [], 0
     for i, shape in enumerate(shapes):
         where = None if wheres is None else wheres[i]
-        if where is None:
-            data = payloads[at]
-            at += 1
-        else:
-            data = _viewed(names[i], where, view)
+        data, at = _output_bytes(names[i], where, payloads, at, view)
         tensors.append(InferOutput(names[i], datatypes[i], tuple(shape), data, {}))
     return InferResponse(
         model_name,
@@ -127,6 +119,16 @@ def layout_of(packed: bytes) -> list[Any]:
             _layouts.clear()
         known = _layouts[packed] = msgpack.unpackb(packed, unicode_errors="surrogatepass")
     return known
+
+
+def _output_bytes(
+    name: str, where: list[int] | None, payloads: list[memoryview], at: int, view: ViewBlock | None
+) -> tuple[memoryview, int]:
+    """An output's bytes: the next payload (from ``at``), or the block ``where`` names; and
+    where the next payload is."""
+    if where is None:
+        return payloads[at], at + 1
+    return _viewed(name, where, view), at
 
 
 def _viewed(name: str, where: list[int], view: ViewBlock | None) -> memoryview:
