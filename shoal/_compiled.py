@@ -96,6 +96,7 @@ HOT_PATH: tuple[str, ...] = (
     "shoal/frontends/h2/sending.py",
     "shoal/frontends/h2/reading.py",
     "shoal/frontends/h2/placing.py",
+    "shoal/frontends/h2/scatter.py",
     "shoal/frontends/h2/connection.py",
     "shoal/frontends/grpc/_wire.py",
     "shoal/frontends/grpc/_params.py",

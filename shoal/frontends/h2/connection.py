@@ -9,7 +9,8 @@ the streams mean is the business of a :class:`StreamOpener` (shoal's gRPC calls,
 
 Receiving: the transport reads into a buffer the connection lends it (``BufferedProtocol``,
 see :func:`~shoal.frontends.h2.reading.read_buffer`), or a large DATA frame's payload straight
-into its stream's place (:mod:`shoal.frontends.h2.placing`). The connection advertises the largest
+into its stream's place (:mod:`shoal.frontends.h2.placing`), and runs of 16 KiB frames with
+its own scatter reads (:mod:`shoal.frontends.h2.scatter`). The connection advertises the largest
 windows HTTP/2 allows and gives credit back when half of a window is used, so a client is never
 slowed down by flow control; the size of what a stream may send is bounded by the gRPC layer
 (its message size limit), not by windows.
@@ -36,18 +37,12 @@ from shoal.frontends.h2.reading import (
     FrameReader,
     read_buffer,
 )
+from shoal.frontends.h2.scatter import Scatter, scatter_for
 from shoal.frontends.h2.sending import Sender
 from shoal.frontends.h2.streams import Stream, StreamHandler
 
-__all__ = [
-    "MAX_CONCURRENT_STREAMS",
-    "ConnectionError_",
-    "FloodLimits",
-    "Headers",
-    "Http2Connection",
-    "StreamHandler",
-    "StreamOpener",
-]
+__all__ = ["MAX_CONCURRENT_STREAMS", "ConnectionError_", "FloodLimits", "Headers"]
+__all__ += ["Http2Connection", "StreamHandler", "StreamOpener"]
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +89,7 @@ class Http2Connection(asyncio.BufferedProtocol):
             self._frame_table(), self._on_data, self._header_block, self._guard
         )
         self._placing = Placing(self._reader, self._streams, self._reads)
+        self._scatter: Scatter | None = None
         self._last_read = self._loop.time()
         self.closed: asyncio.Future[None] = self._loop.create_future()
 
@@ -113,6 +109,7 @@ class Http2Connection(asyncio.BufferedProtocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._watch = self._loop.call_later(self._limits.read_timeout, self._check_reads)
         self._sender.transport = cast(asyncio.Transport, transport)
+        self._scatter = scatter_for(transport, self._reader, self._streams, self._count_data)
         settings = {
             h2.SETTINGS_ENABLE_PUSH: 0,
             h2.SETTINGS_INITIAL_WINDOW_SIZE: h2.MAX_WINDOW,
@@ -147,6 +144,8 @@ class Http2Connection(asyncio.BufferedProtocol):
                 self._placed(placed)
             else:
                 self._reader.feed(data)
+            if self._scatter is not None:
+                self._scatter.read()
         except ConnectionError_ as exc:
             self._fail(exc)
             return

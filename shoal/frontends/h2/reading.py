@@ -70,6 +70,7 @@ class FrameReader:
         self._continuation: tuple[int, int, bytearray] | None = None  # stream, flags, block
         self._data_left = 0  # bytes still due of a DATA frame handed on in pieces
         self._data_frame = (0, 0)  # its stream and flags
+        self._data_length = 0  # and its length
 
     def half_read(self) -> bool:
         """Whether the preface, a frame or a header block has arrived in part."""
@@ -85,6 +86,21 @@ class FrameReader:
         payload still due (0: none in progress): the next bytes the socket holds, which the
         connection may have read straight into the place the stream keeps them."""
         return self._data_frame[0], self._data_left
+
+    def data_frame(self) -> tuple[int, int, int, int]:
+        """(stream, flags, length, bytes still due) of the DATA frame in progress, the last one
+        when none is (due 0)."""
+        stream_id, flags = self._data_frame
+        return stream_id, flags, self._data_length, self._data_left
+
+    def data_begun(self, stream_id: int, length: int, due: int) -> None:
+        """A DATA frame of ``stream_id`` (no flags) whose header and ``length - due`` bytes of
+        payload were read straight into place (:mod:`shoal.frontends.h2.scatter`) is the one
+        in progress now."""
+        self._guard.frame(h2.DATA, 0, length)
+        self._data_frame = (stream_id, 0)
+        self._data_length = length
+        self._data_left = due
 
     def placed(self, nbytes: int) -> bool:
         """``nbytes`` more of the DATA frame in progress were read straight into place (see
@@ -131,7 +147,7 @@ class FrameReader:
             raise ConnectionError_(h2.PROTOCOL_ERROR, "a header block was interrupted")
         self._guard.frame(kind, flags, length)
         self._data_frame = (stream_id, flags)
-        self._data_left = length
+        self._data_length = self._data_left = length
         self._data_piece(rest[h2.FRAME_HEADER_SIZE :])
         return True
 
