@@ -108,8 +108,8 @@ class Http2Connection(asyncio.BufferedProtocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._watch = self._loop.call_later(self._limits.read_timeout, self._check_reads)
-        self._sender.transport = cast(asyncio.Transport, transport)
-        self._scatter = scatter_for(transport, self._reader, self._streams, self._count_data)
+        self._sender.attach(cast(asyncio.Transport, transport))
+        self._scatter = scatter_for(self._sender.fd, self._reader, self._streams, self._count_data)
         settings = {
             h2.SETTINGS_ENABLE_PUSH: 0,
             h2.SETTINGS_INITIAL_WINDOW_SIZE: h2.MAX_WINDOW,

@@ -144,11 +144,7 @@ def _gather(buffers: list[memoryview], first: int, size: int) -> bytes:
 
 
 def scatter_for(
-    transport: object, reader: FrameReader, streams: dict[int, Stream], count: Counter
+    fd: int, reader: FrameReader, streams: dict[int, Stream], count: Counter
 ) -> Scatter | None:
-    """The scatter reads of a connection on ``transport``; None if it has no socket to read
-    (a transport that is not a socket's, as in-process benchmarks and tests use)."""
-    get_extra_info = getattr(transport, "get_extra_info", None)
-    sock = None if get_extra_info is None else get_extra_info("socket")
-    fd = -1 if sock is None else sock.fileno()
+    """The scatter reads of a connection on socket ``fd``; None if it has none (-1)."""
     return None if fd < 0 else Scatter(fd, reader, streams, count)

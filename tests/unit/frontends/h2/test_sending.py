@@ -1,16 +1,18 @@
 """The sender's DATA: frames of the peer's frame size, each a header and a view of the payload,
-END_STREAM on the last only, within the windows; and its calls back once the writes drained."""
+END_STREAM on the last only, within the windows; its calls back once the writes drained; and
+a large flush written to the socket directly, the rest left to the transport."""
 
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from shoal.frontends.h2 import frames as h2
-from shoal.frontends.h2.sending import Sender
+from shoal.frontends.h2.sending import Sender, write_direct
 from shoal.frontends.h2.streams import Stream
 
 pytestmark = pytest.mark.timeout(30)
@@ -137,3 +139,82 @@ def test_a_lost_connection_calls_back_at_once(loop: asyncio.AbstractEventLoop) -
     assert called == [1, 2]
     sender.after_sent(lambda: called.append(3))  # after the loss: nothing to wait for
     assert called == [1, 2, 3]
+
+
+def _pair() -> tuple[socket.socket, socket.socket]:
+    ours, theirs = socket.socketpair()
+    ours.setblocking(False)
+    return ours, theirs
+
+
+def _drain(sock: socket.socket) -> bytes:
+    sock.setblocking(False)
+    out = bytearray()
+    while True:
+        try:
+            chunk = sock.recv(1 << 20)
+        except BlockingIOError:
+            return bytes(out)
+        if not chunk:
+            return bytes(out)
+        out += chunk
+
+
+def test_write_direct_returns_what_the_socket_did_not_take() -> None:
+    """More than the socket takes, in more pieces than one writev takes: what was written and
+    what is returned (its first piece cut where the write stopped) make the whole, in order."""
+    pieces: list[bytes | memoryview] = []
+    for index in range(3000):
+        pieces.append(h2.frame_header(h2.DATA, 0, 1, 300))
+        pieces.append(memoryview(bytes((index % 251,)) * 300))
+    whole = b"".join(pieces)
+    ours, theirs = _pair()
+    with ours, theirs:
+        rest = write_direct(ours.fileno(), pieces)
+        written = _drain(theirs)
+        assert written and rest
+        assert written + b"".join(rest) == whole
+        assert written == whole[: len(written)]
+    small = [b"a" * 10] * 2000  # all taken: two writevs
+    ours, theirs = _pair()
+    with ours, theirs:
+        assert write_direct(ours.fileno(), list(small)) == []
+        assert _drain(theirs) == b"a" * 20_000
+
+
+def test_write_direct_leaves_a_broken_socket_to_the_transport() -> None:
+    ours, theirs = _pair()
+    theirs.close()
+    with ours:
+        pieces: list[bytes | memoryview] = [b"x" * 100] * 40
+        assert write_direct(ours.fileno(), pieces) == pieces
+
+
+def test_a_large_flush_goes_to_the_socket_the_rest_to_the_transport(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    """With a socket: the flush of a large answer is written to it directly as far as it takes
+    it, the rest handed to the transport; nothing when the transport already holds some."""
+    ours, theirs = _pair()
+
+    class _Socketed(_Transport):
+        def get_extra_info(self, name: str) -> Any:
+            return ours if name == "socket" else None
+
+    with ours, theirs:
+        sender, _, stream, _ = _sender(loop)
+        transport = _Socketed()
+        sender.attach(transport)  # type: ignore[arg-type]
+        payload = bytes(range(256)) * 40_000  # ~10 MiB: more than the socket takes
+        sender.flush_scheduled = True
+        sender.send_data(1, stream, memoryview(payload), end_stream=True)
+        sender.flush()
+        written = _drain(theirs)
+        assert written and transport.pieces
+        frames = _frames([written, *transport.pieces])
+        assert b"".join(p for _, _, p in frames) == payload
+        transport.buffered = 1  # the transport holds some: all goes its way, in order
+        sender.flush_scheduled = True
+        sender.send_data(1, Stream(None, 1 << 30), memoryview(payload[: 1 << 20]), False)
+        sender.flush()
+        assert _drain(theirs) == b""

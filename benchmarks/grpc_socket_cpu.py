@@ -1,0 +1,124 @@
+"""CPU per gRPC ModelInfer in shoal's own gRPC server, in process, through a loopback socket:
+prints figures, asserts nothing.
+
+As ``benchmarks.grpc_native_cpu`` (same server, same cores, same calls), but the connection is
+a real one on the event loop's transport (uvloop), fed by a client thread through a loopback
+TCP socket: what is timed is the event loop thread's CPU per call (``time.thread_time``: user
+and kernel, so the socket's copies count, the client's do not), with the reads and writes of
+the transport, and of the server itself where it reads or writes the socket. The client thread
+sends each call whole (HEADERS, the message in DATA frames of ``--frame`` bytes, as h2load does
+with 16 KiB), then reads until the call's trailers. The best of ``--rounds`` rounds, in µs.
+
+    .venv/bin/python -m benchmarks.grpc_socket_cpu --bytes 4194304 --calls 30 --arena
+    .venv/bin/python -m benchmarks.grpc_socket_cpu --arena --frame 1048576
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import queue
+import socket
+import threading
+import time
+
+import hpack
+import uvloop
+
+from benchmarks.grpc_native_cpu import _HEADERS, _call, _message, _server
+from shoal.frontends.grpc.servicer import Servicer
+from shoal.frontends.h2 import frames as h2
+
+_Call = tuple[bytes, int, "asyncio.Future[None]"]
+
+
+class _Client(threading.Thread):
+    """Sends each call put in :attr:`calls` and reads until its trailers; then sets its future
+    on the loop."""
+
+    def __init__(self, sock: socket.socket, loop: asyncio.AbstractEventLoop, frame: int) -> None:
+        super().__init__(daemon=True)
+        self._sock = sock
+        self._file = sock.makefile("rb")
+        self._loop = loop
+        self._frame = frame
+        self.calls: queue.Queue[_Call | None] = queue.Queue()
+
+    def run(self) -> None:
+        settings = {
+            h2.SETTINGS_MAX_FRAME_SIZE: self._frame,
+            h2.SETTINGS_INITIAL_WINDOW_SIZE: h2.MAX_WINDOW,
+        }
+        grow = h2.window_update(0, h2.MAX_WINDOW - h2.DEFAULT_WINDOW)
+        self._sock.sendall(h2.PREFACE + h2.settings_frame(settings) + grow)
+        while (call := self.calls.get()) is not None:
+            wire, stream_id, done = call
+            self._sock.sendall(wire)
+            self._until_trailers(stream_id)
+            self._loop.call_soon_threadsafe(done.set_result, None)
+
+    def _until_trailers(self, stream_id: int) -> None:
+        """Read frames until the stream's HEADERS with END_STREAM; answer SETTINGS and PING."""
+        while True:
+            length, kind, flags, frame_stream = h2.read_header(self._file.read(9), 0)
+            payload = self._file.read(length)
+            if kind == h2.SETTINGS and not flags & h2.ACK:
+                self._sock.sendall(h2.frame(h2.SETTINGS, h2.ACK, 0))
+            elif kind == h2.HEADERS and frame_stream == stream_id and flags & h2.END_STREAM:
+                return
+            del payload
+
+
+async def _measure(size: int, calls: int, frame: int, rounds: int, staged: bool) -> float:
+    loop = asyncio.get_running_loop()
+    server = _server(size, staged)
+    server._methods = server._method_paths(Servicer(server._core))
+    listening = await loop.create_server(server._connection, "127.0.0.1", 0)
+    port = listening.sockets[0].getsockname()[1]
+    sock = socket.create_connection(("127.0.0.1", port))
+    client = _Client(sock, loop, frame)
+    client.start()
+    encoder, body, stream_id, best = hpack.Encoder(), _message(size), 1, float("inf")
+    first, repeated = encoder.encode(_HEADERS), encoder.encode(_HEADERS)
+    try:
+        for round_ in range(rounds + 1):  # the first round warms up
+            ids = range(stream_id, stream_id + 2 * calls, 2)
+            wires = [_call(first if i == 1 else repeated, i, body, frame) for i in ids]
+            started = time.thread_time()
+            for wire in wires:
+                done = loop.create_future()
+                client.calls.put((wire, stream_id, done))
+                await done
+                stream_id += 2
+            if round_:
+                best = min(best, time.thread_time() - started)
+    finally:
+        client.calls.put(None)
+        client.join(timeout=10)
+        sock.close()
+        listening.close()
+    return best * 1e6 / calls
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--bytes", type=int, default=4 << 20, help="the input tensor's size")
+    parser.add_argument("--calls", type=int, default=30, help="calls per round")
+    parser.add_argument("--frame", type=int, default=16384, help="DATA frame size, both ways")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--arena", action="store_true", help="a frontend worker's core: inputs staged in its arena"
+    )
+    args = parser.parse_args(argv)
+    measured = _measure(args.bytes, args.calls, args.frame, args.rounds, args.arena)
+    per_call = uvloop.run(measured)
+    where = ", staged in a worker's arena" if args.arena else ""
+    print(
+        f"{args.bytes} B, {args.frame} B frames{where}, through a socket: {per_call:,.0f} µs "
+        "CPU of the loop's thread per call (best round)"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
