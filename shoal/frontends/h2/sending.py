@@ -280,9 +280,12 @@ class Sender:
 
 def socket_fd(transport: object) -> int:
     """The file descriptor of ``transport``'s socket; -1 if it has none (a transport that is
-    not a socket's, as in-process benchmarks and tests use)."""
+    not a socket's, as in-process benchmarks and tests use) or its bytes are not the socket's
+    (TLS, which shoal's gRPC server does not speak today)."""
     get_extra_info = getattr(transport, "get_extra_info", None)
-    sock = None if get_extra_info is None else get_extra_info("socket")
+    if get_extra_info is None or get_extra_info("sslcontext") is not None:
+        return -1
+    sock = get_extra_info("socket")
     return -1 if sock is None else int(sock.fileno())
 
 

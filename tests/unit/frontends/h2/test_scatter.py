@@ -209,13 +209,21 @@ def test_a_reset_or_a_lost_connection_mid_run() -> None:
 
 
 def test_no_socket_no_scatter() -> None:
-    """A transport with no socket (in-process benchmarks, other tests): the usual reads."""
+    """A transport with no socket (in-process benchmarks, other tests), or whose bytes are not
+    the socket's (TLS): the usual reads and writes."""
+
+    class _Tls(_Transport):
+        def get_extra_info(self, name: str) -> Any:
+            return object() if name == "sslcontext" else super().get_extra_info(name)
 
     async def made() -> None:
         with _connection({1: 1}) as (connection, _, _wire):
-            assert connection._scatter is not None
-        connection = Http2Connection(lambda *_: None, lambda _: None)
-        connection.connection_made(_Written())  # type: ignore[arg-type]
-        assert connection._scatter is None
+            assert connection._scatter is not None and connection._sender.fd >= 0
+        for transport in (_Written(), _Tls(socket.socket())):
+            connection = Http2Connection(lambda *_: None, lambda _: None)
+            connection.connection_made(transport)  # type: ignore[arg-type]
+            assert connection._scatter is None and connection._sender.fd == -1
+            if isinstance(transport, _Tls):
+                transport._sock.close()
 
     asyncio.run(made())
