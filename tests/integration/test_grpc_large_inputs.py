@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
-from hyperframe.frame import DataFrame, HeadersFrame
+from hyperframe.frame import DataFrame, Frame, HeadersFrame, RstStreamFrame
 
 from shoal.protos import grpc_service_pb2 as pb
 from tests.h2client import H2Client, RawClient, grpc_frame, request_headers
@@ -125,3 +125,46 @@ def test_frames_of_any_size(server: ShoalServer, frame: int):
         response = raw.read_stream(1)
     assert response.status == "0", response.message
     np.testing.assert_array_equal(_output(response.data), data)
+
+
+def test_16k_frames_of_calls_interleaved_padded_and_reset(server: ShoalServer):
+    """h2load's 16 KiB frames, read by runs straight into the blocks (frontends/h2/scatter.py):
+    two calls' frames in turns of a few frames, a padded frame and a small one inside a run,
+    a third call reset mid-upload between them; both answers byte-exact, and the connection
+    serves the next call."""
+    rng = np.random.default_rng(16)
+    one, three, five = (
+        rng.random(count, dtype=np.float32) for count in (1 << 18, 300_001, 1 << 17)
+    )
+    port = _port(server)
+
+    def frames(stream_id: int, data: np.ndarray) -> list[DataFrame]:
+        body = grpc_frame(_raw_request(data))
+        out = [
+            DataFrame(stream_id, data=body[at : at + 16384]) for at in range(0, len(body), 16384)
+        ]
+        out[-1].flags.add("END_STREAM")
+        return out
+
+    with RawClient(port) as raw:
+        block = raw.block(request_headers(port, INFER_PATH))
+        raw.send(*(HeadersFrame(i, data=block, flags=["END_HEADERS"]) for i in (1, 3, 5)))
+        ones, threes, fives = frames(1, one), frames(3, three), frames(5, five)
+        ones[20] = DataFrame(1, data=ones[20].data, pad_length=100, flags=["PADDED"])
+        small = ones[30].data
+        ones[30:31] = [DataFrame(1, data=small[:7]), DataFrame(1, data=small[7:])]
+        wire: list[Frame] = []
+        for turn in range(max(len(ones) // 7, len(threes) // 5) + 1):
+            wire += ones[7 * turn : 7 * turn + 7] + threes[5 * turn : 5 * turn + 5]
+            if turn == 2:
+                wire += [*fives[:12], RstStreamFrame(5, error_code=8)]
+        raw.send(*wire)
+        others: list[Frame] = []
+        for stream_id, data in ((1, one), (3, three)):
+            response = raw.read_stream(stream_id, others)
+            assert response.status == "0", response.message
+            np.testing.assert_array_equal(_output(response.data), data)
+        raw.send(HeadersFrame(7, data=block, flags=["END_HEADERS"]), *frames(7, five))
+        response = raw.read_stream(7, others)
+        assert response.status == "0", response.message
+        np.testing.assert_array_equal(_output(response.data), five)
