@@ -52,6 +52,8 @@ from shoal.ipc.records import (
     RequestRecord,
     ResponseRecord,
 )
+from shoal.ipc.whole_results import MARK as WHOLE_MARK
+from shoal.ipc.whole_results import pack_whole, unpack_whole
 
 __all__ = [
     "BlsCall",
@@ -192,6 +194,10 @@ def encode(message: Message) -> bytes:
         return packer.pack(  # type: ignore[no-any-return]
             [_EXECUTE, message.batch_id, [r.to_wire() for r in requests]]
         )
+    if type(message) is Result:  # one per batch: whole where the core may relay its records
+        whole = pack_whole(packer, message)
+        if whole is not None:
+            return whole
     return packer.pack([_KIND_NUMBERS[type(message)], *message.fields()])  # type: ignore[no-any-return]
 
 
@@ -229,6 +235,8 @@ _NO_TEXT: Final = b"\xa0"
 
 def decode(payload: bytes) -> Message:
     """Parse a message received from a channel ring."""
+    if payload and payload[0] == WHOLE_MARK:  # a Result's whole form (``whole_results``)
+        return unpack_whole(payload)
     message = msgpack.unpackb(payload, raw=False, strict_map_key=False)
     if type(message) is list and len(message) == 7 and message[0] == _RESULT:
         # Every request's answer: read in place, with a native call (``cls.from_fields`` of

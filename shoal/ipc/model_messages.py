@@ -150,6 +150,9 @@ class Result:
     #: When the stub began and finished the batch (CLOCK_MONOTONIC ns, the supervisor's clock
     #: too): the supervisor derives the IPC legs of a request from them (--trace-overhead).
     stub_ns: tuple[int, int] = (0, 0)
+    #: A Result read in its whole form (``ipc/whole_results.py``): each response's record
+    #: undecoded, in order, and ``responses`` empty; None: ``responses`` are decoded.
+    wholes: list[memoryview] | None = None
 
     def __init__(
         self,
@@ -159,6 +162,7 @@ class Result:
         rescheduled: list[int] | None = None,
         executed: bool = True,
         stub_ns: tuple[int, int] = (0, 0),
+        wholes: list[memoryview] | None = None,
     ) -> None:
         # Written out: a generated __init__ stays interpreted in the compiled hot path.
         self.batch_id = batch_id
@@ -167,6 +171,7 @@ class Result:
         self.rescheduled = [] if rescheduled is None else rescheduled
         self.executed = executed
         self.stub_ns = stub_ns
+        self.wholes = wholes
 
     def fields(self) -> list[Any]:
         return [

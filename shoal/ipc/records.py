@@ -115,17 +115,23 @@ class ResponseRecord:
     outputs: list[TensorDesc] = field(default_factory=list)
     error: tuple[str, str] | None = None  # (code name, message)
     parameters: dict[str, Any] = field(default_factory=dict)
+    #: A record the core relays to a frontend worker undecoded: its bytes as the stub packed
+    #: them (a whole Result's, ``ipc/whole_results.py``); ``outputs`` and ``parameters`` are
+    #: then empty, and the outputs own no block (only inline outputs travel so). None: decoded.
+    whole: memoryview | None = None
 
     def __init__(
         self,
         outputs: list[TensorDesc] | None = None,
         error: tuple[str, str] | None = None,
         parameters: dict[str, Any] | None = None,
+        whole: memoryview | None = None,
     ) -> None:
         # Written out: a generated __init__ stays interpreted in the compiled hot path.
         self.outputs = [] if outputs is None else outputs
         self.error = error
         self.parameters = {} if parameters is None else parameters
+        self.whole = whole
 
     def to_wire(self) -> list[Any]:
         return [[t.to_wire() for t in self.outputs], self.error, self.parameters]

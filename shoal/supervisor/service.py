@@ -106,8 +106,7 @@ class InferenceService:
     # -- lifecycle --------------------------------------------------------------------------
 
     async def load_repository(self) -> dict[str, str]:
-        """Load the models the control mode asks for at start; returns those that failed to
-        load, with the reason."""
+        """Load the control mode's startup models; returns those that failed, with why."""
         self._loop = asyncio.get_running_loop()
         return await self.repository.load_startup()
 
@@ -262,6 +261,7 @@ class InferenceService:
         batch_size = staging.batch_size(mv.summary, request)
         work = self._submit(mv, batch_size, record, blocks, started, promise)
         relay = relays(relay, record, classes)
+        work.relayed = relay is not None  # (read once its Result arrives, on a later callback)
         promise.add_done_callback(
             _Completed(self, mv, request, work, started, classes, done, relay)
         )
@@ -282,6 +282,7 @@ class InferenceService:
         mv, record, request = admitted
         promise = Promise(self._settled)
         work = self._submit(mv, call.batch_size, record, call.blocks, started, promise)
+        work.relayed = relay is not None
         promise.add_done_callback(
             _Completed(self, mv, request, work, started, packed.NO_CLASSES, done, relay)
         )
@@ -327,8 +328,7 @@ class InferenceService:
         started: int,
         promise: Promise | None = None,
     ) -> Work:
-        """Hand a staged request to the model's scheduler; its requester awaits a Future, or
-        is called back through ``promise``."""
+        """Hand a staged request to its scheduler; awaited through a Future, or ``promise``."""
         future: asyncio.Future[Completion] | Promise | None = promise
         if future is None:
             future = (self._loop or asyncio.get_running_loop()).create_future()

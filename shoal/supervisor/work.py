@@ -142,6 +142,9 @@ class Work:
     #: For an iterative sequence: the request as it came (its inputs, how many input blocks,
     #: its requested outputs, whether it ends its sequence), restored on each reschedule.
     iteration: tuple[list[Any], int, list[str], bool] | None = None
+    #: Answered through a frontend worker's relay (``requests/relayed.py``): the core may
+    #: hand the worker the stub's response record undecoded.
+    relayed: bool = False
 
     def __init__(
         self,
@@ -173,6 +176,7 @@ class Work:
         self.queue_deadline_ns = 0
         self.watched = False
         self.iteration = None
+        self.relayed = False
 
     def cancel(self) -> None:
         """The client went away: drop the work if queued, flag it to the model if running."""

@@ -87,6 +87,8 @@ def relayed_from_wire(
 ) -> InferResponse:
     """The response the core would have made from a stub's record (final, no error, no output
     parameters), from its relayed answer (``answer_frames.record_to_wire``)."""
+    if len(fields) == 2:
+        return whole_from_wire(fields, payloads)
     packed, response_id, shapes, wheres, parameters, lease = fields
     model_name, model_version, names, datatypes = layout_of(packed)
     tensors, at = [], 0
@@ -103,6 +105,30 @@ def relayed_from_wire(
         _release=_releaser(lease, release),
         final=True,
     )
+
+
+def whole_from_wire(fields: Sequence[Any], payloads: list[memoryview]) -> InferResponse:
+    """The response from a relayed answer that carries the stub's record as it came
+    (``answer_frames.head`` and the record's bytes, every output inline): what
+    :func:`relayed_from_wire` makes of the same record. A record that is not such a success
+    is a ValueError."""
+    packed, response_id = fields
+    model_name, model_version = layout_of(packed)
+    outputs, error, parameters = msgpack.unpackb(payloads[0], strict_map_key=False)
+    if error is not None:
+        raise ValueError(f"a relayed record carries an error: {error!r}")
+    tensors = []
+    for name, datatype, shape, kind, data in outputs:
+        if kind != _INLINE or type(data) is not bytes:
+            raise ValueError(f"output '{name}' of a relayed record is not inline")
+        tensors.append(InferOutput(name, datatype, tuple(shape), memoryview(data), {}))
+    return InferResponse(
+        model_name, model_version, response_id, tensors, parameters, _release=None, final=True
+    )
+
+
+#: The inline location's kind in a tensor descriptor (``ipc/tensor.py``'s ``[4, <bin>]``).
+_INLINE = 4
 
 
 #: The layouts of relayed answers decoded so far, by their bytes: a worker decodes each once

@@ -32,6 +32,7 @@ __all__ = [
     "RelaySink",
     "Relayed",
     "Send",
+    "head",
     "layout",
     "record_to_wire",
     "send_record",
@@ -162,6 +163,13 @@ def send_record(
     """Answer call ``call_id`` (``answer``: model, version, request id) from the stub's record:
     large output blocks by description when the worker maps them (``done`` is held until it
     releases them), the rest in the frame (``done`` released once copied)."""
+    whole = done.response.whole
+    if whole is not None:
+        try:
+            _send_whole(send, call_id, answer, whole)
+        finally:
+            done.release()  # (the record's bytes were copied into the frame)
+        return
     out: list[memoryview | bytes] = []
     lease = 0
     try:
@@ -175,6 +183,31 @@ def send_record(
     finally:
         if not lease:
             done.release()
+
+
+def _send_whole(send: Send, call_id: int, answer: tuple[str, str, str], whole: memoryview) -> None:
+    """Answer call ``call_id`` with the stub's record as it came (a whole Result's, every
+    output inline: ``ipc/whole_results.py``): ``[OK, id, head, request id]``, the record the one
+    payload (``_response_wire.whole_from_wire`` decodes it)."""
+    try:
+        send([wire.OK, call_id, head(answer[0], answer[1]), answer[2]], (whole,))
+    except Exception as failure:  # every failure is the caller's answer
+        send([wire.ERROR, call_id, error_to_wire(failure)], ())
+
+
+#: The packed ``[model, version]`` of each model's undecoded answers (its latest version).
+_heads: dict[str, tuple[str, bytes]] = {}
+
+
+def head(model: str, version: str) -> bytes:
+    """``[model, version]`` packed once per model version: a whole answer's constant part."""
+    known = _heads.get(model)
+    if known is None or known[0] != version:
+        if len(_heads) >= _MOST_LAYOUTS:
+            _heads.clear()
+        packed = msgpack.packb([model, version], unicode_errors="surrogatepass")
+        known = _heads[model] = (version, packed)
+    return known[1]
 
 
 def send_response(

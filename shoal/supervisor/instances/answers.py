@@ -7,6 +7,7 @@ import time
 
 from shoal.core.errors import Cancelled, InvalidArgument, ShoalError
 from shoal.ipc import messages as msg
+from shoal.ipc import whole_results
 from shoal.ipc.arena import Block
 from shoal.ipc.tensor import CudaLocation
 from shoal.supervisor.extensions.statistics import StatsRecorder
@@ -49,6 +50,15 @@ class Answers:
         received_ns = time.monotonic_ns()
         if batch and result.executed and not self.warming:
             self._record_execution(batch, result, received_ns)
+        wholes = result.wholes
+        if wholes is not None and _all_answered_here(batch):
+            # No request rescheduled (the stub chose the whole form): each record is relayed
+            # as it came, or decoded for the core's own use.
+            for work, whole in zip(batch, wholes, strict=True):
+                self._answer(proc, work, _record(work, whole), result, received_ns)
+            return
+        if wholes is not None:  # (a decoupled request: not a batch the stub sends whole)
+            result.responses = [whole_results.response_of(whole) for whole in wholes]
         if result.rescheduled or not _all_answered_here(batch):
             self._complete_mixed(proc, batch, result, received_ns)
             return
@@ -210,6 +220,15 @@ class Answers:
         self._stats.response(stream.responses, outcome, now - previous, now - start)
         stream.responses += 1
         stream.last_ns = now
+
+
+def _record(work: Work, whole: memoryview) -> msg.ResponseRecord:
+    """The response record of ``work`` from its bytes in a whole Result: undecoded where the
+    core only relays it to a frontend worker, decoded where the core reads its outputs (its
+    own frontends, a hook such as the sequence batcher's implicit state)."""
+    if work.relayed and work.on_complete is None:
+        return whole_results.relayed(whole)
+    return whole_results.response_of(whole)
 
 
 def _all_answered_here(batch: list[Work]) -> bool:
