@@ -1,0 +1,153 @@
+"""A Result's whole form (``ipc/whole_results.py``): which Results take it, every field read
+back, each record decoded as MessagePack's would be, and a wrong message an error, not a crash."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from shoal.ipc import messages as msg
+from shoal.ipc import whole_results
+from shoal.ipc.arena import Block
+from shoal.ipc.records import ResponseRecord
+from shoal.ipc.tensor import (
+    INLINE_TENSOR_MAX,
+    CudaLocation,
+    InlineBytes,
+    RegionLocation,
+    TensorDesc,
+)
+
+pytestmark = pytest.mark.timeout(10)
+
+SIZES = {
+    "BOOL": 1,
+    "UINT8": 1,
+    "UINT16": 2,
+    "UINT32": 4,
+    "UINT64": 8,
+    "INT8": 1,
+    "INT16": 2,
+    "INT32": 4,
+    "INT64": 8,
+    "FP16": 2,
+    "FP32": 4,
+    "FP64": 8,
+    "BF16": 2,
+    "BYTES": 1,
+}
+
+
+def _inline(name: str, datatype: str, shape: tuple[int, ...], nbytes: int) -> TensorDesc:
+    return TensorDesc(name, datatype, shape, InlineBytes(os.urandom(nbytes)))
+
+
+def _every_datatype() -> ResponseRecord:
+    outputs = [_inline(f"O_{d}", d, (1, 3), 3 * size) for d, size in SIZES.items()]
+    outputs.append(_inline("EMPTY", "FP32", (0, 4), 0))
+    outputs.append(_inline("LARGEST", "UINT8", (INLINE_TENSOR_MAX,), INLINE_TENSOR_MAX))
+    return ResponseRecord(outputs, None, {"sequence_end": True, "n": 3, "s": "é"})
+
+
+def _round_trip(result: msg.Result) -> msg.Result:
+    decoded = msg.decode(msg.encode(result))
+    assert type(decoded) is msg.Result
+    return decoded
+
+
+def test_every_field_and_datatype_reads_back():
+    responses = [
+        _every_datatype(),
+        ResponseRecord([]),
+        ResponseRecord([_inline("x", "FP32", (4,), 16)]),
+    ]
+    result = msg.Result(2**40 + 3, responses, (5, 2**33, 7), stub_ns=(2**62, 2**62 + 9))
+    encoded = msg.encode(result)
+    assert encoded[0] == whole_results.MARK
+    decoded = msg.decode(encoded)
+    assert type(decoded) is msg.Result
+    assert (decoded.batch_id, decoded.compute_ns, decoded.stub_ns) == (
+        2**40 + 3,
+        (5, 2**33, 7),
+        (2**62, 2**62 + 9),
+    )
+    assert decoded.responses == [] and decoded.rescheduled == [] and decoded.executed
+    assert decoded.wholes is not None
+    assert [whole_results.response_of(w) for w in decoded.wholes] == responses
+
+
+@pytest.mark.parametrize("count", [1, 2, 15, 16, 70, 300])
+def test_batches_of_any_size(count):
+    responses = [
+        ResponseRecord([_inline("y", "INT64", (1,), 8)], None, {"i": i}) for i in range(count)
+    ]
+    decoded = _round_trip(msg.Result(count, responses, (1, 2, 3)))
+    assert decoded.wholes is not None and len(decoded.wholes) == count
+    assert [whole_results.response_of(w) for w in decoded.wholes] == responses
+
+
+def test_relayed_records_carry_their_bytes_undecoded():
+    response = _every_datatype()
+    decoded = _round_trip(msg.Result(1, [response]))
+    assert decoded.wholes is not None
+    relayed = whole_results.relayed(decoded.wholes[0])
+    assert relayed.whole is decoded.wholes[0]
+    assert (relayed.outputs, relayed.error, relayed.parameters) == ([], None, {})
+    assert bytes(decoded.wholes[0]) == msg.encode(msg.Result(1, [response]))[-len(relayed.whole) :]
+
+
+_BLOCK = TensorDesc("b", "FP32", (4,), Block(1, 0, 64, 16))
+_OTHERS = {
+    "an error": msg.Result(1, [ResponseRecord(error=("INTERNAL", "boom"))]),
+    "an error among successes": msg.Result(
+        1, [ResponseRecord([_inline("x", "FP32", (1,), 4)]), ResponseRecord(error=("X", "y"))]
+    ),
+    "a block output": msg.Result(1, [ResponseRecord([_inline("x", "FP32", (1,), 4), _BLOCK])]),
+    "a CUDA output": msg.Result(
+        1, [ResponseRecord([TensorDesc("g", "FP32", (2,), CudaLocation(0, 0, 8))])]
+    ),
+    "a client region output": msg.Result(
+        1, [ResponseRecord([TensorDesc("r", "FP32", (2,), RegionLocation("reg", 0, 8))])]
+    ),
+    "a rescheduled request": msg.Result(1, [ResponseRecord([])], rescheduled=[1]),
+    "no execution": msg.Result(1, [ResponseRecord(error=("CANCELLED", "c"))], executed=False),
+    "no response (decoupled)": msg.Result(1, [], (1, 2, 3)),
+}
+
+
+@pytest.mark.parametrize("name", list(_OTHERS))
+def test_other_results_stay_messagepack(name):
+    result = _OTHERS[name]
+    encoded = msg.encode(result)
+    assert encoded[0] != whole_results.MARK
+    decoded = msg.decode(encoded)
+    assert type(decoded) is msg.Result and decoded.wholes is None
+    assert decoded.responses == result.responses
+    assert (decoded.rescheduled, decoded.executed) == (result.rescheduled, result.executed)
+
+
+def test_a_truncated_or_padded_message_is_a_value_error():
+    encoded = msg.encode(msg.Result(9, [_every_datatype(), ResponseRecord([])]))
+    for end in range(1, len(encoded)):
+        with pytest.raises(ValueError):
+            msg.decode(encoded[:end])
+    with pytest.raises(ValueError):
+        msg.decode(encoded + b"\x00")
+
+
+def test_a_count_past_the_message_is_a_value_error():
+    encoded = bytearray(msg.encode(msg.Result(9, [ResponseRecord([])])))
+    for count in (0, 2, 2**32 - 1):
+        encoded[4:8] = count.to_bytes(4, "little")
+        with pytest.raises(ValueError):
+            msg.decode(bytes(encoded))
+
+
+@pytest.mark.parametrize(
+    "record", [b"", b"\xc1", b"\x93\x90", b"\x92\x90\xc0", b"\x93\x91\x01\xc0\x80", b"\x01"]
+)
+def test_a_malformed_record_is_the_requests_internal_error(record):
+    response = whole_results.response_of(memoryview(record))
+    assert response.outputs == [] and response.error is not None
+    assert response.error[0] == "INTERNAL" and "malformed" in response.error[1]
