@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from shoal.ipc import messages as msg
+from shoal.ipc import whole_results
 from shoal.ipc.arena import Block, OwnedArena
 from shoal.ipc.dtypes import deserialize_bytes, serialize_bytes
 from shoal.ipc.tensor import INLINE_TENSOR_MAX, InlineBytes, TensorDesc, inline_budget
@@ -65,6 +66,8 @@ def _run(model, arena, inputs, budget=None):
     assert result is not None
     wire = msg.decode(msg.encode(result))  # as the core reads it
     assert isinstance(wire, msg.Result) and isinstance(sent, msg.Execute)
+    if wire.wholes is not None:  # every output inline: the Result went whole
+        return sent, whole_results.response_of(wire.wholes[0])
     return sent, wire.responses[0]
 
 
