@@ -79,8 +79,13 @@ def dynamic_settings(config: ModelConfig) -> BatchSettings:
 
 def shape_key(record: RequestRecord, settings: BatchSettings) -> object:
     """Requests may share a batch only when these keys are equal."""
-    if not settings.equal_shape_inputs and not settings.has_optional_input:
+    equal = settings.equal_shape_inputs
+    if not equal and not settings.has_optional_input:
         return None
+    inputs = record.inputs
+    if len(inputs) == 1 and not settings.has_optional_input:  # no generator, nothing to sort
+        tensor = inputs[0]
+        return ((tensor.name, tuple(tensor.shape[1:])),) if tensor.name in equal else ()
     return tuple(
         sorted(
             (t.name, tuple(t.shape[1:]) if t.name in settings.equal_shape_inputs else ())
@@ -90,12 +95,24 @@ def shape_key(record: RequestRecord, settings: BatchSettings) -> object:
     )
 
 
-@dataclass(frozen=True)
 class Cut:
-    """The batch to send now, or (when empty) when to look again if nothing else happens."""
+    """The batch to send now, or (when empty) when to look again if nothing else happens.
 
-    entries: list[Entry]
-    wake_ns: int | None = None
+    An empty cut of a queue that holds requests also says what it took of them (all): their
+    total ``size`` and shape ``key``, which :class:`Tail` goes on from.
+    """
+
+    def __init__(
+        self, entries: list[Entry], wake_ns: int | None = None, size: int = 0, key: Any = None
+    ) -> None:
+        # Written out: a generated __init__ stays interpreted in the compiled hot path.
+        self.entries = entries
+        self.wake_ns = wake_ns
+        self.size = size
+        self.key = key
+
+
+_NOTHING = Cut([])
 
 
 def cut_batch(queue: Iterable[Entry], settings: BatchSettings, now_ns: int) -> Cut:
@@ -108,28 +125,32 @@ def cut_batch(queue: Iterable[Entry], settings: BatchSettings, now_ns: int) -> C
     * else send everything taken if the batch cannot grow, the delay is over or there is none;
     * else wait until the oldest request has waited ``max_queue_delay``.
     """
-    pending, size, best, send_now = _take(queue, settings)
+    largest = settings.max_preferred  # a max over the set: read once per cut
+    pending, size, best, send_now = _take(queue, settings, largest)
     if not pending:
-        return Cut([])
+        return _NOTHING
     oldest = min(e.arrival_ns for e in pending)
     delay = settings.max_queue_delay_ns
     exceeded = delay != 0 and now_ns - oldest >= delay
     if best and not exceeded:
         return Cut(pending[:best])
-    if send_now or size >= settings.max_preferred or exceeded or delay == 0:
+    if send_now or size >= largest or exceeded or delay == 0:
         return Cut(pending)
-    return Cut([], oldest + delay)
+    return Cut([], oldest + delay, size, pending[0].shape_key)
 
 
-def _take(queue: Iterable[Entry], settings: BatchSettings) -> tuple[list[Entry], int, int, bool]:
+def _take(
+    queue: Iterable[Entry], settings: BatchSettings, largest: int
+) -> tuple[list[Entry], int, int, bool]:
     pending: list[Entry] = []
     size = best = 0
     key: object = None
+    limit = settings.max_batch_size
     for entry in queue:
         if pending:
-            if size + entry.size > settings.max_preferred and not best:
+            if size + entry.size > largest and not best:
                 best = len(pending)
-            if size + entry.size > settings.max_batch_size or entry.shape_key != key:
+            if size + entry.size > limit or entry.shape_key != key:
                 return pending, size, best, True
         else:
             key = entry.shape_key
@@ -138,3 +159,33 @@ def _take(queue: Iterable[Entry], settings: BatchSettings) -> tuple[list[Entry],
         if size in settings.preferred_batch_sizes:
             best = len(pending)
     return pending, size, best, False
+
+
+class Tail:
+    """The queue as the last empty cut took it, while requests are only added at its end.
+
+    Such a cut took every queued request (nothing stopped it), reached no preferred size and
+    found the oldest request within its delay; a request added at the end can change that only
+    by what it adds to the taken size and shape, which :meth:`admits` checks without looking at
+    the queue again. A batcher uses it only where no preferred sizes are set: a request of the
+    queue that the client abandoned since still counts in ``size`` until the next cut, which can
+    only make a batch look closer to full (a wake-up that finds nothing), never further, when
+    fullness is ``max_batch_size``; against a set of preferred sizes it could miss one.
+    """
+
+    def __init__(self, size: int, key: Any) -> None:
+        #: Inferences taken (0: the queue was empty) and their shape key.
+        self.size = size
+        self.key = key
+
+    def admits(self, entry: Entry, max_batch_size: int) -> bool:
+        """Take ``entry`` (queued at the end) if a cut would still find no batch to send."""
+        size = self.size + entry.size
+        if size >= max_batch_size:
+            return False
+        if self.size == 0:
+            self.key = entry.shape_key
+        elif entry.shape_key != self.key:
+            return False
+        self.size = size
+        return True

@@ -32,6 +32,23 @@ class Entry:
     #: Its priority level.
     level: int = 0
 
+    def __init__(
+        self,
+        work: Work,
+        arrival_ns: int,
+        deadline_ns: int,
+        size: int,
+        shape_key: Any,
+        level: int = 0,
+    ) -> None:
+        # Written out: a generated __init__ stays interpreted in the compiled hot path.
+        self.work = work
+        self.arrival_ns = arrival_ns
+        self.deadline_ns = deadline_ns
+        self.size = size
+        self.shape_key = shape_key
+        self.level = level
+
 
 class PolicyQueue:
     """The requests of one priority level."""
@@ -119,7 +136,7 @@ class PriorityQueue:
 
     def expire(self, now_ns: int) -> list[Entry]:
         rejected: list[Entry] = []
-        for queue in self._queues.values():
+        for queue in self._timed:  # only their requests have deadlines
             rejected += queue.expire(now_ns)
         return rejected
 

@@ -3,8 +3,9 @@
 An instance asks for work (``next_batch``); the batcher cuts the best batch it can
 (:func:`~shoal.supervisor.schedulers._batching.cut_batch`) or, when waiting could still reach a
 preferred size, waits until the oldest request has waited ``max_queue_delay_microseconds`` or
-something changes. Queue policies reject or delay requests whose queue timeout expires, on a
-timer, whether or not an instance is waiting.
+something changes. A request queued behind such a wait, which cannot end it, wakes no one
+(:class:`~shoal.supervisor.schedulers._batching.Tail`). Queue policies reject or delay requests
+whose queue timeout expires, on a timer, whether or not an instance is waiting.
 """
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ import asyncio
 import collections
 
 from shoal.core.errors import Rejected, Unavailable
-from shoal.supervisor.schedulers._batching import BatchSettings, cut_batch, shape_key
+from shoal.supervisor.schedulers._batching import BatchSettings, Tail, cut_batch, shape_key
 from shoal.supervisor.schedulers._ordering import OrderedDelivery
-from shoal.supervisor.schedulers._queues import Entry, PriorityQueue
+from shoal.supervisor.schedulers._queues import Entry, PolicyQueue, PriorityQueue
 from shoal.supervisor.schedulers.base import (
     Alarm,
     BatchSource,
@@ -56,6 +57,16 @@ class DynamicBatcher:
         self._closed = False
         self._empty = asyncio.Event()
         self._empty.set()
+        #: Where a request queued at the end can be checked against the last empty cut alone:
+        #: one level, a delay to wait out and no preferred size below the largest batch (the
+        #: config lists ``max_batch_size`` where none is given; see ``Tail``).
+        self._quiet = (
+            settings.max_queue_delay_ns != 0
+            and settings.preferred_batch_sizes <= {settings.max_batch_size}
+            and not settings.priority_levels
+        )
+        #: The last empty cut, while only requests queued quietly came after it.
+        self._tail: Tail | None = None
 
     # -- Scheduler --------------------------------------------------------------------------
 
@@ -73,8 +84,10 @@ class DynamicBatcher:
         timeout_us = queue.timeout_us(work.record.timeout_us)
         deadline = now + timeout_us * 1000 if timeout_us else 0
         key = shape_key(work.record, self.settings)
-        queue.waiting.append(Entry(work, now, deadline, max(1, work.batch_size), key, level))
-        self._changed()
+        entry = Entry(work, now, deadline, max(1, work.batch_size), key, level)
+        queue.waiting.append(entry)
+        if not self._queued_quietly(queue, entry):
+            self._changed()
 
     def source(self, instance: int) -> BatchSource:
         return self
@@ -123,6 +136,7 @@ class DynamicBatcher:
 
     def _next_now(self) -> list[Work] | None:
         """A batch to run now, or None (with the delay alarm armed when waiting helps)."""
+        self._tail = None
         if self._held:
             batch = self._held.popleft()
             self._update_empty()
@@ -136,6 +150,8 @@ class DynamicBatcher:
         self._update_empty()
         if not cut.entries:
             self._delay_alarm.arm(cut.wake_ns)
+            if self._quiet:
+                self._tail = Tail(cut.size, cut.key)
             return None
         batch = [entry.work for entry in cut.entries]
         if self._ordering is not None:
@@ -143,6 +159,26 @@ class DynamicBatcher:
                 if work.stream is None:  # a decoupled request's responses stream as they come
                     self._ordering.track(work)
         return batch
+
+    def _queued_quietly(self, queue: PolicyQueue, entry: Entry) -> bool:
+        """Whether ``entry``, just queued at the end, leaves the last cut's answer (no batch,
+        wait for the delay) as it was: then no one wakes to cut again. Keeps the alarms and the
+        empty event as a cut would."""
+        tail = self._tail
+        if tail is None or queue.delayed:  # a delayed request is queued after ``entry``
+            return False
+        was_empty = tail.size == 0
+        if not tail.admits(entry, self.settings.max_batch_size):
+            self._tail = None
+            return False
+        if was_empty:  # the delay starts with this request
+            self._delay_alarm.arm(entry.arrival_ns + self.settings.max_queue_delay_ns)
+        if entry.deadline_ns:  # it may have the closest deadline (``_arm_timeouts``)
+            armed = self._timeout_alarm.when_ns
+            closest = entry.deadline_ns + 1
+            self._timeout_alarm.arm(closest if armed is None else min(armed, closest))
+        self._empty.clear()
+        return True
 
     def _expire(self, now_ns: int) -> None:
         for entry in self._queue.expire(now_ns):
@@ -164,6 +200,7 @@ class DynamicBatcher:
         self._timeout_alarm.arm(None if closest is None else closest + 1)
 
     def _changed(self) -> None:
+        self._tail = None
         self._arm_timeouts()
         self._update_empty()
         self._waker.notify()
