@@ -91,6 +91,15 @@ class PolicyQueue:
         yield from self.waiting
         yield from self.delayed
 
+    def remove_first(self, count: int) -> int:
+        """Remove up to ``count`` requests from the front of :meth:`__iter__`'s order; returns
+        how many are left to remove (from the next level)."""
+        for part in (self.waiting, self.delayed):
+            while count and part:
+                part.popleft()
+                count -= 1
+        return count
+
     def remove(self, entry: Entry) -> None:
         if entry in self.waiting:
             self.waiting.remove(entry)
@@ -114,6 +123,8 @@ class PriorityQueue:
         self._queues = {
             level: PolicyQueue(level_policies.get(level, default_policy)) for level in numbers
         }
+        #: The levels in the order they are served.
+        self._ordered = [self._queues[level] for level in sorted(self._queues)]
         # Levels without timeouts need no scan for the closest deadline on every request.
         self._timed = [q for q in self._queues.values() if q.gives_deadlines]
 
@@ -131,8 +142,8 @@ class PriorityQueue:
 
     def __iter__(self) -> Iterator[Entry]:
         """Every queued request in the order batches take them."""
-        for level in sorted(self._queues):
-            yield from self._queues[level]
+        for queue in self._ordered:
+            yield from queue
 
     def expire(self, now_ns: int) -> list[Entry]:
         rejected: list[Entry] = []
@@ -144,6 +155,14 @@ class PriorityQueue:
         deadlines = [e.deadline_ns for q in self._timed for e in q.waiting]
         live = [d for d in deadlines if d]
         return min(live) if live else None
+
+    def remove_first(self, count: int) -> None:
+        """Remove the first ``count`` requests in :meth:`__iter__`'s order (a cut takes them):
+        pops, where removing each by value would search the queue for it."""
+        for queue in self._ordered:
+            count = queue.remove_first(count)
+            if not count:
+                return
 
     def remove(self, entries: list[Entry]) -> None:
         for entry in entries:

@@ -145,7 +145,7 @@ class DynamicBatcher:
         self._expire(now)
         self._drop_abandoned()
         cut = cut_batch(self._queue, self.settings, now)
-        self._queue.remove(cut.entries)
+        self._queue.remove_first(len(cut.entries))  # a cut is the queue's first requests
         self._arm_timeouts()
         self._update_empty()
         if not cut.entries:

@@ -8,8 +8,11 @@ import asyncio
 import pytest
 
 from shoal.core.errors import ShoalError
+from shoal.ipc.records import RequestRecord
+from shoal.supervisor.promise import Promise
 from shoal.supervisor.schedulers._batching import Tail
 from shoal.supervisor.schedulers._queues import Entry
+from shoal.supervisor.work import Work
 
 from .helpers import result, settle
 from .test_dynamic import Setup, _sizes, _x, run
@@ -144,7 +147,8 @@ def test_drain_waits_for_requests_queued_while_waiting(tmp_path):
 
 
 def _entry(size: int, key: object) -> Entry:
-    return Entry(None, 0, 0, size, key)  # type: ignore[arg-type]
+    work = Work(RequestRecord("", 0, 0, {}, [], [], 0), [], Promise(lambda _: None))
+    return Entry(work, 0, 0, size, key)
 
 
 def test_tail_admits_what_leaves_the_batch_short_and_alike():
