@@ -9,7 +9,7 @@ import pytest
 
 from shoal.core.errors import ShoalError
 from shoal.ipc.records import RequestRecord
-from shoal.supervisor.promise import Promise
+from shoal.supervisor.promise import Promise, Settled
 from shoal.supervisor.schedulers._batching import Tail
 from shoal.supervisor.schedulers._queues import Entry
 from shoal.supervisor.work import Work
@@ -147,7 +147,7 @@ def test_drain_waits_for_requests_queued_while_waiting(tmp_path):
 
 
 def _entry(size: int, key: object) -> Entry:
-    work = Work(RequestRecord("", 0, 0, {}, [], [], 0), [], Promise(lambda _: None))
+    work = Work(RequestRecord("", 0, 0, {}, [], [], 0), [], Promise(Settled()))
     return Entry(work, 0, 0, size, key)
 
 

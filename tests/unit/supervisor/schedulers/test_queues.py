@@ -6,7 +6,7 @@ import pytest
 
 from shoal.config import QueuePolicy
 from shoal.ipc.records import RequestRecord
-from shoal.supervisor.promise import Promise
+from shoal.supervisor.promise import Promise, Settled
 from shoal.supervisor.schedulers._queues import Entry, PriorityQueue
 from shoal.supervisor.work import Work
 
@@ -18,7 +18,7 @@ def _queue_of(placed: list[tuple[str, int, bool]]) -> PriorityQueue:
     queue = PriorityQueue(2, 1, QueuePolicy(), {})
     for name, level, delayed in placed:
         record = RequestRecord(name, 0, 0, {}, [], [], 0)
-        entry = Entry(Work(record, [], Promise(lambda _: None)), 0, 0, 1, None, level)
+        entry = Entry(Work(record, [], Promise(Settled())), 0, 0, 1, None, level)
         part = queue.queue(level)
         (part.delayed if delayed else part.waiting).append(entry)
     return queue
