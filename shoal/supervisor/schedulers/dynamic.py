@@ -165,14 +165,13 @@ class DynamicBatcher:
         wait for the delay) as it was: then no one wakes to cut again. Keeps the alarms and the
         empty event as a cut would."""
         tail = self._tail
-        if tail is None or queue.delayed:  # a delayed request is queued after ``entry``
+        # Not the first request (the instance's own look arms the delay) nor one queued before
+        # a delayed request.
+        if tail is None or tail.size == 0 or queue.delayed:
             return False
-        was_empty = tail.size == 0
         if not tail.admits(entry, self.settings.max_batch_size):
             self._tail = None
             return False
-        if was_empty:  # the delay starts with this request
-            self._delay_alarm.arm(entry.arrival_ns + self.settings.max_queue_delay_ns)
         if entry.deadline_ns:  # it may have the closest deadline (``_arm_timeouts``)
             armed = self._timeout_alarm.when_ns
             closest = entry.deadline_ns + 1

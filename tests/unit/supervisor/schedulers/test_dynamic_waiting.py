@@ -84,21 +84,24 @@ def test_a_request_that_does_not_fit_or_differs_in_shape_ends_the_wait(tmp_path)
 
 def test_requests_queued_while_waiting_time_out(tmp_path):
     async def scenario():
-        policy = "default_queue_policy { default_timeout_microseconds: 500 }"
+        policy = (
+            "default_queue_policy { default_timeout_microseconds: 500 "
+            "allow_timeout_override: true }"
+        )
         s = Setup(tmp_path, DELAY.replace(" }", " " + policy + " }"))
         (inst,) = s.instances
-        assert await inst.nothing_pulled()  # the instance waits on the empty queue
         early = s.submit()
+        assert await inst.nothing_pulled()  # the instance waits for the delay
         s.clock.advance_us(100)
-        later = s.submit()
-        s.clock.advance_us(401)  # past the early one's deadline only
+        later = s.submit(timeout_us=50)  # queued behind: its deadline is the closest
+        s.clock.advance_us(51)
         await settle()
         with pytest.raises(ShoalError, match="Request timeout expired"):
-            await early.future
-        assert not later.future.done()
-        s.clock.advance_us(100)
-        with pytest.raises(ShoalError, match="Request timeout expired"):
             await later.future
+        assert not early.future.done()
+        s.clock.advance_us(350)
+        with pytest.raises(ShoalError, match="Request timeout expired"):
+            await early.future
         assert await inst.nothing_pulled()
         assert s.scheduler.pending == 0
         await s.close()
