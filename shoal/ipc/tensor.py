@@ -19,6 +19,7 @@ from shoal.ipc.dtypes import (
 )
 
 __all__ = [
+    "INLINE_KIND",
     "INLINE_MESSAGE_MAX",
     "INLINE_REQUEST_MAX",
     "INLINE_TENSOR_MAX",
@@ -138,6 +139,8 @@ def inline_budget(max_batch_size: int) -> int:
 
 # Location kind tags on the wire.
 _ARENA, _REGION, _CUDA, _CUDA_REGION, _INLINE = 0, 1, 2, 3, 4
+#: The inline kind, for readers of a record's bytes outside this module (a worker's whole answers).
+INLINE_KIND: Final = _INLINE
 
 
 def location_to_wire(location: Location) -> list[Any]:

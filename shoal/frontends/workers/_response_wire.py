@@ -17,6 +17,7 @@ import msgpack
 
 from shoal.core.types import InferOutput, InferResponse
 from shoal.frontends.workers._plain import as_shoal_error, error_from_wire, error_to_wire
+from shoal.ipc.tensor import INLINE_KIND
 
 #: The core's choice for one output: ``[arena, segment, offset, nbytes]`` of a block the worker
 #: reads in place, or None (its bytes follow the header).
@@ -119,16 +120,12 @@ def whole_from_wire(fields: Sequence[Any], payloads: list[memoryview]) -> InferR
         raise ValueError(f"a relayed record carries an error: {error!r}")
     tensors = []
     for name, datatype, shape, kind, data in outputs:
-        if kind != _INLINE or type(data) is not bytes:
+        if kind != INLINE_KIND or type(data) is not bytes:
             raise ValueError(f"output '{name}' of a relayed record is not inline")
         tensors.append(InferOutput(name, datatype, tuple(shape), memoryview(data), {}))
     return InferResponse(
         model_name, model_version, response_id, tensors, parameters, _release=None, final=True
     )
-
-
-#: The inline location's kind in a tensor descriptor (``ipc/tensor.py``'s ``[4, <bin>]``).
-_INLINE = 4
 
 
 #: The layouts of relayed answers decoded so far, by their bytes: a worker decodes each once
