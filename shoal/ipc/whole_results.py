@@ -79,13 +79,16 @@ def unpack_whole(payload: bytes) -> Result:
     size = len(payload)
     if size < HEAD_SIZE:
         raise ValueError(f"a whole Result of {size} bytes is shorter than its prefix")
-    _, count, batch_id, c0, c1, c2, s0, s1 = _HEAD.unpack_from(payload, 0)
+    # Typed: compiled, the fields are then read natively, not through generic calls.
+    head: tuple[int, int, int, int, int, int, int, int] = _HEAD.unpack_from(payload, 0)
+    _, count, batch_id, c0, c1, c2, s0, s1 = head
     at = HEAD_SIZE + 4 * count
     if count == 0 or at > size:
         raise ValueError(f"a whole Result of {size} bytes cannot hold {count} records")
     view = memoryview(payload)
     wholes: list[memoryview] = []
-    for length in _lengths_of(count).unpack_from(payload, HEAD_SIZE):
+    lengths: tuple[int, ...] = _lengths_of(count).unpack_from(payload, HEAD_SIZE)
+    for length in lengths:
         end = at + length
         wholes.append(view[at:end])
         at = end

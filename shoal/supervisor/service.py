@@ -54,6 +54,7 @@ from shoal.supervisor.requests.client_shm import (
 from shoal.supervisor.requests.relayed import Relay, record_success, relay_completed, relays
 from shoal.supervisor.requests.response_cache import ResponseCache, request_key
 from shoal.supervisor.requests.responses import response_of
+from shoal.supervisor.schedulers.default import DefaultScheduler
 from shoal.supervisor.work import Completion, Work
 
 log = logging.getLogger("shoal")
@@ -91,8 +92,7 @@ class InferenceService:
         self.stager = Stager(shm, input_arena, trace_settings, directory)
         self._live = True
         self.gate = DrainGate()
-        #: Its loop, once it loads models: a future per request made without a getpid (the cost
-        #: of ``asyncio.get_running_loop``).
+        #: Its loop once it loads models: futures made without get_running_loop's getpid.
         self._loop: asyncio.AbstractEventLoop | None = None
         #: What calls back the promises of :meth:`start_infer`, once per loop turn.
         self._settled = Settled()
@@ -153,11 +153,8 @@ class InferenceService:
             return False
         if not mv.serving:
             return False
-        asking = [instance for instance in mv.instances if instance.user_ready]
-        if not asking:
-            return True
-        answers = await asyncio.gather(*(instance.ask_is_ready() for instance in asking))
-        return all(answers)
+        asking = [instance.ask_is_ready() for instance in mv.instances if instance.user_ready]
+        return all(await asyncio.gather(*asking))  # (none asking: gather() gives [], all True)
 
     def model_metadata(self, name: str, version: str = "") -> ModelMetadata:
         return describe.metadata(self.repository, name, version)
@@ -336,8 +333,11 @@ class InferenceService:
         if mv.stats.overhead is not None:  # --trace-overhead
             mv.stats.stage("stage", work.enqueued_ns - started)
         scheduler = mv.scheduler  # mv.submit, without its (interpreted) call
-        assert scheduler is not None
-        scheduler.submit(work)
+        if isinstance(scheduler, DefaultScheduler):  # compiled: a native call, not a generic one
+            scheduler.submit(work)
+        else:
+            assert scheduler is not None
+            scheduler.submit(work)
         return work
 
     def _answer(

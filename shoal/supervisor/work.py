@@ -82,14 +82,19 @@ class Completion:
 
     def release(self) -> None:
         """Give back every block this completion owns. Call once."""
-        blocks, self.owned = self.owned, []
-        self.instance.release_outputs(self.process, blocks)
+        blocks, self.owned = self.owned, _NO_BLOCKS
+        if blocks:  # (small outputs are inline: nothing to give back, no call for it)
+            self.instance.release_outputs(self.process, blocks)
         cuda, self.owned_cuda = self.owned_cuda, ()
         if cuda:
             self.instance.release_cuda(list(cuda))
         on_release, self.on_release = self.on_release, None
         if on_release is not None:
             on_release()
+
+
+#: The blocks of a completion that owns none (or none any more): shared, never added to.
+_NO_BLOCKS: list[Block] = []
 
 
 @dataclass(eq=False)

@@ -53,9 +53,13 @@ class Answers:
         wholes = result.wholes
         if wholes is not None and _all_answered_here(batch):
             # No request rescheduled (the stub chose the whole form): each record is relayed
-            # as it came, or decoded for the core's own use.
-            for work, whole in zip(batch, wholes, strict=True):
-                self._answer(proc, work, _record(work, whole), result, received_ns)
+            # as it came, or decoded for the core's own use. (By index: compiled, zip() is a
+            # generic iterator per Result.)
+            if len(wholes) != len(batch):
+                raise ValueError(f"{len(wholes)} responses to a batch of {len(batch)}")
+            for index in range(len(batch)):
+                work = batch[index]
+                self._answer(proc, work, _record(work, wholes[index]), result, received_ns)
             return
         if wholes is not None:  # (a decoupled request: not a batch the stub sends whole)
             result.responses = [whole_results.response_of(whole) for whole in wholes]
@@ -117,7 +121,10 @@ class Answers:
             work.future.set_exception(error)
 
     def _record_execution(self, batch: list[Work], result: msg.Result, received_ns: int) -> None:
-        self._stats.execution(sum(w.batch_size for w in batch), result.compute_ns)
+        size = 0
+        for work in batch:  # (a loop: no generator per Result)
+            size += work.batch_size
+        self._stats.execution(size, result.compute_ns)
         if self._stats.overhead is not None and result.stub_ns[0]:
             for work in batch:
                 self._stats.stage("ipc_in", result.stub_ns[0] - work.dispatched_ns)
@@ -167,11 +174,19 @@ class Answers:
         input blocks are freed)."""
         if work.reschedule is not None:
             work.reschedule(work, False)
+        inputs = work.input_blocks
+        if response.whole is not None or not response.outputs:
+            # A relayed record, or no outputs: nothing in a block is the completion's.
+            if inputs:
+                self._free_inputs(inputs)
+            return _NO_BLOCKS
         outputs = response_blocks(response)
+        if not outputs and not inputs:  # small outputs, inline, from small inline inputs
+            return _NO_BLOCKS
         arena_id = proc.output_arena_id
         owned = [b for b in outputs if b.arena_id == arena_id]
         freed: list[Block] = []
-        for block in work.input_blocks:
+        for block in inputs:
             if block in outputs:  # an input returned unchanged: its block is the response's now
                 owned.append(block)
             else:
@@ -241,3 +256,6 @@ def _all_answered_here(batch: list[Work]) -> bool:
 
 #: What a response without GPU tensors owns of the CUDA pools.
 _NO_CUDA: list[CudaLocation] = []
+#: What a completion owns whose outputs and inputs lie in no block (small tensors, inline):
+#: shared, never added to (a completion's blocks are replaced, not appended to).
+_NO_BLOCKS: list[Block] = []

@@ -7,7 +7,6 @@ import asyncio
 import itertools
 import logging
 import time
-from typing import cast
 
 from shoal.core.errors import InternalError, ShoalError, Unavailable
 from shoal.ipc import messages as msg
@@ -15,7 +14,7 @@ from shoal.ipc.queue import PeerGone
 from shoal.ipc.tensor import Location
 from shoal.supervisor.instances.channel import StubChannel
 from shoal.supervisor.instances.decoupled import OpenStreams
-from shoal.supervisor.instances.handoff import Handoff, ParkingSource
+from shoal.supervisor.instances.handoff import Handoff
 from shoal.supervisor.instances.ledger import InFlightLedger, Slots
 from shoal.supervisor.instances.outbox import CancelHook
 from shoal.supervisor.instances.spec import (
@@ -24,6 +23,7 @@ from shoal.supervisor.instances.spec import (
     InstanceScope,
     RateLimitGate,
 )
+from shoal.supervisor.schedulers.default import DefaultScheduler
 from shoal.supervisor.work import Completion, Work
 
 log = logging.getLogger("shoal")
@@ -107,9 +107,9 @@ class Feeder:
     def _handoff(self, source: BatchSource) -> Handoff | None:
         """The direct hand-off where the scheduler parks instances (not under the rate limiter:
         its grant is for an execution that starts now)."""
-        if self._rate_limit is not None or not hasattr(source, "park"):
+        if self._rate_limit is not None or not isinstance(source, DefaultScheduler):
             return None
-        return Handoff(cast(ParkingSource, source), self, self._ledger, self._current, self._loop)
+        return Handoff(source, self, self._ledger, self._current, self._loop)
 
     async def send_batch(
         self, proc: StubChannel, batch: list[Work], slots: Slots, grant: Grant = None

@@ -16,33 +16,17 @@ or the scheduler closes. Batches are sent exactly as the loop sends them (``Feed
 from __future__ import annotations
 
 import asyncio
-from typing import Protocol
+from typing import TYPE_CHECKING
 
 from shoal.ipc import messages as msg
 from shoal.supervisor.instances.channel import StubChannel
 from shoal.supervisor.instances.ledger import InFlightLedger, Slots
 from shoal.supervisor.instances.spec import CurrentStub
+from shoal.supervisor.schedulers.default import DefaultScheduler
 from shoal.supervisor.work import Work
 
-
-class ParkingSource(Protocol):
-    """A scheduler an instance can park with (``DefaultScheduler``)."""
-
-    def park(self, taker: Handoff) -> Work | None: ...
-
-    def unpark(self, taker: Handoff) -> None: ...
-
-    def requeue(self, batch: list[Work]) -> None: ...
-
-
-class Sender(Protocol):
-    """How a batch goes to the stub (the instance's ``Feeder``)."""
-
-    def open_batch(
-        self, proc: StubChannel, batch: list[Work], slots: Slots
-    ) -> tuple[int, msg.Execute] | None: ...
-
-    def send_now(self, proc: StubChannel, batch_id: int, message: msg.Execute) -> bool: ...
+if TYPE_CHECKING:  # (the feeder makes the hand-off: named for its type only, no import cycle)
+    from shoal.supervisor.instances.feeder import Feeder
 
 
 #: A batch opened in the ledger whose Execute found the stub's ring full: the task sends it.
@@ -54,8 +38,8 @@ class Handoff:
 
     def __init__(
         self,
-        source: ParkingSource,
-        sender: Sender,
+        source: DefaultScheduler,
+        sender: Feeder,
         ledger: InFlightLedger,
         current: CurrentStub,
         loop: asyncio.AbstractEventLoop,

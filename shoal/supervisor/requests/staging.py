@@ -242,21 +242,21 @@ def _payload_size(model: ModelSummary, tensor: InferInput, region: object = None
         if region.nbytes != expected:
             raise _size_mismatch(model, tensor, expected, region.nbytes)
         return region.nbytes
-    if isinstance(tensor.data, np.ndarray):
-        if tensor.datatype == "BYTES" and tensor.data.size != element_count(tensor.shape):
-            raise InvalidArgument(
-                f"input '{tensor.name}' for model '{model.name}' has {tensor.data.size} "
-                f"elements, expected {element_count(tensor.shape)} for shape "
-                f"{dims_text(tensor.shape)}"
-            )
-        return numpy_to_buffer_size(tensor.data, tensor.datatype)
     data = tensor.data
-    # (a view already, nearly always: the frontends' bodies and frames are sliced, not copied)
-    actual = data.nbytes if type(data) is memoryview else memoryview(data).nbytes
+    # The frontends' bodies and frames are sliced (views) or copied (bytes): their size is read
+    # without a view made, or NumPy's type looked up in its module, for every request.
+    if isinstance(data, memoryview):
+        actual = data.nbytes
+    elif isinstance(data, bytes):
+        actual = len(data)
+    elif isinstance(data, np.ndarray):
+        return _array_size(model, tensor, data)
+    else:  # another buffer (a bytearray): its bytes
+        actual = memoryview(data).nbytes
     expected = byte_size(tensor.datatype, tensor.shape)
     if expected is None:
         try:
-            deserialize_bytes(tensor.data, element_count(tensor.shape))
+            deserialize_bytes(data, element_count(tensor.shape))
         except BytesFormatError as error:
             raise InvalidArgument(
                 f"input '{tensor.name}' for model '{model.name}': malformed BYTES data: {error}"
@@ -265,6 +265,17 @@ def _payload_size(model: ModelSummary, tensor: InferInput, region: object = None
     if actual != expected:
         raise _size_mismatch(model, tensor, expected, actual)
     return actual
+
+
+def _array_size(model: ModelSummary, tensor: InferInput, data: np.ndarray) -> int:
+    """The serialized size of an input given as an array (JSON's, an in-process caller's)."""
+    if tensor.datatype == "BYTES" and data.size != element_count(tensor.shape):
+        raise InvalidArgument(
+            f"input '{tensor.name}' for model '{model.name}' has {data.size} "
+            f"elements, expected {element_count(tensor.shape)} for shape "
+            f"{dims_text(tensor.shape)}"
+        )
+    return numpy_to_buffer_size(data, tensor.datatype)
 
 
 def _size_mismatch(
@@ -279,12 +290,12 @@ def _size_mismatch(
 def _inline(tensor: InferInput) -> InlineBytes:
     """The tensor's bytes, copied once, to travel inside the Execute."""
     data = tensor.data
+    if type(data) is bytes:
+        return InlineBytes(data)  # (immutable: no copy needed)
     if isinstance(data, np.ndarray):
         staged = bytearray(numpy_to_buffer_size(data, tensor.datatype))
         write_numpy(data, tensor.datatype, memoryview(staged))
         return InlineBytes(bytes(staged))
-    if type(data) is bytes:
-        return InlineBytes(data)  # (immutable: no copy needed)
     return InlineBytes(bytes(data))
 
 
