@@ -10,8 +10,9 @@ import time
 
 from shoal.core.errors import InternalError, ShoalError, Unavailable
 from shoal.ipc import messages as msg
+from shoal.ipc.arena import Block
 from shoal.ipc.queue import PeerGone
-from shoal.ipc.tensor import Location
+from shoal.ipc.tensor import CudaLocation, Location
 from shoal.supervisor.instances.channel import StubChannel
 from shoal.supervisor.instances.decoupled import OpenStreams
 from shoal.supervisor.instances.handoff import Handoff
@@ -126,7 +127,9 @@ class Feeder:
         batch_id = self._ledger.open(batch, slots, grant)
         self._stamp(proc, batch)
         try:
-            proc.forward(_locations(batch), self._directory)
+            locations = _locations(batch)
+            if locations:  # (small inputs travel inline: nothing to forward, no call for it)
+                proc.forward(locations, self._directory)
             return batch_id, msg.Execute(batch_id, [w.record for w in batch])
         except PeerGone:
             return None  # its exit fails the batch
@@ -191,13 +194,17 @@ class Feeder:
 
 
 def _locations(batch: list[Work]) -> list[Location]:
-    """Where the inputs of ``batch`` lie; a relayed request's are the blocks its work owns (its
-    record's inputs are packed: ``RequestRecord.packed``)."""
+    """Where the inputs of ``batch`` lie that the stub may have to be given (blocks and CUDA
+    pool chunks: not the bytes an Execute carries, nor a client's region, mapped by name); a
+    relayed request's are the blocks its work owns (its record's inputs are packed:
+    ``RequestRecord.packed``)."""
     locations: list[Location] = []
     for work in batch:
         if work.record.packed is None:
             for tensor in work.record.inputs:
-                locations.append(tensor.location)
+                location = tensor.location
+                if type(location) is Block or type(location) is CudaLocation:
+                    locations.append(location)
         else:
             locations.extend(work.input_blocks)
     return locations

@@ -12,7 +12,6 @@ back to the queue instead of failing.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import time
 from collections.abc import Callable
@@ -120,7 +119,8 @@ class InFlightLedger:
         self._execute_timeout = execute_timeout
         self._send_ahead = send_ahead
         self._batches: dict[int, InFlight] = {}
-        self._ids = itertools.count(1)
+        #: The last batch id given (a native int: no iterator call per batch).
+        self._last_id = 0
         #: What the work loop takes one of before it sends a batch; batches the stub runs at
         #: once (more than 1: an async execute that asks for it).
         self.slots = Slots(1)
@@ -140,7 +140,8 @@ class InFlightLedger:
 
     def open(self, batch: list[Work], slots: Slots, grant: ExecutionGrant | None) -> int:
         """Record a batch about to be sent; returns its id."""
-        batch_id = next(self._ids)
+        self._last_id += 1
+        batch_id = self._last_id
         self._batches[batch_id] = InFlight(batch, slots, grant=grant)
         self.idle.clear()
         return batch_id

@@ -185,6 +185,31 @@ def test_byte_size_mismatch(config, arena):
         staging.stage_request(config, request, arena, ["Y"])
 
 
+@pytest.mark.parametrize("kind", [bytes, memoryview, bytearray, "view of floats", "array"])
+def test_every_kind_of_input_data_is_sized_and_staged_alike(config, arena, kind):
+    """Bytes and views are sized without a view made of them; any other buffer, and an
+    array, as before: the same record bytes for each, and a buffer's size checked against
+    its shape (an array's size is its own: JSON's values, shaped as they were parsed)."""
+    values = np.float32([[1.5, 2.5]])
+
+    def data(array):
+        if kind == "array":
+            return array
+        if kind == "view of floats":  # a view whose format is not bytes
+            return memoryview(array)
+        return kind(array.tobytes())
+
+    record, blocks = staging.stage_request(
+        config, _request(InferInput("A", "FP32", (1, 2), data(values))), arena, ["Y"]
+    )
+    assert blocks == [] and record.inputs[0].location.data == values.tobytes()
+    if kind == "array":
+        return
+    short = _request(InferInput("A", "FP32", (1, 2), data(values[:, :1])))
+    with pytest.raises(InvalidArgument, match="Expected 8, got 4"):
+        staging.stage_request(config, short, arena, ["Y"])
+
+
 def test_broken_bytes_prefix(config, arena):
     request = _request(_fp32("A", (1, 2)), InferInput("S", "BYTES", (1, 1), b"\x09\0\0\0ab"))
     with pytest.raises(InvalidArgument, match="input 'S' for model 'm': malformed BYTES"):
