@@ -16,7 +16,7 @@ or the scheduler closes. Batches are sent exactly as the loop sends them (``Feed
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from shoal.ipc import messages as msg
 from shoal.supervisor.instances.channel import StubChannel
@@ -25,8 +25,15 @@ from shoal.supervisor.instances.spec import CurrentStub
 from shoal.supervisor.schedulers.default import DefaultScheduler
 from shoal.supervisor.work import Work
 
-if TYPE_CHECKING:  # (the feeder makes the hand-off: named for its type only, no import cycle)
-    from shoal.supervisor.instances.feeder import Feeder
+
+class Sender(Protocol):
+    """How a batch goes to the stub (the instance's ``Feeder``, which imports this module)."""
+
+    def open_batch(
+        self, proc: StubChannel, batch: list[Work], slots: Slots
+    ) -> tuple[int, msg.Execute] | None: ...
+
+    def send_now(self, proc: StubChannel, batch_id: int, message: msg.Execute) -> bool: ...
 
 
 #: A batch opened in the ledger whose Execute found the stub's ring full: the task sends it.
@@ -39,7 +46,7 @@ class Handoff:
     def __init__(
         self,
         source: DefaultScheduler,
-        sender: Feeder,
+        sender: Sender,
         ledger: InFlightLedger,
         current: CurrentStub,
         loop: asyncio.AbstractEventLoop,
