@@ -16,6 +16,7 @@ import msgpack
 
 from shoal.ipc.arena import Block
 from shoal.ipc.cuda import CudaChunkAnnounce
+from shoal.ipc.direct_messages import DirectChannelAnnounce
 
 
 @dataclass(slots=True)
@@ -105,10 +106,14 @@ class SegmentAnnounce:
         return cls(a, s, n)
 
 
-def decode_socket(payload: bytes) -> SegmentAnnounce | CudaChunkAnnounce:
-    """What came on a stub's Unix socket: a segment (with its fd) or a CUDA pool chunk (its
-    IPC handle inside the payload, no fd)."""
+def decode_socket(
+    payload: bytes,
+) -> SegmentAnnounce | CudaChunkAnnounce | DirectChannelAnnounce:
+    """What came on a stub's Unix socket: a segment (with its fd), a CUDA pool chunk (its
+    IPC handle inside the payload, no fd) or a worker's direct channel (five fds)."""
     fields = msgpack.unpackb(payload)
     if len(fields) == 3:
         return SegmentAnnounce(*fields)
+    if len(fields) == 2 and fields[0] == "direct":
+        return DirectChannelAnnounce(fields[1])
     return CudaChunkAnnounce.from_wire(fields)

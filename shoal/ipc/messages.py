@@ -26,6 +26,7 @@ from shoal.ipc.call_messages import (
     ControlReply,
     MetricUpdate,
 )
+from shoal.ipc.direct_messages import DirectAttach, DirectChannelAnnounce, DirectDetach
 from shoal.ipc.memory_messages import (
     CudaChunkRetired,
     CudaRegionClosed,
@@ -66,6 +67,9 @@ __all__ = [
     "ControlReply",
     "CudaChunkRetired",
     "CudaRegionClosed",
+    "DirectAttach",
+    "DirectChannelAnnounce",
+    "DirectDetach",
     "Execute",
     "Finalize",
     "Finalized",
@@ -112,6 +116,8 @@ class Kind(enum.IntEnum):
     BLS_CANCEL = 19
     READINESS_CHECK = 8
     READINESS = 20
+    DIRECT_ATTACH = 40
+    DIRECT_DETACH = 41
 
 
 Message = (
@@ -136,6 +142,8 @@ Message = (
     | CudaRegionClosed
     | ReadinessCheck
     | Readiness
+    | DirectAttach
+    | DirectDetach
 )
 
 #: Each message class's kind. (Not a ClassVar on the dataclasses: mypyc, which compiles this
@@ -162,6 +170,8 @@ _KINDS: dict[type, Kind] = {
     ControlReply: Kind.CONTROL_REPLY,
     ReadinessCheck: Kind.READINESS_CHECK,
     Readiness: Kind.READINESS,
+    DirectAttach: Kind.DIRECT_ATTACH,
+    DirectDetach: Kind.DIRECT_DETACH,
 }
 _TYPES: dict[int, Any] = {int(kind): cls for cls, kind in _KINDS.items()}
 #: Each message class's kind as a plain int, what the wire carries: ``int(kind)`` of an

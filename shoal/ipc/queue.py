@@ -84,8 +84,11 @@ class Channel:
     # construction
 
     @classmethod
-    def create(cls, ring_bytes: int = DEFAULT_RING_BYTES) -> Channel:
-        """The supervisor end of a new channel; pass :meth:`child_fds` to the stub."""
+    def create(cls, ring_bytes: int = DEFAULT_RING_BYTES, down_bell: int | None = None) -> Channel:
+        """The supervisor end of a new channel; pass :meth:`child_fds` to the stub.
+
+        ``down_bell``: the stub's doorbell of another channel, shared (a copy of the fd) so that
+        the stub sleeps on one fd for all its down rings (``down_set.py``)."""
         if ring_bytes < 4096 or ring_bytes & (ring_bytes - 1):
             raise ValueError(f"ring_bytes must be a power of two >= 4096, got {ring_bytes}")
         control = os.memfd_create("shoal-channel", os.MFD_CLOEXEC)
@@ -99,7 +102,8 @@ class Channel:
                 # Both consumers start asleep (episode 1) so the first message rings the bell.
                 words[_DOWN_HEADER + 2] = words[_UP_HEADER + 2] = 1
                 words.release()
-            fds += [new_bell() for _ in range(4)]
+            fds.append(new_bell() if down_bell is None else os.dup(down_bell))
+            fds += [new_bell() for _ in range(3)]
             return cls(fds, supervisor=True, peer_pidfd=None)
         except BaseException:
             for fd in fds:
@@ -128,6 +132,19 @@ class Channel:
         channel = cls(list(fds), supervisor=False, peer_pidfd=peer_pidfd)
         channel._spinner = Spinner(spin_us)
         return channel
+
+    @classmethod
+    def adopt(cls, fds: list[int], *, peer_pidfd: int | None = None) -> Channel:
+        """A supervisor end from the fds of a channel another process created (a frontend
+        worker's direct channel to a stub, made by the core); owns them from now on."""
+        if len(fds) != 5:
+            raise ValueError(f"a channel is adopted from 5 fds, got {len(fds)}")
+        return cls(list(fds), supervisor=True, peer_pidfd=peer_pidfd)
+
+    @property
+    def down_bell(self) -> int:
+        """The stub's doorbell for this channel's down ring (see ``create``'s ``down_bell``)."""
+        return self._down_bell
 
     @property
     def ring_capacity(self) -> int:
@@ -253,6 +270,18 @@ class Channel:
         if message is not None and self._down.producer_wants_bell():
             ring_bell(self._down_space)
         return message
+
+    def begin_down_sleep(self) -> None:
+        """Mark the stub asleep on the down ring (``DownSet``: one sleep over several rings);
+        the caller looks at the ring once more before it sleeps."""
+        self._down.begin_sleep()
+
+    def end_down_sleep(self) -> None:
+        self._down.end_sleep()
+
+    def sleep_on_down_bell(self, timeout: float | None) -> bool:
+        """Sleep on the down doorbell: True when it rang; PeerGone if the peer died."""
+        return self._down_sleeper.sleep(timeout)
 
     def down_is_empty(self) -> bool:
         """Nothing waits in the supervisor→stub ring now (a peek: no bell, no lock)."""

@@ -1,8 +1,10 @@
-"""One down ring, many waiting threads: the main loop, BLS callers, decoupled BLS readers.
+"""The down rings, many waiting threads: the main loop, BLS callers, decoupled BLS readers.
 
 Whoever finds no reader reads the next message for everyone and routes it: BLS replies to the
 thread that waits for that call, ``Release`` straight to the output arena, ``SegmentRetired`` to
-the input map, everything else to the main loop. With a single thread this costs a few
+the input map, everything else to the main loop. The rings are the core's and, with direct
+dispatch, one per frontend worker (``ipc/down_set.py``): an Execute that came on a worker's ring
+is answered on that ring (:attr:`DownPump.origins`). With a single thread this costs a few
 uncontended lock operations per message.
 """
 
@@ -16,23 +18,30 @@ from typing import TypeVar, cast
 
 from shoal.ipc import messages as msg
 from shoal.ipc.arena import Block
-from shoal.ipc.queue import Channel
+from shoal.ipc.down_set import CORE, DownSet
 
 _T = TypeVar("_T")
 
 
 class DownPump:
-    """Reads the supervisor→stub ring on behalf of every thread of the stub."""
+    """Reads the down rings on behalf of every thread of the stub."""
 
     def __init__(
         self,
-        channel: Channel,
+        downs: DownSet,
         release: Callable[[list[Block]], None],
         cancel: Callable[[list[int]], None] = lambda keys: None,
         retire: Callable[[int, int], None] = lambda arena_id, segment: None,
         retire_chunk: Callable[[int, int], None] = lambda device, chunk: None,
+        attach: Callable[[int], None] = lambda origin: None,
+        detach: Callable[[int], None] = lambda origin: None,
     ) -> None:
-        self._channel = channel
+        self._downs = downs
+        self._attach = attach
+        self._detach = detach
+        #: The worker each Execute that came on a worker's direct ring came from, by batch id:
+        #: its Result goes back on that ring.
+        self.origins: dict[int, int] = {}
         self._release = release
         self._cancel = cancel
         self._retire = retire
@@ -87,17 +96,17 @@ class DownPump:
         routes it). Lets a model busy in ``execute`` see cancellations as they come, and the
         main loop see a Cancel queued behind an Execute the supervisor sent ahead before that
         batch starts."""
-        if self._channel.down_is_empty():  # every Execute: no lock taken when nothing waits
+        if self._downs.is_empty():  # every Execute: no lock taken when nothing waits
             return
         with self._lock:
             if self._reading or self._error is not None:
                 return
             self._reading = True
         try:
-            while (payload := self._channel.recv_down_nowait()) is not None:
-                message = msg.decode(payload)
+            while (got := self._downs.recv_nowait()) is not None:
+                message = msg.decode(got[1])
                 with self._lock:
-                    self._route(message)
+                    self._route(message, got[0])
         except Exception:
             pass  # the supervisor is gone: the main loop finds out on its next read
         finally:
@@ -126,13 +135,14 @@ class DownPump:
 
     def _read_one(self) -> None:
         try:
-            message = msg.decode(self._channel.recv_down())
+            origin, payload = self._downs.recv()
+            message = msg.decode(payload)
         except BaseException as error:
             self._fail_readers(error)
             raise
         with self._lock:
             self._reading = False
-            self._route(message)
+            self._route(message, origin)
             self._wake_all()
 
     def _wake_all(self) -> None:
@@ -147,7 +157,11 @@ class DownPump:
             self._error = error
             self._wake_all()
 
-    def _route(self, message: msg.Message) -> None:
+    def _route(self, message: msg.Message, origin: int = CORE) -> None:
+        if origin != CORE and type(message) is msg.Execute:
+            self.origins[message.batch_id] = origin
+            self._main.append(message)
+            return
         match message:
             case msg.BlsReply(call_id=call_id) | msg.ControlReply(call_id=call_id):
                 waiting = self._replies.get(call_id)
@@ -161,5 +175,9 @@ class DownPump:
                 self._retire(arena_id, segment)
             case msg.CudaChunkRetired(device=device, chunk=chunk):
                 self._retire_chunk(device, chunk)
+            case msg.DirectAttach(origin=attached):
+                self._attach(attached)
+            case msg.DirectDetach(origin=detached):
+                self._detach(detached)
             case _:
                 self._main.append(message)

@@ -1,0 +1,52 @@
+"""The messages that open and close a frontend worker's direct channel to a stub.
+
+Direct dispatch (docs/decisions.md): the core makes a channel per (worker, instance), sends the
+stub its five fds on the stub's Unix socket (:class:`DirectChannelAnnounce`), then
+:class:`DirectAttach` on the core's ring, which tells the stub to read them and serve that ring
+too; :class:`DirectDetach` closes it (the worker exited, or the core took its routes back).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+
+@dataclass(slots=True)
+class DirectAttach:
+    """Serve worker ``origin``'s direct ring; its fds wait on the stub's socket."""
+
+    origin: int
+
+    def fields(self) -> list[Any]:
+        return [self.origin]
+
+    @classmethod
+    def from_fields(cls, f: list[Any]) -> DirectAttach:
+        return cls(f[0])
+
+
+@dataclass(slots=True)
+class DirectDetach:
+    """Stop serving worker ``origin``'s direct ring and close it."""
+
+    origin: int
+
+    def fields(self) -> list[Any]:
+        return [self.origin]
+
+    @classmethod
+    def from_fields(cls, f: list[Any]) -> DirectDetach:
+        return cls(f[0])
+
+
+@dataclass(slots=True)
+class DirectChannelAnnounce:
+    """The payload sent on a stub's socket with a direct channel's five fds."""
+
+    origin: int
+
+    def encode(self) -> bytes:
+        return msgpack.packb(["direct", self.origin])  # type: ignore[no-any-return]
