@@ -128,6 +128,15 @@ _SERVER_FLAGS: tuple[Flag, ...] = (
         "auto (the default): one per two cores beyond the first, at most 8 (1 on two cores)",
     ),
     _flag(
+        "--direct-dispatch",
+        type=parse_bool,
+        default=True,
+        metavar="BOOL",
+        help="with frontend workers: plain requests for a plain model (default scheduler, "
+        "inputs inline in the request) go from the worker straight to a stub's ring, without "
+        "the scheduling core (docs/decisions.md); false: every request through the core",
+    ),
+    _flag(
         "--busy-poll-us",
         type=parse_busy_poll,
         default="auto",

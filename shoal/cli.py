@@ -104,6 +104,7 @@ def _endpoint_options(args: argparse.Namespace) -> dict[str, Any]:
         "grpc_port": args.grpc_port,
         "grpc_server": args.grpc_server,
         "frontend_workers": args.frontend_workers,
+        "direct_dispatch": args.direct_dispatch,
         "busy_poll_us": args.busy_poll_us,
         "metrics_address": args.metrics_address,
         "metrics_port": args.metrics_port,

@@ -306,7 +306,13 @@ def worker_main(argv: list[str]) -> int:
     return int(
         uvloop.run(
             _serve_worker(
-                options, control, socket.socket(fileno=args.calls), sockets, segments, args.arena
+                options,
+                control,
+                socket.socket(fileno=args.calls),
+                sockets,
+                segments,
+                args.arena,
+                args.index,
             )
         )
     )
@@ -319,6 +325,7 @@ async def _serve_worker(
     sockets: dict[str, socket.socket],
     segments: socket.socket | None = None,
     arena_id: int = -1,
+    index: int = 0,
 ) -> int:
     from shoal.frontends.workers import _wire as wire
     from shoal.frontends.workers.arenas import StagingArena
@@ -341,6 +348,8 @@ async def _serve_worker(
         segments.close()
     outputs = None if arena is None or segments is None else MappedOutputs(segments, arena)
     core = RemoteCore(control, arena, outputs)
+    if options.direct_dispatch:
+        core.enable_direct(index)
     core.on_log_settings = apply_log_settings
     serving: list[HttpServer] = []
 

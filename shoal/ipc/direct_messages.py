@@ -44,9 +44,10 @@ class DirectDetach:
 
 @dataclass(slots=True)
 class DirectChannelAnnounce:
-    """The payload sent on a stub's socket with a direct channel's five fds."""
+    """The payload sent with a direct channel's five fds: on a stub's socket, ``key`` is the
+    worker's number (its origin); on a worker's segment socket, the stub's pid."""
 
-    origin: int
+    key: int
 
     def encode(self) -> bytes:
-        return msgpack.packb(["direct", self.origin])  # type: ignore[no-any-return]
+        return msgpack.packb(["direct", self.key])  # type: ignore[no-any-return]

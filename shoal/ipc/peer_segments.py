@@ -27,6 +27,8 @@ class AnnouncedSegments:
         self.timeout = timeout
         self.map = ArenaMap()
         self._fds: dict[tuple[int, int], tuple[int, int]] = {}
+        #: Direct channels' fds the peer sent (direct dispatch), by key, until taken.
+        self._channels: dict[int, list[int]] = {}
 
     def segment(self, arena_id: int, index: int) -> Segment:
         self._wait_for(arena_id, index)
@@ -41,6 +43,12 @@ class AnnouncedSegments:
         """A read-only view of the block's bytes."""
         self._wait_for(block.arena_id, block.segment)
         return self.map.view(block).toreadonly()
+
+    def channel_fds(self, key: int) -> list[int]:
+        """The five fds of the direct channel the peer sent as ``key``; the caller owns them."""
+        while key not in self._channels:
+            self._receive()
+        return self._channels.pop(key)
 
     def announced(self) -> list[tuple[int, int]]:
         """(arena, segment) of every segment announced and not dropped."""
@@ -68,6 +76,10 @@ class AnnouncedSegments:
         for fd, _ in self._fds.values():
             os.close(fd)
         self._fds.clear()
+        for fds in self._channels.values():
+            for fd in fds:
+                os.close(fd)
+        self._channels.clear()
         self.map.close()
 
     def _wait_for(self, arena_id: int, index: int) -> None:
@@ -79,7 +91,12 @@ class AnnouncedSegments:
         payload, fds = recv_fds(self.sock)
         if not fds:
             raise ValueError("a segment announcement came without its fd")
-        announce = msg.SegmentAnnounce.decode(payload)
+        announce = msg.decode_socket(payload)
+        if isinstance(announce, msg.DirectChannelAnnounce):
+            self._channels[announce.key] = fds
+            return
+        if not isinstance(announce, msg.SegmentAnnounce):
+            raise ValueError("a segment socket carries segments and channels only")
         key = (announce.arena_id, announce.segment)
         for extra in fds[1:]:
             os.close(extra)

@@ -110,7 +110,7 @@ class StubRuntime:
         if isinstance(announce, msg.SegmentAnnounce):
             self.inputs.add_fd(announce.arena_id, announce.segment, fds[0], announce.size)
         elif isinstance(announce, msg.DirectChannelAnnounce):
-            self._direct_fds[announce.origin] = fds
+            self._direct_fds[announce.key] = fds
         else:
             self.cuda_pools.add(announce)
 

@@ -64,7 +64,7 @@ def build_service(options: ServerOptions, make_stub: MakeStub = StubProcess) -> 
             make_stub=make_stub,
         )
 
-    return InferenceService(
+    service = InferenceService(
         options,
         repository=ModelRepositoryManager(options, loaded, make_loader),
         input_arena=input_arena,
@@ -76,6 +76,9 @@ def build_service(options: ServerOptions, make_stub: MakeStub = StubProcess) -> 
         log_settings=LogSettings.from_options(options),
         trace_settings=TraceSettings(lambda name: name in loaded.models, initial_traces),
     )
+    if service.direct is not None:
+        service.repository.loader.revoke_routes = service.direct.revoke
+    return service
 
 
 def _input_arena(options: ServerOptions, loaded: LoadedModels) -> OwnedArena:

@@ -42,6 +42,8 @@ class ServerOptions:
     #: ``--frontend-workers``: processes serving HTTP and gRPC around the core; 1 serves them in
     #: the core's own process (no hop). The command line's default is ``auto`` (1 on two cores).
     frontend_workers: int = 1
+    #: ``--direct-dispatch``: with workers, plain requests go straight to the stubs.
+    direct_dispatch: bool = True
     #: ``--busy-poll-us``: how long the core's and the workers' loops poll for an answer after
     #: sending work out (``shoal.ipc.busy_poll``); 0 never, -1 ``auto`` (where cores are spare).
     busy_poll_us: float = 0.0

@@ -29,6 +29,7 @@ from shoal.core.types import (
 from shoal.ipc import messages as msg
 from shoal.ipc.arena import Block, OwnedArena
 from shoal.ipc.records import RequestRecord
+from shoal.supervisor import direct_routes
 from shoal.supervisor.drain import EXITING, DrainGate
 from shoal.supervisor.extensions import EXTENSIONS
 from shoal.supervisor.extensions.custom_metrics import CustomMetrics
@@ -98,6 +99,8 @@ class InferenceService:
         self._settled = Settled()
         #: The model versions packed calls name by number (``requests/packed.py``).
         self._packing = packed.PackingSlots(repository.loaded)
+        #: Routes of plain requests from the workers straight to the stubs (None: off).
+        self.direct = direct_routes.made(options, self._packing, self.gate, trace_settings, cache)
 
     @property
     def failed(self) -> dict[str, str]:
@@ -113,6 +116,8 @@ class InferenceService:
     def begin_drain(self) -> None:
         """Refuse new inference and report not live / not ready (503), as Triton does on exit."""
         self.gate.close()
+        if self.direct is not None:
+            self.direct.revoke_all()
 
     async def shutdown(self, timeout: float) -> None:
         """Stop every model (finalize, then signals) and free the arenas and regions."""

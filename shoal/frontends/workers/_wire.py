@@ -57,6 +57,13 @@ DROP = 12  # core -> worker: a segment it maps went away (or a whole arena: segm
 #: worker sends it again the core's own way (and drops its snapshot of the model when stale);
 #: the blocks it named are still the worker's.
 STALE = 13
+#: Direct dispatch (``direct.py``): core -> worker, give these routes back
+#: ``[DIRECT_REVOKE, 0, token, slots]``; worker -> core, none of them is in use any more
+#: ``[DIRECT_RELEASED, 0, token]``; worker -> core, statistics of requests routed directly
+#: ``[DIRECT_STATS, 0, slot, generation, counts]``.
+DIRECT_REVOKE = 14
+DIRECT_RELEASED = 15
+DIRECT_STATS = 16
 
 #: An input whose data is a NumPy array (JSON inputs): dtype and shape travel with the bytes.
 _ARRAY = 1

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import socket
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, cast
 
@@ -39,6 +40,7 @@ from shoal.frontends.workers import _plain as plain
 from shoal.frontends.workers import _response_wire as response_wire
 from shoal.frontends.workers import _wire as wire
 from shoal.frontends.workers.arenas import StagingArena
+from shoal.frontends.workers.direct import DirectDispatch
 from shoal.frontends.workers.outputs import MappedOutputs
 from shoal.frontends.workers.packing import PackedRefused, Prepared, Restage, Snapshots, prepare
 from shoal.frontends.workers.streams import StreamItem, remote_stream
@@ -108,6 +110,19 @@ class RemoteCore(CoreAPI):
         self.on_core_lost: Callable[[], None] | None = None
         #: The snapshots of model summaries that requests are checked and packed with here.
         self.snapshots = Snapshots(self._packing_summary)
+        #: Plain requests sent straight to the stubs (``direct.py``); None: off.
+        self.direct: DirectDispatch | None = None
+
+    def enable_direct(self, worker: int) -> None:
+        """Send plain requests straight to the stubs, as worker number ``worker``."""
+        if self.outputs is not None:
+            self.direct = DirectDispatch(
+                worker,
+                lambda name, version: self._sync("direct_route", name, version),
+                self.outputs.segments,
+                self.send,
+                lambda arena_id, index: self._sync("direct_segment", arena_id, index),
+            )
 
     async def connect(self, calls: socket.socket) -> None:
         """Start reading answers from the asynchronous socket."""
@@ -131,6 +146,8 @@ class RemoteCore(CoreAPI):
             self.on_sent()
 
     async def close(self) -> None:
+        if self.direct is not None:
+            self.direct.close()
         if self._outbox is not None:
             self._outbox.transport.close()
         self._control.close()
@@ -165,6 +182,12 @@ class RemoteCore(CoreAPI):
             return
         if kind == wire.STALE:
             self._refused(call_id, fields[0], fields[1])
+            return
+        if kind == wire.DIRECT_REVOKE:
+            if self.direct is not None:
+                self.direct.revoke(fields[0], fields[1])
+            else:
+                self.send([wire.DIRECT_RELEASED, 0, fields[0]])
             return
         future = self._calls.pop(call_id, None)
         if future is not None:
@@ -303,8 +326,13 @@ class RemoteCore(CoreAPI):
             pass  # the core is gone, and its blocks with it
 
     async def infer(self, request: InferRequest) -> InferResponse:
+        started = time.monotonic_ns()
         prepared = self._prepare(request)
         if prepared is not None and prepared.fields is not None:
+            if self.direct is not None and _direct_fits(request, prepared):
+                response = await self._direct(request, prepared, started)
+                if response is not None:
+                    return response
             try:
                 answer, views = await self._packed(prepared.fields, prepared.head)
                 return self._response(answer, views)
@@ -316,6 +344,18 @@ class RemoteCore(CoreAPI):
         fields = self._request_fields(request, payloads, staged)
         answer, views = await self._async("infer", fields, payloads)
         return self._response(answer, views)
+
+    async def _direct(
+        self, request: InferRequest, prepared: Prepared, started: int
+    ) -> InferResponse | None:
+        """``request`` straight to a stub; None: it takes the relay (no route, a full ring)."""
+        direct = self.direct
+        assert direct is not None
+        route = direct.route(request.model_name, request.model_version)
+        snapshot = self.snapshots.get(request.model_name, request.model_version)
+        if route is None or snapshot is None or snapshot.generation != route.generation:
+            return None
+        return await direct.infer(route, request, prepared.head, started)
 
     def infer_stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
         # An async generator, which mypyc cannot compile: it lives in an interpreted module.
@@ -417,12 +457,23 @@ class RemoteCore(CoreAPI):
         return updated
 
 
+def _direct_fits(request: InferRequest, prepared: Prepared) -> bool:
+    """A packed request direct dispatch takes: every input inline, no timeout (the core
+    keeps time for those)."""
+    if request.parameters and request.parameters.get("timeout"):
+        return False
+    return not any(block is not None for block in prepared.staged)
+
+
 def _decoded(kind: Any, value: Any) -> Any:
     return plain.from_plain(kind, value)
 
 
 #: The core API's asynchronous methods, other than inference, a worker may call by name.
 ASYNC_METHODS: frozenset[str] = frozenset({"load_model", "unload_model", "model_ready_now"})
+
+#: The direct dispatch calls a worker makes on its control socket (``host._Link``).
+DIRECT_METHODS: frozenset[str] = frozenset({"direct_route", "direct_segment"})
 
 #: The core API's synchronous methods a worker may call, by name.
 SYNC_METHODS: frozenset[str] = frozenset(

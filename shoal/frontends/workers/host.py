@@ -23,7 +23,7 @@ from shoal.frontends.workers import _plain as plain
 from shoal.frontends.workers import _wire as wire
 from shoal.frontends.workers.answer_frames import Relayed, RelaySink, send_record, send_response
 from shoal.frontends.workers.arenas import LentArena, give_blocks_back, take_blocks
-from shoal.frontends.workers.client import ASYNC_METHODS, SYNC_METHODS
+from shoal.frontends.workers.client import ASYNC_METHODS, DIRECT_METHODS, SYNC_METHODS
 from shoal.frontends.workers.outputs import LentOutputs
 
 __all__ = ["Answer", "LinkedCore"]
@@ -51,6 +51,28 @@ class LinkedCore(CoreAPI, Protocol):
         """:meth:`start_infer` for a request the worker checked and packed; None: the core did
         not take it (the worker sends it again as a plain call)."""
         ...
+
+    @property
+    def direct(self) -> DirectGrants | None:
+        """Direct dispatch's routes (None: off)."""
+        ...
+
+
+class DirectGrants(Protocol):
+    """Direct dispatch's routes, as the core keeps them (``supervisor/direct_routes.py``)."""
+
+    def grant(
+        self, worker: int, name: str, version: str
+    ) -> tuple[list[Any], list[tuple[int, list[int]]]] | None: ...
+
+    def released(self, worker: int, token: int) -> None: ...
+
+    def record(self, slot: int, generation: int, counts: list[list[int]]) -> None: ...
+
+    def worker_gone(self, worker: int) -> None: ...
+
+    #: Sends a revocation to a worker (the pool sets it).
+    tell: Callable[[int, int, list[int]], None] | None
 
 
 class Pool(Protocol):
@@ -147,6 +169,12 @@ class _Link:
         elif kind == wire.RETIRED:
             if self.arena is not None:
                 self.arena.retired(header[2])
+        elif kind == wire.DIRECT_STATS:
+            if (direct := self.core.direct) is not None:
+                direct.record(header[2], header[3], header[4])
+        elif kind == wire.DIRECT_RELEASED:
+            if (direct := self.core.direct) is not None:
+                direct.released(self.index, header[2])
         elif kind == wire.OK and call_id == 0 and not self.ready.done():
             self.ready.set_result(None)
 
@@ -274,15 +302,35 @@ class _Link:
     def on_control(self, header: list[Any], payloads: list[memoryview]) -> None:
         method, args = header
         try:
-            if method not in SYNC_METHODS:
+            if method in DIRECT_METHODS:
+                answer = [wire.OK, self._direct_call(method, args)]
+            elif method not in SYNC_METHODS:
                 raise NotImplementedError(f"frontend workers do not forward '{method}'")
-            answer = [wire.OK, plain.to_plain(getattr(self.core, method)(*args))]
+            else:
+                answer = [wire.OK, plain.to_plain(getattr(self.core, method)(*args))]
         except Exception as error:  # every failure is the caller's answer
             answer = [wire.ERROR, plain.error_to_wire(error)]
         if self.control is not None and not self.control.is_closing():
             self.control.write(b"".join(wire.frame(answer)))
         if method == "update_log_settings" and answer[0] == wire.OK:
             self.pool.send_log_settings(answer[1], but=self)
+
+    def _direct_call(self, method: str, args: list[Any]) -> Any:
+        """A route (its channels' fds sent first on the segment socket), or an output segment
+        of a stub lent to the worker (its fd sent, if not yet)."""
+        direct, outputs = self.core.direct, self.outputs
+        if direct is None or outputs is None:
+            return None
+        if method == "direct_segment":
+            outputs.lend_segment(args[0], args[1])
+            return None
+        granted = direct.grant(self.index, args[0], args[1])
+        if granted is None:
+            return None
+        route, channels = granted
+        for pid, fds in channels:
+            outputs.send_channel(pid, fds)
+        return route
 
     def send_free(self, flat: list[int]) -> None:
         self.send([wire.FREE, 0, flat])

@@ -78,6 +78,20 @@ class LentOutputs:
             self._known.add(key)
         return [block.arena_id, block.segment, block.offset, block.nbytes]
 
+    def lend_segment(self, arena_id: int, index: int) -> None:
+        """Send the worker a stub's output segment's fd, if not yet (direct dispatch: the
+        worker reads a response's outputs there without the core)."""
+        key = (arena_id, index)
+        if key in self._known or self._closed or arena_id == self._own_arena:
+            return
+        fd, size = self._registry.segment_fd(*key)
+        send_fds(self._sock, msg.SegmentAnnounce(arena_id, index, size).encode(), [fd])
+        self._known.add(key)
+
+    def send_channel(self, pid: int, fds: list[int]) -> None:
+        """Send the worker a direct channel to stub ``pid`` (``direct_routes.py``)."""
+        send_fds(self._sock, msg.DirectChannelAnnounce(pid).encode(), fds)
+
     def hold(self, response: Held) -> int:
         """Keep ``response`` (and its blocks) until the worker releases the lease returned."""
         lease = next(self._leases)
@@ -130,6 +144,11 @@ class MappedOutputs:
                     self._segments.drop(*key)
         else:
             self._segments.drop(arena_id, index)
+
+    @property
+    def segments(self) -> AnnouncedSegments:
+        """The segments (and direct channels) the core sent."""
+        return self._segments
 
     def close(self) -> None:
         self._segments.close()

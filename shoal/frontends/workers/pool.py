@@ -66,6 +66,8 @@ class WorkerPool:
         self._delays: dict[int, float] = {}
         #: The listening sockets the workers serve, closed once they have stopped.
         self.sockets: list[socket.socket] = []
+        if (direct := core.direct) is not None:
+            direct.tell = self._tell_revoke
 
     @property
     def pids(self) -> list[int]:
@@ -156,6 +158,14 @@ class WorkerPool:
             if link is not None and link is not but:
                 link.send([wire.LOG_SETTINGS, 0, settings])
 
+    def _tell_revoke(self, index: int, token: int, slots: list[int]) -> None:
+        """Ask worker ``index`` to give direct routes back (``direct_routes.revoke``)."""
+        link = self._links[index]
+        if link is not None and not link.exited.done():
+            link.send([wire.DIRECT_REVOKE, 0, token, slots])
+        elif (direct := self._core.direct) is not None:
+            direct.released(index, token)
+
     def _reap(self, link: _Link) -> None:
         loop = asyncio.get_running_loop()
         loop.remove_reader(link.pidfd)
@@ -165,6 +175,8 @@ class WorkerPool:
         status = link.proc.wait()
         link.cancel_all()
         link.close()
+        if (direct := self._core.direct) is not None:
+            direct.worker_gone(link.index)
         if not link.exited.done():
             link.exited.set_result(status)
         if self._stopping:

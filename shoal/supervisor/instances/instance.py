@@ -123,6 +123,11 @@ class StubInstance:
         await self._ledger.idle.wait()
 
     @property
+    def process(self) -> StubChannel | None:
+        """Its current stub (None before the first spawn)."""
+        return self._current.proc
+
+    @property
     def pid(self) -> int:
         proc = self._current.proc
         return proc.pid if proc is not None else -1

@@ -72,6 +72,9 @@ class ModelLoader:
         self.response_cache = response_cache
         #: ``--rate-limit execution_count``: every instance runs under it.
         self.rate_limiter = rate_limiter
+        #: Takes a version's direct routes back from the frontend workers before it drains
+        #: (``direct_routes.DirectRoutes.revoke``; None: no direct dispatch).
+        self.revoke_routes: Callable[[ModelVersion], Awaitable[None]] | None = None
 
     async def start(self, mv: ModelVersion) -> None:
         """Bring up every instance; on failure the version is UNAVAILABLE with the reason."""
@@ -262,6 +265,8 @@ class ModelLoader:
 
     async def drain(self, mv: ModelVersion) -> None:
         """Wait until every request queued for or running in ``mv`` has finished."""
+        if self.revoke_routes is not None:
+            await self.revoke_routes(mv)
         scheduler = mv.scheduler
         if scheduler is None:
             return

@@ -1,0 +1,364 @@
+"""Direct dispatch, a frontend worker's side: plain requests written straight into the stubs.
+
+The core grants a worker a route to a plain model version (``supervisor/direct_routes.py``):
+a channel to each of its stubs. A request the worker packed (``packing.py``) whose inputs are
+all inline and which asks for no timeout then goes as its own Execute into the ring of the stub
+with the fewest of this worker's requests, and the stub's Result comes back on that channel:
+the core does nothing per request (docs/decisions.md, "Direct dispatch"). The worker makes the
+response (inline outputs; outputs in the stub's arena read in place, their blocks given back
+on the same ring once written), counts the request's statistics to the core before it answers,
+and on a client that went away sends the stub a Cancel.
+
+Anything else takes the core's way: a request that does not fit, a full ring, a route the core
+refused or took back (:meth:`DirectDispatch.revoke`: the worker answers once its requests on it
+are done). A stub that exits is seen on its pidfd: what this worker had sent it fails
+(UNAVAILABLE) and the route is dropped, to be asked for again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import msgpack
+
+from shoal.core.errors import ErrorCode, InternalError, ModelError, Unavailable
+from shoal.core.types import InferOutput, InferRequest, InferResponse
+from shoal.frontends.workers import _wire as wire
+from shoal.ipc import messages as msg
+from shoal.ipc.arena import Block
+from shoal.ipc.peer_segments import AnnouncedSegments
+from shoal.ipc.queue import Channel
+from shoal.ipc.tensor import InlineBytes
+
+__all__ = ["DirectDispatch", "Route"]
+
+#: How long a worker trusts that a version has no route before it asks again.
+RETRY_S = 2.0
+#: Routes kept at most (a client naming many versions fills none past it).
+MAX_ROUTES = 1024
+#: A worker's batch ids and request keys at a stub: its origin above this bit, so they never
+#: meet the core's (a counter from 1) or another worker's.
+ORIGIN_SHIFT = 40
+
+# An Execute of one packed record (``messages._spliced``): the array of three and the kind,
+# then after the batch id a one-record array; after the record's head and its key, no output
+# regions, no private inputs (all inline), no trace context.
+_EXECUTE_START = bytes((0x93, int(msg.Kind.EXECUTE)))
+_ONE_RECORD = b"\x91"
+_RECORD_END = b"\x80\x00\xa0"
+
+
+class _Stub:
+    """One stub this worker has a direct channel to."""
+
+    def __init__(self, pid: int, channel: Channel, pidfd: int | None) -> None:
+        self.pid = pid
+        self.channel = channel
+        self.pidfd = pidfd
+        #: What waits for each Execute sent, by batch id.
+        self.pending: dict[int, _Waiting] = {}
+        self.dead = False
+
+
+class _Waiting:
+    """One request sent to a stub, until its Result."""
+
+    __slots__ = ("future", "route", "sent_ns", "started_ns")
+
+    def __init__(self, future: asyncio.Future[msg.Result], route: Route, started_ns: int) -> None:
+        self.future = future
+        self.route = route
+        self.started_ns = started_ns
+        self.sent_ns = time.monotonic_ns()
+
+
+class Route:
+    """A version this worker sends to directly: its stubs and what it has in flight there."""
+
+    def __init__(self, slot: int, generation: int, label: str, stubs: list[_Stub]) -> None:
+        self.slot = slot
+        self.generation = generation
+        self.label = label
+        self.stubs = stubs
+        self.in_flight = 0
+        #: The revocation tokens to answer once nothing is in flight (``revoke``).
+        self.revoked: list[int] = []
+
+
+class DirectDispatch:
+    """The worker's routes, its channels to stubs, and the statistics it owes the core."""
+
+    def __init__(
+        self,
+        worker: int,
+        ask: Callable[[str, str], list[Any] | None],
+        segments: AnnouncedSegments,
+        send: Callable[[list[Any]], None],
+        lend: Callable[[int, int], None],
+    ) -> None:
+        self._origin = (worker + 1) << ORIGIN_SHIFT
+        self._ask = ask
+        self._segments = segments
+        self._send = send
+        self._lend = lend
+        self._routes: dict[tuple[str, str], Route | float] = {}
+        self._stubs: dict[int, _Stub] = {}
+        self._ids = itertools.count(1)
+        #: Statistics not yet sent, by (slot, generation).
+        self._counts: dict[tuple[int, int], list[list[int]]] = {}
+
+    # -- routes ------------------------------------------------------------------------------
+
+    def route(self, name: str, version: str) -> Route | None:
+        """The route for ``(name, version)``; None: send the request the core's way."""
+        key = (name, version)
+        kept = self._routes.get(key)
+        if isinstance(kept, Route):
+            return kept
+        now = time.monotonic()
+        if kept is not None and now < kept:
+            return None
+        route = self._granted(self._ask(name, version))
+        if len(self._routes) >= MAX_ROUTES:
+            self._routes.clear()
+        self._routes[key] = now + RETRY_S if route is None else route
+        return route
+
+    def _granted(self, plain: list[Any] | None) -> Route | None:
+        if plain is None:
+            return None
+        slot, generation, label, entries = plain
+        stubs = []
+        for pid, fresh in entries:
+            stub = self._stubs.get(pid)
+            if stub is None or fresh:
+                stub = self._adopt(pid, self._segments.channel_fds(pid), stub)
+            if stub.dead:
+                return None
+            stubs.append(stub)
+        return Route(slot, generation, label, stubs)
+
+    def _adopt(self, pid: int, fds: list[int], old: _Stub | None) -> _Stub:
+        """Our end of a new channel to stub ``pid``, watched on the loop with the stub's exit."""
+        if old is not None:
+            self._forget(old, "its channel was replaced")
+        try:
+            pidfd: int | None = os.pidfd_open(pid)
+        except OSError:  # it has exited already (or the kernel has no pidfds)
+            pidfd = None
+        stub = _Stub(pid, Channel.adopt(fds), pidfd)
+        self._stubs[pid] = stub
+        loop = asyncio.get_running_loop()
+        stub.channel.watch_up(loop, lambda: self._read(stub))
+        if pidfd is not None:
+            loop.add_reader(pidfd, self._exited, stub)
+        else:
+            stub.dead = True
+        return stub
+
+    def revoke(self, token: int, slots: list[int]) -> None:
+        """The core takes the routes of ``slots`` back: no new request goes on them; the core
+        hears once those in flight are done."""
+        taken = [r for r in self._routes.values() if type(r) is Route and r.slot in slots]
+        self._routes = {
+            key: r for key, r in self._routes.items() if not (type(r) is Route and r.slot in slots)
+        }
+        waiting = False
+        for route in taken:
+            if route.in_flight:
+                route.revoked.append(token)
+                waiting = True
+        if not waiting:
+            self._send([wire.DIRECT_RELEASED, 0, token])
+
+    # -- requests ----------------------------------------------------------------------------
+
+    async def infer(
+        self, route: Route, request: InferRequest, head: bytes, started_ns: int
+    ) -> InferResponse | None:
+        """``request`` (packed: ``head``) run by one of the route's stubs; None when it could
+        not be sent (a full ring, no live stub): the caller sends it the core's way."""
+        stub = _least_busy(route.stubs)
+        if stub is None:
+            return None
+        batch = self._origin | next(self._ids)
+        number = msgpack.packb(batch)
+        payload = b"".join((_EXECUTE_START, number, _ONE_RECORD, head, number, _RECORD_END))
+        try:
+            if not stub.channel.send_down_nowait(payload):
+                return None
+        except Exception:  # the stub is gone
+            return None
+        future: asyncio.Future[msg.Result] = asyncio.get_running_loop().create_future()
+        stub.pending[batch] = _Waiting(future, route, started_ns)
+        route.in_flight += 1
+        try:
+            result = await future
+        except asyncio.CancelledError:
+            self._cancel(stub, batch)
+            raise
+        finally:
+            route.in_flight -= 1
+            if route.revoked and not route.in_flight:
+                self._answer_revoked(route)
+        return self._response(stub, route, request, result)
+
+    def _cancel(self, stub: _Stub, batch: int) -> None:
+        """The client went away: the stub's model sees it (``is_cancelled``); its Result, when
+        it comes, only gives its blocks back."""
+        if stub.dead:
+            return
+        with contextlib.suppress(Exception):
+            stub.channel.send_down_nowait(msg.encode(msg.Cancel([batch])))
+
+    def _answer_revoked(self, route: Route) -> None:
+        tokens, route.revoked = route.revoked, []
+        for token in tokens:
+            self._send([wire.DIRECT_RELEASED, 0, token])
+
+    def _read(self, stub: _Stub) -> None:
+        """Results waiting on ``stub``'s channel: statistics counted (and sent, before any
+        response is written), each to the request waiting for it."""
+        results: list[tuple[_Waiting, msg.Result]] = []
+        while (payload := stub.channel.recv_up_nowait()) is not None:
+            message = msg.decode(payload)
+            if type(message) is not msg.Result:
+                continue
+            waiting = stub.pending.pop(message.batch_id, None)
+            if waiting is None:
+                continue
+            self._count(waiting, message)
+            results.append((waiting, message))
+        self._flush()
+        for waiting, result in results:
+            if waiting.future.done():  # cancelled meanwhile
+                self._give_back(stub, _blocks(result))
+            else:
+                waiting.future.set_result(result)
+
+    def _count(self, waiting: _Waiting, result: msg.Result) -> None:
+        route = waiting.route
+        ok = result.wholes is not None or (
+            bool(result.responses) and result.responses[0].error is None
+        )
+        start, _ = result.stub_ns
+        queue_ns = max(0, start - waiting.sent_ns) if start else 0
+        total_ns = time.monotonic_ns() - waiting.started_ns
+        counts = self._counts.setdefault((route.slot, route.generation), [])
+        counts.append([int(ok), int(result.executed), total_ns, queue_ns, *result.compute_ns])
+
+    def _flush(self) -> None:
+        counts, self._counts = self._counts, {}
+        for (slot, generation), each in counts.items():
+            self._send([wire.DIRECT_STATS, 0, slot, generation, each])
+
+    def _response(
+        self, stub: _Stub, route: Route, request: InferRequest, result: msg.Result
+    ) -> InferResponse:
+        if result.wholes is not None:  # every output inline (``ipc/whole_results.py``)
+            outputs, error, parameters = msgpack.unpackb(result.wholes[0], strict_map_key=False)
+            if error is not None:
+                raise _model_error(error)
+            tensors = [
+                InferOutput(name, datatype, tuple(shape), memoryview(data), {})
+                for name, datatype, shape, _, data in outputs
+            ]
+            return InferResponse(request.model_name, route.label, request.id, tensors, parameters)
+        if not result.responses:
+            raise Unavailable(f"model '{request.model_name}': the request was not run")
+        record = result.responses[0]
+        blocks = _blocks(result)
+        if record.error is not None:
+            self._give_back(stub, blocks)
+            raise _model_error(record.error)
+        try:
+            tensors = [
+                InferOutput(o.name, o.datatype, tuple(o.shape), self._bytes(o.location), {})
+                for o in record.outputs
+            ]
+        except BaseException:
+            self._give_back(stub, blocks)
+            raise
+        release = None if not blocks else (lambda: self._give_back(stub, blocks))
+        return InferResponse(
+            request.model_name, route.label, request.id, tensors, record.parameters, release
+        )
+
+    def _bytes(self, location: object) -> memoryview:
+        """An output's bytes: inline, or read in place in its stub's arena."""
+        if isinstance(location, InlineBytes):
+            return memoryview(location.data)
+        if isinstance(location, Block):
+            self._lend(location.arena_id, location.segment)
+            return self._segments.view(location)
+        raise InternalError(
+            "a model's output is in GPU memory, which a frontend worker cannot read directly"
+        )
+
+    def _give_back(self, stub: _Stub, blocks: list[Block]) -> None:
+        """Output blocks written (or not needed): the stub's arena may reuse them."""
+        if blocks and not stub.dead:
+            with contextlib.suppress(Exception):
+                stub.channel.send_down_nowait(msg.encode(msg.Release(blocks)))
+
+    # -- stubs that exit -----------------------------------------------------------------------
+
+    def _exited(self, stub: _Stub) -> None:
+        self._forget(stub, "it exited")
+
+    def _forget(self, stub: _Stub, why: str) -> None:
+        """``stub`` is gone: fail what waits for it, drop the routes through it."""
+        stub.dead = True
+        loop = asyncio.get_running_loop()
+        if stub.pidfd is not None:
+            loop.remove_reader(stub.pidfd)
+            os.close(stub.pidfd)
+            stub.pidfd = None
+        self._stubs.pop(stub.pid, None)
+        pending, stub.pending = stub.pending, {}
+        for waiting in pending.values():
+            if not waiting.future.done():
+                waiting.future.set_exception(
+                    Unavailable(f"the stub process serving this request ({stub.pid}): {why}")
+                )
+        self._routes = {
+            key: r
+            for key, r in self._routes.items()
+            if not (type(r) is Route and stub in r.stubs)
+        }
+        stub.channel.close()
+
+    def close(self) -> None:
+        for stub in list(self._stubs.values()):
+            self._forget(stub, "the frontend worker is stopping")
+
+
+def _model_error(error: Any) -> ModelError:
+    """The error a model answered with: ``(TritonError code name, message)``."""
+    code_name, message = error
+    return ModelError(message, ErrorCode.__members__.get(code_name, ErrorCode.INTERNAL))
+
+
+def _least_busy(stubs: list[_Stub]) -> _Stub | None:
+    best: _Stub | None = None
+    for stub in stubs:
+        if not stub.dead and (best is None or len(stub.pending) < len(best.pending)):
+            best = stub
+    return best
+
+
+def _blocks(result: msg.Result) -> list[Block]:
+    """The output blocks of a decoded Result (a whole one has none)."""
+    return [
+        o.location
+        for record in result.responses
+        for o in record.outputs
+        if isinstance(o.location, Block)
+    ]
+

@@ -1,0 +1,241 @@
+"""Direct dispatch, the core's side: channels from frontend workers straight to stubs.
+
+A plain model version (what ``requests/packed.py`` lets workers pack, and no rate limiter,
+trace or response cache) is served by the frontend workers without the core in the request's
+path (docs/decisions.md, "Direct dispatch"): a worker asks once for a route
+(:meth:`DirectRoutes.grant`), gets a channel to each ready instance's stub, and from then on
+writes its packed Executes into those rings and reads the Results from them. The core keeps
+what must be global: which versions may be routed so, and when a route must be given back.
+
+* A channel per (worker, stub process), made here: the stub gets its fds on its socket and
+  ``DirectAttach`` on the core's ring (it shares the stub's doorbell), the worker gets them
+  on its segment socket. The core keeps its own end of each, only to close it: closing sets
+  the channel's closed word, which unblocks a stub waiting for room in a dead worker's ring.
+* Before a version drains (unload, reload), :meth:`revoke` takes its routes back: each worker
+  holding one stops using it, waits for its requests there to finish, and says so
+  (:meth:`released`); only then does the drain go on, so a version never stops under a
+  request the core does not see.
+* A worker that exits: its channels are detached from the stubs and closed
+  (:meth:`worker_gone`). A stub that exits: the workers see it on its pidfd and fail what
+  they had sent it; its channels are closed here when next looked at (:meth:`_prune`).
+* Statistics: the worker counts each request it routed so (:meth:`record`), with the times
+  the stub reported, before it answers the client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from shoal.core.errors import ShoalError
+from shoal.ipc import messages as msg
+from shoal.ipc.fdpass import PeerGone, send_fds
+from shoal.ipc.queue import Channel
+from shoal.supervisor.drain import DrainGate
+from shoal.supervisor.extensions.trace_settings import TraceSettings
+from shoal.supervisor.instances.process import StubProcess
+from shoal.supervisor.models.version import ModelState, ModelVersion
+from shoal.supervisor.options import ServerOptions
+from shoal.supervisor.requests.packed import PackingSlots, packable
+
+log = logging.getLogger("shoal")
+
+#: How long a drain waits for the workers to give a version's routes back.
+REVOKE_TIMEOUT_S = 30.0
+
+#: ``[slot, generation, version label, [[stub pid, fresh], ...]]`` (``fresh``: its channel is
+#: new, its fds sent now) and the channels' fds to send, by stub pid.
+Grant = tuple[list[Any], list[tuple[int, list[int]]]]
+
+
+def made(
+    options: ServerOptions,
+    slots: PackingSlots,
+    gate: DrainGate,
+    tracing: TraceSettings,
+    cache: object | None,
+) -> DirectRoutes | None:
+    """The routes of a server with frontend workers and ``--direct-dispatch`` (None else)."""
+    if options.frontend_workers <= 1 or not options.direct_dispatch:
+        return None
+    return DirectRoutes(slots, gate, tracing, cache is None)
+
+
+def origin_of(worker: int) -> int:
+    """The number a stub knows worker ``worker``'s ring by (0 is the core's)."""
+    return worker + 1
+
+
+class DirectRoutes:
+    """Which workers hold routes to which versions, and their channels."""
+
+    def __init__(
+        self, slots: PackingSlots, gate: DrainGate, tracing: TraceSettings, no_cache: bool
+    ) -> None:
+        self._slots = slots
+        self._gate = gate
+        self._tracing = tracing
+        self._no_cache = no_cache
+        #: The core's ends of the channels, by worker, then by stub pid.
+        self._channels: dict[int, dict[int, tuple[Channel, StubProcess]]] = {}
+        #: The versions each worker holds a route to, with the slots it knows them by.
+        self._held: dict[int, dict[int, tuple[ModelVersion, set[int]]]] = {}
+        self._tokens = itertools.count(1)
+        self._waiting: dict[int, tuple[set[int], asyncio.Future[None]]] = {}
+        #: Sends a frame header to a worker (the pool sets it): ``[REVOKE, 0, token, slots]``.
+        self.tell: Callable[[int, int, list[int]], None] | None = None
+
+    def grant(self, worker: int, name: str, version: str) -> Grant | None:
+        """A route for ``(name, version)`` to worker ``worker``; None: its requests take the
+        core's way (not a plain version, not ready, draining, traced, no ready stub)."""
+        mv = self._routable(name, version)
+        if mv is None:
+            return None
+        slot = self._slots.number(name, version)
+        procs = [i.process for i in mv.instances if i.ready]
+        stubs = [p for p in procs if isinstance(p, StubProcess) and p.returncode is None]
+        if slot is None or not stubs or len(stubs) != len(procs):
+            return None
+        self._prune(worker)
+        channels = self._channels.setdefault(worker, {})
+        entries: list[list[int]] = []
+        fds: list[tuple[int, list[int]]] = []
+        for proc in stubs:
+            if proc.pid not in channels:
+                channel = self._open(worker, proc)
+                if channel is None:
+                    return None
+                channels[proc.pid] = (channel, proc)
+                fds.append((proc.pid, channel.child_fds()))
+            entries.append([proc.pid, proc.pid in dict(fds)])
+        held = self._held.setdefault(worker, {})
+        held.setdefault(id(mv), (mv, set()))[1].add(slot)
+        return [slot, mv.summary.generation, mv.version_label, entries], fds
+
+    def _routable(self, name: str, version: str) -> ModelVersion | None:
+        try:
+            mv = self._slots.loaded.resolve(name, version)
+        except ShoalError:
+            return None
+        if not (self._no_cache and packable(mv)) or mv.rate_limited or self._gate.closed:
+            return None
+        if mv.state is not ModelState.READY or mv.down is not None:
+            return None
+        if self._tracing.context_for(mv.name):
+            return None
+        return mv
+
+    def _open(self, worker: int, proc: StubProcess) -> Channel | None:
+        """A new channel from ``worker`` to ``proc``, attached at the stub; None: it could not
+        be (the stub is exiting, or its ring is full)."""
+        channel = Channel.create(proc.channel.ring_capacity, down_bell=proc.channel.down_bell)
+        origin = origin_of(worker)
+        try:
+            send_fds(proc.sock, msg.DirectChannelAnnounce(origin).encode(), channel.child_fds())
+            if proc.send(msg.DirectAttach(origin)):
+                return channel
+        except (PeerGone, OSError):
+            pass
+        channel.close()
+        return None
+
+    def _prune(self, worker: int) -> None:
+        """Close the channels of ``worker`` to stubs that have exited."""
+        channels = self._channels.get(worker, {})
+        for pid in [pid for pid, (_, proc) in channels.items() if proc.returncode is not None]:
+            channels.pop(pid)[0].close()
+
+    def worker_gone(self, worker: int) -> None:
+        """Worker ``worker`` exited: detach and close its channels, forget its routes, and
+        count it out of the revocations waiting for it."""
+        origin = origin_of(worker)
+        for channel, proc in self._channels.pop(worker, {}).values():
+            channel.close()
+            if proc.returncode is None:
+                try:
+                    proc.send(msg.DirectDetach(origin))
+                except PeerGone:
+                    pass
+        self._held.pop(worker, None)
+        for token in list(self._waiting):
+            self.released(worker, token)
+
+    async def revoke(self, mv: ModelVersion) -> None:
+        """Take every route to ``mv`` back, and return once the workers holding one have
+        finished their requests on it (or :data:`REVOKE_TIMEOUT_S` passed)."""
+        holders: dict[int, list[int]] = {}
+        for worker, held in self._held.items():
+            found = held.pop(id(mv), None)
+            if found is not None:
+                holders[worker] = sorted(found[1])
+        if not holders or self.tell is None:
+            return
+        token = next(self._tokens)
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting[token] = (set(holders), done)
+        for worker, slots in holders.items():
+            self.tell(worker, token, slots)
+        try:
+            await asyncio.wait_for(asyncio.shield(done), REVOKE_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            log.warning(
+                "'%s' version %s: frontend workers did not give its direct routes back in %d s",
+                mv.name,
+                mv.version,
+                REVOKE_TIMEOUT_S,
+            )
+        finally:
+            self._waiting.pop(token, None)
+
+    def revoke_all(self) -> None:
+        """Take every route back without waiting (the server drains: new requests must meet
+        the core's closed gate)."""
+        tell = self.tell
+        held, self._held = self._held, {}
+        if tell is None:
+            return
+        for worker, versions in held.items():
+            slots = sorted({slot for _, taken in versions.values() for slot in taken})
+            tell(worker, next(self._tokens), slots)
+
+    def released(self, worker: int, token: int) -> None:
+        """Worker ``worker`` has no request left on the routes revocation ``token`` took."""
+        waiting = self._waiting.get(token)
+        if waiting is None:
+            return
+        workers, done = waiting
+        workers.discard(worker)
+        if not workers and not done.done():
+            done.set_result(None)
+
+    def record(self, slot: int, generation: int, counts: list[list[int]]) -> None:
+        """Statistics of requests a worker routed directly to version ``slot``: per request
+        ``[ok, executed, total_ns, queue_ns, input_ns, infer_ns, output_ns]``, one request per
+        execution (a failure counts its total: the model's, or of a stub that exited)."""
+        pairs = self._slots.pairs
+        if slot >= len(pairs):
+            return
+        try:
+            mv = self._slots.loaded.resolve(*pairs[slot])
+        except ShoalError:
+            return
+        if mv.summary.generation != generation:
+            return
+        stats = mv.stats
+        for ok, executed, total_ns, queue_ns, input_ns, infer_ns, output_ns in counts:
+            compute = (input_ns, infer_ns, output_ns)
+            if executed:
+                stats.execution(1, compute)
+            if ok:
+                stats.success(1, total_ns, queue_ns, compute)
+            else:
+                stats.failure(total_ns, "BACKEND" if executed else "OTHER")
+
+    def close(self) -> None:
+        """Close the core's end of every channel (the server is stopping)."""
+        for worker in list(self._channels):
+            for channel, _ in self._channels.pop(worker).values():
+                channel.close()
