@@ -44,6 +44,10 @@ class AnnouncedSegments:
         self._wait_for(block.arena_id, block.segment)
         return self.map.view(block).toreadonly()
 
+    def has(self, arena_id: int, index: int) -> bool:
+        """The segment is mapped here already."""
+        return self.map.has(arena_id, index)
+
     def channel_fds(self, key: int) -> list[int]:
         """The five fds of the direct channel the peer sent as ``key``; the caller owns them."""
         while key not in self._channels:

@@ -35,10 +35,12 @@ class DownPump:
         retire_chunk: Callable[[int, int], None] = lambda device, chunk: None,
         attach: Callable[[int], None] = lambda origin: None,
         detach: Callable[[int], None] = lambda origin: None,
+        release_direct: Callable[[int, list[Block]], None] = lambda origin, blocks: None,
     ) -> None:
         self._downs = downs
         self._attach = attach
         self._detach = detach
+        self._release_direct = release_direct
         #: The worker each Execute that came on a worker's direct ring came from, by batch id:
         #: its Result goes back on that ring.
         self.origins: dict[int, int] = {}
@@ -158,10 +160,14 @@ class DownPump:
             self._wake_all()
 
     def _route(self, message: msg.Message, origin: int = CORE) -> None:
-        if origin != CORE and type(message) is msg.Execute:
-            self.origins[message.batch_id] = origin
-            self._main.append(message)
-            return
+        if origin != CORE:
+            if type(message) is msg.Execute:
+                self.origins[message.batch_id] = origin
+                self._main.append(message)
+                return
+            if type(message) is msg.Release:
+                self._release_direct(origin, message.blocks)
+                return
         match message:
             case msg.BlsReply(call_id=call_id) | msg.ControlReply(call_id=call_id):
                 waiting = self._replies.get(call_id)

@@ -27,6 +27,7 @@ from shoal.ipc.tensor import CudaLocation, InlineBytes, Location, RegionLocation
 from shoal.stub import c_python_backend_utils, failures, loader, pb_utils, readiness
 from shoal.stub.bls import BlsClient
 from shoal.stub.control import ControlClient, StubMetrics
+from shoal.stub.direct_rings import DirectRings
 from shoal.stub.executor import BatchExecutor
 from shoal.stub.gpu_tensors import GpuTensors
 from shoal.stub.lent_outputs import OutputLender
@@ -75,13 +76,9 @@ class StubRuntime:
         self.sock = socket.socket(fileno=sock_fd)
         self.sock.setblocking(True)
         self.channel = Channel.attach(channel_fds, peer_pidfd=_pidfd(parent))
-        self.downs = DownSet(self.channel)
-        #: Direct channels' fds read from the socket, by worker, until attached.
-        self._direct_fds: dict[int, list[int]] = {}
-        #: Direct channels detached, closed by the main loop between batches.
-        self._detached: list[Channel] = []
+        #: Frontend workers' rings (direct dispatch), read with the core's.
+        self.direct = DirectRings(DownSet(self.channel))
         self.pump: DownPump | None = None
-        self._release_blocks: Callable[[list[Block]], None] = lambda blocks: None
         self.inputs = ArenaMap()
         self.regions = ClientRegions()
         self.cuda_pools = CudaPoolMap()
@@ -110,27 +107,17 @@ class StubRuntime:
         if isinstance(announce, msg.SegmentAnnounce):
             self.inputs.add_fd(announce.arena_id, announce.segment, fds[0], announce.size)
         elif isinstance(announce, msg.DirectChannelAnnounce):
-            self._direct_fds[announce.key] = fds
+            self.direct.fds[announce.key] = fds
         else:
             self.cuda_pools.add(announce)
 
     def attach_direct(self, origin: int) -> None:
         """Serve worker ``origin``'s direct ring (its fds were sent before the message)."""
         with self._segments_lock:
-            while origin not in self._direct_fds:
+            while origin not in self.direct.fds:
                 self._receive_announcement()
-            fds = self._direct_fds.pop(origin)
-        self.downs.add(origin, Channel.attach(fds))
-
-    def detach_direct(self, origin: int) -> None:
-        """Stop reading worker ``origin``'s ring; the main loop closes it between batches."""
-        channel = self.downs.remove(origin)
-        if channel is not None:
-            self._detached.append(channel)
-
-    def _close_detached(self) -> None:
-        while self._detached:
-            self._detached.pop().close()
+            fds = self.direct.fds.pop(origin)
+        self.direct.attach(origin, fds)
 
     def wait_for_chunk(self, location: CudaLocation) -> None:
         """Read the socket until the IPC handle of ``location``'s pool chunk has come."""
@@ -203,28 +190,9 @@ class StubRuntime:
         if type(message) is msg.Result and (pump := self.pump) is not None and pump.origins:
             origin = pump.origins.pop(message.batch_id, None)
             if origin is not None:
-                self._send_direct(origin, message)
+                self.direct.send(origin, message)
                 return
         self.channel.send_up(msg.encode(message))
-
-    def _send_direct(self, origin: int, result: msg.Result) -> None:
-        """A Result to the worker whose ring its Execute came on; a worker gone meanwhile
-        leaves its output blocks to free here."""
-        channel = self.downs.channel(origin)
-        if channel is not None:
-            try:
-                channel.send_up(msg.encode(result))
-                return
-            except PeerGone:
-                pass
-        blocks = [
-            out.location
-            for record in result.responses
-            for out in record.outputs
-            if isinstance(out.location, Block)
-        ]
-        if blocks:
-            self._release_blocks(blocks)
 
     def _log_sink(self, level: int, message: str, filename: str, line: int) -> None:
         try:
@@ -304,15 +272,16 @@ class StubRuntime:
             for each in cancels:
                 each(keys)
 
-        self._release_blocks = lambda blocks: outputs.free(lender.released(blocks))
+        release = self.direct.free = lambda blocks: outputs.free(lender.released(blocks))
         pump = self.pump = DownPump(
-            self.downs,
-            self._release_blocks,
+            self.direct.downs,
+            release,
             cancel,
             self.retire_input,
             self.retire_chunk,
             self.attach_direct,
-            self.detach_direct,
+            self.direct.detach,
+            self.direct.released,
         )
         self._control(first, writer, pump)
         return writer, pump
@@ -366,8 +335,7 @@ class StubRuntime:
     def _serve(self, executor: BatchExecutor, pump: DownPump, bls: BlsClient) -> int:
         while True:
             message = pump.next_main()
-            if self._detached:
-                self._close_detached()
+            self.direct.close_detached()
             match message:
                 case msg.Execute():
                     self._execute(message, executor, pump, bls)
@@ -416,8 +384,7 @@ class StubRuntime:
         return None
 
     def _close(self) -> None:
-        self._close_detached()
-        self.downs.close_direct()
+        self.direct.close()
         self._close_gpu()
         pb_utils._set_log_sink(None)
         self.regions.close()

@@ -85,8 +85,11 @@ class DirectRoutes:
         self._held: dict[int, dict[int, tuple[ModelVersion, set[int]]]] = {}
         self._tokens = itertools.count(1)
         self._waiting: dict[int, tuple[set[int], asyncio.Future[None]]] = {}
-        #: Sends a frame header to a worker (the pool sets it): ``[REVOKE, 0, token, slots]``.
+        #: Asks a worker to give routes back: ``tell(worker, token, slots)`` (the pool sets it).
         self.tell: Callable[[int, int, list[int]], None] | None = None
+        # A drain's requests must meet the closed gate; a model traced now, the core's path.
+        gate.on_close.append(self.revoke_all)
+        tracing.on_change.append(self.revoke_all)
 
     def grant(self, worker: int, name: str, version: str) -> Grant | None:
         """A route for ``(name, version)`` to worker ``worker``; None: its requests take the
@@ -112,6 +115,14 @@ class DirectRoutes:
                 fds.append((proc.pid, channel.child_fds()))
             entries.append([proc.pid, proc.pid in dict(fds)])
         held = self._held.setdefault(worker, {})
+        if id(mv) not in held:
+            log.info(
+                "frontend worker %d sends '%s' version %d straight to its %d instance(s)",
+                worker,
+                mv.name,
+                mv.version,
+                len(stubs),
+            )
         held.setdefault(id(mv), (mv, set()))[1].add(slot)
         return [slot, mv.summary.generation, mv.version_label, entries], fds
 
@@ -124,7 +135,10 @@ class DirectRoutes:
             return None
         if mv.state is not ModelState.READY or mv.down is not None:
             return None
-        if self._tracing.context_for(mv.name):
+        if self._tracing.traced(mv.name):
+            return None
+        # A GPU instance may answer in GPU memory, which only the core hands on.
+        if any(group.kind != "KIND_CPU" for group in mv.config.instance_groups):
             return None
         return mv
 

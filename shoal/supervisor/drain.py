@@ -4,6 +4,7 @@ new ones, so that a load balancer sees a clean, retryable UNAVAILABLE while the 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from shoal.core.errors import Unavailable
 
@@ -21,6 +22,8 @@ class DrainGate:
         #: methods are interpreted Python, called from this compiled hot path).
         self._idle: asyncio.Future[None] | None = None
         self.closed = False
+        #: Called once it closes (direct dispatch takes its routes back: ``direct_routes``).
+        self.on_close: list[Callable[[], None]] = []
 
     @property
     def in_flight(self) -> int:
@@ -44,6 +47,8 @@ class DrainGate:
 
     def close(self) -> None:
         self.closed = True
+        for each in self.on_close:
+            each()
 
     async def drained(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds for the requests in flight; False if some are left."""

@@ -99,7 +99,6 @@ class InferenceService:
         self._settled = Settled()
         #: The model versions packed calls name by number (``requests/packed.py``).
         self._packing = packed.PackingSlots(repository.loaded)
-        #: Routes of plain requests from the workers straight to the stubs (None: off).
         self.direct = direct_routes.made(options, self._packing, self.gate, trace_settings, cache)
 
     @property
@@ -116,8 +115,6 @@ class InferenceService:
     def begin_drain(self) -> None:
         """Refuse new inference and report not live / not ready (503), as Triton does on exit."""
         self.gate.close()
-        if self.direct is not None:
-            self.direct.revoke_all()
 
     async def shutdown(self, timeout: float) -> None:
         """Stop every model (finalize, then signals) and free the arenas and regions."""
@@ -374,8 +371,6 @@ class InferenceService:
 
     def model_statistics(self, name: str = "", version: str = "") -> list[ModelStatistics]:
         return describe.statistics(self.repository, name, version)
-
-    # -- model repository -------------------------------------------------------------------
 
     def repository_index(self, ready_only: bool = False) -> list[RepositoryEntry]:
         return self.repository.index(ready_only)

@@ -40,13 +40,14 @@ from shoal.frontends.workers import _plain as plain
 from shoal.frontends.workers import _response_wire as response_wire
 from shoal.frontends.workers import _wire as wire
 from shoal.frontends.workers.arenas import StagingArena
-from shoal.frontends.workers.direct import DirectDispatch
+from shoal.frontends.workers.direct import DirectDispatch, direct_fits
+from shoal.frontends.workers.methods import ASYNC_METHODS, DIRECT_METHODS, SYNC_METHODS
 from shoal.frontends.workers.outputs import MappedOutputs
 from shoal.frontends.workers.packing import PackedRefused, Prepared, Restage, Snapshots, prepare
 from shoal.frontends.workers.streams import StreamItem, remote_stream
 from shoal.ipc.arena import Block
 
-__all__ = ["CoreGone", "RemoteCore"]
+__all__ = ["ASYNC_METHODS", "DIRECT_METHODS", "SYNC_METHODS", "CoreGone", "RemoteCore"]
 
 _Answer = tuple[list[Any], list[memoryview]]
 
@@ -116,13 +117,7 @@ class RemoteCore(CoreAPI):
     def enable_direct(self, worker: int) -> None:
         """Send plain requests straight to the stubs, as worker number ``worker``."""
         if self.outputs is not None:
-            self.direct = DirectDispatch(
-                worker,
-                lambda name, version: self._sync("direct_route", name, version),
-                self.outputs.segments,
-                self.send,
-                lambda arena_id, index: self._sync("direct_segment", arena_id, index),
-            )
+            self.direct = DirectDispatch(worker, self._sync, self.outputs.segments, self.send)
 
     async def connect(self, calls: socket.socket) -> None:
         """Start reading answers from the asynchronous socket."""
@@ -329,8 +324,9 @@ class RemoteCore(CoreAPI):
         started = time.monotonic_ns()
         prepared = self._prepare(request)
         if prepared is not None and prepared.fields is not None:
-            if self.direct is not None and _direct_fits(request, prepared):
-                response = await self._direct(request, prepared, started)
+            if (direct := self.direct) is not None and direct_fits(request, prepared.staged):
+                snapshot = self.snapshots.get(request.model_name, request.model_version)
+                response = await direct.try_infer(request, prepared.head, snapshot, started)
                 if response is not None:
                     return response
             try:
@@ -344,18 +340,6 @@ class RemoteCore(CoreAPI):
         fields = self._request_fields(request, payloads, staged)
         answer, views = await self._async("infer", fields, payloads)
         return self._response(answer, views)
-
-    async def _direct(
-        self, request: InferRequest, prepared: Prepared, started: int
-    ) -> InferResponse | None:
-        """``request`` straight to a stub; None: it takes the relay (no route, a full ring)."""
-        direct = self.direct
-        assert direct is not None
-        route = direct.route(request.model_name, request.model_version)
-        snapshot = self.snapshots.get(request.model_name, request.model_version)
-        if route is None or snapshot is None or snapshot.generation != route.generation:
-            return None
-        return await direct.infer(route, request, prepared.head, started)
 
     def infer_stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
         # An async generator, which mypyc cannot compile: it lives in an interpreted module.
@@ -457,45 +441,5 @@ class RemoteCore(CoreAPI):
         return updated
 
 
-def _direct_fits(request: InferRequest, prepared: Prepared) -> bool:
-    """A packed request direct dispatch takes: every input inline, no timeout (the core
-    keeps time for those)."""
-    if request.parameters and request.parameters.get("timeout"):
-        return False
-    return not any(block is not None for block in prepared.staged)
-
-
 def _decoded(kind: Any, value: Any) -> Any:
     return plain.from_plain(kind, value)
-
-
-#: The core API's asynchronous methods, other than inference, a worker may call by name.
-ASYNC_METHODS: frozenset[str] = frozenset({"load_model", "unload_model", "model_ready_now"})
-
-#: The direct dispatch calls a worker makes on its control socket (``host._Link``).
-DIRECT_METHODS: frozenset[str] = frozenset({"direct_route", "direct_segment"})
-
-#: The core API's synchronous methods a worker may call, by name.
-SYNC_METHODS: frozenset[str] = frozenset(
-    {
-        "is_live",
-        "is_ready",
-        "server_metadata",
-        "model_ready",
-        "model_metadata",
-        "model_config",
-        "model_statistics",
-        "repository_index",
-        "register_system_shm",
-        "unregister_system_shm",
-        "system_shm_status",
-        "register_cuda_shm",
-        "unregister_cuda_shm",
-        "cuda_shm_status",
-        "log_settings",
-        "update_log_settings",
-        "packing_summary",
-        "trace_settings",
-        "update_trace_settings",
-    }
-)

@@ -30,13 +30,14 @@ import msgpack
 from shoal.core.errors import ErrorCode, InternalError, ModelError, Unavailable
 from shoal.core.types import InferOutput, InferRequest, InferResponse
 from shoal.frontends.workers import _wire as wire
+from shoal.frontends.workers.packing import Snapshot
 from shoal.ipc import messages as msg
 from shoal.ipc.arena import Block
 from shoal.ipc.peer_segments import AnnouncedSegments
 from shoal.ipc.queue import Channel
 from shoal.ipc.tensor import InlineBytes
 
-__all__ = ["DirectDispatch", "Route"]
+__all__ = ["DirectDispatch", "Route", "direct_fits"]
 
 #: How long a worker trusts that a version has no route before it asks again.
 RETRY_S = 2.0
@@ -97,16 +98,16 @@ class DirectDispatch:
     def __init__(
         self,
         worker: int,
-        ask: Callable[[str, str], list[Any] | None],
+        call: Callable[..., Any],
         segments: AnnouncedSegments,
         send: Callable[[list[Any]], None],
-        lend: Callable[[int, int], None],
     ) -> None:
+        """``call(method, *args)``: a synchronous call of the core (``direct_route``, for a
+        route; ``direct_segment``, for a stub's output segment's fd); ``send``: a frame to it."""
         self._origin = (worker + 1) << ORIGIN_SHIFT
-        self._ask = ask
+        self._call = call
         self._segments = segments
         self._send = send
-        self._lend = lend
         self._routes: dict[tuple[str, str], Route | float] = {}
         self._stubs: dict[int, _Stub] = {}
         self._ids = itertools.count(1)
@@ -124,7 +125,7 @@ class DirectDispatch:
         now = time.monotonic()
         if kept is not None and now < kept:
             return None
-        route = self._granted(self._ask(name, version))
+        route = self._granted(self._call("direct_route", name, version))
         if len(self._routes) >= MAX_ROUTES:
             self._routes.clear()
         self._routes[key] = now + RETRY_S if route is None else route
@@ -178,6 +179,16 @@ class DirectDispatch:
             self._send([wire.DIRECT_RELEASED, 0, token])
 
     # -- requests ----------------------------------------------------------------------------
+
+    async def try_infer(
+        self, request: InferRequest, head: bytes, snapshot: Snapshot | None, started_ns: int
+    ) -> InferResponse | None:
+        """``request`` (packed against ``snapshot``: ``head``) straight to a stub; None: it
+        takes the core's way (no route, or one for another generation of the model)."""
+        route = self.route(request.model_name, request.model_version)
+        if route is None or snapshot is None or snapshot.generation != route.generation:
+            return None
+        return await self.infer(route, request, head, started_ns)
 
     async def infer(
         self, route: Route, request: InferRequest, head: bytes, started_ns: int
@@ -295,7 +306,8 @@ class DirectDispatch:
         if isinstance(location, InlineBytes):
             return memoryview(location.data)
         if isinstance(location, Block):
-            self._lend(location.arena_id, location.segment)
+            if not self._segments.has(location.arena_id, location.segment):
+                self._call("direct_segment", location.arena_id, location.segment)
             return self._segments.view(location)
         raise InternalError(
             "a model's output is in GPU memory, which a frontend worker cannot read directly"
@@ -337,6 +349,14 @@ class DirectDispatch:
     def close(self) -> None:
         for stub in list(self._stubs.values()):
             self._forget(stub, "the frontend worker is stopping")
+
+
+def direct_fits(request: InferRequest, staged: list[Block | None]) -> bool:
+    """A packed request direct dispatch takes: every input inline (``staged`` all None), no
+    timeout (the core keeps time for those)."""
+    if request.parameters and request.parameters.get("timeout"):
+        return False
+    return not any(block is not None for block in staged)
 
 
 def _model_error(error: Any) -> ModelError:

@@ -23,7 +23,7 @@ from shoal.frontends.workers import _plain as plain
 from shoal.frontends.workers import _wire as wire
 from shoal.frontends.workers.answer_frames import Relayed, RelaySink, send_record, send_response
 from shoal.frontends.workers.arenas import LentArena, give_blocks_back, take_blocks
-from shoal.frontends.workers.client import ASYNC_METHODS, DIRECT_METHODS, SYNC_METHODS
+from shoal.frontends.workers.methods import ASYNC_METHODS, DIRECT_METHODS, SYNC_METHODS
 from shoal.frontends.workers.outputs import LentOutputs
 
 __all__ = ["Answer", "LinkedCore"]

@@ -57,6 +57,15 @@ class TraceSettings:
         #: Requests seen and traces started, per model, for trace_rate and trace_count.
         self._seen: dict[str, int] = {}
         self._traced: dict[str, int] = {}
+        #: Called after every change (direct dispatch takes its routes back: a model traced now
+        #: must take the core's way).
+        self.on_change: list[Callable[[], None]] = []
+
+    def traced(self, model: str) -> bool:
+        """Whether tracing is on for ``model`` (some of its requests get a context)."""
+        own = self._models.get(model)
+        level = own["trace_level"] if own and "trace_level" in own else self._global["trace_level"]
+        return level != _OFF
 
     def context_for(self, model: str) -> str:
         """The trace context of the next request to ``model``: "" unless tracing is on for it
@@ -103,6 +112,8 @@ class TraceSettings:
         _store(target, checked)
         if model and not target:
             del self._models[model]
+        for each in self.on_change:
+            each()
         return self.current(model)
 
     def _check_model(self, model: str) -> None:
