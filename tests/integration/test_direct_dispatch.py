@@ -1,0 +1,256 @@
+"""Direct dispatch: with frontend workers, plain requests go from a worker straight to a stub.
+
+The core grants each worker a route to a plain model version (a channel to each of its stubs)
+and takes it back before the version drains; the worker counts the statistics. These tests run
+``--frontend-workers 2`` whatever ``SHOAL_TEST_FRONTEND_WORKERS`` says, and check what a client
+sees: the same answers and errors as through the core, exact statistics, an unload that waits
+for the requests in flight, a stub or a worker that dies.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from tests.integration.server import TEST_MODELS, ShoalServer
+from tests.integration.test_frontend_workers import through, worker_pids
+
+pytestmark = pytest.mark.timeout(180)
+
+ROUTED = "straight to its"
+
+_EXPAND = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            count = int(pb_utils.get_input_tensor_by_name(request, "COUNT").as_numpy()[0])
+            out = pb_utils.Tensor("OUT", np.arange(count, dtype=np.float32))
+            responses.append(pb_utils.InferenceResponse(output_tensors=[out]))
+        return responses
+'''
+
+_EXPAND_CONFIG = '''
+name: "expand"
+backend: "python"
+input [ { name: "COUNT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_FP32 dims: [ -1 ] } ]
+instance_group [ { count: 2 kind: KIND_CPU } ]
+'''
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``expand`` (its output as large as asked: inline or in the stub's arena) beside the
+    test models this file uses."""
+    root = tmp_path_factory.mktemp("direct")
+    (root / "expand" / "1").mkdir(parents=True)
+    (root / "expand" / "config.pbtxt").write_text(_EXPAND_CONFIG)
+    (root / "expand" / "1" / "model.py").write_text(_EXPAND)
+    for name in ("slow", "raiser", "error_response", "crasher"):
+        (root / name).symlink_to(TEST_MODELS / name)
+    return root
+
+
+def _start(repo: Path, *extra: str, metrics: bool = False) -> ShoalServer:
+    args = ("--frontend-workers", "2", "--model-control-mode", "explicit", "--load-model", "*")
+    return ShoalServer(repo, extra_args=(*args, *extra), metrics=metrics)
+
+
+#: Each stub's output arena: 4 MiB at first, 16 MiB at most (a dozen 1.2 MB answers).
+_SMALL_ARENAS = (
+    "--backend-config",
+    "python,shm-default-byte-size=4194304",
+    "--backend-config",
+    "python,shm-limit-byte-size=16777216",
+)
+
+
+@pytest.fixture(scope="module")
+def server(repo: Path):
+    with _start(repo, *_SMALL_ARENAS, metrics=True) as running:
+        yield running
+        assert "Traceback" not in running.output, running.output
+
+
+def _expand(module, client, count: int) -> np.ndarray:
+    tensor = module.InferInput("COUNT", [1], "INT32")
+    tensor.set_data_from_numpy(np.array([count], np.int32))
+    return client.infer("expand", [tensor]).as_numpy("OUT")
+
+
+def _success(server: ShoalServer, model: str) -> tuple[int, int]:
+    client = httpclient.InferenceServerClient(server.url)
+    try:
+        stats = client.get_inference_statistics(model)["model_stats"][0]
+        return int(stats["inference_stats"]["success"]["count"]), int(stats["execution_count"])
+    finally:
+        client.close()
+
+
+def _metric(server: ShoalServer, name: str, model: str) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics") as answer:
+        for line in answer.read().decode().splitlines():
+            if line.startswith(name + "{") and f'model="{model}"' in line:
+                return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_each_worker_routes_plain_requests_straight_with_exact_statistics(server):
+    before = _success(server, "expand")
+    metric_before = _metric(server, "nv_inference_request_success", "expand")
+    sent = 0
+    for index in (0, 1):
+        with through(server, index):
+            for module, url in ((httpclient, server.url), (grpcclient, server.grpc_url)):
+                client = module.InferenceServerClient(url)
+                try:
+                    # 4 outputs travel inline in the Result; 300,000 (1.2 MB) in the stub's
+                    # arena, read in place by the worker and given back
+                    for count in (4, 300_000, 4, 300_000):
+                        out = _expand(module, client, count)
+                        np.testing.assert_array_equal(out, np.arange(count, dtype=np.float32))
+                        sent += 1
+                finally:
+                    client.close()
+    assert server.output.count(ROUTED) == 2, server.output  # one route per worker
+    success, executions = _success(server, "expand")
+    assert (success - before[0], executions - before[1]) == (sent, sent)
+    assert _metric(server, "nv_inference_request_success", "expand") - metric_before == sent
+
+
+def test_many_large_answers_leave_the_stub_arena_reusable(server):
+    """The blocks of every direct answer go back: 200 answers of 1.2 MB each (240 MB) fit in
+    the two stubs' arenas (16 MiB at most each) only if they are reused."""
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        for _ in range(200):
+            assert _expand(grpcclient, client, 300_000).shape == (300_000,)
+    finally:
+        client.close()
+
+
+def _error(module, url: str, model: str) -> str:
+    client = module.InferenceServerClient(url)
+    tensor = module.InferInput("IN", [1], "FP32")
+    tensor.set_data_from_numpy(np.array([1.0], np.float32))
+    try:
+        with pytest.raises(InferenceServerException) as raised:
+            client.infer(model, [tensor])
+        return f"{raised.value.status()} {raised.value.message()}"
+    finally:
+        client.close()
+
+
+def test_model_errors_read_as_through_the_core(repo: Path, server):
+    with _start(repo, "--direct-dispatch", "false") as core_only:
+        for model in ("raiser", "error_response"):
+            for module, attr in ((httpclient, "url"), (grpcclient, "grpc_url")):
+                direct = _error(module, getattr(server, attr), model)
+                assert direct == _error(module, getattr(core_only, attr), model)
+        assert ROUTED not in core_only.output
+    assert "intentional failure in execute" in _error(httpclient, server.url, "raiser")
+
+
+def _slow(url: str, seconds: float, results: queue.Queue) -> None:
+    client = httpclient.InferenceServerClient(url)
+    tensor = httpclient.InferInput("SECONDS", [1], "FP32")
+    tensor.set_data_from_numpy(np.array([seconds], np.float32))
+    try:
+        results.put(float(client.infer("slow", [tensor]).as_numpy("SECONDS_OUT")[0]))
+    except InferenceServerException as error:
+        results.put(error)
+    finally:
+        client.close()
+
+
+def test_an_unload_waits_for_the_requests_sent_straight_to_the_stub(repo: Path):
+    with _start(repo) as server:
+        results: queue.Queue = queue.Queue()
+        mark = len(server.output)
+        threads = [
+            threading.Thread(target=_slow, args=(server.url, 0.5, results)) for _ in range(4)
+        ]
+        for thread in threads:
+            thread.start()
+        deadline = time.monotonic() + 60
+        while "slow: executing" not in server.output[mark:]:
+            assert time.monotonic() < deadline, server.output[mark:]
+            time.sleep(0.02)  # polling the server log
+        client = httpclient.InferenceServerClient(server.url)
+        try:
+            client.unload_model("slow")
+            for thread in threads:
+                thread.join(60)
+            answers = [results.get_nowait() for _ in threads]
+            assert answers == [0.5] * 4, answers
+            assert not client.is_model_ready("slow")
+        finally:
+            client.close()
+
+
+def test_a_stub_that_dies_fails_its_request_and_its_instance_comes_back(server):
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+
+    def crash(flag: int) -> np.ndarray:
+        tensor = grpcclient.InferInput("CRASH", [1], "INT32")
+        tensor.set_data_from_numpy(np.array([flag], np.int32))
+        return client.infer("crasher", [tensor]).as_numpy("PID")
+
+    try:
+        crash(0)
+        with pytest.raises(InferenceServerException) as raised:
+            crash(1)
+        assert "UNAVAILABLE" in raised.value.status() or "unavailable" in str(raised.value)
+        deadline = time.monotonic() + 60
+        answered = 0
+        while answered < 10:  # the other instance answers, then both once it has restarted
+            assert time.monotonic() < deadline, server.output[-3000:]
+            try:
+                crash(0)
+                answered += 1
+            except InferenceServerException:
+                time.sleep(0.05)  # polling: the instance restarts
+    finally:
+        client.close()
+
+
+def test_a_worker_killed_is_replaced_and_requests_go_on(repo: Path):
+    with _start(repo) as server:
+        first = worker_pids(server)
+        for url in (server.url, server.url):  # routes granted to whichever worker answers
+            client = httpclient.InferenceServerClient(url)
+            _expand(httpclient, client, 300_000)
+            client.close()
+        os.kill(first[0], signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while len(set(worker_pids(server)) - set(first)) < 1:
+            assert time.monotonic() < deadline, server.output[-3000:]
+            time.sleep(0.05)  # polling the process table for the restarted worker
+        answered = 0
+        while answered < 20:
+            assert time.monotonic() < deadline, server.output[-3000:]
+            client = httpclient.InferenceServerClient(server.url)
+            try:
+                out = _expand(httpclient, client, 300_000)
+                np.testing.assert_array_equal(out, np.arange(300_000, dtype=np.float32))
+                answered += 1
+            except (InferenceServerException, ConnectionError):
+                time.sleep(0.05)  # a connection to the worker that is restarting
+            finally:
+                client.close()
