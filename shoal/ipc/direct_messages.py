@@ -16,16 +16,18 @@ import msgpack
 
 @dataclass(slots=True)
 class DirectAttach:
-    """Serve worker ``origin``'s direct ring; its fds wait on the stub's socket."""
+    """Serve worker ``origin``'s direct ring; its fds wait on the stub's socket. ``pid``: the
+    worker's process, whose exit ends a wait for room in its ring."""
 
     origin: int
+    pid: int
 
     def fields(self) -> list[Any]:
-        return [self.origin]
+        return [self.origin, self.pid]
 
     @classmethod
     def from_fields(cls, f: list[Any]) -> DirectAttach:
-        return cls(f[0])
+        return cls(f[0], f[1])
 
 
 @dataclass(slots=True)

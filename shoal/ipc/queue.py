@@ -411,6 +411,21 @@ class Channel:
         if self._peer_pidfd is not None:
             os.close(self._peer_pidfd)
 
+    def forget(self) -> None:
+        """Close this process's copy of a channel it handed to others (its fds sent to both
+        ends), without telling either end anything."""
+        if self._closed:
+            return
+        self._closed = True
+        self._detach_loop()
+        self._down.release()
+        self._up.release()
+        self._words.release()
+        with contextlib.suppress(BufferError):
+            self._mapping.close()
+        for fd in self._fds:
+            os.close(fd)
+
     def _detach_loop(self) -> None:
         if self._watch is not None:
             self._watch[0].remove_reader(self._up_bell)

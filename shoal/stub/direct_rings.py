@@ -32,8 +32,10 @@ class DirectRings:
         #: Frees output blocks (the stub's arena); set once the arena exists.
         self.free: Callable[[list[Block]], None] = lambda blocks: None
 
-    def attach(self, origin: int, fds: list[int]) -> None:
-        self.downs.add(origin, Channel.attach(fds))
+    def attach(self, origin: int, fds: list[int], pidfd: int | None) -> None:
+        """Read worker ``origin``'s ring; ``pidfd``, the worker's, ends a wait for room in
+        its up ring when it exits."""
+        self.downs.add(origin, Channel.attach(fds, peer_pidfd=pidfd))
 
     def detach(self, origin: int) -> None:
         """Stop reading worker ``origin``'s ring, and free what it had not given back."""

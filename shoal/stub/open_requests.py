@@ -7,6 +7,9 @@ from typing import Any
 
 from shoal.ipc import messages as msg
 
+#: Where a request's key holds its sender's number (``frontends/workers/direct.py``).
+SENDER_SHIFT = 40
+
 
 class OpenRequests:
     """Which requests are in the stub, so that a ``Cancel`` from the supervisor reaches them.
@@ -18,10 +21,11 @@ class OpenRequests:
     def __init__(self) -> None:
         self._flags: dict[int, Any] = {}
         self._lock = threading.Lock()
-        # Keys are handed out in increasing order. A Cancel for a key above every key seen is
-        # for a request sent ahead and not yet started: it is remembered until that request
-        # starts (so the set only holds requests still in the ring).
-        self._newest_key = 0
+        # Each sender hands keys out in increasing order (the core from 1, a frontend worker
+        # sending directly with its number above bit 40). A Cancel for a key above every key
+        # seen from its sender is for a request sent ahead and not yet started: it is
+        # remembered until that request starts (so the set only holds requests in a ring).
+        self._newest: dict[int, int] = {}
         self._cancelled_early: set[int] = set()
 
     def cancel(self, keys: list[int]) -> None:
@@ -38,7 +42,7 @@ class OpenRequests:
         self._cancelled_early.update(
             key
             for key, flag in zip(keys, flags, strict=True)
-            if flag is None and key > self._newest_key
+            if flag is None and key > self._newest.get(key >> SENDER_SHIFT, 0)
         )
 
     def track(self, records: list[msg.RequestRecord], requests: list[Any]) -> int:
@@ -48,8 +52,9 @@ class OpenRequests:
             for record, request in zip(records, requests, strict=True):
                 key = record.key
                 self._flags[key] = request._cancellation
-                if key > self._newest_key:
-                    self._newest_key = key
+                sender = key >> SENDER_SHIFT
+                if key > self._newest.get(sender, 0):
+                    self._newest[sender] = key
                 if self._cancelled_early and key in self._cancelled_early:
                     self._cancelled_early.discard(key)
                     request._cancellation.cancelled = True

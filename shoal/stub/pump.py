@@ -33,7 +33,7 @@ class DownPump:
         cancel: Callable[[list[int]], None] = lambda keys: None,
         retire: Callable[[int, int], None] = lambda arena_id, segment: None,
         retire_chunk: Callable[[int, int], None] = lambda device, chunk: None,
-        attach: Callable[[int], None] = lambda origin: None,
+        attach: Callable[[int, int], None] = lambda origin, pid: None,
         detach: Callable[[int], None] = lambda origin: None,
         release_direct: Callable[[int, list[Block]], None] = lambda origin, blocks: None,
     ) -> None:
@@ -181,8 +181,8 @@ class DownPump:
                 self._retire(arena_id, segment)
             case msg.CudaChunkRetired(device=device, chunk=chunk):
                 self._retire_chunk(device, chunk)
-            case msg.DirectAttach(origin=attached):
-                self._attach(attached)
+            case msg.DirectAttach(origin=attached, pid=pid):
+                self._attach(attached, pid)
             case msg.DirectDetach(origin=detached):
                 self._detach(detached)
             case _:

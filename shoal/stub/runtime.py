@@ -49,12 +49,13 @@ def _ask_for_death_signal() -> None:
 
 
 def _pidfd(pid: int) -> int | None:
-    """A pidfd of the supervisor; None where the kernel (or valgrind) has no pidfd_open: the
-    channel's blocking waits then poll the parent pid instead."""
+    """A pidfd of the supervisor (or of a frontend worker); None where the kernel (or valgrind)
+    has no pidfd_open, or the process is gone: the channel's blocking waits then poll the
+    parent pid instead."""
     try:
         return os.pidfd_open(pid)
     except OSError as error:
-        if error.errno != errno.ENOSYS:
+        if error.errno not in (errno.ENOSYS, errno.ESRCH):
             raise
         return None
 
@@ -111,13 +112,13 @@ class StubRuntime:
         else:
             self.cuda_pools.add(announce)
 
-    def attach_direct(self, origin: int) -> None:
+    def attach_direct(self, origin: int, pid: int) -> None:
         """Serve worker ``origin``'s direct ring (its fds were sent before the message)."""
         with self._segments_lock:
             while origin not in self.direct.fds:
                 self._receive_announcement()
             fds = self.direct.fds.pop(origin)
-        self.direct.attach(origin, fds)
+        self.direct.attach(origin, fds, _pidfd(pid))
 
     def wait_for_chunk(self, location: CudaLocation) -> None:
         """Read the socket until the IPC handle of ``location``'s pool chunk has come."""

@@ -8,9 +8,9 @@ writes its packed Executes into those rings and reads the Results from them. The
 what must be global: which versions may be routed so, and when a route must be given back.
 
 * A channel per (worker, stub process), made here: the stub gets its fds on its socket and
-  ``DirectAttach`` on the core's ring (it shares the stub's doorbell), the worker gets them
-  on its segment socket. The core keeps its own end of each, only to close it: closing sets
-  the channel's closed word, which unblocks a stub waiting for room in a dead worker's ring.
+  ``DirectAttach`` on the core's ring (it shares the stub's doorbell; the worker's pid, whose
+  exit ends a wait for room in the worker's ring), the worker gets them on its segment socket.
+  The core keeps no fd of it.
 * Before a version drains (unload, reload), :meth:`revoke` takes its routes back: each worker
   holding one stops using it, waits for its requests there to finish, and says so
   (:meth:`released`); only then does the drain go on, so a version never stops under a
@@ -47,8 +47,8 @@ log = logging.getLogger("shoal")
 REVOKE_TIMEOUT_S = 30.0
 
 #: ``[slot, generation, version label, [[stub pid, fresh], ...]]`` (``fresh``: its channel is
-#: new, its fds sent now) and the channels' fds to send, by stub pid.
-Grant = tuple[list[Any], list[tuple[int, list[int]]]]
+#: new, its fds sent now) and the new channels to send, by stub pid.
+Grant = tuple[list[Any], list[tuple[int, Channel]]]
 
 
 def made(
@@ -79,8 +79,8 @@ class DirectRoutes:
         self._gate = gate
         self._tracing = tracing
         self._no_cache = no_cache
-        #: The core's ends of the channels, by worker, then by stub pid.
-        self._channels: dict[int, dict[int, tuple[Channel, StubProcess]]] = {}
+        #: The stubs each worker has a channel to, by pid.
+        self._channels: dict[int, dict[int, StubProcess]] = {}
         #: The versions each worker holds a route to, with the slots it knows them by.
         self._held: dict[int, dict[int, tuple[ModelVersion, set[int]]]] = {}
         self._tokens = itertools.count(1)
@@ -91,13 +91,16 @@ class DirectRoutes:
         gate.on_close.append(self.revoke_all)
         tracing.on_change.append(self.revoke_all)
 
-    def grant(self, worker: int, name: str, version: str) -> Grant | None:
-        """A route for ``(name, version)`` to worker ``worker``; None: its requests take the
-        core's way (not a plain version, not ready, draining, traced, no ready stub)."""
+    def grant(self, worker: int, pid: int, name: str, version: str) -> Grant | None:
+        """A route for ``(name, version)`` to worker ``worker`` (process ``pid``); None: its
+        requests take the core's way (not a plain version, not ready, draining, traced, no
+        ready stub). The caller sends the channels' fds, then :meth:`Channel.forget` s them."""
         mv = self._routable(name, version)
         if mv is None:
             return None
         slot = self._slots.number(name, version)
+        if any(i.spec.execute_timeout is not None for i in mv.instances):
+            return None  # the core times executes by when it sends them: only it may send
         procs = [i.process for i in mv.instances if i.ready]
         stubs = [p for p in procs if isinstance(p, StubProcess) and p.returncode is None]
         if slot is None or not stubs or len(stubs) != len(procs):
@@ -105,15 +108,19 @@ class DirectRoutes:
         self._prune(worker)
         channels = self._channels.setdefault(worker, {})
         entries: list[list[int]] = []
-        fds: list[tuple[int, list[int]]] = []
+        made: list[tuple[int, Channel]] = []
         for proc in stubs:
             if proc.pid not in channels:
-                channel = self._open(worker, proc)
+                channel = self._open(worker, pid, proc)
                 if channel is None:
+                    for _, each in made:
+                        each.forget()
                     return None
-                channels[proc.pid] = (channel, proc)
-                fds.append((proc.pid, channel.child_fds()))
-            entries.append([proc.pid, proc.pid in dict(fds)])
+                channels[proc.pid] = proc
+                made.append((proc.pid, channel))
+            entries.append([proc.pid, any(p == proc.pid for p, _ in made)])
+        for instance in mv.instances:
+            instance.share_with_workers()
         held = self._held.setdefault(worker, {})
         if id(mv) not in held:
             log.info(
@@ -124,7 +131,7 @@ class DirectRoutes:
                 len(stubs),
             )
         held.setdefault(id(mv), (mv, set()))[1].add(slot)
-        return [slot, mv.summary.generation, mv.version_label, entries], fds
+        return [slot, mv.summary.generation, mv.version_label, entries], made
 
     def _routable(self, name: str, version: str) -> ModelVersion | None:
         try:
@@ -142,32 +149,31 @@ class DirectRoutes:
             return None
         return mv
 
-    def _open(self, worker: int, proc: StubProcess) -> Channel | None:
+    def _open(self, worker: int, pid: int, proc: StubProcess) -> Channel | None:
         """A new channel from ``worker`` to ``proc``, attached at the stub; None: it could not
         be (the stub is exiting, or its ring is full)."""
         channel = Channel.create(proc.channel.ring_capacity, down_bell=proc.channel.down_bell)
         origin = origin_of(worker)
         try:
             send_fds(proc.sock, msg.DirectChannelAnnounce(origin).encode(), channel.child_fds())
-            if proc.send(msg.DirectAttach(origin)):
+            if proc.send(msg.DirectAttach(origin, pid)):
                 return channel
         except (PeerGone, OSError):
             pass
-        channel.close()
+        channel.forget()
         return None
 
     def _prune(self, worker: int) -> None:
-        """Close the channels of ``worker`` to stubs that have exited."""
+        """Forget the stubs of ``worker`` that have exited."""
         channels = self._channels.get(worker, {})
-        for pid in [pid for pid, (_, proc) in channels.items() if proc.returncode is not None]:
-            channels.pop(pid)[0].close()
+        for pid in [pid for pid, proc in channels.items() if proc.returncode is not None]:
+            del channels[pid]
 
     def worker_gone(self, worker: int) -> None:
-        """Worker ``worker`` exited: detach and close its channels, forget its routes, and
-        count it out of the revocations waiting for it."""
+        """Worker ``worker`` exited: its channels are detached at the stubs, its routes
+        forgotten, and it is counted out of the revocations waiting for it."""
         origin = origin_of(worker)
-        for channel, proc in self._channels.pop(worker, {}).values():
-            channel.close()
+        for proc in self._channels.pop(worker, {}).values():
             if proc.returncode is None:
                 try:
                     proc.send(msg.DirectDetach(origin))
@@ -247,9 +253,3 @@ class DirectRoutes:
                 stats.success(1, total_ns, queue_ns, compute)
             else:
                 stats.failure(total_ns, "BACKEND" if executed else "OTHER")
-
-    def close(self) -> None:
-        """Close the core's end of every channel (the server is stopping)."""
-        for worker in list(self._channels):
-            for channel, _ in self._channels.pop(worker).values():
-                channel.close()

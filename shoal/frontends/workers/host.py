@@ -25,6 +25,7 @@ from shoal.frontends.workers.answer_frames import Relayed, RelaySink, send_recor
 from shoal.frontends.workers.arenas import LentArena, give_blocks_back, take_blocks
 from shoal.frontends.workers.methods import ASYNC_METHODS, DIRECT_METHODS, SYNC_METHODS
 from shoal.frontends.workers.outputs import LentOutputs
+from shoal.ipc.queue import Channel
 
 __all__ = ["Answer", "LinkedCore"]
 
@@ -62,8 +63,8 @@ class DirectGrants(Protocol):
     """Direct dispatch's routes, as the core keeps them (``supervisor/direct_routes.py``)."""
 
     def grant(
-        self, worker: int, name: str, version: str
-    ) -> tuple[list[Any], list[tuple[int, list[int]]]] | None: ...
+        self, worker: int, pid: int, name: str, version: str
+    ) -> tuple[list[Any], list[tuple[int, Channel]]] | None: ...
 
     def released(self, worker: int, token: int) -> None: ...
 
@@ -324,12 +325,17 @@ class _Link:
         if method == "direct_segment":
             outputs.lend_segment(args[0], args[1])
             return None
-        granted = direct.grant(self.index, args[0], args[1])
+        pid = -1 if self.proc is None else self.proc.pid
+        granted = direct.grant(self.index, pid, args[0], args[1])
         if granted is None:
             return None
         route, channels = granted
-        for pid, fds in channels:
-            outputs.send_channel(pid, fds)
+        try:
+            for stub, channel in channels:
+                outputs.send_channel(stub, channel.child_fds())
+        finally:
+            for _, channel in channels:
+                channel.forget()
         return route
 
     def send_free(self, flat: list[int]) -> None:

@@ -122,6 +122,11 @@ class StubInstance:
         """Return once no batch is inside the stub."""
         await self._ledger.idle.wait()
 
+    def share_with_workers(self) -> None:
+        """Frontend workers send to its stub directly from now on (``direct_routes``): the
+        batches the core sends may wait behind theirs in the stub."""
+        self._ledger.shared = True
+
     @property
     def process(self) -> StubChannel | None:
         """Its current stub (None before the first spawn)."""

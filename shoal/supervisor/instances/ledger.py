@@ -131,6 +131,9 @@ class InFlightLedger:
         self.on_idle: Callable[[], None] | None = None
         #: Why the stub was killed for an execute over its timeout, until its exit is handled.
         self._hung: str | None = None
+        #: Frontend workers send to the stub directly too (``direct_routes``): a batch sent
+        #: may wait behind theirs, so its requests' queue timeouts run until it is answered.
+        self.shared = False
 
     def configure(self, concurrency: int) -> None:
         """The stub is up and runs ``concurrency`` batches at once: size the slots."""
@@ -154,6 +157,8 @@ class InFlightLedger:
             return
         if self.limit > 1 or next(iter(self._batches)) == batch_id:
             self._start_clock(proc, batch_id, entry)
+            if self.shared:
+                self._watch_queue_timeout(proc, entry)
         else:
             self._watch_queue_timeout(proc, entry)
 
@@ -203,7 +208,7 @@ class InFlightLedger:
 
     def _started(self, proc: StubChannel) -> None:
         head_id, head = next(iter(self._batches.items()))
-        if head.queue_timer is not None:
+        if head.queue_timer is not None and not self.shared:
             head.queue_timer.cancel()
             head.queue_timer = None
         self._start_clock(proc, head_id, head)
