@@ -134,7 +134,13 @@ def stage_totals(metrics_port: str, model: str) -> dict[str, tuple[float, float]
                 counts[stage] = sample.value
             elif family.name == "shoal_request_stage_duration_us":
                 totals[stage] = sample.value
-    return {stage: (counts.get(stage, 0.0), totals.get(stage, 0.0)) for stage in STAGES}
+            elif sample.name == "nv_inference_request_success":
+                counts["requests"] = sample.value
+    found = {stage: (counts.get(stage, 0.0), totals.get(stage, 0.0)) for stage in STAGES}
+    # every request answered: the stages count only those that passed through the core (a
+    # request a worker sent straight to a stub has none: --direct-dispatch)
+    found["requests"] = (counts.get("requests", 0.0), 0.0)
+    return found
 
 
 _TICK = os.sysconf("SC_CLK_TCK")
@@ -214,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
                 column["outside the core"] = column["client mean latency"] - column["core_total"]
                 column["infer/s"] = result.throughput
                 # the warm-up's requests count too: the CPU counters cannot tell them apart
-                done = after["core_total"][0] - before["core_total"][0]
+                done = after["requests"][0] - before["requests"][0]
                 for kind in ("core", "workers", "stubs"):
                     spent = cpu_after[kind] - cpu_before[kind]
                     column[f"{kind} CPU µs/req"] = spent * 1e6 / done if done else 0.0

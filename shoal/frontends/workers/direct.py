@@ -267,7 +267,8 @@ class DirectDispatch:
     def _flush(self) -> None:
         counts, self._counts = self._counts, {}
         for (slot, generation), each in counts.items():
-            self._send([wire.DIRECT_STATS, 0, slot, generation, each])
+            with contextlib.suppress(Exception):  # the core is gone, and its statistics
+                self._send([wire.DIRECT_STATS, 0, slot, generation, each])
 
     def _response(
         self, stub: _Stub, route: Route, request: InferRequest, result: msg.Result
@@ -334,11 +335,16 @@ class DirectDispatch:
             stub.pidfd = None
         self._stubs.pop(stub.pid, None)
         pending, stub.pending = stub.pending, {}
+        now = time.monotonic_ns()
         for waiting in pending.values():
+            route = waiting.route
+            counts = self._counts.setdefault((route.slot, route.generation), [])
+            counts.append([0, 0, now - waiting.started_ns, 0, 0, 0, 0])
             if not waiting.future.done():
                 waiting.future.set_exception(
                     Unavailable(f"the stub process serving this request ({stub.pid}): {why}")
                 )
+        self._flush()
         self._routes = {
             key: r
             for key, r in self._routes.items()
