@@ -1,0 +1,46 @@
+"""Cancels that reach a stub before their request starts, from the core and from workers."""
+
+from __future__ import annotations
+
+import pytest
+
+from shoal.ipc import messages as msg
+from shoal.stub.open_requests import SENDER_SHIFT, OpenRequests
+
+pytestmark = pytest.mark.timeout(10)
+
+
+class _Flag:
+    def __init__(self) -> None:
+        self.cancelled = False
+
+
+class _Request:
+    def __init__(self) -> None:
+        self._cancellation = _Flag()
+
+
+def _record(key: int) -> msg.RequestRecord:
+    return msg.RequestRecord("", 0, 0, {}, [], [], key=key)
+
+
+def test_an_early_cancel_from_the_core_holds_after_a_workers_larger_keys() -> None:
+    """A worker's keys carry its number above bit 40; a Cancel of the core's next request
+    (key 3) must still be remembered once a worker's request (a far larger key) started."""
+    open_requests = OpenRequests()
+    worker_key = (1 << SENDER_SHIFT) | 7
+    assert open_requests.track([_record(2)], [_Request()]) == 0
+    assert open_requests.track([_record(worker_key)], [_Request()]) == 0
+    open_requests.cancel([3, worker_key + 1])  # neither has started
+    late_core, late_worker = _Request(), _Request()
+    assert open_requests.track([_record(3)], [late_core]) == 1
+    assert open_requests.track([_record(worker_key + 1)], [late_worker]) == 1
+    assert late_core._cancellation.cancelled and late_worker._cancellation.cancelled
+
+
+def test_a_cancel_of_a_key_already_seen_is_not_kept() -> None:
+    open_requests = OpenRequests()
+    open_requests.track([_record(5)], [_Request()])
+    open_requests.untrack([5])
+    open_requests.cancel([4])  # answered long ago: nothing to remember
+    assert open_requests.track([_record(4)], [_Request()]) == 0
