@@ -43,6 +43,9 @@ from shoal.supervisor.requests.packed import PackingSlots, packable
 
 log = logging.getLogger("shoal")
 
+#: The failure reasons of the outcomes a worker counts (``frontends/workers/direct.py``: 0 is
+#: a success, 1 the model's error, 2 a client gone, 3 anything else).
+REASONS = ("", "BACKEND", "CANCELED", "OTHER")
 #: How long a drain waits for the workers to give a version's routes back.
 REVOKE_TIMEOUT_S = 30.0
 
@@ -87,6 +90,8 @@ class DirectRoutes:
         self._waiting: dict[int, tuple[set[int], asyncio.Future[None]]] = {}
         #: Asks a worker to give routes back: ``tell(worker, token, slots)`` (the pool sets it).
         self.tell: Callable[[int, int, list[int]], None] | None = None
+        #: Tells a worker why a stub it sends to died: ``tell_died(worker, pid, error)``.
+        self.tell_died: Callable[[int, int, ShoalError], None] | None = None
         # A drain's requests must meet the closed gate; a model traced now, the core's path.
         gate.on_close.append(self.revoke_all)
         tracing.on_change.append(self.revoke_all)
@@ -120,7 +125,7 @@ class DirectRoutes:
                 made.append((proc.pid, channel))
             entries.append([proc.pid, any(p == proc.pid for p, _ in made)])
         for instance in mv.instances:
-            instance.share_with_workers()
+            instance.share_with_workers(self.stub_died)
         held = self._held.setdefault(worker, {})
         if id(mv) not in held:
             log.info(
@@ -168,6 +173,13 @@ class DirectRoutes:
         channels = self._channels.get(worker, {})
         for pid in [pid for pid, proc in channels.items() if proc.returncode is not None]:
             del channels[pid]
+
+    def stub_died(self, pid: int, error: ShoalError) -> None:
+        """Stub ``pid`` died: the workers with a channel to it fail what they had sent it
+        with ``error`` (the core's words: the instance, the signal)."""
+        for worker, channels in self._channels.items():
+            if channels.pop(pid, None) is not None and self.tell_died is not None:
+                self.tell_died(worker, pid, error)
 
     def worker_gone(self, worker: int) -> None:
         """Worker ``worker`` exited: its channels are detached at the stubs, its routes
@@ -233,8 +245,9 @@ class DirectRoutes:
 
     def record(self, slot: int, generation: int, counts: list[list[int]]) -> None:
         """Statistics of requests a worker routed directly to version ``slot``: per request
-        ``[ok, executed, total_ns, queue_ns, input_ns, infer_ns, output_ns]``, one request per
-        execution (a failure counts its total: the model's, or of a stub that exited)."""
+        ``[outcome, executed, total_ns, queue_ns, input_ns, infer_ns, output_ns]``, one request
+        per execution; ``outcome`` 0 is a success, another a failure of reason
+        :data:`REASONS` ``[outcome]`` (its total counted)."""
         pairs = self._slots.pairs
         if slot >= len(pairs):
             return
@@ -245,11 +258,11 @@ class DirectRoutes:
         if mv.summary.generation != generation:
             return
         stats = mv.stats
-        for ok, executed, total_ns, queue_ns, input_ns, infer_ns, output_ns in counts:
+        for outcome, executed, total_ns, queue_ns, input_ns, infer_ns, output_ns in counts:
             compute = (input_ns, infer_ns, output_ns)
             if executed:
                 stats.execution(1, compute)
-            if ok:
-                stats.success(1, total_ns, queue_ns, compute)
+            if outcome:
+                stats.failure(total_ns, REASONS[outcome] if outcome < len(REASONS) else "OTHER")
             else:
-                stats.failure(total_ns, "BACKEND" if executed else "OTHER")
+                stats.success(1, total_ns, queue_ns, compute)

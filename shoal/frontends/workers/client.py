@@ -178,6 +178,10 @@ class RemoteCore(CoreAPI):
         if kind == wire.STALE:
             self._refused(call_id, fields[0], fields[1])
             return
+        if kind == wire.DIRECT_STUB_GONE:
+            if self.direct is not None:
+                self.direct.stub_died(fields[0], plain.error_from_wire(fields[1]))
+            return
         if kind == wire.DIRECT_REVOKE:
             if self.direct is not None:
                 self.direct.revoke(fields[0], fields[1])

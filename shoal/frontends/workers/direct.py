@@ -39,6 +39,10 @@ from shoal.ipc.tensor import InlineBytes
 
 __all__ = ["DirectDispatch", "Route", "direct_fits"]
 
+#: A request's outcome in the statistics a worker sends (``direct_routes.record``).
+SUCCESS, BACKEND, CANCELED, OTHER = 0, 1, 2, 3
+#: How long a worker waits for the core's words on a stub's exit before it uses its own.
+EXIT_WORDS_S = 1.0
 #: How long a worker trusts that a version has no route before it asks again.
 RETRY_S = 2.0
 #: Routes kept at most (a client naming many versions fills none past it).
@@ -148,7 +152,7 @@ class DirectDispatch:
     def _adopt(self, pid: int, fds: list[int], old: _Stub | None) -> _Stub:
         """Our end of a new channel to stub ``pid``, watched on the loop with the stub's exit."""
         if old is not None:
-            self._forget(old, "its channel was replaced")
+            self._forget(old, Unavailable("the stub's channel was replaced"))
         try:
             pidfd: int | None = os.pidfd_open(pid)
         except OSError:  # it has exited already (or the kernel has no pidfds)
@@ -254,15 +258,28 @@ class DirectDispatch:
                 waiting.future.set_result(result)
 
     def _count(self, waiting: _Waiting, result: msg.Result) -> None:
-        route = waiting.route
-        ok = result.wholes is not None or (
-            bool(result.responses) and result.responses[0].error is None
-        )
+        if waiting.future.done():  # the client went away (Triton counts it CANCELED)
+            outcome = CANCELED
+        elif result.wholes is not None or (result.responses and result.responses[0].error is None):
+            outcome = SUCCESS
+        else:
+            outcome = BACKEND if result.executed else OTHER
         start, _ = result.stub_ns
         queue_ns = max(0, start - waiting.sent_ns) if start else 0
+        self._counted(waiting, outcome, int(result.executed), queue_ns, result.compute_ns)
+
+    def _counted(
+        self,
+        waiting: _Waiting,
+        outcome: int,
+        executed: int,
+        queue_ns: int = 0,
+        compute: tuple[int, int, int] = (0, 0, 0),
+    ) -> None:
+        route = waiting.route
         total_ns = time.monotonic_ns() - waiting.started_ns
         counts = self._counts.setdefault((route.slot, route.generation), [])
-        counts.append([int(ok), int(result.executed), total_ns, queue_ns, *result.compute_ns])
+        counts.append([outcome, executed, total_ns, queue_ns, *compute])
 
     def _flush(self) -> None:
         counts, self._counts = self._counts, {}
@@ -322,11 +339,26 @@ class DirectDispatch:
 
     # -- stubs that exit -----------------------------------------------------------------------
 
-    def _exited(self, stub: _Stub) -> None:
-        self._forget(stub, "it exited")
+    def stub_died(self, pid: int, why: BaseException) -> None:
+        """The core saw stub ``pid`` exit: what waits for it fails with the core's words."""
+        stub = self._stubs.get(pid)
+        if stub is not None:
+            self._forget(stub, why)
 
-    def _forget(self, stub: _Stub, why: str) -> None:
+    def _exited(self, stub: _Stub) -> None:
+        """The stub's pidfd says it exited: nothing more goes to it; what waits for it fails
+        with the core's words (:meth:`stub_died`) or, if they do not come soon, these."""
+        stub.dead = True
+        loop = asyncio.get_running_loop()
+        if stub.pidfd is not None:
+            loop.remove_reader(stub.pidfd)
+        why = Unavailable(f"the stub process serving this request (pid {stub.pid}) exited")
+        loop.call_later(EXIT_WORDS_S, self._forget, stub, why)
+
+    def _forget(self, stub: _Stub, why: BaseException) -> None:
         """``stub`` is gone: fail what waits for it, drop the routes through it."""
+        if self._stubs.get(stub.pid) is not stub:
+            return  # forgotten already
         stub.dead = True
         loop = asyncio.get_running_loop()
         if stub.pidfd is not None:
@@ -335,15 +367,10 @@ class DirectDispatch:
             stub.pidfd = None
         self._stubs.pop(stub.pid, None)
         pending, stub.pending = stub.pending, {}
-        now = time.monotonic_ns()
         for waiting in pending.values():
-            route = waiting.route
-            counts = self._counts.setdefault((route.slot, route.generation), [])
-            counts.append([0, 0, now - waiting.started_ns, 0, 0, 0, 0])
+            self._counted(waiting, OTHER, 0)
             if not waiting.future.done():
-                waiting.future.set_exception(
-                    Unavailable(f"the stub process serving this request ({stub.pid}): {why}")
-                )
+                waiting.future.set_exception(why)
         self._flush()
         self._routes = {
             key: r
@@ -354,7 +381,7 @@ class DirectDispatch:
 
     def close(self) -> None:
         for stub in list(self._stubs.values()):
-            self._forget(stub, "the frontend worker is stopping")
+            self._forget(stub, Unavailable("the frontend worker is stopping"))
 
 
 def direct_fits(request: InferRequest, staged: list[Block | None]) -> bool:

@@ -74,6 +74,8 @@ class DirectGrants(Protocol):
 
     #: Sends a revocation to a worker (the pool sets it).
     tell: Callable[[int, int, list[int]], None] | None
+    #: Tells a worker why a stub it sends to died (the pool sets it).
+    tell_died: Callable[[int, int, Any], None] | None
 
 
 class Pool(Protocol):

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from shoal.core.api import ArenaRegistry
+from shoal.frontends.workers import _plain as plain
 from shoal.frontends.workers import _wire as wire
 from shoal.frontends.workers.arenas import LentArena
 from shoal.frontends.workers.host import LinkedCore, _Link
@@ -68,6 +69,7 @@ class WorkerPool:
         self.sockets: list[socket.socket] = []
         if (direct := core.direct) is not None:
             direct.tell = self._tell_revoke
+            direct.tell_died = self._tell_stub_died
 
     @property
     def pids(self) -> list[int]:
@@ -165,6 +167,12 @@ class WorkerPool:
             link.send([wire.DIRECT_REVOKE, 0, token, slots])
         elif (direct := self._core.direct) is not None:
             direct.released(index, token)
+
+    def _tell_stub_died(self, index: int, pid: int, error: BaseException) -> None:
+        """Tell worker ``index`` why stub ``pid``, which it sends to directly, died."""
+        link = self._links[index]
+        if link is not None and not link.exited.done():
+            link.send([wire.DIRECT_STUB_GONE, 0, pid, plain.error_to_wire(error)])
 
     def _reap(self, link: _Link) -> None:
         loop = asyncio.get_running_loop()

@@ -106,6 +106,7 @@ class StubInstance:
         )
         self._lifecycle = StubLifecycle(scope, spec, links.make_stub, (self._handshake, up, self))
         self._worker: asyncio.Task[None] | None = None
+        self._on_died: Callable[[int, ShoalError], None] | None = None
 
     # -- state ------------------------------------------------------------------------------
 
@@ -122,10 +123,12 @@ class StubInstance:
         """Return once no batch is inside the stub."""
         await self._ledger.idle.wait()
 
-    def share_with_workers(self) -> None:
+    def share_with_workers(self, on_died: Callable[[int, ShoalError], None]) -> None:
         """Frontend workers send to its stub directly from now on (``direct_routes``): the
-        batches the core sends may wait behind theirs in the stub."""
+        batches the core sends may wait behind theirs in the stub, and ``on_died(pid,
+        error)`` tells them why a stub of it died."""
         self._ledger.shared = True
+        self._on_died = on_died
 
     @property
     def process(self) -> StubChannel | None:
@@ -224,6 +227,8 @@ class StubInstance:
 
     def stub_died(self, proc: StubChannel, how: str) -> None:
         error = self._death_error(how)
+        if self._on_died is not None:
+            self._on_died(proc.pid, error)
         started, ahead = self._ledger.abort()
         source = self._feeder.source
         if source is None:  # no work loop yet (warmup): nothing to go back to
