@@ -183,11 +183,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--server-args", default="", help="more serve flags, one string: '--busy-poll-us 0'"
     )
+    parser.add_argument(
+        "--no-stages",
+        action="store_true",
+        help="serve without --trace-overhead (its stages then read 0): the CPU rows of a "
+        "server whose workers send requests straight to the stubs (--direct-dispatch, which "
+        "--trace-overhead turns off)",
+    )
     args = parser.parse_args(argv)
     levels = [int(level) for level in args.concurrency.split(",")]
     with tempfile.TemporaryDirectory(prefix="shoal-overhead-") as tmp:
         server = start_traced_server(
-            Path(tmp) / "shoal.log", args.frontend_workers, extra=args.server_args.split()
+            Path(tmp) / "shoal.log",
+            args.frontend_workers,
+            trace=not args.no_stages,
+            extra=args.server_args.split(),
         )
         url = server.http if args.protocol == "http" else server.grpc
         try:

@@ -39,6 +39,8 @@ def _report_hot_path() -> None:
         log.info("request hot path: %s", _compiled.state)
 
 
+#: How long the drain waits for the frontend workers to stop sending requests to the stubs.
+_ROUTES_STOP_SECS = 2.0
 #: What a frontend gets to close its sockets when requests still run at the end of the drain.
 _CLOSE_SECS = 0.2
 #: The end of the exit timeout kept for the models' finalize (at most half of it): a request
@@ -114,6 +116,9 @@ async def run_server(options: ServerOptions, stop: asyncio.Event) -> int:
         busy_poll.uninstall()  # the shutdown's sends need no answer soon
         timeout = options.exit_timeout_secs
         deadline = loop.time() + timeout
+        service.begin_drain()
+        if service.direct is not None:  # the workers send no request past the gate from now
+            await service.direct.stopped(_ROUTES_STOP_SECS)
         log.info("shutting down (exit timeout %.0fs)", timeout)
         drained = await _drain(service, timeout - min(_FINALIZE_RESERVE, timeout / 2))
         return 0

@@ -46,6 +46,9 @@ log = logging.getLogger("shoal")
 #: The failure reasons of the outcomes a worker counts (``frontends/workers/direct.py``: 0 is
 #: a success, 1 the model's error, 2 a client gone, 3 anything else).
 REASONS = ("", "BACKEND", "CANCELED", "OTHER")
+#: In a revocation's slots: the worker answers at once, not when its requests on them are done
+#: (``revoke_all``: the server drains, and waits for those requests through the workers).
+STOP_NOW = -1
 #: How long a drain waits for the workers to give a version's routes back.
 REVOKE_TIMEOUT_S = 30.0
 
@@ -88,6 +91,7 @@ class DirectRoutes:
         self._held: dict[int, dict[int, tuple[ModelVersion, set[int]]]] = {}
         self._tokens = itertools.count(1)
         self._waiting: dict[int, tuple[set[int], asyncio.Future[None]]] = {}
+        self._stopping: list[asyncio.Future[None]] = []
         #: Asks a worker to give routes back: ``tell(worker, token, slots)`` (the pool sets it).
         self.tell: Callable[[int, int, list[int]], None] | None = None
         #: Tells a worker why a stub it sends to died: ``tell_died(worker, pid, error)``.
@@ -147,8 +151,8 @@ class DirectRoutes:
             return None
         if mv.state is not ModelState.READY or mv.down is not None:
             return None
-        if self._tracing.traced(mv.name):
-            return None
+        if self._tracing.traced(mv.name) or mv.stats.overhead is not None:
+            return None  # a trace, or --trace-overhead's stages: the core's path to time
         # A GPU instance may answer in GPU memory, which only the core hands on.
         if any(group.kind != "KIND_CPU" for group in mv.config.instance_groups):
             return None
@@ -223,15 +227,26 @@ class DirectRoutes:
             self._waiting.pop(token, None)
 
     def revoke_all(self) -> None:
-        """Take every route back without waiting (the server drains: new requests must meet
-        the core's closed gate)."""
+        """Take every route back (the server drains, or the trace settings changed); the
+        workers stop using them at once: :meth:`stopped` waits for their word."""
         tell = self.tell
         held, self._held = self._held, {}
-        if tell is None:
+        if tell is None or not held:
             return
+        token = next(self._tokens)
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting[token] = (set(held), done)
+        self._stopping.append(done)
         for worker, versions in held.items():
             slots = sorted({slot for _, taken in versions.values() for slot in taken})
-            tell(worker, next(self._tokens), slots)
+            tell(worker, token, [*slots, STOP_NOW])
+
+    async def stopped(self, timeout: float) -> None:
+        """Return once every worker told by :meth:`revoke_all` has stopped using its routes
+        (or ``timeout`` passed): a request that comes after meets the core."""
+        stopping, self._stopping = self._stopping, []
+        if stopping:
+            await asyncio.wait(stopping, timeout=timeout)
 
     def released(self, worker: int, token: int) -> None:
         """Worker ``worker`` has no request left on the routes revocation ``token`` took."""
