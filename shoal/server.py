@@ -55,10 +55,15 @@ async def _drain(service: InferenceService, timeout: float) -> bool:
     service.begin_drain()
     if service.gate.in_flight:
         log.info("draining %d in-flight inference requests", service.gate.in_flight)
+    started = asyncio.get_running_loop().time()
     if not await service.gate.drained(timeout):
         log.warning(
             "%d inference requests were still running at the exit timeout", service.gate.in_flight
         )
+        return False
+    left = max(0.0, timeout - (asyncio.get_running_loop().time() - started))
+    if service.direct is not None and not await service.direct.drained(left):
+        log.warning("requests sent straight to the stubs were still running at the exit timeout")
         return False
     return True
 

@@ -46,9 +46,6 @@ log = logging.getLogger("shoal")
 #: The failure reasons of the outcomes a worker counts (``frontends/workers/direct.py``: 0 is
 #: a success, 1 the model's error, 2 a client gone, 3 anything else).
 REASONS = ("", "BACKEND", "CANCELED", "OTHER")
-#: In a revocation's slots: the worker answers at once, not when its requests on them are done
-#: (``revoke_all``: the server drains, and waits for those requests through the workers).
-STOP_NOW = -1
 #: How long a drain waits for the workers to give a version's routes back.
 REVOKE_TIMEOUT_S = 30.0
 
@@ -91,7 +88,9 @@ class DirectRoutes:
         self._held: dict[int, dict[int, tuple[ModelVersion, set[int]]]] = {}
         self._tokens = itertools.count(1)
         self._waiting: dict[int, tuple[set[int], asyncio.Future[None]]] = {}
-        self._stopping: list[asyncio.Future[None]] = []
+        #: Revocations of :meth:`revoke_all`: the workers that have not stopped routing yet.
+        self._stops: dict[int, tuple[set[int], asyncio.Future[None]]] = {}
+        self._draining: list[asyncio.Future[None]] = []
         #: Asks a worker to give routes back: ``tell(worker, token, slots)`` (the pool sets it).
         self.tell: Callable[[int, int, list[int]], None] | None = None
         #: Tells a worker why a stub it sends to died: ``tell_died(worker, pid, error)``.
@@ -198,6 +197,8 @@ class DirectRoutes:
         self._held.pop(worker, None)
         for token in list(self._waiting):
             self.released(worker, token)
+        for token in list(self._stops):
+            self.stopped_by(worker, token)
 
     async def revoke(self, mv: ModelVersion) -> None:
         """Take every route to ``mv`` back, and return once the workers holding one have
@@ -227,26 +228,48 @@ class DirectRoutes:
             self._waiting.pop(token, None)
 
     def revoke_all(self) -> None:
-        """Take every route back (the server drains, or the trace settings changed); the
-        workers stop using them at once: :meth:`stopped` waits for their word."""
+        """Take every route back (the server drains, or the trace settings changed): each
+        worker holding one stops using them at once and says so (:meth:`stopped` waits for
+        that), then says when its requests on them are done (:meth:`drained`)."""
         tell = self.tell
         held, self._held = self._held, {}
         if tell is None or not held:
             return
         token = next(self._tokens)
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        done, stopped = loop.create_future(), loop.create_future()
         self._waiting[token] = (set(held), done)
-        self._stopping.append(done)
+        self._stops[token] = (set(held), stopped)
+        self._draining.append(done)
         for worker, versions in held.items():
             slots = sorted({slot for _, taken in versions.values() for slot in taken})
-            tell(worker, token, [*slots, STOP_NOW])
+            tell(worker, token, slots)
 
     async def stopped(self, timeout: float) -> None:
         """Return once every worker told by :meth:`revoke_all` has stopped using its routes
         (or ``timeout`` passed): a request that comes after meets the core."""
-        stopping, self._stopping = self._stopping, []
+        stopping = [stopped for _, stopped in self._stops.values()]
         if stopping:
             await asyncio.wait(stopping, timeout=timeout)
+
+    async def drained(self, timeout: float) -> bool:
+        """Whether the requests the workers sent straight to stubs before :meth:`revoke_all`
+        finished within ``timeout`` (the drain waits for them as for the core's own)."""
+        draining, self._draining = self._draining, []
+        if not draining:
+            return True
+        _, pending = await asyncio.wait(draining, timeout=timeout)
+        return not pending
+
+    def stopped_by(self, worker: int, token: int) -> None:
+        """Worker ``worker`` sends no more requests on the routes revocation ``token`` took."""
+        waiting = self._stops.get(token)
+        if waiting is not None:
+            waiting[0].discard(worker)
+            if not waiting[0]:
+                del self._stops[token]
+                if not waiting[1].done():
+                    waiting[1].set_result(None)
 
     def released(self, worker: int, token: int) -> None:
         """Worker ``worker`` has no request left on the routes revocation ``token`` took."""

@@ -61,11 +61,13 @@ STALE = 13
 #: ``[DIRECT_REVOKE, 0, token, slots]``; worker -> core, none of them is in use any more
 #: ``[DIRECT_RELEASED, 0, token]``; worker -> core, statistics of requests routed directly
 #: ``[DIRECT_STATS, 0, slot, generation, counts]``; core -> worker, a stub it sends to died
-#: ``[DIRECT_STUB_GONE, 0, pid, error]``.
+#: ``[DIRECT_STUB_GONE, 0, pid, error]``; worker -> core, it sends no more on the routes a
+#: revocation took (at once) ``[DIRECT_STOPPED, 0, token]``.
 DIRECT_REVOKE = 14
 DIRECT_RELEASED = 15
 DIRECT_STATS = 16
 DIRECT_STUB_GONE = 17
+DIRECT_STOPPED = 18
 
 #: An input whose data is a NumPy array (JSON inputs): dtype and shape travel with the bytes.
 _ARRAY = 1

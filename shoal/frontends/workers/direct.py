@@ -41,8 +41,6 @@ __all__ = ["DirectDispatch", "Route", "direct_fits"]
 
 #: A request's outcome in the statistics a worker sends (``direct_routes.record``).
 SUCCESS, BACKEND, CANCELED, OTHER = 0, 1, 2, 3
-#: In a revocation's slots: answer at once (``direct_routes.STOP_NOW``).
-STOP_NOW = -1
 #: How long a worker waits for the core's words on a stub's exit before it uses its own.
 EXIT_WORDS_S = 1.0
 #: How long a worker trusts that a version has no route before it asks again.
@@ -170,21 +168,20 @@ class DirectDispatch:
         return stub
 
     def revoke(self, token: int, slots: list[int]) -> None:
-        """The core takes the routes of ``slots`` back: no new request goes on them; the core
-        hears once those in flight are done, or at once if ``slots`` holds :data:`STOP_NOW`
-        (the server drains; its requests in flight finish before the worker stops)."""
+        """The core takes the routes of ``slots`` back: no new request goes on them (the core
+        hears so at once) and the core hears once those in flight are done."""
         taken = [r for r in self._routes.values() if isinstance(r, Route) and r.slot in slots]
         self._routes = {
             key: r
             for key, r in self._routes.items()
             if not (isinstance(r, Route) and r.slot in slots)
         }
+        self._send([wire.DIRECT_STOPPED, 0, token])
         waiting = False
-        if STOP_NOW not in slots:
-            for route in taken:
-                if route.in_flight:
-                    route.revoked.append(token)
-                    waiting = True
+        for route in taken:
+            if route.in_flight:
+                route.revoked.append(token)
+                waiting = True
         if not waiting:
             self._send([wire.DIRECT_RELEASED, 0, token])
 

@@ -68,6 +68,8 @@ class DirectGrants(Protocol):
 
     def released(self, worker: int, token: int) -> None: ...
 
+    def stopped_by(self, worker: int, token: int) -> None: ...
+
     def record(self, slot: int, generation: int, counts: list[list[int]]) -> None: ...
 
     def worker_gone(self, worker: int) -> None: ...
@@ -178,6 +180,9 @@ class _Link:
         elif kind == wire.DIRECT_RELEASED:
             if (direct := self.core.direct) is not None:
                 direct.released(self.index, header[2])
+        elif kind == wire.DIRECT_STOPPED:
+            if (direct := self.core.direct) is not None:
+                direct.stopped_by(self.index, header[2])
         elif kind == wire.OK and call_id == 0 and not self.ready.done():
             self.ready.set_result(None)
 
