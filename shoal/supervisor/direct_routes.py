@@ -49,8 +49,8 @@ REASONS = ("", "BACKEND", "CANCELED", "OTHER")
 #: How long a drain waits for the workers to give a version's routes back.
 REVOKE_TIMEOUT_S = 30.0
 
-#: ``[slot, generation, version label, [[stub pid, fresh], ...]]`` (``fresh``: its channel is
-#: new, its fds sent now) and the new channels to send, by stub pid.
+#: ``[slot, generation, version label, [[stub pid, fresh, instance name], ...]]`` (``fresh``:
+#: its channel is new, its fds sent now) and the new channels to send, by stub pid.
 Grant = tuple[list[Any], list[tuple[int, Channel]]]
 
 
@@ -109,13 +109,15 @@ class DirectRoutes:
         slot = self._slots.number(name, version)
         if any(i.spec.execute_timeout is not None for i in mv.instances):
             return None  # the core times executes by when it sends them: only it may send
-        procs = [i.process for i in mv.instances if i.ready]
+        ready = [i for i in mv.instances if i.ready]
+        named = {i.pid: i.name for i in ready}
+        procs = [i.process for i in ready]
         stubs = [p for p in procs if isinstance(p, StubProcess) and p.returncode is None]
         if slot is None or not stubs or len(stubs) != len(procs):
             return None
         self._prune(worker)
         channels = self._channels.setdefault(worker, {})
-        entries: list[list[int]] = []
+        entries: list[list[Any]] = []
         made: list[tuple[int, Channel]] = []
         for proc in stubs:
             if proc.pid not in channels:
@@ -126,7 +128,7 @@ class DirectRoutes:
                     return None
                 channels[proc.pid] = proc
                 made.append((proc.pid, channel))
-            entries.append([proc.pid, any(p == proc.pid for p, _ in made)])
+            entries.append([proc.pid, any(p == proc.pid for p, _ in made), named[proc.pid]])
         for instance in mv.instances:
             instance.share_with_workers(self.stub_died)
         held = self._held.setdefault(worker, {})

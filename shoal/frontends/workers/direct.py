@@ -27,7 +27,7 @@ from typing import Any
 
 import msgpack
 
-from shoal.core.errors import ErrorCode, InternalError, ModelError, Unavailable
+from shoal.core.errors import ErrorCode, InternalError, InvalidArgument, ModelError, Unavailable
 from shoal.core.types import InferOutput, InferRequest, InferResponse
 from shoal.frontends.workers import _wire as wire
 from shoal.frontends.workers.packing import Snapshot
@@ -62,8 +62,10 @@ _RECORD_END = b"\x80\x00\xa0"
 class _Stub:
     """One stub this worker has a direct channel to."""
 
-    def __init__(self, pid: int, channel: Channel, pidfd: int | None) -> None:
+    def __init__(self, pid: int, name: str, channel: Channel, pidfd: int | None) -> None:
         self.pid = pid
+        #: Its instance's name (errors name it as the core's do).
+        self.name = name
         self.channel = channel
         self.pidfd = pidfd
         #: What waits for each Execute sent, by batch id.
@@ -140,16 +142,16 @@ class DirectDispatch:
             return None
         slot, generation, label, entries = plain
         stubs = []
-        for pid, fresh in entries:
+        for pid, fresh, name in entries:
             stub = self._stubs.get(pid)
             if stub is None or fresh:
-                stub = self._adopt(pid, self._segments.channel_fds(pid), stub)
+                stub = self._adopt(pid, name, self._segments.channel_fds(pid), stub)
             if stub.dead:
                 return None
             stubs.append(stub)
         return Route(slot, generation, label, stubs)
 
-    def _adopt(self, pid: int, fds: list[int], old: _Stub | None) -> _Stub:
+    def _adopt(self, pid: int, name: str, fds: list[int], old: _Stub | None) -> _Stub:
         """Our end of a new channel to stub ``pid``, watched on the loop with the stub's exit."""
         if old is not None:
             self._forget(old, Unavailable("the stub's channel was replaced"))
@@ -157,7 +159,7 @@ class DirectDispatch:
             pidfd: int | None = os.pidfd_open(pid)
         except OSError:  # it has exited already (or the kernel has no pidfds)
             pidfd = None
-        stub = _Stub(pid, Channel.adopt(fds), pidfd)
+        stub = _Stub(pid, name, Channel.adopt(fds), pidfd)
         self._stubs[pid] = stub
         loop = asyncio.get_running_loop()
         stub.channel.watch_up(loop, lambda: self._read(stub))
@@ -302,6 +304,12 @@ class DirectDispatch:
                 for name, datatype, shape, _, data in outputs
             ]
             return InferResponse(request.model_name, route.label, request.id, tensors, parameters)
+        if result.rescheduled:  # only a model of an iterative sequence may (the core's words)
+            raise InvalidArgument(
+                "Request is released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, while the "
+                f"model of instance '{stub.name}' does not support rescheduling: it needs "
+                "sequence_batching { iterative_sequence: true }"
+            )
         if not result.responses:
             raise Unavailable(f"model '{request.model_name}': the request was not run")
         record = result.responses[0]
