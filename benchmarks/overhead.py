@@ -134,7 +134,7 @@ def stage_totals(metrics_port: str, model: str) -> dict[str, tuple[float, float]
                 counts[stage] = sample.value
             elif family.name == "shoal_request_stage_duration_us":
                 totals[stage] = sample.value
-            elif sample.name == "nv_inference_request_success":
+            elif family.name == "nv_inference_request_success":
                 counts["requests"] = sample.value
     found = {stage: (counts.get(stage, 0.0), totals.get(stage, 0.0)) for stage in STAGES}
     # every request answered: the stages count only those that passed through the core (a
