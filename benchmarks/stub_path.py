@@ -159,8 +159,10 @@ class Driver:
                 sent += 1
             result = self._receive()
             assert isinstance(result, msg.Result), result
+            # a Result in its whole form (every output inline) carries each record undecoded
             outputs = [d.location for r in result.responses for d in r.outputs]
-            assert len(outputs) == 1 and not result.responses[0].error, result
+            whole = result.wholes is not None and len(result.wholes) == 1
+            assert whole or (len(outputs) == 1 and not result.responses[0].error), result
             blocks = [o for o in outputs if type(o) is Block]
             if blocks:
                 self._send(msg.Release(blocks))

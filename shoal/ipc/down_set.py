@@ -61,7 +61,10 @@ class DownSet:
     def is_empty(self) -> bool:
         if not self.core.down_is_empty():
             return False
-        return all(channel.down_is_empty() for _, channel in self._order)
+        for _, channel in self._order:  # a loop, not all() of a generator: once per Execute
+            if not channel.down_is_empty():
+                return False
+        return True
 
     def recv_nowait(self) -> tuple[int, bytes] | None:
         """The next message and its origin, or None when every ring is empty."""
@@ -70,6 +73,8 @@ class DownSet:
             return CORE, payload
         order = self._order
         count = len(order)
+        if not count:
+            return None
         for step in range(count):
             at = (self._turn + step) % count
             origin, channel = order[at]
