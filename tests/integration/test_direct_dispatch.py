@@ -30,7 +30,7 @@ pytestmark = pytest.mark.timeout(180)
 
 ROUTED = "straight to its"
 
-_EXPAND = '''
+_EXPAND = """
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
@@ -43,15 +43,15 @@ class TritonPythonModel:
             out = pb_utils.Tensor("OUT", np.arange(count, dtype=np.float32))
             responses.append(pb_utils.InferenceResponse(output_tensors=[out]))
         return responses
-'''
+"""
 
-_EXPAND_CONFIG = '''
+_EXPAND_CONFIG = """
 name: "expand"
 backend: "python"
 input [ { name: "COUNT" data_type: TYPE_INT32 dims: [ 1 ] } ]
 output [ { name: "OUT" data_type: TYPE_FP32 dims: [ -1 ] } ]
 instance_group [ { count: 2 kind: KIND_CPU } ]
-'''
+"""
 
 
 @pytest.fixture(scope="module")

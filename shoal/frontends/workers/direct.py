@@ -88,8 +88,12 @@ class _Waiting:
 class Route:
     """A version this worker sends to directly: its stubs and what it has in flight there."""
 
-    def __init__(self, slot: int, generation: int, label: str, stubs: list[_Stub]) -> None:
+    def __init__(
+        self, slot: int, generation: int, label: str, stubs: list[_Stub], turn: int
+    ) -> None:
         self.slot = slot
+        #: Where the next choice of a stub starts among equals (``_least_busy``).
+        self.turn = turn
         self.generation = generation
         self.label = label
         self.stubs = stubs
@@ -110,6 +114,7 @@ class DirectDispatch:
     ) -> None:
         """``call(method, *args)``: a synchronous call of the core (``direct_route``, for a
         route; ``direct_segment``, for a stub's output segment's fd); ``send``: a frame to it."""
+        self._worker = worker
         self._origin = (worker + 1) << ORIGIN_SHIFT
         self._call = call
         self._segments = segments
@@ -149,7 +154,7 @@ class DirectDispatch:
             if stub.dead:
                 return None
             stubs.append(stub)
-        return Route(slot, generation, label, stubs)
+        return Route(slot, generation, label, stubs, self._worker)
 
     def _adopt(self, pid: int, name: str, fds: list[int], old: _Stub | None) -> _Stub:
         """Our end of a new channel to stub ``pid``, watched on the loop with the stub's exit."""
@@ -204,7 +209,8 @@ class DirectDispatch:
     ) -> InferResponse | None:
         """``request`` (packed: ``head``) run by one of the route's stubs; None when it could
         not be sent (a full ring, no live stub): the caller sends it the core's way."""
-        stub = _least_busy(route.stubs)
+        stub = _least_busy(route.stubs, route.turn)
+        route.turn += 1
         if stub is None:
             return None
         batch = self._origin | next(self._ids)
@@ -384,9 +390,7 @@ class DirectDispatch:
                 waiting.future.set_exception(why)
         self._flush()
         self._routes = {
-            key: r
-            for key, r in self._routes.items()
-            if not (type(r) is Route and stub in r.stubs)
+            key: r for key, r in self._routes.items() if not (type(r) is Route and stub in r.stubs)
         }
         stub.channel.close()
 
@@ -409,9 +413,14 @@ def _model_error(error: Any) -> ModelError:
     return ModelError(message, ErrorCode.__members__.get(code_name, ErrorCode.INTERNAL))
 
 
-def _least_busy(stubs: list[_Stub]) -> _Stub | None:
+def _least_busy(stubs: list[_Stub], turn: int) -> _Stub | None:
+    """The live stub with the fewest of this worker's requests; among equals, the first from
+    ``turn`` on (each worker starts at its own number and moves on by one per request, so that
+    workers that each see idle stubs do not all pick the same one)."""
     best: _Stub | None = None
-    for stub in stubs:
+    count = len(stubs)
+    for step in range(count):
+        stub = stubs[(turn + step) % count]
         if not stub.dead and (best is None or len(stub.pending) < len(best.pending)):
             best = stub
     return best
@@ -425,4 +434,3 @@ def _blocks(result: msg.Result) -> list[Block]:
         for o in record.outputs
         if isinstance(o.location, Block)
     ]
-
