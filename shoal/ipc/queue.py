@@ -389,7 +389,6 @@ class Channel:
         """Tell the peer, unmap and close every fd (the peer pidfd too); idempotent."""
         if self._closed:
             return
-        self._closed = True
         self._words[self._own_closed] = 1
         # Wake whatever the peer may be sleeping on so it sees the flag now.
         peer_bells = (
@@ -400,20 +399,13 @@ class Channel:
         for bell in peer_bells:
             with contextlib.suppress(OSError):
                 ring_bell(bell)
-        self._detach_loop()
-        self._down.release()
-        self._up.release()
-        self._words.release()
-        with contextlib.suppress(BufferError):
-            self._mapping.close()
-        for fd in self._fds:
-            os.close(fd)
+        self.forget()
         if self._peer_pidfd is not None:
             os.close(self._peer_pidfd)
 
     def forget(self) -> None:
-        """Close this process's copy of a channel it handed to others (its fds sent to both
-        ends), without telling either end anything."""
+        """Unmap and close this process's fds without telling the peer: for a copy of a channel
+        handed to others (its fds sent to both ends); :meth:`close` does this after the flag."""
         if self._closed:
             return
         self._closed = True
