@@ -33,7 +33,9 @@ class _CorruptBody(InvalidArgument):
 
 def request_encoding(content_encoding: str | None) -> str | None:
     """The request body's encoding (``"gzip"``/``"deflate"``) or ``None`` for identity."""
-    value = (content_encoding or "").strip().lower()
+    if content_encoding is None:
+        return None
+    value = content_encoding.strip().lower()
     if value in _IDENTITY:
         return None
     if value in ("gzip", "deflate"):
@@ -92,9 +94,11 @@ def response_encoding(accept_encoding: str | None) -> str | None:
     The highest ``q`` among identity, gzip and deflate wins; on a tie the one listed first wins;
     ``q=0`` means "not acceptable".
     """
+    if not accept_encoding:
+        return None  # most requests: none of the parsing below (a generator per entry)
     best: str | None = None
     best_weight = 0.0
-    for item in (accept_encoding or "").split(","):
+    for item in accept_encoding.split(","):
         coding, weight = _coding_and_weight(item)
         if coding in ("identity", "gzip", "deflate") and weight > best_weight:
             best, best_weight = coding, weight

@@ -95,9 +95,15 @@ def json_response(value: Any) -> Response:
 def model_ref(path_params: Mapping[str, Any]) -> tuple[str, str]:
     """The model name and version ("" when absent) of a ``/v2/models/{m}[/versions/{v}]`` path."""
     version: str = path_params.get("model_version", "")
+    check_version(version)
+    return path_params["model_name"], version
+
+
+def check_version(version: str) -> None:
+    """Refuse a version string that is not a number ("": none given, fine); :func:`model_ref`
+    without its mapping, for the infer fast path, which has the two strings already."""
     if version and not (version.isascii() and version.isdigit()):
         raise InvalidArgument(
             f"failed to get model version from specified version string '{version}', "
             "version should be an integral value > 0"
         )
-    return path_params["model_name"], version

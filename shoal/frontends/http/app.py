@@ -34,6 +34,7 @@ from shoal.frontends.http._endpoint import (
     JSON_TYPE,
     Endpoint,
     Headers,
+    check_version,
     error_parts,
     guarded,
     json_response,
@@ -216,7 +217,7 @@ class _InferEndpoint:
     ) -> tuple[int, Headers, codec.Body]:
         """Status, headers and body of the answer to an inference request."""
         try:
-            name, version = model_ref({"model_name": name, "model_version": version})
+            check_version(version)
             response_headers, out = await self._infer(name, version, headers, body)
             return 200, response_headers, out
         except ShoalError as exc:
@@ -231,19 +232,24 @@ class _InferEndpoint:
         if encoding is not None:
             body = await codec.inflate(body, encoding, limit=self.limit)
         header_length = headers.get(codec.HEADER_LENGTH)
-        decode = _decoder(body, name, version, header_length)
         if header_length is None and len(body) >= _THREAD_THRESHOLD:
             # A large JSON body: parsed in a thread and in pieces, so that the event loop gets
             # the GIL back between the calls (none takes long; _json.in_background).
+            decode = _decoder(body, name, version, header_length)
             decoded = await asyncio.to_thread(_json.in_background, decode)
-        else:
-            decoded = decode()
+        else:  # called directly: no partial (and its keywords' dict) per small request
+            decoded = codec.decode_infer_request(
+                body, model_name=name, model_version=version, header_length=header_length
+            )
         response = await self._core.infer(decoded.request)
         if codec.json_output_bytes(response, decoded.output_format) < _THREAD_THRESHOLD:
             out_headers, out = _encoded(response, decoded)
         else:
             out_headers, out = await _encoded_in_thread(response, decoded)
-        return await _compressed(out_headers, out, headers.get("accept-encoding"))
+        encoding = codec.response_encoding(headers.get("accept-encoding"))
+        if encoding is None:  # the usual answer: no coroutine made to return it as it is
+            return out_headers, out
+        return await _compressed(out_headers, out, encoding)
 
 
 def _decoder(
@@ -300,11 +306,8 @@ def _release_after(
 
 
 async def _compressed(
-    headers: Headers, body: codec.Body, accept_encoding: str | None
+    headers: Headers, body: codec.Body, encoding: str
 ) -> tuple[Headers, codec.Body]:
-    encoding = codec.response_encoding(accept_encoding)
-    if encoding is None:
-        return headers, body
     if not isinstance(body, bytes):  # pieces are large: joined in a thread (the GIL is let go)
         body = await asyncio.to_thread(b"".join, body)
     body = await _sized_run(len(body), functools.partial(codec.compress, body, encoding))

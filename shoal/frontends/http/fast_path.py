@@ -93,6 +93,7 @@ class _FastRequest:
     __slots__ = (
         "body",
         "disconnected",
+        "endpoint",
         "headers",
         "keep_alive",
         "name",
@@ -101,7 +102,15 @@ class _FastRequest:
     )
     message_event = _NoEvent()
 
-    def __init__(self, name: str, version: str, headers: dict[str, str], keep_alive: bool):
+    def __init__(
+        self,
+        endpoint: FastInfer,
+        name: str,
+        version: str,
+        headers: dict[str, str],
+        keep_alive: bool,
+    ):
+        self.endpoint = endpoint  # looked up once, for the request's head
         self.name = name
         self.version = version
         self.headers = headers
@@ -140,6 +149,8 @@ class FastInferHttpToolsProtocol(CoalescingHttpToolsProtocol):
         self._head_left = limits.max_header_size
         self._head_started = now  # the first request's head is due from the accept
         self._in_body = False
+        self._defaults: list[tuple[bytes, bytes]] | None = None
+        self._defaults_head = b""
         self._watch: asyncio.TimerHandle | None = self.loop.call_later(
             min(limits.header_timeout, limits.body_timeout), self._check_progress
         )
@@ -326,7 +337,7 @@ class FastInferHttpToolsProtocol(CoalescingHttpToolsProtocol):
         if not isinstance(cycle, _FastRequest):
             super().on_message_complete()
             return
-        task = self.loop.create_task(self._serve(cycle, cast(Any, self.app).fast_infer))
+        task = self.loop.create_task(self._serve(cycle))
         task.add_done_callback(self.tasks.discard)
         self.tasks.add(task)
 
@@ -348,11 +359,11 @@ class FastInferHttpToolsProtocol(CoalescingHttpToolsProtocol):
         if "transfer-encoding" in headers:
             return None
         keep_alive = self.parser.get_http_version() != "1.0" and self.parser.should_keep_alive()
-        return _FastRequest(target[0], target[1], headers, keep_alive)
+        return _FastRequest(endpoint, target[0], target[1], headers, keep_alive)
 
-    async def _serve(self, request: _FastRequest, endpoint: FastInfer) -> None:
+    async def _serve(self, request: _FastRequest) -> None:
         body, request.body = request.body, b""
-        status, headers, payload = await endpoint.respond(
+        status, headers, payload = await request.endpoint.respond(
             request.name, request.version, request.headers, body
         )
         if request.disconnected:
@@ -371,16 +382,23 @@ class FastInferHttpToolsProtocol(CoalescingHttpToolsProtocol):
         self, status: int, headers: list[tuple[str, str]], length: int, keep_alive: bool
     ) -> bytes:
         """The status line and headers of a fast response."""
-        head = [_status_line(status)]
-        for name, value in self.server_state.default_headers:
-            head += [name, b": ", value, b"\r\n"]
-        head += [b"content-length: ", str(length).encode("latin-1"), b"\r\n"]
+        head = [_status_line(status), self._default_head(), b"content-length: "]
+        head += [str(length).encode("latin-1"), b"\r\n"]
         for name_, value_ in headers:
             head += [name_.encode("latin-1"), b": ", value_.encode("latin-1"), b"\r\n"]
         if not keep_alive:
             head.append(b"connection: close\r\n")
         head.append(b"\r\n")
         return b"".join(head)
+
+    def _default_head(self) -> bytes:
+        """The server's default header lines, encoded once per version of them: uvicorn
+        replaces its list when the ``date`` header changes, once a second."""
+        defaults = self.server_state.default_headers
+        if defaults is not self._defaults:
+            lines = [name + b": " + value + b"\r\n" for name, value in defaults]
+            self._defaults, self._defaults_head = defaults, b"".join(lines)
+        return self._defaults_head
 
 
 _DEFAULT_LIMITS = ConnectionLimits()
