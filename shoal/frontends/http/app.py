@@ -235,7 +235,7 @@ class _InferEndpoint:
         if header_length is None and len(body) >= _THREAD_THRESHOLD:
             # A large JSON body: parsed in a thread and in pieces, so that the event loop gets
             # the GIL back between the calls (none takes long; _json.in_background).
-            decode = _decoder(body, name, version, header_length)
+            decode = _decoder(body, name, version, None)
             decoded = await asyncio.to_thread(_json.in_background, decode)
         else:  # called directly: no partial (and its keywords' dict) per small request
             decoded = codec.decode_infer_request(
