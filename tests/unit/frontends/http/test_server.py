@@ -161,3 +161,26 @@ def _answer(sock: socket.socket) -> bytes:
 
 async def _new_event() -> asyncio.Event:
     return asyncio.Event()
+
+
+def test_fast_responses_follow_the_date_header_as_it_changes(loop_thread: LoopThread) -> None:
+    """The fast path encodes the server's default header lines once per list uvicorn publishes:
+    on one keep-alive connection, the ``date`` still moves on with the clock."""
+    server = HttpServer(build_http_app(EchoCore()))
+    port = loop_thread.run(server.start("127.0.0.1", 0))
+    body = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1], "data": [1.0]}]}
+    url = f"http://127.0.0.1:{port}/v2/models/echo/infer"
+    try:
+        with requests.Session() as session:
+            first = session.post(url, json=body, timeout=10)
+            assert first.status_code == 200
+            dates = {first.headers["date"]}
+            deadline = time.monotonic() + 10
+            while len(dates) == 1 and time.monotonic() < deadline:
+                answer = session.post(url, json=body, timeout=10)
+                assert answer.status_code == 200
+                assert answer.json()["outputs"][0]["data"] == [1.0]
+                dates.add(answer.headers["date"])
+            assert len(dates) == 2  # the next second's date, on the same connection
+    finally:
+        loop_thread.run(server.stop())
