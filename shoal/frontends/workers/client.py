@@ -329,8 +329,7 @@ class RemoteCore(CoreAPI):
         prepared = self._prepare(request)
         if prepared is not None and prepared.fields is not None:
             if (direct := self.direct) is not None and direct_fits(request, prepared.staged):
-                snapshot = self.snapshots.get(request.model_name, request.model_version)
-                response = await direct.try_infer(request, prepared.head, snapshot, started)
+                response = await direct.try_infer(request, prepared, started)
                 if response is not None:
                     return response
             try:

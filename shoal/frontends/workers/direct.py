@@ -30,7 +30,7 @@ import msgpack
 from shoal.core.errors import ErrorCode, InternalError, InvalidArgument, ModelError, Unavailable
 from shoal.core.types import InferOutput, InferRequest, InferResponse
 from shoal.frontends.workers import _wire as wire
-from shoal.frontends.workers.packing import Snapshot
+from shoal.frontends.workers.packing import Prepared
 from shoal.ipc import messages as msg
 from shoal.ipc.arena import Block
 from shoal.ipc.peer_segments import AnnouncedSegments
@@ -195,14 +195,14 @@ class DirectDispatch:
     # -- requests ----------------------------------------------------------------------------
 
     async def try_infer(
-        self, request: InferRequest, head: bytes, snapshot: Snapshot | None, started_ns: int
+        self, request: InferRequest, prepared: Prepared, started_ns: int
     ) -> InferResponse | None:
-        """``request`` (packed against ``snapshot``: ``head``) straight to a stub; None: it
-        takes the core's way (no route, or one for another generation of the model)."""
+        """``request`` (packed: ``prepared``) straight to a stub; None: it takes the core's way
+        (no route, or one for another generation of the model than it was packed for)."""
         route = self.route(request.model_name, request.model_version)
-        if route is None or snapshot is None or snapshot.generation != route.generation:
+        if route is None or prepared.generation != route.generation:
             return None
-        return await self.infer(route, request, head, started_ns)
+        return await self.infer(route, request, prepared.head, started_ns)
 
     async def infer(
         self, route: Route, request: InferRequest, head: bytes, started_ns: int

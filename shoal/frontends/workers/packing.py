@@ -137,9 +137,10 @@ class Restage:
 class Prepared:
     """A request staged for the relay: ``fields`` and ``head`` to send (None: it takes the
     core's path), and ``staged``, the block each input was placed in (None: inline), which a
-    resend the core's way passes on as placed inputs."""
+    resend the core's way passes on as placed inputs; ``generation``, its snapshot's."""
 
-    def __init__(self) -> None:
+    def __init__(self, generation: int = 0) -> None:
+        self.generation = generation
         self.fields: bytes | None = None
         self.head = b""
         self.staged: list[Block | None] = []
@@ -155,7 +156,7 @@ def prepare(request: InferRequest, snapshot: Snapshot, stage: Stage | None) -> P
     views = _checked(request, snapshot)
     if views is None:
         return None
-    prepared = Prepared()
+    prepared = Prepared(snapshot.generation)
     descs = _staged(request, snapshot, views, stage, prepared.staged)
     if descs is None:  # the arena is full: the core's way, with what is staged so far
         return prepared
