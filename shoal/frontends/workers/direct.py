@@ -177,12 +177,7 @@ class DirectDispatch:
     def revoke(self, token: int, slots: list[int]) -> None:
         """The core takes the routes of ``slots`` back: no new request goes on them (the core
         hears so at once) and the core hears once those in flight are done."""
-        taken = [r for r in self._routes.values() if isinstance(r, Route) and r.slot in slots]
-        self._routes = {
-            key: r
-            for key, r in self._routes.items()
-            if not (isinstance(r, Route) and r.slot in slots)
-        }
+        taken = self._drop_routes(lambda route: route.slot in slots)
         self._send([wire.DIRECT_STOPPED, 0, token])
         waiting = False
         for route in taken:
@@ -191,6 +186,18 @@ class DirectDispatch:
                 waiting = True
         if not waiting:
             self._send([wire.DIRECT_RELEASED, 0, token])
+
+    def _drop_routes(self, which: Callable[[Route], bool]) -> list[Route]:
+        """Forget the routes ``which`` picks (their requests in flight go on); returns them."""
+        kept: dict[tuple[str, str], Route | float] = {}
+        dropped: list[Route] = []
+        for key, route in self._routes.items():
+            if isinstance(route, Route) and which(route):
+                dropped.append(route)
+            else:
+                kept[key] = route
+        self._routes = kept
+        return dropped
 
     # -- requests ----------------------------------------------------------------------------
 
@@ -389,9 +396,7 @@ class DirectDispatch:
             if not waiting.future.done():
                 waiting.future.set_exception(why)
         self._flush()
-        self._routes = {
-            key: r for key, r in self._routes.items() if not (type(r) is Route and stub in r.stubs)
-        }
+        self._drop_routes(lambda route: stub in route.stubs)
         stub.channel.close()
 
     def close(self) -> None:
