@@ -111,6 +111,8 @@ HOT_PATH: tuple[str, ...] = (
     "shoal/frontends/grpc/native.py",
     "shoal/frontends/workers/client.py",
     "shoal/frontends/workers/packing.py",
+    "shoal/frontends/workers/direct_stubs.py",
+    "shoal/frontends/workers/direct_records.py",
     "shoal/frontends/workers/direct.py",
     "shoal/stub/direct_rings.py",
     "shoal/stub/executor.py",

@@ -344,6 +344,11 @@ async def _serve_worker(
     from shoal.frontends.workers.process import stop_accepting
     from shoal.supervisor.extensions.log_settings import apply_log_settings
 
+    def on_retired(index: int) -> None:  # an empty segment of the worker's input arena
+        if core.direct is not None:
+            core.direct.segment_retired(index)
+        core.send([wire.RETIRED, 0, index])
+
     arena = None
     if segments is not None and arena_id >= 0:
         arena = StagingArena(
@@ -352,7 +357,7 @@ async def _serve_worker(
             initial_bytes=options.arenas.output_initial_bytes,
             growth_bytes=options.arenas.growth_bytes,
             limit_bytes=options.arenas.limit_bytes,
-            on_retired=lambda index: core.send([wire.RETIRED, 0, index]),
+            on_retired=on_retired,
         )
     elif segments is not None:
         segments.close()

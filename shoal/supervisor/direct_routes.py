@@ -179,6 +179,11 @@ class DirectRoutes:
         for pid in [pid for pid, proc in channels.items() if proc.returncode is not None]:
             del channels[pid]
 
+    def stub(self, worker: int, pid: int) -> StubProcess | None:
+        """Stub ``pid``, to which worker ``worker`` has a channel, while it runs."""
+        proc = self._channels.get(worker, {}).get(pid)
+        return proc if proc is not None and proc.returncode is None else None
+
     def stub_died(self, pid: int, error: ShoalError) -> None:
         """Stub ``pid`` died: the workers with a channel to it fail what they had sent it
         with ``error`` (the core's words: the instance, the signal)."""

@@ -54,14 +54,40 @@ instance_group [ { count: 2 kind: KIND_CPU } ]
 """
 
 
+_SUM = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
+            total = pb_utils.Tensor("SUM", np.array([x.sum(dtype=np.float64)]))
+            responses.append(pb_utils.InferenceResponse(output_tensors=[total]))
+        return responses
+"""
+
+_SUM_CONFIG = """
+name: "sum"
+backend: "python"
+input [ { name: "X" data_type: TYPE_FP32 dims: [ -1 ] } ]
+output [ { name: "SUM" data_type: TYPE_FP64 dims: [ 1 ] } ]
+instance_group [ { count: 2 kind: KIND_CPU } ]
+"""
+
+
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """``expand`` (its output as large as asked: inline or in the stub's arena) beside the
-    test models this file uses."""
+    """``expand`` (its output as large as asked: inline or in the stub's arena) and ``sum``
+    (its input as large as sent: inline or in the worker's arena) beside the test models this
+    file uses."""
     root = tmp_path_factory.mktemp("direct")
-    (root / "expand" / "1").mkdir(parents=True)
-    (root / "expand" / "config.pbtxt").write_text(_EXPAND_CONFIG)
-    (root / "expand" / "1" / "model.py").write_text(_EXPAND)
+    for name, model, config in (("expand", _EXPAND, _EXPAND_CONFIG), ("sum", _SUM, _SUM_CONFIG)):
+        (root / name / "1").mkdir(parents=True)
+        (root / name / "config.pbtxt").write_text(config)
+        (root / name / "1" / "model.py").write_text(model)
     for name in ("slow", "raiser", "error_response", "crasher"):
         (root / name).symlink_to(TEST_MODELS / name)
     return root
@@ -143,6 +169,38 @@ def test_many_large_answers_leave_the_stub_arena_reusable(server):
             assert _expand(grpcclient, client, 300_000).shape == (300_000,)
     finally:
         client.close()
+
+
+def _sum(module, client, x: np.ndarray) -> float:
+    tensor = module.InferInput("X", list(x.shape), "FP32")
+    tensor.set_data_from_numpy(x)
+    return float(client.infer("sum", [tensor]).as_numpy("SUM")[0])
+
+
+def test_large_inputs_go_from_the_worker_arena_straight_to_the_stub(repo: Path):
+    """Inputs too large to travel inline are staged in the worker's arena, whose segments the
+    core gives each stub once; the worker frees each block when its Result comes: 160 inputs
+    of 1.2 MB (192 MB) fit in a 16 MiB arena only if they are reused (a full arena would send
+    them inline through the core, and say so)."""
+    x = np.arange(300_000, dtype=np.float32)
+    expected = float(x.sum(dtype=np.float64))
+    with _start(repo, *_SMALL_ARENAS, "--log-verbose", "1") as server:
+        before = _success(server, "sum")
+        sent = 0
+        for index in (0, 1):
+            with through(server, index):
+                for module, url in ((httpclient, server.url), (grpcclient, server.grpc_url)):
+                    client = module.InferenceServerClient(url)
+                    try:
+                        for _ in range(40):
+                            assert _sum(module, client, x) == expected
+                            sent += 1
+                    finally:
+                        client.close()
+        success, executions = _success(server, "sum")
+        assert (success - before[0], executions - before[1]) == (sent, sent)
+        assert "lends input segment" in server.output, server.output
+        assert "worker arena full" not in server.output
 
 
 def _error(module, url: str, model: str) -> str:

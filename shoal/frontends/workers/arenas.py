@@ -128,6 +128,14 @@ class StagingArena:
             except ValueError as error:
                 log.error("frontend worker: the core gave back a block twice: %s", error)
 
+    def free_blocks(self, blocks: list[Block]) -> None:
+        """Blocks the worker sent a stub itself (direct dispatch), which the stub is done with."""
+        for block in blocks:
+            try:
+                self.arena.free(block)
+            except ValueError as error:
+                log.error("frontend worker: an input block freed twice: %s", error)
+
     def close(self) -> None:
         self.arena.close()
         self._segments.close()

@@ -116,8 +116,10 @@ class RemoteCore(CoreAPI):
 
     def enable_direct(self, worker: int) -> None:
         """Send plain requests straight to the stubs, as worker number ``worker``."""
-        if self.outputs is not None:
-            self.direct = DirectDispatch(worker, self._sync, self.outputs.segments, self.send)
+        if self.outputs is not None and self.arena is not None:
+            self.direct = DirectDispatch(
+                worker, self._sync, self.outputs.segments, self.send, self.arena.free_blocks
+            )
 
     async def connect(self, calls: socket.socket) -> None:
         """Start reading answers from the asynchronous socket."""
@@ -328,7 +330,7 @@ class RemoteCore(CoreAPI):
         started = time.monotonic_ns()
         prepared = self._prepare(request)
         if prepared is not None and prepared.fields is not None:
-            if (direct := self.direct) is not None and direct_fits(request, prepared.staged):
+            if (direct := self.direct) is not None and direct_fits(request):
                 response = await direct.try_infer(request, prepared, started)
                 if response is not None:
                     return response

@@ -1,13 +1,15 @@
 """Direct dispatch, a frontend worker's side: plain requests written straight into the stubs.
 
 The core grants a worker a route to a plain model version (``supervisor/direct_routes.py``):
-a channel to each of its stubs. A request the worker packed (``packing.py``) whose inputs are
-all inline and which asks for no timeout then goes as its own Execute into the ring of the stub
-with the fewest of this worker's requests, and the stub's Result comes back on that channel:
-the core does nothing per request (docs/decisions.md, "Direct dispatch"). The worker makes the
-response (inline outputs; outputs in the stub's arena read in place, their blocks given back
-on the same ring once written), counts the request's statistics to the core before it answers,
-and on a client that went away sends the stub a Cancel.
+a channel to each of its stubs. A request the worker packed (``packing.py``) which asks for
+no timeout then goes as its own Execute into the ring of the stub with the fewest of this
+worker's requests, and the stub's Result comes back on that channel: the core does nothing per
+request (docs/decisions.md, "Direct dispatch"). Inputs too large to travel inline lie in blocks
+of the worker's arena: the core gives the stub each segment once (``direct_inputs``), and the
+worker frees the blocks when the Result comes. The worker makes the response (inline outputs;
+outputs in the stub's arena read in place, their blocks given back on the same ring once
+written), counts the request's statistics to the core before it answers, and on a client that
+went away sends the stub a Cancel.
 
 Anything else takes the core's way: a request that does not fit, a full ring, a route the core
 refused or took back (:meth:`DirectDispatch.revoke`: the worker answers once its requests on it
@@ -27,9 +29,17 @@ from typing import Any
 
 import msgpack
 
-from shoal.core.errors import ErrorCode, InternalError, InvalidArgument, ModelError, Unavailable
+from shoal.core.errors import InternalError, InvalidArgument, Unavailable
 from shoal.core.types import InferOutput, InferRequest, InferResponse
 from shoal.frontends.workers import _wire as wire
+from shoal.frontends.workers.direct_records import (
+    direct_fits,
+    execute_payload,
+    model_error,
+    output_blocks,
+    private_inputs,
+)
+from shoal.frontends.workers.direct_stubs import Route, Stub, Waiting, least_busy
 from shoal.frontends.workers.packing import Prepared
 from shoal.ipc import messages as msg
 from shoal.ipc.arena import Block
@@ -51,56 +61,6 @@ MAX_ROUTES = 1024
 #: meet the core's (a counter from 1) or another worker's.
 ORIGIN_SHIFT = 40
 
-# An Execute of one packed record (``messages._spliced``): the array of three and the kind,
-# then after the batch id a one-record array; after the record's head and its key, no output
-# regions, no private inputs (all inline), no trace context.
-_EXECUTE_START = bytes((0x93, int(msg.Kind.EXECUTE)))
-_ONE_RECORD = b"\x91"
-_RECORD_END = b"\x80\x00\xa0"
-
-
-class _Stub:
-    """One stub this worker has a direct channel to."""
-
-    def __init__(self, pid: int, name: str, channel: Channel, pidfd: int | None) -> None:
-        self.pid = pid
-        #: Its instance's name (errors name it as the core's do).
-        self.name = name
-        self.channel = channel
-        self.pidfd = pidfd
-        #: What waits for each Execute sent, by batch id.
-        self.pending: dict[int, _Waiting] = {}
-        self.dead = False
-
-
-class _Waiting:
-    """One request sent to a stub, until its Result."""
-
-    __slots__ = ("future", "route", "sent_ns", "started_ns")
-
-    def __init__(self, future: asyncio.Future[msg.Result], route: Route, started_ns: int) -> None:
-        self.future = future
-        self.route = route
-        self.started_ns = started_ns
-        self.sent_ns = time.monotonic_ns()
-
-
-class Route:
-    """A version this worker sends to directly: its stubs and what it has in flight there."""
-
-    def __init__(
-        self, slot: int, generation: int, label: str, stubs: list[_Stub], turn: int
-    ) -> None:
-        self.slot = slot
-        #: Where the next choice of a stub starts among equals (``_least_busy``).
-        self.turn = turn
-        self.generation = generation
-        self.label = label
-        self.stubs = stubs
-        self.in_flight = 0
-        #: The revocation tokens to answer once nothing is in flight (``revoke``).
-        self.revoked: list[int] = []
-
 
 class DirectDispatch:
     """The worker's routes, its channels to stubs, and the statistics it owes the core."""
@@ -111,16 +71,20 @@ class DirectDispatch:
         call: Callable[..., Any],
         segments: AnnouncedSegments,
         send: Callable[[list[Any]], None],
+        free_inputs: Callable[[list[Block]], None],
     ) -> None:
         """``call(method, *args)``: a synchronous call of the core (``direct_route``, for a
-        route; ``direct_segment``, for a stub's output segment's fd); ``send``: a frame to it."""
+        route; ``direct_segment``, for a stub's output segment's fd; ``direct_inputs``, to
+        give a stub segments of the worker's input arena); ``send``: a frame to it;
+        ``free_inputs``: gives blocks of the worker's input arena back to it."""
         self._worker = worker
+        self._free_inputs = free_inputs
         self._origin = (worker + 1) << ORIGIN_SHIFT
         self._call = call
         self._segments = segments
         self._send = send
         self._routes: dict[tuple[str, str], Route | float] = {}
-        self._stubs: dict[int, _Stub] = {}
+        self._stubs: dict[int, Stub] = {}
         self._ids = itertools.count(1)
         #: Statistics not yet sent, by (slot, generation).
         self._counts: dict[tuple[int, int], list[list[int]]] = {}
@@ -156,7 +120,7 @@ class DirectDispatch:
             stubs.append(stub)
         return Route(slot, generation, label, stubs, self._worker)
 
-    def _adopt(self, pid: int, name: str, fds: list[int], old: _Stub | None) -> _Stub:
+    def _adopt(self, pid: int, name: str, fds: list[int], old: Stub | None) -> Stub:
         """Our end of a new channel to stub ``pid``, watched on the loop with the stub's exit."""
         if old is not None:
             self._forget(old, Unavailable("the stub's channel was replaced"))
@@ -164,7 +128,7 @@ class DirectDispatch:
             pidfd: int | None = os.pidfd_open(pid)
         except OSError:  # it has exited already (or the kernel has no pidfds)
             pidfd = None
-        stub = _Stub(pid, name, Channel.adopt(fds), pidfd)
+        stub = Stub(pid, name, Channel.adopt(fds), pidfd)
         self._stubs[pid] = stub
         loop = asyncio.get_running_loop()
         stub.channel.watch_up(loop, lambda: self._read(stub))
@@ -209,27 +173,36 @@ class DirectDispatch:
         route = self.route(request.model_name, request.model_version)
         if route is None or prepared.generation != route.generation:
             return None
-        return await self.infer(route, request, prepared.head, started_ns)
+        return await self.infer(route, request, prepared.head, started_ns, prepared.staged)
 
     async def infer(
-        self, route: Route, request: InferRequest, head: bytes, started_ns: int
+        self,
+        route: Route,
+        request: InferRequest,
+        head: bytes,
+        started_ns: int,
+        staged: list[Block | None],
     ) -> InferResponse | None:
-        """``request`` (packed: ``head``) run by one of the route's stubs; None when it could
-        not be sent (a full ring, no live stub): the caller sends it the core's way."""
-        stub = _least_busy(route.stubs, route.turn)
+        """``request`` (packed: ``head``; ``staged``: the block of each input in the worker's
+        arena, None where it is inline) run by one of the route's stubs; None when it could not
+        be sent (a full ring, no live stub): the caller sends it the core's way, staged as
+        it is."""
+        stub = least_busy(route.stubs, route.turn)
         route.turn += 1
         if stub is None:
             return None
+        inputs = [block for block in staged if block is not None]
+        if inputs and not self._lent(stub, inputs):
+            return None
         batch = self._origin | next(self._ids)
-        number = msgpack.packb(batch)
-        payload = b"".join((_EXECUTE_START, number, _ONE_RECORD, head, number, _RECORD_END))
+        payload = execute_payload(batch, head, private_inputs(staged) if inputs else 0)
         try:
             if not stub.channel.send_down_nowait(payload):
                 return None
         except Exception:  # the stub is gone
             return None
         future: asyncio.Future[msg.Result] = asyncio.get_running_loop().create_future()
-        stub.pending[batch] = _Waiting(future, route, started_ns)
+        stub.pending[batch] = Waiting(future, route, started_ns, inputs)
         route.in_flight += 1
         try:
             result = await future
@@ -242,7 +215,27 @@ class DirectDispatch:
                 self._answer_revoked(route)
         return self._response(stub, route, request, result)
 
-    def _cancel(self, stub: _Stub, batch: int) -> None:
+    def _lent(self, stub: Stub, inputs: list[Block]) -> bool:
+        """The stub has the segments of the worker's arena these blocks lie in: the core
+        sends it those it lacks (their fds on its socket) before this returns, so before any
+        Execute that names them. False: the core could not (the stub is gone)."""
+        missing = {block.segment for block in inputs} - stub.segments
+        if not missing:
+            return True
+        try:
+            lent = bool(self._call("direct_inputs", stub.pid, sorted(missing)))
+        except Exception:  # the core refused (the stub is going) or is gone
+            return False
+        if lent:
+            stub.segments |= missing
+        return lent
+
+    def segment_retired(self, index: int) -> None:
+        """The worker retired an empty segment of its arena (the core tells the stubs)."""
+        for stub in self._stubs.values():
+            stub.segments.discard(index)
+
+    def _cancel(self, stub: Stub, batch: int) -> None:
         """The client went away: the stub's model sees it (``is_cancelled``); its Result, when
         it comes, only gives its blocks back."""
         if stub.dead:
@@ -255,10 +248,10 @@ class DirectDispatch:
         for token in tokens:
             self._send([wire.DIRECT_RELEASED, 0, token])
 
-    def _read(self, stub: _Stub) -> None:
+    def _read(self, stub: Stub) -> None:
         """Results waiting on ``stub``'s channel: statistics counted (and sent, before any
         response is written), each to the request waiting for it."""
-        results: list[tuple[_Waiting, msg.Result]] = []
+        results: list[tuple[Waiting, msg.Result]] = []
         while (payload := stub.channel.recv_up_nowait()) is not None:
             message = msg.decode(payload)
             if type(message) is not msg.Result:
@@ -266,16 +259,18 @@ class DirectDispatch:
             waiting = stub.pending.pop(message.batch_id, None)
             if waiting is None:
                 continue
+            if waiting.inputs:  # the stub is done with them: its Result comes after execute
+                self._free_inputs(waiting.inputs)
             self._count(waiting, message)
             results.append((waiting, message))
         self._flush()
         for waiting, result in results:
             if waiting.future.done():  # cancelled meanwhile
-                self._give_back(stub, _blocks(result))
+                self._give_back(stub, output_blocks(result))
             else:
                 waiting.future.set_result(result)
 
-    def _count(self, waiting: _Waiting, result: msg.Result) -> None:
+    def _count(self, waiting: Waiting, result: msg.Result) -> None:
         if waiting.future.done():  # the client went away (Triton counts it CANCELED)
             outcome = CANCELED
         elif result.wholes is not None or (result.responses and result.responses[0].error is None):
@@ -288,7 +283,7 @@ class DirectDispatch:
 
     def _counted(
         self,
-        waiting: _Waiting,
+        waiting: Waiting,
         outcome: int,
         executed: int,
         queue_ns: int = 0,
@@ -306,12 +301,12 @@ class DirectDispatch:
                 self._send([wire.DIRECT_STATS, 0, slot, generation, each])
 
     def _response(
-        self, stub: _Stub, route: Route, request: InferRequest, result: msg.Result
+        self, stub: Stub, route: Route, request: InferRequest, result: msg.Result
     ) -> InferResponse:
         if result.wholes is not None:  # every output inline (``ipc/whole_results.py``)
             outputs, error, parameters = msgpack.unpackb(result.wholes[0], strict_map_key=False)
             if error is not None:
-                raise _model_error(error)
+                raise model_error(error)
             tensors = [
                 InferOutput(name, datatype, tuple(shape), memoryview(data), {})
                 for name, datatype, shape, _, data in outputs
@@ -326,10 +321,10 @@ class DirectDispatch:
         if not result.responses:
             raise Unavailable(f"model '{request.model_name}': the request was not run")
         record = result.responses[0]
-        blocks = _blocks(result)
+        blocks = output_blocks(result)
         if record.error is not None:
             self._give_back(stub, blocks)
-            raise _model_error(record.error)
+            raise model_error(record.error)
         try:
             tensors = [
                 InferOutput(o.name, o.datatype, tuple(o.shape), self._bytes(o.location), {})
@@ -355,7 +350,7 @@ class DirectDispatch:
             "a model's output is in GPU memory, which a frontend worker cannot read directly"
         )
 
-    def _give_back(self, stub: _Stub, blocks: list[Block]) -> None:
+    def _give_back(self, stub: Stub, blocks: list[Block]) -> None:
         """Output blocks written (or not needed): the stub's arena may reuse them."""
         if blocks and not stub.dead:
             with contextlib.suppress(Exception):
@@ -369,7 +364,7 @@ class DirectDispatch:
         if stub is not None:
             self._forget(stub, why)
 
-    def _exited(self, stub: _Stub) -> None:
+    def _exited(self, stub: Stub) -> None:
         """The stub's pidfd says it exited: nothing more goes to it; what waits for it fails
         with the core's words (:meth:`stub_died`) or, if they do not come soon, these."""
         stub.dead = True
@@ -379,7 +374,7 @@ class DirectDispatch:
         why = Unavailable(f"the stub process serving this request (pid {stub.pid}) exited")
         loop.call_later(EXIT_WORDS_S, self._forget, stub, why)
 
-    def _forget(self, stub: _Stub, why: BaseException) -> None:
+    def _forget(self, stub: Stub, why: BaseException) -> None:
         """``stub`` is gone: fail what waits for it, drop the routes through it."""
         if self._stubs.get(stub.pid) is not stub:
             return  # forgotten already
@@ -392,6 +387,8 @@ class DirectDispatch:
         self._stubs.pop(stub.pid, None)
         pending, stub.pending = stub.pending, {}
         for waiting in pending.values():
+            if waiting.inputs:
+                self._free_inputs(waiting.inputs)
             self._counted(waiting, OTHER, 0)
             if not waiting.future.done():
                 waiting.future.set_exception(why)
@@ -402,40 +399,3 @@ class DirectDispatch:
     def close(self) -> None:
         for stub in list(self._stubs.values()):
             self._forget(stub, Unavailable("the frontend worker is stopping"))
-
-
-def direct_fits(request: InferRequest, staged: list[Block | None]) -> bool:
-    """A packed request direct dispatch takes: every input inline (``staged`` all None), no
-    timeout (the core keeps time for those)."""
-    if request.parameters and request.parameters.get("timeout"):
-        return False
-    return not any(block is not None for block in staged)
-
-
-def _model_error(error: Any) -> ModelError:
-    """The error a model answered with: ``(TritonError code name, message)``."""
-    code_name, message = error
-    return ModelError(message, ErrorCode.__members__.get(code_name, ErrorCode.INTERNAL))
-
-
-def _least_busy(stubs: list[_Stub], turn: int) -> _Stub | None:
-    """The live stub with the fewest of this worker's requests; among equals, the first from
-    ``turn`` on (each worker starts at its own number and moves on by one per request, so that
-    workers that each see idle stubs do not all pick the same one)."""
-    best: _Stub | None = None
-    count = len(stubs)
-    for step in range(count):
-        stub = stubs[(turn + step) % count]
-        if not stub.dead and (best is None or len(stub.pending) < len(best.pending)):
-            best = stub
-    return best
-
-
-def _blocks(result: msg.Result) -> list[Block]:
-    """The output blocks of a decoded Result (a whole one has none)."""
-    return [
-        o.location
-        for record in result.responses
-        for o in record.outputs
-        if isinstance(o.location, Block)
-    ]

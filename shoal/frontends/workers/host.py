@@ -25,6 +25,7 @@ from shoal.frontends.workers.answer_frames import Relayed, RelaySink, send_recor
 from shoal.frontends.workers.arenas import LentArena, give_blocks_back, take_blocks
 from shoal.frontends.workers.methods import ASYNC_METHODS, DIRECT_METHODS, SYNC_METHODS
 from shoal.frontends.workers.outputs import LentOutputs
+from shoal.ipc.fdpass import PeerGone
 from shoal.ipc.queue import Channel
 
 __all__ = ["Answer", "LinkedCore"]
@@ -59,6 +60,17 @@ class LinkedCore(CoreAPI, Protocol):
         ...
 
 
+class InputHolder(Protocol):
+    """A stub, as direct dispatch gives it segments of a worker's input arena."""
+
+    announced: set[tuple[int, int]]
+
+    @property
+    def pid(self) -> int: ...
+
+    def announce_fd(self, arena_id: int, index: int, size: int, fd: int) -> None: ...
+
+
 class DirectGrants(Protocol):
     """Direct dispatch's routes, as the core keeps them (``supervisor/direct_routes.py``)."""
 
@@ -73,6 +85,8 @@ class DirectGrants(Protocol):
     def record(self, slot: int, generation: int, counts: list[list[int]]) -> None: ...
 
     def worker_gone(self, worker: int) -> None: ...
+
+    def stub(self, worker: int, pid: int) -> InputHolder | None: ...
 
     #: Sends a revocation to a worker (the pool sets it).
     tell: Callable[[int, int, list[int]], None] | None
@@ -332,6 +346,8 @@ class _Link:
         if method == "direct_segment":
             outputs.lend_segment(args[0], args[1])
             return None
+        if method == "direct_inputs":
+            return self._lend_inputs(direct.stub(self.index, args[0]), args[1])
         pid = -1 if self.proc is None else self.proc.pid
         granted = direct.grant(self.index, pid, args[0], args[1])
         if granted is None:
@@ -344,6 +360,27 @@ class _Link:
             for _, channel in channels:
                 channel.forget()
         return route
+
+    def _lend_inputs(self, stub: InputHolder | None, indices: list[int]) -> bool:
+        """Give ``stub`` segments of the worker's input arena (their fds on its socket, before
+        the worker writes an Execute that names them); False: the stub has gone."""
+        arena = self.arena
+        if arena is None or stub is None:
+            return False
+        try:
+            for index in indices:
+                if (arena.arena_id, index) not in stub.announced:
+                    fd, size = arena.segment_fd(index)
+                    stub.announce_fd(arena.arena_id, index, size, fd)
+                    log.debug(
+                        "frontend worker %d lends input segment %d to stub %d",
+                        self.index,
+                        index,
+                        stub.pid,
+                    )
+        except (PeerGone, OSError):
+            return False
+        return True
 
     def send_free(self, flat: list[int]) -> None:
         self.send([wire.FREE, 0, flat])

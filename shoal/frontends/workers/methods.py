@@ -6,7 +6,7 @@ from __future__ import annotations
 ASYNC_METHODS: frozenset[str] = frozenset({"load_model", "unload_model", "model_ready_now"})
 
 #: The direct dispatch calls a worker makes on its control socket (``host._Link``).
-DIRECT_METHODS: frozenset[str] = frozenset({"direct_route", "direct_segment"})
+DIRECT_METHODS: frozenset[str] = frozenset({"direct_route", "direct_segment", "direct_inputs"})
 
 #: The core API's synchronous methods a worker may call, by name.
 SYNC_METHODS: frozenset[str] = frozenset(

@@ -1,0 +1,64 @@
+"""The records of direct dispatch, a frontend worker's side: the Execute it writes into a
+stub's ring, which requests may go so, and what it reads of a Result.
+
+An Execute of one packed record (``messages._spliced``): the array of three and the kind, the
+batch id, a one-record array; the record's head (``packing._head``: its first seven fields), its
+key (the batch id again), no output regions, the inputs the model may write (those staged in a
+block of the worker's arena), no trace context.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+
+from shoal.core.errors import ErrorCode, ModelError
+from shoal.core.types import InferRequest
+from shoal.ipc import messages as msg
+from shoal.ipc.arena import Block
+
+__all__ = ["direct_fits", "execute_payload", "model_error", "output_blocks", "private_inputs"]
+
+_EXECUTE_START = bytes((0x93, int(msg.Kind.EXECUTE)))
+_ONE_RECORD = b"\x91"
+_NO_REGIONS = b"\x80"
+_NO_TRACE = b"\xa0"
+#: The record's end when no input is staged (the common small request), packed once.
+_INLINE_END = _NO_REGIONS + b"\x00" + _NO_TRACE
+
+
+def execute_payload(batch: int, head: bytes, private: int) -> bytes:
+    """The Execute of one request (packed: ``head``) as batch ``batch``; ``private``: the
+    inputs in a block of their own, as bits (:func:`private_inputs`)."""
+    number = msgpack.packb(batch)
+    end = b"".join((_NO_REGIONS, msgpack.packb(private), _NO_TRACE)) if private else _INLINE_END
+    return b"".join((_EXECUTE_START, number, _ONE_RECORD, head, number, end))
+
+
+def private_inputs(staged: list[Block | None]) -> int:
+    """The inputs staged in a block of their own (``RequestRecord.private_inputs``): the model
+    may write them, as the core's Executes of such a request say."""
+    return sum(1 << index for index, block in enumerate(staged) if block is not None)
+
+
+def direct_fits(request: InferRequest) -> bool:
+    """A packed request direct dispatch may take: no timeout (the core keeps time for those).
+    Its inputs are inline or in blocks of the worker's arena, which the stub maps."""
+    return not (request.parameters and request.parameters.get("timeout"))
+
+
+def model_error(error: Any) -> ModelError:
+    """The error a model answered with: ``(TritonError code name, message)``."""
+    code_name, message = error
+    return ModelError(message, ErrorCode.__members__.get(code_name, ErrorCode.INTERNAL))
+
+
+def output_blocks(result: msg.Result) -> list[Block]:
+    """The output blocks of a decoded Result (a whole one has none)."""
+    return [
+        o.location
+        for record in result.responses
+        for o in record.outputs
+        if isinstance(o.location, Block)
+    ]

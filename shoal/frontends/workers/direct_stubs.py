@@ -1,0 +1,79 @@
+"""Direct dispatch, a frontend worker's side: the stubs it sends to, what waits for each
+request sent, and the routes (``direct.py`` sends and reads through them)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from shoal.ipc import messages as msg
+from shoal.ipc.arena import Block
+from shoal.ipc.queue import Channel
+
+__all__ = ["Route", "Stub", "Waiting", "least_busy"]
+
+
+class Stub:
+    """One stub this worker has a direct channel to."""
+
+    def __init__(self, pid: int, name: str, channel: Channel, pidfd: int | None) -> None:
+        self.pid = pid
+        #: Its instance's name (errors name it as the core's do).
+        self.name = name
+        self.channel = channel
+        self.pidfd = pidfd
+        #: What waits for each Execute sent, by batch id.
+        self.pending: dict[int, Waiting] = {}
+        #: The segments of this worker's input arena the core has given the stub.
+        self.segments: set[int] = set()
+        self.dead = False
+
+
+class Waiting:
+    """One request sent to a stub, until its Result."""
+
+    __slots__ = ("future", "inputs", "route", "sent_ns", "started_ns")
+
+    def __init__(
+        self,
+        future: asyncio.Future[msg.Result],
+        route: Route,
+        started_ns: int,
+        inputs: list[Block],
+    ) -> None:
+        self.future = future
+        self.route = route
+        self.started_ns = started_ns
+        #: Its inputs' blocks in the worker's arena, freed once the stub is done with them.
+        self.inputs = inputs
+        self.sent_ns = time.monotonic_ns()
+
+
+class Route:
+    """A version this worker sends to directly: its stubs and what it has in flight there."""
+
+    def __init__(
+        self, slot: int, generation: int, label: str, stubs: list[Stub], turn: int
+    ) -> None:
+        self.slot = slot
+        #: Where the next choice of a stub starts among equals (``_least_busy``).
+        self.turn = turn
+        self.generation = generation
+        self.label = label
+        self.stubs = stubs
+        self.in_flight = 0
+        #: The revocation tokens to answer once nothing is in flight (``revoke``).
+        self.revoked: list[int] = []
+
+
+def least_busy(stubs: list[Stub], turn: int) -> Stub | None:
+    """The live stub with the fewest of this worker's requests; among equals, the first from
+    ``turn`` on (each worker starts at its own number and moves on by one per request, so that
+    workers that each see idle stubs do not all pick the same one)."""
+    best: Stub | None = None
+    count = len(stubs)
+    for step in range(count):
+        stub = stubs[(turn + step) % count]
+        if not stub.dead and (best is None or len(stub.pending) < len(best.pending)):
+            best = stub
+    return best
