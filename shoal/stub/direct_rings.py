@@ -31,6 +31,9 @@ class DirectRings:
         self._lent: dict[int, dict[_Key, Block]] = {}
         #: Frees output blocks (the stub's arena); set once the arena exists.
         self.free: Callable[[list[Block]], None] = lambda blocks: None
+        #: The stub's output arena: only its blocks are lent to workers (an output may also
+        #: be an input of the request, answered as it is: that block is the worker's).
+        self.arena_id = -1
 
     def attach(self, origin: int, fds: list[int], pidfd: int | None) -> None:
         """Read worker ``origin``'s ring; ``pidfd``, the worker's, ends a wait for room in
@@ -48,6 +51,7 @@ class DirectRings:
 
     def released(self, origin: int, blocks: list[Block]) -> None:
         """Worker ``origin`` wrote the outputs in these blocks."""
+        blocks = [block for block in blocks if block.arena_id == self.arena_id]
         lent = self._lent.get(origin)
         if lent is not None:
             for block in blocks:
@@ -61,7 +65,7 @@ class DirectRings:
             out.location
             for record in result.responses
             for out in record.outputs
-            if isinstance(out.location, Block)
+            if isinstance(out.location, Block) and out.location.arena_id == self.arena_id
         ]
         channel = self.downs.channel(origin)
         if channel is not None:

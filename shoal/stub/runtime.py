@@ -274,6 +274,7 @@ class StubRuntime:
                 each(keys)
 
         release = self.direct.free = lambda blocks: outputs.free(lender.released(blocks))
+        self.direct.arena_id = outputs.arena_id
         pump = self.pump = DownPump(
             self.direct.downs,
             release,

@@ -23,7 +23,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.integration.server import TEST_MODELS, ShoalServer
+from tests.integration.server import BUNDLED, TEST_MODELS, ShoalServer
 from tests.integration.test_frontend_workers import through, worker_pids
 
 pytestmark = pytest.mark.timeout(180)
@@ -90,6 +90,7 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
         (root / name / "1" / "model.py").write_text(model)
     for name in ("slow", "raiser", "error_response", "crasher"):
         (root / name).symlink_to(TEST_MODELS / name)
+    (root / "identity").symlink_to(BUNDLED / "identity")
     return root
 
 
@@ -177,11 +178,18 @@ def _sum(module, client, x: np.ndarray) -> float:
     return float(client.infer("sum", [tensor]).as_numpy("SUM")[0])
 
 
+def _echo(module, client, x: np.ndarray) -> np.ndarray:
+    tensor = module.InferInput("IN_FP32", list(x.shape), "FP32")
+    tensor.set_data_from_numpy(x)
+    return client.infer("identity", [tensor]).as_numpy("OUT_FP32")
+
+
 def test_large_inputs_go_from_the_worker_arena_straight_to_the_stub(repo: Path):
     """Inputs too large to travel inline are staged in the worker's arena, whose segments the
-    core gives each stub once; the worker frees each block when its Result comes: 160 inputs
-    of 1.2 MB (192 MB) fit in a 16 MiB arena only if they are reused (a full arena would send
-    them inline through the core, and say so)."""
+    core gives each stub once; the worker frees each block when its Result comes, or once the
+    response is written where the model answered with its input as it is (``identity``: the
+    output is the input's block): 160 inputs of 1.2 MB (192 MB) fit in a 16 MiB arena only if
+    they are reused (a full arena would send them inline through the core, and say so)."""
     x = np.arange(300_000, dtype=np.float32)
     expected = float(x.sum(dtype=np.float64))
     with _start(repo, *_SMALL_ARENAS, "--log-verbose", "1") as server:
@@ -192,8 +200,9 @@ def test_large_inputs_go_from_the_worker_arena_straight_to_the_stub(repo: Path):
                 for module, url in ((httpclient, server.url), (grpcclient, server.grpc_url)):
                     client = module.InferenceServerClient(url)
                     try:
-                        for _ in range(40):
+                        for _ in range(20):
                             assert _sum(module, client, x) == expected
+                            np.testing.assert_array_equal(_echo(module, client, x), x)
                             sent += 1
                     finally:
                         client.close()

@@ -128,6 +128,10 @@ class StagingArena:
             except ValueError as error:
                 log.error("frontend worker: the core gave back a block twice: %s", error)
 
+    def view(self, block: Block) -> memoryview:
+        """A view of one of its blocks (an input a model answered with as it is)."""
+        return self.arena.view(block)
+
     def free_blocks(self, blocks: list[Block]) -> None:
         """Blocks the worker sent a stub itself (direct dispatch), which the stub is done with."""
         for block in blocks:

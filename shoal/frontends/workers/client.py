@@ -118,7 +118,7 @@ class RemoteCore(CoreAPI):
         """Send plain requests straight to the stubs, as worker number ``worker``."""
         if self.outputs is not None and self.arena is not None:
             self.direct = DirectDispatch(
-                worker, self._sync, self.outputs.segments, self.send, self.arena.free_blocks
+                worker, self._sync, self.outputs.segments, self.send, self.arena
             )
 
     async def connect(self, calls: socket.socket) -> None:

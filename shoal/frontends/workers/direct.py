@@ -25,7 +25,7 @@ import itertools
 import os
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import msgpack
 
@@ -62,6 +62,17 @@ MAX_ROUTES = 1024
 ORIGIN_SHIFT = 40
 
 
+class InputArena(Protocol):
+    """The worker's input arena (``arenas.StagingArena``), as direct dispatch uses it."""
+
+    @property
+    def arena_id(self) -> int: ...
+
+    def view(self, block: Block) -> memoryview: ...
+
+    def free_blocks(self, blocks: list[Block]) -> None: ...
+
+
 class DirectDispatch:
     """The worker's routes, its channels to stubs, and the statistics it owes the core."""
 
@@ -71,14 +82,14 @@ class DirectDispatch:
         call: Callable[..., Any],
         segments: AnnouncedSegments,
         send: Callable[[list[Any]], None],
-        free_inputs: Callable[[list[Block]], None],
+        inputs: InputArena,
     ) -> None:
         """``call(method, *args)``: a synchronous call of the core (``direct_route``, for a
         route; ``direct_segment``, for a stub's output segment's fd; ``direct_inputs``, to
         give a stub segments of the worker's input arena); ``send``: a frame to it;
-        ``free_inputs``: gives blocks of the worker's input arena back to it."""
+        ``inputs``: the worker's input arena."""
         self._worker = worker
-        self._free_inputs = free_inputs
+        self._inputs = inputs
         self._origin = (worker + 1) << ORIGIN_SHIFT
         self._call = call
         self._segments = segments
@@ -213,7 +224,7 @@ class DirectDispatch:
             route.in_flight -= 1
             if route.revoked and not route.in_flight:
                 self._answer_revoked(route)
-        return self._response(stub, route, request, result)
+        return self._response(stub, route, request, result, inputs)
 
     def _lent(self, stub: Stub, inputs: list[Block]) -> bool:
         """The stub has the segments of the worker's arena these blocks lie in: the core
@@ -259,14 +270,12 @@ class DirectDispatch:
             waiting = stub.pending.pop(message.batch_id, None)
             if waiting is None:
                 continue
-            if waiting.inputs:  # the stub is done with them: its Result comes after execute
-                self._free_inputs(waiting.inputs)
             self._count(waiting, message)
             results.append((waiting, message))
         self._flush()
         for waiting, result in results:
             if waiting.future.done():  # cancelled meanwhile
-                self._give_back(stub, output_blocks(result))
+                self._done(stub, output_blocks(result), waiting.inputs)
             else:
                 waiting.future.set_result(result)
 
@@ -301,7 +310,33 @@ class DirectDispatch:
                 self._send([wire.DIRECT_STATS, 0, slot, generation, each])
 
     def _response(
-        self, stub: Stub, route: Route, request: InferRequest, result: msg.Result
+        self,
+        stub: Stub,
+        route: Route,
+        request: InferRequest,
+        result: msg.Result,
+        inputs: list[Block],
+    ) -> InferResponse:
+        """The response to ``request``; its output blocks (and ``inputs``, which an output may
+        be: a model that answers with its input as it is) are given back once it is written."""
+        blocks = output_blocks(result)
+        release = (lambda: self._done(stub, blocks, inputs)) if blocks else None
+        try:
+            response = self._made(stub, route, request, result, release)
+        except BaseException:
+            self._done(stub, blocks, inputs)
+            raise
+        if release is None and inputs:
+            self._inputs.free_blocks(inputs)
+        return response
+
+    def _made(
+        self,
+        stub: Stub,
+        route: Route,
+        request: InferRequest,
+        result: msg.Result,
+        release: Callable[[], None] | None,
     ) -> InferResponse:
         if result.wholes is not None:  # every output inline (``ipc/whole_results.py``)
             outputs, error, parameters = msgpack.unpackb(result.wholes[0], strict_map_key=False)
@@ -321,19 +356,12 @@ class DirectDispatch:
         if not result.responses:
             raise Unavailable(f"model '{request.model_name}': the request was not run")
         record = result.responses[0]
-        blocks = output_blocks(result)
         if record.error is not None:
-            self._give_back(stub, blocks)
             raise model_error(record.error)
-        try:
-            tensors = [
-                InferOutput(o.name, o.datatype, tuple(o.shape), self._bytes(o.location), {})
-                for o in record.outputs
-            ]
-        except BaseException:
-            self._give_back(stub, blocks)
-            raise
-        release = None if not blocks else (lambda: self._give_back(stub, blocks))
+        tensors = [
+            InferOutput(o.name, o.datatype, tuple(o.shape), self._bytes(o.location), {})
+            for o in record.outputs
+        ]
         return InferResponse(
             request.model_name, route.label, request.id, tensors, record.parameters, release
         )
@@ -343,12 +371,22 @@ class DirectDispatch:
         if isinstance(location, InlineBytes):
             return memoryview(location.data)
         if isinstance(location, Block):
+            if location.arena_id == self._inputs.arena_id:  # an input, answered as it is
+                return self._inputs.view(location)
             if not self._segments.has(location.arena_id, location.segment):
                 self._call("direct_segment", location.arena_id, location.segment)
             return self._segments.view(location)
         raise InternalError(
             "a model's output is in GPU memory, which a frontend worker cannot read directly"
         )
+
+    def _done(self, stub: Stub, blocks: list[Block], inputs: list[Block]) -> None:
+        """A response written (or not to be): its output blocks go back to the stub, but for
+        those in the worker's own arena, which are inputs: those go back to it."""
+        own = self._inputs.arena_id
+        self._give_back(stub, [block for block in blocks if block.arena_id != own])
+        if inputs:
+            self._inputs.free_blocks(inputs)
 
     def _give_back(self, stub: Stub, blocks: list[Block]) -> None:
         """Output blocks written (or not needed): the stub's arena may reuse them."""
@@ -388,7 +426,7 @@ class DirectDispatch:
         pending, stub.pending = stub.pending, {}
         for waiting in pending.values():
             if waiting.inputs:
-                self._free_inputs(waiting.inputs)
+                self._inputs.free_blocks(waiting.inputs)
             self._counted(waiting, OTHER, 0)
             if not waiting.future.done():
                 waiting.future.set_exception(why)
