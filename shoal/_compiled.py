@@ -103,6 +103,8 @@ HOT_PATH: tuple[str, ...] = (
     "shoal/frontends/grpc/_wire.py",
     "shoal/frontends/grpc/_params.py",
     "shoal/frontends/grpc/_tensors.py",
+    "shoal/frontends/grpc/_plain_request.py",
+    "shoal/frontends/grpc/_reply.py",
     "shoal/frontends/grpc/_infer.py",
     "shoal/frontends/grpc/native_headers.py",
     "shoal/frontends/grpc/native_messages.py",

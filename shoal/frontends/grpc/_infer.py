@@ -39,6 +39,8 @@ from shoal.frontends.grpc._params import (
     decode_request_parameters,
     encode_parameters,
 )
+from shoal.frontends.grpc._plain_request import PlainRequest, read_plain
+from shoal.frontends.grpc._reply import plain_reply
 from shoal.frontends.grpc._tensors import array_from_contents
 from shoal.frontends.grpc._wire import Chunk, embedded_chunks, raw_field_chunks, split_raw_contents
 from shoal.frontends.grpc.native_split import SplitRequest
@@ -65,8 +67,14 @@ class DecodedInfer:
 
 
 def decode_infer_request(data: bytes | bytearray | memoryview | SplitRequest) -> DecodedInfer:
-    """Decode a serialized ``ModelInferRequest``, or one received in parts."""
-    message, raw = _parse_request(data)
+    """Decode a serialized ``ModelInferRequest``, or one received in parts. A plain request
+    is read without protobuf (:mod:`~shoal.frontends.grpc._plain_request`)."""
+    wire = data.rest if isinstance(data, SplitRequest) else data
+    header, raw = split_raw_contents(wire, _RAW_INPUT_CONTENTS)
+    plain = read_plain(header)
+    if plain is not None:
+        return _plain_decoded(plain, data.entries(raw) if isinstance(data, SplitRequest) else raw)
+    message, raw = _parse_request(data, header, raw)
     parameters, final_flag = decode_request_parameters(message.parameters)
     outputs = [
         RequestedOutput(output.name, decode_output_parameters(output.name, output.parameters))
@@ -86,11 +94,11 @@ def decode_infer_request(data: bytes | bytearray | memoryview | SplitRequest) ->
 
 def _parse_request(
     data: bytes | bytearray | memoryview | SplitRequest,
+    header: bytes | bytearray | memoryview,
+    raw: list[memoryview],
 ) -> tuple[pb.ModelInferRequest, list[memoryview]]:
-    """The message without its raw input contents, and those as views of ``data`` (of the
-    blocks they were received into, for a :class:`SplitRequest`)."""
-    wire = data.rest if isinstance(data, SplitRequest) else data
-    header, raw = split_raw_contents(wire, _RAW_INPUT_CONTENTS)
+    """The message without its raw input contents (``header``), and those as views of
+    ``data`` (of the blocks they were received into, for a :class:`SplitRequest`)."""
     try:
         # upb parses any buffer, so a view of the received bytes needs no copy first.
         message = pb.ModelInferRequest.FromString(header)  # type: ignore[arg-type]
@@ -101,6 +109,33 @@ def _parse_request(
     if isinstance(data, SplitRequest):
         raw = data.entries(raw)
     return message, raw
+
+
+def _plain_decoded(plain: PlainRequest, raw: list[memoryview]) -> DecodedInfer:
+    """A plain request for the core: checked as :func:`_inputs` checks inputs with neither
+    parameters nor typed contents."""
+    model = plain.model_name
+    inputs: list[InferInput] = []
+    seen: set[str] = set()
+    count = len(raw)
+    for index, tensor in enumerate(plain.inputs):
+        name, datatype = tensor.name, tensor.datatype
+        shape = _checked_spec(name, datatype, tuple(tensor.shape))
+        if name in seen:
+            raise InvalidArgument(f"input '{name}' already exists in request")
+        seen.add(name)
+        data = _raw_input(name, datatype, shape, raw[index] if index < count else None, model)
+        inputs.append(InferInput(name, datatype, shape, data, {}))
+    _check_raw_count(inputs, raw, model)
+    request = InferRequest(
+        model_name=model,
+        model_version=plain.model_version,
+        id=plain.id,
+        inputs=inputs,
+        outputs=[RequestedOutput(name, {}) for name in plain.outputs],
+        parameters={},
+    )
+    return DecodedInfer(request)
 
 
 def _inputs(message: pb.ModelInferRequest, raw: list[memoryview]) -> list[InferInput]:
@@ -134,18 +169,21 @@ def _mixed_contents(name: str, model: str) -> NoReturn:
 
 def _tensor_spec(tensor: _InputTensor) -> tuple[str, str, tuple[int, ...]]:
     name, datatype = tensor.name, tensor.datatype
+    return name, datatype, _checked_spec(name, datatype, tuple(tensor.shape))
+
+
+def _checked_spec(name: str, datatype: str, shape: tuple[int, ...]) -> tuple[int, ...]:
     if not name:
         raise InvalidArgument("each input needs a non-empty name")
     if datatype not in _DATATYPES:
         raise InvalidArgument(
             f"invalid datatype for input {name}: '{datatype}' is not one of " + ", ".join(DATATYPES)
         )
-    shape = tuple(tensor.shape)
     if shape and min(shape) < 0:
         raise InvalidArgument(
             f"invalid shape {list(shape)} for input '{name}': dimensions must be >= 0"
         )
-    return name, datatype, shape
+    return shape
 
 
 def _input_data(
@@ -200,8 +238,12 @@ def encode_infer_response(
 
     ``final`` (in a stream) is sent as ``triton_final_response``, on every stream response as
     Triton does; ``None`` (ModelInfer) sends none. Join the chunks before releasing the
-    response.
+    response. A reply with no parameters is written by hand (:mod:`~._reply`).
     """
+    if final is None:
+        plain = plain_reply(response, decoded.shared_memory_outputs)
+        if plain is not None:
+            return plain
     message = pb.ModelInferResponse(
         model_name=response.model_name, model_version=response.model_version, id=response.id
     )
