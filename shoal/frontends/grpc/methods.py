@@ -24,6 +24,7 @@ from google.protobuf.message import DecodeError
 
 from shoal.core import InvalidArgument, ShoalError
 from shoal.frontends._restricted import GRPC_GROUPS, GRPC_KEY_PREFIX, Restrictions
+from shoal.frontends.grpc.infer_call import InferCall
 from shoal.frontends.grpc.servicer import Servicer, unexpected
 from shoal.frontends.grpc.status import GRPC_STATUS, Status
 from shoal.protos import grpc_service_pb2 as pb
@@ -197,8 +198,9 @@ def method_table(
     servicer: Servicer, restrictions: Restrictions, *, lent_replies: bool = False
 ) -> dict[str, Method]:
     """Every RPC of the service by method name, guarded (errors become ``context.abort``).
-    ``lent_replies``: ModelInfer returns a :class:`~shoal.frontends.grpc.servicer.LentReply`
-    (shoal's own server writes it without a copy) instead of bytes."""
+    ``lent_replies``: ModelInfer returns a :class:`~shoal.frontends.grpc.infer_call.LentReply`
+    (shoal's own server writes it without a copy) instead of bytes, and runs compiled
+    (:class:`~shoal.frontends.grpc.infer_call.InferCall`, the same guard written out)."""
     methods = {
         name: Method(
             False,
@@ -208,8 +210,10 @@ def method_table(
         )
         for name, (request_type, response_type, behavior) in _unary_methods(servicer).items()
     }
-    infer = servicer.model_infer_lent if lent_replies else servicer.model_infer
-    handle = _guarded(infer, "ModelInfer", restrictions)
+    if lent_replies:
+        handle: Callable[[Any, Any], Awaitable[Any]] = InferCall(servicer.core, restrictions).handle
+    else:
+        handle = _guarded(servicer.model_infer, "ModelInfer", restrictions)
     methods["ModelInfer"] = Method(False, None, None, handle, split=True)
     methods["ModelStreamInfer"] = Method(
         True, None, None, _guarded_stream(servicer.model_stream_infer, restrictions)

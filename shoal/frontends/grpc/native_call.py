@@ -11,6 +11,7 @@ from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
 from shoal.frontends.grpc._wire import Chunk
+from shoal.frontends.grpc.infer_call import LentReply
 from shoal.frontends.grpc.methods import Method
 from shoal.frontends.grpc.native_headers import OK_TRAILERS, metadata, status_block
 from shoal.frontends.grpc.native_messages import (
@@ -22,7 +23,6 @@ from shoal.frontends.grpc.native_messages import (
     inflate,
 )
 from shoal.frontends.grpc.native_split import InferSplitter, ReceiveArena, SplitRequest
-from shoal.frontends.grpc.servicer import LentReply
 from shoal.frontends.grpc.status import Status
 from shoal.frontends.h2 import frames as h2
 from shoal.frontends.h2.connection import Headers, Http2Connection, StreamHandler

@@ -14,8 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Iterator
 
 from google.protobuf import json_format
 
@@ -36,7 +35,6 @@ from shoal.frontends.grpc._infer import (
     stream_response_chunks,
 )
 from shoal.frontends.grpc._stream import answer_stream
-from shoal.frontends.grpc._wire import Chunk
 from shoal.protos import grpc_service_pb2 as pb
 
 _logger = logging.getLogger("shoal.frontends.grpc")
@@ -46,23 +44,6 @@ def unexpected(what: str) -> InternalError:
     """Log the exception being handled; the error the client gets instead of it."""
     _logger.exception("unexpected error while serving %s", what)
     return InternalError(f"internal error while serving {what}; see the server log")
-
-
-@dataclass(slots=True)
-class LentReply:
-    """A serialized reply whose chunks view memory lent by the core (a response's outputs,
-    read in place): ``release`` gives it back, once the chunks have been written out."""
-
-    chunks: list[Chunk]
-    release: Callable[[], None]
-
-
-#: An output of at least this many bytes is written from lent memory rather than copied.
-LEND_FROM = 64 * 1024
-
-
-def _lendable(chunks: list[Chunk]) -> bool:
-    return any(type(chunk) is memoryview and chunk.nbytes >= LEND_FROM for chunk in chunks)
 
 
 def _model_version(version: str) -> str:
@@ -88,6 +69,10 @@ class Servicer:
     def __init__(self, core: CoreAPI) -> None:
         self._core = core
         self._closing = asyncio.Event()
+
+    @property
+    def core(self) -> CoreAPI:
+        return self._core
 
     def close_streams(self) -> None:
         """Let every open ModelStreamInfer stream end once its running requests are answered."""
@@ -144,24 +129,6 @@ class Servicer:
             return b"".join(encode_infer_response(response, decoded))
         finally:
             response.release()  # the message is a copy: give the shared memory back
-
-    async def model_infer_lent(self, data: bytes | bytearray | memoryview) -> LentReply | bytes:
-        """:meth:`model_infer` without the copy of large outputs: the reply views them, and
-        the caller releases them once written. Small replies are copied, as by model_infer
-        (following the writes would cost more than the copy)."""
-        decoded = decode_infer_request(data)
-        response = await self._core.infer(decoded.request)
-        try:
-            chunks = encode_infer_response(response, decoded)
-            if _lendable(chunks):
-                return LentReply(chunks, response.release)
-        except BaseException:
-            response.release()
-            raise
-        try:
-            return b"".join(chunks)
-        finally:
-            response.release()
 
     def model_stream_infer(
         self, requests: AsyncIterable[bytes], *, close_on_error: bool = False

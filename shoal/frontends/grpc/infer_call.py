@@ -1,0 +1,79 @@
+"""ModelInfer as shoal's own gRPC server runs it: its guard, the request, the core, the reply.
+
+This is :meth:`~shoal.frontends.grpc.servicer.Servicer.model_infer` inside the guard every
+method has (:func:`shoal.frontends.grpc.methods._guarded`: the restricted-protocol check, errors
+as the call's status), written once for the one method that runs per inference, so that it is
+compiled with the rest of the call's path: two interpreted coroutines, stepped through on every
+resumption of the call, are one compiled one. The reply may view the response's memory
+(:class:`LentReply`) instead of copying large outputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Final
+
+from shoal.core import CoreAPI, ShoalError
+from shoal.frontends._restricted import GRPC_GROUPS, Restrictions
+from shoal.frontends.grpc._infer import decode_infer_request, encode_infer_response
+from shoal.frontends.grpc._wire import Chunk
+from shoal.frontends.grpc.servicer import unexpected
+from shoal.frontends.grpc.status import GRPC_STATUS, Status
+
+#: An output of at least this many bytes is written from lent memory rather than copied.
+LEND_FROM: Final = 64 * 1024
+_GROUP: Final = GRPC_GROUPS["ModelInfer"]
+
+
+class LentReply:
+    """A serialized reply whose chunks view memory lent by the core (a response's outputs,
+    read in place): ``release`` gives it back, once the chunks have been written out."""
+
+    __slots__ = ("chunks", "release")
+
+    def __init__(self, chunks: list[Chunk], release: Callable[[], None]) -> None:
+        self.chunks = chunks
+        self.release = release
+
+
+class InferCall:
+    """ModelInfer over ``core``, guarded by ``restrictions`` (see the module)."""
+
+    def __init__(self, core: CoreAPI, restrictions: Restrictions) -> None:
+        self._core = core
+        self._restrictions = restrictions
+
+    async def handle(self, data: Any, context: Any) -> LentReply | bytes:
+        """The reply to the serialized request ``data``; an error ends the call through
+        ``context.abort`` with its status, as every guarded method does."""
+        try:
+            restrictions = self._restrictions
+            if restrictions.restricts(_GROUP):
+                restrictions.check(_GROUP, context.invocation_metadata() or ())
+            return await self._infer(data)
+        except ShoalError as exc:
+            error = exc
+        except Exception:
+            error = unexpected("ModelInfer")
+        await context.abort(GRPC_STATUS.get(error.code, Status.INTERNAL), error.message)
+        raise AssertionError("abort returned")  # it raises: the call ends with the status
+
+    async def _infer(self, data: Any) -> LentReply | bytes:
+        """Small replies are copied (following the writes would cost more than the copy)."""
+        decoded = decode_infer_request(data)
+        response = await self._core.infer(decoded.request)
+        try:
+            chunks = encode_infer_response(response, decoded)
+            if _lendable(chunks):
+                return LentReply(chunks, response.release)
+        except BaseException:
+            response.release()
+            raise
+        try:
+            return b"".join(chunks)
+        finally:
+            response.release()
+
+
+def _lendable(chunks: list[Chunk]) -> bool:
+    return any(isinstance(chunk, memoryview) and chunk.nbytes >= LEND_FROM for chunk in chunks)
