@@ -15,6 +15,13 @@ then ``buffer_updated``; the write stands for the kernel's copy, the same in eve
     .venv/bin/python -m benchmarks.grpc_native_cpu --bytes 4194304 --calls 30
     .venv/bin/python -m benchmarks.grpc_native_cpu --bytes 64 --calls 3000
     .venv/bin/python -m benchmarks.grpc_native_cpu --arena --lent --frame 1048576
+
+Under callgrind (exact on a loaded machine), a small call's instructions: each run makes
+``2 * --calls`` calls (the warm-up round and one timed with ``--rounds 1``), so
+(total(3000) - total(300)) / 5400 is one call's, the benchmark's loop included:
+
+    valgrind --tool=callgrind python -m benchmarks.grpc_native_cpu --bytes 64 --calls N \
+        --rounds 1
 """
 
 from __future__ import annotations
