@@ -40,6 +40,7 @@ HOT_PATH: tuple[str, ...] = (
     "shoal/ipc/queue.py",
     "shoal/ipc/tensor.py",
     "shoal/ipc/whole_results.py",
+    "shoal/ipc/stat_counters.py",
     "shoal/frontends/_binary.py",
     "shoal/frontends/workers/_wire.py",
     "shoal/frontends/workers/_response_wire.py",

@@ -294,7 +294,8 @@ def worker_main(argv: list[str]) -> int:
     import uvloop
 
     parser = argparse.ArgumentParser(prog="shoal-frontend-worker")
-    for name in ("control", "calls", "segments", "arena", "parent", "index", "http-fd", "grpc-fd"):
+    names = ("control", "calls", "segments", "arena", "parent", "index", "counters")
+    for name in (*names, "http-fd", "grpc-fd"):
         parser.add_argument(f"--{name}", type=int, default=-1)
     args = parser.parse_args(argv)
     from shoal.frontends.workers.process import follow_parent, read_hello
@@ -323,6 +324,7 @@ def worker_main(argv: list[str]) -> int:
                 segments,
                 args.arena,
                 args.index,
+                args.counters,
             )
         )
     )
@@ -336,6 +338,7 @@ async def _serve_worker(
     segments: socket.socket | None = None,
     arena_id: int = -1,
     index: int = 0,
+    counters: int = -1,
 ) -> int:
     from shoal.frontends.workers import _wire as wire
     from shoal.frontends.workers.arenas import StagingArena
@@ -363,8 +366,8 @@ async def _serve_worker(
         segments.close()
     outputs = None if arena is None or segments is None else MappedOutputs(segments, arena)
     core = RemoteCore(control, arena, outputs)
-    if options.direct_dispatch:
-        core.enable_direct(index)
+    if options.direct_dispatch and counters >= 0:
+        core.enable_direct(index, counters)
     core.on_log_settings = apply_log_settings
     serving: list[HttpServer] = []
 

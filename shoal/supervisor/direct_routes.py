@@ -18,8 +18,9 @@ what must be global: which versions may be routed so, and when a route must be g
 * A worker that exits: its channels are detached from the stubs and closed
   (:meth:`worker_gone`). A stub that exits: the workers see it on its pidfd and fail what
   they had sent it; its channels are closed here when next looked at (:meth:`_prune`).
-* Statistics: the worker counts each request it routed so (:meth:`record`), with the times
-  the stub reported, before it answers the client.
+* Statistics: the worker counts each request it routed so, with the times the stub
+  reported, before it answers the client, in a row of counters in shared memory that the
+  grant names (``direct_counters.py``); the version's statistics add the row when read.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from shoal.core.errors import ShoalError
 from shoal.ipc import messages as msg
 from shoal.ipc.fdpass import PeerGone, send_fds
 from shoal.ipc.queue import Channel
+from shoal.supervisor.direct_counters import DirectCounters
 from shoal.supervisor.drain import DrainGate
 from shoal.supervisor.extensions.trace_settings import TraceSettings
 from shoal.supervisor.instances.process import StubProcess
@@ -43,14 +45,12 @@ from shoal.supervisor.requests.packed import PackingSlots, packable
 
 log = logging.getLogger("shoal")
 
-#: The failure reasons of the outcomes a worker counts (``frontends/workers/direct.py``: 0 is
-#: a success, 1 the model's error, 2 a client gone, 3 anything else).
-REASONS = ("", "BACKEND", "CANCELED", "OTHER")
 #: How long a drain waits for the workers to give a version's routes back.
 REVOKE_TIMEOUT_S = 30.0
 
-#: ``[slot, generation, version label, [[stub pid, fresh, instance name], ...]]`` (``fresh``:
-#: its channel is new, its fds sent now) and the new channels to send, by stub pid.
+#: ``[slot, generation, version label, [[stub pid, fresh, instance name], ...], row]``
+#: (``fresh``: its channel is new, its fds sent now; ``row``: where the worker counts the
+#: statistics) and the new channels to send, by stub pid.
 Grant = tuple[list[Any], list[tuple[int, Channel]]]
 
 
@@ -82,6 +82,8 @@ class DirectRoutes:
         self._gate = gate
         self._tracing = tracing
         self._no_cache = no_cache
+        #: Each worker's rows of statistics counters.
+        self.counters = DirectCounters(slots.loaded)
         #: The stubs each worker has a channel to, by pid.
         self._channels: dict[int, dict[int, StubProcess]] = {}
         #: The versions each worker holds a route to, with the slots it knows them by.
@@ -115,6 +117,9 @@ class DirectRoutes:
         stubs = [p for p in procs if isinstance(p, StubProcess) and p.returncode is None]
         if slot is None or not stubs or len(stubs) != len(procs):
             return None
+        row = self.counters.row_for(worker, mv)
+        if row is None:
+            return None
         self._prune(worker)
         channels = self._channels.setdefault(worker, {})
         entries: list[list[Any]] = []
@@ -141,7 +146,7 @@ class DirectRoutes:
                 len(stubs),
             )
         held.setdefault(id(mv), (mv, set()))[1].add(slot)
-        return [slot, mv.summary.generation, mv.version_label, entries], made
+        return [slot, mv.summary.generation, mv.version_label, entries, row], made
 
     def _routable(self, name: str, version: str) -> ModelVersion | None:
         try:
@@ -183,6 +188,10 @@ class DirectRoutes:
         """Stub ``pid``, to which worker ``worker`` has a channel, while it runs."""
         proc = self._channels.get(worker, {}).get(pid)
         return proc if proc is not None and proc.returncode is None else None
+
+    def counters_fd(self, worker: int) -> int:
+        """The segment of statistics counters worker ``worker`` is started with."""
+        return self.counters.fd(worker)
 
     def stub_died(self, pid: int, error: ShoalError) -> None:
         """Stub ``pid`` died: the workers with a channel to it fail what they had sent it
@@ -287,27 +296,3 @@ class DirectRoutes:
         workers.discard(worker)
         if not workers and not done.done():
             done.set_result(None)
-
-    def record(self, slot: int, generation: int, counts: list[list[int]]) -> None:
-        """Statistics of requests a worker routed directly to version ``slot``: per request
-        ``[outcome, executed, total_ns, queue_ns, input_ns, infer_ns, output_ns]``, one request
-        per execution; ``outcome`` 0 is a success, another a failure of reason
-        :data:`REASONS` ``[outcome]`` (its total counted)."""
-        pairs = self._slots.pairs
-        if slot >= len(pairs):
-            return
-        try:
-            mv = self._slots.loaded.resolve(*pairs[slot])
-        except ShoalError:
-            return
-        if mv.summary.generation != generation:
-            return
-        stats = mv.stats
-        for outcome, executed, total_ns, queue_ns, input_ns, infer_ns, output_ns in counts:
-            compute = (input_ns, infer_ns, output_ns)
-            if executed:
-                stats.execution(1, compute)
-            if outcome:
-                stats.failure(total_ns, REASONS[outcome] if outcome < len(REASONS) else "OTHER")
-            else:
-                stats.success(1, total_ns, queue_ns, compute)

@@ -59,12 +59,13 @@ DROP = 12  # core -> worker: a segment it maps went away (or a whole arena: segm
 STALE = 13
 #: Direct dispatch (``direct.py``): core -> worker, give these routes back
 #: ``[DIRECT_REVOKE, 0, token, slots]``; worker -> core, none of them is in use any more
-#: ``[DIRECT_RELEASED, 0, token]``; worker -> core, statistics of requests routed directly
-#: ``[DIRECT_STATS, 0, slot, generation, counts]``; core -> worker, a stub it sends to died
+#: ``[DIRECT_RELEASED, 0, token]``; core -> worker, a stub it sends to died
 #: ``[DIRECT_STUB_GONE, 0, pid, error]``; worker -> core, it sends no more on the routes a
 #: revocation took (at once) ``[DIRECT_STOPPED, 0, token]``.
 DIRECT_REVOKE = 14
 DIRECT_RELEASED = 15
+#: Unused, reserved: it carried the statistics of requests routed directly, which workers now
+#: count in shared memory (``ipc/stat_counters.py``).
 DIRECT_STATS = 16
 DIRECT_STUB_GONE = 17
 DIRECT_STOPPED = 18

@@ -114,12 +114,12 @@ class RemoteCore(CoreAPI):
         #: Plain requests sent straight to the stubs (``direct.py``); None: off.
         self.direct: DirectDispatch | None = None
 
-    def enable_direct(self, worker: int) -> None:
-        """Send plain requests straight to the stubs, as worker number ``worker``."""
+    def enable_direct(self, worker: int, counters: int) -> None:
+        """Send plain requests straight to the stubs, as worker number ``worker``, counting
+        them in the statistics counters of segment ``counters`` (an fd)."""
         if self.outputs is not None and self.arena is not None:
-            self.direct = DirectDispatch(
-                worker, self._sync, self.outputs.segments, self.send, self.arena
-            )
+            segments, arena = self.outputs.segments, self.arena
+            self.direct = DirectDispatch(worker, self._sync, segments, self.send, arena, counters)
 
     async def connect(self, calls: socket.socket) -> None:
         """Start reading answers from the asynchronous socket."""

@@ -8,8 +8,9 @@ request (docs/decisions.md, "Direct dispatch"). Inputs too large to travel inlin
 of the worker's arena: the core gives the stub each segment once (``direct_inputs``), and the
 worker frees the blocks when the Result comes. The worker makes the response (inline outputs;
 outputs in the stub's arena read in place, their blocks given back on the same ring once
-written), counts the request's statistics to the core before it answers, and on a client that
-went away sends the stub a Cancel.
+written), counts the request's statistics in shared memory before it answers
+(``ipc/stat_counters.py``: the core adds them up when read), and on a client that went away
+sends the stub a Cancel.
 
 Anything else takes the core's way: a request that does not fit, a full ring, a route the core
 refused or took back (:meth:`DirectDispatch.revoke`: the worker answers once its requests on it
@@ -45,12 +46,11 @@ from shoal.ipc import messages as msg
 from shoal.ipc.arena import Block
 from shoal.ipc.peer_segments import AnnouncedSegments
 from shoal.ipc.queue import Channel
+from shoal.ipc.stat_counters import BACKEND, CANCELED, OTHER, SUCCESS, CounterRows, Tally
 from shoal.ipc.tensor import InlineBytes
 
 __all__ = ["DirectDispatch", "Route", "direct_fits"]
 
-#: A request's outcome in the statistics a worker sends (``direct_routes.record``).
-SUCCESS, BACKEND, CANCELED, OTHER = 0, 1, 2, 3
 #: How long a worker waits for the core's words on a stub's exit before it uses its own.
 EXIT_WORDS_S = 1.0
 #: How long a worker trusts that a version has no route before it asks again.
@@ -83,11 +83,13 @@ class DirectDispatch:
         segments: AnnouncedSegments,
         send: Callable[[list[Any]], None],
         inputs: InputArena,
+        counters: int,
     ) -> None:
         """``call(method, *args)``: a synchronous call of the core (``direct_route``, for a
         route; ``direct_segment``, for a stub's output segment's fd; ``direct_inputs``, to
         give a stub segments of the worker's input arena); ``send``: a frame to it;
-        ``inputs``: the worker's input arena."""
+        ``inputs``: the worker's input arena; ``counters``: the fd of its segment of
+        statistics counters."""
         self._worker = worker
         self._inputs = inputs
         self._origin = (worker + 1) << ORIGIN_SHIFT
@@ -97,8 +99,8 @@ class DirectDispatch:
         self._routes: dict[tuple[str, str], Route | float] = {}
         self._stubs: dict[int, Stub] = {}
         self._ids = itertools.count(1)
-        #: Statistics not yet sent, by (slot, generation).
-        self._counts: dict[tuple[int, int], list[list[int]]] = {}
+        #: The statistics of the requests answered, written before their responses.
+        self._tally = Tally(CounterRows(counters))
 
     # -- routes ------------------------------------------------------------------------------
 
@@ -120,7 +122,7 @@ class DirectDispatch:
     def _granted(self, plain: list[Any] | None) -> Route | None:
         if plain is None:
             return None
-        slot, generation, label, entries = plain
+        slot, generation, label, entries, row = plain
         stubs = []
         for pid, fresh, name in entries:
             stub = self._stubs.get(pid)
@@ -129,7 +131,7 @@ class DirectDispatch:
             if stub.dead:
                 return None
             stubs.append(stub)
-        return Route(slot, generation, label, stubs, self._worker)
+        return Route(slot, generation, label, stubs, self._worker, row)
 
     def _adopt(self, pid: int, name: str, fds: list[int], old: Stub | None) -> Stub:
         """Our end of a new channel to stub ``pid``, watched on the loop with the stub's exit."""
@@ -260,7 +262,7 @@ class DirectDispatch:
             self._send([wire.DIRECT_RELEASED, 0, token])
 
     def _read(self, stub: Stub) -> None:
-        """Results waiting on ``stub``'s channel: statistics counted (and sent, before any
+        """Results waiting on ``stub``'s channel: statistics counted (and written, before any
         response is written), each to the request waiting for it."""
         results: list[tuple[Waiting, msg.Result]] = []
         while (payload := stub.channel.recv_up_nowait()) is not None:
@@ -300,14 +302,12 @@ class DirectDispatch:
     ) -> None:
         route = waiting.route
         total_ns = time.monotonic_ns() - waiting.started_ns
-        counts = self._counts.setdefault((route.slot, route.generation), [])
-        counts.append([outcome, executed, total_ns, queue_ns, *compute])
+        self._tally.count(
+            route.row, route.generation, outcome, executed, total_ns, queue_ns, compute
+        )
 
     def _flush(self) -> None:
-        counts, self._counts = self._counts, {}
-        for (slot, generation), each in counts.items():
-            with contextlib.suppress(Exception):  # the core is gone, and its statistics
-                self._send([wire.DIRECT_STATS, 0, slot, generation, each])
+        self._tally.publish()
 
     def _response(
         self,

@@ -53,9 +53,11 @@ class Route:
     """A version this worker sends to directly: its stubs and what it has in flight there."""
 
     def __init__(
-        self, slot: int, generation: int, label: str, stubs: list[Stub], turn: int
+        self, slot: int, generation: int, label: str, stubs: list[Stub], turn: int, row: int
     ) -> None:
         self.slot = slot
+        #: The row of this worker's statistics counters that counts the version's requests.
+        self.row = row
         #: Where the next choice of a stub starts among equals (``_least_busy``).
         self.turn = turn
         self.generation = generation

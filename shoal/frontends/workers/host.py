@@ -82,7 +82,7 @@ class DirectGrants(Protocol):
 
     def stopped_by(self, worker: int, token: int) -> None: ...
 
-    def record(self, slot: int, generation: int, counts: list[list[int]]) -> None: ...
+    def counters_fd(self, worker: int) -> int: ...
 
     def worker_gone(self, worker: int) -> None: ...
 
@@ -188,9 +188,6 @@ class _Link:
         elif kind == wire.RETIRED:
             if self.arena is not None:
                 self.arena.retired(header[2])
-        elif kind == wire.DIRECT_STATS:
-            if (direct := self.core.direct) is not None:
-                direct.record(header[2], header[3], header[4])
         elif kind == wire.DIRECT_RELEASED:
             if (direct := self.core.direct) is not None:
                 direct.released(self.index, header[2])

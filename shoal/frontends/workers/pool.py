@@ -100,6 +100,10 @@ class WorkerPool:
         calls, calls_child = socket.socketpair()
         segments, segments_child = socket.socketpair()
         arena_id = next(_arena_ids) if self._arenas is not None else -1
+        # The same segment of statistics counters for every start of this worker: its counts
+        # outlive it (``direct_counters.py``).
+        direct = self._core.direct
+        counters = -1 if direct is None else direct.counters_fd(index)
         try:
             argv = [
                 *self._command,
@@ -115,6 +119,8 @@ class WorkerPool:
                 str(os.getpid()),
                 "--index",
                 str(index),
+                "--counters",
+                str(counters),
             ]
             link.proc = subprocess.Popen(
                 argv,
@@ -122,6 +128,7 @@ class WorkerPool:
                     control_child.fileno(),
                     calls_child.fileno(),
                     segments_child.fileno(),
+                    *([] if counters < 0 else [counters]),
                     *self._inherit,
                 ],
                 stdin=subprocess.DEVNULL,

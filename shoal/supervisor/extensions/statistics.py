@@ -1,6 +1,8 @@
 """Per model-version statistics with the exact shape of Triton's statistics extension.
 
-Where each duration starts and stops is defined in docs/statistics.md.
+Where each duration starts and stops is defined in docs/statistics.md. The requests frontend
+workers send straight to stubs are counted by the workers in shared memory
+(``ipc/stat_counters.py``) and added here when a snapshot is taken.
 """
 
 from __future__ import annotations
@@ -8,10 +10,13 @@ from __future__ import annotations
 import copy
 import time
 
-from shoal.core.types import BatchStatistics, ModelStatistics, ResponseStatistics
+from shoal.core.types import BatchStatistics, ModelStatistics, ResponseStatistics, StatDuration
+from shoal.ipc import stat_counters as sc
 
 #: (compute_input, compute_infer, compute_output) nanoseconds of one execution.
 ComputeNs = tuple[int, int, int]
+#: Triton's failure reasons of the outcomes a worker counts (``stat_counters``: 1, 2, 3).
+REASONS = ("BACKEND", "CANCELED", "OTHER")
 
 
 class StatsRecorder:
@@ -22,6 +27,20 @@ class StatsRecorder:
         self._batches: dict[int, BatchStatistics] = {}
         #: ``--trace-overhead``: stage name -> [count, total ns] (None: not traced).
         self.overhead: dict[str, list[int]] | None = None
+        #: The workers' rows counting this version's direct requests: (rows, row, generation).
+        self._direct: list[tuple[sc.CounterRows, int, int]] = []
+
+    def add_direct(self, rows: sc.CounterRows, row: int, generation: int) -> None:
+        """A worker counts this version's direct requests in ``row`` of ``rows``."""
+        self._direct.append((rows, row, generation))
+
+    def drop_direct(self, rows: sc.CounterRows, row: int) -> None:
+        """The core takes ``row`` back: what it counted is kept here."""
+        for source in [s for s in self._direct if s[0] is rows and s[1] == row]:
+            self._direct.remove(source)
+            fields = rows.read(row)
+            if fields[sc.GENERATION] == source[2]:
+                _fold(self._stats, self._batches, fields)
 
     def stage(self, name: str, ns: int) -> None:
         """Time one request spent in one stage of shoal's pipeline (docs/perf.md)."""
@@ -109,5 +128,47 @@ class StatsRecorder:
 
     def snapshot(self) -> ModelStatistics:
         stats = copy.deepcopy(self._stats)
-        stats.batch_stats = [copy.deepcopy(b) for _, b in sorted(self._batches.items())]
+        batches = {size: copy.deepcopy(b) for size, b in self._batches.items()}
+        for rows, row, generation in self._direct:
+            fields = rows.read(row)
+            if fields[sc.GENERATION] == generation:
+                _fold(stats, batches, fields)
+        stats.batch_stats = [b for _, b in sorted(batches.items())]
         return stats
+
+
+def _fold(
+    stats: ModelStatistics, batches: dict[int, BatchStatistics], fields: tuple[int, ...]
+) -> None:
+    """Add a worker's row (``stat_counters``) to ``stats``: what ``success``, ``failure`` and
+    ``execution`` (of one request) would have added for each request it counted."""
+    successes = fields[sc.SUCCESSES]
+    infer = stats.inference_stats
+    stats.inference_count += successes
+    _add(infer.success, successes, fields[sc.SUCCESS_NS])
+    _add(infer.queue, successes, fields[sc.QUEUE_NS])
+    _add(infer.compute_input, successes, fields[sc.SUCCESS_INPUT_NS])
+    _add(infer.compute_infer, successes, fields[sc.SUCCESS_INFER_NS])
+    _add(infer.compute_output, successes, fields[sc.SUCCESS_OUTPUT_NS])
+    failures = 0
+    for outcome, reason in enumerate(REASONS, 1):
+        count = fields[sc.FAILURES + outcome]
+        if count:
+            stats.failure_reasons[reason] = stats.failure_reasons.get(reason, 0) + count
+            failures += count
+    _add(infer.fail, failures, fields[sc.FAILURE_NS])
+    executions = fields[sc.EXECUTIONS]
+    if executions:
+        stats.execution_count += executions
+        batch = batches.get(1)
+        if batch is None:
+            batch = batches[1] = BatchStatistics(1)
+        _add(batch.compute_input, executions, fields[sc.EXECUTION_INPUT_NS])
+        _add(batch.compute_infer, executions, fields[sc.EXECUTION_INFER_NS])
+        _add(batch.compute_output, executions, fields[sc.EXECUTION_OUTPUT_NS])
+    stats.last_inference = max(stats.last_inference, fields[sc.LAST_INFERENCE_MS])
+
+
+def _add(duration: StatDuration, count: int, ns: int) -> None:
+    duration.count += count
+    duration.ns += ns
