@@ -12,9 +12,10 @@ to a version when its statistics are asked for.
 
 A row (:data:`ROW_WORDS` little-endian int64 words): the version at word 0, then two copies
 of the :data:`FIELDS` fields (:data:`GENERATION` first). The copy in use is ``version & 1``.
-The worker, the row's one writer, writes the sum of the copy in use and its new counts into
+The worker, the row's one writer, keeps the row's totals in a list (read from the row at
+its first count there), adds each request to it, and once per loop turn writes the list into
 the other copy, then bumps the version (one aligned store): a worker killed in between leaves
-the copy in use whole, which its successor adds to. The core reads the version, the copy it
+the copy in use whole, which its successor starts from. The core reads the version, the copy it
 names, and the version again, and reads again if it moved: a read never shows a request half
 counted (a success without its duration). The stores are ordered as written on x86-64 (TSO);
 a CPU that reorders stores would need fences Python does not issue.
@@ -26,6 +27,7 @@ import mmap
 import os
 import struct
 import time
+from typing import Final
 
 __all__ = [
     "BACKEND",
@@ -42,42 +44,44 @@ __all__ = [
 
 #: A request's outcome as a worker counts it: a success, or a failure of Triton's reason
 #: BACKEND (the model's error), CANCELED (the client went away) or OTHER.
-SUCCESS, BACKEND, CANCELED, OTHER = 0, 1, 2, 3
+SUCCESS: Final = 0
+BACKEND: Final = 1
+CANCELED: Final = 2
+OTHER: Final = 3
 
-#: The fields of a copy: the generation of the version the row is bound to; successes with
-#: their total, queue and compute (input, infer, output) nanoseconds; executions (of one
-#: request each) with their compute nanoseconds; the failures' total nanoseconds and their
-#: counts by reason (``FAILURES + outcome``); the last inference (ms since the epoch).
-(
-    GENERATION,
-    SUCCESSES,
-    SUCCESS_NS,
-    QUEUE_NS,
-    SUCCESS_INPUT_NS,
-    SUCCESS_INFER_NS,
-    SUCCESS_OUTPUT_NS,
-    EXECUTIONS,
-    EXECUTION_INPUT_NS,
-    EXECUTION_INFER_NS,
-    EXECUTION_OUTPUT_NS,
-    FAILURE_NS,
-) = range(12)
+# The fields of a copy (Final: compiled code reads them as constants): the generation of the
+# version the row is bound to; successes with their total, queue and compute (input, infer,
+# output) nanoseconds; executions (of one request each) with their compute nanoseconds; the
+# failures' total nanoseconds and their counts by reason (``FAILURES + outcome``); the last
+# inference (ms since the epoch).
+GENERATION: Final = 0
+SUCCESSES: Final = 1
+SUCCESS_NS: Final = 2
+QUEUE_NS: Final = 3
+SUCCESS_INPUT_NS: Final = 4
+SUCCESS_INFER_NS: Final = 5
+SUCCESS_OUTPUT_NS: Final = 6
+EXECUTIONS: Final = 7
+EXECUTION_INPUT_NS: Final = 8
+EXECUTION_INFER_NS: Final = 9
+EXECUTION_OUTPUT_NS: Final = 10
+FAILURE_NS: Final = 11
 #: The count of failures of outcome ``o`` is field ``FAILURES + o`` (o in 1..3).
-FAILURES = FAILURE_NS
-LAST_INFERENCE_MS = FAILURES + OTHER + 1
-FIELDS = LAST_INFERENCE_MS + 1
+FAILURES: Final = 11
+LAST_INFERENCE_MS: Final = 15
+FIELDS: Final = 16
 
 #: Rows per worker: one per model version it routes to (the core reuses the rows of unloaded
 #: versions).
-ROWS = 1024
+ROWS: Final = 1024
 #: Words per row (512 bytes: the version, then the copies at words 8 and 32).
-ROW_WORDS = 64
-COPIES = (8, 32)
-SEGMENT_BYTES = ROWS * ROW_WORDS * 8
-_COPY = struct.Struct(f"<{FIELDS}q")
+ROW_WORDS: Final = 64
+COPIES: Final = (8, 32)
+SEGMENT_BYTES: Final = ROWS * ROW_WORDS * 8
+_COPY: Final = struct.Struct("<16q")
 #: Reads of a row before the core takes what it read (a writer publishes once per loop turn:
 #: two publishes within one read of 128 bytes do not happen in practice).
-_TRIES = 1000
+_TRIES: Final = 1000
 
 
 class CounterRows:
@@ -87,7 +91,8 @@ class CounterRows:
         #: The memfd (the core keeps it to hand to a restarted worker).
         self.fd = fd
         self._map = mmap.mmap(fd, SEGMENT_BYTES)
-        self._words = memoryview(self._map).cast("q")
+        self._bytes = memoryview(self._map)  # struct packs into a view faster than the map
+        self._words = self._bytes.cast("q")
 
     @classmethod
     def create(cls) -> CounterRows:
@@ -106,49 +111,50 @@ class CounterRows:
         base = row * ROW_WORDS
         for copy in COPIES:
             start = (base + copy) * 8
-            _COPY.pack_into(self._map, start, generation, *([0] * (FIELDS - 1)))
+            _COPY.pack_into(self._bytes, start, generation, *([0] * (FIELDS - 1)))
 
     def read(self, row: int) -> tuple[int, ...]:
-        """The fields of ``row``, as one publish of the worker left them (never half one)."""
+        """The fields of ``row``, as one write of the worker left them (never half one)."""
         words = self._words
         base = row * ROW_WORDS
         fields: tuple[int, ...] = ()
         for _ in range(_TRIES):
             version = words[base]
-            fields = _COPY.unpack_from(self._map, (base + COPIES[version & 1]) * 8)
+            fields = _COPY.unpack_from(self._bytes, (base + COPIES[version & 1]) * 8)
             if words[base] == version:
                 break
         return fields
 
-    def add(self, row: int, counts: list[int], now_ms: int) -> None:
-        """Add ``counts`` (fields, their generation first) to ``row``: the worker's, its one
-        writer. Dropped if the row is bound to another generation now (the core took it back
-        from a version that is gone: nobody reads that version's statistics any more)."""
+    def write(self, row: int, totals: list[int]) -> bool:
+        """Make ``totals`` (fields, their generation first) the fields of ``row``: the
+        worker's, its one writer. False, and nothing written, if the row is bound to another
+        generation now (the core took it back from a version that is gone)."""
         words = self._words
         base = row * ROW_WORDS
         version = words[base]
-        current = _COPY.unpack_from(self._map, (base + COPIES[version & 1]) * 8)
-        if current[GENERATION] != counts[GENERATION]:
-            return
-        total = [current[i] + counts[i] for i in range(FIELDS)]
-        total[GENERATION] = counts[GENERATION]
-        total[LAST_INFERENCE_MS] = now_ms
-        _COPY.pack_into(self._map, (base + COPIES[(version + 1) & 1]) * 8, *total)
+        if words[base + COPIES[version & 1]] != totals[GENERATION]:
+            return False
+        _COPY.pack_into(self._bytes, (base + COPIES[(version + 1) & 1]) * 8, *totals)
         words[base] = version + 1
+        return True
 
     def close(self) -> None:
         self._words.release()
+        self._bytes.release()
         self._map.close()
         os.close(self.fd)
 
 
 class Tally:
-    """A worker's counts of one loop turn, by row, written to its rows at once
-    (:meth:`publish`, before the turn's responses are written)."""
+    """A worker's totals of its rows, each request added at once and written to the rows once
+    per loop turn (:meth:`publish`, before the turn's responses are written)."""
 
     def __init__(self, rows: CounterRows) -> None:
         self._rows = rows
-        self._pending: dict[int, list[int]] = {}
+        #: The totals of each row counted in (a copy of the row, the worker its one writer).
+        self._totals: dict[int, list[int]] = {}
+        #: The rows counted in since the last :meth:`publish`.
+        self._changed: dict[int, list[int]] = {}
 
     def count(
         self,
@@ -161,37 +167,51 @@ class Tally:
         compute: tuple[int, int, int] = (0, 0, 0),
     ) -> None:
         """One request: a success or a failure (``outcome``), run by the model or not."""
-        counts = self._pending.get(row)
-        if counts is None or counts[GENERATION] != generation:
-            if counts is not None:  # a request of a version gone, whose row the core reused
-                self._rows.add(row, counts, _now_ms())  # (the one not the row's is dropped)
-            counts = self._pending[row] = [0] * FIELDS
-            counts[GENERATION] = generation
+        totals = self._totals.get(row)
+        if totals is None or totals[GENERATION] != generation:
+            totals = self._start(row, generation)
         if outcome == SUCCESS:
-            counts[SUCCESSES] += 1
-            counts[SUCCESS_NS] += total_ns
-            counts[QUEUE_NS] += queue_ns
-            counts[SUCCESS_INPUT_NS] += compute[0]
-            counts[SUCCESS_INFER_NS] += compute[1]
-            counts[SUCCESS_OUTPUT_NS] += compute[2]
+            totals[SUCCESSES] += 1
+            totals[SUCCESS_NS] += total_ns
+            totals[QUEUE_NS] += queue_ns
+            totals[SUCCESS_INPUT_NS] += compute[0]
+            totals[SUCCESS_INFER_NS] += compute[1]
+            totals[SUCCESS_OUTPUT_NS] += compute[2]
         else:
-            counts[FAILURE_NS] += total_ns
-            counts[FAILURES + outcome] += 1
+            totals[FAILURE_NS] += total_ns
+            totals[FAILURES + outcome] += 1
         if executed:
-            counts[EXECUTIONS] += 1
-            counts[EXECUTION_INPUT_NS] += compute[0]
-            counts[EXECUTION_INFER_NS] += compute[1]
-            counts[EXECUTION_OUTPUT_NS] += compute[2]
+            totals[EXECUTIONS] += 1
+            totals[EXECUTION_INPUT_NS] += compute[0]
+            totals[EXECUTION_INFER_NS] += compute[1]
+            totals[EXECUTION_OUTPUT_NS] += compute[2]
+        self._changed[row] = totals
+
+    def _start(self, row: int, generation: int) -> list[int]:
+        """The totals of ``row`` for ``generation``, from the row (a restarted worker goes on
+        from its predecessor's); counts of another generation than the row's go nowhere (a
+        request of a version gone, whose row the core reused)."""
+        changed = self._changed.pop(row, None)
+        if changed is not None:  # another generation's, not yet written: written first
+            changed[LAST_INFERENCE_MS] = time.time_ns() // 1_000_000
+            self._write(row, changed)
+        totals = list(self._rows.read(row))
+        if totals[GENERATION] != generation:
+            totals = [0] * FIELDS
+            totals[GENERATION] = generation
+        self._totals[row] = totals
+        return totals
 
     def publish(self) -> None:
-        """Write the counts of this turn to the rows (the core may read them from now on)."""
-        if not self._pending:
+        """Write this turn's totals to the rows (the core may read them from now on)."""
+        if not self._changed:
             return
-        pending, self._pending = self._pending, {}
-        now_ms = _now_ms()
-        for row, counts in pending.items():
-            self._rows.add(row, counts, now_ms)
+        changed, self._changed = self._changed, {}
+        now_ms = time.time_ns() // 1_000_000
+        for row, totals in changed.items():
+            totals[LAST_INFERENCE_MS] = now_ms
+            self._write(row, totals)
 
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
+    def _write(self, row: int, totals: list[int]) -> None:
+        if not self._rows.write(row, totals):
+            self._totals.pop(row, None)  # rebound since: read anew at its next count
