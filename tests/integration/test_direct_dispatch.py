@@ -246,17 +246,26 @@ def _slow(url: str, seconds: float, results: queue.Queue) -> None:
         client.close()
 
 
-def test_an_unload_waits_for_the_requests_sent_straight_to_the_stub(repo: Path):
-    with _start(repo) as server:
+def test_an_unload_waits_for_the_requests_sent_straight_to_the_stub(tmp_path: Path):
+    """Four instances of ``slow``, so that the unload begins only once all four requests are
+    executing (each says so): a request that had not reached the server by then would rightly
+    be refused, and the test would race its own threads."""
+    (tmp_path / "slow" / "1").mkdir(parents=True)
+    config = (TEST_MODELS / "slow" / "config.pbtxt").read_text()
+    (tmp_path / "slow" / "config.pbtxt").write_text(
+        config + "instance_group [ { count: 4 kind: KIND_CPU } ]\n"
+    )
+    (tmp_path / "slow" / "1" / "model.py").symlink_to(TEST_MODELS / "slow" / "1" / "model.py")
+    with _start(tmp_path) as server:
         results: queue.Queue = queue.Queue()
         mark = len(server.output)
         threads = [
-            threading.Thread(target=_slow, args=(server.url, 0.5, results)) for _ in range(4)
+            threading.Thread(target=_slow, args=(server.url, 1.0, results)) for _ in range(4)
         ]
         for thread in threads:
             thread.start()
         deadline = time.monotonic() + 60
-        while "slow: executing" not in server.output[mark:]:
+        while server.output[mark:].count("slow: executing") < 4:
             assert time.monotonic() < deadline, server.output[mark:]
             time.sleep(0.02)  # polling the server log
         client = httpclient.InferenceServerClient(server.url)
@@ -265,7 +274,7 @@ def test_an_unload_waits_for_the_requests_sent_straight_to_the_stub(repo: Path):
             for thread in threads:
                 thread.join(60)
             answers = [results.get_nowait() for _ in threads]
-            assert answers == [0.5] * 4, answers
+            assert answers == [1.0] * 4, answers
             assert not client.is_model_ready("slow")
         finally:
             client.close()
