@@ -15,7 +15,9 @@ import signal
 import threading
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -138,23 +140,29 @@ def _metric(server: ShoalServer, name: str, model: str) -> float:
     return 0.0
 
 
-def test_each_worker_routes_plain_requests_straight_with_exact_statistics(server):
-    before = _success(server, "expand")
-    metric_before = _metric(server, "nv_inference_request_success", "expand")
-    sent = 0
+def _each_worker_and_protocol(server: ShoalServer) -> Iterator[tuple[Any, Any]]:
+    """(client module, client) over HTTP then gRPC, through worker 0 then worker 1."""
     for index in (0, 1):
         with through(server, index):
             for module, url in ((httpclient, server.url), (grpcclient, server.grpc_url)):
                 client = module.InferenceServerClient(url)
                 try:
-                    # 4 outputs travel inline in the Result; 300,000 (1.2 MB) in the stub's
-                    # arena, read in place by the worker and given back
-                    for count in (4, 300_000, 4, 300_000):
-                        out = _expand(module, client, count)
-                        np.testing.assert_array_equal(out, np.arange(count, dtype=np.float32))
-                        sent += 1
+                    yield module, client
                 finally:
                     client.close()
+
+
+def test_each_worker_routes_plain_requests_straight_with_exact_statistics(server):
+    before = _success(server, "expand")
+    metric_before = _metric(server, "nv_inference_request_success", "expand")
+    sent = 0
+    for module, client in _each_worker_and_protocol(server):
+        # 4 outputs travel inline in the Result; 300,000 (1.2 MB) in the stub's arena, read
+        # in place by the worker and given back
+        for count in (4, 300_000, 4, 300_000):
+            out = _expand(module, client, count)
+            np.testing.assert_array_equal(out, np.arange(count, dtype=np.float32))
+            sent += 1
     assert server.output.count(ROUTED) == 2, server.output  # one route per worker
     success, executions = _success(server, "expand")
     assert (success - before[0], executions - before[1]) == (sent, sent)
@@ -195,17 +203,11 @@ def test_large_inputs_go_from_the_worker_arena_straight_to_the_stub(repo: Path):
     with _start(repo, *_SMALL_ARENAS, "--log-verbose", "1") as server:
         before = _success(server, "sum")
         sent = 0
-        for index in (0, 1):
-            with through(server, index):
-                for module, url in ((httpclient, server.url), (grpcclient, server.grpc_url)):
-                    client = module.InferenceServerClient(url)
-                    try:
-                        for _ in range(20):
-                            assert _sum(module, client, x) == expected
-                            np.testing.assert_array_equal(_echo(module, client, x), x)
-                            sent += 1
-                    finally:
-                        client.close()
+        for module, client in _each_worker_and_protocol(server):
+            for _ in range(20):
+                assert _sum(module, client, x) == expected
+                np.testing.assert_array_equal(_echo(module, client, x), x)
+                sent += 1
         success, executions = _success(server, "sum")
         assert (success - before[0], executions - before[1]) == (sent, sent)
         assert "lends input segment" in server.output, server.output
