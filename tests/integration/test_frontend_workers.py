@@ -10,12 +10,14 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import http.client
 import json
 import os
 import queue
 import re
 import signal
 import socket
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -732,43 +734,83 @@ def _verbose_lines(server: ShoalServer, pid: int) -> int:
     )
 
 
-def _until_logged(server: ShoalServer, index: int, pid: int) -> None:
+def _logs_verbose(server: ShoalServer, index: int, pid: int) -> None:
+    """Worker ``index`` (``pid``) logs at verbose level: one bad preface through it is logged."""
+    before = _verbose_lines(server, pid)
+    with through(server, index):
+        _bad_preface(server)
     deadline = time.monotonic() + 10
-    while _verbose_lines(server, pid) == 0:
-        assert time.monotonic() < deadline, f"worker {pid} never logged\n{server.output}"
-        with through(server, index):
-            _bad_preface(server)
-        time.sleep(0.05)  # the settings frame is on its way to the other worker
+    while _verbose_lines(server, pid) == before:
+        assert time.monotonic() < deadline, f"worker {pid} did not log\n{server.output}"
+        time.sleep(0.02)  # polling the server log (read by a thread)
+
+
+def _connection_to(server: ShoalServer, index: int) -> http.client.HTTPConnection:
+    """A keep-alive connection that worker ``index`` accepted (and answered once)."""
+    host, port = server.url.rsplit(":", 1)
+    connection = http.client.HTTPConnection(host, int(port), timeout=30)
+    with through(server, index):
+        connection.request("GET", "/v2/health/ready")
+        connection.getresponse().read()
+    return connection
+
+
+def _update_logging(connection: http.client.HTTPConnection, settings: dict) -> dict:
+    connection.request("POST", "/v2/logging", body=json.dumps(settings))
+    response = connection.getresponse()
+    body = response.read()
+    assert response.status == 200, body
+    return json.loads(body)
+
+
+def _update_logging_through(server: ShoalServer, index: int, settings: dict) -> dict:
+    connection = _connection_to(server, index)
+    try:
+        return _update_logging(connection, settings)
+    finally:
+        connection.close()
 
 
 def test_log_settings_reach_every_worker_and_restarted_ones(server):
     pids = _wait_for_workers(server, 2)
-    client = httpclient.InferenceServerClient(server.url)
+    assert _update_logging_through(server, 0, {"log_verbose_level": 1})["log_verbose_level"] == 1
+    for index, pid in enumerate(pids):  # the worker that took them and the other one, at once
+        _logs_verbose(server, index, pid)
+    os.kill(pids[1], signal.SIGKILL)
+    restarted = _wait_for_workers(server, 2, exclude={pids[1]})
+    _logs_verbose(server, 1, restarted[1])  # started with the settings of now
+    assert _update_logging_through(server, 1, {"log_verbose_level": 0})["log_verbose_level"] == 0
+    quiet = _verbose_lines(server, restarted[0])
+    with through(server, 0):  # answered, so applied by worker 0 too: it logs nothing more
+        for _ in range(3):
+            _bad_preface(server)
+    time.sleep(0.3)  # what a verbose worker would have logged by now
+    assert _verbose_lines(server, restarted[0]) == quiet
+
+
+def test_a_log_settings_update_waits_until_every_worker_applied_it(server):
+    """Triton answers an update once it logs with the new settings: with workers, once the
+    other workers too have applied them (a stopped one holds the answer back)."""
+    pids = _wait_for_workers(server, 2)
+    connection = _connection_to(server, 0)
+    answered: queue.Queue[dict] = queue.Queue()
+    os.kill(pids[1], signal.SIGSTOP)
     try:
-        with through(server, 0):
-            assert client.update_log_settings({"log_verbose_level": 1})["log_verbose_level"] == 1
-        client.close()
-        for index, pid in enumerate(pids):  # the worker that changed them, and the other one
-            _until_logged(server, index, pid)
-        os.kill(pids[1], signal.SIGKILL)
-        restarted = _wait_for_workers(server, 2, exclude={pids[1]})
-        _until_logged(server, 1, restarted[1])  # started with the settings of now
-        client = httpclient.InferenceServerClient(server.url)
-        with through(server, 1):
-            assert client.update_log_settings({"log_verbose_level": 0})["log_verbose_level"] == 0
-        client.close()
-        with through(server, 0):
-            # The core queued the settings on worker 0's call socket before it answered the
-            # update: an inference answered on that socket now comes after them (unsynchronised,
-            # a loaded machine sent the prefaces below before worker 0 had read the settings).
-            _seq_step(server.url, 9_001, 1, True, True)
-            quiet = _verbose_lines(server, restarted[0])
-            for _ in range(3):
-                _bad_preface(server)
-        time.sleep(0.3)  # what a verbose worker would have logged by now
-        assert _verbose_lines(server, restarted[0]) == quiet
+        _until_stopped(pids[1])
+        threading.Thread(
+            target=lambda: answered.put(_update_logging(connection, {"log_verbose_level": 1})),
+            daemon=True,
+        ).start()
+        with pytest.raises(queue.Empty):
+            answered.get(timeout=0.5)  # worker 1, stopped, has not applied them
     finally:
-        client.close()
+        os.kill(pids[1], signal.SIGCONT)
+    try:
+        assert answered.get(timeout=30)["log_verbose_level"] == 1
+        _logs_verbose(server, 1, pids[1])
+        assert _update_logging(connection, {"log_verbose_level": 0})["log_verbose_level"] == 0
+    finally:
+        connection.close()
 
 
 def _post(url: str, path: str, body: dict, headers: dict | None = None) -> tuple[int, bytes]:

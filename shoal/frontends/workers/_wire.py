@@ -50,7 +50,9 @@ END = 6  # a stream's end
 STOP = 7  # core -> worker: stop serving (drain done or shutdown)
 FREE = 8  # core -> worker: blocks of the worker's arena given back
 RETIRED = 9  # worker -> core: the worker retired an (empty) segment of its arena
-LOG_SETTINGS = 10  # core -> worker: the log settings now (at the start and on every change)
+#: core -> worker: the log settings now, at the start and on every change (``[LOG_SETTINGS,
+#: token, settings]``); worker -> core, applied (``[LOG_APPLIED, token]``: log_broadcast.py).
+LOG_SETTINGS = 10
 RELEASE = 11  # worker -> core: a response read in place is written: its blocks may go
 DROP = 12  # core -> worker: a segment it maps went away (or a whole arena: segment -1)
 #: core -> worker: a relayed call the core did not take (``[STALE, id, stale, blocks]``): the
@@ -69,6 +71,7 @@ DIRECT_RELEASED = 15
 DIRECT_STATS = 16
 DIRECT_STUB_GONE = 17
 DIRECT_STOPPED = 18
+LOG_APPLIED = 19
 
 #: An input whose data is a NumPy array (JSON inputs): dtype and shape travel with the bytes.
 _ARRAY = 1

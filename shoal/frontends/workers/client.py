@@ -176,6 +176,8 @@ class RemoteCore(CoreAPI):
         if kind == wire.LOG_SETTINGS:
             if self.on_log_settings is not None:
                 self.on_log_settings(fields[0])
+            if call_id:  # an update (not the settings at our start): answered once all apply
+                self.send([wire.LOG_APPLIED, call_id])
             return
         if kind == wire.STALE:
             self._refused(call_id, fields[0], fields[1])
@@ -425,12 +427,10 @@ class RemoteCore(CoreAPI):
         )
 
     def log_settings(self) -> dict[str, ParamValue]:
-        settings: dict[str, ParamValue] = self._sync("log_settings")
-        return settings
+        return cast("dict[str, ParamValue]", self._sync("log_settings"))
 
     def update_log_settings(self, settings: dict[str, ParamValue]) -> dict[str, ParamValue]:
         updated: dict[str, ParamValue] = self._sync("update_log_settings", settings)
-        # This worker's own loggers change before it answers; the core tells the others.
         if self.on_log_settings is not None:
             self.on_log_settings(updated)
         return updated

@@ -97,8 +97,14 @@ class DirectGrants(Protocol):
 class Pool(Protocol):
     """What a link asks of the pool of workers (``pool.WorkerPool``)."""
 
-    def send_log_settings(self, settings: dict[str, Any], but: _Link | None = None) -> None:
-        """Tell every worker (``but`` one) the log settings now."""
+    def log_settings_changed(
+        self, settings: dict[str, Any], origin: _Link, answer: Callable[[], None]
+    ) -> None:
+        """Tell every worker the log settings now; ``answer`` once the others applied them."""
+        ...
+
+    def log_settings_applied(self, index: int, token: int) -> None:
+        """Worker ``index`` applied the log settings of update ``token``."""
         ...
 
 
@@ -191,6 +197,8 @@ class _Link:
         elif kind == wire.DIRECT_RELEASED:
             if (direct := self.core.direct) is not None:
                 direct.released(self.index, header[2])
+        elif kind == wire.LOG_APPLIED:
+            self.pool.log_settings_applied(self.index, call_id)
         elif kind == wire.DIRECT_STOPPED:
             if (direct := self.core.direct) is not None:
                 direct.stopped_by(self.index, header[2])
@@ -329,10 +337,15 @@ class _Link:
                 answer = [wire.OK, plain.to_plain(getattr(self.core, method)(*args))]
         except Exception as error:  # every failure is the caller's answer
             answer = [wire.ERROR, plain.error_to_wire(error)]
+        if method == "update_log_settings" and answer[0] == wire.OK:
+            # Answered once every worker logs with them (``log_broadcast.py``).
+            self.pool.log_settings_changed(answer[1], self, lambda: self._write_control(answer))
+        else:
+            self._write_control(answer)
+
+    def _write_control(self, answer: list[Any]) -> None:
         if self.control is not None and not self.control.is_closing():
             self.control.write(b"".join(wire.frame(answer)))
-        if method == "update_log_settings" and answer[0] == wire.OK:
-            self.pool.send_log_settings(answer[1], but=self)
 
     def _direct_call(self, method: str, args: list[Any]) -> Any:
         """A route (its channels' fds sent first on the segment socket), or an output segment

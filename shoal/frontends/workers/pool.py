@@ -17,7 +17,7 @@ import os
 import signal
 import socket
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from shoal.core.api import ArenaRegistry
@@ -25,6 +25,7 @@ from shoal.frontends.workers import _plain as plain
 from shoal.frontends.workers import _wire as wire
 from shoal.frontends.workers.arenas import LentArena
 from shoal.frontends.workers.host import LinkedCore, _Link
+from shoal.frontends.workers.log_broadcast import LogBroadcasts
 from shoal.frontends.workers.outputs import LentOutputs
 
 __all__ = ["WorkerPool"]
@@ -67,6 +68,8 @@ class WorkerPool:
         self._delays: dict[int, float] = {}
         #: The listening sockets the workers serve, closed once they have stopped.
         self.sockets: list[socket.socket] = []
+        #: Changes of the log settings waiting for the workers to apply them.
+        self._log_updates = LogBroadcasts()
         if (direct := core.direct) is not None:
             direct.tell = self._tell_revoke
             direct.tell_died = self._tell_stub_died
@@ -161,11 +164,19 @@ class WorkerPool:
         link.send([wire.LOG_SETTINGS, 0, self._core.log_settings()])
         return link
 
-    def send_log_settings(self, settings: dict[str, Any], but: _Link | None = None) -> None:
-        """Tell every worker (``but`` the one that changed them) the log settings now."""
-        for link in self._links:
-            if link is not None and link is not but:
-                link.send([wire.LOG_SETTINGS, 0, settings])
+    def log_settings_changed(
+        self, settings: dict[str, Any], origin: _Link, answer: Callable[[], None]
+    ) -> None:
+        """Tell every worker the log settings now; ``answer`` the update taken through
+        ``origin`` once the others have applied them (``log_broadcast.py``)."""
+        live = [link for link in self._links if link is not None and not link.exited.done()]
+        token = self._log_updates.start(origin.index, [link.index for link in live], answer)
+        for link in live:
+            link.send([wire.LOG_SETTINGS, token, settings])
+
+    def log_settings_applied(self, index: int, token: int) -> None:
+        """Worker ``index`` applied the log settings of update ``token``."""
+        self._log_updates.applied(index, token)
 
     def _tell_revoke(self, index: int, token: int, slots: list[int]) -> None:
         """Ask worker ``index`` to give direct routes back (``direct_routes.revoke``)."""
@@ -192,6 +203,7 @@ class WorkerPool:
         link.close()
         if (direct := self._core.direct) is not None:
             direct.worker_gone(link.index)
+        self._log_updates.gone(link.index)
         if not link.exited.done():
             link.exited.set_result(status)
         if self._stopping:
