@@ -432,6 +432,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="a checkout of another shoal (an earlier commit, built or not) measured in Triton's "
         "place: old and new side by side in one run",
     )
+    parser.add_argument(
+        "--shoal-args",
+        default="",
+        help="more flags for this checkout's shoal, one string: '--frontend-workers 2'",
+    )
+    parser.add_argument(
+        "--baseline-args", default="", help="more flags for the --baseline shoal, one string"
+    )
     return parser.parse_args(argv)
 
 
@@ -474,15 +482,22 @@ def run_matrix(
     return rows
 
 
-def _servers(baseline: Path | None) -> tuple[str, list[Supervised]]:
-    """This checkout's shoal and its peer: Triton, or the shoal of ``baseline``."""
-    ours = Supervised("shoal", start_shoal)
+def _servers(
+    baseline: Path | None, ours_extra: Sequence[str] = (), baseline_extra: Sequence[str] = ()
+) -> tuple[str, list[Supervised]]:
+    """This checkout's shoal (with ``ours_extra`` flags) and its peer: Triton, or the shoal of
+    ``baseline`` (with ``baseline_extra``: the same tree twice compares two settings)."""
+
+    def start_ours(log: BinaryIO) -> Server:
+        return start_shoal(log, extra=ours_extra)
+
+    ours = Supervised("shoal", start_ours)
     if baseline is None:
         return "Triton", [ours, Supervised("triton", start_triton)]
     root = baseline.resolve()
 
     def start_baseline(log: BinaryIO) -> Server:
-        return start_shoal(log, root=root, name="baseline")
+        return start_shoal(log, extra=baseline_extra, root=root, name="baseline")
 
     return f"baseline {root.name}", [ours, Supervised("baseline", start_baseline)]
 
@@ -496,7 +511,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cells = [c for c in matrix(args.quick) if args.only in c.label]
     RESULTS.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    peer, servers = _servers(args.baseline)
+    peer, servers = _servers(args.baseline, args.shoal_args.split(), args.baseline_args.split())
     try:
         other = servers[1].ensure("start")
         servers[0].ensure("start")
