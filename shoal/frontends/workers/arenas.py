@@ -19,6 +19,7 @@ docs/decisions.md for the measurement.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import logging
 import socket
 from collections.abc import Callable
@@ -161,9 +162,15 @@ class _Received:
 
 
 def _address(view: memoryview) -> int:
-    """Where ``view``'s bytes are in this process's memory."""
-    address: int = np.frombuffer(view, np.uint8).ctypes.data
-    return address
+    """Where ``view``'s bytes are in this process's memory. (A ctypes array over a writable
+    view, a received block's: a tenth of numpy's ``.ctypes`` cost, called twice per request.)"""
+    if view.readonly or not view.c_contiguous:
+        address: int = np.frombuffer(view, np.uint8).ctypes.data
+        return address
+    return ctypes.addressof(_NO_BYTES.from_buffer(view))
+
+
+_NO_BYTES = ctypes.c_char * 0
 
 
 class LentArena:
