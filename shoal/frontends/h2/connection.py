@@ -110,6 +110,7 @@ class Http2Connection(asyncio.BufferedProtocol):
         self._watch = self._loop.call_later(self._limits.read_timeout, self._check_reads)
         self._sender.attach(cast(asyncio.Transport, transport))
         self._scatter = scatter_for(self._sender.fd, self._reader, self._streams, self._count_data)
+        self._placing.runs = self._scatter is not None
         settings = {
             h2.SETTINGS_ENABLE_PUSH: 0,
             h2.SETTINGS_INITIAL_WINDOW_SIZE: h2.MAX_WINDOW,
@@ -144,8 +145,8 @@ class Http2Connection(asyncio.BufferedProtocol):
                 self._placed(placed)
             else:
                 self._reader.feed(data)
-            if self._scatter is not None:
-                self._scatter.read()
+            if self._scatter is not None and self._scatter.read():
+                self._placing.large = True
         except ConnectionError_ as exc:
             self._fail(exc)
             return

@@ -30,15 +30,14 @@ from collections.abc import Callable
 from typing import Final
 
 from shoal.frontends.h2 import frames as h2
-from shoal.frontends.h2.placing import PLACE_FROM
+from shoal.frontends.h2.placing import PLACE_FROM, SCATTER_FROM
 from shoal.frontends.h2.reading import FrameReader
 from shoal.frontends.h2.streams import Stream, StreamHandler
 
 #: Frames guessed per ``readv``: 1 MiB of 16 KiB frames (the kernel takes 1024 buffers at most).
+#: Frames of SCATTER_FROM bytes or more (and smaller than PLACE_FROM, which are placed one by
+#: one) are read by runs.
 SCATTER_FRAMES: Final = 64
-#: Frames this size or larger (and smaller than PLACE_FROM, which are placed one by one) are
-#: read by runs; smaller ones cost less to copy than a run's guesses save.
-SCATTER_FROM: Final = 4096
 
 #: What counts DATA against the windows: (stream, END_STREAM, length) -> its handler, if any.
 Counter = Callable[[int, bool, int], StreamHandler | None]
@@ -61,13 +60,15 @@ class Scatter:
         size = h2.FRAME_HEADER_SIZE
         self._headers = [view[at : at + size] for at in range(0, len(view), size)]
 
-    def read(self) -> None:
-        """Read runs of the frame in progress' stream into place while the socket has them."""
+    def read(self) -> bool:
+        """Read runs of the frame in progress' stream into place while the socket has them;
+        whether there was one to read."""
         stream_id, flags, length, due = self._reader.data_frame()
         if not due or flags or not SCATTER_FROM <= length < PLACE_FROM:
-            return
+            return False
         while due >= 0:
             due = self._run(stream_id, length, due)
+        return True
 
     def _run(self, stream_id: int, length: int, due: int) -> int:
         """One ``readv``: ``due`` bytes of the frame in progress, then frames of ``length``
