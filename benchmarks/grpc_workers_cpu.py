@@ -7,6 +7,8 @@ sending one pre-framed request: the tensor in ``raw_input_contents`` over gRPC, 
 tensor over HTTP), alternating the protocols for ``--rounds`` rounds. Each cell prints the
 workers' CPU µs per request (from ``/proc``; the warm-up's requests count too, as the
 counters cannot tell them apart), the core's and the stubs', and the requests per second.
+``--no-stages`` serves without ``--trace-overhead``: the workers then send plain requests
+straight to the stubs (direct dispatch), as a server does by default.
 
     .venv/bin/python -m benchmarks.grpc_workers_cpu --bytes 4194304 -c 8 --rounds 3
     .venv/bin/python -m benchmarks.grpc_workers_cpu --bytes 64 -c 64 --rounds 2
@@ -35,7 +37,7 @@ _MODEL = "identity_fp32"
 def _cell(server: TracedServer, protocol: str, args: argparse.Namespace) -> dict[str, float]:
     """Drive one protocol once; CPU µs per request of each kind of process, and infer/s."""
     url = server.http if protocol == "http" else server.grpc
-    before = stage_totals(server.metrics_port, _MODEL)["core_total"][0]
+    before = stage_totals(server.metrics_port, _MODEL)["requests"][0]
     cpu_before = cpu_seconds(server.process.pid)
     config = RunConfig(
         model=_MODEL,
@@ -49,7 +51,7 @@ def _cell(server: TracedServer, protocol: str, args: argparse.Namespace) -> dict
     )
     (result,) = run_loop(run(config))
     cpu_after = cpu_seconds(server.process.pid)
-    done = stage_totals(server.metrics_port, _MODEL)["core_total"][0] - before
+    done = stage_totals(server.metrics_port, _MODEL)["requests"][0] - before
     cell = {"infer/s": result.throughput}
     for kind in ("workers", "core", "stubs"):
         spent = cpu_after[kind] - cpu_before[kind]
@@ -66,10 +68,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--frontend-workers", type=int, default=2)
     parser.add_argument("--protocols", default="grpc,http")
     parser.add_argument("--grpc-client", choices=("h2load", "python"), default="h2load")
+    parser.add_argument(
+        "--no-stages",
+        action="store_true",
+        help="serve without --trace-overhead, so that the workers send plain requests straight "
+        "to the stubs (--direct-dispatch, which --trace-overhead turns off)",
+    )
     args = parser.parse_args(argv)
     protocols = args.protocols.split(",")
     with tempfile.TemporaryDirectory(prefix="shoal-grpc-workers-") as tmp:
-        server = start_traced_server(Path(tmp) / "shoal.log", args.frontend_workers)
+        server = start_traced_server(
+            Path(tmp) / "shoal.log", args.frontend_workers, trace=not args.no_stages
+        )
         try:
             print(
                 f"# {_MODEL} {args.bytes} B c={args.concurrency}, --frontend-workers "
