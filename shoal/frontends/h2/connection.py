@@ -30,7 +30,7 @@ from shoal.frontends.h2 import frames as h2
 from shoal.frontends.h2.errors import ConnectionError_
 from shoal.frontends.h2.floods import FloodGuard, FloodLimits
 from shoal.frontends.h2.header_blocks import MAX_HEADER_LIST, HeaderDecoder, Headers
-from shoal.frontends.h2.placing import Placing
+from shoal.frontends.h2.placing import PLACE_FROM, Placing
 from shoal.frontends.h2.reading import (
     RECEIVE_MAX_FRAME,
     FrameHandler,
@@ -145,7 +145,7 @@ class Http2Connection(asyncio.BufferedProtocol):
                 self._placed(placed)
             else:
                 self._reader.feed(data)
-            if self._scatter is not None and self._scatter.read():
+            if self._scatter is not None and self._scatter.read() >= PLACE_FROM:
                 self._placing.large = True
         except ConnectionError_ as exc:
             self._fail(exc)

@@ -23,9 +23,10 @@ frame cut is read into place, and at a frame's end the next read takes one heade
 the run goes on (:attr:`Placing.runs`: only on a connection that reads runs).
 
 A large message's first frames come in the read that finds its HEADERS: on a connection that
-has had one (:attr:`Placing.large`), the reads that start a frame take :data:`FIRST_READ`
-bytes, not the whole buffer, so that no more than about one frame is copied before the rest
-goes into place.
+has had one (:attr:`Placing.large`: a frame of PLACE_FROM bytes or more read into place, or a
+run of as much), the reads that start a frame take :data:`FIRST_READ` bytes, not the whole
+buffer, so that no more than about one frame is copied before the rest goes into place. (A
+64 KiB message, read whole by one read into the buffer, leaves a connection as it was.)
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ class Placing:
         self.header_next = False
         #: Whether the connection reads runs of frames (its socket is its own to read).
         self.runs = False
-        #: Whether the connection has read a frame into place or by a run (a large message).
+        #: Whether the connection has had a large message (PLACE_FROM bytes into place at once).
         self.large = False
 
     def buffer(self) -> memoryview:
@@ -91,7 +92,7 @@ class Placing:
                 # a large frame's rest if it is large; a run's frame's rest if it fits whole
                 if place is not None and len(place) >= (due if in_run else PLACE_FROM):
                     self.stream = stream
-                    self.large = True
+                    self.large = self.large or not in_run
                     return place
             return self._reads
         if not self._reader.half_read():

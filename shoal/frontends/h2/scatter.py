@@ -60,27 +60,29 @@ class Scatter:
         size = h2.FRAME_HEADER_SIZE
         self._headers = [view[at : at + size] for at in range(0, len(view), size)]
 
-    def read(self) -> bool:
+    def read(self) -> int:
         """Read runs of the frame in progress' stream into place while the socket has them;
-        whether there was one to read."""
+        the payload bytes read into place."""
         stream_id, flags, length, due = self._reader.data_frame()
         if not due or flags or not SCATTER_FROM <= length < PLACE_FROM:
-            return False
+            return 0
+        taken = 0
         while due >= 0:
-            due = self._run(stream_id, length, due)
-        return True
+            due, more = self._run(stream_id, length, due)
+            taken += more
+        return taken
 
-    def _run(self, stream_id: int, length: int, due: int) -> int:
+    def _run(self, stream_id: int, length: int, due: int) -> tuple[int, int]:
         """One ``readv``: ``due`` bytes of the frame in progress, then frames of ``length``
         guessed. Returns what is due of the frame in progress when all was as guessed and
-        read (the socket may hold more), else -1 (stop)."""
+        read (the socket may hold more), else -1 (stop); and the payload bytes in place."""
         stream = self._streams.get(stream_id)
         if stream is None or stream.handler is None or stream.remote_closed:
-            return -1
+            return -1, 0
         handler = stream.handler
         place = handler.receive_buffer(due + SCATTER_FRAMES * length)
         if place is None or len(place) <= due:
-            return -1
+            return -1, 0
         buffers = [place[:due]] if due else []
         frames = (len(place) - due + length - 1) // length
         headers = self._headers
@@ -91,7 +93,7 @@ class Scatter:
         try:
             got = os.readv(self._fd, buffers)
         except OSError:  # nothing to read (or an error the transport's next read reports)
-            return -1
+            return -1, 0
         taken, checked, last, rest = self._check(stream_id, length, due, got, len(place))
         if taken:
             handler.data_placed(taken, False)
@@ -100,10 +102,10 @@ class Scatter:
         if rest:  # from the first header not as guessed on: the reader's usual way
             first = (1 if due else 0) + 2 * checked
             self._reader.feed(_gather(buffers, first, rest))
-            return -1
+            return -1, taken
         if got < len(place) + h2.FRAME_HEADER_SIZE * frames:
-            return -1  # the socket had no more
-        return length - last
+            return -1, taken  # the socket had no more
+        return length - last, taken
 
     def _check(
         self, stream_id: int, length: int, due: int, got: int, room: int
