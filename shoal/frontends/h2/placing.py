@@ -20,7 +20,9 @@ frames (16 KiB, the size most clients send) are read by runs instead
 because the socket had no more (the client is slower than the server), the next read must not
 go to the buffer, or it would copy sixteen of the stream's frames from there: the rest of a
 frame cut is read into place, and at a frame's end the next read takes one header, on which
-the run goes on (:attr:`Placing.runs`: only on a connection that reads runs).
+the run goes on (:attr:`Placing.runs`: only on a connection that reads runs), while the place
+has room for PLACE_FROM bytes more (nearer the message's end, such as all of a 64 KiB one,
+one read into the buffer takes the rest at once).
 
 A large message's first frames come in the read that finds its HEADERS: on a connection that
 has had one (:attr:`Placing.large`: a frame of PLACE_FROM bytes or more read into place, or a
@@ -88,12 +90,12 @@ class Placing:
         if due:
             in_run = self._in_run(flags, length)
             if due >= PLACE_FROM or in_run:
-                stream, place = self._place(stream_id, due)
-                # a large frame's rest if it is large; a run's frame's rest if it fits whole
-                if place is not None and len(place) >= (due if in_run else PLACE_FROM):
+                stream, place = self._place(stream_id, max(due, PLACE_FROM))
+                # a large frame's rest; a run's frame's rest when the place has room for more
+                if place is not None and len(place) >= PLACE_FROM:
                     self.stream = stream
                     self.large = self.large or not in_run
-                    return place
+                    return place[:due] if in_run else place
             return self._reads
         if not self._reader.half_read():
             if header_next or self._run_goes_on(stream_id, flags, length):
@@ -104,8 +106,12 @@ class Placing:
 
     def _run_goes_on(self, stream_id: int, flags: int, length: int) -> bool:
         """Whether the last DATA frame, whole, was one of a run whose stream has a place for
-        more: its next frame most likely comes next, and the run goes on from its header."""
-        return self._in_run(flags, length) and self._place(stream_id, length)[1] is not None
+        PLACE_FROM bytes more: its next frame most likely comes next, and the run goes on from
+        its header. (Nearer the end, one read into the buffer takes all the rest.)"""
+        if not self._in_run(flags, length):
+            return False
+        place = self._place(stream_id, PLACE_FROM)[1]
+        return place is not None and len(place) >= PLACE_FROM
 
     def _in_run(self, flags: int, length: int) -> bool:
         """Whether a DATA frame of this size and flags is one of a run's, read by runs here."""

@@ -107,3 +107,23 @@ def test_small_calls_after_a_large_one_and_runs_broken_by_other_frames() -> None
 
     for reads in _READS:
         asyncio.run(scenario(reads))
+
+
+def test_near_a_message_s_end_the_rest_is_read_at_once() -> None:
+    """A 64 KiB message cut mid-frame: with less than PLACE_FROM of its place left, the rest
+    is read into the buffer at once (one read), not a frame's rest, a header and a run."""
+    payload = _payload(4 * _FRAME, 26)
+    wire = _start() + _open(1) + b"".join(_frames(1, payload, _FRAME))
+    cut = len(wire) - 2 * _FRAME - 100
+
+    async def scenario() -> None:
+        with _connection({1: len(payload)}) as (connection, handlers, client):
+            client.send(wire[:cut])
+            client.drive(connection, [_BUFFER])
+            assert connection._reader.data_due()[1]  # a frame cut
+            assert connection.get_buffer(-1).nbytes == _BUFFER
+            client.send(wire[cut:])
+            client.drive(connection, [_BUFFER])
+            assert bytes(handlers[1].data) == payload and handlers[1].ends == 1
+
+    asyncio.run(scenario())
