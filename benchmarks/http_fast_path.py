@@ -2,11 +2,13 @@
 spends on a request besides its link to the core.
 
     .venv/bin/python -m benchmarks.http_fast_path [--requests 5000] [--rounds 3] [--body binary]
+        [--bytes 64]
 
 Serves ``build_http_app`` with :class:`~shoal.frontends.http.app.HttpServer` (uvicorn and the
 fast path, as a worker does) over an echo core that answers on the spot (its inputs as its
 outputs, no other process), and drives it on the same event loop from one keep-alive loopback
-connection, one request at a time: the 64-byte FP32 tensor ``identity_fp32`` takes, as a
+connection, one request at a time: the FP32 tensor ``identity_fp32`` takes (``--bytes``, 64 by
+default; 65536 and 4194304 for the large cells), as a
 binary input with a binary output (``--body binary``, tritonclient's and perf_analyzer's way)
 or as JSON both ways (``--body json``). The client's share (a write, a read, finding the
 response's end) is a constant: comparing two trees, the difference is the server's. Under
@@ -30,7 +32,7 @@ from shoal.frontends.http import _json
 from shoal.frontends.http.app import HttpServer, build_http_app
 
 _MODEL = "identity_fp32"
-_DATA = bytes(range(64))
+_PATTERN = bytes(range(64))
 
 
 class _EchoCore:
@@ -55,18 +57,20 @@ def _copy(data: Any) -> memoryview:
     return memoryview(bytes(memoryview(data)))  # a JSON input is a NumPy array: its bytes
 
 
-def _request(body_kind: str) -> bytes:
+def _request(body_kind: str, size: int) -> bytes:
     """The whole HTTP request, framed once."""
-    tensor: dict[str, Any] = {"name": "INPUT0", "datatype": "FP32", "shape": [1, 16]}
+    count = size // 4
+    tensor: dict[str, Any] = {"name": "INPUT0", "datatype": "FP32", "shape": [1, count]}
     extra = ""
     if body_kind == "binary":
-        tensor["parameters"] = {"binary_data_size": len(_DATA)}
+        data = _PATTERN * (count * 4 // len(_PATTERN)) + _PATTERN[: count * 4 % len(_PATTERN)]
+        tensor["parameters"] = {"binary_data_size": len(data)}
         output = {"name": "OUTPUT0", "parameters": {"binary_data": True}}
         header = _json.dumps({"inputs": [tensor], "outputs": [output]})
-        body = header + _DATA
+        body = header + data
         extra = f"Inference-Header-Content-Length: {len(header)}\r\n"
     else:
-        tensor["data"] = [0.5] * 16
+        tensor["data"] = [0.5] * count
         body = _json.dumps({"inputs": [tensor]})
     head = (
         f"POST /v2/models/{_MODEL}/infer HTTP/1.1\r\nHost: 127.0.0.1\r\n"
@@ -84,11 +88,11 @@ async def _exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, 
     return int(head[9:12])
 
 
-async def _run(requests: int, rounds: int, body_kind: str) -> list[float]:
+async def _run(requests: int, rounds: int, body_kind: str, size: int) -> list[float]:
     server = HttpServer(build_http_app(_EchoCore()))  # type: ignore[arg-type]
     port = await server.start("127.0.0.1", 0)
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    raw = _request(body_kind)
+    raw = _request(body_kind, size)
     try:
         if await _exchange(reader, writer, raw) != 200:
             raise SystemExit("the echo server refused the request")
@@ -109,10 +113,11 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=5000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--body", choices=("binary", "json"), default="binary")
+    parser.add_argument("--bytes", type=int, default=64, help="the tensor's bytes")
     args = parser.parse_args()
-    samples = uvloop.run(_run(args.requests, args.rounds, args.body))
+    samples = uvloop.run(_run(args.requests, args.rounds, args.body, args.bytes))
     print(
-        f"{args.body}: {statistics.median(samples):.1f} CPU µs per request "
+        f"{args.body} {args.bytes} B: {statistics.median(samples):.1f} CPU µs per request "
         "(client and server, one process)"
     )
 

@@ -48,6 +48,8 @@ HOT_PATH: tuple[str, ...] = (
     "shoal/frontends/workers/arenas.py",
     "shoal/frontends/workers/outputs.py",
     "shoal/frontends/workers/answer_frames.py",
+    "shoal/frontends/http/_body_reader.py",
+    "shoal/frontends/http/_coalescing.py",
     "shoal/frontends/http/_compression.py",
     "shoal/frontends/http/fast_path.py",
     "shoal/frontends/_output_bytes.py",

@@ -12,6 +12,7 @@ pieces (:func:`_json.dumps_around`), sent as they are: no call copies the whole 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -27,8 +28,29 @@ HEADER_LENGTH = "inference-header-content-length"
 _SHM_REGION = "shared_memory_region"
 _SHM_PREFIX = "shared_memory_"
 
-#: A response body: whole, or in pieces to send one after the other (a large JSON body).
-Body = bytes | tuple[bytes | memoryview, ...]
+#: Binary bodies this large or larger are lent (:class:`LentBody`) where the caller can send
+#: them so; below it the copy costs less than holding the memory until the bytes are sent.
+LEND_MIN = 1 << 18
+
+
+class LentBody:
+    """A binary body whose pieces view the response's shared memory, with the release that
+    gives it back: sent as it is, then released (no copy of the tensor bytes)."""
+
+    def __init__(self, pieces: tuple[bytes | memoryview, ...], release: Callable[[], None]):
+        self.pieces = pieces
+        self.release = release
+
+    def joined(self) -> bytes:
+        """The whole body, copied; the memory is released."""
+        try:
+            return b"".join(self.pieces)
+        finally:
+            self.release()
+
+
+#: A response body: whole, in pieces to send one after the other (a large JSON body), or lent.
+Body = bytes | tuple[bytes | memoryview, ...] | LentBody
 
 
 @dataclass
@@ -87,7 +109,8 @@ def body_length(body: Body) -> int:
     """The Content-Length of ``body``."""
     if isinstance(body, bytes):
         return len(body)
-    return sum(len(piece) for piece in body)
+    pieces = body.pieces if isinstance(body, LentBody) else body
+    return sum(len(piece) for piece in pieces)
 
 
 #: Pieces of a body are written this many bytes or more at a time (one encoded slice, about):

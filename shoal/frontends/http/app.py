@@ -213,12 +213,18 @@ class _InferEndpoint:
         await _send(send, *await self.respond(name, version, headers, body))
 
     async def respond(
-        self, name: str, version: str, headers: dict[str, str], body: bytes | bytearray
+        self,
+        name: str,
+        version: str,
+        headers: dict[str, str],
+        body: bytes | bytearray | memoryview,
+        lend: bool = False,
     ) -> tuple[int, Headers, codec.Body]:
-        """Status, headers and body of the answer to an inference request."""
+        """Status, headers and body of the answer to an inference request; with ``lend``, a
+        large binary body may be a :class:`codec.LentBody` (the caller releases it)."""
         try:
             check_version(version)
-            response_headers, out = await self._infer(name, version, headers, body)
+            response_headers, out = await self._infer(name, version, headers, body, lend)
             return 200, response_headers, out
         except ShoalError as exc:
             return error_parts(exc)
@@ -226,7 +232,12 @@ class _InferEndpoint:
             return error_parts(unexpected("an inference request"))
 
     async def _infer(
-        self, name: str, version: str, headers: dict[str, str], body: bytes | bytearray
+        self,
+        name: str,
+        version: str,
+        headers: dict[str, str],
+        body: bytes | bytearray | memoryview,
+        lend: bool,
     ) -> tuple[Headers, codec.Body]:
         encoding = codec.request_encoding(headers.get("content-encoding"))
         if encoding is not None:
@@ -242,18 +253,18 @@ class _InferEndpoint:
                 body, model_name=name, model_version=version, header_length=header_length
             )
         response = await self._core.infer(decoded.request)
+        encoding = codec.response_encoding(headers.get("accept-encoding"))
         if codec.json_output_bytes(response, decoded.output_format) < _THREAD_THRESHOLD:
-            out_headers, out = _encoded(response, decoded)
+            out_headers, out = _encoded(response, decoded, lend and encoding is None)
         else:
             out_headers, out = await _encoded_in_thread(response, decoded)
-        encoding = codec.response_encoding(headers.get("accept-encoding"))
         if encoding is None:  # the usual answer: no coroutine made to return it as it is
             return out_headers, out
         return await _compressed(out_headers, out, encoding)
 
 
 def _decoder(
-    body: bytes | bytearray, name: str, version: str, header_length: str | None
+    body: bytes | bytearray | memoryview, name: str, version: str, header_length: str | None
 ) -> Callable[[], codec.DecodedRequest]:
     """The decoding of an infer body, to run here or in a thread."""
     return functools.partial(
@@ -265,13 +276,24 @@ def _decoder(
     )
 
 
-def _encoded(response: InferResponse, decoded: codec.DecodedRequest) -> tuple[Headers, codec.Body]:
+def _encoded(
+    response: InferResponse, decoded: codec.DecodedRequest, lend: bool = False
+) -> tuple[Headers, codec.Body]:
     """Headers and body of a response; the response is released, the body being a copy (the
-    shared memory goes back before sending)."""
+    shared memory goes back before sending), unless it is lent (``lend``: a large binary body,
+    sent from the shared memory, released by the caller once sent)."""
     try:
-        return _encode(response, decoded)
+        encoded = codec.encode_infer_response(response, decoded.output_format)
+        headers = list(encoded.headers)
+        if lend and not encoded.owned and codec.body_length(encoded.chunks) >= codec.LEND_MIN:
+            body: codec.Body = codec.LentBody(encoded.chunks, response.release)
+            lend = True
+        else:
+            body, lend = encoded.payload(), False
+        return headers, body
     finally:
-        response.release()
+        if not lend:
+            response.release()
 
 
 async def _encoded_in_thread(
@@ -308,6 +330,8 @@ def _release_after(
 async def _compressed(
     headers: Headers, body: codec.Body, encoding: str
 ) -> tuple[Headers, codec.Body]:
+    if isinstance(body, codec.LentBody):
+        body = body.joined()  # not lent when compressed: never here
     if not isinstance(body, bytes):  # pieces are large: joined in a thread (the GIL is let go)
         body = await asyncio.to_thread(b"".join, body)
     body = await _sized_run(len(body), functools.partial(codec.compress, body, encoding))
@@ -322,6 +346,8 @@ async def _send(send: Send, status: int, headers: Headers, body: codec.Body) -> 
     raw_headers = [(b"content-length", str(codec.body_length(body)).encode("latin-1"))]
     raw_headers += [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers]
     await send({"type": "http.response.start", "status": status, "headers": raw_headers})
+    if isinstance(body, codec.LentBody):
+        body = body.joined()  # not lent on this way: never here
     if isinstance(body, bytes):
         await send({"type": "http.response.body", "body": body})
         return

@@ -49,8 +49,10 @@ from shoal.frontends.http._request import (
 )
 from shoal.frontends.http._response import (
     HEADER_LENGTH,
+    LEND_MIN,
     Body,
     EncodedResponse,
+    LentBody,
     body_batches,
     body_length,
     encode_infer_response,
@@ -66,10 +68,12 @@ from shoal.frontends.http._statistics import model_stats_json
 __all__ = [
     "DEFAULT_MAX_INPUT_SIZE",
     "HEADER_LENGTH",
+    "LEND_MIN",
     "SUPPORTED_ENCODINGS",
     "Body",
     "DecodedRequest",
     "EncodedResponse",
+    "LentBody",
     "LoadRequest",
     "OutputFormat",
     "RegisterRequest",

@@ -1,10 +1,9 @@
-"""uvicorn's httptools protocol, with a response's writes coalesced into one system call.
+"""Inference requests served straight from uvicorn's httptools protocol, without ASGI.
 
-uvicorn writes a response's status line and headers, then its body, with two ``transport.write``
-calls: two ``send`` system calls, and a client woken twice (waking a process is the most
-expensive part of a small request on a VM). Here the writes of one event-loop iteration leave
-together, through one ``writelines`` (a single ``writev``, without joining a large body into a
-copy). Nothing waits: the flush runs at the end of the same iteration.
+The protocol writes through :mod:`._coalescing` (a response's writes in one system call), reads
+a large body straight into one buffer (:mod:`._body_reader`) and sends a large binary response
+from the response's shared memory (a :class:`LentBody`), so that a large tensor's bytes are not
+copied in user space on either way.
 """
 
 from __future__ import annotations
@@ -15,55 +14,13 @@ import http
 from typing import Any, Protocol, cast
 
 import httptools
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from shoal.frontends._limits import ConnectionLimits
 from shoal.frontends.http import _json
-from shoal.frontends.http._response import Body, body_length
+from shoal.frontends.http._body_reader import DIRECT_BODY, BodyBuffer, BodyReader
+from shoal.frontends.http._coalescing import CoalescingHttpToolsProtocol, CoalescingTransport
+from shoal.frontends.http._response import Body, LentBody, body_length
 from shoal.frontends.http.routing import InferRoutes
-
-
-class CoalescingHttpToolsProtocol(HttpToolsProtocol):
-    """:class:`HttpToolsProtocol` over a :class:`_CoalescingTransport`."""
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # uvloop's transports are not asyncio.Transport subclasses: no isinstance check here.
-        coalescing = _CoalescingTransport(cast(asyncio.Transport, transport))
-        super().connection_made(cast(asyncio.Transport, coalescing))
-
-
-class _CoalescingTransport:
-    """Holds writes until the end of the loop iteration; everything else goes straight through."""
-
-    def __init__(self, transport: asyncio.Transport) -> None:
-        self._transport = transport
-        self._pending: list[bytes | bytearray | memoryview] = []
-        self._loop = asyncio.get_running_loop()
-
-    def write(self, data: bytes | bytearray | memoryview) -> None:
-        if not self._pending:
-            self._loop.call_soon(self._flush)
-        self._pending.append(data)
-
-    def writelines(self, lines: Any) -> None:
-        for data in lines:
-            self.write(data)
-
-    def _flush(self) -> None:
-        pending, self._pending = self._pending, []
-        if pending and not self._transport.is_closing():
-            self._transport.writelines(pending)
-
-    def close(self) -> None:
-        self._flush()
-        self._transport.close()
-
-    def write_eof(self) -> None:
-        self._flush()
-        self._transport.write_eof()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._transport, name)
 
 
 class FastInfer(Protocol):
@@ -73,9 +30,15 @@ class FastInfer(Protocol):
     routes: InferRoutes
 
     async def respond(
-        self, name: str, version: str, headers: dict[str, str], body: bytes | bytearray
+        self,
+        name: str,
+        version: str,
+        headers: dict[str, str],
+        body: bytes | bytearray | memoryview,
+        lend: bool = False,
     ) -> tuple[int, list[tuple[str, str]], Body]:
-        """Status, headers and body of the answer to an inference request."""
+        """Status, headers and body of the answer to an inference request; with ``lend``, a
+        large binary body may be a :class:`LentBody`."""
 
 
 class _NoEvent:
@@ -92,10 +55,12 @@ class _FastRequest:
 
     __slots__ = (
         "body",
+        "buffer",
         "disconnected",
         "endpoint",
         "headers",
         "keep_alive",
+        "length",
         "name",
         "response_complete",
         "version",
@@ -109,15 +74,19 @@ class _FastRequest:
         version: str,
         headers: dict[str, str],
         keep_alive: bool,
+        length: int,
     ):
         self.endpoint = endpoint  # looked up once, for the request's head
         self.name = name
         self.version = version
         self.headers = headers
         self.keep_alive = keep_alive
+        self.length = length  # Content-Length
         #: A body of several chunks is gathered as they come: joined at the end, a large one
         #: would be one copy of it all on the event loop.
-        self.body: bytes | bytearray = b""
+        self.body: bytes | bytearray | memoryview = b""
+        #: Where a large body goes (:mod:`._body_reader`) once it came in more than one piece.
+        self.buffer: BodyBuffer | None = None
         self.disconnected = False
         self.response_complete = False
 
@@ -151,6 +120,8 @@ class FastInferHttpToolsProtocol(CoalescingHttpToolsProtocol):
         self._in_body = False
         self._defaults: list[tuple[bytes, bytes]] | None = None
         self._defaults_head = b""
+        self._lent = 0  # lent bodies not yet sent (_hold)
+        self._limits_kept = (0, 0)
         self._watch: asyncio.TimerHandle | None = self.loop.call_later(
             min(limits.header_timeout, limits.body_timeout), self._check_progress
         )
@@ -179,6 +150,28 @@ class FastInferHttpToolsProtocol(CoalescingHttpToolsProtocol):
             data = data[allowed:]  # the rest: a body, or the next requests (pipelined)
         if data:
             self._feed(data)
+        cycle = self.cycle
+        if isinstance(cycle, _FastRequest) and cycle.buffer is not None and self._in_body:
+            self._read_body_directly(cycle.buffer)
+
+    def _read_body_directly(self, buffer: BodyBuffer) -> None:
+        """Read the rest of a large body into ``buffer`` (:mod:`._body_reader`); the parser,
+        left in the middle of it, is replaced once it is in."""
+        if not self.transport.is_closing():
+            self.transport.set_protocol(BodyReader(self, buffer))
+
+    def body_read(self) -> None:
+        """More of a large body came (:class:`BodyReader`): once all of it is in, this protocol
+        reads again, with a new parser, and the request is served."""
+        self._last_data = self.loop.time()
+        cycle = self.cycle
+        if not isinstance(cycle, _FastRequest) or cycle.buffer is None:
+            return
+        if cycle.buffer.complete:
+            self.transport.set_protocol(self)
+            self.parser = httptools.HttpRequestParser(self)
+            self.parser.set_dangerous_leniencies(lenient_data_after_close=True)  # as uvicorn
+            self.on_message_complete()
 
     def _feed_head_end(self, data: bytes) -> bool:
         """Feed the last bytes the head being read may take; False when the connection is
@@ -319,7 +312,12 @@ class FastInferHttpToolsProtocol(CoalescingHttpToolsProtocol):
     def on_body(self, body: bytes) -> None:
         cycle = self.cycle
         if isinstance(cycle, _FastRequest):
-            if not cycle.body:
+            if cycle.buffer is not None:
+                cycle.buffer.add(body)
+            elif cycle.length >= DIRECT_BODY and len(body) < cycle.length:
+                cycle.buffer = BodyBuffer(cycle.length)  # the rest: read_body_directly
+                cycle.buffer.add(body)
+            elif not cycle.body:
                 cycle.body = body
             elif isinstance(cycle.body, bytearray):
                 cycle.body += body  # in place (a large buffer grows without being copied)
@@ -337,6 +335,8 @@ class FastInferHttpToolsProtocol(CoalescingHttpToolsProtocol):
         if not isinstance(cycle, _FastRequest):
             super().on_message_complete()
             return
+        if cycle.buffer is not None:
+            cycle.body, cycle.buffer = cycle.buffer.body(), None
         task = self.loop.create_task(self._serve(cycle))
         task.add_done_callback(self.tasks.discard)
         self.tasks.add(task)
@@ -359,24 +359,62 @@ class FastInferHttpToolsProtocol(CoalescingHttpToolsProtocol):
         if "transfer-encoding" in headers:
             return None
         keep_alive = self.parser.get_http_version() != "1.0" and self.parser.should_keep_alive()
-        return _FastRequest(endpoint, target[0], target[1], headers, keep_alive)
+        return _FastRequest(endpoint, target[0], target[1], headers, keep_alive, int(length))
 
     async def _serve(self, request: _FastRequest) -> None:
         body, request.body = request.body, b""
         status, headers, payload = await request.endpoint.respond(
-            request.name, request.version, request.headers, body
+            request.name, request.version, request.headers, body, True
         )
-        if request.disconnected:
-            return
-        self.transport.write(self._head(status, headers, body_length(payload), request.keep_alive))
-        if isinstance(payload, bytes):
-            self.transport.write(payload)
-        else:  # pieces: uvloop keeps references and sends them as the socket drains, in C
-            self.transport.writelines(payload)
-        request.response_complete = True
-        if not request.keep_alive:
-            self.transport.close()
-        self.on_response_complete()
+        lent = payload if isinstance(payload, LentBody) else None
+        try:
+            if request.disconnected:
+                return
+            self.transport.write(
+                self._head(status, headers, body_length(payload), request.keep_alive)
+            )
+            if isinstance(payload, bytes):
+                self.transport.write(payload)
+            else:  # pieces: uvloop keeps references and sends them as the socket drains, in C
+                self.transport.writelines(
+                    payload.pieces if isinstance(payload, LentBody) else payload
+                )
+            waiting = lent is not None and self._hold()
+            request.response_complete = True
+            if not request.keep_alive:
+                self.transport.close()
+            self.on_response_complete()
+            if waiting:
+                await self._sent()
+        finally:
+            if lent is not None:
+                lent.release()
+
+    # A lent body's pieces view the response's shared memory: it is released only once the
+    # transport has passed every byte to the kernel. While one is held, the transport's write
+    # limits are 0, so that it pauses this protocol while anything is unsent and resumes it
+    # once nothing is (the flow control's drain then returns); a lost connection resumes it too.
+
+    def _hold(self) -> bool:
+        """Send what is written now; True when some of it is left for later (then wait for
+        :meth:`_sent`)."""
+        cast(CoalescingTransport, self.transport).flush()
+        if self.transport.is_closing() or not self.transport.get_write_buffer_size():
+            return False
+        if not self._lent:
+            self._limits_kept = self.transport.get_write_buffer_limits()
+            self.transport.set_write_buffer_limits(0)
+        self._lent += 1
+        return True
+
+    async def _sent(self) -> None:
+        try:
+            await self.flow.drain()
+        finally:
+            self._lent -= 1
+            if not self._lent and not self.transport.is_closing():
+                low, high = self._limits_kept
+                self.transport.set_write_buffer_limits(high, low)
 
     def _head(
         self, status: int, headers: list[tuple[str, str]], length: int, keep_alive: bool

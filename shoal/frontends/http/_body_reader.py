@@ -1,0 +1,96 @@
+"""A large request body read from the socket straight into one buffer of its length.
+
+Read the usual way, each piece of a 4 MiB body is copied three times in user space before the
+request is parsed: the event loop reads it into its own buffer and copies it into a new
+``bytes``, httptools copies its body part into another ``bytes`` for ``on_body``, and the
+protocol appends that to the body gathered so far. Once a fast request's head is parsed and
+its ``Content-Length`` is :data:`DIRECT_BODY` or more, the rest of its body is read by a
+:class:`BodyReader` instead (the transport's protocol for that time: asyncio's and uvloop's
+transports both switch to ``get_buffer``/``buffer_updated`` reads on ``set_protocol``), and the
+kernel copies it into the :class:`BodyBuffer` directly: no copy in user space at all.
+
+The buffer is an anonymous memory map: the kernel gives it a page only when a byte is written
+there, so a client that announces a large body and sends a little costs what it sent, as
+before (docs/hardening.md, "Bodies"). Only the body's own bytes are asked for, never more, so
+the next request's bytes (pipelined) stay in the socket for the HTTP protocol to read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import mmap
+from typing import Protocol
+
+#: A fast request's body this long or longer is read into a :class:`BodyBuffer`. Below it the
+#: protocol switches (``epoll_ctl`` calls) and the fresh memory map cost more than the copies save.
+DIRECT_BODY = 1 << 18
+
+
+class BodyBuffer:
+    """One request body's memory, of its announced length, filled in order."""
+
+    def __init__(self, length: int) -> None:
+        self.length = length
+        self.filled = 0
+        self._view = memoryview(mmap.mmap(-1, length))
+
+    def add(self, chunk: bytes) -> None:
+        """Append ``chunk`` (the HTTP parser never gives more than the announced length)."""
+        end = self.filled + len(chunk)
+        self._view[self.filled : end] = chunk
+        self.filled = end
+
+    def space(self) -> memoryview:
+        """Where the next bytes go."""
+        return self._view[self.filled :]
+
+    @property
+    def complete(self) -> bool:
+        return self.filled == self.length
+
+    def body(self) -> memoryview:
+        """The whole body, read-only; the memory goes back when nothing views it any more."""
+        return self._view.toreadonly()
+
+
+class BodyOwner(Protocol):
+    """What a :class:`BodyReader` reports to: the HTTP protocol it stands in for."""
+
+    def body_read(self) -> None:
+        """More of the body arrived (the buffer says how much in all)."""
+
+    def connection_lost(self, exc: Exception | None) -> None: ...
+
+    def eof_received(self) -> bool | None: ...
+
+    def pause_writing(self) -> None: ...
+
+    def resume_writing(self) -> None: ...
+
+
+class BodyReader(asyncio.BufferedProtocol):
+    """The transport's protocol while a large body is read; what is not reading goes to the
+    HTTP protocol (a previous response may still be written meanwhile, and paused)."""
+
+    def __init__(self, owner: BodyOwner, buffer: BodyBuffer) -> None:
+        self._owner = owner
+        self._buffer = buffer
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._buffer.space()
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self._buffer.filled += nbytes
+        self._owner.body_read()
+
+    def eof_received(self) -> bool | None:
+        return self._owner.eof_received()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._owner.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        self._owner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self._owner.resume_writing()
