@@ -80,6 +80,10 @@ class EncodedResponse:
         """The whole body, in one copy."""
         return b"".join(self.chunks)
 
+    def lendable(self) -> bool:
+        """Whether the body may be lent (:class:`LentBody`): views, :data:`LEND_MIN` or more."""
+        return not self.owned and body_length(self.chunks) >= LEND_MIN
+
     def payload(self) -> Body:
         """The body to send: owned pieces as they are, anything else joined (:meth:`body`)."""
         return self.chunks if self.owned else self.body()

@@ -280,19 +280,16 @@ def _encoded(
     response: InferResponse, decoded: codec.DecodedRequest, lend: bool = False
 ) -> tuple[Headers, codec.Body]:
     """Headers and body of a response; the response is released, the body being a copy (the
-    shared memory goes back before sending), unless it is lent (``lend``: a large binary body,
-    sent from the shared memory, released by the caller once sent)."""
+    shared memory goes back before sending), unless ``lend`` and the body is lent (the caller
+    releases it once sent: :class:`codec.LentBody`)."""
+    lent = False
     try:
         encoded = codec.encode_infer_response(response, decoded.output_format)
-        headers = list(encoded.headers)
-        if lend and not encoded.owned and codec.body_length(encoded.chunks) >= codec.LEND_MIN:
-            body: codec.Body = codec.LentBody(encoded.chunks, response.release)
-            lend = True
-        else:
-            body, lend = encoded.payload(), False
-        return headers, body
+        lent = lend and encoded.lendable()
+        body = codec.LentBody(encoded.chunks, response.release) if lent else encoded.payload()
+        return list(encoded.headers), body
     finally:
-        if not lend:
+        if not lent:
             response.release()
 
 

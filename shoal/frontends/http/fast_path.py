@@ -155,14 +155,13 @@ class FastInferHttpToolsProtocol(CoalescingHttpToolsProtocol):
             self._read_body_directly(cycle.buffer)
 
     def _read_body_directly(self, buffer: BodyBuffer) -> None:
-        """Read the rest of a large body into ``buffer`` (:mod:`._body_reader`); the parser,
-        left in the middle of it, is replaced once it is in."""
+        """Read the rest of a large body into ``buffer`` (:mod:`._body_reader`)."""
         if not self.transport.is_closing():
             self.transport.set_protocol(BodyReader(self, buffer))
 
     def body_read(self) -> None:
         """More of a large body came (:class:`BodyReader`): once all of it is in, this protocol
-        reads again, with a new parser, and the request is served."""
+        reads again, with a new parser (the old one is left in the body), and serves it."""
         self._last_data = self.loop.time()
         cycle = self.cycle
         if not isinstance(cycle, _FastRequest) or cycle.buffer is None:
