@@ -11,84 +11,16 @@ from __future__ import annotations
 import asyncio
 import functools
 import http
-from typing import Any, Protocol, cast
+from typing import Any, cast
 
 import httptools
 
 from shoal.frontends._limits import ConnectionLimits
 from shoal.frontends.http import _json
-from shoal.frontends.http._body_reader import DIRECT_BODY, BodyBuffer, BodyReader
+from shoal.frontends.http._body_reader import DIRECT_BODY, POOL, BodyBuffer, BodyReader
 from shoal.frontends.http._coalescing import CoalescingHttpToolsProtocol, CoalescingTransport
-from shoal.frontends.http._response import Body, LentBody, body_length
-from shoal.frontends.http.routing import InferRoutes
-
-
-class FastInfer(Protocol):
-    """What the protocol needs of the inference endpoint to serve it without ASGI."""
-
-    limit: int
-    routes: InferRoutes
-
-    async def respond(
-        self,
-        name: str,
-        version: str,
-        headers: dict[str, str],
-        body: bytes | bytearray | memoryview,
-        lend: bool = False,
-    ) -> tuple[int, list[tuple[str, str]], Body]:
-        """Status, headers and body of the answer to an inference request; with ``lend``, a
-        large binary body may be a :class:`LentBody`."""
-
-
-class _NoEvent:
-    """uvicorn sets its cycle's ``message_event`` on a disconnect; a fast request has none."""
-
-    @staticmethod
-    def set() -> None:
-        pass
-
-
-class _FastRequest:
-    """An inference request served without ASGI, standing where uvicorn keeps its cycle (so its
-    pipelining, keep-alive and shutdown logic see a request in progress)."""
-
-    __slots__ = (
-        "body",
-        "buffer",
-        "disconnected",
-        "endpoint",
-        "headers",
-        "keep_alive",
-        "length",
-        "name",
-        "response_complete",
-        "version",
-    )
-    message_event = _NoEvent()
-
-    def __init__(
-        self,
-        endpoint: FastInfer,
-        name: str,
-        version: str,
-        headers: dict[str, str],
-        keep_alive: bool,
-        length: int,
-    ):
-        self.endpoint = endpoint  # looked up once, for the request's head
-        self.name = name
-        self.version = version
-        self.headers = headers
-        self.keep_alive = keep_alive
-        self.length = length  # Content-Length
-        #: A body of several chunks is gathered as they come: joined at the end, a large one
-        #: would be one copy of it all on the event loop.
-        self.body: bytes | bytearray | memoryview = b""
-        #: Where a large body goes (:mod:`._body_reader`) once it came in more than one piece.
-        self.buffer: BodyBuffer | None = None
-        self.disconnected = False
-        self.response_complete = False
+from shoal.frontends.http._fast_request import FastInfer, FastRequest
+from shoal.frontends.http._response import LentBody, body_length
 
 
 class FastInferHttpToolsProtocol(CoalescingHttpToolsProtocol):
@@ -151,7 +83,7 @@ class FastInferHttpToolsProtocol(CoalescingHttpToolsProtocol):
         if data:
             self._feed(data)
         cycle = self.cycle
-        if isinstance(cycle, _FastRequest) and cycle.buffer is not None and self._in_body:
+        if isinstance(cycle, FastRequest) and cycle.buffer is not None and self._in_body:
             self._read_body_directly(cycle.buffer)
 
     def _read_body_directly(self, buffer: BodyBuffer) -> None:
@@ -164,7 +96,7 @@ class FastInferHttpToolsProtocol(CoalescingHttpToolsProtocol):
         reads again, with a new parser (the old one is left in the body), and serves it."""
         self._last_data = self.loop.time()
         cycle = self.cycle
-        if not isinstance(cycle, _FastRequest) or cycle.buffer is None:
+        if not isinstance(cycle, FastRequest) or cycle.buffer is None:
             return
         if cycle.buffer.complete:
             self.transport.set_protocol(self)
@@ -310,7 +242,7 @@ class FastInferHttpToolsProtocol(CoalescingHttpToolsProtocol):
 
     def on_body(self, body: bytes) -> None:
         cycle = self.cycle
-        if isinstance(cycle, _FastRequest):
+        if isinstance(cycle, FastRequest):
             if cycle.buffer is not None:
                 cycle.buffer.add(body)
             elif cycle.length >= DIRECT_BODY and len(body) < cycle.length:
@@ -331,16 +263,16 @@ class FastInferHttpToolsProtocol(CoalescingHttpToolsProtocol):
         self._in_body = False
         self._head_left = self._limits.max_header_size  # the next request's head
         cycle = self.cycle
-        if not isinstance(cycle, _FastRequest):
+        if not isinstance(cycle, FastRequest):
             super().on_message_complete()
             return
         if cycle.buffer is not None:
-            cycle.body, cycle.buffer = cycle.buffer.body(), None
+            cycle.body, cycle.map, cycle.buffer = cycle.buffer.body(), cycle.buffer.map, None
         task = self.loop.create_task(self._serve(cycle))
         task.add_done_callback(self.tasks.discard)
         self.tasks.add(task)
 
-    def _fast_request(self) -> _FastRequest | None:
+    def _fast_request(self) -> FastRequest | None:
         endpoint: FastInfer | None = getattr(self.app, "fast_infer", None)
         if endpoint is None or self.expect_100_continue:
             return None
@@ -358,13 +290,16 @@ class FastInferHttpToolsProtocol(CoalescingHttpToolsProtocol):
         if "transfer-encoding" in headers:
             return None
         keep_alive = self.parser.get_http_version() != "1.0" and self.parser.should_keep_alive()
-        return _FastRequest(endpoint, target[0], target[1], headers, keep_alive, int(length))
+        return FastRequest(endpoint, target[0], target[1], headers, keep_alive, int(length))
 
-    async def _serve(self, request: _FastRequest) -> None:
+    async def _serve(self, request: FastRequest) -> None:
         body, request.body = request.body, b""
         status, headers, payload = await request.endpoint.respond(
             request.name, request.version, request.headers, body, True
         )
+        if request.map is not None:
+            del body  # the request's last view of it
+            POOL.give_back(request.map)
         lent = payload if isinstance(payload, LentBody) else None
         try:
             if request.disconnected:
