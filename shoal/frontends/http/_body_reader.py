@@ -25,7 +25,7 @@ from typing import Final, Protocol
 
 #: A fast request's body this long or longer is read into a :class:`BodyBuffer`. Below it the
 #: protocol switches (``epoll_ctl`` calls) and the fresh memory map cost more than the copies save.
-DIRECT_BODY = 1 << 18
+DIRECT_BODY: Final = 1 << 18
 
 
 class MapPool:

@@ -31,6 +31,8 @@ class CoalescingTransport:
         self._transport = transport
         self._pending: list[bytes | bytearray | memoryview] = []
         self._loop = asyncio.get_running_loop()
+        self._lent = 0  # lent bodies not yet sent (hold)
+        self._limits_kept = (0, 0)
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         if not self._pending:
@@ -41,9 +43,26 @@ class CoalescingTransport:
         for data in lines:
             self.write(data)
 
-    def flush(self) -> None:
-        """Write what is held now (a lent body, which is released once written)."""
+    def hold(self) -> bool:
+        """Write what is held now, for a lent body (its memory is released once it is all
+        sent); True when some is left unsent: the write limits are then 0 until :meth:`sent`,
+        so that the protocol is paused until nothing is unsent (its flow control's drain)."""
         self._flush()
+        transport = self._transport
+        if transport.is_closing() or not transport.get_write_buffer_size():
+            return False
+        if not self._lent:
+            self._limits_kept = transport.get_write_buffer_limits()
+            transport.set_write_buffer_limits(0)
+        self._lent += 1
+        return True
+
+    def sent(self) -> None:
+        """A held lent body is sent (or the connection lost): the limits as they were."""
+        self._lent -= 1
+        if not self._lent and not self._transport.is_closing():
+            low, high = self._limits_kept
+            self._transport.set_write_buffer_limits(high, low)
 
     def _flush(self) -> None:
         pending, self._pending = self._pending, []

@@ -30,7 +30,7 @@ _SHM_PREFIX = "shared_memory_"
 
 #: Binary bodies this large or larger are lent (:class:`LentBody`) where the caller can send
 #: them so; below it the copy costs less than holding the memory until the bytes are sent.
-LEND_MIN = 1 << 18
+LEND_MIN: Final = 1 << 18
 
 
 class LentBody:

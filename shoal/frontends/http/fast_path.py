@@ -52,8 +52,6 @@ class FastInferHttpToolsProtocol(CoalescingHttpToolsProtocol):
         self._in_body = False
         self._defaults: list[tuple[bytes, bytes]] | None = None
         self._defaults_head = b""
-        self._lent = 0  # lent bodies not yet sent (_hold)
-        self._limits_kept = (0, 0)
         self._watch: asyncio.TimerHandle | None = self.loop.call_later(
             min(limits.header_timeout, limits.body_timeout), self._check_progress
         )
@@ -284,13 +282,14 @@ class FastInferHttpToolsProtocol(CoalescingHttpToolsProtocol):
         if target is None:
             return None
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in self.headers}
-        length = headers.get("content-length")
-        if length is None or not length.isdigit() or int(length) > endpoint.limit:
+        text = headers.get("content-length")
+        length = int(text) if text is not None and text.isdigit() else -1
+        if not 0 <= length <= endpoint.limit:
             return None  # chunked, malformed or too large: the ASGI way answers those
         if "transfer-encoding" in headers:
             return None
         keep_alive = self.parser.get_http_version() != "1.0" and self.parser.should_keep_alive()
-        return FastRequest(endpoint, target[0], target[1], headers, keep_alive, int(length))
+        return FastRequest(endpoint, target[0], target[1], headers, keep_alive, length)
 
     async def _serve(self, request: FastRequest) -> None:
         body, request.body = request.body, b""
@@ -332,23 +331,13 @@ class FastInferHttpToolsProtocol(CoalescingHttpToolsProtocol):
     def _hold(self) -> bool:
         """Send what is written now; True when some of it is left for later (then wait for
         :meth:`_sent`)."""
-        cast(CoalescingTransport, self.transport).flush()
-        if self.transport.is_closing() or not self.transport.get_write_buffer_size():
-            return False
-        if not self._lent:
-            self._limits_kept = self.transport.get_write_buffer_limits()
-            self.transport.set_write_buffer_limits(0)
-        self._lent += 1
-        return True
+        return cast(CoalescingTransport, self.transport).hold()
 
     async def _sent(self) -> None:
         try:
             await self.flow.drain()
         finally:
-            self._lent -= 1
-            if not self._lent and not self.transport.is_closing():
-                low, high = self._limits_kept
-                self.transport.set_write_buffer_limits(high, low)
+            cast(CoalescingTransport, self.transport).sent()
 
     def _head(
         self, status: int, headers: list[tuple[str, str]], length: int, keep_alive: bool
