@@ -10,6 +10,7 @@ copy). Nothing waits: the flush runs at the end of the same iteration.
 from __future__ import annotations
 
 import asyncio
+import os
 from typing import Any, cast
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -31,8 +32,9 @@ class CoalescingTransport:
         self._transport = transport
         self._pending: list[bytes | bytearray | memoryview] = []
         self._loop = asyncio.get_running_loop()
-        self._lent = 0  # lent bodies not yet sent (hold)
-        self._limits_kept = (0, 0)
+        sock = transport.get_extra_info("socket")
+        #: The socket's descriptor, which a lent body is written to directly (-1: never).
+        self._fd: int = -1 if sock is None else sock.fileno()
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         if not self._pending:
@@ -43,26 +45,26 @@ class CoalescingTransport:
         for data in lines:
             self.write(data)
 
-    def hold(self) -> bool:
-        """Write what is held now, for a lent body (its memory is released once it is all
-        sent); True when some is left unsent: the write limits are then 0 until :meth:`sent`,
-        so that the protocol is paused until nothing is unsent (its flow control's drain)."""
-        self._flush()
+    def send_lent(self) -> None:
+        """Send what is written now, whose pieces view a lent body's shared memory, so that
+        the memory can be released at once: straight from the memory, what the kernel takes
+        now (``writev`` on the socket, when the transport has nothing queued that must go
+        first), and a copy of the rest through the transport. A client that does not read
+        never holds shared memory (docs/hardening.md): at worst its answer is copied, as
+        before."""
+        pending, self._pending = self._pending, []
         transport = self._transport
-        if transport.is_closing() or not transport.get_write_buffer_size():
-            return False
-        if not self._lent:
-            self._limits_kept = transport.get_write_buffer_limits()
-            transport.set_write_buffer_limits(0)
-        self._lent += 1
-        return True
-
-    def sent(self) -> None:
-        """A held lent body is sent (or the connection lost): the limits as they were."""
-        self._lent -= 1
-        if not self._lent and not self._transport.is_closing():
-            low, high = self._limits_kept
-            self._transport.set_write_buffer_limits(high, low)
+        if not pending or transport.is_closing():
+            return
+        sent = 0
+        if self._fd >= 0 and not transport.get_write_buffer_size() and len(pending) <= _IOV:
+            try:
+                sent = os.writev(self._fd, pending)
+            except OSError:  # full (EAGAIN), or broken: the transport finds out and closes
+                sent = 0
+        rest = _unsent(pending, sent)
+        if rest:
+            transport.writelines(rest)
 
     def _flush(self) -> None:
         pending, self._pending = self._pending, []
@@ -79,3 +81,20 @@ class CoalescingTransport:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._transport, name)
+
+
+#: Pieces of one ``writev`` at most (Linux's ``IOV_MAX`` is 1024).
+_IOV = 512
+
+
+def _unsent(pieces: list[bytes | bytearray | memoryview], sent: int) -> list[bytes]:
+    """The pieces after the first ``sent`` bytes, as copies of their own."""
+    rest: list[bytes] = []
+    for piece in pieces:
+        size = len(piece) if not isinstance(piece, memoryview) else piece.nbytes
+        if sent >= size:
+            sent -= size
+            continue
+        rest.append(bytes(memoryview(piece).cast("B")[sent:]) if sent else bytes(piece))
+        sent = 0
+    return rest

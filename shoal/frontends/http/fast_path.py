@@ -312,32 +312,15 @@ class FastInferHttpToolsProtocol(CoalescingHttpToolsProtocol):
                 self.transport.writelines(
                     payload.pieces if isinstance(payload, LentBody) else payload
                 )
-            waiting = lent is not None and self._hold()
+            if lent is not None:  # what the kernel does not take now is copied
+                cast(CoalescingTransport, self.transport).send_lent()
             request.response_complete = True
             if not request.keep_alive:
                 self.transport.close()
             self.on_response_complete()
-            if waiting:
-                await self._sent()
         finally:
-            if lent is not None:
+            if lent is not None:  # nothing refers to its memory any more
                 lent.release()
-
-    # A lent body's pieces view the response's shared memory: it is released only once the
-    # transport has passed every byte to the kernel. While one is held, the transport's write
-    # limits are 0, so that it pauses this protocol while anything is unsent and resumes it
-    # once nothing is (the flow control's drain then returns); a lost connection resumes it too.
-
-    def _hold(self) -> bool:
-        """Send what is written now; True when some of it is left for later (then wait for
-        :meth:`_sent`)."""
-        return cast(CoalescingTransport, self.transport).hold()
-
-    async def _sent(self) -> None:
-        try:
-            await self.flow.drain()
-        finally:
-            cast(CoalescingTransport, self.transport).sent()
 
     def _head(
         self, status: int, headers: list[tuple[str, str]], length: int, keep_alive: bool
