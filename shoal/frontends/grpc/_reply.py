@@ -1,4 +1,4 @@
-"""A plain ``ModelInferResponse`` written field by field, without a protobuf message.
+"""A plain ``ModelInferResponse`` written from cached encoded pieces, without a protobuf message.
 
 Building the reply as a protobuf message costs a message, a repeated container and an output
 message per output, each field set through the Python API, then a serialization: about a tenth
@@ -8,19 +8,67 @@ contents, so it is written here straight into bytes, in the order protobuf write
 numbers ascending), and parses to the same message. Anything else (parameters, a dimension
 outside int64, a string that is not valid UTF-8) is left to protobuf: :func:`plain_reply`
 returns None.
+
+The model's name and version, and each output's name, datatype and shape, repeat from call to
+call: their encoded fields are kept (:class:`_Encoded`, keyed by their values, so an output
+whose shape or datatype changes gets its own entry), and a reply is a lookup per output and one
+join rather than a field header and an append per string and dimension. The tables are cleared
+when full, so that a client sending ever new shapes or names cannot grow them.
 """
 
 from __future__ import annotations
 
+from typing import Final
+
 from shoal.core import InferResponse
 from shoal.frontends._output_bytes import output_bytes
-from shoal.frontends.grpc._wire import Chunk, encode_varint, field_header, raw_field_chunks
+from shoal.frontends.grpc._wire import Chunk, encode_varint, field_header
 
 # The field numbers of ModelInferResponse and of its InferOutputTensor (grpc_service.proto).
 _MODEL_NAME, _MODEL_VERSION, _ID, _OUTPUTS, _RAW_OUTPUT_CONTENTS = 1, 2, 3, 5, 6
 _TENSOR_NAME, _TENSOR_DATATYPE, _TENSOR_SHAPE = 1, 2, 3
-_INT64_LIMIT = 1 << 63
-_NO_DATA = memoryview(b"")
+_INT64_LIMIT: Final = 1 << 63
+_NO_DATA: Final = memoryview(b"")
+#: Entries of each table before it is cleared (heads per model version, fields per layout).
+CACHE_LIMIT: Final = 1024
+#: What is cached for pieces that are not plain (the reply is left to protobuf): never encoded
+#: fields' bytes, which are empty or begin with a tag (0xFF is no tag of these messages).
+_NOT_PLAIN: Final = b"\xff"
+#: The header of each ``raw_output_contents`` entry of fewer than 128 bytes: tag and length.
+_SMALL_RAW_HEADERS: Final = [field_header(_RAW_OUTPUT_CONTENTS, size) for size in range(0x80)]
+
+
+class _Encoded:
+    """The encoded pieces of replies seen: the model name and version fields per (name,
+    version), the ``outputs`` field per (name, datatype, shape); ``_NOT_PLAIN`` for one whose
+    strings are not valid UTF-8 or whose shape has a dimension outside int64."""
+
+    def __init__(self) -> None:
+        self.heads: dict[tuple[str, str], bytes] = {}
+        self.outputs: dict[tuple[str, str, tuple[int, ...]], bytes] = {}
+
+    def head(self, model_name: str, model_version: str) -> bytes:
+        key = (model_name, model_version)
+        head = self.heads.get(key)
+        if head is None:
+            head = _head(model_name, model_version)
+            if len(self.heads) >= CACHE_LIMIT:
+                self.heads.clear()
+            self.heads[key] = head
+        return head
+
+    def output(self, name: str, datatype: str, shape: tuple[int, ...]) -> bytes:
+        key = (name, datatype, shape)
+        field = self.outputs.get(key)
+        if field is None:
+            field = _output_field(name, datatype, shape)
+            if len(self.outputs) >= CACHE_LIMIT:
+                self.outputs.clear()
+            self.outputs[key] = field
+        return field
+
+
+_ENCODED: Final = _Encoded()
 
 
 def plain_reply(response: InferResponse, in_shm: frozenset[str]) -> list[Chunk] | None:
@@ -29,45 +77,60 @@ def plain_reply(response: InferResponse, in_shm: frozenset[str]) -> list[Chunk] 
     it is not plain (see the module)."""
     if response.parameters:
         return None
-    try:
-        head = bytearray()
-        _string(head, _MODEL_NAME, response.model_name)
-        _string(head, _MODEL_VERSION, response.model_version)
-        _string(head, _ID, response.id)
-        payloads: list[memoryview] = []
-        for output in response.outputs:
-            if output.parameters:
-                return None
-            tensor = _tensor(output.name, output.datatype, output.shape)
-            if tensor is None:
-                return None
-            head += field_header(_OUTPUTS, len(tensor))
-            head += tensor
-            payloads.append(_NO_DATA if output.name in in_shm else output_bytes(output))
-    except UnicodeEncodeError:
+    encoded = _ENCODED
+    head = encoded.head(response.model_name, response.model_version)
+    if head == _NOT_PLAIN:
         return None
-    return [bytes(head), *raw_field_chunks(_RAW_OUTPUT_CONTENTS, payloads)]
+    parts = [head]
+    if response.id:
+        try:
+            parts.append(_string(_ID, response.id))
+        except UnicodeEncodeError:
+            return None
+    raw: list[Chunk] = []
+    for output in response.outputs:
+        if output.parameters:
+            return None
+        field = encoded.output(output.name, output.datatype, output.shape)
+        if field == _NOT_PLAIN:
+            return None
+        parts.append(field)
+        payload = _NO_DATA if output.name in in_shm else output_bytes(output)
+        size = payload.nbytes
+        raw.append(_SMALL_RAW_HEADERS[size] if size < 0x80 else field_header(_RAW_OUTPUT_CONTENTS, size))
+        if size:
+            raw.append(payload)
+    return [b"".join(parts), *raw]
 
 
-def _tensor(name: str, datatype: str, shape: tuple[int, ...]) -> bytearray | None:
-    """An ``InferOutputTensor`` with no parameters; None for a dimension outside int64."""
-    out = bytearray()
-    _string(out, _TENSOR_NAME, name)
-    _string(out, _TENSOR_DATATYPE, datatype)
+def _head(model_name: str, model_version: str) -> bytes:
+    """The model name and version fields; ``_NOT_PLAIN`` if either is not valid UTF-8."""
+    try:
+        return _string(_MODEL_NAME, model_name) + _string(_MODEL_VERSION, model_version)
+    except UnicodeEncodeError:
+        return _NOT_PLAIN
+
+
+def _output_field(name: str, datatype: str, shape: tuple[int, ...]) -> bytes:
+    """The ``outputs`` field of an ``InferOutputTensor`` with no parameters; ``_NOT_PLAIN`` for
+    a dimension outside int64 or a string that is not valid UTF-8."""
+    try:
+        tensor = _string(_TENSOR_NAME, name) + _string(_TENSOR_DATATYPE, datatype)
+    except UnicodeEncodeError:
+        return _NOT_PLAIN
     if shape:
         packed = bytearray()
         for dim in shape:
             if not 0 <= dim < _INT64_LIMIT:  # negative ones take ten bytes: left to protobuf
-                return None
+                return _NOT_PLAIN
             packed += encode_varint(dim)
-        out += field_header(_TENSOR_SHAPE, len(packed))
-        out += packed
-    return out
+        tensor += field_header(_TENSOR_SHAPE, len(packed)) + bytes(packed)
+    return field_header(_OUTPUTS, len(tensor)) + tensor
 
 
-def _string(out: bytearray, number: int, value: str) -> None:
+def _string(number: int, value: str) -> bytes:
     """A string field; proto3 leaves an empty one out."""
-    if value:
-        data = value.encode("utf-8")
-        out += field_header(number, len(data))
-        out += data
+    if not value:
+        return b""
+    data = value.encode("utf-8")
+    return field_header(number, len(data)) + data
