@@ -97,7 +97,9 @@ def plain_reply(response: InferResponse, in_shm: frozenset[str]) -> list[Chunk] 
         parts.append(field)
         payload = _NO_DATA if output.name in in_shm else output_bytes(output)
         size = payload.nbytes
-        raw.append(_SMALL_RAW_HEADERS[size] if size < 0x80 else field_header(_RAW_OUTPUT_CONTENTS, size))
+        raw.append(
+            _SMALL_RAW_HEADERS[size] if size < 0x80 else field_header(_RAW_OUTPUT_CONTENTS, size)
+        )
         if size:
             raw.append(payload)
     return [b"".join(parts), *raw]

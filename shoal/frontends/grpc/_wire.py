@@ -66,6 +66,27 @@ def raw_field_chunks(number: int, payloads: Sequence[memoryview]) -> list[Chunk]
     return chunks
 
 
+#: Chunks smaller than this are joined before they are written; larger ones go as views.
+JOIN_BELOW = 64 * 1024
+
+
+def coalesced(chunks: list[Chunk]) -> list[Chunk]:
+    """``chunks`` with each run of small ones joined (fewer DATA frames); large ones stay views."""
+    out: list[Chunk] = []
+    small: list[Chunk] = []
+    for chunk in chunks:
+        if memoryview(chunk).nbytes < JOIN_BELOW:
+            small.append(chunk)
+            continue
+        if small:
+            out.append(b"".join(small))
+            small = []
+        out.append(chunk)
+    if small:
+        out.append(b"".join(small))
+    return out
+
+
 def embedded_chunks(number: int, message: Sequence[Chunk]) -> list[Chunk]:
     """The message field ``number`` whose serialized value is the concatenation of ``message``."""
     size = sum(memoryview(chunk).nbytes for chunk in message)

@@ -10,7 +10,7 @@ import zlib
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
-from shoal.frontends.grpc._wire import Chunk
+from shoal.frontends.grpc._wire import coalesced
 from shoal.frontends.grpc.infer_call import LentReply
 from shoal.frontends.grpc.methods import Method
 from shoal.frontends.grpc.native_headers import OK_TRAILERS, metadata, status_block
@@ -45,8 +45,8 @@ UNIMPLEMENTED = Status.UNIMPLEMENTED
 STREAM_BACKLOG = 1 << 20
 #: A compressed message smaller than this is inflated on the event loop (at most ~1 MiB out).
 _INFLATE_INLINE = 1024
-#: Reply chunks smaller than this are joined before they are written; larger ones go as views.
-_JOIN_BELOW = 64 * 1024
+#: A reply smaller than this goes whole with its headers and trailers (copied: one piece).
+_ANSWER_BELOW = 64 * 1024
 #: Reply bytes a server may hold in lent memory (the stubs' arenas) until written: past it,
 #: replies are copied and their memory released at once, so that clients that do not read
 #: cannot hold the arenas other clients need.
@@ -324,7 +324,7 @@ class NativeCall(StreamHandler):
             self._send_lent(reply)
             return
         body = reply if method.serialize is None else method.serialize(reply)
-        if not self._done:
+        if not self._done and not self._answer(body):
             self._send_headers()
             self._send_message(body)
 
@@ -338,6 +338,18 @@ class NativeCall(StreamHandler):
             await self._connection.writable(self._stream_id, STREAM_BACKLOG)
 
     # --- answering ----------------------------------------------------------------------------
+
+    def _answer(self, body: bytes | bytearray) -> bool:
+        """A small reply sent whole, with its headers and OK trailers: the call is over. False
+        when it goes frame by frame (large, or held back by the client's windows)."""
+        if self._headers_sent or len(body) >= _ANSWER_BELOW:
+            return False
+        connection = self._connection
+        if not connection.send_answer(self._stream_id, h2.GRPC_RESPONSE_HEADERS, body, OK_TRAILERS):
+            return False
+        self._headers_sent = True
+        self._end()
+        return True
 
     def _send_headers(self) -> None:
         if not self._headers_sent:
@@ -363,7 +375,7 @@ class NativeCall(StreamHandler):
         server.lent += size
         try:
             self._send_headers()
-            for piece in _coalesced([b"\x00" + size.to_bytes(4, "big"), *reply.chunks]):
+            for piece in coalesced([b"\x00" + size.to_bytes(4, "big"), *reply.chunks]):
                 self._connection.send_data(self._stream_id, piece)
         finally:
             done = functools.partial(_give_back, server, size, reply)
@@ -423,23 +435,6 @@ class NativeCall(StreamHandler):
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-
-
-def _coalesced(chunks: list[Chunk]) -> list[Chunk]:
-    """``chunks`` with each run of small ones joined (fewer DATA frames); large ones stay views."""
-    out: list[Chunk] = []
-    small: list[Chunk] = []
-    for chunk in chunks:
-        if memoryview(chunk).nbytes < _JOIN_BELOW:
-            small.append(chunk)
-            continue
-        if small:
-            out.append(b"".join(small))
-            small = []
-        out.append(chunk)
-    if small:
-        out.append(b"".join(small))
-    return out
 
 
 def _give_back(server: CallServer, size: int, reply: LentReply) -> None:

@@ -1,22 +1,19 @@
 """One HTTP/2 server connection on the event loop: frames in, streams opened and closed.
 
-The connection reads frames straight from the bytes the loop hands it
-(:mod:`shoal.frontends.h2.reading`), keeps the table of open streams
-(:mod:`shoal.frontends.h2.streams`) and answers SETTINGS, PING and WINDOW_UPDATE itself. What
-the streams mean is the business of a :class:`StreamOpener` (shoal's gRPC calls,
-:mod:`shoal.frontends.grpc.native`): it is given each new stream's headers and returns the
+The connection reads frames straight from the bytes the loop hands it (:mod:`~.reading`),
+keeps the table of open streams (:mod:`~.streams`) and answers SETTINGS, PING and WINDOW_UPDATE
+itself. What the streams mean is the business of a :class:`StreamOpener` (shoal's gRPC calls,
+:mod:`shoal.frontends.grpc.native`): given each new stream's headers, it returns the
 :class:`StreamHandler` that receives its data.
 
-Receiving: the transport reads into a buffer the connection lends it (``BufferedProtocol``,
-see :func:`~shoal.frontends.h2.reading.read_buffer`), or a large DATA frame's payload straight
-into its stream's place (:mod:`shoal.frontends.h2.placing`), and runs of 16 KiB frames with
-its own scatter reads (:mod:`shoal.frontends.h2.scatter`). The connection advertises the largest
-windows HTTP/2 allows and gives credit back when half of a window is used, so a client is never
-slowed down by flow control; the size of what a stream may send is bounded by the gRPC layer
-(its message size limit), not by windows.
-Sending (:mod:`shoal.frontends.h2.sending`): DATA respects the peer's windows and frame size, and
-what one event-loop iteration writes leaves in one ``writev``. Floods
-(:mod:`shoal.frontends.h2.floods`) end the connection with GOAWAY ``ENHANCE_YOUR_CALM``.
+Receiving: into a buffer the connection lends the transport (``BufferedProtocol``,
+:func:`~shoal.frontends.h2.reading.read_buffer`), a large DATA frame's payload straight into its
+stream's place (:mod:`~shoal.frontends.h2.placing`), runs of 16 KiB frames by scatter reads
+(:mod:`~shoal.frontends.h2.scatter`). The largest windows HTTP/2 allows are advertised and credit
+given back at half of a window: the gRPC layer bounds what a stream may send, not flow control.
+Sending (:mod:`~shoal.frontends.h2.sending`): DATA within the peer's windows and frame size; what
+an event-loop iteration writes leaves in one ``writev``; a small unary answer is one piece.
+Floods (:mod:`~shoal.frontends.h2.floods`) end the connection with GOAWAY ``ENHANCE_YOUR_CALM``.
 """
 
 from __future__ import annotations
@@ -38,7 +35,7 @@ from shoal.frontends.h2.reading import (
     read_buffer,
 )
 from shoal.frontends.h2.scatter import Scatter, scatter_for
-from shoal.frontends.h2.sending import Sender
+from shoal.frontends.h2.sending import Body, Sender
 from shoal.frontends.h2.streams import Stream, StreamHandler
 
 __all__ = ["MAX_CONCURRENT_STREAMS", "ConnectionError_", "FloodLimits", "Headers"]
@@ -225,6 +222,10 @@ class Http2Connection(asyncio.BufferedProtocol):
         if end_stream:
             self._end_local(stream_id, stream)
 
+    def send_answer(self, stream_id: int, head: bytes, body: Body, tail: bytes) -> bool:
+        """A small answer whole (:meth:`Sender.answer`); False: it goes frame by frame."""
+        return self._sender.answer(stream_id, head, body, tail)
+
     def send_data(
         self, stream_id: int, data: bytes | bytearray | memoryview, end_stream: bool = False
     ) -> None:
@@ -357,9 +358,8 @@ class Http2Connection(asyncio.BufferedProtocol):
             raise ConnectionError_(h2.PROTOCOL_ERROR, f"HEADERS opening stream {stream_id}")
         elif stream_id > self._highest_stream_id:
             self._open(stream_id, headers, end_stream)
-        # Else a stream already closed: the peer's trailers may cross our RST_STREAM, and
-        # frames on a stream we reset are ignored (RFC 9113 section 5.1). Decoded all the
-        # same, for the HPACK state.
+        # Else a stream already closed (trailers crossing our RST_STREAM; frames on a stream
+        # we reset are ignored, RFC 9113 section 5.1): decoded all the same, for HPACK's state.
 
     def _trailers(self, stream: Stream, end_stream: bool) -> None:
         if not end_stream:

@@ -218,3 +218,65 @@ def test_a_large_flush_goes_to_the_socket_the_rest_to_the_transport(
         sender.send_data(1, Stream(None, 1 << 30), memoryview(payload[: 1 << 20]), False)
         sender.flush()
         assert _drain(theirs) == b""
+
+
+def _all_frames(wire: bytes) -> list[tuple[int, int, int, bytes]]:
+    """(type, flags, stream, payload) of each frame in ``wire``."""
+    out, offset = [], 0
+    while offset < len(wire):
+        high, low, kind, flags, stream_id = h2.FRAME_HEADER.unpack_from(wire, offset)
+        length = high << 8 | low
+        out.append((kind, flags, stream_id, wire[offset + 9 : offset + 9 + length]))
+        offset += 9 + length
+    return out
+
+
+def test_a_whole_answer_is_one_piece_of_three_frames(loop: asyncio.AbstractEventLoop) -> None:
+    sender, transport, stream, ended = _sender(loop, window=1000)
+    stream_window = stream.send_window
+    assert sender.answer(1, b"HEAD", b"message", b"TRAILERS")
+    sender.flush()
+    assert len(transport.pieces) == 1
+    assert _all_frames(bytes(transport.pieces[0])) == [
+        (h2.HEADERS, h2.END_HEADERS, 1, b"HEAD"),
+        (h2.DATA, 0, 1, b"\x00\x00\x00\x00\x07message"),
+        (h2.HEADERS, h2.END_HEADERS | h2.END_STREAM, 1, b"TRAILERS"),
+    ]
+    assert ended == [1]
+    assert (sender.window, stream.send_window) == (1000 - 12, stream_window - 12)
+    assert sender.sent == 3
+
+
+@pytest.mark.parametrize("held", ["connection window", "stream window", "frame size", "queued"])
+def test_an_answer_that_cannot_go_whole_at_once_is_left_to_the_frames(
+    loop: asyncio.AbstractEventLoop, held: str
+) -> None:
+    sender, transport, stream, ended = _sender(loop)
+    body = bytes(100)
+    if held == "connection window":
+        sender.window = 104
+    elif held == "stream window":
+        stream.send_window = 104
+    elif held == "frame size":
+        sender.max_frame, body = 16_384, bytes(16_380)
+    else:
+        stream.pending.append((h2.DATA, memoryview(b"x"), False))
+    window, stream_window = sender.window, stream.send_window
+    assert not sender.answer(1, b"HEAD", body, b"TRAILERS")
+    sender.flush()
+    assert transport.pieces == [] and ended == []
+    assert (sender.window, stream.send_window) == (window, stream_window)
+
+
+def test_an_answer_waits_for_a_table_size_update_due(loop: asyncio.AbstractEventLoop) -> None:
+    sender, _, _, ended = _sender(loop)
+    sender.table_size_update = True  # the next header block must begin with it: frame by frame
+    assert not sender.answer(1, b"HEAD", b"m", b"TRAILERS")
+    assert sender.table_size_update and ended == []
+
+
+def test_an_answer_to_a_stream_gone_writes_nothing(loop: asyncio.AbstractEventLoop) -> None:
+    sender, transport, _, ended = _sender(loop)
+    assert sender.answer(3, b"HEAD", b"m", b"TRAILERS")
+    sender.flush()
+    assert transport.pieces == [] and ended == []
