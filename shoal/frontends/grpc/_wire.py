@@ -21,7 +21,7 @@ the event loop (docs/hardening.md, "Parsing").
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 from shoal.core import InvalidArgument
 
@@ -118,16 +118,24 @@ def split_raw_contents(
 def _split(view: memoryview, number: int) -> tuple[list[list[int]], list[memoryview]]:
     """The other fields, as (start, end) runs of ``view``, and the entries of field ``number``.
     Serializers write fields in number order, so the other fields are usually one run before
-    the entries, which is then parsed without a join."""
+    the entries, which is then parsed without a join. A loop over :func:`_field`, not a
+    generator: compiled, each field is then a call returning three native integers."""
     runs: list[list[int]] = []
     entries: list[memoryview] = []
-    for start, field, value, end in _fields(view):
+    offset, total = 0, len(view)
+    for _ in range(MAX_WALKED_FIELDS):
+        if offset >= total:
+            return runs, entries
+        field, value, end = _field(view, offset, total)
         if field == number:
             entries.append(view[value:end])
-        elif runs and runs[-1][1] == start:
+        elif runs and runs[-1][1] == offset:
             runs[-1][1] = end
         else:
-            runs.append([start, end])
+            runs.append([offset, end])
+        offset = end
+    if offset < total:
+        raise _TooManyFields
     return runs, entries
 
 
@@ -135,25 +143,19 @@ class _TooManyFields(Exception):
     """The message has more than MAX_WALKED_FIELDS fields."""
 
 
-def _fields(view: memoryview) -> Iterator[tuple[int, int, int, int]]:
-    """(start, number, start of the value, end) of each top-level field of a message."""
-    offset, total = 0, len(view)
-    for _ in range(MAX_WALKED_FIELDS):
-        if offset >= total:
-            return
-        start, key = offset, view[offset]
-        # One-byte tags (fields 1 to 15, the only ones of ModelInferRequest) and lengths (values
-        # under 128 bytes) are read inline; the rest by _value.
-        key, offset = (key, offset + 1) if key < 0x80 else _read_varint(view, offset)
-        if key & 7 == _LENGTH_DELIMITED and offset < total and view[offset] < 0x80 and key >> 3:
-            value, offset = offset + 1, offset + 1 + view[offset]
-        else:
-            value, offset = _value(view, offset, key)
-        if offset > total:
-            raise _malformed(f"field {key >> 3} runs past the end of the message")
-        yield start, key >> 3, value, offset
-    if offset < total:
-        raise _TooManyFields
+def _field(view: memoryview, offset: int, total: int) -> tuple[int, int, int]:
+    """(number, start of the value, end) of the top-level field that starts at ``offset``."""
+    key = view[offset]
+    # One-byte tags (fields 1 to 15, the only ones of ModelInferRequest) and lengths (values
+    # under 128 bytes) are read inline; the rest by _value.
+    key, offset = (key, offset + 1) if key < 0x80 else _read_varint(view, offset)
+    if key & 7 == _LENGTH_DELIMITED and offset < total and view[offset] < 0x80 and key >> 3:
+        value, offset = offset + 1, offset + 1 + view[offset]
+    else:
+        value, offset = _value(view, offset, key)
+    if offset > total:
+        raise _malformed(f"field {key >> 3} runs past the end of the message")
+    return key >> 3, value, offset
 
 
 def _value(view: memoryview, offset: int, key: int) -> tuple[int, int]:

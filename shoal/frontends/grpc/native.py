@@ -49,12 +49,17 @@ log = logging.getLogger(__name__)
 _NO_METHOD = h2.GRPC_RESPONSE_HEADERS + status_block(Status.UNIMPLEMENTED, "Method not found!")
 
 
+#: Header lists whose reading is kept (see _CallHeaders.of).
+_KEPT_CALL_HEADERS = 64
+
+
 class _CallHeaders:
     """What a new stream's headers say about the call."""
 
-    __slots__ = ("content_type", "encoding", "method", "path", "timeout")
+    __slots__ = ("content_type", "encoding", "headers", "method", "path", "refused", "timeout")
 
     def __init__(self, headers: Headers) -> None:
+        self.headers = headers
         self.method: bytes | None = None
         self.path: bytes | None = None
         self.content_type: bytes | None = None
@@ -71,6 +76,21 @@ class _CallHeaders:
                 self.timeout = value
             elif name == b"grpc-encoding":
                 self.encoding = None if value == b"identity" else value
+        self.refused = self.refusal()
+
+    @staticmethod
+    def of(headers: Headers, kept: dict[int, _CallHeaders]) -> _CallHeaders:
+        """The reading of ``headers``, kept in ``kept`` by the list's identity: a connection's
+        decoder hands the same list for a block it has seen (a client's repeated calls), so
+        each call's headers are not read again. A kept reading holds its list: an identity is
+        never reused while kept."""
+        call = kept.get(id(headers))
+        if call is None or call.headers is not headers:
+            call = _CallHeaders(headers)
+            if len(kept) >= _KEPT_CALL_HEADERS:
+                kept.clear()
+            kept[id(headers)] = call
+        return call
 
     def refusal(self) -> int | None:
         """The HTTP status that refuses a request that is not a gRPC call; None for a call."""
@@ -115,6 +135,7 @@ class NativeGrpcServer:
         self._connections: set[Http2Connection] = set()
         self._budgets: dict[Http2Connection, ConnectionBudget] = {}
         self._reads = read_buffer()  # what every connection's transport reads into
+        self._call_headers: dict[int, _CallHeaders] = {}  # see _CallHeaders.of
         #: Request bytes one connection may hold across its calls (at least one message).
         self.max_connection_bytes = max(max_connection_bytes, max_message_bytes)
 
@@ -194,9 +215,9 @@ class NativeGrpcServer:
     def _open_stream(
         self, connection: Http2Connection, stream_id: int, headers: Headers, end_stream: bool
     ) -> StreamHandler | None:
-        call = _CallHeaders(headers)
+        call = _CallHeaders.of(headers, self._call_headers)
         method = self._methods.get(bytes(call.path or b""))
-        if method is None or call.refusal() is not None:
+        if method is None or call.refused is not None:
             connection.send_headers(stream_id, _refusal(call), end_stream=True)
             return None
         budget = self._budgets.get(connection)
@@ -214,5 +235,5 @@ class NativeGrpcServer:
 def _refusal(call: _CallHeaders) -> bytes:
     """The header block that answers a stream that is no call of ours at once: HTTP 405 or 415
     for a request that is not a gRPC call, else UNIMPLEMENTED (an unknown method)."""
-    status = call.refusal()
+    status = call.refused
     return _NO_METHOD if status is None else h2.status_headers(status)
