@@ -284,3 +284,22 @@ def test_inflate_in_pieces_gives_the_whole_message(size: int, gzipped: bool) -> 
 def test_inflate_stops_past_the_limit() -> None:
     assert inflate(gzip.compress(bytes(8 << 20)), 16 + zlib.MAX_WBITS, 3 << 20) is None
     assert inflate(gzip.compress(bytes(3 << 20)), 16 + zlib.MAX_WBITS, 3 << 20) == bytes(3 << 20)
+
+
+# --- repeated header blocks ---------------------------------------------------------------------
+
+
+def test_repeated_header_blocks_are_each_read_as_their_own(client: H2Client) -> None:
+    """A client's repeated calls send the same block (indexed headers): the server keeps what
+    it read of each decoded list; calls alternating between blocks get each its own reading."""
+    message = grpc_frame(echo_request(16))
+    for _ in range(3):
+        served = client.call(message)
+        assert served.status == "0", served.message
+        assert len(served.messages()) == 1
+        unknown = client.call(message, path="/inference.GRPCInferenceService/Nope")
+        assert (unknown.status, unknown.message) == ("12", "Method not found!")
+        refused = client.call(message, content_type="text/plain")
+        assert refused.headers[":status"] == "415"
+        timed = client.call(message, grpc_timeout="10S")
+        assert timed.status == "0", timed.message
