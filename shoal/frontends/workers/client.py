@@ -331,17 +331,18 @@ class RemoteCore(CoreAPI):
     async def infer(self, request: InferRequest) -> InferResponse:
         started = time.monotonic_ns()
         prepared = self._prepare(request)
-        if prepared is not None and prepared.fields is not None:
+        if prepared is not None and prepared.packed:
             if (direct := self.direct) is not None and direct_fits(request):
-                response = await direct.try_infer(request, prepared, started)
+                response = await direct.infer(request, prepared, started)
                 if response is not None:
                     return response
-            try:
-                answer, views = await self._packed(prepared.fields, prepared.head)
-                return self._response(answer, views)
-            except PackedRefused as refused:  # sent again the core's way, with what is staged
-                if refused.stale:
-                    self.snapshots.drop(request.model_name, request.model_version)
+            if (packed := prepared.fields) is not None:
+                try:
+                    answer, views = await self._packed(packed, prepared.head)
+                    return self._response(answer, views)
+                except PackedRefused as refused:  # again the core's way, with what is staged
+                    if refused.stale:
+                        self.snapshots.drop(request.model_name, request.model_version)
         payloads: list[memoryview | bytes] = []
         staged = None if prepared is None else prepared.staged
         fields = self._request_fields(request, payloads, staged)

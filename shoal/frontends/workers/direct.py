@@ -101,6 +101,9 @@ class DirectDispatch:
         self._ids = itertools.count(1)
         #: The statistics of the requests answered, written before their responses.
         self._tally = Tally(CounterRows(counters))
+        #: The worker's loop, known once a stub is adopted (before any request goes to one):
+        #: ``get_running_loop`` costs a ``getpid`` call per request on Python 3.11.
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     # -- routes ------------------------------------------------------------------------------
 
@@ -143,7 +146,7 @@ class DirectDispatch:
             pidfd = None
         stub = Stub(pid, name, Channel.adopt(fds), pidfd)
         self._stubs[pid] = stub
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         stub.channel.watch_up(loop, lambda: self._read(stub))
         if pidfd is not None:
             loop.add_reader(pidfd, self._exited, stub)
@@ -178,28 +181,18 @@ class DirectDispatch:
 
     # -- requests ----------------------------------------------------------------------------
 
-    async def try_infer(
+    async def infer(
         self, request: InferRequest, prepared: Prepared, started_ns: int
     ) -> InferResponse | None:
-        """``request`` (packed: ``prepared``) straight to a stub; None: it takes the core's way
-        (no route, or one for another generation of the model than it was packed for)."""
+        """``request`` (packed: ``prepared``; its ``staged``: the block of each input in the
+        worker's arena, None where it is inline) run by one of its route's stubs; None when it
+        takes the core's way: no route, one for another generation of the model than it was
+        packed for, a full ring, no live stub (it goes staged as it is). One coroutine: each
+        level of ``await`` costs every request on its way in and again when it resumes."""
         route = self.route(request.model_name, request.model_version)
         if route is None or prepared.generation != route.generation:
             return None
-        return await self.infer(route, request, prepared.head, started_ns, prepared.staged)
-
-    async def infer(
-        self,
-        route: Route,
-        request: InferRequest,
-        head: bytes,
-        started_ns: int,
-        staged: list[Block | None],
-    ) -> InferResponse | None:
-        """``request`` (packed: ``head``; ``staged``: the block of each input in the worker's
-        arena, None where it is inline) run by one of the route's stubs; None when it could not
-        be sent (a full ring, no live stub): the caller sends it the core's way, staged as
-        it is."""
+        staged = prepared.staged
         stub = least_busy(route.stubs, route.turn)
         route.turn += 1
         if stub is None:
@@ -208,13 +201,15 @@ class DirectDispatch:
         if inputs and not self._lent(stub, inputs):
             return None
         batch = self._origin | next(self._ids)
-        payload = execute_payload(batch, head, private_inputs(staged) if inputs else 0)
+        payload = execute_payload(batch, prepared.head, private_inputs(staged) if inputs else 0)
         try:
             if not stub.channel.send_down_nowait(payload):
                 return None
         except Exception:  # the stub is gone
             return None
-        future: asyncio.Future[msg.Result] = asyncio.get_running_loop().create_future()
+        loop = self._loop
+        assert loop is not None  # set when the stub was adopted
+        future: asyncio.Future[msg.Result] = loop.create_future()
         stub.pending[batch] = Waiting(future, route, started_ns, inputs)
         route.in_flight += 1
         try:

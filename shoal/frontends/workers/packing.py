@@ -135,15 +135,28 @@ class Restage:
 
 
 class Prepared:
-    """A request staged for the relay: ``fields`` and ``head`` to send (None: it takes the
-    core's path), and ``staged``, the block each input was placed in (None: inline), which a
-    resend the core's way passes on as placed inputs; ``generation``, its snapshot's."""
+    """A request staged for the relay: ``head`` to send (``packed`` False: it takes the core's
+    path), and ``staged``, the block each input was placed in (None: inline), which a resend
+    the core's way passes on as placed inputs; ``generation``, its snapshot's."""
 
-    def __init__(self, generation: int = 0) -> None:
-        self.generation = generation
-        self.fields: bytes | None = None
+    def __init__(self, request: InferRequest, snapshot: Snapshot) -> None:
+        self.generation = snapshot.generation
+        #: The record's head is packed: the request may go straight to a stub, or packed.
+        self.packed = False
         self.head = b""
         self.staged: list[Block | None] = []
+        self._request = request
+        self._snapshot = snapshot
+        self._fields: bytes | None = None
+
+    @property
+    def fields(self) -> bytes | None:
+        """What the core reads of the packed call (``core/packed.py``); None where the request
+        was not packed or one field does not fit its place. Encoded when first asked for: a
+        request that goes straight to a stub never needs it."""
+        if self._fields is None and self.packed:
+            self._fields = _fields(self._request, self._snapshot, self.staged)
+        return self._fields
 
     def blocks(self) -> list[Block]:
         return [block for block in self.staged if block is not None]
@@ -156,12 +169,12 @@ def prepare(request: InferRequest, snapshot: Snapshot, stage: Stage | None) -> P
     views = _checked(request, snapshot)
     if views is None:
         return None
-    prepared = Prepared(snapshot.generation)
+    prepared = Prepared(request, snapshot)
     descs = _staged(request, snapshot, views, stage, prepared.staged)
     if descs is None:  # the arena is full: the core's way, with what is staged so far
         return prepared
     prepared.head = _head(_record(request, snapshot, descs))
-    prepared.fields = _fields(request, snapshot, prepared.staged)
+    prepared.packed = True
     return prepared
 
 
