@@ -55,6 +55,7 @@ HOT_PATH: tuple[str, ...] = (
     "shoal/frontends/http/fast_path.py",
     "shoal/frontends/_output_bytes.py",
     "shoal/frontends/_params.py",
+    "shoal/frontends/http/_plain_request.py",
     "shoal/frontends/http/_request.py",
     "shoal/frontends/http/_response.py",
     "shoal/frontends/http/app.py",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from starlette.requests import Request
@@ -29,7 +29,9 @@ from shoal.frontends.http._compression import SUPPORTED_ENCODINGS, UnsupportedEn
 _logger = logging.getLogger("shoal.frontends.http")
 
 Endpoint = Callable[[Request], Awaitable[Response]]
-Headers = list[tuple[str, str]]
+#: Response headers: a tuple where they are shared (an encoded binary response's), never
+#: changed in place.
+Headers = Sequence[tuple[str, str]]
 
 JSON_TYPE = "application/json"
 
@@ -53,7 +55,7 @@ HTTP_STATUS: Mapping[ErrorCode, int] = {
 
 def error_parts(error: ShoalError) -> tuple[int, Headers, bytes]:
     """Status, headers and body of the response to ``error``."""
-    headers = [("content-type", JSON_TYPE)]
+    headers: list[tuple[str, str]] = [("content-type", JSON_TYPE)]
     if isinstance(error, UnsupportedEncoding):
         headers.append(("accept-encoding", SUPPORTED_ENCODINGS))  # as Triton does
     message = error.http_message if isinstance(error, DecoupledInfer) else error.message

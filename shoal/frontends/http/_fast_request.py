@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import mmap
+from collections.abc import Sequence
 from typing import Protocol
 
 from shoal.frontends.http._body_reader import BodyBuffer
@@ -23,7 +24,7 @@ class FastInfer(Protocol):
         headers: dict[str, str],
         body: bytes | bytearray | memoryview,
         lend: bool = False,
-    ) -> tuple[int, list[tuple[str, str]], Body]:
+    ) -> tuple[int, Sequence[tuple[str, str]], Body]:
         """Status, headers and body of the answer to an inference request; with ``lend``, a
         large binary body may be a :class:`LentBody`."""
 
@@ -67,7 +68,7 @@ class FastRequest:
         self.endpoint = endpoint  # looked up once, for the request's head
         self.name = name
         self.version = version
-        self.headers = headers
+        self.headers = headers  # those the endpoint reads (fast_path._READ_HEADERS)
         self.keep_alive = keep_alive
         self.length = length  # Content-Length
         #: A body of several chunks is gathered as they come: joined at the end, a large one

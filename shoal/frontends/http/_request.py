@@ -26,6 +26,7 @@ from shoal.core import (
 from shoal.frontends._binary import BinarySection, check_binary_input
 from shoal.frontends._params import input_parameters, output_parameters, request_parameters
 from shoal.frontends.http import _json
+from shoal.frontends.http._plain_request import PlainRequest, parse_small, read_plain
 from shoal.frontends.http._tensor_json import array_from_json
 
 _NO_DATA = memoryview(b"")
@@ -80,9 +81,16 @@ def decode_infer_request(
     json_size = parse_header_length(header_length, len(view))
     # A JSON-only body is parsed as it is: slicing it would cost a copy of the whole body.
     whole = json_size == len(view) and not isinstance(body, memoryview)
-    document = _parse_document(body if whole else view[:json_size])
-    parameters, binary_default = request_parameters(document.get("parameters", {}))
+    header = body if whole else view[:json_size]
+    document = parse_small(header)
+    if document is None:
+        document = _parse_document(header)
     binary = BinarySection(view[json_size:], model_name, has_header=header_length is not None)
+    plain = read_plain(document, binary)
+    if plain is not None:
+        return _plain_decoded(plain, model_name, model_version)
+    binary = BinarySection(view[json_size:], model_name, has_header=header_length is not None)
+    parameters, binary_default = request_parameters(document.get("parameters", {}))
     inputs = _parse_inputs(document, binary)
     binary.finish()
     outputs, output_format = _parse_outputs(document, binary_default)
@@ -95,6 +103,12 @@ def decode_infer_request(
         parameters=parameters,
     )
     return DecodedRequest(request, output_format)
+
+
+def _plain_decoded(plain: PlainRequest, model_name: str, model_version: str) -> DecodedRequest:
+    """The request :func:`read_plain` read."""
+    request = InferRequest(model_name, model_version, plain.id, plain.inputs, plain.outputs, {})
+    return DecodedRequest(request, OutputFormat(plain.binary_default, plain.binary))
 
 
 def parse_header_length(value: str | None, body_size: int) -> int:

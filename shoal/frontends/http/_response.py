@@ -89,8 +89,50 @@ class EncodedResponse:
         return self.chunks if self.owned else self.body()
 
 
+#: The HTTP headers and JSON header of a binary response, by its layout (:func:`_layout`): the
+#: same for every response of a model whose outputs keep their shapes, so encoded once.
+_BINARY_HEADS: dict[tuple[Any, ...], tuple[tuple[tuple[str, str], ...], bytes]] = {}
+#: Layouts kept at most (a model with outputs of many shapes): past it, the cache starts over.
+BINARY_HEADS_MAX: Final = 512
+
+
 def encode_infer_response(response: InferResponse, output_format: OutputFormat) -> EncodedResponse:
     """Render ``response`` with each output binary or JSON as ``output_format`` says."""
+    data: list[memoryview] = []
+    layout = _layout(response, output_format, data)
+    if layout is None:
+        return _encode(response, output_format)
+    head = _BINARY_HEADS.get(layout)
+    if head is None:
+        encoded = _encode(response, output_format)
+        if len(_BINARY_HEADS) >= BINARY_HEADS_MAX:
+            _BINARY_HEADS.clear()
+        _BINARY_HEADS[layout] = encoded.headers, bytes(encoded.chunks[0])
+        return encoded
+    return EncodedResponse(head[0], (head[1], *data))
+
+
+def _layout(
+    response: InferResponse, output_format: OutputFormat, data: list[memoryview]
+) -> tuple[Any, ...] | None:
+    """What a binary response's headers depend on: the model, its version and each output's
+    name, datatype, shape and size; None for a response that is not all binary outputs without
+    an id or parameters. The outputs' bytes (those not empty) go to ``data``."""
+    if response.id or response.parameters or output_format.shared_memory:
+        return None
+    layout: list[Any] = [response.model_name, response.model_version]
+    for output in response.outputs:
+        if output.parameters or not output_format.is_binary(output.name):
+            return None
+        view = output_bytes(output)
+        layout += [output.name, output.datatype, tuple(output.shape), view.nbytes]
+        if view.nbytes:
+            data.append(view)
+    return tuple(layout)
+
+
+def _encode(response: InferResponse, output_format: OutputFormat) -> EncodedResponse:
+    """:func:`encode_infer_response`, every output encoded as it comes."""
     document = _document(response)
     outputs: list[dict[str, Any]] = []
     binary: list[memoryview] = []

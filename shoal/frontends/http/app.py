@@ -287,7 +287,7 @@ def _encoded(
         encoded = codec.encode_infer_response(response, decoded.output_format)
         lent = lend and encoded.lendable()
         body = codec.LentBody(encoded.chunks, response.release) if lent else encoded.payload()
-        return list(encoded.headers), body
+        return encoded.headers, body
     finally:
         if not lent:
             response.release()
@@ -313,7 +313,7 @@ async def _encoded_in_thread(
 
 def _encode(response: InferResponse, decoded: codec.DecodedRequest) -> tuple[Headers, codec.Body]:
     encoded = codec.encode_infer_response(response, decoded.output_format)
-    return list(encoded.headers), encoded.payload()
+    return encoded.headers, encoded.payload()
 
 
 def _release_after(

@@ -11,7 +11,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import http
-from typing import Any, cast
+from collections.abc import Sequence
+from typing import Any, Final, cast
 
 import httptools
 
@@ -52,6 +53,8 @@ class FastInferHttpToolsProtocol(CoalescingHttpToolsProtocol):
         self._in_body = False
         self._defaults: list[tuple[bytes, bytes]] | None = None
         self._defaults_head = b""
+        self._headers: Sequence[tuple[str, str]] = ()
+        self._headers_lines = b""
         self._watch: asyncio.TimerHandle | None = self.loop.call_later(
             min(limits.header_timeout, limits.body_timeout), self._check_progress
         )
@@ -281,7 +284,11 @@ class FastInferHttpToolsProtocol(CoalescingHttpToolsProtocol):
         target = endpoint.routes.match_target(self.url)
         if target is None:
             return None
-        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in self.headers}
+        headers: dict[str, str] = {}
+        for name, value in self.headers:  # only what the endpoint reads (the last, if repeated)
+            key = _READ_HEADERS.get(name)
+            if key is not None:
+                headers[key] = value.decode("latin-1")
         text = headers.get("content-length")
         length = int(text) if text is not None and text.isdigit() else -1
         if not 0 <= length <= endpoint.limit:
@@ -323,17 +330,23 @@ class FastInferHttpToolsProtocol(CoalescingHttpToolsProtocol):
                 lent.release()
 
     def _head(
-        self, status: int, headers: list[tuple[str, str]], length: int, keep_alive: bool
+        self, status: int, headers: Sequence[tuple[str, str]], length: int, keep_alive: bool
     ) -> bytes:
         """The status line and headers of a fast response."""
         head = [_status_line(status), self._default_head(), b"content-length: "]
-        head += [str(length).encode("latin-1"), b"\r\n"]
-        for name_, value_ in headers:
-            head += [name_.encode("latin-1"), b": ", value_.encode("latin-1"), b"\r\n"]
+        head += [str(length).encode("latin-1"), b"\r\n", self._header_lines(headers)]
         if not keep_alive:
             head.append(b"connection: close\r\n")
         head.append(b"\r\n")
         return b"".join(head)
+
+    def _header_lines(self, headers: Sequence[tuple[str, str]]) -> bytes:
+        """``headers`` encoded; the last ones are kept, as a binary response's headers are the
+        same object for each response of a model (:func:`codec.encode_infer_response`)."""
+        if headers is not self._headers:
+            lines = [name + ": " + value + "\r\n" for name, value in headers]
+            self._headers, self._headers_lines = headers, "".join(lines).encode("latin-1")
+        return self._headers_lines
 
     def _default_head(self) -> bytes:
         """The server's default header lines, encoded once per version of them: uvicorn
@@ -346,6 +359,18 @@ class FastInferHttpToolsProtocol(CoalescingHttpToolsProtocol):
 
 
 _DEFAULT_LIMITS = ConnectionLimits()
+#: The request headers a fast request keeps (:meth:`FastInfer.respond` reads no others), by
+#: their lowercase names as the parser gives them.
+_READ_HEADERS: Final = {
+    name.encode("latin-1"): name
+    for name in (
+        "content-length",
+        "transfer-encoding",
+        "content-encoding",
+        "accept-encoding",
+        "inference-header-content-length",
+    )
+}
 
 
 @functools.lru_cache(maxsize=64)
