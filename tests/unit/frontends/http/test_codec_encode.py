@@ -240,3 +240,56 @@ class TestLargeJsonOutputs:
         assert 0 < max(calls[:-1]) <= 64 and len(calls) > 100  # the last: the document
         monkeypatch.setattr(_tensor_json, "_SLICE", 1 << 20)
         assert in_slices == self._encode(binary_output)
+
+
+def test_binary_heads_are_encoded_once_per_layout() -> None:
+    first = encode_infer_response(
+        response(output("OUT", np.arange(4, dtype=np.float32), "FP32")), BINARY
+    )
+    again = encode_infer_response(
+        response(output("OUT", np.arange(4, dtype=np.float32) + 1, "FP32")), BINARY
+    )
+    assert again.headers is first.headers  # the same object: the HTTP head is kept too
+    assert split(again) == (split(first)[0], (np.arange(4, dtype=np.float32) + 1).tobytes())
+    longer = encode_infer_response(
+        response(output("OUT", np.arange(6, dtype=np.float32), "FP32")), BINARY
+    )
+    assert split(longer)[0]["outputs"][0]["shape"] == [6]
+    assert split(longer)[0]["outputs"][0]["parameters"] == {"binary_data_size": 24}
+
+
+def test_binary_heads_follow_each_bytes_size() -> None:
+    for words in ([b"a"], [b"abc"], [b"a"]):
+        encoded = encode_infer_response(
+            response(output("S", np.array(words, dtype=object), "BYTES")), BINARY
+        )
+        document, data = split(encoded)
+        assert document["outputs"][0]["parameters"] == {"binary_data_size": 4 + len(words[0])}
+        assert data == serialize_bytes(np.array(words, dtype=object))
+
+
+@pytest.mark.parametrize(
+    ("fields", "parameters"),
+    [({"id": "7"}, {}), ({"parameters": {"p": 1}}, {}), ({}, {"q": 2})],
+)
+def test_responses_with_more_than_a_layout_are_encoded_whole(
+    fields: dict[str, Any], parameters: dict[str, Any]
+) -> None:
+    plain = encode_infer_response(
+        response(output("OUT", np.arange(2, dtype=np.int32), "INT32")), BINARY
+    )
+    other = response(output("OUT", np.arange(2, dtype=np.int32), "INT32", **parameters), **fields)
+    document, data = split(encode_infer_response(other, BINARY))
+    assert data == np.arange(2, dtype=np.int32).tobytes()
+    assert document != split(plain)[0]
+    assert document.get("id") == fields.get("id")
+
+
+def test_many_layouts_start_the_cache_over() -> None:
+    from shoal.frontends.http._response import BINARY_HEADS_MAX
+
+    for count in range(1, BINARY_HEADS_MAX + 3):
+        encoded = encode_infer_response(
+            response(output("OUT", np.zeros(count, np.uint8), "UINT8")), BINARY
+        )
+        assert split(encoded)[0]["outputs"][0]["shape"] == [count]

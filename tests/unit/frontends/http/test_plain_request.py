@@ -1,0 +1,200 @@
+"""The plain request reader: which documents it reads, that it reads them as the general walk
+does, and that it leaves every other document to the general walk."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+import numpy as np
+import pytest
+
+from shoal.core import InvalidArgument
+from shoal.frontends._binary import BinarySection
+from shoal.frontends.http._plain_request import SMALL_DOCUMENT, parse_small, read_plain
+from shoal.frontends.http.codec import DecodedRequest, decode_infer_request
+
+pytestmark = pytest.mark.timeout(30)
+
+DATA = bytes(range(16))
+
+
+def binary_input(name: str = "INPUT0", size: int = 16) -> dict[str, Any]:
+    return {
+        "name": name,
+        "datatype": "FP32",
+        "shape": [1, 4],
+        "parameters": {"binary_data_size": size},
+    }
+
+
+def json_input(name: str = "INPUT0") -> dict[str, Any]:
+    return {"name": name, "datatype": "FP32", "shape": [1, 4], "data": [0.5, 1, 2, 3]}
+
+
+def section(binary: bytes = DATA) -> BinarySection:
+    return BinarySection(memoryview(binary), "m", has_header=True)
+
+
+# What tritonclient and perf_analyzer send, and a few more plain shapes.
+PLAIN = [
+    {"inputs": [binary_input()], "outputs": [{"name": "OUT", "parameters": {"binary_data": True}}]},
+    {"inputs": [binary_input()], "parameters": {"binary_data_output": True}},
+    {"inputs": [binary_input()], "outputs": [{"name": "OUT"}], "id": "7", "parameters": {}},
+    {"inputs": [json_input()], "outputs": [{"name": "OUT", "parameters": {"binary_data": False}}]},
+    {"inputs": [json_input("A"), binary_input("B")], "outputs": []},
+    {"inputs": []},
+]
+
+
+def with_binary(document: dict[str, Any]) -> bytes:
+    sizes = [e["parameters"]["binary_data_size"] for e in document["inputs"] if "data" not in e]
+    return DATA * len(sizes)
+
+
+@pytest.mark.parametrize("document", PLAIN)
+def test_plain_documents_are_read(document: dict[str, Any]) -> None:
+    assert read_plain(copy.deepcopy(document), section(with_binary(document))) is not None
+
+
+def test_a_plain_request_is_what_its_document_says() -> None:
+    document = {
+        "id": "r1",
+        "inputs": [binary_input("A"), json_input("B")],
+        "outputs": [{"name": "X", "parameters": {"binary_data": True}}, {"name": "Y"}],
+        "parameters": {"binary_data_output": False},
+    }
+    plain = read_plain(document, section())
+    assert plain is not None
+    assert (plain.id, plain.binary_default, plain.binary) == ("r1", False, {"X": True})
+    assert [output.name for output in plain.outputs] == ["X", "Y"]
+    first, second = plain.inputs
+    assert (first.name, first.datatype, first.shape, bytes(first.data)) == (
+        "A",
+        "FP32",
+        (1, 4),
+        DATA,
+    )
+    assert second.shape == (1, 4)
+    np.testing.assert_array_equal(second.data, np.array([[0.5, 1, 2, 3]], np.float32))
+    assert first.parameters == {} and second.parameters == {}
+
+
+def _changed(path: tuple[Any, ...], value: Any) -> dict[str, Any]:
+    document = copy.deepcopy(PLAIN[0])
+    target: Any = document
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value
+    return document
+
+
+NOT_PLAIN = [
+    _changed(("id",), 7),
+    _changed(("sequence_id",), 1),
+    _changed(("parameters",), {"priority": 1}),
+    _changed(("parameters",), {"binary_data_output": 1}),
+    _changed(("parameters",), []),
+    _changed(("inputs",), {}),
+    _changed(("inputs", 0), "INPUT0"),
+    _changed(("inputs", 0, "name"), ""),
+    _changed(("inputs", 0, "name"), 3),
+    _changed(("inputs", 0, "datatype"), "FP128"),
+    _changed(("inputs", 0, "shape"), [1, -4]),
+    _changed(("inputs", 0, "shape"), [1, True]),
+    _changed(("inputs", 0, "shape"), [1, 4.0]),
+    _changed(("inputs", 0, "shape"), "1,4"),
+    _changed(("inputs", 0, "data"), [1.0] * 4),
+    _changed(("inputs", 0, "extra"), 1),
+    _changed(("inputs", 0, "parameters"), {"binary_data_size": -1}),
+    _changed(("inputs", 0, "parameters"), {"binary_data_size": 1 << 64}),
+    _changed(("inputs", 0, "parameters"), {"binary_data_size": 16.0}),
+    _changed(("inputs", 0, "parameters"), {"binary_data_size": 16, "priority": 1}),
+    _changed(("inputs", 0, "parameters"), {"shared_memory_region": "r"}),
+    _changed(("inputs", 0, "parameters"), []),
+    _changed(("inputs",), [binary_input(), binary_input()]),
+    _changed(("outputs",), {}),
+    _changed(("outputs", 0), "OUT"),
+    _changed(("outputs", 0, "name"), ""),
+    _changed(("outputs", 0, "parameters"), {}),
+    _changed(("outputs", 0, "parameters"), {"binary_data": 1}),
+    _changed(("outputs", 0, "parameters"), {"classification": 2}),
+    _changed(("outputs", 0, "parameters"), {"shared_memory_region": "r"}),
+    _changed(("outputs", 0, "parameters"), {"binary_data": True, "classification": 2}),
+    _changed(("outputs", 0, "extra"), 1),
+    {"outputs": [{"name": "OUT"}]},
+]
+
+
+@pytest.mark.parametrize("document", NOT_PLAIN)
+def test_anything_else_is_left_to_the_general_walk(document: dict[str, Any]) -> None:
+    assert read_plain(document, section()) is None
+
+
+def _decode(document: dict[str, Any], binary: bytes) -> DecodedRequest:
+    header = json.dumps(document).encode()
+    return decode_infer_request(
+        header + binary, model_name="m", model_version="2", header_length=str(len(header))
+    )
+
+
+def _summary(decoded: DecodedRequest) -> Any:
+    request = decoded.request
+    return (
+        request.model_name,
+        request.model_version,
+        request.id,
+        request.parameters,
+        [
+            (t.name, t.datatype, t.shape, np.asarray(t.data).tobytes(), t.parameters)
+            for t in request.inputs
+        ],
+        [(o.name, o.parameters) for o in request.outputs],
+        decoded.output_format.binary_default,
+        dict(decoded.output_format.binary),
+        decoded.output_format.shared_memory,
+    )
+
+
+@pytest.mark.parametrize("document", [d for d in PLAIN if d.get("outputs")])
+def test_both_walks_decode_alike(document: dict[str, Any]) -> None:
+    general = copy.deepcopy(document)
+    general["outputs"].append({"name": "ZZ", "parameters": {}})  # not plain: the general walk
+    plain_request = _summary(_decode(document, with_binary(document)))
+    general_request = _summary(_decode(general, with_binary(document)))
+    assert general_request[5][-1] == ("ZZ", {})
+    general_request[5].pop()
+    assert plain_request == general_request
+
+
+@pytest.mark.parametrize(
+    ("binary", "message"),
+    [
+        (DATA[:8], "unexpected size for input 'INPUT0', expecting 8 additional bytes"),
+        (DATA + b"x", "unexpected additional input data for model 'm': 1 bytes after"),
+    ],
+)
+def test_a_plain_request_fails_as_the_general_walk_does(binary: bytes, message: str) -> None:
+    with pytest.raises(InvalidArgument, match=message):
+        _decode(PLAIN[0], binary)
+
+
+def test_small_documents_are_parsed_at_once() -> None:
+    assert parse_small(b'{"inputs": []}') == {"inputs": []}
+    assert parse_small(memoryview(b'{"a": [1]}')) == {"a": [1]}
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        b"[1]",  # not an object
+        b'{"a": NaN}',  # orjson refuses it; the general parser reads it
+        b'{"a": "\\u00e9"}',  # escapes: the depth check needs them removed
+        b'{"a": ' + b"[" * 101 + b"]" * 101 + b"}",  # could nest too deep
+        b'{"a": "' + b"x" * SMALL_DOCUMENT + b'"}',  # too long
+        b"{",  # malformed: the general parser says why
+    ],
+)
+def test_other_headers_are_parsed_the_general_way(header: bytes) -> None:
+    assert parse_small(header) is None
