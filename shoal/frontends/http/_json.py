@@ -36,7 +36,7 @@ MAX_DEPTH = 100
 
 _OPEN = 0x7B  # "{"; "[" is the same byte with 0x20 cleared
 #: Every byte but brackets and quotes, for ``bytes.translate`` to delete.
-NOT_STRUCTURE = bytes(b for b in range(256) if b not in b'[]{}"')
+_NOT_STRUCTURE = bytes(b for b in range(256) if b not in b'[]{}"')
 #: Passes of innermost-pair removal tried before NumPy measures the depth.
 _LEAF_PASSES = 4
 #: A string, once only brackets and unescaped quotes are left.
@@ -233,9 +233,9 @@ def _structure(data: bytes | bytearray) -> bytes | bytearray:
     """The brackets and quotes of ``data``; a large document a slice at a time (each call holds
     the GIL)."""
     if len(data) < LARGE:
-        return data.translate(None, NOT_STRUCTURE)
+        return data.translate(None, _NOT_STRUCTURE)
     return b"".join(
-        data[at : at + LARGE].translate(None, NOT_STRUCTURE) for at in range(0, len(data), LARGE)
+        data[at : at + LARGE].translate(None, _NOT_STRUCTURE) for at in range(0, len(data), LARGE)
     )
 
 

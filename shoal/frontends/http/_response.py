@@ -89,6 +89,8 @@ class EncodedResponse:
         return self.chunks if self.owned else self.body()
 
 
+#: A JSON response's headers: one tuple, whose encoded lines the HTTP protocol keeps.
+_JSON_HEADERS: Final = (("content-type", JSON_CONTENT_TYPE),)
 #: The HTTP headers and JSON header of a binary response, by its layout (:func:`_layout`): the
 #: same for every response of a model whose outputs keep their shapes, so encoded once.
 _BINARY_HEADS: dict[tuple[Any, ...], tuple[tuple[tuple[str, str], ...], bytes]] = {}
@@ -145,7 +147,7 @@ def _encode(response: InferResponse, output_format: OutputFormat) -> EncodedResp
     document["outputs"] = outputs
     header = _json.dumps_around(document, arrays) if arrays else [_json.dumps(document)]
     if not binary:
-        return EncodedResponse((("content-type", JSON_CONTENT_TYPE),), tuple(header), bool(arrays))
+        return EncodedResponse(_JSON_HEADERS, tuple(header), bool(arrays))
     size = sum(len(piece) for piece in header)
     headers = (("content-type", BINARY_CONTENT_TYPE), (HEADER_LENGTH, str(size)))
     return EncodedResponse(headers, (*header, *(data for data in binary if data.nbytes)))

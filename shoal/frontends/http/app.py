@@ -246,7 +246,9 @@ class _InferEndpoint:
         if header_length is None and len(body) >= _THREAD_THRESHOLD:
             # A large JSON body: parsed in a thread and in pieces, so that the event loop gets
             # the GIL back between the calls (none takes long; _json.in_background).
-            decode = _decoder(body, name, version, None)
+            decode = functools.partial(
+                codec.decode_infer_request, body, model_name=name, model_version=version
+            )
             decoded = await asyncio.to_thread(_json.in_background, decode)
         else:  # called directly: no partial (and its keywords' dict) per small request
             decoded = codec.decode_infer_request(
@@ -263,19 +265,6 @@ class _InferEndpoint:
         return await _compressed(out_headers, out, encoding)
 
 
-def _decoder(
-    body: bytes | bytearray | memoryview, name: str, version: str, header_length: str | None
-) -> Callable[[], codec.DecodedRequest]:
-    """The decoding of an infer body, to run here or in a thread."""
-    return functools.partial(
-        codec.decode_infer_request,
-        body,
-        model_name=name,
-        model_version=version,
-        header_length=header_length,
-    )
-
-
 def _encoded(
     response: InferResponse, decoded: codec.DecodedRequest, lend: bool = False
 ) -> tuple[Headers, codec.Body]:
@@ -287,10 +276,13 @@ def _encoded(
         encoded = codec.encode_infer_response(response, decoded.output_format)
         lent = lend and encoded.lendable()
         body = codec.LentBody(encoded.chunks, response.release) if lent else encoded.payload()
-        return encoded.headers, body
+        headers = encoded.headers
     finally:
         if not lent:
             response.release()
+    # Not returned from inside the try: compiled (mypyc 2.4.1), that let go of the encoded
+    # response before referring to its headers, freeing a fresh tuple (a JSON response's).
+    return headers, body
 
 
 async def _encoded_in_thread(
@@ -313,7 +305,8 @@ async def _encoded_in_thread(
 
 def _encode(response: InferResponse, decoded: codec.DecodedRequest) -> tuple[Headers, codec.Body]:
     encoded = codec.encode_infer_response(response, decoded.output_format)
-    return encoded.headers, encoded.payload()
+    headers = encoded.headers
+    return headers, encoded.payload()
 
 
 def _release_after(
