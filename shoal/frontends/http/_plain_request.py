@@ -26,9 +26,6 @@ from shoal.frontends.http._tensor_json import array_from_json
 SMALL_DOCUMENT: Final = 4096
 
 _DATATYPES: Final = frozenset(DATATYPES)
-_DOCUMENT_KEYS: Final = frozenset(("id", "inputs", "outputs", "parameters"))
-_BINARY_INPUT_KEYS: Final = frozenset(("name", "datatype", "shape", "parameters"))
-_JSON_INPUT_KEYS: Final = frozenset(("name", "datatype", "shape", "data"))
 _BINARY_SIZE: Final = "binary_data_size"
 _INT_END: Final = 1 << 64  # as _params: a parameter holds at most a uint64
 
@@ -82,8 +79,9 @@ def read_plain(document: dict[str, Any], binary: BinarySection) -> PlainRequest 
     """The request ``document`` describes if it is plain, its binary inputs taken from
     ``binary`` (a fresh section); None if it is not plain. Raises what the general walk would
     raise for a plain document (a binary size or JSON data that does not fit)."""
-    if not document.keys() <= _DOCUMENT_KEYS:
-        return None
+    known = ("inputs" in document) + ("outputs" in document)
+    if len(document) != known + ("id" in document) + ("parameters" in document):
+        return None  # another field (look-ups: a set comparison of the keys costs more)
     request = _plain_head(document)
     inputs = _plain_inputs(document.get("inputs"))
     if request is None or inputs is None or not _plain_outputs(document, request):
@@ -142,12 +140,11 @@ def _plain_input(entry: Any) -> _Input | None:
     for dim in shape:
         if type(dim) is not int or dim < 0:
             return None
-    keys = entry.keys()
-    if keys == _JSON_INPUT_KEYS:
-        return _Input(name, datatype, tuple(shape), -1, entry["data"])
-    if keys != _BINARY_INPUT_KEYS:
+    if len(entry) != 4:  # name, datatype, shape (all found) and one more
         return None
-    parameters = entry["parameters"]
+    if "data" in entry:
+        return _Input(name, datatype, tuple(shape), -1, entry["data"])
+    parameters = entry.get("parameters")
     if type(parameters) is not dict or len(parameters) != 1:
         return None
     size = parameters.get(_BINARY_SIZE)
