@@ -306,8 +306,7 @@ class RemoteCore(CoreAPI):
         return wire.request_to_wire(request, payloads, place)
 
     def _packing_summary(self, name: str, version: str) -> list[Any] | None:
-        summary: list[Any] | None = self._sync("packing_summary", name, version)
-        return summary
+        return cast("list[Any] | None", self._sync("packing_summary", name, version))
 
     def _prepare(self, request: InferRequest) -> Prepared | None:
         """``request`` checked, staged and packed for the relay; None: the core's own way."""
