@@ -107,9 +107,12 @@ def _plain_head(document: dict[str, Any]) -> PlainRequest | None:
         if type(parameters) is not dict or len(parameters) > 1:
             return None
         if parameters:
-            binary_default = parameters.get("binary_data_output", 0)
-            if type(binary_default) is not bool:
+            # Read into an untyped name first: compiled, assigning a value of another type to
+            # the bool ``binary_default`` raises TypeError before the check below can refuse it.
+            value: Any = parameters.get("binary_data_output")
+            if type(value) is not bool:
                 return None
+            binary_default = value
     if type(request_id) is not str:
         return None
     return PlainRequest(request_id, binary_default)
