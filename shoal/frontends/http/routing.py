@@ -43,6 +43,8 @@ class InferRoutes:
             return None
         if not (target.startswith(_PREFIX) and target.endswith(_SUFFIX)):
             return None
+        if len(target) <= len(_PREFIX) + len(_SUFFIX):
+            return None  # no name between them; compiled, a backward slice is a SystemError
         parts = target[len(_PREFIX) : len(target) - len(_SUFFIX)].split(b"/")
         if len(parts) == 1 and parts[0]:
             return parts[0].decode("latin-1"), ""
