@@ -77,7 +77,8 @@ def parse_small(header: bytes | bytearray | memoryview) -> dict[str, Any] | None
 
 def read_plain(document: dict[str, Any], binary: BinarySection) -> PlainRequest | None:
     """The request ``document`` describes if it is plain, its binary inputs taken from
-    ``binary`` (a fresh section); None if it is not plain. Raises what the general walk would
+    ``binary`` (a fresh section); None if it is not plain, having taken nothing from
+    ``binary`` (the general walk reads it next). Raises what the general walk would
     raise for a plain document (a binary size or JSON data that does not fit)."""
     known = ("inputs" in document) + ("outputs" in document)
     if len(document) != known + ("id" in document) + ("parameters" in document):

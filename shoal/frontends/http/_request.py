@@ -89,7 +89,7 @@ def decode_infer_request(
     plain = read_plain(document, binary)
     if plain is not None:
         return _plain_decoded(plain, model_name, model_version)
-    binary = BinarySection(view[json_size:], model_name, has_header=header_length is not None)
+    # Not plain: read_plain took nothing from ``binary``, so the general walk reads it.
     parameters, binary_default = request_parameters(document.get("parameters", {}))
     inputs = _parse_inputs(document, binary)
     binary.finish()
