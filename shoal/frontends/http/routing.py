@@ -38,8 +38,10 @@ class InferRoutes:
         URL as it is: None for any other, and for one with a query or a percent-escape (the
         ASGI way decodes those). Cut by hand, not by the routes' patterns (a regular
         expression's match costs a small request several thousand instructions); what it
-        accepts is what those patterns match (each name "[^/]+"), as the tests check."""
-        if b"?" in target or b"%" in target:
+        accepts is what those patterns match (each name "[^/]+"), as the tests check. ``find``,
+        not ``in``: a bytes ``in`` tries its operand as an integer first and raises and clears
+        a TypeError on the way (~3,700 instructions a test)."""
+        if target.find(b"?") >= 0 or target.find(b"%") >= 0:
             return None
         if not (target.startswith(_PREFIX) and target.endswith(_SUFFIX)):
             return None
