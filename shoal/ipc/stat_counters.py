@@ -10,15 +10,15 @@ the worker a route (the worker is then blocked in that synchronous call: nothing
 its rows meanwhile); the worker adds its counts into that row, the core reads every row bound
 to a version when its statistics are asked for.
 
-A row (:data:`ROW_WORDS` little-endian int64 words): the version at word 0, then two copies
-of the :data:`FIELDS` fields (:data:`GENERATION` first). The copy in use is ``version & 1``.
-The worker, the row's one writer, keeps the row's totals in a list (read from the row at
-its first count there), adds each request to it, and once per loop turn writes the list into
-the other copy, then bumps the version (one aligned store): a worker killed in between leaves
-the copy in use whole, which its successor starts from. The core reads the version, the copy it
-names, and the version again, and reads again if it moved: a read never shows a request half
-counted (a success without its duration). The stores are ordered as written on x86-64 (TSO);
-a CPU that reorders stores would need fences Python does not issue.
+A row (:data:`ROW_WORDS` little-endian int64 words): the version at word 0, then two copies of
+the :data:`FIELDS` fields (:data:`GENERATION` first). The copy in use is ``version & 1``. The
+worker, the row's one writer, keeps the row's totals in a :class:`RowTotals` (native integers;
+read from the row at its first count there), adds each request to it, and once per loop turn
+writes them into the other copy, then bumps the version (one aligned store): a worker killed in
+between leaves the copy in use whole, which its successor starts from. The core reads the
+version, the copy it names, and the version again, and reads again if it moved: a read never
+shows a request half counted (a success without its duration). The stores are ordered as
+written on x86-64 (TSO); a CPU that reorders stores would need fences Python does not issue.
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ import os
 import struct
 import time
 from typing import Final
+
+from mypy_extensions import i64
 
 __all__ = [
     "BACKEND",
@@ -39,6 +41,7 @@ __all__ = [
     "ROW_WORDS",
     "SUCCESS",
     "CounterRows",
+    "RowTotals",
     "Tally",
 ]
 
@@ -125,16 +128,16 @@ class CounterRows:
                 break
         return fields
 
-    def write(self, row: int, totals: list[int]) -> bool:
-        """Make ``totals`` (fields, their generation first) the fields of ``row``: the
-        worker's, its one writer. False, and nothing written, if the row is bound to another
-        generation now (the core took it back from a version that is gone)."""
+    def write(self, row: int, totals: RowTotals) -> bool:
+        """Make ``totals`` the fields of ``row``: the worker's, its one writer. False, and
+        nothing written, if the row is bound to another generation now (the core took it back
+        from a version that is gone)."""
         words = self._words
         base = row * ROW_WORDS
         version = words[base]
-        if words[base + COPIES[version & 1]] != totals[GENERATION]:
+        if words[base + COPIES[version & 1]] != totals.generation:
             return False
-        _COPY.pack_into(self._bytes, (base + COPIES[(version + 1) & 1]) * 8, *totals)
+        totals.pack_into(self._bytes, (base + COPIES[(version + 1) & 1]) * 8)
         words[base] = version + 1
         return True
 
@@ -145,6 +148,53 @@ class CounterRows:
         os.close(self.fd)
 
 
+class RowTotals:
+    """A row's totals, the worker's copy, one attribute per field (:data:`FIELDS` order). Native
+    integers: compiled, adding a request makes no int object (a list of ints made ten per
+    request, each add a boxed one)."""
+
+    def __init__(self, fields: tuple[int, ...]) -> None:
+        self.generation: i64 = fields[GENERATION]
+        self.successes: i64 = fields[SUCCESSES]
+        self.success_ns: i64 = fields[SUCCESS_NS]
+        self.queue_ns: i64 = fields[QUEUE_NS]
+        self.success_input_ns: i64 = fields[SUCCESS_INPUT_NS]
+        self.success_infer_ns: i64 = fields[SUCCESS_INFER_NS]
+        self.success_output_ns: i64 = fields[SUCCESS_OUTPUT_NS]
+        self.executions: i64 = fields[EXECUTIONS]
+        self.execution_input_ns: i64 = fields[EXECUTION_INPUT_NS]
+        self.execution_infer_ns: i64 = fields[EXECUTION_INFER_NS]
+        self.execution_output_ns: i64 = fields[EXECUTION_OUTPUT_NS]
+        self.failure_ns: i64 = fields[FAILURE_NS]
+        self.backend: i64 = fields[FAILURES + BACKEND]
+        self.canceled: i64 = fields[FAILURES + CANCELED]
+        self.other: i64 = fields[FAILURES + OTHER]
+        self.last_inference_ms: i64 = fields[LAST_INFERENCE_MS]
+
+    def pack_into(self, buffer: memoryview, offset: int) -> None:
+        """The fields, in :data:`FIELDS` order, as one copy of a row at ``offset``."""
+        _COPY.pack_into(
+            buffer,
+            offset,
+            self.generation,
+            self.successes,
+            self.success_ns,
+            self.queue_ns,
+            self.success_input_ns,
+            self.success_infer_ns,
+            self.success_output_ns,
+            self.executions,
+            self.execution_input_ns,
+            self.execution_infer_ns,
+            self.execution_output_ns,
+            self.failure_ns,
+            self.backend,
+            self.canceled,
+            self.other,
+            self.last_inference_ms,
+        )
+
+
 class Tally:
     """A worker's totals of its rows, each request added at once and written to the rows once
     per loop turn (:meth:`publish`, before the turn's responses are written)."""
@@ -152,9 +202,9 @@ class Tally:
     def __init__(self, rows: CounterRows) -> None:
         self._rows = rows
         #: The totals of each row counted in (a copy of the row, the worker its one writer).
-        self._totals: dict[int, list[int]] = {}
+        self._totals: dict[int, RowTotals] = {}
         #: The rows counted in since the last :meth:`publish`.
-        self._changed: dict[int, list[int]] = {}
+        self._changed: dict[int, RowTotals] = {}
 
     def count(
         self,
@@ -168,37 +218,43 @@ class Tally:
     ) -> None:
         """One request: a success or a failure (``outcome``), run by the model or not."""
         totals = self._totals.get(row)
-        if totals is None or totals[GENERATION] != generation:
+        if totals is None or totals.generation != generation:
             totals = self._start(row, generation)
+        input_ns, infer_ns, output_ns = compute
         if outcome == SUCCESS:
-            totals[SUCCESSES] += 1
-            totals[SUCCESS_NS] += total_ns
-            totals[QUEUE_NS] += queue_ns
-            totals[SUCCESS_INPUT_NS] += compute[0]
-            totals[SUCCESS_INFER_NS] += compute[1]
-            totals[SUCCESS_OUTPUT_NS] += compute[2]
+            totals.successes += 1
+            totals.success_ns += total_ns
+            totals.queue_ns += queue_ns
+            totals.success_input_ns += input_ns
+            totals.success_infer_ns += infer_ns
+            totals.success_output_ns += output_ns
         else:
-            totals[FAILURE_NS] += total_ns
-            totals[FAILURES + outcome] += 1
+            totals.failure_ns += total_ns
+            if outcome == BACKEND:
+                totals.backend += 1
+            elif outcome == CANCELED:
+                totals.canceled += 1
+            else:
+                totals.other += 1
         if executed:
-            totals[EXECUTIONS] += 1
-            totals[EXECUTION_INPUT_NS] += compute[0]
-            totals[EXECUTION_INFER_NS] += compute[1]
-            totals[EXECUTION_OUTPUT_NS] += compute[2]
+            totals.executions += 1
+            totals.execution_input_ns += input_ns
+            totals.execution_infer_ns += infer_ns
+            totals.execution_output_ns += output_ns
         self._changed[row] = totals
 
-    def _start(self, row: int, generation: int) -> list[int]:
+    def _start(self, row: int, generation: int) -> RowTotals:
         """The totals of ``row`` for ``generation``, from the row (a restarted worker goes on
         from its predecessor's); counts of another generation than the row's go nowhere (a
         request of a version gone, whose row the core reused)."""
         changed = self._changed.pop(row, None)
         if changed is not None:  # another generation's, not yet written: written first
-            changed[LAST_INFERENCE_MS] = time.time_ns() // 1_000_000
+            changed.last_inference_ms = time.time_ns() // 1_000_000
             self._write(row, changed)
-        totals = list(self._rows.read(row))
-        if totals[GENERATION] != generation:
-            totals = [0] * FIELDS
-            totals[GENERATION] = generation
+        fields = self._rows.read(row)
+        if fields[GENERATION] != generation:
+            fields = (generation,) + (0,) * (FIELDS - 1)
+        totals = RowTotals(fields)
         self._totals[row] = totals
         return totals
 
@@ -209,9 +265,9 @@ class Tally:
         changed, self._changed = self._changed, {}
         now_ms = time.time_ns() // 1_000_000
         for row, totals in changed.items():
-            totals[LAST_INFERENCE_MS] = now_ms
+            totals.last_inference_ms = now_ms
             self._write(row, totals)
 
-    def _write(self, row: int, totals: list[int]) -> None:
+    def _write(self, row: int, totals: RowTotals) -> None:
         if not self._rows.write(row, totals):
             self._totals.pop(row, None)  # rebound since: read anew at its next count
