@@ -271,6 +271,10 @@ class NativeCall(StreamHandler):
         self._server.running.discard(task)
         if task.cancelled():
             self._cancelled()
+        # The task's coroutine refers to the call: with the call referring to the task, each
+        # call was a cycle only the collector freed (a collection every few hundred calls,
+        # ~6k instructions a call). The call is over (``_done``): nothing needs its task now.
+        self._task = None
 
     async def _run_unary(self) -> None:
         try:
@@ -279,6 +283,7 @@ class NativeCall(StreamHandler):
             self._release_request()
             self._release(self._held)
             self._reader.release()
+            self._reader.detach()
 
     def _release_request(self) -> None:
         """Forget the request; the arena blocks it was received into and that were not handed
@@ -431,6 +436,7 @@ class NativeCall(StreamHandler):
         if self._task is None:
             self._release_request()
             self._reader.release()
+            self._reader.detach()
         self._release(self._held)
         if self._timer is not None:
             self._timer.cancel()

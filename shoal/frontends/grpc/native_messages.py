@@ -231,6 +231,13 @@ class MessageReader:
             self._pool.give_back(self._pooled)
             self._pooled = None
 
+    def detach(self) -> None:
+        """The call is over: nothing more is read, and the call's callbacks are let go (bound
+        methods of the call, which refers to this reader: a cycle per call, which only the
+        collector would free)."""
+        self.closed = True
+        self._on_message, self._on_too_large, self._hold = _dropped, _ignored, _refused
+
     def _read_prefix(self, view: memoryview) -> memoryview:
         """Take the bytes of the next message's prefix from ``view``; return the rest."""
         need = 5 - len(self._prefix)
@@ -353,3 +360,16 @@ def inflate(message: bytes | bytearray, wbits: int, limit: int) -> bytearray | N
         pending = inflater.unconsumed_tail
         if not pending and len(piece) < _INFLATE_PIECE:
             return out
+
+
+def _dropped(message: Message, compressed: bool) -> None:
+    """A released reader's stand-in for its call's message callback."""
+
+
+def _ignored(size: int) -> None:
+    """A released reader's stand-in for its call's too-large callback."""
+
+
+def _refused(size: int) -> bool:
+    """A released reader's stand-in for its call's budget: nothing more is held."""
+    return False

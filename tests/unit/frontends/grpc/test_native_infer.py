@@ -3,6 +3,7 @@ group, a bug in the core) as every other method has it, and plain and non-plain 
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -66,3 +67,23 @@ def test_a_request_is_answered_with_its_id_and_outputs(
         response = result.get_response()
         assert (response.model_name, response.id) == ("echo", "r-1")
         assert result.as_numpy("INPUT0").tolist() == [[0.0, 1.0, 2.0, 3.0]]
+
+
+def test_a_finished_call_leaves_no_cycle_for_the_collector(loop_thread: LoopThread) -> None:
+    """A call, its reader and its task are freed by reference counting when it ends: a cycle
+    per call would make the collector walk the young objects every few hundred calls."""
+    with _client(loop_thread) as client:
+        client.infer("echo", _inputs())
+        gc.collect()
+        gc.disable()
+        try:
+            for _ in range(20):
+                client.infer("echo", _inputs())
+            gc.set_debug(gc.DEBUG_SAVEALL)
+            gc.collect()
+            left = [type(o).__name__ for o in gc.garbage]
+        finally:
+            gc.set_debug(0)
+            gc.garbage.clear()
+            gc.enable()
+    assert not [name for name in left if name in ("NativeCall", "MessageReader", "_Context")]
