@@ -118,6 +118,7 @@ HOT_PATH: tuple[str, ...] = (
     "shoal/frontends/grpc/native_call.py",
     "shoal/frontends/grpc/native.py",
     "shoal/frontends/workers/client.py",
+    "shoal/frontends/workers/head_bytes.py",
     "shoal/frontends/workers/packing.py",
     "shoal/frontends/workers/direct_stubs.py",
     "shoal/frontends/workers/direct_records.py",

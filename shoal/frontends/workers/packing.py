@@ -27,9 +27,16 @@ import msgpack
 
 from shoal.core.packed import encode
 from shoal.core.types import InferInput, InferRequest
+from shoal.frontends.workers.head_bytes import (
+    array_header,
+    array_of_str,
+    desc_bytes,
+    int_bytes,
+    str_bytes,
+)
 from shoal.ipc.arena import Block
 from shoal.ipc.dtypes import BytesFormatError, deserialize_bytes, element_count, element_size
-from shoal.ipc.tensor import INLINE_TENSOR_MAX, InlineBytes, TensorDesc
+from shoal.ipc.tensor import INLINE_TENSOR_MAX, InlineBytes
 
 __all__ = ["PackedRefused", "Prepared", "Restage", "Snapshot", "Snapshots", "prepare"]
 
@@ -61,8 +68,12 @@ Stage = Callable[[memoryview], Block | None]
 class _Rule:
     """One input of a snapshot, as the checks read it (``summary.InputRule``'s fields)."""
 
-    def __init__(self, datatype: str, expected: list[int], reshape: list[int] | None) -> None:
+    def __init__(
+        self, name: str, datatype: str, expected: list[int], reshape: list[int] | None
+    ) -> None:
         self.datatype = datatype
+        #: The name and datatype as a descriptor on the wire starts (``head_bytes``).
+        self.name_type = str_bytes(name) + str_bytes(datatype)
         #: Bytes per element; None for BYTES (or a datatype the checks do not know).
         self.item_size = _item_size(datatype)
         self.expected = tuple(expected)
@@ -87,11 +98,13 @@ class Snapshot:
         self.name: str = name
         self.max_batch_size: int = max_batch_size
         self.inline_budget: int = budget
-        self.inputs = {i[0]: _Rule(i[1], i[2], i[3]) for i in inputs}
+        self.inputs = {i[0]: _Rule(i[0], i[1], i[2], i[3]) for i in inputs}
         self.required: list[str] = required
         #: Every output, in order: what a request that names none asks for.
         self.outputs: list[str] = outputs
         self.output_names = frozenset(outputs)
+        #: ``outputs`` packed: the record's outputs when a request names none.
+        self.packed_outputs = array_of_str(outputs)
 
 
 class Snapshots:
@@ -185,7 +198,7 @@ def prepare(request: InferRequest, snapshot: Snapshot, stage: Stage | None) -> P
     descs = _staged(request, snapshot, views, stage, prepared.staged)
     if descs is None:  # the arena is full: the core's way, with what is staged so far
         return prepared
-    prepared.head = _head(_record(request, snapshot, descs))
+    prepared.head = _head(request, snapshot, descs)
     prepared.packed = True
     return prepared
 
@@ -196,12 +209,12 @@ def _staged(
     views: list[memoryview],
     stage: Stage | None,
     staged: list[Block | None],
-) -> list[list[Any]] | None:
+) -> list[bytes] | None:
     """Each input's descriptor on the wire: inline in the record up to the model's budget, else
     in a block of the worker's arena (appended to ``staged``, None for an inline one); None when
     the arena is full."""
     room = snapshot.inline_budget
-    descs: list[list[Any]] = []
+    descs: list[bytes] = []
     for index, tensor in enumerate(request.inputs):
         view = views[index]
         location: Block | InlineBytes | None = None
@@ -214,15 +227,11 @@ def _staged(
             staged.append(location)
         if location is None:
             return None
-        shape = _model_shape(snapshot, snapshot.inputs[tensor.name], tensor.shape)
-        descs.append(TensorDesc(tensor.name, tensor.datatype, shape, location).to_wire())
+        rule = snapshot.inputs[tensor.name]
+        descs.append(
+            desc_bytes(rule.name_type, _model_shape(snapshot, rule, tensor.shape), location)
+        )
     return descs
-
-
-def _record(request: InferRequest, snapshot: Snapshot, descs: list[list[Any]]) -> list[Any]:
-    """The record's fields up to ``timeout_us`` (``RequestRecord.to_wire``)."""
-    outputs = [o.name for o in request.outputs] if request.outputs else snapshot.outputs
-    return [request.id, 0, 0, request.parameters, outputs, descs, _timeout(request)]
 
 
 def _timeout(request: InferRequest) -> Any:
@@ -255,18 +264,32 @@ def _flat(staged: list[Block | None]) -> list[int]:
     return [n for b in staged if b is not None for n in (b.segment, b.offset, b.nbytes)]
 
 
-#: A fixed array of eleven elements (a record), and of seven (its head's fields).
+#: The record's array header (eleven fields), its two fields after the id (the sequence's:
+#: none), and its parameters when it has none.
 _ELEVEN = b"\x9b"
-_SEVEN = 0x97
+_NO_SEQUENCE = b"\x00\x00"
+_NO_PARAMETERS = b"\x80"
 
 
-def _head(record: list[Any]) -> bytes:
-    """The record's first seven fields packed as the start of its eleven-field array: the
-    seven packed in one call as an array of seven, whose one-byte header says eleven instead
-    (one call where a field each cost ten)."""
-    packed: bytes = _packer().pack(record)
-    assert packed[0] == _SEVEN
-    return _ELEVEN + packed[1:]
+def _head(request: InferRequest, snapshot: Snapshot, descs: list[bytes]) -> bytes:
+    """The record's first seven fields (``RequestRecord.to_wire`` up to ``timeout_us``: id, two
+    sequence fields, parameters, outputs, inputs, timeout) as the start of its eleven-field
+    array, written piece by piece (``head_bytes``); parameters through the Packer."""
+    parameters = request.parameters
+    timeout = _timeout(request)
+    pieces = [
+        _ELEVEN,
+        str_bytes(request.id),
+        _NO_SEQUENCE,
+        _packer().pack(parameters) if parameters else _NO_PARAMETERS,
+        array_of_str([o.name for o in request.outputs])
+        if request.outputs
+        else snapshot.packed_outputs,
+        array_header(len(descs)),
+    ]
+    pieces.extend(descs)
+    pieces.append(int_bytes(timeout) if type(timeout) is int else _packer().pack(timeout))
+    return b"".join(pieces)
 
 
 #: One packer per thread (``msgpack.packb`` makes one, and its buffer, per call).
