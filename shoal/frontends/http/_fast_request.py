@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import mmap
 from collections.abc import Sequence
 from typing import Protocol
@@ -52,6 +53,7 @@ class FastRequest:
         "map",
         "name",
         "response_complete",
+        "task",
         "version",
     )
     message_event = _NoEvent()
@@ -79,3 +81,5 @@ class FastRequest:
         self.map: mmap.mmap | None = None  # the buffer's, given back once answered
         self.disconnected = False
         self.response_complete = False
+        #: The task serving it (in uvicorn's set of tasks until done).
+        self.task: asyncio.Task[None] | None = None
