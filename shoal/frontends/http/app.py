@@ -10,10 +10,9 @@ error codes to statuses.
 from __future__ import annotations
 
 import asyncio
-import functools
 import socket
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar, cast
+from typing import Any, cast
 
 import uvicorn
 from starlette.applications import Starlette
@@ -41,17 +40,18 @@ from shoal.frontends.http._endpoint import (
     model_ref,
     unexpected,
 )
+from shoal.frontends.http._slow_ways import (
+    THREAD_THRESHOLD,
+    compressed,
+    decoded_slowly,
+    encoded_in_thread,
+)
 from shoal.frontends.http.extensions import extension_routes, model_stats_routes
 from shoal.frontends.http.fast_path import FastInferHttpToolsProtocol
 from shoal.frontends.http.generate import generate_routes
 from shoal.frontends.http.routing import InferRoutes
 
 __all__ = ["HTTP_STATUS", "AddressInUseError", "ConnectionLimits", "HttpServer", "build_http_app"]
-
-_T = TypeVar("_T")
-
-# Above this size, compress (zlib releases the GIL) or parse JSON in a thread.
-_THREAD_THRESHOLD = 1 << 20
 
 
 def build_http_app(
@@ -221,48 +221,36 @@ class _InferEndpoint:
         lend: bool = False,
     ) -> tuple[int, Headers, codec.Body]:
         """Status, headers and body of the answer to an inference request; with ``lend``, a
-        large binary body may be a :class:`codec.LentBody` (the caller releases it)."""
+        large binary body may be a :class:`codec.LentBody` (the caller releases it).
+
+        One coroutine for the usual request (a small body, no compression): each level of
+        ``await`` costs every request on its way in and again when it resumes; the slower
+        ways are coroutines of their own, awaited only where they apply."""
         try:
             check_version(version)
-            response_headers, out = await self._infer(name, version, headers, body, lend)
-            return 200, response_headers, out
+            encoding = codec.request_encoding(headers.get("content-encoding"))
+            header_length = headers.get(codec.HEADER_LENGTH)
+            if encoding is None and (header_length is not None or len(body) < THREAD_THRESHOLD):
+                decoded = codec.decode_infer_request(
+                    body, model_name=name, model_version=version, header_length=header_length
+                )
+            else:
+                decoded = await decoded_slowly(
+                    name, version, body, encoding, header_length, self.limit
+                )
+            response = await self._core.infer(decoded.request)
+            accept = codec.response_encoding(headers.get("accept-encoding"))
+            if codec.json_output_bytes(response, decoded.output_format) < THREAD_THRESHOLD:
+                out_headers, out = _encoded(response, decoded, lend and accept is None)
+            else:
+                out_headers, out = await encoded_in_thread(response, decoded)
+            if accept is not None:
+                out_headers, out = await compressed(out_headers, out, accept)
+            return 200, out_headers, out
         except ShoalError as exc:
             return error_parts(exc)
         except Exception:
             return error_parts(unexpected("an inference request"))
-
-    async def _infer(
-        self,
-        name: str,
-        version: str,
-        headers: dict[str, str],
-        body: bytes | bytearray | memoryview,
-        lend: bool,
-    ) -> tuple[Headers, codec.Body]:
-        encoding = codec.request_encoding(headers.get("content-encoding"))
-        if encoding is not None:
-            body = await codec.inflate(body, encoding, limit=self.limit)
-        header_length = headers.get(codec.HEADER_LENGTH)
-        if header_length is None and len(body) >= _THREAD_THRESHOLD:
-            # A large JSON body: parsed in a thread and in pieces, so that the event loop gets
-            # the GIL back between the calls (none takes long; _json.in_background).
-            decode = functools.partial(
-                codec.decode_infer_request, body, model_name=name, model_version=version
-            )
-            decoded = await asyncio.to_thread(_json.in_background, decode)
-        else:  # called directly: no partial (and its keywords' dict) per small request
-            decoded = codec.decode_infer_request(
-                body, model_name=name, model_version=version, header_length=header_length
-            )
-        response = await self._core.infer(decoded.request)
-        encoding = codec.response_encoding(headers.get("accept-encoding"))
-        if codec.json_output_bytes(response, decoded.output_format) < _THREAD_THRESHOLD:
-            out_headers, out = _encoded(response, decoded, lend and encoding is None)
-        else:
-            out_headers, out = await _encoded_in_thread(response, decoded)
-        if encoding is None:  # the usual answer: no coroutine made to return it as it is
-            return out_headers, out
-        return await _compressed(out_headers, out, encoding)
 
 
 def _encoded(
@@ -283,53 +271,6 @@ def _encoded(
     # Not returned from inside the try: compiled (mypyc 2.4.1), that let go of the encoded
     # response before referring to its headers, freeing a fresh tuple (a JSON response's).
     return headers, body
-
-
-async def _encoded_in_thread(
-    response: InferResponse, decoded: codec.DecodedRequest
-) -> tuple[Headers, codec.Body]:
-    """:func:`_encoded`, for large JSON outputs: encoded in a thread, a slice at a time, so that
-    the event loop gets the GIL back between the slices (:func:`_json.in_background`)."""
-    encode = functools.partial(_encode, response, decoded)
-    work = asyncio.ensure_future(asyncio.to_thread(_json.in_background, encode))
-    try:
-        return await asyncio.shield(work)
-    finally:
-        # Released on the loop, and only once the thread has done reading the outputs (the
-        # request may be cancelled meanwhile: a client that went away).
-        if work.done():
-            response.release()
-        else:
-            work.add_done_callback(functools.partial(_release_after, response))
-
-
-def _encode(response: InferResponse, decoded: codec.DecodedRequest) -> tuple[Headers, codec.Body]:
-    encoded = codec.encode_infer_response(response, decoded.output_format)
-    headers = encoded.headers
-    return headers, encoded.payload()
-
-
-def _release_after(
-    response: InferResponse, work: asyncio.Future[tuple[Headers, codec.Body]]
-) -> None:
-    if not work.cancelled():
-        work.exception()  # retrieved: nobody awaits it any more
-    response.release()
-
-
-async def _compressed(
-    headers: Headers, body: codec.Body, encoding: str
-) -> tuple[Headers, codec.Body]:
-    if isinstance(body, codec.LentBody):
-        body = body.joined()  # not lent when compressed: never here
-    if not isinstance(body, bytes):  # pieces are large: joined in a thread (the GIL is let go)
-        body = await asyncio.to_thread(b"".join, body)
-    body = await _sized_run(len(body), functools.partial(codec.compress, body, encoding))
-    return [*headers, ("content-encoding", encoding)], body
-
-
-async def _sized_run(size: int, work: Callable[[], _T]) -> _T:
-    return work() if size < _THREAD_THRESHOLD else await asyncio.to_thread(work)
 
 
 async def _send(send: Send, status: int, headers: Headers, body: codec.Body) -> None:

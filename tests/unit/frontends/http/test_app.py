@@ -424,7 +424,7 @@ def test_a_large_json_response_cancelled_while_encoded_is_released_after_on_the_
     from concurrent.futures import ThreadPoolExecutor
 
     from shoal.core import InferOutput, InferResponse
-    from shoal.frontends.http import app, codec
+    from shoal.frontends.http import _slow_ways, codec
 
     events: list[tuple[str, int]] = []
 
@@ -452,7 +452,7 @@ def test_a_large_json_response_cancelled_while_encoded_is_released_after_on_the_
 
     async def cancel_then_wait() -> int:
         asyncio.get_running_loop().set_default_executor(Recording(1))
-        task = asyncio.ensure_future(app._encoded_in_thread(response, decoded))
+        task = asyncio.ensure_future(_slow_ways.encoded_in_thread(response, decoded))
         await asyncio.sleep(0)  # the encoding is on its way to its thread now
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
