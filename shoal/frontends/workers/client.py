@@ -13,10 +13,11 @@ where the stub wrote them (``outputs.py``), with their fds on a third socket.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import socket
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any, cast
 
 from shoal.core import errors
@@ -244,11 +245,6 @@ class RemoteCore(CoreAPI):
         pieces = wire.frame([wire.CALL, call_id, method, fields], payloads)
         return await self._answered(call_id, pieces)
 
-    async def _packed(self, fields: bytes, head: bytes) -> _Answer:
-        """:meth:`_async` for a packed call, whose frame is its own (``core/packed.py``)."""
-        call_id = next(self._ids)
-        return await self._answered(call_id, packed_frame(call_id, fields, head))
-
     async def _answered(self, call_id: int, pieces: list[bytes | memoryview]) -> _Answer:
         """Send call ``call_id``'s frame, await its answer (cancel it if the caller gives up)."""
         future: asyncio.Future[_Answer] = asyncio.get_running_loop().create_future()
@@ -262,10 +258,8 @@ class RemoteCore(CoreAPI):
             raise
 
     def _cancel(self, call_id: int) -> None:
-        try:
+        with contextlib.suppress(CoreGone):
             self.send([wire.CANCEL, call_id])
-        except CoreGone:
-            pass
 
     # --- InferenceAPI ---------------------------------------------------------------------
 
@@ -327,24 +321,29 @@ class RemoteCore(CoreAPI):
         except CoreGone:
             pass  # the core is gone, and its blocks with it
 
-    async def infer(self, request: InferRequest) -> InferResponse:
+    def infer(self, request: InferRequest) -> Coroutine[Any, Any, InferResponse]:
+        """Not a coroutine: a request sent directly returns :meth:`DirectDispatch.submit`'s."""
         started = time.monotonic_ns()
         prepared = self._prepare(request)
-        if prepared is not None and prepared.packed:
-            if (direct := self.direct) is not None and direct_fits(request):
-                response = await direct.infer(request, prepared, started)
-                if response is not None:
-                    return response
-            if (packed := prepared.fields) is not None:
-                try:
-                    answer, views = await self._packed(packed, prepared.head)
-                    return self._response(answer, views)
-                except PackedRefused as refused:  # again the core's way, with what is staged
-                    if refused.stale:
-                        self.snapshots.drop(request.model_name, request.model_version)
+        direct = self.direct
+        answer: Coroutine[Any, Any, InferResponse] | None = None
+        if prepared is not None and prepared.packed and direct is not None and direct_fits(request):
+            answer = direct.submit(request, prepared, started)  # one level of await less
+        return self._infer(request, prepared) if answer is None else answer
+
+    async def _infer(self, request: InferRequest, prepared: Prepared | None) -> InferResponse:
+        """``request`` the core's way: packed where it can be (``core/packed.py``), or not."""
+        if prepared is not None and prepared.packed and (packed := prepared.fields) is not None:
+            call_id = next(self._ids)
+            try:
+                frame = packed_frame(call_id, packed, prepared.head)
+                answer, views = await self._answered(call_id, frame)
+                return self._response(answer, views)
+            except PackedRefused as refused:  # again the core's way, with what is staged
+                if refused.stale:
+                    self.snapshots.drop(request.model_name, request.model_version)
         payloads: list[memoryview | bytes] = []
-        staged = None if prepared is None else prepared.staged
-        fields = self._request_fields(request, payloads, staged)
+        fields = self._request_fields(request, payloads, prepared.staged if prepared else None)
         answer, views = await self._async("infer", fields, payloads)
         return self._response(answer, views)
 

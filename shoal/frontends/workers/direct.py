@@ -25,7 +25,7 @@ import contextlib
 import itertools
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
 
 import msgpack
@@ -181,13 +181,15 @@ class DirectDispatch:
 
     # -- requests ----------------------------------------------------------------------------
 
-    async def infer(
+    def submit(
         self, request: InferRequest, prepared: Prepared, started_ns: int
-    ) -> InferResponse | None:
+    ) -> Coroutine[Any, Any, InferResponse] | None:
         """``request`` (packed: ``prepared``; its ``staged``: the block of each input in the
-        worker's arena, None where it is inline) run by one of its route's stubs; None when it
-        takes the core's way: no route, one for another generation of the model than it was
-        packed for, a full ring, no live stub (it goes staged as it is). One coroutine: each
+        worker's arena, None where it is inline) sent to one of its route's stubs: returns the
+        coroutine that awaits its Result and makes its response; None when it takes the core's
+        way: no route, one for another generation of the model than it was packed for, a full
+        ring, no live stub (it goes staged as it is). Not a coroutine itself: the caller
+        returns the one it gets to its own caller's ``await`` (``RemoteCore.infer``), as each
         level of ``await`` costs every request on its way in and again when it resumes."""
         route = self.route(request.model_name, request.model_version)
         if route is None or prepared.generation != route.generation:
@@ -211,7 +213,20 @@ class DirectDispatch:
         assert loop is not None  # set when the stub was adopted
         future: asyncio.Future[msg.Result] = loop.create_future()
         stub.pending[batch] = Waiting(future, route, started_ns, inputs)
-        route.in_flight += 1
+        return self._answer(stub, route, batch, request, inputs, future)
+
+    async def _answer(
+        self,
+        stub: Stub,
+        route: Route,
+        batch: int,
+        request: InferRequest,
+        inputs: list[Block],
+        future: asyncio.Future[msg.Result],
+    ) -> InferResponse:
+        """The response to ``request``, sent as ``batch``, once its Result comes (a client
+        that goes away: the stub hears a Cancel)."""
+        route.in_flight += 1  # from the first step: awaited at once by whoever submitted it
         try:
             result = await future
         except asyncio.CancelledError:
