@@ -186,12 +186,20 @@ def test_small_documents_are_parsed_at_once() -> None:
     assert parse_small(b'{"a": "\\u00e9\\"["}') == {"a": 'é"['}
 
 
+def test_a_short_header_is_not_counted_as_it_cannot_nest_too_deep() -> None:
+    # Shorter than 202 bytes, a document orjson accepts nests 100 deep at most (an opening
+    # and a closing bracket each): its openings in strings do not matter.
+    assert parse_small(b'{"a": "' + b"[" * 150 + b'"}') == {"a": "[" * 150}
+    deepest = b'{"a": ' + b"[" * 99 + b"]" * 99 + b"}"  # 100 deep, 205 bytes: counted
+    assert parse_small(deepest) is not None
+
+
 @pytest.mark.parametrize(
     "header",
     [
         b"[1]",  # not an object
         b'{"a": NaN}',  # orjson refuses it; the general parser reads it
-        b'{"a": "' + b"[" * 101 + b'"}',  # openings in a string count too: too careful
+        b'{"a": "' + b"[" * 201 + b'"}',  # openings in a string count too: too careful
         b'{"a": ' + b"[" * 101 + b"]" * 101 + b"}",  # could nest too deep
         b'{"a": "' + b"x" * SMALL_DOCUMENT + b'"}',  # too long
         b"{",  # malformed: the general parser says why
