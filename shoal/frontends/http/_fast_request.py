@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import mmap
-from collections.abc import Sequence
-from typing import Protocol
+from collections.abc import Coroutine, Sequence
+from typing import Any, Protocol
 
 from shoal.frontends.http._body_reader import BodyBuffer
 from shoal.frontends.http._response import Body
 from shoal.frontends.http.routing import InferRoutes
+
+_logger = logging.getLogger("shoal.frontends.http")
 
 
 class FastInfer(Protocol):
@@ -53,7 +56,6 @@ class FastRequest:
         "map",
         "name",
         "response_complete",
-        "task",
         "version",
     )
     message_event = _NoEvent()
@@ -81,5 +83,72 @@ class FastRequest:
         self.map: mmap.mmap | None = None  # the buffer's, given back once answered
         self.disconnected = False
         self.response_complete = False
-        #: The task serving it (in uvicorn's set of tasks until done).
-        self.task: asyncio.Task[None] | None = None
+
+
+class Stepped:
+    """A fast request's coroutine stepped by hand, in place of an :class:`asyncio.Task`.
+
+    Its first step runs at once, where the request's body ends (for a direct request: decoded,
+    checked, sent to a stub, up to the await of its Result); each later step runs from the
+    done callback of the future it awaits, as a task's would. No Task is made, named,
+    registered or scheduled per request, and no handle waits for the loop's next turn to
+    start it. What a task gives that it keeps: it stands in uvicorn's set of tasks until done
+    (the graceful shutdown waits for the set, then cancels what is left); :meth:`cancel`
+    cancels the future awaited, so the coroutine sees CancelledError there, as in a task; a
+    bare ``yield`` (``asyncio.sleep(0)``) steps again on the loop's next turn; an exception
+    that ends it is logged. What it does not: it is not ``asyncio.current_task()`` (nothing
+    on the fast path asks) and its steps run in the loop's context, not a copy.
+    """
+
+    def __init__(self, coro: Coroutine[Any, Any, None], tasks: set[Any]) -> None:
+        self._coro = coro
+        self._tasks = tasks
+        self._waiter: asyncio.Future[Any] | None = None
+        self._must_cancel = False
+        self._wake = self._woken  # one bound method for all its awaits
+        tasks.add(self)
+        self._step()
+
+    def cancel(self, msg: Any = None) -> bool:
+        """As :meth:`asyncio.Task.cancel`: the future awaited is cancelled, or the next step
+        throws CancelledError."""
+        waiter = self._waiter
+        if waiter is not None and waiter.cancel(msg):
+            return True
+        self._must_cancel = True
+        return True
+
+    def _woken(self, future: asyncio.Future[Any]) -> None:
+        self._waiter = None
+        self._step()
+
+    def _step(self, error: BaseException | None = None) -> None:
+        coro = self._coro
+        try:
+            if error is not None:
+                awaited = coro.throw(error)
+            elif self._must_cancel:
+                self._must_cancel = False
+                awaited = coro.throw(asyncio.CancelledError())
+            else:
+                awaited = coro.send(None)
+        except (StopIteration, asyncio.CancelledError):
+            self._tasks.discard(self)
+            return
+        except BaseException as exc:
+            self._tasks.discard(self)
+            if not isinstance(exc, Exception):
+                raise  # KeyboardInterrupt, SystemExit: as a task, to the loop
+            _logger.exception("unexpected error while serving an inference request")
+            return
+        if awaited is None:  # a bare yield: again on the loop's next turn
+            asyncio.get_running_loop().call_soon(self._step)
+        elif getattr(awaited, "_asyncio_future_blocking", False):
+            awaited._asyncio_future_blocking = False
+            self._waiter = awaited
+            awaited.add_done_callback(self._wake)
+            if self._must_cancel and awaited.cancel():
+                self._must_cancel = False
+        else:  # as a task would, it hears that it yielded what it may not
+            error = RuntimeError(f"a fast request yielded {awaited!r}, not a future")
+            asyncio.get_running_loop().call_soon(self._step, error)

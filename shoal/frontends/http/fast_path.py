@@ -20,7 +20,7 @@ from shoal.frontends._limits import ConnectionLimits
 from shoal.frontends.http import _json
 from shoal.frontends.http._body_reader import DIRECT_BODY, POOL, BodyBuffer, BodyReader
 from shoal.frontends.http._coalescing import CoalescingHttpToolsProtocol, CoalescingTransport
-from shoal.frontends.http._fast_request import FastInfer, FastRequest
+from shoal.frontends.http._fast_request import FastInfer, FastRequest, Stepped
 from shoal.frontends.http._response import Body, LentBody, body_length
 
 
@@ -269,12 +269,7 @@ class FastInferHttpToolsProtocol(CoalescingHttpToolsProtocol):
             return
         if cycle.buffer is not None:
             cycle.body, cycle.map, cycle.buffer = cycle.buffer.body(), cycle.buffer.map, None
-        # A Task made directly, named: uvloop's create_task only wraps this, and an unnamed
-        # task formats a "Task-N" name (~1.8k instructions). No done callback: ``_serve``
-        # takes its task out of uvicorn's set itself (a callback is one more handle scheduled
-        # on the loop per request); the set is what uvicorn's shutdown waits for and cancels.
-        task = cycle.task = asyncio.Task(self._serve(cycle), loop=self.loop, name=_TASK_NAME)
-        self.tasks.add(task)
+        Stepped(self._serve(cycle), self.tasks)  # no task: stepped by hand, starting now
 
     def _fast_request(self) -> FastRequest | None:
         endpoint: FastInfer | None = getattr(self.app, "fast_infer", None)
@@ -302,18 +297,14 @@ class FastInferHttpToolsProtocol(CoalescingHttpToolsProtocol):
         return FastRequest(endpoint, target[0], target[1], headers, keep_alive, length)
 
     async def _serve(self, request: FastRequest) -> None:
-        try:
-            body, request.body = request.body, b""
-            status, headers, payload = await request.endpoint.respond(
-                request.name, request.version, request.headers, body, True
-            )
-            if request.map is not None:
-                del body  # the request's last view of it
-                POOL.give_back(request.map)
-            self._send(request, status, headers, payload)
-        finally:
-            self.tasks.discard(request.task)  # (see on_message_complete)
-            request.task = None
+        body, request.body = request.body, b""
+        status, headers, payload = await request.endpoint.respond(
+            request.name, request.version, request.headers, body, True
+        )
+        if request.map is not None:
+            del body  # the request's last view of it
+            POOL.give_back(request.map)
+        self._send(request, status, headers, payload)
 
     def _send(
         self, request: FastRequest, status: int, headers: Sequence[tuple[str, str]], payload: Body
@@ -373,8 +364,6 @@ class FastInferHttpToolsProtocol(CoalescingHttpToolsProtocol):
 
 
 _DEFAULT_LIMITS = ConnectionLimits()
-#: The name of a fast request's task (a name given is not formatted per task).
-_TASK_NAME: Final = "shoal-http-infer"
 #: The request headers a fast request keeps (:meth:`FastInfer.respond` reads no others), by
 #: their lowercase names as the parser gives them.
 _READ_HEADERS: Final = {
