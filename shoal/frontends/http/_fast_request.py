@@ -105,7 +105,6 @@ class Stepped:
         self._tasks = tasks
         self._waiter: asyncio.Future[Any] | None = None
         self._must_cancel = False
-        self._wake = self._woken  # one bound method for all its awaits
         tasks.add(self)
         self._step()
 
@@ -146,7 +145,9 @@ class Stepped:
         elif getattr(awaited, "_asyncio_future_blocking", False):
             awaited._asyncio_future_blocking = False
             self._waiter = awaited
-            awaited.add_done_callback(self._wake)
+            # A bound method made per await, not kept: kept, it would make this object a
+            # reference cycle, garbage that only the collector frees.
+            awaited.add_done_callback(self._woken)
             if self._must_cancel and awaited.cancel():
                 self._must_cancel = False
         else:  # as a task would, it hears that it yielded what it may not

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 from typing import Any
 
@@ -134,3 +135,30 @@ def test_a_yield_of_something_else_is_thrown_back_as_a_task_would() -> None:
         assert len(seen) == 1 and "not a future" in seen[0] and not tasks
 
     _run(main)
+
+
+def test_a_finished_one_is_no_reference_cycle() -> None:
+    # Freed by its reference count once done: a cycle would be garbage only the collector
+    # frees (a collection every few hundred requests).
+    async def work(future: asyncio.Future[None]) -> None:
+        await future
+
+    async def main() -> None:
+        tasks: set[Any] = set()
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        Stepped(work(future), tasks)
+        future.set_result(None)
+        await asyncio.sleep(0)
+        assert not tasks
+
+    gc.collect()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        _run(main)
+        gc.collect()
+        assert not [item for item in gc.garbage if type(item) is Stepped]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
