@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Final
 
-from shoal.core import CoreAPI, ShoalError
+from shoal.core import CoreAPI, InferResponse, ShoalError
 from shoal.frontends._restricted import GRPC_GROUPS, Restrictions
-from shoal.frontends.grpc._infer import decode_infer_request, encode_infer_response
+from shoal.frontends.grpc._infer import DecodedInfer, decode_infer_request, encode_infer_response
 from shoal.frontends.grpc._wire import Chunk
 from shoal.frontends.grpc.servicer import unexpected
 from shoal.frontends.grpc.status import GRPC_STATUS, Status
@@ -45,12 +45,14 @@ class InferCall:
 
     async def handle(self, data: Any, context: Any) -> LentReply | bytes:
         """The reply to the serialized request ``data``; an error ends the call through
-        ``context.abort`` with its status, as every guarded method does."""
+        ``context.abort`` with its status, as every guarded method does. One coroutine, the
+        guard and the inference in it: each level is entered and resumed on every step."""
         try:
             restrictions = self._restrictions
             if restrictions.restricts(_GROUP):
                 restrictions.check(_GROUP, context.invocation_metadata() or ())
-            return await self._infer(data)
+            decoded = decode_infer_request(data)
+            return _reply(await self._core.infer(decoded.request), decoded)
         except ShoalError as exc:
             error = exc
         except Exception:
@@ -58,21 +60,20 @@ class InferCall:
         await context.abort(GRPC_STATUS.get(error.code, Status.INTERNAL), error.message)
         raise AssertionError("abort returned")  # it raises: the call ends with the status
 
-    async def _infer(self, data: Any) -> LentReply | bytes:
-        """Small replies are copied (following the writes would cost more than the copy)."""
-        decoded = decode_infer_request(data)
-        response = await self._core.infer(decoded.request)
-        try:
-            chunks = encode_infer_response(response, decoded)
-            if _lendable(chunks):
-                return LentReply(chunks, response.release)
-        except BaseException:
-            response.release()
-            raise
-        try:
-            return b"".join(chunks)
-        finally:
-            response.release()
+
+def _reply(response: InferResponse, decoded: DecodedInfer) -> LentReply | bytes:
+    """Small replies are copied (following the writes would cost more than the copy)."""
+    try:
+        chunks = encode_infer_response(response, decoded)
+        if _lendable(chunks):
+            return LentReply(chunks, response.release)
+    except BaseException:
+        response.release()
+        raise
+    try:
+        return b"".join(chunks)
+    finally:
+        response.release()
 
 
 def _lendable(chunks: list[Chunk]) -> bool:
