@@ -115,6 +115,7 @@ HOT_PATH: tuple[str, ...] = (
     "shoal/frontends/grpc/native_messages.py",
     "shoal/frontends/grpc/native_split.py",
     "shoal/frontends/grpc/infer_call.py",
+    "shoal/frontends/grpc/native_context.py",
     "shoal/frontends/grpc/native_call.py",
     "shoal/frontends/grpc/native.py",
     "shoal/frontends/workers/client.py",

@@ -194,11 +194,9 @@ class NativeGrpcServer:
             connection.close()
 
     async def _cancel_calls(self) -> None:
-        running = self._calls.running
-        for task in list(running):
-            task.cancel()
-        if running:
-            await asyncio.wait(list(running))
+        tasks = [task for call in list(self._calls.running) if (task := call.stop()) is not None]
+        if tasks:
+            await asyncio.wait(tasks)
 
     def _connection(self) -> Http2Connection:
         connection = Http2Connection(

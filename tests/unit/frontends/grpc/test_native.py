@@ -168,6 +168,49 @@ def test_deadline_due_as_the_call_starts(request: pytest.FixtureRequest, loop: s
         assert response.message == "Deadline Exceeded"
 
 
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+def test_stop_due_as_the_call_starts(request: pytest.FixtureRequest, loop: str) -> None:
+    """As above, with the server's stop of its running calls in place of the deadline: the
+    call is stopped before its task's first step (a task cancelled then would never run its
+    body). It must still end with CANCELLED and leave the server's running calls."""
+    thread: LoopThread = request.getfixturevalue(
+        "loop_thread" if loop == "uvloop" else "asyncio_thread"
+    )
+    server = NativeGrpcServer(FullCore())  # type: ignore[arg-type]
+    port = thread.run(server.start("127.0.0.1", 0))
+    running = server._calls.running
+    try:
+        with RawClient(port, timeout=5) as raw:
+            headers = raw.block(request_headers(port))
+            raw.send(
+                HeadersFrame(1, data=headers, flags=["END_HEADERS"]),
+                DataFrame(1, data=grpc_frame(echo_request(16))),
+            )
+            raw.ping(b"received")
+            busy = threading.Event()
+
+            def stop_calls() -> None:
+                assert len(running) == 1, "the call's task was not made in the busy iteration"
+                for call in list(running):
+                    call.stop()
+
+            def block() -> None:
+                asyncio.get_running_loop().call_later(0.05, stop_calls)
+                busy.set()
+                time.sleep(0.3)  # the client's last frame arrives meanwhile
+
+            thread.call(block)
+            assert busy.wait(5)
+            raw.send(DataFrame(1, data=b"", flags=["END_STREAM"]))
+            response = raw.read_stream(1)
+            assert response.status == "1", (response.status, response.message)
+            assert response.message == "the server is shutting down"
+            assert not running
+    finally:
+        thread.run(server.stop(None))
+
+
 # --- message framing ----------------------------------------------------------------------------
 
 
