@@ -4,6 +4,7 @@ out of the stream's DATA, into buffers kept for reuse when large, inflated when 
 from __future__ import annotations
 
 import asyncio
+import struct
 import zlib
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -16,6 +17,12 @@ from shoal.frontends.grpc.native_split import SPLIT_FROM, InferSplitter, SplitRe
 _PREALLOCATE: Final = 64 * 1024
 #: What one zlib call inflates, at most.
 _INFLATE_PIECE: Final = 1 << 20
+#: A message's prefix: compressed or not, and its size.
+_PREFIX: Final = struct.Struct(">BI")
+_PREFIX_SIZE: Final = 5
+#: A message smaller than this, whole in one payload, is read at once (MessageReader.feed):
+#: one neither split nor pooled, and whose size is held whole.
+_WHOLE_BELOW: Final = min(SPLIT_FROM, _PREALLOCATE + 1)
 
 Message = bytes | bytearray | memoryview | SplitRequest
 #: What makes the splitter of a large message (see native_split), given its size; None when
@@ -171,6 +178,8 @@ class MessageReader:
         """Take a DATA payload: called per frame when not by runs (feed_pieces), so a payload
         that only continues a message is copied with as little else as possible."""
         view = data
+        if self._whole_message(view):
+            return
         while view and not self.closed:
             message = self._message
             splitter = self._splitter
@@ -199,6 +208,25 @@ class MessageReader:
             if whole:
                 return
             view = view[size:]
+
+    def _whole_message(self, view: memoryview) -> bool:
+        """Read a payload that is one small message, prefix and all (a small unary call's): as
+        the general walk would (_read_prefix, _begin_message, feed), without the prefix's
+        buffer, its slices and the message's buffer filled apart. False for any other."""
+        if self._message is not None or self._splitter is not None or self._prefix:
+            return False  # inside a message, or its prefix
+        if len(view) < _PREFIX_SIZE or self.closed:
+            return False
+        flag, size = _PREFIX.unpack_from(view)
+        if len(view) != _PREFIX_SIZE + size or size > self._max_bytes or size >= _WHOLE_BELOW:
+            return False
+        self._compressed = bool(flag)
+        self._expected = self._filled = size
+        self._growing = False
+        self._held_whole = True
+        if self._hold(size):
+            self._on_message(bytearray(view[_PREFIX_SIZE:]), self._compressed)
+        return True
 
     def receive_buffer(self, nbytes: int) -> memoryview | None:
         """Where up to ``nbytes`` of the message may be read straight into (then

@@ -208,3 +208,38 @@ def test_a_budget_that_says_no_to_placed_bytes_stops_the_reading() -> None:
     assert 0 < reading.held <= 150_000
     reading.reader.release()
     assert not reading.arena.blocks
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_messages_whole_in_their_payloads_are_those_of_any_frames(split: bool) -> None:
+    """A payload that is one message, prefix and all (a small call's DATA, read at once), gives
+    what the same stream cut into any frames gives: the messages and the bytes held."""
+    messages = [*_messages(), bytes(65_535), bytes(65_536)]
+    whole = _Reading(split)
+    for message in messages:
+        whole.reader.feed(memoryview(_framed(message)))
+    framed = _Reading(split)
+    for frame in _frames(b"".join(_framed(message) for message in messages), random.Random(3)):
+        framed.reader.feed(frame)
+    assert whole.got == framed.got == messages
+    assert whole.held == framed.held
+    assert not whole.reader.mid_message()
+
+
+def test_a_whole_message_keeps_its_compressed_flag_and_its_budget() -> None:
+    got: list[tuple[bytes, bool]] = []
+    refused: list[int] = []
+    reader = MessageReader(
+        BufferPool(),
+        1 << 20,
+        True,
+        lambda message, compressed: got.append((bytes(message), compressed)),
+        refused.append,
+        lambda size: size < 10,
+    )
+    reader.feed(memoryview(b"\x01" + (3).to_bytes(4, "big") + b"abc"))
+    reader.feed(memoryview(_framed(b"")))
+    assert got == [(b"abc", True), (b"", False)]
+    reader.feed(memoryview(_framed(b"0123456789")))  # more than the budget allows: not read
+    assert got == [(b"abc", True), (b"", False)]
+    assert not refused
