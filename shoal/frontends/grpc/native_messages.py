@@ -17,8 +17,9 @@ from shoal.frontends.grpc.native_split import SPLIT_FROM, InferSplitter, SplitRe
 _PREALLOCATE: Final = 64 * 1024
 #: What one zlib call inflates, at most.
 _INFLATE_PIECE: Final = 1 << 20
-#: A message's prefix: compressed or not, and its size.
-_PREFIX: Final = struct.Struct(">BI")
+#: A message's prefix read: compressed or not, and its size (bound once: compiled, a call of a
+#: struct's method looks it up first).
+_prefix_fields: Final = struct.Struct(">BI").unpack_from
 _PREFIX_SIZE: Final = 5
 #: A message smaller than this, whole in one payload, is read at once (MessageReader.feed):
 #: one neither split nor pooled, and whose size is held whole.
@@ -217,7 +218,7 @@ class MessageReader:
             return False  # inside a message, or its prefix
         if len(view) < _PREFIX_SIZE or self.closed:
             return False
-        flag, size = _PREFIX.unpack_from(view)
+        flag, size = _prefix_fields(view)
         if len(view) != _PREFIX_SIZE + size or size > self._max_bytes or size >= _WHOLE_BELOW:
             return False
         self._compressed = bool(flag)

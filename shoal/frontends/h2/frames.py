@@ -65,6 +65,10 @@ _HEADER_FIELDS: Final = struct.Struct(">IBI")
 _SETTING = struct.Struct(">HI")
 _U32 = struct.Struct(">I")
 _GOAWAY = struct.Struct(">II")
+#: The readers of the two structs read on every frame, bound once: compiled, a call of a
+#: struct's method looks the method up on every call first.
+_read_fields: Final = _HEADER_FIELDS.unpack_from
+_read_u32: Final = _U32.unpack_from
 
 
 def frame_header(kind: int, flags: int, stream_id: int, length: int) -> bytes:
@@ -75,7 +79,7 @@ def read_header(data: bytes | bytearray | memoryview, offset: int) -> tuple[int,
     """(length, type, flags, stream id) of the frame header at ``offset``. Read as three typed
     fields: compiled, the reader's arithmetic on them is native (five untyped ones cost it a
     generic operation each, on every frame)."""
-    fields: tuple[int, int, int] = _HEADER_FIELDS.unpack_from(data, offset)
+    fields: tuple[int, int, int] = _read_fields(data, offset)
     word, flags, stream_id = fields
     return word >> 8, word & 0xFF, flags, stream_id & 0x7FFFFFFF
 
@@ -105,7 +109,7 @@ def goaway(last_stream_id: int, code: int, debug: bytes = b"") -> bytes:
 
 
 def read_u32(payload: bytes | memoryview) -> int:
-    value: int = _U32.unpack_from(payload)[0]
+    value: int = _read_u32(payload)[0]
     return value & 0x7FFFFFFF
 
 
