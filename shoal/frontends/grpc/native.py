@@ -27,8 +27,9 @@ from collections.abc import Mapping
 from shoal.core import CoreAPI
 from shoal.frontends._restricted import GRPC_KEY_PREFIX, Restrictions
 from shoal.frontends._serving import bind_socket
-from shoal.frontends.grpc.methods import MAX_MESSAGE_BYTES, SERVICE_NAME, Method, method_table
+from shoal.frontends.grpc.methods import MAX_MESSAGE_BYTES, SERVICE_NAME, method_table
 from shoal.frontends.grpc.native_call import CallServer, NativeCall
+from shoal.frontends.grpc.native_context import CallMethod
 from shoal.frontends.grpc.native_headers import status_block, timeout_seconds
 from shoal.frontends.grpc.native_messages import BufferPool, ConnectionBudget
 from shoal.frontends.grpc.native_split import ReceiveArena
@@ -131,7 +132,7 @@ class NativeGrpcServer:
         self._max_streams = max_concurrent_streams
         self._restrictions = Restrictions(restricted or {}, prefix=GRPC_KEY_PREFIX, what="protocol")
         self._calls = CallServer(max_message_bytes, BufferPool(), receive_into)
-        self._methods: dict[bytes, Method] = {}
+        self._methods: dict[bytes, CallMethod] = {}
         self._connections: set[Http2Connection] = set()
         self._budgets: dict[Http2Connection, ConnectionBudget] = {}
         self._reads = read_buffer()  # what every connection's transport reads into
@@ -161,10 +162,10 @@ class NativeGrpcServer:
         self._servicer = servicer
         return bound
 
-    def _method_paths(self, servicer: Servicer) -> dict[bytes, Method]:
+    def _method_paths(self, servicer: Servicer) -> dict[bytes, CallMethod]:
         """Each method by the ``:path`` its calls carry."""
         return {
-            f"/{SERVICE_NAME}/{name}".encode(): method
+            f"/{SERVICE_NAME}/{name}".encode(): CallMethod(method)
             for name, method in method_table(
                 servicer, self._restrictions, lent_replies=True
             ).items()

@@ -11,8 +11,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from shoal.frontends.grpc._wire import coalesced
 from shoal.frontends.grpc.infer_call import LentReply
-from shoal.frontends.grpc.methods import Method
-from shoal.frontends.grpc.native_context import Abort, CallContext, inflated
+from shoal.frontends.grpc.native_context import Abort, CallContext, CallMethod, inflated
 from shoal.frontends.grpc.native_headers import OK_TRAILERS, status_block
 from shoal.frontends.grpc.native_messages import (
     Compressed,
@@ -86,7 +85,7 @@ class NativeCall(StreamHandler):
         server: CallServer,
         connection: Http2Connection,
         stream_id: int,
-        method: Method,
+        method: CallMethod,
         headers: Headers,
         encoding: bytes | None,
         budget: ConnectionBudget,
