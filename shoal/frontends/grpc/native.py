@@ -62,13 +62,13 @@ class _CallHeaders:
     def __init__(self, headers: Headers) -> None:
         self.headers = headers
         self.method: bytes | None = None
-        self.path: bytes | None = None
+        self.path = b""  # bytes, not a view: the key of the method's look-up, made once
         self.content_type: bytes | None = None
         self.timeout: bytes | None = None
         self.encoding: bytes | None = None
         for name, value in headers:
             if name == b":path":
-                self.path = value
+                self.path = bytes(value)
             elif name == b":method":
                 self.method = value
             elif name == b"content-type":
@@ -215,7 +215,7 @@ class NativeGrpcServer:
         self, connection: Http2Connection, stream_id: int, headers: Headers, end_stream: bool
     ) -> StreamHandler | None:
         call = _CallHeaders.of(headers, self._call_headers)
-        method = self._methods.get(bytes(call.path or b""))
+        method = self._methods.get(call.path)
         if method is None or call.refused is not None:
             connection.send_headers(stream_id, _refusal(call), end_stream=True)
             return None
