@@ -65,14 +65,15 @@ _HEADER_FIELDS: Final = struct.Struct(">IBI")
 _SETTING = struct.Struct(">HI")
 _U32 = struct.Struct(">I")
 _GOAWAY = struct.Struct(">II")
-#: The readers of the two structs read on every frame, bound once: compiled, a call of a
+#: The struct methods used on every frame, bound once: compiled, a call of a
 #: struct's method looks the method up on every call first.
 _read_fields: Final = _HEADER_FIELDS.unpack_from
 _read_u32: Final = _U32.unpack_from
+_pack_header: Final = FRAME_HEADER.pack
 
 
 def frame_header(kind: int, flags: int, stream_id: int, length: int) -> bytes:
-    return FRAME_HEADER.pack(length >> 8, length & 0xFF, kind, flags, stream_id)
+    return _pack_header(length >> 8, length & 0xFF, kind, flags, stream_id)
 
 
 def read_header(data: bytes | bytearray | memoryview, offset: int) -> tuple[int, int, int, int]:

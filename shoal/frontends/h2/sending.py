@@ -37,6 +37,7 @@ _IOV_MAX: Final = 1024
 Body = bytes | bytearray
 #: A DATA frame's header followed by a gRPC message's prefix (compressed flag, length).
 _DATA_AND_PREFIX: Final = struct.Struct(">HBBBIBI")
+_pack_data_and_prefix: Final = _DATA_AND_PREFIX.pack  # bound once (see frames._pack_header)
 
 
 class Sender:
@@ -319,7 +320,7 @@ def answer_frames(stream_id: int, head: bytes, body: Body, trailers: bytes) -> b
         (
             h2.frame_header(h2.HEADERS, h2.END_HEADERS, stream_id, len(head)),
             head,
-            _DATA_AND_PREFIX.pack(size >> 8, size & 0xFF, h2.DATA, 0, stream_id, 0, size - 5),
+            _pack_data_and_prefix(size >> 8, size & 0xFF, h2.DATA, 0, stream_id, 0, size - 5),
             body,
             h2.frame_header(h2.HEADERS, h2.END_STREAM | h2.END_HEADERS, stream_id, len(trailers)),
             trailers,
