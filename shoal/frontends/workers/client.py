@@ -99,6 +99,7 @@ class RemoteCore(CoreAPI):
         self._calls: dict[int, asyncio.Future[_Answer]] = {}
         self._streams: dict[int, asyncio.Queue[StreamItem]] = {}
         self._outbox: wire.Outbox | None = None
+        self._reader: wire.FrameReader | None = None
         #: Set when the core asks the worker to stop, or goes away.
         self.stopping = asyncio.Event()
         #: Called after each frame sent to the core (the loop's busy poll for the answer).
@@ -125,21 +126,22 @@ class RemoteCore(CoreAPI):
     async def connect(self, calls: socket.socket) -> None:
         """Start reading answers from the asynchronous socket."""
         loop = asyncio.get_running_loop()
-        reader = wire.FrameReader(self._dispatch, self._lost)
+        reader = self._reader = wire.FrameReader(self._dispatch, self._lost)
         await loop.connect_accepted_socket(lambda: reader, sock=calls)
         assert reader.transport is not None
-        self._outbox = wire.Outbox(reader.transport)
+        if self._outbox is None:  # else made already, for a frame answered before this
+            self._outbox = wire.Outbox(reader.transport)
 
     def send(self, header: list[Any], payloads: list[memoryview | bytes] | None = None) -> None:
         self._send_frame(wire.frame(header, payloads or ()))
 
     def _send_frame(self, pieces: list[bytes | memoryview]) -> None:
         outbox = self._outbox
+        if outbox is None and self._reader is not None and self._reader.transport is not None:
+            outbox = self._outbox = wire.Outbox(self._reader.transport)  # before connect() ended
         if outbox is None or outbox.transport.is_closing():
             raise CoreGone()
-        # The payloads are views of the request's own buffers (kept alive while queued), so
-        # they need no copy here.
-        outbox.put(pieces, copy=False)
+        outbox.put(pieces, copy=False)  # views of the request's buffers, kept while queued
         if self.on_sent is not None:
             self.on_sent()
 
@@ -348,8 +350,7 @@ class RemoteCore(CoreAPI):
         return self._response(answer, views)
 
     def infer_stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
-        # An async generator, which mypyc cannot compile: it lives in an interpreted module.
-        return remote_stream(self, request)
+        return remote_stream(self, request)  # an async generator: mypyc cannot compile it
 
     def open_stream(self, request: InferRequest) -> tuple[int, asyncio.Queue[StreamItem]]:
         """Send a streaming call; its answers arrive on the queue returned (None: the end)."""
