@@ -9,11 +9,11 @@ block of the worker's arena), no trace context.
 
 from __future__ import annotations
 
-import struct
-from typing import Any, Final
+from typing import Any
 
 from shoal.core.errors import ErrorCode, ModelError
 from shoal.core.types import InferRequest
+from shoal.frontends.workers.head_bytes import int_bytes
 from shoal.ipc import messages as msg
 from shoal.ipc.arena import Block
 
@@ -25,23 +25,14 @@ _NO_REGIONS = b"\x80"
 _NO_TRACE = b"\xa0"
 #: The record's end when no input is staged (the common small request), packed once.
 _INLINE_END = _NO_REGIONS + b"\x00" + _NO_TRACE
-#: msgpack's uint 64: its marker, then the number big-endian.
-_UINT64: Final = struct.Struct(">BQ")
 
 
 def execute_payload(batch: int, head: bytes, private: int) -> bytes:
     """The Execute of one request (packed: ``head``) as batch ``batch``; ``private``: the
     inputs in a block of their own, as bits (:func:`private_inputs`)."""
-    number = _uint(batch)
-    end = b"".join((_NO_REGIONS, _uint(private), _NO_TRACE)) if private else _INLINE_END
+    number = int_bytes(batch)  # no Packer made per call, as msgpack.packb makes one
+    end = b"".join((_NO_REGIONS, int_bytes(private), _NO_TRACE)) if private else _INLINE_END
     return b"".join((_EXECUTE_START, number, _ONE_RECORD, head, number, end))
-
-
-def _uint(value: int) -> bytes:
-    """``value`` (0 <= value < 2**64) as a msgpack uint 64, which every reader takes for the
-    same number as the shortest form: packed without a Packer (``msgpack.packb`` makes one, and
-    its buffer, per call: ~1,400 instructions)."""
-    return _UINT64.pack(0xCF, value)
 
 
 def private_inputs(staged: list[Block | None]) -> int:
