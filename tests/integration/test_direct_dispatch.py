@@ -79,14 +79,54 @@ output [ { name: "SUM" data_type: TYPE_FP64 dims: [ 1 ] } ]
 instance_group [ { count: 2 kind: KIND_CPU } ]
 """
 
+#: Calls itself by BLS until DEPTH is 0 (as Triton's QA ``bls_parameters`` does), each level
+#: on another of its four instances: the request a worker sent straight to one of them must
+#: not have that instance handed its own call.
+_RECURSE = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            depth = int(pb_utils.get_input_tensor_by_name(request, "DEPTH").as_numpy()[0])
+            levels = 1
+            if depth > 0:
+                inner = pb_utils.InferenceRequest(
+                    model_name="recurse",
+                    inputs=[pb_utils.Tensor("DEPTH", np.array([depth - 1], np.int32))],
+                    requested_output_names=["LEVELS"],
+                ).exec()
+                if inner.has_error():
+                    raise pb_utils.TritonModelException(inner.error().message())
+                levels += int(pb_utils.get_output_tensor_by_name(inner, "LEVELS").as_numpy()[0])
+            out = pb_utils.Tensor("LEVELS", np.array([levels], np.int32))
+            responses.append(pb_utils.InferenceResponse(output_tensors=[out]))
+        return responses
+"""
+
+_RECURSE_CONFIG = """
+name: "recurse"
+backend: "python"
+input [ { name: "DEPTH" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "LEVELS" data_type: TYPE_INT32 dims: [ 1 ] } ]
+instance_group [ { count: 4 kind: KIND_CPU } ]
+"""
+
 
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """``expand`` (its output as large as asked: inline or in the stub's arena) and ``sum``
-    (its input as large as sent: inline or in the worker's arena) beside the test models this
-    file uses."""
+    """``expand`` (its output as large as asked: inline or in the stub's arena), ``sum``
+    (its input as large as sent: inline or in the worker's arena) and ``recurse`` (BLS calls
+    to itself) beside the test models this file uses."""
     root = tmp_path_factory.mktemp("direct")
-    for name, model, config in (("expand", _EXPAND, _EXPAND_CONFIG), ("sum", _SUM, _SUM_CONFIG)):
+    for name, model, config in (
+        ("expand", _EXPAND, _EXPAND_CONFIG),
+        ("sum", _SUM, _SUM_CONFIG),
+        ("recurse", _RECURSE, _RECURSE_CONFIG),
+    ):
         (root / name / "1").mkdir(parents=True)
         (root / name / "config.pbtxt").write_text(config)
         (root / name / "1" / "model.py").write_text(model)
@@ -280,6 +320,55 @@ def test_an_unload_waits_for_the_requests_sent_straight_to_the_stub(tmp_path: Pa
             assert not client.is_model_ready("slow")
         finally:
             client.close()
+
+
+def _recurse(module, client, depth: int) -> int:
+    tensor = module.InferInput("DEPTH", [1], "INT32")
+    tensor.set_data_from_numpy(np.array([depth], np.int32))
+    return int(client.infer("recurse", [tensor]).as_numpy("LEVELS")[0])
+
+
+def test_a_model_that_calls_itself_is_not_handed_its_own_call(server):
+    """The instance running a request sent straight to it waits on its BLS call: the core,
+    which saw no request of its own there, must not give that call to it (it would wait for
+    itself) but to another instance, at every level of the recursion."""
+    for module, client in _each_worker_and_protocol(server):
+        for depth in (1, 3, 2, 3):
+            assert _recurse(module, client, depth) == depth + 1
+
+
+def test_calls_of_concurrent_requests_find_a_free_instance(server):
+    """Two clients at once, one connected to each worker, each request two levels deep: four
+    instances are enough for both chains whichever instances the workers pick."""
+    clients = []
+    for index in (0, 1):
+        with through(server, index):  # the connection is made by the first request
+            # Each its own connection: gRPC shares one between channels to the same address.
+            own = [("grpc.use_local_subchannel_pool", 1)]
+            clients.append(grpcclient.InferenceServerClient(server.grpc_url, channel_args=own))
+            assert _recurse(grpcclient, clients[-1], 1) == 2
+    failures: queue.Queue = queue.Queue()
+
+    def chains(client) -> None:
+        try:
+            for _ in range(15):
+                got = _recurse(grpcclient, client, 1)
+                if got != 2:
+                    failures.put(got)
+        except Exception as error:  # reported below, with the server's output
+            failures.put(error)
+
+    threads = [threading.Thread(target=chains, args=(client,)) for client in clients]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=120)
+    finally:
+        for client in clients:
+            client.close()
+    assert not any(thread.is_alive() for thread in threads), server.output[-3000:]
+    assert failures.empty(), (list(failures.queue), server.output[-3000:])
 
 
 def test_a_stub_that_dies_fails_its_request_and_its_instance_comes_back(server):

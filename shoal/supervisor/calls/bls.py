@@ -68,11 +68,13 @@ class BlsRouter:
     def _serve_in_task(
         self, caller: Caller, proc: StubChannel, call: msg.BlsCall, key: tuple[int, int]
     ) -> None:
+        caller.call_began(proc)
         task = asyncio.create_task(self._serve(caller, proc, call), name=f"bls {call.call_id}")
         self._tasks[key] = task
-        task.add_done_callback(lambda _: self._finished(key))
+        task.add_done_callback(lambda _: self._finished(key, caller, proc))
 
-    def _finished(self, key: tuple[int, int]) -> None:
+    def _finished(self, key: tuple[int, int], caller: Caller, proc: StubChannel) -> None:
+        caller.call_ended(proc)
         self._tasks.pop(key, None)
         self._streaming.pop(key, None)
         self._cancelled.discard(key)
@@ -108,7 +110,9 @@ class BlsRouter:
 
     def forget_process(self, proc: StubChannel) -> None:
         for key in [k for k in self._open if k[0] == proc.pid]:
-            _abandon(self._open.pop(key).work, [])
+            open_call = self._open.pop(key)
+            _abandon(open_call.work, [])
+            open_call.caller.call_ended(proc)
         for key in [k for k in self._held if k[0] == proc.pid]:
             self.done(proc, key[1])
 
@@ -137,8 +141,9 @@ class BlsRouter:
             target.summary.max_batch_size, [t.shape for t in call.request.inputs]
         )
         work = Work(call.request, spilled, future, batch_size=batch)
-        open_call = _OpenCall(call.model_name, work, target, proc)
+        open_call = _OpenCall(call.model_name, work, target, proc, caller)
         self._open[key] = open_call
+        caller.call_began(proc)  # before the request can be handed to an instance
         future.add_done_callback(functools.partial(self._answered, key, open_call))
         target.submit(work)
 
@@ -148,6 +153,14 @@ class BlsRouter:
         if self._open.get(key) is not open_call:  # answered already: _end_early released it
             return
         del self._open[key]
+        try:
+            self._send_answer(key, open_call, future)
+        finally:
+            open_call.caller.call_ended(open_call.proc)
+
+    def _send_answer(
+        self, key: tuple[int, int], open_call: _OpenCall, future: asyncio.Future[Completion]
+    ) -> None:
         proc, work, target = open_call.proc, open_call.work, open_call.target
         error = _failure(open_call, future)
         if error is not None:
@@ -172,6 +185,7 @@ class BlsRouter:
             return
         _abandon(open_call.work, [])
         self._send(open_call.proc, _error_reply(key[1], error))
+        open_call.caller.call_ended(open_call.proc)
 
     def _send(self, proc: StubChannel, reply: msg.BlsReply) -> None:
         try:
@@ -326,6 +340,7 @@ class _OpenCall:
     work: Work
     target: ModelVersion
     proc: StubChannel
+    caller: Caller
 
 
 def _error_reply(call_id: int, error: ShoalError) -> msg.BlsReply:

@@ -62,11 +62,13 @@ class Feeder:
         self._decoupled = decoupled
         #: The scheduler the work loop pulls from, once it runs.
         self.source: BatchSource | None = None
+        #: The loop's direct hand-off, once it runs (where the scheduler parks instances).
+        self.handoff: Handoff | None = None
 
     async def work_loop(self, source: BatchSource) -> None:
         self.source = source
         current = self._current
-        handoff = self._handoff(source)
+        handoff = self.handoff = self._handoff(source)
         while not current.stopping:
             if not current.ready.is_set():
                 await current.ready.wait()

@@ -69,6 +69,8 @@ class Handoff:
         #: that found the ring full.
         self._batch: list[Work] | None = None
         self._unsent: Unsent | None = None
+        #: Held out of the scheduler (``hold_out``): its stub waits on a call of its own.
+        self._out = False
 
     async def wait(self, slots: Slots) -> list[Work] | Unsent | None:
         """Run the hand-off on a slot taken of ``slots`` until the task is needed: returns a
@@ -95,6 +97,22 @@ class Handoff:
         if self._send([work]) and self._take_slot():
             self._offer()
 
+    def hold_out(self) -> None:
+        """The stub waits on a BLS call of a request the core did not send it (a frontend
+        worker did): no request is handed to it until ``let_in``, or that call could be given
+        to the instance that waits for it."""
+        self._out = True
+        if self._parked:
+            self._parked = False
+            self._source.unpark(self)
+
+    def let_in(self) -> None:
+        """The stub's calls are answered: it takes requests again."""
+        self._out = False
+        wake = self._wake
+        if self._held and not self._parked and wake is not None and not wake.done():
+            self._offer()
+
     def closed(self) -> None:
         """The scheduler closed: the task ends as ``next_batch`` would end it."""
         self._parked = False
@@ -103,8 +121,9 @@ class Handoff:
             wake.cancel()
 
     def _offer(self) -> None:
-        """On a held slot: send what is queued while slots last, else park."""
-        while True:
+        """On a held slot: send what is queued while slots last, else park (unless held out:
+        then the slot waits for ``let_in``)."""
+        while not self._out:
             self._parked = True
             work = self._source.park(self)
             if work is None:

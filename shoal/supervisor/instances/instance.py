@@ -107,6 +107,9 @@ class StubInstance:
         self._lifecycle = StubLifecycle(scope, spec, links.make_stub, (self._handshake, up, self))
         self._worker: asyncio.Task[None] | None = None
         self._on_died: Callable[[int, ShoalError], None] | None = None
+        #: The BLS calls its stub (of pid ``_calling_pid``) waits on.
+        self._calls_open = 0
+        self._calling_pid = 0
 
     # -- state ------------------------------------------------------------------------------
 
@@ -116,8 +119,29 @@ class StubInstance:
 
     @property
     def busy(self) -> bool:
-        """A batch is inside the stub."""
-        return not self._ledger.idle.is_set()
+        """A batch is inside the stub, or it waits on a BLS call."""
+        return not self._ledger.idle.is_set() or self._calls_open > 0
+
+    def call_began(self, proc: StubChannel) -> None:
+        """Its stub ``proc`` waits on a BLS call. While it waits on any, an instance whose stub
+        frontend workers also send to is held out of its scheduler: the core cannot tell
+        whether a request of a worker runs there, and handing it a call made from that request
+        (a model calling itself) would leave it waiting for itself."""
+        if proc.pid != self._calling_pid:  # a new stub: its predecessor's calls are over
+            self._calling_pid, self._calls_open = proc.pid, 0
+        self._calls_open += 1
+        handoff = self._feeder.handoff
+        if self._calls_open == 1 and self._ledger.shared and handoff is not None:
+            handoff.hold_out()
+
+    def call_ended(self, proc: StubChannel) -> None:
+        """A BLS call of ``proc`` is answered (or the stub is gone)."""
+        if proc.pid != self._calling_pid or self._calls_open == 0:
+            return
+        self._calls_open -= 1
+        handoff = self._feeder.handoff
+        if self._calls_open == 0 and handoff is not None:
+            handoff.let_in()
 
     async def wait_idle(self) -> None:
         """Return once no batch is inside the stub."""
@@ -253,6 +277,9 @@ class StubInstance:
         if self._links.control is not None:
             self._links.control.forget_process(proc)
         self._links.directory.cuda.forget_process(proc.pid)
+        if proc.pid == self._calling_pid and self._calls_open > 0:
+            self._calls_open = 1
+            self.call_ended(proc)
 
     def gave_up(self) -> None:
         if self._links.on_failed is not None:

@@ -119,6 +119,12 @@ class Caller(Protocol):
     @property
     def name(self) -> str: ...
 
+    def call_began(self, proc: StubChannel) -> None:
+        """``proc`` waits on a BLS call from here until ``call_ended``."""
+        ...
+
+    def call_ended(self, proc: StubChannel) -> None: ...
+
 
 class BlsHandler(Protocol):
     """Serves the BLS calls a stub makes (the supervisor's BLS router)."""

@@ -123,3 +123,70 @@ def test_a_request_for_a_stub_not_ready_waits_for_the_next_one():
         await s.close()
 
     run(scenario())
+
+
+def test_an_instance_shared_with_workers_is_held_out_while_its_stub_waits_on_a_call():
+    """A frontend worker's request runs there unseen by the core: a request (the stub's own
+    BLS call, say) waits in the queue until the stub's calls are answered."""
+
+    async def scenario():
+        s = Setup()
+        scheduler = await _started(s)
+        s.instance.share_with_workers(lambda pid, error: None)
+        proc = s.instance.process
+        assert proc is not None
+        s.instance.call_began(proc)
+        s.instance.call_began(proc)  # two calls at once (async_exec)
+        assert s.instance.busy and not scheduler._takers
+        work = s.work(2.0)
+        scheduler.submit(work)
+        assert not work.dispatched_ns and scheduler.pending == 1
+        s.instance.call_ended(proc)
+        assert not work.dispatched_ns  # one call still waits
+        s.instance.call_ended(proc)
+        assert work.dispatched_ns and scheduler.pending == 0  # taken at once
+        assert (await result(work))["Y"][0, 0] == 4.0
+        await settle()
+        assert scheduler._takers and not s.instance.busy  # parked again
+        await s.close()
+
+    run(scenario())
+
+
+def test_a_stub_that_dies_waiting_on_a_call_leaves_its_instance_taking_requests():
+    async def scenario():
+        s = Setup()
+        scheduler = await _started(s)
+        s.instance.share_with_workers(lambda pid, error: None)
+        proc = s.instance.process
+        assert proc is not None
+        s.instance.call_began(proc)
+        s.stub.kill()
+        await s.restarted(2)
+        assert not s.instance.busy
+        s.instance.call_ended(proc)  # a late answer to the dead stub's call changes nothing
+        work = s.work(1.5)
+        scheduler.submit(work)
+        assert (await result(work))["Y"][0, 0] == 3.0
+        await s.close()
+
+    run(scenario())
+
+
+def test_an_instance_only_the_core_sends_to_is_not_held_out_by_a_call():
+    """Its slots already count what runs there (a sync execute that calls holds its slot)."""
+
+    async def scenario():
+        s = Setup()
+        scheduler = await _started(s)
+        proc = s.instance.process
+        assert proc is not None
+        s.instance.call_began(proc)
+        work = s.work(2.0)
+        scheduler.submit(work)
+        assert work.dispatched_ns
+        assert (await result(work))["Y"][0, 0] == 4.0
+        s.instance.call_ended(proc)
+        await s.close()
+
+    run(scenario())
