@@ -203,7 +203,6 @@ class InferenceRequest:
 
     def _init(
         self,
-        *,
         request_id: str,
         correlation_id: int | str,
         inputs: list[Tensor],
@@ -258,18 +257,18 @@ class InferenceRequest:
         with ``deliver=None`` the request's sender raises on ``send`` like a BLS request's.
         """
         request = cls.__new__(cls)
-        request._init(
-            request_id=request_id,
-            correlation_id=correlation_id,
-            inputs=inputs,
-            requested_output_names=requested_output_names,
-            flags=flags,
-            parameters=parameters,
-            timeout=timeout,
-            model_name=model_name,
-            model_version=model_version,
-            deliver=deliver,
-            decoupled=decoupled,
+        request._init(  # by position: one request per request served, keywords cost more
+            request_id,
+            correlation_id,
+            inputs,
+            requested_output_names,
+            flags,
+            parameters,
+            timeout,
+            model_name,
+            model_version,
+            deliver,
+            decoupled,
         )
         if trace_context is not None:
             request._trace = InferenceTrace(trace_context)

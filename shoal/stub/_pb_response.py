@@ -200,6 +200,10 @@ class InferenceResponseSender:
         (a response or FINAL was already sent through the sender).
         """
         with self._lock:
+            if not (self._sent or self._closed):  # the usual case: nothing sent through it
+                self._closed = True
+                self._sent = 1
+                return
             self._advance(response, TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
     def _close(self) -> None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from shoal.stub import pb_utils
+from shoal.stub._pb_errors import TritonError, TritonModelException
+from shoal.stub._pb_response import InferenceResponse
 
 RESCHEDULE = 2  # TRITONSERVER_REQUEST_RELEASE_RESCHEDULE
 log = logging.getLogger("shoal.stub")
@@ -47,7 +48,7 @@ def check_return(instance: str, result: Any, count: int) -> list[Any]:
 
 def _check_items(instance: str, result: list[Any]) -> None:
     for item in result:
-        if item is not None and not isinstance(item, pb_utils.InferenceResponse):
+        if item is not None and not isinstance(item, InferenceResponse):
             raise ExecuteError(
                 failure_text(
                     instance,
@@ -59,7 +60,8 @@ def _check_items(instance: str, result: list[Any]) -> None:
 
 def rescheduled_positions(instance: str, requests: list[Any], responses: list[Any]) -> list[int]:
     """Positions of the requests released with RESCHEDULE; each must have returned None."""
-    positions = [i for i, r in enumerate(requests) if r._release_flags() == RESCHEDULE]
+    # The attribute, not ``_release_flags()``: a call of interpreted code per request.
+    positions = [i for i, r in enumerate(requests) if r._release == RESCHEDULE]
     for i in positions:
         if responses[i] is not None:
             raise ExecuteError(  # Triton's words, its spelling ("reschduled") included
@@ -89,7 +91,8 @@ def settle(instance: str, returned: Any, request: Any, delivered: list[Any]) -> 
         )
         return delivered[0]
     try:
-        request.get_response_sender()._mark_returned(returned)
-    except pb_utils.TritonModelException as error:
-        return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(error)))
+        # The sender itself, not ``get_response_sender()``: that marks it taken by the model.
+        request._sender._mark_returned(returned)
+    except TritonModelException as error:
+        return InferenceResponse(error=TritonError(str(error)))
     return returned

@@ -12,13 +12,14 @@ import functools
 import inspect
 import logging
 import threading
-import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from time import monotonic_ns, perf_counter_ns
 from typing import Any
 
 from shoal.ipc import messages as msg
 from shoal.ipc.arena import Block
+from shoal.ipc.model_messages import Execute, Response, Result
+from shoal.ipc.records import RequestRecord, ResponseRecord
 from shoal.ipc.tensor import (
     CudaLocation,
     CudaRegionLocation,
@@ -27,6 +28,8 @@ from shoal.ipc.tensor import (
     buffer_to_numpy,
 )
 from shoal.stub import pb_utils
+from shoal.stub._pb_request import InferenceRequest
+from shoal.stub._pb_tensor import Tensor
 from shoal.stub.bls import calling_requests
 from shoal.stub.execute_checks import (
     RESCHEDULE,
@@ -62,13 +65,17 @@ def _model_parameters(parameters: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in parameters.items() if k not in _RESERVED}
 
 
-@dataclass(eq=False)
 class _Batch:
-    execute: msg.Execute
-    requests: list[Any]
-    sent: list[list[Any]]
-    t0: int
-    t1: int
+    """A batch in ``execute`` (not a dataclass: mypyc leaves its ``__init__`` interpreted)."""
+
+    def __init__(
+        self, execute: Execute, requests: list[Any], sent: list[list[Any]], t0: int, t1: int
+    ) -> None:
+        self.execute = execute
+        self.requests = requests
+        self.sent = sent
+        self.t0 = t0
+        self.t1 = t1
 
 
 class BatchExecutor:
@@ -110,13 +117,13 @@ class BatchExecutor:
 
     # -- the batch --------------------------------------------------------------------------
 
-    def run(self, execute: msg.Execute) -> msg.Result | None:
+    def run(self, execute: Execute) -> Result | None:
         """The batch's Result, or None when an ``async def execute`` runs on concurrently (its
         Result is sent when the coroutine finishes)."""
-        started = time.monotonic_ns()
+        started = monotonic_ns()
         result = self._run(execute)
         if result is not None:
-            result.stub_ns = (started, time.monotonic_ns())
+            result.stub_ns = (started, monotonic_ns())
         return result
 
     def cancel(self, keys: list[int]) -> None:
@@ -127,8 +134,8 @@ class BatchExecutor:
         """Run a coroutine of the model to completion on the model's event loop."""
         return self._model_loop.await_result(awaitable)
 
-    def _run(self, execute: msg.Execute) -> msg.Result | None:
-        t0 = time.perf_counter_ns()
+    def _run(self, execute: Execute) -> Result | None:
+        t0 = perf_counter_ns()
         records = execute.requests
         # What each request's response sender delivered (Triton's default-mode sender: one
         # response and FINAL, with execute returning None for that request).
@@ -139,31 +146,33 @@ class BatchExecutor:
             return self._unreadable(execute, error)
         if self._open.track(records, requests) == len(requests):
             return self._dropped(execute)
-        t1 = time.perf_counter_ns()
+        t1 = perf_counter_ns()
         # BLS calls made while serving these requests are cancelled along with them.
-        callers = zip([r.key for r in records], [q._cancellation for q in requests], strict=True)
-        token = calling_requests.set(tuple(callers))
+        # Indexed, not zip(strict=True): a keyword call of the builtin in compiled code costs
+        # ~2k instructions (the lists are of one length: one request per record).
+        callers = tuple([(records[i].key, requests[i]._cancellation) for i in range(len(records))])
+        token = calling_requests.set(callers)
         try:
             return self._execute(execute, requests, sent, t0, t1)
         finally:
             calling_requests.reset(token)
 
-    def _unreadable(self, execute: msg.Execute, error: Exception) -> msg.Result:
+    def _unreadable(self, execute: Execute, error: Exception) -> Result:
         """The batch's requests fail: the stub cannot read their inputs."""
         text = self.failure(f"cannot read the request's inputs: {type(error).__name__}: {error}")
-        failure = msg.ResponseRecord(error=("INVALID_ARG", text))
+        failure = ResponseRecord(error=("INVALID_ARG", text))
         if self.decoupled:  # decoupled requests are answered on their streams
             self._send_finals(execute.requests, failure)
-            return msg.Result(execute.batch_id, [], (0, 0, 0))
-        return msg.Result(execute.batch_id, [failure] * len(execute.requests), (0, 0, 0))
+            return Result(execute.batch_id, [], (0, 0, 0))
+        return Result(execute.batch_id, [failure] * len(execute.requests), (0, 0, 0))
 
     def _execute(
-        self, execute: msg.Execute, requests: list[Any], sent: list[list[Any]], t0: int, t1: int
-    ) -> msg.Result | None:
+        self, execute: Execute, requests: list[Any], sent: list[list[Any]], t0: int, t1: int
+    ) -> Result | None:
         if self.decoupled:
             rescheduled = self._run_decoupled(requests, execute.requests)
-            timings = (t1 - t0, time.perf_counter_ns() - t1, 0)
-            return msg.Result(execute.batch_id, [], timings, rescheduled)
+            timings = (t1 - t0, perf_counter_ns() - t1, 0)
+            return Result(execute.batch_id, [], timings, rescheduled)
         batch = _Batch(execute, requests, sent, t0, t1)
         try:
             result = self.model.execute(requests)
@@ -177,47 +186,47 @@ class BatchExecutor:
             return self._failed(batch, self._model_error(error))
         return self._finish(batch, result)
 
-    def _dropped(self, execute: msg.Execute) -> msg.Result:
+    def _dropped(self, execute: Execute) -> Result:
         """A batch cancelled while it waited in the ring is not executed, as Triton drops
         cancelled requests from its queues."""
         self._open.untrack([r.key for r in execute.requests])
-        cancelled = msg.ResponseRecord(error=("CANCELLED", "the request was cancelled"))
+        cancelled = ResponseRecord(error=("CANCELLED", "the request was cancelled"))
         if self.decoupled:
             self._send_finals(execute.requests, cancelled)
-            return msg.Result(execute.batch_id, [], (0, 0, 0), executed=False)
+            return Result(execute.batch_id, [], (0, 0, 0), executed=False)
         responses = [cancelled] * len(execute.requests)
-        return msg.Result(execute.batch_id, responses, (0, 0, 0), executed=False)
+        return Result(execute.batch_id, responses, (0, 0, 0), executed=False)
 
-    def _send_finals(self, records: list[msg.RequestRecord], answer: msg.ResponseRecord) -> None:
+    def _send_finals(self, records: list[RequestRecord], answer: ResponseRecord) -> None:
         for record in records:
-            self.send(msg.Response(record.key, answer, True))
+            self.send(Response(record.key, answer, True))
 
     def _send_finished(self, batch: _Batch, done: concurrent.futures.Future[Any]) -> None:
         error = done.exception()
         if error is not None:
-            result: msg.Result | None = self._failed(batch, self._model_error(error))
+            result: Result | None = self._failed(batch, self._model_error(error))
         else:
             result = self._finish(batch, done.result())
         if result is not None:
             self._send_result(result)
 
-    def _send_result(self, result: msg.Result) -> None:
+    def _send_result(self, result: Result) -> None:
         try:
             self.send(result)
         except Exception:
             log.exception("could not send the result of an execute")
 
-    def _failed(self, batch: _Batch, text: str) -> msg.Result:
+    def _failed(self, batch: _Batch, text: str) -> Result:
         self._open.untrack([r.key for r in batch.execute.requests])
         for request in batch.requests:
             request.get_response_sender()._close()
-        failure = msg.ResponseRecord(error=("INTERNAL", text))
-        t2 = time.perf_counter_ns()
+        failure = ResponseRecord(error=("INTERNAL", text))
+        t2 = perf_counter_ns()
         records = self._records_despite(batch, failure)
         timings = (batch.t1 - batch.t0, t2 - batch.t1, 0)
-        return msg.Result(batch.execute.batch_id, records, timings)
+        return Result(batch.execute.batch_id, records, timings)
 
-    def _finish(self, batch: _Batch, result: Any) -> msg.Result | None:
+    def _finish(self, batch: _Batch, result: Any) -> Result | None:
         """The batch's Result; None when responses are still to come through senders (the
         Result goes up once the last of them arrives)."""
         try:
@@ -240,12 +249,13 @@ class BatchExecutor:
         of those still to come through a sender the model took."""
         instance = self.instance
         waiting: list[int] = []
-        for i, (returned, request, delivered) in enumerate(
-            zip(responses, batch.requests, batch.sent, strict=True)
-        ):
+        requests, sent = batch.requests, batch.sent
+        for i in range(len(responses)):  # one of each per request (check_return counted them)
+            returned = responses[i]
             if returned is _RESCHEDULED:
                 continue
-            response = settle(instance, returned, request, delivered)
+            request = requests[i]
+            response = settle(instance, returned, request, sent[i])
             responses[i] = response
             if response is None and request._awaits_sender():
                 waiting.append(i)
@@ -275,25 +285,26 @@ class BatchExecutor:
                     self._late[batch.execute.requests[i].key] = functools.partial(arrived, i)
             return not remaining  # decided under the lock: else arrived() sends the Result
 
-    def _result(self, batch: _Batch, responses: list[Any], rescheduled: list[int]) -> msg.Result:
-        t2 = time.perf_counter_ns()
-        record = self._recorder.record
+    def _result(self, batch: _Batch, responses: list[Any], rescheduled: list[int]) -> Result:
+        t2 = perf_counter_ns()
+        recorder = self._recorder
+        requests = batch.execute.requests
         records = [
-            msg.ResponseRecord() if response is _RESCHEDULED else record(response, request)
-            for response, request in zip(responses, batch.execute.requests, strict=True)
+            ResponseRecord() if response is _RESCHEDULED else recorder.record(response, requests[i])
+            for i, response in enumerate(responses)
         ]
-        t3 = time.perf_counter_ns()
+        t3 = perf_counter_ns()
         timings = (batch.t1 - batch.t0, t2 - batch.t1, t3 - t2)
-        return msg.Result(batch.execute.batch_id, records, timings, rescheduled)
+        return Result(batch.execute.batch_id, records, timings, rescheduled)
 
     # -- requests ---------------------------------------------------------------------------
 
-    def _request(self, record: msg.RequestRecord, delivered: list[Any]) -> Any:
+    def _request(self, record: RequestRecord, delivered: list[Any]) -> Any:
         if self.decoupled:
             deliver = self._stream_to(record)
         else:
             deliver = self._collect_to(delivered, record.key)
-        return pb_utils.InferenceRequest._from_server(
+        return InferenceRequest._from_server(
             request_id=record.request_id,
             correlation_id=record.correlation_id,
             inputs=self._inputs(record),
@@ -308,7 +319,7 @@ class BatchExecutor:
             trace_context=record.trace_context or None,
         )
 
-    def _inputs(self, record: msg.RequestRecord) -> list[Any]:
+    def _inputs(self, record: RequestRecord) -> list[Any]:
         tensors = []
         for i, desc in enumerate(record.inputs):
             if type(desc.location) in _ON_A_GPU:
@@ -350,19 +361,19 @@ class BatchExecutor:
             # Not remembered: its bytes may differ from the block's once the model wrote it.
             writable = self.private_view(desc.location, view)
             array = buffer_to_numpy(desc.datatype, desc.shape, writable, readonly=False)
-        return pb_utils.Tensor._wrap(desc.name, array, desc.datatype)
+        return Tensor._wrap(desc.name, array, desc.datatype)
 
-    def _stream_to(self, record: msg.RequestRecord) -> Callable[[Any, int], None]:
+    def _stream_to(self, record: RequestRecord) -> Callable[[Any, int], None]:
         def deliver(response: Any, flags: int) -> None:
             body = None if response is None else self._recorder.record(response, record)
             final = bool(flags & FINAL)
             if final:
                 self._open.untrack([record.key])
-            self.send(msg.Response(record.key, body, final))
+            self.send(Response(record.key, body, final))
 
         return deliver
 
-    def _records_despite(self, batch: _Batch, failure: msg.ResponseRecord) -> list[Any]:
+    def _records_despite(self, batch: _Batch, failure: ResponseRecord) -> list[Any]:
         """A request whose response was sent before the failure keeps it; the others fail."""
         return [
             self._recorder.record(delivered[0], record) if delivered else failure
@@ -371,7 +382,7 @@ class BatchExecutor:
 
     # -- execute ----------------------------------------------------------------------------
 
-    def _run_decoupled(self, requests: list[Any], records: list[msg.RequestRecord]) -> list[int]:
+    def _run_decoupled(self, requests: list[Any], records: list[RequestRecord]) -> list[int]:
         """Run a decoupled execute; returns the positions of the requests it rescheduled."""
         try:
             if not self._call_decoupled(requests, records):
@@ -382,13 +393,13 @@ class BatchExecutor:
             return []  # after an error every request is released with RELEASE_ALL, as in Triton
         return self._rescheduled(requests, records)
 
-    def _rescheduled(self, requests: list[Any], records: list[msg.RequestRecord]) -> list[int]:
+    def _rescheduled(self, requests: list[Any], records: list[RequestRecord]) -> list[int]:
         # Triton reads the release flags once execute returned: the request runs again.
         rescheduled = [i for i, r in enumerate(requests) if r._release_flags() == RESCHEDULE]
         self._open.untrack([records[i].key for i in rescheduled])
         return rescheduled
 
-    def _call_decoupled(self, requests: list[Any], records: list[msg.RequestRecord]) -> bool:
+    def _call_decoupled(self, requests: list[Any], records: list[RequestRecord]) -> bool:
         """Call a decoupled execute: True when it returned, False when it is a coroutine that
         runs on in the background (Triton: execute is done)."""
         result = self.model.execute(requests)
@@ -409,26 +420,26 @@ class BatchExecutor:
         self,
         future: concurrent.futures.Future[Any],
         requests: list[Any],
-        records: list[msg.RequestRecord],
+        records: list[RequestRecord],
     ) -> None:
         error = future.exception()
         if error is not None:
             self._fail_open(requests, records, self._model_error(error))
 
-    def _fail_open(self, requests: list[Any], records: list[msg.RequestRecord], text: str) -> None:
+    def _fail_open(self, requests: list[Any], records: list[RequestRecord], text: str) -> None:
         """Send an error as the final response of every request whose sender is still open;
         an error no client can receive any more (every sender sent FINAL) goes to the log."""
         failed = [self._fail_if_open(q, r, text) for q, r in zip(requests, records, strict=True)]
         if not any(failed):
             pb_utils.Logger.log_error(text)
 
-    def _fail_if_open(self, request: Any, record: msg.RequestRecord, text: str) -> bool:
+    def _fail_if_open(self, request: Any, record: RequestRecord, text: str) -> bool:
         sender = request.get_response_sender()
         if sender._is_closed():
             return False
         sender._close()
         self._open.untrack([record.key])
-        self.send(msg.Response(record.key, msg.ResponseRecord(error=("INTERNAL", text)), True))
+        self.send(Response(record.key, ResponseRecord(error=("INTERNAL", text)), True))
         return True
 
     def failure(self, text: str) -> str:

@@ -74,6 +74,8 @@ class Locations:
             self._known[id(array)] = (desc, returnable, weakref.ref(array))
 
     def lookup(self, array: np.ndarray, *, for_response: bool) -> TensorDesc | None:
+        if not self._known:  # nothing remembered (small inputs come inline): no lock taken
+            return None
         with self._lock:
             entry = self._known.get(id(array))
         if entry is None or entry[2]() is not array or (for_response and not entry[1]):

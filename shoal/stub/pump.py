@@ -19,6 +19,8 @@ from typing import TypeVar, cast
 from shoal.ipc import messages as msg
 from shoal.ipc.arena import Block
 from shoal.ipc.down_set import CORE, DownSet
+from shoal.ipc.memory_messages import Release
+from shoal.ipc.model_messages import Execute
 
 _T = TypeVar("_T")
 
@@ -160,21 +162,22 @@ class DownPump:
             self._wake_all()
 
     def _route(self, message: msg.Message, origin: int = CORE) -> None:
-        if origin != CORE:
-            if type(message) is msg.Execute:
+        if type(message) is Execute:  # the usual message first: the match tries eight classes
+            if origin != CORE:
                 self.origins[message.batch_id] = origin
-                self._main.append(message)
-                return
-            if type(message) is msg.Release:
+            self._main.append(message)
+            return
+        if type(message) is Release:
+            if origin != CORE:
                 self._release_direct(origin, message.blocks)
-                return
+            else:
+                self._release(message.blocks)
+            return
         match message:
             case msg.BlsReply(call_id=call_id) | msg.ControlReply(call_id=call_id):
                 waiting = self._replies.get(call_id)
                 if waiting is not None:
                     waiting.append(message)
-            case msg.Release(blocks=blocks):
-                self._release(blocks)
             case msg.Cancel(keys=keys):
                 self._cancel(keys)
             case msg.SegmentRetired(arena_id=arena_id, segment=segment):

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from shoal.ipc import messages as msg
 from shoal.ipc.arena import ArenaExhausted
+from shoal.ipc.records import RequestRecord, ResponseRecord
 from shoal.ipc.tensor import CudaRegionLocation, InlineBytes, RegionLocation, TensorDesc
 from shoal.stub.execute_checks import failure_text
 from shoal.stub.gpu_tensors import CudaPoolRefused
@@ -22,7 +22,7 @@ class ResponseRecorder:
         self.instance = instance
         self.writer = writer
 
-    def record(self, response: Any, request: msg.RequestRecord) -> msg.ResponseRecord:
+    def record(self, response: Any, request: RequestRecord) -> ResponseRecord:
         """A response as a record: outputs written once, unrequested outputs dropped."""
         if response is None:
             return self._error(
@@ -30,10 +30,12 @@ class ResponseRecorder:
                 "execute returned None for a request and sent no response for it "
                 "through its response sender",
             )
-        if response.has_error():
-            error = response.error()
+        # Fields, not methods, as Triton reads the response object (each call of the
+        # interpreted layer costs ~600 instructions).
+        failed = response._error
+        if failed is not None:
             code = response._error_code_name() or "INTERNAL"
-            return msg.ResponseRecord(error=(code, str(error.message())))
+            return ResponseRecord(error=(code, str(failed.message())))
         written: Written = []
         try:
             outputs = self._write_outputs(response, request, written)
@@ -42,10 +44,10 @@ class ResponseRecorder:
             return self._write_failed(error)
         # The dict itself, not parameters()'s JSON text: no dumps and loads per response. Not
         # a copy either: the response's own dict, checked when it was built, is never changed.
-        return msg.ResponseRecord(outputs, None, response._parameters_dict())
+        return ResponseRecord(outputs, None, response._parameters)
 
     def _write_outputs(
-        self, response: Any, request: msg.RequestRecord, written: Written
+        self, response: Any, request: RequestRecord, written: Written
     ) -> list[TensorDesc]:
         # The response's own list, as Triton reads its outputs from the response object and
         # never calls the Python method.
@@ -53,7 +55,7 @@ class ResponseRecorder:
         if request.requested_outputs:
             requested = set(request.requested_outputs)
             # Triton drops outputs that were not requested.
-            tensors = [tensor for tensor in tensors if tensor.name() in requested]
+            tensors = [tensor for tensor in tensors if tensor._name in requested]
         descs: list[TensorDesc] = []
         room = self.writer.inline_budget  # small outputs travel inside the record, up to this
         for tensor in tensors:
@@ -65,7 +67,7 @@ class ResponseRecorder:
         return descs
 
     def _write_output(
-        self, tensor: Any, request: msg.RequestRecord, written: Written, room: int
+        self, tensor: Any, request: RequestRecord, written: Written, room: int
     ) -> TensorDesc:
         if not request.output_regions:
             return self.writer.describe(tensor, written, for_response=True, inline_room=room)
@@ -78,15 +80,15 @@ class ResponseRecorder:
             return self.writer.place(tensor, target)
         return self.writer.describe(tensor, written, for_response=True, inline_room=room)
 
-    def _write_failed(self, error: Exception) -> msg.ResponseRecord:
+    def _write_failed(self, error: Exception) -> ResponseRecord:
         """This response fails (the arena is full, a CUDA error, say), not the stub."""
         if isinstance(error, ArenaExhausted | CudaPoolRefused):
             return self._error("RESOURCE_EXHAUSTED", str(error))
         if isinstance(error, RegionTooSmall | RegionShrunk):
-            return msg.ResponseRecord(error=("INVALID_ARG", str(error)))
+            return ResponseRecord(error=("INVALID_ARG", str(error)))
         if isinstance(error, TypeError | ValueError):
             return self._error("INTERNAL", str(error))
         return self._error("INTERNAL", f"{type(error).__name__}: {error}")
 
-    def _error(self, code: str, text: str) -> msg.ResponseRecord:
-        return msg.ResponseRecord(error=(code, failure_text(self.instance, text)))
+    def _error(self, code: str, text: str) -> ResponseRecord:
+        return ResponseRecord(error=(code, failure_text(self.instance, text)))

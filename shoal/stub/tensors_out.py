@@ -98,9 +98,12 @@ class TensorWriter:
             desc = self.gpu.write(tensor, written, for_response=for_response)  # type: ignore[arg-type]
             if desc is not None:
                 return desc
-        array = tensor._array()
-        datatype = tensor._datatype()
+        # The tensor's fields, not its methods: each call of the interpreted layer costs ~600
+        # instructions, and a host tensor of a fixed-size type is its array as it is.
+        datatype: str = tensor._dtype
+        array = tensor._data if tensor._gpu is None and datatype != "BYTES" else tensor._array()
         shape: tuple[int, ...] = array.shape  # a NumPy shape is a tuple of ints already
+        name: str = tensor._name
         known = self.locations.lookup(array, for_response=for_response)
         if known is not None and known.datatype == datatype and known.shape == shape:
             location = known.location
@@ -111,18 +114,18 @@ class TensorWriter:
                 and type(location) is Block
                 and lender.is_lent(location)
             ):
-                return TensorDesc(tensor.name(), datatype, shape, location)
+                return TensorDesc(name, datatype, shape, location)
             if lender.carry(location):  # a lent block: the response takes it as it is
                 written.append(location)
-                return TensorDesc(tensor.name(), datatype, shape, location)
+                return TensorDesc(name, datatype, shape, location)
             # another response carries it already: this one gets a copy
         nbytes = numpy_to_buffer_size(array, datatype)
         if nbytes <= inline_room and nbytes <= INLINE_TENSOR_MAX:
-            return TensorDesc(tensor.name(), datatype, shape, _inline(array, datatype, nbytes))
+            return TensorDesc(name, datatype, shape, _inline(array, datatype, nbytes))
         block = self.outputs.allocate(nbytes)
         written.append(block)
         _copy(array, datatype, self.outputs.view(block))
-        return TensorDesc(tensor.name(), datatype, shape, block)
+        return TensorDesc(name, datatype, shape, block)
 
 
 def _inline(array: np.ndarray, datatype: str, nbytes: int) -> InlineBytes:
