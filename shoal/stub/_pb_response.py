@@ -67,7 +67,9 @@ class InferenceResponse:
             raise TypeError(f"error must be a pb_utils.TritonError, not {type(error).__name__}")
         self._outputs = outputs
         self._error = error
-        self._parameters: dict[str, Any] = check_parameters(parameters)
+        self._parameters: dict[str, Any] = (
+            {} if parameters is None else check_parameters(parameters)
+        )
         self._parameters_json: str | None = None
 
     @classmethod

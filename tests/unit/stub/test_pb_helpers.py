@@ -164,6 +164,24 @@ def test_get_input_tensor_by_name():
     assert pb_utils.get_input_tensor_by_name(request, "C") is None
 
 
+def test_get_input_tensor_by_name_asks_other_objects_through_inputs():
+    # A model's own test double (or a subclass) is read through ``inputs()``, as in Triton;
+    # only the server's own requests are read from their list directly.
+    tensor = pb_utils.Tensor("X", np.zeros(3, dtype=np.float32))
+
+    class Double:
+        def inputs(self):
+            return [tensor]
+
+    class Sub(pb_utils.InferenceRequest):
+        def inputs(self):
+            return [tensor]
+
+    sub = Sub(inputs=[], requested_output_names=[], model_name="m")
+    assert pb_utils.get_input_tensor_by_name(Double(), "X") is tensor
+    assert pb_utils.get_input_tensor_by_name(sub, "X") is tensor
+
+
 MODEL_CONFIG = {
     "input": [{"name": "IN", "data_type": "TYPE_FP32", "dims": [4]}],
     "output": [{"name": "OUT", "data_type": "TYPE_FP32", "dims": [4]}],
