@@ -52,6 +52,7 @@ HOT_PATH: tuple[str, ...] = (
     "shoal/frontends/http/_coalescing.py",
     "shoal/frontends/http/_compression.py",
     "shoal/frontends/http/_fast_request.py",
+    "shoal/frontends/http/_fast_conn.py",
     "shoal/frontends/http/fast_path.py",
     "shoal/frontends/_output_bytes.py",
     "shoal/frontends/_params.py",

@@ -71,6 +71,10 @@ class CoalescingTransport:
         if pending and not self._transport.is_closing():
             self._transport.writelines(pending)
 
+    def is_closing(self) -> bool:
+        # Asked for every request: not through ``__getattr__``'s generic look-up.
+        return self._transport.is_closing()
+
     def close(self) -> None:
         self._flush()
         self._transport.close()

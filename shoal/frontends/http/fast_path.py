@@ -19,8 +19,9 @@ import httptools
 from shoal.frontends._limits import ConnectionLimits
 from shoal.frontends.http import _json
 from shoal.frontends.http._body_reader import DIRECT_BODY, POOL, BodyBuffer, BodyReader
-from shoal.frontends.http._coalescing import CoalescingHttpToolsProtocol, CoalescingTransport
-from shoal.frontends.http._fast_request import FastInfer, FastRequest, Stepped
+from shoal.frontends.http._coalescing import CoalescingHttpToolsProtocol
+from shoal.frontends.http._fast_conn import FastConnection
+from shoal.frontends.http._fast_request import FastRequest, Stepped
 from shoal.frontends.http._response import Body, LentBody, body_length
 
 
@@ -37,24 +38,16 @@ class FastInferHttpToolsProtocol(CoalescingHttpToolsProtocol):
     # compiled with the rest of this module (docs/perf.md, "Compiled hot path"), and the
     # keep-alive timer is armed once per idle period instead of made and cancelled per request.
 
-    # A connection's limits (docs/hardening.md, "Connections"): ``_head_left`` is what the
-    # request head being read may still take (-1: no head is being read), ``_head_started`` when
-    # its first byte came (0: none yet), ``_in_body`` whether a request body is due. One timer
-    # per connection (``_watch``) checks them lazily: nothing is armed or cancelled per request.
+    # A connection's limits (docs/hardening.md, "Connections"): ``head_left`` is what the
+    # request head being read may still take (-1: no head is being read), ``head_started`` when
+    # its first byte came (0: none yet), ``in_body`` whether a request body is due (all three in
+    # ``_fast``: :mod:`._fast_conn`). One timer per connection (``_watch``) checks them lazily:
+    # nothing is armed or cancelled per request.
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
         limits: ConnectionLimits = getattr(self.config, "connection_limits", _DEFAULT_LIMITS)
-        self._limits = limits
-        now = self.loop.time()
-        self._last_data = now
-        self._head_left = limits.max_header_size
-        self._head_started = now  # the first request's head is due from the accept
-        self._in_body = False
-        self._defaults: list[tuple[bytes, bytes]] | None = None
-        self._defaults_head = b""
-        self._headers: Sequence[tuple[str, str]] = ()
-        self._headers_lines = b""
+        self._fast = FastConnection(self, limits, self.loop.time())
         self._watch: asyncio.TimerHandle | None = self.loop.call_later(
             min(limits.header_timeout, limits.body_timeout), self._check_progress
         )
@@ -66,26 +59,31 @@ class FastInferHttpToolsProtocol(CoalescingHttpToolsProtocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
-        now = self.loop.time()
-        self._last_data = now
-        while self._head_left >= 0:
-            if self._head_started == 0.0:
-                self._head_started = now
-            if len(data) <= self._head_left:
-                self._head_left -= len(data)
+        fast = self._fast
+        now = fast.loop.time()
+        fast.last_data = now
+        while fast.head_left >= 0:
+            if fast.head_started == 0.0:
+                fast.head_started = now
+            if len(data) <= fast.head_left:
+                fast.head_left -= len(data)
                 break
             # More than the head being read may still take: parse only what it may (httptools
             # gathers a header's value by concatenation, so a giant header would also cost time
             # quadratic in its size); unless the head ended within it, answer 431.
-            allowed = self._head_left
+            allowed = fast.head_left
             if not self._feed_head_end(data[:allowed]):
                 return
             data = data[allowed:]  # the rest: a body, or the next requests (pipelined)
         if data:
-            self._feed(data)
-        cycle = self.cycle
-        if isinstance(cycle, FastRequest) and cycle.buffer is not None and self._in_body:
-            self._read_body_directly(cycle.buffer)
+            try:
+                fast.parser.feed_data(data)
+            except (httptools.HttpParserError, httptools.HttpParserUpgrade) as error:
+                self._parse_failed(error)
+        if fast.in_body:
+            cycle = self.cycle
+            if isinstance(cycle, FastRequest) and cycle.buffer is not None:
+                self._read_body_directly(cycle.buffer)
 
     def _read_body_directly(self, buffer: BodyBuffer) -> None:
         """Read the rest of a large body into ``buffer`` (:mod:`._body_reader`)."""
@@ -95,26 +93,28 @@ class FastInferHttpToolsProtocol(CoalescingHttpToolsProtocol):
     def body_read(self) -> None:
         """More of a large body came (:class:`BodyReader`): once all of it is in, this protocol
         reads again, with a new parser (the old one is left in the body), and serves it."""
-        self._last_data = self.loop.time()
+        fast = self._fast
+        fast.last_data = fast.loop.time()
         cycle = self.cycle
         if not isinstance(cycle, FastRequest) or cycle.buffer is None:
             return
         if cycle.buffer.complete:
             self.transport.set_protocol(self)
-            self.parser = httptools.HttpRequestParser(self)
+            self.parser = fast.parser = httptools.HttpRequestParser(self)
             self.parser.set_dangerous_leniencies(lenient_data_after_close=True)  # as uvicorn
             self.on_message_complete()
 
     def _feed_head_end(self, data: bytes) -> bool:
         """Feed the last bytes the head being read may take; False when the connection is
         over (the head did not end within them: 431)."""
-        self._head_left = 0
+        fast = self._fast
+        fast.head_left = 0
         if data:
             self._feed(data)
         if self.transport.is_closing():
             return False
-        if self._head_left == 0:
-            limit = self._limits.max_header_size
+        if fast.head_left == 0:
+            limit = fast.limits.max_header_size
             self._refuse(
                 431,
                 f"the request header fields exceed the limit of {limit} bytes; "
@@ -128,7 +128,7 @@ class FastInferHttpToolsProtocol(CoalescingHttpToolsProtocol):
         self._watch = None
         if self.transport is None or self.transport.is_closing():
             return
-        limits = self._limits
+        limits = self._fast.limits
         now = self.loop.time()
         due, what = self._due(now)
         if what and now >= due:
@@ -143,11 +143,12 @@ class FastInferHttpToolsProtocol(CoalescingHttpToolsProtocol):
 
     def _due(self, now: float) -> tuple[float, str]:
         """When what is being read (``what``: "body", "header" or "": nothing) is overdue."""
-        limits = self._limits
-        if self._in_body:
-            return self._last_data + limits.body_timeout, "body"
-        if self._head_started != 0.0 and self._head_left >= 0:
-            return self._head_started + limits.header_timeout, "header"
+        fast = self._fast
+        limits = fast.limits
+        if fast.in_body:
+            return fast.last_data + limits.body_timeout, "body"
+        if fast.head_started != 0.0 and fast.head_left >= 0:
+            return fast.head_started + limits.header_timeout, "header"
         # Idle between requests (the keep-alive timeout's business), or a request running.
         return now + min(limits.header_timeout, limits.body_timeout), ""
 
@@ -169,38 +170,52 @@ class FastInferHttpToolsProtocol(CoalescingHttpToolsProtocol):
 
     def _feed(self, data: bytes) -> None:
         try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserError:
-            message = "Invalid HTTP request received."
-            self.logger.warning(message)
-            self.send_400_response(message)
-        except httptools.HttpParserUpgrade:
+            self._fast.parser.feed_data(data)
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade) as error:
+            self._parse_failed(error)
+
+    def _parse_failed(self, error: Exception) -> None:
+        """uvicorn's answers to a request the parser refused or that asks for an upgrade (its
+        code reads the head as uvicorn's own attributes)."""
+        fast = self._fast
+        self.url, self.headers = fast.url, fast.headers
+        self.expect_100_continue = fast.expect_100_continue
+        if isinstance(error, httptools.HttpParserUpgrade):
             if self._should_upgrade():
                 self.handle_websocket_upgrade()
             else:
                 self._unsupported_upgrade_warning()
+            return
+        message = "Invalid HTTP request received."
+        self.logger.warning(message)
+        self.send_400_response(message)
 
     def on_url(self, url: bytes) -> None:
-        self.url = self.url + url  # not +=: mypyc 2.4 fails on it for an inherited attribute
+        fast = self._fast
+        fast.url += url
 
     def on_header(self, name: bytes, value: bytes) -> None:
         name = name.lower()
+        fast = self._fast
         if name == b"expect" and value.lower() == b"100-continue":
-            self.expect_100_continue = True
-        self.headers.append((name, value))
+            fast.expect_100_continue = True
+        fast.headers.append((name, value))
 
     def on_response_complete(self) -> None:
-        self.server_state.total_requests += 1
-        if self.transport.is_closing():
+        fast = self._fast
+        fast.server_state.total_requests += 1
+        if fast.transport.is_closing():
             return
-        self.flow.resume_reading()
-        if self.pipeline:
-            cycle, app = self.pipeline.pop()
+        flow = fast.flow
+        if flow.read_paused:
+            flow.resume_reading()
+        if fast.pipeline:
+            cycle, app = fast.pipeline.pop()
             self._start_asgi_task(cycle, app)
             return
-        self._last_data = self.loop.time()
+        fast.last_data = fast.loop.time()
         if self.timeout_keep_alive_task is None:
-            self.timeout_keep_alive_task = self.loop.call_later(
+            self.timeout_keep_alive_task = fast.loop.call_later(
                 self.timeout_keep_alive, self._keep_alive_check
             )
 
@@ -211,7 +226,7 @@ class FastInferHttpToolsProtocol(CoalescingHttpToolsProtocol):
         cycle = self.cycle
         if cycle is not None and not cycle.response_complete:
             return  # busy: the response's completion arms the timer again
-        idle = self.loop.time() - self._last_data
+        idle = self.loop.time() - self._fast.last_data
         if idle >= self.timeout_keep_alive:
             self.timeout_keep_alive_handler()
         else:
@@ -220,25 +235,30 @@ class FastInferHttpToolsProtocol(CoalescingHttpToolsProtocol):
             )
 
     def on_message_begin(self) -> None:
-        self.url = b""
-        self.expect_100_continue = False
-        self.headers = []
+        fast = self._fast
+        fast.url = b""
+        fast.expect_100_continue = False
+        fast.headers = []
 
     def on_headers_complete(self) -> None:
-        self._head_left = -1
-        self._head_started = 0.0
-        self._in_body = True
-        fast = self._fast_request()
-        if fast is not None:
-            self.cycle = cast(Any, fast)
-        else:
-            # The ASGI way: build the scope uvicorn's on_message_begin would have built.
-            url, headers, expect = self.url, self.headers, self.expect_100_continue
-            super().on_message_begin()
-            self.url, self.headers, self.expect_100_continue = url, headers, expect
-            self.scope["headers"] = headers
-            super().on_headers_complete()
-        if getattr(self.config, "last_responses", False) and self.cycle is not None:
+        fast = self._fast
+        fast.head_left = -1
+        fast.head_started = 0.0
+        fast.in_body = True
+        request = self._fast_request(fast)
+        if request is not None:
+            self.cycle = cast(Any, request)
+            if getattr(fast.config, "last_responses", False):
+                request.keep_alive = False
+            return
+        # The ASGI way: build the scope uvicorn's on_message_begin would have built, with the
+        # head as uvicorn's own attributes (its code reads them).
+        super().on_message_begin()
+        self.url, self.headers = fast.url, fast.headers
+        self.expect_100_continue = fast.expect_100_continue
+        self.scope["headers"] = fast.headers
+        super().on_headers_complete()
+        if getattr(fast.config, "last_responses", False) and self.cycle is not None:
             self.cycle.keep_alive = False
 
     def on_body(self, body: bytes) -> None:
@@ -261,29 +281,32 @@ class FastInferHttpToolsProtocol(CoalescingHttpToolsProtocol):
             super().on_body(body)
 
     def on_message_complete(self) -> None:
-        self._in_body = False
-        self._head_left = self._limits.max_header_size  # the next request's head
+        fast = self._fast
+        fast.in_body = False
+        fast.head_left = fast.limits.max_header_size  # the next request's head
         cycle = self.cycle
         if not isinstance(cycle, FastRequest):
             super().on_message_complete()
             return
         if cycle.buffer is not None:
             cycle.body, cycle.map, cycle.buffer = cycle.buffer.body(), cycle.buffer.map, None
-        Stepped(self._serve(cycle), self.tasks)  # no task: stepped by hand, starting now
+        Stepped(self._serve(cycle), fast.tasks)  # no task: stepped by hand, starting now
 
-    def _fast_request(self) -> FastRequest | None:
-        endpoint: FastInfer | None = getattr(self.app, "fast_infer", None)
-        if endpoint is None or self.expect_100_continue:
+    def _fast_request(self, fast: FastConnection) -> FastRequest | None:
+        endpoint = fast.endpoint
+        if endpoint is None or fast.expect_100_continue:
             return None
-        if self.cycle is not None and not self.cycle.response_complete:
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
             return None  # pipelined behind a request in progress: uvicorn queues it
-        if self.parser.get_method() != b"POST":
+        parser = fast.parser
+        if parser.get_method() != b"POST":
             return None
-        target = endpoint.routes.match_target(self.url)
+        target = endpoint.routes.match_target(fast.url)
         if target is None:
             return None
         headers: dict[str, str] = {}
-        for name, value in self.headers:  # only what the endpoint reads (the last, if repeated)
+        for name, value in fast.headers:  # only what the endpoint reads (the last, if repeated)
             key = _READ_HEADERS.get(name)
             if key is not None:
                 headers[key] = value.decode("latin-1")
@@ -293,7 +316,7 @@ class FastInferHttpToolsProtocol(CoalescingHttpToolsProtocol):
             return None  # chunked, malformed or too large: the ASGI way answers those
         if "transfer-encoding" in headers:
             return None
-        keep_alive = self.parser.get_http_version() != "1.0" and self.parser.should_keep_alive()
+        keep_alive = parser.get_http_version() != "1.0" and parser.should_keep_alive()
         return FastRequest(endpoint, target[0], target[1], headers, keep_alive, length)
 
     async def _serve(self, request: FastRequest) -> None:
@@ -315,52 +338,24 @@ class FastInferHttpToolsProtocol(CoalescingHttpToolsProtocol):
         try:
             if request.disconnected:
                 return
-            self.transport.write(
-                self._head(status, headers, body_length(payload), request.keep_alive)
+            fast = self._fast
+            transport = fast.transport
+            transport.write(
+                fast.head(_status_line(status), headers, body_length(payload), request.keep_alive)
             )
             if isinstance(payload, bytes):
-                self.transport.write(payload)
+                transport.write(payload)
             else:  # pieces: uvloop keeps references and sends them as the socket drains, in C
-                self.transport.writelines(
-                    payload.pieces if isinstance(payload, LentBody) else payload
-                )
+                transport.writelines(payload.pieces if isinstance(payload, LentBody) else payload)
             if lent is not None:  # what the kernel does not take now is copied
-                cast(CoalescingTransport, self.transport).send_lent()
+                transport.send_lent()
             request.response_complete = True
             if not request.keep_alive:
-                self.transport.close()
+                transport.close()
             self.on_response_complete()
         finally:
             if lent is not None:  # nothing refers to its memory any more
                 lent.release()
-
-    def _head(
-        self, status: int, headers: Sequence[tuple[str, str]], length: int, keep_alive: bool
-    ) -> bytes:
-        """The status line and headers of a fast response."""
-        head = [_status_line(status), self._default_head(), b"content-length: "]
-        head += [str(length).encode("latin-1"), b"\r\n", self._header_lines(headers)]
-        if not keep_alive:
-            head.append(b"connection: close\r\n")
-        head.append(b"\r\n")
-        return b"".join(head)
-
-    def _header_lines(self, headers: Sequence[tuple[str, str]]) -> bytes:
-        """``headers`` encoded; the last ones are kept, as a binary response's headers are the
-        same object for each response of a model (:func:`codec.encode_infer_response`)."""
-        if headers is not self._headers:
-            lines = [name + ": " + value + "\r\n" for name, value in headers]
-            self._headers, self._headers_lines = headers, "".join(lines).encode("latin-1")
-        return self._headers_lines
-
-    def _default_head(self) -> bytes:
-        """The server's default header lines, encoded once per version of them: uvicorn
-        replaces its list when the ``date`` header changes, once a second."""
-        defaults = self.server_state.default_headers
-        if defaults is not self._defaults:
-            lines = [name + b": " + value + b"\r\n" for name, value in defaults]
-            self._defaults, self._defaults_head = defaults, b"".join(lines)
-        return self._defaults_head
 
 
 _DEFAULT_LIMITS = ConnectionLimits()
