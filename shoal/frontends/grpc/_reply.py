@@ -24,9 +24,16 @@ from shoal.core import InferResponse
 from shoal.frontends._output_bytes import output_bytes
 from shoal.frontends.grpc._wire import Chunk, encode_varint, field_header
 
-# The field numbers of ModelInferResponse and of its InferOutputTensor (grpc_service.proto).
-_MODEL_NAME, _MODEL_VERSION, _ID, _OUTPUTS, _RAW_OUTPUT_CONTENTS = 1, 2, 3, 5, 6
-_TENSOR_NAME, _TENSOR_DATATYPE, _TENSOR_SHAPE = 1, 2, 3
+# The field numbers of ModelInferResponse and of its InferOutputTensor (grpc_service.proto);
+# Final, one per line, so that compiled code inlines them (no look-up in the module's dict).
+_MODEL_NAME: Final = 1
+_MODEL_VERSION: Final = 2
+_ID: Final = 3
+_OUTPUTS: Final = 5
+_RAW_OUTPUT_CONTENTS: Final = 6
+_TENSOR_NAME: Final = 1
+_TENSOR_DATATYPE: Final = 2
+_TENSOR_SHAPE: Final = 3
 _INT64_LIMIT: Final = 1 << 63
 _NO_DATA: Final = memoryview(b"")
 #: Entries of each table before it is cleared (heads per model version, fields per layout).

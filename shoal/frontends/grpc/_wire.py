@@ -22,21 +22,26 @@ the event loop (docs/hardening.md, "Parsing").
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Final
 
 from shoal.core import InvalidArgument
 
-_VARINT, _FIXED64, _LENGTH_DELIMITED, _FIXED32 = 0, 1, 2, 5
-_MAX_VARINT_BYTES = 10
+# Final, one per line: compiled, each use is then inlined, not a look-up in the module's dict.
+_VARINT: Final = 0
+_FIXED64: Final = 1
+_LENGTH_DELIMITED: Final = 2
+_FIXED32: Final = 5
+_MAX_VARINT_BYTES: Final = 10
 #: Top-level fields walked in Python before the message is left whole to protobuf. A
 #: ModelInferRequest has one per input, output, parameter and raw entry, and the few scalars.
-MAX_WALKED_FIELDS = 1024
+MAX_WALKED_FIELDS: Final = 1024
 
 #: A body part: the wire bytes of a message are the concatenation of its chunks.
 Chunk = bytes | memoryview
 
 
 #: The varint of each value below 128: one byte, the value itself.
-_SMALL_VARINTS = [bytes((value,)) for value in range(0x80)]
+_SMALL_VARINTS: Final = [bytes((value,)) for value in range(0x80)]
 
 
 def encode_varint(value: int) -> bytes:
@@ -67,7 +72,7 @@ def raw_field_chunks(number: int, payloads: Sequence[memoryview]) -> list[Chunk]
 
 
 #: Chunks smaller than this are joined before they are written; larger ones go as views.
-JOIN_BELOW = 64 * 1024
+JOIN_BELOW: Final = 64 * 1024
 
 
 def coalesced(chunks: list[Chunk]) -> list[Chunk]:

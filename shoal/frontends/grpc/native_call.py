@@ -30,25 +30,30 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# gRPC status codes (the numbers of grpc.StatusCode).
-OK = Status.OK
-CANCELLED = Status.CANCELLED
-UNKNOWN = Status.UNKNOWN
-DEADLINE_EXCEEDED = Status.DEADLINE_EXCEEDED
-RESOURCE_EXHAUSTED = Status.RESOURCE_EXHAUSTED
-INTERNAL = Status.INTERNAL
-UNIMPLEMENTED = Status.UNIMPLEMENTED
+# gRPC status codes (the numbers of grpc.StatusCode). Final, as the other constants read per
+# call: compiled, each is then a C static, not a look-up in the module's dict at every use.
+OK: Final = Status.OK
+CANCELLED: Final = Status.CANCELLED
+UNKNOWN: Final = Status.UNKNOWN
+DEADLINE_EXCEEDED: Final = Status.DEADLINE_EXCEEDED
+RESOURCE_EXHAUSTED: Final = Status.RESOURCE_EXHAUSTED
+INTERNAL: Final = Status.INTERNAL
+UNIMPLEMENTED: Final = Status.UNIMPLEMENTED
 
 #: A streaming call stops producing while this much of its output waits for the client's window.
-STREAM_BACKLOG = 1 << 20
+STREAM_BACKLOG: Final = 1 << 20
 #: A reply smaller than this goes whole with its headers and trailers (copied: one piece).
-_ANSWER_BELOW = 64 * 1024
+_ANSWER_BELOW: Final = 64 * 1024
 #: Reply bytes a server may hold in lent memory (the stubs' arenas) until written: past it,
 #: replies are copied and their memory released at once, so that clients that do not read
 #: cannot hold the arenas other clients need.
 LENT_LIMIT = 256 << 20
 #: Every call's task's name (see NativeCall._launch).
 _TASK_NAME: Final = "grpc-call"
+#: ``asyncio.Task`` and ``asyncio.get_running_loop``, read once: compiled, ``asyncio.X`` is an
+#: attribute look-up on the module (~270 instructions) at every call; a Final is a C static.
+_Task: Final = asyncio.Task
+_running_loop: Final = asyncio.get_running_loop
 
 
 class CallServer:
@@ -117,7 +122,7 @@ class NativeCall(StreamHandler):
     # --- from the connection ------------------------------------------------------------------
 
     def start(self, timeout: float | None) -> None:
-        loop = asyncio.get_running_loop()
+        loop = _running_loop()
         if timeout is not None:
             self._timer = loop.call_later(timeout, self._deadline)
         if self._method.streaming:
@@ -223,7 +228,7 @@ class NativeCall(StreamHandler):
         by the loop's ``create_task``: a task made without one formats "Task-N" (~1,800
         instructions), and uvloop's wrapper costs ~1,300 more. No done callback (each is a
         loop handle): the work's own ``finally`` leaves the server's running set."""
-        self._task = asyncio.Task(work, loop=asyncio.get_running_loop(), name=_TASK_NAME)
+        self._task = _Task(work, loop=_running_loop(), name=_TASK_NAME)
         self._server.running.add(self)
 
     def _cancel_task(self) -> None:

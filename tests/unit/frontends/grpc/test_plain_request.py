@@ -9,7 +9,7 @@ import pytest
 
 from shoal.core import InvalidArgument
 from shoal.frontends.grpc._infer import decode_infer_request
-from shoal.frontends.grpc._plain_request import PLAIN_MAX_BYTES, read_plain
+from shoal.frontends.grpc._plain_request import PLAIN_MAX_BYTES, read_plain, read_plain_message
 from shoal.frontends.grpc._wire import encode_varint, field_header, split_raw_contents
 from shoal.protos import grpc_service_pb2 as pb
 
@@ -158,3 +158,72 @@ def test_a_plain_request_fails_word_for_word_as_through_protobuf(kind: str) -> N
     with pytest.raises(InvalidArgument) as ours:
         decode_infer_request(plain.SerializeToString())
     assert str(ours.value) == str(theirs.value)
+
+
+def _whole_messages() -> list[bytes]:
+    header, entries = split_raw_contents(_request(2).SerializeToString(), _RAW)
+    name = len(_string(1, b"identity_fp32"))  # the model name's field, first
+    return [
+        _request().SerializeToString(),
+        _request(3, model_version="2", id="req-é").SerializeToString(),
+        _request(0).SerializeToString(),
+        # raw contents first, and an empty entry between the fields: any order is a message
+        b"".join(_string(_RAW, bytes(entry)) for entry in entries) + bytes(header),
+        bytes(header[:name]) + _string(_RAW, b"") + bytes(header[name:]),
+        _UNPACKED_SHAPE + _string(_RAW, b"\x01\x02"),
+        b"",
+    ]
+
+
+@pytest.mark.parametrize(
+    "wire",
+    _whole_messages(),
+    ids=["one", "three", "no-inputs", "raw-first", "raw-between", "unpacked", "empty"],
+)
+@pytest.mark.parametrize("kind", [bytes, bytearray, memoryview])
+def test_a_small_message_reads_in_one_walk_as_in_two(wire: bytes, kind: type) -> None:
+    """read_plain_message gives what split_raw_contents and read_plain give, the entries as
+    read-only views of the message as received, whatever its type."""
+    message = kind(bytearray(wire)) if kind is memoryview else kind(wire)
+    walked = read_plain_message(message)
+    assert walked is not None
+    ours, entries = walked
+    header, raw = split_raw_contents(wire, _RAW)
+    theirs = read_plain(header)
+    assert theirs is not None
+    assert (ours.model_name, ours.model_version, ours.id, ours.outputs) == (
+        theirs.model_name,
+        theirs.model_version,
+        theirs.id,
+        theirs.outputs,
+    )
+    assert [(t.name, t.datatype, t.shape) for t in ours.inputs] == [
+        (t.name, t.datatype, t.shape) for t in theirs.inputs
+    ]
+    assert [bytes(entry) for entry in entries] == [bytes(entry) for entry in raw]
+    for entry in entries:
+        assert entry.readonly
+        assert entry.obj is (message.obj if isinstance(message, memoryview) else message)
+
+
+@pytest.mark.parametrize(
+    "wire",
+    [
+        *_not_plain()[:4],  # parameters and typed contents, raw contents cut out
+        *(whole for whole in _not_plain()[5:]),  # unknown fields, not UTF-8, malformed
+        _string(_RAW, b"\0" * PLAIN_MAX_BYTES),  # too large to be read whole
+        b"\x38\x01",  # raw contents as a varint
+    ],
+)
+def test_anything_else_is_split_and_read_as_before(wire: bytes) -> None:
+    assert read_plain_message(wire) is None
+
+
+def test_a_small_request_decodes_in_one_walk() -> None:
+    wire = _request(2, model_version="1", id="7").SerializeToString()
+    assert read_plain_message(wire) is not None
+    request = decode_infer_request(bytearray(wire)).request
+    assert [(t.name, t.shape, bytes(t.data)) for t in request.inputs] == [
+        (f"INPUT{index}", (1, 16), np.arange(16, dtype=np.float32).tobytes()) for index in (0, 1)
+    ]
+    assert all(isinstance(t.data, memoryview) and t.data.readonly for t in request.inputs)
