@@ -22,7 +22,7 @@ from typing import Final
 
 from shoal.core import InferResponse
 from shoal.frontends._output_bytes import output_bytes
-from shoal.frontends.grpc._wire import Chunk, encode_varint, field_header
+from shoal.frontends.grpc._wire import JOIN_BELOW, Chunk, encode_varint, field_header
 
 # The field numbers of ModelInferResponse and of its InferOutputTensor (grpc_service.proto);
 # Final, one per line, so that compiled code inlines them (no look-up in the module's dict).
@@ -81,20 +81,24 @@ _ENCODED: Final = _Encoded()
 def plain_reply(response: InferResponse, in_shm: frozenset[str]) -> list[Chunk] | None:
     """The serialized reply to ``response`` as chunks (its outputs' bytes as views, in
     ``raw_output_contents``; an output in shared memory gets an empty entry), or None when
-    it is not plain (see the module)."""
+    it is not plain (see the module). A reply whose outputs are all smaller than
+    :data:`~shoal.frontends.grpc._wire.JOIN_BELOW` is one chunk, joined here: every caller
+    joins such a reply (none is lent: ``infer_call.LEND_FROM``), and one join of one list
+    costs less than a list of chunks walked, then joined."""
     if response.parameters:
         return None
     encoded = _ENCODED
     head = encoded.head(response.model_name, response.model_version)
     if head == _NOT_PLAIN:
         return None
-    parts = [head]
+    parts: list[Chunk] = [head]
     if response.id:
         try:
             parts.append(_string(_ID, response.id))
         except UnicodeEncodeError:
             return None
     raw: list[Chunk] = []
+    small = True
     for output in response.outputs:
         if output.parameters:
             return None
@@ -109,6 +113,10 @@ def plain_reply(response: InferResponse, in_shm: frozenset[str]) -> list[Chunk] 
         )
         if size:
             raw.append(payload)
+            small = small and size < JOIN_BELOW
+    if small:
+        parts += raw
+        return [b"".join(parts)]
     return [b"".join(parts), *raw]
 
 

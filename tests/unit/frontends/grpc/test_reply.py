@@ -7,6 +7,8 @@ import pytest
 
 from shoal.core import InferOutput, InferResponse
 from shoal.frontends.grpc._reply import CACHE_LIMIT, plain_reply
+from shoal.frontends.grpc._wire import JOIN_BELOW
+from shoal.frontends.grpc.infer_call import LEND_FROM
 from shoal.protos import grpc_service_pb2 as pb
 
 pytestmark = pytest.mark.timeout(60)
@@ -87,3 +89,20 @@ def test_replies_stay_right_across_the_cache_being_cleared() -> None:
     for dim in range(CACHE_LIMIT + 10):
         response = _response((1, dim % 2000 + 1), "UINT8")
         assert _reply_of(response) == _expected(response)
+
+
+def test_a_small_reply_is_one_chunk_a_large_output_stays_a_view() -> None:
+    """Small outputs are joined with the rest (every caller joins them: none is lent); an
+    output of JOIN_BELOW bytes or more stays a view of the response's memory, to be lent."""
+    assert LEND_FROM >= JOIN_BELOW  # else an output between the two would not be lent
+    small = _response((1, 16))
+    chunks = plain_reply(small, frozenset())
+    assert chunks is not None and len(chunks) == 1 and isinstance(chunks[0], bytes)
+    assert chunks[0] == _expected(small)
+    large = _response((1, JOIN_BELOW), "UINT8")
+    large.outputs.append(InferOutput("SMALL", "UINT8", (1, 3), memoryview(b"abc")))
+    chunks = plain_reply(large, frozenset())
+    assert chunks is not None and b"".join(chunks) == _expected(large)
+    data = large.outputs[0].data
+    assert isinstance(data, memoryview)
+    assert any(isinstance(chunk, memoryview) and chunk.obj is data.obj for chunk in chunks)
