@@ -226,7 +226,9 @@ class MessageReader:
         self._growing = False
         self._held_whole = True
         if self._hold(size):
-            self._on_message(bytearray(view[_PREFIX_SIZE:]), self._compressed)
+            # bytes, not a bytearray: the same one copy, and the decode then reads it as it is
+            # (a bytearray's views need making read-only, and its walk a copy as bytes).
+            self._on_message(bytes(view[_PREFIX_SIZE:]), self._compressed)
         return True
 
     def receive_buffer(self, nbytes: int) -> memoryview | None:
