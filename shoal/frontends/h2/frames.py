@@ -142,12 +142,14 @@ def literal_indexed_name(index: int, value: bytes) -> bytes:
 
 
 #: ``:status: 200`` (static entry 8) and ``content-type: application/grpc`` (name: entry 31).
-GRPC_RESPONSE_HEADERS = b"\x88" + literal_indexed_name(31, b"application/grpc")
+#: Final, as every constant read per call: compiled, ``h2.X`` is then a C static, not an
+#: attribute look-up on the module (~270 instructions).
+GRPC_RESPONSE_HEADERS: Final = b"\x88" + literal_indexed_name(31, b"application/grpc")
 
 
 #: A dynamic table size update to 0 (RFC 7541 section 6.3): what starts the first header block
 #: after the peer set SETTINGS_HEADER_TABLE_SIZE.
-TABLE_SIZE_ZERO = hpack_integer(0, 5, 0x20)
+TABLE_SIZE_ZERO: Final = hpack_integer(0, 5, 0x20)
 
 
 def status_headers(status: int) -> bytes:
