@@ -39,6 +39,8 @@ _TENSOR_DATATYPE: Final = 2
 _TENSOR_SHAPE: Final = 3
 _INT64_SIGN: Final = 1 << 63
 _UINT64_LIMIT: Final = 1 << 64
+#: The builtin, read once (compiled, its name is a look-up on the ``builtins`` module per use).
+_memoryview: Final = memoryview
 
 
 class PlainInput:
@@ -90,7 +92,7 @@ def read_plain_message(
     None: the caller splits the message and reads it as before."""
     if len(message) > PLAIN_MAX_BYTES:
         return None
-    view = memoryview(message)
+    view = _memoryview(message)
     if not isinstance(message, bytes):  # a view of a bytes object is read-only already
         view = view.toreadonly()
     entries: list[memoryview] = []
