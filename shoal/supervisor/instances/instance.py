@@ -139,8 +139,13 @@ class StubInstance:
         if proc.pid != self._calling_pid or self._calls_open == 0:
             return
         self._calls_open -= 1
+        if self._calls_open == 0:
+            self._calls_over()
+
+    def _calls_over(self) -> None:
+        """No call of its stub is open: the instance takes requests again (if held out)."""
         handoff = self._feeder.handoff
-        if self._calls_open == 0 and handoff is not None:
+        if handoff is not None:
             handoff.let_in()
 
     async def wait_idle(self) -> None:
@@ -278,8 +283,8 @@ class StubInstance:
             self._links.control.forget_process(proc)
         self._links.directory.cuda.forget_process(proc.pid)
         if proc.pid == self._calling_pid and self._calls_open > 0:
-            self._calls_open = 1
-            self.call_ended(proc)
+            self._calls_open = 0  # its calls are over with it
+            self._calls_over()
 
     def gave_up(self) -> None:
         if self._links.on_failed is not None:
