@@ -164,7 +164,7 @@ def _link_way(
 ) -> tuple[_WorkerEnd, _Link]:
     """A worker's link to ``service`` over a stand-in socket, and the call frames it sends."""
     assert concurrency < 128, "the answers' call ids are read as one-byte integers"
-    pool = WorkerPool(service, 0, [], [], b"")  # type: ignore[arg-type]
+    pool = WorkerPool(service, 0, [], {}, b"")  # type: ignore[arg-type]
     link = _Link(service, 0, pool)  # type: ignore[arg-type]
     calls = [_call(service, call_id, relay) for call_id in range(1, concurrency + 1)]
     end = _WorkerEnd(calls, answered)

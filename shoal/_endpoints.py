@@ -3,7 +3,6 @@ limits and restrictions of the server's options, and announced once bound."""
 
 from __future__ import annotations
 
-import socket
 from typing import TYPE_CHECKING
 
 from shoal.supervisor.options import Restriction, ServerOptions
@@ -15,6 +14,7 @@ if TYPE_CHECKING:
     from shoal.frontends.grpc.native import FloodLimits, NativeGrpcServer
     from shoal.frontends.http.app import HttpServer
     from shoal.frontends.workers.arenas import StagingArena
+    from shoal.frontends.workers.dealing import ProtocolFactory
 
 
 def announce(protocol: str, host: str, port: int) -> None:
@@ -50,11 +50,8 @@ def _by_api(restrictions: tuple[Restriction, ...]) -> dict[str, tuple[str, str]]
     return {api: (r.key, r.value) for r in restrictions for api in r.apis}
 
 
-async def _start_grpc(
-    core: CoreAPI, options: ServerOptions, sock: socket.socket | None = None
-) -> GrpcServer | NativeGrpcServer:
-    """Serve ``inference.GRPCInferenceService`` on the gRPC address (or on ``sock``, bound by
-    the core for its frontend workers)."""
+async def _start_grpc(core: CoreAPI, options: ServerOptions) -> GrpcServer | NativeGrpcServer:
+    """The server of ``inference.GRPCInferenceService`` the options choose, not started."""
     from shoal.frontends.grpc.aio import GrpcServer
     from shoal.frontends.grpc.native import NativeGrpcServer
 
@@ -105,21 +102,18 @@ def _flood_limits(options: ServerOptions) -> FloodLimits:
 
 
 async def start_frontends(
-    core: CoreAPI, options: ServerOptions, sockets: dict[str, socket.socket] | None = None
+    core: CoreAPI, options: ServerOptions
 ) -> tuple[HttpServer | None, GrpcServer | NativeGrpcServer | None]:
-    """Start HTTP and gRPC over ``core``: in the core process (N = 1), or in a frontend worker
-    on the listening ``sockets`` the core bound (a worker announces no port: the core does)."""
+    """Start HTTP and gRPC over ``core`` in the core process (N = 1), on the ports they bind."""
     http: HttpServer | None = None
-    in_worker = sockets is not None
-    sockets = sockets or {}
     try:
         if options.allow_http:
-            http = await _start_http(core, options, sockets.get("http"), announced=not in_worker)
+            http = _http_server(core, options)
+            port = await http.start(options.http_address, options.http_port)
+            announce("http", options.http_address, port)
         grpc_server = None
         if options.allow_grpc:
-            grpc_server = await _start_grpc_endpoint(
-                core, options, sockets.get("grpc"), announced=not in_worker
-            )
+            grpc_server = await _start_grpc_endpoint(core, options)
     except BaseException:
         if http is not None:
             await http.stop()
@@ -127,9 +121,38 @@ async def start_frontends(
     return http, grpc_server
 
 
-async def _start_http(
-    core: CoreAPI, options: ServerOptions, sock: socket.socket | None, *, announced: bool
-) -> HttpServer:
+async def start_worker_frontends(
+    core: CoreAPI, options: ServerOptions
+) -> tuple[HttpServer | None, GrpcServer | NativeGrpcServer | None, dict[bytes, ProtocolFactory]]:
+    """Start HTTP and gRPC over ``core`` in a frontend worker, with no listener of their own: the
+    core accepts and deals the connections, served by the returned factories (by the protocol's
+    byte of ``workers/dealing.py``). grpcio binds its own sockets: its workers share the port
+    with ``SO_REUSEPORT`` instead. A worker announces no port: the core does."""
+    from shoal.frontends.grpc.native import NativeGrpcServer
+    from shoal.frontends.workers.dealing import GRPC, HTTP
+
+    factories: dict[bytes, ProtocolFactory] = {}
+    http: HttpServer | None = None
+    try:
+        if options.allow_http:
+            http = _http_server(core, options)
+            await http.start_unbound()
+            factories[HTTP] = http.connection_factory()
+        grpc_server = None
+        if options.allow_grpc:
+            grpc_server = await _start_grpc(core, options)
+            if isinstance(grpc_server, NativeGrpcServer):
+                factories[GRPC] = grpc_server.start_unbound()
+            else:
+                await grpc_server.start(options.grpc_address, options.grpc_port)
+    except BaseException:
+        if http is not None:
+            await http.stop()
+        raise
+    return http, grpc_server, factories
+
+
+def _http_server(core: CoreAPI, options: ServerOptions) -> HttpServer:
     from shoal.frontends.http.app import ConnectionLimits, HttpServer, build_http_app
 
     app = build_http_app(
@@ -142,23 +165,13 @@ async def _start_http(
         header_timeout=options.http_header_timeout_secs,
         body_timeout=options.http_body_timeout_secs,
     )
-    http = HttpServer(app, limits=limits)
-    port = await http.start(options.http_address, options.http_port, sock)
-    if announced:
-        announce("http", options.http_address, port)
-    return http
+    return HttpServer(app, limits=limits)
 
 
 async def _start_grpc_endpoint(
-    core: CoreAPI, options: ServerOptions, sock: socket.socket | None, *, announced: bool
+    core: CoreAPI, options: ServerOptions
 ) -> GrpcServer | NativeGrpcServer:
-    from shoal.frontends.grpc.native import NativeGrpcServer
-
     grpc_server = await _start_grpc(core, options)
-    if isinstance(grpc_server, NativeGrpcServer):
-        port = await grpc_server.start(options.grpc_address, options.grpc_port, sock)
-    else:
-        port = await grpc_server.start(options.grpc_address, options.grpc_port)
-    if announced:
-        announce("grpc", options.grpc_address, port)
+    port = await grpc_server.start(options.grpc_address, options.grpc_port)
+    announce("grpc", options.grpc_address, port)
     return grpc_server

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import msgpack
 
 from shoal import _compiled
-from shoal._endpoints import announce, start_frontends, start_metrics
+from shoal._endpoints import announce, start_frontends, start_metrics, start_worker_frontends
 from shoal.ipc import busy_poll
 from shoal.supervisor.compose import build_service
 from shoal.supervisor.memory.gc_tuning import settle_after_start
@@ -241,8 +241,10 @@ def _port_reservation(host: str, port: int) -> socket.socket:
 
 
 async def _start_workers(service: InferenceService, options: ServerOptions) -> WorkerPool:
-    """Bind the listening sockets here, once, and start the workers that serve them."""
+    """Bind the listening sockets here, once, and start the workers that serve what they
+    accept (the core accepts and deals each connection to a worker: ``workers/dealing.py``)."""
     from shoal.frontends.workers import _plain as plain
+    from shoal.frontends.workers.dealing import GRPC, HTTP
     from shoal.frontends.workers.pool import WorkerPool
 
     sockets: dict[str, socket.socket] = {}
@@ -261,19 +263,17 @@ async def _start_workers(service: InferenceService, options: ServerOptions) -> W
             http_port=ports.get("http", options.http_port),
             grpc_port=ports.get("grpc", ports.get("grpc-port", options.grpc_port)),
         )
-        command = [sys.executable, "-c", _WORKER_CODE]
-        for name in ("http", "grpc"):
-            if name in sockets:
-                command += [f"--{name}-fd", str(sockets[name].fileno())]
+        kinds = ((HTTP, "http"), (GRPC, "grpc"))
+        dealt = {kind: sockets[name] for kind, name in kinds if name in sockets}
         pool = WorkerPool(
             service,
             options.frontend_workers,
-            command,
-            [sock.fileno() for sock in sockets.values() if sock is not sockets.get("grpc-port")],
+            [sys.executable, "-c", _WORKER_CODE],
+            dealt,
             msgpack.packb(plain.to_plain(worker_options)),
             arenas=service.directory,
         )
-        pool.sockets = list(sockets.values())
+        pool.sockets = [sock for name, sock in sockets.items() if name == "grpc-port"]
         await pool.start()
     except BaseException:
         for sock in sockets.values():
@@ -288,19 +288,20 @@ async def _start_workers(service: InferenceService, options: ServerOptions) -> W
 
 
 def worker_main(argv: list[str]) -> int:
-    """A frontend worker process: HTTP and gRPC over the core's API, on inherited sockets."""
+    """A frontend worker process: HTTP and gRPC over the core's API, on the connections the
+    core deals it."""
     import argparse
 
     import uvloop
 
     parser = argparse.ArgumentParser(prog="shoal-frontend-worker")
-    names = ("control", "calls", "segments", "arena", "parent", "index", "counters")
-    for name in (*names, "http-fd", "grpc-fd"):
+    names = ("control", "calls", "segments", "arena", "parent", "index", "counters", "deal")
+    for name in names:
         parser.add_argument(f"--{name}", type=int, default=-1)
     args = parser.parse_args(argv)
     from shoal.frontends.workers.process import follow_parent, read_hello
 
-    follow_parent(args.parent, [args.http_fd, args.grpc_fd])
+    follow_parent(args.parent)
     control = socket.socket(fileno=args.control)
     from shoal.frontends.workers._plain import from_plain
 
@@ -308,11 +309,6 @@ def worker_main(argv: list[str]) -> int:
     from shoal.supervisor.extensions.log_settings import configure_logging
 
     configure_logging(options)
-    sockets = {}
-    if args.http_fd >= 0:
-        sockets["http"] = socket.socket(fileno=args.http_fd)
-    if args.grpc_fd >= 0:
-        sockets["grpc"] = socket.socket(fileno=args.grpc_fd)
     segments = socket.socket(fileno=args.segments) if args.segments >= 0 else None
     return int(
         uvloop.run(
@@ -320,7 +316,7 @@ def worker_main(argv: list[str]) -> int:
                 options,
                 control,
                 socket.socket(fileno=args.calls),
-                sockets,
+                socket.socket(fileno=args.deal),
                 segments,
                 args.arena,
                 args.index,
@@ -334,7 +330,7 @@ async def _serve_worker(
     options: ServerOptions,
     control: socket.socket,
     calls: socket.socket,
-    sockets: dict[str, socket.socket],
+    deal: socket.socket,
     segments: socket.socket | None = None,
     arena_id: int = -1,
     index: int = 0,
@@ -343,8 +339,8 @@ async def _serve_worker(
     from shoal.frontends.workers import _wire as wire
     from shoal.frontends.workers.arenas import StagingArena
     from shoal.frontends.workers.client import RemoteCore
+    from shoal.frontends.workers.dealing import DealtConnections
     from shoal.frontends.workers.outputs import MappedOutputs
-    from shoal.frontends.workers.process import stop_accepting
     from shoal.supervisor.extensions.log_settings import apply_log_settings
 
     def on_retired(index: int) -> None:  # an empty segment of the worker's input arena
@@ -372,7 +368,6 @@ async def _serve_worker(
     serving: list[HttpServer] = []
 
     def on_core_lost() -> None:
-        stop_accepting()
         for server in serving:
             server.answer_last()
 
@@ -380,11 +375,14 @@ async def _serve_worker(
     await core.connect(calls)
     if _start_busy_poll(options, asyncio.get_running_loop()):
         core.on_sent = busy_poll.kick
-    http, grpc_server = await start_frontends(core, options, sockets)
+    http, grpc_server, factories = await start_worker_frontends(core, options)
     serving.extend([] if http is None else [http])
+    dealt = DealtConnections(deal, factories)
+    dealt.start()
     settle_after_start()
-    core.send([wire.OK, 0])  # serving: the core may announce its ports
+    core.send([wire.OK, 0])  # serving: the core may deal connections and announce its ports
     await core.stopping.wait()
+    dealt.stop()
     grace = max(core.stop_grace, _CLOSE_SECS)
     stopping = [] if grpc_server is None else [asyncio.ensure_future(grpc_server.stop(grace=grace))]
     if http is not None:

@@ -183,13 +183,14 @@ def _metric(server: ShoalServer, name: str, model: str) -> float:
 def _each_worker_and_protocol(server: ShoalServer) -> Iterator[tuple[Any, Any]]:
     """(client module, client) over HTTP then gRPC, through worker 0 then worker 1."""
     for index in (0, 1):
-        with through(server, index):
-            for module, url in ((httpclient, server.url), (grpcclient, server.grpc_url)):
+        for module, url in ((httpclient, server.url), (grpcclient, server.grpc_url)):
+            with through(server, index):
                 client = module.InferenceServerClient(url)
-                try:
-                    yield module, client
-                finally:
-                    client.close()
+                assert client.is_server_live()  # connected through worker ``index``
+            try:
+                yield module, client
+            finally:
+                client.close()
 
 
 def test_each_worker_routes_plain_requests_straight_with_exact_statistics(server):

@@ -24,7 +24,7 @@ from tritonclient.utils import InferenceServerException
 
 from tests.integration.server import TEST_MODELS, ShoalServer
 from tests.integration.test_direct_dispatch import _EXPAND, _EXPAND_CONFIG, ROUTED
-from tests.integration.test_frontend_workers import through, worker_pids
+from tests.integration.test_frontend_workers import _wait_for_workers, through, worker_pids
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -58,22 +58,26 @@ def _client(module: Any, url: str) -> Any:
 
 
 def _infer(module: Any, url: str, model: str) -> None:
-    """One request (``raiser``'s fails: the model raises)."""
+    """One request (``raiser``'s fails: the model raises), on a connection of its own."""
     client = _client(module, url)
     try:
-        if model == "expand":
-            tensor = module.InferInput("COUNT", [1], "INT32")
-            tensor.set_data_from_numpy(np.array([4], np.int32))
-            np.testing.assert_array_equal(
-                client.infer("expand", [tensor]).as_numpy("OUT"), np.arange(4, dtype=np.float32)
-            )
-        else:
-            tensor = module.InferInput("IN", [1], "FP32")
-            tensor.set_data_from_numpy(np.array([1.0], np.float32))
-            with pytest.raises(InferenceServerException):
-                client.infer(model, [tensor])
+        _infer_on(module, client, model)
     finally:
         client.close()
+
+
+def _infer_on(module: Any, client: Any, model: str) -> None:
+    if model == "expand":
+        tensor = module.InferInput("COUNT", [1], "INT32")
+        tensor.set_data_from_numpy(np.array([4], np.int32))
+        np.testing.assert_array_equal(
+            client.infer("expand", [tensor]).as_numpy("OUT"), np.arange(4, dtype=np.float32)
+        )
+    else:
+        tensor = module.InferInput("IN", [1], "FP32")
+        tensor.set_data_from_numpy(np.array([1.0], np.float32))
+        with pytest.raises(InferenceServerException):
+            client.infer(model, [tensor])
 
 
 def _stats(module: Any, url: str, model: str) -> dict[str, Any]:
@@ -116,11 +120,16 @@ def _metrics(server: ShoalServer) -> list[str]:
 def _send_everywhere(server: ShoalServer, count: int) -> None:
     """``count`` requests of each model through each worker over each protocol."""
     for index in (0, 1):
-        with through(server, index):
-            for module, attr in PROTOCOLS:
-                for _ in range(count):
-                    _infer(module, getattr(server, attr), "expand")
-                _infer(module, getattr(server, attr), "raiser")
+        for module, attr in PROTOCOLS:
+            with through(server, index):
+                client = _client(module, getattr(server, attr))
+                _infer_on(module, client, "expand")  # connected through worker ``index``
+            try:
+                for _ in range(count - 1):
+                    _infer_on(module, client, "expand")
+                _infer_on(module, client, "raiser")
+            finally:
+                client.close()
 
 
 def test_the_counts_are_those_of_the_core_s_own_path(repo: Path) -> None:
@@ -184,15 +193,5 @@ def test_the_counts_outlive_a_killed_worker_and_a_reload_starts_the_new_version_
 
 
 def _until_serving(server: ShoalServer) -> None:
-    """Wait until the restarted worker accepts connections (both workers serve)."""
-    deadline = time.monotonic() + 60
-    for index in (0, 1):
-        with through(server, index):
-            while True:
-                try:
-                    if httpclient.InferenceServerClient(server.url).is_server_ready():
-                        break
-                except (InferenceServerException, ConnectionError):
-                    pass
-                assert time.monotonic() < deadline, server.output[-3000:]
-                time.sleep(0.05)  # polling: the worker is starting
+    """Wait until the restarted worker is dealt connections (both workers serve)."""
+    _wait_for_workers(server, 2)

@@ -1,14 +1,13 @@
 """``shoal serve --frontend-workers 2``: two worker processes serve HTTP and gRPC around the core.
 
-Which worker accepts a new connection is the kernel's choice; a test that needs a given worker
-stops the other one (SIGSTOP) while it opens its connection, so the call goes through the one
-left running. Each scenario here also runs with one worker elsewhere in the suite.
+The core deals new connections to the workers in turn; a test that needs a given worker opens
+probe connections until it is that worker's turn (``through``), then its own. Each scenario
+here also runs with one worker elsewhere in the suite.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import functools
 import http.client
 import json
@@ -35,8 +34,6 @@ from tritonclient.utils import InferenceServerException
 from tests.integration.server import BUNDLED, TEST_MODELS, ShoalServer, command_lines
 
 pytestmark = pytest.mark.timeout(120)
-
-_SYS_PIDFD_GETFD = 438
 
 MODELS = (
     "identity",
@@ -81,10 +78,17 @@ def worker_pids(server: ShoalServer) -> list[int]:
 def _wait_for_workers(
     server: ShoalServer, count: int, exclude: set[int] = frozenset()
 ) -> list[int]:
+    """The ``count`` workers' pids once each serves (the core deals it connections)."""
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         pids = worker_pids(server)
-        if len(pids) == count and not exclude & set(pids):
+        # A started worker is dealt connections once it serves: until then the probes go to
+        # the others.
+        if (
+            len(pids) == count
+            and not exclude & set(pids)
+            and {probe_holder(server, pids) for _ in pids} == set(range(count))
+        ):
             return pids
         time.sleep(0.05)  # polling the process table
     raise AssertionError(f"workers now: {worker_pids(server)}\n{server.output}")
@@ -92,23 +96,50 @@ def _wait_for_workers(
 
 @contextlib.contextmanager
 def through(server: ShoalServer, index: int) -> Iterator[None]:
-    """New connections go to worker ``index``: the others are stopped meanwhile."""
-    others = [pid for i, pid in enumerate(worker_pids(server)) if i != index]
-    for pid in others:
-        os.kill(pid, signal.SIGSTOP)
-    try:
-        for pid in others:
-            _until_stopped(pid)
-        yield
-    finally:
-        for pid in others:
-            os.kill(pid, signal.SIGCONT)
+    """The next connection opened (one, HTTP or gRPC) goes to worker ``index``.
+
+    The core deals connections to the workers in turn (``workers/dealing.py``): a probe
+    connection shows whose turn it was, so probes are opened until the next turn is ``index``'s.
+    Nothing else may connect meanwhile: the tests of a server run one at a time."""
+    pids = worker_pids(server)
+    for _ in range(len(pids)):
+        if (probe_holder(server, pids) + 1) % len(pids) == index:
+            yield
+            return
+    raise AssertionError(f"the connections were not dealt in turn over {pids}")
+
+
+def probe_holder(server: ShoalServer, pids: list[int]) -> int:
+    """The index of the worker that serves a new connection (answered once, then closed)."""
+    host, port = server.url.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=30) as probe:
+        probe.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert probe.recv(4096).startswith(b"HTTP/1.1 200 ")  # served: its worker holds it
+        holder = _holder_of(probe, pids)
+    assert holder is not None, f"no worker of {pids} holds the probe"
+    return holder
+
+
+def _holder_of(conn: socket.socket, pids: list[int]) -> int | None:
+    """Which of ``pids`` holds the server's end of the loopback connection ``conn``."""
+    mine = conn.getsockname()[1]
+    inodes = set()
+    with open("/proc/net/tcp") as table:
+        for line in table.readlines()[1:]:
+            fields = line.split()
+            if int(fields[2].rsplit(":", 1)[1], 16) == mine:  # its remote end is ours
+                inodes.add(f"socket:[{fields[9]}]")
+    for index, pid in enumerate(pids):
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                if os.readlink(f"/proc/{pid}/fd/{fd}") in inodes:
+                    return index
+    return None
 
 
 def _until_stopped(pid: int) -> None:
     """Wait until every thread of ``pid`` has stopped. ``kill`` returns before that: the thread
-    the kernel hands SIGSTOP to stops the others only when it next runs, and meanwhile the event
-    loop's thread could still accept the connection the test is about to open."""
+    the kernel hands SIGSTOP to stops the others only when it next runs."""
     deadline = time.monotonic() + 10
     while not all(state in "Tt" for state in _thread_states(pid)):
         assert time.monotonic() < deadline, f"worker {pid} did not stop"
@@ -139,17 +170,39 @@ def test_two_workers_serve_both_protocols(server):
     a = np.arange(4, dtype=np.float32)
     b = np.ones(4, dtype=np.float32)
     for index in (0, 1):
-        with through(server, index):
-            for module, url in ((httpclient, server.url), (grpcclient, server.grpc_url)):
+        for module, url in ((httpclient, server.url), (grpcclient, server.grpc_url)):
+            with through(server, index):
                 client = module.InferenceServerClient(url)
-                try:
-                    assert client.is_server_ready() and client.is_model_ready("add_sub")
-                    assert client.get_model_metadata("add_sub") is not None
-                    result = client.infer("add_sub", _add_sub_inputs(module, a, b))
-                    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
-                    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
-                finally:
-                    client.close()
+                assert client.is_server_ready()  # connected through worker ``index``
+            try:
+                assert client.is_model_ready("add_sub")
+                assert client.get_model_metadata("add_sub") is not None
+                result = client.infer("add_sub", _add_sub_inputs(module, a, b))
+                np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
+                np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
+            finally:
+                client.close()
+
+
+def test_connections_are_dealt_to_the_workers_in_turn():
+    """A burst of connections (a load generator's start) is spread evenly: each worker gets its
+    share, over both protocols, whichever worker woke first."""
+    args = ("--frontend-workers", "3", "--model-control-mode", "explicit")
+    with ShoalServer(BUNDLED, extra_args=args) as running:
+        pids = _wait_for_workers(running, 3)
+        ports = [int(url.rsplit(":", 1)[1]) for url in (running.url, running.grpc_url)]
+        opened = [socket.create_connection(("127.0.0.1", ports[i % 2])) for i in range(12)]
+        try:
+            holders: list[int | None] = [None] * len(opened)
+            deadline = time.monotonic() + 30
+            while None in holders:  # each worker takes its connections in its own loop turn
+                assert time.monotonic() < deadline, holders
+                holders = [_holder_of(conn, pids) for conn in opened]
+                time.sleep(0.01)  # polling the workers' descriptors
+            assert [holders.count(index) for index in range(3)] == [4, 4, 4], holders
+        finally:
+            for conn in opened:
+                conn.close()
 
 
 def test_json_and_string_tensors_round_trip(server):
@@ -549,12 +602,13 @@ def test_statistics_and_metrics_count_every_worker(server):
     before, metric_before = count(), _metric(server, "nv_inference_request_success", "add_sub")
     a = np.zeros(4, dtype=np.float32)
     for index in (0, 1):
-        with through(server, index):
-            for module, url in ((httpclient, server.url), (grpcclient, server.grpc_url)):
+        for module, url in ((httpclient, server.url), (grpcclient, server.grpc_url)):
+            with through(server, index):
                 client = module.InferenceServerClient(url)
-                for _ in range(3):
-                    client.infer("add_sub", _add_sub_inputs(module, a, a))
-                client.close()
+                client.infer("add_sub", _add_sub_inputs(module, a, a))
+            for _ in range(2):
+                client.infer("add_sub", _add_sub_inputs(module, a, a))
+            client.close()
     assert count() - before == 12
     assert _metric(server, "nv_inference_request_success", "add_sub") - metric_before == 12
 
@@ -604,18 +658,23 @@ def test_drain_on_sigterm_finishes_requests_then_stops_the_workers():
         assert not [pid for pid in workers if os.path.exists(f"/proc/{pid}")]
 
 
-def _borrow_fd(pid: int, flag: bytes) -> int:
-    """A duplicate of worker ``pid``'s inherited socket ``--<flag>`` (pidfd_getfd), or -1 where
-    the kernel does not allow it."""
-    with open(f"/proc/{pid}/cmdline", "rb") as f:
-        args = f.read().split(b"\0")
-    target = int(args[args.index(flag) + 1])
-    pidfd = os.pidfd_open(pid)
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return int(libc.syscall(_SYS_PIDFD_GETFD, pidfd, target, 0))
-    finally:
-        os.close(pidfd)
+def _listening_inodes(port: int) -> set[str]:
+    """The sockets listening on ``port`` (as /proc/PID/fd names them)."""
+    found = set()
+    with open("/proc/net/tcp") as table:
+        for line in table.readlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                found.add(f"socket:[{fields[9]}]")
+    return found
+
+
+def _holds_any(pid: int, inodes: set[str]) -> bool:
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):
+            if os.readlink(f"/proc/{pid}/fd/{fd}") in inodes:
+                return True
+    return False
 
 
 def _answered(port: int) -> bool | None:
@@ -633,26 +692,24 @@ def _answered(port: int) -> bool | None:
 
 
 def test_a_killed_core_takes_the_workers_with_it():
-    """No connection is answered once the core is dead, and the port refuses new ones even while
-    a dying worker still holds the listening socket (the test holds a copy of it too, so without
-    the worker stopping it for every holder, the kernel would keep accepting)."""
+    """No connection is answered once the core is dead, and the ports refuse new ones at once:
+    only the core holds the listening sockets (it deals the connections), so none outlives it
+    in a dying worker, accepting connections nobody answers."""
     with _start() as running:
         workers = _wait_for_workers(running, 2)
         stubs = running.stub_pids()
         assert stubs
-        port = int(running.url.rsplit(":", 1)[1])
-        held = _borrow_fd(workers[0], b"--http-fd")
-        try:
-            running.stop(signal.SIGKILL)  # returns once the core is reaped
-            reaped = time.monotonic()
-            answers = []
-            while (answered := _answered(port)) is not None:
-                answers.append(answered)
-                assert time.monotonic() - reaped < 5, f"still accepting: {answers}"
-            assert not any(answers), "a worker answered after the core died"
-        finally:
-            if held >= 0:
-                os.close(held)
+        ports = [int(url.rsplit(":", 1)[1]) for url in (running.url, running.grpc_url)]
+        listening = set().union(*(_listening_inodes(port) for port in ports))
+        assert len(listening) == 2
+        assert not [pid for pid in workers if _holds_any(pid, listening)]
+        running.stop(signal.SIGKILL)  # returns once the core is reaped
+        reaped = time.monotonic()
+        answers = []
+        while (answered := _answered(ports[0])) is not None:
+            answers.append(answered)
+            assert time.monotonic() - reaped < 5, f"still accepting: {answers}"
+        assert not any(answers), "a worker answered after the core died"
         deadline = time.monotonic() + 10
         left = set(workers) | stubs
         while left and time.monotonic() < deadline:
@@ -781,8 +838,8 @@ def test_log_settings_reach_every_worker_and_restarted_ones(server):
     _logs_verbose(server, 1, restarted[1])  # started with the settings of now
     assert _update_logging_through(server, 1, {"log_verbose_level": 0})["log_verbose_level"] == 0
     quiet = _verbose_lines(server, restarted[0])
-    with through(server, 0):  # answered, so applied by worker 0 too: it logs nothing more
-        for _ in range(3):
+    for _ in range(3):  # answered, so applied by worker 0 too: it logs nothing more
+        with through(server, 0):
             _bad_preface(server)
     time.sleep(0.3)  # what a verbose worker would have logged by now
     assert _verbose_lines(server, restarted[0]) == quiet

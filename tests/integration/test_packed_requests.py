@@ -4,6 +4,7 @@ model reloaded under a worker's snapshot is checked against its new configuratio
 
 from __future__ import annotations
 
+import contextlib
 import json
 import urllib.error
 import urllib.request
@@ -192,17 +193,26 @@ def test_inputs_past_the_inline_budget_reach_the_model_intact(servers):
                 client.close()
 
 
-def _add_sub(url: str, count: int) -> np.ndarray | str:
-    client = httpclient.InferenceServerClient(url)
+def _add_sub(client: httpclient.InferenceServerClient, count: int) -> np.ndarray | str:
+    a, b = np.arange(count, dtype=np.float32), np.ones(count, np.float32)
+    inputs = [_fp32(httpclient, "INPUT0", count), _fp32(httpclient, "INPUT1", count)]
+    inputs[1].set_data_from_numpy(b)
     try:
-        a, b = np.arange(count, dtype=np.float32), np.ones(count, np.float32)
-        inputs = [_fp32(httpclient, "INPUT0", count), _fp32(httpclient, "INPUT1", count)]
-        inputs[1].set_data_from_numpy(b)
         result = client.infer("add_sub", inputs)
-        np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
-        return result.as_numpy("OUTPUT1")
     except InferenceServerException as error:
         return error.message()
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
+    return result.as_numpy("OUTPUT1")
+
+
+@contextlib.contextmanager
+def _client_of(server: ShoalServer, index: int) -> Iterator[httpclient.InferenceServerClient]:
+    """An HTTP client connected through worker ``index``."""
+    with through(server, index):
+        client = httpclient.InferenceServerClient(server.url)
+        assert client.is_server_live()
+    try:
+        yield client
     finally:
         client.close()
 
@@ -211,8 +221,8 @@ def test_a_reloaded_model_is_checked_against_its_new_config_by_every_worker():
     args = ("--frontend-workers", "2", "--model-control-mode", "explicit", "--load-model")
     with ShoalServer(BUNDLED, extra_args=(*args, "add_sub")) as server:
         for index in (0, 1):  # each worker relays add_sub with its snapshot of [4]
-            with through(server, index):
-                assert isinstance(_add_sub(server.url, 4), np.ndarray)
+            with _client_of(server, index) as through_worker:
+                assert isinstance(_add_sub(through_worker, 4), np.ndarray)
         client = httpclient.InferenceServerClient(server.url)
         try:
             config = client.get_model_config("add_sub")
@@ -222,24 +232,20 @@ def test_a_reloaded_model_is_checked_against_its_new_config_by_every_worker():
         finally:
             client.close()
         for index in (0, 1):  # a stale snapshot is not used: the core checks it, then anew
-            with through(server, index):
-                message = _add_sub(server.url, 4)
+            with _client_of(server, index) as through_worker:
+                message = _add_sub(through_worker, 4)
                 assert message == (
                     "[request id: <id_unknown>] unexpected shape for input 'INPUT0' for model "
                     "'add_sub'. Expected [2], got [4]. "
                 ), message
-                assert isinstance(_add_sub(server.url, 2), np.ndarray)
-                assert isinstance(_add_sub(server.url, 4), str)
+                assert isinstance(_add_sub(through_worker, 2), np.ndarray)
+                assert isinstance(_add_sub(through_worker, 4), str)
 
 
-def _echo(url: str, data: np.ndarray) -> np.ndarray:
-    client = httpclient.InferenceServerClient(url)
-    try:
-        tensor = httpclient.InferInput("IN_FP32", [data.size], "FP32")
-        tensor.set_data_from_numpy(data)
-        return client.infer("identity", [tensor]).as_numpy("OUT_FP32")
-    finally:
-        client.close()
+def _echo(client: httpclient.InferenceServerClient, data: np.ndarray) -> np.ndarray:
+    tensor = httpclient.InferInput("IN_FP32", [data.size], "FP32")
+    tensor.set_data_from_numpy(data)
+    return client.infer("identity", [tensor]).as_numpy("OUT_FP32")
 
 
 def test_a_stale_call_s_staged_blocks_carry_it_the_core_s_way():
@@ -249,8 +255,8 @@ def test_a_stale_call_s_staged_blocks_carry_it_the_core_s_way():
     with ShoalServer(BUNDLED, extra_args=(*args, "identity")) as server:
         data = np.random.default_rng(7).random(40000, dtype=np.float32)  # 160 KB: a block
         for index in (0, 1):
-            with through(server, index):
-                np.testing.assert_array_equal(_echo(server.url, data), data)
+            with _client_of(server, index) as through_worker:
+                np.testing.assert_array_equal(_echo(through_worker, data), data)
         client = httpclient.InferenceServerClient(server.url)
         try:
             config = client.get_model_config("identity")
@@ -259,6 +265,7 @@ def test_a_stale_call_s_staged_blocks_carry_it_the_core_s_way():
         finally:
             client.close()
         for index in (0, 1):
-            with through(server, index):
-                np.testing.assert_array_equal(_echo(server.url, data[::-1].copy()), data[::-1])
-                np.testing.assert_array_equal(_echo(server.url, data), data)
+            with _client_of(server, index) as through_worker:
+                reversed_data = data[::-1].copy()
+                np.testing.assert_array_equal(_echo(through_worker, reversed_data), reversed_data)
+                np.testing.assert_array_equal(_echo(through_worker, data), data)

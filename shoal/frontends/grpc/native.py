@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from shoal.core import CoreAPI
 from shoal.frontends._restricted import GRPC_KEY_PREFIX, Restrictions
@@ -146,7 +146,7 @@ class NativeGrpcServer:
 
         Raises :class:`AddressInUseError` if the address is taken.
         """
-        if self._server is not None:
+        if self._servicer is not None:
             raise RuntimeError("the gRPC server is already running")
         servicer = Servicer(self._core)
         self._methods = self._method_paths(servicer)
@@ -162,6 +162,15 @@ class NativeGrpcServer:
         self._servicer = servicer
         return bound
 
+    def start_unbound(self) -> Callable[[], Http2Connection]:
+        """Serve only the connections whose protocols the returned factory makes: a frontend
+        worker's, which the core accepts and deals (``workers/dealing.py``)."""
+        if self._servicer is not None:
+            raise RuntimeError("the gRPC server is already running")
+        self._servicer = Servicer(self._core)
+        self._methods = self._method_paths(self._servicer)
+        return self._connection
+
     def _method_paths(self, servicer: Servicer) -> dict[bytes, CallMethod]:
         """Each method by the ``:path`` its calls carry."""
         return {
@@ -176,13 +185,15 @@ class NativeGrpcServer:
         answered, so an idle stream does not hold the shutdown for all of ``grace``."""
         server, servicer = self._server, self._servicer
         self._server = self._servicer = None
-        if server is None or servicer is None:
+        if servicer is None:
             return
         servicer.close_streams()
-        server.close()
+        if server is not None:
+            server.close()
         await self._close_connections(grace)
         await self._cancel_calls()
-        await server.wait_closed()
+        if server is not None:
+            await server.wait_closed()
 
     async def _close_connections(self, grace: float | None) -> None:
         """GOAWAY on every connection; close them once their streams end, or after ``grace``."""

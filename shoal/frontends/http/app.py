@@ -10,6 +10,7 @@ error codes to statuses.
 from __future__ import annotations
 
 import asyncio
+import functools
 import socket
 from collections.abc import Callable, Mapping
 from typing import Any, cast
@@ -324,16 +325,41 @@ class HttpServer:
         if sock is None:
             sock = bind_socket(host, port)
         bound_port: int = sock.getsockname()[1]
+        try:
+            await self._run([sock])
+        except BaseException:
+            sock.close()
+            raise
+        return bound_port
+
+    async def start_unbound(self) -> None:
+        """Serve only the connections handed to :meth:`connection_factory`'s protocols: a
+        frontend worker's, which the core accepts and deals (``workers/dealing.py``)."""
+        if self._serving is not None:
+            raise RuntimeError("the HTTP server is already running")
+        await self._run([])
+
+    async def _run(self, sockets: list[socket.socket]) -> None:
         server = EmbeddedServer(self._config())
-        serving = asyncio.create_task(server.serve(sockets=[sock]), name="shoal-http-server")
+        serving = asyncio.create_task(server.serve(sockets=sockets), name="shoal-http-server")
         try:
             await wait_started(server, serving)
         except BaseException:
-            sock.close()
             serving.cancel()
             raise
         self._server, self._serving = server, serving
-        return bound_port
+
+    def connection_factory(self) -> Callable[[], asyncio.Protocol]:
+        """What makes the protocol of one connection accepted elsewhere (``start_unbound``)."""
+        server = self._server
+        if server is None:
+            raise RuntimeError("the HTTP server is not running")
+        return functools.partial(
+            FastInferHttpToolsProtocol,  # what _config names
+            config=server.config,
+            server_state=server.server_state,
+            app_state=server.lifespan.state,
+        )
 
     async def stop(self) -> None:
         """Stop gracefully; a no-op when not running."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import subprocess
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
@@ -158,6 +159,8 @@ class _Link:
         self.outputs: LentOutputs | None = None
         self.proc: subprocess.Popen[bytes] | None = None
         self.pidfd = -1
+        #: The core's end of the socket it deals the worker connections on.
+        self.deal: socket.socket | None = None
         self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.exited: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         #: What cancels each call in flight, by id.
@@ -399,6 +402,8 @@ class _Link:
         self.send([wire.DROP, 0, arena_id, index])
 
     def close(self) -> None:
+        if self.deal is not None:
+            self.deal.close()  # the connections dealt but not taken close with it
         if self.outbox is not None:
             self.outbox.transport.close()
         if self.control is not None:

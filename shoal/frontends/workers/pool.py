@@ -1,10 +1,11 @@
 """The frontend worker processes, from the core's side: spawn them, restart the dead, stop them.
 
-Each worker is a process started with ``command`` plus the three sockets of its link
-(``host.py``). The listening sockets in ``inherit`` are passed down, so every worker accepts on
-the same ports. A worker that exits unasked fails only the calls it had in flight and is
-started again; a worker finds out that the core died from its sockets closing (and its
-parent-death signal), so the core's death takes every worker with it.
+Each worker is a process started with ``command`` plus the sockets of its link (``host.py``)
+and the socket the core deals it connections on: the core accepts on the ``listening`` sockets
+and hands each connection to the next worker that serves (``dealing.py``). A worker that exits
+unasked fails only the calls it had in flight and is started again; a worker finds out that the
+core died from its sockets closing (and its parent-death signal), so the core's death takes
+every worker with it.
 """
 
 from __future__ import annotations
@@ -17,13 +18,14 @@ import os
 import signal
 import socket
 import subprocess
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from shoal.core.api import ArenaRegistry
 from shoal.frontends.workers import _plain as plain
 from shoal.frontends.workers import _wire as wire
 from shoal.frontends.workers.arenas import LentArena
+from shoal.frontends.workers.dealing import ConnectionDealer, deal_socketpair
 from shoal.frontends.workers.host import LinkedCore, _Link
 from shoal.frontends.workers.log_broadcast import LogBroadcasts
 from shoal.frontends.workers.outputs import LentOutputs
@@ -49,7 +51,7 @@ class WorkerPool:
         core: LinkedCore,
         count: int,
         command: Sequence[str],
-        inherit: Sequence[int],
+        listening: Mapping[bytes, socket.socket],
         hello: bytes,
         arenas: ArenaRegistry | None = None,
     ) -> None:
@@ -58,7 +60,8 @@ class WorkerPool:
         self._arenas = arenas
         self._count = count
         self._command = list(command)
-        self._inherit = list(inherit)
+        #: Deals the connections of the ``listening`` sockets (it closes them when it stops).
+        self._dealer = ConnectionDealer(listening, self._outlets) if listening else None
         self._hello = hello
         self._links: list[_Link | None] = [None] * count
         self._stopping = False
@@ -66,7 +69,7 @@ class WorkerPool:
         #: When each worker was last started, and the delay of its last restart.
         self._started: dict[int, float] = {}
         self._delays: dict[int, float] = {}
-        #: The listening sockets the workers serve, closed once they have stopped.
+        #: Other sockets to close once the workers have stopped (a port held for grpcio's).
         self.sockets: list[socket.socket] = []
         #: Changes of the log settings waiting for the workers to apply them.
         self._log_updates = LogBroadcasts()
@@ -82,6 +85,15 @@ class WorkerPool:
         """Start every worker and wait until each serves its sockets."""
         links = [await self._spawn(i) for i in range(self._count)]
         await self._wait_ready(links, timeout)
+        if self._dealer is not None:
+            self._dealer.start()
+
+    def _outlets(self) -> list[socket.socket | None]:
+        """Each worker's dealing socket while it serves (None while it starts, once it died)."""
+        return [
+            link.deal if link is not None and link.ready.done() and not link.exited.done() else None
+            for link in self._links
+        ]
 
     async def _wait_ready(self, links: list[_Link], timeout: float) -> None:
         for link in links:
@@ -102,6 +114,7 @@ class WorkerPool:
         control, control_child = socket.socketpair()
         calls, calls_child = socket.socketpair()
         segments, segments_child = socket.socketpair()
+        link.deal, deal_child = deal_socketpair()
         arena_id = next(_arena_ids) if self._arenas is not None else -1
         # The same segment of statistics counters for every start of this worker: its counts
         # outlive it (``direct_counters.py``).
@@ -124,6 +137,8 @@ class WorkerPool:
                 str(index),
                 "--counters",
                 str(counters),
+                "--deal",
+                str(deal_child.fileno()),
             ]
             link.proc = subprocess.Popen(
                 argv,
@@ -131,8 +146,8 @@ class WorkerPool:
                     control_child.fileno(),
                     calls_child.fileno(),
                     segments_child.fileno(),
+                    deal_child.fileno(),
                     *([] if counters < 0 else [counters]),
-                    *self._inherit,
                 ],
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,  # a terminal's ^C goes to the core, which stops workers
@@ -144,6 +159,7 @@ class WorkerPool:
             control_child.close()
             calls_child.close()
             segments_child.close()
+            deal_child.close()
         if self._arenas is not None:
             link.arena = LentArena(arena_id, segments, self._arenas, link.send_free)
             link.outputs = LentOutputs(segments, self._arenas, arena_id, link.send_drop)
@@ -241,6 +257,8 @@ class WorkerPool:
         """Ask every worker to stop (finishing what it serves within ``grace``), then kill the
         ones still running."""
         self._stopping = True
+        if self._dealer is not None:
+            self._dealer.stop()  # new connections are refused from now on
         for task in list(self._restarts):
             task.cancel()
         links = [link for link in self._links if link is not None and not link.exited.done()]

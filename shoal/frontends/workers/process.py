@@ -1,53 +1,37 @@
 """What a frontend worker process does before it serves: tie its life to the core's, and read
 the settings the core sends first.
 
-The listening sockets are shared with the core and every other worker: a worker killed with the
-core would hold them open (accepting connections into the backlog that nobody answers) until the
-kernel has torn its memory down. So the core's death reaches a worker as a signal it handles,
-and, as soon as the link drops, the worker stops the listening sockets for every holder
-(``shutdown``: new connections are refused at once), then answers what it holds (503: the core is
-gone, and the connection closes after it) and exits.
+A worker holds no listening socket (the core accepts and deals it connections:
+``dealing.py``), so a dead core's ports refuse new connections at once. The core's death
+reaches a worker as a signal it handles, and as its link and dealing sockets closing: it then
+answers what it holds, and what comes on its open connections, with 503 (the core is gone, and
+the connection closes after it) and exits.
 """
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import os
 import signal
 import socket
-from collections.abc import Sequence
 from types import FrameType
 
 from shoal.frontends.workers.client import recv_frame
 
-__all__ = ["follow_parent", "read_hello", "stop_accepting"]
+__all__ = ["follow_parent", "read_hello"]
 
 _PR_SET_PDEATHSIG = 1
-#: The parent-death signal: handled (not SIGKILL), so that the worker stops the shared
-#: listening sockets before it goes; a signal of its own, since the kernel may send it while the
-#: core is still this process's parent (its first dying thread, when another one is left to
-#: adopt the worker for a moment), so the signal itself must say that the core is dying.
+#: The parent-death signal: handled (not SIGKILL), so that the worker answers what it holds
+#: before it goes; a signal of its own, since the kernel may send it while the core is still
+#: this process's parent (its first dying thread, when another one is left to adopt the worker
+#: for a moment), so the signal itself must say that the core is dying.
 _DEATH_SIGNAL = signal.SIGUSR2
-
-#: The worker's own references to the listening sockets (the servers may close theirs).
-_listening: list[socket.socket] = []
-
-
-def stop_accepting() -> None:
-    """Stop the shared listening sockets, for every process that holds them: the core is gone
-    and nobody would answer what they accept."""
-    for sock in _listening:
-        with contextlib.suppress(OSError):
-            sock.shutdown(socket.SHUT_RDWR)
-
 
 #: Seconds a worker whose core died has to answer what it holds before the kernel ends it.
 _DEATH_EXIT_SECS = 2
 
 
 def _on_death_signal(signum: int, frame: FrameType | None) -> None:
-    stop_accepting()
     # Not an exit here: the link's sockets close with the core, and the worker then answers the
     # requests it holds, and any that come on its open connections, with 503 before it exits (a
     # load balancer retries those on another replica; a dropped connection it would not). The
@@ -55,10 +39,9 @@ def _on_death_signal(signum: int, frame: FrameType | None) -> None:
     signal.alarm(_DEATH_EXIT_SECS)
 
 
-def follow_parent(parent: int, listening: Sequence[int] = ()) -> None:
+def follow_parent(parent: int) -> None:
     """Die with the core: the kernel's parent-death signal, checked once against the race of a
-    core that died before it was set. ``listening``: the inherited listening sockets."""
-    _listening[:] = [socket.socket(fileno=os.dup(fd)) for fd in listening if fd >= 0]
+    core that died before it was set."""
     signal.signal(_DEATH_SIGNAL, _on_death_signal)
     try:
         libc = ctypes.CDLL(None, use_errno=True)
@@ -66,7 +49,6 @@ def follow_parent(parent: int, listening: Sequence[int] = ()) -> None:
     except (OSError, AttributeError):
         pass  # not Linux: the closed sockets still stop the worker
     if parent > 0 and os.getppid() != parent:
-        stop_accepting()
         os._exit(1)
     # A terminal's ^C is the core's to handle; it stops the workers.
     signal.signal(signal.SIGINT, signal.SIG_IGN)

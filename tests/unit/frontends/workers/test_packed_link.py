@@ -79,7 +79,7 @@ def service(tmp_path) -> InferenceService:
 
 async def _linked(service: InferenceService, worker: socket.socket, core: socket.socket):
     await service.load_repository()
-    pool = WorkerPool(service, 0, [], [], b"")
+    pool = WorkerPool(service, 0, [], {}, b"")
     link = _Link(service, 0, pool)
     frames = _Frames()
     link.outbox = wire.Outbox(frames)

@@ -144,7 +144,7 @@ def _answer(frame: bytes) -> Any:
 
 
 def _link(core: Any) -> tuple[_Link, _Socket]:
-    pool = WorkerPool(core, 0, [], [], b"")
+    pool = WorkerPool(core, 0, [], {}, b"")
     link = _Link(core, 0, pool)
     end = _Socket()
     link.outbox = wire.Outbox(end)
