@@ -23,19 +23,20 @@ each) and the request id (UTF-8).
 from __future__ import annotations
 
 import struct
+from typing import Final
 
 from shoal.core.types import InferRequest
 from shoal.ipc.arena import Block
 
 #: A packed call's first header byte: 0xC1, which MessagePack never uses (every other header
 #: is a MessagePack array, whose first byte is 0x90-0x9F, 0xDC or 0xDD).
-MARK = 0xC1
+MARK: Final = 0xC1
 
-_PREFIX = struct.Struct("<II")  # every frame's (``_wire._PREFIX``): header, payload lengths
-_CALL_ID = struct.Struct("<B3xQ")
-_FIELDS = struct.Struct("<IqIqQII")
-_HEADER = struct.Struct("<B3xQIqIqQII")
-_NUMBER = struct.Struct("<Q")
+_PREFIX: Final = struct.Struct("<II")  # every frame's (``_wire._PREFIX``): header, payload lengths
+_CALL_ID: Final = struct.Struct("<B3xQ")
+_FIELDS: Final = struct.Struct("<IqIqQII")
+_HEADER: Final = struct.Struct("<B3xQIqIqQII")
+_NUMBER: Final = struct.Struct("<Q")
 
 
 def encode(

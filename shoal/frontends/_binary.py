@@ -9,10 +9,11 @@ malformed buffer is a 400 for the client and never reaches a model.
 from __future__ import annotations
 
 import struct
+from typing import Final
 
 from shoal.core import InvalidArgument, byte_size, element_count
 
-_LENGTH = struct.Struct("<I")
+_LENGTH: Final = struct.Struct("<I")
 
 
 class BinarySection:

@@ -7,16 +7,21 @@ parameters Triton defines. Messages use Triton's "Unable to parse '<key>'" form.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 from shoal.core import InvalidArgument, ParamValue
 
-_NON_NEGATIVE_INTS = ("priority", "timeout", "shared_memory_offset", "shared_memory_byte_size")
-_BOOLS = ("sequence_start", "sequence_end")
+_NON_NEGATIVE_INTS: Final = (
+    "priority",
+    "timeout",
+    "shared_memory_offset",
+    "shared_memory_byte_size",
+)
+_BOOLS: Final = ("sequence_start", "sequence_end")
 #: The integers a parameter can hold: Triton's are int64 (JSON) or uint64 (gRPC's
 #: ``uint64_param``); a wider one cannot reach the model and is the client's error, not a 500.
-_INT_MIN = -(1 << 63)
-_INT_END = 1 << 64
+_INT_MIN: Final = -(1 << 63)
+_INT_END: Final = 1 << 64
 
 
 def request_parameters(raw: Any) -> tuple[dict[str, ParamValue], bool]:

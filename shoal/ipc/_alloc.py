@@ -13,12 +13,14 @@ a bounded look into the one class that may hold runs slightly too small.
 
 from __future__ import annotations
 
-ALIGN = 64
-SEGMENT_SHIFT = 48
-_OFFSET_MASK = (1 << SEGMENT_SHIFT) - 1
-_CLASSES = 64
+from typing import Final
+
+ALIGN: Final = 64
+SEGMENT_SHIFT: Final = 48
+_OFFSET_MASK: Final = (1 << SEGMENT_SHIFT) - 1
+_CLASSES: Final = 64
 # How many of the most recent runs of the "may fit" class to try before moving to a larger class.
-_NEAR_FIT_PROBES = 4
+_NEAR_FIT_PROBES: Final = 4
 
 
 def align_up(nbytes: int, alignment: int = ALIGN) -> int:

@@ -7,15 +7,16 @@ import math
 import os
 import select
 import time
+from typing import Final
 
 from shoal.ipc._errors import PeerGone
 
 #: How long a producer waiting for room trusts the space doorbell before re-checking the ring on
 #: its own: it bounds the delay of the one wake-up the store->load race can lose there
 #: (docs/ipc.md, "Wake-ups").
-BACKSTOP_S = 0.001
+BACKSTOP_S: Final = 0.001
 #: Without a pidfd for the peer, a blocked stub polls its parent pid this often.
-ORPHAN_CHECK_S = 0.5
+ORPHAN_CHECK_S: Final = 0.5
 
 
 def new_bell() -> int:

@@ -23,13 +23,14 @@ wake-up protocol needs it (docs/ipc.md, "Wake-ups").
 from __future__ import annotations
 
 import threading
+from typing import Final
 
 from shoal.ipc._errors import RingCorrupted
 
-HEADER_BYTES = 512
+HEADER_BYTES: Final = 512
 # Word offsets from the header start; the four owners' words sit 64 bytes apart.
 _TAIL, _HEAD, _SLEEP, _WAIT, _WANT = 0, 8, 16, 24, 25
-_LENGTH_WORD = 8
+_LENGTH_WORD: Final = 8
 
 
 def record_size(nbytes: int) -> int:

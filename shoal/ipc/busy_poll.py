@@ -23,6 +23,7 @@ import asyncio
 import os
 import time
 from collections.abc import Callable
+from typing import Final
 
 __all__ = [
     "DEFAULT_SPIN_US",
@@ -37,14 +38,14 @@ __all__ = [
 
 #: The longest budget ``auto`` picks, in microseconds: about a stub's execute and answer for a
 #: small request; longer waits are not worth a core.
-DEFAULT_SPIN_US = 100.0
+DEFAULT_SPIN_US: Final = 100.0
 #: The longest budget of a spin gated on idle cores: cores are idle whenever it runs, so it may
 #: also wait out a worker's whole round trip through the core and a stub (one request at c=1).
-IDLE_SPIN_US = 200.0
+IDLE_SPIN_US: Final = 200.0
 #: A loop turn that took longer than this ran something besides the spin: work came in.
-_WORK_GAP_NS = 10_000
+_WORK_GAP_NS: Final = 10_000
 #: How often a spin gated on idle cores looks at the machine again, in seconds.
-IDLE_SAMPLE_S = 0.5
+IDLE_SAMPLE_S: Final = 0.5
 
 
 class LoopSpin:

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 
 #: V2 datatype name -> NumPy dtype (little-endian). BF16 travels as raw 16-bit words.
-NUMPY_DTYPES: dict[str, np.dtype] = {
+NUMPY_DTYPES: Final[dict[str, np.dtype]] = {
     "BOOL": np.dtype(np.bool_),
     "UINT8": np.dtype("<u1"),
     "UINT16": np.dtype("<u2"),
@@ -32,15 +32,15 @@ NUMPY_DTYPES: dict[str, np.dtype] = {
     "BYTES": np.dtype(np.object_),
 }
 
-DATATYPES: tuple[str, ...] = tuple(NUMPY_DTYPES)
+DATATYPES: Final[tuple[str, ...]] = tuple(NUMPY_DTYPES)
 
 #: Bytes per element of each fixed-size datatype: read per input of every request, where a
 #: NumPy dtype's ``itemsize`` is a generic attribute lookup.
-_ITEM_SIZES: dict[str, int] = {
+_ITEM_SIZES: Final[dict[str, int]] = {
     name: dtype.itemsize for name, dtype in NUMPY_DTYPES.items() if name != "BYTES"
 }
 
-_LENGTH = np.dtype("<u4")
+_LENGTH: Final = np.dtype("<u4")
 
 
 class BytesFormatError(ValueError):
@@ -78,7 +78,7 @@ def numpy_to_datatype(dtype: np.dtype) -> str:
     return found
 
 
-_DATATYPE_OF: dict[np.dtype, str] = {}
+_DATATYPE_OF: Final[dict[np.dtype, str]] = {}
 
 
 def _lookup_datatype(dtype: np.dtype) -> str:
@@ -90,11 +90,11 @@ def _lookup_datatype(dtype: np.dtype) -> str:
     raise TypeError(f"NumPy dtype {dtype} has no KServe V2 datatype")
 
 
-_U32 = struct.Struct("<I")
+_U32: Final = struct.Struct("<I")
 # Below this many elements, or above this mean element length, per-element slice copies are cheaper
 # than building the NumPy index arrays of the vectorised paths.
-_SMALL_COUNT = 64
-_LARGE_ITEM = 1024
+_SMALL_COUNT: Final = 64
+_LARGE_ITEM: Final = 1024
 
 
 def _as_bytes_items(array: np.ndarray) -> list[bytes]:

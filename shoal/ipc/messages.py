@@ -148,7 +148,7 @@ Message = (
 
 #: Each message class's kind. (Not a ClassVar on the dataclasses: mypyc, which compiles this
 #: module, would make a ClassVar with a value a dataclass field.)
-_KINDS: dict[type, Kind] = {
+_KINDS: Final[dict[type, Kind]] = {
     Initialize: Kind.INITIALIZE,
     Execute: Kind.EXECUTE,
     Release: Kind.RELEASE,
@@ -173,17 +173,17 @@ _KINDS: dict[type, Kind] = {
     DirectAttach: Kind.DIRECT_ATTACH,
     DirectDetach: Kind.DIRECT_DETACH,
 }
-_TYPES: dict[int, Any] = {int(kind): cls for cls, kind in _KINDS.items()}
+_TYPES: Final[dict[int, Any]] = {int(kind): cls for cls, kind in _KINDS.items()}
 #: Each message class's kind as a plain int, what the wire carries: ``int(kind)`` of an
 #: ``IntEnum`` member is a generic call, once per message sent.
-_KIND_NUMBERS: dict[type, int] = {cls: int(kind) for cls, kind in _KINDS.items()}
+_KIND_NUMBERS: Final[dict[type, int]] = {cls: int(kind) for cls, kind in _KINDS.items()}
 _RESULT: Final = int(Kind.RESULT)
 
 
 #: One packer per thread: ``msgpack.packb`` builds a new ``Packer`` for every call, which cost
 #: more than packing a small message. A packer is not thread-safe, and a stub sends from
 #: several threads (BLS callers, decoupled response senders).
-_packers = threading.local()
+_packers: Final = threading.local()
 
 
 #: ``Kind.EXECUTE`` as a plain int, for the one message sent per batch (:func:`encode`).

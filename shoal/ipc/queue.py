@@ -16,6 +16,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from typing import Final
 
 from shoal.ipc import busy_poll
 from shoal.ipc._bell import (
@@ -34,13 +35,13 @@ from shoal.ipc._ring import HEADER_BYTES, Ring
 
 __all__ = ["DEFAULT_RING_BYTES", "Channel", "PeerGone", "RingCorrupted"]
 
-DEFAULT_RING_BYTES = 1 << 20
+DEFAULT_RING_BYTES: Final = 1 << 20
 #: Longest the stub spins on an empty down ring before sleeping; adapted per channel (see
 #: ``Spinner``). 0 disables spinning.
-DEFAULT_SPIN_US = 50.0
+DEFAULT_SPIN_US: Final = 50.0
 
-_MAGIC = int.from_bytes(b"shoalch1", "little")
-_DATA_START = 4096
+_MAGIC: Final = int.from_bytes(b"shoalch1", "little")
+_DATA_START: Final = 4096
 # Word indexes in the control segment: magic, ring size, then each side's "closed" flag and the
 # two ring headers, all on separate cache lines.
 _W_MAGIC, _W_RING_BYTES = 0, 1

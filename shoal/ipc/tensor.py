@@ -123,12 +123,12 @@ Location: TypeAlias = Block | RegionLocation | CudaLocation | CudaRegionLocation
 #: Below it a block costs more than the bytes: allocate, view, write, free and a ``Release``
 #: per output against one copy into the packer and one out of it (BENCHMARKS.md, "Small
 #: tensors inline"); a 64 KiB tensor still takes a block, read in place.
-INLINE_TENSOR_MAX = 4 << 10
+INLINE_TENSOR_MAX: Final = 4 << 10
 #: The most inline bytes of one request's inputs (or one response's outputs) ...
-INLINE_REQUEST_MAX = 16 << 10
+INLINE_REQUEST_MAX: Final = 16 << 10
 #: ... and of one message: a batch's Execute or Result must fit the stub's ring (1 MiB) with
 #: room to spare for its descriptors and for the messages behind it.
-INLINE_MESSAGE_MAX = 256 << 10
+INLINE_MESSAGE_MAX: Final = 256 << 10
 
 
 def inline_budget(max_batch_size: int) -> int:

@@ -34,7 +34,7 @@ MARK: Final = 0xC1
 _HEAD: Final = struct.Struct("<BxxxIqqqqqq")
 HEAD_SIZE: Final = _HEAD.size
 #: The record lengths' layout by response count (made once per count).
-_lengths: dict[int, struct.Struct] = {}
+_lengths: Final[dict[int, struct.Struct]] = {}
 
 
 def _lengths_of(count: int) -> struct.Struct:

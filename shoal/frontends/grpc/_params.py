@@ -10,7 +10,7 @@ same parameters.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, MutableMapping
-from typing import Any
+from typing import Any, Final
 
 from shoal.core import InvalidArgument, ParamValue
 from shoal.frontends._params import input_parameters, output_parameters, request_parameters
@@ -31,11 +31,11 @@ __all__ = [
 ]
 
 #: Request parameter of ModelStreamInfer (tritonclient's ``enable_empty_final_response``).
-EMPTY_FINAL_RESPONSE = "triton_enable_empty_final_response"
+EMPTY_FINAL_RESPONSE: Final = "triton_enable_empty_final_response"
 #: Response parameter that marks the last response of a request, when the client asked for it.
-FINAL_RESPONSE = "triton_final_response"
+FINAL_RESPONSE: Final = "triton_final_response"
 
-_INT64_MAX = (1 << 63) - 1
+_INT64_MAX: Final = (1 << 63) - 1
 
 
 def param_value(key: str, parameter: pb.InferParameter) -> ParamValue:

@@ -9,7 +9,7 @@ Values of the narrow integer types must fit them (Triton would keep the low byte
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 
@@ -17,7 +17,7 @@ from shoal.core import NUMPY_DTYPES, InvalidArgument, element_count
 from shoal.protos import grpc_service_pb2 as pb
 
 #: The ``InferTensorContents`` field of each datatype that has one.
-CONTENTS_FIELD: dict[str, str] = {
+CONTENTS_FIELD: Final[dict[str, str]] = {
     "BOOL": "bool_contents",
     "INT8": "int_contents",
     "INT16": "int_contents",
@@ -33,7 +33,7 @@ CONTENTS_FIELD: dict[str, str] = {
 }
 
 # Wide dtype each field is read into before narrowing to the datatype.
-_FIELD_DTYPE = {
+_FIELD_DTYPE: Final = {
     "bool_contents": np.dtype(np.bool_),
     "int_contents": np.dtype(np.int32),
     "int64_contents": np.dtype(np.int64),

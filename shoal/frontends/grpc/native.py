@@ -23,6 +23,7 @@ import asyncio
 import logging
 import socket
 from collections.abc import Callable, Mapping
+from typing import Final
 
 from shoal.core import CoreAPI
 from shoal.frontends._restricted import GRPC_KEY_PREFIX, Restrictions
@@ -51,7 +52,7 @@ _NO_METHOD = h2.GRPC_RESPONSE_HEADERS + status_block(Status.UNIMPLEMENTED, "Meth
 
 
 #: Header lists whose reading is kept (see _CallHeaders.of).
-_KEPT_CALL_HEADERS = 64
+_KEPT_CALL_HEADERS: Final = 64
 
 
 class _CallHeaders:

@@ -12,10 +12,10 @@ from shoal.frontends.h2.connection import Headers
 #: The trailers of a call that succeeded (Final: compiled, a C static, not a dict look-up).
 OK_TRAILERS: Final = h2.literal(b"grpc-status", b"0")
 
-_TIMEOUT = re.compile(rb"^(\d{1,8})([HMSmun])$")
-_TIMEOUT_UNITS = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
+_TIMEOUT: Final = re.compile(rb"^(\d{1,8})([HMSmun])$")
+_TIMEOUT_UNITS: Final = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
 # Headers that are gRPC's or HTTP/2's own, not the call's metadata (as grpcio hides them).
-_RESERVED = frozenset(
+_RESERVED: Final = frozenset(
     {b"content-type", b"te", b"grpc-timeout", b"grpc-encoding", b"grpc-accept-encoding"}
 )
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import Protocol, cast
+from typing import Final, Protocol, cast
 
 from shoal.frontends.h2 import frames as h2
 from shoal.frontends.h2.errors import ConnectionError_
@@ -44,7 +44,7 @@ __all__ += ["Http2Connection", "StreamHandler", "StreamOpener"]
 log = logging.getLogger(__name__)
 
 #: Streams a client may have open at once (advertised; more are refused with REFUSED_STREAM).
-MAX_CONCURRENT_STREAMS = 1024
+MAX_CONCURRENT_STREAMS: Final = 1024
 
 
 class StreamOpener(Protocol):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import struct
 from typing import Final
 
-PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+PREFACE: Final[bytes] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
 # Frame types (RFC 9113 section 6).
 DATA: Final = 0x0
@@ -62,9 +62,9 @@ FRAME_HEADER: Final = struct.Struct(">HBBBI")
 FRAME_HEADER_SIZE: Final = 9  # FRAME_HEADER.size, written out: mypyc inlines a literal
 #: The same header read as three fields: length and type (24 + 8 bits), flags, stream id.
 _HEADER_FIELDS: Final = struct.Struct(">IBI")
-_SETTING = struct.Struct(">HI")
-_U32 = struct.Struct(">I")
-_GOAWAY = struct.Struct(">II")
+_SETTING: Final = struct.Struct(">HI")
+_U32: Final = struct.Struct(">I")
+_GOAWAY: Final = struct.Struct(">II")
 #: The struct methods used on every frame, bound once: compiled, a call of a
 #: struct's method looks the method up on every call first.
 _read_fields: Final = _HEADER_FIELDS.unpack_from

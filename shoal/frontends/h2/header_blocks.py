@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any, Final, cast
 
 import hpack
 
@@ -10,12 +10,12 @@ from shoal.frontends.h2 import frames as h2
 from shoal.frontends.h2.errors import ConnectionError_
 
 #: Largest header list accepted (names + values + 32 bytes per field, as RFC 9113 counts).
-MAX_HEADER_LIST = 1 << 16
+MAX_HEADER_LIST: Final = 1 << 16
 
 Headers = list[tuple[bytes, bytes]]
 
 #: Decoded header blocks remembered per connection.
-_BLOCK_CACHE = 64
+_BLOCK_CACHE: Final = 64
 
 
 class HeaderDecoder:

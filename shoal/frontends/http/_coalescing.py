@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from typing import Any, cast
+from typing import Any, Final, cast
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -88,7 +88,7 @@ class CoalescingTransport:
 
 
 #: Pieces of one ``writev`` at most (Linux's ``IOV_MAX`` is 1024).
-_IOV = 512
+_IOV: Final = 512
 
 
 def _unsent(pieces: list[bytes | bytearray | memoryview], sent: int) -> list[bytes]:

@@ -8,19 +8,20 @@ from __future__ import annotations
 
 import asyncio
 import zlib
+from typing import Final
 
 from shoal.core import InvalidArgument, Unsupported
 from shoal.frontends._limits import too_large
 
 #: What ``Accept-Encoding`` advertises on a response to an unsupported ``Content-Encoding``.
-SUPPORTED_ENCODINGS = "gzip, deflate"
+SUPPORTED_ENCODINGS: Final = "gzip, deflate"
 
-_GZIP_WBITS = 16 + zlib.MAX_WBITS
-_ZLIB_WBITS = zlib.MAX_WBITS
-_RAW_DEFLATE_WBITS = -zlib.MAX_WBITS
+_GZIP_WBITS: Final = 16 + zlib.MAX_WBITS
+_ZLIB_WBITS: Final = zlib.MAX_WBITS
+_RAW_DEFLATE_WBITS: Final = -zlib.MAX_WBITS
 # Level 6 (zlib's default) costs a third of level 9's time for nearly the same size.
-_LEVEL = 6
-_IDENTITY = ("", "identity")
+_LEVEL: Final = 6
+_IDENTITY: Final = ("", "identity")
 
 
 class UnsupportedEncoding(Unsupported):
@@ -48,7 +49,7 @@ def request_encoding(content_encoding: str | None) -> str | None:
 #: A compressed body smaller than this is inflated on the event loop: deflate's ratio is at most
 #: about 1:1032, so it cannot cost more than a millisecond or so. A larger one goes to a thread
 #: (zlib releases the GIL), so that a "zip bomb" costs its own request time, not everybody's.
-INFLATE_INLINE = 1024
+INFLATE_INLINE: Final = 1024
 
 
 async def inflate(body: bytes | bytearray | memoryview, encoding: str, *, limit: int) -> bytes:

@@ -29,7 +29,7 @@ from shoal.frontends.http import _json
 from shoal.frontends.http._plain_request import PlainRequest, parse_small, read_plain
 from shoal.frontends.http._tensor_json import array_from_json
 
-_NO_DATA = memoryview(b"")
+_NO_DATA: Final = memoryview(b"")
 
 
 @dataclass

@@ -22,11 +22,11 @@ from shoal.frontends.http import _json
 from shoal.frontends.http._request import OutputFormat
 from shoal.frontends.http._tensor_json import json_from_output, json_pieces_from_output
 
-JSON_CONTENT_TYPE = "application/json"
-BINARY_CONTENT_TYPE = "application/octet-stream"
-HEADER_LENGTH = "inference-header-content-length"
-_SHM_REGION = "shared_memory_region"
-_SHM_PREFIX = "shared_memory_"
+JSON_CONTENT_TYPE: Final = "application/json"
+BINARY_CONTENT_TYPE: Final = "application/octet-stream"
+HEADER_LENGTH: Final = "inference-header-content-length"
+_SHM_REGION: Final = "shared_memory_region"
+_SHM_PREFIX: Final = "shared_memory_"
 
 #: Binary bodies this large or larger are lent (:class:`LentBody`) where the caller can send
 #: them so; below it the copy costs less than holding the memory until the bytes are sent.
@@ -93,7 +93,7 @@ class EncodedResponse:
 _JSON_HEADERS: Final = (("content-type", JSON_CONTENT_TYPE),)
 #: The HTTP headers and JSON header of a binary response, by its layout (:func:`_layout`): the
 #: same for every response of a model whose outputs keep their shapes, so encoded once.
-_BINARY_HEADS: dict[tuple[Any, ...], tuple[tuple[tuple[str, str], ...], bytes]] = {}
+_BINARY_HEADS: Final[dict[tuple[Any, ...], tuple[tuple[tuple[str, str], ...], bytes]]] = {}
 #: Layouts kept at most (a model with outputs of many shapes): past it, the cache starts over.
 BINARY_HEADS_MAX: Final = 512
 
@@ -163,7 +163,7 @@ def body_length(body: Body) -> int:
 
 #: Pieces of a body are written this many bytes or more at a time (one encoded slice, about):
 #: each write is short, and the event loop serves the other connections between them.
-BATCH = 1 << 18
+BATCH: Final = 1 << 18
 
 
 def body_batches(pieces: tuple[bytes | memoryview, ...]) -> list[list[bytes | memoryview]]:

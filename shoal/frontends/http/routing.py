@@ -8,11 +8,13 @@ and the HTTP protocol's way without ASGI by hand (:meth:`InferRoutes.match_targe
 
 from __future__ import annotations
 
+from typing import Final
+
 from starlette.routing import Route
 from starlette.types import ASGIApp
 
 #: The inference URL's forms, as Starlette's routes declare them.
-INFER_PATHS = (
+INFER_PATHS: Final = (
     "/v2/models/{model_name}/infer",
     "/v2/models/{model_name}/versions/{model_version}/infer",
 )
@@ -55,5 +57,5 @@ class InferRoutes:
         return None
 
 
-_PREFIX = b"/v2/models/"
-_SUFFIX = b"/infer"
+_PREFIX: Final = b"/v2/models/"
+_SUFFIX: Final = b"/infer"

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Final
 
 import msgpack
 
@@ -130,8 +130,8 @@ def whole_from_wire(fields: Sequence[Any], payloads: list[memoryview]) -> InferR
 
 #: The layouts of relayed answers decoded so far, by their bytes: a worker decodes each once
 #: (forgotten all at once past ``_MOST_LAYOUTS``).
-_layouts: dict[bytes, list[Any]] = {}
-_MOST_LAYOUTS = 1024
+_layouts: Final[dict[bytes, list[Any]]] = {}
+_MOST_LAYOUTS: Final = 1024
 
 
 def layout_of(packed: bytes) -> list[Any]:

@@ -19,7 +19,7 @@ import asyncio
 import struct
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Final
 
 import msgpack
 import numpy as np
@@ -34,52 +34,52 @@ from shoal.ipc.arena import Block
 
 #: One packer per thread (as ``shoal.ipc.messages`` keeps): ``msgpack.packb`` builds a new one
 #: (and its buffer) per call, and a packer is not thread-safe.
-_packers = threading.local()
+_packers: Final = threading.local()
 
 #: A frame's prefix: the header's length, then the payloads' total length.
-_PREFIX = struct.Struct("<II")
-PREFIX_SIZE = _PREFIX.size
+_PREFIX: Final = struct.Struct("<II")
+PREFIX_SIZE: Final = _PREFIX.size
 
 # Worker -> core (calls) and core -> worker (answers).
-CALL = 1
-CANCEL = 2
-OK = 3
-ERROR = 4
-ITEM = 5  # one response of a stream
-END = 6  # a stream's end
-STOP = 7  # core -> worker: stop serving (drain done or shutdown)
-FREE = 8  # core -> worker: blocks of the worker's arena given back
-RETIRED = 9  # worker -> core: the worker retired an (empty) segment of its arena
+CALL: Final = 1
+CANCEL: Final = 2
+OK: Final = 3
+ERROR: Final = 4
+ITEM: Final = 5  # one response of a stream
+END: Final = 6  # a stream's end
+STOP: Final = 7  # core -> worker: stop serving (drain done or shutdown)
+FREE: Final = 8  # core -> worker: blocks of the worker's arena given back
+RETIRED: Final = 9  # worker -> core: the worker retired an (empty) segment of its arena
 #: core -> worker: the log settings now, at the start and on every change (``[LOG_SETTINGS,
 #: token, settings]``); worker -> core, applied (``[LOG_APPLIED, token]``: log_broadcast.py).
-LOG_SETTINGS = 10
-RELEASE = 11  # worker -> core: a response read in place is written: its blocks may go
-DROP = 12  # core -> worker: a segment it maps went away (or a whole arena: segment -1)
+LOG_SETTINGS: Final = 10
+RELEASE: Final = 11  # worker -> core: a response read in place is written: its blocks may go
+DROP: Final = 12  # core -> worker: a segment it maps went away (or a whole arena: segment -1)
 #: core -> worker: a relayed call the core did not take (``[STALE, id, stale, blocks]``): the
 #: worker sends it again the core's own way (and drops its snapshot of the model when stale);
 #: the blocks it named are still the worker's.
-STALE = 13
+STALE: Final = 13
 #: Direct dispatch (``direct.py``): core -> worker, give these routes back
 #: ``[DIRECT_REVOKE, 0, token, slots]``; worker -> core, none of them is in use any more
 #: ``[DIRECT_RELEASED, 0, token]``; core -> worker, a stub it sends to died
 #: ``[DIRECT_STUB_GONE, 0, pid, error]``; worker -> core, it sends no more on the routes a
 #: revocation took (at once) ``[DIRECT_STOPPED, 0, token]``.
-DIRECT_REVOKE = 14
-DIRECT_RELEASED = 15
+DIRECT_REVOKE: Final = 14
+DIRECT_RELEASED: Final = 15
 #: Unused, reserved: it carried the statistics of requests routed directly, which workers now
 #: count in shared memory (``ipc/stat_counters.py``).
-DIRECT_STATS = 16
-DIRECT_STUB_GONE = 17
-DIRECT_STOPPED = 18
-LOG_APPLIED = 19
+DIRECT_STATS: Final = 16
+DIRECT_STUB_GONE: Final = 17
+DIRECT_STOPPED: Final = 18
+LOG_APPLIED: Final = 19
 
 #: An input whose data is a NumPy array (JSON inputs): dtype and shape travel with the bytes.
-_ARRAY = 1
+_ARRAY: Final = 1
 #: A NumPy object array (JSON BYTES): its items travel in the header.
-_OBJECTS = 2
-_RAW = 0
+_OBJECTS: Final = 2
+_RAW: Final = 0
 #: Raw bytes the worker placed in its own arena: ``[segment, offset, nbytes]`` travel instead.
-_PLACED = 3
+_PLACED: Final = 3
 
 #: Copies a raw input into the worker's arena; None: send it inline.
 Place = Callable[[memoryview], Block | None]

@@ -14,7 +14,7 @@ own part (id, shapes, where its blocks lie, parameters) is packed per answer.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 import msgpack
 
@@ -94,9 +94,9 @@ class _Layout:
 
 #: The latest layout of each model's relayed answers (one per model: a model whose outputs
 #: change from request to request packs its layout again, which is correct, only slower).
-_layouts: dict[str, _Layout] = {}
+_layouts: Final[dict[str, _Layout]] = {}
 #: Forgotten all at once past this many models.
-_MOST_LAYOUTS = 1024
+_MOST_LAYOUTS: Final = 1024
 
 
 def layout(model: str, version: str, outputs: list[TensorDesc]) -> bytes:
@@ -196,7 +196,7 @@ def _send_whole(send: Send, call_id: int, answer: tuple[str, str, str], whole: m
 
 
 #: The packed ``[model, version]`` of each model's undecoded answers (its latest version).
-_heads: dict[str, tuple[str, bytes]] = {}
+_heads: Final[dict[str, tuple[str, bytes]]] = {}
 
 
 def head(model: str, version: str) -> bytes:

@@ -23,6 +23,7 @@ import ctypes
 import logging
 import socket
 from collections.abc import Callable
+from typing import Final
 
 import numpy as np
 
@@ -38,7 +39,7 @@ __all__ = ["INLINE_MAX", "LentArena", "StagingArena", "give_blocks_back", "take_
 log = logging.getLogger("shoal")
 
 #: Tensors smaller than this travel inline on the worker's link, not through its arena.
-INLINE_MAX = 32 << 10
+INLINE_MAX: Final = 32 << 10
 
 
 class StagingArena:

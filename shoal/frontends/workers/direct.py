@@ -26,7 +26,7 @@ import itertools
 import os
 import time
 from collections.abc import Callable, Coroutine
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 import msgpack
 
@@ -52,14 +52,14 @@ from shoal.ipc.tensor import InlineBytes
 __all__ = ["DirectDispatch", "Route", "direct_fits"]
 
 #: How long a worker waits for the core's words on a stub's exit before it uses its own.
-EXIT_WORDS_S = 1.0
+EXIT_WORDS_S: Final = 1.0
 #: How long a worker trusts that a version has no route before it asks again.
-RETRY_S = 2.0
+RETRY_S: Final = 2.0
 #: Routes kept at most (a client naming many versions fills none past it).
-MAX_ROUTES = 1024
+MAX_ROUTES: Final = 1024
 #: A worker's batch ids and request keys at a stub: its origin above this bit, so they never
 #: meet the core's (a counter from 1) or another worker's.
-ORIGIN_SHIFT = 40
+ORIGIN_SHIFT: Final = 40
 
 
 class InputArena(Protocol):

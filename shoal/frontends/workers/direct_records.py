@@ -9,7 +9,7 @@ block of the worker's arena), no trace context.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 from shoal.core.errors import ErrorCode, ModelError
 from shoal.core.types import InferRequest
@@ -19,12 +19,12 @@ from shoal.ipc.arena import Block
 
 __all__ = ["direct_fits", "execute_payload", "model_error", "output_blocks", "private_inputs"]
 
-_EXECUTE_START = bytes((0x93, int(msg.Kind.EXECUTE)))
-_ONE_RECORD = b"\x91"
-_NO_REGIONS = b"\x80"
-_NO_TRACE = b"\xa0"
+_EXECUTE_START: Final = bytes((0x93, int(msg.Kind.EXECUTE)))
+_ONE_RECORD: Final = b"\x91"
+_NO_REGIONS: Final = b"\x80"
+_NO_TRACE: Final = b"\xa0"
 #: The record's end when no input is staged (the common small request), packed once.
-_INLINE_END = _NO_REGIONS + b"\x00" + _NO_TRACE
+_INLINE_END: Final = _NO_REGIONS + b"\x00" + _NO_TRACE
 
 
 def execute_payload(batch: int, head: bytes, private: int) -> bytes:

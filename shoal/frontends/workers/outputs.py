@@ -14,7 +14,7 @@ from __future__ import annotations
 import itertools
 import socket
 from collections.abc import Callable
-from typing import Protocol
+from typing import Final, Protocol
 
 from shoal.core.api import ArenaRegistry
 from shoal.core.types import InferOutput
@@ -27,7 +27,7 @@ from shoal.ipc.peer_segments import AnnouncedSegments
 __all__ = ["LentOutputs", "MappedOutputs"]
 
 #: All segments of an arena (a stub that exited), in a drop notice.
-WHOLE_ARENA = -1
+WHOLE_ARENA: Final = -1
 
 
 class Held(Protocol):

@@ -21,7 +21,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 import msgpack
 
@@ -41,25 +41,25 @@ from shoal.ipc.tensor import INLINE_TENSOR_MAX, InlineBytes
 __all__ = ["PackedRefused", "Prepared", "Restage", "Snapshot", "Snapshots", "prepare"]
 
 #: ``staging.MAX_ELEMENTS``: past it the core refuses a shape even with a zero dimension.
-MAX_ELEMENTS = 1 << 48
+MAX_ELEMENTS: Final = 1 << 48
 
 #: Request parameters the core turns into a record's sequence fields: such requests (for a
 #: model without a sequence batcher) take its path.
-_SEQUENCE = frozenset({"sequence_id", "sequence_start", "sequence_end"})
+_SEQUENCE: Final = frozenset({"sequence_id", "sequence_start", "sequence_end"})
 #: Parameters of a tensor that the core handles itself: client shared memory, classification.
-_REGION = "shared_memory_region"
-_CLASSIFICATION = "classification"
+_REGION: Final = "shared_memory_region"
+_CLASSIFICATION: Final = "classification"
 #: The other parameter values that cross to the stub as they are.
-_SCALARS = (int, float, bool)
+_SCALARS: Final = (int, float, bool)
 #: What an input's raw bytes may be held in (a tuple: ``bytes | bytearray | memoryview``
 #: would build a union object per call).
-_RAW = (bytes, bytearray, memoryview)
+_RAW: Final = (bytes, bytearray, memoryview)
 
 #: How long a worker trusts that a model has no snapshot (the relay does not apply to it, or
 #: it is not loaded) before it asks again.
-_NONE_SECS = 2.0
+_NONE_SECS: Final = 2.0
 #: Snapshots kept at most (a client naming many models that do not exist fills none past it).
-_MAX_KEPT = 1024
+_MAX_KEPT: Final = 1024
 
 #: Places an input's bytes in the worker's arena, whatever their size; None: it is full.
 Stage = Callable[[memoryview], Block | None]
@@ -266,9 +266,9 @@ def _flat(staged: list[Block | None]) -> list[int]:
 
 #: The record's array header (eleven fields), its two fields after the id (the sequence's:
 #: none), and its parameters when it has none.
-_ELEVEN = b"\x9b"
-_NO_SEQUENCE = b"\x00\x00"
-_NO_PARAMETERS = b"\x80"
+_ELEVEN: Final = b"\x9b"
+_NO_SEQUENCE: Final = b"\x00\x00"
+_NO_PARAMETERS: Final = b"\x80"
 
 
 def _head(request: InferRequest, snapshot: Snapshot, descs: list[bytes]) -> bytes:
@@ -293,7 +293,7 @@ def _head(request: InferRequest, snapshot: Snapshot, descs: list[bytes]) -> byte
 
 
 #: One packer per thread (``msgpack.packb`` makes one, and its buffer, per call).
-_packers = threading.local()
+_packers: Final = threading.local()
 
 
 def _packer() -> msgpack.Packer:
