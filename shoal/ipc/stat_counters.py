@@ -79,9 +79,16 @@ FIELDS: Final = 16
 ROWS: Final = 1024
 #: Words per row (512 bytes: the version, then the copies at words 8 and 32).
 ROW_WORDS: Final = 64
-COPIES: Final = (8, 32)
+_FIRST: Final = 8
+_SECOND: Final = 32
+COPIES: Final = (_FIRST, _SECOND)
 SEGMENT_BYTES: Final = ROWS * ROW_WORDS * 8
 _COPY: Final = struct.Struct("<16q")
+#: Bound once (Final: a static read, compiled): ``_COPY.pack_into(...)`` looks the method up
+#: by name at each call, and a worker calls it once per loop turn.
+_PACK_COPY: Final = _COPY.pack_into
+#: ``time.time_ns`` bound once, for the same reason (a look-up of ``time_ns`` on the module).
+_TIME_NS: Final = time.time_ns
 #: Reads of a row before the core takes what it read (a writer publishes once per loop turn:
 #: two publishes within one read of 128 bytes do not happen in practice).
 _TRIES: Final = 1000
@@ -133,11 +140,14 @@ class CounterRows:
         nothing written, if the row is bound to another generation now (the core took it back
         from a version that is gone)."""
         words = self._words
-        base = row * ROW_WORDS
-        version = words[base]
-        if words[base + COPIES[version & 1]] != totals.generation:
+        base: i64 = row * ROW_WORDS
+        version: i64 = words[base]
+        # The copy in use (:data:`COPIES` by the version's low bit) in native arithmetic:
+        # indexing the tuple makes a boxed int.
+        in_use: i64 = _FIRST + (_SECOND - _FIRST) * (version & 1)
+        if words[base + in_use] != totals.generation:
             return False
-        totals.pack_into(self._bytes, (base + COPIES[(version + 1) & 1]) * 8)
+        totals.pack_into(self._bytes, (base + _FIRST + _SECOND - in_use) * 8)
         words[base] = version + 1
         return True
 
@@ -173,7 +183,7 @@ class RowTotals:
 
     def pack_into(self, buffer: memoryview, offset: int) -> None:
         """The fields, in :data:`FIELDS` order, as one copy of a row at ``offset``."""
-        _COPY.pack_into(
+        _PACK_COPY(
             buffer,
             offset,
             self.generation,
@@ -249,7 +259,7 @@ class Tally:
         request of a version gone, whose row the core reused)."""
         changed = self._changed.pop(row, None)
         if changed is not None:  # another generation's, not yet written: written first
-            changed.last_inference_ms = time.time_ns() // 1_000_000
+            changed.last_inference_ms = _TIME_NS() // 1_000_000
             self._write(row, changed)
         fields = self._rows.read(row)
         if fields[GENERATION] != generation:
@@ -260,13 +270,14 @@ class Tally:
 
     def publish(self) -> None:
         """Write this turn's totals to the rows (the core may read them from now on)."""
-        if not self._changed:
+        changed = self._changed
+        if not changed:
             return
-        changed, self._changed = self._changed, {}
-        now_ms = time.time_ns() // 1_000_000
+        now_ms: i64 = _TIME_NS() // 1_000_000
         for row, totals in changed.items():
             totals.last_inference_ms = now_ms
             self._write(row, totals)
+        changed.clear()  # emptied, not replaced: no dict made per loop turn
 
     def _write(self, row: int, totals: RowTotals) -> None:
         if not self._rows.write(row, totals):
