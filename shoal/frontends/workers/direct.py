@@ -274,7 +274,7 @@ class DirectDispatch:
     def _read(self, stub: Stub) -> None:
         """Results waiting on ``stub``'s channel: statistics counted (and written, before any
         response is written), each to the request waiting for it."""
-        results: list[tuple[Waiting, msg.Result]] = []
+        results: list[tuple[Waiting, msg.Result, bool]] = []
         while (payload := stub.channel.recv_up_nowait()) is not None:
             message = msg.decode(payload)
             if type(message) is not msg.Result:
@@ -282,17 +282,18 @@ class DirectDispatch:
             waiting = stub.pending.pop(message.batch_id, None)
             if waiting is None:
                 continue
-            self._count(waiting, message)
-            results.append((waiting, message))
+            cancelled = waiting.future.done()  # asked once: the loop cannot run until below
+            self._count(waiting, message, cancelled)
+            results.append((waiting, message, cancelled))
         self._flush()
-        for waiting, result in results:
-            if waiting.future.done():  # cancelled meanwhile
+        for waiting, result, cancelled in results:
+            if cancelled:  # the client went away meanwhile
                 self._done(stub, output_blocks(result), waiting.inputs)
             else:
                 waiting.future.set_result(result)
 
-    def _count(self, waiting: Waiting, result: msg.Result) -> None:
-        if waiting.future.done():  # the client went away (Triton counts it CANCELED)
+    def _count(self, waiting: Waiting, result: msg.Result, cancelled: bool) -> None:
+        if cancelled:  # the client went away (Triton counts it CANCELED)
             outcome = CANCELED
         elif result.wholes is not None or (result.responses and result.responses[0].error is None):
             outcome = SUCCESS
