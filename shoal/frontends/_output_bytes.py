@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+from typing import Final
+
 from shoal.core import InferOutput, InternalError, byte_size
+
+#: Compiled, the builtin's name is a look-up on the ``builtins`` module at each use.
+_memoryview: Final = memoryview
 
 
 def output_bytes(output: InferOutput) -> memoryview:
     """A flat byte view of ``output.data``; a size that disagrees with the shape is a bug."""
-    data = memoryview(output.data)
+    data = output.data
+    if type(data) is not _memoryview:  # a view (most outputs) is used as it is, not wrapped again
+        data = _memoryview(data)
     if data.format != "B" or data.ndim != 1:
         data = data.cast("B")
     expected = byte_size(output.datatype, output.shape)

@@ -127,8 +127,9 @@ def _layout(
         if output.parameters or not output_format.is_binary(output.name):
             return None
         view = output_bytes(output)
-        layout += [output.name, output.datatype, tuple(output.shape), view.nbytes]
-        if view.nbytes:
+        nbytes = view.nbytes  # read once: a generic attribute look-up, compiled
+        layout += [output.name, output.datatype, tuple(output.shape), nbytes]
+        if nbytes:
             data.append(view)
     return tuple(layout)
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import msgpack
 
@@ -54,6 +54,8 @@ _SCALARS: Final = (int, float, bool)
 #: What an input's raw bytes may be held in (a tuple: ``bytes | bytearray | memoryview``
 #: would build a union object per call).
 _RAW: Final = (bytes, bytearray, memoryview)
+#: Compiled, the builtin's name is a look-up on the ``builtins`` module at each use.
+_memoryview: Final = memoryview
 
 #: How long a worker trusts that a model has no snapshot (the relay does not apply to it, or
 #: it is not loaded) before it asks again.
@@ -217,9 +219,10 @@ def _staged(
     descs: list[bytes] = []
     for index, tensor in enumerate(request.inputs):
         view = views[index]
+        nbytes = view.nbytes  # read once: a generic attribute look-up, compiled
         location: Block | InlineBytes | None = None
-        if view.nbytes <= INLINE_TENSOR_MAX and view.nbytes <= room:
-            room -= view.nbytes
+        if nbytes <= INLINE_TENSOR_MAX and nbytes <= room:
+            room -= nbytes
             location = InlineBytes(bytes(view))
             staged.append(None)
         else:
@@ -396,9 +399,12 @@ def _bytes_ok(data: object, rule: _Rule, shape: tuple[int, ...]) -> memoryview |
     """The raw bytes of an input whose size (or BYTES framing) the shape agrees with; None for
     anything else (a JSON array: the core stages it). ``shape`` passed ``_shape_ok``: its
     dimensions are integers."""
-    if not isinstance(data, _RAW):
+    if type(data) is _memoryview:  # most requests' (a view of the body): used as it is
+        view = cast("memoryview", data)
+    elif isinstance(data, _RAW):
+        view = _memoryview(data)
+    else:
         return None
-    view = memoryview(data)
     if view.format != "B" or view.ndim != 1:
         view = view.cast("B")
     if (size := rule.item_size) is not None:
