@@ -2,9 +2,9 @@
 
 The core grants each worker a route to a plain model version (a channel to each of its stubs)
 and takes it back before the version drains; the worker counts the statistics. These tests run
-``--frontend-workers 2`` whatever ``SHOAL_TEST_FRONTEND_WORKERS`` says, and check what a client
-sees: the same answers and errors as through the core, exact statistics, an unload that waits
-for the requests in flight, a stub or a worker that dies.
+``--frontend-workers 2`` (more where ``SHOAL_TEST_FRONTEND_WORKERS`` asks for more), and check
+what a client sees: the same answers and errors as through the core, exact statistics, an
+unload that waits for the requests in flight, a stub or a worker that dies.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from tests.integration.server import BUNDLED, TEST_MODELS, ShoalServer
-from tests.integration.test_frontend_workers import through, worker_pids
+from tests.integration.test_frontend_workers import WORKERS, through, worker_pids
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -137,7 +137,8 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _start(repo: Path, *extra: str, metrics: bool = False) -> ShoalServer:
-    args = ("--frontend-workers", "2", "--model-control-mode", "explicit", "--load-model", "*")
+    args = ("--frontend-workers", str(WORKERS), "--model-control-mode", "explicit")
+    args += ("--load-model", "*")
     return ShoalServer(repo, extra_args=(*args, *extra), metrics=metrics)
 
 
@@ -181,8 +182,8 @@ def _metric(server: ShoalServer, name: str, model: str) -> float:
 
 
 def _each_worker_and_protocol(server: ShoalServer) -> Iterator[tuple[Any, Any]]:
-    """(client module, client) over HTTP then gRPC, through worker 0 then worker 1."""
-    for index in (0, 1):
+    """(client module, client) over HTTP then gRPC, through each worker in turn."""
+    for index in range(WORKERS):
         for module, url in ((httpclient, server.url), (grpcclient, server.grpc_url)):
             with through(server, index):
                 client = module.InferenceServerClient(url)
@@ -204,7 +205,7 @@ def test_each_worker_routes_plain_requests_straight_with_exact_statistics(server
             out = _expand(module, client, count)
             np.testing.assert_array_equal(out, np.arange(count, dtype=np.float32))
             sent += 1
-    assert server.output.count(ROUTED) == 2, server.output  # one route per worker
+    assert server.output.count(ROUTED) == WORKERS, server.output  # one route per worker
     success, executions = _success(server, "expand")
     assert (success - before[0], executions - before[1]) == (sent, sent)
     assert _metric(server, "nv_inference_request_success", "expand") - metric_before == sent

@@ -1,9 +1,10 @@
 """Direct dispatch's statistics: the frontend workers count the requests they send straight to
 stubs in shared memory, and the core adds them up when statistics are read
-(``ipc/stat_counters.py``). These tests run ``--frontend-workers 2`` whatever
-``SHOAL_TEST_FRONTEND_WORKERS`` says and check the totals a client reads: the same counts as
-the core's own path, a response counted before the client has it (read through either
-worker), counts that outlive a killed worker, and a reload that starts the new version's.
+(``ipc/stat_counters.py``). These tests run ``--frontend-workers 2`` (more where
+``SHOAL_TEST_FRONTEND_WORKERS`` asks for more) and check the totals a client reads: the same
+counts as the core's own path, a response counted before the client has it (read through
+another worker), counts that outlive a killed worker, and a reload that starts the new
+version's.
 """
 
 from __future__ import annotations
@@ -24,7 +25,12 @@ from tritonclient.utils import InferenceServerException
 
 from tests.integration.server import TEST_MODELS, ShoalServer
 from tests.integration.test_direct_dispatch import _EXPAND, _EXPAND_CONFIG, ROUTED
-from tests.integration.test_frontend_workers import _wait_for_workers, through, worker_pids
+from tests.integration.test_frontend_workers import (
+    WORKERS,
+    _wait_for_workers,
+    through,
+    worker_pids,
+)
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -42,7 +48,8 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _start(repo: Path, direct: bool = True) -> ShoalServer:
-    args = ("--frontend-workers", "2", "--model-control-mode", "explicit", "--load-model", "*")
+    args = ("--frontend-workers", str(WORKERS), "--model-control-mode", "explicit")
+    args += ("--load-model", "*")
     extra = () if direct else ("--direct-dispatch", "false")
     return ShoalServer(repo, extra_args=(*args, *extra), metrics=True)
 
@@ -119,7 +126,7 @@ def _metrics(server: ShoalServer) -> list[str]:
 
 def _send_everywhere(server: ShoalServer, count: int) -> None:
     """``count`` requests of each model through each worker over each protocol."""
-    for index in (0, 1):
+    for index in range(WORKERS):
         for module, attr in PROTOCOLS:
             with through(server, index):
                 client = _client(module, getattr(server, attr))
@@ -141,11 +148,14 @@ def test_the_counts_are_those_of_the_core_s_own_path(repo: Path) -> None:
             stats = {m: _counts(_stats(httpclient, server.url, m)) for m in ("expand", "raiser")}
             totals.append((stats, _metrics(server)))
     (direct_stats, direct_metrics), (core_stats, core_metrics) = totals
-    assert direct_stats["expand"]["success"] == 60
-    assert direct_stats["raiser"]["fail"] == 4
+    assert direct_stats["expand"]["success"] == 30 * WORKERS
+    assert direct_stats["raiser"]["fail"] == 2 * WORKERS
     assert direct_stats == core_stats
     assert direct_metrics == core_metrics
-    backend = 'nv_inference_request_failure{model="raiser",reason="BACKEND",version="1"} 4'
+    failed = f"{2 * WORKERS}"
+    backend = (
+        f'nv_inference_request_failure{{model="raiser",reason="BACKEND",version="1"}} {failed}'
+    )
     assert backend in direct_metrics
 
 
@@ -156,9 +166,9 @@ def test_a_response_is_counted_before_the_client_reads_statistics_through_either
         before = _success(server)
         for sent in range(1, 9):
             module, attr = PROTOCOLS[sent % 2]
-            with through(server, sent % 2):
+            with through(server, sent % WORKERS):
                 _infer(module, getattr(server, attr), "expand")
-            with through(server, (sent + 1) % 2):
+            with through(server, (sent + 1) % WORKERS):
                 assert _success(server, PROTOCOLS[sent // 2 % 2][0]) == before + sent
         assert ROUTED in server.output
 
@@ -168,7 +178,7 @@ def test_the_counts_outlive_a_killed_worker_and_a_reload_starts_the_new_version_
 ) -> None:
     with _start(repo) as server:
         _send_everywhere(server, 5)
-        assert _success(server) == 20
+        assert _success(server) == 10 * WORKERS
         first = worker_pids(server)
         os.kill(first[0], signal.SIGKILL)
         deadline = time.monotonic() + 60
@@ -176,9 +186,9 @@ def test_the_counts_outlive_a_killed_worker_and_a_reload_starts_the_new_version_
             assert time.monotonic() < deadline, server.output[-3000:]
             time.sleep(0.05)  # polling the process table for the restarted worker
         _until_serving(server)
-        assert _success(server) == 20  # what the killed worker counted is kept
+        assert _success(server) == 10 * WORKERS  # what the killed worker counted is kept
         _send_everywhere(server, 2)
-        assert _success(server) == 28
+        assert _success(server) == 14 * WORKERS
         client = httpclient.InferenceServerClient(server.url)
         try:
             config = client.get_model_config("expand")
@@ -188,10 +198,10 @@ def test_the_counts_outlive_a_killed_worker_and_a_reload_starts_the_new_version_
             client.close()
         assert _success(server) == 0  # a new version: none of the old one's counts
         _send_everywhere(server, 3)
-        assert _success(server) == 12
-        assert server.output.count(ROUTED) >= 4, server.output[-3000:]
+        assert _success(server) == 6 * WORKERS
+        assert server.output.count(ROUTED) >= 2 * WORKERS, server.output[-3000:]
 
 
 def _until_serving(server: ShoalServer) -> None:
-    """Wait until the restarted worker is dealt connections (both workers serve)."""
-    _wait_for_workers(server, 2)
+    """Wait until the restarted worker is dealt connections (every worker serves)."""
+    _wait_for_workers(server, WORKERS)
