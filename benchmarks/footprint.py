@@ -1,12 +1,13 @@
 """What a server with N frontend workers holds: memory, fds, shared segments, threads.
 
     .venv/bin/python -m benchmarks.footprint                        # N = 1, 2, 4, 7
-    .venv/bin/python -m benchmarks.footprint --workers 1 7 --requests 2000
+    .venv/bin/python -m benchmarks.footprint --workers 7 --requests 20000 --bytes 4096
 
 Serves a copy of the device bench's repository (``identity_fp32`` with 2 instances, and
 ``identity_x8``: the same model with 8) and, for each N, measures once when the server is ready
-and once after ``--requests`` 64 B requests over new HTTP connections (so every worker has taken
-some, and made its direct routes to every stub of the model):
+and once after ``--requests`` requests of ``--bytes`` (64 B) over new HTTP connections, half to
+each model (so every worker has taken some, and made its direct routes to every stub of both;
+4 KiB requests, inline in the rings, wrap each ring after a few hundred):
 
 * time to ready (start to ``/v2/health/ready``, every model loaded);
 * per role (core, workers, stubs): processes, RSS and PSS (``/proc/PID/smaps_rollup``), open fds,
@@ -162,10 +163,11 @@ def _ready(port: int) -> bool:
         return False
 
 
-def _infer(port: int, model: str) -> None:
-    """One 64 B request (16 fp32) on a new connection, in the binary tensor extension."""
-    tensor = struct.pack("<16f", *range(16))
-    head = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [16]}]}
+def _infer(port: int, model: str, nbytes: int) -> None:
+    """One request of ``nbytes`` (fp32) on a new connection, in the binary tensor extension."""
+    count = nbytes // 4
+    tensor = struct.pack(f"<{count}f", *range(count))
+    head = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [count]}]}
     head["inputs"][0]["parameters"] = {"binary_data_size": len(tensor)}
     head_bytes = json.dumps(head).encode()
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
@@ -184,16 +186,16 @@ def _infer(port: int, model: str) -> None:
         conn.close()
 
 
-def measure(repo: Path, workers: int, requests: int, timeout: float) -> dict[str, Any]:
+def measure(repo: Path, workers: int, load: tuple[int, int], timeout: float) -> dict[str, Any]:
     """Serve ``repo`` with ``workers`` frontend workers; the figures ready and after the load."""
     with tempfile.TemporaryDirectory(prefix="shoal-footprint-") as tmp:
         log = Path(tmp) / "serve.log"
         with log.open("wb") as out:
-            return _serve(repo, workers, requests, timeout, out, log)
+            return _serve(repo, workers, load, timeout, out, log)
 
 
 def _serve(
-    repo: Path, workers: int, requests: int, timeout: float, out: Any, log: Path
+    repo: Path, workers: int, load: tuple[int, int], timeout: float, out: Any, log: Path
 ) -> dict[str, Any]:
     args = [sys.executable, "-m", "shoal.cli", "serve", "--model-repository", str(repo)]
     args += ["--http-address", "127.0.0.1", "--http-port", "0", "--allow-grpc", "false"]
@@ -215,8 +217,9 @@ def _serve(
         ready_s = time.monotonic() - started
         at_ready = snapshot(proc.pid)
         with concurrent.futures.ThreadPoolExecutor(16) as pool:
+            requests, nbytes = load
             models = ["identity_x8", "identity_fp32"] * (requests // 2)
-            list(pool.map(lambda m: _infer(port, m), models))
+            list(pool.map(lambda m: _infer(port, m, nbytes), models))
         after = snapshot(proc.pid)
         return {"workers": workers, "ready_s": ready_s, "ready": at_ready, "loaded": after}
     finally:
@@ -265,14 +268,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4, 7])
     parser.add_argument("--requests", type=int, default=2000)
+    parser.add_argument("--bytes", type=int, default=64, help="each request's tensor")
     parser.add_argument("--repository", type=Path, default=DEVICE_REPO)
     parser.add_argument("--timeout", type=float, default=300.0)
     parser.add_argument("--json", type=Path, help="write every figure there too")
     opts = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="shoal-footprint-") as tmp:
         repo = make_repository(Path(tmp), opts.repository)
-        results = [measure(repo, n, opts.requests, opts.timeout) for n in opts.workers]
-    print(f"# {platform.node()}, {os.cpu_count()} cores, {opts.requests} requests, shoal serve")
+        load = (opts.requests, opts.bytes)
+        results = [measure(repo, n, load, opts.timeout) for n in opts.workers]
+    print(
+        f"# {platform.node()}, {os.cpu_count()} cores, {opts.requests} requests of "
+        f"{opts.bytes} B, shoal serve"
+    )
     print("| N | ready s |")
     print("|---:|---:|")
     for r in results:
