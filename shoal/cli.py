@@ -222,8 +222,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         import uvloop
 
         from shoal.supervisor.memory.malloc_tuning import keep_large_buffers_mapped
+        from shoal.supervisor.open_files import raise_open_file_limit
 
         keep_large_buffers_mapped()
+        before, after = raise_open_file_limit()
+        if after != before:
+            log = logging.getLogger("shoal")
+            log.debug("open files: the limit raised from %d to %d", before, after)
         try:
             return int(uvloop.run(_serve(options)))
         except (FileNotFoundError, OSError) as error:

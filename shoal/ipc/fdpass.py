@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import array
 import os
+import select
 import socket
 
 from shoal.ipc._errors import PeerGone
 
-__all__ = ["MAX_PAYLOAD", "PeerGone", "recv_fds", "send_fds"]
+__all__ = ["MAX_PAYLOAD", "PeerGone", "readable_now", "recv_fds", "send_fds"]
 
 MAX_PAYLOAD = 64 << 10
 _HEADER = 4
@@ -31,6 +32,17 @@ def send_fds(sock: socket.socket, payload: bytes, fds: list[int]) -> None:
             sock.sendall(frame[sent:])
     except (BrokenPipeError, ConnectionResetError) as exc:
         raise PeerGone(f"peer closed the socket while sending fds: {exc}") from exc
+
+
+def readable_now(sock: socket.socket) -> bool:
+    """Whether ``sock`` has something to read (or its peer closed it), without waiting.
+
+    ``poll``, not ``select``: ``select`` refuses a descriptor numbered 1024 or more, which a
+    process past 1024 open files (a server holding many connections, under a raised
+    ``RLIMIT_NOFILE``) gives its newest sockets."""
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    return bool(poller.poll(0))
 
 
 def recv_fds(sock: socket.socket, max_fds: int = 16) -> tuple[bytes, list[int]]:

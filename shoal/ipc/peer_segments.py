@@ -9,12 +9,11 @@ duplicate of each fd is kept, to hand the segment on to a third process (a stub)
 from __future__ import annotations
 
 import os
-import select
 import socket
 
 from shoal.ipc import messages as msg
 from shoal.ipc.arena import ArenaMap, Block, Segment
-from shoal.ipc.fdpass import PeerGone, recv_fds
+from shoal.ipc.fdpass import PeerGone, readable_now, recv_fds
 
 __all__ = ["AnnouncedSegments"]
 
@@ -71,7 +70,7 @@ class AnnouncedSegments:
     def read_pending(self) -> None:
         """Read the announcements already in the socket, without waiting."""
         try:
-            while select.select([self.sock], [], [], 0)[0]:
+            while readable_now(self.sock):
                 self._receive()
         except (PeerGone, OSError, ValueError):
             pass  # the peer has gone (or the socket is closed): what it sent is read

@@ -8,7 +8,6 @@ import errno
 import inspect
 import json
 import os
-import select
 import signal
 import socket
 import sys
@@ -21,7 +20,7 @@ from shoal.ipc import messages as msg
 from shoal.ipc.arena import ArenaMap, Block, OwnedArena, Segment
 from shoal.ipc.cuda import CudaPoolMap
 from shoal.ipc.down_set import DownSet
-from shoal.ipc.fdpass import recv_fds, send_fds
+from shoal.ipc.fdpass import readable_now, recv_fds, send_fds
 from shoal.ipc.queue import Channel, PeerGone
 from shoal.ipc.tensor import CudaLocation, InlineBytes, Location, RegionLocation, inline_budget
 from shoal.stub import c_python_backend_utils, failures, loader, pb_utils, readiness
@@ -132,7 +131,7 @@ class StubRuntime:
         """The supervisor gave a CUDA pool chunk back: close our handle of it (reading first
         an announcement of it that may still wait in the socket)."""
         with self._segments_lock:
-            while select.select([self.sock], [], [], 0)[0]:
+            while readable_now(self.sock):
                 self._receive_announcement()
         self.cuda_pools.retire(device, chunk)
 
@@ -144,7 +143,7 @@ class StubRuntime:
         now takes it out.
         """
         with self._segments_lock:
-            while select.select([self.sock], [], [], 0)[0]:
+            while readable_now(self.sock):
                 self._receive_announcement()
             self.inputs.retire(arena_id, segment)
 

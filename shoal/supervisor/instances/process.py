@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import select
 import signal
 import socket
 import subprocess
@@ -18,7 +17,7 @@ import msgpack
 from shoal.ipc import messages as msg
 from shoal.ipc._alloc import split_key
 from shoal.ipc.arena import ArenaMap, Block, Segment
-from shoal.ipc.fdpass import PeerGone, recv_fds, send_fds
+from shoal.ipc.fdpass import PeerGone, readable_now, recv_fds, send_fds
 from shoal.ipc.queue import Channel
 from shoal.ipc.tensor import CudaLocation, Location
 from shoal.supervisor.instances.channel import Tensors
@@ -246,7 +245,7 @@ class StubProcess:
         retirement), so what the socket holds now is read first.
         """
         try:
-            while select.select([self.sock], [], [], 0)[0]:
+            while readable_now(self.sock):
                 self._receive_announcement()
         except PeerGone:
             pass  # the stub has exited; what it sent before is read

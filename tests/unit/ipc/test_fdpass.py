@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
+import resource
 import socket
 
 import pytest
 
-from shoal.ipc.fdpass import MAX_PAYLOAD, recv_fds, send_fds
+from shoal.ipc.fdpass import MAX_PAYLOAD, readable_now, recv_fds, send_fds
 from shoal.ipc.queue import PeerGone
 
 
@@ -67,3 +68,32 @@ def test_oversized_payload_is_refused() -> None:
         send_fds(left, bytes(MAX_PAYLOAD + 1), [])
     left.close()
     right.close()
+
+
+def test_readable_now_takes_a_descriptor_past_1024() -> None:
+    """A server with many connections open gives its newest sockets numbers past 1024, where
+    ``select`` refuses them (``ValueError``): reading what a stub announced must still work."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    high = 1500
+    if hard != resource.RLIM_INFINITY and hard <= high:
+        pytest.skip(f"RLIMIT_NOFILE's hard limit is {hard}")
+    if soft != resource.RLIM_INFINITY and soft <= high:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (high + 1, hard))
+    ours, theirs = socket.socketpair()
+    try:
+        os.dup2(ours.fileno(), high)
+        far = socket.socket(fileno=high)
+        try:
+            assert not readable_now(far)
+            send_fds(theirs, b"announced", [])
+            assert readable_now(far)
+            assert recv_fds(far) == (b"announced", [])
+            assert not readable_now(far)
+            theirs.close()
+            assert readable_now(far)  # the peer's close is something to read: its end
+        finally:
+            far.close()
+    finally:
+        ours.close()
+        theirs.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
