@@ -596,7 +596,7 @@ def test_a_client_that_goes_away_cancels_its_request(server):
 
 def _metric(server: ShoalServer, name: str, model: str) -> float:
     url = f"http://127.0.0.1:{server.metrics_port}/metrics"
-    with urllib.request.urlopen(url, timeout=10) as response:
+    with urllib.request.urlopen(url, timeout=30) as response:
         text = response.read().decode()
     for line in text.splitlines():
         if line.startswith(name + "{") and f'model="{model}"' in line:
