@@ -138,7 +138,13 @@ class ConnectionDealer:
             self._next = index + 1
             return
         self.dropped += 1
-        log.warning("no frontend worker could take a new connection; it was closed")
+        # Once per power of two: a flood of connections while no worker serves (all restarting)
+        # must not become a flood of log lines.
+        if self.dropped & (self.dropped - 1) == 0:
+            log.warning(
+                "no frontend worker could take a new connection; it was closed (%d closed so far)",
+                self.dropped,
+            )
 
 
 #: What makes the protocol of a dealt connection (the frontends' servers give one each).

@@ -4,6 +4,7 @@ gets with the protocol their kind names (``shoal/frontends/workers/dealing.py``)
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 from collections.abc import Callable
 from typing import cast
@@ -130,19 +131,31 @@ def test_a_worker_that_does_not_serve_is_passed_over() -> None:
     uvloop.run(run())
 
 
-def test_with_no_worker_to_take_it_a_connection_is_closed() -> None:
+def test_with_no_worker_to_take_it_a_connection_is_closed(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Each is closed and counted; the log says so at the 1st, 2nd, 4th, 8th... only."""
+
     async def run() -> None:
         http = _listener()
         port = http.getsockname()[1]
         dealer = ConnectionDealer({HTTP: http}, lambda: [None, None])
         dealer.start()
         try:
-            assert await _answer(port) == b""
+            for _ in range(5):
+                assert await _answer(port) == b""
         finally:
             dealer.stop()
-        assert dealer.dropped == 1
+        assert dealer.dropped == 5
 
-    uvloop.run(run())
+    with caplog.at_level(logging.WARNING, logger="shoal"):
+        uvloop.run(run())
+    said = [r.getMessage() for r in caplog.records if "no frontend worker" in r.getMessage()]
+    assert [line.rsplit("(", 1)[1] for line in said] == [
+        "1 closed so far)",
+        "2 closed so far)",
+        "4 closed so far)",
+    ]
 
 
 def test_a_stopped_dealer_refuses_new_connections() -> None:
