@@ -25,6 +25,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from tests.integration.server import holder, tcp_sockets
+
 _PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes.fromhex("000000040000000000")
 
 
@@ -43,22 +45,6 @@ def _is_worker(pid: int) -> bool:
     with contextlib.suppress(OSError), open(f"/proc/{pid}/cmdline", "rb") as cmdline:
         return b"worker_main" in cmdline.read()
     return False
-
-
-def _holder(conn: socket.socket, workers: list[int]) -> int | None:
-    mine = conn.getsockname()[1]
-    inodes = set()
-    with open("/proc/net/tcp") as table:
-        for line in table.readlines()[1:]:
-            fields = line.split()
-            if int(fields[2].rsplit(":", 1)[1], 16) == mine:
-                inodes.add(f"socket:[{fields[9]}]")
-    for pid in workers:
-        for fd in os.listdir(f"/proc/{pid}/fd"):
-            with contextlib.suppress(OSError):
-                if os.readlink(f"/proc/{pid}/fd/{fd}") in inodes:
-                    return pid
-    return None
 
 
 def _burst(ports: tuple[int, int], count: int) -> list[socket.socket]:
@@ -105,7 +91,8 @@ def _spread(tree: str, workers: int, connections: int, tries: int) -> list[list[
         for _ in range(tries):
             opened = _burst((http, grpc), connections)
             try:
-                holders = [_holder(sock, pids) for sock in opened]
+                ends = [tcp_sockets(remote_port=sock.getsockname()[1]) for sock in opened]
+                holders = [holder(pids, end) for end in ends]
             finally:
                 for sock in opened:
                     sock.close()

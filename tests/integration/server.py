@@ -35,6 +35,36 @@ def command_lines() -> Iterator[tuple[int, list[bytes]]]:
             continue
 
 
+def tcp_sockets(
+    *, local_port: int | None = None, remote_port: int | None = None, listening: bool = False
+) -> set[str]:
+    """IPv4 TCP sockets with that local or remote port (only those listening, if asked), named
+    as ``/proc/PID/fd`` links name them (``socket:[inode]``)."""
+    found = set()
+    with open("/proc/net/tcp") as table:
+        for line in table.readlines()[1:]:
+            fields = line.split()
+            local, remote = (int(f.rsplit(":", 1)[1], 16) for f in fields[1:3])
+            if local_port is not None and local != local_port:
+                continue
+            if remote_port is not None and remote != remote_port:
+                continue
+            if listening and fields[3] != "0A":  # TCP_LISTEN
+                continue
+            found.add(f"socket:[{fields[9]}]")
+    return found
+
+
+def holder(pids: list[int], sockets: set[str]) -> int | None:
+    """The first of ``pids`` that holds one of ``sockets`` (:func:`tcp_sockets`), or None."""
+    for pid in pids:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                if os.readlink(f"/proc/{pid}/fd/{fd}") in sockets:
+                    return pid
+    return None
+
+
 def _children(pid: int) -> set[int]:
     """Stub processes whose --parent is ``pid``."""
     found = set()

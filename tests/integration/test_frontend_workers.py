@@ -38,6 +38,8 @@ from tests.integration.server import (
     TEST_MODELS,
     ShoalServer,
     command_lines,
+    holder,
+    tcp_sockets,
 )
 
 pytestmark = pytest.mark.timeout(120)
@@ -133,20 +135,9 @@ def probe_holder(server: ShoalServer, pids: list[int]) -> int:
 
 
 def _holder_of(conn: socket.socket, pids: list[int]) -> int | None:
-    """Which of ``pids`` holds the server's end of the loopback connection ``conn``."""
-    mine = conn.getsockname()[1]
-    inodes = set()
-    with open("/proc/net/tcp") as table:
-        for line in table.readlines()[1:]:
-            fields = line.split()
-            if int(fields[2].rsplit(":", 1)[1], 16) == mine:  # its remote end is ours
-                inodes.add(f"socket:[{fields[9]}]")
-    for index, pid in enumerate(pids):
-        for fd in os.listdir(f"/proc/{pid}/fd"):
-            with contextlib.suppress(OSError):
-                if os.readlink(f"/proc/{pid}/fd/{fd}") in inodes:
-                    return index
-    return None
+    """The index in ``pids`` of the worker holding the server's end of loopback ``conn``."""
+    pid = holder(pids, tcp_sockets(remote_port=conn.getsockname()[1]))
+    return None if pid is None else pids.index(pid)
 
 
 def _until_stopped(pid: int) -> None:
@@ -673,25 +664,6 @@ def test_drain_on_sigterm_finishes_requests_then_stops_the_workers():
         assert not [pid for pid in workers if os.path.exists(f"/proc/{pid}")]
 
 
-def _listening_inodes(port: int) -> set[str]:
-    """The sockets listening on ``port`` (as /proc/PID/fd names them)."""
-    found = set()
-    with open("/proc/net/tcp") as table:
-        for line in table.readlines()[1:]:
-            fields = line.split()
-            if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
-                found.add(f"socket:[{fields[9]}]")
-    return found
-
-
-def _holds_any(pid: int, inodes: set[str]) -> bool:
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        with contextlib.suppress(OSError):
-            if os.readlink(f"/proc/{pid}/fd/{fd}") in inodes:
-                return True
-    return False
-
-
 def _answered(port: int) -> bool | None:
     """None: the connection was refused; else whether an HTTP request on it got an answer."""
     try:
@@ -715,9 +687,9 @@ def test_a_killed_core_takes_the_workers_with_it():
         stubs = running.stub_pids()
         assert stubs
         ports = [int(url.rsplit(":", 1)[1]) for url in (running.url, running.grpc_url)]
-        listening = set().union(*(_listening_inodes(port) for port in ports))
+        listening = set().union(*(tcp_sockets(local_port=p, listening=True) for p in ports))
         assert len(listening) == 2
-        assert not [pid for pid in workers if _holds_any(pid, listening)]
+        assert holder(workers, listening) is None
         running.stop(signal.SIGKILL)  # returns once the core is reaped
         reaped = time.monotonic()
         answers = []
