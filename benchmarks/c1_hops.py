@@ -2,6 +2,7 @@
 
     .venv/bin/python -m benchmarks.c1_hops                       # workers 1 and 2, HTTP and gRPC
     .venv/bin/python -m benchmarks.c1_hops --busy-poll 0,100 --duration 3
+    .venv/bin/python -m benchmarks.c1_hops --workers 7 --instances 8 -c 64 --untraced  # CPU, loaded
 
 A request at c=1 with frontend workers crosses client -> worker -> core -> stub -> core ->
 worker -> client; each hop that finds its process asleep costs a wake-up. For each
@@ -31,7 +32,7 @@ import tempfile
 from pathlib import Path
 
 from benchmarks.batching import machine, stop_server
-from benchmarks.overhead import cpu_seconds, stage_totals, start_traced_server
+from benchmarks.overhead import ROOT, cpu_seconds, stage_totals, start_traced_server
 from shoal.perf import RunConfig, run
 from shoal.perf.cli import run_loop
 
@@ -94,7 +95,7 @@ def measure(server, protocol: str, duration: float, concurrency: int = 1) -> dic
     (result,) = run_loop(run(config))
     cpu_after, sw_after = cpu_seconds(server.process.pid), context_switches(server.process.pid)
     after = stage_totals(server.metrics_port, MODEL)
-    done = after["core_total"][0] - before["core_total"][0]
+    done = after["requests"][0] - before["requests"][0]  # the warm-up's too, as the CPU is
 
     def stage(name: str) -> float:
         n = after[name][0] - before[name][0]
@@ -118,6 +119,20 @@ def measure(server, protocol: str, duration: float, concurrency: int = 1) -> dic
 COLUMNS = ("p50", "p99", "ipc_in", "compute", "ipc_out", "complete", "outside")
 
 
+def repository(root: Path, instances: int) -> Path:
+    """``benchmarks/models`` with ``identity_fp32`` at ``instances`` instances, in ``root``:
+    with one, a loaded server's limit is that one stub (the device's cells use eight)."""
+    models = root / "models"
+    shutil.copytree(ROOT / "benchmarks" / "models", models)
+    config = models / MODEL / "config.pbtxt"
+    text = config.read_text()
+    group = "instance_group [ { count: 1 kind: KIND_CPU } ]"
+    if group not in text:
+        raise SystemExit(f"{config}: no '{group}' line to change")
+    config.write_text(text.replace(group, group.replace("count: 1", f"count: {instances}")))
+    return models
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workers", default="1,2", help="--frontend-workers counts")
@@ -129,17 +144,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "-c", "--concurrency", type=int, default=1, help="1 unless the sleeps under load matter"
     )
+    parser.add_argument("--instances", type=int, default=1, help=f"{MODEL}'s instance count")
+    parser.add_argument(
+        "--untraced",
+        action="store_true",
+        help="no --trace-overhead: requests go straight from the workers to the stubs (direct "
+        "dispatch, as served), the core's stage columns stay 0; for the CPU per process kind",
+    )
     args = parser.parse_args(argv)
     polls = args.busy_poll.split(",") if args.busy_poll else [""]
-    print(f"# c={args.concurrency}, {MODEL} 64 B, {machine()}\n")
+    print(f"# c={args.concurrency}, {MODEL} 64 B x{args.instances} instances, {machine()}\n")
     stats = [f"{kind} {what}" for kind in KINDS for what in ("µs", "sw")]
     print("| workers | busy poll | protocol | " + " | ".join((*COLUMNS, *stats)) + " |")
     print("|---|---|---|" + "---:|" * (len(COLUMNS) + len(stats)))
     with tempfile.TemporaryDirectory(prefix="shoal-c1-") as tmp:
+        models = repository(Path(tmp), args.instances)
         for workers in (int(w) for w in args.workers.split(",")):
             for poll in polls:
                 extra = ["--busy-poll-us", poll] if poll else []
-                server = start_traced_server(Path(tmp) / "shoal.log", workers, extra=extra)
+                server = start_traced_server(
+                    Path(tmp) / "shoal.log",
+                    workers,
+                    extra=extra,
+                    repository=models,
+                    trace=not args.untraced,
+                )
                 try:
                     for protocol in args.protocols.split(","):
                         row = measure(server, protocol, args.duration, args.concurrency)

@@ -77,14 +77,16 @@ def start_traced_server(
     trace: bool = True,
     timeout: float = START_TIMEOUT_S,
     extra: Sequence[str] = (),
+    repository: Path = ROOT / "benchmarks" / "models",
 ) -> TracedServer:
     """``shoal serve --trace-overhead`` with HTTP, gRPC and metrics on free loopback ports;
     ``wrapper``: a command it runs under (``valgrind ...``), ``trace``: the flag given,
-    ``extra``: more flags (``--busy-poll-us 0``)."""
+    ``extra``: more flags (``--busy-poll-us 0``), ``repository``: ``benchmarks/models`` unless
+    told."""
     command = [
         *wrapper,
         sys.executable,
-        *("-m", "shoal.cli", "serve", "--model-repository", str(ROOT / "benchmarks" / "models")),
+        *("-m", "shoal.cli", "serve", "--model-repository", str(repository)),
         *("--http-address", "127.0.0.1", "--http-port", "0"),
         *("--grpc-address", "127.0.0.1", "--grpc-port", "0"),
         *("--metrics-address", "127.0.0.1", "--metrics-port", "0"),
