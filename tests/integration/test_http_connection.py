@@ -130,6 +130,19 @@ def test_http_1_0_request_is_answered_and_closed(server):
         assert reader.closed()
 
 
+@pytest.mark.parametrize("header", ["Connection: keep-alive", "Proxy-Connection: keep-alive"])
+def test_http_1_0_asking_keep_alive_is_still_closed(server, header):
+    """uvicorn's rule: an HTTP/1.0 connection is not kept alive, whatever its headers say (the
+    fast way asks the parser's version only when one of these headers is there)."""
+    with _connect(server) as sock:
+        sock.sendall(_post("/v2/models/identity/infer", _infer_body([6.0]), header, version="1.0"))
+        reader = _Reader(sock)
+        status, _, body = reader.response()
+        assert status == 200
+        assert _outputs(body) == [6.0]
+        assert reader.closed()
+
+
 def test_errors_on_the_fast_way_match_the_asgi_way(server):
     body = _infer_body([1.0])
     with _connect(server) as sock:
