@@ -37,13 +37,14 @@ class OutputFormat:
     """How the client wants each output back: binary, JSON, or left in its shared memory."""
 
     binary_default: Final[bool]
-    binary: Final[Mapping[str, bool]]
+    #: A dict, not a Mapping: compiled, its ``get`` is a direct call, not a method look-up.
+    binary: Final[dict[str, bool]]
     shared_memory: Final[frozenset[str]]
 
     def __init__(
         self,
         binary_default: bool = False,
-        binary: Mapping[str, bool] | None = None,
+        binary: dict[str, bool] | None = None,
         shared_memory: frozenset[str] = frozenset(),
     ) -> None:
         # Written out: a generated __init__ stays interpreted in the compiled hot path.
