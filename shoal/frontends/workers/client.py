@@ -16,7 +16,6 @@ import asyncio
 import contextlib
 import itertools
 import socket
-import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any, cast
 
@@ -42,6 +41,7 @@ from shoal.frontends.workers import _response_wire as response_wire
 from shoal.frontends.workers import _wire as wire
 from shoal.frontends.workers.arenas import StagingArena
 from shoal.frontends.workers.direct import DirectDispatch, direct_fits
+from shoal.frontends.workers.direct_stubs import monotonic_ns
 from shoal.frontends.workers.methods import ASYNC_METHODS, DIRECT_METHODS, SYNC_METHODS
 from shoal.frontends.workers.outputs import MappedOutputs
 from shoal.frontends.workers.packing import PackedRefused, Prepared, Restage, Snapshots, prepare
@@ -325,7 +325,7 @@ class RemoteCore(CoreAPI):
 
     def infer(self, request: InferRequest) -> Coroutine[Any, Any, InferResponse]:
         """Not a coroutine: a request sent directly returns :meth:`DirectDispatch.submit`'s."""
-        started = time.monotonic_ns()
+        started = monotonic_ns()
         prepared = self._prepare(request)
         direct = self.direct
         answer: Coroutine[Any, Any, InferResponse] | None = None

@@ -40,7 +40,7 @@ from shoal.frontends.workers.direct_records import (
     output_blocks,
     private_inputs,
 )
-from shoal.frontends.workers.direct_stubs import Route, Stub, Waiting, least_busy
+from shoal.frontends.workers.direct_stubs import Route, Stub, Waiting, least_busy, monotonic_ns
 from shoal.frontends.workers.packing import Prepared
 from shoal.ipc import messages as msg
 from shoal.ipc.arena import Block
@@ -312,7 +312,7 @@ class DirectDispatch:
         compute: tuple[int, int, int] = (0, 0, 0),
     ) -> None:
         route = waiting.route
-        total_ns = time.monotonic_ns() - waiting.started_ns
+        total_ns = monotonic_ns() - waiting.started_ns
         self._tally.count(
             route.row, route.generation, outcome, executed, total_ns, queue_ns, compute
         )
