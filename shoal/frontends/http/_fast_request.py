@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import mmap
-from collections.abc import Coroutine, Sequence
-from typing import Any, Protocol
+from collections.abc import Coroutine, Generator, Sequence
+from typing import Any, Final, Protocol
 
 from shoal.frontends.http._body_reader import BodyBuffer
 from shoal.frontends.http._response import Body
@@ -98,6 +98,12 @@ class Stepped:
     bare ``yield`` (``asyncio.sleep(0)``) steps again on the loop's next turn; an exception
     that ends it is logged. What it does not: it is not ``asyncio.current_task()`` (nothing
     on the fast path asks) and its steps run in the loop's context, not a copy.
+
+    A coroutine may end by awaiting :data:`LAST_STEP` (the fast path's does): stepped, that
+    await hands this object the marker and the coroutine is never resumed (dropped), so its end
+    raises no StopIteration. Compiled, catching that costs a request ~4,000 instructions: the
+    traceback entry the call gets on the way out, the exception state saved and restored. One
+    that returns ends as before.
     """
 
     def __init__(self, coro: Coroutine[Any, Any, None], tasks: set[Any]) -> None:
@@ -140,7 +146,9 @@ class Stepped:
                 raise  # KeyboardInterrupt, SystemExit: as a task, to the loop
             _logger.exception("unexpected error while serving an inference request")
             return
-        if awaited is None:  # a bare yield: again on the loop's next turn
+        if awaited is LAST_STEP:  # done: the coroutine is dropped, never resumed
+            self._tasks.discard(self)
+        elif awaited is None:  # a bare yield: again on the loop's next turn
             asyncio.get_running_loop().call_soon(self._step)
         elif getattr(awaited, "_asyncio_future_blocking", False):
             awaited._asyncio_future_blocking = False
@@ -153,3 +161,14 @@ class Stepped:
         else:  # as a task would, it hears that it yielded what it may not
             error = RuntimeError(f"a fast request yielded {awaited!r}, not a future")
             asyncio.get_running_loop().call_soon(self._step, error)
+
+
+class _LastStep:
+    """:data:`LAST_STEP`'s class."""
+
+    def __await__(self) -> Generator[Any, None, None]:
+        yield self
+
+
+#: Awaited last by a coroutine :class:`Stepped` steps: its step yields this, and ends it.
+LAST_STEP: Final = _LastStep()

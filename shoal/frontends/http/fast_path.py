@@ -21,7 +21,7 @@ from shoal.frontends.http import _json
 from shoal.frontends.http._body_reader import DIRECT_BODY, POOL, BodyBuffer, BodyReader
 from shoal.frontends.http._coalescing import CoalescingHttpToolsProtocol
 from shoal.frontends.http._fast_conn import FastConnection
-from shoal.frontends.http._fast_request import FastRequest, Stepped
+from shoal.frontends.http._fast_request import LAST_STEP, FastRequest, Stepped
 from shoal.frontends.http._response import Body, LentBody, body_length
 
 
@@ -334,6 +334,7 @@ class FastInferHttpToolsProtocol(CoalescingHttpToolsProtocol):
             del body  # the request's last view of it
             POOL.give_back(request.map)
         self._send(request, status, headers, payload)
+        await LAST_STEP  # the end, without a StopIteration to catch (see Stepped)
 
     def _send(
         self, request: FastRequest, status: int, headers: Sequence[tuple[str, str]], payload: Body

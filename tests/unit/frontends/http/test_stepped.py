@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from shoal.frontends.http._fast_request import Stepped
+from shoal.frontends.http._fast_request import LAST_STEP, Stepped
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -150,6 +150,51 @@ def test_a_finished_one_is_no_reference_cycle() -> None:
         future.set_result(None)
         await asyncio.sleep(0)
         assert not tasks
+
+    gc.collect()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        _run(main)
+        gc.collect()
+        assert not [item for item in gc.garbage if type(item) is Stepped]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+
+
+def test_awaiting_the_last_step_ends_it_without_resuming() -> None:
+    events: list[str] = []
+
+    async def work(future: asyncio.Future[int]) -> None:
+        events.append(f"got {await future}")
+        await LAST_STEP
+        events.append("resumed")  # never: the step that yields LAST_STEP is its last
+
+    async def main() -> None:
+        tasks: set[Any] = set()
+        future = asyncio.get_running_loop().create_future()
+        stepped = Stepped(work(future), tasks)
+        assert tasks == {stepped}
+        future.set_result(3)
+        await asyncio.sleep(0)
+        assert not tasks
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        assert events == ["got 3"]
+
+    _run(main)
+
+
+def test_a_last_step_at_once_leaves_no_reference_cycle() -> None:
+    async def work() -> None:
+        await LAST_STEP
+
+    async def main() -> None:
+        tasks: set[Any] = set()
+        Stepped(work(), tasks)
+        assert not tasks  # ended in its first step
 
     gc.collect()
     gc.disable()
