@@ -181,7 +181,9 @@ def serialized_bytes_size(array: np.ndarray) -> int:
     return 4 * len(items) + sum(map(len, items))
 
 
-def deserialize_bytes(buffer: bytes | memoryview, count: int | None = None) -> np.ndarray:
+def deserialize_bytes(
+    buffer: bytes | bytearray | memoryview, count: int | None = None
+) -> np.ndarray:
     """Decode a serialized BYTES buffer into a 1-D object array of ``bytes``.
 
     With ``count``, exactly that many elements must fill the whole buffer; otherwise the buffer is
