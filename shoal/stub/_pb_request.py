@@ -4,10 +4,21 @@ from __future__ import annotations
 
 import enum
 import json
+import threading
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 from shoal.stub._pb_errors import TritonModelException
+from shoal.stub._pb_request_checks import (
+    MISSING,
+    check_correlation_id,
+    check_inputs,
+    check_int,
+    check_output_names,
+    check_str,
+    instance_of,
+    required,
+)
 from shoal.stub._pb_response import (
     Deliver,
     InferenceResponse,
@@ -90,6 +101,9 @@ _NO_PREFERENCE = PreferredMemory._default()
 _UNTRACED = InferenceTrace()
 
 _bls_executor: BlsExecutor | None = None
+#: Held while a request's sender is made, or marked returned before it is (rarely contended:
+#: the model's threads and the main loop, once per request at most).
+_SENDER_MADE = threading.Lock()
 
 
 def _set_bls_executor(executor: BlsExecutor | None) -> None:
@@ -127,26 +141,6 @@ class _Cancellation:
         return self.cancelled
 
 
-_MISSING: Any = object()
-
-
-def _required(value: Any, name: str) -> Any:
-    if value is _MISSING:
-        raise TypeError(f"InferenceRequest() missing required argument: '{name}'")
-    return value
-
-
-def _check_str(value: Any, name: str) -> None:
-    if not isinstance(value, str):
-        raise TypeError(f"{name} must be a str, not {type(value).__name__}")
-
-
-def _check_int(value: object, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
-    return value
-
-
 class InferenceRequest:
     """A request: received by ``execute``, or built by the model for a BLS call.
 
@@ -159,9 +153,9 @@ class InferenceRequest:
         self,
         request_id: str = "",
         correlation_id: int | str = 0,
-        inputs: Sequence[Tensor] = _MISSING,
-        requested_output_names: Sequence[str] = _MISSING,
-        model_name: str = _MISSING,
+        inputs: Sequence[Tensor] = MISSING,
+        requested_output_names: Sequence[str] = MISSING,
+        model_name: str = MISSING,
         model_version: int = -1,
         flags: int = 0,
         timeout: int = 0,
@@ -169,23 +163,23 @@ class InferenceRequest:
         trace: InferenceTrace | None = None,
         parameters: dict[str, bool | int | str] | None = None,
     ) -> None:
-        inputs = _required(inputs, "inputs")
-        requested_output_names = _required(requested_output_names, "requested_output_names")
-        model_name = _required(model_name, "model_name")
-        _check_str(request_id, "request_id")
-        _check_str(model_name, "model_name")
+        inputs = required(inputs, "inputs")
+        requested_output_names = required(requested_output_names, "requested_output_names")
+        model_name = required(model_name, "model_name")
+        check_str(request_id, "request_id")
+        check_str(model_name, "model_name")
         self._init(
             request_id=request_id,
-            correlation_id=_check_correlation_id(correlation_id),
-            inputs=_check_inputs(inputs, request_id, model_name),
-            requested_output_names=_check_output_names(
+            correlation_id=check_correlation_id(correlation_id),
+            inputs=check_inputs(inputs, request_id, model_name),
+            requested_output_names=check_output_names(
                 requested_output_names, request_id, model_name
             ),
-            flags=_check_int(flags, "flags"),
+            flags=check_int(flags, "flags"),
             parameters=check_parameters(parameters),
-            timeout=_check_int(timeout, "timeout"),
+            timeout=check_int(timeout, "timeout"),
             model_name=model_name,
-            model_version=_check_int(model_version, "model_version"),
+            model_version=check_int(model_version, "model_version"),
             deliver=None,
             decoupled=False,
         )
@@ -196,10 +190,10 @@ class InferenceRequest:
     ) -> None:
         if preferred_memory is not None:
             message = "preferred_memory must be a pb_utils.PreferredMemory"
-            self._memory = _instance_of(preferred_memory, PreferredMemory, message)
+            self._memory = instance_of(preferred_memory, PreferredMemory, message)
         if trace is not None:
             message = "trace must be an InferenceTrace (from request.trace())"
-            self._trace = _instance_of(trace, InferenceTrace, message)
+            self._trace = instance_of(trace, InferenceTrace, message)
 
     def _init(
         self,
@@ -232,12 +226,16 @@ class InferenceRequest:
         # Shared with the sender without a reference back to the request: no cycle keeps the
         # request (and its zero-copy input views) alive past its last use.
         self._cancellation = _Cancellation()
-        self._sender = InferenceResponseSender(deliver, decoupled, self._cancellation.is_set)
+        # The sender is made when first asked for (``_response_sender``): most models never
+        # take it, and one per request served costs a lock and two objects.
+        self._deliver = deliver
+        self._decoupled = decoupled
+        self._sender: InferenceResponseSender | None = None
+        self._returned = False
 
     @classmethod
     def _from_server(
         cls,
-        *,
         request_id: str,
         correlation_id: int | str,
         inputs: list[Tensor],
@@ -294,7 +292,7 @@ class InferenceRequest:
 
     def set_flags(self, flags: int) -> None:
         """Set the request flags (for BLS requests to stateful models)."""
-        self._flags = _check_int(flags, "flags")
+        self._flags = check_int(flags, "flags")
 
     def timeout(self) -> int:
         """The timeout in microseconds (0: none)."""
@@ -316,13 +314,42 @@ class InferenceRequest:
 
     def get_response_sender(self) -> InferenceResponseSender:
         """The request's response sender (the same object on every call)."""
-        self._sender._taken = True
-        return self._sender
+        sender = self._response_sender()
+        sender._taken = True
+        return sender
+
+    def _response_sender(self) -> InferenceResponseSender:
+        """The sender, made on first use (from any thread: under a lock, so there is one)."""
+        sender = self._sender
+        if sender is not None:
+            return sender
+        with _SENDER_MADE:
+            sender = self._sender
+            if sender is None:
+                sender = InferenceResponseSender(
+                    self._deliver, self._decoupled, self._cancellation.is_set
+                )
+                if self._returned:  # execute returned this request's response already
+                    sender._mark_returned_unsent()
+                self._sender = sender
+            return sender
 
     def _awaits_sender(self) -> bool:
         """Whether the model took the response sender and has not sent FINAL through it yet
         (for the runtime: a default-mode response may still come from another thread)."""
-        return self._sender._is_taken() and not self._sender._is_closed()
+        sender = self._sender
+        return sender is not None and sender._is_taken() and not sender._is_closed()
+
+    def _mark_returned(self, response: InferenceResponse) -> None:
+        """``execute`` returned ``response`` for this request: as ``send(response, FINAL)``
+        through its sender, unsent (raises ``TritonModelException`` as that send would). With
+        no sender made yet nothing went through one: a sender made later starts closed."""
+        if self._sender is None:
+            with _SENDER_MADE:
+                if self._sender is None:
+                    self._returned = True
+                    return
+        self._response_sender()._mark_returned(response)
 
     def is_cancelled(self) -> bool:
         """Whether the client cancelled the request."""
@@ -330,7 +357,7 @@ class InferenceRequest:
 
     def set_release_flags(self, flags: int) -> None:
         """``TRITONSERVER_REQUEST_RELEASE_RESCHEDULE`` to reschedule the request, or ``_ALL``."""
-        flags = _check_int(flags, "flags")
+        flags = check_int(flags, "flags")
         if flags not in (TRITONSERVER_REQUEST_RELEASE_ALL, TRITONSERVER_REQUEST_RELEASE_RESCHEDULE):
             raise TritonModelException(
                 "Release flags must be TRITONSERVER_REQUEST_RELEASE_ALL or "
@@ -376,59 +403,3 @@ class InferenceRequest:
             f"InferenceRequest(request_id={self._request_id!r}, model_name={self._target_name!r}, "
             f"inputs={self._inputs!r})"
         )
-
-
-_T = TypeVar("_T")
-
-
-def _instance_of(value: _T, cls: type, message: str) -> _T:
-    """``value``; TypeError with ``message`` unless it is a ``cls``."""
-    if not isinstance(value, cls):
-        raise TypeError(message)
-    return value
-
-
-def _check_correlation_id(correlation_id: object) -> int | str:
-    if correlation_id is None:  # Triton refuses None before looking at the value
-        raise TypeError("correlation_id must be an int or a str, not None")
-    if isinstance(correlation_id, str):
-        return correlation_id
-    if isinstance(correlation_id, int):
-        if correlation_id < 0:
-            raise TritonModelException("Correlation ID must be a non-negative integer or string")
-        return int(correlation_id)
-    raise TritonModelException("Correlation ID must be integer or string")
-
-
-def _check_inputs(inputs: object, request_id: str, model_name: str) -> list[Tensor]:
-    if inputs is None or isinstance(inputs, str | bytes) or not isinstance(inputs, Sequence):
-        raise TypeError("inputs must be a list of pb_utils.Tensor")
-    return [_checked_input(tensor, request_id, model_name) for tensor in inputs]
-
-
-def _checked_input(tensor: object, request_id: str, model_name: str) -> Tensor:
-    if tensor is None:
-        raise TritonModelException(
-            f"Input tensor for request with id '{request_id}' and model name "
-            f"'{model_name}' should not be empty."
-        )
-    if not isinstance(tensor, Tensor):
-        raise TypeError(f"inputs must hold pb_utils.Tensor objects, not {type(tensor).__name__}")
-    return tensor
-
-
-def _check_output_names(names: object, request_id: str, model_name: str) -> list[str]:
-    if names is None or isinstance(names, str | bytes) or not isinstance(names, Sequence | set):
-        raise TypeError("requested_output_names must be a list of str")
-    return [_checked_output_name(name, request_id, model_name) for name in names]
-
-
-def _checked_output_name(name: object, request_id: str, model_name: str) -> str:
-    if not isinstance(name, str):
-        raise TypeError(f"requested output names must be str, not {type(name).__name__}")
-    if not name:
-        raise TritonModelException(
-            f"Requested output name for request with id '{request_id}' and model name "
-            f"'{model_name}' should not be empty."
-        )
-    return name

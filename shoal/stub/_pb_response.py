@@ -208,6 +208,12 @@ class InferenceResponseSender:
                 return
             self._advance(response, TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
+    def _mark_returned_unsent(self) -> None:
+        """A sender made after ``execute`` returned its request's response: closed, with that
+        response counted (what ``_mark_returned`` makes of a fresh sender)."""
+        self._closed = True
+        self._sent = 1
+
     def _close(self) -> None:
         """Close the sender (``execute`` raised): later sends raise "...has been closed."."""
         with self._lock:

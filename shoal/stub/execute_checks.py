@@ -91,8 +91,21 @@ def settle(instance: str, returned: Any, request: Any, delivered: list[Any]) -> 
         )
         return delivered[0]
     try:
-        # The sender itself, not ``get_response_sender()``: that marks it taken by the model.
-        request._sender._mark_returned(returned)
+        # Not through ``get_response_sender()``: that marks the sender taken by the model.
+        request._mark_returned(returned)
     except TritonModelException as error:
         return InferenceResponse(error=TritonError(str(error)))
     return returned
+
+
+#: Request parameters that are request fields in Triton: the model does not see them.
+_RESERVED = frozenset(
+    {"sequence_id", "sequence_start", "sequence_end", "priority", "timeout", "binary_data_output"}
+)
+
+
+def model_parameters(parameters: dict[str, Any]) -> dict[str, Any]:
+    """The request parameters the model sees: those that are not request fields in Triton."""
+    if not parameters:
+        return {}
+    return {k: v for k, v in parameters.items() if k not in _RESERVED}

@@ -23,6 +23,7 @@ from shoal.ipc.records import RequestRecord, ResponseRecord
 from shoal.ipc.tensor import (
     CudaLocation,
     CudaRegionLocation,
+    InlineBytes,
     Location,
     TensorDesc,
     buffer_to_numpy,
@@ -36,6 +37,7 @@ from shoal.stub.execute_checks import (
     ExecuteError,
     check_return,
     failure_text,
+    model_parameters,
     rescheduled_positions,
     settle,
 )
@@ -47,22 +49,11 @@ from shoal.stub.tensors_out import TensorWriter
 FINAL = 1
 #: Input locations in device memory: a CUDA pool block or a client's CUDA region.
 _ON_A_GPU = (CudaLocation, CudaRegionLocation)
-#: Request parameters that are request fields in Triton: the model does not see them.
-_RESERVED = frozenset(
-    {"sequence_id", "sequence_start", "sequence_end", "priority", "timeout", "binary_data_output"}
-)
 log = logging.getLogger("shoal.stub")
 
 
 #: Stands in ``_finish``'s responses for a request the model rescheduled (it has none).
 _RESCHEDULED: Any = object()
-
-
-def _model_parameters(parameters: dict[str, Any]) -> dict[str, Any]:
-    """The request parameters the model sees: those that are not request fields in Triton."""
-    if not parameters:
-        return {}
-    return {k: v for k, v in parameters.items() if k not in _RESERVED}
 
 
 class _Batch:
@@ -304,19 +295,21 @@ class BatchExecutor:
             deliver = self._stream_to(record)
         else:
             deliver = self._collect_to(delivered, record.key)
+        # By position: a keyword call of interpreted code from compiled code costs ~1k more.
+        # (model_name "", model_version -1: the served model's.)
         return InferenceRequest._from_server(
-            request_id=record.request_id,
-            correlation_id=record.correlation_id,
-            inputs=self._inputs(record),
-            requested_output_names=record.requested_outputs,
-            flags=record.flags,
-            parameters=_model_parameters(record.parameters),
-            timeout=record.timeout_us,
-            model_name="",
-            model_version=-1,
-            deliver=deliver,
-            decoupled=self.decoupled,
-            trace_context=record.trace_context or None,
+            record.request_id,
+            record.correlation_id,
+            self._inputs(record),
+            record.requested_outputs,
+            record.flags,
+            model_parameters(record.parameters),
+            record.timeout_us,
+            "",
+            -1,
+            deliver,
+            self.decoupled,
+            record.trace_context or None,
         )
 
     def _inputs(self, record: RequestRecord) -> list[Any]:
@@ -351,7 +344,14 @@ class BatchExecutor:
         can be handed back by descriptor as an output, written or not. Anything others may
         read too (client regions, ensemble and BLS tensors) is seen through a private view.
         """
-        view = self.input_view(desc.location)
+        location = desc.location
+        if type(location) is InlineBytes and desc.datatype != "BYTES":
+            # Carried in the Execute (a small tensor): the model's own copy, as the runtime's
+            # input_view and private_view make it, without those two calls of interpreted code.
+            own = bytearray(location.data)
+            array = buffer_to_numpy(desc.datatype, desc.shape, own, readonly=False)
+            return Tensor._wrap(desc.name, array, desc.datatype)
+        view = self.input_view(location)
         if desc.datatype == "BYTES":  # decoded into objects: already the model's own
             array = buffer_to_numpy(desc.datatype, desc.shape, view)
         elif private and type(desc.location) is Block:

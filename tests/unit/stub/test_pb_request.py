@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from shoal.stub import pb_utils
+from shoal.stub.execute_checks import settle
 from shoal.stub.pb_utils import InferenceRequest, Tensor, TritonModelException
 from tests.unit.stub.helpers import server_request
 
@@ -240,6 +241,32 @@ def test_get_response_sender_is_cached():
     request = server_request(deliver=lambda response, flags: None)
     assert request.get_response_sender() is request.get_response_sender()
     assert isinstance(request.get_response_sender(), pb_utils.InferenceResponseSender)
+
+
+@pytest.mark.parametrize("taken_before", [True, False])
+def test_a_sender_taken_after_execute_returned_the_response_is_closed(taken_before):
+    # The sender is made when first asked for: one asked for only after the runtime counted
+    # the returned response behaves as one taken before (closed, its one response counted).
+    sent = []
+    request = server_request(deliver=lambda response, flags: sent.append(flags))
+    if taken_before:
+        request.get_response_sender()
+    returned = pb_utils.InferenceResponse([])
+    assert settle("m_0", returned, request, []) is returned
+    assert not request._awaits_sender()
+    sender = request.get_response_sender()
+    with pytest.raises(TritonModelException, match="cannot send more than one response"):
+        sender.send(pb_utils.InferenceResponse([]))
+    with pytest.raises(TritonModelException, match="has been closed"):
+        sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+    assert sent == []
+
+
+def test_a_response_returned_after_one_sent_is_refused_as_a_second_send():
+    request = server_request(deliver=lambda response, flags: None)
+    request.get_response_sender().send(pb_utils.InferenceResponse([]))
+    answer = settle("m_0", pb_utils.InferenceResponse([]), request, [])
+    assert answer.has_error() and "cannot send more than one response" in answer.error().message()
 
 
 # -- BLS -------------------------------------------------------------------------------------
