@@ -252,6 +252,9 @@ def decode(payload: bytes) -> Message:
         # Every request's answer: read in place, with a native call (``cls.from_fields`` of
         # an ``Any`` class is a generic one, and ``*rest`` a list per message).
         return result_from_wire(message, 1)
+    if type(message) is list and len(message) == 3 and message[0] == _EXECUTE:
+        # Every request's batch, in the stub: its records read in place, natively (as above).
+        return Execute(message[1], [RequestRecord.from_wire(r) for r in message[2]])
     kind, *rest = message
     cls = _TYPES.get(kind)
     if cls is None:
