@@ -133,6 +133,7 @@ HOT_PATH: tuple[str, ...] = (
     "shoal/stub/open_requests.py",
     "shoal/stub/pump.py",
     "shoal/stub/response_records.py",
+    "shoal/stub/serve_loop.py",
     "shoal/stub/tensors_out.py",
 )
 

@@ -32,6 +32,7 @@ from shoal.stub.gpu_tensors import GpuTensors
 from shoal.stub.lent_outputs import OutputLender
 from shoal.stub.memory import ClientRegions, Locations, SharedOutputArena
 from shoal.stub.pump import DownPump
+from shoal.stub.serve_loop import send_result, serve_executes
 from shoal.stub.tensors_out import TensorWriter
 
 _PR_SET_PDEATHSIG = 1
@@ -187,11 +188,9 @@ class StubRuntime:
     # -- lifecycle --------------------------------------------------------------------------
 
     def _send(self, message: msg.Message) -> None:
-        if type(message) is msg.Result and (pump := self.pump) is not None and pump.origins:
-            origin = pump.origins.pop(message.batch_id, None)
-            if origin is not None:
-                self.direct.send(origin, message)
-                return
+        if type(message) is msg.Result and (pump := self.pump) is not None:
+            send_result(pump, self.direct, self.channel, message)
+            return
         self.channel.send_up(msg.encode(message))
 
     def _log_sink(self, level: int, message: str, filename: str, line: int) -> None:
@@ -335,11 +334,8 @@ class StubRuntime:
 
     def _serve(self, executor: BatchExecutor, pump: DownPump, bls: BlsClient) -> int:
         while True:
-            message = pump.next_main()
-            self.direct.close_detached()
+            message = serve_executes(pump, self.direct, executor, bls, self.channel)
             match message:
-                case msg.Execute():
-                    self._execute(message, executor, pump, bls)
                 case msg.ReadinessCheck():
                     readiness.start_check(self.model, executor.await_result, self._send)
                 case msg.CudaRegionClosed(device=device, handle=handle):
@@ -354,18 +350,6 @@ class StubRuntime:
         # Here, between batches: a sync execute is never reading it now.
         if self.gpu is not None:
             self.gpu.regions.forget(device, handle)
-
-    def _execute(
-        self, message: msg.Execute, executor: BatchExecutor, pump: DownPump, bls: BlsClient
-    ) -> None:
-        pump.poll()
-        bls.begin_batch()
-        try:
-            result = executor.run(message)
-        finally:
-            bls.end_batch()
-        if result is not None:
-            self._send(result)
 
     def _finish(self) -> None:
         """Finalize: no more BLS, cancellation or control calls; then the model's finalize."""
