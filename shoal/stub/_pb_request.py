@@ -195,7 +195,7 @@ class InferenceRequest:
             message = "trace must be an InferenceTrace (from request.trace())"
             self._trace = instance_of(trace, InferenceTrace, message)
 
-    def _init(
+    def _init(  # keep in step with ``_from_server``, which writes the same fields out
         self,
         request_id: str,
         correlation_id: int | str,
@@ -254,22 +254,27 @@ class InferenceRequest:
         ``deliver(response, flags)`` receives what ``InferenceResponseSender.send`` accepted;
         with ``deliver=None`` the request's sender raises on ``send`` like a BLS request's.
         """
+        # ``_init`` written out: one call of a Python function with eleven arguments costs more
+        # than these stores, and this runs once per request served.
         request = cls.__new__(cls)
-        request._init(  # by position: one request per request served, keywords cost more
-            request_id,
-            correlation_id,
-            inputs,
-            requested_output_names,
-            flags,
-            parameters,
-            timeout,
-            model_name,
-            model_version,
-            deliver,
-            decoupled,
-        )
-        if trace_context is not None:
-            request._trace = InferenceTrace(trace_context)
+        request._request_id = request_id
+        request._correlation_id = correlation_id
+        request._inputs = inputs
+        request._requested_output_names = requested_output_names
+        request._flags = flags
+        request._parameters = parameters
+        request._parameters_json = None
+        request._timeout = timeout
+        request._target_name = model_name
+        request._target_version = model_version
+        request._memory = _NO_PREFERENCE
+        request._trace = _UNTRACED if trace_context is None else InferenceTrace(trace_context)
+        request._release = TRITONSERVER_REQUEST_RELEASE_ALL
+        request._cancellation = _Cancellation()
+        request._deliver = deliver
+        request._decoupled = decoupled
+        request._sender = None
+        request._returned = False
         return request
 
     # -- public API ----------------------------------------------------------------------------

@@ -79,7 +79,10 @@ class Tensor:
         self._name = name if type(name) is str and name else _check_name(name)
         if not isinstance(array, np.ndarray):
             array = np.asarray(array)
-        datatype = _datatype_of(array)
+        try:  # _datatype_of written out, as the name above
+            datatype = numpy_to_datatype(array.dtype)
+        except TypeError:
+            raise TritonModelException("NumPy dtype is not supported.") from None
         self._data = _contiguous_little_endian(array, datatype)
         self._dtype = datatype
         self._object_view: np.ndarray | None = None
