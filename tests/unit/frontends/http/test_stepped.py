@@ -151,17 +151,7 @@ def test_a_finished_one_is_no_reference_cycle() -> None:
         await asyncio.sleep(0)
         assert not tasks
 
-    gc.collect()
-    gc.disable()
-    gc.set_debug(gc.DEBUG_SAVEALL)
-    try:
-        _run(main)
-        gc.collect()
-        assert not [item for item in gc.garbage if type(item) is Stepped]
-    finally:
-        gc.set_debug(0)
-        gc.garbage.clear()
-        gc.enable()
+    _assert_no_stepped_garbage(main)
 
 
 def test_awaiting_the_last_step_ends_it_without_resuming() -> None:
@@ -196,6 +186,11 @@ def test_a_last_step_at_once_leaves_no_reference_cycle() -> None:
         Stepped(work(), tasks)
         assert not tasks  # ended in its first step
 
+    _assert_no_stepped_garbage(main)
+
+
+def _assert_no_stepped_garbage(main: Any) -> None:
+    """Runs ``main`` with the collector saving what it finds: no Stepped may be among it."""
     gc.collect()
     gc.disable()
     gc.set_debug(gc.DEBUG_SAVEALL)
