@@ -290,39 +290,41 @@ def test_frames_that_carry_nothing_end_the_connection(server, kind):
 # --- parsing and inflating ----------------------------------------------------------------------
 
 
-def _timed_call(server: ShoalServer, body: bytes, compressed: bool = False) -> tuple[float, str]:
+def _raw_call(server: ShoalServer, body: bytes, compressed: bool = False) -> str:
+    """``body`` as one call's message; its answer as "status message"."""
     with RawClient(server.grpc_port, timeout=60) as raw:
         extra = (("grpc-encoding", "gzip"),) if compressed else ()
         headers = request_headers(raw.port, extra=extra)
-        started = time.monotonic()
         raw.send(
             HeadersFrame(1, data=raw.block(headers), flags=["END_HEADERS"]),
             *_data_frames(1, grpc_frame(body, compressed)),
         )
         response = raw.read_stream(1)
-        return time.monotonic() - started, f"{response.status} {response.message}"
+        return f"{response.status} {response.message}"
 
 
 def test_a_message_of_zero_bytes_is_refused_without_walking_it(server):
     # 8 MiB of zero bytes: a field numbered 0 at once. Before, shoal's wire splitter walked it
     # byte by byte in Python (seconds per MiB, every other client waiting).
-    took, outcome = _timed_call(server, bytes(8 * MIB))
+    # How fast is the unit tests' (test_protos: a field numbered 0 is refused at once).
+    outcome = _raw_call(server, bytes(8 * MIB))
     assert outcome.startswith("3 "), outcome
-    assert took < 5, f"{took:.1f} s"
+    _served(server)
 
 
 def test_a_message_of_millions_of_fields_is_parsed_at_c_speed(server):
     # Eight million empty model_name fields (16 MiB): past the walk's field budget, protobuf's
     # C parser takes the message whole. Before: eight million rounds of a Python loop.
-    took, outcome = _timed_call(server, b"\x0a\x00" * (8 * MIB))
+    # That the walk stops at its budget is the unit tests' (test_protos, test_native_split).
+    outcome = _raw_call(server, b"\x0a\x00" * (8 * MIB))
     assert not outcome.startswith("0 "), outcome
-    assert took < 5, f"{took:.1f} s"
+    _served(server)
 
 
 def test_a_gzip_bomb_is_refused_at_the_message_size_limit(server):
     # 32 MiB of zeros compress to 32 KiB; the limit (16 MiB here) is checked while inflating.
     bomb = zlib.compress(bytes(32 * MIB), wbits=16 + zlib.MAX_WBITS)
-    _, outcome = _timed_call(server, bomb, compressed=True)
+    outcome = _raw_call(server, bomb, compressed=True)
     assert outcome.startswith(RESOURCE_EXHAUSTED + " "), outcome
     assert "more than 16777216 bytes uncompressed" in outcome
     _served(server)

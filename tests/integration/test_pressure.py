@@ -293,16 +293,13 @@ def test_concurrent_near_limit_requests_succeed_or_fail_cleanly(server):
 # --- the HTTP body limit ------------------------------------------------------------------------
 
 
-def _raw_exchange(
-    server: ShoalServer, request: bytes, timeout: float = 10.0
-) -> tuple[bytes, float]:
-    """Send ``request`` on a raw socket; the response head and body, and how long it took."""
+def _raw_exchange(server: ShoalServer, request: bytes, timeout: float = 10.0) -> bytes:
+    """Send ``request`` on a raw socket; the response head and body."""
     host, port = server.url.split(":")
     with socket.create_connection((host, int(port)), timeout=timeout) as sock:
-        started = time.monotonic()
         sock.sendall(request)
         head, body = read_head_and_body(sock)
-        return head + b"\r\n\r\n" + body, time.monotonic() - started
+        return head + b"\r\n\r\n" + body
 
 
 @pytest.mark.parametrize(
@@ -321,13 +318,12 @@ def test_body_over_max_input_size_is_refused_unread(server, path, extra, what):
     request = (
         f"POST {path} HTTP/1.1\r\nHost: shoal\r\nContent-Length: {announced}\r\n{extra}\r\n{{"
     ).encode()
-    answer, took = _raw_exchange(server, request)
+    answer = _raw_exchange(server, request)  # a server waiting for the body would never answer
     assert answer.startswith(b"HTTP/1.1 400 "), answer
     error = json.loads(answer.partition(b"\r\n\r\n")[2])["error"]
     assert what in error, error
     assert f"of {announced} bytes exceeds the maximum allowed value of {MAX_INPUT} bytes" in error
     assert "--http-max-input-size" in error
-    assert took < 5, f"the refusal took {took:.1f}s: the server waited for the body"
     add_sub_works(server)
 
 
