@@ -11,6 +11,13 @@ what is wrong with a malformed one. The checks that may fail here (binary sizes,
 the general walk's own functions, called in the same order, so both ways answer alike.
 
 :func:`parse_small` parses a small JSON header at once where no depth check is needed.
+
+A client sends the same header bytes for request after request (the same model, shapes and
+outputs; only the binary data after the header changes). What a plain header says apart from the
+data is a :class:`PlainShape`; :func:`known_shape` keeps the shapes of recent all-binary headers by
+their bytes, so a repeated header is neither parsed nor walked again (~16k instructions of the
+~140k a served request costs a worker). The checks that depend on the body (binary sizes) run
+for every request.
 """
 
 from __future__ import annotations
@@ -31,6 +38,11 @@ _SHORT: Final = 2 * (_json.MAX_DEPTH + 1)
 _DATATYPES: Final = frozenset(DATATYPES)
 _BINARY_SIZE: Final = "binary_data_size"
 _INT_END: Final = 1 << 64  # as _params: a parameter holds at most a uint64
+#: Headers up to this long are remembered by :func:`remember_shape`, up to this many at once: at
+#: most 512 KiB of keys per process; a client that never repeats itself empties it now and then.
+_KEPT_HEADER: Final = 2048
+_KEPT_SHAPES: Final = 256
+_SHAPES: Final[dict[bytes, PlainShape]] = {}
 
 
 class PlainRequest:
@@ -38,13 +50,30 @@ class PlainRequest:
 
     __slots__ = ("binary", "binary_default", "id", "inputs", "outputs")
 
-    def __init__(self, request_id: str, binary_default: bool) -> None:
+    def __init__(self, request_id: str, binary_default: bool, binary: dict[str, bool]) -> None:
         self.id = request_id
         self.binary_default = binary_default
         self.inputs: list[InferInput] = []
         self.outputs: list[RequestedOutput] = []
-        #: Each output's own ``binary_data``, where given.
+        #: Each output's own ``binary_data``, where given (its shape's: read only).
+        self.binary = binary
+
+
+class PlainShape:
+    """What a plain header says, apart from the data: the request made anew from it for each
+    body. Never written once made (a remembered one serves many requests)."""
+
+    __slots__ = ("all_binary", "binary", "binary_default", "id", "inputs", "outputs")
+
+    def __init__(self, request_id: str, binary_default: bool) -> None:
+        self.id = request_id
+        self.binary_default = binary_default
+        self.inputs: list[_Input] = []
+        self.outputs: list[str] = []
+        #: Each output's own ``binary_data``, where given (shared by the requests made).
         self.binary: dict[str, bool] = {}
+        #: Every input's data is in the binary section (none in the JSON).
+        self.all_binary = True
 
 
 class _Input:
@@ -86,26 +115,62 @@ def read_plain(document: dict[str, Any], binary: BinarySection) -> PlainRequest 
     ``binary`` (a fresh section); None if it is not plain, having taken nothing from
     ``binary`` (the general walk reads it next). Raises what the general walk would
     raise for a plain document (a binary size or JSON data that does not fit)."""
+    shape = plain_shape(document)
+    return None if shape is None else read_shape(shape, binary)
+
+
+def plain_shape(document: dict[str, Any]) -> PlainShape | None:
+    """What ``document`` says if it is plain; None if it is not."""
     known = ("inputs" in document) + ("outputs" in document)
     if len(document) != known + ("id" in document) + ("parameters" in document):
         return None  # another field (look-ups: a set comparison of the keys costs more)
-    request = _plain_head(document)
+    shape = _plain_head(document)
     inputs = _plain_inputs(document.get("inputs"))
-    if request is None or inputs is None or not _plain_outputs(document, request):
+    if shape is None or inputs is None or not _plain_outputs(document, shape):
         return None
-    for entry in inputs:  # checked in the general walk's order: input by input, then the rest
+    shape.inputs = inputs
+    for entry in inputs:
+        if entry.size < 0:
+            shape.all_binary = False
+    return shape
+
+
+def read_shape(shape: PlainShape, binary: BinarySection) -> PlainRequest:
+    """The request ``shape`` describes, its binary inputs taken from ``binary``."""
+    request = PlainRequest(shape.id, shape.binary_default, shape.binary)
+    inputs = request.inputs
+    for entry in shape.inputs:  # checked in the general walk's order: input by input, then the rest
         data: Any
         if entry.size >= 0:
             data = binary.take(entry.name, entry.size)
             check_binary_input(entry.name, entry.datatype, entry.shape, data, binary.model_name)
         else:
             data = array_from_json(entry.name, entry.datatype, entry.shape, entry.data)
-        request.inputs.append(InferInput(entry.name, entry.datatype, entry.shape, data, {}))
+        inputs.append(InferInput(entry.name, entry.datatype, entry.shape, data, {}))
     binary.finish()
+    outputs = request.outputs
+    for name in shape.outputs:
+        no_parameters: dict[str, ParamValue] = {}
+        outputs.append(RequestedOutput(name, no_parameters))
     return request
 
 
-def _plain_head(document: dict[str, Any]) -> PlainRequest | None:
+def known_shape(header: bytes) -> PlainShape | None:
+    """The shape of ``header`` if it was seen lately (see :func:`remember_shape`)."""
+    return _SHAPES.get(header)
+
+
+def remember_shape(header: bytes, shape: PlainShape) -> None:
+    """Keep the shape of a short all-binary ``header`` for :func:`known_shape`. JSON data is
+    left out: it is converted (and a long list emptied) for each request."""
+    if len(header) > _KEPT_HEADER or not shape.all_binary:
+        return
+    if len(_SHAPES) >= _KEPT_SHAPES:
+        _SHAPES.clear()  # cheaper than an order of use, and a steady client refills it at once
+    _SHAPES[header] = shape
+
+
+def _plain_head(document: dict[str, Any]) -> PlainShape | None:
     """The request's id and ``binary_data_output``, if those are all it sets."""
     request_id = document.get("id", "")
     parameters = document.get("parameters")
@@ -122,7 +187,7 @@ def _plain_head(document: dict[str, Any]) -> PlainRequest | None:
             binary_default = value
     if type(request_id) is not str:
         return None
-    return PlainRequest(request_id, binary_default)
+    return PlainShape(request_id, binary_default)
 
 
 def _plain_inputs(entries: Any) -> list[_Input] | None:
@@ -163,8 +228,8 @@ def _plain_input(entry: Any) -> _Input | None:
     return _Input(name, datatype, tuple(shape), size, None)
 
 
-def _plain_outputs(document: dict[str, Any], request: PlainRequest) -> bool:
-    """Add the requested outputs to ``request`` if each has a name and at most its own
+def _plain_outputs(document: dict[str, Any], shape: PlainShape) -> bool:
+    """Add the requested outputs to ``shape`` if each has a name and at most its own
     ``binary_data``; False if one has more."""
     entries = document.get("outputs", [])
     if type(entries) is not list:
@@ -179,11 +244,10 @@ def _plain_outputs(document: dict[str, Any], request: PlainRequest) -> bool:
             wants_binary = _binary_flag(entry.get("parameters"))
             if wants_binary is None:
                 return False
-            request.binary[name] = wants_binary
+            shape.binary[name] = wants_binary
         elif len(entry) != 1:
             return False
-        no_parameters: dict[str, ParamValue] = {}
-        request.outputs.append(RequestedOutput(name, no_parameters))
+        shape.outputs.append(name)
     return True
 
 

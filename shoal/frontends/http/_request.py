@@ -26,7 +26,15 @@ from shoal.core import (
 from shoal.frontends._binary import BinarySection, check_binary_input
 from shoal.frontends._params import input_parameters, output_parameters, request_parameters
 from shoal.frontends.http import _json
-from shoal.frontends.http._plain_request import PlainRequest, parse_small, read_plain
+from shoal.frontends.http._plain_request import (
+    SMALL_DOCUMENT,
+    PlainRequest,
+    known_shape,
+    parse_small,
+    plain_shape,
+    read_shape,
+    remember_shape,
+)
 from shoal.frontends.http._tensor_json import array_from_json
 
 _NO_DATA: Final = memoryview(b"")
@@ -83,12 +91,19 @@ def decode_infer_request(
     # A JSON-only body is parsed as it is: slicing it would cost a copy of the whole body.
     whole = json_size == len(view) and not isinstance(body, memoryview)
     header = body if whole else view[:json_size]
-    document = parse_small(header)
+    binary = BinarySection(view[json_size:], model_name, has_header=header_length is not None)
+    key = _shape_key(header)
+    shape = None if key is None else known_shape(key)
+    if shape is not None:
+        return _plain_decoded(read_shape(shape, binary), model_name, model_version)
+    document = parse_small(header if key is None else key)
     if document is None:
         document = _parse_document(header)
-    binary = BinarySection(view[json_size:], model_name, has_header=header_length is not None)
-    plain = read_plain(document, binary)
-    if plain is not None:
+    shape = plain_shape(document)
+    if shape is not None:
+        plain = read_shape(shape, binary)  # raises for this body: remembered only once read
+        if key is not None:
+            remember_shape(key, shape)
         return _plain_decoded(plain, model_name, model_version)
     # Not plain: read_plain took nothing from ``binary``, so the general walk reads it.
     parameters, binary_default = request_parameters(document.get("parameters", {}))
@@ -104,6 +119,13 @@ def decode_infer_request(
         parameters=parameters,
     )
     return DecodedRequest(request, output_format)
+
+
+def _shape_key(header: bytes | bytearray | memoryview) -> bytes | None:
+    """``header`` as bytes if it is short enough to be parsed at once (:func:`parse_small`)."""
+    if len(header) > SMALL_DOCUMENT:
+        return None
+    return header if isinstance(header, bytes) else bytes(header)
 
 
 def _plain_decoded(plain: PlainRequest, model_name: str, model_version: str) -> DecodedRequest:

@@ -12,7 +12,7 @@ import pytest
 
 from shoal.core import InvalidArgument
 from shoal.frontends._binary import BinarySection
-from shoal.frontends.http._plain_request import SMALL_DOCUMENT, parse_small, read_plain
+from shoal.frontends.http._plain_request import SMALL_DOCUMENT, known_shape, parse_small, read_plain
 from shoal.frontends.http.codec import DecodedRequest, decode_infer_request
 
 pytestmark = pytest.mark.timeout(30)
@@ -207,3 +207,62 @@ def test_a_short_header_is_not_counted_as_it_cannot_nest_too_deep() -> None:
 )
 def test_other_headers_are_parsed_the_general_way(header: bytes) -> None:
     assert parse_small(header) is None
+
+
+def _header(document: dict[str, Any]) -> bytes:
+    return json.dumps(document).encode()
+
+
+def test_a_repeated_header_is_read_from_its_shape_with_each_body_its_own() -> None:
+    document = _changed(("id",), "repeat")
+    header = _header(document)
+    first = _decode(document, DATA)
+    assert known_shape(header) is not None
+    other = bytes(reversed(DATA))
+    second = _decode(document, other)
+    assert bytes(first.request.inputs[0].data) == DATA
+    assert bytes(second.request.inputs[0].data) == other
+    # Each request has its own objects: nothing of one is shared with the next but the shape.
+    assert first.request.inputs is not second.request.inputs
+    assert first.request.outputs[0] is not second.request.outputs[0]
+    assert first.request.outputs[0].parameters is not second.request.outputs[0].parameters
+    assert _summary(first)[5:] == _summary(second)[5:]
+
+
+def test_a_remembered_header_fails_with_a_wrong_body_as_the_first_time() -> None:
+    document = _changed(("id",), "wrong body")
+    _decode(document, DATA)
+    for binary, message in [
+        (DATA[:8], "unexpected size for input 'INPUT0', expecting 8 additional bytes"),
+        (DATA + b"x", "unexpected additional input data for model 'm': 1 bytes after"),
+    ]:
+        with pytest.raises(InvalidArgument, match=message):
+            _decode(document, binary)
+
+
+def test_a_header_whose_body_fails_is_not_remembered() -> None:
+    document = _changed(("id",), "failed once")
+    with pytest.raises(InvalidArgument):
+        _decode(document, DATA[:8])
+    assert known_shape(_header(document)) is None
+    assert bytes(_decode(document, DATA).request.inputs[0].data) == DATA
+
+
+def test_json_data_and_long_headers_are_not_remembered() -> None:
+    json_document = {"id": "json data", "inputs": [json_input()]}
+    for _ in range(2):
+        decoded = _decode(json_document, b"")
+        np.testing.assert_array_equal(decoded.request.inputs[0].data, [[0.5, 1, 2, 3]])
+    assert known_shape(_header(json_document)) is None
+    long_document = _changed(("id",), "x" * 3000)
+    _decode(long_document, DATA)
+    assert known_shape(_header(long_document)) is None
+
+
+def test_remembered_shapes_are_bounded() -> None:
+    documents = [_changed(("id",), f"bounded {n}") for n in range(600)]
+    for document in documents:
+        _decode(document, DATA)
+    remembered = sum(known_shape(_header(d)) is not None for d in documents)
+    assert 0 < remembered <= 256
+    assert known_shape(_header(documents[-1])) is not None
