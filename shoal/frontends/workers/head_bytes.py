@@ -18,7 +18,7 @@ from typing import Any, Final
 from shoal.ipc.arena import Block
 from shoal.ipc.tensor import InlineBytes
 
-__all__ = ["array_header", "array_of_str", "desc_bytes", "int_bytes", "str_bytes"]
+__all__ = ["array_header", "array_of_str", "desc_bytes", "int_bytes", "shape_bytes", "str_bytes"]
 
 _U8: Final = struct.Struct(">BB")
 _U16: Final = struct.Struct(">BH")
@@ -107,24 +107,26 @@ def array_of_str(texts: list[str]) -> bytes:
     return b"".join(pieces)
 
 
-def _shape_bytes(shape: tuple[int, ...]) -> bytes:
+def shape_bytes(shape: tuple[int, ...]) -> bytes:
+    """A shape, whole."""
     pieces = [array_header(len(shape))]
     for dim in shape:
         pieces.append(int_bytes(dim))
     return b"".join(pieces)
 
 
-def desc_bytes(name_type: bytes, shape: tuple[int, ...], location: Any) -> bytes:
+def desc_bytes(name_type: bytes, shape: bytes, location: Any) -> bytes:
     """An input's descriptor (``TensorDesc.to_wire`` packed): ``name_type``, its name and
-    datatype packed (:func:`str_bytes` of each, made once per snapshot); ``location``, an
-    :class:`InlineBytes` or a :class:`Block` (the only places a worker stages an input)."""
+    datatype packed (:func:`str_bytes` of each, made once per snapshot); ``shape``, its
+    :func:`shape_bytes`; ``location``, an :class:`InlineBytes` or a :class:`Block` (the only
+    places a worker stages an input)."""
     if type(location) is InlineBytes:
         data = location.data
         return b"".join(
             (
                 _INLINE_DESC,
                 name_type,
-                _shape_bytes(shape),
+                shape,
                 _INLINE_KIND,
                 _bin_header(len(data)),
                 data,
@@ -135,7 +137,7 @@ def desc_bytes(name_type: bytes, shape: tuple[int, ...], location: Any) -> bytes
             (
                 _BLOCK_DESC,
                 name_type,
-                _shape_bytes(shape),
+                shape,
                 _BLOCK_KIND,
                 int_bytes(location.arena_id),
                 int_bytes(location.segment),

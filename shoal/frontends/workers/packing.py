@@ -32,6 +32,7 @@ from shoal.frontends.workers.head_bytes import (
     array_of_str,
     desc_bytes,
     int_bytes,
+    shape_bytes,
     str_bytes,
 )
 from shoal.ipc.arena import Block
@@ -80,6 +81,9 @@ class _Rule:
         self.item_size = _item_size(datatype)
         self.expected = tuple(expected)
         self.reshape = None if reshape is None else tuple(reshape)
+        #: The last shape a request gave this input and its :func:`shape_bytes`: a client sends
+        #: the same shape request after request. One tuple, replaced whole.
+        self.last_shape: tuple[tuple[int, ...], bytes] = ((), shape_bytes(()))
 
 
 def _item_size(datatype: str) -> int | None:
@@ -231,9 +235,11 @@ def _staged(
         if location is None:
             return None
         rule = snapshot.inputs[tensor.name]
-        descs.append(
-            desc_bytes(rule.name_type, _model_shape(snapshot, rule, tensor.shape), location)
-        )
+        shape = _model_shape(snapshot, rule, tensor.shape)
+        last = rule.last_shape
+        if last[0] != shape:
+            last = rule.last_shape = (shape, shape_bytes(shape))
+        descs.append(desc_bytes(rule.name_type, last[1], location))
     return descs
 
 
@@ -285,14 +291,21 @@ def _head(request: InferRequest, snapshot: Snapshot, descs: list[bytes]) -> byte
         str_bytes(request.id),
         _NO_SEQUENCE,
         _packer().pack(parameters) if parameters else _NO_PARAMETERS,
-        array_of_str([o.name for o in request.outputs])
-        if request.outputs
-        else snapshot.packed_outputs,
+        _packed_outputs(request, snapshot),
         array_header(len(descs)),
     ]
     pieces.extend(descs)
     pieces.append(int_bytes(timeout) if type(timeout) is int else _packer().pack(timeout))
     return b"".join(pieces)
+
+
+def _packed_outputs(request: InferRequest, snapshot: Snapshot) -> bytes:
+    """The outputs ``request`` names, packed; the snapshot's, made once, where they are the
+    model's own in order (as a client that names every output sends them), or none."""
+    if not request.outputs:
+        return snapshot.packed_outputs
+    names = [output.name for output in request.outputs]
+    return snapshot.packed_outputs if names == snapshot.outputs else array_of_str(names)
 
 
 #: One packer per thread (``msgpack.packb`` makes one, and its buffer, per call).

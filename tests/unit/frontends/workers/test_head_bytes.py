@@ -69,7 +69,7 @@ def test_a_descriptor_is_the_packer_s(nbytes: int) -> None:
         block = Block(7, 3, rng.choice([0, 200, 1 << 33]), nbytes)
         for location in (InlineBytes(data), block):
             wire = TensorDesc("INPUT0", "UINT8", shape, location).to_wire()
-            assert hb.desc_bytes(name_type, shape, location) == _packed(wire)
+            assert hb.desc_bytes(name_type, hb.shape_bytes(shape), location) == _packed(wire)
 
 
 def _old_head(request: InferRequest, snapshot: Snapshot, prepared: packing.Prepared) -> bytes:
@@ -94,6 +94,8 @@ def _fp32(name: str, shape: tuple[int, ...]) -> InferInput:
 CASES = [
     ("m", [_fp32("A", (1, 2))], [], "", None),
     ("m", [_fp32("A", (3, 2))], ["Z", "Y"], "r-1", None),
+    ("m", [_fp32("A", (3, 2))], ["Y", "Z"], "", None),  # every output, in the model's order
+    ("m", [_fp32("A", (3, 2))], ["Y"], "", None),
     ("m", [_fp32("A", (2, 2))], [], "an id of more than thirty-one characters", {"k": "v"}),
     (
         "m",
@@ -131,3 +133,14 @@ def test_a_request_s_head_is_the_packer_s(tmp_path, case: int) -> None:
         assert prepared.head == _old_head(request, snapshot, prepared)
     finally:
         arena.close()
+
+
+def test_heads_of_one_snapshot_follow_each_request_s_shape(tmp_path) -> None:
+    """An input's last shape is remembered: a request of another shape, and the one after it,
+    still have the Packer's head."""
+    snapshot = Snapshot(packed.snapshot(_summary(tmp_path, BATCHED), SLOT))
+    for rows in (1, 1, 3, 1, 2, 2):
+        request = InferRequest("m", "", "", [_fp32("A", (rows, 2))], [], None)
+        prepared = prepare(request, snapshot, None)
+        assert prepared is not None and prepared.packed
+        assert prepared.head == _old_head(request, snapshot, prepared)
