@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import numpy as np
 import pytest
 import requests
 
@@ -182,5 +184,44 @@ def test_fast_responses_follow_the_date_header_as_it_changes(loop_thread: LoopTh
                 assert answer.json()["outputs"][0]["data"] == [1.0]
                 dates.add(answer.headers["date"])
             assert len(dates) == 2  # the next second's date, on the same connection
+    finally:
+        loop_thread.run(server.stop())
+
+
+def test_header_names_are_read_in_any_case_request_after_request(loop_thread: LoopThread) -> None:
+    """Header names are case-insensitive: the fast path remembers each name's lowercase form,
+    and a binary request is read alike whatever the case of its names, sent again and again."""
+    server = HttpServer(build_http_app(EchoCore()))
+    port = loop_thread.run(server.start("127.0.0.1", 0))
+    header = (
+        b'{"inputs":[{"name":"INPUT0","datatype":"FP32","shape":[1],'
+        b'"parameters":{"binary_data_size":4}}],'
+        b'"outputs":[{"name":"INPUT0","parameters":{"binary_data":false}}]}'
+    )
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as client:
+            for length_name, header_name in [
+                (b"Content-Length", b"Inference-Header-Content-Length"),
+                (b"CONTENT-LENGTH", b"INFERENCE-HEADER-CONTENT-LENGTH"),
+                (b"content-length", b"inference-header-content-length"),
+                (b"Content-Length", b"Inference-Header-Content-Length"),
+            ]:
+                value = float(len(header_name))
+                body = header + np.float32(value).tobytes()
+                client.sendall(
+                    b"POST /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\n"
+                    + length_name
+                    + b": "
+                    + str(len(body)).encode()
+                    + b"\r\n"
+                    + header_name
+                    + b": "
+                    + str(len(header)).encode()
+                    + b"\r\n\r\n"
+                    + body
+                )
+                status, answer = read_response(client)
+                assert status == 200, answer
+                assert json.loads(answer)["outputs"][0]["data"] == [value]
     finally:
         loop_thread.run(server.stop())
