@@ -195,16 +195,7 @@ class FastInferHttpToolsProtocol(CoalescingHttpToolsProtocol):
         fast.url += url
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        # A client sends the same names request after request: the lowercase one is looked up,
-        # not made (its hash, cached in it, then serves _READ_HEADERS too).
-        lowered = _LOWERED.get(name)
-        if lowered is None:
-            lowered = name.lower()
-            if len(name) <= _LOWERED_NAME:
-                if len(_LOWERED) >= _LOWERED_MAX:
-                    _LOWERED.clear()
-                _LOWERED[name] = lowered
-        name = lowered
+        name = name.lower()
         fast = self._fast
         if name == b"expect" and value.lower() == b"100-continue":
             fast.expect_100_continue = True
@@ -390,13 +381,6 @@ _READ_HEADERS: Final = {
         "proxy-connection",
     )
 }
-
-
-#: Header names as sent (up to 64 bytes), each with its lowercase form (:meth:`on_header`):
-#: at most 64 KiB; emptied when full, so a client making up names costs only itself.
-_LOWERED: Final[dict[bytes, bytes]] = {}
-_LOWERED_MAX: Final = 512
-_LOWERED_NAME: Final = 64
 
 
 @functools.lru_cache(maxsize=64)
