@@ -103,7 +103,9 @@ class Stepped:
     await hands this object the marker and the coroutine is never resumed (dropped), so its end
     raises no StopIteration. Compiled, catching that costs a request ~4,000 instructions: the
     traceback entry the call gets on the way out, the exception state saved and restored. One
-    that returns ends as before.
+    that returns ends as before. Never await it inside ``try``/``finally``, ``with`` or ``async
+    with``: interpreted, dropping the coroutine runs the cleanup at its finalizer; compiled
+    (mypyc), it never runs.
     """
 
     def __init__(self, coro: Coroutine[Any, Any, None], tasks: set[Any]) -> None:

@@ -334,7 +334,8 @@ class FastInferHttpToolsProtocol(CoalescingHttpToolsProtocol):
             del body  # the request's last view of it
             POOL.give_back(request.map)
         self._send(request, status, headers, payload)
-        await LAST_STEP  # the end, without a StopIteration to catch (see Stepped)
+        # The end, without a StopIteration to catch (see Stepped); never inside a try/with.
+        await LAST_STEP
 
     def _send(
         self, request: FastRequest, status: int, headers: Sequence[tuple[str, str]], payload: Body
