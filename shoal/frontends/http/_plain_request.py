@@ -63,7 +63,7 @@ class PlainShape:
     """What a plain header says, apart from the data: the request made anew from it for each
     body. Never written once made (a remembered one serves many requests)."""
 
-    __slots__ = ("all_binary", "binary", "binary_default", "id", "inputs", "outputs")
+    __slots__ = ("binary", "binary_default", "id", "inputs", "outputs")
 
     def __init__(self, request_id: str, binary_default: bool) -> None:
         self.id = request_id
@@ -72,8 +72,6 @@ class PlainShape:
         self.outputs: list[str] = []
         #: Each output's own ``binary_data``, where given (shared by the requests made).
         self.binary: dict[str, bool] = {}
-        #: Every input's data is in the binary section (none in the JSON).
-        self.all_binary = True
 
 
 class _Input:
@@ -129,9 +127,6 @@ def plain_shape(document: dict[str, Any]) -> PlainShape | None:
     if shape is None or inputs is None or not _plain_outputs(document, shape):
         return None
     shape.inputs = inputs
-    for entry in inputs:
-        if entry.size < 0:
-            shape.all_binary = False
     return shape
 
 
@@ -163,7 +158,7 @@ def known_shape(header: bytes) -> PlainShape | None:
 def remember_shape(header: bytes, shape: PlainShape) -> None:
     """Keep the shape of a short all-binary ``header`` for :func:`known_shape`. JSON data is
     left out: it is converted (and a long list emptied) for each request."""
-    if len(header) > _KEPT_HEADER or not shape.all_binary:
+    if len(header) > _KEPT_HEADER or any(entry.size < 0 for entry in shape.inputs):
         return
     if len(_SHAPES) >= _KEPT_SHAPES:
         _SHAPES.clear()  # cheaper than an order of use, and a steady client refills it at once

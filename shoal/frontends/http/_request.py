@@ -96,7 +96,7 @@ def decode_infer_request(
     shape = None if key is None else known_shape(key)
     if shape is not None:
         return _plain_decoded(read_shape(shape, binary), model_name, model_version)
-    document = parse_small(header if key is None else key)
+    document = None if key is None else parse_small(key)
     if document is None:
         document = _parse_document(header)
     shape = plain_shape(document)
@@ -105,7 +105,7 @@ def decode_infer_request(
         if key is not None:
             remember_shape(key, shape)
         return _plain_decoded(plain, model_name, model_version)
-    # Not plain: read_plain took nothing from ``binary``, so the general walk reads it.
+    # Not plain: nothing was taken from ``binary``, so the general walk reads it.
     parameters, binary_default = request_parameters(document.get("parameters", {}))
     inputs = _parse_inputs(document, binary)
     binary.finish()
@@ -129,7 +129,7 @@ def _shape_key(header: bytes | bytearray | memoryview) -> bytes | None:
 
 
 def _plain_decoded(plain: PlainRequest, model_name: str, model_version: str) -> DecodedRequest:
-    """The request :func:`read_plain` read."""
+    """The request :func:`read_shape` read."""
     request = InferRequest(model_name, model_version, plain.id, plain.inputs, plain.outputs, {})
     return DecodedRequest(request, OutputFormat(plain.binary_default, plain.binary))
 
