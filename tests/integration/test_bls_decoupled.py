@@ -12,6 +12,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from tests.integration.server import BUNDLED, TEST_MODELS, ShoalServer
+from tests.stream_cancel import stop_stream_cancelling
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -107,7 +108,7 @@ def test_cancelling_a_stream_reaches_the_model():
         for _ in range(3):
             _, error = responses.get(timeout=30)
             assert error is None, error
-        client.stop_stream(cancel_requests=True)
+        stop_stream_cancelling(client)
         client.close()
         line = "decoupled_until_cancel: cancelled=True"
         deadline = time.monotonic() + 20

@@ -13,6 +13,7 @@ import tritonclient.grpc as grpcclient
 
 from shoal.frontends.grpc._stream import answer_stream
 from shoal.frontends.grpc.aio import GrpcServer
+from tests.stream_cancel import stop_stream_cancelling
 from tests.unit.frontends.doubles import LoopThread
 from tests.unit.frontends.grpc.test_double import (
     GATED,
@@ -129,7 +130,7 @@ def test_closing_the_stream_cancels_running_requests(
         client.start_stream(callback=lambda result, error: None)
         client.async_stream_infer(GATED, [_input([1])])
         _wait_for(lambda: len(stream_core.requests) == 1)
-        client.stop_stream(cancel_requests=True)
+        stop_stream_cancelling(client)
     _wait_for(lambda: stream_core.cancelled == 1)
     assert stream_core.issued == 0
 
