@@ -19,7 +19,7 @@ from typing import Any
 
 from shoal.frontends._limits import ConnectionLimits
 from shoal.frontends.http._coalescing import CoalescingTransport
-from shoal.frontends.http._fast_request import FastInfer
+from shoal.frontends.http._fast_request import FastInfer, KnownHead
 
 
 class FastConnection:
@@ -49,6 +49,9 @@ class FastConnection:
         self.url = b""
         self.headers: list[tuple[bytes, bytes]] = []
         self.expect_100_continue = False
+        #: The last fast request's head and what was read from it: a client sends the same
+        #: head request after request, and a head equal to it is not read again.
+        self.known_head: KnownHead | None = None
         self._defaults: list[tuple[bytes, bytes]] | None = None
         self._defaults_head = b""
         self._headers: Sequence[tuple[str, str]] = ()

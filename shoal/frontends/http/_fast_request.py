@@ -85,6 +85,35 @@ class FastRequest:
         self.response_complete = False
 
 
+class KnownHead:
+    """A fast request's head as it came (its target and header lines, the endpoint it was read
+    for) and what was read from it: the model's name and version, the headers the endpoint
+    reads, the Content-Length. Shared by the requests of that head: none of them writes it."""
+
+    __slots__ = ("endpoint", "headers", "length", "lines", "name", "url", "version")
+
+    def __init__(
+        self,
+        url: bytes,
+        lines: list[tuple[bytes, bytes]],
+        endpoint: FastInfer,
+        target: tuple[str, str],
+        headers: dict[str, str],
+        length: int,
+    ) -> None:
+        self.url = url
+        self.lines = lines  # the head's own list: the protocol starts a new one per request
+        self.endpoint = endpoint
+        self.name = target[0]
+        self.version = target[1]
+        self.headers = headers
+        self.length = length
+
+    def matches(self, url: bytes, lines: list[tuple[bytes, bytes]], endpoint: FastInfer) -> bool:
+        """Whether a head of ``url`` and ``lines``, for ``endpoint``, is this one."""
+        return endpoint is self.endpoint and url == self.url and lines == self.lines
+
+
 class Stepped:
     """A fast request's coroutine stepped by hand, in place of an :class:`asyncio.Task`.
 

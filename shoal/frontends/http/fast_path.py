@@ -21,7 +21,7 @@ from shoal.frontends.http import _json
 from shoal.frontends.http._body_reader import DIRECT_BODY, POOL, BodyBuffer, BodyReader
 from shoal.frontends.http._coalescing import CoalescingHttpToolsProtocol
 from shoal.frontends.http._fast_conn import FastConnection
-from shoal.frontends.http._fast_request import LAST_STEP, FastRequest, Stepped
+from shoal.frontends.http._fast_request import LAST_STEP, FastInfer, FastRequest, KnownHead, Stepped
 from shoal.frontends.http._response import Body, LentBody, body_length
 
 
@@ -302,20 +302,13 @@ class FastInferHttpToolsProtocol(CoalescingHttpToolsProtocol):
         parser = fast.parser
         if parser.get_method() != b"POST":
             return None
-        target = endpoint.routes.match_target(fast.url)
-        if target is None:
-            return None
-        headers: dict[str, str] = {}
-        for name, value in fast.headers:  # only what the endpoint reads (the last, if repeated)
-            key = _READ_HEADERS.get(name)
-            if key is not None:
-                headers[key] = value.decode("latin-1")
-        text = headers.get("content-length")
-        length = int(text) if text is not None and text.isdigit() else -1
-        if not 0 <= length <= endpoint.limit:
-            return None  # chunked, malformed or too large: the ASGI way answers those
-        if "transfer-encoding" in headers:
-            return None
+        known = fast.known_head
+        if known is None or not known.matches(fast.url, fast.headers, endpoint):
+            known = _read_head(endpoint, fast.url, fast.headers)
+            if known is None:
+                return None
+            fast.known_head = known
+        headers = known.headers
         # uvicorn's rule: HTTP/1.0 is never kept alive. The version is asked (a new str, ~2,400
         # instructions) only where it can matter: llhttp keeps an HTTP/1.0 request alive only
         # when a Connection (or Proxy-Connection) header says keep-alive.
@@ -323,7 +316,7 @@ class FastInferHttpToolsProtocol(CoalescingHttpToolsProtocol):
             ("connection" not in headers and "proxy-connection" not in headers)
             or parser.get_http_version() != "1.0"
         )
-        return FastRequest(endpoint, target[0], target[1], headers, keep_alive, length)
+        return FastRequest(endpoint, known.name, known.version, headers, keep_alive, known.length)
 
     async def _serve(self, request: FastRequest) -> None:
         body, request.body = request.body, b""
@@ -364,6 +357,29 @@ class FastInferHttpToolsProtocol(CoalescingHttpToolsProtocol):
         finally:
             if lent is not None:  # nothing refers to its memory any more
                 lent.release()
+
+
+def _read_head(
+    endpoint: FastInfer, url: bytes, lines: list[tuple[bytes, bytes]]
+) -> KnownHead | None:
+    """What a fast request reads from its head: None where it is not an inference request the
+    fast path serves (another target; no Content-Length, a malformed or too large one; a
+    Transfer-Encoding), which the ASGI way answers."""
+    target = endpoint.routes.match_target(url)
+    if target is None:
+        return None
+    headers: dict[str, str] = {}
+    for name, value in lines:  # only what the endpoint reads (the last, if repeated)
+        key = _READ_HEADERS.get(name)
+        if key is not None:
+            headers[key] = value.decode("latin-1")
+    text = headers.get("content-length")
+    length = int(text) if text is not None and text.isdigit() else -1
+    if not 0 <= length <= endpoint.limit:
+        return None
+    if "transfer-encoding" in headers:
+        return None
+    return KnownHead(url, lines, endpoint, target, headers, length)
 
 
 _DEFAULT_LIMITS = ConnectionLimits()

@@ -225,3 +225,53 @@ def test_header_names_are_read_in_any_case_request_after_request(loop_thread: Lo
                 assert json.loads(answer)["outputs"][0]["data"] == [value]
     finally:
         loop_thread.run(server.stop())
+
+
+def test_a_repeated_head_is_read_as_before_and_a_changed_one_anew(loop_thread: LoopThread) -> None:
+    """The fast path keeps the last request head it read on a connection: the same head again
+    is served as the first, and any change (the target, a header's value, the HTTP version)
+    is heard."""
+    server = HttpServer(build_http_app(EchoCore()))
+    port = loop_thread.run(server.start("127.0.0.1", 0))
+
+    def header(shape: int) -> bytes:
+        return (
+            b'{"inputs":[{"name":"INPUT0","datatype":"FP32","shape":[%d],'
+            b'"parameters":{"binary_data_size":%d}}],'
+            b'"outputs":[{"name":"INPUT0","parameters":{"binary_data":false}}]}'
+            % (shape, 4 * shape)
+        )
+
+    def request(target: bytes, head: bytes, values: list[float], version: bytes = b"1.1") -> bytes:
+        body = head + np.array(values, dtype=np.float32).tobytes()
+        return (
+            b"POST %s HTTP/%s\r\nHost: x\r\nContent-Length: %d\r\n"
+            b"Inference-Header-Content-Length: %d\r\n\r\n%s"
+            % (target, version, len(body), len(head), body)
+        )
+
+    one, two = header(1) + b"    ", header(2)  # one body size, two header sizes
+    assert len(one) + 4 == len(two) + 8
+    echo = b"/v2/models/echo/infer"
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as client:
+            for target, head, values, expected in [
+                (echo, one, [1.0], 200),
+                (echo, one, [2.0], 200),  # the same head
+                (echo, two, [3.0, 4.0], 200),  # the same Content-Length, another header size
+                (b"/v2/models/missing/infer", two, [5.0, 6.0], 404),
+                (echo, two, [7.0, 8.0], 200),
+            ]:
+                client.sendall(request(target, head, values))
+                status, answer = read_response(client)
+                assert status == expected, answer
+                if status == 200:
+                    assert json.loads(answer)["outputs"][0]["data"] == values
+                else:
+                    assert "missing" in json.loads(answer)["error"]
+            client.sendall(request(echo, two, [9.0, 10.0], version=b"1.0"))
+            status, answer = read_response(client)
+            assert status == 200 and json.loads(answer)["outputs"][0]["data"] == [9.0, 10.0]
+            assert client.recv(1) == b""  # HTTP/1.0 is not kept alive, whatever came before
+    finally:
+        loop_thread.run(server.stop())
