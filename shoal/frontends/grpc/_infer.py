@@ -38,7 +38,16 @@ from shoal.frontends.grpc._params import (
     decode_request_parameters,
     encode_parameters,
 )
-from shoal.frontends.grpc._plain_request import PlainRequest, read_plain, read_plain_message
+from shoal.frontends.grpc._plain_request import (
+    CheckedInput,
+    PlainRequest,
+    PlainShape,
+    known_shape,
+    read_plain,
+    read_plain_message,
+    remember_shape,
+    split_fields,
+)
 from shoal.frontends.grpc._reply import plain_reply
 from shoal.frontends.grpc._tensors import array_from_contents
 from shoal.frontends.grpc._wire import Chunk, embedded_chunks, raw_field_chunks, split_raw_contents
@@ -81,9 +90,21 @@ def decode_infer_request(data: bytes | bytearray | memoryview | SplitRequest) ->
     is read without protobuf (:mod:`~shoal.frontends.grpc._plain_request`), a small one
     whole, in one walk."""
     if not isinstance(data, SplitRequest):  # a split one is large
-        walked = read_plain_message(data)
-        if walked is not None:
-            return _plain_decoded(walked[0], walked[1])
+        split = split_fields(data)
+        if split is not None:
+            fields, entries = split
+            shape = known_shape(fields)
+            if shape is not None:  # a repeat: its fields were read and checked already
+                return _shaped(shape, entries)
+            plain = read_plain(fields)
+            if plain is not None:
+                decoded = _plain_decoded(plain, entries)
+                remember_shape(fields, _shape_of(plain, decoded.request.inputs))
+                return decoded
+        else:
+            walked = read_plain_message(data)
+            if walked is not None:
+                return _plain_decoded(walked[0], walked[1])
     wire = data.rest if isinstance(data, SplitRequest) else data
     header, raw = split_raw_contents(wire, _RAW_INPUT_CONTENTS)
     plain = read_plain(header)
@@ -153,6 +174,36 @@ def _plain_decoded(plain: PlainRequest, raw: list[memoryview]) -> DecodedInfer:
         id=plain.id,
         inputs=inputs,
         outputs=[RequestedOutput(name, {}) for name in plain.outputs],
+        parameters={},
+    )
+    return DecodedInfer(request)
+
+
+def _shape_of(plain: PlainRequest, inputs: list[InferInput]) -> PlainShape:
+    """What :func:`_plain_decoded` made of ``plain`` without error, to make a repeat anew."""
+    checked = [CheckedInput(tensor.name, tensor.datatype, tensor.shape) for tensor in inputs]
+    return PlainShape(plain, checked)
+
+
+def _shaped(shape: PlainShape, raw: list[memoryview]) -> DecodedInfer:
+    """A request with the fields of ``shape`` and the raw contents ``raw``: as
+    :func:`_plain_decoded` makes it, its raw contents checked in the same order (the checks of
+    the fields, which come first for each input, passed when the shape was made)."""
+    model = shape.model_name
+    inputs: list[InferInput] = []
+    count = len(raw)
+    for index, tensor in enumerate(shape.inputs):
+        name, datatype, dims = tensor.name, tensor.datatype, tensor.shape
+        data = _raw_input(name, datatype, dims, raw[index] if index < count else None, model)
+        inputs.append(InferInput(name, datatype, dims, data, {}))
+    if raw and len(raw) != len(inputs):
+        _raw_count_error(len(inputs), raw, model)
+    request = InferRequest(
+        model_name=model,
+        model_version=shape.model_version,
+        id=shape.id,
+        inputs=inputs,
+        outputs=[RequestedOutput(name, {}) for name in shape.outputs],
         parameters={},
     )
     return DecodedInfer(request)

@@ -13,6 +13,12 @@ A small message (:data:`PLAIN_MAX_BYTES` at most, raw contents and all: a small 
 read whole by :func:`read_plain_message`, its raw contents cut out in the same walk: one walk of
 one ``bytes`` copy, not the walk of :func:`~shoal.frontends.grpc._wire.split_raw_contents` over
 a ``memoryview`` (a generic look-up per byte read) and then this one over the rest.
+
+A client sends the same fields request after request; only the raw contents change.
+:func:`split_fields` cuts a small message into its other fields' bytes and its raw entries in
+one walk of its top-level fields; :func:`known_shape` gives what the decode made of those same
+fields lately (a :class:`PlainShape`: checked already), so a repeat is neither walked field by
+field nor checked again. Its raw entries, which differ per request, are checked every time.
 """
 
 from __future__ import annotations
@@ -39,6 +45,11 @@ _TENSOR_DATATYPE: Final = 2
 _TENSOR_SHAPE: Final = 3
 _INT64_SIGN: Final = 1 << 63
 _UINT64_LIMIT: Final = 1 << 64
+#: Fields of up to this many bytes are remembered by :func:`remember_shape`, up to this many at
+#: once: at most 512 KiB of keys per process; a client that never repeats itself empties it now
+#: and then.
+_KEPT_FIELDS: Final = 2048
+_KEPT_SHAPES: Final = 256
 #: The builtin, read once (compiled, its name is a look-up on the ``builtins`` module per use).
 _memoryview: Final = memoryview
 
@@ -65,6 +76,35 @@ class PlainRequest:
         self.id = ""
         self.inputs: list[PlainInput] = []
         self.outputs: list[str] = []
+
+
+class CheckedInput:
+    """An input of a :class:`PlainShape`: its name, datatype and shape, checked by the decode."""
+
+    __slots__ = ("datatype", "name", "shape")
+
+    def __init__(self, name: str, datatype: str, shape: tuple[int, ...]) -> None:
+        self.name = name
+        self.datatype = datatype
+        self.shape = shape
+
+
+class PlainShape:
+    """What the decode made of a plain request's fields (all but its raw contents), checked:
+    what each request with the same fields is made of anew. Never written once made (a
+    remembered one serves many requests); its shapes are tuples and its lists only read."""
+
+    __slots__ = ("id", "inputs", "model_name", "model_version", "outputs")
+
+    def __init__(self, request: PlainRequest, inputs: list[CheckedInput]) -> None:
+        self.model_name = request.model_name
+        self.model_version = request.model_version
+        self.id = request.id
+        self.inputs = inputs
+        self.outputs = request.outputs
+
+
+_SHAPES: Final[dict[bytes, PlainShape]] = {}
 
 
 class _NotPlain(Exception):
@@ -101,6 +141,53 @@ def read_plain_message(
     except (_NotPlain, UnicodeDecodeError):
         return None
     return request, entries
+
+
+def split_fields(
+    message: bytes | bytearray | memoryview,
+) -> tuple[bytes, list[memoryview]] | None:
+    """A message of at most :data:`PLAIN_MAX_BYTES` whose raw contents come after all its other
+    fields (as serializers write them, in field-number order): those fields' bytes, and the
+    ``raw_input_contents`` entries, in order, as read-only views of ``message`` (as
+    :func:`read_plain_message` cuts them). None for any other (too long, not walkable, raw
+    contents between other fields): :func:`read_plain_message` reads it."""
+    if len(message) > PLAIN_MAX_BYTES:
+        return None
+    data = message if isinstance(message, bytes) else bytes(message)
+    view = _memoryview(message)
+    if not isinstance(message, bytes):  # a view of a bytes object is read-only already
+        view = view.toreadonly()
+    entries: list[memoryview] = []
+    offset, end = 0, len(data)
+    fields = -1  # where the raw contents begin
+    try:
+        while offset < end:
+            field, start, stop = _delimited(data, offset, end)
+            if field == _RAW_INPUT_CONTENTS:
+                if fields < 0:
+                    fields = offset
+                entries.append(view[start:stop])
+            elif fields >= 0:
+                return None  # a field after raw contents: the others are not one run
+            offset = stop
+    except _NotPlain:
+        return None
+    return (data if fields < 0 else data[:fields]), entries
+
+
+def known_shape(fields: bytes) -> PlainShape | None:
+    """The shape of a request whose fields (see :func:`split_fields`) were ``fields`` lately."""
+    return _SHAPES.get(fields)
+
+
+def remember_shape(fields: bytes, shape: PlainShape) -> None:
+    """Keep ``shape``, made of the request fields ``fields`` without error, for
+    :func:`known_shape` (short fields only: the keys are bounded)."""
+    if len(fields) > _KEPT_FIELDS:
+        return
+    if len(_SHAPES) >= _KEPT_SHAPES:
+        _SHAPES.clear()  # cheaper than an order of use, and a steady client refills it at once
+    _SHAPES[fields] = shape
 
 
 def _request(data: bytes, view: memoryview | None, entries: list[memoryview]) -> PlainRequest:
