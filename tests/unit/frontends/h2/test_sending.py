@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from shoal.frontends.h2 import frames as h2
-from shoal.frontends.h2.sending import Sender, write_direct
+from shoal.frontends.h2.sending import Sender, answer_frames, write_direct
 from shoal.frontends.h2.streams import Stream
 
 pytestmark = pytest.mark.timeout(30)
@@ -280,3 +280,26 @@ def test_an_answer_to_a_stream_gone_writes_nothing(loop: asyncio.AbstractEventLo
     assert sender.answer(3, b"HEAD", b"m", b"TRAILERS")
     sender.flush()
     assert transport.pieces == [] and ended == []
+
+
+@pytest.mark.parametrize(
+    ("head", "body", "trailers"),
+    [
+        (b"HEAD", b"message", b"TRAILERS"),
+        (b"", b"", b""),
+        (b"H" * 300, bytes(70_000), b"T" * 256),
+        (b"HEAD", b"m", b"TRAILERS"),  # the first lengths again, after others
+    ],
+)
+def test_answer_frames_are_the_three_frames_written_apart(
+    head: bytes, body: bytes, trailers: bytes
+) -> None:
+    prefix = b"\x00" + len(body).to_bytes(4, "big")
+    for stream_id in (1, 2**31 - 1):
+        expected = (
+            h2.frame(h2.HEADERS, h2.END_HEADERS, stream_id, head)
+            + h2.frame(h2.DATA, 0, stream_id, prefix + body)
+            + h2.frame(h2.HEADERS, h2.END_HEADERS | h2.END_STREAM, stream_id, trailers)
+        )
+        assert answer_frames(stream_id, head, body, trailers) == expected
+        assert answer_frames(stream_id, head, bytearray(body), trailers) == expected
