@@ -41,6 +41,8 @@ CACHE_LIMIT: Final = 1024
 #: What is cached for pieces that are not plain (the reply is left to protobuf): never encoded
 #: fields' bytes, which are empty or begin with a tag (0xFF is no tag of these messages).
 _NOT_PLAIN: Final = b"\xff"
+#: Positions of a reply whose last output field is kept apart (see _Encoded.output_at).
+_LAST_OUTPUTS: Final = 16
 #: The header of each ``raw_output_contents`` entry of fewer than 128 bytes: tag and length.
 _SMALL_RAW_HEADERS: Final = [field_header(_RAW_OUTPUT_CONTENTS, size) for size in range(0x80)]
 
@@ -51,13 +53,17 @@ class _Encoded:
     strings are not valid UTF-8 or whose shape has a dimension outside int64. The last head
     is kept apart too, compared field by field: replies of one model follow each other, and
     two string compares cost less than a key made, hashed and looked up (~1,000 instructions;
-    each piece is a function of its key, so the last one is always right for its key)."""
+    each piece is a function of its key, so the last one is always right for its key), and so
+    is the last output field at each position of a reply."""
 
     def __init__(self) -> None:
         self.heads: dict[tuple[str, str], bytes] = {}
         self.outputs: dict[tuple[str, str, tuple[int, ...]], bytes] = {}
         self._last_name = self._last_version = ""
         self._last_head = b""
+        #: The last output field at each position of a reply, as the last head (one model's
+        #: replies follow each other, their outputs in the same order).
+        self._last_outputs: list[_LastOutput] = []
 
     def head(self, model_name: str, model_version: str) -> bytes:
         if model_name == self._last_name and model_version == self._last_version:
@@ -76,6 +82,20 @@ class _Encoded:
             self.heads[key] = head
         return head
 
+    def output_at(self, index: int, name: str, datatype: str, shape: tuple[int, ...]) -> bytes:
+        """The ``outputs`` field of the output at ``index`` of a reply."""
+        lasts = self._last_outputs
+        if index < len(lasts):
+            last = lasts[index]
+            if last.name == name and last.datatype == datatype and last.shape == shape:
+                return last.field
+        field = self.output(name, datatype, shape)
+        if index < len(lasts):
+            lasts[index] = _LastOutput(name, datatype, shape, field)
+        elif index == len(lasts) and index < _LAST_OUTPUTS:
+            lasts.append(_LastOutput(name, datatype, shape, field))
+        return field
+
     def output(self, name: str, datatype: str, shape: tuple[int, ...]) -> bytes:
         key = (name, datatype, shape)
         field = self.outputs.get(key)
@@ -85,6 +105,18 @@ class _Encoded:
                 self.outputs.clear()
             self.outputs[key] = field
         return field
+
+
+class _LastOutput:
+    """An output's encoded field with the values it encodes."""
+
+    __slots__ = ("datatype", "field", "name", "shape")
+
+    def __init__(self, name: str, datatype: str, shape: tuple[int, ...], field: bytes) -> None:
+        self.name = name
+        self.datatype = datatype
+        self.shape = shape
+        self.field = field
 
 
 _ENCODED: Final = _Encoded()
@@ -111,10 +143,10 @@ def plain_reply(response: InferResponse, in_shm: frozenset[str]) -> list[Chunk] 
             return None
     raw: list[Chunk] = []
     small = True
-    for output in response.outputs:
+    for index, output in enumerate(response.outputs):
         if output.parameters:
             return None
-        field = encoded.output(output.name, output.datatype, output.shape)
+        field = encoded.output_at(index, output.name, output.datatype, output.shape)
         if field == _NOT_PLAIN:
             return None
         parts.append(field)

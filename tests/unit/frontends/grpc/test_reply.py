@@ -106,3 +106,43 @@ def test_a_small_reply_is_one_chunk_a_large_output_stays_a_view() -> None:
     data = large.outputs[0].data
     assert isinstance(data, memoryview)
     assert any(isinstance(chunk, memoryview) and chunk.obj is data.obj for chunk in chunks)
+
+
+def _outputs(layout: list[tuple[str, str, tuple[int, ...]]]) -> InferResponse:
+    outputs = [
+        InferOutput(name, datatype, shape, memoryview(bytes(max(0, _size(datatype, shape)))))
+        for name, datatype, shape in layout
+    ]
+    return InferResponse("m", "1", "", outputs)
+
+
+def _size(datatype: str, shape: tuple[int, ...]) -> int:
+    count = 4 if datatype == "FP32" else 1
+    for dim in shape:
+        count *= dim
+    return count
+
+
+def test_each_position_of_a_reply_follows_its_output_from_call_to_call() -> None:
+    """The last field kept per position (outputs of one model in one order) never stands in
+    for another output: swapped, renamed, reshaped, fewer, more than are kept apart."""
+    many = [(f"OUT{index}", "UINT8", (1, index + 1)) for index in range(20)]
+    layouts = [
+        [("A", "FP32", (1, 4)), ("B", "UINT8", (2,))],
+        [("A", "FP32", (1, 4)), ("B", "UINT8", (2,))],  # the same, from the last fields
+        [("B", "UINT8", (2,)), ("A", "FP32", (1, 4))],  # swapped
+        [("A", "FP32", (1, 5)), ("B", "FP32", (2,))],  # another shape, another datatype
+        [("A", "FP32", (1, 4))],  # fewer
+        many,
+        many,
+        [("OUT0", "UINT8", (1, 1)), ("B", "UINT8", (2,))],
+        [("A", "FP32", (1, 4)), ("B", "UINT8", (2,))],
+    ]
+    for layout in layouts:
+        response = _outputs(layout)
+        assert _reply_of(response) == _expected(response), layout
+    negative = _outputs([("A", "FP32", (1, 4)), ("B", "UINT8", (-2,))])
+    assert plain_reply(negative, frozenset()) is None  # left to protobuf, each time
+    assert plain_reply(negative, frozenset()) is None
+    response = _outputs([("A", "FP32", (1, 4)), ("B", "UINT8", (2,))])
+    assert _reply_of(response) == _expected(response)
