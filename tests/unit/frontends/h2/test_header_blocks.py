@@ -108,3 +108,13 @@ def test_any_sequence_of_blocks_decodes_as_a_fresh_decoder_says(seed: int) -> No
         assert _cached(cached, block) == expected
         if expected == "error":  # a connection error: the connection and its decoder end
             cached, reference = HeaderDecoder(), hpack.Decoder()
+
+
+def test_a_block_kept_is_forgotten_once_another_changes_the_table() -> None:
+    decoder = HeaderDecoder()
+    decoder.decode(_inserting(b"x-a", b"1"))
+    static = decoder.decode(b"\x83\x86")
+    assert decoder.decode(b"\x83\x86") is static
+    decoder.decode(_inserting(b"x-b", b"2"))
+    again = decoder.decode(b"\x83\x86")  # decoded anew: the table changed meanwhile
+    assert again == static and again is not static
