@@ -394,13 +394,13 @@ class Http2Connection(asyncio.BufferedProtocol):
     def _on_window_update(self, stream_id: int, flags: int, payload: memoryview) -> None:
         if len(payload) != 4:
             raise ConnectionError_(h2.FRAME_SIZE_ERROR, "a malformed WINDOW_UPDATE")
-        increment = h2.read_u32(payload)
         if stream_id == 0:
-            self._sender.connection_window_update(increment)
+            self._sender.connection_window_update(h2.read_u32(payload))
             return
         stream = self._streams.get(stream_id)
         if stream is None:
-            return
+            return  # a closed stream's (the client's credit for a whole answer): not read
+        increment = h2.read_u32(payload)
         if increment == 0:  # RFC 9113 section 6.9: a stream error of type PROTOCOL_ERROR
             self._reset_by_us(stream_id, stream, h2.PROTOCOL_ERROR)
         elif stream.send_window + increment > h2.MAX_WINDOW:

@@ -278,6 +278,8 @@ class Sender:
 
     def resume_blocked(self) -> None:
         """The connection's window opened: go on with the streams that wait, in order."""
+        if not self.blocked:
+            return  # the usual case: no list made of nothing
         for stream_id in list(self.blocked):
             if self.window <= 0:
                 return
