@@ -17,7 +17,7 @@ import msgpack
 
 from shoal.core.types import InferOutput, InferResponse
 from shoal.frontends.workers._plain import as_shoal_error, error_from_wire, error_to_wire
-from shoal.ipc.tensor import INLINE_KIND
+from shoal.ipc.whole_results import read_record
 
 #: The core's choice for one output: ``[arena, segment, offset, nbytes]`` of a block the worker
 #: reads in place, or None (its bytes follow the header).
@@ -115,14 +115,12 @@ def whole_from_wire(fields: Sequence[Any], payloads: list[memoryview]) -> InferR
     is a ValueError."""
     packed, response_id = fields
     model_name, model_version = layout_of(packed)
-    outputs, error, parameters = msgpack.unpackb(payloads[0], strict_map_key=False)
+    outputs, error, parameters = read_record(payloads[0])
     if error is not None:
         raise ValueError(f"a relayed record carries an error: {error!r}")
-    tensors = []
-    for name, datatype, shape, kind, data in outputs:
-        if kind != INLINE_KIND or type(data) is not bytes:
-            raise ValueError(f"output '{name}' of a relayed record is not inline")
-        tensors.append(InferOutput(name, datatype, tuple(shape), memoryview(data), {}))
+    tensors = [
+        InferOutput(name, datatype, shape, data, {}) for name, datatype, shape, data in outputs
+    ]
     return InferResponse(
         model_name, model_version, response_id, tensors, parameters, _release=None, final=True
     )

@@ -28,8 +28,6 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any, Final, Protocol
 
-import msgpack
-
 from shoal.core.errors import InternalError, InvalidArgument, Unavailable
 from shoal.core.types import InferOutput, InferRequest, InferResponse
 from shoal.frontends.workers import _wire as wire
@@ -48,6 +46,7 @@ from shoal.ipc.peer_segments import AnnouncedSegments
 from shoal.ipc.queue import Channel
 from shoal.ipc.stat_counters import BACKEND, CANCELED, OTHER, SUCCESS, CounterRows, Tally
 from shoal.ipc.tensor import InlineBytes
+from shoal.ipc.whole_results import read_record
 
 __all__ = ["DirectDispatch", "Route", "direct_fits"]
 
@@ -350,12 +349,12 @@ class DirectDispatch:
         release: Callable[[], None] | None,
     ) -> InferResponse:
         if result.wholes is not None:  # every output inline (``ipc/whole_results.py``)
-            outputs, error, parameters = msgpack.unpackb(result.wholes[0], strict_map_key=False)
+            outputs, error, parameters = read_record(result.wholes[0])
             if error is not None:
                 raise model_error(error)
             tensors = [
-                InferOutput(name, datatype, tuple(shape), memoryview(data), {})
-                for name, datatype, shape, _, data in outputs
+                InferOutput(name, datatype, shape, data, {})
+                for name, datatype, shape, data in outputs
             ]
             return InferResponse(request.model_name, route.label, request.id, tensors, parameters)
         if result.rescheduled:  # only a model of an iterative sequence may (the core's words)

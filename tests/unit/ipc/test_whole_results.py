@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 
+import msgpack
 import pytest
 
 from shoal.ipc import messages as msg
@@ -151,3 +152,86 @@ def test_a_malformed_record_is_the_requests_internal_error(record):
     response = whole_results.response_of(memoryview(record))
     assert response.outputs == [] and response.error is not None
     assert response.error[0] == "INTERNAL" and "malformed" in response.error[1]
+
+
+# -- the common record by hand (``_record``, ``read_record``) ---------------------------------
+
+_PACKER = msgpack.Packer(use_bin_type=True)
+
+
+def _records() -> dict[str, ResponseRecord]:
+    """Records of every shape the hand-written path takes or hands to MessagePack."""
+    many = [_inline(f"o{i}", "INT8", (1,), 1) for i in range(16)]
+    return {
+        "one FP32 output": ResponseRecord([_inline("OUTPUT0", "FP32", (1, 16), 64)]),
+        "no outputs": ResponseRecord([]),
+        "every datatype": ResponseRecord(_every_datatype().outputs),
+        "zero elements": ResponseRecord(
+            [_inline("E", "FP32", (0,), 0), _inline("S", "FP32", (), 4)]
+        ),
+        "dims of every int width": ResponseRecord(
+            [_inline("d", "UINT8", (127, 128, 255, 256, 65535, 65536, 2**32, 0), 0)]
+        ),
+        "a negative dim": ResponseRecord([_inline("n", "UINT8", (-1, 3), 0)]),
+        "sixteen dims": ResponseRecord([_inline("big", "UINT8", (1,) * 16, 1)]),
+        "bytes of every bin width": ResponseRecord(
+            [_inline(f"b{n}", "UINT8", (n,), n) for n in (255, 256, 65535, 65536)]
+        ),
+        "fifteen outputs": ResponseRecord(many[:15]),
+        "sixteen outputs": ResponseRecord(many),
+        "long and non-ASCII names": ResponseRecord(
+            [
+                _inline("é" * 20, "BF16", (2,), 4),
+                _inline("n" * 31, "FP16", (1,), 2),
+                _inline("x" * 32, "FP16", (1,), 2),
+                _inline("y" * 300, "FP16", (1,), 2),
+            ]
+        ),
+        "parameters": ResponseRecord([_inline("p", "FP32", (1,), 4)], None, {"a": 1}),
+        "a name's second datatype": ResponseRecord([_inline("OUTPUT0", "INT32", (1, 16), 64)]),
+    }
+
+
+@pytest.mark.parametrize("name", list(_records()))
+def test_a_record_by_hand_is_messagepacks_bytes(name):
+    response = _records()[name]
+    assert whole_results._record(_PACKER, response) == _PACKER.pack(response.to_wire())
+
+
+@pytest.mark.parametrize("name", list(_records()))
+def test_a_record_reads_back_by_hand_or_by_messagepack(name):
+    response = _records()[name]
+    decoded = _round_trip(msg.Result(1, [response]))
+    assert decoded.wholes is not None
+    outputs, error, parameters = whole_results.read_record(decoded.wholes[0])
+    assert error is None and parameters == response.parameters
+    expected = [(o.name, o.datatype, o.shape, o.location.data) for o in response.outputs]
+    assert [(n, d, s, bytes(data)) for n, d, s, data in outputs] == expected
+    assert all(type(data) is memoryview and type(s) is tuple for _, _, s, data in outputs)
+    assert whole_results.response_of(decoded.wholes[0]) == response
+
+
+def test_a_record_read_by_hand_only_where_the_stub_wrote_it_so():
+    common = whole_results._record(_PACKER, _records()["one FP32 output"])
+    assert whole_results._read_success(memoryview(common)) is not None
+    for name in ("parameters", "sixteen outputs", "a negative dim", "sixteen dims"):
+        record = whole_results._record(_PACKER, _records()[name])
+        assert whole_results._read_success(memoryview(record)) is None, name
+    error = _PACKER.pack(ResponseRecord(error=("INTERNAL", "boom")).to_wire())
+    assert whole_results._read_success(memoryview(error)) is None
+    assert whole_results.read_record(memoryview(error)) == ([], ["INTERNAL", "boom"], {})
+
+
+def test_a_cut_or_altered_record_is_never_read_by_hand_as_another():
+    record = whole_results._record(_PACKER, _records()["every datatype"])
+    for end in range(len(record)):
+        assert whole_results._read_success(memoryview(record[:end])) is None
+        with pytest.raises((ValueError, msgpack.UnpackException)):
+            whole_results.read_record(memoryview(record[:end]))
+    assert whole_results._read_success(memoryview(record + b"\x00")) is None
+
+
+def test_an_output_not_inline_is_a_value_error():
+    record = _PACKER.pack(ResponseRecord([_BLOCK]).to_wire())
+    with pytest.raises(ValueError, match="output 'b' of a whole record is not inline"):
+        whole_results.read_record(memoryview(record))
