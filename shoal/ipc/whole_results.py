@@ -38,6 +38,8 @@ from shoal.ipc.tensor import INLINE_KIND, InlineBytes
 MARK: Final = 0xC1
 _HEAD: Final = struct.Struct("<BxxxIqqqqqq")
 HEAD_SIZE: Final = _HEAD.size
+#: The prefix of a Result of one response (nearly every one) with its record's length: one call.
+_HEAD_ONE: Final = struct.Struct("<BxxxIqqqqqqI")
 #: The record lengths' layout by response count (made once per count).
 _lengths: Final[dict[int, struct.Struct]] = {}
 
@@ -68,9 +70,24 @@ def pack_whole(packer: msgpack.Packer, result: Result) -> bytes | None:
     """``result`` in the whole form, or None where it must stay MessagePack."""
     if not wholly_inline(result):
         return None
-    records = [_record(packer, response) for response in result.responses]
-    count = len(records)
+    responses = result.responses
     compute, stub = result.compute_ns, result.stub_ns
+    if len(responses) == 1:
+        record = _record(packer, responses[0])
+        head = _HEAD_ONE.pack(
+            MARK,
+            1,
+            result.batch_id,
+            compute[0],
+            compute[1],
+            compute[2],
+            stub[0],
+            stub[1],
+            len(record),
+        )
+        return head + record
+    records = [_record(packer, response) for response in responses]
+    count = len(records)
     head = _HEAD.pack(
         MARK, count, result.batch_id, compute[0], compute[1], compute[2], stub[0], stub[1]
     )
@@ -92,8 +109,15 @@ def unpack_whole(payload: bytes) -> Result:
         raise ValueError(f"a whole Result of {size} bytes cannot hold {count} records")
     view = memoryview(payload)
     wholes: list[memoryview] = []
-    lengths: tuple[int, ...] = _lengths_of(count).unpack_from(payload, HEAD_SIZE)
-    for length in lengths:
+    for index in range(count):
+        # Each u32 read natively, not through a generic struct call.
+        place = HEAD_SIZE + 4 * index
+        length = (
+            payload[place]
+            | payload[place + 1] << 8
+            | payload[place + 2] << 16
+            | payload[place + 3] << 24
+        )
         end = at + length
         wholes.append(view[at:end])
         at = end

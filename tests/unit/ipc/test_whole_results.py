@@ -235,3 +235,11 @@ def test_an_output_not_inline_is_a_value_error():
     record = _PACKER.pack(ResponseRecord([_BLOCK]).to_wire())
     with pytest.raises(ValueError, match="output 'b' of a whole record is not inline"):
         whole_results.read_record(memoryview(record))
+
+
+def test_a_result_of_one_response_has_the_layout_of_any_other():
+    response = _records()["one FP32 output"]
+    result = msg.Result(2**50 + 1, [response], (1, 2, 3), stub_ns=(4, 5))
+    record = _PACKER.pack(response.to_wire())
+    head = whole_results._HEAD.pack(whole_results.MARK, 1, 2**50 + 1, 1, 2, 3, 4, 5)
+    assert msg.encode(result) == head + len(record).to_bytes(4, "little") + record
