@@ -41,6 +41,15 @@ class CoalescingTransport:
             self._loop.call_soon(self._flush)
         self._pending.append(data)
 
+    def write_now(self, data: bytes) -> None:
+        """Write ``data`` (a whole small response) at once, not at the end of the iteration:
+        no flush is scheduled for it (a handle made and run per response). Behind writes still
+        held, it waits with them, in order."""
+        if self._pending:
+            self._pending.append(data)
+        elif not self._transport.is_closing():
+            self._transport.write(data)
+
     def writelines(self, lines: Any) -> None:
         for data in lines:
             self.write(data)

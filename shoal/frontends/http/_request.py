@@ -86,7 +86,9 @@ def decode_infer_request(
     header_length: str | None = None,
 ) -> DecodedRequest:
     """Decode an infer body; ``header_length`` is the ``Inference-Header-Content-Length`` value."""
-    view = memoryview(body).cast("B").toreadonly()
+    # The fast path's bytes is viewed as it is: bytes, read-only already (a cast and a
+    # toreadonly are two method calls by name, ~500 instructions each compiled).
+    view = memoryview(body) if isinstance(body, bytes) else memoryview(body).cast("B").toreadonly()
     json_size = parse_header_length(header_length, len(view))
     # A JSON-only body is parsed as it is: slicing it would cost a copy of the whole body.
     whole = json_size == len(view) and not isinstance(body, memoryview)

@@ -341,12 +341,16 @@ class FastInferHttpToolsProtocol(CoalescingHttpToolsProtocol):
                 return
             fast = self._fast
             transport = fast.transport
-            transport.write(
-                fast.head(_status_line(status), headers, body_length(payload), request.keep_alive)
+            head = fast.head(
+                _status_line(status), headers, body_length(payload), request.keep_alive
             )
-            if isinstance(payload, bytes):
+            if isinstance(payload, bytes) and len(payload) <= _JOINED_MAX:
+                transport.write_now(head + payload)  # one small copy: one send, no handle
+            elif isinstance(payload, bytes):
+                transport.write(head)
                 transport.write(payload)
             else:  # pieces: uvloop keeps references and sends them as the socket drains, in C
+                transport.write(head)
                 transport.writelines(payload.pieces if isinstance(payload, LentBody) else payload)
             if lent is not None:  # what the kernel does not take now is copied
                 transport.send_lent()
@@ -381,6 +385,9 @@ def _read_head(
         return None
     return KnownHead(url, lines, endpoint, target, headers, length)
 
+
+#: A body this small or smaller is sent joined to its head, at once (:meth:`write_now`).
+_JOINED_MAX: Final = 1 << 14
 
 _DEFAULT_LIMITS = ConnectionLimits()
 #: The request headers a fast request keeps (:meth:`FastInfer.respond` reads no others; the
