@@ -4,7 +4,9 @@ uvicorn writes a response's status line and headers, then its body, with two ``t
 calls: two ``send`` system calls, and a client woken twice (waking a process is the most
 expensive part of a small request on a VM). Here the writes of one event-loop iteration leave
 together, through one ``writelines`` (a single ``writev``, without joining a large body into a
-copy). Nothing waits: the flush runs at the end of the same iteration.
+copy). Nothing waits: the flush runs at the end of the same iteration. A whole small response
+(the fast path's, head and body joined) is written at once instead (``write_now``): one ``send``
+either way, without a flush handle made and run for it.
 """
 
 from __future__ import annotations
