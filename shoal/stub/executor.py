@@ -180,7 +180,7 @@ class BatchExecutor:
     def _dropped(self, execute: Execute) -> Result:
         """A batch cancelled while it waited in the ring is not executed, as Triton drops
         cancelled requests from its queues."""
-        self._open.untrack([r.key for r in execute.requests])
+        self._open.untrack_records(execute.requests)
         cancelled = ResponseRecord(error=("CANCELLED", "the request was cancelled"))
         if self.decoupled:
             self._send_finals(execute.requests, cancelled)
@@ -208,7 +208,7 @@ class BatchExecutor:
             log.exception("could not send the result of an execute")
 
     def _failed(self, batch: _Batch, text: str) -> Result:
-        self._open.untrack([r.key for r in batch.execute.requests])
+        self._open.untrack_records(batch.execute.requests)
         for request in batch.requests:
             request.get_response_sender()._close()
         failure = ResponseRecord(error=("INTERNAL", text))
@@ -226,7 +226,7 @@ class BatchExecutor:
             rescheduled = rescheduled_positions(self.instance, batch.requests, responses)
         except ExecuteError as error:
             return self._failed(batch, str(error))
-        self._open.untrack([r.key for r in batch.execute.requests])
+        self._open.untrack_records(batch.execute.requests)
         if rescheduled:
             for i in rescheduled:
                 responses[i] = _RESCHEDULED

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Any, Final
 
 from shoal.ipc import messages as msg
 
 #: Where a request's key holds its sender's number (``frontends/workers/direct.py``).
-SENDER_SHIFT = 40
+# Final: compiled, a plain module constant is a dict look-up on every use.
+SENDER_SHIFT: Final = 40
 
 
 class OpenRequests:
@@ -48,14 +49,15 @@ class OpenRequests:
     def track(self, records: list[msg.RequestRecord], requests: list[Any]) -> int:
         """Track a batch's requests; returns how many of them were cancelled already."""
         cancelled = 0
+        flags, newest = self._flags, self._newest
         with self._lock:
             for i in range(len(records)):  # indexed: zip(strict=True) costs ~2k in mypyc
                 key = records[i].key
                 request = requests[i]
-                self._flags[key] = request._cancellation
+                flags[key] = request._cancellation
                 sender = key >> SENDER_SHIFT
-                if key > self._newest.get(sender, 0):
-                    self._newest[sender] = key
+                if key > newest.get(sender, 0):
+                    newest[sender] = key
                 if self._cancelled_early and key in self._cancelled_early:
                     self._cancelled_early.discard(key)
                     request._cancellation.cancelled = True
@@ -63,6 +65,14 @@ class OpenRequests:
         return cancelled
 
     def untrack(self, keys: list[int]) -> None:
+        flags = self._flags
         with self._lock:
             for key in keys:
-                self._flags.pop(key, None)
+                flags.pop(key, None)
+
+    def untrack_records(self, records: list[msg.RequestRecord]) -> None:
+        """:meth:`untrack` of a batch's records, without building a list of their keys."""
+        flags = self._flags
+        with self._lock:
+            for i in range(len(records)):
+                flags.pop(records[i].key, None)

@@ -44,3 +44,16 @@ def test_a_cancel_of_a_key_already_seen_is_not_kept() -> None:
     open_requests.untrack([5])
     open_requests.cancel([4])  # answered long ago: nothing to remember
     assert open_requests.track([_record(4)], [_Request()]) == 0
+
+
+def test_an_untracked_batch_is_not_cancelled_by_a_late_cancel() -> None:
+    """``untrack_records`` forgets a finished batch's flags: a Cancel that comes after sets
+    nothing and is not remembered (its keys were seen)."""
+    open_requests = OpenRequests()
+    first, second = _Request(), _Request()
+    records = [_record(8), _record(9)]
+    assert open_requests.track(records, [first, second]) == 0
+    open_requests.untrack_records(records)
+    open_requests.cancel([8, 9])
+    assert not first._cancellation.cancelled and not second._cancellation.cancelled
+    assert open_requests.track([_record(9)], [_Request()]) == 0
