@@ -24,16 +24,11 @@ from collections.abc import Callable
 from typing import Final, Protocol, cast
 
 from shoal.frontends.h2 import frames as h2
-from shoal.frontends.h2.errors import ConnectionError_
+from shoal.frontends.h2.errors import ConnectionError_, check_opened
 from shoal.frontends.h2.floods import FloodGuard, FloodLimits
 from shoal.frontends.h2.header_blocks import MAX_HEADER_LIST, HeaderDecoder, Headers
 from shoal.frontends.h2.placing import PLACE_FROM, Placing
-from shoal.frontends.h2.reading import (
-    RECEIVE_MAX_FRAME,
-    FrameHandler,
-    FrameReader,
-    read_buffer,
-)
+from shoal.frontends.h2.reading import RECEIVE_MAX_FRAME, FrameHandler, FrameReader, read_buffer
 from shoal.frontends.h2.scatter import Scatter, scatter_for
 from shoal.frontends.h2.sending import Body, Sender
 from shoal.frontends.h2.streams import Stream, StreamHandler
@@ -399,6 +394,7 @@ class Http2Connection(asyncio.BufferedProtocol):
             return
         stream = self._streams.get(stream_id)
         if stream is None:
+            check_opened("WINDOW_UPDATE", stream_id, self._highest_stream_id)
             return  # a closed stream's (the client's credit for a whole answer): not read
         increment = h2.read_u32(payload)
         if increment == 0:  # RFC 9113 section 6.9: a stream error of type PROTOCOL_ERROR
@@ -411,6 +407,9 @@ class Http2Connection(asyncio.BufferedProtocol):
                 self._sender.resume(stream_id, stream)
 
     def _on_rst_stream(self, stream_id: int, flags: int, payload: memoryview) -> None:
+        if len(payload) != 4:
+            raise ConnectionError_(h2.FRAME_SIZE_ERROR, "a malformed RST_STREAM")
+        check_opened("RST_STREAM", stream_id, self._highest_stream_id)
         stream = self._streams.pop(stream_id, None)
         self._sender.blocked.pop(stream_id, None)
         if stream is not None:

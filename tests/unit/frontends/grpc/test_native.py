@@ -346,3 +346,55 @@ def test_repeated_header_blocks_are_each_read_as_their_own(client: H2Client) -> 
         assert refused.headers[":status"] == "415"
         timed = client.call(message, grpc_timeout="10S")
         assert timed.status == "0", timed.message
+
+
+# --- frames on streams not opened ---------------------------------------------------------------
+
+
+def _raw_frame(kind: int, stream_id: int, payload: bytes) -> bytes:
+    """A frame by hand (hyperframe will not build the invalid ones)."""
+    return struct.pack(">HBBBI", 0, len(payload), kind, 0, stream_id) + payload
+
+
+def _goaway_code(raw: RawClient) -> int | None:
+    """The error code of the GOAWAY the server sends before it closes (None: no GOAWAY)."""
+    while (frame := raw.read_frame()) is not None:
+        if isinstance(frame, GoAwayFrame):
+            return int(frame.error_code)
+    return None
+
+
+@pytest.mark.parametrize(
+    ("frame", "code"),
+    [
+        (_raw_frame(0x8, 99, struct.pack(">I", 10)), 0x1),  # WINDOW_UPDATE, idle stream
+        (_raw_frame(0x3, 99, struct.pack(">I", 0x8)), 0x1),  # RST_STREAM, idle stream
+        (_raw_frame(0x3, 0, struct.pack(">I", 0x8)), 0x1),  # RST_STREAM, stream 0
+        (_raw_frame(0x3, 1, b"\0\0\x08"), 0x6),  # RST_STREAM of three bytes: FRAME_SIZE_ERROR
+    ],
+    ids=["window-update-idle", "rst-stream-idle", "rst-stream-zero", "rst-stream-short"],
+)
+def test_a_frame_on_a_stream_not_opened_ends_the_connection(
+    port: int, frame: bytes, code: int
+) -> None:
+    """RFC 9113 sections 5.1 and 6.4: WINDOW_UPDATE or RST_STREAM on an idle stream (or
+    RST_STREAM on stream 0) is a connection error of type PROTOCOL_ERROR."""
+    with RawClient(port, timeout=5) as raw:
+        raw.sock.sendall(frame)
+        assert _goaway_code(raw) == code
+
+
+def test_a_closed_streams_window_update_and_reset_are_ignored(port: int) -> None:
+    """After a call ended, the client's credit and reset for its stream change nothing."""
+    with RawClient(port, timeout=5) as raw:
+        for stream_id in (1, 3):
+            block = raw.block(request_headers(port))
+            raw.send(
+                HeadersFrame(stream_id, data=block, flags=["END_HEADERS"]),
+                DataFrame(stream_id, data=grpc_frame(echo_request(64)), flags=["END_STREAM"]),
+            )
+            assert raw.read_stream(stream_id).status == "0"
+            raw.sock.sendall(_raw_frame(0x8, stream_id, struct.pack(">I", 0)))  # even one of 0
+            raw.sock.sendall(_raw_frame(0x3, stream_id, struct.pack(">I", 0x8)))
+            seen = raw.ping(b"carry on")
+            assert not [frame for frame in seen if isinstance(frame, GoAwayFrame)], seen
