@@ -234,3 +234,40 @@ def test_nan_and_infinities_in_json_tensors_go_both_ways(server):
     finally:
         client.close()
     assert out[0] == np.inf and out[1] == -np.inf and np.isnan(out[2])
+
+
+def test_a_known_head_never_serves_a_request_whose_head_differs(server):
+    """The fast path keeps a connection's last request head: every change that follows it on
+    the connection (length, URL, chunked, Expect, method) is heard, and the head after it too."""
+    url = "/v2/models/identity/infer"
+    body = _infer_body([4.0])
+    chunked = (
+        f"POST {url} HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+        f"{len(body):x}\r\n".encode()
+        + body
+        + b"\r\n0\r\n\r\n"
+    )
+    expecting = _post(url, _infer_body([6.0]), "Expect: 100-continue")
+    expecting_head = expecting[: expecting.index(b"\r\n\r\n") + 4]
+    get = f"GET {url} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {len(body)}\r\n\r\n"
+    with _connect(server) as sock:
+        reader = _Reader(sock)
+
+        def answer(request: bytes) -> tuple[int, bytes]:
+            sock.sendall(request)
+            status, _, payload = reader.response()
+            return status, payload
+
+        assert _outputs(answer(_post(url, _infer_body([1.0])))[1]) == [1.0]
+        assert _outputs(answer(_post(url, _infer_body([2.0])))[1]) == [2.0]  # the same head
+        assert _outputs(answer(_post(url, _infer_body([1.0, 2.5])))[1]) == [1.0, 2.5]
+        versioned = answer(_post("/v2/models/identity/versions/1/infer", _infer_body([3.0])))
+        assert versioned[0] == 200 and _outputs(versioned[1]) == [3.0]
+        assert answer(_post("/v2/models/nosuch/infer", _infer_body([3.0])))[0] == 404
+        assert _outputs(answer(chunked)[1]) == [4.0]
+        assert _outputs(answer(_post(url, _infer_body([5.0])))[1]) == [5.0]
+        assert answer(expecting_head)[0] == 100
+        assert _outputs(answer(_infer_body([6.0]))[1]) == [6.0]
+        assert _outputs(answer(_post(url, _infer_body([7.0])))[1]) == [7.0]
+        assert answer(get.encode() + body)[0] in (404, 405)
+        assert _outputs(answer(_post(url, _infer_body([8.0])))[1]) == [8.0]
