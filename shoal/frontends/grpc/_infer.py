@@ -166,17 +166,7 @@ def _plain_decoded(plain: PlainRequest, raw: list[memoryview]) -> DecodedInfer:
             seen.add(name)
         data = _raw_input(name, datatype, shape, raw[index] if index < count else None, model)
         inputs.append(InferInput(name, datatype, shape, data, {}))
-    if raw and len(raw) != len(inputs):  # as _check_raw_count: no input is in shared memory
-        _raw_count_error(len(inputs), raw, model)
-    request = InferRequest(
-        model_name=model,
-        model_version=plain.model_version,
-        id=plain.id,
-        inputs=inputs,
-        outputs=[RequestedOutput(name, {}) for name in plain.outputs],
-        parameters={},
-    )
-    return DecodedInfer(request)
+    return _plain_infer(model, plain.model_version, plain.id, inputs, raw, plain.outputs)
 
 
 def _shape_of(plain: PlainRequest, inputs: list[InferInput]) -> PlainShape:
@@ -196,14 +186,27 @@ def _shaped(shape: PlainShape, raw: list[memoryview]) -> DecodedInfer:
         name, datatype, dims = tensor.name, tensor.datatype, tensor.shape
         data = _raw_input(name, datatype, dims, raw[index] if index < count else None, model)
         inputs.append(InferInput(name, datatype, dims, data, {}))
+    return _plain_infer(model, shape.model_version, shape.id, inputs, raw, shape.outputs)
+
+
+def _plain_infer(
+    model: str,
+    version: str,
+    request_id: str,
+    inputs: list[InferInput],
+    raw: list[memoryview],
+    outputs: list[str],
+) -> DecodedInfer:
+    """The request of a plain message's fields and its inputs, once the raw contents were
+    counted against them (as :func:`_check_raw_count`: no input is in shared memory)."""
     if raw and len(raw) != len(inputs):
         _raw_count_error(len(inputs), raw, model)
     request = InferRequest(
         model_name=model,
-        model_version=shape.model_version,
-        id=shape.id,
+        model_version=version,
+        id=request_id,
         inputs=inputs,
-        outputs=[RequestedOutput(name, {}) for name in shape.outputs],
+        outputs=[RequestedOutput(name, {}) for name in outputs],
         parameters={},
     )
     return DecodedInfer(request)

@@ -134,7 +134,16 @@ def _broken(kind: str) -> pb.ModelInferRequest:
         tensor.datatype = "FP8"
     elif kind == "negative":
         tensor.shape[0] = -1
-    elif kind == "missing":
+    else:
+        break_raw_contents(request, kind)
+    return request
+
+
+def break_raw_contents(request: pb.ModelInferRequest, kind: str) -> None:
+    """Spoil the raw contents of ``request`` (of two inputs or more) as ``kind`` says: the
+    second input's missing, one more, the second of the wrong size, none at all; any other
+    kind leaves them whole."""
+    if kind == "missing":
         del request.raw_input_contents[1]
     elif kind == "extra":
         request.raw_input_contents.append(b"")
@@ -142,7 +151,6 @@ def _broken(kind: str) -> pb.ModelInferRequest:
         request.raw_input_contents[1] = b"\0" * 8
     elif kind == "none":
         del request.raw_input_contents[:]
-    return request
 
 
 @pytest.mark.parametrize(

@@ -22,6 +22,7 @@ from shoal.frontends.grpc._plain_request import (
 )
 from shoal.frontends.grpc._wire import field_header, split_raw_contents
 from shoal.protos import grpc_service_pb2 as pb
+from tests.unit.frontends.grpc.test_plain_request import break_raw_contents
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -85,14 +86,7 @@ def test_a_repeat_is_made_anew_from_its_shape() -> None:
 
 def _broken_raw(kind: str) -> pb.ModelInferRequest:
     request = _request()
-    if kind == "missing":
-        del request.raw_input_contents[1]
-    elif kind == "extra":
-        request.raw_input_contents.append(b"")
-    elif kind == "size":
-        request.raw_input_contents[1] = b"\0" * 8
-    elif kind == "none":
-        del request.raw_input_contents[:]
+    break_raw_contents(request, kind)
     return request
 
 
