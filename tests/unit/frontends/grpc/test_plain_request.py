@@ -125,6 +125,14 @@ def test_a_plain_request_decodes_with_zero_copy_tensors() -> None:
 
 def _broken(kind: str) -> pb.ModelInferRequest:
     request = _request(2)
+    break_second_input(request, kind)
+    break_raw_contents(request, kind)
+    return request
+
+
+def break_second_input(request: pb.ModelInferRequest, kind: str) -> None:
+    """Spoil the second input's fields as ``kind`` says: a duplicate name, no name, an unknown
+    datatype, a negative dimension; any other kind leaves them whole."""
     tensor = request.inputs[1]
     if kind == "duplicate":
         tensor.name = "INPUT0"
@@ -134,9 +142,6 @@ def _broken(kind: str) -> pb.ModelInferRequest:
         tensor.datatype = "FP8"
     elif kind == "negative":
         tensor.shape[0] = -1
-    else:
-        break_raw_contents(request, kind)
-    return request
 
 
 def break_raw_contents(request: pb.ModelInferRequest, kind: str) -> None:

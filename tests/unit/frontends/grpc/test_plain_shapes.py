@@ -22,7 +22,7 @@ from shoal.frontends.grpc._plain_request import (
 )
 from shoal.frontends.grpc._wire import field_header, split_raw_contents
 from shoal.protos import grpc_service_pb2 as pb
-from tests.unit.frontends.grpc.test_plain_request import break_raw_contents
+from tests.unit.frontends.grpc.test_plain_request import break_raw_contents, break_second_input
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -109,15 +109,7 @@ def test_a_repeat_fails_word_for_word_as_through_protobuf(kind: str) -> None:
 )
 def test_a_request_that_fails_is_not_remembered(kind: str) -> None:
     request = _broken_raw(kind)
-    tensor = request.inputs[1]
-    if kind == "duplicate":
-        tensor.name = "INPUT0"
-    elif kind == "no-name":
-        tensor.name = ""
-    elif kind == "datatype":
-        tensor.datatype = "FP8"
-    elif kind == "negative":
-        tensor.shape[0] = -1
+    break_second_input(request, kind)
     wire = request.SerializeToString()
     for _ in range(2):  # the second time fails as the first: its fields are read again
         with pytest.raises(InvalidArgument):
