@@ -29,8 +29,8 @@ from shoal.core import CoreAPI
 from shoal.frontends._restricted import GRPC_KEY_PREFIX, Restrictions
 from shoal.frontends._serving import bind_socket
 from shoal.frontends.grpc.methods import MAX_MESSAGE_BYTES, SERVICE_NAME, method_table
-from shoal.frontends.grpc.native_call import CallServer, NativeCall
-from shoal.frontends.grpc.native_context import CallMethod
+from shoal.frontends.grpc.native_call import NativeCall
+from shoal.frontends.grpc.native_context import CallMethod, CallServer
 from shoal.frontends.grpc.native_headers import status_block, timeout_seconds
 from shoal.frontends.grpc.native_messages import BufferPool, ConnectionBudget
 from shoal.frontends.grpc.native_split import ReceiveArena
@@ -175,7 +175,7 @@ class NativeGrpcServer:
     def _method_paths(self, servicer: Servicer) -> dict[bytes, CallMethod]:
         """Each method by the ``:path`` its calls carry."""
         return {
-            f"/{SERVICE_NAME}/{name}".encode(): CallMethod(method)
+            f"/{SERVICE_NAME}/{name}".encode(): CallMethod(method, stepped=name == "ModelInfer")
             for name, method in method_table(
                 servicer, self._restrictions, lent_replies=True
             ).items()

@@ -1,5 +1,6 @@
-"""One RPC on one HTTP/2 stream of shoal's own gRPC server: its request messages, the task that
-runs its method, its deadline, and the status it ends with."""
+"""One RPC on one HTTP/2 stream of shoal's own gRPC server: its request messages, the work that
+runs its method (a unary call's stepped by hand, a streaming call's in a task), its deadline,
+and the status it ends with."""
 
 from __future__ import annotations
 
@@ -7,11 +8,19 @@ import asyncio
 import functools
 import logging
 from collections.abc import Coroutine
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from shoal.frontends.grpc._wire import coalesced
 from shoal.frontends.grpc.infer_call import LentReply
-from shoal.frontends.grpc.native_context import Abort, CallContext, CallMethod, inflated
+from shoal.frontends.grpc.native_context import (
+    LAST_STEP,
+    Abort,
+    CallContext,
+    CallMethod,
+    CallServer,
+    CallWork,
+    inflated,
+)
 from shoal.frontends.grpc.native_headers import OK_TRAILERS, status_block
 from shoal.frontends.grpc.native_messages import (
     Compressed,
@@ -20,13 +29,10 @@ from shoal.frontends.grpc.native_messages import (
     Message,
     MessageReader,
 )
-from shoal.frontends.grpc.native_split import InferSplitter, ReceiveArena, SplitRequest
+from shoal.frontends.grpc.native_split import InferSplitter, SplitRequest
 from shoal.frontends.grpc.status import Status
 from shoal.frontends.h2 import frames as h2
-from shoal.frontends.h2.connection import Headers, Http2Connection, StreamHandler
-
-if TYPE_CHECKING:
-    from shoal.frontends.grpc.native_messages import BufferPool
+from shoal.frontends.h2.connection import Headers, Http2Connection
 
 log = logging.getLogger(__name__)
 
@@ -48,38 +54,17 @@ _ANSWER_BELOW: Final = 64 * 1024
 #: replies are copied and their memory released at once, so that clients that do not read
 #: cannot hold the arenas other clients need.
 LENT_LIMIT = 256 << 20
-#: Every call's task's name (see NativeCall._launch).
-_TASK_NAME: Final = "grpc-call"
-#: ``asyncio.Task`` and ``asyncio.get_running_loop``, read once: compiled, ``asyncio.X`` is an
-#: attribute look-up on the module (~270 instructions) at every call; a Final is a C static.
-_Task: Final = asyncio.Task
+#: ``asyncio.get_running_loop``, read once: compiled, ``asyncio.X`` is an attribute look-up on
+#: the module (~270 instructions) at every call; a Final is a C static.
 _running_loop: Final = asyncio.get_running_loop
 
 
-class CallServer:
-    """What a call needs of its server: the message size limit, the pool of large request
-    buffers, the arena large inputs are received into (a frontend worker's) and the set of
-    running calls (stopped when the server stops; each leaves it when its task ends)."""
-
-    def __init__(
-        self, max_message_bytes: int, buffers: BufferPool, receive_into: ReceiveArena | None = None
-    ) -> None:
-        self.max_message_bytes = max_message_bytes
-        self.buffers = buffers
-        self.receive_into = receive_into
-        self.running: set[NativeCall] = set()
-        #: Bytes of replies written from lent memory and not yet released (see LENT_LIMIT).
-        self.lent = 0
-
-
-class NativeCall(StreamHandler):
-    """One RPC on one HTTP/2 stream."""
+class NativeCall(CallWork):
+    """One RPC on one HTTP/2 stream; its work runs in a task or stepped (see CallWork)."""
 
     _inbox: Inbox | None = None  # a streaming call's requests
-    _task: asyncio.Task[None] | None = None
-    _started = False  # the task has begun its first step (see _cancel_task)
-    _cancel_first = False  # cancelled before that step: the step ends the call, as cancelled
     _timer: asyncio.TimerHandle | None = None  # the deadline's
+    _due = 0.0  # the deadline, in the loop's time
     _expired = False
     _headers_sent = False
     _done = False
@@ -124,9 +109,11 @@ class NativeCall(StreamHandler):
     def start(self, timeout: float | None) -> None:
         loop = _running_loop()
         if timeout is not None:
+            self._due = loop.time() + timeout
             self._timer = loop.call_later(timeout, self._deadline)
         if self._method.streaming:
             self._inbox = Inbox(self._inflate, self._release)
+            self._server.running.add(self)
             self._launch(self._run_stream())
 
     def data_received(self, pieces: list[memoryview], end_stream: bool) -> None:
@@ -215,46 +202,26 @@ class NativeCall(StreamHandler):
             self._fail(INTERNAL, "the request stream ended inside a message")
         elif self._inbox is not None:
             self._inbox.put(None)
-        elif self._task is None:
+        elif not self._started:
             if self._request is None:
                 self._fail(UNIMPLEMENTED, "no request message for a unary method")
+            elif self._timer is not None and _running_loop().time() >= self._due:
+                # Due already (the loop was busy as the request came in): its timer may run
+                # after this, and a task's first step was the next turn's, after the timer.
+                self._timer.cancel()
+                self._deadline()
             else:
-                self._launch(self._run_unary())
+                self._server.running.add(self)
+                work = self._run_unary()
+                if self._method.stepped:
+                    self._begin_work(work)
+                else:
+                    self._launch(work)
 
     # --- running ------------------------------------------------------------------------------
 
-    def _launch(self, work: Coroutine[Any, Any, None]) -> None:
-        """Run the call's work in a task of its own. Made as ``asyncio.Task`` with a name, not
-        by the loop's ``create_task``: a task made without one formats "Task-N" (~1,800
-        instructions), and uvloop's wrapper costs ~1,300 more. No done callback (each is a
-        loop handle): the work's own ``finally`` leaves the server's running set."""
-        self._task = _Task(work, loop=_running_loop(), name=_TASK_NAME)
-        self._server.running.add(self)
-
-    def _cancel_task(self) -> None:
-        """Cancel the call's task, if any. One that has not begun is not cancelled: its
-        coroutine would be closed before its body, ``finally`` and all, ever ran; its first
-        step sees ``_cancel_first`` and ends the call as a cancelled task's would."""
-        if self._task is not None and self._started:
-            self._task.cancel()
-        elif self._task is not None:
-            self._cancel_first = True
-
-    def stop(self) -> asyncio.Task[None] | None:
-        """The server stops: the call's work is cancelled; the task to wait for."""
-        self._cancel_task()
-        return self._task
-
-    def _began(self) -> bool:
-        """The task's first step: False when the call was cancelled before it (ended now)."""
-        self._started = True
-        if self._cancel_first:
-            self._cancelled()
-            return False
-        return True
-
     async def _run_unary(self) -> None:
-        """A unary call's task: its request to its method, the reply, the status it ends with,
+        """A unary call's work: its request to its method, the reply, the status it ends with,
         the request let go. One coroutine, not three levels: each level is entered and resumed
         on every step of every call."""
         try:
@@ -278,6 +245,8 @@ class NativeCall(StreamHandler):
             self._release(self._held)
             self._reader.release()
             self._reader.detach()
+        if self._work is not None:  # stepped: the end, without a StopIteration to catch
+            await LAST_STEP  # (see LAST_STEP); never inside a try/with
 
     def _release_request(self) -> None:
         """Forget the request; the arena blocks it was received into and that were not handed
@@ -300,11 +269,9 @@ class NativeCall(StreamHandler):
             self._left()
 
     def _left(self) -> None:
-        """The task ends: the call leaves the server's running calls and lets go of its task,
-        whose coroutine refers to the call (else each call is a cycle only the collector frees,
-        ~6k instructions a call). The call is over (``_done``): nothing needs its task now."""
+        """The work ends: the call leaves the server's running calls (see _work_ended)."""
         self._server.running.discard(self)
-        self._task = None
+        self._work_ended()
 
     def _failed(self, exc: Exception) -> None:
         """End the call with the status of the error its work raised (called in its handler)."""
@@ -409,7 +376,7 @@ class NativeCall(StreamHandler):
         if self._done:
             return
         self._expired = True
-        if self._task is not None and not self._task.done():
+        if self._working():
             self._cancel_task()
         else:
             self._finish(DEADLINE_EXCEEDED, "Deadline Exceeded")
@@ -429,11 +396,11 @@ class NativeCall(StreamHandler):
         self._connection.send_headers(self._stream_id, block, end_stream=True)
 
     def _end(self) -> None:
-        """The call is over: read nothing more, and its deadline no longer matters. Without a
-        task (that lets go of the request when it ends), the request goes now."""
+        """The call is over: read nothing more, and its deadline no longer matters. Without
+        work (that lets go of the request when it ends), the request goes now."""
         self._done = True
         self._reader.closed = True
-        if self._task is None:
+        if self._task is None and self._work is None:
             self._release_request()
             self._reader.release()
             self._reader.detach()

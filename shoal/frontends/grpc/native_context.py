@@ -1,24 +1,38 @@
 """A call on shoal's own gRPC server as its method sees it (the part of
 ``grpc.aio.ServicerContext`` shoal's RPCs use), the method as the call reads it, the error
-that ends a call with a status, and a compressed request message inflated (an error status
-past the size limit)."""
+that ends a call with a status, a compressed request message inflated (an error status past
+the size limit), and the marker a unary call's work ends on (:data:`LAST_STEP`)."""
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import zlib
-from collections.abc import Callable
-from typing import Any, Final
+from collections.abc import Callable, Coroutine, Generator
+from typing import TYPE_CHECKING, Any, Final
 
 from shoal.frontends.grpc.methods import Method
 from shoal.frontends.grpc.native_headers import metadata
 from shoal.frontends.grpc.native_messages import inflate
 from shoal.frontends.grpc.status import Status
 from shoal.frontends.h2.header_blocks import Headers
+from shoal.frontends.h2.streams import StreamHandler
+
+if TYPE_CHECKING:
+    from shoal.frontends.grpc.native_messages import BufferPool
+    from shoal.frontends.grpc.native_split import ReceiveArena
+
+log = logging.getLogger(__name__)
 
 #: A compressed message smaller than this is inflated on the event loop (at most ~1 MiB out).
 _INFLATE_INLINE: Final = 1024
+#: Every task-run call's task's name (see CallWork._launch).
+_TASK_NAME: Final = "grpc-call"
+#: ``asyncio.Task`` and ``asyncio.get_running_loop``, read once: compiled, ``asyncio.X`` is an
+#: attribute look-up on the module (~270 instructions) at every call; a Final is a C static.
+_Task: Final = asyncio.Task
+_running_loop: Final = asyncio.get_running_loop
 
 
 class CallMethod:
@@ -26,14 +40,32 @@ class CallMethod:
     it, its fields native attributes: compiled, each read of a frozen dataclass's field is a
     look-up in its instance dictionary (six per call)."""
 
-    __slots__ = ("handle", "parse", "serialize", "split", "streaming")
+    __slots__ = ("handle", "parse", "serialize", "split", "stepped", "streaming")
 
-    def __init__(self, method: Method) -> None:
+    def __init__(self, method: Method, stepped: bool = False) -> None:
         self.streaming: bool = method.streaming
+        #: Its calls' work is stepped by hand, not run in a task (see CallWork): ModelInfer's,
+        #: whose path is known to need no task (the HTTP fast path steps it too).
+        self.stepped = stepped
         self.parse: Callable[[bytes | bytearray], Any] | None = method.parse
         self.serialize: Callable[[Any], bytes] | None = method.serialize
         self.handle: Callable[[Any, Any], Any] = method.handle
         self.split: bool = method.split
+
+
+class _LastStep:
+    """:data:`LAST_STEP`'s class."""
+
+    def __await__(self) -> Generator[Any, None, None]:
+        yield self
+
+
+#: Awaited last by a call's work that the call steps by hand (CallWork._step): the
+#: step that yields it ends the work, dropped, never resumed. A coroutine that returns raises
+#: StopIteration to whoever steps it, and compiled, catching that costs ~4,000 instructions
+#: (as the HTTP fast path found: ``http/_fast_request.Stepped``). Never awaited inside
+#: ``try``/``finally`` or ``with``: compiled, a dropped coroutine never runs their cleanup.
+LAST_STEP: Final = _LastStep()
 
 
 class Abort(Exception):
@@ -80,3 +112,149 @@ async def inflated(
             f"Received message larger than max (more than {limit} bytes uncompressed)",
         )
     return out
+
+
+class CallServer:
+    """What a call needs of its server: the message size limit, the pool of large request
+    buffers, the arena large inputs are received into (a frontend worker's) and the set of
+    running calls (stopped when the server stops; each leaves it when its task ends)."""
+
+    def __init__(
+        self, max_message_bytes: int, buffers: BufferPool, receive_into: ReceiveArena | None = None
+    ) -> None:
+        self.max_message_bytes = max_message_bytes
+        self.buffers = buffers
+        self.receive_into = receive_into
+        self.running: set[CallWork] = set()
+        #: Bytes of replies written from lent memory and not yet released (see LENT_LIMIT).
+        self.lent = 0
+
+
+class CallWork(StreamHandler):
+    """How a call's work runs: in a task of its own (:meth:`_launch`), or stepped by hand
+    (:meth:`_begin_work`: ModelInfer's, see :attr:`CallMethod.stepped`).
+
+    Stepped, the work is no :class:`asyncio.Task`: the call steps the coroutine itself, the
+    first step at once (where the request ends), each later one from the done callback of the
+    future it awaits, as a task's would. A task cost every call ~6,000 instructions (made,
+    registered in asyncio's ``WeakSet``, its first step a handle run on the loop's next turn,
+    freed). Cancellation is a task's (:meth:`_cancel_task`): the future awaited is cancelled,
+    so the work sees CancelledError there, or, between steps, the next step throws it; a bare
+    ``yield`` steps again on the loop's next turn. The work ends by awaiting
+    :data:`LAST_STEP`. What it does not do: it is not ``asyncio.current_task()`` (nothing on
+    ModelInfer's path asks; ``asyncio.timeout`` would), and its steps run in the loop's
+    context, not a copy. The HTTP fast path steps its requests the same way
+    (``http/_fast_request.Stepped``).
+    """
+
+    _task: asyncio.Task[None] | None = None  # the work, in a task
+    _started = False  # the work has begun its first step (see _cancel_task)
+    _cancel_first = False  # cancelled before that step: the step ends the call, as cancelled
+    _work: Coroutine[Any, Any, None] | None = None  # the work, stepped, while it runs
+    _waiter: asyncio.Future[Any] | None = None  # what it awaits
+    _must_cancel = False  # its next step throws CancelledError
+    _ended: asyncio.Future[None] | None = None  # set once it ends (see stop)
+
+    def _cancelled(self) -> None:
+        """End the call as its cancelled work does (the call's own)."""
+        raise NotImplementedError
+
+    def _launch(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run the call's work in a task of its own. Made as ``asyncio.Task`` with a name, not
+        by the loop's ``create_task``: a task made without one formats "Task-N" (~1,800
+        instructions), and uvloop's wrapper costs ~1,300 more. No done callback (each is a
+        loop handle): the work's own ``finally`` says it ended (:meth:`_work_ended`)."""
+        self._task = _Task(work, loop=_running_loop(), name=_TASK_NAME)
+
+    def _begin_work(self, work: Coroutine[Any, Any, None]) -> None:
+        """Step ``work`` by hand (see the class), its first step now."""
+        self._started = True
+        self._work = work
+        self._step(None)
+
+    def _began(self) -> bool:
+        """The work's first step: False when the call was cancelled before it (ended now)."""
+        self._started = True
+        if self._cancel_first:
+            self._cancelled()
+            return False
+        return True
+
+    def _working(self) -> bool:
+        """Whether the work has begun and not ended."""
+        return self._work is not None or (self._task is not None and not self._task.done())
+
+    def _cancel_task(self) -> None:
+        """Cancel the call's work, if any. Stepped: the future it awaits, or its next step. A
+        task that has not begun is not cancelled: its coroutine would be closed before its
+        body, ``finally`` and all, ever ran; its first step sees ``_cancel_first`` and ends
+        the call as a cancelled task's would."""
+        if self._work is not None:
+            waiter = self._waiter
+            if waiter is None or not waiter.cancel():
+                self._must_cancel = True
+        elif self._task is not None and self._started:
+            self._task.cancel()
+        elif self._task is not None:
+            self._cancel_first = True
+
+    def stop(self) -> asyncio.Future[None] | None:
+        """The server stops: the call's work is cancelled; what to wait for (its end). For
+        stepped work, a future made only now, done once the work ends."""
+        self._cancel_task()
+        if self._work is None:
+            return self._task
+        if self._ended is None:
+            self._ended = _running_loop().create_future()
+        return self._ended
+
+    def _work_ended(self) -> None:
+        """The work ends (in its ``finally``): the call lets go of its task, whose coroutine
+        refers to the call (else each call is a cycle only the collector frees, ~6k
+        instructions a call; stepped work is let go by its last step); a stop waiting for its
+        end is told."""
+        self._task = None
+        ended = self._ended
+        if ended is not None and not ended.done():
+            ended.set_result(None)
+
+    def _step(self, error: BaseException | None) -> None:
+        """One step of the work, up to its next await (see the class)."""
+        work = self._work
+        if work is None:
+            return
+        try:
+            if error is not None:
+                awaited = work.throw(error)
+            elif self._must_cancel:
+                self._must_cancel = False
+                awaited = work.throw(asyncio.CancelledError())
+            else:
+                awaited = work.send(None)
+        except StopIteration:  # it ends on LAST_STEP instead, without this to catch
+            self._work = None
+            return
+        except Exception:  # the work handles its errors: one here is a bug, as in a task
+            self._work = None
+            log.exception("unexpected error ending a gRPC call")
+            return
+        if awaited is LAST_STEP:  # done: the coroutine is dropped, never resumed
+            self._work = None
+        elif awaited is None:  # a bare yield: again on the loop's next turn
+            _running_loop().call_soon(self._step, None)
+        elif getattr(awaited, "_asyncio_future_blocking", False):
+            awaited._asyncio_future_blocking = False
+            self._waiter = awaited
+            # A bound method made per await, not kept: kept, the call would be a reference
+            # cycle (the call, its method, the call), garbage only the collector frees.
+            awaited.add_done_callback(self._woken)
+            if self._must_cancel and awaited.cancel():
+                self._must_cancel = False
+        else:  # as a task would, it hears that it yielded what it may not
+            error = RuntimeError(f"a gRPC call yielded {awaited!r}, not a future")
+            _running_loop().call_soon(self._step, error)
+
+    def _woken(self, future: asyncio.Future[Any]) -> None:
+        """The future the work awaits is done: its next step (the await reads it)."""
+        self._waiter = None
+        self._step(None)

@@ -16,14 +16,14 @@ from contextlib import contextmanager
 
 import numpy as np
 import pytest
-from hyperframe.frame import DataFrame, GoAwayFrame, HeadersFrame
+from hyperframe.frame import DataFrame, GoAwayFrame, HeadersFrame, RstStreamFrame
 
 from shoal.frontends.grpc.native import NativeGrpcServer
 from shoal.frontends.grpc.native_messages import inflate
 from shoal.protos import grpc_service_pb2 as pb
 from tests.h2client import H2Client, RawClient, grpc_frame, request_headers
 from tests.unit.frontends.doubles import LoopThread
-from tests.unit.frontends.grpc.test_double import FullCore
+from tests.unit.frontends.grpc.test_double import GATED, FullCore
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -171,21 +171,25 @@ def test_deadline_due_as_the_call_starts(request: pytest.FixtureRequest, loop: s
 @pytest.mark.timeout(20)
 @pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
 def test_stop_due_as_the_call_starts(request: pytest.FixtureRequest, loop: str) -> None:
-    """As above, with the server's stop of its running calls in place of the deadline: the
-    call is stopped before its task's first step (a task cancelled then would never run its
-    body). It must still end with CANCELLED and leave the server's running calls."""
+    """As above, with the server's stop of its running calls in place of the deadline, for a
+    method whose calls run in a task (ModelMetadata; ModelInfer's are stepped, begun at once):
+    the call is stopped before its task's first step (a task cancelled then would never run
+    its body). It must still end with CANCELLED and leave the server's running calls."""
     thread: LoopThread = request.getfixturevalue(
         "loop_thread" if loop == "uvloop" else "asyncio_thread"
     )
     server = NativeGrpcServer(FullCore())  # type: ignore[arg-type]
     port = thread.run(server.start("127.0.0.1", 0))
     running = server._calls.running
+    path = "/inference.GRPCInferenceService/ModelMetadata"
     try:
         with RawClient(port, timeout=5) as raw:
-            headers = raw.block(request_headers(port))
+            headers = raw.block(request_headers(port, path))
             raw.send(
                 HeadersFrame(1, data=headers, flags=["END_HEADERS"]),
-                DataFrame(1, data=grpc_frame(echo_request(16))),
+                DataFrame(
+                    1, data=grpc_frame(pb.ModelMetadataRequest(name="echo").SerializeToString())
+                ),
             )
             raw.ping(b"received")
             busy = threading.Event()
@@ -209,6 +213,80 @@ def test_stop_due_as_the_call_starts(request: pytest.FixtureRequest, loop: str) 
             assert not running
     finally:
         thread.run(server.stop(None))
+
+
+@contextmanager
+def gated_call(
+    thread: LoopThread, **headers: str
+) -> Iterator[tuple[NativeGrpcServer, FullCore, RawClient]]:
+    """A server whose core holds ModelInfer calls of the "gated" model until its gate opens,
+    and a raw client whose stream 1 is such a call, its request sent whole and read."""
+    core = FullCore()
+    core.gate = thread.run(_event())
+    server = NativeGrpcServer(core)  # type: ignore[arg-type]
+    port = thread.run(server.start("127.0.0.1", 0))
+    try:
+        with RawClient(port, timeout=5) as raw:
+            request = pb.ModelInferRequest.FromString(echo_request(16))
+            request.model_name = GATED
+            raw.send(
+                HeadersFrame(
+                    1, data=raw.block(request_headers(port, **headers)), flags=["END_HEADERS"]
+                ),
+                DataFrame(1, data=grpc_frame(request.SerializeToString()), flags=["END_STREAM"]),
+            )
+            raw.ping(b"received")  # the call's work has begun: it awaits the gate
+            yield server, core, raw
+    finally:
+        thread.run(server.stop(None))
+
+
+async def _event() -> asyncio.Event:
+    return asyncio.Event()
+
+
+def test_a_stepped_call_stopped_while_it_waits_is_cancelled(loop_thread: LoopThread) -> None:
+    """A ModelInfer call (stepped by hand, no task) that waits on the core when the server
+    stops: the future it awaits is cancelled, the core hears it, the call ends CANCELLED and
+    leaves the server's running calls, and the stop waits for that."""
+    with gated_call(loop_thread) as (server, core, raw):
+        running = server._calls.running
+        assert len(running) == 1
+        loop_thread.run(server._cancel_calls())  # the stop's own wait for its calls
+        response = raw.read_stream(1)
+        assert response.status == "1", (response.status, response.message)
+        assert response.message == "the server is shutting down"
+        assert core.cancelled == 1
+        assert not running
+
+
+def test_a_stepped_call_past_its_deadline_while_it_waits(loop_thread: LoopThread) -> None:
+    """A ModelInfer call waiting on the core past its grpc-timeout: DEADLINE_EXCEEDED, the
+    core's wait cancelled, the call out of the running calls."""
+    with gated_call(loop_thread, grpc_timeout="100m") as (server, core, raw):
+        response = raw.read_stream(1)
+        assert response.status == "4", (response.status, response.message)
+        assert response.message == "Deadline Exceeded"
+        assert core.cancelled == 1
+        assert not server._calls.running
+
+
+def test_a_stepped_call_reset_by_the_client_while_it_waits(loop_thread: LoopThread) -> None:
+    """A ModelInfer call waiting on the core that the client resets (RST_STREAM CANCEL): the
+    core's wait is cancelled and the call leaves the running calls; the connection serves on."""
+    with gated_call(loop_thread) as (server, core, raw):
+        raw.send(RstStreamFrame(1, error_code=8))
+        raw.ping(b"was_read")
+        assert loop_thread.run(_settled(core, server)) == (1, 0)
+
+
+async def _settled(core: FullCore, server: NativeGrpcServer) -> tuple[int, int]:
+    """The core's cancelled count and the running calls, once the cancel has been stepped."""
+    for _ in range(100):
+        if core.cancelled and not server._calls.running:
+            break
+        await asyncio.sleep(0)
+    return core.cancelled, len(server._calls.running)
 
 
 # --- message framing ----------------------------------------------------------------------------
