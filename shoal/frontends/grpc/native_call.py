@@ -28,6 +28,7 @@ from shoal.frontends.grpc.native_messages import (
     Inbox,
     Message,
     MessageReader,
+    whole_size,
 )
 from shoal.frontends.grpc.native_split import InferSplitter, SplitRequest
 from shoal.frontends.grpc.status import Status
@@ -48,6 +49,8 @@ UNIMPLEMENTED: Final = Status.UNIMPLEMENTED
 
 #: A streaming call stops producing while this much of its output waits for the client's window.
 STREAM_BACKLOG: Final = 1 << 20
+#: A gRPC message's prefix: a compressed flag and a 4-byte length.
+_PREFIX_SIZE: Final = 5
 #: A reply smaller than this goes whole with its headers and trailers (copied: one piece).
 _ANSWER_BELOW: Final = 64 * 1024
 #: Reply bytes a server may hold in lent memory (the stubs' arenas) until written: past it,
@@ -84,12 +87,14 @@ class NativeCall(CallWork):
         self._method, self._encoding, self._budget = method, encoding, budget
         self._context = CallContext(headers)
         self._request: Message | Compressed | None = None  # a unary call's (see MessageReader)
-        self._reader = self._message_reader()
+        #: Made by the first DATA that is not one whole small message (see _whole): most
+        #: unary calls never need one (its object and four bound methods, ~2,000 instructions).
+        self._reader: MessageReader | None = None
 
     def _message_reader(self) -> MessageReader:
         server = self._server
         split = self._splitter if self._method.split and server.receive_into is not None else None
-        return MessageReader(
+        reader = self._reader = MessageReader(
             server.buffers,
             server.max_message_bytes,
             not self._method.streaming,
@@ -98,6 +103,18 @@ class NativeCall(CallWork):
             self._hold,
             split,
         )
+        reader.closed = self._done
+        return reader
+
+    def _whole(self, view: memoryview) -> bool:
+        """Read a payload that is one whole small message, as a fresh reader would
+        (``MessageReader._whole_message``), without one; False for any other payload."""
+        size = whole_size(view, self._server.max_message_bytes)
+        if size < 0 or self._done:
+            return False
+        if self._hold(size):
+            self._message_done(bytes(view[_PREFIX_SIZE:]), view[0] != 0)
+        return True
 
     def _splitter(self, size: int) -> InferSplitter | None:
         """How a large request is received: in parts, its large tensors into the arena."""
@@ -117,15 +134,21 @@ class NativeCall(CallWork):
             self._launch(self._run_stream())
 
     def data_received(self, pieces: list[memoryview], end_stream: bool) -> None:
-        self._reader.feed_pieces(pieces)
+        reader = self._reader
+        if reader is not None:
+            reader.feed_pieces(pieces)
+        elif len(pieces) != 1 or not self._whole(pieces[0]):
+            self._message_reader().feed_pieces(pieces)
         if end_stream:
             self._requests_end()
 
     def receive_buffer(self, nbytes: int) -> memoryview | None:
-        return None if self._done else self._reader.receive_buffer(nbytes)
+        reader = self._reader
+        return None if self._done or reader is None else reader.receive_buffer(nbytes)
 
     def data_placed(self, nbytes: int, end_stream: bool) -> None:
-        self._reader.placed(nbytes)
+        if self._reader is not None:  # it gave the place (receive_buffer)
+            self._reader.placed(nbytes)
         if end_stream:
             self._requests_end()
 
@@ -133,7 +156,8 @@ class NativeCall(CallWork):
         self._requests_end()
 
     def mid_message(self) -> bool:
-        return not self._done and self._reader.mid_message()
+        reader = self._reader
+        return not self._done and reader is not None and reader.mid_message()
 
     def reset(self) -> None:
         """The client cancelled the call, or its connection is gone: stop the work."""
@@ -198,7 +222,7 @@ class NativeCall(CallWork):
     def _requests_end(self) -> None:
         if self._done:
             return
-        if self._reader.mid_message():
+        if self._reader is not None and self._reader.mid_message():
             self._fail(INTERNAL, "the request stream ended inside a message")
         elif self._inbox is not None:
             self._inbox.put(None)
@@ -243,8 +267,7 @@ class NativeCall(CallWork):
             self._left()
             self._release_request()
             self._release(self._held)
-            self._reader.release()
-            self._reader.detach()
+            self._let_reader_go()
         if self._work is not None:  # stepped: the end, without a StopIteration to catch
             await LAST_STEP  # (see LAST_STEP); never inside a try/with
 
@@ -399,15 +422,22 @@ class NativeCall(CallWork):
         """The call is over: read nothing more, and its deadline no longer matters. Without
         work (that lets go of the request when it ends), the request goes now."""
         self._done = True
-        self._reader.closed = True
+        if self._reader is not None:
+            self._reader.closed = True
         if self._task is None and self._work is None:
             self._release_request()
-            self._reader.release()
-            self._reader.detach()
+            self._let_reader_go()
         self._release(self._held)
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+
+    def _let_reader_go(self) -> None:
+        """The call is over: its reader's buffers go back, and it lets go of the call."""
+        reader = self._reader
+        if reader is not None:
+            reader.release()
+            reader.detach()
 
 
 def _give_back(server: CallServer, size: int, reply: LentReply) -> None:

@@ -216,12 +216,12 @@ class MessageReader:
         buffer, its slices and the message's buffer filled apart. False for any other."""
         if self._message is not None or self._splitter is not None or self._prefix:
             return False  # inside a message, or its prefix
-        if len(view) < _PREFIX_SIZE or self.closed:
+        if self.closed:
             return False
-        flag, size = _prefix_fields(view)
-        if len(view) != _PREFIX_SIZE + size or size > self._max_bytes or size >= _WHOLE_BELOW:
+        size = whole_size(view, self._max_bytes)
+        if size < 0:
             return False
-        self._compressed = bool(flag)
+        self._compressed = view[0] != 0
         self._expected = self._filled = size
         self._growing = False
         self._held_whole = True
@@ -322,6 +322,18 @@ class MessageReader:
         self._message = None
         assert received is not None
         self._on_message(received, self._compressed)
+
+
+def whole_size(view: memoryview, max_bytes: int) -> int:
+    """The size of the one message a DATA payload holds whole, prefix and all, when it is
+    small (not split, not pooled, held whole: below ``_WHOLE_BELOW``) and within
+    ``max_bytes``; -1 for any other payload (it goes the general way)."""
+    if len(view) < _PREFIX_SIZE:
+        return -1
+    size: int = _prefix_fields(view)[1]
+    if len(view) != _PREFIX_SIZE + size or size > max_bytes or size >= _WHOLE_BELOW:
+        return -1
+    return size
 
 
 class Compressed:
