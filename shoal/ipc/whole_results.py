@@ -184,8 +184,14 @@ def _record(packer: msgpack.Packer, response: ResponseRecord) -> bytes:
         shape = desc.shape
         if len(shape) < 16:
             pieces.append(_FIXARRAYS[len(shape)])
-            for dim in shape:
-                pieces.append(_FIXINTS[dim] if 0 <= dim < 128 else packer.pack(dim))
+            # Each dim as the object it is: a bool (an int to mypy) is MessagePack's true or
+            # false, not a fixint, and a dim typed int would lose that once compiled.
+            dims: tuple[object, ...] = shape
+            for dim in dims:
+                if type(dim) is int and 0 <= dim < 128:
+                    pieces.append(_FIXINTS[dim])
+                else:
+                    pieces.append(packer.pack(dim))
         else:
             pieces.append(packer.pack(shape))
         data = inline.data
@@ -215,39 +221,108 @@ def _head(packer: msgpack.Packer, name: str, datatype: str) -> bytes:
 def read_record(whole: memoryview) -> tuple[list[InlineOutput], Any, dict[str, Any]]:
     """A whole Result's record as ``(outputs, error, parameters)``, what MessagePack reads of it
     but each output ``(name, datatype, shape, bytes)``: by hand where the stub wrote it so, else
-    by MessagePack. An output that is not inline is a ValueError."""
-    outputs = _read_success(whole)
+    by MessagePack. A record that is not such a triple, or an output that is not inline, is a
+    ValueError that says what is wrong."""
+    outputs = _read_success(bytes(whole), 0, whole)
     if outputs is not None:
         return outputs, None, {}
-    wire, error, parameters = msgpack.unpackb(whole, strict_map_key=False)
-    read: list[InlineOutput] = []
-    for output in wire:
-        if len(output) != 5 or output[3] != INLINE_KIND or type(output[4]) is not bytes:
-            raise ValueError(f"output '{output[0]}' of a whole record is not inline")
-        read.append((output[0], output[1], tuple(output[2]), memoryview(output[4])))
-    return read, error, parameters
+    try:
+        wire, error, parameters = msgpack.unpackb(whole, strict_map_key=False)
+    except (ValueError, TypeError, msgpack.UnpackException) as wrong:
+        # (not MessagePack, bytes past its end, not a triple: MessagePack's or Python's words)
+        raise ValueError(f"a whole record is malformed: {type(wrong).__name__}: {wrong}") from wrong
+    if type(wire) is not list or type(parameters) is not dict:
+        kinds = f"{type(wire).__name__} and {type(parameters).__name__}"
+        raise ValueError(f"a whole record is malformed: its outputs and parameters are {kinds}")
+    return [_unpacked_output(output) for output in wire], error, parameters
 
 
-def _read_success(whole: memoryview) -> list[InlineOutput] | None:
-    """The outputs of a record :func:`_record` wrote by hand (their bytes views of ``whole``),
-    or None for any other record (MessagePack reads it)."""
-    record = bytes(whole)  # (a copy of some bytes: indexed natively, compiled)
+def _unpacked_output(output: Any) -> InlineOutput:
+    """An output of a record MessagePack read, checked as the core's reader checks it
+    (``TensorDesc.from_wire``), and inline."""
+    if type(output) is not list or len(output) < 4:
+        raise ValueError(f"a whole record is malformed: an output is {output!r}")
+    name, datatype, shape = output[0], output[1], output[2]
+    if type(name) is not str or type(datatype) is not str:
+        raise ValueError(f"a whole record is malformed: an output is {output!r}")
+    if type(shape) is not list or any(type(dim) is not int for dim in shape):
+        raise ValueError(f"a whole record is malformed: output '{name}' has the shape {shape!r}")
+    if len(output) != 5 or output[3] != INLINE_KIND or type(output[4]) is not bytes:
+        raise ValueError(f"output '{name}' of a whole record is not inline")
+    return name, datatype, tuple(shape), memoryview(output[4])
+
+
+class OneWhole:
+    """A whole Result of one success whose record the stub wrote by hand, read straight from
+    its message by a frontend worker (:func:`read_one`): what ``messages.decode`` and
+    :func:`read_record` make of it, without the Result's views of each record and the copy of
+    the record that reading it natively takes. Its response has no parameters and no error."""
+
+    def __init__(
+        self,
+        batch_id: int,
+        compute_ns: tuple[int, int, int],
+        stub_ns: tuple[int, int],
+        outputs: list[InlineOutput],
+    ) -> None:
+        self.batch_id = batch_id
+        self.compute_ns = compute_ns
+        self.stub_ns = stub_ns
+        #: Each output ``(name, datatype, shape, bytes)``, its bytes a view of the message.
+        self.outputs = outputs
+
+
+#: The prefix of a Result of one response, read with one call (bound once: a method looked up
+#: by name per call otherwise).
+_ONE_SIZE: Final = _HEAD_ONE.size
+_UNPACK_ONE: Final = _HEAD_ONE.unpack_from
+
+
+def read_one(payload: bytes) -> OneWhole | None:
+    """``payload`` as a :class:`OneWhole` where it is a whole Result of one response the stub
+    wrote by hand (nearly every answer to a worker's request); None for any other message,
+    which ``messages.decode`` reads (and judges, if malformed)."""
+    if len(payload) < _ONE_SIZE or payload[0] != MARK:
+        return None
+    # Typed: compiled, the fields are then read natively, not through generic calls.
+    head: tuple[int, int, int, int, int, int, int, int, int] = _UNPACK_ONE(payload, 0)
+    _, count, batch_id, c0, c1, c2, s0, s1, length = head
+    if count != 1 or _ONE_SIZE + length != len(payload):
+        return None
+    outputs = _read_success(payload, _ONE_SIZE, memoryview(payload))
+    if outputs is None:
+        return None
+    return OneWhole(batch_id, (c0, c1, c2), (s0, s1), outputs)
+
+
+#: The name and datatype of outputs read so far, by their bytes in a record (the fixstr or str8
+#: of each): a worker decodes each pair once (forgotten all at once past ``_MOST_NAMES``).
+_names: Final[dict[bytes, tuple[str, str]]] = {}
+
+
+def _read_success(record: bytes, at: int, view: memoryview) -> list[InlineOutput] | None:
+    """The outputs of a record :func:`_record` wrote by hand, from ``at`` to the end of
+    ``record`` (their bytes: views of ``view``, which views ``record``), or None for any other
+    record (MessagePack reads it). ``record`` is bytes: indexed natively, compiled."""
     size = len(record)
     try:
-        count = record[1] - 0x90
-        if record[0] != 0x93 or count < 0 or count > 15:
+        count = record[at + 1] - 0x90
+        if record[at] != 0x93 or count < 0 or count > 15:
             return None
         outputs: list[InlineOutput] = []
-        at = 2
+        at += 2
         for _ in range(count):
             if record[at] != 0x95:
                 return None
-            name, at = _text(record, at + 1)
-            if at < 0:
+            names_end = _text_end(record, _text_end(record, at + 1))
+            if names_end < 0:
                 return None
-            datatype, at = _text(record, at)
-            if at < 0:
-                return None
+            key = record[at + 1 : names_end]
+            names = _names.get(key)
+            if names is None:
+                names = _decoded_names(key)
+            name, datatype = names
+            at = names_end
             dims = record[at] - 0x90
             if dims < 0 or dims > 15:
                 return None
@@ -274,7 +349,7 @@ def _read_success(whole: memoryview) -> list[InlineOutput] | None:
                 return None
             if end > size:
                 return None
-            outputs.append((name, datatype, tuple(shape), whole[start:end]))
+            outputs.append((name, datatype, tuple(shape), view[start:end]))
             at = end
         if at != size - 2 or record[at] != 0xC0 or record[at + 1] != 0x80:
             return None
@@ -283,20 +358,32 @@ def _read_success(whole: memoryview) -> list[InlineOutput] | None:
         return None
 
 
-def _text(record: bytes, at: int) -> tuple[str, int]:
-    """The fixstr or str8 at ``at`` and where it ends; ``("", -1)`` for anything else."""
+def _text_end(record: bytes, at: int) -> int:
+    """Where the fixstr or str8 at ``at`` ends; -1 for anything else (or ``at`` of -1)."""
+    if at < 0:
+        return -1
     head = record[at]
     if 0xA0 <= head <= 0xBF:
-        start = at + 1
-        end = start + (head - 0xA0)
+        end = at + 1 + (head - 0xA0)
     elif head == 0xD9:
-        start = at + 2
-        end = start + record[at + 1]
+        end = at + 2 + record[at + 1]
     else:
-        return "", -1
-    if end > len(record):
-        return "", -1
-    return record[start:end].decode(), end
+        return -1
+    return end if end <= len(record) else -1
+
+
+def _decoded_names(key: bytes) -> tuple[str, str]:
+    """The name and datatype of ``key`` (two strings :func:`_text_end` found), remembered; not
+    UTF-8 is a UnicodeDecodeError."""
+    start = 2 if key[0] == 0xD9 else 1
+    middle = _text_end(key, 0)
+    name = key[start:middle].decode()
+    start = middle + (2 if key[middle] == 0xD9 else 1)
+    names = (name, key[start:].decode())
+    if len(_names) >= _MOST_NAMES:
+        _names.clear()
+    _names[key] = names
+    return names
 
 
 def _uint(record: bytes, at: int) -> tuple[int, int]:

@@ -26,19 +26,28 @@ import itertools
 import os
 import time
 from collections.abc import Callable, Coroutine
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
 from shoal.core.errors import InternalError, InvalidArgument, Unavailable
 from shoal.core.types import InferOutput, InferRequest, InferResponse
 from shoal.frontends.workers import _wire as wire
 from shoal.frontends.workers.direct_records import (
+    Answer,
     direct_fits,
     execute_payload,
     model_error,
     output_blocks,
     private_inputs,
+    whole_response,
 )
-from shoal.frontends.workers.direct_stubs import Route, Stub, Waiting, least_busy, monotonic_ns
+from shoal.frontends.workers.direct_stubs import (
+    InputArena,
+    Route,
+    Stub,
+    Waiting,
+    least_busy,
+    monotonic_ns,
+)
 from shoal.frontends.workers.packing import Prepared
 from shoal.ipc import messages as msg
 from shoal.ipc.arena import Block
@@ -46,7 +55,7 @@ from shoal.ipc.peer_segments import AnnouncedSegments
 from shoal.ipc.queue import Channel
 from shoal.ipc.stat_counters import BACKEND, CANCELED, OTHER, SUCCESS, CounterRows, Tally
 from shoal.ipc.tensor import InlineBytes
-from shoal.ipc.whole_results import read_record
+from shoal.ipc.whole_results import OneWhole, read_one, read_record
 
 __all__ = ["DirectDispatch", "Route", "direct_fits"]
 
@@ -59,17 +68,6 @@ MAX_ROUTES: Final = 1024
 #: A worker's batch ids and request keys at a stub: its origin above this bit, so they never
 #: meet the core's (a counter from 1) or another worker's.
 ORIGIN_SHIFT: Final = 40
-
-
-class InputArena(Protocol):
-    """The worker's input arena (``arenas.StagingArena``), as direct dispatch uses it."""
-
-    @property
-    def arena_id(self) -> int: ...
-
-    def view(self, block: Block) -> memoryview: ...
-
-    def free_blocks(self, blocks: list[Block]) -> None: ...
 
 
 class DirectDispatch:
@@ -210,7 +208,7 @@ class DirectDispatch:
             return None
         loop = self._loop
         assert loop is not None  # set when the stub was adopted
-        future: asyncio.Future[msg.Result] = loop.create_future()
+        future: asyncio.Future[Answer] = loop.create_future()
         stub.pending[batch] = Waiting(future, route, started_ns, inputs)
         return self._answer(stub, route, batch, request, inputs, future)
 
@@ -221,7 +219,7 @@ class DirectDispatch:
         batch: int,
         request: InferRequest,
         inputs: list[Block],
-        future: asyncio.Future[msg.Result],
+        future: asyncio.Future[Answer],
     ) -> InferResponse:
         """The response to ``request``, sent as ``batch``, once its Result comes (a client
         that goes away: the stub hears a Cancel)."""
@@ -273,34 +271,41 @@ class DirectDispatch:
     def _read(self, stub: Stub) -> None:
         """Results waiting on ``stub``'s channel: statistics counted (and written, before any
         response is written), each to the request waiting for it."""
-        results: list[tuple[Waiting, msg.Result, bool]] = []
+        results: list[tuple[Waiting, Answer, bool]] = []
         while (payload := stub.channel.recv_up_nowait()) is not None:
-            message = msg.decode(payload)
-            if type(message) is not msg.Result:
-                continue
+            message: Answer | None = read_one(payload)  # nearly every answer: read at once
+            if message is None:
+                decoded = msg.decode(payload)
+                if type(decoded) is not msg.Result:
+                    continue
+                message = decoded
             waiting = stub.pending.pop(message.batch_id, None)
             if waiting is None:
                 continue
             cancelled = waiting.future.done()  # asked once: the loop cannot run until below
             self._count(waiting, message, cancelled)
             results.append((waiting, message, cancelled))
-        self._flush()
+        self._tally.publish()
         for waiting, result, cancelled in results:
             if cancelled:  # the client went away meanwhile
                 self._done(stub, output_blocks(result), waiting.inputs)
             else:
                 waiting.future.set_result(result)
 
-    def _count(self, waiting: Waiting, result: msg.Result, cancelled: bool) -> None:
+    def _count(self, waiting: Waiting, result: Answer, cancelled: bool) -> None:
+        if type(result) is OneWhole:  # a success, run by the model
+            outcome, executed, stub_ns, compute = SUCCESS, 1, result.stub_ns, result.compute_ns
+        else:
+            assert type(result) is msg.Result
+            executed, stub_ns, compute = int(result.executed), result.stub_ns, result.compute_ns
+            responses = result.responses
+            ok = result.wholes is not None or (bool(responses) and responses[0].error is None)
+            outcome = SUCCESS if ok else BACKEND if executed else OTHER
         if cancelled:  # the client went away (Triton counts it CANCELED)
             outcome = CANCELED
-        elif result.wholes is not None or (result.responses and result.responses[0].error is None):
-            outcome = SUCCESS
-        else:
-            outcome = BACKEND if result.executed else OTHER
-        start, _ = result.stub_ns
+        start = stub_ns[0]
         queue_ns = max(0, start - waiting.sent_ns) if start else 0
-        self._counted(waiting, outcome, int(result.executed), queue_ns, result.compute_ns)
+        self._counted(waiting, outcome, executed, queue_ns, compute)
 
     def _counted(
         self,
@@ -316,15 +321,12 @@ class DirectDispatch:
             route.row, route.generation, outcome, executed, total_ns, queue_ns, compute
         )
 
-    def _flush(self) -> None:
-        self._tally.publish()
-
     def _response(
         self,
         stub: Stub,
         route: Route,
         request: InferRequest,
-        result: msg.Result,
+        result: Answer,
         inputs: list[Block],
     ) -> InferResponse:
         """The response to ``request``; its output blocks (and ``inputs``, which an output may
@@ -345,18 +347,15 @@ class DirectDispatch:
         stub: Stub,
         route: Route,
         request: InferRequest,
-        result: msg.Result,
+        result: Answer,
         release: Callable[[], None] | None,
     ) -> InferResponse:
-        if result.wholes is not None:  # every output inline (``ipc/whole_results.py``)
+        if type(result) is OneWhole:  # every output inline (``ipc/whole_results.py``)
+            return whole_response(request, route.label, result.outputs, None, {})
+        assert type(result) is msg.Result
+        if result.wholes is not None:  # (a record MessagePack reads)
             outputs, error, parameters = read_record(result.wholes[0])
-            if error is not None:
-                raise model_error(error)
-            tensors = [
-                InferOutput(name, datatype, shape, data, {})
-                for name, datatype, shape, data in outputs
-            ]
-            return InferResponse(request.model_name, route.label, request.id, tensors, parameters)
+            return whole_response(request, route.label, outputs, error, parameters)
         if result.rescheduled:  # only a model of an iterative sequence may (the core's words)
             raise InvalidArgument(
                 "Request is released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, while the "
@@ -440,7 +439,7 @@ class DirectDispatch:
             self._counted(waiting, OTHER, 0)
             if not waiting.future.done():
                 waiting.future.set_exception(why)
-        self._flush()
+        self._tally.publish()
         self._drop_routes(lambda route: stub in route.stubs)
         stub.channel.close()
 

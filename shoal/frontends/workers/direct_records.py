@@ -12,12 +12,25 @@ from __future__ import annotations
 from typing import Any, Final
 
 from shoal.core.errors import ErrorCode, ModelError
-from shoal.core.types import InferRequest
+from shoal.core.types import InferOutput, InferRequest, InferResponse
 from shoal.frontends.workers.head_bytes import int_bytes
 from shoal.ipc import messages as msg
 from shoal.ipc.arena import Block
+from shoal.ipc.whole_results import InlineOutput, OneWhole
 
-__all__ = ["direct_fits", "execute_payload", "model_error", "output_blocks", "private_inputs"]
+#: A stub's answer to a worker's request as the worker reads it: a Result of one response whose
+#: record the stub wrote by hand, read at once; any other Result, decoded.
+Answer = msg.Result | OneWhole
+
+__all__ = [
+    "Answer",
+    "direct_fits",
+    "execute_payload",
+    "model_error",
+    "output_blocks",
+    "private_inputs",
+    "whole_response",
+]
 
 _EXECUTE_START: Final = bytes((0x93, int(msg.Kind.EXECUTE)))
 _ONE_RECORD: Final = b"\x91"
@@ -53,11 +66,31 @@ def model_error(error: Any) -> ModelError:
     return ModelError(message, ErrorCode.__members__.get(code_name, ErrorCode.INTERNAL))
 
 
-def output_blocks(result: msg.Result) -> list[Block]:
+def output_blocks(result: Answer) -> list[Block]:
     """The output blocks of a decoded Result (a whole one has none)."""
+    if type(result) is OneWhole:
+        return []
+    assert type(result) is msg.Result
     return [
         o.location
         for record in result.responses
         for o in record.outputs
         if isinstance(o.location, Block)
     ]
+
+
+def whole_response(
+    request: InferRequest,
+    label: str,
+    outputs: list[InlineOutput],
+    error: Any,
+    parameters: dict[str, Any],
+) -> InferResponse:
+    """The response to ``request`` (of version ``label``) from a whole record's outputs (every
+    one inline, so nothing to release), or the model's error it carries."""
+    if error is not None:
+        raise model_error(error)
+    tensors = [
+        InferOutput(name, datatype, shape, data, {}) for name, datatype, shape, data in outputs
+    ]
+    return InferResponse(request.model_name, label, request.id, tensors, parameters)

@@ -5,17 +5,28 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Final
+from typing import Final, Protocol
 
-from shoal.ipc import messages as msg
+from shoal.frontends.workers.direct_records import Answer
 from shoal.ipc.arena import Block
 from shoal.ipc.queue import Channel
 
-__all__ = ["Route", "Stub", "Waiting", "least_busy", "monotonic_ns"]
+__all__ = ["InputArena", "Route", "Stub", "Waiting", "least_busy", "monotonic_ns"]
 
 #: The clock of a request's statistics, bound once: compiled, a Final is a C static, where
 #: ``time.monotonic_ns`` is an attribute look-up on the module at every call.
 monotonic_ns: Final = time.monotonic_ns
+
+
+class InputArena(Protocol):
+    """The worker's input arena (``arenas.StagingArena``), as direct dispatch uses it."""
+
+    @property
+    def arena_id(self) -> int: ...
+
+    def view(self, block: Block) -> memoryview: ...
+
+    def free_blocks(self, blocks: list[Block]) -> None: ...
 
 
 class Stub:
@@ -41,7 +52,7 @@ class Waiting:
 
     def __init__(
         self,
-        future: asyncio.Future[msg.Result],
+        future: asyncio.Future[Answer],
         route: Route,
         started_ns: int,
         inputs: list[Block],

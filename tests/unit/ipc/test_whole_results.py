@@ -192,6 +192,10 @@ def _records() -> dict[str, ResponseRecord]:
     }
 
 
+def _by_hand(record: bytes) -> list[whole_results.InlineOutput] | None:
+    return whole_results._read_success(record, 0, memoryview(record))
+
+
 @pytest.mark.parametrize("name", list(_records()))
 def test_a_record_by_hand_is_messagepacks_bytes(name):
     response = _records()[name]
@@ -213,22 +217,22 @@ def test_a_record_reads_back_by_hand_or_by_messagepack(name):
 
 def test_a_record_read_by_hand_only_where_the_stub_wrote_it_so():
     common = whole_results._record(_PACKER, _records()["one FP32 output"])
-    assert whole_results._read_success(memoryview(common)) is not None
+    assert _by_hand(common) is not None
     for name in ("parameters", "sixteen outputs", "a negative dim", "sixteen dims"):
         record = whole_results._record(_PACKER, _records()[name])
-        assert whole_results._read_success(memoryview(record)) is None, name
+        assert _by_hand(record) is None, name
     error = _PACKER.pack(ResponseRecord(error=("INTERNAL", "boom")).to_wire())
-    assert whole_results._read_success(memoryview(error)) is None
+    assert _by_hand(error) is None
     assert whole_results.read_record(memoryview(error)) == ([], ["INTERNAL", "boom"], {})
 
 
 def test_a_cut_or_altered_record_is_never_read_by_hand_as_another():
     record = whole_results._record(_PACKER, _records()["every datatype"])
     for end in range(len(record)):
-        assert whole_results._read_success(memoryview(record[:end])) is None
+        assert _by_hand(record[:end]) is None
         with pytest.raises((ValueError, msgpack.UnpackException)):
             whole_results.read_record(memoryview(record[:end]))
-    assert whole_results._read_success(memoryview(record + b"\x00")) is None
+    assert _by_hand(record + b"\x00") is None
 
 
 def test_an_output_not_inline_is_a_value_error():
@@ -243,3 +247,100 @@ def test_a_result_of_one_response_has_the_layout_of_any_other():
     record = _PACKER.pack(response.to_wire())
     head = whole_results._HEAD.pack(whole_results.MARK, 1, 2**50 + 1, 1, 2, 3, 4, 5)
     assert msg.encode(result) == head + len(record).to_bytes(4, "little") + record
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        msgpack.packb(5),  # no triple
+        msgpack.packb([1, None, {}]),  # outputs not an array
+        msgpack.packb([[1], None, {}]),  # an output not an array
+        msgpack.packb([[[]], None, {}]),  # an output of no fields
+        msgpack.packb([[["x", "FP32", 5, 4, b"1234"]], None, {}]),  # a shape not an array
+        msgpack.packb([[["x", "FP32", [True], 4, b"1234"]], None, {}]),  # a dim not an int
+        msgpack.packb([[[1, "FP32", [1], 4, b"1234"]], None, {}]),  # a name not a str
+        msgpack.packb([[], None, 5]),  # parameters not a map
+        msgpack.packb([{}, None, {}]),  # outputs a map
+        msgpack.packb([[], None, {}]) + b"\x00",  # bytes past the record
+        b"\x93\x91",  # cut off
+        b"\xc1",  # no MessagePack
+    ],
+)
+def test_a_corrupt_record_is_a_value_error_that_says_so(record):
+    with pytest.raises(ValueError, match="^a whole record is malformed: "):
+        whole_results.read_record(memoryview(record))
+
+
+def test_a_bool_dim_is_written_as_messagepack_writes_it_and_read_as_malformed():
+    response = ResponseRecord([_inline("t", "UINT8", (True, False, 1), 0)])
+    record = whole_results._record(_PACKER, response)
+    assert record == _PACKER.pack(response.to_wire())
+    assert msgpack.unpackb(record)[0][0][2] == [True, False, 1]
+    assert _by_hand(record) is None
+    with pytest.raises(ValueError, match="output 't' has the shape"):
+        whole_results.read_record(memoryview(record))
+    error = whole_results.response_of(memoryview(record)).error  # the core's reader: the same
+    assert error is not None and "malformed tensor shape" in error[1]
+
+
+# -- a Result of one response read straight from its message (``read_one``) -----------------
+
+
+@pytest.mark.parametrize("name", list(_records()))
+def test_one_response_reads_straight_from_its_message_as_decoded(name):
+    response = _records()[name]
+    result = msg.Result(2**45 + 7, [response], (3, 2**40, 5), stub_ns=(2**61, 2**61 + 4))
+    payload = msg.encode(result)
+    one = whole_results.read_one(payload)
+    decoded = _round_trip(result)
+    assert decoded.wholes is not None
+    record = bytes(decoded.wholes[0])
+    if _by_hand(record) is None:  # MessagePack's to read, as before
+        assert one is None
+        return
+    assert one is not None
+    assert (one.batch_id, one.compute_ns, one.stub_ns) == (
+        decoded.batch_id,
+        decoded.compute_ns,
+        decoded.stub_ns,
+    )
+    outputs, error, parameters = whole_results.read_record(decoded.wholes[0])
+    assert error is None and parameters == {}
+    assert [(n, d, s, bytes(b)) for n, d, s, b in one.outputs] == [
+        (n, d, s, bytes(b)) for n, d, s, b in outputs
+    ]
+    assert all(type(b) is memoryview and b.obj is payload for _, _, _, b in one.outputs)
+
+
+def test_only_a_whole_result_of_one_response_reads_straight():
+    one = ResponseRecord([_inline("x", "FP32", (4,), 16)])
+    assert whole_results.read_one(msg.encode(msg.Result(1, [one, one]))) is None
+    assert whole_results.read_one(msg.encode(msg.Result(1, [ResponseRecord([_BLOCK])]))) is None
+    assert whole_results.read_one(msg.encode(msg.Cancel([1]))) is None
+    assert whole_results.read_one(b"") is None
+
+
+def test_a_cut_or_padded_message_of_one_response_is_never_read_straight():
+    response = _records()["every datatype"]
+    response = ResponseRecord(response.outputs[-15:])  # no parameters, 15 outputs: by hand
+    payload = msg.encode(msg.Result(1, [response]))
+    assert whole_results.read_one(payload) is not None
+    for end in range(len(payload)):
+        assert whole_results.read_one(payload[:end]) is None
+    assert whole_results.read_one(payload + b"\x00") is None
+
+
+def test_names_read_once_are_read_again_right():
+    names = [("é" * 3, "BF16"), ("OUT", "FP32"), ("OUT", "INT32"), ("n" * 40, "FP16")]
+    for _ in range(2):  # the second time from what was remembered
+        outputs = [_inline(n, d, (1,), 2) for n, d in names]
+        one = whole_results.read_one(msg.encode(msg.Result(1, [ResponseRecord(outputs)])))
+        assert one is not None
+        assert [(n, d) for n, d, _, _ in one.outputs] == names
+
+
+def test_a_name_not_utf8_is_left_to_messagepack():
+    record = bytearray(whole_results._record(_PACKER, _records()["one FP32 output"]))
+    at = record.index(b"OUTPUT0")
+    record[at] = 0xFF
+    assert _by_hand(bytes(record)) is None
