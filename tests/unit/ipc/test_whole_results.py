@@ -267,7 +267,7 @@ def test_a_result_of_one_response_has_the_layout_of_any_other():
     ],
 )
 def test_a_corrupt_record_is_a_value_error_that_says_so(record):
-    with pytest.raises(ValueError, match="^a whole record is malformed: "):
+    with pytest.raises(ValueError, match=r"^a whole record is malformed: "):
         whole_results.read_record(memoryview(record))
 
 
