@@ -35,6 +35,7 @@ HOT_PATH: tuple[str, ...] = (
     "shoal/ipc/call_messages.py",
     "shoal/ipc/memory_messages.py",
     "shoal/ipc/messages.py",
+    "shoal/ipc/plain_execute.py",
     "shoal/ipc/model_messages.py",
     "shoal/ipc/records.py",
     "shoal/ipc/queue.py",

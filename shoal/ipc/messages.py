@@ -49,6 +49,7 @@ from shoal.ipc.model_messages import (
     Result,
     result_from_wire,
 )
+from shoal.ipc.plain_execute import read_plain
 from shoal.ipc.records import (
     RequestRecord,
     ResponseRecord,
@@ -247,6 +248,16 @@ def decode(payload: bytes) -> Message:
     """Parse a message received from a channel ring."""
     if payload and payload[0] == WHOLE_MARK:  # a Result's whole form (``whole_results``)
         return unpack_whole(payload)
+    if (
+        type(payload) is bytes
+        and len(payload) > 2
+        and payload[1] == _EXECUTE
+        and payload[0] == 0x93
+    ):
+        # Every request's batch, in the stub: the common shape read by hand (``plain_execute``).
+        execute = read_plain(payload)
+        if execute is not None:
+            return execute
     message = msgpack.unpackb(payload, raw=False, strict_map_key=False)
     if type(message) is list and len(message) == 7 and message[0] == _RESULT:
         # Every request's answer: read in place, with a native call (``cls.from_fields`` of
