@@ -130,6 +130,7 @@ HOT_PATH: tuple[str, ...] = (
     "shoal/stub/executor.py",
     "shoal/stub/execute_checks.py",
     "shoal/stub/memory.py",
+    "shoal/stub/inline_inputs.py",
     "shoal/stub/model_loop.py",
     "shoal/stub/open_requests.py",
     "shoal/stub/pump.py",

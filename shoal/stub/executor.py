@@ -41,6 +41,7 @@ from shoal.stub.execute_checks import (
     rescheduled_positions,
     settle,
 )
+from shoal.stub.inline_inputs import inline_array
 from shoal.stub.model_loop import ModelLoop
 from shoal.stub.open_requests import OpenRequests
 from shoal.stub.response_records import ResponseRecorder
@@ -348,8 +349,7 @@ class BatchExecutor:
         if type(location) is InlineBytes and desc.datatype != "BYTES":
             # Carried in the Execute (a small tensor): the model's own copy, as the runtime's
             # input_view and private_view make it, without those two calls of interpreted code.
-            own = bytearray(location.data)
-            array = buffer_to_numpy(desc.datatype, desc.shape, own, readonly=False)
+            array = inline_array(desc.datatype, desc.shape, location.data)
             return Tensor._wrap(desc.name, array, desc.datatype)
         view = self.input_view(location)
         if desc.datatype == "BYTES":  # decoded into objects: already the model's own

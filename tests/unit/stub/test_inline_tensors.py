@@ -14,10 +14,17 @@ import pytest
 from shoal.ipc import messages as msg
 from shoal.ipc import whole_results
 from shoal.ipc.arena import Block, OwnedArena
-from shoal.ipc.dtypes import deserialize_bytes, serialize_bytes
-from shoal.ipc.tensor import INLINE_TENSOR_MAX, InlineBytes, TensorDesc, inline_budget
+from shoal.ipc.dtypes import DATATYPES, byte_size, deserialize_bytes, serialize_bytes
+from shoal.ipc.tensor import (
+    INLINE_TENSOR_MAX,
+    InlineBytes,
+    TensorDesc,
+    buffer_to_numpy,
+    inline_budget,
+)
 from shoal.stub import pb_utils
 from shoal.stub.executor import BatchExecutor
+from shoal.stub.inline_inputs import inline_array
 from shoal.stub.memory import Locations, SharedOutputArena
 from shoal.stub.runtime import StubRuntime
 from shoal.stub.tensors_out import TensorWriter
@@ -134,3 +141,36 @@ def test_past_the_tensor_limit_or_the_budget_outputs_take_blocks(arena):
 def test_a_result_of_a_full_batch_fits_the_message_cap(arena):
     for max_batch_size in (0, 4, 256, 100_000):
         assert inline_budget(max_batch_size) * max(1, max_batch_size) <= (1 << 20) // 4
+
+
+@pytest.mark.parametrize("datatype", [d for d in DATATYPES if d != "BYTES"])
+@pytest.mark.parametrize("shape", [(16,), (1, 16), (4, 2, 2), (), (0,), (2, 0, 3), (1,) * 20])
+def test_an_inline_input_is_the_array_buffer_to_numpy_makes(datatype, shape):
+    """``inline_array``: the same writable array, of its own copy of the bytes."""
+    data = bytes(range(256))[: byte_size(datatype, shape)]
+    mine = inline_array(datatype, shape, data)
+    theirs = buffer_to_numpy(datatype, shape, bytearray(data), readonly=False)
+    assert mine.dtype == theirs.dtype and mine.shape == theirs.shape
+    assert mine.tobytes() == theirs.tobytes() == data
+    assert mine.flags.writeable
+    if mine.size:
+        mine.flat[0] = 1  # the model's own copy: the message's bytes stay as they are
+    assert data == bytes(range(256))[: len(data)]
+
+
+@pytest.mark.parametrize(
+    ("datatype", "shape", "size"),
+    [("FP32", (16,), 60), ("FP32", (-16,), 64), ("INT8", (2, -2), 4), ("NOPE", (1,), 4)],
+)
+def test_an_inline_input_of_a_wrong_size_fails_as_buffer_to_numpy_does(datatype, shape, size):
+    with pytest.raises(ValueError) as theirs:
+        buffer_to_numpy(datatype, shape, bytearray(size), readonly=False)
+    with pytest.raises(ValueError) as mine:
+        inline_array(datatype, shape, bytes(size))
+    assert str(mine.value) == str(theirs.value)
+
+
+def test_a_bytes_inline_input_is_decoded():
+    words = np.array([b"ab", b""], np.object_)
+    array = inline_array("BYTES", (2,), serialize_bytes(words))
+    assert array.tolist() == [b"ab", b""]
