@@ -226,7 +226,7 @@ class NativeCall(CallWork):
             self._fail(INTERNAL, "the request stream ended inside a message")
         elif self._inbox is not None:
             self._inbox.put(None)
-        elif not self._started:
+        elif not self._started and self._task is None:  # a task-run call starts later
             if self._request is None:
                 self._fail(UNIMPLEMENTED, "no request message for a unary method")
             elif self._timer is not None and _running_loop().time() >= self._due:

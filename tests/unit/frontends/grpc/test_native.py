@@ -476,3 +476,40 @@ def test_a_closed_streams_window_update_and_reset_are_ignored(port: int) -> None
             raw.sock.sendall(_raw_frame(0x3, stream_id, struct.pack(">I", 0x8)))
             seen = raw.ping(b"carry on")
             assert not [frame for frame in seen if isinstance(frame, GoAwayFrame)], seen
+
+
+class _SlowLoadCore(FullCore):
+    """A core whose model load is heard at once and then takes a while (the call's work
+    awaits: a second launch of it would overlap the first)."""
+
+    async def load_model(self, name, config_json=None, files=None):  # type: ignore[no-untyped-def]
+        self.loads.append((name, config_json, files))
+        await asyncio.sleep(0.05)
+
+
+def test_trailers_after_the_end_of_a_request_run_its_method_once() -> None:
+    """DATA with END_STREAM, then a HEADERS block with END_STREAM on the same stream (a peer's
+    trailers after the end): the request ends once for a task-run method (RepositoryModelLoad):
+    its task, not yet begun, is not launched a second time."""
+    thread = LoopThread()
+    core = _SlowLoadCore()
+    server = NativeGrpcServer(core)  # type: ignore[arg-type]
+    port = thread.run(server.start("127.0.0.1", 0))
+    path = "/inference.GRPCInferenceService/RepositoryModelLoad"
+    try:
+        with RawClient(port, timeout=5) as raw:
+            headers = raw.block(request_headers(port, path))
+            trailers = raw.block([("x-extra", "1")])
+            body = pb.RepositoryModelLoadRequest(model_name="echo").SerializeToString()
+            raw.send(
+                HeadersFrame(1, data=headers, flags=["END_HEADERS"]),
+                DataFrame(1, data=grpc_frame(body), flags=["END_STREAM"]),
+                HeadersFrame(1, data=trailers, flags=["END_HEADERS", "END_STREAM"]),
+            )
+            response = raw.read_stream(1)
+            raw.ping(b"settled!")
+            assert response.status == "0", (response.status, response.message)
+            assert len(core.loads) == 1, core.loads
+    finally:
+        thread.run(server.stop(None))
+        thread.close()
