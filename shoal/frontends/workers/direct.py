@@ -65,8 +65,7 @@ EXIT_WORDS_S: Final = 1.0
 RETRY_S: Final = 2.0
 #: Routes kept at most (a client naming many versions fills none past it).
 MAX_ROUTES: Final = 1024
-#: A worker's batch ids and request keys at a stub: its origin above this bit, so they never
-#: meet the core's (a counter from 1) or another worker's.
+#: Worker batch ids and request keys: its origin above this bit, apart from the core's and others'.
 ORIGIN_SHIFT: Final = 40
 
 
@@ -227,7 +226,7 @@ class DirectDispatch:
         try:
             result = await future
         except asyncio.CancelledError:
-            self._cancel(stub, batch)
+            self._cancel(stub, batch, future, inputs)
             raise
         finally:
             route.in_flight -= 1
@@ -255,13 +254,16 @@ class DirectDispatch:
         for stub in self._stubs.values():
             stub.segments.discard(index)
 
-    def _cancel(self, stub: Stub, batch: int) -> None:
-        """The client went away: the stub's model sees it (``is_cancelled``); its Result, when
-        it comes, only gives its blocks back."""
-        if stub.dead:
-            return
-        with contextlib.suppress(Exception):
-            stub.channel.send_down_nowait(msg.encode(msg.Cancel([batch])))
+    def _cancel(
+        self, stub: Stub, batch: int, got: asyncio.Future[Answer], inputs: list[Block]
+    ) -> None:
+        """The client went away: the model sees it (``is_cancelled``), and its Result, when it
+        comes, only gives its blocks back: now, if it came in the cancel's turn (``got``)."""
+        if got.done() and not got.cancelled() and got.exception() is None:
+            self._done(stub, output_blocks(got.result()), inputs)
+        elif not stub.dead:
+            with contextlib.suppress(Exception):
+                stub.channel.send_down_nowait(msg.encode(msg.Cancel([batch])))
 
     def _answer_revoked(self, route: Route) -> None:
         tokens, route.revoked = route.revoked, []
