@@ -43,6 +43,7 @@ HOT_PATH: tuple[str, ...] = (
     "shoal/ipc/whole_results.py",
     "shoal/ipc/stat_counters.py",
     "shoal/frontends/_binary.py",
+    "shoal/frontends/_last_step.py",
     "shoal/frontends/workers/_wire.py",
     "shoal/frontends/workers/_response_wire.py",
     "shoal/frontends/workers/host.py",

@@ -10,10 +10,10 @@ import logging
 from collections.abc import Coroutine
 from typing import Any, Final
 
+from shoal.frontends._last_step import LAST_STEP
 from shoal.frontends.grpc._wire import coalesced
 from shoal.frontends.grpc.infer_call import LentReply
 from shoal.frontends.grpc.native_context import (
-    LAST_STEP,
     Abort,
     CallContext,
     CallMethod,

@@ -9,9 +9,10 @@ import asyncio
 import functools
 import logging
 import zlib
-from collections.abc import Callable, Coroutine, Generator
+from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Final
 
+from shoal.frontends._last_step import LAST_STEP
 from shoal.frontends.grpc.methods import Method
 from shoal.frontends.grpc.native_headers import metadata
 from shoal.frontends.grpc.native_messages import inflate
@@ -51,21 +52,6 @@ class CallMethod:
         self.serialize: Callable[[Any], bytes] | None = method.serialize
         self.handle: Callable[[Any, Any], Any] = method.handle
         self.split: bool = method.split
-
-
-class _LastStep:
-    """:data:`LAST_STEP`'s class."""
-
-    def __await__(self) -> Generator[Any, None, None]:
-        yield self
-
-
-#: Awaited last by a call's work that the call steps by hand (CallWork._step): the
-#: step that yields it ends the work, dropped, never resumed. A coroutine that returns raises
-#: StopIteration to whoever steps it, and compiled, catching that costs ~4,000 instructions
-#: (as the HTTP fast path found: ``http/_fast_request.Stepped``). Never awaited inside
-#: ``try``/``finally`` or ``with``: compiled, a dropped coroutine never runs their cleanup.
-LAST_STEP: Final = _LastStep()
 
 
 class Abort(Exception):

@@ -5,9 +5,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import mmap
-from collections.abc import Coroutine, Generator, Sequence
-from typing import Any, Final, Protocol
+from collections.abc import Coroutine, Sequence
+from typing import Any, Protocol
 
+from shoal.frontends._last_step import LAST_STEP
 from shoal.frontends.http._body_reader import BodyBuffer
 from shoal.frontends.http._response import Body
 from shoal.frontends.http.routing import InferRoutes
@@ -192,14 +193,3 @@ class Stepped:
         else:  # as a task would, it hears that it yielded what it may not
             error = RuntimeError(f"a fast request yielded {awaited!r}, not a future")
             asyncio.get_running_loop().call_soon(self._step, error)
-
-
-class _LastStep:
-    """:data:`LAST_STEP`'s class."""
-
-    def __await__(self) -> Generator[Any, None, None]:
-        yield self
-
-
-#: Awaited last by a coroutine :class:`Stepped` steps: its step yields this, and ends it.
-LAST_STEP: Final = _LastStep()

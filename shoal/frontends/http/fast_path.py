@@ -16,12 +16,13 @@ from typing import Any, Final, cast
 
 import httptools
 
+from shoal.frontends._last_step import LAST_STEP
 from shoal.frontends._limits import ConnectionLimits
 from shoal.frontends.http import _json
 from shoal.frontends.http._body_reader import DIRECT_BODY, POOL, BodyBuffer, BodyReader
 from shoal.frontends.http._coalescing import CoalescingHttpToolsProtocol
 from shoal.frontends.http._fast_conn import FastConnection
-from shoal.frontends.http._fast_request import LAST_STEP, FastInfer, FastRequest, KnownHead, Stepped
+from shoal.frontends.http._fast_request import FastInfer, FastRequest, KnownHead, Stepped
 from shoal.frontends.http._response import Body, LentBody, body_length
 
 

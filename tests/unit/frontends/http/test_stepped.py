@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from shoal.frontends.http._fast_request import LAST_STEP, Stepped
+from shoal.frontends._last_step import LAST_STEP
+from shoal.frontends.http._fast_request import Stepped
 
 pytestmark = pytest.mark.timeout(30)
 
