@@ -101,7 +101,8 @@ def get_input_tensor_by_name(inference_request: InferenceRequest, name: str) -> 
     else:
         tensors = inference_request.inputs()
     for tensor in tensors:
-        if tensor.name() == name:
+        # The server's own tensors by their field (a method call costs ~300 instructions).
+        if (tensor._name if type(tensor) is Tensor else tensor.name()) == name:
             return tensor
     return None
 

@@ -37,6 +37,15 @@ def check_parameters(parameters: object) -> dict[str, bool | int | str]:
     return checked
 
 
+def _check_output(tensor: object) -> None:
+    if tensor is None:
+        raise TritonModelException("Output tensor in the inference response is None.")
+    if not isinstance(tensor, Tensor):
+        raise TypeError(
+            f"output_tensors must hold pb_utils.Tensor objects, not {type(tensor).__name__}"
+        )
+
+
 class InferenceResponse:
     """The response to one request: output tensors, or an error.
 
@@ -57,12 +66,8 @@ class InferenceResponse:
             raise TypeError("output_tensors must be a list of pb_utils.Tensor, not None")
         outputs = list(output_tensors)
         for tensor in outputs:
-            if tensor is None:
-                raise TritonModelException("Output tensor in the inference response is None.")
-            if not isinstance(tensor, Tensor):
-                raise TypeError(
-                    f"output_tensors must hold pb_utils.Tensor objects, not {type(tensor).__name__}"
-                )
+            if type(tensor) is not Tensor:  # the usual case in one test, the others below
+                _check_output(tensor)
         if error is not None and not isinstance(error, TritonError):
             raise TypeError(f"error must be a pb_utils.TritonError, not {type(error).__name__}")
         self._outputs = outputs
@@ -70,7 +75,7 @@ class InferenceResponse:
         self._parameters: dict[str, Any] = (
             {} if parameters is None else check_parameters(parameters)
         )
-        self._parameters_json: str | None = None
+        # ``_parameters_json`` stays unset until ``parameters()`` is asked (most never are).
 
     @classmethod
     def _from_parts(
@@ -81,7 +86,6 @@ class InferenceResponse:
         response._outputs = outputs
         response._error = error
         response._parameters = parameters
-        response._parameters_json = None
         return response
 
     def output_tensors(self) -> list[Tensor]:
@@ -98,9 +102,10 @@ class InferenceResponse:
 
     def parameters(self) -> str:
         """The response parameters as a JSON string (``"{}"`` when there are none)."""
-        if self._parameters_json is None:
-            self._parameters_json = json.dumps(self._parameters)
-        return self._parameters_json
+        text: str | None = getattr(self, "_parameters_json", None)
+        if text is None:
+            text = self._parameters_json = json.dumps(self._parameters)
+        return text
 
     def _parameters_dict(self) -> dict[str, Any]:
         """The response parameters (for the runtime)."""

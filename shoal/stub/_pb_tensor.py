@@ -49,6 +49,15 @@ def _datatype_of(array: np.ndarray) -> str:
         raise TritonModelException("NumPy dtype is not supported.") from None
 
 
+#: NumPy dtype -> V2 datatype, for the dtypes whose arrays a Tensor keeps as they are (no byte
+#: swap; object and the fixed-size types): filled as they are met. A look-up here replaces
+#: ``numpy_to_datatype`` and the byte order test for every output after the first of its dtype.
+_AS_IS: dict[np.dtype, str] = {}
+_NDARRAY = np.ndarray
+#: Bound once: ``cls.__new__`` is an attribute look-up on the class per call.
+_new = object.__new__
+
+
 def _contiguous_little_endian(array: np.ndarray, datatype: str) -> np.ndarray:
     if not array.flags.c_contiguous:
         array = np.ascontiguousarray(array)
@@ -72,21 +81,28 @@ class Tensor:
     __slots__ = ("_data", "_dtype", "_gpu", "_name", "_object_view")
 
     def __init__(self, name: str, array: np.ndarray) -> None:
-        if array is None:  # Triton converts the arguments first: None is no NumPy array
-            raise TypeError(f"tensor {name!r}: expected a NumPy array, got None")
-        # The usual case checked inline (one call of a Python function costs ~300 instructions
-        # and this runs for every output of every response).
+        # The usual case (a NumPy array of a known dtype, native byte order) checked inline:
+        # one call of a Python function costs ~300 instructions, and this runs for every output
+        # of every response.
+        if type(array) is not _NDARRAY:
+            if array is None:  # Triton converts the arguments first: None is no NumPy array
+                raise TypeError(f"tensor {name!r}: expected a NumPy array, got None")
+            if not isinstance(array, _NDARRAY):
+                array = np.asarray(array)
         self._name = name if type(name) is str and name else _check_name(name)
-        if not isinstance(array, np.ndarray):
-            array = np.asarray(array)
-        try:  # _datatype_of written out, as the name above
-            datatype = numpy_to_datatype(array.dtype)
-        except TypeError:
-            raise TritonModelException("NumPy dtype is not supported.") from None
-        self._data = _contiguous_little_endian(array, datatype)
+        datatype = _AS_IS.get(array.dtype)
+        if datatype is None:
+            datatype = _datatype_of(array)
+            if datatype != "BYTES" and array.dtype.byteorder == ">":
+                array = _contiguous_little_endian(array, datatype)
+            elif datatype != "BYTES" or array.dtype.kind == "O":
+                _AS_IS[array.dtype] = datatype  # not bytes_/str_: one dtype per item size
+        if not array.flags.c_contiguous:
+            array = np.ascontiguousarray(array)
+        self._data = array
         self._dtype = datatype
-        self._object_view: np.ndarray | None = None
         self._gpu: Any = None
+        # ``_object_view`` stays unset until ``_array`` needs it (BYTES of bytes_/str_ only).
 
     # -- hooks for the stub runtime ------------------------------------------------------------
 
@@ -97,11 +113,10 @@ class Tensor:
         ``datatype`` is the V2 name ("FP32", "BYTES", "BF16", ...). BYTES arrays are object arrays
         of ``bytes``; BF16 arrays hold the raw 16-bit words as ``uint16``.
         """
-        tensor = cls.__new__(cls)
+        tensor = _new(cls)
         tensor._name = name
         tensor._data = array
         tensor._dtype = datatype
-        tensor._object_view = None
         tensor._gpu = None
         return tensor
 
@@ -125,16 +140,17 @@ class Tensor:
             return gpu.to_host(self._gpu)
         if self._dtype != "BYTES" or self._data.dtype.kind == "O":
             return self._data
-        if self._object_view is None:
+        view: np.ndarray | None = getattr(self, "_object_view", None)
+        if view is None:
             # bytes_/str_ arrays: bytes objects (trailing NULs of bytes_ are dropped, as in Triton).
             if self._data.dtype.kind == "U":
                 items = [item.encode("utf-8") for item in self._data.reshape(-1).tolist()]
             else:
                 items = self._data.reshape(-1).tolist()
-            view = np.empty(len(items), dtype=np.object_)
-            view[:] = items
-            self._object_view = view.reshape(self._data.shape)
-        return self._object_view
+            flat = np.empty(len(items), dtype=np.object_)
+            flat[:] = items
+            view = self._object_view = flat.reshape(self._data.shape)
+        return view
 
     # -- public API ----------------------------------------------------------------------------
 
