@@ -14,7 +14,7 @@ import logging
 import threading
 from collections.abc import Callable
 from time import monotonic_ns, perf_counter_ns
-from typing import Any
+from typing import Any, Final
 
 from shoal.ipc import messages as msg
 from shoal.ipc.arena import Block
@@ -34,16 +34,17 @@ from shoal.stub._pb_tensor import Tensor
 from shoal.stub.bls import calling_requests
 from shoal.stub.execute_checks import (
     RESCHEDULE,
+    RESCHEDULED_MARK,
     ExecuteError,
     check_return,
     failure_text,
     model_parameters,
     rescheduled_positions,
-    settle,
+    settle_all,
 )
 from shoal.stub.inline_inputs import inline_array
 from shoal.stub.model_loop import ModelLoop
-from shoal.stub.open_requests import OpenRequests
+from shoal.stub.open_requests import CancelFlag, OpenRequests
 from shoal.stub.response_records import ResponseRecorder
 from shoal.stub.tensors_out import TensorWriter
 
@@ -53,8 +54,9 @@ _ON_A_GPU = (CudaLocation, CudaRegionLocation)
 log = logging.getLogger("shoal.stub")
 
 
-#: Stands in ``_finish``'s responses for a request the model rescheduled (it has none).
-_RESCHEDULED: Any = object()
+# Bound once: compiled, ``Tensor._wrap(...)`` makes a bound method per call.
+_wrap_tensor: Final = Tensor._wrap
+_received_request: Final = InferenceRequest._from_server
 
 
 class _Batch:
@@ -132,17 +134,18 @@ class BatchExecutor:
         # What each request's response sender delivered (Triton's default-mode sender: one
         # response and FINAL, with execute returning None for that request).
         sent: list[list[Any]] = [[] for _ in records]
+        flags = [CancelFlag() for _ in records]  # native: a fraction of an interpreted one
         try:
-            requests = [self._request(record, sent[i]) for i, record in enumerate(records)]
+            requests = [self._request(records[i], sent[i], flags[i]) for i in range(len(records))]
         except Exception as error:  # a tensor the stub cannot view must not kill the instance
             return self._unreadable(execute, error)
-        if self._open.track(records, requests) == len(requests):
+        if self._open.track(records, flags) == len(requests):
             return self._dropped(execute)
         t1 = perf_counter_ns()
         # BLS calls made while serving these requests are cancelled along with them.
         # Indexed, not zip(strict=True): a keyword call of the builtin in compiled code costs
         # ~2k instructions (the lists are of one length: one request per record).
-        callers = tuple([(records[i].key, requests[i]._cancellation) for i in range(len(records))])
+        callers = tuple([(records[i].key, flags[i]) for i in range(len(records))])
         token = calling_requests.set(callers)
         try:
             return self._execute(execute, requests, sent, t0, t1)
@@ -230,28 +233,11 @@ class BatchExecutor:
         self._open.untrack_records(batch.execute.requests)
         if rescheduled:
             for i in rescheduled:
-                responses[i] = _RESCHEDULED
-        waiting = self._settle(batch, responses)
+                responses[i] = RESCHEDULED_MARK
+        waiting = settle_all(self.instance, batch.requests, batch.sent, responses)
         if waiting and not self._wait_for_senders(batch, responses, rescheduled, waiting):
             return None
         return self._result(batch, responses, rescheduled)
-
-    def _settle(self, batch: _Batch, responses: list[Any]) -> list[int]:
-        """Each request's one response in ``responses`` (None: none yet); returns the positions
-        of those still to come through a sender the model took."""
-        instance = self.instance
-        waiting: list[int] = []
-        requests, sent = batch.requests, batch.sent
-        for i in range(len(responses)):  # one of each per request (check_return counted them)
-            returned = responses[i]
-            if returned is _RESCHEDULED:
-                continue
-            request = requests[i]
-            response = settle(instance, returned, request, sent[i])
-            responses[i] = response
-            if response is None and request._awaits_sender():
-                waiting.append(i)
-        return waiting
 
     def _wait_for_senders(
         self, batch: _Batch, responses: list[Any], rescheduled: list[int], waiting: list[int]
@@ -282,8 +268,8 @@ class BatchExecutor:
         recorder = self._recorder
         requests = batch.execute.requests
         records = [
-            ResponseRecord() if response is _RESCHEDULED else recorder.record(response, requests[i])
-            for i, response in enumerate(responses)
+            ResponseRecord() if r is RESCHEDULED_MARK else recorder.record(r, requests[i])
+            for i, r in enumerate(responses)
         ]
         t3 = perf_counter_ns()
         timings = (batch.t1 - batch.t0, t2 - batch.t1, t3 - t2)
@@ -291,14 +277,14 @@ class BatchExecutor:
 
     # -- requests ---------------------------------------------------------------------------
 
-    def _request(self, record: RequestRecord, delivered: list[Any]) -> Any:
+    def _request(self, record: RequestRecord, delivered: list[Any], flag: CancelFlag) -> Any:
         if self.decoupled:
             deliver = self._stream_to(record)
         else:
             deliver = self._collect_to(delivered, record.key)
         # By position: a keyword call of interpreted code from compiled code costs ~1k more.
         # (model_name "", model_version -1: the served model's.)
-        return InferenceRequest._from_server(
+        return _received_request(
             record.request_id,
             record.correlation_id,
             self._inputs(record),
@@ -311,6 +297,7 @@ class BatchExecutor:
             deliver,
             self.decoupled,
             record.trace_context or None,
+            flag,
         )
 
     def _inputs(self, record: RequestRecord) -> list[Any]:
@@ -350,7 +337,7 @@ class BatchExecutor:
             # Carried in the Execute (a small tensor): the model's own copy, as the runtime's
             # input_view and private_view make it, without those two calls of interpreted code.
             array = inline_array(desc.datatype, desc.shape, location.data)
-            return Tensor._wrap(desc.name, array, desc.datatype)
+            return _wrap_tensor(desc.name, array, desc.datatype)
         view = self.input_view(location)
         if desc.datatype == "BYTES":  # decoded into objects: already the model's own
             array = buffer_to_numpy(desc.datatype, desc.shape, view)
@@ -361,7 +348,7 @@ class BatchExecutor:
             # Not remembered: its bytes may differ from the block's once the model wrote it.
             writable = self.private_view(desc.location, view)
             array = buffer_to_numpy(desc.datatype, desc.shape, writable, readonly=False)
-        return Tensor._wrap(desc.name, array, desc.datatype)
+        return _wrap_tensor(desc.name, array, desc.datatype)
 
     def _stream_to(self, record: RequestRecord) -> Callable[[Any, int], None]:
         def deliver(response: Any, flags: int) -> None:

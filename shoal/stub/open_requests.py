@@ -3,13 +3,44 @@
 from __future__ import annotations
 
 import threading
-from typing import Any, Final
+from collections.abc import Callable
+from typing import Final
 
 from shoal.ipc import messages as msg
 
 #: Where a request's key holds its sender's number (``frontends/workers/direct.py``).
 # Final: compiled, a plain module constant is a dict look-up on every use.
 SENDER_SHIFT: Final = 40
+
+
+#: What ``CancelFlag.is_set`` calls first (``pb_utils._set_cancel_poller``): it takes in the
+#: Cancels that arrived while the model was busy (Triton's ``is_cancelled`` asks the server).
+_poller: Callable[[], None] | None = None
+
+
+def set_cancel_poller(poller: Callable[[], None] | None) -> None:
+    """Install (or with ``None`` remove) what :meth:`CancelFlag.is_set` calls first."""
+    global _poller
+    _poller = poller
+
+
+class CancelFlag:
+    """One request's cancellation: set when its client went away. A request, its response
+    sender and :class:`OpenRequests` share it; nothing in it refers back to the request.
+
+    A native class (this module is compiled): one is made per request served, for a fraction
+    of what an interpreted one costs.
+    """
+
+    def __init__(self) -> None:
+        self.cancelled = False
+
+    def is_set(self) -> bool:
+        if not self.cancelled:
+            poller = _poller
+            if poller is not None:
+                poller()
+        return self.cancelled
 
 
 class OpenRequests:
@@ -20,7 +51,7 @@ class OpenRequests:
     """
 
     def __init__(self) -> None:
-        self._flags: dict[int, Any] = {}
+        self._flags: dict[int, CancelFlag] = {}
         self._lock = threading.Lock()
         # Each sender hands keys out in increasing order (the core from 1, a frontend worker
         # sending directly with its number above bit 40). A Cancel for a key above every key
@@ -32,13 +63,13 @@ class OpenRequests:
     def cancel(self, keys: list[int]) -> None:
         """The supervisor says these requests' clients went away (any thread)."""
         with self._lock:
-            flags = [self._flags.get(key) for key in keys]
+            flags: list[CancelFlag | None] = [self._flags.get(key) for key in keys]
             self._remember_early(keys, flags)
         for flag in flags:
             if flag is not None:
                 flag.cancelled = True
 
-    def _remember_early(self, keys: list[int], flags: list[Any]) -> None:
+    def _remember_early(self, keys: list[int], flags: list[CancelFlag | None]) -> None:
         """Cancels of requests not started yet, kept until they start (under the lock)."""
         self._cancelled_early.update(
             key
@@ -46,8 +77,9 @@ class OpenRequests:
             if flag is None and key > self._newest.get(key >> SENDER_SHIFT, 0)
         )
 
-    def track(self, records: list[msg.RequestRecord], requests: list[Any]) -> int:
-        """Track a batch's requests; returns how many of them were cancelled already."""
+    def track(self, records: list[msg.RequestRecord], batch_flags: list[CancelFlag]) -> int:
+        """Track a batch's requests by their flags (one per record); returns how many of them
+        were cancelled already."""
         cancelled = 0
         flags, newest = self._flags, self._newest
         lock = self._lock
@@ -57,14 +89,14 @@ class OpenRequests:
         try:
             for i in range(len(records)):  # indexed: zip(strict=True) costs ~2k in mypyc
                 key = records[i].key
-                request = requests[i]
-                flags[key] = request._cancellation
+                flag = batch_flags[i]
+                flags[key] = flag
                 sender = key >> SENDER_SHIFT
                 if key > newest.get(sender, 0):
                     newest[sender] = key
                 if self._cancelled_early and key in self._cancelled_early:
                     self._cancelled_early.discard(key)
-                    request._cancellation.cancelled = True
+                    flag.cancelled = True
                     cancelled += 1
         finally:
             lock.release()
