@@ -20,7 +20,8 @@ ways, ``-c`` requests in flight, and prints the process's CPU time per request:
 
 ``--batched`` puts the dynamic batcher in front of the same model (``batched_identity``'s
 settings: up to 64 requests of shape [1, 16] per Execute, 1 ms queue delay): the core's cost per
-request where requests share their Execute and Result.
+request where requests share their Execute and Result; its ``packed`` way, the packed calls of
+a batched model (a tree whose workers pack none for a batcher stops there).
 
 The loopback stub (the Execute/Result codec and the model function; small outputs inline in the
 Result, as a real stub answers) runs in the same process
@@ -143,6 +144,8 @@ def _call(service: InferenceService, call_id: int, relay: bool) -> bytes:
         from shoal.frontends.workers.packing import Snapshot, prepare
 
         plain = service.packing_summary("identity", "")  # type: ignore[attr-defined]
+        if plain is None:  # a tree whose workers pack no request for a batched model
+            raise SystemExit("--ways packed: this tree packs no request for this model")
         prepared = prepare(_request(), Snapshot(plain), None)
         assert prepared is not None and prepared.fields is not None
         if isinstance(prepared.fields, bytes):  # a packed call's own frame (core/packed.py)
@@ -309,15 +312,10 @@ def main() -> None:
         help="the dynamic batcher in front of identity (max_batch_size 64, 1 ms queue delay)",
     )
     options = parser.parse_args()
-    default = [way for way in WAYS if way != "packed"] if options.batched else WAYS
-    ways = options.ways.split(",") if options.ways else list(default)
+    ways = options.ways.split(",") if options.ways else list(WAYS)
     if not ways or any(way not in WAYS for way in ways):
         parser.error(f"--ways takes some of {', '.join(WAYS)}")
     if options.batched:
-        if "packed" in ways:  # the worker packs no request that a batcher forms batches from
-            parser.error(
-                "--batched: a batcher's requests are not packed (ways task, callback, link)"
-            )
         SHAPE[0] = (1, 16)
     result = on_identity(
         "shoal-core-path-",

@@ -124,6 +124,7 @@ HOT_PATH: tuple[str, ...] = (
     "shoal/frontends/workers/client.py",
     "shoal/frontends/workers/head_bytes.py",
     "shoal/frontends/workers/packing.py",
+    "shoal/frontends/workers/snapshots.py",
     "shoal/frontends/workers/direct_stubs.py",
     "shoal/frontends/workers/direct_records.py",
     "shoal/frontends/workers/direct.py",

@@ -16,8 +16,14 @@ Header, little-endian: the mark and three bytes of padding, the call id (u64), t
 version's slot (u32: the ``(model, version)`` the worker's snapshot was for, as the core
 numbered it: ``requests/packed.py``), the snapshot's generation (i64), the batch size (u32),
 the timeout (µs, i64), the private inputs (a u64 mask), how many block numbers follow (u32),
-the request id's length (u32); then the block numbers (``[segment, offset, nbytes] * n``, u64
-each) and the request id (UTF-8).
+the request id's length (u32), the shape key's length (u32); then the block numbers
+(``[segment, offset, nbytes] * n``, u64 each), the request id (UTF-8) and the shape key.
+
+The shape key is what the dynamic batcher groups requests by (:func:`shape_key`: requests
+share a batch only when theirs are equal): the worker builds it from the request's model shapes
+as the core builds it from a record's (``schedulers/_batching.shape_key``), with the same
+function, so a packed request and one that went the core's way batch together when their shapes
+agree. Empty for a model whose batcher reads none.
 """
 
 from __future__ import annotations
@@ -34,9 +40,27 @@ MARK: Final = 0xC1
 
 _PREFIX: Final = struct.Struct("<II")  # every frame's (``_wire._PREFIX``): header, payload lengths
 _CALL_ID: Final = struct.Struct("<B3xQ")
-_FIELDS: Final = struct.Struct("<IqIqQII")
-_HEADER: Final = struct.Struct("<B3xQIqIqQII")
+_FIELDS: Final = struct.Struct("<IqIqQIII")
+_HEADER: Final = struct.Struct("<B3xQIqIqQIII")
 _NUMBER: Final = struct.Struct("<Q")
+#: A shape key's entry per input: the name's length and how many dimensions follow.
+_KEY_ENTRY: Final = struct.Struct("<II")
+_DIM: Final = struct.Struct("<q")
+
+
+def shape_key(given: list[tuple[str, tuple[int, ...]]]) -> bytes:
+    """The dynamic batcher's shape key of a request's ``(input name, dims)`` pairs (the dims
+    that must agree, or none for an input that only has to be given): bytes, the same whichever
+    side builds them, whatever order the inputs came in."""
+    given.sort()  # by name: the names of one request's inputs are unique
+    parts: list[bytes] = []
+    for name, dims in given:
+        raw = name.encode()
+        parts.append(_KEY_ENTRY.pack(len(raw), len(dims)))
+        parts.append(raw)
+        for dim in dims:
+            parts.append(_DIM.pack(dim))
+    return b"".join(parts)
 
 
 def encode(
@@ -47,6 +71,7 @@ def encode(
     timeout_us: int,
     private_inputs: int,
     blocks: list[int],
+    key: bytes = b"",
 ) -> bytes | None:
     """A packed call's header after its call id (the worker's side); None when a field does
     not fit its place (a timeout past 63 bits, a 65th input placed, ...): the request then
@@ -61,8 +86,10 @@ def encode(
             private_inputs,
             len(blocks),
             len(request_id_bytes),
+            len(key),
         )
-        return b"".join([fields, *[_NUMBER.pack(n) for n in blocks], request_id_bytes])
+        numbers = [_NUMBER.pack(n) for n in blocks]
+        return b"".join([fields, *numbers, request_id_bytes, key])
     except (struct.error, OverflowError, UnicodeEncodeError):
         return None
 
@@ -81,15 +108,24 @@ class PackedCall:
     def __init__(
         self, view: memoryview | bytes, start: int, end: int, head: bytes | memoryview
     ) -> None:
-        mark, call_id, slot, generation, batch_size, timeout_us, private, count, id_size = (
-            _HEADER.unpack_from(view, start)
-        )
+        (
+            mark,
+            call_id,
+            slot,
+            generation,
+            batch_size,
+            timeout_us,
+            private,
+            count,
+            id_size,
+            key_size,
+        ) = _HEADER.unpack_from(view, start)
         at = start + _HEADER.size
         numbers: list[int] = []
         for _ in range(count):  # none for a small request: no format made per call
             numbers.append(_NUMBER.unpack_from(view, at)[0])
             at += _NUMBER.size
-        if mark != MARK or at + id_size != end:
+        if mark != MARK or at + id_size + key_size != end:
             raise ValueError("a packed call's header does not add up")
         self.call_id: int = call_id
         self.slot: int = slot
@@ -99,7 +135,9 @@ class PackedCall:
         self.private_inputs: int = private
         #: ``[segment, offset, nbytes] * n`` of the worker's blocks it names.
         self.numbers = numbers
-        self.request_id = str(view[at:end], "utf-8")
+        self.request_id = str(view[at : at + id_size], "utf-8")
+        #: What the dynamic batcher groups it by (:func:`shape_key`; empty where it reads none).
+        self.shape_key = bytes(view[at + id_size : end])
         self.head = head
         self.blocks: list[Block] = []
         #: What the answer names (no inputs: the stub has them; no outputs in a client's

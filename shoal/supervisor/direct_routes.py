@@ -41,7 +41,7 @@ from shoal.supervisor.extensions.trace_settings import TraceSettings
 from shoal.supervisor.instances.process import StubProcess
 from shoal.supervisor.models.version import ModelState, ModelVersion
 from shoal.supervisor.options import ServerOptions
-from shoal.supervisor.requests.packed import PackingSlots, packable
+from shoal.supervisor.requests.packed import PackingSlots, direct_eligible
 
 log = logging.getLogger("shoal")
 
@@ -153,7 +153,7 @@ class DirectRoutes:
             mv = self._slots.loaded.resolve(name, version)
         except ShoalError:
             return None
-        if not (self._no_cache and packable(mv)) or mv.rate_limited or self._gate.closed:
+        if not (self._no_cache and direct_eligible(mv)) or mv.rate_limited or self._gate.closed:
             return None
         if mv.state is not ModelState.READY or mv.down is not None:
             return None

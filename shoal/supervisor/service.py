@@ -275,12 +275,11 @@ class InferenceService:
         """:meth:`start_infer` for a request a worker checked and packed: returns what cancels
         it, or None when the core's own path must take it (its errors are the core's own)."""
         started = time.monotonic_ns()
-        admitted = packed.admit(call, self._packing, self.gate, self.tracing)
-        if admitted is None:
+        if (admitted := packed.admit(call, self._packing, self.gate, self.tracing)) is None:
             return None
         mv, record, request = admitted
-        promise = Promise(self._settled)
-        work = self._submit(mv, call.batch_size, record, call.blocks, started, promise)
+        promise, key = Promise(self._settled), call.shape_key  # the tag: _batching.work_key
+        work = self._submit(mv, call.batch_size, record, call.blocks, started, promise, key)
         work.relayed = relay is not None
         promise.add_done_callback(
             _Completed(self, mv, request, work, started, packed.NO_CLASSES, done, relay)
@@ -326,12 +325,13 @@ class InferenceService:
         blocks: list[Block],
         started: int,
         promise: Promise | None = None,
+        tag: object = None,
     ) -> Work:
         """Hand a staged request to its scheduler; awaited through a Future, or ``promise``."""
         future: asyncio.Future[Completion] | Promise | None = promise
         if future is None:
             future = (self._loop or asyncio.get_running_loop()).create_future()
-        work = Work(record, blocks, future, batch_size=batch_size)
+        work = Work(record, blocks, future, batch_size, tag)
         if mv.stats.overhead is not None:  # --trace-overhead
             mv.stats.stage("stage", work.enqueued_ns - started)
         scheduler = mv.scheduler  # mv.submit, without its (interpreted) call

@@ -19,13 +19,12 @@ own way, with the blocks it staged.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from typing import Any, Final, cast
 
 import msgpack
 
-from shoal.core.packed import encode
+from shoal.core.packed import encode, shape_key
 from shoal.core.types import InferInput, InferRequest
 from shoal.frontends.workers.head_bytes import (
     array_header,
@@ -35,8 +34,9 @@ from shoal.frontends.workers.head_bytes import (
     shape_bytes,
     str_bytes,
 )
+from shoal.frontends.workers.snapshots import Rule, Snapshot, Snapshots
 from shoal.ipc.arena import Block
-from shoal.ipc.dtypes import BytesFormatError, deserialize_bytes, element_count, element_size
+from shoal.ipc.dtypes import BytesFormatError, deserialize_bytes, element_count
 from shoal.ipc.tensor import INLINE_TENSOR_MAX, InlineBytes
 
 __all__ = ["PackedRefused", "Prepared", "Restage", "Snapshot", "Snapshots", "prepare"]
@@ -58,87 +58,8 @@ _RAW: Final = (bytes, bytearray, memoryview)
 #: Compiled, the builtin's name is a look-up on the ``builtins`` module at each use.
 _memoryview: Final = memoryview
 
-#: How long a worker trusts that a model has no snapshot (the relay does not apply to it, or
-#: it is not loaded) before it asks again.
-_NONE_SECS: Final = 2.0
-#: Snapshots kept at most (a client naming many models that do not exist fills none past it).
-_MAX_KEPT: Final = 1024
-
 #: Places an input's bytes in the worker's arena, whatever their size; None: it is full.
 Stage = Callable[[memoryview], Block | None]
-
-
-class _Rule:
-    """One input of a snapshot, as the checks read it (``summary.InputRule``'s fields)."""
-
-    def __init__(
-        self, name: str, datatype: str, expected: list[int], reshape: list[int] | None
-    ) -> None:
-        self.datatype = datatype
-        #: The name and datatype as a descriptor on the wire starts (``head_bytes``).
-        self.name_type = str_bytes(name) + str_bytes(datatype)
-        #: Bytes per element; None for BYTES (or a datatype the checks do not know).
-        self.item_size = _item_size(datatype)
-        self.expected = tuple(expected)
-        self.reshape = None if reshape is None else tuple(reshape)
-        #: The last shape a request gave this input and its :func:`shape_bytes`: a client sends
-        #: the same shape request after request. One tuple, replaced whole.
-        self.last_shape: tuple[tuple[int, ...], bytes] = ((), shape_bytes(()))
-
-
-def _item_size(datatype: str) -> int | None:
-    try:
-        return element_size(datatype)
-    except KeyError:  # not a datatype the core stages: its requests take the core's way
-        return None
-
-
-class Snapshot:
-    """A model version's summary as the core sent it (``relayed.snapshot``)."""
-
-    def __init__(self, plain: list[Any]) -> None:
-        generation, name, max_batch_size, budget, inputs, required, outputs, slot = plain
-        self.generation: int = generation
-        #: Which ``(model, version)`` the core numbered this snapshot's (a packed call names it).
-        self.slot: int = slot
-        self.name: str = name
-        self.max_batch_size: int = max_batch_size
-        self.inline_budget: int = budget
-        self.inputs = {i[0]: _Rule(i[0], i[1], i[2], i[3]) for i in inputs}
-        self.required: list[str] = required
-        #: Every output, in order: what a request that names none asks for.
-        self.outputs: list[str] = outputs
-        self.output_names = frozenset(outputs)
-        #: ``outputs`` packed: the record's outputs when a request names none.
-        self.packed_outputs = array_of_str(outputs)
-
-
-class Snapshots:
-    """The snapshots a worker holds, by (model, version) as requests name them."""
-
-    def __init__(self, ask: Callable[[str, str], list[Any] | None]) -> None:
-        self._ask = ask
-        self._kept: dict[tuple[str, str], Snapshot | float] = {}
-
-    def get(self, name: str, version: str) -> Snapshot | None:
-        """The snapshot to relay a request with; None: send it the core's way."""
-        key = (name, version)
-        kept = self._kept.get(key)
-        if isinstance(kept, Snapshot):
-            return kept
-        now = time.monotonic()
-        if kept is not None and now < kept:  # known to have none a moment ago
-            return None
-        plain = self._ask(name, version)
-        if len(self._kept) >= _MAX_KEPT:
-            self._kept.clear()
-        snapshot = None if plain is None else Snapshot(plain)
-        self._kept[key] = now + _NONE_SECS if snapshot is None else snapshot
-        return snapshot
-
-    def drop(self, name: str, version: str) -> None:
-        """The core found the snapshot stale: the next request asks again."""
-        self._kept.pop((name, version), None)
 
 
 class PackedRefused(Exception):
@@ -259,7 +180,22 @@ def _fields(request: InferRequest, snapshot: Snapshot, staged: list[Block | None
         _timeout(request),
         _private(staged),
         _flat(staged),
+        _key(request, snapshot) if snapshot.keyed else b"",
     )
+
+
+def _key(request: InferRequest, snapshot: Snapshot) -> bytes:
+    """The dynamic batcher's shape key of ``request``, from the shapes the model sees, as the
+    core builds it from a record's inputs (``_batching.shape_key``)."""
+    given: list[tuple[str, tuple[int, ...]]] = []
+    for tensor in request.inputs:
+        name = tensor.name
+        if name in snapshot.key_inputs:
+            shape = _model_shape(snapshot, snapshot.inputs[name], tuple(tensor.shape))
+            given.append((name, shape[1:]))
+        elif snapshot.key_all:
+            given.append((name, ()))
+    return shape_key(given)
 
 
 def _private(staged: list[Block | None]) -> int:
@@ -322,7 +258,7 @@ def _packer() -> msgpack.Packer:
 
 def _checked(request: InferRequest, snapshot: Snapshot) -> list[memoryview] | None:
     """Each input's bytes when the core would accept the request as it is; None otherwise."""
-    if not (_plain_parameters(request) and _plain_outputs(request, snapshot)):
+    if not (_plain_parameters(request, snapshot) and _plain_outputs(request, snapshot)):
         return None
     count = len(request.inputs)
     if count < len(snapshot.required) or count > len(snapshot.inputs):
@@ -356,17 +292,21 @@ def _required_given(snapshot: Snapshot, seen: set[str]) -> bool:
     return all(name in seen for name in snapshot.required)
 
 
-def _plain_parameters(request: InferRequest) -> bool:
-    """No sequence fields; ASCII text (the core's UTF-8 check passes); an integer timeout."""
+def _plain_parameters(request: InferRequest, snapshot: Snapshot) -> bool:
+    """No sequence fields, none the snapshot sends the core's way; ASCII text (the core's UTF-8
+    check passes); an integer timeout."""
     if not request.id.isascii():
         return False
+    core = snapshot.core_parameters
     for name, value in request.parameters.items():
-        if name in _SEQUENCE or not name.isascii() or not _plain_value(name, value):
+        if name in _SEQUENCE or name in core or not _plain_value(name, value):
             return False
     return True
 
 
 def _plain_value(name: str, value: object) -> bool:
+    if not name.isascii():
+        return False
     if name == "timeout":
         return type(value) is int
     if isinstance(value, str):
@@ -385,7 +325,7 @@ def _plain_outputs(request: InferRequest, snapshot: Snapshot) -> bool:
     return True
 
 
-def _shape_ok(snapshot: Snapshot, rule: _Rule, shape: tuple[int, ...]) -> bool:
+def _shape_ok(snapshot: Snapshot, rule: Rule, shape: tuple[int, ...]) -> bool:
     """The core's shape checks: no negative dimension, not too many elements, the batch
     dimension within the model's, the configured dims."""
     elements = 1
@@ -408,7 +348,7 @@ def _shape_ok(snapshot: Snapshot, rule: _Rule, shape: tuple[int, ...]) -> bool:
     return True
 
 
-def _bytes_ok(data: object, rule: _Rule, shape: tuple[int, ...]) -> memoryview | None:
+def _bytes_ok(data: object, rule: Rule, shape: tuple[int, ...]) -> memoryview | None:
     """The raw bytes of an input whose size (or BYTES framing) the shape agrees with; None for
     anything else (a JSON array: the core stages it). ``shape`` passed ``_shape_ok``: its
     dimensions are integers."""
@@ -434,7 +374,7 @@ def _bytes_ok(data: object, rule: _Rule, shape: tuple[int, ...]) -> memoryview |
     return None  # a datatype without a size the core knows: its own words
 
 
-def _model_shape(snapshot: Snapshot, rule: _Rule, shape: tuple[int, ...]) -> tuple[int, ...]:
+def _model_shape(snapshot: Snapshot, rule: Rule, shape: tuple[int, ...]) -> tuple[int, ...]:
     """The shape the model sees (``staging._model_shape``)."""
     reshape = rule.reshape
     if reshape is None:

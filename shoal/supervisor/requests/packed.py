@@ -6,10 +6,12 @@ and sends the request's wire record already packed, up to ``timeout_us``
 (``frontends/workers/packing.py``). The core reads only what it schedules with
 (:class:`~shoal.core.packed.PackedCall`) and splices the packed bytes into the Execute
 (``messages.encode``).
-A model the relay does not fit (an ensemble, a decoupled model, a batcher that forms or
-routes batches from the requests' inputs, the response cache) has no snapshot, and its
-requests take the core's own path; so does a request whose snapshot is stale (the model was
-reloaded: its summary's ``generation`` changed), which the worker then sends again that way.
+A model the relay does not fit (an ensemble, a decoupled model, the sequence batcher, which
+forms or routes batches from the requests' inputs, the response cache) has no snapshot, and its
+requests take the core's own path (:func:`packable`; the dynamic batcher's requests come
+packed, with what it reads of them, but never go straight to a stub: :func:`direct_eligible`);
+so does a request whose snapshot is stale (the model was reloaded: its summary's
+``generation`` changed), which the worker then sends again that way.
 """
 
 from __future__ import annotations
@@ -27,15 +29,18 @@ from shoal.supervisor.models.loaded import LoadedModels
 from shoal.supervisor.models.version import ModelState, ModelVersion
 from shoal.supervisor.requests.summary import ModelSummary
 from shoal.supervisor.schedulers.default import DefaultScheduler
+from shoal.supervisor.schedulers.dynamic import DynamicBatcher
 
 #: The classes a packed request asks for: none (a worker packs no request that asks).
 NO_CLASSES: dict[str, int] = {}
 
 # The empty containers of every packed request's record and request, shared: seven fewer
 # objects made and freed per request. Nothing fills them: a packed record's fields travel
-# packed (``messages.encode`` splices ``packed``), only the default scheduler takes it (the
-# schedulers that rewrite a record's inputs never do), and its request has no inputs, outputs
-# or parameters to add to. A test checks they stay empty after requests.
+# packed (``messages.encode`` splices ``packed``), only the default scheduler and the dynamic
+# batcher take it (the schedulers that rewrite a record's inputs never do; the batcher reads
+# ``parameters`` for a priority, which a packed request never carries where it counts, and its
+# shape key comes with the call), and its request has no inputs, outputs or parameters to add
+# to. A test checks they stay empty after requests.
 _EMPTY_PARAMETERS: dict[str, Any] = {}
 _EMPTY_NAMES: list[str] = []
 _EMPTY_INPUTS: list[TensorDesc] = []
@@ -70,10 +75,34 @@ class PackingSlots:
         return number
 
 
-def packable(mv: ModelVersion) -> bool:
-    """Whether requests for ``mv`` may come packed: one request per Execute record, no
-    scheduler that reads their inputs, nothing but the stub that answers them."""
+def direct_eligible(mv: ModelVersion) -> bool:
+    """Whether requests for ``mv`` may go straight from a worker to a stub (``direct_routes``):
+    one request per Execute, no scheduler in the core to see them, nothing but the stub that
+    answers them."""
     return mv.plain and type(mv.scheduler) is DefaultScheduler
+
+
+def packable(mv: ModelVersion) -> bool:
+    """Whether requests for ``mv`` may come packed: one request per Execute record, or the
+    dynamic batcher's, which reads nothing of a request but its batch size, timeout, shape key
+    (which comes with the packed call) and priority (:func:`batching`). The sequence batcher,
+    which also makes DynamicBatchers (one per instance, for ``oldest``), is neither: ``type``
+    is checked, not ``isinstance``."""
+    return mv.plain and type(mv.scheduler) in (DefaultScheduler, DynamicBatcher)
+
+
+def batching(mv: ModelVersion) -> list[Any]:
+    """What a worker needs of ``mv``'s dynamic batcher, as plain values: the parameters that
+    send a request the core's way (``priority`` where there are priority levels: the batcher
+    reads it from a record's parameters, which a packed record does not have), the inputs whose
+    shapes go into the shape key and whether every given input does (optional inputs:
+    ``_batching.shape_key``)."""
+    scheduler = mv.scheduler
+    if type(scheduler) is not DynamicBatcher:
+        return [[], [], False]
+    settings = scheduler.settings
+    core = ["priority"] if settings.priority_levels else []
+    return [core, sorted(settings.equal_shape_inputs), settings.has_optional_input]
 
 
 def summary_for(slots: PackingSlots, name: str, version: str, no_cache: bool) -> list[Any] | None:
@@ -87,7 +116,7 @@ def summary_for(slots: PackingSlots, name: str, version: str, no_cache: bool) ->
     if not (no_cache and packable(mv)):
         return None
     slot = slots.number(name, version)
-    return None if slot is None else snapshot(mv.summary, slot)
+    return None if slot is None else snapshot(mv.summary, slot, batching(mv))
 
 
 def version_for(slots: PackingSlots, call: PackedCall) -> tuple[str, ModelVersion] | None:
@@ -153,10 +182,11 @@ def request(name: str, version: str, call: PackedCall) -> InferRequest:
     return InferRequest(name, version, call.request_id, _EMPTY_TENSORS, _EMPTY_OUTPUTS, _NO_PARAMS)
 
 
-def snapshot(summary: ModelSummary, slot: int) -> list[Any]:
+def snapshot(summary: ModelSummary, slot: int, batched: list[Any] | None = None) -> list[Any]:
     """What a worker checks and stages a request with, as plain values
-    (``frontends/workers/packing.py`` reads them): the generation first and the slot last,
-    which a packed request names."""
+    (``frontends/workers/snapshots.py`` reads them): the generation first and the slot last,
+    which a packed request names; before the slot, what the dynamic batcher reads
+    (:func:`batching`)."""
     inputs = [
         [r.name, r.datatype, list(r.expected), None if r.reshape is None else list(r.reshape)]
         for r in summary.inputs.values()
@@ -169,5 +199,6 @@ def snapshot(summary: ModelSummary, slot: int) -> list[Any]:
         inputs,
         summary.required,
         summary.outputs,
+        *([[], [], False] if batched is None else batched),
         slot,
     ]

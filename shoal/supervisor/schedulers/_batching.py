@@ -12,8 +12,10 @@ from types import MappingProxyType
 from typing import Any
 
 from shoal.config import ModelConfig, QueuePolicy, SequenceBatchingConfig
+from shoal.core.packed import shape_key as packed_shape_key
 from shoal.ipc.records import RequestRecord
 from shoal.supervisor.schedulers._queues import Entry
+from shoal.supervisor.work import Work
 
 
 @dataclass(frozen=True)
@@ -77,22 +79,33 @@ def dynamic_settings(config: ModelConfig) -> BatchSettings:
     )
 
 
-def shape_key(record: RequestRecord, settings: BatchSettings) -> object:
-    """Requests may share a batch only when these keys are equal."""
+def shape_key(record: RequestRecord, settings: BatchSettings) -> bytes | None:
+    """Requests may share a batch only when these keys are equal: None where the model has no
+    input whose shape must agree and no optional input; else ``core.packed.shape_key`` of the
+    inputs that count, which a frontend worker builds the same for a request it packs
+    (:func:`work_key`)."""
     equal = settings.equal_shape_inputs
-    if not equal and not settings.has_optional_input:
+    optional = settings.has_optional_input
+    if not equal and not optional:
         return None
-    inputs = record.inputs
-    if len(inputs) == 1 and not settings.has_optional_input:  # no generator, nothing to sort
-        tensor = inputs[0]
-        return ((tensor.name, tuple(tensor.shape[1:])),) if tensor.name in equal else ()
-    return tuple(
-        sorted(
-            (t.name, tuple(t.shape[1:]) if t.name in settings.equal_shape_inputs else ())
-            for t in record.inputs
-            if settings.has_optional_input or t.name in settings.equal_shape_inputs
-        )
-    )
+    given: list[tuple[str, tuple[int, ...]]] = []
+    for tensor in record.inputs:
+        if tensor.name in equal:
+            given.append((tensor.name, tuple(tensor.shape[1:])))
+        elif optional:
+            given.append((tensor.name, ()))
+    return packed_shape_key(given)
+
+
+def work_key(work: Work, settings: BatchSettings) -> bytes | None:
+    """:func:`shape_key` of a queued request: a packed one's came with it (``Work.tag``, from
+    the packed call: its record has no inputs here)."""
+    if work.record.packed is None:
+        return shape_key(work.record, settings)
+    if not settings.equal_shape_inputs and not settings.has_optional_input:
+        return None
+    tag = work.tag
+    return tag if isinstance(tag, bytes) else b""
 
 
 class Cut:

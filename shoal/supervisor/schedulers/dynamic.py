@@ -14,7 +14,7 @@ import asyncio
 import collections
 
 from shoal.core.errors import Rejected, Unavailable
-from shoal.supervisor.schedulers._batching import BatchSettings, Tail, cut_batch, shape_key
+from shoal.supervisor.schedulers._batching import BatchSettings, Tail, cut_batch, work_key
 from shoal.supervisor.schedulers._ordering import OrderedDelivery
 from shoal.supervisor.schedulers._queues import Entry, PolicyQueue, PriorityQueue
 from shoal.supervisor.schedulers.base import (
@@ -83,7 +83,7 @@ class DynamicBatcher:
         now = self._clock.now_ns()
         timeout_us = queue.timeout_us(work.record.timeout_us)
         deadline = now + timeout_us * 1000 if timeout_us else 0
-        key = shape_key(work.record, self.settings)
+        key = work_key(work, self.settings)
         entry = Entry(work, now, deadline, max(1, work.batch_size), key, level)
         queue.waiting.append(entry)
         if not self._queued_quietly(queue, entry):
@@ -212,5 +212,7 @@ class DynamicBatcher:
 
 
 def _priority(work: Work) -> int:
+    # A packed request has no parameters here: where priorities count, a request that names
+    # one is never packed (``requests/packed.core_parameters``).
     value = work.record.parameters.get("priority", 0)
     return value if isinstance(value, int) and not isinstance(value, bool) else 0

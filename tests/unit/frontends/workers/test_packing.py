@@ -11,6 +11,7 @@ from shoal.core.errors import ShoalError
 from shoal.core.packed import PackedCall, frame
 from shoal.core.types import InferInput, InferRequest, RequestedOutput
 from shoal.frontends.workers import packing
+from shoal.frontends.workers import snapshots as snapshots_module
 from shoal.frontends.workers.packing import Snapshot, Snapshots, prepare
 from shoal.ipc import messages as msg
 from shoal.ipc.arena import OwnedArena
@@ -238,7 +239,7 @@ def test_a_full_arena_hands_what_it_staged_to_the_core_s_path(tmp_path):
 
 def test_snapshots_are_asked_once_and_dropped_when_stale(monkeypatch):
     asked: list[tuple[str, str]] = []
-    plain = [7, "m", 0, 16384, [["X", "UINT8", [-1], None]], ["X"], ["Y"], 0]
+    plain = [7, "m", 0, 16384, [["X", "UINT8", [-1], None]], ["X"], ["Y"], [], [], False, 0]
 
     def ask(name: str, version: str):
         asked.append((name, version))
@@ -253,8 +254,8 @@ def test_snapshots_are_asked_once_and_dropped_when_stale(monkeypatch):
     # a model without one is asked about again only after a while
     assert snapshots.get("none", "") is None and snapshots.get("none", "") is None
     assert asked.count(("none", "")) == 1
-    now = packing.time.monotonic()
-    monkeypatch.setattr(packing.time, "monotonic", lambda: now + 60)
+    now = snapshots_module.time.monotonic()
+    monkeypatch.setattr(snapshots_module.time, "monotonic", lambda: now + 60)
     assert snapshots.get("none", "") is None and asked.count(("none", "")) == 2
 
 
