@@ -31,7 +31,7 @@ from shoal.frontends.h2.placing import PLACE_FROM, Placing
 from shoal.frontends.h2.reading import RECEIVE_MAX_FRAME, FrameHandler, FrameReader, read_buffer
 from shoal.frontends.h2.scatter import Scatter, scatter_for
 from shoal.frontends.h2.sending import Body, Sender
-from shoal.frontends.h2.streams import Stream, StreamHandler
+from shoal.frontends.h2.streams import Stream, StreamHandler, any_mid_message
 
 __all__ = ["MAX_CONCURRENT_STREAMS", "ConnectionError_", "FloodLimits", "Headers"]
 __all__ += ["Http2Connection", "StreamHandler", "StreamOpener"]
@@ -186,12 +186,7 @@ class Http2Connection(asyncio.BufferedProtocol):
         )
 
     def _half_sent(self) -> bool:
-        if self._reader.half_read():
-            return True
-        return any(
-            stream.handler is not None and stream.handler.mid_message()
-            for stream in self._streams.values()
-        )
+        return self._reader.half_read() or any_mid_message(self._streams)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._watch is not None:
@@ -324,10 +319,13 @@ class Http2Connection(asyncio.BufferedProtocol):
             raise ConnectionError_(h2.PROTOCOL_ERROR, "DATA on stream 0")
         self._credit(length)  # padding counts against the window too
         stream = self._streams.get(stream_id)
-        if stream is None or stream.remote_closed:
+        if stream is None:
             if stream_id > self._highest_stream_id:
                 raise ConnectionError_(h2.PROTOCOL_ERROR, "DATA on an idle stream")
             return None  # a stream we have already closed, reset or refused: data dropped
+        if stream.remote_closed:  # half-closed (remote): see _header_block
+            self._reset_by_us(stream_id, stream, h2.STREAM_CLOSED)
+            return None
         stream.recv_unacked += length
         if end_stream:
             stream.remote_closed = True
@@ -347,7 +345,10 @@ class Http2Connection(asyncio.BufferedProtocol):
         headers = self._decoder.decode(bytes(block))
         end_stream = bool(flags & h2.END_STREAM)
         stream = self._streams.get(stream_id)
-        if stream is not None:
+        if stream is not None and stream.remote_closed:
+            # Half-closed (remote): a stream error (RFC 9113 section 5.1), as the peer's reset.
+            self._reset_by_us(stream_id, stream, h2.STREAM_CLOSED)
+        elif stream is not None:
             self._trailers(stream, end_stream)
         elif stream_id % 2 == 0:
             raise ConnectionError_(h2.PROTOCOL_ERROR, f"HEADERS opening stream {stream_id}")

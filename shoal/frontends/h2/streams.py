@@ -72,3 +72,10 @@ class Stream:
         self.wake()
         if self.handler is not None:
             self.handler.reset()
+
+
+def any_mid_message(streams: dict[int, Stream]) -> bool:
+    """Whether a request message of any of ``streams`` has arrived in part, the rest due."""
+    return any(
+        stream.handler is not None and stream.handler.mid_message() for stream in streams.values()
+    )
