@@ -19,6 +19,7 @@ from shoal.frontends.grpc.native_context import (
     CallMethod,
     CallServer,
     CallWork,
+    give_back,
     inflated,
 )
 from shoal.frontends.grpc.native_headers import OK_TRAILERS, status_block
@@ -71,6 +72,7 @@ class NativeCall(CallWork):
     _expired = False
     _headers_sent = False
     _done = False
+    _closed = False  # its last header block (END_STREAM) has gone to the connection
     _held = 0  # what this call holds of the connection's budget
 
     def __init__(
@@ -291,10 +293,17 @@ class NativeCall(CallWork):
         finally:
             self._left()
 
-    def _left(self) -> None:
-        """The work ends: the call leaves the server's running calls (see _work_ended)."""
-        self._server.running.discard(self)
-        self._work_ended()
+    def _broke(self, error: BaseException) -> None:
+        """See CallWork._work_over: answered as ``error`` would end it (a bug: INTERNAL)."""
+        try:
+            if isinstance(error, asyncio.CancelledError):
+                self._cancelled()
+            else:
+                self._finish(INTERNAL, f"unexpected {type(error).__name__} ending the call")
+        finally:
+            self._end()
+            if not self._closed:  # unanswered (a no-op where the client reset it)
+                self._connection.reset_stream(self._stream_id, h2.INTERNAL_ERROR)
 
     def _failed(self, exc: Exception) -> None:
         """End the call with the status of the error its work raised (called in its handler)."""
@@ -343,7 +352,7 @@ class NativeCall(CallWork):
         connection = self._connection
         if not connection.send_answer(self._stream_id, h2.GRPC_RESPONSE_HEADERS, body, OK_TRAILERS):
             return False
-        self._headers_sent = True
+        self._headers_sent = self._closed = True
         self._end()
         return True
 
@@ -374,7 +383,7 @@ class NativeCall(CallWork):
             for piece in coalesced([b"\x00" + size.to_bytes(4, "big"), *reply.chunks]):
                 self._connection.send_data(self._stream_id, piece)
         finally:
-            done = functools.partial(_give_back, server, size, reply)
+            done = functools.partial(give_back, server, size, reply)
             self._connection.after_stream(self._stream_id, done)
 
     def _send_copied(self, reply: LentReply) -> None:
@@ -417,6 +426,7 @@ class NativeCall(CallWork):
         if not self._headers_sent:
             block = h2.GRPC_RESPONSE_HEADERS + block  # trailers-only
         self._connection.send_headers(self._stream_id, block, end_stream=True)
+        self._closed = True
 
     def _end(self) -> None:
         """The call is over: read nothing more, and its deadline no longer matters. Without
@@ -438,9 +448,3 @@ class NativeCall(CallWork):
         if reader is not None:
             reader.release()
             reader.detach()
-
-
-def _give_back(server: CallServer, size: int, reply: LentReply) -> None:
-    """A lent reply has been written (or will never be): its memory goes back."""
-    server.lent -= size
-    reply.release()
