@@ -44,7 +44,6 @@ HOT_PATH: tuple[str, ...] = (
     "shoal/ipc/stat_counters.py",
     "shoal/frontends/_binary.py",
     "shoal/frontends/_last_step.py",
-    "shoal/frontends/_stepping.py",
     "shoal/frontends/workers/_wire.py",
     "shoal/frontends/workers/_response_wire.py",
     "shoal/frontends/workers/host.py",

@@ -294,7 +294,7 @@ class NativeCall(CallWork):
             self._left()
 
     def _broke(self, error: BaseException) -> None:
-        """See CallWork._work_over: answered as ``error`` would end it (a bug: INTERNAL)."""
+        """See CallWork._work_raised: answered as ``error`` would end it (a bug: INTERNAL)."""
         try:
             if isinstance(error, asyncio.CancelledError):
                 self._cancelled()

@@ -1,7 +1,7 @@
 """A call on shoal's own gRPC server as its method sees it (the part of
 ``grpc.aio.ServicerContext`` shoal's RPCs use), the method as the call reads it, the error
 that ends a call with a status, a compressed request message inflated (an error status past
-the size limit), and how a call's work runs (:class:`CallWork`)."""
+the size limit), and the marker a unary call's work ends on (:data:`LAST_STEP`)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import zlib
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Final
 
-from shoal.frontends._stepping import SteppedWork
+from shoal.frontends._last_step import LAST_STEP
 from shoal.frontends.grpc.methods import Method
 from shoal.frontends.grpc.native_headers import metadata
 from shoal.frontends.grpc.native_messages import inflate
@@ -117,20 +117,29 @@ class CallServer:
         self.lent = 0
 
 
-class CallWork(SteppedWork, StreamHandler):
+class CallWork(StreamHandler):
     """How a call's work runs: in a task of its own (:meth:`_launch`), or stepped by hand
     (:meth:`_begin_work`: ModelInfer's, see :attr:`CallMethod.stepped`).
 
-    Stepped (:class:`~shoal.frontends._stepping.SteppedWork`, as the HTTP fast path's
-    requests), the work is no :class:`asyncio.Task`: a task cost every call ~6,000
-    instructions (made, registered in asyncio's ``WeakSet``, its first step a handle run on
-    the loop's next turn, freed). Its first step runs at once, where the request ends; it
-    ends by awaiting ``LAST_STEP``. Cancellation is a task's (:meth:`_cancel_task`).
+    Stepped, the work is no :class:`asyncio.Task`: the call steps the coroutine itself, the
+    first step at once (where the request ends), each later one from the done callback of the
+    future it awaits, as a task's would. A task cost every call ~6,000 instructions (made,
+    registered in asyncio's ``WeakSet``, its first step a handle run on the loop's next turn,
+    freed). Cancellation is a task's (:meth:`_cancel_task`): the future awaited is cancelled,
+    so the work sees CancelledError there, or, between steps, the next step throws it; a bare
+    ``yield`` steps again on the loop's next turn. The work ends by awaiting
+    :data:`LAST_STEP`. What it does not do: it is not ``asyncio.current_task()`` (nothing on
+    ModelInfer's path asks; ``asyncio.timeout`` would), and its steps run in the loop's
+    context, not a copy. The HTTP fast path steps its requests the same way
+    (``http/_fast_request.Stepped``).
     """
 
     _task: asyncio.Task[None] | None = None  # the work, in a task
     _started = False  # the work has begun its first step (see _cancel_task)
     _cancel_first = False  # cancelled before that step: the step ends the call, as cancelled
+    _work: Coroutine[Any, Any, None] | None = None  # the work, stepped, while it runs
+    _waiter: asyncio.Future[Any] | None = None  # what it awaits
+    _must_cancel = False  # its next step throws CancelledError
     _ended: asyncio.Future[None] | None = None  # set once it ends (see stop)
     _server: CallServer
 
@@ -152,7 +161,8 @@ class CallWork(SteppedWork, StreamHandler):
     def _begin_work(self, work: Coroutine[Any, Any, None]) -> None:
         """Step ``work`` by hand (see the class), its first step now."""
         self._started = True
-        self._begin(work)
+        self._work = work
+        self._step(None)
 
     def _began(self) -> bool:
         """The work's first step: False when the call was cancelled before it (ended now)."""
@@ -172,7 +182,9 @@ class CallWork(SteppedWork, StreamHandler):
         body, ``finally`` and all, ever ran; its first step sees ``_cancel_first`` and ends
         the call as a cancelled task's would."""
         if self._work is not None:
-            self._cancel_work()
+            waiter = self._waiter
+            if waiter is None or not waiter.cancel():
+                self._must_cancel = True
         elif self._task is not None and self._started:
             self._task.cancel()
         elif self._task is not None:
@@ -198,22 +210,64 @@ class CallWork(SteppedWork, StreamHandler):
         if ended is not None and not ended.done():
             ended.set_result(None)
 
+    def _step(self, error: BaseException | None) -> None:
+        """One step of the work, up to its next await (see the class)."""
+        work = self._work
+        if work is None:
+            return
+        try:
+            if error is not None:
+                awaited = work.throw(error)
+            elif self._must_cancel:
+                self._must_cancel = False
+                awaited = work.throw(asyncio.CancelledError())
+            else:
+                awaited = work.send(None)
+        except StopIteration:  # it ends on LAST_STEP instead, without this to catch
+            self._work = None
+            return
+        except BaseException as exc:  # past the work's own handlers: a CancelledError, or a bug
+            self._work = None
+            self._work_raised(exc)
+            if not isinstance(exc, (Exception, asyncio.CancelledError)):
+                raise  # KeyboardInterrupt, SystemExit: as a task, to the loop
+            return
+        if awaited is LAST_STEP:  # done: the coroutine is dropped, never resumed
+            self._work = None
+        elif awaited is None:  # a bare yield: again on the loop's next turn
+            _running_loop().call_soon(self._step, None)
+        elif getattr(awaited, "_asyncio_future_blocking", False):
+            awaited._asyncio_future_blocking = False
+            self._waiter = awaited
+            # A bound method made per await, not kept: kept, the call would be a reference
+            # cycle (the call, its method, the call), garbage only the collector frees.
+            awaited.add_done_callback(self._woken)
+            if self._must_cancel and awaited.cancel():
+                self._must_cancel = False
+        else:  # as a task would, it hears that it yielded what it may not
+            error = RuntimeError(f"a gRPC call yielded {awaited!r}, not a future")
+            _running_loop().call_soon(self._step, error)
+
+    def _woken(self, future: asyncio.Future[Any]) -> None:
+        """The future the work awaits is done: its next step (the await reads it)."""
+        self._waiter = None
+        self._step(None)
+
     def _left(self) -> None:
         """The work ends: the call leaves the server's running calls (see _work_ended)."""
         self._server.running.discard(self)
         self._work_ended()
 
-    def _work_over(self, error: BaseException | None) -> None:
-        """Stepped work has ended. ``error``: what came out of it past its own handlers (a
-        CancelledError, or a bug, logged): the call ends all the same, as those would have
-        ended it: it leaves the running calls (a waiting stop is told), and :meth:`_broke`."""
-        if error is not None:
-            if not isinstance(error, asyncio.CancelledError):
-                log.error("unexpected error ending a gRPC call", exc_info=error)
-            try:
-                self._left()
-            finally:
-                self._broke(error)
+    def _work_raised(self, error: BaseException) -> None:
+        """``error`` came out of the stepped work, past its own handlers (a CancelledError, or
+        a bug, logged): the call ends all the same, as those would have ended it: it leaves
+        the running calls (a waiting stop is told), and :meth:`_broke`."""
+        if not isinstance(error, asyncio.CancelledError):
+            log.error("unexpected error ending a gRPC call", exc_info=error)
+        try:
+            self._left()
+        finally:
+            self._broke(error)
 
 
 def give_back(server: CallServer, size: int, reply: LentReply) -> None:
