@@ -48,13 +48,32 @@ _KEY_ENTRY: Final = struct.Struct("<II")
 _DIM: Final = struct.Struct("<q")
 
 
+#: Shape keys built (:func:`shape_key`), by their pairs: a client sends requests of one shape
+#: after another, and a key built anew cost the core ~2,700 instructions a request. Cleared
+#: when full (shapes are checked against the model's config before a key is asked for, so a
+#: client cannot make one large; it could make many).
+_KEYS: Final[dict[tuple[tuple[str, tuple[int, ...]], ...], bytes]] = {}
+_MAX_KEYS: Final = 1024
+
+
 def shape_key(given: list[tuple[str, tuple[int, ...]]]) -> bytes:
     """The dynamic batcher's shape key of a request's ``(input name, dims)`` pairs (the dims
     that must agree, or none for an input that only has to be given): bytes, the same whichever
     side builds them, whatever order the inputs came in."""
     given.sort()  # by name: the names of one request's inputs are unique
+    pairs = tuple(given)
+    key = _KEYS.get(pairs)
+    if key is None:
+        key = _key_bytes(pairs)
+        if len(_KEYS) >= _MAX_KEYS:
+            _KEYS.clear()
+        _KEYS[pairs] = key
+    return key
+
+
+def _key_bytes(pairs: tuple[tuple[str, tuple[int, ...]], ...]) -> bytes:
     parts: list[bytes] = []
-    for name, dims in given:
+    for name, dims in pairs:
         raw = name.encode()
         parts.append(_KEY_ENTRY.pack(len(raw), len(dims)))
         parts.append(raw)

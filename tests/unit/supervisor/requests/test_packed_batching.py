@@ -68,6 +68,18 @@ def test_the_key_is_the_same_whatever_the_order_and_tells_names_and_dims_apart()
     assert len(set(keys)) == len(keys)
 
 
+def test_keys_built_again_are_the_kept_ones_and_the_kept_ones_stay_bounded():
+    from shoal.core import packed as core_packed
+
+    first = shape_key([("a", (3, 4)), ("b", ())])
+    again = shape_key([("b", ()), ("a", (3, 4))])
+    assert again == first and again is first  # kept, not built again
+    for dim in range(core_packed._MAX_KEYS + 10):  # a client sending many shapes
+        assert shape_key([("x", (dim,))]) == shape_key([("x", (dim,))])
+        assert len(core_packed._KEYS) <= core_packed._MAX_KEYS
+    assert shape_key([("a", (3, 4)), ("b", ())]) == first  # built anew once cleared: equal
+
+
 @pytest.mark.parametrize("request_", [request for request, relays in BATCHED_CASES if relays])
 def test_a_packed_request_s_key_is_the_core_s_for_the_same_request(tmp_path, request_):
     # BATCHED has optional inputs and a variable dim (S): every given input counts, S's dims too
