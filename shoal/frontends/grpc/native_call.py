@@ -294,11 +294,11 @@ class NativeCall(CallWork):
             self._left()
 
     def _broke(self, error: BaseException) -> None:
-        """See CallWork._work_raised: answered as ``error`` would end it (a bug: INTERNAL)."""
+        """See CallWork._work_raised: answered as ``error`` ends it (a bug: INTERNAL) if not yet."""
         try:
-            if isinstance(error, asyncio.CancelledError):
+            if not self._closed and isinstance(error, asyncio.CancelledError):
                 self._cancelled()
-            else:
+            elif not self._closed:  # (answered: a forced status could queue a second END_STREAM)
                 self._finish(INTERNAL, f"unexpected {type(error).__name__} ending the call")
         finally:
             self._end()

@@ -213,6 +213,6 @@ class DynamicBatcher:
 
 def _priority(work: Work) -> int:
     # A packed request has no parameters here: where priorities count, a request that names
-    # one is never packed (``requests/packed.core_parameters``).
+    # one is never packed (``requests/packed.batching``).
     value = work.record.parameters.get("priority", 0)
     return value if isinstance(value, int) and not isinstance(value, bool) else 0

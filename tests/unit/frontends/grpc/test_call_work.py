@@ -119,3 +119,41 @@ def test_work_that_raises_in_its_first_step_ends_the_call(loop_thread: LoopThrea
             "unexpected RuntimeError ending the call",
         )
         assert not server._calls.running and call._held == 0
+
+
+@pytest.mark.parametrize(
+    ("outcome", "expired"),
+    [
+        (ValueError("late bug"), False),
+        (asyncio.CancelledError(), False),
+        (asyncio.CancelledError(), True),
+    ],
+    ids=["exception", "cancelled", "cancelled-past-its-deadline"],
+)
+def test_work_that_answered_then_raises_is_not_answered_again(
+    loop_thread: LoopThread, outcome: BaseException, expired: bool
+) -> None:
+    """The work answered, then let an exception out (from a ``finally``, say): the client has
+    its one status, and no second block follows it (a deadline's status is forced past the
+    check that the call was answered)."""
+    with open_call(loop_thread) as (server, call, raw):
+
+        async def work() -> None:
+            call._finish(0, "")
+            call._expired = expired
+            await asyncio.sleep(0)
+            raise outcome
+
+        async def begin() -> None:
+            server._calls.running.add(call)
+            call._begin_work(work())
+            await asyncio.sleep(0.05)
+
+        loop_thread.run(begin())
+        response = raw.read_stream(1)
+        assert response.status == "0"
+        # (an RST_STREAM NO_ERROR may follow: the client never ended its side)
+        frames = raw.ping(b"serve on")
+        after = [f for f in frames if f.stream_id == 1 and isinstance(f, HeadersFrame | DataFrame)]
+        assert after == []
+        assert not server._calls.running and call._held == 0
