@@ -75,7 +75,7 @@ class Channel:
         self._senders_waiting = 0
         self._up_lock = threading.Lock()
         self._spinner = Spinner(DEFAULT_SPIN_US)
-        self._watch: tuple[asyncio.AbstractEventLoop, Callable[[], None]] | None = None
+        self._watch: tuple[asyncio.AbstractEventLoop, Callable[[], object]] | None = None
         self._retry: asyncio.TimerHandle | None = None
         self._down_sleeper = BlockingSleeper(self._down_bell, peer_pidfd)
         self._up_space_sleeper = BlockingSleeper(self._up_space, peer_pidfd)
@@ -226,10 +226,12 @@ class Channel:
             ring_bell(self._up_space)
         return message
 
-    def watch_up(self, loop: asyncio.AbstractEventLoop, on_ready: Callable[[], None]) -> None:
+    def watch_up(self, loop: asyncio.AbstractEventLoop, on_ready: Callable[[], object]) -> None:
         """Call ``on_ready`` on ``loop`` whenever up messages may be waiting.
 
-        ``on_ready`` must drain with :meth:`recv_up_nowait` until it returns None.
+        ``on_ready`` must drain with :meth:`recv_up_nowait` until it returns None, or return
+        False after reading its share: it is then called again on the loop's next turn (no
+        doorbell rings for what it left, since the ring was never found empty).
         """
         if self._watch is not None:
             self._watch[0].remove_reader(self._up_bell)
@@ -246,13 +248,15 @@ class Channel:
         if self._watch is None or self._closed:
             return
         try:
-            self._watch[1]()
+            more = self._watch[1]()
         except BaseException:
             # The callback stopped before draining to None, so no sleep episode began and the
             # stub will not ring: look at the ring again shortly.
             if self._retry is None:
                 self._retry = self._watch[0].call_later(BACKSTOP_S, self._redeliver)
             raise
+        if more is False:  # it read its share: the loop's other callbacks run first
+            self._watch[0].call_soon(self._deliver)
 
     def _redeliver(self) -> None:
         self._retry = None

@@ -51,8 +51,9 @@ class StubChannel(Protocol):
         """Start it; ``on_exit(returncode)`` runs on the loop when it exits."""
         ...
 
-    def watch_up(self, loop: asyncio.AbstractEventLoop, ready: Callable[[], None]) -> None:
-        """Call ``ready`` on the loop whenever messages may be waiting (then read them all)."""
+    def watch_up(self, loop: asyncio.AbstractEventLoop, ready: Callable[[], object]) -> None:
+        """Call ``ready`` on the loop whenever messages may be waiting (then read them all, or
+        return False after reading some: it is called again on the loop's next turn)."""
         ...
 
     def recv_up_nowait(self) -> bytes | None:

@@ -4,6 +4,7 @@ supervisor: the BLS and control routers, the segment directory) whose job it is.
 from __future__ import annotations
 
 import logging
+from typing import Final
 
 from shoal.ipc import messages as msg
 from shoal.supervisor.instances.answers import Answers
@@ -13,6 +14,13 @@ from shoal.supervisor.instances.ledger import InFlightLedger
 from shoal.supervisor.instances.spec import BlsHandler, Caller, ControlHandler, InstanceScope
 
 log = logging.getLogger("shoal")
+
+#: Up messages handled in one go. A stub can send faster than the core handles what it sends
+#: (a decoupled model's thread sending small responses in a loop): read until the ring is
+#: empty, the core's loop would never get back to its other work (accepting connections, the
+#: other stubs, the streams' consumers, a cancellation), and the responses would pile up in
+#: memory unread.
+UP_SHARE: Final = 256
 
 _LOG_LEVELS = {0: logging.INFO, 1: logging.WARNING, 2: logging.ERROR, 3: logging.DEBUG}
 
@@ -39,10 +47,16 @@ class UpMessages:
         self._ledger = ledger
         self._async_concurrency = max(1, async_concurrency)
 
-    def drain(self, proc: StubChannel) -> None:
-        """Handle every message waiting in ``proc``'s ring."""
-        while (payload := proc.recv_up_nowait()) is not None:
+    def drain(self, proc: StubChannel, limit: int = UP_SHARE) -> bool:
+        """Handle the messages waiting in ``proc``'s ring, at most ``limit``; False when it
+        stopped there (more may wait: the channel calls again on the loop's next turn)."""
+        while limit > 0:
+            payload = proc.recv_up_nowait()
+            if payload is None:
+                return True
             self.dispatch(proc, msg.decode(payload))
+            limit -= 1
+        return False
 
     def dispatch(self, proc: StubChannel, message: msg.Message) -> None:
         match message:

@@ -187,7 +187,8 @@ class StubLifecycle:
         """Read what a stub that died starting sent: the Ready with the model's error may
         still be in the ring."""
         try:
-            self._up.drain(proc)
+            while not self._up.drain(proc):
+                pass  # all of it: nothing more will come
         except Exception:  # a record cut short by the death: the exit says enough
             pass
 

@@ -82,7 +82,7 @@ class LoopbackStub:
         )
         self._inputs = ArenaMap()
         self._up: deque[bytes] = deque()
-        self._ready: Callable[[], None] | None = None
+        self._ready: Callable[[], object] | None = None
         self._on_exit: Callable[[int], None] | None = None
         self._calls: dict[int, _PendingCall] = {}
         self._call_ids = itertools.count(1)
@@ -93,7 +93,7 @@ class LoopbackStub:
         self.spawned = True
         self._on_exit = on_exit
 
-    def watch_up(self, loop: asyncio.AbstractEventLoop, ready: Callable[[], None]) -> None:
+    def watch_up(self, loop: asyncio.AbstractEventLoop, ready: Callable[[], object]) -> None:
         self._ready = ready
 
     def recv_up_nowait(self) -> bytes | None:
@@ -268,7 +268,11 @@ class LoopbackStub:
     def _reply(self, message: msg.Message) -> None:
         self._up.append(msg.encode(message))
         if self._ready is not None:
-            self._loop.call_soon(self._ready)
+            self._loop.call_soon(self._deliver)
+
+    def _deliver(self) -> None:
+        if self._ready is not None and self._ready() is False and self._up:
+            self._loop.call_soon(self._deliver)  # it read its share: the rest next turn
 
     def _exit(self, returncode: int) -> None:
         if self.returncode is not None:

@@ -209,7 +209,7 @@ class StubProcess:
         for line in data.splitlines():
             log.info("[%s] %s", self.launch.instance_name, line.decode(errors="replace"))
 
-    def watch_up(self, loop: asyncio.AbstractEventLoop, ready: Callable[[], None]) -> None:
+    def watch_up(self, loop: asyncio.AbstractEventLoop, ready: Callable[[], object]) -> None:
         self.channel.watch_up(loop, ready)
 
     def recv_up_nowait(self) -> bytes | None:

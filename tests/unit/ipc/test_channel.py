@@ -113,6 +113,42 @@ def test_watch_up_delivers_thread_sends_with_back_pressure(pair: tuple[Channel, 
         assert mine == [payload(i, 100) for i in range(parity, count, 2)]
 
 
+def test_watch_up_gives_the_loop_back_between_shares(pair: tuple[Channel, Channel]) -> None:
+    """A reader that returns False after its share is called again on the loop's next turn
+    (no doorbell rings for what it left), and what the loop had queued runs in between: a
+    stub sending faster than the core reads cannot keep the core's loop to itself."""
+    supervisor, stub = pair
+    count, share = 100, 10  # 100 messages of 24 bytes (and their length words) fit the ring
+    for index in range(count):
+        stub.send_up(payload(index, 24), timeout=5)
+
+    async def consume() -> tuple[list[bytes], int]:
+        loop = asyncio.get_running_loop()
+        received: list[bytes] = []
+        done = loop.create_future()
+        other = [-1]  # how many had been read when another callback of the loop ran
+
+        def on_ready() -> bool:
+            for _ in range(share):
+                message = supervisor.recv_up_nowait()
+                if message is None:
+                    if not done.done():
+                        done.set_result(None)
+                    return True
+                received.append(message)
+            if len(received) == share:
+                loop.call_soon(lambda: other.__setitem__(0, len(received)))
+            return False
+
+        supervisor.watch_up(loop, on_ready)
+        await asyncio.wait_for(done, 30)
+        return received, other[0]
+
+    received, read_before_other = asyncio.run(consume())
+    assert received == [payload(i, 24) for i in range(count)]
+    assert read_before_other < count  # it ran before the reader had read everything
+
+
 def test_send_down_waits_for_a_slow_consumer(pair: tuple[Channel, Channel]) -> None:
     supervisor, stub = pair
     count = 2000
