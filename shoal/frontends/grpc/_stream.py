@@ -21,6 +21,12 @@ import asyncio
 import inspect
 from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Awaitable, Callable
 
+#: Answers waiting to be written past which a decoupled request's next answers are not taken
+#: until the writer catches up (a client that does not read: a zero HTTP/2 window). They wait
+#: where the core bounds them (``instances/decoupled.py``, ``workers/streams.py``) instead of
+#: piling up here.
+WAITING_MAX = 64
+
 #: One answer (an awaitable) or several (an async iterator) for a request message.
 Answer = Callable[[bytes | bytearray | memoryview], Awaitable[bytes] | AsyncIterator[bytes]]
 
@@ -52,6 +58,8 @@ class _Stream:
         self.running: set[asyncio.Task[None]] = set()
         self._unanswered = 0
         self._reading = True
+        self._room = asyncio.Event()  # clear while WAITING_MAX answers wait
+        self._room.set()
 
     async def read(self, requests: AsyncIterable[bytes]) -> None:
         try:
@@ -87,6 +95,9 @@ class _Stream:
             else:
                 async for reply in answer:
                     self._done.put_nowait(reply)
+                    if self._done.qsize() >= WAITING_MAX:
+                        self._room.clear()
+                        await self._room.wait()
         except Exception as exc:
             self._done.put_nowait(exc)
         self._unanswered -= 1
@@ -95,6 +106,8 @@ class _Stream:
     async def replies(self) -> AsyncIterator[bytes]:
         while True:
             item = await self._done.get()
+            if not self._room.is_set() and self._done.qsize() < WAITING_MAX // 2:
+                self._room.set()
             if item is None:
                 return
             if isinstance(item, Exception):

@@ -167,6 +167,22 @@ class FrameReader(asyncio.Protocol):
         self._frame: bytearray | None = None
         self._filled = 0
         self.transport: asyncio.Transport | None = None
+        #: Set while the transport holds more than its high-water mark of bytes to send.
+        self._paused: asyncio.Future[None] | None = None
+
+    def pause_writing(self) -> None:
+        if self._paused is None:
+            self._paused = asyncio.get_running_loop().create_future()
+
+    def resume_writing(self) -> None:
+        paused, self._paused = self._paused, None
+        if paused is not None and not paused.done():
+            paused.set_result(None)
+
+    async def writable(self) -> None:
+        """Returns once the transport is under its high-water mark (or closed)."""
+        if self._paused is not None:
+            await asyncio.shield(self._paused)  # shared: one waiter's cancel is not the others'
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -212,6 +228,7 @@ class FrameReader(asyncio.Protocol):
         self._on_frame(fields, payloads)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.resume_writing()
         self._on_lost()
 
 
@@ -233,6 +250,13 @@ class Outbox:
             self._pieces.append(b"".join(pieces))
         else:
             self._pieces.extend(pieces)
+
+    async def writable(self) -> None:
+        """Returns once the transport takes more: for a sender that could outrun the reader
+        (a stream's answers) and fill the transport's buffer without bound."""
+        protocol = self.transport.get_protocol()
+        if isinstance(protocol, FrameReader):
+            await protocol.writable()
 
     def _flush(self) -> None:
         pieces, self._pieces = self._pieces, []

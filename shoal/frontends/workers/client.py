@@ -45,7 +45,7 @@ from shoal.frontends.workers.direct_stubs import monotonic_ns
 from shoal.frontends.workers.methods import ASYNC_METHODS, DIRECT_METHODS, SYNC_METHODS
 from shoal.frontends.workers.outputs import MappedOutputs
 from shoal.frontends.workers.packing import PackedRefused, Prepared, Restage, Snapshots, prepare
-from shoal.frontends.workers.streams import StreamItem, remote_stream
+from shoal.frontends.workers.streams import BACKLOG_MAX, StreamItem, drop, overflow, remote_stream
 from shoal.ipc.arena import Block
 
 __all__ = ["ASYNC_METHODS", "DIRECT_METHODS", "SYNC_METHODS", "CoreGone", "RemoteCore"]
@@ -208,7 +208,10 @@ class RemoteCore(CoreAPI):
         if queue is None:
             return  # an answer to a call cancelled meanwhile
         if kind == wire.ITEM:
-            queue.put_nowait((fields, payloads))
+            if queue.qsize() < BACKLOG_MAX:
+                queue.put_nowait((fields, payloads))
+            else:  # its reader stopped taking them (streams.py)
+                overflow(self, call_id, queue)
         elif kind == wire.ERROR:
             queue.put_nowait(plain.error_from_wire(fields[0]))
         else:
@@ -282,13 +285,11 @@ class RemoteCore(CoreAPI):
         return bool(ready)
 
     def model_metadata(self, name: str, version: str = "") -> ModelMetadata:
-        return cast(
-            "ModelMetadata", _decoded(ModelMetadata, self._sync("model_metadata", name, version))
-        )
+        metadata = self._sync("model_metadata", name, version)
+        return cast("ModelMetadata", _decoded(ModelMetadata, metadata))
 
     def model_config(self, name: str, version: str = "") -> JsonDict:
-        config: JsonDict = self._sync("model_config", name, version)
-        return config
+        return cast("JsonDict", self._sync("model_config", name, version))
 
     def _request_fields(
         self,
@@ -367,8 +368,9 @@ class RemoteCore(CoreAPI):
         return call_id, queue
 
     def close_stream(self, call_id: int, ended: bool) -> None:
-        """The stream's reader is done with it; the core's side is cancelled unless it ended."""
-        self._streams.pop(call_id, None)
+        """The stream's reader is done with it (what it left unread is let go); the core's side
+        is cancelled unless it ended."""
+        drop(self._streams.pop(call_id, None), self._response)
         if not ended:
             self._cancel(call_id)
 
@@ -436,14 +438,12 @@ class RemoteCore(CoreAPI):
         return updated
 
     def trace_settings(self, model: str = "") -> dict[str, TraceValue]:
-        settings: dict[str, TraceValue] = self._sync("trace_settings", model)
-        return settings
+        return cast("dict[str, TraceValue]", self._sync("trace_settings", model))
 
     def update_trace_settings(
         self, changes: dict[str, TraceChange], model: str = ""
     ) -> dict[str, TraceValue]:
-        updated: dict[str, TraceValue] = self._sync("update_trace_settings", changes, model)
-        return updated
+        return cast("dict[str, TraceValue]", self._sync("update_trace_settings", changes, model))
 
 
 def _decoded(kind: Any, value: Any) -> Any:

@@ -306,6 +306,8 @@ class _Link:
         try:
             async for response in stream:
                 self.answer(wire.ITEM, call_id, response)
+                if self.outbox is not None:  # a worker slower than the model: wait for it
+                    await self.outbox.writable()
         except BaseException as error:
             failure = error
         # Closed after the try, not in a finally: mypyc compiles this module, and a compiled

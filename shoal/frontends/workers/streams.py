@@ -4,14 +4,45 @@ generator: mypyc cannot compile those, and the rest of the worker's client is co
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from typing import Any, Protocol
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Final, Protocol
 
+from shoal.core.errors import ResourceExhausted
 from shoal.core.types import InferRequest, InferResponse
 
 #: What a stream's queue holds: an answer (header fields, payload views), the error that ends
 #: the stream, or None (its end).
 StreamItem = tuple[list[Any], list[memoryview]] | BaseException | None
+
+
+#: Makes the response of an answer (``RemoteCore.response``).
+Responses = Callable[[list[Any], list[memoryview]], InferResponse]
+
+#: Answers of one stream that may wait here for its reader (the frontend writing them to its
+#: client). A client that never reads a decoupled model's answers (a zero HTTP/2 window) would
+#: otherwise hold the worker's memory, and the core's lent output blocks, without bound.
+BACKLOG_MAX: Final = 8192
+
+
+def drop(queue: asyncio.Queue[StreamItem] | None, response: Responses) -> None:
+    """Let go of the answers waiting in a stream's queue that nobody will read: the core
+    holds a lent output's blocks until its response is released."""
+    while queue is not None and not queue.empty():
+        item = queue.get_nowait()
+        if isinstance(item, tuple):
+            response(*item).release()
+
+
+def overflow(core: StreamingCore, call_id: int, queue: asyncio.Queue[StreamItem]) -> None:
+    """The stream's reader stopped taking answers: the call is cancelled in the core, what
+    waits is let go and the stream ends with RESOURCE_EXHAUSTED."""
+    core.close_stream(call_id, False)
+    queue.put_nowait(
+        ResourceExhausted(
+            f"{BACKLOG_MAX} responses of the stream wait for the client to read them: "
+            "the stream is ended and the request cancelled"
+        )
+    )
 
 
 class StreamingCore(Protocol):

@@ -1,0 +1,93 @@
+"""Attacks on a running server, with frontend workers and without (``SHOAL_TEST_FRONTEND_WORKERS``):
+what one client does must not stall the others, hold memory without bound, or leak.
+
+The model ``decoupled_flood`` sends small responses as fast as it can until its request is
+cancelled: a client that never reads them is the attack.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from h2.settings import SettingCodes
+
+from tests.h2client import H2Client, grpc_frame, int_request
+from tests.integration.server import BUNDLED, TEST_MODELS, ShoalServer, command_lines
+
+pytestmark = pytest.mark.timeout(180)
+
+STREAM_PATH = "/inference.GRPCInferenceService/ModelStreamInfer"
+MODELS = ("identity", "decoupled_flood")
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ShoalServer]:
+    args = ["--model-control-mode", "explicit"]
+    for name in MODELS:
+        args += ["--load-model", name]
+    with ShoalServer(BUNDLED, TEST_MODELS, extra_args=tuple(args)) as running:
+        yield running
+        assert "Traceback" not in running.output, running.output
+
+
+def _rss_kib(server: ShoalServer) -> int:
+    """The resident memory of the core and its frontend workers (not the stubs), in KiB."""
+    assert server.proc is not None
+    pids = [server.proc.pid]
+    parent = str(server.proc.pid).encode()
+    for pid, args in command_lines():
+        ours = b"--parent" in args and args[args.index(b"--parent") + 1] == parent
+        if ours and any(b"worker_main" in a for a in args):
+            pids.append(pid)
+    total = 0
+    for pid in pids:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
+    return total
+
+
+def _wait_for_log(server: ShoalServer, line: str, after: int, timeout: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout
+    while line not in server.output[after:]:
+        assert time.monotonic() < deadline, f"{line!r} not in the log:\n{server.output[after:]}"
+        time.sleep(0.05)  # polling the server's log
+
+
+def _identity_call(server: ShoalServer) -> None:
+    data = np.arange(4, dtype=np.float32)
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        inputs = [grpcclient.InferInput("IN_FP32", [4], "FP32")]
+        inputs[0].set_data_from_numpy(data)
+        result = client.infer("identity", inputs, client_timeout=60)
+    np.testing.assert_array_equal(result.as_numpy("OUT_FP32"), data)
+
+
+def test_a_decoupled_stream_never_read_is_ended_and_holds_no_memory(server: ShoalServer):
+    """A client with a zero HTTP/2 window asks a model for endless responses: the responses
+    waiting for it are bounded, the request is cancelled (the model hears it) and the stream's
+    error reaches the client once it reads. Before, every response piled up in the core (and
+    the link to the worker) as fast as the model sent them: gigabytes in a minute."""
+    before = _rss_kib(server)
+    mark = len(server.output)
+    with H2Client(server.grpc_port, settings={SettingCodes.INITIAL_WINDOW_SIZE: 0}) as client:
+        client.ack = False
+        body = grpc_frame(int_request("decoupled_flood", "COUNT", 50_000_000))
+        stream_id = client.start(body, path=STREAM_PATH, end_stream=False)
+        _wait_for_log(server, "decoupled_flood: cancelled=True", mark)
+        assert _rss_kib(server) - before < 256 << 10
+        _identity_call(server)  # others are served meanwhile
+        # The client reads at last: the answers it was owed, then the stream's error.
+        client.ack = True
+        client.conn.increment_flow_control_window(1 << 30)
+        client.conn.increment_flow_control_window(1 << 30, stream_id=stream_id)
+        client.flush()
+        response = client.responses[stream_id]
+        while b"wait for the client to read them" not in response.data:
+            client.pump()
+    _identity_call(server)
