@@ -164,6 +164,7 @@ def _http_server(core: CoreAPI, options: ServerOptions) -> HttpServer:
         max_header_size=options.http_max_header_size,
         header_timeout=options.http_header_timeout_secs,
         body_timeout=options.http_body_timeout_secs,
+        send_timeout=options.http_send_timeout_secs,
     )
     return HttpServer(app, limits=limits)
 

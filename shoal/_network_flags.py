@@ -39,6 +39,12 @@ _HTTP_LIMITS: tuple[_Limit, ...] = (
         60.0,
         "seconds a request body may go without a byte; then 408 and the connection closes",
     ),
+    (
+        "--http-send-timeout-secs",
+        parse_positive_float,
+        60.0,
+        "seconds a response may wait for the client to take more of it; then the connection closes",
+    ),
 )
 
 #: gRPC's message size and HTTP/2 flood limits; the first four are Triton's flags, with its

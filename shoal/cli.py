@@ -126,6 +126,7 @@ def _limit_options(args: argparse.Namespace) -> dict[str, Any]:
         "http_max_header_size": args.http_max_header_size,
         "http_header_timeout_secs": args.http_header_timeout_secs,
         "http_body_timeout_secs": args.http_body_timeout_secs,
+        "http_send_timeout_secs": args.http_send_timeout_secs,
         "grpc_max_message_size": args.grpc_max_message_size,
         "grpc_max_connection_buffer_size": args.grpc_max_connection_buffer_size,
         "grpc_http2_max_ping_strikes": args.grpc_http2_max_ping_strikes,

@@ -27,11 +27,15 @@ class ConnectionLimits:
     head gets 431. ``header_timeout``: seconds a request head may take, from its first byte (or
     from the connection's accept, for the first request); ``body_timeout``: seconds without a
     byte while a body is due. Both end the connection with 408 (nginx's rules and defaults).
+    ``send_timeout``: seconds a response may wait for the client to take more of it (the
+    socket's buffer full, nginx's ``send_timeout``); then the connection is closed, and what the
+    response held (its output blocks) is let go.
     """
 
     max_header_size: int = DEFAULT_MAX_HEADER_SIZE
     header_timeout: float = DEFAULT_READ_TIMEOUT
     body_timeout: float = DEFAULT_READ_TIMEOUT
+    send_timeout: float = DEFAULT_READ_TIMEOUT
 
 
 def too_large(limit: int, size: int | None = None, *, what: str = "Request") -> InvalidArgument:

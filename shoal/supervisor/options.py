@@ -83,6 +83,7 @@ class ServerOptions:
     http_max_header_size: int = 32 * 1024
     http_header_timeout_secs: float = 60.0
     http_body_timeout_secs: float = 60.0
+    http_send_timeout_secs: float = 60.0
     #: gRPC: the message size limit (Triton's fixed INT32_MAX) and HTTP/2 flood limits: the
     #: ping policy of grpc-core under Triton's flags, then nghttp2's defaults.
     grpc_max_message_size: int = 2**31 - 1

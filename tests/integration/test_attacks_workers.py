@@ -7,6 +7,8 @@ cancelled: a client that never reads them is the attack.
 
 from __future__ import annotations
 
+import json
+import socket
 import time
 from collections.abc import Iterator
 
@@ -16,17 +18,19 @@ import tritonclient.grpc as grpcclient
 from h2.settings import SettingCodes
 
 from tests.h2client import H2Client, grpc_frame, int_request
-from tests.integration.server import BUNDLED, TEST_MODELS, ShoalServer, command_lines
+from tests.integration.server import BUNDLED, TEST_MODELS, ShoalServer, command_lines, tcp_sockets
 
 pytestmark = pytest.mark.timeout(180)
 
 STREAM_PATH = "/inference.GRPCInferenceService/ModelStreamInfer"
 MODELS = ("identity", "decoupled_flood")
+#: ``--http-send-timeout-secs`` of the server here: short, so that a test waits little.
+SEND_TIMEOUT = 2
 
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[ShoalServer]:
-    args = ["--model-control-mode", "explicit"]
+    args = ["--model-control-mode", "explicit", "--http-send-timeout-secs", str(SEND_TIMEOUT)]
     for name in MODELS:
         args += ["--load-model", name]
     with ShoalServer(BUNDLED, TEST_MODELS, extra_args=tuple(args)) as running:
@@ -90,4 +94,49 @@ def test_a_decoupled_stream_never_read_is_ended_and_holds_no_memory(server: Shoa
         response = client.responses[stream_id]
         while b"wait for the client to read them" not in response.data:
             client.pump()
+    _identity_call(server)
+
+
+def test_an_http_client_that_never_reads_its_answer_is_closed_after_the_send_timeout(server):
+    """A client asks for 16 MiB and reads nothing: the response (and the output blocks it
+    holds) waited for it as long as it stayed connected. Now the connection is reset once the
+    response has waited ``--http-send-timeout-secs`` with the socket's buffer full."""
+    count = 4 << 20
+    head = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "IN_FP32",
+                    "shape": [count],
+                    "datatype": "FP32",
+                    "parameters": {"binary_data_size": count * 4},
+                }
+            ],
+            "outputs": [{"name": "OUT_FP32", "parameters": {"binary_data": True}}],
+        }
+    ).encode()
+    request = (
+        "POST /v2/models/identity/infer HTTP/1.1\r\nHost: x\r\n"
+        f"Inference-Header-Content-Length: {len(head)}\r\n"
+        f"Content-Length: {len(head) + count * 4}\r\n\r\n"
+    ).encode()
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connecting: it sticks
+    sock.settimeout(60)
+    with sock:
+        sock.connect(("127.0.0.1", server.http_port))
+        ours = tcp_sockets(local_port=server.http_port, remote_port=sock.getsockname()[1])
+        assert ours, "the server's end of the connection is not there"
+        sock.sendall(request + head + bytes(count * 4))
+        deadline = time.monotonic() + 60
+        while tcp_sockets(local_port=server.http_port, remote_port=sock.getsockname()[1]) & ours:
+            assert time.monotonic() < deadline, "the server kept a connection that never reads"
+            time.sleep(0.05)  # polling the kernel's socket table
+        received = 0
+        try:
+            while chunk := sock.recv(1 << 20):
+                received += len(chunk)
+        except ConnectionResetError:
+            pass
+        assert received < count * 4
     _identity_call(server)

@@ -45,6 +45,8 @@ class FastConnection:
         self.head_started = now
         #: A request body is due.
         self.in_body = False
+        #: When the transport's buffer went over its high-water mark (0: it is under it).
+        self.write_paused = 0.0
         #: The request head being read (uvicorn's ``url``, ``headers``, ``expect_100_continue``).
         self.url = b""
         self.headers: list[tuple[bytes, bytes]] = []

@@ -9,8 +9,12 @@ copied in user space on either way.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import http
+import logging
+import socket
+import struct
 from collections.abc import Sequence
 from typing import Any, Final, cast
 
@@ -24,6 +28,8 @@ from shoal.frontends.http._coalescing import CoalescingHttpToolsProtocol
 from shoal.frontends.http._fast_conn import FastConnection
 from shoal.frontends.http._fast_request import FastInfer, FastRequest, KnownHead, Stepped
 from shoal.frontends.http._response import Body, LentBody, body_length
+
+log = logging.getLogger("shoal")
 
 
 class FastInferHttpToolsProtocol(CoalescingHttpToolsProtocol):
@@ -50,7 +56,8 @@ class FastInferHttpToolsProtocol(CoalescingHttpToolsProtocol):
         limits: ConnectionLimits = getattr(self.config, "connection_limits", _DEFAULT_LIMITS)
         self._fast = FastConnection(self, limits, self.loop.time())
         self._watch: asyncio.TimerHandle | None = self.loop.call_later(
-            min(limits.header_timeout, limits.body_timeout), self._check_progress
+            min(limits.header_timeout, limits.body_timeout, limits.send_timeout),
+            self._check_progress,
         )
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -58,6 +65,14 @@ class FastInferHttpToolsProtocol(CoalescingHttpToolsProtocol):
             self._watch.cancel()
             self._watch = None
         super().connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        self._fast.write_paused = self.loop.time()
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self._fast.write_paused = 0.0
 
     def data_received(self, data: bytes) -> None:
         fast = self._fast
@@ -132,6 +147,14 @@ class FastInferHttpToolsProtocol(CoalescingHttpToolsProtocol):
         limits = self._fast.limits
         now = self.loop.time()
         due, what = self._due(now)
+        if what == "send" and now >= due:
+            # A client that does not read what it asked for: nothing more can reach it.
+            log.info(
+                "closing an HTTP connection whose client took nothing of its response for %g s",
+                self._fast.limits.send_timeout,
+            )
+            _reset(self.transport)
+            return
         if what and now >= due:
             timeout = limits.body_timeout if what == "body" else limits.header_timeout
             self._refuse(
@@ -146,12 +169,14 @@ class FastInferHttpToolsProtocol(CoalescingHttpToolsProtocol):
         """When what is being read (``what``: "body", "header" or "": nothing) is overdue."""
         fast = self._fast
         limits = fast.limits
+        if fast.write_paused != 0.0:
+            return fast.write_paused + limits.send_timeout, "send"
         if fast.in_body:
             return fast.last_data + limits.body_timeout, "body"
         if fast.head_started != 0.0 and fast.head_left >= 0:
             return fast.head_started + limits.header_timeout, "header"
         # Idle between requests (the keep-alive timeout's business), or a request running.
-        return now + min(limits.header_timeout, limits.body_timeout), ""
+        return now + min(limits.header_timeout, limits.body_timeout, limits.send_timeout), ""
 
     def _refuse(self, status: int, message: str) -> None:
         """Answer ``status`` with a JSON error and close: the connection cannot go on."""
@@ -391,6 +416,18 @@ def _read_head(
 _JOINED_MAX: Final = 1 << 14
 
 _DEFAULT_LIMITS = ConnectionLimits()
+
+
+def _reset(transport: Any) -> None:
+    """Close with a reset: the kernel drops what the socket still had to send (a plain close
+    would keep sending it, orphaned, to a client that does not read)."""
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    transport.abort()
+
+
 #: The request headers a fast request keeps (:meth:`FastInfer.respond` reads no others; the
 #: protocol reads the last two: whether to ask the HTTP version), by their lowercase names as
 #: the parser gives them.
