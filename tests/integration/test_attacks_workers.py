@@ -125,11 +125,12 @@ def test_an_http_client_that_never_reads_its_answer_is_closed_after_the_send_tim
     sock.settimeout(60)
     with sock:
         sock.connect(("127.0.0.1", server.http_port))
-        ours = tcp_sockets(local_port=server.http_port, remote_port=sock.getsockname()[1])
-        assert ours, "the server's end of the connection is not there"
         sock.sendall(request + head + bytes(count * 4))
         deadline = time.monotonic() + 60
-        while tcp_sockets(local_port=server.http_port, remote_port=sock.getsockname()[1]) & ours:
+        while not (ours := _server_end(server, sock)):  # accepted: a process holds it
+            assert time.monotonic() < deadline, "the connection was never accepted"
+            time.sleep(0.05)  # polling the kernel's socket table
+        while _server_end(server, sock) & ours:
             assert time.monotonic() < deadline, "the server kept a connection that never reads"
             time.sleep(0.05)  # polling the kernel's socket table
         received = 0
@@ -140,3 +141,10 @@ def test_an_http_client_that_never_reads_its_answer_is_closed_after_the_send_tim
             pass
         assert received < count * 4
     _identity_call(server)
+
+
+def _server_end(server: ShoalServer, sock: socket.socket) -> set[str]:
+    """The server's end of ``sock`` once a process holds it (before its accept, the kernel's
+    table names it with inode 0)."""
+    found = tcp_sockets(local_port=server.http_port, remote_port=sock.getsockname()[1])
+    return found - {"socket:[0]"}
