@@ -71,6 +71,46 @@ def shape_key(given: list[tuple[str, tuple[int, ...]]]) -> bytes:
     return key
 
 
+def reshape_sources(
+    expected: tuple[int, ...], reshape: tuple[int, ...] | None, batched: bool
+) -> tuple[int, ...]:
+    """Where in a request's shape the values of ``reshape``'s -1 dimensions are, in order
+    (``expected``: the configured dims, after the batch dimension's -1 when ``batched``): the
+    configured dims' own -1s, as Triton fills them (``InferenceRequest::Normalize``; the
+    config's rules, ``validation._check_reshape``, make the counts agree). Empty when the
+    reshape has no -1, or there is no reshape."""
+    if reshape is None or -1 not in reshape:
+        return ()
+    first = 1 if batched else 0
+    return tuple(i for i in range(first, len(expected)) if expected[i] == -1)
+
+
+def model_shape(
+    shape: tuple[int, ...],
+    reshape: tuple[int, ...] | None,
+    sources: tuple[int, ...],
+    batched: bool,
+) -> tuple[int, ...]:
+    """The shape the model sees of an input given as ``shape`` (already checked against the
+    configured dims): its ``reshape`` after the batch dimension, each -1 of it resolved from
+    the request (``sources``: :func:`reshape_sources`). Both sides stage it and build the
+    dynamic batcher's key from it: a -1 left as written would let requests of different
+    shapes share a batch."""
+    if reshape is None:
+        return shape
+    if not sources:
+        return (shape[0], *reshape) if batched else reshape
+    resolved = [shape[0]] if batched else []
+    at = 0
+    for dim in reshape:
+        if dim == -1:
+            resolved.append(shape[sources[at]])
+            at += 1
+        else:
+            resolved.append(dim)
+    return tuple(resolved)
+
+
 def _key_bytes(pairs: tuple[tuple[str, tuple[int, ...]], ...]) -> bytes:
     parts: list[bytes] = []
     for name, dims in pairs:

@@ -24,7 +24,7 @@ from typing import Any, Final, cast
 
 import msgpack
 
-from shoal.core.packed import encode, shape_key
+from shoal.core.packed import encode, model_shape, shape_key
 from shoal.core.types import InferInput, InferRequest
 from shoal.frontends.workers.head_bytes import (
     array_header,
@@ -379,7 +379,7 @@ def _model_shape(snapshot: Snapshot, rule: Rule, shape: tuple[int, ...]) -> tupl
     reshape = rule.reshape
     if reshape is None:
         return tuple(shape)
-    return (shape[0], *reshape) if snapshot.max_batch_size > 0 else reshape
+    return model_shape(tuple(shape), reshape, rule.reshape_sources, snapshot.max_batch_size > 0)
 
 
 def _batch_size(snapshot: Snapshot, request: InferRequest) -> int:

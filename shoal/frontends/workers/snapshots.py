@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Final
 
+from shoal.core.packed import reshape_sources
 from shoal.frontends.workers.head_bytes import array_of_str, shape_bytes, str_bytes
 from shoal.ipc.dtypes import element_size
 
@@ -26,7 +27,12 @@ class Rule:
     """One input of a snapshot, as the checks read it (``summary.InputRule``'s fields)."""
 
     def __init__(
-        self, name: str, datatype: str, expected: list[int], reshape: list[int] | None
+        self,
+        name: str,
+        datatype: str,
+        expected: list[int],
+        reshape: list[int] | None,
+        batched: bool,
     ) -> None:
         self.datatype = datatype
         #: The name and datatype as a descriptor on the wire starts (``head_bytes``).
@@ -35,6 +41,9 @@ class Rule:
         self.item_size = _item_size(datatype)
         self.expected = tuple(expected)
         self.reshape = None if reshape is None else tuple(reshape)
+        #: Where the reshape's -1s take their values from (``core.packed.reshape_sources``,
+        #: as the core's ``summary.InputRule``).
+        self.reshape_sources = reshape_sources(self.expected, self.reshape, batched)
         #: The last shape a request gave this input and its :func:`shape_bytes`: a client sends
         #: the same shape request after request. One tuple, replaced whole.
         self.last_shape: tuple[tuple[int, ...], bytes] = ((), shape_bytes(()))
@@ -59,7 +68,7 @@ class Snapshot:
         self.name: str = name
         self.max_batch_size: int = max_batch_size
         self.inline_budget: int = budget
-        self.inputs = {i[0]: Rule(i[0], i[1], i[2], i[3]) for i in inputs}
+        self.inputs = {i[0]: Rule(i[0], i[1], i[2], i[3], max_batch_size > 0) for i in inputs}
         self.required: list[str] = required
         #: Every output, in order: what a request that names none asks for.
         self.outputs: list[str] = outputs

@@ -13,6 +13,7 @@ import numpy as np
 
 from shoal.config import ModelConfig
 from shoal.core.errors import InvalidArgument, ResourceExhausted
+from shoal.core.packed import model_shape
 from shoal.core.types import InferInput, InferRequest
 from shoal.ipc.arena import ArenaExhausted, Block, OwnedArena
 from shoal.ipc.dtypes import BytesFormatError, byte_size, deserialize_bytes, element_count
@@ -226,10 +227,11 @@ def check_outputs(model: ModelSummary, request: InferRequest) -> list[str]:
 
 
 def _model_shape(model: ModelSummary, rule: InputRule, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The shape the model sees (a worker stages it the same: ``packing._model_shape``)."""
     reshape = rule.reshape
     if reshape is None:
         return shape
-    return (shape[0], *reshape) if model.max_batch_size > 0 else reshape
+    return model_shape(shape, reshape, rule.reshape_sources, model.max_batch_size > 0)
 
 
 def _payload_size(model: ModelSummary, tensor: InferInput, region: object = None) -> int:

@@ -13,6 +13,7 @@ import itertools
 from collections.abc import Sequence
 
 from shoal.config import ModelConfig, TensorConfig
+from shoal.core.packed import reshape_sources
 from shoal.ipc.tensor import inline_budget
 
 #: Each summary's number, unique in the process: a frontend worker's snapshot of a summary names
@@ -31,6 +32,10 @@ class InputRule:
         self.optional: bool = tensor.optional
         self.expected: tuple[int, ...] = _batched(tensor.dims, max_batch_size)
         self.reshape: tuple[int, ...] | None = tensor.reshape
+        #: Where the reshape's -1s take their values from (``core.packed.reshape_sources``).
+        self.reshape_sources: tuple[int, ...] = reshape_sources(
+            self.expected, self.reshape, max_batch_size > 0
+        )
 
 
 class ModelSummary:
