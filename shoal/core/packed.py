@@ -71,6 +71,24 @@ def shape_key(given: list[tuple[str, tuple[int, ...]]]) -> bytes:
     return key
 
 
+#: One-input keys built (:func:`one_key`), by ``(name, dims)``: the usual batched model has one
+#: input, and its key needs no list of pairs, no sort and no tuple of them. Bounded as
+#: :data:`_KEYS`.
+_ONE_KEYS: Final[dict[tuple[str, tuple[int, ...]], bytes]] = {}
+
+
+def one_key(name: str, dims: tuple[int, ...]) -> bytes:
+    """``shape_key([(name, dims)])`` (the same bytes), for a request with one input that counts."""
+    pair = (name, dims)
+    key = _ONE_KEYS.get(pair)
+    if key is None:
+        key = _key_bytes((pair,))
+        if len(_ONE_KEYS) >= _MAX_KEYS:
+            _ONE_KEYS.clear()
+        _ONE_KEYS[pair] = key
+    return key
+
+
 def reshape_sources(
     expected: tuple[int, ...], reshape: tuple[int, ...] | None, batched: bool
 ) -> tuple[int, ...]:

@@ -24,7 +24,7 @@ from typing import Any, Final, cast
 
 import msgpack
 
-from shoal.core.packed import encode, model_shape, shape_key
+from shoal.core.packed import encode, model_shape, one_key, shape_key
 from shoal.core.types import InferInput, InferRequest
 from shoal.frontends.workers.head_bytes import (
     array_header,
@@ -187,8 +187,15 @@ def _fields(request: InferRequest, snapshot: Snapshot, staged: list[Block | None
 def _key(request: InferRequest, snapshot: Snapshot) -> bytes:
     """The dynamic batcher's shape key of ``request``, from the shapes the model sees, as the
     core builds it from a record's inputs (``_batching.shape_key``)."""
+    inputs = request.inputs
+    if len(inputs) == 1:  # as the core's: the same bytes (``core.packed.one_key``)
+        name = inputs[0].name
+        if name in snapshot.key_inputs:
+            shape = _model_shape(snapshot, snapshot.inputs[name], tuple(inputs[0].shape))
+            return one_key(name, shape[1:])
+        return one_key(name, ()) if snapshot.key_all else b""
     given: list[tuple[str, tuple[int, ...]]] = []
-    for tensor in request.inputs:
+    for tensor in inputs:
         name = tensor.name
         if name in snapshot.key_inputs:
             shape = _model_shape(snapshot, snapshot.inputs[name], tuple(tensor.shape))

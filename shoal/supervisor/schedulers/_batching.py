@@ -12,6 +12,7 @@ from types import MappingProxyType
 from typing import Any
 
 from shoal.config import ModelConfig, QueuePolicy, SequenceBatchingConfig
+from shoal.core.packed import one_key
 from shoal.core.packed import shape_key as packed_shape_key
 from shoal.ipc.records import RequestRecord
 from shoal.supervisor.schedulers._queues import Entry
@@ -88,8 +89,14 @@ def shape_key(record: RequestRecord, settings: BatchSettings) -> bytes | None:
     optional = settings.has_optional_input
     if not equal and not optional:
         return None
+    inputs = record.inputs
+    if len(inputs) == 1:  # the usual batched request: no list of pairs to sort
+        name = inputs[0].name
+        if name in equal:
+            return one_key(name, inputs[0].shape[1:])
+        return one_key(name, ()) if optional else b""
     given: list[tuple[str, tuple[int, ...]]] = []
-    for tensor in record.inputs:
+    for tensor in inputs:
         if tensor.name in equal:
             given.append((tensor.name, tuple(tensor.shape[1:])))
         elif optional:

@@ -1,6 +1,6 @@
 """A reshape's -1 dimensions resolved from the request, the same on both sides (the core's
-staging and a worker's packing), so the dynamic batcher keys requests of different shapes
-apart."""
+staging and a worker's packing), and the dynamic batcher's one-input key: the same bytes as the
+general key, from either side."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from shoal.config import load_model_config
-from shoal.core.packed import model_shape, reshape_sources
+from shoal.core import packed as core_packed
+from shoal.core.packed import model_shape, one_key, reshape_sources, shape_key
 from shoal.core.types import InferInput
 from shoal.frontends.workers.packing import Snapshot, prepare
 from shoal.ipc.arena import OwnedArena
@@ -71,3 +72,12 @@ def test_the_core_stages_the_resolved_shape_and_keys_differing_ones_apart(tmp_pa
             assert _call(prepared).shape_key == key  # the worker's key is the core's
             core_keys.add(key)
     assert len(core_keys) == 2  # [2, 1] and [2, 3] never share a batch
+
+
+def test_the_one_input_key_is_the_general_key():
+    for name, dims in (("a", (1, 2)), ("a", ()), ("b", (-1,)), ("é", (1 << 40,))):
+        assert one_key(name, dims) == shape_key([(name, dims)])
+        assert one_key(name, dims) is one_key(name, dims)  # kept
+    for dim in range(core_packed._MAX_KEYS + 10):  # a client sending many shapes: bounded
+        assert one_key("x", (dim,)) == shape_key([("x", (dim,))])
+        assert len(core_packed._ONE_KEYS) <= core_packed._MAX_KEYS
