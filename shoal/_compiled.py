@@ -77,6 +77,7 @@ HOT_PATH: tuple[str, ...] = (
     "shoal/supervisor/instances/spec.py",
     "shoal/supervisor/schedulers/_batching.py",
     "shoal/supervisor/schedulers/_queues.py",
+    "shoal/supervisor/schedulers/base.py",
     "shoal/supervisor/schedulers/default.py",
     "shoal/supervisor/schedulers/dynamic.py",
     "shoal/supervisor/memory/segments.py",

@@ -55,6 +55,11 @@ class PolicyQueue:
 
     def __init__(self, policy: QueuePolicy) -> None:
         self.policy = policy
+        # The policy's figures read per request, as native attributes (a QueuePolicy is a
+        # frozen dataclass: each read of it is a generic look-up, compiled).
+        self.max_queue_size: int = policy.max_queue_size
+        self._default_timeout_us: int = policy.default_timeout_microseconds
+        self._allow_override: bool = policy.allow_timeout_override
         self.waiting: collections.deque[Entry] = collections.deque()
         self.delayed: collections.deque[Entry] = collections.deque()
 
@@ -63,8 +68,8 @@ class PolicyQueue:
 
     def timeout_us(self, requested_us: int) -> int:
         """The timeout a request gets: the default, or a shorter one it asked for if allowed."""
-        timeout = self.policy.default_timeout_microseconds
-        if self.policy.allow_timeout_override and 0 < requested_us < timeout:
+        timeout = self._default_timeout_us
+        if self._allow_override and 0 < requested_us < timeout:
             timeout = requested_us
         return timeout
 
@@ -129,7 +134,15 @@ class PriorityQueue:
         self._timed = [q for q in self._queues.values() if q.gives_deadlines]
 
     def __len__(self) -> int:
-        return sum(len(q) for q in self._queues.values())
+        count = 0
+        for queue in self._ordered:
+            count += len(queue.waiting) + len(queue.delayed)
+        return count
+
+    def any_queued(self) -> bool:
+        """Whether any request is queued (``len(self) > 0``, without counting them)."""
+        # (compiled, any() over a generator expression is a plain loop: no generator object)
+        return any(queue.waiting or queue.delayed for queue in self._ordered)
 
     def level_of(self, priority: int) -> int:
         """Triton's rule: priority 0 or one above the highest level means the default level."""

@@ -57,6 +57,9 @@ class DynamicBatcher:
         self._closed = False
         self._empty = asyncio.Event()
         self._empty.set()
+        #: ``_empty.is_set()``, kept here: the event's methods are interpreted Python calls,
+        #: made only when it changes (every request would set or clear it twice).
+        self._is_empty = True
         #: Where a request queued at the end can be checked against the last empty cut alone:
         #: one level, a delay to wait out and no preferred size below the largest batch (the
         #: config lists ``max_batch_size`` where none is given; see ``Tail``).
@@ -76,7 +79,7 @@ class DynamicBatcher:
             return
         level = self._queue.level_of(_priority(work))
         queue = self._queue.queue(level)
-        limit = queue.policy.max_queue_size
+        limit = queue.max_queue_size
         if limit and len(queue) >= limit:
             fail_work(work, Rejected(log_prefix(work) + QUEUE_FULL), self._free_work)
             return
@@ -94,7 +97,10 @@ class DynamicBatcher:
 
     @property
     def pending(self) -> int:
-        return len(self._queue) + sum(len(batch) for batch in self._held)
+        held = 0
+        for batch in self._held:
+            held += len(batch)
+        return len(self._queue) + held
 
     async def wait_empty(self) -> None:
         await self._empty.wait()
@@ -113,7 +119,7 @@ class DynamicBatcher:
         left = [entry.work for entry in self._queue.drain()]
         while self._held:
             left += self._held.popleft()
-        self._empty.set()
+        self._mark_empty(True)
         self._waker.notify()
         return left
 
@@ -176,7 +182,7 @@ class DynamicBatcher:
             armed = self._timeout_alarm.when_ns
             closest = entry.deadline_ns + 1
             self._timeout_alarm.arm(closest if armed is None else min(armed, closest))
-        self._empty.clear()
+        self._mark_empty(False)
         return True
 
     def _expire(self, now_ns: int) -> None:
@@ -205,10 +211,15 @@ class DynamicBatcher:
         self._waker.notify()
 
     def _update_empty(self) -> None:
-        if self.pending:
-            self._empty.clear()
-        else:
-            self._empty.set()
+        self._mark_empty(not self._held and not self._queue.any_queued())
+
+    def _mark_empty(self, empty: bool) -> None:
+        if empty != self._is_empty:
+            self._is_empty = empty
+            if empty:
+                self._empty.set()
+            else:
+                self._empty.clear()
 
 
 def _priority(work: Work) -> int:
