@@ -120,3 +120,24 @@ def test_deadline(client):
     seconds.set_data_from_numpy(np.array([0.0], np.float32))
     result = client.infer("slow", [seconds], client_timeout=20)
     assert result.as_numpy("SECONDS_OUT").tolist() == [0.0]
+
+
+@pytest.mark.parametrize("method", ["metadata", "infer"])
+def test_an_error_quoting_a_long_name_keeps_its_status(client, method):
+    """An error whose message quotes a 100,000-character model name: the client gets NOT_FOUND
+    and the message's head with a note of the cut (grpcio refuses metadata past 8-16 KiB, and
+    would report that instead); the server serves on."""
+    name = "n" * 100_000
+    with pytest.raises(InferenceServerException) as raised:
+        if method == "metadata":
+            client.get_model_metadata(name)
+        else:
+            inp = grpcclient.InferInput("IN_INT32", [2], "INT32")
+            inp.set_data_from_numpy(np.arange(2, dtype=np.int32))
+            client.infer(name, [inp])
+    assert raised.value.status() == "StatusCode.NOT_FOUND"
+    message = raised.value.message()
+    assert "nnnn" in message
+    assert message.endswith("more characters cut: a gRPC status message is limited to 4 KiB)")
+    assert len(message) <= 4096
+    assert client.is_server_live()

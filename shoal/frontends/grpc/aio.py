@@ -34,6 +34,7 @@ from shoal.frontends.grpc.methods import (
     method_table,
     restrictions,
 )
+from shoal.frontends.grpc.native_headers import cut_message
 from shoal.frontends.grpc.servicer import Servicer
 from shoal.frontends.grpc.status import Status
 from shoal.frontends.h2.floods import FloodLimits
@@ -84,7 +85,7 @@ class _AioContext:
         return metadata
 
     async def abort(self, code: Status, details: str) -> None:
-        await self._context.abort(grpc.StatusCode[code.name], details)
+        await self._context.abort(grpc.StatusCode[code.name], cut_message(details))
 
 
 def _aio_unary(handle: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Awaitable[Any]]:

@@ -37,12 +37,52 @@ def timeout_seconds(value: bytes) -> float | None:
     return int(found[1]) * _TIMEOUT_UNITS[found[2]]
 
 
+#: The most of ``grpc-message`` a status carries, encoded. grpcio's clients (tritonclient's,
+#: perf_analyzer's gRPC C++) refuse a response whose metadata passes 8 KiB (their soft limit,
+#: some of the time) or 16 KiB (always), and the caller then sees "metadata size exceeds
+#: limit" instead of the call's status: an error quoting a long model name or sequence id
+#: would hide its own code.
+MESSAGE_LIMIT: Final = 4096
+
+
 def status_block(code: int, details: str) -> bytes:
-    """The trailers of a call that ended with ``code`` (``grpc-message``: ``details``)."""
+    """The trailers of a call that ended with ``code`` (``grpc-message``: ``details``, cut by
+    :func:`message_value`)."""
     block = h2.literal(b"grpc-status", str(code).encode("ascii"))
     if details:
-        block += h2.literal(b"grpc-message", percent_encode(details))
+        block += h2.literal(b"grpc-message", message_value(details))
     return block
+
+
+def message_value(details: str) -> bytes:
+    """``details`` as grpc-message's value: :func:`cut_message`, percent-encoded."""
+    encoded = percent_encode(details)
+    if len(encoded) <= MESSAGE_LIMIT:
+        return encoded
+    return percent_encode(cut_message(details))
+
+
+def cut_message(details: str) -> str:
+    """``details`` as a status message, at most :data:`MESSAGE_LIMIT` bytes once
+    percent-encoded: a longer one is cut at a whole character and says how many characters it
+    left out."""
+    if len(details) <= MESSAGE_LIMIT // 3 or len(percent_encode(details)) <= MESSAGE_LIMIT:
+        return details
+    # The note's length depends on the count it names: room for the largest count.
+    room = MESSAGE_LIMIT - len(percent_encode(_cut_note(len(details))))
+    used = 0
+    kept = 0
+    for char in details:
+        size = len(percent_encode(char))
+        if used + size > room:
+            break
+        used += size
+        kept += 1
+    return details[:kept] + _cut_note(len(details) - kept)
+
+
+def _cut_note(omitted: int) -> str:
+    return f"... ({omitted} more characters cut: a gRPC status message is limited to 4 KiB)"
 
 
 def percent_encode(text: str) -> bytes:

@@ -17,7 +17,13 @@ from hyperframe.frame import (
     WindowUpdateFrame,
 )
 
-from shoal.frontends.grpc.native_headers import percent_encode, status_block, timeout_seconds
+from shoal.frontends.grpc.native_headers import (
+    MESSAGE_LIMIT,
+    message_value,
+    percent_encode,
+    status_block,
+    timeout_seconds,
+)
 from shoal.frontends.h2 import frames as h2
 
 pytestmark = pytest.mark.timeout(30)
@@ -117,6 +123,37 @@ def test_trailers_only_error_block_decodes() -> None:
         ("grpc-message", "Method not found!"),
     ]
     assert _decode(status_block(0, ""))[0] == [("grpc-status", "0")]
+
+
+def test_message_at_the_limit_is_whole() -> None:
+    text = "e" * MESSAGE_LIMIT
+    assert message_value(text) == text.encode()
+
+
+@pytest.mark.parametrize("unit", ["m", "ü", "日", "🙂", "%"])
+def test_long_message_is_cut_to_the_limit_and_says_so(unit: str) -> None:
+    text = "Request for unknown model: '" + unit * 100_000 + "' is not found"
+    value = message_value(text)
+    assert len(value) <= MESSAGE_LIMIT
+    decoded = _percent_decode(value)
+    kept, note = decoded.split("... (")
+    assert text.startswith(kept)
+    cut = len(text) - len(kept)
+    assert note == f"{cut} more characters cut: a gRPC status message is limited to 4 KiB)"
+    assert len(value) > MESSAGE_LIMIT - 16  # cut near the limit, not far below it
+
+
+def _percent_decode(value: bytes) -> str:
+    out = bytearray()
+    at = 0
+    while at < len(value):
+        if value[at] == 0x25:
+            out.append(int(value[at + 1 : at + 3], 16))
+            at += 3
+        else:
+            out.append(value[at])
+            at += 1
+    return out.decode("utf-8")
 
 
 # --- frames -------------------------------------------------------------------------------------
