@@ -104,6 +104,7 @@ HOT_PATH: tuple[str, ...] = (
     "shoal/frontends/h2/floods.py",
     "shoal/frontends/h2/header_blocks.py",
     "shoal/frontends/h2/streams.py",
+    "shoal/frontends/h2/answers.py",
     "shoal/frontends/h2/sending.py",
     "shoal/frontends/h2/reading.py",
     "shoal/frontends/h2/placing.py",

@@ -79,3 +79,13 @@ def any_mid_message(streams: dict[int, Stream]) -> bool:
     return any(
         stream.handler is not None and stream.handler.mid_message() for stream in streams.values()
     )
+
+
+def forget(streams: dict[int, Stream], blocked: dict[int, None], stream_id: int) -> None:
+    """Take a stream out of the connection's table and the sender's blocked ones. Not
+    ``dict.pop(stream_id, None)``: compiled, that is a generic method call (~400 instructions,
+    two on every stream's end); ``in`` and ``del`` are native."""
+    if stream_id in streams:
+        del streams[stream_id]  # noqa: RUF051 (not pop: see the docstring)
+    if stream_id in blocked:
+        del blocked[stream_id]  # noqa: RUF051

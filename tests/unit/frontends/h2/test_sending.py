@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from shoal.frontends.h2 import frames as h2
-from shoal.frontends.h2.sending import Sender, answer_frames, write_direct
+from shoal.frontends.h2.answers import answer_frames
+from shoal.frontends.h2.sending import Sender, write_direct
 from shoal.frontends.h2.streams import Stream
 
 pytestmark = pytest.mark.timeout(30)
@@ -303,3 +304,71 @@ def test_answer_frames_are_the_three_frames_written_apart(
         )
         assert answer_frames(stream_id, head, body, trailers) == expected
         assert answer_frames(stream_id, head, bytearray(body), trailers) == expected
+
+
+def test_answer_frames_past_the_kept_lengths_are_the_same_frames() -> None:
+    """More message lengths than packs are kept for: the others are packed in two parts."""
+    for size in range(100):
+        body = bytes(range(size % 256)) * (size // 256 + 1)
+        expected = (
+            h2.frame(h2.HEADERS, h2.END_HEADERS, 5, b"HEAD")
+            + h2.frame(h2.DATA, 0, 5, b"\x00" + len(body).to_bytes(4, "big") + body)
+            + h2.frame(h2.HEADERS, h2.END_HEADERS | h2.END_STREAM, 5, b"TRAILERS")
+        )
+        assert answer_frames(5, b"HEAD", body, b"TRAILERS") == expected
+
+
+def _answering(
+    loop: asyncio.AbstractEventLoop, stream_ids: tuple[int, ...]
+) -> tuple[Sender, _Transport, list[int]]:
+    """A sender whose streams leave its table as they end (as the connection's do)."""
+    streams = {stream_id: Stream(None, 1 << 20) for stream_id in stream_ids}
+    writes: list[int] = []
+
+    def end_local(stream_id: int, _: Stream) -> None:
+        streams.pop(stream_id)
+
+    sender = Sender(loop, streams, end_local)
+    transport = _Transport()
+    writelines = transport.writelines
+
+    def counted(pieces: list[bytes | memoryview]) -> None:
+        writes.append(len(pieces))
+        writelines(pieces)
+
+    transport.writelines = counted  # type: ignore[method-assign]
+    sender.transport = transport  # type: ignore[assignment]
+    return sender, transport, writes
+
+
+def test_an_answer_outside_a_read_on_the_last_open_stream_leaves_at_once(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    """Nothing else can join the connection's write: no loop handle to flush it."""
+    sender, transport, writes = _answering(loop, (1,))
+    assert sender.answer(1, b"HEAD", b"message", b"TRAILERS")
+    assert writes == [1] and not sender.flush_scheduled
+    assert answer_frames(1, b"HEAD", b"message", b"TRAILERS") == bytes(transport.pieces[0])
+
+
+def test_answers_outside_a_read_with_other_streams_open_leave_together(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    """Another stream may answer in the same loop iteration: one write at its end."""
+    sender, _, writes = _answering(loop, (1, 3))
+    assert sender.answer(1, b"HEAD", b"one", b"TRAILERS")
+    assert writes == [] and sender.flush_scheduled
+    assert sender.answer(3, b"HEAD", b"three", b"TRAILERS")  # the last: still with the first
+    assert writes == []
+    loop.run_until_complete(asyncio.sleep(0))
+    assert writes == [2] and not sender.flush_scheduled
+
+
+def test_an_answer_inside_a_read_leaves_with_the_read(loop: asyncio.AbstractEventLoop) -> None:
+    """Within a read (the connection flushes at its end) nothing is written before that."""
+    sender, _, writes = _answering(loop, (1,))
+    sender.flush_scheduled = True  # as Http2Connection._received sets it
+    assert sender.answer(1, b"HEAD", b"message", b"TRAILERS")
+    assert writes == [] and sender.flush_scheduled
+    sender.flush()
+    assert writes == [1]
