@@ -239,8 +239,7 @@ class Http2Connection(asyncio.BufferedProtocol):
 
     def _over(self, stream: Stream) -> None:
         """The stream has left the table: its after_stream callbacks wait for the writes."""
-        callbacks, stream.on_over = stream.on_over, []
-        for callback in callbacks:
+        for callback in stream.over_callbacks():
             self._sender.after_sent(callback)
 
     async def writable(self, stream_id: int, limit: int) -> None:

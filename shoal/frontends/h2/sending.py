@@ -285,7 +285,7 @@ class Sender:
         """Send DATA now as far as the windows allow; queue the rest."""
         rest = self.data(stream_id, stream, view, end_stream)
         if rest is not None:
-            stream.pending.append((h2.DATA, rest, end_stream))
+            stream.queue().append((h2.DATA, rest, end_stream))
             self.blocked[stream_id] = None
         elif end_stream:
             self._end_local(stream_id, stream)
@@ -305,22 +305,23 @@ class Sender:
 
     def resume(self, stream_id: int, stream: Stream) -> None:
         """Write what waits on ``stream`` as far as the windows allow."""
-        while stream.pending:
-            kind, view, end_stream = stream.pending[0]
+        pending = stream.pending
+        while pending:
+            kind, view, end_stream = pending[0]
             if kind == h2.HEADERS:
-                stream.pending.popleft()
+                pending.popleft()
                 self.headers(stream_id, view, end_stream)
             else:
                 rest = self.data(stream_id, stream, view, end_stream)
                 if rest is not None:
-                    stream.pending[0] = (kind, rest, end_stream)
+                    pending[0] = (kind, rest, end_stream)
                     self.blocked[stream_id] = None
                     break
-                stream.pending.popleft()
+                pending.popleft()
             if end_stream:
                 self._end_local(stream_id, stream)
                 return
-        if not stream.pending:
+        if not pending:
             self.blocked.pop(stream_id, None)
         stream.wake()
 

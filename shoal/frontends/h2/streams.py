@@ -49,20 +49,40 @@ class Stream:
         self.handler = handler
         self.send_window = send_window
         # DATA (and a final header block) that did not fit the peer's windows, in order:
-        # (kind, payload, end_stream).
-        self.pending: deque[tuple[int, memoryview, bool]] = deque()
+        # (kind, payload, end_stream). Made by the first that waits (:meth:`queue`): most
+        # streams never wait, and a deque made and freed costs every stream ~850 instructions.
+        self.pending: deque[tuple[int, memoryview, bool]] | None = None
         self.recv_unacked = 0
         self.remote_closed = False
         self.waiters: list[asyncio.Future[None]] = []
         #: Called once the stream is over and what it wrote has left (Sender.after_sent).
         self.on_over: list[Callable[[], None]] = []
 
+    def queue(self) -> deque[tuple[int, memoryview, bool]]:
+        """What waits for the peer's windows (:attr:`pending`), made if need be."""
+        pending = self.pending
+        if pending is None:
+            pending = self.pending = deque()
+        return pending
+
     def pending_bytes(self) -> int:
-        return sum(len(payload) for _, payload, _ in self.pending)
+        pending = self.pending
+        return 0 if pending is None else sum(len(payload) for _, payload, _ in pending)
+
+    def over_callbacks(self) -> list[Callable[[], None]]:
+        """The callbacks due once the stream is over, taken (the list is replaced only if
+        something is in it: a list made and freed at every stream's end costs ~200)."""
+        callbacks = self.on_over
+        if callbacks:
+            self.on_over = []
+        return callbacks
 
     def wake(self) -> None:
         """Wake the writers waiting for the stream's window (it opened, or the stream ended)."""
-        waiters, self.waiters = self.waiters, []
+        waiters = self.waiters
+        if not waiters:
+            return  # the usual case: no new list made for none
+        self.waiters = []
         for waiter in waiters:
             if not waiter.done():
                 waiter.set_result(None)

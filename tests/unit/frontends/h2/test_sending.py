@@ -261,7 +261,7 @@ def test_an_answer_that_cannot_go_whole_at_once_is_left_to_the_frames(
     elif held == "frame size":
         sender.max_frame, body = 16_384, bytes(16_380)
     else:
-        stream.pending.append((h2.DATA, memoryview(b"x"), False))
+        stream.queue().append((h2.DATA, memoryview(b"x"), False))
     window, stream_window = sender.window, stream.send_window
     assert not sender.answer(1, b"HEAD", body, b"TRAILERS")
     sender.flush()
