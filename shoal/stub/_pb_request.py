@@ -27,7 +27,7 @@ from shoal.stub._pb_response import (
     check_parameters,
 )
 from shoal.stub._pb_tensor import Tensor
-from shoal.stub.open_requests import CancelFlag, set_cancel_poller
+from shoal.stub.open_requests import CALLING, CancelFlag, set_cancel_poller
 
 TRITONSERVER_REQUEST_RELEASE_ALL = 1
 TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = 2
@@ -163,6 +163,9 @@ class InferenceRequest:
         trace: InferenceTrace | None = None,
         parameters: dict[str, bool | int | str] | None = None,
     ) -> None:
+        # A model that makes BLS calls: from now on the executor puts each batch's requests in
+        # the context too, so that tasks and threads that copy it keep them (open_requests).
+        CALLING.exact = True
         inputs = required(inputs, "inputs")
         requested_output_names = required(requested_output_names, "requested_output_names")
         model_name = required(model_name, "model_name")

@@ -5,8 +5,9 @@ earlier BLS call is not copied); the called model's outputs come back as read-on
 views of its output arena. Those blocks stay reserved until every array over them is gone: a
 keeper object referenced by the arrays tells the supervisor (``BlsDone``) when that happens.
 
-A call belongs to the requests whose ``execute`` made it (:data:`calling_requests`, a context
-variable, so it follows ``async_exec`` and the coroutines of an ``async def execute``). When the
+A call belongs to the requests whose ``execute`` made it (:func:`current_callers`: the batch
+running on this thread, or :data:`calling_requests`, a context variable, so it follows
+``async_exec`` and the coroutines of an ``async def execute``). When the
 clients of all of them have gone away, the call is cancelled too (``BlsCancel``), as is a decoupled
 call whose ``ResponseIterator.cancel()`` the model calls.
 """
@@ -33,6 +34,7 @@ from shoal.ipc.tensor import (
 from shoal.stub import pb_utils
 from shoal.stub._pb_memory import place_outputs
 from shoal.stub.memory import kept_view
+from shoal.stub.open_requests import CALLING
 from shoal.stub.pump import DownPump
 from shoal.stub.tensors_out import TensorWriter, Written
 
@@ -43,6 +45,17 @@ from shoal.stub.tensors_out import TensorWriter, Written
 calling_requests: contextvars.ContextVar[tuple[tuple[int, Any], ...]] = contextvars.ContextVar(
     "calling_requests", default=()
 )
+
+
+def current_callers() -> tuple[tuple[int, Any], ...]:
+    """The ``(key, flag)`` pairs of the requests a BLS call made here serves: the context's
+    (an ``async def execute``, a task or thread that copied the context of an execute, once the
+    executor sets it: ``open_requests.CallingRequests``), else the plain execute running on this
+    thread."""
+    callers = calling_requests.get()
+    if callers:
+        return callers
+    return CALLING.callers_here(threading.get_ident())
 
 
 class _CallKeeper:
@@ -149,7 +162,7 @@ class BlsClient:
 
     def _opened(self, call_id: int) -> bool:
         """Track a call; True when every request it serves is cancelled already."""
-        parents = calling_requests.get()
+        parents = current_callers()
         with self._lock:
             self._waiting_on[call_id] = {key for key, flag in parents if not flag.cancelled}
         return bool(parents) and not self._waiting_on[call_id]
@@ -183,8 +196,12 @@ class BlsClient:
 
     def async_exec(self, request: Any, decoupled: bool) -> Awaitable[Any]:
         loop = asyncio.get_running_loop()
-        # The worker thread runs in this context, so the call knows the requests it serves.
+        # The worker thread runs in this context, so the call knows the requests it serves
+        # (those of the execute running on this thread go into it: the worker is not that one).
         context = contextvars.copy_context()
+        parents = current_callers()
+        if parents:
+            context.run(calling_requests.set, parents)
         return loop.run_in_executor(None, context.run, self.exec, request, decoupled)
 
     def _call(self, request: Any, decoupled: bool) -> tuple[int, _CallKeeper]:

@@ -12,6 +12,9 @@ from shoal.stub._pb_response import InferenceResponse
 RESCHEDULE = 2  # TRITONSERVER_REQUEST_RELEASE_RESCHEDULE
 #: The lock under which a request's sender is made or its response marked returned.
 _SENDER_MADE: Final = _pb_request._SENDER_MADE
+# Bound once: compiled, ``_SENDER_MADE.acquire()`` looks the method up on every call.
+_acquire_sender: Final = _SENDER_MADE.acquire
+_release_sender: Final = _SENDER_MADE.release
 log = logging.getLogger("shoal.stub")
 
 
@@ -128,14 +131,13 @@ def _mark_returned(request: Any, returned: Any) -> None:
     out here, compiled: that call of interpreted code costs ~1.5k instructions per response.
     Keep in step with ``InferenceRequest._mark_returned``."""
     if request._sender is None:
-        lock = _SENDER_MADE
-        lock.acquire()
+        _acquire_sender()
         try:
             if request._sender is None:
                 request._returned = True
                 return
         finally:
-            lock.release()
+            _release_sender()
     request._mark_returned(returned)
 
 

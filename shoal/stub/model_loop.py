@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
 import threading
 from typing import Any
+
+from shoal.stub.bls import calling_requests, current_callers
 
 
 class ModelLoop:
@@ -24,8 +27,20 @@ class ModelLoop:
             return self._loop
 
     def submit(self, awaitable: Any) -> concurrent.futures.Future[Any]:
-        """Run a coroutine of the model on the loop; its future."""
-        return asyncio.run_coroutine_threadsafe(awaitable, self._event_loop())
+        """Run a coroutine of the model on the loop; its future.
+
+        Its task runs in a copy of this context (as ``run_coroutine_threadsafe`` makes it)
+        holding the requests of the execute running here (``bls.current_callers``): the BLS
+        calls the coroutine makes serve them, and concurrent executes keep their own.
+        """
+        context = contextvars.copy_context()
+        callers = current_callers()
+        if callers:
+            context.run(calling_requests.set, callers)
+        future: concurrent.futures.Future[Any] = context.run(
+            asyncio.run_coroutine_threadsafe, awaitable, self._event_loop()
+        )
+        return future
 
     def await_result(self, awaitable: Any) -> Any:
         """Run a coroutine of the model to completion on the loop."""
