@@ -14,6 +14,9 @@ kept on the protocol where its code reads them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
+import struct
 from collections.abc import Sequence
 from typing import Any
 
@@ -86,3 +89,13 @@ class FastConnection:
             lines = [name + b": " + value + b"\r\n" for name, value in defaults]
             self._defaults, self._defaults_head = defaults, b"".join(lines)
         return self._defaults_head
+
+
+def reset_connection(transport: Any) -> None:
+    """Close with a reset: the kernel drops what the socket still had to send (a plain close
+    would keep sending it, orphaned, to a client that does not read)."""
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    transport.abort()

@@ -9,12 +9,9 @@ copied in user space on either way.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import http
 import logging
-import socket
-import struct
 from collections.abc import Sequence
 from typing import Any, Final, cast
 
@@ -25,7 +22,7 @@ from shoal.frontends._limits import ConnectionLimits
 from shoal.frontends.http import _json
 from shoal.frontends.http._body_reader import DIRECT_BODY, POOL, BodyBuffer, BodyReader
 from shoal.frontends.http._coalescing import CoalescingHttpToolsProtocol
-from shoal.frontends.http._fast_conn import FastConnection
+from shoal.frontends.http._fast_conn import FastConnection, reset_connection
 from shoal.frontends.http._fast_request import FastInfer, FastRequest, KnownHead, Stepped
 from shoal.frontends.http._response import Body, LentBody, body_length
 
@@ -153,7 +150,7 @@ class FastInferHttpToolsProtocol(CoalescingHttpToolsProtocol):
                 "closing an HTTP connection whose client took nothing of its response for %g s",
                 self._fast.limits.send_timeout,
             )
-            _reset(self.transport)
+            reset_connection(self.transport)
             return
         if what and now >= due:
             timeout = limits.body_timeout if what == "body" else limits.header_timeout
@@ -416,16 +413,6 @@ def _read_head(
 _JOINED_MAX: Final = 1 << 14
 
 _DEFAULT_LIMITS = ConnectionLimits()
-
-
-def _reset(transport: Any) -> None:
-    """Close with a reset: the kernel drops what the socket still had to send (a plain close
-    would keep sending it, orphaned, to a client that does not read)."""
-    sock = transport.get_extra_info("socket")
-    if sock is not None:
-        with contextlib.suppress(OSError):
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    transport.abort()
 
 
 #: The request headers a fast request keeps (:meth:`FastInfer.respond` reads no others; the
