@@ -8,6 +8,7 @@ cancelled: a client that never reads them is the attack.
 from __future__ import annotations
 
 import json
+import queue
 import socket
 import time
 from collections.abc import Iterator
@@ -23,7 +24,7 @@ from tests.integration.server import BUNDLED, TEST_MODELS, ShoalServer, command_
 pytestmark = pytest.mark.timeout(180)
 
 STREAM_PATH = "/inference.GRPCInferenceService/ModelStreamInfer"
-MODELS = ("identity", "decoupled_flood")
+MODELS = ("identity", "decoupled_flood", "decoupled_repeat")
 #: ``--http-send-timeout-secs`` of the server here: short, so that a test waits little.
 SEND_TIMEOUT = 2
 
@@ -84,7 +85,8 @@ def test_a_decoupled_stream_never_read_is_ended_and_holds_no_memory(server: Shoa
         body = grpc_frame(int_request("decoupled_flood", "COUNT", 50_000_000))
         stream_id = client.start(body, path=STREAM_PATH, end_stream=False)
         _wait_for_log(server, "decoupled_flood: cancelled=True", mark)
-        assert _rss_kib(server) - before < 256 << 10
+        grown = _rss_kib(server) - before
+        assert grown < 256 << 10, f"the server grew by {grown} KiB"
         _identity_call(server)  # others are served meanwhile
         # The client reads at last: the answers it was owed, then the stream's error.
         client.ack = True
@@ -92,9 +94,84 @@ def test_a_decoupled_stream_never_read_is_ended_and_holds_no_memory(server: Shoa
         client.conn.increment_flow_control_window(1 << 30, stream_id=stream_id)
         client.flush()
         response = client.responses[stream_id]
-        while b"wait for the client to read them" not in response.data:
+        while b"wait for the client (" not in response.data:
             client.pump()
     _identity_call(server)
+
+
+def test_a_client_reading_behind_a_faster_model_gets_every_answer(server: ShoalServer):
+    """A decoupled model answers 20,000 times faster than tritonclient reads: more than 8,192
+    answers wait at times, and the stream is still not cut, because its reader keeps taking
+    them (a stream is given up only when its reader took nothing for a while)."""
+    count = 20_000
+    results: queue.Queue = queue.Queue()
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        client.start_stream(callback=lambda result, error: results.put((result, error)))
+        data = grpcclient.InferInput("COUNT", [1], "INT32")
+        data.set_data_from_numpy(np.array([count], dtype=np.int32))
+        client.async_stream_infer("decoupled_repeat", [data], enable_empty_final_response=True)
+        got = 0
+        while True:
+            result, error = results.get(timeout=120)
+            assert error is None, f"after {got} answers: {error}"
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                break
+            got += 1
+        client.stop_stream()
+    assert got == count
+
+
+def test_an_http_client_that_reads_slowly_gets_its_whole_answer(server: ShoalServer):
+    """A client reads a 16 MiB answer steadily (~5 MiB/s), in more time than the send timeout:
+    it is not reset, because the timeout counts only time in which it took nothing."""
+    count = 4 << 20
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+    sock.settimeout(60)
+    received = 0
+    with sock:
+        sock.connect(("127.0.0.1", server.http_port))
+        sock.sendall(_identity_request(count))
+        start = time.monotonic()
+        head = b""
+        while b"\r\n\r\n" not in head:  # the response's head
+            head += sock.recv(4096)
+        lines = head[: head.index(b"\r\n\r\n")].lower().split(b"\r\n")
+        (length,) = [
+            int(line.split(b":")[1]) for line in lines if line.startswith(b"content-length:")
+        ]
+        received = len(head) - head.index(b"\r\n\r\n") - 4
+        while received < length:
+            chunk = sock.recv(1 << 18)
+            if not chunk:
+                break
+            received += len(chunk)
+            time.sleep(0.05)  # a slow reader, not a wait for readiness
+    assert received == length > count * 4, f"reset after {received} bytes"
+    assert time.monotonic() - start > SEND_TIMEOUT  # the case: longer than the timeout
+
+
+def _identity_request(count: int) -> bytes:
+    """An HTTP request for the identity model's ``count`` FP32 values, answered in binary."""
+    head = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "IN_FP32",
+                    "shape": [count],
+                    "datatype": "FP32",
+                    "parameters": {"binary_data_size": count * 4},
+                }
+            ],
+            "outputs": [{"name": "OUT_FP32", "parameters": {"binary_data": True}}],
+        }
+    ).encode()
+    request = (
+        "POST /v2/models/identity/infer HTTP/1.1\r\nHost: x\r\n"
+        f"Inference-Header-Content-Length: {len(head)}\r\n"
+        f"Content-Length: {len(head) + count * 4}\r\n\r\n"
+    ).encode()
+    return request + head + bytes(count * 4)
 
 
 def test_an_http_client_that_never_reads_its_answer_is_closed_after_the_send_timeout(server):

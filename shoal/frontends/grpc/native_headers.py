@@ -66,7 +66,8 @@ def cut_message(details: str) -> str:
     """``details`` as a status message, at most :data:`MESSAGE_LIMIT` bytes once
     percent-encoded: a longer one is cut at a whole character and says how many characters it
     left out."""
-    if len(details) <= MESSAGE_LIMIT // 3 or len(percent_encode(details)) <= MESSAGE_LIMIT:
+    # A character takes at most 12 bytes encoded (4 of UTF-8, each as %XX).
+    if len(details) <= MESSAGE_LIMIT // 12 or len(percent_encode(details)) <= MESSAGE_LIMIT:
         return details
     # The note's length depends on the count it names: room for the largest count.
     room = MESSAGE_LIMIT - len(percent_encode(_cut_note(len(details))))

@@ -48,8 +48,10 @@ class FastConnection:
         self.head_started = now
         #: A request body is due.
         self.in_body = False
-        #: When the transport's buffer went over its high-water mark (0: it is under it).
+        #: When the transport's buffer went over its high-water mark (0: it is under it), or
+        #: when the client last took some of it since; what the buffer held then.
         self.write_paused = 0.0
+        self.write_left = 0
         #: The request head being read (uvicorn's ``url``, ``headers``, ``expect_100_continue``).
         self.url = b""
         self.headers: list[tuple[bytes, bytes]] = []

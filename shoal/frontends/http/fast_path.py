@@ -66,6 +66,7 @@ class FastInferHttpToolsProtocol(CoalescingHttpToolsProtocol):
     def pause_writing(self) -> None:
         super().pause_writing()
         self._fast.write_paused = self.loop.time()
+        self._fast.write_left = self.transport.get_write_buffer_size()
 
     def resume_writing(self) -> None:
         super().resume_writing()
@@ -145,6 +146,11 @@ class FastInferHttpToolsProtocol(CoalescingHttpToolsProtocol):
         now = self.loop.time()
         due, what = self._due(now)
         if what == "send" and now >= due:
+            left = self.transport.get_write_buffer_size()
+            if left < self._fast.write_left:  # the client took some: it has time again
+                self._fast.write_paused, self._fast.write_left = now, left
+                self._watch = self.loop.call_later(limits.send_timeout, self._check_progress)
+                return
             # A client that does not read what it asked for: nothing more can reach it.
             log.info(
                 "closing an HTTP connection whose client took nothing of its response for %g s",

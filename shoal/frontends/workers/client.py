@@ -21,6 +21,7 @@ from typing import Any, cast
 
 from shoal.core import errors
 from shoal.core.api import CoreAPI
+from shoal.core.backlog import StreamQueue, stalled
 from shoal.core.packed import frame as packed_frame
 from shoal.core.types import (
     CudaSharedMemoryRegion,
@@ -45,7 +46,7 @@ from shoal.frontends.workers.direct_stubs import monotonic_ns
 from shoal.frontends.workers.methods import ASYNC_METHODS, DIRECT_METHODS, SYNC_METHODS
 from shoal.frontends.workers.outputs import MappedOutputs
 from shoal.frontends.workers.packing import PackedRefused, Prepared, Restage, Snapshots, prepare
-from shoal.frontends.workers.streams import BACKLOG_MAX, StreamItem, drop, overflow, remote_stream
+from shoal.frontends.workers.streams import StreamItem, drop, overflow, remote_stream
 from shoal.ipc.arena import Block
 
 __all__ = ["ASYNC_METHODS", "DIRECT_METHODS", "SYNC_METHODS", "CoreGone", "RemoteCore"]
@@ -205,13 +206,17 @@ class RemoteCore(CoreAPI):
                 future.set_result((fields, payloads))
             return
         queue = self._streams.get(call_id)
-        if queue is None:
-            return  # an answer to a call cancelled meanwhile
+        if queue is None:  # an answer to a call cancelled meanwhile: its lent blocks go back
+            if kind == wire.ITEM:
+                self._response(fields, payloads).release()
+            return
         if kind == wire.ITEM:
-            if queue.qsize() < BACKLOG_MAX:
+            cause = stalled(queue)
+            if cause is None:
                 queue.put_nowait((fields, payloads))
-            else:  # its reader stopped taking them (streams.py)
-                overflow(self, call_id, queue)
+            else:  # its reader stopped taking them (a zero HTTP/2 window)
+                self._response(fields, payloads).release()
+                overflow(self, call_id, queue, cause)
         elif kind == wire.ERROR:
             queue.put_nowait(plain.error_from_wire(fields[0]))
         else:
@@ -358,7 +363,7 @@ class RemoteCore(CoreAPI):
         payloads: list[memoryview | bytes] = []
         fields = self._request_fields(request, payloads)
         call_id = next(self._ids)
-        queue: asyncio.Queue[StreamItem] = asyncio.Queue()
+        queue: asyncio.Queue[StreamItem] = StreamQueue()
         self._streams[call_id] = queue
         try:
             self.send([wire.CALL, call_id, "infer_stream", fields], payloads)

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
-from typing import Any, Final, Protocol
+from typing import Any, Protocol
 
+from shoal.core.backlog import stall_message
 from shoal.core.errors import ResourceExhausted
 from shoal.core.types import InferRequest, InferResponse
 
@@ -18,11 +19,6 @@ StreamItem = tuple[list[Any], list[memoryview]] | BaseException | None
 #: Makes the response of an answer (``RemoteCore.response``).
 Responses = Callable[[list[Any], list[memoryview]], InferResponse]
 
-#: Answers of one stream that may wait here for its reader (the frontend writing them to its
-#: client). A client that never reads a decoupled model's answers (a zero HTTP/2 window) would
-#: otherwise hold the worker's memory, and the core's lent output blocks, without bound.
-BACKLOG_MAX: Final = 8192
-
 
 def drop(queue: asyncio.Queue[StreamItem] | None, response: Responses) -> None:
     """Let go of the answers waiting in a stream's queue that nobody will read: the core
@@ -33,16 +29,13 @@ def drop(queue: asyncio.Queue[StreamItem] | None, response: Responses) -> None:
             response(*item).release()
 
 
-def overflow(core: StreamingCore, call_id: int, queue: asyncio.Queue[StreamItem]) -> None:
+def overflow(
+    core: StreamingCore, call_id: int, queue: asyncio.Queue[StreamItem], cause: str
+) -> None:
     """The stream's reader stopped taking answers: the call is cancelled in the core, what
     waits is let go and the stream ends with RESOURCE_EXHAUSTED."""
     core.close_stream(call_id, False)
-    queue.put_nowait(
-        ResourceExhausted(
-            f"{BACKLOG_MAX} responses of the stream wait for the client to read them: "
-            "the stream is ended and the request cancelled"
-        )
-    )
+    queue.put_nowait(ResourceExhausted(stall_message("stream", cause)))
 
 
 class StreamingCore(Protocol):

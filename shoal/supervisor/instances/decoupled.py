@@ -9,19 +9,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final
 
+from shoal.core.backlog import StreamQueue, stall_message, stalled
 from shoal.core.errors import ResourceExhausted, ShoalError
 from shoal.ipc import messages as msg
 from shoal.ipc.arena import Block
 from shoal.ipc.tensor import CudaLocation
 from shoal.supervisor.work import Completion, Work
-
-#: Responses of one request that may wait for its requester (a stream's reader in the core,
-#: or the frontend worker's link) to take them. A client that never reads a decoupled model's
-#: answers (a zero HTTP/2 window) would otherwise hold the core's memory without bound, as
-#: fast as the model sends: past this, its stream ends with RESOURCE_EXHAUSTED.
-BACKLOG_MAX: Final = 8192
 
 
 @dataclass(eq=False)
@@ -59,9 +53,9 @@ class OpenStream:
             completion.final = final
             if self.work.closed:
                 completion.release()
-            elif queue.qsize() >= BACKLOG_MAX:
+            elif (cause := stalled(queue)) is not None:  # a client that stopped reading
                 completion.release()
-                self._overflowed(queue)
+                self._overflowed(queue, cause)
             else:
                 queue.put_nowait(completion)
         if final:
@@ -69,7 +63,9 @@ class OpenStream:
             queue.put_nowait(None)
             self._maybe_free()
 
-    def _overflowed(self, queue: asyncio.Queue[Completion | BaseException | None]) -> None:
+    def _overflowed(
+        self, queue: asyncio.Queue[Completion | BaseException | None], cause: str
+    ) -> None:
         """The requester stopped taking responses: end its stream with an error (it cancels
         the request when it reads it) and let what waits go; later responses are released as
         they come."""
@@ -79,12 +75,7 @@ class OpenStream:
             left = queue.get_nowait()
             if isinstance(left, Completion):
                 left.release()
-        queue.put_nowait(
-            ResourceExhausted(
-                f"{BACKLOG_MAX} responses of the request wait for the client to read them: "
-                "the stream is ended and the request cancelled"
-            )
-        )
+        queue.put_nowait(ResourceExhausted(stall_message("request", cause)))
         queue.put_nowait(None)
 
     def fail(self, error: ShoalError) -> None:
@@ -115,7 +106,7 @@ def response_blocks(response: msg.ResponseRecord) -> list[Block]:
 
 
 def new_stream() -> asyncio.Queue[Completion | BaseException | None]:
-    return asyncio.Queue()
+    return StreamQueue()
 
 
 class OpenStreams:

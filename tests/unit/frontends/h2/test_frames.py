@@ -272,3 +272,12 @@ def test_table_size_zero_is_a_dynamic_table_size_update() -> None:
 
 def test_the_frame_header_size_written_out_is_the_structs():
     assert h2.FRAME_HEADER.size == h2.FRAME_HEADER_SIZE
+
+
+@pytest.mark.parametrize(("unit", "count"), [("😀", 1_360), ("€", 1_365), ("😀", 342)])
+def test_a_short_message_of_wide_characters_is_cut_too(unit: str, count: int) -> None:
+    """Under a third of the limit in characters, over it once encoded (up to 12 bytes each)."""
+    value = message_value(unit * count)
+    assert len(value) <= MESSAGE_LIMIT
+    assert _percent_decode(value).startswith(unit * 100)
+    assert value.endswith(b"limited to 4 KiB)")
