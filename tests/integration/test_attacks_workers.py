@@ -179,30 +179,12 @@ def test_an_http_client_that_never_reads_its_answer_is_closed_after_the_send_tim
     holds) waited for it as long as it stayed connected. Now the connection is reset once the
     response has waited ``--http-send-timeout-secs`` with the socket's buffer full."""
     count = 4 << 20
-    head = json.dumps(
-        {
-            "inputs": [
-                {
-                    "name": "IN_FP32",
-                    "shape": [count],
-                    "datatype": "FP32",
-                    "parameters": {"binary_data_size": count * 4},
-                }
-            ],
-            "outputs": [{"name": "OUT_FP32", "parameters": {"binary_data": True}}],
-        }
-    ).encode()
-    request = (
-        "POST /v2/models/identity/infer HTTP/1.1\r\nHost: x\r\n"
-        f"Inference-Header-Content-Length: {len(head)}\r\n"
-        f"Content-Length: {len(head) + count * 4}\r\n\r\n"
-    ).encode()
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connecting: it sticks
     sock.settimeout(60)
     with sock:
         sock.connect(("127.0.0.1", server.http_port))
-        sock.sendall(request + head + bytes(count * 4))
+        sock.sendall(_identity_request(count))
         deadline = time.monotonic() + 60
         while not (ours := _server_end(server, sock)):  # accepted: a process holds it
             assert time.monotonic() < deadline, "the connection was never accepted"

@@ -21,7 +21,7 @@ from typing import Any, cast
 
 from shoal.core import errors
 from shoal.core.api import CoreAPI
-from shoal.core.backlog import StreamQueue, stalled
+from shoal.core.backlog import StreamQueue
 from shoal.core.packed import frame as packed_frame
 from shoal.core.types import (
     CudaSharedMemoryRegion,
@@ -46,7 +46,7 @@ from shoal.frontends.workers.direct_stubs import monotonic_ns
 from shoal.frontends.workers.methods import ASYNC_METHODS, DIRECT_METHODS, SYNC_METHODS
 from shoal.frontends.workers.outputs import MappedOutputs
 from shoal.frontends.workers.packing import PackedRefused, Prepared, Restage, Snapshots, prepare
-from shoal.frontends.workers.streams import StreamItem, drop, overflow, remote_stream
+from shoal.frontends.workers.streams import StreamItem, drop, remote_stream, stream_answer
 from shoal.ipc.arena import Block
 
 __all__ = ["ASYNC_METHODS", "DIRECT_METHODS", "SYNC_METHODS", "CoreGone", "RemoteCore"]
@@ -205,22 +205,7 @@ class RemoteCore(CoreAPI):
             else:
                 future.set_result((fields, payloads))
             return
-        queue = self._streams.get(call_id)
-        if queue is None:  # an answer to a call cancelled meanwhile: its lent blocks go back
-            if kind == wire.ITEM:
-                self._response(fields, payloads).release()
-            return
-        if kind == wire.ITEM:
-            cause = stalled(queue)
-            if cause is None:
-                queue.put_nowait((fields, payloads))
-            else:  # its reader stopped taking them (a zero HTTP/2 window)
-                self._response(fields, payloads).release()
-                overflow(self, call_id, queue, cause)
-        elif kind == wire.ERROR:
-            queue.put_nowait(plain.error_from_wire(fields[0]))
-        else:
-            queue.put_nowait(None)
+        stream_answer(self, call_id, self._streams.get(call_id), kind, fields, payloads)
 
     def _refused(self, call_id: int, stale: bool, flat: list[int]) -> None:
         """The core did not take relayed call ``call_id``: its caller sends it again, or, gone

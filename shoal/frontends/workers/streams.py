@@ -7,9 +7,11 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
-from shoal.core.backlog import stall_message
+from shoal.core.backlog import stall_message, stalled
 from shoal.core.errors import ResourceExhausted
 from shoal.core.types import InferRequest, InferResponse
+from shoal.frontends.workers import _plain as plain
+from shoal.frontends.workers import _wire as wire
 
 #: What a stream's queue holds: an answer (header fields, payload views), the error that ends
 #: the stream, or None (its end).
@@ -36,6 +38,29 @@ def overflow(
     waits is let go and the stream ends with RESOURCE_EXHAUSTED."""
     core.close_stream(call_id, False)
     queue.put_nowait(ResourceExhausted(stall_message("stream", cause)))
+
+
+def stream_answer(
+    core: StreamingCore,
+    call_id: int,
+    queue: asyncio.Queue[StreamItem] | None,
+    kind: int,
+    fields: list[Any],
+    payloads: list[memoryview],
+) -> None:
+    """One answer from the core for stream call ``call_id``: queued for its reader; or let go,
+    its lent output blocks given back, when the call was closed meanwhile (``queue`` None) or
+    its reader stopped taking answers (then the stream ends: :func:`overflow`)."""
+    if kind == wire.ITEM:
+        cause = None if queue is None else stalled(queue)
+        if queue is not None and cause is None:
+            queue.put_nowait((fields, payloads))
+            return
+        core.response(fields, payloads).release()
+        if queue is not None and cause is not None:
+            overflow(core, call_id, queue, cause)
+    elif queue is not None:
+        queue.put_nowait(plain.error_from_wire(fields[0]) if kind == wire.ERROR else None)
 
 
 class StreamingCore(Protocol):
