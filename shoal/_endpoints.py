@@ -3,6 +3,7 @@ limits and restrictions of the server's options, and announced once bound."""
 
 from __future__ import annotations
 
+import socket
 from typing import TYPE_CHECKING
 
 from shoal.supervisor.options import Restriction, ServerOptions
@@ -32,6 +33,7 @@ async def start_metrics(service: InferenceService, options: ServerOptions) -> Ht
         service,
         interval_ms=options.metrics_interval_ms,
         cpu_metrics=options.allow_cpu_metrics,
+        counter_latencies=options.counter_latencies,
     )
     server = HttpServer(build_metrics_app(exporter.render))
     host, port = options.metrics_address, options.metrics_port
@@ -52,11 +54,13 @@ def _by_api(restrictions: tuple[Restriction, ...]) -> dict[str, tuple[str, str]]
 
 async def _start_grpc(core: CoreAPI, options: ServerOptions) -> GrpcServer | NativeGrpcServer:
     """The server of ``inference.GRPCInferenceService`` the options choose, not started."""
+    from shoal.frontends._forwarding import header_forward
     from shoal.frontends.grpc.aio import GrpcServer
     from shoal.frontends.grpc.native import NativeGrpcServer
 
     restricted = _by_api(options.grpc_restricted_protocol)
     limits = _flood_limits(options)
+    forward = header_forward(options.grpc_header_forward_pattern)
     size = options.grpc_max_message_size
     if options.grpc_server == "grpcio":
         # grpcio binds its own sockets: workers share the port with SO_REUSEPORT.
@@ -65,7 +69,8 @@ async def _start_grpc(core: CoreAPI, options: ServerOptions) -> GrpcServer | Nat
             max_message_bytes=size,
             restricted=restricted,
             limits=limits,
-            reuse_port=options.frontend_workers > 1,
+            reuse_port=options.frontend_workers > 1 or options.reuse_grpc_port,
+            forward=forward,
         )
         return aio
     return NativeGrpcServer(
@@ -75,6 +80,7 @@ async def _start_grpc(core: CoreAPI, options: ServerOptions) -> GrpcServer | Nat
         limits=limits,
         max_connection_bytes=options.grpc_max_connection_buffer_size,
         receive_into=_staging_arena(core),
+        forward=forward,
     )
 
 
@@ -109,8 +115,9 @@ async def start_frontends(
     try:
         if options.allow_http:
             http = _http_server(core, options)
-            port = await http.start(options.http_address, options.http_port)
-            announce("http", options.http_address, port)
+            host, port = options.http_address, options.http_port
+            port = await http.start(host, port, _bound(host, port, "HTTP", options.reuse_http_port))
+            announce("http", host, port)
         grpc_server = None
         if options.allow_grpc:
             grpc_server = await _start_grpc_endpoint(core, options)
@@ -153,12 +160,14 @@ async def start_worker_frontends(
 
 
 def _http_server(core: CoreAPI, options: ServerOptions) -> HttpServer:
+    from shoal.frontends._forwarding import header_forward
     from shoal.frontends.http.app import ConnectionLimits, HttpServer, build_http_app
 
     app = build_http_app(
         core,
         max_input_size=options.http_max_input_size,
         restricted=_by_api(options.http_restricted_api),
+        forward=header_forward(options.http_header_forward_pattern),
     )
     limits = ConnectionLimits(
         max_header_size=options.http_max_header_size,
@@ -172,7 +181,24 @@ def _http_server(core: CoreAPI, options: ServerOptions) -> HttpServer:
 async def _start_grpc_endpoint(
     core: CoreAPI, options: ServerOptions
 ) -> GrpcServer | NativeGrpcServer:
+    from shoal.frontends.grpc.native import NativeGrpcServer
+
     grpc_server = await _start_grpc(core, options)
-    port = await grpc_server.start(options.grpc_address, options.grpc_port)
-    announce("grpc", options.grpc_address, port)
+    host, port = options.grpc_address, options.grpc_port
+    if isinstance(grpc_server, NativeGrpcServer):
+        port = await grpc_server.start(
+            host, port, _bound(host, port, "gRPC", options.reuse_grpc_port)
+        )
+    else:
+        port = await grpc_server.start(host, port)
+    announce("grpc", host, port)
     return grpc_server
+
+
+def _bound(host: str, port: int, what: str, reuse_port: bool) -> socket.socket | None:
+    """The socket to serve with ``--reuse-*-port``; None: the server binds its own."""
+    if not reuse_port:
+        return None
+    from shoal.frontends._serving import bind_socket
+
+    return bind_socket(host, port, what=what, reuse_port=True)

@@ -7,7 +7,7 @@ import argparse
 from typing import Any
 
 import shoal
-from shoal import _serve_flags, perf
+from shoal import _serve_flags, _triton_flags, perf
 from shoal._flag_types import (
     parse_backend_config,
     parse_bool,
@@ -336,6 +336,7 @@ def _add_serve_flags(serve: argparse.ArgumentParser) -> None:
     add_restriction_flags(serve)
     _add(serve, _COMPATIBILITY_FLAGS)
     _serve_flags.add_arguments(serve)
+    _triton_flags.add_arguments(serve)
 
 
 def _add(serve: argparse.ArgumentParser, flags: tuple[Flag, ...]) -> None:

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from shoal import _serve_flags, perf
+from shoal import _serve_flags, _triton_flags, perf
 from shoal._serve_parser import build_parser
 from shoal.supervisor.extensions.log_settings import configure_logging
 from shoal.supervisor.extensions.trace_settings import parse_trace_config
@@ -73,10 +73,11 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         **_limit_options(args),
         **_logging_options(args),
         trace_overhead=args.trace_overhead,
-        trace_settings=_trace_settings(args.trace_config),
+        trace_settings=_trace_settings(_triton_flags.trace_entries(args)),
         arenas=_arena_options(args.backend_config),
         cuda_pool_limits=tuple(args.cuda_memory_pool_byte_size),
         **_serve_flags.options(args),
+        **_triton_flags.options(args),
     )
 
 
@@ -87,7 +88,6 @@ def _model_options(args: argparse.Namespace) -> dict[str, Any]:
         "model_control_mode": args.model_control_mode,
         "repository_poll_secs": args.repository_poll_secs,
         "load_models": tuple(args.load_model),
-        "strict_model_config": args.strict_model_config,
         "strict_readiness": args.strict_readiness,
         "exit_on_error": args.exit_on_error,
         "exit_timeout_secs": args.exit_timeout_secs,
@@ -215,6 +215,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "serve":
         options = options_from_args(args)
+        for warning in _triton_flags.warnings(args):
+            print(f"shoal: warning: {warning}", file=sys.stderr)
         try:
             configure_logging(options)
         except OSError as error:

@@ -212,10 +212,10 @@ _WORKER_CODE = (
 )
 
 
-def _listening(host: str, port: int, what: str) -> socket.socket:
+def _listening(host: str, port: int, what: str, reuse_port: bool) -> socket.socket:
     from shoal.frontends._serving import bind_socket
 
-    sock = bind_socket(host, port, what=what)
+    sock = bind_socket(host, port, what=what, reuse_port=reuse_port)
     sock.listen(2048)
     return sock
 
@@ -251,12 +251,16 @@ async def _start_workers(service: InferenceService, options: ServerOptions) -> W
     ports: dict[str, int] = {}
     try:
         if options.allow_http:
-            sockets["http"] = _listening(options.http_address, options.http_port, "HTTP")
+            sockets["http"] = _listening(
+                options.http_address, options.http_port, "HTTP", options.reuse_http_port
+            )
         if options.allow_grpc:
             if options.grpc_server == "grpcio":
                 sockets["grpc-port"] = _port_reservation(options.grpc_address, options.grpc_port)
             else:
-                sockets["grpc"] = _listening(options.grpc_address, options.grpc_port, "gRPC")
+                sockets["grpc"] = _listening(
+                    options.grpc_address, options.grpc_port, "gRPC", options.reuse_grpc_port
+                )
         ports = {name: sock.getsockname()[1] for name, sock in sockets.items()}
         worker_options = dataclasses.replace(
             options,

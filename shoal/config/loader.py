@@ -25,6 +25,8 @@ from .validation import validate_config
 from .versions import list_versions
 
 CONFIG_FILENAME = "config.pbtxt"
+#: Where ``--model-config-name`` looks for a model's custom configurations.
+CUSTOM_CONFIGS = "configs"
 _SUFFIX_BACKENDS = {".py": "python", ".onnx": "onnxruntime", ".pt": "pytorch"}
 
 
@@ -59,26 +61,42 @@ def load_model_config(
 
 
 def read_config(
-    model_dir: str | Path, *, strict: bool = False, override: Mapping[str, Any] | None = None
+    model_dir: str | Path,
+    *,
+    strict: bool = False,
+    override: Mapping[str, Any] | None = None,
+    config_name: str = "",
 ) -> ConfigSource:
-    """The configuration of ``model_dir`` as written (see :func:`load_model_config`)."""
+    """The configuration of ``model_dir`` as written (see :func:`load_model_config`);
+    ``config_name`` (``--model-config-name``) reads ``configs/<config_name>.pbtxt`` instead of
+    ``config.pbtxt`` where that file exists, as Triton does."""
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         raise ConfigError(f"model directory {model_dir} does not exist or is not a directory")
     if override is not None:
         return _override_source(model_dir, override)
-    config_file = model_dir / CONFIG_FILENAME
+    config_file = config_path(model_dir, config_name)
     if not config_file.is_file():
         if strict:
             raise ConfigError(
                 f"model '{model_dir.name}' has no {CONFIG_FILENAME}, which strict model "
-                f"configuration (--strict-model-config=true) requires: add {config_file}, or "
-                "start the server with --strict-model-config=false",
+                "configuration (--strict-model-config=true or --disable-auto-complete-config) "
+                f"requires: add {config_file}, or start the server without them",
                 path=config_file,
             )
         return ConfigSource(model_dir, pb.ModelConfig())
     text = _read_text(config_file)
     return ConfigSource(model_dir, parse_config_text(text, path=config_file), config_file, text)
+
+
+def config_path(model_dir: Path, config_name: str = "") -> Path:
+    """The file a model's configuration is read from: ``configs/<config_name>.pbtxt`` when
+    named and present, else ``config.pbtxt``."""
+    if config_name:
+        custom = model_dir / CUSTOM_CONFIGS / f"{config_name}.pbtxt"
+        if custom.is_file():
+            return custom
+    return model_dir / CONFIG_FILENAME
 
 
 def _override_source(model_dir: Path, override: Mapping[str, Any]) -> ConfigSource:
@@ -136,12 +154,12 @@ def _read_text(config_file: Path) -> str:
         return config_file.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
         raise ConfigError(
-            f"{CONFIG_FILENAME} is not UTF-8 text (byte {exc.start}): save it as UTF-8",
+            f"{config_file.name} is not UTF-8 text (byte {exc.start}): save it as UTF-8",
             path=config_file,
         ) from None
     except OSError as exc:
         raise ConfigError(
-            f"cannot read {CONFIG_FILENAME}: {exc.strerror}", path=config_file
+            f"cannot read {config_file.name}: {exc.strerror}", path=config_file
         ) from None
 
 
@@ -157,6 +175,7 @@ __all__ = [
     "CONFIG_FILENAME",
     "ConfigSource",
     "complete_config",
+    "config_path",
     "detect_backend",
     "load_model_config",
     "read_config",

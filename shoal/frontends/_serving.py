@@ -51,13 +51,18 @@ async def wait_started(server: EmbeddedServer, serving: asyncio.Task[None]) -> N
         raise RuntimeError("the HTTP server stopped before it started")
 
 
-def bind_socket(host: str, port: int, what: str = "HTTP") -> socket.socket:
-    """A TCP socket bound to ``host:port`` (``port`` 0: any free port) for the ``what`` frontend."""
+def bind_socket(
+    host: str, port: int, what: str = "HTTP", reuse_port: bool = False
+) -> socket.socket:
+    """A TCP socket bound to ``host:port`` (``port`` 0: any free port) for the ``what`` frontend;
+    ``reuse_port`` (``--reuse-http-port``) lets other servers that set it bind the same port."""
     family, kind, proto, address = _address(host, port, what)
     sock = socket.socket(family, kind, proto)
     try:
         # Restart at once on a port whose old connections linger in TIME_WAIT.
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.bind(address)
     except OSError as exc:
         sock.close()

@@ -57,12 +57,20 @@ class ServerOptions:
     #: How long a polled gauge (a stub's RSS) is reused before it is read again.
     metrics_interval_ms: int = 2000
     allow_cpu_metrics: bool = True
+    #: ``--metrics-config counter_latencies``: export the nv_inference_*_duration_us counters.
+    counter_latencies: bool = True
     #: ``--allow-client-shm``: clients may register and unregister shared-memory regions.
     allow_client_shm: bool = True
+    #: ``--id``: the server's name in its metadata.
+    server_id: str = "shoal"
     model_control_mode: str = "none"
     repository_poll_secs: float = 15.0
     load_models: tuple[str, ...] = ()
     strict_model_config: bool = False
+    #: ``--model-config-name``: read ``<model>/configs/<name>.pbtxt`` where it exists.
+    model_config_name: str = ""
+    #: ``--model-load-retry-count``: further attempts after a model failed to load.
+    model_load_retry_count: int = 0
     strict_readiness: bool = True
     exit_on_error: bool = True
     exit_timeout_secs: float = 30.0
@@ -76,6 +84,13 @@ class ServerOptions:
     log_info: bool = True
     log_warning: bool = True
     log_error: bool = True
+    #: ``--reuse-*-port``: listen with SO_REUSEPORT, beside other servers on the same port.
+    reuse_http_port: bool = False
+    reuse_grpc_port: bool = False
+    #: ``--*-header-forward-pattern``: headers (metadata) whose names match become request
+    #: parameters ("" forwards none).
+    http_header_forward_pattern: str = ""
+    grpc_header_forward_pattern: str = ""
     http_restricted_api: tuple[Restriction, ...] = ()
     grpc_restricted_protocol: tuple[Restriction, ...] = ()
     http_max_input_size: int = 64 * MIB

@@ -139,7 +139,7 @@ class InferenceService:
         return not self.options.strict_readiness or self.repository.all_ready()
 
     def server_metadata(self) -> ServerMetadata:
-        return ServerMetadata("shoal", shoal.__version__, EXTENSIONS)
+        return ServerMetadata(self.options.server_id, shoal.__version__, EXTENSIONS)
 
     def model_ready(self, name: str, version: str = "") -> bool:
         """Loaded and with a live instance (false between a stub's death and its restart)."""

@@ -25,6 +25,7 @@ import grpc  # type: ignore[import-untyped]
 import grpc.aio  # type: ignore[import-untyped]
 
 from shoal.core import CoreAPI
+from shoal.frontends._forwarding import HeaderForward
 from shoal.frontends._restricted import Restrictions
 from shoal.frontends._serving import AddressInUseError
 from shoal.frontends.grpc.methods import (
@@ -125,8 +126,10 @@ class GrpcServer:
         restricted: Mapping[str, tuple[str, str]] | None = None,
         limits: FloodLimits | None = None,
         reuse_port: bool = False,
+        forward: HeaderForward | None = None,
     ) -> None:
         self._core = core
+        self._forward = forward
         #: Frontend workers each bind the same port (grpcio cannot serve an inherited socket).
         self._reuse_port = reuse_port
         self._max_message_bytes = max_message_bytes
@@ -142,7 +145,7 @@ class GrpcServer:
         """
         if self._server is not None:
             raise RuntimeError("the gRPC server is already running")
-        servicer = Servicer(self._core)
+        servicer = Servicer(self._core, self._forward)
         server = grpc.aio.server(options=self._options())
         server.add_generic_rpc_handlers((_generic_handler(servicer, self._restrictions),))
         bound = _bind(server, host, port)

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from shoal.core import CoreAPI, InferResponse, ShoalError
+from shoal.frontends._forwarding import HeaderForward
 from shoal.frontends._restricted import GRPC_GROUPS, Restrictions
 from shoal.frontends.grpc._infer import DecodedInfer, decode_infer_request, encode_infer_response
 from shoal.frontends.grpc._wire import Chunk
@@ -42,9 +43,13 @@ class LentReply:
 class InferCall:
     """ModelInfer over ``core``, guarded by ``restrictions`` (see the module)."""
 
-    def __init__(self, core: CoreAPI, restrictions: Restrictions) -> None:
+    def __init__(
+        self, core: CoreAPI, restrictions: Restrictions, forward: HeaderForward | None = None
+    ) -> None:
         self._core = core
         self._restrictions = restrictions
+        #: ``--grpc-header-forward-pattern``: the metadata the request's parameters get.
+        self._forward = forward
 
     async def handle(self, data: Any, context: Any) -> LentReply | bytes:
         """The reply to the serialized request ``data``; an error ends the call through
@@ -55,6 +60,10 @@ class InferCall:
             if restrictions.restricts(_GROUP):
                 restrictions.check(_GROUP, context.invocation_metadata() or ())
             decoded = decode_infer_request(data)
+            forward = self._forward
+            if forward is not None:
+                forwarded = forward.matching(context.invocation_metadata() or ())
+                decoded.request.parameters.update(forwarded)
             return _reply(await self._core.infer(decoded.request), decoded)
         except ShoalError as exc:
             error = exc

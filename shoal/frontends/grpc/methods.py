@@ -23,6 +23,7 @@ from typing import Any, Protocol
 from google.protobuf.message import DecodeError
 
 from shoal.core import InvalidArgument, ShoalError
+from shoal.frontends._forwarding import HeaderForward
 from shoal.frontends._restricted import GRPC_GROUPS, GRPC_KEY_PREFIX, Restrictions
 from shoal.frontends.grpc.infer_call import InferCall
 from shoal.frontends.grpc.servicer import Servicer, unexpected
@@ -210,13 +211,17 @@ def method_table(
         )
         for name, (request_type, response_type, behavior) in _unary_methods(servicer).items()
     }
+    forward = servicer.forward
     if lent_replies:
-        handle: Callable[[Any, Any], Awaitable[Any]] = InferCall(servicer.core, restrictions).handle
+        infer = InferCall(servicer.core, restrictions, forward)
+        handle: Callable[[Any, Any], Awaitable[Any]] = infer.handle
+    elif forward is not None:
+        handle = _forwarding_infer(servicer, restrictions, forward)
     else:
         handle = _guarded(servicer.model_infer, "ModelInfer", restrictions)
     methods["ModelInfer"] = Method(False, None, None, handle, split=True)
     methods["ModelStreamInfer"] = Method(
-        True, None, None, _guarded_stream(servicer.model_stream_infer, restrictions)
+        True, None, None, _guarded_stream(servicer.model_stream_infer, restrictions, forward)
     )
     return methods
 
@@ -267,6 +272,25 @@ def _guarded(
     return handle
 
 
+def _forwarding_infer(
+    servicer: Servicer, restrictions: Restrictions, forward: HeaderForward
+) -> Callable[[Any, Any], Awaitable[Any]]:
+    """ModelInfer with the call's metadata that ``forward`` picks as request parameters."""
+
+    async def handle(data: Any, context: CallContext) -> Any:
+        try:
+            _check(restrictions, GRPC_GROUPS["ModelInfer"], context)
+            forwarded = forward.matching(context.invocation_metadata() or ())
+            return await servicer.model_infer(data, forwarded)
+        except ShoalError as exc:
+            error = exc
+        except Exception:
+            error = unexpected("ModelInfer")
+        await _abort(context, error)
+
+    return handle
+
+
 def _closes_on_error(context: CallContext) -> bool:
     """Triton's ``triton_grpc_error: true`` stream metadata: an error ends the stream with
     its gRPC status."""
@@ -279,12 +303,17 @@ def _closes_on_error(context: CallContext) -> bool:
 def _guarded_stream(
     behavior: Callable[..., AsyncGenerator[bytes, None]],
     restrictions: Restrictions,
+    forward: HeaderForward | None = None,
 ) -> Callable[[AsyncIterable[bytes], Any], AsyncIterator[bytes]]:
     async def handle(requests: AsyncIterable[bytes], context: CallContext) -> AsyncIterator[bytes]:
         try:
             _check(restrictions, GRPC_GROUPS["ModelStreamInfer"], context)
             close = _closes_on_error(context)
-            async with contextlib.aclosing(behavior(requests, close_on_error=close)) as replies:
+            forwarded = None
+            if forward is not None:
+                forwarded = forward.matching(context.invocation_metadata() or ())
+            answers = behavior(requests, close_on_error=close, forwarded=forwarded)
+            async with contextlib.aclosing(answers) as replies:
                 async for reply in replies:
                     yield reply
             return

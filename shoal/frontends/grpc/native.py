@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping
 from typing import Final
 
 from shoal.core import CoreAPI
+from shoal.frontends._forwarding import HeaderForward
 from shoal.frontends._restricted import GRPC_KEY_PREFIX, Restrictions
 from shoal.frontends._serving import bind_socket
 from shoal.frontends.grpc.methods import MAX_MESSAGE_BYTES, SERVICE_NAME, method_table
@@ -127,8 +128,10 @@ class NativeGrpcServer:
         limits: FloodLimits | None = None,
         max_connection_bytes: int = MAX_MESSAGE_BYTES,
         receive_into: ReceiveArena | None = None,
+        forward: HeaderForward | None = None,
     ) -> None:
         self._core = core
+        self._forward = forward
         self._limits = limits or FloodLimits()
         self._max_streams = max_concurrent_streams
         self._restrictions = Restrictions(restricted or {}, prefix=GRPC_KEY_PREFIX, what="protocol")
@@ -149,7 +152,7 @@ class NativeGrpcServer:
         """
         if self._servicer is not None:
             raise RuntimeError("the gRPC server is already running")
-        servicer = Servicer(self._core)
+        servicer = Servicer(self._core, self._forward)
         self._methods = self._method_paths(servicer)
         if sock is None:
             sock = bind_socket(host, port, what="gRPC")
@@ -168,7 +171,7 @@ class NativeGrpcServer:
         worker's, which the core accepts and deals (``workers/dealing.py``)."""
         if self._servicer is not None:
             raise RuntimeError("the gRPC server is already running")
-        self._servicer = Servicer(self._core)
+        self._servicer = Servicer(self._core, self._forward)
         self._methods = self._method_paths(self._servicer)
         return self._connection
 

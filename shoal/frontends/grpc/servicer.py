@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Iterator
 
@@ -26,6 +27,7 @@ from shoal.core import (
     ShoalError,
     Unsupported,
 )
+from shoal.frontends._forwarding import HeaderForward
 from shoal.frontends.grpc import _extensions as ext
 from shoal.frontends.grpc._infer import (
     DecodedInfer,
@@ -34,7 +36,7 @@ from shoal.frontends.grpc._infer import (
     stream_error,
     stream_response_chunks,
 )
-from shoal.frontends.grpc._stream import answer_stream
+from shoal.frontends.grpc._stream import Answer, answer_stream
 from shoal.protos import grpc_service_pb2 as pb
 
 _logger = logging.getLogger("shoal.frontends.grpc")
@@ -66,9 +68,11 @@ def _extension_call(what: str) -> Iterator[None]:
 class Servicer:
     """The RPCs over one :class:`~shoal.core.api.CoreAPI`."""
 
-    def __init__(self, core: CoreAPI) -> None:
+    def __init__(self, core: CoreAPI, forward: HeaderForward | None = None) -> None:
         self._core = core
         self._closing = asyncio.Event()
+        #: ``--grpc-header-forward-pattern``: the metadata inference requests get as parameters.
+        self.forward = forward
 
     @property
     def core(self) -> CoreAPI:
@@ -122,8 +126,13 @@ class Servicer:
 
     # -- inference -------------------------------------------------------------------------
 
-    async def model_infer(self, data: bytes | bytearray | memoryview) -> bytes:
+    async def model_infer(
+        self, data: bytes | bytearray | memoryview, forwarded: dict[str, str] | None = None
+    ) -> bytes:
+        """``forwarded``: the call's metadata :attr:`forward` picked, added to the parameters."""
         decoded = decode_infer_request(data)
+        if forwarded:
+            decoded.request.parameters.update(forwarded)
         response = await self._core.infer(decoded.request)
         try:
             return b"".join(encode_infer_response(response, decoded))
@@ -131,12 +140,20 @@ class Servicer:
             response.release()  # the message is a copy: give the shared memory back
 
     def model_stream_infer(
-        self, requests: AsyncIterable[bytes], *, close_on_error: bool = False
+        self,
+        requests: AsyncIterable[bytes],
+        *,
+        close_on_error: bool = False,
+        forwarded: dict[str, str] | None = None,
     ) -> AsyncGenerator[bytes, None]:
         """``close_on_error`` (the client's ``triton_grpc_error: true`` metadata, as in Triton):
         the first error ends the whole stream with its gRPC status, instead of travelling in
-        a response's ``error_message``."""
-        answer = self._stream_answer_or_close if close_on_error else self._stream_answer
+        a response's ``error_message``. ``forwarded``: parameters every request gets."""
+        answer: Answer = self._stream_answer_or_close if close_on_error else self._stream_answer
+        if forwarded:
+            answer = functools.partial(
+                self._stream_answer, close_on_error=close_on_error, forwarded=forwarded
+            )
         return answer_stream(requests, answer, self._closing)
 
     async def _stream_answer_or_close(
@@ -146,7 +163,11 @@ class Servicer:
             yield reply
 
     async def _stream_answer(
-        self, data: bytes | bytearray | memoryview, *, close_on_error: bool = False
+        self,
+        data: bytes | bytearray | memoryview,
+        *,
+        close_on_error: bool = False,
+        forwarded: dict[str, str] | None = None,
     ) -> AsyncIterator[bytes]:
         """Every response of one request (several for a decoupled model), each sent as soon as
         the model sends it, with ``triton_final_response`` saying whether it is the last. A
@@ -156,6 +177,8 @@ class Servicer:
         decoded: DecodedInfer | None = None
         try:
             decoded = decode_infer_request(data)
+            if forwarded:
+                decoded.request.parameters.update(forwarded)
             ended = False
             async for response in self._core.infer_stream(decoded.request):
                 ended = response.final

@@ -24,6 +24,7 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from shoal.core import CoreAPI, InferResponse, ShoalError
+from shoal.frontends._forwarding import HeaderForward
 from shoal.frontends._limits import ConnectionLimits
 from shoal.frontends._restricted import Restrictions, restrict_routes
 from shoal.frontends._serving import AddressInUseError, EmbeddedServer, bind_socket, wait_started
@@ -60,19 +61,22 @@ def build_http_app(
     *,
     max_input_size: int = codec.DEFAULT_MAX_INPUT_SIZE,
     restricted: Mapping[str, tuple[str, str]] | None = None,
+    forward: HeaderForward | None = None,
 ) -> Starlette:
     """The KServe V2 REST app; infer bodies over ``max_input_size`` bytes are refused unread.
 
     ``restricted`` maps an API group (see :mod:`shoal.frontends._restricted`) to the header and
     value its requests must carry (``--http-restricted-api``); other requests get 403.
+    ``forward`` (``--http-header-forward-pattern``): the headers an inference request's
+    parameters get; the fast path keeps only the headers it reads, so it is off then.
     """
-    infer = _InferEndpoint(core, max_input_size)
+    infer = _InferEndpoint(core, max_input_size, forward)
     routes = _server_routes(core) + _model_routes(core) + infer.routes.routes
     routes += generate_routes(core, max_input_size)
     routes += extension_routes(core, max_input_size)
     restrictions = Restrictions(restricted or {})
     return _App(
-        infer=None if restricted else infer,
+        infer=None if restricted or forward else infer,
         routes=restrict_routes(routes, restrictions),
         exception_handlers={HTTPException: _http_exception},
     )
@@ -193,9 +197,12 @@ class _InferEndpoint:
     sends one pre-built body: no Request or Response objects on the hot path.
     """
 
-    def __init__(self, core: CoreAPI, max_input_size: int) -> None:
+    def __init__(
+        self, core: CoreAPI, max_input_size: int, forward: HeaderForward | None = None
+    ) -> None:
         self._core = core
         self.limit = max_input_size
+        self._forward = forward
         #: The URL it serves (:mod:`.routing`): the app's routes and the fast ways' matchers.
         self.routes = InferRoutes(self)
 
@@ -239,6 +246,8 @@ class _InferEndpoint:
                 decoded = await decoded_slowly(
                     name, version, body, encoding, header_length, self.limit
                 )
+            if self._forward is not None:
+                decoded.request.parameters.update(self._forward.matching(headers.items()))
             response = await self._core.infer(decoded.request)
             accept = codec.response_encoding(headers.get("accept-encoding"))
             if codec.json_output_bytes(response, decoded.output_format) < THREAD_THRESHOLD:

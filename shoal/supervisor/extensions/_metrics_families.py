@@ -168,11 +168,13 @@ def _pending(models: Sequence[ModelSample]) -> Metric:
     return family
 
 
-def triton_families(models: Sequence[ModelSample]) -> Iterator[Metric]:
-    """Triton's inference request metrics, in Triton's order, one sample per model version."""
+def triton_families(models: Sequence[ModelSample], latencies: bool = True) -> Iterator[Metric]:
+    """Triton's inference request metrics, in Triton's order, one sample per model version;
+    ``latencies`` false (``--metrics-config counter_latencies=false``) leaves out the
+    duration counters, as Triton does."""
     yield _counter(_SUCCESS, models)
     yield _failures(models)
-    for spec in (*_COUNTS, *_DURATIONS):
+    for spec in (*_COUNTS, *(_DURATIONS if latencies else ())):
         yield _counter(spec, models)
     cached = [model for model in models if model.cached]
     for spec in _CACHE:

@@ -35,15 +35,20 @@ class ServiceCollector:
     """Yields Triton's per-model families and shoal's instance and arena families."""
 
     def __init__(
-        self, service: InferenceService, rss: RssProbe, cpu: CpuProbe | None = None
+        self,
+        service: InferenceService,
+        rss: RssProbe,
+        cpu: CpuProbe | None = None,
+        latencies: bool = True,
     ) -> None:
         self._service = service
         self._rss = rss
         self._cpu = cpu
+        self._latencies = latencies
 
     def collect(self) -> Iterator[Metric]:
         versions = self._ready_versions()
-        yield from triton_families(self._models(versions))
+        yield from triton_families(self._models(versions), self._latencies)
         yield from shoal_families(self._instances(versions), self._arenas())
         yield from _stage_families(versions)
         yield from _cuda_pool_families(self._service.directory.cuda)
@@ -148,7 +153,8 @@ class MetricsExporter:
 
     ``interval_ms`` (``--metrics-interval-ms``) is how long a stub's RSS reading and the host's
     CPU reading are reused; every other value is read afresh on each scrape. ``cpu_metrics``
-    (``--allow-cpu-metrics``) adds Triton's host CPU families.
+    (``--allow-cpu-metrics``) adds Triton's host CPU families; ``counter_latencies``
+    (``--metrics-config``) Triton's duration counters.
     """
 
     def __init__(
@@ -157,12 +163,14 @@ class MetricsExporter:
         *,
         interval_ms: int = 2000,
         cpu_metrics: bool = True,
+        counter_latencies: bool = True,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         interval_s = interval_ms / 1000
         cpu = CpuProbe(interval_s, clock=clock) if cpu_metrics else None
-        self.registry.register(ServiceCollector(service, RssProbe(interval_s, clock=clock), cpu))
+        rss = RssProbe(interval_s, clock=clock)
+        self.registry.register(ServiceCollector(service, rss, cpu, counter_latencies))
 
     def render(self) -> bytes:
         """The ``/metrics`` body (Prometheus text format 0.0.4); call it on the service's loop."""

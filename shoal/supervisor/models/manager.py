@@ -178,10 +178,27 @@ class ModelRepositoryManager:
         try:
             if not _startup and not files:
                 await self._sync_model(name)
-            await self._load_locked(name, config_json, files)
+            await self._load_retrying(name, config_json, files)
         finally:
             self._loading.discard(name)
         await self._reload_orphans()
+
+    async def _load_retrying(
+        self, name: str, config_json: str | None, files: dict[str, bytes] | None
+    ) -> None:
+        """``--model-load-retry-count``: a model that failed to load is tried again (a model
+        whose initialize waits on something still starting), the last failure is the answer."""
+        retries = self.options.model_load_retry_count
+        for attempt in range(retries + 1):
+            try:
+                await self._load_locked(name, config_json, files)
+                return
+            except Exception as error:
+                if attempt == retries:
+                    raise
+                log.warning(
+                    "retrying the load of '%s' (%d/%d): %s", name, attempt + 1, retries, error
+                )
 
     async def _sync_model(self, name: str) -> None:
         """An explicit load reads the model as its remote repository has it now."""

@@ -54,7 +54,9 @@ async def prepare_versions(
 ) -> list[ModelVersion]:
     """The versions of model ``name`` (in ``path``) to start, not started yet."""
     strict = options.strict_model_config
-    source = model_config.read_config(path, strict=strict, override=override)
+    source = model_config.read_config(
+        path, strict=strict, override=override, config_name=options.model_config_name
+    )
     available = model_config.list_versions(path)
     runtime = python_backends.runtime_file(source.proto, options.backend_directory)
     proto = source.proto

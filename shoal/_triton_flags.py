@@ -1,0 +1,314 @@
+"""The rest of tritonserver's flags, so that a script written for ``tritonserver`` starts
+``shoal serve`` unchanged: those shoal honours (``--id``, ``--model-config-name``,
+``--reuse-http-port``, the deprecated ``--trace-*`` flags, ...), those it accepts and ignores
+(they tune what shoal does not have), and those it refuses where ignoring them would mislead
+(``--allow-sagemaker=true``). Each decision is in docs/compatibility.md, "Flags"."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections.abc import Callable
+from typing import Any
+
+from shoal._flag_types import parse_bool, parse_count
+from shoal.frontends._forwarding import compile_header_pattern
+
+#: The ``--metrics-config`` settings Triton knows, and the value each has in shoal.
+_METRICS_SETTINGS = {
+    "counter_latencies": "true or false: the nv_inference_*_duration_us counters",
+    "summary_latencies": "false only: shoal exports no latency summaries",
+    "histogram_latencies": "false only: shoal exports no latency histograms",
+    "summary_quantiles": "accepted; no effect without summaries",
+}
+
+#: The deprecated ``--trace-*`` flags and the ``--trace-config`` entry each one stands for.
+_TRACE_FLAGS = (
+    ("trace_file", "--trace-file", "triton,file="),
+    ("trace_level", "--trace-level", "level="),
+    ("trace_rate", "--trace-rate", "rate="),
+    ("trace_count", "--trace-count", "count="),
+    ("trace_log_frequency", "--trace-log-frequency", "triton,log-frequency="),
+)
+
+#: What Triton's deprecated ``--trace-level`` takes beyond ``--trace-config level=``'s values.
+_TRACE_LEVEL_WORDS = {
+    "false": "OFF",
+    "off": "OFF",
+    "true": "TIMESTAMPS",
+    "on": "TIMESTAMPS",
+    "min": "TIMESTAMPS",
+    "max": "TIMESTAMPS",
+}
+
+
+def _false_only(flag: str, instead: str) -> Callable[[str], bool]:
+    """A boolean flag of a feature shoal does not have: ``false`` passes, ``true`` is refused."""
+
+    def parse(text: str) -> bool:
+        if parse_bool(text):
+            raise argparse.ArgumentTypeError(f"'{text}' is not supported: {instead}")
+        return False
+
+    parse.__name__ = flag  # argparse names the type in some messages
+    return parse
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got '{text}'") from None
+
+
+def _float(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got '{text}'") from None
+
+
+def _pair(first: Callable[[str], object], second: Callable[[str], object], sep: str) -> Any:
+    """``<a><sep><b>``, as Triton's ParsePairOption reads it."""
+
+    def parse(text: str) -> tuple[object, object]:
+        left, found, right = text.partition(sep)
+        if not (found and left and right):
+            raise argparse.ArgumentTypeError(f"expected <a>{sep}<b>, got '{text}'")
+        return first(left), second(right)
+
+    return parse
+
+
+def _host_policy(text: str) -> tuple[str, str, str]:
+    name, comma, setting = text.partition(",")
+    key, equals, value = setting.partition("=")
+    if not (comma and equals and name and key and value):
+        raise argparse.ArgumentTypeError(f"expects <policy name>,<setting>=<value>, got '{text}'")
+    return name, key, value
+
+
+def _infer_threads(text: str) -> int:
+    count = _int(text)
+    if not 2 <= count <= 128:
+        raise argparse.ArgumentTypeError(f"must be in the range 2 to 128, got '{text}'")
+    return count
+
+
+def _pool_size(text: str) -> int:
+    size = _int(text)
+    if size <= 0:
+        raise argparse.ArgumentTypeError(f"must be greater than 0, got '{text}'")
+    return size
+
+
+def _config_name(text: str) -> str:
+    if not text or any(char.isspace() or char in "/\\" for char in text):
+        raise argparse.ArgumentTypeError(
+            f"expected a file name without spaces or slashes (configs/<name>.pbtxt), got '{text}'"
+        )
+    return text
+
+
+def _header_pattern(text: str) -> str:
+    """A header name pattern; case-insensitive as Triton's (``(?-i)`` at its start turns that
+    off), and checked here so that a typo stops the server before it binds its ports."""
+    try:
+        compile_header_pattern(text)
+    except re.error as error:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a regular expression: {error}") from None
+    return text
+
+
+def _metrics_setting(text: str) -> tuple[str, str]:
+    key, equals, value = text.partition("=")
+    if not (equals and key and value) or "," in key:
+        raise argparse.ArgumentTypeError(f"expects <setting>=<value>, got '{text}'")
+    if key not in _METRICS_SETTINGS:
+        raise argparse.ArgumentTypeError(
+            f"unknown setting '{key}'; known: {', '.join(_METRICS_SETTINGS)}"
+        )
+    if key in ("counter_latencies", "summary_latencies", "histogram_latencies"):
+        enabled = parse_bool(value)
+        if enabled and key != "counter_latencies":
+            raise argparse.ArgumentTypeError(
+                f"{key}=true is not supported: {_METRICS_SETTINGS[key]}"
+            )
+    return key, value
+
+
+def _flag(*names: str, **settings: Any) -> tuple[tuple[str, ...], dict[str, Any]]:
+    return names, settings
+
+
+_IGNORED = "accepted for tritonserver compatibility; no effect in shoal"
+_NO_TLS = (
+    "accepted for tritonserver compatibility; no effect: as tritonserver without "
+    "--grpc-use-ssl=true, which shoal refuses (no TLS)"
+)
+
+#: The flags that change what shoal does.
+_HONOURED = (
+    _flag(
+        "--id",
+        default="shoal",
+        metavar="ID",
+        help="the server's name in GET /v2 and gRPC "
+        "ServerMetadata (tritonserver's default is triton)",
+    ),
+    _flag(
+        "--disable-auto-complete-config",
+        action="store_true",
+        help="require a complete config.pbtxt in every model: the same switch as "
+        "--strict-model-config=true",
+    ),
+    _flag(
+        "--model-config-name",
+        type=_config_name,
+        default=None,
+        metavar="NAME",
+        help="load <model>/configs/<NAME>.pbtxt instead of <model>/config.pbtxt where it exists",
+    ),
+    _flag(
+        "--model-load-retry-count",
+        type=parse_count,
+        default=0,
+        metavar="N",
+        help="load a model that failed to load up to N more times before giving up",
+    ),
+    *(
+        _flag(
+            f"--reuse-{protocol}-port",
+            type=parse_bool,
+            default=False,
+            metavar="BOOL",
+            help=f"bind the {what} port with SO_REUSEPORT: several servers (all with this "
+            "flag) share it, the kernel spreading connections between them",
+        )
+        for protocol, what in (("http", "HTTP"), ("grpc", "gRPC"))
+    ),
+    *(
+        _flag(
+            f"--{protocol}-header-forward-pattern",
+            type=_header_pattern,
+            default="",
+            metavar="REGEX",
+            help=f"{what} {kind} whose names match REGEX (case-insensitive unless it starts "
+            "with (?-i)) become string parameters of the inference request, which a model "
+            "reads with request.parameters()",
+        )
+        for protocol, what, kind in (("http", "HTTP", "headers"), ("grpc", "gRPC", "metadata"))
+    ),
+    _flag(
+        "--metrics-config",
+        action="append",
+        type=_metrics_setting,
+        default=[],
+        metavar="SETTING=VALUE",
+        help="counter_latencies=false drops the nv_inference_*_duration_us counters; "
+        "summary_latencies and histogram_latencies take false only (repeatable)",
+    ),
+    *(
+        _flag(
+            flag, default=None, metavar="VALUE", help=f"deprecated form of --trace-config {entry}"
+        )
+        for _, flag, entry in _TRACE_FLAGS
+    ),
+)
+
+#: Accepted and ignored, with Triton's value syntax (a typo is still an error).
+_IGNORED_FLAGS = tuple(
+    _flag(flag, type=kind, metavar=metavar, help=text)
+    for flag, kind, metavar, text in (
+        ("--buffer-manager-thread-count", _int, "N", _IGNORED),
+        ("--grpc-infer-thread-count", _infer_threads, "N", _IGNORED),
+        ("--grpc-max-response-pool-size", _pool_size, "N", _IGNORED),
+        ("--model-load-thread-count", _int, "N", f"{_IGNORED} (models load concurrently)"),
+        ("--model-load-gpu-limit", _pair(_int, _float, ":"), "DEVICE:FRACTION", _IGNORED),
+        ("--cuda-virtual-address-size", _pair(_int, _int, ":"), "DEVICE:BYTES", _IGNORED),
+        ("--host-policy", _host_policy, "NAME,SETTING=VALUE", _IGNORED),
+        ("--min-supported-compute-capability", _float, "CC", _IGNORED),
+        ("--enable-peer-access", parse_bool, "BOOL", _IGNORED),
+        ("--repoagent-directory", str, "DIR", _IGNORED),
+        ("--grpc-server-cert", str, "FILE", _NO_TLS),
+        ("--grpc-server-key", str, "FILE", _NO_TLS),
+        ("--grpc-root-cert", str, "FILE", _NO_TLS),
+        ("--sagemaker-port", _int, "PORT", f"{_IGNORED} (no SageMaker endpoint)"),
+        ("--sagemaker-safe-port-range", _pair(_int, _int, "-"), "LOW-HIGH", _IGNORED),
+        ("--sagemaker-thread-count", _int, "N", _IGNORED),
+        ("--vertex-ai-port", _int, "PORT", f"{_IGNORED} (no Vertex AI endpoint)"),
+        ("--vertex-ai-thread-count", _int, "N", _IGNORED),
+        ("--vertex-ai-default-model", str, "NAME", _IGNORED),
+    )
+)
+
+#: Honouring ``true`` is impossible and ignoring it would mislead: only ``false`` passes.
+_REFUSED_FLAGS = tuple(
+    _flag(
+        flag,
+        type=_false_only(flag, instead),
+        default=False,
+        metavar="BOOL",
+        help=f"false only: {instead}",
+    )
+    for flag, instead in (
+        (
+            "--allow-sagemaker",
+            "shoal has no SageMaker endpoint (serve /invocations behind a proxy to the KServe "
+            "V2 HTTP endpoint)",
+        ),
+        (
+            "--allow-vertex-ai",
+            "shoal has no Vertex AI endpoint (point Vertex AI at the KServe V2 HTTP endpoint)",
+        ),
+        (
+            "--model-namespacing",
+            "shoal serves one model per name (give the models in different repositories "
+            "different names)",
+        ),
+    )
+)
+
+
+def add_arguments(serve: argparse.ArgumentParser) -> None:
+    for names, settings in (*_HONOURED, *_IGNORED_FLAGS, *_REFUSED_FLAGS):
+        serve.add_argument(*names, **settings)
+
+
+def trace_entries(args: argparse.Namespace) -> list[str]:
+    """The ``--trace-config`` entries the deprecated ``--trace-*`` flags stand for, followed by
+    ``--trace-config``'s own, which win (as in Triton; levels add up)."""
+    entries = []
+    for attribute, _, entry in _TRACE_FLAGS:
+        value = getattr(args, attribute)
+        if value is None:
+            continue
+        if attribute == "trace_level":
+            value = _TRACE_LEVEL_WORDS.get(value.lower(), value)
+        entries.append(f"{entry}{value}")
+    return [*entries, *args.trace_config]
+
+
+def warnings(args: argparse.Namespace) -> list[str]:
+    """What tritonserver warns about these flags at start, worded for shoal."""
+    return [
+        f"'{flag}' has been deprecated: use '--trace-config {entry}<value>' instead"
+        for attribute, flag, entry in _TRACE_FLAGS
+        if getattr(args, attribute) is not None
+    ]
+
+
+def options(args: argparse.Namespace) -> dict[str, Any]:
+    """The ServerOptions fields these flags set (besides the trace entries)."""
+    metrics = dict(args.metrics_config)
+    return {
+        "server_id": args.id,
+        "strict_model_config": args.strict_model_config or args.disable_auto_complete_config,
+        "model_config_name": args.model_config_name or "",
+        "model_load_retry_count": args.model_load_retry_count,
+        "reuse_http_port": args.reuse_http_port,
+        "reuse_grpc_port": args.reuse_grpc_port,
+        "http_header_forward_pattern": args.http_header_forward_pattern,
+        "grpc_header_forward_pattern": args.grpc_header_forward_pattern,
+        "counter_latencies": parse_bool(metrics.get("counter_latencies", "true")),
+    }
