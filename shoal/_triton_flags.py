@@ -42,7 +42,7 @@ _TRACE_LEVEL_WORDS = {
 }
 
 
-def _false_only(flag: str, instead: str) -> Callable[[str], bool]:
+def _false_only(instead: str) -> Callable[[str], bool]:
     """A boolean flag of a feature shoal does not have: ``false`` passes, ``true`` is refused."""
 
     def parse(text: str) -> bool:
@@ -50,7 +50,6 @@ def _false_only(flag: str, instead: str) -> Callable[[str], bool]:
             raise argparse.ArgumentTypeError(f"'{text}' is not supported: {instead}")
         return False
 
-    parse.__name__ = flag  # argparse names the type in some messages
     return parse
 
 
@@ -246,7 +245,7 @@ _IGNORED_FLAGS = tuple(
 _REFUSED_FLAGS = tuple(
     _flag(
         flag,
-        type=_false_only(flag, instead),
+        type=_false_only(instead),
         default=False,
         metavar="BOOL",
         help=f"false only: {instead}",

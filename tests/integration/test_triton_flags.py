@@ -5,6 +5,7 @@ and gRPC, ``--metrics-config``, the deprecated ``--trace-*`` flags, and ``--reus
 from __future__ import annotations
 
 import json
+import queue
 import socket
 import urllib.request
 from collections.abc import Iterator
@@ -77,6 +78,7 @@ class TritonPythonModel:
 """
 
 FORWARD = "fwd-.*"
+HEADERS = {"fwd-tenant": "blue", "other": "not forwarded"}
 
 
 def _model(repo: Path, name: str, code: str, config: str | None) -> Path:
@@ -204,6 +206,31 @@ def test_matching_headers_become_request_parameters(server: ShoalServer, protoco
     parameters = read(server, headers)
     # HTTP header names arrive lowercase, as ASGI gives them.
     assert parameters == {"fwd-tenant": "blue", "fwd-region": "eu"}, parameters
+
+
+def test_a_stream_forwards_its_metadata_to_every_request(server: ShoalServer) -> None:
+    answers: queue.Queue[object] = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        client.start_stream(lambda result, error: answers.put(error or result), headers=HEADERS)
+        tensor = grpcclient.InferInput("IN", [1], "INT32")
+        tensor.set_data_from_numpy(np.array([1], dtype=np.int32))
+        for _ in range(2):
+            client.async_stream_infer("params", [tensor])
+        results = [answers.get(timeout=60) for _ in range(2)]
+        client.stop_stream()
+    finally:
+        client.close()
+    for result in results:
+        assert isinstance(result, grpcclient.InferResult), result
+        assert json.loads(result.as_numpy("PARAMS")[0]) == {"fwd-tenant": "blue"}  # type: ignore[index]
+
+
+def test_grpcio_server_forwards_metadata_too(repo: Path) -> None:
+    flags = ("--grpc-server=grpcio", f"--grpc-header-forward-pattern={FORWARD}")
+    flags += ("--model-control-mode=explicit", "--load-model=params")
+    with ShoalServer(repo, extra_args=flags) as grpcio_server:
+        assert _grpc_parameters(grpcio_server, HEADERS) == {"fwd-tenant": "blue"}
 
 
 def test_counter_latencies_false_drops_the_duration_counters(server: ShoalServer) -> None:
