@@ -30,9 +30,26 @@ ALLOWED: dict[str, set[str]] = {
     # the composition root and the command line may wire anything but the stub
     "server": {"server", "_compiled", "_endpoints", "core", "frontends", "ipc", "supervisor"},
     "_endpoints": {"core", "frontends", "supervisor"},
-    "cli": {"cli", "_serve_flags", "_serve_parser", "server", "config", "perf", "supervisor"},
+    "cli": {
+        "cli",
+        "_serve_flags",
+        "_serve_parser",
+        "_triton_flags",
+        "server",
+        "config",
+        "perf",
+        "supervisor",
+    },
     # the command line's parser: flag tables and their argparse types
-    "_serve_parser": {"_serve_flags", "_flag_types", "_network_flags", "perf", "supervisor"},
+    "_serve_parser": {
+        "_serve_flags",
+        "_flag_types",
+        "_network_flags",
+        "_triton_flags",
+        "perf",
+        "supervisor",
+    },
+    "_triton_flags": {"_flag_types", "frontends"},
     "_network_flags": {"_flag_types", "frontends", "supervisor"},
     "_flag_types": {"frontends", "supervisor"},
     "_serve_flags": set(),
