@@ -104,6 +104,13 @@ def _flood_limits(options: ServerOptions) -> FloodLimits:
         reset_rate=options.grpc_http2_stream_reset_rate,
         max_empty_frames=options.grpc_http2_max_empty_frames,
         read_timeout=options.grpc_read_timeout_secs,
+        send_timeout=options.grpc_send_timeout_secs,
+        max_send_buffer=options.grpc_max_connection_send_buffer_size,
+        keepalive_time=options.grpc_keepalive_time / 1000,
+        keepalive_timeout=options.grpc_keepalive_timeout / 1000,
+        max_pings_without_data=options.grpc_http2_max_pings_without_data,
+        max_age=options.grpc_max_connection_age / 1000,
+        max_age_grace=options.grpc_max_connection_age_grace / 1000,
     )
 
 

@@ -16,6 +16,18 @@ from shoal._flag_types import (
 from shoal.frontends._restricted import GROUPS as RESTRICTED_GROUPS
 from shoal.supervisor.options import MIB
 
+#: ``--grpc-infer-response-compression-level``'s values (Triton's).
+COMPRESSION_LEVELS = ("none", "low", "medium", "high")
+
+
+def parse_compression_level(text: str) -> str:
+    if text not in COMPRESSION_LEVELS:
+        raise argparse.ArgumentTypeError(
+            f"expected one of {', '.join(COMPRESSION_LEVELS)}, got '{text}'"
+        )
+    return text
+
+
 #: A limit flag: its name, type, default and help.
 _Limit = tuple[str, Callable[[str], object], object, str]
 
@@ -113,6 +125,63 @@ _GRPC_LIMITS: tuple[_Limit, ...] = (
         "taken; at least one message of --grpc-max-message-size): the call that would pass it "
         "is RESOURCE_EXHAUSTED",
     ),
+    (
+        "--grpc-send-timeout-secs",
+        parse_positive_float,
+        60.0,
+        "seconds an answer may wait for the client to take more of it (window or socket); "
+        "then the connection is ended",
+    ),
+    (
+        "--grpc-max-connection-send-buffer-size",
+        parse_positive_int,
+        1 << 30,
+        "answer bytes one connection may hold waiting for its client: the call whose answer "
+        "would pass it (unless nothing waits) is RESOURCE_EXHAUSTED",
+    ),
+)
+
+#: Triton's keepalive and connection age flags (its defaults; milliseconds).
+_GRPC_KEEPALIVE: tuple[_Limit, ...] = (
+    (
+        "--grpc-keepalive-time",
+        parse_positive_int,
+        7_200_000,
+        "milliseconds without a byte from the client before the server PINGs it",
+    ),
+    (
+        "--grpc-keepalive-timeout",
+        parse_positive_int,
+        20_000,
+        "milliseconds the server waits for any byte after its keepalive PING; then it closes "
+        "the connection",
+    ),
+    (
+        "--grpc-http2-max-pings-without-data",
+        parse_count,
+        2,
+        "keepalive PINGs the server sends while it sends no HEADERS or DATA; 0: no limit",
+    ),
+    (
+        "--grpc-max-connection-age",
+        parse_count,
+        0,
+        "milliseconds a connection may live; then GOAWAY: running calls finish, new ones go to "
+        "a new connection. 0: no limit",
+    ),
+    (
+        "--grpc-max-connection-age-grace",
+        parse_count,
+        0,
+        "milliseconds calls may still run after --grpc-max-connection-age; then the "
+        "connection closes. 0: no limit",
+    ),
+    (
+        "--grpc-infer-response-compression-level",
+        parse_compression_level,
+        "none",
+        "none, low, medium or high (Triton's); accepted, shoal sends answers uncompressed",
+    ),
 )
 
 
@@ -154,7 +223,7 @@ def add_limit_flags(serve: argparse.ArgumentParser) -> None:
         metavar="BYTES",
         help="the largest HTTP request body accepted (larger ones get 400)",
     )
-    for flag, kind, default, text in (*_HTTP_LIMITS, *_GRPC_LIMITS):
+    for flag, kind, default, text in (*_HTTP_LIMITS, *_GRPC_LIMITS, *_GRPC_KEEPALIVE):
         serve.add_argument(flag, type=kind, default=default, help=text)
 
 

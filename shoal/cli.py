@@ -139,6 +139,14 @@ def _limit_options(args: argparse.Namespace) -> dict[str, Any]:
         "grpc_http2_stream_reset_rate": args.grpc_http2_stream_reset_rate,
         "grpc_http2_max_empty_frames": args.grpc_http2_max_empty_frames,
         "grpc_read_timeout_secs": args.grpc_read_timeout_secs,
+        "grpc_send_timeout_secs": args.grpc_send_timeout_secs,
+        "grpc_max_connection_send_buffer_size": args.grpc_max_connection_send_buffer_size,
+        "grpc_keepalive_time": args.grpc_keepalive_time,
+        "grpc_keepalive_timeout": args.grpc_keepalive_timeout,
+        "grpc_http2_max_pings_without_data": args.grpc_http2_max_pings_without_data,
+        "grpc_max_connection_age": args.grpc_max_connection_age,
+        "grpc_max_connection_age_grace": args.grpc_max_connection_age_grace,
+        "grpc_infer_response_compression_level": args.grpc_infer_response_compression_level,
     }
 
 

@@ -111,6 +111,17 @@ class ServerOptions:
     grpc_http2_stream_reset_rate: float = 33.0
     grpc_http2_max_empty_frames: int = 1000
     grpc_read_timeout_secs: float = 60.0
+    #: How long an answer may wait for a client that takes none of it, and how many answer
+    #: bytes one connection may hold waiting (docs/hardening.md, "gRPC answers").
+    grpc_send_timeout_secs: float = 60.0
+    grpc_max_connection_send_buffer_size: int = 1 << 30
+    #: Triton's keepalive and connection age flags, in milliseconds (age 0: none).
+    grpc_keepalive_time: int = 7_200_000
+    grpc_keepalive_timeout: int = 20_000
+    grpc_http2_max_pings_without_data: int = 2
+    grpc_max_connection_age: int = 0
+    grpc_max_connection_age_grace: int = 0
+    grpc_infer_response_compression_level: str = "none"
     arenas: ArenaOptions = field(default_factory=ArenaOptions)
     backend_config: tuple[tuple[str, str, str], ...] = ()
     #: ``--backend-directory``: where Python-based backends live (``<dir>/<name>/model.py``).

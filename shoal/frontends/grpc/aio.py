@@ -171,10 +171,22 @@ class GrpcServer:
             ("grpc.http2.max_ping_strikes", limits.max_ping_strikes),
             ("grpc.http2.min_ping_interval_without_data_ms", int(limits.min_ping_interval * 1000)),
             ("grpc.keepalive_permit_without_calls", int(limits.permit_pings_without_calls)),
+            ("grpc.keepalive_time_ms", int(limits.keepalive_time * 1000)),
+            ("grpc.keepalive_timeout_ms", int(limits.keepalive_timeout * 1000)),
+            ("grpc.http2.max_pings_without_data", limits.max_pings_without_data),
+            *_age_options(limits),
             # Without this, gRPC binds with SO_REUSEPORT: a second server on a port in use would
             # start, and share the port, instead of failing.
             ("grpc.so_reuseport", int(self._reuse_port)),
         ]
+
+
+def _age_options(limits: FloodLimits) -> list[tuple[str, int]]:
+    """The connection age options, as Triton sets them: only those given (0: grpc's default,
+    no limit)."""
+    ages = [("grpc.max_connection_age_ms", limits.max_age)]
+    ages.append(("grpc.max_connection_age_grace_ms", limits.max_age_grace))
+    return [(name, int(seconds * 1000)) for name, seconds in ages if seconds]
 
 
 def _bind(server: Any, host: str, port: int) -> int:

@@ -22,7 +22,7 @@ from shoal.frontends.grpc.native_context import (
     give_back,
     inflated,
 )
-from shoal.frontends.grpc.native_headers import OK_TRAILERS, status_block
+from shoal.frontends.grpc.native_headers import OK_TRAILERS, encoding_error, status_block
 from shoal.frontends.grpc.native_messages import (
     Compressed,
     ConnectionBudget,
@@ -194,7 +194,7 @@ class NativeCall(CallWork):
         message: Message | Compressed = received
         if compressed:
             if self._encoding not in (b"gzip", b"deflate"):
-                self._unknown_encoding()
+                self._fail(*encoding_error(self._encoding))
                 return
             # Inflated by the call's task, not here: a large one goes to a thread.
             assert not isinstance(received, SplitRequest)  # compressed ones are never split
@@ -209,14 +209,6 @@ class NativeCall(CallWork):
             if isinstance(message, SplitRequest):
                 message.release()
             self._fail(UNIMPLEMENTED, "more than one request message for a unary method")
-
-    def _unknown_encoding(self) -> None:
-        encoding = self._encoding
-        name = "identity" if encoding is None else encoding.decode("latin-1")
-        self._fail(
-            UNIMPLEMENTED if encoding is not None else INTERNAL,
-            f"a compressed message with grpc-encoding '{name}'",
-        )
 
     def _inflate(self, message: bytes | bytearray) -> Coroutine[Any, Any, bytes | bytearray]:
         return inflated(message, self._encoding, self._server.max_message_bytes)
@@ -329,7 +321,7 @@ class NativeCall(CallWork):
             return
         serialize = self._method.serialize
         body = reply if serialize is None else serialize(reply)
-        if not self._done and not self._answer(body):
+        if not self._done and not self._answer(body) and not self._held_back(len(body)):
             self._send_headers()
             self._send_message(body)
 
@@ -374,7 +366,7 @@ class NativeCall(CallWork):
         written as they are, and the memory given back once the stream's bytes have left."""
         size = sum(memoryview(chunk).nbytes for chunk in reply.chunks)
         server = self._server
-        if self._done or server.lent + size > LENT_LIMIT:
+        if self._done or self._held_back(size) or server.lent + size > LENT_LIMIT:
             self._send_copied(reply)
             return
         server.lent += size
@@ -386,9 +378,16 @@ class NativeCall(CallWork):
             done = functools.partial(give_back, server, size, reply)
             self._connection.after_stream(self._stream_id, done)
 
+    def _held_back(self, size: int) -> bool:
+        """Whether the answer would pass what its connection may hold: then the call fails."""
+        refusal = self._connection.send_refusal(size)
+        if refusal:
+            self._finish(RESOURCE_EXHAUSTED, refusal)
+        return bool(refusal)
+
     def _send_copied(self, reply: LentReply) -> None:
-        """A lent reply copied, its memory released at once (nothing to send, or too much
-        lent memory waits for clients already)."""
+        """A lent reply copied, its memory released at once (nothing to send: the call is over;
+        or too much lent memory waits for clients already)."""
         try:
             body = b"" if self._done else b"".join(reply.chunks)
         finally:

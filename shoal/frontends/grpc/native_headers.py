@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from typing import Final
 
+from shoal.frontends.grpc.status import Status
 from shoal.frontends.h2 import frames as h2
 from shoal.frontends.h2.connection import Headers
 
@@ -95,3 +96,11 @@ def percent_encode(text: str) -> bytes:
         else:
             out += b"%%%02X" % byte
     return bytes(out)
+
+
+def encoding_error(encoding: bytes | None) -> tuple[int, str]:
+    """The status of a compressed message its call's ``grpc-encoding`` cannot inflate: an
+    unknown one's (UNIMPLEMENTED), or none at all (INTERNAL)."""
+    name = "identity" if encoding is None else encoding.decode("latin-1")
+    code = Status.UNIMPLEMENTED if encoding is not None else Status.INTERNAL
+    return int(code), f"a compressed message with grpc-encoding '{name}'"

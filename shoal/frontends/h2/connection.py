@@ -28,6 +28,7 @@ from shoal.frontends.h2.answers import Body
 from shoal.frontends.h2.errors import ConnectionError_, check_opened
 from shoal.frontends.h2.floods import FloodGuard, FloodLimits
 from shoal.frontends.h2.header_blocks import MAX_HEADER_LIST, HeaderDecoder, Headers
+from shoal.frontends.h2.liveness import Liveness
 from shoal.frontends.h2.placing import PLACE_FROM, Placing
 from shoal.frontends.h2.reading import RECEIVE_MAX_FRAME, FrameHandler, FrameReader, read_buffer
 from shoal.frontends.h2.scatter import Scatter, scatter_for
@@ -57,7 +58,6 @@ class Http2Connection(asyncio.BufferedProtocol):
     _highest_stream_id = 0  # the last the peer used, those refused after GOAWAY too
     _recv_unacked = 0  # credit we have not yet given back on the connection
     _going_away = False
-    _watch: asyncio.TimerHandle | None = None  # the timer of _check_reads
 
     def __init__(
         self,
@@ -83,7 +83,8 @@ class Http2Connection(asyncio.BufferedProtocol):
         )
         self._placing = Placing(self._reader, self._streams, self._reads)
         self._scatter: Scatter | None = None
-        self._last_read = self._loop.time()
+        self.last_read = self._loop.time()
+        self._liveness = Liveness(self, self._sender, limits)
         self.closed: asyncio.Future[None] = self._loop.create_future()
 
     def _frame_table(self) -> dict[int, FrameHandler]:
@@ -100,7 +101,7 @@ class Http2Connection(asyncio.BufferedProtocol):
     # --- asyncio.Protocol ---------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._watch = self._loop.call_later(self._limits.read_timeout, self._check_reads)
+        self._liveness.start()
         self._sender.attach(cast(asyncio.Transport, transport))
         self._scatter = scatter_for(self._sender.fd, self._reader, self._streams, self._count_data)
         self._placing.runs = self._scatter is not None
@@ -129,7 +130,7 @@ class Http2Connection(asyncio.BufferedProtocol):
 
     def _received(self, data: bytes | memoryview | None, placed: int) -> None:
         """Handle ``data`` read, or ``placed`` bytes read straight into a stream's place."""
-        self._last_read = self._loop.time()
+        self.last_read = self._loop.time()
         sender = self._sender
         scheduled = sender.flush_scheduled
         sender.flush_scheduled = True  # what parsing writes leaves at the end of this call
@@ -168,31 +169,12 @@ class Http2Connection(asyncio.BufferedProtocol):
         self._guard.resume_writing()
         self._sender.resume_writing()
 
-    def _check_reads(self) -> None:
-        """The connection's timer: drop it when something half-sent has stalled (see
-        FloodLimits.read_timeout). Idle connections stay: gRPC clients keep theirs for long."""
-        self._watch = None
-        transport = self._sender.transport
-        if transport is None:
-            return
-        timeout = self._limits.read_timeout
-        now = self._loop.time()
-        if now - self._last_read >= timeout and self._half_sent():
-            log.debug("HTTP/2 connection dropped: nothing read for %g s mid-request", timeout)
-            self._abort_streams()
-            transport.abort()
-            return
-        self._watch = self._loop.call_later(
-            max(self._last_read + timeout - now, 1.0), self._check_reads
-        )
-
-    def _half_sent(self) -> bool:
+    def half_sent(self) -> bool:
+        """Whether a preface, frame, header block or message has arrived in part."""
         return self._reader.half_read() or any_mid_message(self._streams)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self._watch is not None:
-            self._watch.cancel()
-            self._watch = None
+        self._liveness.stop()
         self._abort_streams()
         self._sender.connection_lost()
         if not self.closed.done():
@@ -273,6 +255,21 @@ class Http2Connection(asyncio.BufferedProtocol):
         if transport is not None:
             self._sender.flush()
             transport.close()
+
+    # --- what the clocks call (liveness) -------------------------------------------------------
+
+    def cut(self, code: int, reason: str) -> None:
+        """End at once (a peer that stopped taking part): calls reset, GOAWAY if it goes."""
+        self._abort_streams()
+        self._sender.drop()
+        self._sender.write(h2.goaway(self._last_stream_id, code, reason.encode()))
+        self._sender.flush()
+        if self._sender.transport is not None:
+            self._sender.transport.abort()
+
+    def send_refusal(self, size: int) -> str:
+        """Why an answer of ``size`` bytes may not wait for the peer too; "" if it may."""
+        return self._sender.refusal(size, self._limits.max_send_buffer)
 
     # --- frames in ----------------------------------------------------------------------------
 
@@ -404,6 +401,7 @@ class Http2Connection(asyncio.BufferedProtocol):
             self._reset_by_us(stream_id, stream, h2.FLOW_CONTROL_ERROR)
         else:
             stream.send_window += increment
+            self._sender.granted += 1
             if stream.pending:
                 self._sender.resume(stream_id, stream)
 

@@ -44,6 +44,20 @@ class FloodLimits:
     #: Seconds without a byte while something is half-sent (the preface, a frame, a header
     #: block or a stream's message): then the connection is dropped (nginx's read timeouts).
     read_timeout: float = 60.0
+    #: Seconds what waits for the peer (the windows it gives, or its socket) may wait with
+    #: nothing taken; then the connection ends (:mod:`~shoal.frontends.h2.liveness`).
+    send_timeout: float = 60.0
+    #: Answer bytes the connection may hold waiting for the peer: past it, a call fails.
+    max_send_buffer: int = 1 << 30
+    #: grpc-core's keepalive (Triton's flags): a PING after ``keepalive_time`` seconds with
+    #: nothing read, the connection closed if nothing comes within ``keepalive_timeout``; at
+    #: most ``max_pings_without_data`` PINGs (0: any) while we send no HEADERS or DATA.
+    keepalive_time: float = 7200.0
+    keepalive_timeout: float = 20.0
+    max_pings_without_data: int = 2
+    #: GOAWAY at this age (seconds; 0: never), closed ``max_age_grace`` later (0: never).
+    max_age: float = 0.0
+    max_age_grace: float = 0.0
 
 
 class FloodGuard:

@@ -42,6 +42,8 @@ class Sender:
     flush_scheduled = False
     #: HEADERS and DATA frames sent, for the ping policy (FloodGuard.ping).
     sent = 0
+    #: WINDOW_UPDATEs the peer sent (connection's and streams'): the send timeout's progress.
+    granted = 0
     #: Whether the next header block starts with a dynamic table size update (to 0).
     table_size_update = False
 
@@ -94,6 +96,7 @@ class Sender:
         if increment == 0:
             raise ConnectionError_(h2.PROTOCOL_ERROR, "a WINDOW_UPDATE of 0")
         self.window += increment
+        self.granted += 1
         if self.window > h2.MAX_WINDOW:
             raise ConnectionError_(h2.FLOW_CONTROL_ERROR, "the connection window overflowed")
         self.resume_blocked()
@@ -128,6 +131,30 @@ class Sender:
             self._after_drain += self._after_flush
             self._after_flush = []
             self._check_drained()
+
+    def waiting_bytes(self) -> int:
+        """Bytes that wait for the peer: in the streams' queues (for its windows) and in the
+        transport's buffer (for its socket)."""
+        transport = self.transport
+        waiting = 0 if transport is None else transport.get_write_buffer_size()
+        for stream_id in self.blocked:
+            stream = self._streams.get(stream_id)
+            if stream is not None:
+                waiting += stream.pending_bytes()
+        return waiting
+
+    def refusal(self, size: int, limit: int) -> str:
+        """Why ``size`` more bytes may not wait for the peer, with what waits already past
+        ``limit`` (FloodLimits.max_send_buffer); "" if they may (always, when nothing waits:
+        an answer larger than the limit still goes to a client that takes what it is sent)."""
+        waiting = self.waiting_bytes()
+        if not waiting or waiting + size <= limit:
+            return ""
+        return (
+            f"the connection holds {waiting} bytes of answers waiting for the client; "
+            f"{size} more would pass its limit of {limit} "
+            "(--grpc-max-connection-send-buffer-size)"
+        )
 
     def drop(self) -> None:
         """Forget what waits to be written (the connection is aborted)."""
@@ -257,15 +284,17 @@ class Sender:
             or len(trailers) > max_frame
         ):
             return False
+        self._out.append(answer_frames(stream_id, head, body, trailers))
         self.sent += 3
         stream.send_window -= size
         self.window -= size
         scheduled = self.flush_scheduled
         self.flush_scheduled = True  # what ending the stream writes goes with the answer
-        self._out.append(answer_frames(stream_id, head, body, trailers))
-        self._end_local(stream_id, stream)
-        if not scheduled:
-            self._flush_answered()
+        try:
+            self._end_local(stream_id, stream)
+        finally:  # the flag stays set only while a flush is due, whatever ending raised
+            if not scheduled:
+                self._flush_answered()
         return True
 
     def _flush_answered(self) -> None:
