@@ -84,8 +84,10 @@ class Keepalive:
     def look(self, now: float, last_read: float, sent: int) -> int:
         """PING: send one now; DEAD: close the connection; 0: nothing to do."""
         if self.ping_sent is not None:
-            if last_read > self.ping_sent:
-                self.ping_sent = None  # answered
+            # Answered: read since (the same time too: uvloop's clock counts milliseconds,
+            # and nothing read can be as late as the PING when it was sent, see below).
+            if last_read >= self.ping_sent:
+                self.ping_sent = None
             elif now - self.ping_sent >= self.timeout:
                 return DEAD
             else:

@@ -288,7 +288,7 @@ def test_a_connection_lost_mid_frame_resets_the_stream() -> None:
         head = _start() + _open(1) + h2.frame_header(h2.DATA, 0, 1, _FRAME)
         lent = _drive(connection, head + payload[:500_000], [256 * 1024, 1 << 22])
         assert lent[-1] == _FRAME - (256 * 1024 - len(head))  # mid-frame, into place
-        assert connection._half_sent()
+        assert connection.half_sent()
         connection.connection_lost(None)
         assert handlers[1].was_reset
         assert not connection._streams

@@ -200,7 +200,7 @@ def test_a_reset_or_a_lost_connection_mid_run() -> None:
             wire.send(_start() + _open(1) + b"".join(_frames(1, payload, _FRAME)[:13]))
             wire.send(h2.frame_header(h2.DATA, 0, 1, _FRAME) + payload[:100])
             wire.drive(connection, reads)
-            assert connection._half_sent()
+            assert connection.half_sent()
             connection.connection_lost(None)
             assert handlers[1].was_reset and not connection._streams
 
