@@ -12,16 +12,20 @@ _Loaded = dict[str, dict[int, ModelVersion]]
 
 
 def ensemble_problem(
-    config: model_config.ModelConfig, sources: dict[str, ModelSource], models: _Loaded
+    config: model_config.ModelConfig,
+    sources: dict[str, ModelSource],
+    models: _Loaded,
+    config_name: str = "",
 ) -> str | None:
     """What stops an ensemble from loading, checked against its step models (nested
-    ensembles included) as Triton does; step models still loading at start-up are skipped."""
+    ensembles included) as Triton does; step models still loading at start-up are skipped.
+    ``config_name``: ``--model-config-name``, for the steps read from a repository."""
     try:
         check_ensemble(
             config,
             lambda name: name in sources or name in models,
             lambda name: _loaded_config(name, models),
-            lambda name: _steps_of(name, sources, models),
+            lambda name: _steps_of(name, sources, models, config_name),
         )
     except EnsembleProblem as problem:
         return str(problem)
@@ -35,19 +39,21 @@ def _loaded_config(name: str, models: _Loaded) -> model_config.ModelConfig | Non
     return max(versions.values(), key=lambda v: v.version).config
 
 
-def _steps_of(name: str, sources: dict[str, ModelSource], models: _Loaded) -> list[str]:
+def _steps_of(
+    name: str, sources: dict[str, ModelSource], models: _Loaded, config_name: str
+) -> list[str]:
     """The step models of ensemble ``name``: loaded, else as its repository config says."""
     loaded = _loaded_config(name, models)
     if loaded is not None:
         return [s.model_name for s in loaded.ensemble_steps]
     source = sources.get(name)
-    return [] if source is None else _configured_steps(source)
+    return [] if source is None else _configured_steps(source, config_name)
 
 
-def _configured_steps(source: ModelSource) -> list[str]:
+def _configured_steps(source: ModelSource, config_name: str) -> list[str]:
     """The step models an ensemble's config in its repository names."""
     try:
-        proto = model_config.read_config(source.path, strict=False).proto
+        proto = model_config.read_config(source.path, config_name=config_name).proto
     except (model_config.ConfigError, OSError):
         return []  # it fails its own load, with its own message
     return [s.model_name for s in proto.ensemble_scheduling.step]

@@ -291,7 +291,7 @@ class ModelRepositoryManager:
         if not mv.config.is_ensemble:
             return None
         sources, _ = scan(self.sources.local_paths)
-        return ensemble_problem(mv.config, sources, self.models)
+        return ensemble_problem(mv.config, sources, self.models, self.options.model_config_name)
 
     def _model_path(
         self, name: str, config_json: str | None, files: dict[str, bytes] | None

@@ -7,6 +7,8 @@ import pytest
 
 from shoal.config import load_model_config
 from shoal.supervisor.models._ensemble_checks import EnsembleProblem, check_ensemble
+from shoal.supervisor.models._step_models import ensemble_problem
+from shoal.supervisor.models.repository import ModelSource
 from tests.integration.server import BUNDLED, TEST_MODELS
 from tests.unit.config.helpers import make_model
 
@@ -109,3 +111,28 @@ def test_a_step_model_must_batch_as_much_as_the_ensemble(tmp_path):
     with pytest.raises(EnsembleProblem) as info:
         _chain(tmp_path, 16)
     assert "ensemble 'chain' allows batch size 16 but model 'producer'" in str(info.value)
+
+
+def _ensemble(name, step):
+    return (
+        f'name: "{name}"\nplatform: "ensemble"\n'
+        'input [ { name: "X" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+        'output [ { name: "Y" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+        f'ensemble_scheduling {{ step [ {{ model_name: "{step}" model_version: -1 '
+        'input_map { key: "X" value: "X" } output_map { key: "Y" value: "Y" } } ] }\n'
+    )
+
+
+def test_a_cycle_through_a_custom_config_is_found_with_model_config_name(tmp_path):
+    """--model-config-name: the steps of an ensemble not loaded yet are read from the file the
+    server would load it from (configs/<name>.pbtxt where it exists)."""
+    for name, step in (("ens_a", "ens_b"), ("ens_b", "other")):
+        (tmp_path / name / "1").mkdir(parents=True)
+        (tmp_path / name / "config.pbtxt").write_text(_ensemble(name, step))
+    (tmp_path / "ens_b" / "configs").mkdir()
+    (tmp_path / "ens_b" / "configs" / "alt.pbtxt").write_text(_ensemble("ens_b", "ens_a"))
+    sources = {n: ModelSource(n, str(tmp_path / n)) for n in ("ens_a", "ens_b", "other")}
+    config = load_model_config(tmp_path / "ens_a")
+    assert ensemble_problem(config, sources, {}) is None
+    problem = ensemble_problem(config, sources, {}, "alt")
+    assert problem is not None and "ensemble 'ens_a' contains itself" in problem, problem
