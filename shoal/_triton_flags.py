@@ -150,10 +150,10 @@ _NO_TLS = (
 _HONOURED = (
     _flag(
         "--id",
-        default="shoal",
+        default="triton",
         metavar="ID",
-        help="the server's name in GET /v2 and gRPC "
-        "ServerMetadata (tritonserver's default is triton)",
+        help="the server's name in GET /v2 and gRPC ServerMetadata (tritonserver's default: "
+        "clients such as tritonclient's examples check that it is triton)",
     ),
     _flag(
         "--disable-auto-complete-config",

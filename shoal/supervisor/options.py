@@ -62,7 +62,7 @@ class ServerOptions:
     #: ``--allow-client-shm``: clients may register and unregister shared-memory regions.
     allow_client_shm: bool = True
     #: ``--id``: the server's name in its metadata.
-    server_id: str = "shoal"
+    server_id: str = "triton"
     model_control_mode: str = "none"
     repository_poll_secs: float = 15.0
     load_models: tuple[str, ...] = ()

@@ -60,7 +60,7 @@ def test_health_and_metadata(api):
     assert client.is_server_live() and client.is_server_ready()
     assert client.is_model_ready("add_sub") and not client.is_model_ready("nope")
     server = _meta(client.get_server_metadata())
-    assert server["name"] == "shoal" and "binary_tensor_data" in server["extensions"]
+    assert server["name"] == "triton" and "binary_tensor_data" in server["extensions"]
     model = _meta(client.get_model_metadata("add_sub"))
     assert model["platform"] == "python" and model["versions"] == ["1"]
     assert [i["name"] for i in model["inputs"]] == ["INPUT0", "INPUT1"]

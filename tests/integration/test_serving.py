@@ -47,7 +47,7 @@ def test_health_and_metadata(client):
     assert client.is_model_ready("add_sub")
     assert not client.is_model_ready("no_such_model")
     meta = client.get_server_metadata()
-    assert meta["name"] == "shoal"
+    assert meta["name"] == "triton"
     assert "binary_tensor_data" in meta["extensions"]
     model = client.get_model_metadata("add_sub")
     assert model["name"] == "add_sub"

@@ -34,7 +34,7 @@ def _refused(capsys: pytest.CaptureFixture[str], *flags: str) -> str:
 HONOURED = [
     (("--id", "edge-7"), "server_id", "edge-7"),
     (("--id=edge-7",), "server_id", "edge-7"),
-    ((), "server_id", "shoal"),
+    ((), "server_id", "triton"),
     (("--disable-auto-complete-config",), "strict_model_config", True),
     (
         ("--strict-model-config=false", "--disable-auto-complete-config"),
