@@ -37,6 +37,7 @@ from shoal.frontends.workers.direct_records import (
     execute_payload,
     model_error,
     output_blocks,
+    pin_outputs,
     private_inputs,
     whole_response,
 )
@@ -47,6 +48,7 @@ from shoal.frontends.workers.direct_stubs import (
     Waiting,
     least_busy,
     monotonic_ns,
+    split_routes,
 )
 from shoal.frontends.workers.packing import Prepared
 from shoal.ipc import messages as msg
@@ -153,7 +155,7 @@ class DirectDispatch:
     def revoke(self, token: int, slots: list[int]) -> None:
         """The core takes the routes of ``slots`` back: no new request goes on them (the core
         hears so at once) and the core hears once those in flight are done."""
-        taken = self._drop_routes(lambda route: route.slot in slots)
+        self._routes, taken = split_routes(self._routes, lambda route: route.slot in slots)
         self._send([wire.DIRECT_STOPPED, 0, token])
         waiting = False
         for route in taken:
@@ -162,18 +164,6 @@ class DirectDispatch:
                 waiting = True
         if not waiting:
             self._send([wire.DIRECT_RELEASED, 0, token])
-
-    def _drop_routes(self, which: Callable[[Route], bool]) -> list[Route]:
-        """Forget the routes ``which`` picks (their requests in flight go on); returns them."""
-        kept: dict[tuple[str, str], Route | float] = {}
-        dropped: list[Route] = []
-        for key, route in self._routes.items():
-            if isinstance(route, Route) and which(route):
-                dropped.append(route)
-            else:
-                kept[key] = route
-        self._routes = kept
-        return dropped
 
     # -- requests ----------------------------------------------------------------------------
 
@@ -270,9 +260,9 @@ class DirectDispatch:
         for token in tokens:
             self._send([wire.DIRECT_RELEASED, 0, token])
 
-    def _read(self, stub: Stub) -> None:
+    def _read(self, stub: Stub) -> list[tuple[Waiting, Answer, bool]]:
         """Results waiting on ``stub``'s channel: statistics counted (and written, before any
-        response is written), each to the request waiting for it."""
+        response is written), each to the request waiting for it; returns them."""
         results: list[tuple[Waiting, Answer, bool]] = []
         while (payload := stub.channel.recv_up_nowait()) is not None:
             message: Answer | None = read_one(payload)  # nearly every answer: read at once
@@ -293,6 +283,7 @@ class DirectDispatch:
                 self._done(stub, output_blocks(result), waiting.inputs)
             else:
                 waiting.future.set_result(result)
+        return results
 
     def _count(self, waiting: Waiting, result: Answer, cancelled: bool) -> None:
         if type(result) is OneWhole:  # a success, run by the model
@@ -434,6 +425,10 @@ class DirectDispatch:
             os.close(stub.pidfd)
             stub.pidfd = None
         self._stubs.pop(stub.pid, None)
+        with contextlib.suppress(Exception):  # a ring that does not read: what waits fails
+            for _, result, cancelled in self._read(stub):  # what it wrote whole is answered,
+                if not cancelled:  # its outputs copied: the core has its arena dropped next
+                    pin_outputs(result, self._inputs.arena_id, self._bytes)
         pending, stub.pending = stub.pending, {}
         for waiting in pending.values():
             if waiting.inputs:
@@ -442,7 +437,7 @@ class DirectDispatch:
             if not waiting.future.done():
                 waiting.future.set_exception(why)
         self._tally.publish()
-        self._drop_routes(lambda route: stub in route.stubs)
+        self._routes = split_routes(self._routes, lambda route: stub in route.stubs)[0]
         stub.channel.close()
 
     def close(self) -> None:

@@ -9,6 +9,7 @@ block of the worker's arena), no trace context.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Final
 
 from shoal.core.errors import ErrorCode, ModelError
@@ -16,6 +17,7 @@ from shoal.core.types import InferOutput, InferRequest, InferResponse
 from shoal.frontends.workers.head_bytes import int_bytes
 from shoal.ipc import messages as msg
 from shoal.ipc.arena import Block
+from shoal.ipc.tensor import InlineBytes, TensorDesc
 from shoal.ipc.whole_results import InlineOutput, OneWhole
 
 #: A stub's answer to a worker's request as the worker reads it: a Result of one response whose
@@ -28,6 +30,7 @@ __all__ = [
     "execute_payload",
     "model_error",
     "output_blocks",
+    "pin_outputs",
     "private_inputs",
     "whole_response",
 ]
@@ -94,3 +97,19 @@ def whole_response(
         InferOutput(name, datatype, shape, data, {}) for name, datatype, shape, data in outputs
     ]
     return InferResponse(request.model_name, label, request.id, tensors, parameters)
+
+
+def pin_outputs(result: Answer, own_arena: int, read: Callable[[object], memoryview]) -> None:
+    """The answer of a stub that exited: its outputs in the stub's arena are copied out now,
+    while the worker maps it (an output it cannot read is left to fail when answered)."""
+    if type(result) is not msg.Result:
+        return
+    for record in result.responses:
+        for index, output in enumerate(record.outputs):
+            location = output.location
+            if isinstance(location, Block) and location.arena_id != own_arena:
+                try:
+                    data = InlineBytes(bytes(read(location)))
+                except Exception:
+                    continue
+                record.outputs[index] = TensorDesc(output.name, output.datatype, output.shape, data)

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Final, Protocol
 
 from shoal.frontends.workers.direct_records import Answer
 from shoal.ipc.arena import Block
 from shoal.ipc.queue import Channel
 
-__all__ = ["InputArena", "Route", "Stub", "Waiting", "least_busy", "monotonic_ns"]
+__all__ = ["InputArena", "Route", "Stub", "Waiting", "least_busy", "monotonic_ns", "split_routes"]
 
 #: The clock of a request's statistics, bound once: compiled, a Final is a C static, where
 #: ``time.monotonic_ns`` is an attribute look-up on the module at every call.
@@ -95,3 +96,19 @@ def least_busy(stubs: list[Stub], turn: int) -> Stub | None:
         if not stub.dead and (best is None or len(stub.pending) < len(best.pending)):
             best = stub
     return best
+
+
+Routes = dict[tuple[str, str], Route | float]
+
+
+def split_routes(routes: Routes, which: Callable[[Route], bool]) -> tuple[Routes, list[Route]]:
+    """The routes to keep, and those ``which`` picks to forget (their requests in flight go
+    on)."""
+    kept: Routes = {}
+    dropped: list[Route] = []
+    for key, route in routes.items():
+        if isinstance(route, Route) and which(route):
+            dropped.append(route)
+        else:
+            kept[key] = route
+    return kept, dropped

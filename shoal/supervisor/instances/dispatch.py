@@ -11,6 +11,7 @@ from shoal.supervisor.instances.answers import Answers
 from shoal.supervisor.instances.channel import StubChannel
 from shoal.supervisor.instances.handshake import Handshake
 from shoal.supervisor.instances.ledger import InFlightLedger
+from shoal.supervisor.instances.outputs import StubOutputs, lent_blocks
 from shoal.supervisor.instances.spec import BlsHandler, Caller, ControlHandler, InstanceScope
 
 log = logging.getLogger("shoal")
@@ -33,7 +34,7 @@ class UpMessages:
         scope: InstanceScope,
         caller: Caller,
         calls: tuple[BlsHandler | None, ControlHandler | None],
-        answers: Answers,
+        answers: tuple[Answers, StubOutputs],
         handshake: Handshake,
         ledger: InFlightLedger,
         async_concurrency: int,
@@ -42,7 +43,7 @@ class UpMessages:
         self._directory = scope.directory
         self._caller = caller
         self._bls, self._control = calls
-        self._answers = answers
+        self._answers, self._outputs = answers
         self._handshake = handshake
         self._ledger = ledger
         self._async_concurrency = max(1, async_concurrency)
@@ -57,6 +58,28 @@ class UpMessages:
             self.dispatch(proc, msg.decode(payload))
             limit -= 1
         return False
+
+    def last_words(self, proc: StubChannel) -> None:
+        """Handle everything an exited stub wrote whole: its answers reach their requests
+        before what it left unanswered fails, and its arena stays mapped until the blocks
+        they hand on come back (``StubOutputs.keep``). A record cut short by the death never
+        became visible (the ring's tail moves after a record is written whole); a ring that
+        does not read ends the reading, a message that does not is logged and skipped: the
+        requests they answered fail with the rest."""
+        while True:
+            try:
+                payload = proc.recv_up_nowait()
+            except Exception as error:  # a dead stub's ring: logged
+                log.error("[%s] the exited stub's ring does not read: %r", self._name, error)
+                return
+            if payload is None:
+                return
+            try:
+                message = msg.decode(payload)
+                self._outputs.keep(proc, lent_blocks(proc, message))
+                self.dispatch(proc, message)
+            except Exception as error:  # one message: logged, the others read
+                log.error("[%s] a message of the exited stub failed: %r", self._name, error)
 
     def dispatch(self, proc: StubChannel, message: msg.Message) -> None:
         match message:

@@ -101,8 +101,9 @@ class StubInstance:
         self._handshake = Handshake(scope)
         self._feeder = Feeder(scope, self._ledger, self._streams, links.rate_limit, links.decoupled)
         calls = (links.bls, links.control)
+        answers = (self._answers, self._outputs)
         up = UpMessages(
-            scope, self, calls, self._answers, self._handshake, self._ledger, spec.async_concurrency
+            scope, self, calls, answers, self._handshake, self._ledger, spec.async_concurrency
         )
         self._lifecycle = StubLifecycle(scope, spec, links.make_stub, (self._handshake, up, self))
         self._worker: asyncio.Task[None] | None = None
@@ -268,8 +269,8 @@ class StubInstance:
                 work.on_cancel = None
             assert source is not None
             source.requeue(entry.batch)
-        for entry in started:
-            fail_batch(entry.batch, error, self._links.free_inputs)
+        for entry in started:  # (its last answers were delivered: these had none)
+            fail_batch(entry.batch, error, self._links.free_inputs, streamed=True)
         self._streams.fail_all(error)
         self.stub_gone(proc)
         self._outputs.forget()
@@ -285,6 +286,9 @@ class StubInstance:
         if proc.pid == self._calling_pid and self._calls_open > 0:
             self._calls_open = 0  # its calls are over with it
             self._calls_over()
+
+    def after_answers(self, proc: StubChannel, then: Callable[[], None]) -> None:
+        self._outputs.after_answers(proc, then)
 
     def gave_up(self) -> None:
         if self._links.on_failed is not None:

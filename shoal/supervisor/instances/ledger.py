@@ -253,9 +253,16 @@ class InFlightLedger:
         proc.kill()  # its exit fails the batch with DeadlineExceeded
 
 
-def fail_batch(batch: list[Work], error: ShoalError, free: FreeInputs) -> None:
-    """Fail every request of a batch that will not be answered, and free its inputs."""
+def fail_batch(
+    batch: list[Work], error: ShoalError, free: FreeInputs, streamed: bool = False
+) -> None:
+    """Fail every request of a batch that will not be answered, and free its inputs.
+
+    ``streamed`` (its stub died): a decoupled request's inputs are its stream's to free, once
+    the responses it delivered (which may hand an input on) are released."""
     for work in batch:
-        free(work.input_blocks)
+        if not (streamed and work.stream is not None) and work.input_blocks:
+            blocks, work.input_blocks = work.input_blocks, []
+            free(blocks)
         if not work.future.done():
             work.future.set_exception(error)

@@ -42,6 +42,11 @@ class StubEvents(Protocol):
         held."""
         ...
 
+    def after_answers(self, proc: StubChannel, then: Callable[[], None]) -> None:
+        """Call ``then`` once the answers an exited stub left in its ring, delivered at its
+        exit, have given back the blocks of its arena they read from: now if none is out."""
+        ...
+
     def gave_up(self) -> None:
         """The instance is in a crash loop and no longer restarts."""
         ...
@@ -141,12 +146,16 @@ class StubLifecycle:
         await self.discard(proc)
 
     async def discard(self, proc: StubChannel) -> None:
-        """Wait for (or force) the exit of a stub we are done with, then close its resources."""
+        """Wait for (or force) the exit of a stub we are done with, then close its resources
+        (its arena once the last answers it left are written)."""
         await self._wait_exit(proc)
-        self._directory.unregister(proc)
-        proc.close(self._loop)
         if self._current.proc is proc:
             self._current.proc = None
+        self._events.after_answers(proc, lambda: self._close(proc))
+
+    def _close(self, proc: StubChannel) -> None:
+        self._directory.unregister(proc)
+        proc.close(self._loop)
 
     async def _initialize(self, proc: StubChannel) -> None:
         for segment in self._directory.input_arena.segments:
@@ -172,25 +181,20 @@ class StubLifecycle:
     def _on_exit(self, proc: StubChannel, returncode: int) -> None:
         how = describe_exit(returncode)
         self._current.ready.clear()
-        if self._handshake.initializing:
-            self._drain_last(proc)
+        # What it wrote whole before it exited is handled first: the answers reach their
+        # requests (only those it left unanswered fail), and the Ready of a stub that died
+        # starting says the model's error.
+        self._up.last_words(proc)
         self._handshake.stub_exited(proc is self._current.proc, how)
-        self._directory.unregister(proc)
         if self._current.stopping or self._launching or proc is not self._current.proc:
             # An unloaded or replaced stub, or one that died starting (its launcher reports
             # that): what it held comes back too.
             self._events.stub_gone(proc)
-            return
-        self._died(proc, how)
-
-    def _drain_last(self, proc: StubChannel) -> None:
-        """Read what a stub that died starting sent: the Ready with the model's error may
-        still be in the ring."""
-        try:
-            while not self._up.drain(proc):
-                pass  # all of it: nothing more will come
-        except Exception:  # a record cut short by the death: the exit says enough
-            pass
+        else:
+            self._died(proc, how)
+        # After the workers heard of the death (``_died``): they read its last answers on
+        # their own channels before they drop its arena.
+        self._events.after_answers(proc, lambda: self._directory.unregister(proc))
 
     def _died(self, proc: StubChannel, how: str) -> None:
         self.health.last_exit = how

@@ -8,10 +8,16 @@ A ``Release`` does not wake the stub while it has a batch in flight and runs one
 (not decoupled): it reads its ring before it sleeps again, so the wake-up would be wasted. The
 bell it did not ring is owed until the batch is answered (:meth:`StubOutputs.settle`): a stub
 that had already gone to sleep then wakes and frees the blocks (docs/ipc.md, "Wake-ups").
+
+A stub that exits leaves answers in its ring that it wrote whole: they are still delivered
+(``UpMessages.last_words``), their blocks read in place in the dead stub's arena. The arena is
+let go (its mappings closed, the frontend workers told to drop it) only once those answers have
+been written and released (:meth:`StubOutputs.keep`, :meth:`StubOutputs.after_answers`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 from shoal.ipc import messages as msg
@@ -36,6 +42,14 @@ class Batches(Protocol):
     limit: int
 
 
+class _Kept:
+    """The blocks of a dead stub's last answers still out, and what waits for their return."""
+
+    def __init__(self) -> None:
+        self.blocks: set[Block] = set()
+        self.then: list[Callable[[], None]] = []
+
+
 class StubOutputs:
     """The owner of an instance's completions' blocks (a ``work.OutputOwner``)."""
 
@@ -53,6 +67,8 @@ class StubOutputs:
         self._scheduled = False
         #: A ``Release`` went without the bell: the stub is woken once its batch is answered.
         self._owed: StubChannel | None = None
+        #: Exited stubs whose last answers hold blocks of their arena, by ``id`` of the stub.
+        self._kept: dict[int, _Kept] = {}
 
     def output_view(self, proc: StubChannel, block: Block | CudaLocation) -> memoryview:
         if type(block) is Block and block.arena_id == proc.output_arena_id:
@@ -76,6 +92,8 @@ class StubOutputs:
                 self._free_inputs([block])  # a passed-through input-arena block
             elif proc is self._current.proc and proc.returncode is None:
                 self._pending.append(block)
+            elif self._kept:  # an exited stub's: nothing to send, its arena may go
+                self._returned(proc, block)
         if self._pending and not self._scheduled:
             self._scheduled = True
             self._loop.call_soon(self._flush)
@@ -90,6 +108,31 @@ class StubOutputs:
         """The stub died: its output arena goes with it, nothing is left to give back."""
         self._pending.clear()
         self._owed = None
+
+    def keep(self, proc: StubChannel, blocks: list[Block]) -> None:
+        """``proc`` exited and its last answers, delivered now, hold ``blocks`` of its arena:
+        the arena stays mapped until they come back (:meth:`after_answers`)."""
+        if blocks:
+            self._kept.setdefault(id(proc), _Kept()).blocks.update(blocks)
+
+    def after_answers(self, proc: StubChannel, then: Callable[[], None]) -> None:
+        """Call ``then`` once the blocks kept of the exited ``proc`` have come back: now if
+        none is out."""
+        kept = self._kept.get(id(proc))
+        if kept is None:
+            then()
+        else:
+            kept.then.append(then)
+
+    def _returned(self, proc: StubChannel, block: Block) -> None:
+        kept = self._kept.get(id(proc))
+        if kept is None:
+            return
+        kept.blocks.discard(block)
+        if not kept.blocks:
+            del self._kept[id(proc)]
+            for then in kept.then:
+                then()
 
     def settle(self) -> None:
         """The stub's batches are answered: ring the bell a ``Release`` did not."""
@@ -114,6 +157,16 @@ class StubOutputs:
         main loop reads the ring when that batch ends, before it sleeps)."""
         batches = self._batches
         return batches is None or batches.limit != 1 or batches.idle.is_set()
+
+
+def lent_blocks(proc: StubChannel, message: msg.Message) -> list[Block]:
+    """The blocks of ``proc``'s arena an answer (a Result or a Response) hands on."""
+    if type(message) is msg.Response:
+        body = message.response
+        return [] if body is None else owned_outputs(proc, body)
+    if type(message) is msg.Result:
+        return [b for record in message.responses for b in owned_outputs(proc, record)]
+    return []
 
 
 def owned_outputs(proc: StubChannel, response: msg.ResponseRecord) -> list[Block]:
