@@ -88,6 +88,8 @@ class TritonPythonModel:
         for request in requests:
             die, size = wanted(request)
             sender = request.get_response_sender()
+            if die:
+                flood(LOGS)
             for i in range(size):
                 out = pb_utils.Tensor("OUT", np.array([i], np.float32))
                 sender.send(pb_utils.InferenceResponse([out]))

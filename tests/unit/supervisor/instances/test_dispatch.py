@@ -172,3 +172,43 @@ def test_open_streams_fail_together_when_the_stub_dies():
         parts.close()
 
     run(scenario())
+
+
+class Exited:
+    """A stub that exited with messages still in its ring."""
+
+    output_arena_id = 7
+    returncode = -9
+    pid = 2
+
+    def __init__(self, payloads: list[bytes]) -> None:
+        self._payloads = payloads
+
+    def recv_up_nowait(self) -> bytes | None:
+        return self._payloads.pop(0) if self._payloads else None
+
+
+def test_an_exited_stubs_last_answers_reach_their_request_past_one_that_does_not_read(caplog):
+    async def scenario():
+        parts = Parts()
+        work = parts.decoupled_work(key=5)
+        dead = Exited(
+            [
+                msg.encode(msg.Response(5, ResponseRecord([]), final=False)),
+                b"\xc1\x00",  # the mark of a whole Result, cut short
+                msg.encode(msg.Response(5, ResponseRecord([]), final=True)),
+            ]
+        )
+        with caplog.at_level(logging.ERROR, logger="shoal"):
+            parts.up.last_words(dead)
+        assert work.stream is not None
+        first, last, end = (work.stream.get_nowait() for _ in range(3))
+        assert isinstance(first, Completion) and not first.final
+        assert isinstance(last, Completion) and last.final
+        assert end is None
+        assert "a message of the exited stub failed" in caplog.text
+        first.release()
+        last.release()
+        parts.close()
+
+    run(scenario())
