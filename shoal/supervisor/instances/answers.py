@@ -185,6 +185,8 @@ class Answers:
             return _NO_BLOCKS
         arena_id = proc.output_arena_id
         owned = [b for b in outputs if b.arena_id == arena_id]
+        if owned:
+            self._outputs.lend(len(owned))
         freed: list[Block] = []
         for block in inputs:
             if block in outputs:  # an input returned unchanged: its block is the response's now
@@ -207,7 +209,10 @@ class Answers:
     def _stream_completion(
         self, proc: StubChannel, work: Work, body: msg.ResponseRecord
     ) -> Completion:
-        completion = Completion(body, self._outputs, proc, owned_outputs(proc, body))
+        owned = owned_outputs(proc, body)
+        if owned:
+            self._outputs.lend(len(owned))
+        completion = Completion(body, self._outputs, proc, owned)
         if self._cuda.lent_count:
             completion.owned_cuda = self._outputs.adopt_cuda(proc, body)
         if body.error is None and work.on_complete is not None:

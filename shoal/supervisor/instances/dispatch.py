@@ -11,7 +11,6 @@ from shoal.supervisor.instances.answers import Answers
 from shoal.supervisor.instances.channel import StubChannel
 from shoal.supervisor.instances.handshake import Handshake
 from shoal.supervisor.instances.ledger import InFlightLedger
-from shoal.supervisor.instances.outputs import StubOutputs, lent_blocks
 from shoal.supervisor.instances.spec import BlsHandler, Caller, ControlHandler, InstanceScope
 
 log = logging.getLogger("shoal")
@@ -34,7 +33,7 @@ class UpMessages:
         scope: InstanceScope,
         caller: Caller,
         calls: tuple[BlsHandler | None, ControlHandler | None],
-        answers: tuple[Answers, StubOutputs],
+        answers: Answers,
         handshake: Handshake,
         ledger: InFlightLedger,
         async_concurrency: int,
@@ -43,7 +42,7 @@ class UpMessages:
         self._directory = scope.directory
         self._caller = caller
         self._bls, self._control = calls
-        self._answers, self._outputs = answers
+        self._answers = answers
         self._handshake = handshake
         self._ledger = ledger
         self._async_concurrency = max(1, async_concurrency)
@@ -61,11 +60,11 @@ class UpMessages:
 
     def last_words(self, proc: StubChannel) -> None:
         """Handle everything an exited stub wrote whole: its answers reach their requests
-        before what it left unanswered fails, and its arena stays mapped until the blocks
-        they hand on come back (``StubOutputs.keep``). A record cut short by the death never
-        became visible (the ring's tail moves after a record is written whole); a ring that
-        does not read ends the reading, a message that does not is logged and skipped: the
-        requests they answered fail with the rest."""
+        before what it left unanswered fails (its arena stays mapped while they are written:
+        ``StubOutputs.after_answers``). A record cut short by the death never became visible
+        (the ring's tail moves after a record is written whole); a ring that does not read
+        ends the reading, a message that does not is logged and skipped: the requests they
+        answered fail with the rest."""
         while True:
             try:
                 payload = proc.recv_up_nowait()
@@ -76,7 +75,6 @@ class UpMessages:
                 return
             try:
                 message = msg.decode(payload)
-                self._outputs.keep(proc, lent_blocks(proc, message))
                 self.dispatch(proc, message)
             except Exception as error:  # one message: logged, the others read
                 log.error("[%s] a message of the exited stub failed: %r", self._name, error)

@@ -101,9 +101,8 @@ class StubInstance:
         self._handshake = Handshake(scope)
         self._feeder = Feeder(scope, self._ledger, self._streams, links.rate_limit, links.decoupled)
         calls = (links.bls, links.control)
-        answers = (self._answers, self._outputs)
         up = UpMessages(
-            scope, self, calls, answers, self._handshake, self._ledger, spec.async_concurrency
+            scope, self, calls, self._answers, self._handshake, self._ledger, spec.async_concurrency
         )
         self._lifecycle = StubLifecycle(scope, spec, links.make_stub, (self._handshake, up, self))
         self._worker: asyncio.Task[None] | None = None

@@ -9,10 +9,12 @@ A ``Release`` does not wake the stub while it has a batch in flight and runs one
 bell it did not ring is owed until the batch is answered (:meth:`StubOutputs.settle`): a stub
 that had already gone to sleep then wakes and frees the blocks (docs/ipc.md, "Wake-ups").
 
-A stub that exits leaves answers in its ring that it wrote whole: they are still delivered
-(``UpMessages.last_words``), their blocks read in place in the dead stub's arena. The arena is
-let go (its mappings closed, the frontend workers told to drop it) only once those answers have
-been written and released (:meth:`StubOutputs.keep`, :meth:`StubOutputs.after_answers`).
+A stub that exits may have answers out whose outputs lie in its arena: those it wrote whole
+before dying (``UpMessages.last_words`` delivers them) and those being written to clients. The
+arena is let go (its mappings closed, the frontend workers told to drop it) once they are all
+released (:meth:`StubOutputs.after_answers`), or after :data:`KEEP_AT_MOST_S` at most. So the
+blocks its completions hold are counted (:meth:`StubOutputs.lend`): one addition per completion
+that has blocks, one subtraction per block given back.
 """
 
 from __future__ import annotations
@@ -32,6 +34,10 @@ from shoal.supervisor.instances.spec import Flag, InstanceScope
 #: long decoupled stream gives back every response still queued in it at once.
 RELEASE_BATCH = 8192
 
+#: Seconds an exited stub's arena stays mapped at most for the answers still out that read it:
+#: views already taken keep their pages (``Segment.close``), later ones fail UNAVAILABLE.
+KEEP_AT_MOST_S = 60.0
+
 
 class Batches(Protocol):
     """What the stub has in flight (the instance's ``InFlightLedger``)."""
@@ -43,10 +49,11 @@ class Batches(Protocol):
 
 
 class _Kept:
-    """The blocks of a dead stub's last answers still out, and what waits for their return."""
+    """How many blocks of an exited stub's arena its answers still hold, and what waits for
+    their return."""
 
-    def __init__(self) -> None:
-        self.blocks: set[Block] = set()
+    def __init__(self, count: int) -> None:
+        self.count = count
         self.then: list[Callable[[], None]] = []
 
 
@@ -67,8 +74,10 @@ class StubOutputs:
         self._scheduled = False
         #: A ``Release`` went without the bell: the stub is woken once its batch is answered.
         self._owed: StubChannel | None = None
-        #: Exited stubs whose last answers hold blocks of their arena, by ``id`` of the stub.
-        self._kept: dict[int, _Kept] = {}
+        #: Blocks of the current stub's arena its completions hold.
+        self._lent = 0
+        #: Exited stubs whose answers still hold blocks of their arena.
+        self._kept: dict[StubChannel, _Kept] = {}
 
     def output_view(self, proc: StubChannel, block: Block | CudaLocation) -> memoryview:
         if type(block) is Block and block.arena_id == proc.output_arena_id:
@@ -91,16 +100,19 @@ class StubOutputs:
             if block.arena_id != proc.output_arena_id:
                 self._free_inputs([block])  # a passed-through input-arena block
             elif proc is self._current.proc and proc.returncode is None:
+                self._lent -= 1
                 self._pending.append(block)
-            elif self._kept:  # an exited stub's: nothing to send, its arena may go
-                self._returned(proc, block)
+            else:  # an exited stub's: nothing to send, its arena may go
+                self._returned(proc)
         if self._pending and not self._scheduled:
             self._scheduled = True
             self._loop.call_soon(self._flush)
 
     def drop(self, proc: StubChannel, response: msg.ResponseRecord) -> None:
         """Give back at once what a response nobody will read holds."""
-        self.release_outputs(proc, owned_outputs(proc, response))
+        blocks = owned_outputs(proc, response)
+        self._lent += len(blocks)
+        self.release_outputs(proc, blocks)
         if self._cuda.lent_count:
             self.release_cuda(self.adopt_cuda(proc, response))
 
@@ -109,30 +121,36 @@ class StubOutputs:
         self._pending.clear()
         self._owed = None
 
-    def keep(self, proc: StubChannel, blocks: list[Block]) -> None:
-        """``proc`` exited and its last answers, delivered now, hold ``blocks`` of its arena:
-        the arena stays mapped until they come back (:meth:`after_answers`)."""
-        if blocks:
-            self._kept.setdefault(id(proc), _Kept()).blocks.update(blocks)
+    def lend(self, count: int) -> None:
+        """A completion holds ``count`` blocks of the current stub's arena."""
+        self._lent += count
 
     def after_answers(self, proc: StubChannel, then: Callable[[], None]) -> None:
-        """Call ``then`` once the blocks kept of the exited ``proc`` have come back: now if
-        none is out."""
-        kept = self._kept.get(id(proc))
+        """Call ``then`` once the answers of the exited ``proc`` have given back the blocks of
+        its arena they hold: now if none is out, in :data:`KEEP_AT_MOST_S` at most."""
+        if proc is self._current.proc and self._lent > 0:  # it has just exited: counted apart
+            self._kept[proc] = _Kept(self._lent)
+            self._lent = 0
+            self._loop.call_later(KEEP_AT_MOST_S, self._let_go, proc)
+        kept = self._kept.get(proc)
         if kept is None:
             then()
         else:
             kept.then.append(then)
 
-    def _returned(self, proc: StubChannel, block: Block) -> None:
-        kept = self._kept.get(id(proc))
-        if kept is None:
-            return
-        kept.blocks.discard(block)
-        if not kept.blocks:
-            del self._kept[id(proc)]
-            for then in kept.then:
-                then()
+    def _returned(self, proc: StubChannel) -> None:
+        kept = self._kept.get(proc)
+        if kept is not None:
+            kept.count -= 1
+            if kept.count <= 0:
+                self._let_go(proc)
+        elif proc is self._current.proc:  # (exited, its exit not yet handled)
+            self._lent -= 1
+
+    def _let_go(self, proc: StubChannel) -> None:
+        kept = self._kept.pop(proc, None)
+        for then in kept.then if kept is not None else ():
+            then()
 
     def settle(self) -> None:
         """The stub's batches are answered: ring the bell a ``Release`` did not."""
@@ -157,16 +175,6 @@ class StubOutputs:
         main loop reads the ring when that batch ends, before it sleeps)."""
         batches = self._batches
         return batches is None or batches.limit != 1 or batches.idle.is_set()
-
-
-def lent_blocks(proc: StubChannel, message: msg.Message) -> list[Block]:
-    """The blocks of ``proc``'s arena an answer (a Result or a Response) hands on."""
-    if type(message) is msg.Response:
-        body = message.response
-        return [] if body is None else owned_outputs(proc, body)
-    if type(message) is msg.Result:
-        return [b for record in message.responses for b in owned_outputs(proc, record)]
-    return []
 
 
 def owned_outputs(proc: StubChannel, response: msg.ResponseRecord) -> list[Block]:

@@ -57,15 +57,12 @@ class Parts:
         self.stats = StatsRecorder("m", 1)
         self.ledger = InFlightLedger(scope, None, True)
         self.streams = OpenStreams(self._free)
-        self.outputs = StubOutputs(scope)
-        answers = Answers(scope, self.ledger, self.streams, self.outputs, self.stats)
+        answers = Answers(scope, self.ledger, self.streams, StubOutputs(scope), self.stats)
         self.handshake = Handshake(scope)
         self.control = ControlCalls()
         self.caller = Named()
         calls = (None, self.control)
-        self.up = UpMessages(
-            scope, self.caller, calls, (answers, self.outputs), self.handshake, self.ledger, 4
-        )
+        self.up = UpMessages(scope, self.caller, calls, answers, self.handshake, self.ledger, 4)
         self.stub = Loopback(lambda name: lambda inputs: None)(StubLaunch("m_0"), 7)
         scope.current.proc = self.stub
         self._stage = arena_stager(self.arena)

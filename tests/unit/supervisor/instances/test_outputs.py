@@ -161,29 +161,29 @@ def test_a_stub_that_died_is_owed_no_wake_up():
     run(scenario())
 
 
-def test_a_dead_stubs_arena_is_let_go_once_its_last_answers_come_back():
-    """The answers an exited stub left in its ring hold blocks of its arena: it stays mapped
-    until every one of them is back, and nothing is sent to the dead stub."""
+def test_a_dead_stubs_arena_is_let_go_once_the_answers_out_come_back():
+    """Completions of a stub that exited still hold blocks of its arena: it stays mapped until
+    every one is back, and nothing is sent to the dead stub."""
 
     async def scenario():
         arena, stub, _, outputs = _bell_parts()
+        blocks = [Block(stub.output_arena_id, 0, index * 64, 64) for index in range(3)]
+        outputs.lend(3)
+        outputs.release_outputs(stub, blocks[:1])  # written while the stub lived
+        await settle()
         stub.returncode = -9
-        blocks = [Block(stub.output_arena_id, 0, index * 64, 64) for index in range(2)]
         let_go: list[str] = []
-        outputs.keep(stub, blocks)
         outputs.after_answers(stub, lambda: let_go.append("dead"))
-        outputs.release_outputs(stub, blocks[:1])
+        outputs.release_outputs(stub, blocks[1:2])
         assert let_go == []
-        outputs.release_outputs(stub, blocks[1:])
+        outputs.release_outputs(stub, blocks[2:])
         assert let_go == ["dead"]
-        outputs.release_outputs(stub, blocks[1:])  # (a second release finds nothing kept)
         other = RecordingStub()
         other.returncode = -9
-        outputs.keep(other, [])
         outputs.after_answers(other, lambda: let_go.append("other"))  # nothing out: at once
         assert let_go == ["dead", "other"]
         await settle()
-        assert stub.sent == []
+        assert [m for m, _ in stub.sent] == [msg.Release(blocks[:1])]
         arena.close()
 
     run(scenario())
