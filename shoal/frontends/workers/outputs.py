@@ -11,12 +11,14 @@ segments), and a worker's death releases every response it held.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import socket
 from collections.abc import Callable
 from typing import Final, Protocol
 
 from shoal.core.api import ArenaRegistry
+from shoal.core.cycles import collect_soon
 from shoal.core.types import InferOutput
 from shoal.frontends.workers.arenas import INLINE_MAX, StagingArena
 from shoal.ipc import messages as msg
@@ -142,6 +144,8 @@ class MappedOutputs:
             for key in self._segments.announced():
                 if key[0] == arena_id:
                     self._segments.drop(*key)
+            # (views of it caught in cycles would keep it mapped)
+            collect_soon(asyncio.get_running_loop())
         else:
             self._segments.drop(arena_id, index)
 

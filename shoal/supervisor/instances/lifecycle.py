@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from shoal.core.cycles import collect_soon
 from shoal.ipc import messages as msg
 from shoal.ipc.queue import PeerGone
 from shoal.supervisor.instances.channel import StubChannel
@@ -156,6 +157,7 @@ class StubLifecycle:
     def _close(self, proc: StubChannel) -> None:
         self._directory.unregister(proc)
         proc.close(self._loop)
+        collect_soon(self._loop)  # views of its arena caught in cycles would keep it mapped
 
     async def _initialize(self, proc: StubChannel) -> None:
         for segment in self._directory.input_arena.segments:
