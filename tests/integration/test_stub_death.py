@@ -305,3 +305,5 @@ def test_a_stream_cut_before_its_final_gets_its_answers_then_the_error(
         client.close()
     _until_ready(server, "stream_dies", stub)
     assert answers.empty(), answers.get_nowait()
+    # The error went down the stream, not into a future nobody awaits (asyncio's complaint).
+    assert "Future exception was never retrieved" not in server.output, server.output[-3000:]

@@ -258,10 +258,14 @@ def fail_batch(
 ) -> None:
     """Fail every request of a batch that will not be answered, and free its inputs.
 
-    ``streamed`` (its stub died): a decoupled request's inputs are its stream's to free, once
-    the responses it delivered (which may hand an input on) are released."""
+    ``streamed`` (its stub died): a decoupled request is its stream's to end (``OpenStreams``):
+    its inputs are freed once the responses it delivered (which may hand an input on) are
+    released, and the error goes down its stream, not into a future nobody awaits (asyncio
+    logged "Future exception was never retrieved" at each such death)."""
     for work in batch:
-        if not (streamed and work.stream is not None) and work.input_blocks:
+        if streamed and work.stream is not None:
+            continue
+        if work.input_blocks:
             blocks, work.input_blocks = work.input_blocks, []
             free(blocks)
         if not work.future.done():
