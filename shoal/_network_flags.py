@@ -21,11 +21,12 @@ COMPRESSION_LEVELS = ("none", "low", "medium", "high")
 
 
 def parse_compression_level(text: str) -> str:
-    if text not in COMPRESSION_LEVELS:
+    level = text.lower()  # tritonserver lower-cases the value: LOW starts it
+    if level not in COMPRESSION_LEVELS:
         raise argparse.ArgumentTypeError(
             f"expected one of {', '.join(COMPRESSION_LEVELS)}, got '{text}'"
         )
-    return text
+    return level
 
 
 #: A limit flag: its name, type, default and help.

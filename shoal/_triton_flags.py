@@ -209,7 +209,12 @@ _HONOURED = (
     ),
     *(
         _flag(
-            flag, default=None, metavar="VALUE", help=f"deprecated form of --trace-config {entry}"
+            flag,
+            default=None,
+            # Levels add up, as tritonserver's do; the other settings: the last one given.
+            action="append" if flag == "--trace-level" else "store",
+            metavar="VALUE",
+            help=f"deprecated form of --trace-config {entry}",
         )
         for _, flag, entry in _TRACE_FLAGS
     ),
@@ -282,9 +287,10 @@ def trace_entries(args: argparse.Namespace) -> list[str]:
         value = getattr(args, attribute)
         if value is None:
             continue
-        if attribute == "trace_level":
-            value = _TRACE_LEVEL_WORDS.get(value.lower(), value)
-        entries.append(f"{entry}{value}")
+        if attribute == "trace_level":  # repeatable
+            entries += [f"{entry}{_TRACE_LEVEL_WORDS.get(v.lower(), v)}" for v in value]
+        else:
+            entries.append(f"{entry}{value}")
     return [*entries, *args.trace_config]
 
 

@@ -124,28 +124,40 @@ def test_an_answer_held_by_a_zero_window_ends_the_connection(stalling: ShoalServ
     _identity_call(stalling)
 
 
-def test_a_client_that_never_reads_its_socket_is_cut(stalling: ShoalServer):
+@pytest.mark.parametrize("goaway", [False, True], ids=["open", "client-goaway"])
+def test_a_client_that_never_reads_its_socket_is_cut(stalling: ShoalServer, goaway: bool):
     """The client's windows are the largest there are, and it reads nothing: the answer sat in
-    the transport's buffer. Now the connection is reset after the send timeout."""
-    count = 16 << 20
-    with RawClient(stalling.grpc_port, timeout=60) as raw:
+    the transport's buffer. Now the connection is reset after the send timeout, also once the
+    client sent GOAWAY (the server's graceful close waits for the buffer to empty)."""
+    _never_read_answer(stalling, goaway, within=SEND_TIMEOUT * 6)
+    _identity_call(stalling)
+
+
+def _never_read_answer(server: ShoalServer, goaway: bool, within: float) -> None:
+    """A 16 MiB answer asked for and never read; the server's end must be gone ``within``
+    seconds once accepted, and the answer's output blocks back."""
+    before = _arena_used(server)
+    with RawClient(server.grpc_port, timeout=60) as raw:
         raw.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        headers = request_headers(stalling.grpc_port, "/inference.GRPCInferenceService/ModelInfer")
+        headers = request_headers(server.grpc_port, "/inference.GRPCInferenceService/ModelInfer")
         raw.send(HeadersFrame(1, raw.block(headers), flags=["END_HEADERS"]))
-        body = _call(count)
+        body = _call(16 << 20)
         for offset in range(0, len(body), 16384):
             last = offset + 16384 >= len(body)
             chunk = body[offset : offset + 16384]
             raw.send(DataFrame(1, chunk, flags=["END_STREAM"] if last else []))
+        if goaway:
+            raw.send(GoAwayFrame(0, last_stream_id=0, error_code=0))
         client_port = raw.sock.getsockname()[1]
         deadline = time.monotonic() + 60
-        while not (ours := _server_end(stalling, client_port)):
+        while not (ours := _server_end(server, client_port)):
             assert time.monotonic() < deadline, "the connection was never accepted"
             time.sleep(0.05)  # polling the kernel's socket table
-        while _server_end(stalling, client_port) & ours:
+        deadline = time.monotonic() + within
+        while _server_end(server, client_port) & ours:
             assert time.monotonic() < deadline, "the server kept a connection that never reads"
             time.sleep(0.05)  # polling the kernel's socket table
-    _identity_call(stalling)
+    _wait_arena_back(server, before)
 
 
 def _server_end(server: ShoalServer, client_port: int) -> set[str]:
@@ -194,9 +206,11 @@ def test_answers_waiting_on_one_connection_are_bounded(bounded: ShoalServer):
 
 
 def test_an_unanswered_keepalive_ping_closes_the_connection(keepalive: ShoalServer):
-    """``--grpc-keepalive-time``: the server PINGs a client it heard nothing from; one that
-    does not answer within ``--grpc-keepalive-timeout`` is closed."""
+    """``--grpc-keepalive-time``: the server PINGs a client with a call open that it heard
+    nothing from; one that does not answer within ``--grpc-keepalive-timeout`` is closed."""
     with RawClient(keepalive.grpc_port, timeout=10) as raw:
+        headers = raw.block(request_headers(keepalive.grpc_port, STREAM_PATH))
+        raw.send(HeadersFrame(1, headers, flags=["END_HEADERS"]))  # a stream call left open
         pinged = None
         frames = []
         while (frame := raw.read_frame()) is not None:
@@ -211,9 +225,15 @@ def test_an_unanswered_keepalive_ping_closes_the_connection(keepalive: ShoalServ
 
 
 def test_a_client_that_answers_keepalive_pings_stays(keepalive: ShoalServer):
-    """A client that answers (h2 acknowledges PINGs) stays; after two PINGs without data from
-    the server (``--grpc-http2-max-pings-without-data``) the next waits for a call."""
-    with H2Client(keepalive.grpc_port, timeout=3) as client:
+    """A client that answers (h2 acknowledges PINGs) stays. As grpc-core (Triton), no PING
+    while no call is open (``--grpc-keepalive-permit-without-calls`` false); with a call open,
+    after two PINGs without data from the server (``--grpc-http2-max-pings-without-data``) the
+    next waits for data."""
+    with H2Client(keepalive.grpc_port, timeout=2) as client:
+        with pytest.raises(TimeoutError):  # four keepalive times with no call: no PING
+            while True:
+                assert not any(isinstance(event, PingReceived) for event in client.pump())
+        client.start(None, path=STREAM_PATH, end_stream=False)  # a stream call left open
         pings = 0
         while pings < 2:
             pings += sum(isinstance(event, PingReceived) for event in client.pump())
@@ -224,6 +244,13 @@ def test_a_client_that_answers_keepalive_pings_stays(keepalive: ShoalServer):
         assert response.status == "0", response.message
         while not any(isinstance(event, PingReceived) for event in client.pump()):
             pass
+
+
+def test_a_never_read_connection_past_its_age_is_cut_after_the_grace(aging: ShoalServer):
+    """The maximum age's GOAWAY closes gracefully, which waits for the buffer to empty: a
+    client that takes nothing is cut once the grace passed (the send timeout is 60 s here)."""
+    _never_read_answer(aging, goaway=False, within=10.0)
+    _identity_call(aging)
 
 
 def test_a_connection_past_its_age_goes_away_then_closes_after_the_grace(aging: ShoalServer):

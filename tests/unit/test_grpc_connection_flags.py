@@ -64,3 +64,12 @@ def test_an_unknown_compression_level_names_the_flag_and_the_levels(
     error = capsys.readouterr().err
     assert "--grpc-infer-response-compression-level" in error
     assert "none, low, medium, high" in error and "'max'" in error
+
+
+@pytest.mark.parametrize("given", ["LOW", "Low", "low"])
+def test_a_compression_level_in_any_case_is_tritons(given: str) -> None:
+    """tritonserver lower-cases the value before it checks it."""
+    args = build_parser().parse_args(
+        ["serve", "--model-repository", "r", f"--grpc-infer-response-compression-level={given}"]
+    )
+    assert options_from_args(args).grpc_infer_response_compression_level == "low"

@@ -95,6 +95,18 @@ def test_trace_config_wins_over_the_deprecated_flags_and_levels_add_up() -> None
     assert _trace("--trace-level=off")["trace_level"] == ("OFF",)
 
 
+def test_repeated_trace_levels_add_up_and_an_off_turns_tracing_off() -> None:
+    """tritonserver ORs every level given and, once any is OFF, starts with tracing off."""
+    settings = _trace("--trace-level=TIMESTAMPS", "--trace-level=TENSORS")
+    assert set(settings["trace_level"]) == {"TIMESTAMPS", "TENSORS"}  # type: ignore[arg-type]
+    assert _trace("--trace-level=OFF", "--trace-level=TENSORS")["trace_level"] == ("OFF",)
+    off = _trace("--trace-level=OFF", "--trace-config", "level=TIMESTAMPS")
+    assert off["trace_level"] == ("OFF",)
+    assert _trace("--trace-config", "level=TENSORS", "--trace-config", "level=OFF")[
+        "trace_level"
+    ] == ("OFF",)
+
+
 def test_a_bad_deprecated_trace_value_stops_the_server() -> None:
     with pytest.raises(SystemExit, match="rate"):
         _options("--trace-rate=often")

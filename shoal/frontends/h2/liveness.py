@@ -73,15 +73,19 @@ class Keepalive:
     PING once nothing was read for ``interval`` seconds, the connection dead if nothing (its
     ACK, or any byte, as grpc-core counts) is read within ``timeout`` after it. At most
     ``max_without_data`` PINGs (0: any number) while the server sends no HEADERS or DATA
-    (``sent``: the sender's count of those); then none until it does."""
+    (``sent``: the sender's count of those); then none until it does. As grpc-core, no PING
+    while no call is open unless ``without_calls`` (``--grpc-keepalive-permit-without-calls``)."""
 
-    def __init__(self, interval: float, timeout: float, max_without_data: int) -> None:
+    def __init__(
+        self, interval: float, timeout: float, max_without_data: int, without_calls: bool = False
+    ) -> None:
         self.interval, self.timeout, self.max_without_data = interval, timeout, max_without_data
+        self.without_calls = without_calls
         self.ping_sent: float | None = None  # the outstanding PING's time
         self._pings = 0  # PINGs sent since ``sent`` was last seen to change
         self._sent = -1
 
-    def look(self, now: float, last_read: float, sent: int) -> int:
+    def look(self, now: float, last_read: float, sent: int, calls_open: bool = True) -> int:
         """PING: send one now; DEAD: close the connection; 0: nothing to do."""
         if self.ping_sent is not None:
             # Answered: read since (the same time too: uvloop's clock counts milliseconds,
@@ -92,7 +96,7 @@ class Keepalive:
                 return DEAD
             else:
                 return 0
-        if now - last_read < self.interval:
+        if now - last_read < self.interval or not (calls_open or self.without_calls):
             return 0
         if sent != self._sent:
             self._sent, self._pings = sent, 0
@@ -123,7 +127,10 @@ class Liveness:
         self._born = self._loop.time()
         self._stall = SendStall(limits.send_timeout)
         self._keepalive = Keepalive(
-            limits.keepalive_time, limits.keepalive_timeout, limits.max_pings_without_data
+            limits.keepalive_time,
+            limits.keepalive_timeout,
+            limits.max_pings_without_data,
+            limits.permit_pings_without_calls,
         )
 
     def start(self) -> None:
@@ -137,10 +144,18 @@ class Liveness:
     def _look(self) -> None:
         self._timer = None
         connection, transport = self._connection, self._sender.transport
-        if transport is None or transport.is_closing():
+        if transport is None:
             return
         now = self._loop.time()
-        reason = self._ended(now)
+        if transport.is_closing():
+            # A graceful close (the client's GOAWAY, the maximum age, an error) waits for the
+            # buffer to empty: a client that takes nothing would keep the connection and its
+            # answers' output blocks for ever, so the send timeout and the grace still apply.
+            if not transport.get_write_buffer_size():
+                return
+            reason = self._stalled(now) or self._past_grace(now)
+        else:
+            reason = self._ended(now)
         if reason:
             log.info("gRPC connection ended: %s", reason)
             connection.cut(h2.ENHANCE_YOUR_CALM, reason)
@@ -153,14 +168,11 @@ class Liveness:
         last_read = connection.last_read
         if now - last_read >= limits.read_timeout and connection.half_sent():
             return f"nothing read for {limits.read_timeout:g} s mid-request"
+        stalled = self._stalled(now)
+        if stalled:
+            return stalled
         sender = self._sender
-        left = sender.waiting_bytes()
-        if self._stall.overdue(now, left > 0, left, sender.granted):
-            return (
-                f"the client took nothing of its answers for {limits.send_timeout:g} s "
-                "(--grpc-send-timeout-secs)"
-            )
-        action = self._keepalive.look(now, last_read, sender.sent)
+        action = self._keepalive.look(now, last_read, sender.sent, sender.calls_open())
         if action == DEAD:
             return (
                 f"no answer to a keepalive PING within {limits.keepalive_timeout:g} s "
@@ -171,6 +183,20 @@ class Liveness:
         if limits.max_age and now - self._born >= limits.max_age and not self._aged:
             self._aged = True
             connection.go_away()
+        return self._past_grace(now)
+
+    def _stalled(self, now: float) -> str:
+        sender = self._sender
+        left = sender.waiting_bytes()
+        if self._stall.overdue(now, left > 0, left, sender.granted):
+            return (
+                f"the client took nothing of its answers for {self._limits.send_timeout:g} s "
+                "(--grpc-send-timeout-secs)"
+            )
+        return ""
+
+    def _past_grace(self, now: float) -> str:
+        limits = self._limits
         grace = limits.max_age_grace
         if self._aged and grace and now - self._born >= limits.max_age + grace:
             return "its maximum age and grace passed (--grpc-max-connection-age-grace)"

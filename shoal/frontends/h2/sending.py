@@ -71,6 +71,10 @@ class Sender:
         self._after_drain: list[Callable[[], None]] = []
         self._watching_drain = False
 
+    def calls_open(self) -> bool:
+        """Whether a stream is open (grpc-core PINGs only then, unless permitted)."""
+        return bool(self._streams)
+
     def apply_setting(self, key: int, value: int) -> None:
         """Apply one of the peer's SETTINGS that concern what we send."""
         if key == h2.SETTINGS_INITIAL_WINDOW_SIZE:

@@ -226,9 +226,11 @@ def parse_trace_config(entries: Sequence[str]) -> dict[str, TraceValue]:
 
 def _flag_level(levels: list[str]) -> list[str]:
     try:
-        return _level(levels)
+        chosen = _level(levels)
     except InvalidArgument as error:
         raise ValueError(f"--trace-config: {error.message}") from None
+    # tritonserver: an OFF among the start flags turns tracing off whatever else they say.
+    return ["OFF"] if "OFF" in levels else chosen
 
 
 def _config_entry(entry: str) -> tuple[str, str] | None:

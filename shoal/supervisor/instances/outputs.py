@@ -19,6 +19,7 @@ that has blocks, one subtraction per block given back.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Protocol
 
@@ -55,6 +56,7 @@ class _Kept:
     def __init__(self, count: int) -> None:
         self.count = count
         self.then: list[Callable[[], None]] = []
+        self.timer: asyncio.TimerHandle | None = None  # the KEEP_AT_MOST_S bound
 
 
 class StubOutputs:
@@ -129,9 +131,9 @@ class StubOutputs:
         """Call ``then`` once the answers of the exited ``proc`` have given back the blocks of
         its arena they hold: now if none is out, in :data:`KEEP_AT_MOST_S` at most."""
         if proc is self._current.proc and self._lent > 0:  # it has just exited: counted apart
-            self._kept[proc] = _Kept(self._lent)
+            held = self._kept[proc] = _Kept(self._lent)
             self._lent = 0
-            self._loop.call_later(KEEP_AT_MOST_S, self._let_go, proc)
+            held.timer = self._loop.call_later(KEEP_AT_MOST_S, self._let_go, proc)
         kept = self._kept.get(proc)
         if kept is None:
             then()
@@ -149,7 +151,11 @@ class StubOutputs:
 
     def _let_go(self, proc: StubChannel) -> None:
         kept = self._kept.pop(proc, None)
-        for then in kept.then if kept is not None else ():
+        if kept is None:
+            return
+        if kept.timer is not None:  # (the dead stub's channel is not held on the loop 60 s)
+            kept.timer.cancel()
+        for then in kept.then:
             then()
 
     def settle(self) -> None:

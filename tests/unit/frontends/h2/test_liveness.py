@@ -93,6 +93,17 @@ def test_pings_without_data_stop_at_the_limit_until_data_is_sent() -> None:
     assert keepalive.look(now + 1.0, last_read=now, sent=8) == PING  # data went out
 
 
+def test_no_ping_while_no_call_is_open_unless_permitted() -> None:
+    """grpc-core's rule (Triton's ``--grpc-keepalive-permit-without-calls``, false by default)."""
+    keepalive = Keepalive(interval=10.0, timeout=2.0, max_without_data=0)
+    assert keepalive.look(now=10.0, last_read=0.0, sent=0, calls_open=False) == 0
+    assert keepalive.look(now=10.0, last_read=0.0, sent=0, calls_open=True) == PING
+    # A PING sent while a call was open is still waited for once the call ended.
+    assert keepalive.look(now=12.0, last_read=0.0, sent=0, calls_open=False) == DEAD
+    permitted = Keepalive(interval=10.0, timeout=2.0, max_without_data=0, without_calls=True)
+    assert permitted.look(now=10.0, last_read=0.0, sent=0, calls_open=False) == PING
+
+
 @pytest.fixture
 def loop() -> Iterator[asyncio.AbstractEventLoop]:
     loop = asyncio.new_event_loop()
