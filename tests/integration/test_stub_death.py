@@ -252,16 +252,30 @@ def test_a_batch_answered_before_the_death_is_delivered(server: ShoalServer, siz
         client.close()
 
 
-@pytest.mark.parametrize("count", [1, 2000])
-def test_a_stream_answered_before_the_death_is_delivered(server: ShoalServer, count: int) -> None:
+def _stream_dies(
+    server: ShoalServer, die: int, count: int
+) -> tuple[grpcclient.InferenceServerClient, queue.Queue, int]:
+    """A stream to ``stream_dies`` with one request sent (``die``: when the model dies, as
+    :func:`_inputs` says); its answers go to the queue as ``(result, error)``; the stub's pid."""
     client = grpcclient.InferenceServerClient(server.grpc_url)
     answers: queue.Queue = queue.Queue()
     stub = _stub_of(server, "stream_dies")
     client.start_stream(callback=lambda result, error: answers.put((result, error)))
     try:
         client.async_stream_infer(
-            "stream_dies", _inputs(grpcclient, 1, count), enable_empty_final_response=True
+            "stream_dies", _inputs(grpcclient, die, count), enable_empty_final_response=True
         )
+    except BaseException:
+        client.stop_stream()
+        client.close()
+        raise
+    return client, answers, stub
+
+
+@pytest.mark.parametrize("count", [1, 2000])
+def test_a_stream_answered_before_the_death_is_delivered(server: ShoalServer, count: int) -> None:
+    client, answers, stub = _stream_dies(server, 1, count)
+    try:
         got = []
         while True:
             result, error = answers.get(timeout=60)
@@ -283,14 +297,8 @@ def test_a_stream_answered_before_the_death_is_delivered(server: ShoalServer, co
 def test_a_stream_cut_before_its_final_gets_its_answers_then_the_error(
     server: ShoalServer, count: int
 ) -> None:
-    client = grpcclient.InferenceServerClient(server.grpc_url)
-    answers: queue.Queue = queue.Queue()
-    stub = _stub_of(server, "stream_dies")
-    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    client, answers, stub = _stream_dies(server, 2, count)
     try:
-        client.async_stream_infer(
-            "stream_dies", _inputs(grpcclient, 2, count), enable_empty_final_response=True
-        )
         got = []
         while True:
             result, error = answers.get(timeout=60)

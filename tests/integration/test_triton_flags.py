@@ -175,21 +175,14 @@ def test_a_model_that_failed_to_load_is_tried_again(server: ShoalServer) -> None
     assert "the first try fails" in server.output
 
 
-def _http_parameters(server: ShoalServer, headers: dict[str, str]) -> dict[str, object]:
-    client = httpclient.InferenceServerClient(server.url)
+def _parameters(
+    server: ShoalServer, headers: dict[str, str], protocol: str = "http"
+) -> dict[str, object]:
+    """The request parameters the ``params`` model saw, as it answers them."""
+    module, url = (httpclient, server.url) if protocol == "http" else (grpcclient, server.grpc_url)
+    client = module.InferenceServerClient(url)
     try:
-        tensor = httpclient.InferInput("IN", [1], "INT32")
-        tensor.set_data_from_numpy(np.array([1], dtype=np.int32))
-        result = client.infer("params", [tensor], headers=headers)
-    finally:
-        client.close()
-    return json.loads(result.as_numpy("PARAMS")[0])  # type: ignore[index]
-
-
-def _grpc_parameters(server: ShoalServer, headers: dict[str, str]) -> dict[str, object]:
-    client = grpcclient.InferenceServerClient(server.grpc_url)
-    try:
-        tensor = grpcclient.InferInput("IN", [1], "INT32")
+        tensor = module.InferInput("IN", [1], "INT32")
         tensor.set_data_from_numpy(np.array([1], dtype=np.int32))
         result = client.infer("params", [tensor], headers=headers)
     finally:
@@ -199,11 +192,10 @@ def _grpc_parameters(server: ShoalServer, headers: dict[str, str]) -> dict[str, 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_matching_headers_become_request_parameters(server: ShoalServer, protocol: str) -> None:
-    read = _http_parameters if protocol == "http" else _grpc_parameters
     # The pattern ignores case; gRPC metadata keys are lowercase (grpcio refuses others).
     region = "FWD-Region" if protocol == "http" else "fwd-region"
     headers = {"fwd-tenant": "blue", region: "eu", "other": "not forwarded"}
-    parameters = read(server, headers)
+    parameters = _parameters(server, headers, protocol)
     # HTTP header names arrive lowercase, as ASGI gives them.
     assert parameters == {"fwd-tenant": "blue", "fwd-region": "eu"}, parameters
 
@@ -230,11 +222,11 @@ def test_grpcio_server_forwards_metadata_too(repo: Path) -> None:
     flags = ("--grpc-server=grpcio", f"--grpc-header-forward-pattern={FORWARD}")
     flags += ("--model-control-mode=explicit", "--load-model=params")
     with ShoalServer(repo, extra_args=flags) as grpcio_server:
-        assert _grpc_parameters(grpcio_server, HEADERS) == {"fwd-tenant": "blue"}
+        assert _parameters(grpcio_server, HEADERS, "grpc") == {"fwd-tenant": "blue"}
 
 
 def test_counter_latencies_false_drops_the_duration_counters(server: ShoalServer) -> None:
-    _http_parameters(server, {})
+    _parameters(server, {})
     url = f"http://127.0.0.1:{server.metrics_port}/metrics"
     with urllib.request.urlopen(url, timeout=10) as answer:
         text = answer.read().decode()
