@@ -9,7 +9,7 @@ Triton's where clients are known to match on them.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -35,7 +35,11 @@ from shoal.frontends.http._plain_request import (
     read_shape,
     remember_shape,
 )
+from shoal.frontends.http._raw_request import raw_request
 from shoal.frontends.http._tensor_json import array_from_json
+
+#: The core's ``model_config``: what a raw binary request's input is deduced from.
+ConfigOf = Callable[[str, str], Mapping[str, Any]]
 
 _NO_DATA: Final = memoryview(b"")
 
@@ -84,12 +88,16 @@ def decode_infer_request(
     model_name: str,
     model_version: str = "",
     header_length: str | None = None,
+    config_of: ConfigOf | None = None,
 ) -> DecodedRequest:
-    """Decode an infer body; ``header_length`` is the ``Inference-Header-Content-Length`` value."""
+    """Decode an infer body; ``header_length`` is the ``Inference-Header-Content-Length`` value.
+    A raw binary request (``header_length`` 0) needs ``config_of``; without, it is refused."""
     # The fast path's bytes is viewed as it is: bytes, read-only already (a cast and a
     # toreadonly are two method calls by name, ~500 instructions each compiled).
     view = memoryview(body) if isinstance(body, bytes) else memoryview(body).cast("B").toreadonly()
     json_size = parse_header_length(header_length, len(view))
+    if json_size == 0:
+        return _raw_decoded(view, model_name, model_version, config_of)
     # A JSON-only body is parsed as it is: slicing it would cost a copy of the whole body.
     whole = json_size == len(view) and not isinstance(body, memoryview)
     header = body if whole else view[:json_size]
@@ -130,6 +138,19 @@ def _shape_key(header: bytes | bytearray | memoryview) -> bytes | None:
     return header if isinstance(header, bytes) else bytes(header)
 
 
+def _raw_decoded(
+    view: memoryview, model_name: str, model_version: str, config_of: ConfigOf | None
+) -> DecodedRequest:
+    """A raw binary request: every output is answered binary, as Triton does."""
+    if config_of is None:
+        raise Unsupported(
+            "Inference-Header-Content-Length 0 (a raw binary request) is not supported here; "
+            "send a JSON header with 'binary_data_size' for each binary input"
+        )
+    config = config_of(model_name, model_version)
+    return DecodedRequest(raw_request(view, model_name, model_version, config), OutputFormat(True))
+
+
 def _plain_decoded(plain: PlainRequest, model_name: str, model_version: str) -> DecodedRequest:
     """The request :func:`read_shape` read."""
     request = InferRequest(model_name, model_version, plain.id, plain.inputs, plain.outputs, {})
@@ -137,16 +158,13 @@ def _plain_decoded(plain: PlainRequest, model_name: str, model_version: str) -> 
 
 
 def parse_header_length(value: str | None, body_size: int) -> int:
-    """Bytes of JSON at the start of the body: all of it unless the header says otherwise."""
+    """Bytes of JSON at the start of the body: all of it unless the header says otherwise; 0
+    for a raw binary request."""
     if value is None:
         return body_size
     length = _header_length_value(value)
     if length == 0:
-        # Triton treats 0 as a raw binary request for a single-input model; shoal does not.
-        raise Unsupported(
-            "Inference-Header-Content-Length 0 (a raw binary request) is not supported; "
-            "send a JSON header with 'binary_data_size' for each binary input"
-        )
+        return 0  # a raw binary request: the body is the one input's bytes
     if not 0 < length <= body_size:
         raise InvalidArgument(
             f"inference header size should be in range (0, {body_size}], got: {value}"

@@ -27,6 +27,7 @@ async def decoded_slowly(
     encoding: str | None,
     header_length: str | None,
     limit: int,
+    config_of: codec.ConfigOf | None = None,
 ) -> codec.DecodedRequest:
     """The request decoded: a compressed body inflated first (to at most ``limit`` bytes); a
     large JSON body parsed in a thread and in pieces, so that the event loop gets the GIL back
@@ -39,7 +40,11 @@ async def decoded_slowly(
         )
         return await asyncio.to_thread(_json.in_background, decode)
     return codec.decode_infer_request(
-        body, model_name=name, model_version=version, header_length=header_length
+        body,
+        model_name=name,
+        model_version=version,
+        header_length=header_length,
+        config_of=config_of,
     )
 
 

@@ -201,6 +201,8 @@ class _InferEndpoint:
         self, core: CoreAPI, max_input_size: int, forward: HeaderForward | None = None
     ) -> None:
         self._core = core
+        #: Looked up once: what a raw binary request's input is deduced from.
+        self._config_of = core.model_config
         self.limit = max_input_size
         self._forward = forward
         #: The URL it serves (:mod:`.routing`): the app's routes and the fast ways' matchers.
@@ -240,11 +242,15 @@ class _InferEndpoint:
             header_length = headers.get(codec.HEADER_LENGTH)
             if encoding is None and (header_length is not None or len(body) < THREAD_THRESHOLD):
                 decoded = codec.decode_infer_request(
-                    body, model_name=name, model_version=version, header_length=header_length
+                    body,
+                    model_name=name,
+                    model_version=version,
+                    header_length=header_length,
+                    config_of=self._config_of,
                 )
             else:
                 decoded = await decoded_slowly(
-                    name, version, body, encoding, header_length, self.limit
+                    name, version, body, encoding, header_length, self.limit, self._config_of
                 )
             if self._forward is not None:
                 decoded.request.parameters.update(self._forward.matching(headers.items()))

@@ -42,6 +42,7 @@ from shoal.frontends.http._repository import (
     repository_index_json,
 )
 from shoal.frontends.http._request import (
+    ConfigOf,
     DecodedRequest,
     OutputFormat,
     decode_infer_request,
@@ -71,6 +72,7 @@ __all__ = [
     "LEND_MIN",
     "SUPPORTED_ENCODINGS",
     "Body",
+    "ConfigOf",
     "DecodedRequest",
     "EncodedResponse",
     "LentBody",
