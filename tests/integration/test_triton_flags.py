@@ -196,8 +196,50 @@ def test_matching_headers_become_request_parameters(server: ShoalServer, protoco
     region = "FWD-Region" if protocol == "http" else "fwd-region"
     headers = {"fwd-tenant": "blue", region: "eu", "other": "not forwarded"}
     parameters = _parameters(server, headers, protocol)
-    # HTTP header names arrive lowercase, as ASGI gives them.
-    assert parameters == {"fwd-tenant": "blue", "fwd-region": "eu"}, parameters
+    # HTTP header names keep the client's case, as Triton (libevhtp) forwards them.
+    assert parameters == {"fwd-tenant": "blue", region: "eu"}, parameters
+
+
+def test_pipelined_http_requests_forward_each_its_own_header_names(server: ShoalServer) -> None:
+    # Two requests in one write: the second's head is read while the first is served, and
+    # each request's scope keeps its own lines.
+    body = json.dumps(
+        {"inputs": [{"name": "IN", "shape": [1], "datatype": "INT32", "data": [1]}]}
+    ).encode()
+    heads = [
+        f"POST /v2/models/params/infer HTTP/1.1\r\nHost: x\r\n{name}: {value}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+        for name, value in (("Fwd-First", "1"), ("FWD-SECOND", "2"))
+    ]
+    host, port = server.url.split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as conn:
+        conn.sendall(b"".join(head + body for head in heads))
+        answers = _read_responses(conn, 2)
+    seen = [json.loads(answer["outputs"][0]["data"][0]) for answer in answers]
+    assert seen == [{"Fwd-First": "1"}, {"FWD-SECOND": "2"}], seen
+
+
+def _read_responses(conn: socket.socket, count: int) -> list[dict[str, object]]:
+    """``count`` HTTP/1.1 JSON answers read from ``conn`` (each with a Content-Length)."""
+    data, answers = b"", []
+    while len(answers) < count:
+        while b"\r\n\r\n" not in data:
+            chunk = conn.recv(65536)
+            assert chunk, "connection closed early"
+            data += chunk
+        head, data = data.split(b"\r\n\r\n", 1)
+        length = next(
+            int(line.split(b":")[1])
+            for line in head.split(b"\r\n")
+            if line.lower().startswith(b"content-length:")
+        )
+        while len(data) < length:
+            chunk = conn.recv(65536)
+            assert chunk, "connection closed early"
+            data += chunk
+        answers.append(json.loads(data[:length]))
+        data = data[length:]
+    return answers
 
 
 def test_a_stream_forwards_its_metadata_to_every_request(server: ShoalServer) -> None:

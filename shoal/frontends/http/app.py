@@ -42,6 +42,7 @@ from shoal.frontends.http._endpoint import (
     model_ref,
     unexpected,
 )
+from shoal.frontends.http._header_names import RAW_HEADERS, protocol_class
 from shoal.frontends.http._slow_ways import (
     THREAD_THRESHOLD,
     compressed,
@@ -49,7 +50,6 @@ from shoal.frontends.http._slow_ways import (
     encoded_in_thread,
 )
 from shoal.frontends.http.extensions import extension_routes, model_stats_routes
-from shoal.frontends.http.fast_path import FastInferHttpToolsProtocol
 from shoal.frontends.http.generate import generate_routes
 from shoal.frontends.http.routing import InferRoutes
 
@@ -77,6 +77,7 @@ def build_http_app(
     restrictions = Restrictions(restricted or {})
     return _App(
         infer=None if restricted or forward else infer,
+        forwards_headers=forward is not None,
         routes=restrict_routes(routes, restrictions),
         exception_handlers={HTTPException: _http_exception},
     )
@@ -109,11 +110,15 @@ class _App(Starlette):
     """The REST app, with a fast path for inference: it skips Starlette's middleware and the
     scan of every route (tens of microseconds a request) when no API is restricted."""
 
-    def __init__(self, *, infer: _InferEndpoint | None, **kwargs: Any) -> None:
+    def __init__(
+        self, *, infer: _InferEndpoint | None, forwards_headers: bool = False, **kwargs: Any
+    ) -> None:
         super().__init__(**kwargs)
         self._infer = infer
         #: Served by the HTTP protocol without ASGI (see :mod:`.fast_path`).
         self.fast_infer = infer
+        #: Header names are kept as sent (:mod:`._header_names`).
+        self.forwards_headers = forwards_headers
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self._infer is not None and scope["type"] == "http" and scope["method"] == "POST":
@@ -220,7 +225,11 @@ class _InferEndpoint:
             await _send(send, *error_parts(exc))
             return
         name, version = params["model_name"], params.get("model_version", "")
-        await _send(send, *await self.respond(name, version, headers, body))
+        forwarded = None
+        if self._forward is not None:  # the names as sent, where the protocol kept them
+            lines = scope.get(RAW_HEADERS, scope["headers"])
+            forwarded = [(k.decode("latin-1"), v) for k, v in lines]
+        await _send(send, *await self.respond(name, version, headers, body, False, forwarded))
 
     async def respond(
         self,
@@ -229,9 +238,11 @@ class _InferEndpoint:
         headers: dict[str, str],
         body: bytes | bytearray | memoryview,
         lend: bool = False,
+        forwarded: list[tuple[str, bytes]] | None = None,
     ) -> tuple[int, Headers, codec.Body]:
         """Status, headers and body of the answer to an inference request; with ``lend``, a
         large binary body may be a :class:`codec.LentBody` (the caller releases it).
+        ``forwarded``: the header lines a forward pattern reads (the ASGI way's).
 
         One coroutine for the usual request (a small body, no compression): each level of
         ``await`` costs every request on its way in and again when it resumes; the slower
@@ -253,7 +264,8 @@ class _InferEndpoint:
                     name, version, body, encoding, header_length, self.limit, self._config_of
                 )
             if self._forward is not None:
-                decoded.request.parameters.update(self._forward.matching(headers.items()))
+                lines = headers.items() if forwarded is None else forwarded
+                decoded.request.parameters.update(self._forward.matching(lines))
             response = await self._core.infer(decoded.request)
             accept = codec.response_encoding(headers.get("accept-encoding"))
             if codec.json_output_bytes(response, decoded.output_format) < THREAD_THRESHOLD:
@@ -370,7 +382,7 @@ class HttpServer:
         if server is None:
             raise RuntimeError("the HTTP server is not running")
         return functools.partial(
-            FastInferHttpToolsProtocol,  # what _config names
+            protocol_class(self._app),  # what _config names
             config=server.config,
             server_state=server.server_state,
             app_state=server.lifespan.state,
@@ -401,7 +413,7 @@ class HttpServer:
     def _config(self) -> uvicorn.Config:
         config = _Config(
             self._app,
-            http=FastInferHttpToolsProtocol,
+            http=protocol_class(self._app),
             ws="none",
             lifespan="off",
             log_config=None,  # leave the process's logging configuration alone
