@@ -34,6 +34,7 @@ from shoal.supervisor.drain import EXITING, DrainGate
 from shoal.supervisor.extensions import EXTENSIONS
 from shoal.supervisor.extensions.custom_metrics import CustomMetrics
 from shoal.supervisor.extensions.log_settings import LogSettings
+from shoal.supervisor.extensions.trace_files import Trace
 from shoal.supervisor.extensions.trace_settings import TraceChange, TraceSettings, TraceValue
 from shoal.supervisor.memory.segments import SegmentDirectory
 from shoal.supervisor.memory.system_shm import SharedMemoryRegistry
@@ -55,6 +56,7 @@ from shoal.supervisor.requests.client_shm import (
 from shoal.supervisor.requests.relayed import Relay, record_success, relay_completed, relays
 from shoal.supervisor.requests.response_cache import ResponseCache, request_key
 from shoal.supervisor.requests.responses import response_of
+from shoal.supervisor.requests.traced import follow
 from shoal.supervisor.schedulers.default import DefaultScheduler
 from shoal.supervisor.work import Completion, Work
 
@@ -121,6 +123,7 @@ class InferenceService:
         self._live = False
         await self.repository.shutdown(timeout)
         self.shm.close()
+        self.tracing.close()  # every request is over: the traces they left are written
         self.directory.cuda.close()  # after the stubs: they closed their handles by exiting
         self.input_arena.close()
 
@@ -216,7 +219,13 @@ class InferenceService:
             lookup_ns = time.monotonic_ns() - lookup_started
         record, blocks = self.stage(mv, request, regions)
         if mv.is_ensemble:
-            response = await self.ensembles.run(mv, request, record, blocks)
+            trace = self.begin_trace(mv, record, started)
+            try:
+                response = await self.ensembles.run(mv, request, record, blocks)
+            finally:
+                if trace is not None:
+                    trace.stamp("REQUEST_END")
+                    trace.finish()
             if key is not None:
                 cache_insert(self.cache, mv, key, response, lookup_ns)
             if classes:
@@ -332,6 +341,10 @@ class InferenceService:
         if future is None:
             future = (self._loop or asyncio.get_running_loop()).create_future()
         work = Work(record, blocks, future, batch_size, tag)
+        if record.trace_context:  # sampled (TraceSettings.context_for): its trace begins
+            trace = self.begin_trace(mv, record, started)
+            if trace is not None:
+                follow(trace, work)
         if mv.stats.overhead is not None:  # --trace-overhead
             mv.stats.stage("stage", work.enqueued_ns - started)
         scheduler = mv.scheduler  # mv.submit, without its (interpreted) call
@@ -341,6 +354,15 @@ class InferenceService:
             assert scheduler is not None
             scheduler.submit(work)
         return work
+
+    def begin_trace(self, mv: ModelVersion, record: RequestRecord, started: int) -> Trace | None:
+        """The trace of a sampled request that starts (``started``) and is queued now (None:
+        none is written: not sampled, or no trace file)."""
+        trace = self.tracing.begin(record.trace_context, mv.name, mv.version, record.request_id)
+        if trace is not None:
+            trace.stamp("REQUEST_START", started)
+            trace.stamp("QUEUE_START")
+        return trace
 
     def _answer(
         self,

@@ -1,8 +1,9 @@
 """Triton's trace extension: global and per-model trace settings, read and changed at run time.
 
 Settings are stored, validated and reported as Triton does; ``--trace-config`` sets the global
-ones at start. shoal writes no trace file (see docs/http.md, "Trace settings"), but a request
-sampled for tracing carries a trace context to its model (:meth:`TraceSettings.context_for`).
+ones at start. A request sampled for tracing carries a trace context to its model
+(:meth:`TraceSettings.context_for`) and, in trace_mode triton, its trace goes to the trace file
+(:mod:`.trace_files`; ``trace_count`` is reported as it runs down, as in Triton).
 Values have Triton's string forms: ``trace_level`` is a list
 (``["OFF"]`` or some of ``["TIMESTAMPS", "TENSORS"]``), every other setting one string.
 
@@ -19,6 +20,7 @@ from typing import Any, Final
 
 from shoal.core.errors import InvalidArgument, Unsupported
 from shoal.core.types import TraceChange, TraceValue
+from shoal.supervisor.extensions.trace_files import Trace, TraceFile, TraceLog
 
 LEVELS = ("TIMESTAMPS", "TENSORS")
 DEFAULTS: Mapping[str, TraceValue] = {
@@ -54,9 +56,13 @@ class TraceSettings:
         self._global: dict[str, TraceValue] = {**DEFAULTS, **(initial or {})}
         self._models: dict[str, dict[str, TraceValue]] = {}
         self._known_model = known_model
-        #: Requests seen and traces started, per model, for trace_rate and trace_count.
-        self._seen: dict[str, int] = {}
-        self._traced: dict[str, int] = {}
+        #: Trace files by path (a file named by several settings is one, its index shared).
+        self._files: dict[str, TraceFile] = {}
+        #: The settings in effect, sampling and buffering: the global one, each model's own.
+        self._log = self._new_log("")
+        self._logs: dict[str, TraceLog] = {}
+        #: Requests sampled whose trace has not begun (:meth:`begin`), by their context.
+        self._pending: dict[str, TraceLog] = {}
         #: Called after every change (direct dispatch takes its routes back: a model traced now
         #: must take the core's way).
         self.on_change: list[Callable[[], None]] = []
@@ -69,30 +75,45 @@ class TraceSettings:
 
     def context_for(self, model: str) -> str:
         """The trace context of the next request to ``model``: "" unless tracing is on for it
-        and this request is one of every ``trace_rate`` (``trace_count`` traces at most).
+        and this request is the ``trace_rate``-th since the last (``trace_count`` traces at
+        most), as Triton samples. The caller then calls :meth:`begin` with it.
 
         The context is what ``request.trace().get_context()`` returns in the model: a W3C
         ``traceparent`` as JSON, the form Triton gives in OpenTelemetry mode, which a model
-        can hand to OpenTelemetry's propagator. shoal itself writes no trace yet.
+        can hand to OpenTelemetry's propagator.
         """
         own = self._models.get(model)
         level = own["trace_level"] if own and "trace_level" in own else self._global["trace_level"]
-        if level == _OFF:  # every request asks: no merged copy of the settings for it
+        if level == _OFF:  # every request asks: no look-up of its log for it
             return ""
-        settings = {**self._global, **(own or {})}
-        seen = self._seen.get(model, 0)
-        self._seen[model] = seen + 1
-        count = int(str(settings["trace_count"]))
-        if seen % int(str(settings["trace_rate"])) or 0 <= count <= self._traced.get(model, 0):
+        trace_log = self._logs.get(model, self._log)
+        if not trace_log.sample():
             return ""
-        self._traced[model] = self._traced.get(model, 0) + 1
         parent = f"00-{secrets.token_hex(16)}-{secrets.token_hex(8)}-01"
-        return json.dumps({"traceparent": parent})
+        context = json.dumps({"traceparent": parent})
+        if trace_log.file is not None:
+            self._pending[context] = trace_log
+        return context
+
+    def begin(self, context: str, model: str, version: int, request_id: str) -> Trace | None:
+        """The trace of a request :meth:`context_for` sampled (None: none is written)."""
+        trace_log = self._pending.pop(context, None)
+        if trace_log is None:
+            return None
+        return Trace(trace_log, model, version, request_id)
+
+    def close(self) -> None:
+        """The server stops: every setting writes what it holds (its traces are all in)."""
+        for trace_log in [self._log, *self._logs.values(), *self._pending.values()]:
+            trace_log.retire()
+        self._pending.clear()
 
     def current(self, model: str = "") -> dict[str, TraceValue]:
-        """The settings in effect for ``model`` ("" for the global ones)."""
+        """The settings in effect for ``model`` ("" for the global ones); ``trace_count`` is
+        what is left of it."""
         self._check_model(model)
-        return {**self._global, **self._models.get(model, {})}
+        count = str(self._logs.get(model, self._log).count)
+        return {**self._global, **self._models.get(model, {}), "trace_count": count}
 
     def update(self, changes: Mapping[str, TraceChange], model: str = "") -> dict[str, TraceValue]:
         """Apply ``changes`` (all or nothing) and return the settings now in effect."""
@@ -112,9 +133,55 @@ class TraceSettings:
         _store(target, checked)
         if model and not target:
             del self._models[model]
+        self._renew(model, "trace_count" in checked)
         for each in self.on_change:
             each()
         return self.current(model)
+
+    def _renew(self, model: str, counted: bool) -> None:
+        """New logs for the settings an update changed (Triton replaces them: their sampling
+        starts again, and the replaced ones write what they hold): ``model``'s, or for a
+        global update the global one and every model's own (they follow the global one in
+        what they do not set). ``counted``: the update set trace_count; else what is left of
+        each replaced count goes on."""
+        if not model:
+            replaced = self._log
+            count = None if counted else replaced.count
+            replaced.retire()
+            self._log = self._new_log("", count)
+        for name in [model] if model else list(self._logs):
+            old = self._logs.pop(name, None)
+            if old is not None:
+                old.retire()
+            if name in self._models:
+                own_count = "trace_count" in self._models[name] and not (counted and model)
+                count = old.count if old is not None and own_count else None
+                self._logs[name] = self._new_log(name, count)
+
+    def _new_log(self, model: str, count: int | None = None) -> TraceLog:
+        """The log of the settings in effect for ``model``; ``count``: what is left of its
+        trace_count (None: the setting's value, or the global log's for a model that sets
+        none)."""
+        own = self._models.get(model, {}) if model else {}
+        settings = {**self._global, **own}
+        if count is None:
+            count = int(str(settings["trace_count"]))
+            if model and "trace_count" not in own:
+                count = self._log.count
+        path = str(settings["trace_file"])
+        file = None
+        if path and settings["trace_mode"] == "triton":
+            file = self._files.get(path)
+            if file is None:
+                file = self._files[path] = TraceFile(path)
+        level = settings["trace_level"]
+        return TraceLog(
+            [level] if isinstance(level, str) else list(level),
+            int(str(settings["trace_rate"])),
+            count,
+            int(str(settings["log_frequency"])),
+            file,
+        )
 
     def _check_model(self, model: str) -> None:
         if model and not self._known_model(model):

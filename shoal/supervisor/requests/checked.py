@@ -46,7 +46,6 @@ class Stager:
         placed = {} if mv.is_ensemble else output_regions(shm, request)
         record, blocks = staging.stage_request(summary, request, self.arena, outputs, regions)
         record.output_regions = placed
-        record.trace_context = self.tracing.context_for(mv.name)
         if mv.state is not ModelState.READY:
             self.directory.free_inputs(blocks)
             raise Unavailable(f"model '{mv.name}' version {mv.version} is not ready")
@@ -55,4 +54,6 @@ class Stager:
             raise Unavailable(
                 f"model '{mv.name}' version {mv.version} has no live instance: {mv.down}"
             )
+        # Sampled last: a request refused above is no trace (nothing would finish it).
+        record.trace_context = self.tracing.context_for(mv.name)
         return record, blocks

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import TYPE_CHECKING, Protocol
 
@@ -16,6 +17,7 @@ from shoal.core.types import InferRequest, InferResponse
 from shoal.ipc.arena import Block
 from shoal.ipc.records import RequestRecord
 from shoal.supervisor.drain import DrainGate
+from shoal.supervisor.extensions.trace_files import Trace
 from shoal.supervisor.instances.decoupled import new_stream
 from shoal.supervisor.requests import classification, staging
 from shoal.supervisor.requests.responses import response_of
@@ -38,6 +40,10 @@ class StreamingService(Protocol):
     def stage(
         self, mv: ModelVersion, request: InferRequest
     ) -> tuple[RequestRecord, list[Block]]: ...
+
+    def begin_trace(
+        self, mv: ModelVersion, record: RequestRecord, started: int
+    ) -> Trace | None: ...
 
 
 async def responses(
@@ -62,7 +68,9 @@ async def _decoupled(
     service: StreamingService, mv: ModelVersion, request: InferRequest
 ) -> AsyncGenerator[InferResponse, None]:
     classes = classification.requested(request, mv.config) if request.outputs else {}
+    started = time.monotonic_ns()
     record, blocks = service.stage(mv, request)
+    trace = service.begin_trace(mv, record, started) if record.trace_context else None
     future: asyncio.Future[Completion] = asyncio.get_running_loop().create_future()
     stream = new_stream()
     work = Work(
@@ -91,6 +99,9 @@ async def _decoupled(
             left = stream.get_nowait()
             if isinstance(left, Completion):
                 left.release()
+        if trace is not None:
+            trace.stamp("REQUEST_END")
+            trace.finish()
 
 
 def _error_response(mv: ModelVersion, request: InferRequest, item: Completion) -> InferResponse:

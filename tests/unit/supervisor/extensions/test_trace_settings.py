@@ -84,10 +84,13 @@ def test_one_request_in_every_trace_rate_gets_a_context_up_to_trace_count():
     )
     contexts = [settings.context_for("m") for _ in range(7)]
     traced = [i for i, context in enumerate(contexts) if context]
-    assert traced == [0, 2]  # every second request, two traces at most
-    parent = json.loads(contexts[0])["traceparent"]
+    # Triton's sampling: the second and the fourth (every trace_rate-th), two at most, and
+    # trace_count is reported as it runs down.
+    assert traced == [1, 3]
+    assert settings.current()["trace_count"] == "0"
+    parent = json.loads(contexts[1])["traceparent"]
     assert re.fullmatch(r"00-[0-9a-f]{32}-[0-9a-f]{16}-01", parent)
-    assert contexts[0] != contexts[2]
+    assert contexts[1] != contexts[3]
 
 
 def test_trace_config_flags_give_the_initial_settings():

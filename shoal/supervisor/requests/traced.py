@@ -1,0 +1,50 @@
+"""The timestamps of a traced request, from the times the core measures for its statistics.
+
+Triton's Python backend times compute around its IPC in the parent process; so does shoal's
+core, from the same clock as Triton's steady clock (CLOCK_MONOTONIC, which the stubs read
+too): the queue ends when the stub starts the batch (a request sent ahead waits in the stub's
+ring), the stub's three compute durations follow, and compute ends when the core reads the
+stub's Result (docs/statistics.md says where each statistic starts and stops).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shoal.supervisor.extensions.trace_files import Trace
+from shoal.supervisor.work import Completion, Work
+
+
+def follow(trace: Trace, work: Work) -> None:
+    """Stamp a request's compute and end once its work is answered, and finish its trace."""
+    work.future.add_done_callback(_Answered(trace, work))
+
+
+def stamp_compute(trace: Trace, work: Work, completion: Completion) -> None:
+    """The compute timestamps of a request answered with ``completion``."""
+    start = work.enqueued_ns + completion.queue_ns
+    compute_input, compute_infer, compute_output = completion.compute_ns
+    trace.stamp("COMPUTE_START", start)
+    trace.stamp("COMPUTE_INPUT_END", start + compute_input)
+    output_start = start + compute_input + compute_infer
+    trace.stamp("COMPUTE_OUTPUT_START", output_start)
+    trace.stamp("COMPUTE_END", max(completion.received_ns, output_start + compute_output))
+
+
+class _Answered:
+    """A traced work's done callback (a Future's or a Promise's)."""
+
+    def __init__(self, trace: Trace, work: Work) -> None:
+        self.trace = trace
+        self.work = work
+
+    def __call__(self, future: Any) -> None:
+        trace = self.trace
+        if not future.cancelled() and future.exception() is None:
+            stamp_compute(trace, self.work, future.result())
+            trace.stamp("INFER_RESPONSE_COMPLETE")
+        trace.stamp("REQUEST_END")
+        trace.finish()
+
+
+__all__ = ["follow", "stamp_compute"]
