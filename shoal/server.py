@@ -201,6 +201,7 @@ async def _shut_down(
     await running.stop(grace)
     # What is left goes to the models' finalize; a stub still running then is killed.
     await service.shutdown(timeout=left())
+    service.tracing.close()  # every request is over: the traces they left are written
     sys.stdout.flush()
 
 

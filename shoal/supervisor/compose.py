@@ -50,6 +50,7 @@ def build_service(options: ServerOptions, make_stub: MakeStub = StubProcess) -> 
     if options.rate_limit == "execution_count":
         rate_limiter = RateLimiter(dict(options.rate_limit_resources))
     initial_traces = {k: v if isinstance(v, str) else list(v) for k, v in options.trace_settings}
+    tracing = TraceSettings(lambda name: name in loaded.models, initial_traces)
 
     def make_loader(models: ModelControl) -> ModelLoader:
         return ModelLoader(
@@ -69,12 +70,12 @@ def build_service(options: ServerOptions, make_stub: MakeStub = StubProcess) -> 
         repository=ModelRepositoryManager(options, loaded, make_loader),
         input_arena=input_arena,
         directory=directory,
-        ensembles=EnsembleRunner(loaded, directory, free_inputs),
+        ensembles=EnsembleRunner(loaded, directory, free_inputs, tracing),
         custom_metrics=custom_metrics,
         cache=cache,
         shm=SharedMemoryRegistry(allow_client=options.allow_client_shm),
         log_settings=LogSettings.from_options(options),
-        trace_settings=TraceSettings(lambda name: name in loaded.models, initial_traces),
+        trace_settings=tracing,
     )
     if service.direct is not None:
         service.repository.loader.revoke_routes = service.direct.revoke

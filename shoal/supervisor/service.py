@@ -34,7 +34,6 @@ from shoal.supervisor.drain import EXITING, DrainGate
 from shoal.supervisor.extensions import EXTENSIONS
 from shoal.supervisor.extensions.custom_metrics import CustomMetrics
 from shoal.supervisor.extensions.log_settings import LogSettings
-from shoal.supervisor.extensions.trace_files import Trace
 from shoal.supervisor.extensions.trace_settings import TraceChange, TraceSettings, TraceValue
 from shoal.supervisor.memory.segments import SegmentDirectory
 from shoal.supervisor.memory.system_shm import SharedMemoryRegistry
@@ -44,7 +43,7 @@ from shoal.supervisor.models.manager import ModelRepositoryManager
 from shoal.supervisor.models.version import ModelVersion
 from shoal.supervisor.options import ServerOptions
 from shoal.supervisor.promise import Promise, Settled
-from shoal.supervisor.requests import classification, packed, staging, streaming
+from shoal.supervisor.requests import classification, packed, staging, streaming, traced
 from shoal.supervisor.requests.answers import Answer, in_task, nothing
 from shoal.supervisor.requests.cached import cache_hit, cache_insert
 from shoal.supervisor.requests.checked import Regions, Staged, Stager
@@ -56,7 +55,6 @@ from shoal.supervisor.requests.client_shm import (
 from shoal.supervisor.requests.relayed import Relay, record_success, relay_completed, relays
 from shoal.supervisor.requests.response_cache import ResponseCache, request_key
 from shoal.supervisor.requests.responses import response_of
-from shoal.supervisor.requests.traced import follow
 from shoal.supervisor.schedulers.default import DefaultScheduler
 from shoal.supervisor.work import Completion, Work
 
@@ -123,7 +121,6 @@ class InferenceService:
         self._live = False
         await self.repository.shutdown(timeout)
         self.shm.close()
-        self.tracing.close()  # every request is over: the traces they left are written
         self.directory.cuda.close()  # after the stubs: they closed their handles by exiting
         self.input_arena.close()
 
@@ -180,11 +177,9 @@ class InferenceService:
             started = time.monotonic_ns()
             try:
                 return await self._infer(mv, request)
-            except ShoalError as error:
-                mv.stats.failure(time.monotonic_ns() - started, error.reason)
-                raise
-            except asyncio.CancelledError:  # the client went away
-                mv.stats.failure(time.monotonic_ns() - started, Cancelled.reason)
+            except (ShoalError, asyncio.CancelledError) as error:  # (cancelled: the client left)
+                reason = error.reason if isinstance(error, ShoalError) else Cancelled.reason
+                mv.stats.failure(time.monotonic_ns() - started, reason)
                 raise
         finally:
             self.gate.leave()
@@ -219,13 +214,7 @@ class InferenceService:
             lookup_ns = time.monotonic_ns() - lookup_started
         record, blocks = self.stage(mv, request, regions)
         if mv.is_ensemble:
-            trace = self.begin_trace(mv, record, started)
-            try:
-                response = await self.ensembles.run(mv, request, record, blocks)
-            finally:
-                if trace is not None:
-                    trace.stamp("REQUEST_END")
-                    trace.finish()
+            response = await self.ensembles.run(mv, request, record, blocks, started)
             if key is not None:
                 cache_insert(self.cache, mv, key, response, lookup_ns)
             if classes:
@@ -342,9 +331,7 @@ class InferenceService:
             future = (self._loop or asyncio.get_running_loop()).create_future()
         work = Work(record, blocks, future, batch_size, tag)
         if record.trace_context:  # sampled (TraceSettings.context_for): its trace begins
-            trace = self.begin_trace(mv, record, started)
-            if trace is not None:
-                follow(trace, work)
+            traced.submitted(self.tracing, mv, work, started)
         if mv.stats.overhead is not None:  # --trace-overhead
             mv.stats.stage("stage", work.enqueued_ns - started)
         scheduler = mv.scheduler  # mv.submit, without its (interpreted) call
@@ -354,15 +341,6 @@ class InferenceService:
             assert scheduler is not None
             scheduler.submit(work)
         return work
-
-    def begin_trace(self, mv: ModelVersion, record: RequestRecord, started: int) -> Trace | None:
-        """The trace of a sampled request that starts (``started``) and is queued now (None:
-        none is written: not sampled, or no trace file)."""
-        trace = self.tracing.begin(record.trace_context, mv.name, mv.version, record.request_id)
-        if trace is not None:
-            trace.stamp("REQUEST_START", started)
-            trace.stamp("QUEUE_START")
-        return trace
 
     def _answer(
         self,

@@ -155,6 +155,7 @@ class Trace:
             entry["parent_id"] = parent_id
         self._entries = [json.dumps(entry, separators=(",", ":"))]
         self._open = True
+        self._parent: Trace | None = None
 
     @property
     def trace_log(self) -> TraceLog:
@@ -166,10 +167,22 @@ class Trace:
             at = time.monotonic_ns() if ns is None else ns
             self._entries.append(f'{{"id":{self.id},"timestamps":[{{"name":"{name}","ns":{at}}}]}}')
 
+    def child(self, model: str, version: int, request_id: str) -> Trace:
+        """The trace of a request this one makes (an ensemble's step), written with it: one
+        trace for trace_count and log_frequency, as in Triton."""
+        child = Trace(self._log, model, version, request_id, self.id)
+        child._parent = self
+        return child
+
     def finish(self) -> None:
-        """The request is over: its trace goes to its log (once)."""
-        if self._open:
-            self._open = False
+        """The request is over: its trace goes to its parent's, or to its log (once)."""
+        if not self._open:
+            return
+        self._open = False
+        parent = self._parent
+        if parent is not None and parent._open:
+            parent._entries += self._entries
+        else:
             self._log.collect(",".join(self._entries))
 
 

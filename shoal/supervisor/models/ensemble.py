@@ -25,9 +25,12 @@ from shoal.core.types import InferOutput, InferRequest, InferResponse
 from shoal.ipc.arena import Block, OwnedArena
 from shoal.ipc.records import RequestRecord
 from shoal.ipc.tensor import CudaLocation, InlineBytes, TensorDesc
+from shoal.supervisor.extensions.trace_files import Trace
+from shoal.supervisor.extensions.trace_settings import TraceSettings
 from shoal.supervisor.memory.segments import SegmentDirectory
 from shoal.supervisor.models._ensemble_plan import EnsemblePlan, StepPlan, input_datatypes, plan_of
 from shoal.supervisor.models.version import ModelVersion
+from shoal.supervisor.requests import traced
 from shoal.supervisor.requests.staging import batch_of, inline_bytes, spill_inline
 from shoal.supervisor.work import Completion, Work
 
@@ -49,10 +52,13 @@ class EnsembleRunner:
         models: VersionResolver,
         directory: SegmentDirectory,
         free_inputs: Callable[[list[Block]], None],
+        tracing: TraceSettings | None = None,
     ) -> None:
         self.models = models
         self._directory = directory
         self._free_inputs = free_inputs
+        #: Where a traced request's trace begins (None: no traces, in unit tests).
+        self.tracing = tracing
 
     @property
     def input_arena(self) -> OwnedArena:
@@ -71,11 +77,17 @@ class EnsembleRunner:
         request: InferRequest,
         record: RequestRecord,
         blocks: list[Block],
+        started: int = 0,
     ) -> InferResponse:
-        """``record`` holds the staged client inputs; ``blocks`` are freed with the response."""
+        """``record`` holds the staged client inputs; ``blocks`` are freed with the response;
+        ``started``: when the request started (its trace's start, if traced)."""
         completions: list[Completion] = []
         release = functools.partial(self._release, completions, blocks)
-        outputs = await self._run_graph(mv, record, completions, release)
+        trace = None if self.tracing is None else traced.begin(self.tracing, mv, record, started)
+        try:
+            outputs = await self._run_graph(mv, record, completions, release, trace)
+        finally:
+            traced.end(trace)
         return InferResponse(
             model_name=mv.name,
             model_version=str(mv.version),
@@ -90,12 +102,14 @@ class EnsembleRunner:
         record: RequestRecord,
         completions: list[Completion],
         release: Callable[[], None],
+        trace: Trace | None,
     ) -> list[InferOutput]:
         """The ensemble's requested outputs; on any failure (the client went away too) the
         steps still queued are dropped and everything held is released."""
         done: asyncio.Future[dict[str, TensorDesc]] = asyncio.get_running_loop().create_future()
         inputs = {desc.name: desc for desc in record.inputs}
         graph = _Graph(self, mv, record, inputs, completions, (), functools.partial(_settle, done))
+        graph.trace = trace
         try:
             graph.start()
             tensors = await done
@@ -165,6 +179,8 @@ class _Graph:
         self._missing = [step.needs for step in self._plan.steps]
         self._running: dict[int, asyncio.Future[Completion] | _Graph] = {}
         self._finished = False
+        #: The trace of the request (or nested step) this graph runs; its steps' are children.
+        self.trace: Trace | None = None
 
     # -- driving ----------------------------------------------------------------------------
 
@@ -264,7 +280,17 @@ class _Graph:
         future.add_done_callback(functools.partial(self._model_done, step, target, batch, started))
         # The inputs belong to the ensemble request: the step's work owns only the blocks
         # made for it here.
-        target.submit(Work(record, spilled, future, batch_size=batch))
+        work = Work(record, spilled, future, batch_size=batch)
+        if self.trace is not None:
+            self._trace_step(target, work, started)
+        target.submit(work)
+
+    def _trace_step(self, target: ModelVersion, work: Work, started: int) -> None:
+        assert self.trace is not None
+        trace = self.trace.child(target.name, target.version, self._base.request_id)
+        trace.stamp("REQUEST_START", started)
+        trace.stamp("QUEUE_START", work.enqueued_ns)
+        traced.follow(trace, work)
 
     def _step_record(self, step: StepPlan, inputs: list[TensorDesc]) -> RequestRecord:
         base = self._base
@@ -356,6 +382,9 @@ class _Graph:
             self._chain,
             done,
         )
+        if self.trace is not None:
+            child.trace = self.trace.child(target.name, target.version, self._base.request_id)
+            child.trace.stamp("REQUEST_START", started)
         self._running[step.index] = child
         # Started on the next turn, so that its end never runs inside this graph's _advance.
         asyncio.get_running_loop().call_soon(child.start)
@@ -369,7 +398,10 @@ class _Graph:
         tensors: dict[str, TensorDesc] | None,
         error: BaseException | None,
     ) -> None:
-        self._running.pop(step.index, None)
+        nested = self._running.pop(step.index, None)
+        if isinstance(nested, _Graph) and nested.trace is not None:
+            nested.trace.stamp("REQUEST_END")
+            nested.trace.finish()
         if tensors is not None:
             error = _missing_outputs(step, target, tensors)
         elapsed = time.monotonic_ns() - started

@@ -17,9 +17,9 @@ from shoal.core.types import InferRequest, InferResponse
 from shoal.ipc.arena import Block
 from shoal.ipc.records import RequestRecord
 from shoal.supervisor.drain import DrainGate
-from shoal.supervisor.extensions.trace_files import Trace
+from shoal.supervisor.extensions.trace_settings import TraceSettings
 from shoal.supervisor.instances.decoupled import new_stream
-from shoal.supervisor.requests import classification, staging
+from shoal.supervisor.requests import classification, staging, traced
 from shoal.supervisor.requests.responses import response_of
 from shoal.supervisor.work import Completion, Work
 
@@ -41,9 +41,8 @@ class StreamingService(Protocol):
         self, mv: ModelVersion, request: InferRequest
     ) -> tuple[RequestRecord, list[Block]]: ...
 
-    def begin_trace(
-        self, mv: ModelVersion, record: RequestRecord, started: int
-    ) -> Trace | None: ...
+    @property
+    def tracing(self) -> TraceSettings: ...
 
 
 async def responses(
@@ -70,7 +69,7 @@ async def _decoupled(
     classes = classification.requested(request, mv.config) if request.outputs else {}
     started = time.monotonic_ns()
     record, blocks = service.stage(mv, request)
-    trace = service.begin_trace(mv, record, started) if record.trace_context else None
+    trace = traced.begin(service.tracing, mv, record, started)
     future: asyncio.Future[Completion] = asyncio.get_running_loop().create_future()
     stream = new_stream()
     work = Work(
@@ -99,9 +98,7 @@ async def _decoupled(
             left = stream.get_nowait()
             if isinstance(left, Completion):
                 left.release()
-        if trace is not None:
-            trace.stamp("REQUEST_END")
-            trace.finish()
+        traced.end(trace)
 
 
 def _error_response(mv: ModelVersion, request: InferRequest, item: Completion) -> InferResponse:

@@ -9,10 +9,43 @@ stub's Result (docs/statistics.md says where each statistic starts and stops).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from shoal.ipc.records import RequestRecord
 from shoal.supervisor.extensions.trace_files import Trace
+from shoal.supervisor.extensions.trace_settings import TraceSettings
 from shoal.supervisor.work import Completion, Work
+
+if TYPE_CHECKING:
+    from shoal.supervisor.models.version import ModelVersion
+
+
+def begin(
+    tracing: TraceSettings, mv: ModelVersion, record: RequestRecord, started: int
+) -> Trace | None:
+    """The trace of a request that started at ``started`` and is queued now, if it was
+    sampled with a trace file (None: no trace is written)."""
+    if not record.trace_context:
+        return None
+    trace = tracing.begin(record.trace_context, mv.name, mv.version, record.request_id)
+    if trace is not None:
+        trace.stamp("REQUEST_START", started)
+        trace.stamp("QUEUE_START")
+    return trace
+
+
+def end(trace: Trace | None) -> None:
+    """A request that :func:`begin` traced is over."""
+    if trace is not None:
+        trace.stamp("REQUEST_END")
+        trace.finish()
+
+
+def submitted(tracing: TraceSettings, mv: ModelVersion, work: Work, started: int) -> None:
+    """A sampled request's ``work`` was made: its trace follows the work to its answer."""
+    trace = begin(tracing, mv, work.record, started)
+    if trace is not None:
+        follow(trace, work)
 
 
 def follow(trace: Trace, work: Work) -> None:
@@ -47,4 +80,4 @@ class _Answered:
         trace.finish()
 
 
-__all__ = ["follow", "stamp_compute"]
+__all__ = ["begin", "end", "follow", "stamp_compute", "submitted"]
