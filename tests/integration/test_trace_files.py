@@ -1,0 +1,198 @@
+"""Triton's trace files (``--trace-config triton,file=PATH``) through a real server: what a
+traced request writes, over HTTP and gRPC; trace_rate, trace_count, log_frequency and their
+files; tracing turned off; a model traced alone; an ensemble's steps as child traces."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+
+from tests.integration.server import BUNDLED, TEST_MODELS, ShoalServer
+
+pytestmark = pytest.mark.timeout(120)
+
+#: The core's activities of a model's request, in the order they happen.
+ORDER = [
+    "REQUEST_START",
+    "QUEUE_START",
+    "COMPUTE_START",
+    "COMPUTE_INPUT_END",
+    "COMPUTE_OUTPUT_START",
+    "COMPUTE_END",
+    "INFER_RESPONSE_COMPLETE",
+    "REQUEST_END",
+]
+
+
+@pytest.fixture
+def repo(tmp_path):
+    """add_sub and identity, and ens_chain (ens_scale, then identity)."""
+    root = tmp_path / "models"
+    for source in (BUNDLED / "add_sub", BUNDLED / "identity"):
+        shutil.copytree(source, root / source.name)
+    for name in ("ens_chain", "ens_scale"):
+        shutil.copytree(TEST_MODELS / name, root / name)
+    return root
+
+
+def _server(repo: Path, trace_file: Path, *config: str) -> ShoalServer:
+    args = ["--trace-config", f"triton,file={trace_file}"]
+    for entry in config:
+        args += ["--trace-config", entry]
+    return ShoalServer(repo, extra_args=tuple(args))
+
+
+def _traces(path: Path) -> dict[int, dict]:
+    """The file read as trace_summary.py reads it (one JSON list), grouped by trace id: the
+    model entry's fields and ``timestamps`` (name -> ns, in the file's order)."""
+    with open(path) as f:
+        entries = json.load(f)
+    assert isinstance(entries, list)
+    traces: dict[int, dict] = {}
+    for entry in entries:
+        trace = traces.setdefault(entry["id"], {"timestamps": {}})
+        for stamp in entry.pop("timestamps", []):
+            trace["timestamps"][stamp["name"]] = stamp["ns"]
+        trace.update(entry)
+    return traces
+
+
+def _add_sub(server: ShoalServer, request_id: str, protocol: str = "http") -> None:
+    module = httpclient if protocol == "http" else grpcclient
+    url = server.url if protocol == "http" else server.grpc_url
+    client = module.InferenceServerClient(url)
+    try:
+        inputs = []
+        for name in ("INPUT0", "INPUT1"):
+            tensor = module.InferInput(name, [4], "FP32")
+            tensor.set_data_from_numpy(np.ones(4, dtype=np.float32))
+            inputs.append(tensor)
+        result = client.infer("add_sub", inputs, request_id=request_id)
+        assert result.as_numpy("OUTPUT0").tolist() == [2.0] * 4
+    finally:
+        client.close()
+
+
+def _ordered(trace: dict, names: list[str]) -> None:
+    stamps = trace["timestamps"]
+    assert list(stamps) == names
+    times = [stamps[name] for name in names]
+    assert times == sorted(times), stamps
+    # Triton's steady clock is CLOCK_MONOTONIC, as time.monotonic_ns here.
+    assert 0 < times[0] <= time.monotonic_ns()
+
+
+def _wait_for(path: Path) -> None:
+    deadline = time.monotonic() + 10
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)  # polling for the file, not waiting on time
+    assert path.exists(), f"{path} was not written"
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_a_traced_request_writes_its_model_and_ordered_timestamps(repo, tmp_path, protocol):
+    trace_file = tmp_path / "trace.json"
+    with _server(repo, trace_file, "level=TIMESTAMPS", "rate=1") as server:
+        for n in range(3):
+            _add_sub(server, f"req-{n}", protocol)
+    traces = _traces(trace_file)  # written at shutdown: nothing asked for it earlier
+    assert sorted(traces) == [1, 2, 3]
+    for n, trace in enumerate(traces[i] for i in sorted(traces)):
+        assert trace["model_name"] == "add_sub" and trace["model_version"] == 1
+        assert trace["request_id"] == f"req-{n}" and "parent_id" not in trace
+        _ordered(trace, ORDER)
+
+
+def test_rate_count_log_frequency_and_off(repo, tmp_path):
+    trace_file = tmp_path / "trace.json"
+    with _server(repo, trace_file, "level=TIMESTAMPS", "rate=2") as server:
+        client = httpclient.InferenceServerClient(server.url)
+        try:
+            for n in range(6):  # the 2nd, the 4th and the 6th are traced
+                _add_sub(server, str(n))
+            settings = client.update_trace_settings(
+                settings={"trace_rate": "1", "trace_count": "2"}
+            )
+            assert settings["trace_count"] == "2"
+            for n in range(6, 10):  # 6 and 7: then trace_count is spent
+                _add_sub(server, str(n))
+            assert client.get_trace_settings()["trace_count"] == "0"
+            # Spent, and its traces in: written to PATH.0 at once, as Triton.
+            _wait_for(tmp_path / "trace.json.0")
+            assert [t["request_id"] for t in _traces(tmp_path / "trace.json.0").values()] == [
+                "6",
+                "7",
+            ]
+            client.update_trace_settings(settings={"trace_count": "-1", "log_frequency": "2"})
+            for n in range(10, 15):  # two files of two, one left
+                _add_sub(server, str(n))
+            _wait_for(tmp_path / "trace.json.2")
+            client.update_trace_settings(settings={"trace_level": ["OFF"]})
+            _wait_for(tmp_path / "trace.json.3")  # the one left, written by the update
+            for n in range(15, 18):  # not traced: tracing is off
+                _add_sub(server, str(n))
+        finally:
+            client.close()
+    # The first setting's traces, written when the update replaced it.
+    assert [t["request_id"] for t in _traces(trace_file).values()] == ["1", "3", "5"]
+    rotated = [
+        [t["request_id"] for t in _traces(tmp_path / f"trace.json.{n}").values()]
+        for n in (1, 2, 3)
+    ]
+    assert rotated == [["10", "11"], ["12", "13"], ["14"]]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "models",
+        "trace.json",
+        *(f"trace.json.{n}" for n in range(4)),
+    ]
+
+
+def test_a_model_traced_alone_and_an_ensembles_steps(repo, tmp_path):
+    trace_file = tmp_path / "trace.json"
+    with _server(repo, trace_file) as server:  # level OFF: nothing traced
+        client = httpclient.InferenceServerClient(server.url)
+        try:
+            _add_sub(server, "before")
+            for model in ("add_sub", "ens_chain"):
+                client.update_trace_settings(
+                    model_name=model, settings={"trace_level": ["TIMESTAMPS"], "trace_rate": "1"}
+                )
+            _add_sub(server, "add_sub")
+            x = httpclient.InferInput("X", [3], "FP32")
+            x.set_data_from_numpy(np.arange(3, dtype=np.float32))
+            chained = client.infer("ens_chain", [x], request_id="ens")
+            assert chained.as_numpy("Y").tolist() == [0.0, 2.0, 4.0]
+            identity = httpclient.InferInput("IN_FP32", [2], "FP32")
+            identity.set_data_from_numpy(np.ones(2, dtype=np.float32))
+            client.infer("identity", [identity], request_id="untraced")
+        finally:
+            client.close()
+    traces = _traces(trace_file)
+    by_model = {t["model_name"]: t for t in traces.values()}
+    assert sorted(t["request_id"] for t in traces.values()) == ["add_sub", "ens", "ens", "ens"]
+    _ordered(by_model["add_sub"], ORDER)
+    ensemble = by_model["ens_chain"]
+    _ordered(ensemble, ["REQUEST_START", "QUEUE_START", "REQUEST_END"])
+    steps = [t for t in traces.values() if t.get("parent_id") == ensemble["id"]]
+    assert [t["model_name"] for t in steps] == ["ens_scale", "identity"]
+    for step in steps:
+        _ordered(step, ORDER)
+        assert ensemble["timestamps"]["REQUEST_START"] <= step["timestamps"]["REQUEST_START"]
+        assert step["timestamps"]["REQUEST_END"] <= ensemble["timestamps"]["REQUEST_END"]
+
+
+def test_a_trace_file_that_cannot_be_written_is_logged_once(repo, tmp_path):
+    trace_file = tmp_path / "missing" / "trace.json"
+    with _server(repo, trace_file, "level=TIMESTAMPS", "rate=1", "log-frequency=1") as server:
+        for n in range(3):
+            _add_sub(server, str(n))  # served all the same
+        server.stop()
+        assert server.output.count("cannot write the trace file") == 1
+    assert not trace_file.parent.exists()
