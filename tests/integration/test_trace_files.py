@@ -143,8 +143,7 @@ def test_rate_count_log_frequency_and_off(repo, tmp_path):
     # The first setting's traces, written when the update replaced it.
     assert [t["request_id"] for t in _traces(trace_file).values()] == ["1", "3", "5"]
     rotated = [
-        [t["request_id"] for t in _traces(tmp_path / f"trace.json.{n}").values()]
-        for n in (1, 2, 3)
+        [t["request_id"] for t in _traces(tmp_path / f"trace.json.{n}").values()] for n in (1, 2, 3)
     ]
     assert rotated == [["10", "11"], ["12", "13"], ["14"]]
     assert sorted(p.name for p in tmp_path.iterdir()) == [

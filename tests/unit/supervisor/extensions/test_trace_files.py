@@ -1,0 +1,127 @@
+"""Trace files and the logs that sample and buffer traces (Triton's TraceFile, TraceSetting)."""
+
+from __future__ import annotations
+
+import json
+
+from shoal.supervisor.extensions.trace_files import Trace, TraceFile, TraceLog
+from shoal.supervisor.extensions.trace_settings import TraceSettings
+
+
+def _ids(path) -> list[int]:
+    with open(path) as f:
+        return [entry["id"] for entry in json.load(f) if "model_name" in entry]
+
+
+def _trace(trace_log: TraceLog) -> Trace:
+    assert trace_log.sample()
+    trace = Trace(trace_log, "m", 1, "")
+    trace.stamp("REQUEST_START", 1)
+    return trace
+
+
+def test_the_trace_file_is_one_valid_json_list_after_every_write(tmp_path):
+    path = tmp_path / "t.json"
+    file = TraceFile(str(path))
+    file.save(['{"id":1}'], indexed=False)
+    assert json.loads(path.read_text()) == [{"id": 1}]
+    file.save(['{"id":2}', '{"id":3}'], indexed=False)
+    assert json.loads(path.read_text()) == [{"id": 1}, {"id": 2}, {"id": 3}]
+    file.save(['{"id":4}'], indexed=True)
+    file.save(['{"id":5}'], indexed=True)
+    assert json.loads((tmp_path / "t.json.0").read_text()) == [{"id": 4}]
+    assert json.loads((tmp_path / "t.json.1").read_text()) == [{"id": 5}]
+
+
+def test_a_spent_count_writes_once_its_last_trace_is_in_whatever_the_rate(tmp_path):
+    # Triton compares the traces collected with the requests seen, so with a rate above 1
+    # a spent count never wrote its file before exit; shoal waits for the traces it took.
+    trace_log = TraceLog(["TIMESTAMPS"], 2, 2, 0, TraceFile(str(tmp_path / "t.json")))
+    assert [trace_log.sample() for _ in range(3)] == [False, True, False]
+    first = Trace(trace_log, "m", 1, "")
+    assert trace_log.sample() and trace_log.count == 0
+    second = Trace(trace_log, "m", 1, "")
+    assert not trace_log.sample()  # spent
+    second.finish()
+    assert not (tmp_path / "t.json.0").exists()  # the first is still running
+    first.finish()
+    assert _ids(tmp_path / "t.json.0") == [second.id, first.id]
+
+
+def test_a_replaced_log_writes_when_its_running_traces_are_in(tmp_path):
+    trace_log = TraceLog(["TIMESTAMPS"], 1, -1, 0, TraceFile(str(tmp_path / "t.json")))
+    done, running = _trace(trace_log), _trace(trace_log)
+    done.finish()
+    trace_log.retire()
+    assert not (tmp_path / "t.json").exists()
+    running.finish()
+    assert _ids(tmp_path / "t.json") == [done.id, running.id]
+
+
+def test_log_frequency_writes_an_indexed_file_every_n_traces(tmp_path):
+    trace_log = TraceLog(["TIMESTAMPS"], 1, -1, 2, TraceFile(str(tmp_path / "t.json")))
+    traces = [_trace(trace_log) for _ in range(3)]
+    for trace in traces:
+        trace.finish()
+    assert _ids(tmp_path / "t.json.0") == [traces[0].id, traces[1].id]
+    trace_log.retire()
+    assert _ids(tmp_path / "t.json.1") == [traces[2].id]
+    assert not (tmp_path / "t.json").exists()
+
+
+def test_an_ensembles_steps_are_written_with_it_as_one_trace(tmp_path):
+    trace_log = TraceLog(["TIMESTAMPS"], 1, -1, 1, TraceFile(str(tmp_path / "t.json")))
+    parent = _trace(trace_log)
+    step = parent.child("step", 3, "r")
+    step.stamp("REQUEST_START", 2)
+    step.finish()
+    assert not (tmp_path / "t.json.0").exists()
+    parent.finish()
+    with open(tmp_path / "t.json.0") as f:
+        entries = json.load(f)
+    assert {"id": step.id, "model_name": "step", "model_version": 3} | {
+        "request_id": "r",
+        "parent_id": parent.id,
+    } in entries
+
+
+def test_trace_count_is_reported_as_it_runs_down_and_models_sample_apart(tmp_path):
+    settings = TraceSettings(
+        initial={
+            "trace_level": ["TIMESTAMPS"],
+            "trace_rate": "1",
+            "trace_count": "3",
+            "trace_file": str(tmp_path / "t.json"),
+        }
+    )
+    settings.update({"trace_count": "1"}, model="own")
+    assert settings.context_for("a") and settings.context_for("b")
+    assert settings.current()["trace_count"] == "1"
+    assert settings.current("own")["trace_count"] == "1"
+    assert settings.context_for("own") and not settings.context_for("own")
+    assert settings.current("own")["trace_count"] == "0"
+    assert settings.current()["trace_count"] == "1"  # the model's count is its own
+    # A global update of another setting keeps what is left of the count.
+    settings.update({"trace_rate": "1"})
+    assert settings.current()["trace_count"] == "1"
+
+
+def test_only_trace_mode_triton_with_a_file_writes(tmp_path):
+    opentelemetry = TraceSettings(
+        initial={"trace_level": ["TIMESTAMPS"], "trace_rate": "1", "trace_mode": "opentelemetry"}
+    )
+    context = opentelemetry.context_for("m")
+    assert context and opentelemetry.begin(context, "m", 1, "") is None
+    triton = TraceSettings(
+        initial={
+            "trace_level": ["TIMESTAMPS"],
+            "trace_rate": "1",
+            "trace_file": str(tmp_path / "t.json"),
+        }
+    )
+    context = triton.context_for("m")
+    trace = triton.begin(context, "m", 1, "")
+    assert trace is not None and triton.begin(context, "m", 1, "") is None
+    trace.finish()
+    triton.close()
+    assert len(_ids(tmp_path / "t.json")) == 1
