@@ -187,7 +187,8 @@ _SERVER_FLAGS: tuple[Flag, ...] = (
         action="append",
         default=[],
         help="Triton's [<mode>,]<setting>=<value>: level=TIMESTAMPS, rate=N, count=N, "
-        "mode=triton|opentelemetry, triton,file=PATH (repeatable)",
+        "mode=triton|opentelemetry, triton,file=PATH (the trace file), "
+        "triton,log-frequency=N (repeatable)",
     ),
     _flag(
         "--trace-overhead",
