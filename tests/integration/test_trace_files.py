@@ -5,6 +5,7 @@ files; tracing turned off; a model traced alone; an ensemble's steps as child tr
 from __future__ import annotations
 
 import json
+import queue
 import shutil
 import time
 from pathlib import Path
@@ -33,11 +34,11 @@ ORDER = [
 
 @pytest.fixture
 def repo(tmp_path):
-    """add_sub and identity, and ens_chain (ens_scale, then identity)."""
+    """add_sub and identity, ens_chain (ens_scale, then identity) and decoupled_repeat."""
     root = tmp_path / "models"
     for source in (BUNDLED / "add_sub", BUNDLED / "identity"):
         shutil.copytree(source, root / source.name)
-    for name in ("ens_chain", "ens_scale"):
+    for name in ("ens_chain", "ens_scale", "decoupled_repeat"):
         shutil.copytree(TEST_MODELS / name, root / name)
     return root
 
@@ -153,13 +154,28 @@ def test_rate_count_log_frequency_and_off(repo, tmp_path):
     ]
 
 
-def test_a_model_traced_alone_and_an_ensembles_steps(repo, tmp_path):
+def _stream(server: ShoalServer, responses: int) -> None:
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    answers: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        count = grpcclient.InferInput("COUNT", [1], "INT32")
+        count.set_data_from_numpy(np.array([responses], dtype=np.int32))
+        client.async_stream_infer("decoupled_repeat", [count], request_id="stream")
+        for _ in range(responses):
+            assert answers.get(timeout=30)[1] is None
+    finally:
+        client.stop_stream()
+        client.close()
+
+
+def test_models_traced_alone_an_ensembles_steps_and_a_stream(repo, tmp_path):
     trace_file = tmp_path / "trace.json"
     with _server(repo, trace_file) as server:  # level OFF: nothing traced
         client = httpclient.InferenceServerClient(server.url)
         try:
             _add_sub(server, "before")
-            for model in ("add_sub", "ens_chain"):
+            for model in ("add_sub", "ens_chain", "decoupled_repeat"):
                 client.update_trace_settings(
                     model_name=model, settings={"trace_level": ["TIMESTAMPS"], "trace_rate": "1"}
                 )
@@ -171,11 +187,16 @@ def test_a_model_traced_alone_and_an_ensembles_steps(repo, tmp_path):
             identity = httpclient.InferInput("IN_FP32", [2], "FP32")
             identity.set_data_from_numpy(np.ones(2, dtype=np.float32))
             client.infer("identity", [identity], request_id="untraced")
+            _stream(server, 3)
         finally:
             client.close()
     traces = _traces(trace_file)
     by_model = {t["model_name"]: t for t in traces.values()}
-    assert sorted(t["request_id"] for t in traces.values()) == ["add_sub", "ens", "ens", "ens"]
+    assert sorted(t["request_id"] for t in traces.values()) == [
+        "add_sub",
+        *["ens"] * 3,
+        "stream",
+    ]
     _ordered(by_model["add_sub"], ORDER)
     ensemble = by_model["ens_chain"]
     _ordered(ensemble, ["REQUEST_START", "QUEUE_START", "REQUEST_END"])
@@ -185,6 +206,8 @@ def test_a_model_traced_alone_and_an_ensembles_steps(repo, tmp_path):
         _ordered(step, ORDER)
         assert ensemble["timestamps"]["REQUEST_START"] <= step["timestamps"]["REQUEST_START"]
         assert step["timestamps"]["REQUEST_END"] <= ensemble["timestamps"]["REQUEST_END"]
+    # A decoupled request: from its start to its last response.
+    _ordered(by_model["decoupled_repeat"], ["REQUEST_START", "QUEUE_START", "REQUEST_END"])
 
 
 def test_a_trace_file_that_cannot_be_written_is_logged_once(repo, tmp_path):

@@ -129,6 +129,12 @@ class TraceLog:
         if self._collected == self._created:
             self._save(indexed=self.log_frequency != 0)
 
+    def close(self) -> None:
+        """The server stops: what it holds is written now (a trace still open, of a request
+        the shutdown cut short, is written if it ends after all)."""
+        self._retired = True
+        self._save(indexed=self.log_frequency != 0)
+
     def _save(self, indexed: bool) -> None:
         traces, self._buffer = self._buffer, []
         if traces and self.file is not None:

@@ -103,9 +103,9 @@ class TraceSettings:
         return Trace(trace_log, model, version, request_id)
 
     def close(self) -> None:
-        """The server stops: every setting writes what it holds (its traces are all in)."""
+        """The server stops: every setting writes what it holds."""
         for trace_log in [self._log, *self._logs.values(), *self._pending.values()]:
-            trace_log.retire()
+            trace_log.close()
         self._pending.clear()
 
     def current(self, model: str = "") -> dict[str, TraceValue]:
