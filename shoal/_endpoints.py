@@ -61,6 +61,7 @@ async def _start_grpc(core: CoreAPI, options: ServerOptions) -> GrpcServer | Nat
     restricted = _by_api(options.grpc_restricted_protocol)
     limits = _flood_limits(options)
     forward = header_forward(options.grpc_header_forward_pattern)
+    level = options.grpc_infer_response_compression_level
     size = options.grpc_max_message_size
     if options.grpc_server == "grpcio":
         # grpcio binds its own sockets: workers share the port with SO_REUSEPORT.
@@ -71,6 +72,7 @@ async def _start_grpc(core: CoreAPI, options: ServerOptions) -> GrpcServer | Nat
             limits=limits,
             reuse_port=options.frontend_workers > 1 or options.reuse_grpc_port,
             forward=forward,
+            compression_level=level,
         )
         return aio
     return NativeGrpcServer(
@@ -81,6 +83,7 @@ async def _start_grpc(core: CoreAPI, options: ServerOptions) -> GrpcServer | Nat
         max_connection_bytes=options.grpc_max_connection_buffer_size,
         receive_into=_staging_arena(core),
         forward=forward,
+        compression_level=level,
     )
 
 

@@ -181,7 +181,8 @@ _GRPC_KEEPALIVE: tuple[_Limit, ...] = (
         "--grpc-infer-response-compression-level",
         parse_compression_level,
         "none",
-        "none, low, medium or high (Triton's); accepted, shoal sends answers uncompressed",
+        "none, low, medium or high (Triton's): ModelInfer and ModelStreamInfer answers go "
+        "compressed with gzip or deflate, as the client accepts (grpc-core's choice)",
     ),
 )
 

@@ -35,6 +35,7 @@ from shoal.frontends.grpc.methods import (
     method_table,
     restrictions,
 )
+from shoal.frontends.grpc.native_compression import LEVELS
 from shoal.frontends.grpc.native_headers import cut_message
 from shoal.frontends.grpc.servicer import Servicer
 from shoal.frontends.grpc.status import Status
@@ -127,9 +128,12 @@ class GrpcServer:
         limits: FloodLimits | None = None,
         reuse_port: bool = False,
         forward: HeaderForward | None = None,
+        compression_level: str = "none",
     ) -> None:
         self._core = core
         self._forward = forward
+        #: grpc-core's level (``--grpc-infer-response-compression-level``); 0: none.
+        self._compression_level = LEVELS[compression_level]
         #: Frontend workers each bind the same port (grpcio cannot serve an inherited socket).
         self._reuse_port = reuse_port
         self._max_message_bytes = max_message_bytes
@@ -178,7 +182,15 @@ class GrpcServer:
             # Without this, gRPC binds with SO_REUSEPORT: a second server on a port in use would
             # start, and share the port, instead of failing.
             ("grpc.so_reuseport", int(self._reuse_port)),
+            *_compression_options(self._compression_level),
         ]
+
+
+def _compression_options(level: int) -> list[tuple[str, int]]:
+    """The answers' compression level, if any: grpc-core picks an algorithm the client accepts,
+    as for Triton; but for the answers of every method, where Triton compresses only
+    ModelInfer's and ModelStreamInfer's (grpcio sets a level per server, not per method)."""
+    return [("grpc.default_compression_level", level)] if level else []
 
 
 def _age_options(limits: FloodLimits) -> list[tuple[str, int]]:

@@ -31,6 +31,7 @@ from shoal.frontends._restricted import GRPC_KEY_PREFIX, Restrictions
 from shoal.frontends._serving import bind_socket
 from shoal.frontends.grpc.methods import MAX_MESSAGE_BYTES, SERVICE_NAME, method_table
 from shoal.frontends.grpc.native_call import NativeCall
+from shoal.frontends.grpc.native_compression import AnswerCompression
 from shoal.frontends.grpc.native_context import CallMethod, CallServer
 from shoal.frontends.grpc.native_headers import status_block, timeout_seconds
 from shoal.frontends.grpc.native_messages import BufferPool, ConnectionBudget
@@ -59,7 +60,16 @@ _KEPT_CALL_HEADERS: Final = 64
 class _CallHeaders:
     """What a new stream's headers say about the call."""
 
-    __slots__ = ("content_type", "encoding", "headers", "method", "path", "refused", "timeout")
+    __slots__ = (
+        "accepted",
+        "content_type",
+        "encoding",
+        "headers",
+        "method",
+        "path",
+        "refused",
+        "timeout",
+    )
 
     def __init__(self, headers: Headers) -> None:
         self.headers = headers
@@ -68,6 +78,7 @@ class _CallHeaders:
         self.content_type: bytes | None = None
         self.timeout: bytes | None = None
         self.encoding: bytes | None = None
+        self.accepted: bytes | None = None  # grpc-accept-encoding: what answers may be
         for name, value in headers:
             if name == b":path":
                 self.path = bytes(value)
@@ -79,6 +90,8 @@ class _CallHeaders:
                 self.timeout = value
             elif name == b"grpc-encoding":
                 self.encoding = None if value == b"identity" else value
+            elif name == b"grpc-accept-encoding":
+                self.accepted = value
         self.refused = self.refusal()
 
     @staticmethod
@@ -129,9 +142,12 @@ class NativeGrpcServer:
         max_connection_bytes: int = MAX_MESSAGE_BYTES,
         receive_into: ReceiveArena | None = None,
         forward: HeaderForward | None = None,
+        compression_level: str = "none",
     ) -> None:
         self._core = core
         self._forward = forward
+        #: ``--grpc-infer-response-compression-level``: None for ``none``.
+        self._compression = AnswerCompression.of(compression_level)
         self._limits = limits or FloodLimits()
         self._max_streams = max_concurrent_streams
         self._restrictions = Restrictions(restricted or {}, prefix=GRPC_KEY_PREFIX, what="protocol")
@@ -240,6 +256,8 @@ class NativeGrpcServer:
         handler = NativeCall(
             self._calls, connection, stream_id, method, headers, call.encoding, budget
         )
+        if self._compression is not None:
+            handler.squeeze = self._compression.for_call(call.path, call.accepted)
         handler.start(None if call.timeout is None else timeout_seconds(call.timeout))
         if end_stream:
             handler.trailers_received()

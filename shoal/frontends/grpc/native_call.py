@@ -13,6 +13,7 @@ from typing import Any, Final
 from shoal.frontends._last_step import LAST_STEP
 from shoal.frontends.grpc._wire import coalesced
 from shoal.frontends.grpc.infer_call import LentReply
+from shoal.frontends.grpc.native_compression import Squeeze
 from shoal.frontends.grpc.native_context import (
     Abort,
     CallContext,
@@ -74,6 +75,7 @@ class NativeCall(CallWork):
     _done = False
     _closed = False  # its last header block (END_STREAM) has gone to the connection
     _held = 0  # what this call holds of the connection's budget
+    squeeze: Squeeze | None = None  # how its answers are compressed (.native_compression)
 
     def __init__(
         self,
@@ -95,7 +97,8 @@ class NativeCall(CallWork):
 
     def _message_reader(self) -> MessageReader:
         server = self._server
-        split = self._splitter if self._method.split and server.receive_into is not None else None
+        arena = server.receive_into if self._method.split else None  # large tensors go there
+        split = None if arena is None else functools.partial(InferSplitter, arena)
         reader = self._reader = MessageReader(
             server.buffers,
             server.max_message_bytes,
@@ -117,11 +120,6 @@ class NativeCall(CallWork):
         if self._hold(size):
             self._message_done(view[_PREFIX_SIZE:].tobytes(), view[0] != 0)  # (bytes(): dearer)
         return True
-
-    def _splitter(self, size: int) -> InferSplitter | None:
-        """How a large request is received: in parts, its large tensors into the arena."""
-        arena = self._server.receive_into
-        return None if arena is None else InferSplitter(arena, size)
 
     # --- from the connection ------------------------------------------------------------------
 
@@ -239,9 +237,8 @@ class NativeCall(CallWork):
     # --- running ------------------------------------------------------------------------------
 
     async def _run_unary(self) -> None:
-        """A unary call's work: its request to its method, the reply, the status it ends with,
-        the request let go. One coroutine, not three levels: each level is entered and resumed
-        on every step of every call."""
+        """A unary call's work: request to method, reply, status, request let go. One coroutine,
+        not three levels: each level is entered and resumed on every step of every call."""
         try:
             if self._began():
                 request = self._request
@@ -251,6 +248,8 @@ class NativeCall(CallWork):
                 del request  # no view of a pooled buffer may outlive the call
                 reply = await self._method.handle(parsed, self._context)
                 del parsed
+                if self.squeeze is not None:  # deflated (a large one in a thread)
+                    reply = await self.squeeze.reply(reply, self._method.serialize)
                 self._reply(reply)
                 self._finish(OK, "")
         except asyncio.CancelledError:
@@ -330,6 +329,7 @@ class NativeCall(CallWork):
         async for reply in self._method.handle(self._inbox, self._context):
             if self._done:
                 break
+            reply = reply if self.squeeze is None else await self.squeeze.compressed(reply)
             self._send_headers()
             self._send_message(reply)
             await self._connection.writable(self._stream_id, STREAM_BACKLOG)
@@ -339,7 +339,7 @@ class NativeCall(CallWork):
     def _answer(self, body: bytes | bytearray) -> bool:
         """A small reply sent whole, with its headers and OK trailers: the call is over. False
         when it goes frame by frame (large, or held back by the client's windows)."""
-        if self._headers_sent or len(body) >= _ANSWER_BELOW:
+        if self._headers_sent or len(body) >= _ANSWER_BELOW or self.squeeze is not None:
             return False
         connection = self._connection
         if not connection.send_answer(self._stream_id, h2.GRPC_RESPONSE_HEADERS, body, OK_TRAILERS):
@@ -350,11 +350,12 @@ class NativeCall(CallWork):
 
     def _send_headers(self) -> None:
         if not self._headers_sent:
-            self._connection.send_headers(self._stream_id, h2.GRPC_RESPONSE_HEADERS)
+            block = h2.GRPC_RESPONSE_HEADERS if self.squeeze is None else self.squeeze.headers
+            self._connection.send_headers(self._stream_id, block)
             self._headers_sent = True
 
     def _send_message(self, body: bytes | bytearray) -> None:
-        prefix = b"\x00" + len(body).to_bytes(4, "big")
+        prefix = (b"\x00" if self.squeeze is None else b"\x01") + len(body).to_bytes(4, "big")
         if len(body) < 65536:
             self._connection.send_data(self._stream_id, prefix + body)
         else:  # no copy of a large message to put five bytes in front of it
