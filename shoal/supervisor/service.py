@@ -331,7 +331,7 @@ class InferenceService:
             future = (self._loop or asyncio.get_running_loop()).create_future()
         work = Work(record, blocks, future, batch_size, tag)
         if record.trace_context:  # sampled (TraceSettings.context_for): its trace begins
-            traced.submitted(self.tracing, mv, work, started)
+            traced.submitted(self.tracing, mv, work, started, self.directory.view)
         if mv.stats.overhead is not None:  # --trace-overhead
             mv.stats.stage("stage", work.enqueued_ns - started)
         scheduler = mv.scheduler  # mv.submit, without its (interpreted) call

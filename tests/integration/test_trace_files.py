@@ -4,6 +4,7 @@ files; tracing turned off; a model traced alone; an ensemble's steps as child tr
 
 from __future__ import annotations
 
+import csv
 import json
 import queue
 import shutil
@@ -218,3 +219,53 @@ def test_a_trace_file_that_cannot_be_written_is_logged_once(repo, tmp_path):
         server.stop()
         assert server.output.count("cannot write the trace file") == 1
     assert not trace_file.parent.exists()
+
+
+def _array(tensor: dict) -> np.ndarray:
+    """A tensor entry's values, read as trace_summary.py's get_numpy_array reads them."""
+    shape = [int(d) for d in tensor["shape"].split(",")]
+    if tensor["dtype"] == "BYTES":
+        values = next(csv.reader([tensor["data"]], skipinitialspace=True))
+        return np.array(values, dtype=np.object_).reshape(shape)
+    dtype = {"FP32": np.float32, "BOOL": bool, "INT64": np.int64}[tensor["dtype"]]
+    return np.array([float(v) for v in tensor["data"].split(",")], dtype=dtype).reshape(shape)
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_tensors_level_writes_inputs_and_outputs(repo, tmp_path, protocol):
+    trace_file = tmp_path / "trace.json"
+    sent = {
+        "IN_FP32": np.array([0.5, 1.5, -2.0], dtype=np.float32),
+        "IN_BOOL": np.array([True, False]),
+        "IN_STRING": np.array(["ab", "c,d"], dtype=np.object_),
+        "IN_INT64": np.arange(50_000, dtype=np.int64),  # in an arena block, not inline
+    }
+    config = ("level=TIMESTAMPS", "level=TENSORS", "rate=1")
+    with _server(repo, trace_file, *config) as server:
+        module = httpclient if protocol == "http" else grpcclient
+        client = module.InferenceServerClient(server.url if protocol == "http" else server.grpc_url)
+        try:
+            inputs = []
+            for name, array in sent.items():
+                datatype = {"IN_FP32": "FP32", "IN_BOOL": "BOOL", "IN_STRING": "BYTES"}
+                tensor = module.InferInput(name, list(array.shape), datatype.get(name, "INT64"))
+                tensor.set_data_from_numpy(array)
+                inputs.append(tensor)
+            client.infer("identity", inputs)
+        finally:
+            client.close()
+    with open(trace_file) as f:
+        entries = json.load(f)
+    tensors = {
+        (e["activity"], e["tensor"]["name"]): _array(e["tensor"])
+        for e in entries
+        if "activity" in e
+    }
+    assert len(tensors) == 2 * len(sent)
+    for name, array in sent.items():
+        out = "OUT_" + name.removeprefix("IN_")
+        for key in (("TENSOR_QUEUE_INPUT", name), ("TENSOR_BACKEND_OUTPUT", out)):
+            if array.dtype == np.object_:
+                assert tensors[key].tolist() == array.tolist(), key
+            else:
+                np.testing.assert_array_equal(tensors[key], array)

@@ -80,6 +80,7 @@ class TraceLog:
         """``file`` None: no trace is written (trace_mode opentelemetry, or no file)."""
         self.level = level
         self.timestamps = "TIMESTAMPS" in level
+        self.tensors = "TENSORS" in level
         self.rate = rate
         #: Traces still to take (-1: no limit); reported as trace_count.
         self.count = count
@@ -172,6 +173,19 @@ class Trace:
         if self._log.timestamps and self._open:
             at = time.monotonic_ns() if ns is None else ns
             self._entries.append(f'{{"id":{self.id},"timestamps":[{{"name":"{name}","ns":{at}}}]}}')
+
+    @property
+    def tensors(self) -> bool:
+        """Whether its tensors are traced (level TENSORS)."""
+        return self._log.tensors and self._open
+
+    def tensor(self, activity: str, name: str, datatype: str, shape: str, data: str) -> None:
+        """Record a tensor at ``activity`` (TENSOR_QUEUE_INPUT, TENSOR_BACKEND_OUTPUT):
+        ``data`` its values as Triton writes them (comma-separated), ``shape`` its dims so."""
+        if self.tensors:
+            tensor = {"name": name, "data": data, "shape": shape, "dtype": datatype}
+            entry = {"id": self.id, "activity": activity, "tensor": tensor}
+            self._entries.append(json.dumps(entry, separators=(",", ":")))
 
     def child(self, model: str, version: int, request_id: str) -> Trace:
         """The trace of a request this one makes (an ensemble's step), written with it: one

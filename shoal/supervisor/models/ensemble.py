@@ -64,6 +64,10 @@ class EnsembleRunner:
     def input_arena(self) -> OwnedArena:
         return self._directory.input_arena
 
+    def input_view(self, block: Block) -> memoryview:
+        """A step's input block, read for its trace (level TENSORS)."""
+        return self._directory.view(block)
+
     def plan(self, mv: ModelVersion) -> EnsemblePlan:
         """The step graph of a loaded ensemble version, worked out on its first request."""
         plan: EnsemblePlan | None = mv.ensemble_plan
@@ -290,7 +294,7 @@ class _Graph:
         trace = self.trace.child(target.name, target.version, self._base.request_id)
         trace.stamp("REQUEST_START", started)
         trace.stamp("QUEUE_START", work.enqueued_ns)
-        traced.follow(trace, work)
+        traced.follow(trace, work, self._runner.input_view)
 
     def _step_record(self, step: StepPlan, inputs: list[TensorDesc]) -> RequestRecord:
         base = self._base

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from shoal.ipc.records import RequestRecord
 from shoal.supervisor.extensions.trace_files import Trace
 from shoal.supervisor.extensions.trace_settings import TraceSettings
+from shoal.supervisor.requests.traced_tensors import Viewer, trace_inputs, trace_outputs
 from shoal.supervisor.work import Completion, Work
 
 if TYPE_CHECKING:
@@ -41,15 +42,21 @@ def end(trace: Trace | None) -> None:
         trace.finish()
 
 
-def submitted(tracing: TraceSettings, mv: ModelVersion, work: Work, started: int) -> None:
-    """A sampled request's ``work`` was made: its trace follows the work to its answer."""
+def submitted(
+    tracing: TraceSettings, mv: ModelVersion, work: Work, started: int, view: Viewer
+) -> None:
+    """A sampled request's ``work`` was made: its trace follows the work to its answer;
+    ``view`` reads its inputs' blocks."""
     trace = begin(tracing, mv, work.record, started)
     if trace is not None:
-        follow(trace, work)
+        follow(trace, work, view)
 
 
-def follow(trace: Trace, work: Work) -> None:
-    """Stamp a request's compute and end once its work is answered, and finish its trace."""
+def follow(trace: Trace, work: Work, view: Viewer) -> None:
+    """Trace a queued request's inputs (level TENSORS); stamp its compute and end (and trace
+    its outputs) once its work is answered, and finish its trace."""
+    if trace.tensors:
+        trace_inputs(trace, work.record, view)
     work.future.add_done_callback(_Answered(trace, work))
 
 
@@ -74,7 +81,10 @@ class _Answered:
     def __call__(self, future: Any) -> None:
         trace = self.trace
         if not future.cancelled() and future.exception() is None:
-            stamp_compute(trace, self.work, future.result())
+            completion: Completion = future.result()
+            stamp_compute(trace, self.work, completion)
+            if trace.tensors and completion.response.error is None:
+                trace_outputs(trace, completion.response, completion.view)
             trace.stamp("INFER_RESPONSE_COMPLETE")
         trace.stamp("REQUEST_END")
         trace.finish()

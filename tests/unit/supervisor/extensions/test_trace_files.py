@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
+
 from shoal.supervisor.extensions.trace_files import Trace, TraceFile, TraceLog
 from shoal.supervisor.extensions.trace_settings import TraceSettings
+from shoal.supervisor.requests.traced_tensors import values
 
 
 def _ids(path) -> list[int]:
@@ -125,3 +128,16 @@ def test_only_trace_mode_triton_with_a_file_writes(tmp_path):
     trace.finish()
     triton.close()
     assert len(_ids(tmp_path / "t.json")) == 1
+
+
+def test_tensor_values_are_written_as_triton_writes_them():
+    def data(array):
+        return memoryview(np.asarray(array).tobytes())
+
+    assert values("FP32", data(np.array([0.1, 1.0, -2.5e-7], np.float32))) == "0.1,1,-2.5e-07"
+    assert values("BOOL", data([True, False])) == "1,0"
+    assert values("INT8", data(np.array([-3, 7], np.int8))) == "-3,7"  # Triton: as chars
+    strings = b"".join(len(s).to_bytes(4, "little") + s for s in (b"ab", b"c,d"))
+    assert values("BYTES", memoryview(strings)) == '"ab","c,d"'
+    assert values("BF16", data(np.array([1, 2], np.uint16))) == ""  # NumPy has no BF16
+    assert values("FP32", memoryview(b"abc")) == ""  # not a whole element
