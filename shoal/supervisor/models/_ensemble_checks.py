@@ -13,6 +13,11 @@ configurations, so they run when the ensemble loads (after its step models), as 
 
 A step that is itself an ensemble is checked like any model, through its inputs and outputs; its
 own steps were checked when it loaded.
+
+:func:`decoupled_flow` decides, as Triton does, whether the ensemble is decoupled: it is when one
+of its steps is (a nested ensemble with a decoupled step is), whatever its own configuration
+says. Each response of a decoupled step runs the steps that read its outputs once more, so a
+step (and the ensemble's outputs) must read the tensors of one decoupled step's responses only.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ from shoal.config import ModelConfig, TensorConfig
 ConfigOf = Callable[[str], ModelConfig | None]
 #: The step model names of an ensemble (loaded or only in a repository); () for other models.
 StepsOf = Callable[[str], Sequence[str]]
+#: Whether a step model is decoupled (a nested ensemble: whether it is, by its own steps).
+DecoupledOf = Callable[[str], bool]
 
 
 class EnsembleProblem(Exception):
@@ -58,6 +65,45 @@ def check_ensemble(
         target = config_of(step.model_name)
         if target is not None:
             _check_step(config, index, target, tensors)
+
+
+def decoupled_flow(config: ModelConfig, decoupled_of: DecoupledOf) -> bool:
+    """Whether the ensemble is decoupled: one of its steps is (Triton's rule: the ensemble's own
+    ``model_transaction_policy`` is replaced by it). Raises :class:`EnsembleProblem` where a step
+    or the ensemble's outputs would read the responses of two decoupled steps, or of one and
+    the ensemble's inputs: they cannot be paired one to one (Triton's check and words)."""
+    #: Each tensor's stream: 0 for the ensemble's inputs, n for the responses of the n-th
+    #: decoupled step met; a plain step's outputs are in the stream of its inputs.
+    streams = {t.name: 0 for t in config.inputs}
+    pending = list(enumerate(config.ensemble_steps))
+    decoupled = 0
+    while pending:
+        ready = [(i, s) for i, s in pending if all(t in streams for t in s.input_map.values())]
+        if not ready:
+            break  # steps whose inputs never exist: config/_ensemble.py's problem
+        for index, step in ready:
+            pending.remove((index, step))
+            seen = {streams[t] for t in step.input_map.values()}
+            if len(seen) > 1:
+                raise EnsembleProblem(
+                    f"in ensemble '{config.name}', step {index} of model '{step.model_name}' "
+                    "receives inputs originated from different decoupled models: each "
+                    "response of a decoupled step runs the steps that read its outputs, so a "
+                    "step reads the outputs of one decoupled step (or none) only"
+                )
+            stream = seen.pop() if seen else 0
+            if decoupled_of(step.model_name):
+                decoupled += 1
+                stream = decoupled
+            for tensor in step.output_map.values():
+                streams[tensor] = stream
+    if len({streams[t.name] for t in config.outputs if t.name in streams}) > 1:
+        raise EnsembleProblem(
+            f"in ensemble '{config.name}', its outputs receive inputs originated from "
+            "different decoupled models: each response of the ensemble is made of the "
+            "outputs of one decoupled step's response (or of none)"
+        )
+    return decoupled > 0
 
 
 def _check_cycles(config: ModelConfig, steps_of: StepsOf) -> None:
@@ -179,4 +225,4 @@ def _fits(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
     return len(a) == len(b) and all(x == y or x == -1 or y == -1 for x, y in zip(a, b, strict=True))
 
 
-__all__ = ["EnsembleProblem", "check_ensemble"]
+__all__ = ["DecoupledOf", "EnsembleProblem", "check_ensemble", "decoupled_flow"]

@@ -3,8 +3,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from shoal import config as model_config
-from shoal.supervisor.models._ensemble_checks import EnsembleProblem, check_ensemble
+from shoal.supervisor.models._ensemble_checks import (
+    EnsembleProblem,
+    check_ensemble,
+    decoupled_flow,
+)
 from shoal.supervisor.models.repository import ModelSource
 from shoal.supervisor.models.version import ModelVersion
 
@@ -27,9 +33,70 @@ def ensemble_problem(
             lambda name: _loaded_config(name, models),
             lambda name: _steps_of(name, sources, models, config_name),
         )
+        decoupled_flow(config, lambda name: _decoupled(name, sources, models, config_name, ()))
     except EnsembleProblem as problem:
         return str(problem)
     return None
+
+
+def settle_ensemble(
+    mv: ModelVersion, sources: dict[str, ModelSource], models: _Loaded, config_name: str = ""
+) -> str | None:
+    """What stops ensemble version ``mv`` from loading (:func:`ensemble_problem`); when
+    nothing does, its transaction policy is set as Triton sets it: decoupled when one of its
+    steps is, whatever its configuration says (served so, and streamed so)."""
+    problem = ensemble_problem(mv.config, sources, models, config_name)
+    if problem is None:
+        decoupled = ensemble_decoupled(mv.config, sources, models, config_name)
+        if decoupled != mv.config.decoupled:
+            mv.config = dataclasses.replace(mv.config, decoupled=decoupled)
+            mv.plain = not (mv.is_ensemble or decoupled)
+        mv.config_json["model_transaction_policy"] = {"decoupled": decoupled}
+    return problem
+
+
+def ensemble_decoupled(
+    config: model_config.ModelConfig,
+    sources: dict[str, ModelSource],
+    models: _Loaded,
+    config_name: str = "",
+) -> bool:
+    """Whether the ensemble is decoupled (one of its steps is: Triton's rule), once
+    :func:`ensemble_problem` found nothing wrong with it."""
+    try:
+        return decoupled_flow(
+            config, lambda name: _decoupled(name, sources, models, config_name, ())
+        )
+    except EnsembleProblem:
+        return False
+
+
+def _decoupled(
+    name: str,
+    sources: dict[str, ModelSource],
+    models: _Loaded,
+    config_name: str,
+    seen: tuple[str, ...],
+) -> bool:
+    """Whether step model ``name`` is decoupled: as it serves when loaded, else as its
+    repository config says (a step still loading at start-up); a nested ensemble is when one
+    of its steps is."""
+    loaded = _loaded_config(name, models)
+    if loaded is not None:
+        return loaded.decoupled
+    source = sources.get(name)
+    if source is None or name in seen:
+        return False
+    try:
+        proto = model_config.read_config(source.path, config_name=config_name).proto
+    except (model_config.ConfigError, OSError):
+        return False  # it fails its own load, with its own message
+    if proto.platform != "ensemble":
+        return proto.model_transaction_policy.decoupled
+    return any(
+        _decoupled(s.model_name, sources, models, config_name, (*seen, name))
+        for s in proto.ensemble_scheduling.step
+    )
 
 
 def _loaded_config(name: str, models: _Loaded) -> model_config.ModelConfig | None:

@@ -20,7 +20,7 @@ from shoal.core.errors import (
 )
 from shoal.core.types import RepositoryEntry
 from shoal.supervisor.calls.control import ModelControl
-from shoal.supervisor.models._step_models import ensemble_problem
+from shoal.supervisor.models._step_models import settle_ensemble
 from shoal.supervisor.models.index import repository_index
 from shoal.supervisor.models.loaded import LoadedModels
 from shoal.supervisor.models.preparation import check_model_name, parse_override, prepare_versions
@@ -291,7 +291,7 @@ class ModelRepositoryManager:
         if not mv.config.is_ensemble:
             return None
         sources, _ = scan(self.sources.local_paths)
-        return ensemble_problem(mv.config, sources, self.models, self.options.model_config_name)
+        return settle_ensemble(mv, sources, self.models, self.options.model_config_name)
 
     def _model_path(
         self, name: str, config_json: str | None, files: dict[str, bytes] | None
