@@ -117,11 +117,15 @@ class EnsembleRunner:
         try:
             graph.start()
             tensors = await done
-            return [self._output(mv, tensors, name) for name in record.requested_outputs]
+            return [self.output(mv, tensors, name) for name in record.requested_outputs]
         except BaseException:
             graph.abort()
             release()
             raise
+
+    def free_inputs(self, blocks: list[Block]) -> None:
+        """Give back the staged client inputs of a request."""
+        self._free_inputs(blocks)
 
     def _release(self, completions: list[Completion], blocks: list[Block]) -> None:
         for completion in completions:
@@ -129,7 +133,8 @@ class EnsembleRunner:
         completions.clear()
         self._free_inputs(blocks)
 
-    def _output(self, mv: ModelVersion, tensors: dict[str, TensorDesc], name: str) -> InferOutput:
+    def output(self, mv: ModelVersion, tensors: dict[str, TensorDesc], name: str) -> InferOutput:
+        """Ensemble tensor ``name`` as an output of its response (read in place)."""
         desc = tensors.get(name)
         if desc is None:
             raise InvalidArgument(f"ensemble '{mv.name}' produced no tensor '{name}'")
@@ -269,7 +274,12 @@ class _Graph:
             raise InvalidArgument(
                 f"ensemble '{self.mv.name}' reaches itself through its step '{target.name}'"
             )
-        inputs = self._step_inputs(step, target)
+        if target.config.decoupled:  # the ensemble loaded as decoupled otherwise
+            raise InvalidArgument(
+                f"ensemble '{self.mv.name}' loaded when its step model '{target.name}' was not "
+                "decoupled, and it is now: load the ensemble again"
+            )
+        inputs = step_inputs(self.mv.name, step, target, self.tensors)
         started = time.monotonic_ns()
         batch = batch_of(target.summary.max_batch_size, [t.shape for t in inputs])
         if target.config.is_ensemble:
@@ -278,7 +288,7 @@ class _Graph:
         spilled: list[Block] = []
         if inline_bytes(inputs) > target.summary.inline_budget:
             spilled = spill_inline(inputs, self._runner.input_arena)
-        record = self._step_record(step, inputs)
+        record = step_record(self._base, step, inputs)
         future: asyncio.Future[Completion] = asyncio.get_running_loop().create_future()
         self._running[step.index] = future
         future.add_done_callback(functools.partial(self._model_done, step, target, batch, started))
@@ -295,36 +305,6 @@ class _Graph:
         trace.stamp("REQUEST_START", started)
         trace.stamp("QUEUE_START", work.enqueued_ns)
         traced.follow(trace, work, self._runner.input_view)
-
-    def _step_record(self, step: StepPlan, inputs: list[TensorDesc]) -> RequestRecord:
-        base = self._base
-        return RequestRecord(
-            request_id=base.request_id,
-            correlation_id=base.correlation_id,
-            flags=base.flags,
-            parameters=base.parameters,
-            requested_outputs=list(step.requested),
-            inputs=inputs,
-            timeout_us=base.timeout_us,
-        )
-
-    def _step_inputs(self, step: StepPlan, target: ModelVersion) -> list[TensorDesc]:
-        inputs = []
-        datatypes = input_datatypes(step, target)
-        for (name, source_name), expected in zip(step.inputs, datatypes, strict=True):
-            source = self.tensors[source_name]
-            if expected is None:
-                raise InvalidArgument(
-                    f"ensemble '{self.mv.name}' maps tensor '{source_name}' to input '{name}', "
-                    f"which model '{target.name}' does not have"
-                )
-            if expected != source.datatype:
-                raise InvalidArgument(
-                    f"ensemble '{self.mv.name}': tensor '{source_name}' is {source.datatype} "
-                    f"but input '{name}' of model '{target.name}' expects {expected}"
-                )
-            inputs.append(TensorDesc(name, source.datatype, source.shape, source.location))
-        return inputs
 
     def _model_done(
         self,
@@ -343,7 +323,7 @@ class _Graph:
             error = self._completed(step, target, batch, started, future.result())
             if error is None:
                 return
-        _count_failure(target, time.monotonic_ns() - started, error)
+        count_failure(target, time.monotonic_ns() - started, error)
         self._fail(error)
 
     def _completed(
@@ -410,12 +390,47 @@ class _Graph:
             error = _missing_outputs(step, target, tensors)
         elapsed = time.monotonic_ns() - started
         if error is not None or tensors is None:
-            _count_failure(target, elapsed, error)
+            count_failure(target, elapsed, error)
             self._fail(error or asyncio.CancelledError())
             return
         target.stats.success(batch, elapsed, 0, (0, 0, 0))
         if not self._finished:
             self._produced(step, [(name, tensors[name]) for name in step.requested])
+
+
+def step_record(base: RequestRecord, step: StepPlan, inputs: list[TensorDesc]) -> RequestRecord:
+    """The request of one step: the ensemble request's id, flags and parameters."""
+    return RequestRecord(
+        request_id=base.request_id,
+        correlation_id=base.correlation_id,
+        flags=base.flags,
+        parameters=base.parameters,
+        requested_outputs=list(step.requested),
+        inputs=inputs,
+        timeout_us=base.timeout_us,
+    )
+
+
+def step_inputs(
+    ensemble: str, step: StepPlan, target: ModelVersion, tensors: _Tensors
+) -> list[TensorDesc]:
+    """A step's inputs, read from the ensemble's ``tensors`` and checked against its model."""
+    inputs = []
+    datatypes = input_datatypes(step, target)
+    for (name, source_name), expected in zip(step.inputs, datatypes, strict=True):
+        source = tensors[source_name]
+        if expected is None:
+            raise InvalidArgument(
+                f"ensemble '{ensemble}' maps tensor '{source_name}' to input '{name}', "
+                f"which model '{target.name}' does not have"
+            )
+        if expected != source.datatype:
+            raise InvalidArgument(
+                f"ensemble '{ensemble}': tensor '{source_name}' is {source.datatype} "
+                f"but input '{name}' of model '{target.name}' expects {expected}"
+            )
+        inputs.append(TensorDesc(name, source.datatype, source.shape, source.location))
+    return inputs
 
 
 def _missing_outputs(step: StepPlan, target: ModelVersion, tensors: _Tensors) -> ShoalError | None:
@@ -425,6 +440,6 @@ def _missing_outputs(step: StepPlan, target: ModelVersion, tensors: _Tensors) ->
     return None
 
 
-def _count_failure(target: ModelVersion, elapsed: int, error: BaseException | None) -> None:
+def count_failure(target: ModelVersion, elapsed: int, error: BaseException | None) -> None:
     if isinstance(error, ShoalError):
         target.stats.failure(elapsed, error.reason)

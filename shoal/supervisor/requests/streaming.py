@@ -12,13 +12,16 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import TYPE_CHECKING, Protocol
 
-from shoal.core.errors import ErrorCode, ModelError
+from shoal.core.backlog import StreamQueue
+from shoal.core.errors import Cancelled, ErrorCode, ModelError
 from shoal.core.types import InferRequest, InferResponse
 from shoal.ipc.arena import Block
 from shoal.ipc.records import RequestRecord
 from shoal.supervisor.drain import DrainGate
 from shoal.supervisor.extensions.trace_settings import TraceSettings
 from shoal.supervisor.instances.decoupled import new_stream
+from shoal.supervisor.models import ensemble_stream
+from shoal.supervisor.models.ensemble import EnsembleRunner
 from shoal.supervisor.requests import classification, staging, traced
 from shoal.supervisor.requests.responses import response_of
 from shoal.supervisor.work import Completion, Work
@@ -32,6 +35,9 @@ class StreamingService(Protocol):
 
     @property
     def gate(self) -> DrainGate: ...
+
+    @property
+    def ensembles(self) -> EnsembleRunner: ...
 
     async def infer(self, request: InferRequest) -> InferResponse: ...
 
@@ -56,7 +62,10 @@ async def responses(
     service.gate.enter(request.model_name)
     try:
         # aclosing: a client that goes away closes the inner stream (and cancels) at once.
-        async with contextlib.aclosing(_decoupled(service, mv, request)) as each:
+        inner = (
+            _ensemble(service, mv, request) if mv.is_ensemble else _decoupled(service, mv, request)
+        )
+        async with contextlib.aclosing(inner) as each:
             async for response in each:
                 yield response
     finally:
@@ -99,6 +108,52 @@ async def _decoupled(
             if isinstance(left, Completion):
                 left.release()
         traced.end(trace)
+
+
+async def _ensemble(
+    service: StreamingService, mv: ModelVersion, request: InferRequest
+) -> AsyncGenerator[InferResponse, None]:
+    """A decoupled ensemble's responses (``models/ensemble_stream.py``); the last one carries
+    the final flag when it is known to be the last as it is sent."""
+    classes = classification.requested(request, mv.config) if request.outputs else {}
+    record, blocks = service.stage(mv, request)
+    queue: StreamQueue[InferResponse | BaseException | None] = StreamQueue()
+    batch = staging.batch_size(mv.summary, request)
+    started = time.monotonic_ns()
+    run = ensemble_stream.stream(service.ensembles, mv, request, record, blocks, queue, batch)
+    # The item after the one being sent, when already there: None makes that one the last.
+    after: InferResponse | BaseException | _Later | None = _LATER
+    try:
+        while True:
+            item = await queue.get() if isinstance(after, _Later) else after
+            after = _LATER
+            if item is None:
+                break
+            if isinstance(item, BaseException):
+                raise item
+            if not queue.empty():
+                after = queue.get_nowait()
+            item.final = after is None
+            if classes:
+                classification.apply(item, mv.config, classes)
+            yield item
+    finally:
+        if not run.finished:  # the client went away
+            mv.stats.failure(time.monotonic_ns() - started, Cancelled.reason)
+        run.abort()
+        if isinstance(after, InferResponse):
+            after.release()
+        while not queue.empty():
+            left = queue.get_nowait()
+            if isinstance(left, InferResponse):
+                left.release()
+
+
+class _Later:
+    """The next item is not there yet."""
+
+
+_LATER = _Later()
 
 
 def _error_response(mv: ModelVersion, request: InferRequest, item: Completion) -> InferResponse:

@@ -1,0 +1,431 @@
+"""A decoupled ensemble's request: its responses stream, as Triton's do.
+
+An ensemble is decoupled when one of its steps is (``_ensemble_checks.decoupled_flow``). Each
+response of a decoupled step runs the steps that read its outputs once more, in a *frame* of
+their own: the tensors of that response and of the steps it runs. A plain step's outputs stay
+in its frame. Each frame in which every requested output gets made is one response of the
+ensemble; the last one (or the final flag alone) comes once no step runs anywhere. The load
+checks ensure that a step reads the tensors of one frame only.
+
+Blocks: a frame holds the completions of its steps (and the decoupled response that opened it)
+until no step runs in it, its response (if any) is released, and its own frames are gone (a
+decoupled model may return an input, so a frame may read its parent's blocks). The first
+error, or the client going away, cancels every step still running (a decoupled step's request
+is told, as its client's cancel would) and ends the stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from collections.abc import Callable
+
+from shoal.core.backlog import stall_message, stalled
+from shoal.core.errors import (
+    Cancelled,
+    ErrorCode,
+    InvalidArgument,
+    ModelError,
+    ResourceExhausted,
+    ShoalError,
+)
+from shoal.core.types import InferRequest, InferResponse
+from shoal.ipc.arena import Block
+from shoal.ipc.records import RequestRecord
+from shoal.ipc.tensor import TensorDesc
+from shoal.supervisor.models._ensemble_plan import StepPlan
+from shoal.supervisor.models.ensemble import (
+    EnsembleRunner,
+    count_failure,
+    step_inputs,
+    step_record,
+)
+from shoal.supervisor.models.version import ModelVersion
+from shoal.supervisor.requests.staging import batch_of, inline_bytes, spill_inline
+from shoal.supervisor.work import Completion, Work
+
+_Tensors = dict[str, TensorDesc]
+#: A response's tensors (the ensemble's requested outputs), and what releases them.
+Emit = Callable[[_Tensors, Callable[[], None]], None]
+#: Called once when the request ends: None, or the error that ended it.
+End = Callable[[BaseException | None], None]
+#: What a decoupled step's stream carries (``Work.stream``).
+_Item = Completion | BaseException | None
+
+
+class _Relay(asyncio.Queue[_Item]):
+    """A decoupled step's stream that hands each item to the run on the next loop turn (in
+    order) instead of keeping it for a reader: no task per step, and never a backlog."""
+
+    def __init__(self, handle: Callable[[_Item], None]) -> None:
+        super().__init__()
+        self._handle = handle
+        self._loop = asyncio.get_running_loop()
+
+    def put_nowait(self, item: _Item) -> None:
+        self._loop.call_soon(self._handle, item)
+
+
+class StreamRun:
+    """One request of a decoupled ensemble, or of an ensemble that is a step of one."""
+
+    def __init__(
+        self,
+        runner: EnsembleRunner,
+        mv: ModelVersion,
+        base: RequestRecord,
+        wanted: tuple[str, ...],
+        chain: tuple[str, ...],
+        emit: Emit,
+        end: End,
+    ) -> None:
+        self.runner = runner
+        self.mv = mv
+        self.base = base
+        self.plan = runner.plan(mv)
+        #: The tensors each response is made of.
+        self.wanted = wanted
+        self.chain = (*chain, mv.name)
+        self._emit = emit
+        self._end = end
+        self.finished = False
+        self.emitted = 0
+        self.frames: set[_Frame] = set()  # those in which steps may still run
+        self._works: set[Work] = set()
+        self._nested: set[StreamRun] = set()
+
+    def start(self, inputs: _Tensors, on_free: Callable[[], None] | None = None) -> None:
+        if not self.finished:
+            _Frame(self, None, inputs, on_free).start()
+
+    def abort(self) -> None:
+        """Stop without reporting: every running step is cancelled, every frame let go."""
+        if self.finished:
+            return
+        self.finished = True
+        works, self._works = self._works, set()
+        for work in works:
+            work.closed = True  # a decoupled step's later responses are released as they come
+            work.cancel()
+        nested, self._nested = self._nested, set()
+        for run in nested:
+            run.abort()
+        frames, self.frames = self.frames, set()
+        for frame in frames:
+            frame.unref()
+
+    def fail(self, error: BaseException) -> None:
+        if not self.finished:
+            self.abort()
+            self._end(error)
+
+    def frame_done(self, frame: _Frame) -> None:
+        self.frames.discard(frame)
+        if self.frames or self.finished:
+            return
+        self.finished = True
+        if self.emitted == 0 and not self.mv.config.decoupled:  # Triton's words
+            self._end(
+                InvalidArgument(
+                    f"in ensemble '{self.mv.name}', unexpected deadlock, at least one output is "
+                    "not set while no more ensemble steps can be made"
+                )
+            )
+        else:
+            self._end(None)
+
+    def emit(self, frame: _Frame) -> None:
+        frame.refs += 1
+        self.emitted += 1
+        self._emit({name: frame.tensors[name] for name in self.wanted}, frame.unref)
+
+    # -- steps ------------------------------------------------------------------------------
+
+    def start_step(self, frame: _Frame, step: StepPlan) -> None:
+        target = self.runner.models.resolve(step.model_name, step.version)
+        if target.name in self.chain:  # refused at load; a later reload must not make it loop
+            raise InvalidArgument(
+                f"ensemble '{self.mv.name}' reaches itself through its step '{target.name}'"
+            )
+        inputs = step_inputs(self.mv.name, step, target, frame.tensors)
+        started = time.monotonic_ns()
+        batch = batch_of(target.summary.max_batch_size, [t.shape for t in inputs])
+        frame.running += 1
+        if target.config.is_ensemble:
+            self._start_nested(frame, step, target, inputs, batch, started)
+            return
+        spilled: list[Block] = []
+        if inline_bytes(inputs) > target.summary.inline_budget:
+            spilled = spill_inline(inputs, self.runner.input_arena)
+        future: asyncio.Future[Completion] = asyncio.get_running_loop().create_future()
+        work = Work(step_record(self.base, step, inputs), spilled, future, batch_size=batch)
+        self._works.add(work)
+        if target.config.decoupled:
+            work.stream = _Relay(functools.partial(self._streamed, frame, step, target, work))
+        else:
+            future.add_done_callback(
+                functools.partial(self._plain_done, frame, step, target, batch, started, work)
+            )
+        target.submit(work)
+
+    def _plain_done(
+        self,
+        frame: _Frame,
+        step: StepPlan,
+        target: ModelVersion,
+        batch: int,
+        started: int,
+        work: Work,
+        future: asyncio.Future[Completion],
+    ) -> None:
+        self._works.discard(work)
+        if future.cancelled():  # by abort(), or by whoever else cancels work
+            self.fail(asyncio.CancelledError())
+            return
+        error = future.exception()
+        elapsed = time.monotonic_ns() - started
+        if error is None:
+            done = future.result()
+            if self.finished:
+                done.release()
+                return
+            if done.response.error is None:
+                frame.releases.append(done.release)
+                target.stats.success(batch, elapsed, done.queue_ns, done.compute_ns)
+                frame.running -= 1
+                frame.produced(step, {o.name: o for o in done.response.outputs})
+                return
+            done.release()
+            error = self._step_error(target, done)
+        count_failure(target, elapsed, error)
+        self.fail(error)
+
+    def _streamed(
+        self, frame: _Frame, step: StepPlan, target: ModelVersion, work: Work, item: _Item
+    ) -> None:
+        """One item of a decoupled step's stream (its statistics are its instance's)."""
+        if isinstance(item, Completion):
+            if self.finished:
+                item.release()
+            elif item.response.error is not None:
+                item.release()
+                self.fail(self._step_error(target, item))
+            else:
+                outputs = {o.name: o for o in item.response.outputs}
+                frame.open(step, outputs, item.release)
+        elif isinstance(item, BaseException):  # its stub died
+            self.fail(item)
+        else:  # its final flag: every response of it has run on
+            self._works.discard(work)
+            if not self.finished:
+                frame.running -= 1
+                frame.settle()
+
+    def _step_error(self, target: ModelVersion, done: Completion) -> ModelError:
+        assert done.response.error is not None
+        code, message = done.response.error
+        return ModelError(
+            f"in ensemble '{self.mv.name}', step '{target.name}': {message}",
+            ErrorCode.__members__.get(code, ErrorCode.INTERNAL),
+        )
+
+    def _start_nested(
+        self,
+        frame: _Frame,
+        step: StepPlan,
+        target: ModelVersion,
+        inputs: list[TensorDesc],
+        batch: int,
+        started: int,
+    ) -> None:
+        """A step that is an ensemble: its responses are the step's, as a decoupled model's
+        (or a plain one's, when it is not decoupled)."""
+        run = StreamRun(
+            self.runner,
+            target,
+            self.base,
+            step.requested,
+            self.chain,
+            functools.partial(self._nested_emit, frame, step, target),
+            lambda error: self._nested_end(run, frame, target, batch, started, error),
+        )
+        self._nested.add(run)
+        # Started on the next turn, so that its end never runs inside this frame's advance.
+        asyncio.get_running_loop().call_soon(run.start, {d.name: d for d in inputs})
+
+    def _nested_emit(
+        self,
+        frame: _Frame,
+        step: StepPlan,
+        target: ModelVersion,
+        tensors: _Tensors,
+        release: Callable[[], None],
+    ) -> None:
+        if self.finished:
+            release()
+        elif target.config.decoupled:
+            frame.open(step, tensors, release)
+        else:
+            frame.releases.append(release)
+            frame.produced(step, tensors)  # (the step still runs: it ends with its run)
+
+    def _nested_end(
+        self,
+        run: StreamRun,
+        frame: _Frame,
+        target: ModelVersion,
+        batch: int,
+        started: int,
+        error: BaseException | None,
+    ) -> None:
+        self._nested.discard(run)
+        elapsed = time.monotonic_ns() - started
+        if error is not None:
+            count_failure(target, elapsed, error)
+            self.fail(error)
+            return
+        target.stats.success(batch, elapsed, 0, (0, 0, 0))
+        if not self.finished:
+            frame.running -= 1
+            frame.settle()
+
+
+class _Frame:
+    """The tensors of one response of a decoupled step (of the request, for the first frame)
+    and of the steps they run."""
+
+    def __init__(
+        self,
+        run: StreamRun,
+        parent: _Frame | None,
+        tensors: _Tensors,
+        on_free: Callable[[], None] | None,
+    ) -> None:
+        self.run = run
+        self.parent = parent
+        self.tensors = tensors
+        #: What gives back the blocks this frame's tensors lie in.
+        self.releases: list[Callable[[], None]] = []
+        #: Its own (while steps may run in it), its response's, and its child frames'.
+        self.refs = 1
+        self.running = 0
+        self.sent = False
+        self._on_free = on_free
+        #: Per step: input tensors still missing here; -1 once the step has started.
+        self._missing = [step.needs for step in run.plan.steps]
+        run.frames.add(self)
+        if parent is not None:
+            parent.refs += 1
+
+    def start(self) -> None:
+        ready = []
+        for name in self.tensors:
+            for step in self.run.plan.consumers.get(name, ()):
+                self._missing[step.index] -= 1
+                if self._missing[step.index] == 0:
+                    ready.append(step)
+        self._advance(ready)
+
+    def open(self, step: StepPlan, outputs: _Tensors, release: Callable[[], None]) -> None:
+        """One response of decoupled ``step`` (run in this frame): a frame of its own."""
+        tensors = {step.output_map[n]: d for n, d in outputs.items() if n in step.output_map}
+        child = _Frame(self.run, self, tensors, None)
+        child.releases.append(release)
+        child.start()
+
+    def produced(self, step: StepPlan, outputs: _Tensors) -> None:
+        """A plain step's outputs, stored under their ensemble names; start what they free."""
+        ready = []
+        for name, desc in outputs.items():
+            target = step.output_map.get(name)
+            if target is None:
+                continue
+            if target not in self.tensors:
+                for consumer in self.run.plan.consumers.get(target, ()):
+                    self._missing[consumer.index] -= 1
+                    if self._missing[consumer.index] == 0:
+                        ready.append(consumer)
+            self.tensors[target] = desc
+        self._advance(ready)
+
+    def _advance(self, ready: list[StepPlan]) -> None:
+        run = self.run
+        try:
+            for step in sorted(ready, key=lambda s: s.index):
+                if run.finished:
+                    return
+                self._missing[step.index] = -1
+                run.start_step(self, step)
+        except Exception as error:  # a step that cannot start fails the request
+            run.fail(error)
+            return
+        if not self.sent and not run.finished and all(n in self.tensors for n in run.wanted):
+            self.sent = True
+            run.emit(self)
+        self.settle()
+
+    def settle(self) -> None:
+        """No step runs here any more: no other can start, the frame lets its blocks go."""
+        if self.running or self not in self.run.frames:
+            return
+        self.unref()
+        self.run.frame_done(self)
+
+    def unref(self) -> None:
+        self.refs -= 1
+        if self.refs:
+            return
+        releases, self.releases = self.releases, []
+        for release in releases:
+            release()
+        if self._on_free is not None:
+            self._on_free()
+        if self.parent is not None:
+            self.parent.unref()
+
+
+def stream(
+    runner: EnsembleRunner,
+    mv: ModelVersion,
+    request: InferRequest,
+    record: RequestRecord,
+    blocks: list[Block],
+    queue: asyncio.Queue[InferResponse | BaseException | None],
+    batch: int,
+) -> StreamRun:
+    """Start a decoupled ensemble's request: each response goes to ``queue``, then ``None``
+    (an error before it ends the stream). ``blocks`` (the staged client inputs) are freed
+    once every response is released and no step runs."""
+    started = time.monotonic_ns()
+
+    def emit(tensors: _Tensors, release: Callable[[], None]) -> None:
+        outputs = [runner.output(mv, tensors, name) for name in record.requested_outputs]
+        response = InferResponse(
+            model_name=mv.name,
+            model_version=str(mv.version),
+            id=request.id,
+            outputs=outputs,
+            _release=release,
+        )
+        if (cause := stalled(queue)) is not None:  # a client that stopped reading
+            response.release()
+            run.fail(ResourceExhausted(stall_message("request", cause)))
+            return
+        queue.put_nowait(response)
+
+    def end(error: BaseException | None) -> None:
+        elapsed = time.monotonic_ns() - started
+        if error is None:
+            mv.stats.success(batch, elapsed, 0, (0, 0, 0))
+        else:
+            reason = error.reason if isinstance(error, ShoalError) else Cancelled.reason
+            mv.stats.failure(elapsed, reason)
+            queue.put_nowait(error)
+        queue.put_nowait(None)
+
+    wanted = tuple(record.requested_outputs)
+    run = StreamRun(runner, mv, record, wanted, (), emit, end)
+    inputs = {desc.name: desc for desc in record.inputs}
+    run.start(inputs, functools.partial(runner.free_inputs, blocks))
+    return run
