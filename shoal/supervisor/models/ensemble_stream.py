@@ -357,12 +357,12 @@ class _Frame:
                     return
                 self._missing[step.index] = -1
                 run.start_step(self, step)
+            if not (self.sent or run.finished) and all(n in self.tensors for n in run.wanted):
+                self.sent = True
+                run.emit(self)
         except Exception as error:  # a step that cannot start fails the request
             run.fail(error)
             return
-        if not self.sent and not run.finished and all(n in self.tensors for n in run.wanted):
-            self.sent = True
-            run.emit(self)
         self.settle()
 
     def settle(self) -> None:
@@ -419,8 +419,9 @@ def stream(
         if error is None:
             mv.stats.success(batch, elapsed, 0, (0, 0, 0))
         else:
-            reason = error.reason if isinstance(error, ShoalError) else Cancelled.reason
-            mv.stats.failure(elapsed, reason)
+            if not isinstance(error, ShoalError):  # a step's request cancelled by another
+                error = Cancelled(f"in ensemble '{mv.name}', a step's request was cancelled")
+            mv.stats.failure(elapsed, error.reason)
             queue.put_nowait(error)
         queue.put_nowait(None)
 
