@@ -6,8 +6,12 @@ from __future__ import annotations
 import pytest
 
 from shoal.config import load_model_config
-from shoal.supervisor.models._ensemble_checks import EnsembleProblem, check_ensemble
-from shoal.supervisor.models._step_models import ensemble_problem
+from shoal.supervisor.models._ensemble_checks import (
+    EnsembleProblem,
+    check_ensemble,
+    decoupled_flow,
+)
+from shoal.supervisor.models._step_models import ensemble_decoupled, ensemble_problem
 from shoal.supervisor.models.repository import ModelSource
 from tests.integration.server import BUNDLED, TEST_MODELS
 from tests.unit.config.helpers import make_model
@@ -136,3 +140,57 @@ def test_a_cycle_through_a_custom_config_is_found_with_model_config_name(tmp_pat
     assert ensemble_problem(config, sources, {}) is None
     problem = ensemble_problem(config, sources, {}, "alt")
     assert problem is not None and "ensemble 'ens_a' contains itself" in problem, problem
+
+
+def _sources():
+    dirs = [p for repo in (TEST_MODELS, BUNDLED) for p in repo.iterdir() if p.is_dir()]
+    return {p.name: ModelSource(p.name, str(p)) for p in dirs}
+
+
+@pytest.mark.parametrize(
+    ("name", "decoupled"),
+    [("ens_stream", True), ("ens_stream_nested", True), ("ens_diamond", False)],
+)
+def test_an_ensemble_is_decoupled_when_a_step_is(name, decoupled):
+    """Triton's rule, read from the repository while the step models are not loaded (a nested
+    ensemble is decoupled through its own steps)."""
+    config = _config(name)
+    assert ensemble_problem(config, _sources(), {}) is None
+    assert ensemble_decoupled(config, _sources(), {}) is decoupled
+
+
+MIXED = """
+name: "mixed"
+platform: "ensemble"
+input [ {{ name: "X" data_type: TYPE_INT32 dims: [ 1 ] }} ]
+output [ {{ name: "Y" data_type: TYPE_INT32 dims: [ 1 ] }}, {{ name: "Z" data_type: TYPE_INT32 dims: [ 1 ] }} ]
+ensemble_scheduling {{ step [
+  {{ model_name: "rep" model_version: -1
+    input_map {{ key: "IN" value: "X" }} output_map {{ key: "OUT" value: "T" }} }},
+  {{ model_name: "{second}" model_version: -1
+    input_map [ {{ key: "A" value: "T" }}, {{ key: "B" value: "X" }} ]
+    output_map {{ key: "OUT" value: "Y" }} }},
+  {{ model_name: "plain" model_version: -1
+    input_map {{ key: "IN" value: "X" }} output_map {{ key: "OUT" value: "Z" }} }}
+] }}
+"""
+
+
+@pytest.mark.parametrize(
+    ("decoupled", "message"),
+    [
+        ({"rep"}, "in ensemble 'mixed', step 1 of model 'mix' receives inputs originated from "),
+        ({"rep", "mix"}, "step 1 of model 'mix' receives inputs originated from different"),
+        ({"plain", "mix"}, "in ensemble 'mixed', its outputs receive inputs originated from"),
+    ],
+)
+def test_a_step_reads_the_responses_of_one_decoupled_step(tmp_path, decoupled, message):
+    """Each response of a decoupled step runs the steps that read it: a step (or the outputs)
+    reading two decoupled steps' responses, or one's and the ensemble's inputs, cannot load."""
+    config = load_model_config(
+        make_model(tmp_path, "mixed", MIXED.format(second="mix"), model_file=None)
+    )
+    with pytest.raises(EnsembleProblem) as info:
+        decoupled_flow(config, decoupled.__contains__)
+    assert message in str(info.value)
+    assert decoupled_flow(config, set().__contains__) is False
