@@ -163,7 +163,10 @@ MIXED = """
 name: "mixed"
 platform: "ensemble"
 input [ {{ name: "X" data_type: TYPE_INT32 dims: [ 1 ] }} ]
-output [ {{ name: "Y" data_type: TYPE_INT32 dims: [ 1 ] }}, {{ name: "Z" data_type: TYPE_INT32 dims: [ 1 ] }} ]
+output [
+  {{ name: "Y" data_type: TYPE_INT32 dims: [ 1 ] }},
+  {{ name: "Z" data_type: TYPE_INT32 dims: [ 1 ] }}
+]
 ensemble_scheduling {{ step [
   {{ model_name: "rep" model_version: -1
     input_map {{ key: "IN" value: "X" }} output_map {{ key: "OUT" value: "T" }} }},
