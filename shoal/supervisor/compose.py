@@ -44,13 +44,13 @@ def build_service(options: ServerOptions, make_stub: MakeStub = StubProcess) -> 
 
     free_inputs = directory.free_inputs
     custom_metrics = CustomMetrics()
-    bls = BlsRouter(loaded, directory)
+    initial_traces = {k: v if isinstance(v, str) else list(v) for k, v in options.trace_settings}
+    tracing = TraceSettings(lambda name: name in loaded.models, initial_traces)
+    bls = BlsRouter(loaded, directory, tracing)
     cache = ResponseCache(options.cache_bytes) if options.cache_bytes > 0 else None
     rate_limiter = None
     if options.rate_limit == "execution_count":
         rate_limiter = RateLimiter(dict(options.rate_limit_resources))
-    initial_traces = {k: v if isinstance(v, str) else list(v) for k, v in options.trace_settings}
-    tracing = TraceSettings(lambda name: name in loaded.models, initial_traces)
 
     def make_loader(models: ModelControl) -> ModelLoader:
         return ModelLoader(

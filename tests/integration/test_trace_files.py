@@ -17,6 +17,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 from tests.integration.server import BUNDLED, TEST_MODELS, ShoalServer
+from tests.integration.test_triton_semantics import TRACED, TRACED_IO
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -269,3 +270,30 @@ def test_tensors_level_writes_inputs_and_outputs(repo, tmp_path, protocol):
                 assert tensors[key].tolist() == array.tolist(), key
             else:
                 np.testing.assert_array_equal(tensors[key], array)
+
+
+def test_a_bls_call_given_its_callers_trace_is_a_child_trace(tmp_path):
+    repo = tmp_path / "models"
+    (repo / "traced" / "1").mkdir(parents=True)
+    (repo / "traced" / "1" / "model.py").write_text(TRACED)
+    (repo / "traced" / "config.pbtxt").write_text(f'name: "traced"\nbackend: "python"\n{TRACED_IO}')
+    trace_file = tmp_path / "trace.json"
+    with _server(repo, trace_file, "level=TIMESTAMPS", "rate=1") as server:
+        client = httpclient.InferenceServerClient(server.url)
+        try:
+            tensor = httpclient.InferInput("IN", [1], "INT32")
+            tensor.set_data_from_numpy(np.array([1], dtype=np.int32))
+            result = client.infer("traced", [tensor], request_id="caller")
+            assert result.as_numpy("CHILD")[0]  # the call saw the caller's context
+        finally:
+            client.close()
+    traces = _traces(trace_file)
+    assert len(traces) == 2
+    caller, call = (traces[i] for i in sorted(traces))
+    assert "parent_id" not in caller and call["parent_id"] == caller["id"]
+    assert call["model_name"] == "traced" and caller["request_id"] == "caller"
+    _ordered(caller, ORDER)
+    _ordered(call, ORDER)
+    # The call runs inside its caller's execution.
+    assert caller["timestamps"]["COMPUTE_START"] <= call["timestamps"]["REQUEST_START"]
+    assert call["timestamps"]["REQUEST_END"] <= caller["timestamps"]["COMPUTE_END"]

@@ -27,10 +27,11 @@ from shoal.core.types import InferInput, InferRequest, RequestedOutput
 from shoal.ipc import messages as msg
 from shoal.ipc.arena import Block
 from shoal.ipc.queue import PeerGone
+from shoal.supervisor.extensions.trace_settings import TraceSettings
 from shoal.supervisor.instances.decoupled import new_stream
 from shoal.supervisor.memory.segments import SegmentDirectory
 from shoal.supervisor.models.version import ModelVersion
-from shoal.supervisor.requests import staging
+from shoal.supervisor.requests import staging, traced
 from shoal.supervisor.work import Completion, Work
 
 if TYPE_CHECKING:
@@ -47,9 +48,16 @@ class VersionResolver(Protocol):
 class BlsRouter:
     """Runs BLS calls and holds the called models' output blocks until the caller is done."""
 
-    def __init__(self, models: VersionResolver, directory: SegmentDirectory) -> None:
+    def __init__(
+        self,
+        models: VersionResolver,
+        directory: SegmentDirectory,
+        tracing: TraceSettings | None = None,
+    ) -> None:
         self._models = models
         self._directory = directory
+        #: Where a call made with its caller's trace finds it (None: no traces, unit tests).
+        self._tracing = tracing
         self._held: dict[tuple[int, int], list[Completion]] = {}  # (caller pid, call) -> ...
         self._tasks: dict[tuple[int, int], asyncio.Task[None]] = {}
         self._cancelled: set[tuple[int, int]] = set()
@@ -141,6 +149,8 @@ class BlsRouter:
             target.summary.max_batch_size, [t.shape for t in call.request.inputs]
         )
         work = Work(call.request, spilled, future, batch_size=batch)
+        if call.request.trace_context and self._tracing is not None:  # stamped before the reply
+            traced.bls_call(self._tracing, target, work, self._directory.view)
         open_call = _OpenCall(call.model_name, work, target, proc, caller)
         self._open[key] = open_call
         caller.call_began(proc)  # before the request can be handed to an instance
@@ -281,6 +291,8 @@ class BlsRouter:
         if target.config.decoupled:
             work.stream = new_stream()
             self._streaming[(proc.pid, call.call_id)] = work
+        if call.request.trace_context and self._tracing is not None:
+            traced.bls_call(self._tracing, target, work, self._directory.view)
         target.submit(work)
         return work
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 log = logging.getLogger("shoal")
@@ -118,6 +119,10 @@ class TraceLog:
         elif self.count < 0 and not self.log_frequency and len(self._buffer) >= APPEND_EVERY:
             self._save(indexed=False)
 
+    def late(self, entries: str) -> None:
+        """Entries of a trace already collected (a child that ended after its parent)."""
+        self._buffer.append(entries)
+
     def dropped(self) -> None:
         """A sampled request whose trace will never come (it failed before it started)."""
         self._created -= 1
@@ -163,6 +168,8 @@ class Trace:
         self._entries = [json.dumps(entry, separators=(",", ":"))]
         self._open = True
         self._parent: Trace | None = None
+        #: Called once it is finished (its settings forget it).
+        self.on_finish: Callable[[], object] | None = None
 
     @property
     def trace_log(self) -> TraceLog:
@@ -199,11 +206,15 @@ class Trace:
         if not self._open:
             return
         self._open = False
+        if self.on_finish is not None:
+            self.on_finish()
         parent = self._parent
-        if parent is not None and parent._open:
-            parent._entries += self._entries
-        else:
+        if parent is None:
             self._log.collect(",".join(self._entries))
+        elif parent._open:
+            parent._entries += self._entries
+        else:  # a child that outlived its parent: written, not counted as a trace
+            self._log.late(",".join(self._entries))
 
 
 __all__ = ["Trace", "TraceFile", "TraceLog"]

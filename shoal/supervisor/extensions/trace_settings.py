@@ -13,6 +13,7 @@ cleared with ``None`` (JSON ``null``, an empty gRPC value) follows the global on
 
 from __future__ import annotations
 
+import functools
 import json
 import secrets
 from collections.abc import Callable, Mapping, Sequence
@@ -63,6 +64,8 @@ class TraceSettings:
         self._logs: dict[str, TraceLog] = {}
         #: Requests sampled whose trace has not begun (:meth:`begin`), by their context.
         self._pending: dict[str, TraceLog] = {}
+        #: The traces begun and not finished, by their context (a BLS call names its caller's).
+        self._running: dict[str, Trace] = {}
         #: Called after every change (direct dispatch takes its routes back: a model traced now
         #: must take the core's way).
         self.on_change: list[Callable[[], None]] = []
@@ -100,7 +103,13 @@ class TraceSettings:
         trace_log = self._pending.pop(context, None)
         if trace_log is None:
             return None
-        return Trace(trace_log, model, version, request_id)
+        trace = self._running[context] = Trace(trace_log, model, version, request_id)
+        trace.on_finish = functools.partial(self._running.pop, context, None)
+        return trace
+
+    def running(self, context: str) -> Trace | None:
+        """The unfinished trace of the request with trace context ``context``."""
+        return self._running.get(context)
 
     def close(self) -> None:
         """The server stops: every setting writes what it holds."""

@@ -52,6 +52,18 @@ def submitted(
         follow(trace, work, view)
 
 
+def bls_call(tracing: TraceSettings, target: ModelVersion, work: Work, view: Viewer) -> None:
+    """A BLS call made with its caller's trace (``trace=request.trace()``): a child trace of
+    the caller's while that one runs, as in Triton (a decoupled call's is not written)."""
+    parent = tracing.running(work.record.trace_context)
+    if parent is None or work.stream is not None:
+        return
+    trace = parent.child(target.name, target.version, work.record.request_id)
+    trace.stamp("REQUEST_START", work.enqueued_ns)
+    trace.stamp("QUEUE_START", work.enqueued_ns)
+    follow(trace, work, view)
+
+
 def follow(trace: Trace, work: Work, view: Viewer) -> None:
     """Trace a queued request's inputs (level TENSORS); stamp its compute and end (and trace
     its outputs) once its work is answered, and finish its trace."""
@@ -90,4 +102,4 @@ class _Answered:
         trace.finish()
 
 
-__all__ = ["begin", "end", "follow", "stamp_compute", "submitted"]
+__all__ = ["begin", "bls_call", "end", "follow", "stamp_compute", "submitted"]

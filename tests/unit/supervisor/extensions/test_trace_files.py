@@ -88,6 +88,17 @@ def test_an_ensembles_steps_are_written_with_it_as_one_trace(tmp_path):
     } in entries
 
 
+def test_a_child_that_outlives_its_parent_is_written_but_not_counted(tmp_path):
+    trace_log = TraceLog(["TIMESTAMPS"], 1, 1, 0, TraceFile(str(tmp_path / "t.json")))
+    parent = _trace(trace_log)
+    late = parent.child("call", 1, "")
+    parent.finish()  # the count is spent and its one trace in: written at once
+    assert _ids(tmp_path / "t.json.0") == [parent.id]
+    late.finish()
+    trace_log.close()
+    assert _ids(tmp_path / "t.json") == [late.id]
+
+
 def test_trace_count_is_reported_as_it_runs_down_and_models_sample_apart(tmp_path):
     settings = TraceSettings(
         initial={
