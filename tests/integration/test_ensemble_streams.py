@@ -266,3 +266,38 @@ def test_the_decoupled_step_dying_fails_the_stream(server):
     again = _tick_stream(server)
     stop_stream_cancelling(again.client)
     again.client.close()
+
+
+def test_a_traced_stream_has_its_steps_as_children(tmp_path):
+    trace_file = tmp_path / "trace.json"
+    args = (
+        *("--model-control-mode", "explicit", "--load-model", "ens_stream"),
+        *("--trace-config", f"triton,file={trace_file}"),
+        *("--trace-config", "level=TIMESTAMPS", "--trace-config", "rate=1"),
+    )
+    with ShoalServer(TEST_MODELS, extra_args=args) as server:
+        stream = _Stream(server)
+        try:
+            stream.send("ens_stream", _text("a b"), request_id="traced")
+            assert _values(stream.until_final(), "OUT") == [0, 1]
+        finally:
+            stream.close()
+    # Written at shutdown: one JSON list of entries, each trace's spread over several.
+    traces: dict[int, dict] = {}
+    for entry in json.loads(trace_file.read_text()):
+        trace = traces.setdefault(entry["id"], {"timestamps": []})
+        trace["timestamps"] += [stamp["name"] for stamp in entry.pop("timestamps", [])]
+        trace.update(entry)
+    (ensemble,) = [t for t in traces.values() if t["model_name"] == "ens_stream"]
+    assert ensemble["timestamps"] == ["REQUEST_START", "QUEUE_START", "REQUEST_END"]
+    steps = [t for t in traces.values() if t.get("parent_id") == ensemble["id"]]
+    assert sorted(t["model_name"] for t in steps) == [
+        "decoupled_repeat",
+        "square_int32",
+        "square_int32",
+        "word_count",
+    ]
+    for step in steps:
+        assert step["request_id"] == "traced"
+        assert step["timestamps"][:2] == ["REQUEST_START", "QUEUE_START"]
+        assert step["timestamps"][-1] == "REQUEST_END"

@@ -21,19 +21,15 @@ import functools
 import time
 from collections.abc import Callable
 
-from shoal.core.backlog import stall_message, stalled
 from shoal.core.errors import (
-    Cancelled,
     ErrorCode,
     InvalidArgument,
     ModelError,
-    ResourceExhausted,
-    ShoalError,
 )
-from shoal.core.types import InferRequest, InferResponse
 from shoal.ipc.arena import Block
 from shoal.ipc.records import RequestRecord
 from shoal.ipc.tensor import TensorDesc
+from shoal.supervisor.extensions.trace_files import Trace
 from shoal.supervisor.models._ensemble_plan import StepPlan
 from shoal.supervisor.models.ensemble import (
     EnsembleRunner,
@@ -42,6 +38,7 @@ from shoal.supervisor.models.ensemble import (
     step_record,
 )
 from shoal.supervisor.models.version import ModelVersion
+from shoal.supervisor.requests import traced
 from shoal.supervisor.requests.staging import batch_of, inline_bytes, spill_inline
 from shoal.supervisor.work import Completion, Work
 
@@ -94,6 +91,8 @@ class StreamRun:
         self.frames: set[_Frame] = set()  # those in which steps may still run
         self._works: set[Work] = set()
         self._nested: set[StreamRun] = set()
+        #: Its trace, if sampled: its steps' are children, ended with it.
+        self.trace: Trace | None = None
 
     def start(self, inputs: _Tensors, on_free: Callable[[], None] | None = None) -> None:
         if not self.finished:
@@ -108,12 +107,20 @@ class StreamRun:
         for work in works:
             work.closed = True  # a decoupled step's later responses are released as they come
             work.cancel()
+            if work.stream is not None and work.on_final is not None:  # its trace's end
+                on_final, work.on_final = work.on_final, None
+                on_final()
         nested, self._nested = self._nested, set()
         for run in nested:
             run.abort()
         frames, self.frames = self.frames, set()
         for frame in frames:
             frame.unref()
+        self.end_trace()
+
+    def end_trace(self) -> None:
+        trace, self.trace = self.trace, None
+        traced.end(trace)
 
     def fail(self, error: BaseException) -> None:
         if not self.finished:
@@ -125,6 +132,7 @@ class StreamRun:
         if self.frames or self.finished:
             return
         self.finished = True
+        self.end_trace()
         if self.emitted == 0 and not self.mv.config.decoupled:  # Triton's words
             self._end(
                 InvalidArgument(
@@ -167,7 +175,21 @@ class StreamRun:
             future.add_done_callback(
                 functools.partial(self._plain_done, frame, step, target, batch, started, work)
             )
+        if self.trace is not None:
+            self._trace_step(target, work, started)
         target.submit(work)
+
+    def _trace_step(self, target: ModelVersion, work: Work, started: int) -> None:
+        """A step's trace, a child of the request's: a plain step's ends with its answer, a
+        decoupled one's with its final response."""
+        assert self.trace is not None
+        trace = self.trace.child(target.name, target.version, self.base.request_id)
+        trace.stamp("REQUEST_START", started)
+        trace.stamp("QUEUE_START", work.enqueued_ns)
+        if work.stream is None:
+            traced.follow(trace, work, self.runner.input_view)
+        else:
+            work.on_final = functools.partial(traced.end, trace)
 
     def _plain_done(
         self,
@@ -251,6 +273,9 @@ class StreamRun:
             lambda error: self._nested_end(run, frame, target, batch, started, error),
         )
         self._nested.add(run)
+        if self.trace is not None:
+            run.trace = self.trace.child(target.name, target.version, self.base.request_id)
+            run.trace.stamp("REQUEST_START", started)
         # Started on the next turn, so that its end never runs inside this frame's advance.
         asyncio.get_running_loop().call_soon(run.start, {d.name: d for d in inputs})
 
@@ -383,50 +408,3 @@ class _Frame:
             self._on_free()
         if self.parent is not None:
             self.parent.unref()
-
-
-def stream(
-    runner: EnsembleRunner,
-    mv: ModelVersion,
-    request: InferRequest,
-    record: RequestRecord,
-    blocks: list[Block],
-    queue: asyncio.Queue[InferResponse | BaseException | None],
-    batch: int,
-) -> StreamRun:
-    """Start a decoupled ensemble's request: each response goes to ``queue``, then ``None``
-    (an error before it ends the stream). ``blocks`` (the staged client inputs) are freed
-    once every response is released and no step runs."""
-    started = time.monotonic_ns()
-
-    def emit(tensors: _Tensors, release: Callable[[], None]) -> None:
-        outputs = [runner.output(mv, tensors, name) for name in record.requested_outputs]
-        response = InferResponse(
-            model_name=mv.name,
-            model_version=str(mv.version),
-            id=request.id,
-            outputs=outputs,
-            _release=release,
-        )
-        if (cause := stalled(queue)) is not None:  # a client that stopped reading
-            response.release()
-            run.fail(ResourceExhausted(stall_message("request", cause)))
-            return
-        queue.put_nowait(response)
-
-    def end(error: BaseException | None) -> None:
-        elapsed = time.monotonic_ns() - started
-        if error is None:
-            mv.stats.success(batch, elapsed, 0, (0, 0, 0))
-        else:
-            if not isinstance(error, ShoalError):  # a step's request cancelled by another
-                error = Cancelled(f"in ensemble '{mv.name}', a step's request was cancelled")
-            mv.stats.failure(elapsed, error.reason)
-            queue.put_nowait(error)
-        queue.put_nowait(None)
-
-    wanted = tuple(record.requested_outputs)
-    run = StreamRun(runner, mv, record, wanted, (), emit, end)
-    inputs = {desc.name: desc for desc in record.inputs}
-    run.start(inputs, functools.partial(runner.free_inputs, blocks))
-    return run

@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import TYPE_CHECKING, Protocol
 
-from shoal.core.backlog import StreamQueue
-from shoal.core.errors import Cancelled, ErrorCode, ModelError
+from shoal.core.backlog import StreamQueue, stall_message, stalled
+from shoal.core.errors import Cancelled, ErrorCode, ModelError, ResourceExhausted, ShoalError
 from shoal.core.types import InferRequest, InferResponse
 from shoal.ipc.arena import Block
 from shoal.ipc.records import RequestRecord
+from shoal.ipc.tensor import TensorDesc
 from shoal.supervisor.drain import DrainGate
 from shoal.supervisor.extensions.trace_settings import TraceSettings
 from shoal.supervisor.instances.decoupled import new_stream
@@ -116,11 +118,10 @@ async def _ensemble(
     """A decoupled ensemble's responses (``models/ensemble_stream.py``); the last one carries
     the final flag when it is known to be the last as it is sent."""
     classes = classification.requested(request, mv.config) if request.outputs else {}
+    started = time.monotonic_ns()
     record, blocks = service.stage(mv, request)
     queue: StreamQueue[InferResponse | BaseException | None] = StreamQueue()
-    batch = staging.batch_size(mv.summary, request)
-    started = time.monotonic_ns()
-    run = ensemble_stream.stream(service.ensembles, mv, request, record, blocks, queue, batch)
+    run = _start_ensemble(service.ensembles, mv, request, (record, blocks), queue)
     # The item after the one being sent, when already there: None makes that one the last.
     after: InferResponse | BaseException | _Later | None = _LATER
     try:
@@ -147,6 +148,56 @@ async def _ensemble(
             left = queue.get_nowait()
             if isinstance(left, InferResponse):
                 left.release()
+
+
+def _start_ensemble(
+    runner: EnsembleRunner,
+    mv: ModelVersion,
+    request: InferRequest,
+    staged: tuple[RequestRecord, list[Block]],
+    queue: asyncio.Queue[InferResponse | BaseException | None],
+) -> ensemble_stream.StreamRun:
+    """Start a decoupled ensemble's request: each response goes to ``queue``, then ``None``
+    (an error before it ends the stream). The staged client inputs are freed once every
+    response is released and no step runs."""
+    record, blocks = staged
+    started = time.monotonic_ns()
+    batch = staging.batch_size(mv.summary, request)
+
+    def emit(tensors: dict[str, TensorDesc], release: Callable[[], None]) -> None:
+        outputs = [runner.output(mv, tensors, name) for name in record.requested_outputs]
+        response = InferResponse(
+            model_name=mv.name,
+            model_version=str(mv.version),
+            id=request.id,
+            outputs=outputs,
+            _release=release,
+        )
+        if (cause := stalled(queue)) is not None:  # a client that stopped reading
+            response.release()
+            run.fail(ResourceExhausted(stall_message("request", cause)))
+            return
+        queue.put_nowait(response)
+
+    def end(error: BaseException | None) -> None:
+        elapsed = time.monotonic_ns() - started
+        if error is None:
+            mv.stats.success(batch, elapsed, 0, (0, 0, 0))
+        else:
+            if not isinstance(error, ShoalError):  # a step's request cancelled by another
+                error = Cancelled(f"in ensemble '{mv.name}', a step's request was cancelled")
+            mv.stats.failure(elapsed, error.reason)
+            queue.put_nowait(error)
+        queue.put_nowait(None)
+
+    wanted = tuple(record.requested_outputs)
+    run = ensemble_stream.StreamRun(runner, mv, record, wanted, (), emit, end)
+    if runner.tracing is not None:
+        run.trace = traced.begin(runner.tracing, mv, record, started)
+    run.start(
+        {desc.name: desc for desc in record.inputs}, functools.partial(runner.free_inputs, blocks)
+    )
+    return run
 
 
 class _Later:
