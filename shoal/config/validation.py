@@ -38,6 +38,12 @@ def validate_config(config: pb.ModelConfig, *, gpus: Sequence[int] = ()) -> list
         validate_sequence_batching(config.sequence_batching, config.max_batch_size, model)
     if config.HasField("ensemble_scheduling") or config.platform == ENSEMBLE_PLATFORM:
         validate_ensemble(config, model)
+        if config.ensemble_scheduling.max_inflight_requests:
+            warnings.append(
+                f"{model} sets ensemble_scheduling max_inflight_requests "
+                f"{config.ensemble_scheduling.max_inflight_requests}, which shoal accepts with "
+                "no effect: a decoupled step's responses are not held back for the later steps"
+            )
     else:
         _check_instance_groups(config.instance_group, sorted(set(gpus)), model)
         validate_warmup(config.model_warmup, config.max_batch_size, model)

@@ -81,3 +81,17 @@ def test_grpc_load_refuses_unusable_names_and_files(server, case):
     assert info.value.status() == "StatusCode.INVALID_ARGUMENT", info.value
     assert words in info.value.message(), info.value
     client.close()
+
+
+def test_a_setting_accepted_with_no_effect_is_logged_at_load(server):
+    # dynamic_batching on a model that cannot batch: accepted as Triton does, but the user is
+    # told in the log rather than left to wonder why nothing is batched.
+    config = json.loads(CONFIG) | {"dynamic_batching": {}}
+    client = httpclient.InferenceServerClient(server.url)
+    try:
+        client.load_model("warned", config=json.dumps(config), files={"file:1/model.py": MODEL})
+        assert client.is_model_ready("warned")
+        assert "model 'warned' has dynamic_batching but max_batch_size 0" in server.output
+    finally:
+        client.unload_model("warned")
+        client.close()

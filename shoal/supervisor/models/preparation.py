@@ -5,6 +5,7 @@ and choose the versions its policy names."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import tarfile
@@ -22,6 +23,8 @@ from shoal.supervisor.models.autocomplete import (
 )
 from shoal.supervisor.models.version import ModelVersion
 from shoal.supervisor.options import ServerOptions
+
+_log = logging.getLogger(__name__)
 
 #: Characters Triton's Python backend refuses in stub (model and instance) names.
 SHELL_CHARS = ";|&$`<>()[]{}\\\"'*?~#!"
@@ -65,6 +68,8 @@ async def prepare_versions(
         proto = await _onnx_auto_complete(name, path, proto, available, options)
     require_pytorch_config(path, proto, name)
     config = model_config.complete_config(source, proto=proto, gpus=visible_gpus())
+    for warning in config.warnings:  # settings accepted with no effect: the user should know
+        _log.warning("%s", warning)
     check_gpu_parameters(config.parameters, name)
     chosen = model_config.select_versions(config.version_policy, available, model_name=name)
     return _versions(name, config, chosen, runtime)

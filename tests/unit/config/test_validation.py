@@ -514,6 +514,15 @@ def test_ensemble_chain_through_intermediate_tensors_is_valid(tmp_path):
     assert [step.model_name for step in config.ensemble_steps] == ["a", "b", "c"]
 
 
+def test_ensemble_max_inflight_requests_is_accepted_with_a_warning(tmp_path):
+    text = _ensemble(_step("a", {"x": "IN"}, {"y": "OUT"})).replace(
+        "ensemble_scheduling {", "ensemble_scheduling {\n  max_inflight_requests: 4"
+    )
+    config = load_model_config(make_model(tmp_path, "m", text, model_file=None))
+    (warning,) = config.warnings
+    assert "max_inflight_requests 4" in warning and "no effect" in warning
+
+
 def test_errors_without_a_file_have_no_line(tmp_path):
     model_dir = make_model(tmp_path, "m", None)
     with pytest.raises(ConfigError) as info:
