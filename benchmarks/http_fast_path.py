@@ -45,6 +45,9 @@ class _EchoCore:
     def is_ready(self) -> bool:
         return True
 
+    def frontend_trace(self, trace_id: int, timestamps: list[tuple[str, int]]) -> None:
+        """Never called: nothing is traced here."""
+
     async def infer(self, request: InferRequest) -> InferResponse:
         outputs = [
             InferOutput("OUTPUT0", tensor.datatype, tensor.shape, _copy(tensor.data))

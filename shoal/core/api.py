@@ -146,6 +146,11 @@ class ExtensionAPI(Protocol):
         """Apply ``changes`` (None clears a model's setting) and return the settings in effect."""
         ...
 
+    def frontend_trace(self, trace_id: int, timestamps: list[tuple[str, int]]) -> None:
+        """A frontend's own timestamps (name, monotonic ns) of the traced request the core gave
+        ``trace_id`` (:attr:`InferRequest.trace_id`), once it sent the response."""
+        ...
+
 
 class CoreAPI(InferenceAPI, ExtensionAPI, Protocol):
     """The whole API: what :class:`~shoal.supervisor.service.InferenceService` implements."""

@@ -117,6 +117,10 @@ class InferRequest:
         self.inputs = [] if inputs is None else inputs
         self.outputs = [] if outputs is None else outputs
         self.parameters = {} if parameters is None else parameters
+        #: Its trace: -1 where its frontend will hand its own timestamps to the trace file,
+        #: the frontend says (``trace_files``); then the id of its trace, if the core sampled
+        #: it (0: none). Not a field: never sent to a frontend worker's core.
+        self.trace_id = 0
 
 
 @dataclass

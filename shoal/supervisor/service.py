@@ -367,8 +367,7 @@ class InferenceService:
         record_success(mv, work, completion, started)
         return response
 
-    # -- statistics -------------------------------------------------------------------------
-
+    # -- extensions: statistics, repository, shared memory, logging, tracing ----------------
     def model_statistics(self, name: str = "", version: str = "") -> list[ModelStatistics]:
         return describe.statistics(self.repository, name, version)
 
@@ -382,8 +381,6 @@ class InferenceService:
 
     async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
         await self.repository.unload(name, unload_dependents)
-
-    # -- shared memory and logging ----------------------------------------------------------
 
     def register_system_shm(self, name: str, key: str, offset: int, byte_size: int) -> None:
         self.shm.register(name, key, offset, byte_size)
@@ -419,6 +416,9 @@ class InferenceService:
         self, changes: dict[str, TraceChange], model: str = ""
     ) -> dict[str, TraceValue]:
         return self.tracing.update(changes, model)
+
+    def frontend_trace(self, trace_id: int, timestamps: list[tuple[str, int]]) -> None:
+        self.tracing.frontend(trace_id, timestamps)
 
 
 class _Completed:

@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import mmap
-from collections.abc import Coroutine, Sequence
-from typing import Any, Protocol
+import time
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, Final, Protocol
 
 from shoal.frontends._last_step import LAST_STEP
 from shoal.frontends.http._body_reader import BodyBuffer
@@ -21,6 +22,8 @@ class FastInfer(Protocol):
 
     limit: int
     routes: InferRoutes
+    #: Hands the frontend's timestamps of a traced request to the core.
+    frontend_trace: Callable[[int, list[tuple[str, int]]], None]
 
     async def respond(
         self,
@@ -29,9 +32,12 @@ class FastInfer(Protocol):
         headers: dict[str, str],
         body: bytes | bytearray | memoryview,
         lend: bool = False,
+        forwarded: list[tuple[str, bytes]] | None = None,
+        front: FastRequest | None = None,
     ) -> tuple[int, Sequence[tuple[str, str]], Body]:
         """Status, headers and body of the answer to an inference request; with ``lend``, a
-        large binary body may be a :class:`LentBody`."""
+        large binary body may be a :class:`LentBody`. ``front.trace_id``: its trace's id, once
+        answered, where the core traces it and awaits the frontend's timestamps."""
 
 
 class _NoEvent:
@@ -56,7 +62,10 @@ class FastRequest:
         "length",
         "map",
         "name",
+        "recv_end",
+        "recv_start",
         "response_complete",
+        "trace_id",
         "version",
     )
     message_event = _NoEvent()
@@ -73,7 +82,7 @@ class FastRequest:
         self.endpoint = endpoint  # looked up once, for the request's head
         self.name = name
         self.version = version
-        self.headers = headers  # those the endpoint reads (fast_path._READ_HEADERS)
+        self.headers = headers  # those the endpoint reads (_READ_HEADERS)
         self.keep_alive = keep_alive
         self.length = length  # Content-Length
         #: A body of several chunks is gathered as they come: joined at the end, a large one
@@ -84,6 +93,12 @@ class FastRequest:
         self.map: mmap.mmap | None = None  # the buffer's, given back once answered
         self.disconnected = False
         self.response_complete = False
+        #: When its head's first byte and its body's last came (loop.time(): CLOCK_MONOTONIC
+        #: seconds, already read for the connection's limits), and its trace's id (0: none):
+        #: the frontend's timestamps of a traced request (HTTP_RECV_START...).
+        self.recv_start = 0.0
+        self.recv_end = 0.0
+        self.trace_id = 0
 
 
 class KnownHead:
@@ -193,3 +208,62 @@ class Stepped:
         else:  # as a task would, it hears that it yielded what it may not
             error = RuntimeError(f"a fast request yielded {awaited!r}, not a future")
             asyncio.get_running_loop().call_soon(self._step, error)
+
+
+def read_head(
+    endpoint: FastInfer, url: bytes, lines: list[tuple[bytes, bytes]]
+) -> KnownHead | None:
+    """What a fast request reads from its head: None where it is not an inference request the
+    fast path serves (another target; no Content-Length, a malformed or too large one; a
+    Transfer-Encoding), which the ASGI way answers."""
+    target = endpoint.routes.match_target(url)
+    if target is None:
+        return None
+    headers: dict[str, str] = {}
+    for name, value in lines:  # only what the endpoint reads (the last, if repeated)
+        key = _READ_HEADERS.get(name)
+        if key is not None:
+            headers[key] = value.decode("latin-1")
+    text = headers.get("content-length")
+    length = int(text) if text is not None and text.isdigit() else -1
+    if not 0 <= length <= endpoint.limit:
+        return None
+    if "transfer-encoding" in headers:
+        return None
+    return KnownHead(url, lines, endpoint, target, headers, length)
+
+
+def traced_sent(request: FastRequest, send_start: int) -> None:
+    """Hand the frontend's timestamps of a traced request, sent now, to its trace, as Triton's
+    ``http_server.cc`` takes them: its head's first byte came, its body's last came, its
+    response is being written, and is written (taken by the kernel, or queued)."""
+    send_end = time.monotonic_ns()
+    recv_end = int(request.recv_end * 1e9)
+    # loop.time() may read a coarser clock (uvloop's, cached in ms): never ahead of ns.
+    recv_start = int(request.recv_start * 1e9) if request.recv_start else recv_end
+    request.endpoint.frontend_trace(
+        request.trace_id,
+        [
+            ("HTTP_RECV_START", min(recv_start, recv_end)),
+            ("HTTP_RECV_END", recv_end),
+            ("HTTP_SEND_START", send_start),
+            ("HTTP_SEND_END", send_end),
+        ],
+    )
+
+
+#: The request headers a fast request keeps (:meth:`FastInfer.respond` reads no others; the
+#: protocol reads the last two: whether to ask the HTTP version), by their lowercase names as
+#: the parser gives them.
+_READ_HEADERS: Final = {
+    name.encode("latin-1"): name
+    for name in (
+        "content-length",
+        "transfer-encoding",
+        "content-encoding",
+        "accept-encoding",
+        "inference-header-content-length",
+        "connection",
+        "proxy-connection",
+    )
+}

@@ -42,6 +42,7 @@ from shoal.frontends.http._endpoint import (
     model_ref,
     unexpected,
 )
+from shoal.frontends.http._fast_request import FastRequest
 from shoal.frontends.http._header_names import RAW_HEADERS, protocol_class
 from shoal.frontends.http._slow_ways import (
     THREAD_THRESHOLD,
@@ -209,6 +210,8 @@ class _InferEndpoint:
         #: Looked up once: what a raw binary request's input is deduced from.
         self._config_of = core.model_config
         self.limit = max_input_size
+        #: Where the fast path hands its timestamps of a traced request.
+        self.frontend_trace = core.frontend_trace
         self._forward = forward
         #: The URL it serves (:mod:`.routing`): the app's routes and the fast ways' matchers.
         self.routes = InferRoutes(self)
@@ -239,10 +242,12 @@ class _InferEndpoint:
         body: bytes | bytearray | memoryview,
         lend: bool = False,
         forwarded: list[tuple[str, bytes]] | None = None,
+        front: FastRequest | None = None,
     ) -> tuple[int, Headers, codec.Body]:
         """Status, headers and body of the answer to an inference request; with ``lend``, a
         large binary body may be a :class:`codec.LentBody` (the caller releases it).
-        ``forwarded``: the header lines a forward pattern reads (the ASGI way's).
+        ``forwarded``: the header lines a forward pattern reads (the ASGI way's). ``front``:
+        the fast path's request: its ``trace_id`` is set where the core traces it.
 
         One coroutine for the usual request (a small body, no compression): each level of
         ``await`` costs every request on its way in and again when it resumes; the slower
@@ -266,7 +271,14 @@ class _InferEndpoint:
             if self._forward is not None:
                 lines = headers.items() if forwarded is None else forwarded
                 decoded.request.parameters.update(self._forward.matching(lines))
-            response = await self._core.infer(decoded.request)
+            request = decoded.request
+            if front is not None:
+                request.trace_id = -1  # the frontend hands its timestamps (trace_files.py)
+            try:
+                response = await self._core.infer(request)
+            finally:
+                if front is not None and request.trace_id > 0:
+                    front.trace_id = request.trace_id
             accept = codec.response_encoding(headers.get("accept-encoding"))
             if codec.json_output_bytes(response, decoded.output_format) < THREAD_THRESHOLD:
                 out_headers, out = _encoded(response, decoded, lend and accept is None)

@@ -12,6 +12,7 @@ import asyncio
 import functools
 import http
 import logging
+import time
 from collections.abc import Sequence
 from typing import Any, Final, cast
 
@@ -23,7 +24,12 @@ from shoal.frontends.http import _json
 from shoal.frontends.http._body_reader import DIRECT_BODY, POOL, BodyBuffer, BodyReader
 from shoal.frontends.http._coalescing import CoalescingHttpToolsProtocol
 from shoal.frontends.http._fast_conn import FastConnection, reset_connection
-from shoal.frontends.http._fast_request import FastInfer, FastRequest, KnownHead, Stepped
+from shoal.frontends.http._fast_request import (
+    FastRequest,
+    Stepped,
+    read_head,
+    traced_sent,
+)
 from shoal.frontends.http._response import Body, LentBody, body_length
 
 log = logging.getLogger("shoal")
@@ -272,10 +278,12 @@ class FastInferHttpToolsProtocol(CoalescingHttpToolsProtocol):
     def on_headers_complete(self) -> None:
         fast = self._fast
         fast.head_left = -1
+        started = fast.head_started
         fast.head_started = 0.0
         fast.in_body = True
         request = self._fast_request(fast)
         if request is not None:
+            request.recv_start = started  # (HTTP_RECV_START, if it is traced)
             self.cycle = cast(Any, request)
             if getattr(fast.config, "last_responses", False):
                 request.keep_alive = False
@@ -319,6 +327,7 @@ class FastInferHttpToolsProtocol(CoalescingHttpToolsProtocol):
             return
         if cycle.buffer is not None:
             cycle.body, cycle.map, cycle.buffer = cycle.buffer.body(), cycle.buffer.map, None
+        cycle.recv_end = fast.last_data  # (HTTP_RECV_END, if it is traced)
         Stepped(self._serve(cycle), fast.tasks)  # no task: stepped by hand, starting now
 
     def _fast_request(self, fast: FastConnection) -> FastRequest | None:
@@ -333,7 +342,7 @@ class FastInferHttpToolsProtocol(CoalescingHttpToolsProtocol):
             return None
         known = fast.known_head
         if known is None or not known.matches(fast.url, fast.headers, endpoint):
-            known = _read_head(endpoint, fast.url, fast.headers)
+            known = read_head(endpoint, fast.url, fast.headers)
             if known is None:
                 return None
             fast.known_head = known
@@ -350,12 +359,15 @@ class FastInferHttpToolsProtocol(CoalescingHttpToolsProtocol):
     async def _serve(self, request: FastRequest) -> None:
         body, request.body = request.body, b""
         status, headers, payload = await request.endpoint.respond(
-            request.name, request.version, request.headers, body, True
+            request.name, request.version, request.headers, body, True, None, request
         )
         if request.map is not None:
             del body  # the request's last view of it
             POOL.give_back(request.map)
+        send_start = time.monotonic_ns() if request.trace_id else 0  # (HTTP_SEND_START)
         self._send(request, status, headers, payload)
+        if request.trace_id:  # its trace awaits the frontend's timestamps
+            traced_sent(request, send_start)
         # The end, without a StopIteration to catch (see Stepped); never inside a try/with.
         await LAST_STEP
 
@@ -392,50 +404,10 @@ class FastInferHttpToolsProtocol(CoalescingHttpToolsProtocol):
                 lent.release()
 
 
-def _read_head(
-    endpoint: FastInfer, url: bytes, lines: list[tuple[bytes, bytes]]
-) -> KnownHead | None:
-    """What a fast request reads from its head: None where it is not an inference request the
-    fast path serves (another target; no Content-Length, a malformed or too large one; a
-    Transfer-Encoding), which the ASGI way answers."""
-    target = endpoint.routes.match_target(url)
-    if target is None:
-        return None
-    headers: dict[str, str] = {}
-    for name, value in lines:  # only what the endpoint reads (the last, if repeated)
-        key = _READ_HEADERS.get(name)
-        if key is not None:
-            headers[key] = value.decode("latin-1")
-    text = headers.get("content-length")
-    length = int(text) if text is not None and text.isdigit() else -1
-    if not 0 <= length <= endpoint.limit:
-        return None
-    if "transfer-encoding" in headers:
-        return None
-    return KnownHead(url, lines, endpoint, target, headers, length)
-
-
 #: A body this small or smaller is sent joined to its head, at once (:meth:`write_now`).
 _JOINED_MAX: Final = 1 << 14
 
 _DEFAULT_LIMITS = ConnectionLimits()
-
-
-#: The request headers a fast request keeps (:meth:`FastInfer.respond` reads no others; the
-#: protocol reads the last two: whether to ask the HTTP version), by their lowercase names as
-#: the parser gives them.
-_READ_HEADERS: Final = {
-    name.encode("latin-1"): name
-    for name in (
-        "content-length",
-        "transfer-encoding",
-        "content-encoding",
-        "accept-encoding",
-        "inference-header-content-length",
-        "connection",
-        "proxy-connection",
-    )
-}
 
 
 @functools.lru_cache(maxsize=64)

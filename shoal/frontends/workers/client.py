@@ -435,6 +435,9 @@ class RemoteCore(CoreAPI):
     ) -> dict[str, TraceValue]:
         return cast("dict[str, TraceValue]", self._sync("update_trace_settings", changes, model))
 
+    def frontend_trace(self, trace_id: int, timestamps: list[tuple[str, int]]) -> None:
+        """Never called: a worker's requests reach the core without their trace_id (-1)."""
+
 
 def _decoded(kind: Any, value: Any) -> Any:
     return plain.from_plain(kind, value)

@@ -11,9 +11,11 @@ that each write extends: Triton closes it only at exit, shoal keeps it a valid d
 every write (and writes it as it goes when nothing else would: no trace_count, no
 log_frequency), so it can be read while the server runs and survives a crash.
 
-Only the core writes (with two frontend workers too): one process, one valid file. The
-timestamps are the core's (docs/http.md, "Trace settings"): a frontend's own
-(``HTTP_RECV_START``...) are not measured.
+Only the core writes (with two frontend workers too): one process, one valid file. A request
+the HTTP frontend serves in the core's process (one frontend worker) also gets the frontend's
+timestamps (``HTTP_RECV_START``... as Triton's ``http_server.cc`` takes them), in an entry of
+their own with the trace's id, as Triton writes them: its trace is held (:attr:`Trace.held`)
+until the frontend hands them over, after it sent the response (:meth:`Trace.frontend`).
 """
 
 from __future__ import annotations
@@ -155,10 +157,16 @@ class Trace:
     """One sampled request's entries: its model entry, then a timestamp entry per activity."""
 
     def __init__(
-        self, trace_log: TraceLog, model: str, version: int, request_id: str, parent_id: int = 0
+        self,
+        trace_log: TraceLog,
+        model: str,
+        version: int,
+        request_id: str,
+        parent_id: int = 0,
+        trace_id: int = 0,
     ) -> None:
-        _next_id[0] += 1
-        self.id = _next_id[0]
+        """``trace_id``: one :func:`next_id` gave already (0: a new one)."""
+        self.id = trace_id or next_id()
         self._log = trace_log
         entry: dict[str, Any] = {"id": self.id, "model_name": model, "model_version": version}
         if request_id:
@@ -170,6 +178,8 @@ class Trace:
         self._parent: Trace | None = None
         #: Called once it is finished (its settings forget it).
         self.on_finish: Callable[[], object] | None = None
+        #: Whether its frontend's timestamps are due (:meth:`frontend`): it is written then.
+        self.held = False
 
     @property
     def trace_log(self) -> TraceLog:
@@ -210,11 +220,31 @@ class Trace:
             self.on_finish()
         parent = self._parent
         if parent is None:
-            self._log.collect(",".join(self._entries))
+            if not self.held:
+                self._log.collect(",".join(self._entries))
         elif parent._open:
             parent._entries += self._entries
         else:  # a child that outlived its parent: written, not counted as a trace
             self._log.late(",".join(self._entries))
 
+    def frontend(self, timestamps: list[tuple[str, int]]) -> None:
+        """The frontend's timestamps (name, monotonic ns) of a :attr:`held` trace: one entry
+        of their own, as Triton's frontends write them; the trace is written once it is
+        finished too (empty: the frontend has none, it is written without)."""
+        if not self.held:
+            return
+        self.held = False
+        if timestamps and self._log.timestamps:
+            stamps = ",".join(f'{{"name":"{name}","ns":{ns}}}' for name, ns in timestamps)
+            self._entries.append(f'{{"id":{self.id},"timestamps":[{stamps}]}}')
+        if not self._open:
+            self._log.collect(",".join(self._entries))
 
-__all__ = ["Trace", "TraceFile", "TraceLog"]
+
+def next_id() -> int:
+    """The next trace id (the server's one sequence)."""
+    _next_id[0] += 1
+    return _next_id[0]
+
+
+__all__ = ["Trace", "TraceFile", "TraceLog", "next_id"]

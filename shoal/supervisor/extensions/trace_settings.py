@@ -21,7 +21,7 @@ from typing import Any, Final
 
 from shoal.core.errors import InvalidArgument, Unsupported
 from shoal.core.types import TraceChange, TraceValue
-from shoal.supervisor.extensions.trace_files import Trace, TraceFile, TraceLog
+from shoal.supervisor.extensions.trace_files import Trace, TraceFile, TraceLog, next_id
 
 LEVELS = ("TIMESTAMPS", "TENSORS")
 DEFAULTS: Mapping[str, TraceValue] = {
@@ -66,6 +66,10 @@ class TraceSettings:
         self._pending: dict[str, TraceLog] = {}
         #: The traces begun and not finished, by their context (a BLS call names its caller's).
         self._running: dict[str, Trace] = {}
+        #: Sampled requests whose frontend will hand its timestamps (:meth:`hold`): the id
+        #: given, by context, until their trace begins; then their traces, by id, until then.
+        self._held_ids: dict[str, int] = {}
+        self._held: dict[int, Trace] = {}
         #: Called after every change (direct dispatch takes its routes back: a model traced now
         #: must take the core's way).
         self.on_change: list[Callable[[], None]] = []
@@ -103,9 +107,34 @@ class TraceSettings:
         trace_log = self._pending.pop(context, None)
         if trace_log is None:
             return None
-        trace = self._running[context] = Trace(trace_log, model, version, request_id)
+        trace_id = self._held_ids.pop(context, 0) if self._held_ids else 0
+        trace = Trace(trace_log, model, version, request_id, 0, trace_id)
+        self._running[context] = trace
         trace.on_finish = functools.partial(self._running.pop, context, None)
+        if trace_id:
+            trace.held = True
+            self._held[trace_id] = trace
         return trace
+
+    def hold(self, context: str) -> int:
+        """The id of the trace a sampled request's will be, whose frontend hands its own
+        timestamps after the response (:meth:`frontend`): the trace is written then. 0: no
+        trace is written for it."""
+        if context not in self._pending:
+            return 0
+        trace_id = self._held_ids[context] = next_id()
+        return trace_id
+
+    def frontend(self, trace_id: int, timestamps: list[tuple[str, int]]) -> None:
+        """The frontend's timestamps of the request :meth:`hold` gave ``trace_id``; its trace
+        is written once the request is over (empty: the frontend has none)."""
+        trace = self._held.pop(trace_id, None)
+        if trace is not None:
+            trace.frontend(timestamps)
+        elif self._held_ids:  # its trace never began (refused before it was queued)
+            for context, held in list(self._held_ids.items()):
+                if held == trace_id:
+                    del self._held_ids[context]
 
     def running(self, context: str) -> Trace | None:
         """The unfinished trace of the request with trace context ``context``."""
@@ -113,6 +142,9 @@ class TraceSettings:
 
     def close(self) -> None:
         """The server stops: every setting writes what it holds."""
+        for trace in list(self._held.values()):  # the frontend's timestamps will not come
+            trace.frontend([])
+        self._held.clear()
         for trace_log in [self._log, *self._logs.values(), *self._pending.values()]:
             trace_log.close()
         self._pending.clear()

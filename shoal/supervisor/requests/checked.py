@@ -55,5 +55,7 @@ class Stager:
                 f"model '{mv.name}' version {mv.version} has no live instance: {mv.down}"
             )
         # Sampled last: a request refused above is no trace (nothing would finish it).
-        record.trace_context = self.tracing.context_for(mv.name)
+        record.trace_context = context = self.tracing.context_for(mv.name)
+        if context and request.trace_id < 0:  # its frontend's timestamps are due: a held trace
+            request.trace_id = self.tracing.hold(context)
         return record, blocks

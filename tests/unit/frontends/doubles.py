@@ -110,6 +110,9 @@ class NoExtensions:
     ) -> dict[str, TraceValue]:
         raise NotImplementedError
 
+    def frontend_trace(self, trace_id: int, timestamps: list[tuple[str, int]]) -> None:
+        raise NotImplementedError
+
 
 class BaseEchoCore(NoExtensions):
     """A test double of the *core*: model "echo" returns every input as an output of that name.

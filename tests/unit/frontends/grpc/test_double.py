@@ -275,6 +275,9 @@ class FullCore(BareCore):
     ) -> dict[str, TraceValue]:
         return self.tracing.update(changes, model)
 
+    def frontend_trace(self, trace_id: int, timestamps: list[tuple[str, int]]) -> None:
+        self.tracing.frontend(trace_id, timestamps)
+
 
 class NotImplementedCore(BareCore):
     """The extensions exist but raise NotImplementedError (a core part-way through them)."""

@@ -152,3 +152,57 @@ def test_tensor_values_are_written_as_triton_writes_them():
     assert values("BYTES", memoryview(strings)) == '"ab","c,d"'
     assert values("BF16", data(np.array([1, 2], np.uint16))) == ""  # NumPy has no BF16
     assert values("FP32", memoryview(b"abc")) == ""  # not a whole element
+
+
+def _held(settings: TraceSettings) -> tuple[int, Trace]:
+    """A sampled request whose frontend hands its timestamps, and its trace, begun."""
+    context = settings.context_for("m")
+    trace_id = settings.hold(context)
+    trace = settings.begin(context, "m", 1, "r")
+    assert trace is not None and trace.id == trace_id and trace.held
+    return trace_id, trace
+
+
+def _entries(path) -> list[dict]:
+    with open(path) as f:
+        return json.load(f)
+
+
+def test_a_held_trace_is_written_once_its_frontends_timestamps_came(tmp_path):
+    path = tmp_path / "t.json"
+    settings = TraceSettings(
+        initial={"trace_file": str(path), "trace_level": ["TIMESTAMPS"], "trace_rate": "1"}
+    )
+    settings.update({"trace_count": "1"})
+    trace_id, trace = _held(settings)
+    trace.stamp("REQUEST_START", 5)
+    trace.finish()
+    assert not (tmp_path / "t.json.0").exists()  # the count is spent, its trace not in yet
+    settings.frontend(trace_id, [("HTTP_RECV_START", 1), ("HTTP_SEND_END", 9)])
+    settings.frontend(trace_id, [("HTTP_SEND_END", 10)])  # once only
+    entries = _entries(tmp_path / "t.json.0")
+    assert entries[-1] == {
+        "id": trace_id,
+        "timestamps": [{"name": "HTTP_RECV_START", "ns": 1}, {"name": "HTTP_SEND_END", "ns": 9}],
+    }
+    assert [e["id"] for e in entries] == [trace_id] * 3  # model, REQUEST_START, frontend
+
+
+def test_frontend_timestamps_before_the_end_and_held_traces_at_shutdown(tmp_path):
+    path = tmp_path / "t.json"
+    settings = TraceSettings(
+        initial={"trace_file": str(path), "trace_level": ["TIMESTAMPS"], "trace_rate": "1"}
+    )
+    early_id, early = _held(settings)
+    settings.frontend(early_id, [("HTTP_RECV_START", 1)])  # still running: written at its end
+    _, never = _held(settings)
+    never.finish()  # its frontend's timestamps never come (the client left)
+    refused = settings.context_for("m")
+    settings.frontend(settings.hold(refused), [])  # sampled, never begun: forgotten
+    assert settings.hold("not sampled") == 0
+    early.finish()
+    settings.close()
+    ids = [e["id"] for e in _entries(path) if "model_name" in e]
+    assert ids == [early.id, never.id]
+    assert {"id": early.id, "timestamps": [{"name": "HTTP_RECV_START", "ns": 1}]} in _entries(path)
+    assert not settings._held and not settings._held_ids
