@@ -166,6 +166,9 @@ def test_every_core_api_call_is_forwarded_the_way_it_is_declared():
     for name, member in declared.items():
         if name in ("infer", "infer_stream"):
             continue
+        if name == "frontend_trace":  # a worker's requests carry no trace id yet (docs/http.md)
+            assert name not in SYNC_METHODS | ASYNC_METHODS
+            continue
         is_async = inspect.iscoroutinefunction(member)
         assert name in (ASYNC_METHODS if is_async else SYNC_METHODS), name
         assert inspect.iscoroutinefunction(getattr(RemoteCore, name)) == is_async, name
