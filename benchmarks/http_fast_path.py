@@ -45,6 +45,10 @@ class _EchoCore:
     def is_ready(self) -> bool:
         return True
 
+    def model_config(self, name: str, version: str = "") -> dict[str, Any]:
+        """Read by the endpoint at its start (a raw binary request's config): none here."""
+        return {}
+
     def frontend_trace(self, trace_id: int, timestamps: list[tuple[str, int]]) -> None:
         """Never called: nothing is traced here."""
 

@@ -1,7 +1,8 @@
-"""The frontends' own timestamps in Triton's trace file (HTTP_RECV_START...), through a real
-server: as Triton's ``qa/common/trace_summary.py`` reads a file, each HTTP request's trace has
-an entry without a parent holding HTTP_RECV_START, the same id's REQUEST_START and REQUEST_END
-and its model, and its timestamps in the order things happen."""
+"""The frontends' own timestamps in Triton's trace file (HTTP_RECV_START..., GRPC_WAITREAD_START
+...), through a real server: as Triton's ``qa/common/trace_summary.py`` reads a file, each
+request's trace has an entry without a parent holding its frontend's first timestamp, the same
+id's REQUEST_START and REQUEST_END and its model, and its timestamps in the order things
+happen."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 from tests.integration.server import FRONTEND_WORKERS
@@ -25,27 +27,36 @@ pytestmark = [
 ]
 
 
-def _summarized(path: Path) -> dict[int, dict]:
-    """The traces trace_summary.py summarizes for its HTTP frontend, by id: root entries with
-    an HTTP_RECV_START timestamp select an id (a child is selected with its parent), and each
-    id's entries merge (its model, its timestamps by name)."""
+#: Each frontend's timestamps before the core's, and after.
+FRONTEND = {
+    "http": (["HTTP_RECV_START", "HTTP_RECV_END"], ["HTTP_SEND_START", "HTTP_SEND_END"]),
+    "grpc": (["GRPC_WAITREAD_START", "GRPC_WAITREAD_END"], ["GRPC_SEND_START", "GRPC_SEND_END"]),
+}
+
+
+def _summarized(path: Path, protocol: str = "http") -> dict[int, dict]:
+    """The traces trace_summary.py summarizes for a frontend, by id: root entries with its
+    first timestamp (HTTP_RECV_START, GRPC_WAITREAD_START) select an id (a child is selected
+    with its parent), and each id's entries merge (its model, its timestamps by name)."""
+    first = FRONTEND[protocol][0][0]
     with open(path) as f:
         entries = sorted(json.load(f), key=lambda e: e.get("id", -1))
     selected: set[int] = set()
     for entry in entries:
         if "parent_id" not in entry:
-            if any("HTTP_RECV_START" in t["name"] for t in entry.get("timestamps", [])):
+            if any(first in t["name"] for t in entry.get("timestamps", [])):
                 selected.add(entry["id"])
         elif entry["parent_id"] in selected:
             selected.add(entry["id"])
     return {i: t for i, t in _traces(path).items() if i in selected}
 
 
-def _wrapped(trace: dict, core: list[str]) -> None:
-    """Its HTTP timestamps around the core's (``core``), all in order, as trace_summary.py
-    needs them (it refuses an end before its start)."""
+def _wrapped(trace: dict, core: list[str], protocol: str = "http") -> None:
+    """Its frontend's timestamps around the core's (``core``), all in order, as
+    trace_summary.py needs them (it refuses an end before its start)."""
     stamps = trace["timestamps"]
-    names = ["HTTP_RECV_START", "HTTP_RECV_END", *core, "HTTP_SEND_START", "HTTP_SEND_END"]
+    before, after = FRONTEND[protocol]
+    names = [*before, *core, *after]
     assert sorted(stamps, key=names.index) == names, stamps
     times = [stamps[name] for name in names]
     assert times == sorted(times), stamps
@@ -92,3 +103,22 @@ def test_a_spent_trace_count_writes_them_at_once(repo, tmp_path):
         assert [t["request_id"] for t in traces.values()] == ["0", "1"]
         for trace in traces.values():
             _wrapped(trace, ORDER)
+
+
+def test_grpc_requests_have_the_frontends_timestamps(repo, tmp_path):
+    trace_file = tmp_path / "trace.json"
+    with _server(repo, trace_file, "level=TIMESTAMPS", "rate=1") as server:
+        for n in range(3):
+            _add_sub(server, f"req-{n}", "grpc")
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        try:
+            wrong = grpcclient.InferInput("INPUT0", [4], "FP32")
+            wrong.set_data_from_numpy(np.ones(4, dtype=np.float32))
+            with pytest.raises(Exception, match="INPUT1"):  # refused before it is traced
+                client.infer("add_sub", [wrong], request_id="refused")
+        finally:
+            client.close()
+    traces = _summarized(trace_file, "grpc")
+    assert sorted(t["request_id"] for t in traces.values()) == ["req-0", "req-1", "req-2"]
+    for trace in traces.values():
+        _wrapped(trace, ORDER, "grpc")

@@ -10,6 +10,7 @@ resumption of the call, are one compiled one. The reply may view the response's 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -60,11 +61,18 @@ class InferCall:
             if restrictions.restricts(_GROUP):
                 restrictions.check(_GROUP, context.invocation_metadata() or ())
             decoded = decode_infer_request(data)
+            request = decoded.request
             forward = self._forward
             if forward is not None:
                 forwarded = forward.matching(context.invocation_metadata() or ())
-                decoded.request.parameters.update(forwarded)
-            return _reply(await self._core.infer(decoded.request), decoded)
+                request.parameters.update(forwarded)
+            request.trace_id = -1  # its frontend hands its timestamps (trace_files.py)
+            try:
+                response = await self._core.infer(request)
+            finally:
+                if request.trace_id > 0:  # traced: the call hands them once sent (CallContext)
+                    context.traced = functools.partial(self._core.frontend_trace, request.trace_id)
+            return _reply(response, decoded)
         except ShoalError as exc:
             error = exc
         except Exception:

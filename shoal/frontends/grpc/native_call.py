@@ -89,7 +89,7 @@ class NativeCall(CallWork):
     ) -> None:
         self._server, self._connection, self._stream_id = server, connection, stream_id
         self._method, self._encoding, self._budget = method, encoding, budget
-        self._context = CallContext(headers)
+        self._context = CallContext(headers, connection.last_read)
         self._request: Message | Compressed | None = None  # a unary call's (see MessageReader)
         #: Made by the first DATA that is not one whole small message (see _whole): most
         #: unary calls never need one (its object and four bound methods, ~2,000 instructions).
@@ -112,8 +112,7 @@ class NativeCall(CallWork):
         return reader
 
     def _whole(self, view: memoryview) -> bool:
-        """Read a payload that is one whole small message, as a fresh reader would
-        (``MessageReader._whole_message``), without one; False for any other payload."""
+        """One whole small message read as a fresh reader would, without one (or False)."""
         size = whole_size(view, self._server.max_message_bytes)
         if size < 0 or self._done:
             return False
@@ -250,6 +249,7 @@ class NativeCall(CallWork):
                 del parsed
                 if self.squeeze is not None:  # deflated (a large one in a thread)
                     reply = await self.squeeze.reply(reply, self._method.serialize)
+                self._context.sending()  # (GRPC_SEND_START, if traced: trace_files.py)
                 self._reply(reply)
                 self._finish(OK, "")
         except asyncio.CancelledError:
@@ -257,6 +257,7 @@ class NativeCall(CallWork):
         except Exception as exc:
             self._failed(exc)
         finally:
+            self._context.sent()
             self._left()
             self._release_request()
             self._release(self._held)
@@ -265,8 +266,7 @@ class NativeCall(CallWork):
             await LAST_STEP  # (see LAST_STEP); never inside a try/with
 
     def _release_request(self) -> None:
-        """Forget the request; the arena blocks it was received into and that were not handed
-        on go back."""
+        """Forget the request; the arena blocks it came into and were not handed on go back."""
         request, self._request = self._request, None
         if isinstance(request, SplitRequest):
             request.release()

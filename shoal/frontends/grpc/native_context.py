@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import time
 import zlib
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Final
@@ -67,11 +68,35 @@ class Abort(Exception):
 class CallContext:
     """The part of ``grpc.aio.ServicerContext`` that shoal's RPCs use."""
 
-    __slots__ = ("_headers", "_metadata")
+    __slots__ = ("_headers", "_metadata", "read_at", "send_start", "traced")
 
-    def __init__(self, headers: Headers) -> None:
+    def __init__(self, headers: Headers, read_at: float = 0.0) -> None:
         self._headers = headers
         self._metadata: tuple[tuple[str, str], ...] | None = None
+        #: When the read that brought its headers came (the connection's ``loop.time()``,
+        #: read anyway for its limits; a small call's whole request): GRPC_WAITREAD_*.
+        self.read_at = read_at
+        #: Where a traced ModelInfer hands its frontend's timestamps (None: not traced, as
+        #: nearly every call: no clock read then), and when its reply began (GRPC_SEND_START).
+        self.traced: Callable[[list[tuple[str, int]]], None] | None = None
+        self.send_start = 0
+
+    def sending(self) -> None:
+        """A traced call's reply is about to be written."""
+        if self.traced is not None:
+            self.send_start = time.monotonic_ns()
+
+    def sent(self) -> None:
+        """A traced call is over: its frontend's timestamps go to its trace, as Triton's
+        ``infer_handler.cc`` takes them (no GRPC_SEND_* where it failed before its reply)."""
+        traced, self.traced = self.traced, None
+        if traced is None:
+            return
+        read = int(self.read_at * 1e9)
+        stamps = [("GRPC_WAITREAD_START", read), ("GRPC_WAITREAD_END", read)]
+        if self.send_start:
+            stamps += [("GRPC_SEND_START", self.send_start), ("GRPC_SEND_END", time.monotonic_ns())]
+        traced(stamps)
 
     def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
         if self._metadata is None:
