@@ -23,7 +23,7 @@ from tests.stream_cancel import stop_stream_cancelling
 
 pytestmark = pytest.mark.timeout(180)
 
-MODELS = ("ens_stream", "ens_stream_nested", "ens_stream_cancel")
+MODELS = ("ens_stream", "ens_stream_nested", "ens_stream_cancel", "ens_flood")
 #: Spaces past the inline budget: the text is staged in the input arena, which must empty.
 PADDING = b" " * (64 << 10)
 
@@ -235,6 +235,28 @@ def test_closing_the_stream_cancels_the_decoupled_step(server):
     while server.output.count(line) == seen and time.monotonic() < deadline:
         time.sleep(0.02)  # polling the server log for the model's own line
     assert server.output.count(line) == seen + 1, server.output[-3000:]
+
+
+def test_a_decoupled_step_far_faster_than_the_next_ends_the_stream(server):
+    # decoupled_flood sends as fast as it can, slow_negate_int32 takes 5 ms a response: without
+    # a bound every waiting response is held in the core until the client gives up.
+    stream = _Stream(server)
+    try:
+        count = grpcclient.InferInput("COUNT", [1], "INT32")
+        count.set_data_from_numpy(np.array([1_000_000], dtype=np.int32))
+        stream.send("ens_flood", [count])
+        *results, error = stream.until_final()
+        assert isinstance(error, InferenceServerException), error
+        assert "in ensemble 'ens_flood'" in str(error) and "at most 8192 may" in str(error)
+        assert len(results) < 8192
+    finally:
+        stream.close()
+    line = "decoupled_flood: cancelled=True"
+    deadline = time.monotonic() + 30
+    while line not in server.output and time.monotonic() < deadline:
+        time.sleep(0.02)  # polling the server log for the model's own line
+    assert line in server.output, server.output[-3000:]
+    wait_arena_empty(server)
 
 
 def _stub_of(server: ShoalServer, model: str) -> int:

@@ -31,8 +31,9 @@ COMPRESSED_PATHS: Final = frozenset(
 )
 #: zlib's window bits for each encoding: a gzip header and trailer, or a zlib stream.
 _WBITS: Final = {b"gzip": 16 + zlib.MAX_WBITS, b"deflate": zlib.MAX_WBITS}
-#: A message larger than this is deflated in a thread (zlib lets the GIL go).
-_THREAD_ABOVE: Final = 1 << 20
+#: A message larger than this is deflated in a thread (zlib lets the GIL go): 16 KiB take about
+#: 2 ms of a core (random data), more than the hop to a thread costs.
+_THREAD_ABOVE: Final = 16 << 10
 #: Accept-encoding values whose choice is kept (a client sends the same one call after call).
 _KEPT: Final = 64
 

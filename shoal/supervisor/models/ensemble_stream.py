@@ -21,10 +21,12 @@ import functools
 import time
 from collections.abc import Callable
 
+from shoal.core.backlog import BACKLOG_MAX
 from shoal.core.errors import (
     ErrorCode,
     InvalidArgument,
     ModelError,
+    ResourceExhausted,
 )
 from shoal.ipc.arena import Block
 from shoal.ipc.records import RequestRecord
@@ -354,6 +356,20 @@ class _Frame:
 
     def open(self, step: StepPlan, outputs: _Tensors, release: Callable[[], None]) -> None:
         """One response of decoupled ``step`` (run in this frame): a frame of its own."""
+        run = self.run
+        if len(run.frames) >= BACKLOG_MAX:
+            # A decoupled step faster than the steps after it: each response waits as a frame
+            # in the core (Triton's max_inflight_requests pauses the model's sender, which a
+            # stub's cannot be), so the request ends rather than the core's memory growing.
+            release()
+            run.fail(
+                ResourceExhausted(
+                    f"in ensemble '{run.mv.name}', {len(run.frames)} responses of step "
+                    f"'{step.model_name}' wait for the later steps (at most {BACKLOG_MAX} may): "
+                    "the stream is ended and the request cancelled"
+                )
+            )
+            return
         tensors = {step.output_map[n]: d for n, d in outputs.items() if n in step.output_map}
         child = _Frame(self.run, self, tensors, None)
         child.releases.append(release)
