@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -29,8 +30,9 @@ from typing import Any
 log = logging.getLogger("shoal")
 
 #: Traces a log with no trace_count and no log_frequency holds before it appends them to its
-#: file (Triton holds them all until exit).
+#: file (Triton holds them all until exit), and the bytes (TENSORS traces of large tensors).
 APPEND_EVERY = 64
+APPEND_BYTES = 16 << 20
 
 
 class TraceFile:
@@ -59,9 +61,7 @@ class TraceFile:
                     f.write(b"[" + body + b"]")
                 self._started = True
             else:
-                with open(self.path, "r+b") as f:
-                    f.seek(-1, 2)  # over the closing bracket
-                    f.write(b"," + body + b"]")
+                self._append(body)
         except OSError as error:
             if not self._failed:  # once: a full disk must not flood the log
                 log.error(
@@ -71,6 +71,17 @@ class TraceFile:
                     error,
                 )
             self._failed = True
+
+    def _append(self, body: bytes) -> None:
+        """``body`` at the end of ``PATH``'s list; a file rotated away (moved, or truncated
+        as logrotate's copytruncate does) starts a new list rather than losing the traces."""
+        with open(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644), "r+b") as f:
+            end = f.seek(0, 2)
+            if end == 0:
+                f.write(b"[" + body + b"]")
+            else:
+                f.seek(end - 1)  # over the closing bracket
+                f.write(b"," + body + b"]")
 
 
 class TraceLog:
@@ -93,6 +104,7 @@ class TraceLog:
         self._created = 0
         self._collected = 0
         self._buffer: list[str] = []
+        self._buffered = 0  # characters in _buffer
         self._retired = False
 
     def sample(self) -> bool:
@@ -110,6 +122,7 @@ class TraceLog:
     def collect(self, trace: str) -> None:
         """A sampled request's trace is complete."""
         self._buffer.append(trace)
+        self._buffered += len(trace)
         self._collected += 1
         all_in = self._collected == self._created
         if (self.count == 0 and all_in) or (
@@ -118,12 +131,24 @@ class TraceLog:
             self._save(indexed=True)
         elif self._retired and all_in:
             self._save(indexed=self.log_frequency != 0)
-        elif self.count < 0 and not self.log_frequency and len(self._buffer) >= APPEND_EVERY:
+        elif self._appending and (
+            len(self._buffer) >= APPEND_EVERY or self._buffered >= APPEND_BYTES
+        ):
             self._save(indexed=False)
 
+    @property
+    def _appending(self) -> bool:
+        """Whether its traces are appended to PATH as they come (no count, no frequency)."""
+        return self.count < 0 and not self.log_frequency
+
     def late(self, entries: str) -> None:
-        """Entries of a trace already collected (a child that ended after its parent)."""
+        """Entries of a trace already collected (a child that ended after its parent): with
+        the next write, or at once when no other write would come (the log was replaced, its
+        count is spent)."""
         self._buffer.append(entries)
+        self._buffered += len(entries)
+        if self._retired or (self.count == 0 and self._collected == self._created):
+            self._save(indexed=self.log_frequency != 0 or self.count == 0)
 
     def dropped(self) -> None:
         """A sampled request whose trace will never come (it failed before it started)."""
@@ -145,6 +170,7 @@ class TraceLog:
 
     def _save(self, indexed: bool) -> None:
         traces, self._buffer = self._buffer, []
+        self._buffered = 0
         if traces and self.file is not None:
             self.file.save(traces, indexed)
 

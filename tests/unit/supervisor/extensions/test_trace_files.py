@@ -94,9 +94,39 @@ def test_a_child_that_outlives_its_parent_is_written_but_not_counted(tmp_path):
     late = parent.child("call", 1, "")
     parent.finish()  # the count is spent and its one trace in: written at once
     assert _ids(tmp_path / "t.json.0") == [parent.id]
+    late.finish()  # no other write will come: written at once, beside its parent's file
+    assert _ids(tmp_path / "t.json.1") == [late.id]
+
+
+def test_a_child_that_outlives_a_replaced_log_is_written_at_once(tmp_path):
+    trace_log = TraceLog(["TIMESTAMPS"], 1, -1, 0, TraceFile(str(tmp_path / "t.json")))
+    parent = _trace(trace_log)
+    late = parent.child("call", 1, "")
+    trace_log.retire()  # an update replaced the setting
+    parent.finish()
+    assert _ids(tmp_path / "t.json") == [parent.id]
     late.finish()
-    trace_log.close()
-    assert _ids(tmp_path / "t.json") == [late.id]
+    assert _ids(tmp_path / "t.json") == [parent.id, late.id]
+
+
+def test_a_trace_file_rotated_away_starts_a_new_list(tmp_path):
+    path = tmp_path / "t.json"
+    file = TraceFile(str(path))
+    file.save(['{"id":1}'], indexed=False)
+    path.rename(tmp_path / "t.json.old")  # logrotate's move
+    file.save(['{"id":2}'], indexed=False)
+    assert json.loads(path.read_text()) == [{"id": 2}]
+    path.write_bytes(b"")  # logrotate's copytruncate
+    file.save(['{"id":3}'], indexed=False)
+    assert json.loads(path.read_text()) == [{"id": 3}]
+
+
+def test_large_traces_are_appended_before_the_count_of_traces_says_so(tmp_path):
+    trace_log = TraceLog(["TIMESTAMPS", "TENSORS"], 1, -1, 0, TraceFile(str(tmp_path / "t.json")))
+    trace = _trace(trace_log)
+    trace.tensor("TENSOR_QUEUE_INPUT", "IN", "INT8", "1", "1," * (16 << 20))
+    trace.finish()  # one trace, not APPEND_EVERY: its size alone has it written
+    assert _ids(tmp_path / "t.json") == [trace.id]
 
 
 def test_trace_count_is_reported_as_it_runs_down_and_models_sample_apart(tmp_path):
