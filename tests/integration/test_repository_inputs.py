@@ -6,6 +6,8 @@ from __future__ import annotations
 import glob
 import json
 import tempfile
+import urllib.error
+import urllib.request
 
 import pytest
 import tritonclient.grpc as grpcclient
@@ -95,3 +97,13 @@ def test_a_setting_accepted_with_no_effect_is_logged_at_load(server):
     finally:
         client.unload_model("warned")
         client.close()
+
+
+@pytest.mark.parametrize("path", ["index", "models/m/load", "models/m/unload"])
+def test_a_named_repository_is_refused_as_triton_refuses_it(server, path):
+    url = f"http://{server.url}/v2/repository/other/{path}"
+    with pytest.raises(urllib.error.HTTPError) as info:
+        urllib.request.urlopen(urllib.request.Request(url, data=b"{}", method="POST"), timeout=10)
+    assert info.value.code == 501
+    body = json.loads(info.value.read())
+    assert body == {"error": "'repository_name' specification is not supported"}

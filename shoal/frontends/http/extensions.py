@@ -110,11 +110,19 @@ def _repository_routes(core: CoreAPI, limit: int) -> list[Route]:
         await core.unload_model(request.path_params["model_name"], unload_dependents)
         return _empty()
 
+    async def named(request: Request) -> Response:
+        # Triton's route takes a repository name and refuses it, before reading the body.
+        raise Unsupported("'repository_name' specification is not supported")
+
     model = _REPOSITORY + "/models/{model_name}"
+    named_model = _REPOSITORY + "/{repository_name}/models/{model_name}"
     return [
         Route(_REPOSITORY + "/index", supported(index), methods=["POST"]),
         Route(model + "/load", supported(load), methods=["POST"]),
         Route(model + "/unload", supported(unload), methods=["POST"]),
+        Route(_REPOSITORY + "/{repository_name}/index", guarded(named), methods=["POST"]),
+        Route(named_model + "/load", guarded(named), methods=["POST"]),
+        Route(named_model + "/unload", guarded(named), methods=["POST"]),
     ]
 
 
