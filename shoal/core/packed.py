@@ -12,7 +12,9 @@ every frame's (``_wire.frame``); its header starts with :data:`MARK`, a byte Mes
 writes, which is how the core's reader tells the two apart (``_wire.FrameReader``); its one
 payload is the packed record's head.
 
-Header, little-endian: the mark and three bytes of padding, the call id (u64), the model
+Header, little-endian: the mark, a flags byte (:data:`TRACED`: the worker's frontend will send
+its trace timestamps, the core holds the request's trace for them), two bytes of padding, the
+call id (u64), the model
 version's slot (u32: the ``(model, version)`` the worker's snapshot was for, as the core
 numbered it: ``requests/packed.py``), the snapshot's generation (i64), the batch size (u32),
 the timeout (µs, i64), the private inputs (a u64 mask), how many block numbers follow (u32),
@@ -39,9 +41,12 @@ from shoal.ipc.arena import Block
 MARK: Final = 0xC1
 
 _PREFIX: Final = struct.Struct("<II")  # every frame's (``_wire._PREFIX``): header, payload lengths
-_CALL_ID: Final = struct.Struct("<B3xQ")
+_CALL_ID: Final = struct.Struct("<BB2xQ")
 _FIELDS: Final = struct.Struct("<IqIqQIII")
-_HEADER: Final = struct.Struct("<B3xQIqIqQIII")
+_HEADER: Final = struct.Struct("<BB2xQIqIqQIII")
+#: The flags byte's bit for a request whose frontend sends its trace timestamps (its
+#: ``InferRequest.trace_id`` is -1 in the worker).
+TRACED: Final = 1
 _NUMBER: Final = struct.Struct("<Q")
 #: A shape key's entry per input: the name's length and how many dimensions follow.
 _KEY_ENTRY: Final = struct.Struct("<II")
@@ -171,10 +176,10 @@ def encode(
         return None
 
 
-def frame(call_id: int, encoded: bytes, head: bytes) -> list[bytes | memoryview]:
+def frame(call_id: int, encoded: bytes, head: bytes, flags: int = 0) -> list[bytes | memoryview]:
     """The pieces of a packed call's frame (``encoded``: :func:`encode`'s bytes)."""
     size = _CALL_ID.size + len(encoded)
-    return [_PREFIX.pack(size, len(head)), _CALL_ID.pack(MARK, call_id), encoded, head]
+    return [_PREFIX.pack(size, len(head)), _CALL_ID.pack(MARK, flags, call_id), encoded, head]
 
 
 class PackedCall:
@@ -187,6 +192,7 @@ class PackedCall:
     ) -> None:
         (
             mark,
+            flags,
             call_id,
             slot,
             generation,
@@ -205,6 +211,8 @@ class PackedCall:
         if mark != MARK or at + id_size + key_size != end:
             raise ValueError("a packed call's header does not add up")
         self.call_id: int = call_id
+        #: The worker's frontend sends the request's trace timestamps (:data:`TRACED`).
+        self.traced: bool = bool(flags & TRACED)
         self.slot: int = slot
         self.generation: int = generation
         self.batch_size: int = batch_size

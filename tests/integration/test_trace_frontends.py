@@ -14,17 +14,10 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from tests.integration.server import FRONTEND_WORKERS
 from tests.integration.test_trace_files import ORDER, _add_sub, _server, _traces, _wait_for
 from tests.integration.test_trace_files import repo as repo
 
-pytestmark = [
-    pytest.mark.timeout(120),
-    pytest.mark.skipif(
-        FRONTEND_WORKERS != "1",
-        reason="frontend workers do not hand their timestamps to the core yet (docs/http.md)",
-    ),
-]
+pytestmark = pytest.mark.timeout(120)
 
 
 #: Each frontend's timestamps before the core's, and after.

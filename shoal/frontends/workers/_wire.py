@@ -72,6 +72,12 @@ DIRECT_STATS: Final = 16
 DIRECT_STUB_GONE: Final = 17
 DIRECT_STOPPED: Final = 18
 LOG_APPLIED: Final = 19
+#: Trace timestamps through the link (docs/http.md "Trace settings"): core -> worker, the
+#: request of call ``id`` is traced and its frontend's timestamps are due, sent just before its
+#: answer (``[TRACED, id, trace_id]``); worker -> core, those timestamps once the response is
+#: sent (``[TRACE_STAMPS, 0, trace_id, [[name, ns], ...]]``, empty: none will come).
+TRACED: Final = 20
+TRACE_STAMPS: Final = 21
 
 #: An input whose data is a NumPy array (JSON inputs): dtype and shape travel with the bytes.
 _ARRAY: Final = 1
@@ -331,6 +337,7 @@ def request_to_wire(
         inputs,
         outputs,
         request.parameters,
+        request.trace_id,  # -1: the worker's frontend will send its timestamps if traced
     ]
 
 
@@ -338,7 +345,7 @@ def request_from_wire(
     fields: Sequence[Any], payloads: list[memoryview], lend: Lend | None = None
 ) -> InferRequest:
     """The request a worker sent; inputs it placed in its arena come through ``lend``."""
-    model_name, model_version, request_id, inputs, outputs, parameters = fields
+    model_name, model_version, request_id, inputs, outputs, parameters, trace_id = fields
     tensors = []
     at = 0
     for name, datatype, shape, params, kind, extra in inputs:
@@ -362,7 +369,7 @@ def request_from_wire(
             data = payloads[at]
             at += 1
         tensors.append(InferInput(name, datatype, tuple(shape), data, params))
-    return InferRequest(
+    request = InferRequest(
         model_name,
         model_version,
         request_id,
@@ -370,3 +377,19 @@ def request_from_wire(
         [RequestedOutput(name, params) for name, params in outputs],
         parameters,
     )
+    if trace_id < 0:  # never a positive id: the core gives those (TraceSettings.hold)
+        request.trace_id = -1
+    return request
+
+
+def stamps_from_wire(stamps: Any) -> list[tuple[str, int]]:
+    """The ``[name, ns]`` pairs of a ``TRACE_STAMPS`` frame that are one: the trace file
+    writes the names as they are, so only names that need no escaping."""
+    given: list[tuple[str, int]] = []
+    if isinstance(stamps, list):
+        for stamp in stamps:
+            if isinstance(stamp, list) and len(stamp) == 2:
+                name, ns = stamp
+                if isinstance(name, str) and name.isidentifier() and isinstance(ns, int):
+                    given.append((name, ns))
+    return given

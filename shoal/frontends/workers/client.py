@@ -19,9 +19,9 @@ import socket
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any, cast
 
-from shoal.core import errors
 from shoal.core.api import CoreAPI
 from shoal.core.backlog import StreamQueue
+from shoal.core.packed import TRACED
 from shoal.core.packed import frame as packed_frame
 from shoal.core.types import (
     CudaSharedMemoryRegion,
@@ -41,6 +41,7 @@ from shoal.frontends.workers import _plain as plain
 from shoal.frontends.workers import _response_wire as response_wire
 from shoal.frontends.workers import _wire as wire
 from shoal.frontends.workers.arenas import StagingArena
+from shoal.frontends.workers.control_socket import CoreGone, recv_frame
 from shoal.frontends.workers.direct import DirectDispatch, direct_fits
 from shoal.frontends.workers.direct_stubs import monotonic_ns
 from shoal.frontends.workers.methods import ASYNC_METHODS, DIRECT_METHODS, SYNC_METHODS
@@ -52,33 +53,6 @@ from shoal.ipc.arena import Block
 __all__ = ["ASYNC_METHODS", "DIRECT_METHODS", "SYNC_METHODS", "CoreGone", "RemoteCore"]
 
 _Answer = tuple[list[Any], list[memoryview]]
-
-
-class CoreGone(errors.Unavailable):
-    """The core process closed the worker's sockets: it is exiting or died."""
-
-    def __init__(self) -> None:
-        super().__init__("the server's core process is not reachable (shutting down)")
-
-
-def recv_exactly(sock: socket.socket, size: int) -> bytearray:
-    """``size`` bytes from a blocking socket; :class:`CoreGone` at end of stream."""
-    buffer = bytearray(size)
-    view = memoryview(buffer)
-    got = 0
-    while got < size:
-        count = sock.recv_into(view[got:])
-        if count == 0:
-            raise CoreGone()
-        got += count
-    return buffer
-
-
-def recv_frame(sock: socket.socket) -> _Answer:
-    """One frame from a blocking socket."""
-    header_size, payload_size = wire.prefix(recv_exactly(sock, wire.PREFIX_SIZE))
-    rest = memoryview(recv_exactly(sock, header_size + payload_size))
-    return wire.split(rest[:header_size], rest[header_size:])
 
 
 class RemoteCore(CoreAPI):
@@ -116,6 +90,8 @@ class RemoteCore(CoreAPI):
         self.snapshots = Snapshots(self._packing_summary)
         #: Plain requests sent straight to the stubs (``direct.py``); None: off.
         self.direct: DirectDispatch | None = None
+        #: The trace ids of calls answered traced (``wire.TRACED``), until their caller reads.
+        self._traced: dict[int, int] = {}
 
     def enable_direct(self, worker: int, counters: int) -> None:
         """Send plain requests straight to the stubs, as worker number ``worker``, counting
@@ -186,6 +162,11 @@ class RemoteCore(CoreAPI):
         if kind == wire.STALE:
             self._refused(call_id, fields[0], fields[1])
             return
+        if kind == wire.TRACED:  # (its caller gone: no timestamps will come)
+            self._traced[call_id] = fields[0]
+            if call_id not in self._calls:
+                self.frontend_trace(self._traced.pop(call_id), [])
+            return
         if kind == wire.DIRECT_STUB_GONE:
             if self.direct is not None:
                 self.direct.stub_died(fields[0], plain.error_from_wire(fields[1]))
@@ -234,14 +215,21 @@ class RemoteCore(CoreAPI):
         return value
 
     async def _async(
-        self, method: str, fields: list[Any], payloads: list[memoryview | bytes]
+        self,
+        method: str,
+        fields: list[Any],
+        payloads: list[memoryview | bytes],
+        request: InferRequest | None = None,
     ) -> _Answer:
         call_id = next(self._ids)
         pieces = wire.frame([wire.CALL, call_id, method, fields], payloads)
-        return await self._answered(call_id, pieces)
+        return await self._answered(call_id, pieces, request)
 
-    async def _answered(self, call_id: int, pieces: list[bytes | memoryview]) -> _Answer:
-        """Send call ``call_id``'s frame, await its answer (cancel it if the caller gives up)."""
+    async def _answered(
+        self, call_id: int, pieces: list[bytes | memoryview], request: InferRequest | None = None
+    ) -> _Answer:
+        """Send call ``call_id``'s frame, await its answer (cancel it if the caller gives up);
+        ``request``'s ``trace_id`` becomes its trace's where the core says it is traced."""
         future: asyncio.Future[_Answer] = asyncio.get_running_loop().create_future()
         self._calls[call_id] = future
         try:
@@ -251,6 +239,9 @@ class RemoteCore(CoreAPI):
             if self._calls.pop(call_id, None) is not None:
                 self._cancel(call_id)
             raise
+        finally:
+            if self._traced and request is not None:  # (wire.TRACED came before the answer)
+                request.trace_id = self._traced.pop(call_id, request.trace_id)
 
     def _cancel(self, call_id: int) -> None:
         with contextlib.suppress(CoreGone):
@@ -325,19 +316,21 @@ class RemoteCore(CoreAPI):
         return self._infer(request, prepared) if answer is None else answer
 
     async def _infer(self, request: InferRequest, prepared: Prepared | None) -> InferResponse:
-        """``request`` the core's way: packed where it can be (``core/packed.py``), or not."""
+        """``request`` the core's way: packed where it can be (``core/packed.py``), or not.
+        Its ``trace_id`` -1 asks the core for its trace's id, set here when it is traced."""
         if prepared is not None and prepared.packed and (packed := prepared.fields) is not None:
             call_id = next(self._ids)
             try:
-                frame = packed_frame(call_id, packed, prepared.head)
-                answer, views = await self._answered(call_id, frame)
+                flags = TRACED if request.trace_id < 0 else 0
+                frame = packed_frame(call_id, packed, prepared.head, flags)
+                answer, views = await self._answered(call_id, frame, request)
                 return self._response(answer, views)
             except PackedRefused as refused:  # again the core's way, with what is staged
                 if refused.stale:
                     self.snapshots.drop(request.model_name, request.model_version)
         payloads: list[memoryview | bytes] = []
         fields = self._request_fields(request, payloads, prepared.staged if prepared else None)
-        answer, views = await self._async("infer", fields, payloads)
+        answer, views = await self._async("infer", fields, payloads, request)
         return self._response(answer, views)
 
     def infer_stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
@@ -436,7 +429,9 @@ class RemoteCore(CoreAPI):
         return cast("dict[str, TraceValue]", self._sync("update_trace_settings", changes, model))
 
     def frontend_trace(self, trace_id: int, timestamps: list[tuple[str, int]]) -> None:
-        """Never called: a worker's requests reach the core without their trace_id (-1)."""
+        """Sent one way: nothing waits for the core to take them."""
+        with contextlib.suppress(CoreGone):  # the core is gone, and the trace with it
+            self.send([wire.TRACE_STAMPS, 0, trace_id, timestamps])
 
 
 def _decoded(kind: Any, value: Any) -> Any:

@@ -169,6 +169,9 @@ class _Link:
         self.control: asyncio.Transport | None = None
         #: ``arena.lend``, once there is an arena.
         self._lend: wire.Lend | None = None
+        #: The traces held for the worker's frontend's timestamps (``wire.TRACED`` sent, no
+        #: ``TRACE_STAMPS`` yet): written without them if the worker goes.
+        self.held_traces: set[int] = set()
 
     def send(self, header: list[Any], payloads: Sequence[memoryview | bytes] = ()) -> None:
         """Queue a frame; its bytes are copied first, so blocks may be released right after."""
@@ -205,6 +208,8 @@ class _Link:
         elif kind == wire.DIRECT_STOPPED:
             if (direct := self.core.direct) is not None:
                 direct.stopped_by(self.index, header[2])
+        elif kind == wire.TRACE_STAMPS:
+            self._stamps(header[2], header[3])
         elif kind == wire.OK and call_id == 0 and not self.ready.done():
             self.ready.set_result(None)
 
@@ -213,6 +218,21 @@ class _Link:
         calls, self.calls = self.calls, {}
         for cancel in calls.values():
             cancel()
+        held, self.held_traces = self.held_traces, set()
+        for trace_id in held:  # the worker is gone: its timestamps will not come
+            self.core.frontend_trace(trace_id, [])
+
+    def _traced(self, call_id: int, trace_id: int) -> None:
+        """Tell the worker, ahead of its answer, that call ``call_id``'s trace awaits its
+        frontend's timestamps."""
+        self.held_traces.add(trace_id)
+        self.send([wire.TRACED, call_id, trace_id])
+
+    def _stamps(self, trace_id: Any, stamps: Any) -> None:
+        """A traced call's frontend timestamps (once: a held trace's)."""
+        if isinstance(trace_id, int) and trace_id in self.held_traces:
+            self.held_traces.discard(trace_id)
+            self.core.frontend_trace(trace_id, wire.stamps_from_wire(stamps))
 
     def _infer(self, call_id: int, args: list[Any], payloads: list[memoryview]) -> None:
         self.calls[call_id] = _nothing  # until started: it may be answered before that
@@ -266,6 +286,8 @@ class _Link:
         error: BaseException | None,
     ) -> None:
         self.calls.pop(call_id, None)
+        if request is not None and request.trace_id > 0:
+            self._traced(call_id, request.trace_id)
         if response is not None:
             try:
                 self.answer(wire.OK, call_id, response)
@@ -327,6 +349,8 @@ class _Link:
     ) -> None:
         """Answer a call from the stub's response record (the core's relay)."""
         self.calls.pop(call_id, None)
+        if request.trace_id > 0:
+            self._traced(call_id, request.trace_id)
         send_record(self.send, self.outputs, call_id, (model, version, request.id), done)
         if self.arena is not None:
             self.arena.give_back(request)

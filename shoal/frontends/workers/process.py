@@ -16,7 +16,7 @@ import signal
 import socket
 from types import FrameType
 
-from shoal.frontends.workers.client import recv_frame
+from shoal.frontends.workers.control_socket import recv_frame
 
 __all__ = ["follow_parent", "read_hello"]
 

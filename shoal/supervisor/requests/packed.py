@@ -155,7 +155,10 @@ def admit(
     request = call.request
     assert request is not None  # made once its version is found
     gate.enter(name)
-    return mv, record(call, tracing.context_for(mv.name)), request
+    context = tracing.context_for(mv.name)
+    if context and call.traced:  # sampled, and its worker's frontend sends its timestamps
+        request.trace_id = tracing.hold(context)
+    return mv, record(call, context), request
 
 
 def record(call: PackedCall, trace_context: str) -> RequestRecord:

@@ -166,8 +166,9 @@ def test_every_core_api_call_is_forwarded_the_way_it_is_declared():
     for name, member in declared.items():
         if name in ("infer", "infer_stream"):
             continue
-        if name == "frontend_trace":  # a worker's requests carry no trace id yet (docs/http.md)
+        if name == "frontend_trace":  # one way, a frame of its own (wire.TRACE_STAMPS)
             assert name not in SYNC_METHODS | ASYNC_METHODS
+            assert not inspect.iscoroutinefunction(getattr(RemoteCore, name))
             continue
         is_async = inspect.iscoroutinefunction(member)
         assert name in (ASYNC_METHODS if is_async else SYNC_METHODS), name
