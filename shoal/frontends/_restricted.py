@@ -66,6 +66,10 @@ HTTP_GROUPS: Mapping[str, str] = {
     "/v2/repository/index": "model-repository",
     "/v2/repository/models/{model_name}/load": "model-repository",
     "/v2/repository/models/{model_name}/unload": "model-repository",
+    # Named repositories (refused, 501) are restricted first, as Triton matches them with the rest.
+    "/v2/repository/{repository_name}/index": "model-repository",
+    "/v2/repository/{repository_name}/models/{model_name}/load": "model-repository",
+    "/v2/repository/{repository_name}/models/{model_name}/unload": "model-repository",
     **dict.fromkeys(_SHM_ROUTES, "shared-memory"),
     "/v2/trace/setting": "trace",
     _MODEL + "/trace/setting": "trace",
