@@ -225,6 +225,10 @@ class _Link:
     def _traced(self, call_id: int, trace_id: int) -> None:
         """Tell the worker, ahead of its answer, that call ``call_id``'s trace awaits its
         frontend's timestamps."""
+        outbox = self.outbox
+        if outbox is None or outbox.transport.is_closing():  # the worker is gone: none will come
+            self.core.frontend_trace(trace_id, [])
+            return
         self.held_traces.add(trace_id)
         self.send([wire.TRACED, call_id, trace_id])
 

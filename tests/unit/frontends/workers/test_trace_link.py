@@ -84,9 +84,10 @@ class _Frames(asyncio.Transport):
     def __init__(self) -> None:
         super().__init__()
         self.headers: list[list[Any]] = []
+        self.closed = False
 
     def is_closing(self) -> bool:
-        return False
+        return self.closed
 
     def writelines(self, pieces: Any) -> None:
         data = b"".join(bytes(p) for p in pieces)
@@ -115,8 +116,13 @@ def test_the_core_names_a_traced_call_s_trace_before_answering_it():
         link.on_call([wire.TRACE_STAMPS, 0, 41, [["HTTP_RECV_START", 9]]], [])  # once
         link.on_call([wire.TRACE_STAMPS, 0, 99, []], [])  # never held: ignored
         assert core.stamps == [(41, [("HTTP_RECV_START", 9)])]
-        link.cancel_all()  # the worker died: 43's stamps will never come
+        end.closed = True  # the worker died: 43's stamps will never come
+        link.cancel_all()
         assert core.stamps[1:] == [(43, [])]
+        fields = wire.request_to_wire(_request(-1), [])
+        fields[2] = "4"
+        link.on_call([wire.CALL, 4, "infer", fields], [])  # answered after: written at once
+        assert core.stamps[2:] == [(44, [])] and link.held_traces == set()
 
     asyncio.run(run())
 
