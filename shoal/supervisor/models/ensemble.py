@@ -340,11 +340,7 @@ class _Graph:
             self._produced(step, [(o.name, o) for o in done.response.outputs])
             return None
         done.release()
-        code, message = done.response.error
-        return ModelError(
-            f"in ensemble '{self.mv.name}', step '{target.name}': {message}",
-            ErrorCode.__members__.get(code, ErrorCode.INTERNAL),
-        )
+        return step_error(self.mv.name, target.name, done.response.error)
 
     def _start_nested(
         self,
@@ -443,3 +439,12 @@ def _missing_outputs(step: StepPlan, target: ModelVersion, tensors: _Tensors) ->
 def count_failure(target: ModelVersion, elapsed: int, error: BaseException | None) -> None:
     if isinstance(error, ShoalError):
         target.stats.failure(elapsed, error.reason)
+
+
+def step_error(ensemble: str, step: str, error: tuple[str, str]) -> ModelError:
+    """A step model's error response, as the ensemble's error (its code kept)."""
+    code, message = error
+    return ModelError(
+        f"in ensemble '{ensemble}', step '{step}': {message}",
+        ErrorCode.__members__.get(code, ErrorCode.INTERNAL),
+    )

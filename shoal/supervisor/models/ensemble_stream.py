@@ -23,7 +23,6 @@ from collections.abc import Callable
 
 from shoal.core.backlog import BACKLOG_MAX
 from shoal.core.errors import (
-    ErrorCode,
     InvalidArgument,
     ModelError,
     ResourceExhausted,
@@ -36,6 +35,7 @@ from shoal.supervisor.models._ensemble_plan import StepPlan
 from shoal.supervisor.models.ensemble import (
     EnsembleRunner,
     count_failure,
+    step_error,
     step_inputs,
     step_record,
 )
@@ -248,11 +248,7 @@ class StreamRun:
 
     def _step_error(self, target: ModelVersion, done: Completion) -> ModelError:
         assert done.response.error is not None
-        code, message = done.response.error
-        return ModelError(
-            f"in ensemble '{self.mv.name}', step '{target.name}': {message}",
-            ErrorCode.__members__.get(code, ErrorCode.INTERNAL),
-        )
+        return step_error(self.mv.name, target.name, done.response.error)
 
     def _start_nested(
         self,
