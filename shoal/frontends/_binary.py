@@ -75,10 +75,13 @@ def _check_serialized_bytes(
             f"element byte size indicator exceeds the end of the buffer for input '{name}' "
             f"for model '{model_name}'"
         )
-    if count != expected:
+    where = f"for inference input '{name}' for model '{model_name}'"
+    if count > expected:  # Triton stops at the first element too many and counts it
         raise InvalidArgument(
-            f"expected {expected} string elements for inference input '{name}', got {count}"
+            f"unexpected number of string elements {expected + 1} {where}, expecting {expected}"
         )
+    if count != expected:
+        raise InvalidArgument(f"expected {expected} string elements {where}, got {count}")
 
 
 def count_serialized_elements(data: memoryview) -> int | None:

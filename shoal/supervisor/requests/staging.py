@@ -130,8 +130,11 @@ def _missing_inputs(model: ModelSummary, request: InferRequest) -> InvalidArgume
     required = model.required
     given = [t.name for t in request.inputs]
     missing = [name for name in required if name not in given]
+    expected = f"{len(required)} inputs"
+    if len(required) < len(model.inputs):  # Triton words it so where some inputs are optional
+        expected = f"number of inputs between {len(required)} and {len(model.inputs)}"
     text = (
-        f"expected {len(required)} inputs but got {len(given)} inputs for model "
+        f"expected {expected} but got {len(given)} inputs for model "
         f"'{model.name}'. Got input(s) {_names_text(given)}, "
     )
     if missing:

@@ -285,7 +285,15 @@ class TestBodyErrors:
     def test_bytes_element_count_mismatch(self) -> None:
         raw = serialize_bytes(np.array([b"a", b"b"], dtype=object))
         message = decode_error({"inputs": [binary_input("S", "BYTES", [3], len(raw))]}, raw)
-        assert message == "expected 3 string elements for inference input 'S', got 2"
+        assert message == "expected 3 string elements for inference input 'S' for model 'm', got 2"
+
+    def test_bytes_elements_past_the_shape(self) -> None:
+        raw = serialize_bytes(np.array([b"a", b"b", b"c", b"d"], dtype=object))
+        message = decode_error({"inputs": [binary_input("S", "BYTES", [2], len(raw))]}, raw)
+        assert message == (
+            "unexpected number of string elements 3 for inference input 'S' for model 'm', "
+            "expecting 2"
+        )
 
 
 def spec_error(entry: dict[str, Any]) -> str:

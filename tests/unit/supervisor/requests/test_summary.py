@@ -69,13 +69,15 @@ def test_the_summary_holds_what_the_checks_read(tmp_path):
     [
         (
             [_tensor("A", "FP32", (5, 3))],
-            "[request id: r1] expected 2 inputs but got 1 inputs for model 'n'. Got input(s) "
-            "['A'], but missing required input(s) ['B']. Please provide all required input(s).",
+            "[request id: r1] expected number of inputs between 2 and 3 but got 1 inputs for "
+            "model 'n'. Got input(s) ['A'], but missing required input(s) ['B']. Please provide"
+            " all required input(s).",
         ),
         (
             [_tensor("A", "FP32", (5, 3)), _tensor("O", "INT32", (4,))],
-            "[request id: r1] expected 2 inputs but got 2 inputs for model 'n'. Got input(s) "
-            "['A','O'], but missing required input(s) ['B']. Please provide all required input(s).",
+            "[request id: r1] expected number of inputs between 2 and 3 but got 2 inputs for "
+            "model 'n'. Got input(s) ['A','O'], but missing required input(s) ['B']. Please provide"
+            " all required input(s).",
         ),
         (
             [_tensor("A", "FP32", (5, 3)), _tensor("C", "INT64", (1,))],
@@ -93,8 +95,8 @@ def test_the_summary_holds_what_the_checks_read(tmp_path):
         ),
         (
             [_tensor("A", "FP32", (1, 3)), _tensor("B", "INT64", (1,))] * 2,
-            "[request id: r1] expected 2 inputs but got 4 inputs for model 'n'. Got input(s) "
-            "['A','B','A','B'], and input(s) ['A','B'] more than once.",
+            "[request id: r1] expected number of inputs between 2 and 3 but got 4 inputs for "
+            "model 'n'. Got input(s) ['A','B','A','B'], and input(s) ['A','B'] more than once.",
         ),
     ],
 )
