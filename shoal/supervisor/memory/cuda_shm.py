@@ -22,6 +22,7 @@ from shoal.core.types import CudaSharedMemoryRegion
 from shoal.ipc import cuda
 from shoal.ipc.cuda import close_ipc_handle, cuda_device_count, open_ipc_handle
 from shoal.ipc.tensor import CudaRegionLocation
+from shoal.supervisor.memory.windows import window_fault
 
 
 @dataclass
@@ -122,8 +123,9 @@ class CudaSharedMemoryRegistry:
         size = entry.region.byte_size
         if offset < 0 or byte_size < 0 or offset + byte_size > size:
             raise InvalidArgument(
-                f"{what}: offset {offset} and byte size {byte_size} do not fit in CUDA shared "
-                f"memory region '{name}' of {size} bytes"
+                f"{window_fault(name, offset, byte_size, size)}: {what}: offset {offset} and "
+                f"byte size {byte_size} do not fit in CUDA shared memory region '{name}' of "
+                f"{size} bytes"
             )
         return entry.region.device_id, entry.pointer + offset
 

@@ -22,6 +22,7 @@ from shoal.core.errors import ErrorCode, InvalidArgument, NotFound, ShoalError, 
 from shoal.core.types import CudaSharedMemoryRegion, SharedMemoryRegion
 from shoal.ipc.tensor import RegionLocation
 from shoal.supervisor.memory.cuda_shm import CudaSharedMemoryRegistry
+from shoal.supervisor.memory.windows import window_fault
 
 #: Triton's words for a register or unregister call while ``--allow-client-shm=false``.
 CLIENT_SHM_DISABLED = (
@@ -74,7 +75,9 @@ class SharedMemoryRegistry:
                 f"shared memory region '{name}': offset must not be negative and byte_size must "
                 f"be positive (got offset {offset}, byte_size {byte_size})"
             )
-        posix_name = key if key.startswith("/") else "/" + key
+        _check_reserved(name, key)
+        # glibc's shm_open (Triton's) skips every leading slash: "//k" names the object "/k"
+        posix_name = "/" + key.lstrip("/")
         _check_key(name, key, posix_name)
         shm = _open(key, posix_name)
         try:
@@ -144,7 +147,7 @@ class SharedMemoryRegistry:
     def location(self, name: str, offset: int, byte_size: int, *, what: str) -> RegionLocation:
         """Where a window of a region is, for a stub to map it itself (no copy)."""
         entry, start = self._present(name, offset, byte_size, what)
-        key = entry.region.key if entry.region.key.startswith("/") else "/" + entry.region.key
+        key = "/" + entry.region.key.lstrip("/")
         return RegionLocation(f"{entry.generation}:{key}", start, byte_size)
 
     def _present(self, name: str, offset: int, byte_size: int, what: str) -> tuple[_Opened, int]:
@@ -158,14 +161,10 @@ class SharedMemoryRegistry:
             )
         region = entry.region
         if offset < 0 or byte_size < 0 or offset + byte_size > region.byte_size:
-            lead = (
-                f"Invalid offset for shared memory region: '{name}': "
-                if offset >= region.byte_size
-                else ""
-            )
             raise InvalidArgument(
-                f"{lead}{what}: offset {offset} and byte size {byte_size} do not fit in shared "
-                f"memory region '{name}' of {region.byte_size} bytes"
+                f"{window_fault(name, offset, byte_size, region.byte_size)}: {what}: offset "
+                f"{offset} and byte size {byte_size} do not fit in shared memory region '{name}' "
+                f"of {region.byte_size} bytes"
             )
         start = region.offset + offset
         if start + byte_size > os.fstat(entry.fd).st_size:
@@ -198,8 +197,27 @@ def _open(key: str, posix_name: str) -> posix_ipc.SharedMemory:
 def _check_size(name: str, key: str, offset: int, byte_size: int, size: int) -> None:
     if offset + byte_size > size:
         raise InvalidArgument(
-            f"shared memory region '{name}': offset {offset} + byte_size {byte_size} "
-            f"exceeds the size of '{key}' ({size} bytes)"
+            f"failed to register shared memory region '{name}': invalid args: offset {offset} + "
+            f"byte_size {byte_size} exceeds the size of '{key}' ({size} bytes)"
+        )
+
+
+#: Where Triton's own python backend keeps its shared memory: no client may register a key
+#: there (Triton's refusal, whatever the leading slashes).
+RESERVED_KEY_PREFIX = "triton_python_backend_shm_region_"
+
+
+def _check_reserved(name: str, key: str) -> None:
+    """Triton's checks of a key before it opens anything, in its words."""
+    bare = key.lstrip("/")
+    if not bare:
+        raise InvalidArgument(
+            f"cannot register shared memory region '{name}' - invalid shm key '{key}'"
+        )
+    if bare.startswith(RESERVED_KEY_PREFIX):
+        raise InvalidArgument(
+            f"cannot register shared memory region '{name}' with key '{key}' as the key "
+            f"contains the reserved prefix '{RESERVED_KEY_PREFIX}'"
         )
 
 

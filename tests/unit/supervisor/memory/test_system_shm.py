@@ -57,3 +57,57 @@ def test_empty_window_is_refused(key):
     with pytest.raises(InvalidArgument, match="byte_size must be positive"):
         registry.register("r", key, 0, 0)
     assert registry.status() == []
+
+
+@pytest.mark.parametrize("slashes", ["", "/", "///"])
+def test_the_python_backend_s_prefix_is_reserved_as_in_triton(slashes):
+    key = f"{slashes}triton_python_backend_shm_region__mine"
+    with pytest.raises(InvalidArgument) as info:
+        SharedMemoryRegistry().register("r", key, 0, 8)
+    assert str(info.value) == (
+        f"cannot register shared memory region 'r' with key '{key}' as the key contains the "
+        "reserved prefix 'triton_python_backend_shm_region_'"
+    )
+
+
+@pytest.mark.parametrize("key", ["/", "///", ""])
+def test_a_key_of_slashes_only_is_refused_in_triton_s_words(key):
+    with pytest.raises(InvalidArgument) as info:
+        SharedMemoryRegistry().register("r", key, 0, 8)
+    assert str(info.value) == f"cannot register shared memory region 'r' - invalid shm key '{key}'"
+
+
+def test_leading_slashes_name_the_same_object_as_shm_open(key):
+    registry = SharedMemoryRegistry()
+    registry.register("r", "//" + key.lstrip("/"), 0, 8)  # glibc's shm_open skips them all
+    assert bytes(registry.read("r", 0, 8, what="input 'x'")) == bytes(range(8))
+    assert registry.location("r", 0, 8, what="input 'x'").region.endswith(":" + key)
+    registry.close()
+
+
+def test_a_region_past_the_object_is_triton_s_invalid_args(key):
+    with pytest.raises(InvalidArgument) as info:
+        SharedMemoryRegistry().register("r", key, 8, 64)
+    assert str(info.value).startswith("failed to register shared memory region 'r': invalid args")
+
+
+@pytest.mark.parametrize(
+    ("offset", "byte_size", "words"),
+    [
+        (32, 1, "Invalid offset for shared memory region: 'r'"),
+        (1, 32, "Invalid offset + byte size for shared memory region: 'r'"),
+        (
+            16,
+            2**64 - 16,
+            f"Integer overflow detected: byte_size ({2**64 - 16}) + offset (16) exceeds maximum "
+            f"value ({2**64 - 1}) for region 'r'",
+        ),
+    ],
+)
+def test_a_window_past_the_region_begins_with_triton_s_words(key, offset, byte_size, words):
+    registry = SharedMemoryRegistry()
+    registry.register("r", key, 16, 32)
+    with pytest.raises(InvalidArgument) as info:
+        registry.read("r", offset, byte_size, what="input 'x'")
+    assert str(info.value).startswith(words + ": input 'x': ")
+    registry.close()
