@@ -39,8 +39,7 @@ def config_to_json(
 ) -> dict[str, Any]:
     """The JSON object Triton serves for ``config`` (a typed config or a ModelConfig message).
 
-    ``include_defaults=False`` prints only the fields that are set, as a model's
-    ``auto_complete_config`` sees a configuration (a key present there counts as set)."""
+    ``include_defaults=False`` prints only the fields that are set."""
     message = config.proto if isinstance(config, ModelConfig) else config
     printed = json_format.MessageToDict(
         message,

@@ -47,7 +47,9 @@ async def auto_complete(
     ``python`` and ``env`` those of the model's own environment (``EXECUTION_ENV_PATH``), where
     it has one, so that imports only that environment has work here too.
     """
-    given = json.dumps(model_config.config_to_json(proto, include_defaults=False))
+    # Triton's form (every field without presence printed: "input": [] where none is written),
+    # which models index; those fields parse back to the same message.
+    given = json.dumps(model_config.config_to_json(proto))
     ran = runtime or model_file  # the file whose code runs, named in errors
     command = _command(python, model_file, runtime)
     out = await _run(command, given.encode(), {**os.environ, **(env or {})}, ran)
