@@ -30,8 +30,21 @@ _log = logging.getLogger(__name__)
 SHELL_CHARS = ";|&$`<>()[]{}\\\"'*?~#!"
 
 
+#: What Triton trims from a model name before it checks it (boost::trim: C's isspace).
+_BLANKS = " \t\n\v\f\r"
+
+
 def check_model_name(name: str) -> None:
-    if not name or any(char in SHELL_CHARS for char in name):
+    """Refuse, in Triton's words, a name that is blank or would leave the repository, and one
+    Triton's Python backend could not name its stub processes after."""
+    trimmed = name.strip(_BLANKS)
+    if not trimmed:
+        raise InvalidArgument("Model name cannot be empty. Please enter a valid name to deploy.")
+    if trimmed == ".." or "/" in trimmed:
+        raise InvalidArgument(
+            f"invalid model name '{name}', model name must not contain path traversal characters"
+        )
+    if any(char in SHELL_CHARS for char in name):
         # Triton's Python backend refuses them in the names of its stub processes.
         raise InvalidArgument(
             f"failed to load '{name}': Invalid stub name: contains invalid characters "
