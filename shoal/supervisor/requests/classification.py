@@ -8,7 +8,9 @@ batch item, shape ``[batch, N]``; any other model over all its elements, shape `
 cut to the number of elements there are. Values print as C++ ``std::to_string`` prints them
 (``"11.000000"`` for floats, ``"3"`` for integers), which is what Triton's clients parse.
 
-Triton crashes when asked to classify a BYTES output; shoal refuses the request instead.
+Triton 2.51 crashes when asked to classify a BYTES output; shoal refuses the request in the
+words of Triton's later versions, which refuse it too, as they refuse an output of more than a
+million elements.
 """
 
 from __future__ import annotations
@@ -51,11 +53,15 @@ def requested(request: InferRequest, config: ModelConfig) -> dict[str, int]:
     return counts
 
 
+#: Triton's bound on the elements of an output it classifies (all batch items together).
+MAX_ELEMENTS = 1_000_000
+
+
 def _refuse_unordered(output: str, datatype: str, config: ModelConfig) -> None:
     if datatype == "BYTES":
         raise InvalidArgument(
-            f"classification is not supported for output '{output}' of model "
-            f"'{config.name}': its datatype is BYTES"
+            "class result not available for output due to unsupported type 'BYTES' (output "
+            f"'{output}' of model '{config.name}')"
         )
 
 
@@ -78,6 +84,12 @@ def classify(response: InferResponse, config: ModelConfig, counts: Mapping[str, 
             continue
         _refuse_unordered(output.name, output.datatype, config)  # what the model returned
         values = buffer_to_numpy(output.datatype, output.shape, output.data)
+        if values.size > MAX_ELEMENTS:
+            raise InvalidArgument(
+                f"classification output tensor too large (output '{output.name}' of model "
+                f"'{config.name}' has {values.size} elements; at most {MAX_ELEMENTS} are "
+                "classified)"
+            )
         rows = values.reshape(values.shape[0] if batched and values.ndim else 1, -1)
         top = min(count, rows.shape[1])
         texts = [
