@@ -68,20 +68,24 @@ class SharedMemoryRegistry:
 
     def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
         self._check_allowed()
+        _check_reserved(name, key)  # Triton's order: the key, the name, the object's bounds
         self._check_new(name)
-        if offset < 0 or byte_size <= 0:
-            # Triton maps byte_size bytes, and mmap refuses a length of 0.
+        if offset < 0 or byte_size < 0:
             raise InvalidArgument(
-                f"shared memory region '{name}': offset must not be negative and byte_size must "
-                f"be positive (got offset {offset}, byte_size {byte_size})"
+                f"shared memory region '{name}': offset and byte_size must not be negative "
+                f"(got offset {offset}, byte_size {byte_size})"
             )
-        _check_reserved(name, key)
         # glibc's shm_open (Triton's) skips every leading slash: "//k" names the object "/k"
         posix_name = "/" + key.lstrip("/")
         _check_key(name, key, posix_name)
         shm = _open(key, posix_name)
         try:
             _check_size(name, key, offset, byte_size, os.fstat(shm.fd).st_size)
+            if byte_size == 0:  # Triton maps byte_size bytes, and mmap refuses a length of 0
+                raise InvalidArgument(
+                    f"failed to register shared memory region '{name}': byte_size must be "
+                    "positive (got 0)"
+                )
         except BaseException:
             shm.close_fd()
             raise

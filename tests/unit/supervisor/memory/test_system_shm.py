@@ -85,9 +85,10 @@ def test_leading_slashes_name_the_same_object_as_shm_open(key):
     registry.close()
 
 
-def test_a_region_past_the_object_is_triton_s_invalid_args(key):
+@pytest.mark.parametrize(("offset", "byte_size"), [(8, 64), (0, 65), (64, 1), (65, 0)])
+def test_a_region_past_the_object_is_triton_s_invalid_args(key, offset, byte_size):
     with pytest.raises(InvalidArgument) as info:
-        SharedMemoryRegistry().register("r", key, 8, 64)
+        SharedMemoryRegistry().register("r", key, offset, byte_size)
     assert str(info.value).startswith("failed to register shared memory region 'r': invalid args")
 
 
