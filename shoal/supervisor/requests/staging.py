@@ -133,10 +133,8 @@ def _missing_inputs(model: ModelSummary, request: InferRequest) -> InvalidArgume
     expected = f"{len(required)} inputs"
     if len(required) < len(model.inputs):  # Triton words it so where some inputs are optional
         expected = f"number of inputs between {len(required)} and {len(model.inputs)}"
-    text = (
-        f"expected {expected} but got {len(given)} inputs for model "
-        f"'{model.name}'. Got input(s) {_names_text(given)}, "
-    )
+    text = f"expected {expected} but got {len(given)} inputs for model '{model.name}'. "
+    text += f"Got input(s) {_names_text(given)}, "
     if missing:
         text += (
             f"but missing required input(s) {_names_text(missing)}. "
