@@ -214,14 +214,12 @@ class InferenceService:
             lookup_ns = time.monotonic_ns() - lookup_started
         record, blocks = self.stage(mv, request, regions)
         if mv.is_ensemble:
-            response = await self.ensembles.run(mv, request, record, blocks, started)
+            batch = staging.batch_size(mv.summary, request)
+            response = await self.ensembles.run(mv, request, record, blocks, started, batch)
             if key is not None:
                 cache_insert(self.cache, mv, key, response, lookup_ns)
             if classes:
                 classification.apply(response, mv.config, classes)
-            mv.stats.success(
-                staging.batch_size(mv.summary, request), time.monotonic_ns() - started, 0, (0, 0, 0)
-            )
             return response
         work = self._submit(mv, staging.batch_size(mv.summary, request), record, blocks, started)
         try:

@@ -122,3 +122,71 @@ def test_nested_ensemble_problems_fail_the_load(server, model, expected):
         client.load_model(model)
     assert not client.is_model_ready(model)
     client.close()
+
+
+def _model_stats(client, model):
+    return client.get_inference_statistics(model)["model_stats"][0]
+
+
+def test_an_ensemble_request_counts_as_one_execution_of_its_steps_compute(server):
+    # Triton counts an answered ensemble request as one execution of its batch size whose
+    # compute times are the sums of its steps'; clients read execution_count and batch_stats
+    # of an ensemble as of any model (Triton's sequence QA does).
+    client = httpclient.InferenceServerClient(server.url)
+    client.load_model("ens_nested")
+    before = {m: _model_stats(client, m) for m in ("ens_nested", "ens_diamond")}
+    x = np.array([1, 2, 3, 4], dtype=np.float32)
+    for _ in range(5):
+        client.infer("ens_nested", [_x(x)])
+    for model, old in before.items():
+        stats = _model_stats(client, model)
+        assert int(stats["execution_count"]) - int(old["execution_count"]) == 5, model
+        (batch,) = stats["batch_stats"]
+        assert int(batch["batch_size"]) == 1
+        assert int(batch["compute_infer"]["count"]) == int(stats["execution_count"])
+        infer = stats["inference_stats"]
+        assert int(infer["compute_infer"]["ns"]) > 0, model  # its steps' time, not 0
+        assert int(batch["compute_infer"]["ns"]) == int(infer["compute_infer"]["ns"])
+    # The outer ensemble's compute holds the nested one's.
+    outer = _model_stats(client, "ens_nested")["inference_stats"]["compute_infer"]["ns"]
+    inner = _model_stats(client, "ens_diamond")["inference_stats"]["compute_infer"]["ns"]
+    assert int(outer) > int(inner) - int(
+        before["ens_diamond"]["inference_stats"]["compute_infer"]["ns"]
+    )
+    client.close()
+
+
+def _seq_in(value):
+    inp = httpclient.InferInput("IN", [1, 1], "INT32")
+    inp.set_data_from_numpy(np.array([[value]], dtype=np.int32))
+    return inp
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (
+            {},
+            "in ensemble 'ens_seq', inference request to model 'seq_direct' must specify a "
+            "non-zero or non-empty correlation ID",
+        ),
+        (
+            {"sequence_id": 7},
+            "in ensemble 'ens_seq', inference request for sequence 7 to model 'seq_direct' "
+            "must specify the START flag on the first request of the sequence",
+        ),
+    ],
+)
+def test_a_step_refused_by_its_scheduler_fails_worded_as_triton(server, flags, expected):
+    client = httpclient.InferenceServerClient(server.url)
+    client.load_model("ens_seq")
+    with pytest.raises(InferenceServerException) as raised:
+        client.infer("ens_seq", [_seq_in(1)], **flags)
+    assert raised.value.message().startswith(expected), raised.value.message()
+    # A sequence that starts runs through the ensemble.
+    for value, start, end in ((1, True, False), (2, False, False), (3, False, True)):
+        result = client.infer(
+            "ens_seq", [_seq_in(value)], sequence_id=9, sequence_start=start, sequence_end=end
+        )
+    assert result.as_numpy("OUT").tolist() == [[6]]
+    client.close()

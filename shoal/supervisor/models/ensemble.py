@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from shoal.core.errors import ErrorCode, InvalidArgument, ModelError, ShoalError
+from shoal.core.errors import InvalidArgument, ShoalError
 from shoal.core.types import InferOutput, InferRequest, InferResponse
 from shoal.ipc.arena import Block, OwnedArena
 from shoal.ipc.records import RequestRecord
@@ -28,6 +28,14 @@ from shoal.ipc.tensor import CudaLocation, InlineBytes, TensorDesc
 from shoal.supervisor.extensions.trace_files import Trace
 from shoal.supervisor.extensions.trace_settings import TraceSettings
 from shoal.supervisor.memory.segments import SegmentDirectory
+from shoal.supervisor.models._ensemble_outcomes import (
+    StepTimes,
+    count_failure,
+    count_success,
+    in_ensemble,
+    step_error,
+    step_record,
+)
 from shoal.supervisor.models._ensemble_plan import EnsemblePlan, StepPlan, input_datatypes, plan_of
 from shoal.supervisor.models.version import ModelVersion
 from shoal.supervisor.requests import traced
@@ -82,16 +90,18 @@ class EnsembleRunner:
         record: RequestRecord,
         blocks: list[Block],
         started: int = 0,
+        batch: int = 1,
     ) -> InferResponse:
         """``record`` holds the staged client inputs; ``blocks`` are freed with the response;
-        ``started``: when the request started (its trace's start, if traced)."""
+        ``started``, ``batch``: the request's start (and its trace's) and its batch size."""
         completions: list[Completion] = []
         release = functools.partial(self._release, completions, blocks)
         trace = None if self.tracing is None else traced.begin(self.tracing, mv, record, started)
         try:
-            outputs = await self._run_graph(mv, record, completions, release, trace)
+            outputs, times = await self._run_graph(mv, record, completions, release, trace)
         finally:
             traced.end(trace)
+        count_success(mv, batch, time.monotonic_ns() - started, times)
         return InferResponse(
             model_name=mv.name,
             model_version=str(mv.version),
@@ -107,7 +117,7 @@ class EnsembleRunner:
         completions: list[Completion],
         release: Callable[[], None],
         trace: Trace | None,
-    ) -> list[InferOutput]:
+    ) -> tuple[list[InferOutput], StepTimes]:
         """The ensemble's requested outputs; on any failure (the client went away too) the
         steps still queued are dropped and everything held is released."""
         done: asyncio.Future[dict[str, TensorDesc]] = asyncio.get_running_loop().create_future()
@@ -117,7 +127,9 @@ class EnsembleRunner:
         try:
             graph.start()
             tensors = await done
-            return [self.output(mv, tensors, name) for name in record.requested_outputs]
+            return [
+                self.output(mv, tensors, name) for name in record.requested_outputs
+            ], graph.times
         except BaseException:
             graph.abort()
             release()
@@ -190,6 +202,7 @@ class _Graph:
         self._finished = False
         #: The trace of the request (or nested step) this graph runs; its steps' are children.
         self.trace: Trace | None = None
+        self.times = StepTimes()
 
     # -- driving ----------------------------------------------------------------------------
 
@@ -324,7 +337,7 @@ class _Graph:
             if error is None:
                 return
         count_failure(target, time.monotonic_ns() - started, error)
-        self._fail(error)
+        self._fail(in_ensemble(self.mv.name, error))
 
     def _completed(
         self, step: StepPlan, target: ModelVersion, batch: int, started: int, done: Completion
@@ -337,10 +350,11 @@ class _Graph:
             self._completions.append(done)
             elapsed = time.monotonic_ns() - started
             target.stats.success(batch, elapsed, done.queue_ns, done.compute_ns)
+            self.times.add(done.compute_ns)
             self._produced(step, [(o.name, o) for o in done.response.outputs])
             return None
         done.release()
-        return step_error(self.mv.name, target.name, done.response.error)
+        return step_error(self.mv.name, done.response.error)
 
     def _start_nested(
         self,
@@ -389,22 +403,11 @@ class _Graph:
             count_failure(target, elapsed, error)
             self._fail(error or asyncio.CancelledError())
             return
-        target.stats.success(batch, elapsed, 0, (0, 0, 0))
+        times = nested.times if isinstance(nested, _Graph) else StepTimes()
+        count_success(target, batch, elapsed, times)
+        self.times.add(times.total())
         if not self._finished:
             self._produced(step, [(name, tensors[name]) for name in step.requested])
-
-
-def step_record(base: RequestRecord, step: StepPlan, inputs: list[TensorDesc]) -> RequestRecord:
-    """The request of one step: the ensemble request's id, flags and parameters."""
-    return RequestRecord(
-        request_id=base.request_id,
-        correlation_id=base.correlation_id,
-        flags=base.flags,
-        parameters=base.parameters,
-        requested_outputs=list(step.requested),
-        inputs=inputs,
-        timeout_us=base.timeout_us,
-    )
 
 
 def step_inputs(
@@ -434,17 +437,3 @@ def _missing_outputs(step: StepPlan, target: ModelVersion, tensors: _Tensors) ->
     if missing:
         return InvalidArgument(f"ensemble '{target.name}' produced no tensor {missing}")
     return None
-
-
-def count_failure(target: ModelVersion, elapsed: int, error: BaseException | None) -> None:
-    if isinstance(error, ShoalError):
-        target.stats.failure(elapsed, error.reason)
-
-
-def step_error(ensemble: str, step: str, error: tuple[str, str]) -> ModelError:
-    """A step model's error response, as the ensemble's error (its code kept)."""
-    code, message = error
-    return ModelError(
-        f"in ensemble '{ensemble}', step '{step}': {message}",
-        ErrorCode.__members__.get(code, ErrorCode.INTERNAL),
-    )

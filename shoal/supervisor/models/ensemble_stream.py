@@ -31,14 +31,16 @@ from shoal.ipc.arena import Block
 from shoal.ipc.records import RequestRecord
 from shoal.ipc.tensor import TensorDesc
 from shoal.supervisor.extensions.trace_files import Trace
-from shoal.supervisor.models._ensemble_plan import StepPlan
-from shoal.supervisor.models.ensemble import (
-    EnsembleRunner,
+from shoal.supervisor.models._ensemble_outcomes import (
+    StepTimes,
     count_failure,
+    count_success,
+    in_ensemble,
     step_error,
-    step_inputs,
     step_record,
 )
+from shoal.supervisor.models._ensemble_plan import StepPlan
+from shoal.supervisor.models.ensemble import EnsembleRunner, step_inputs
 from shoal.supervisor.models.version import ModelVersion
 from shoal.supervisor.requests import traced
 from shoal.supervisor.requests.staging import batch_of, inline_bytes, spill_inline
@@ -90,6 +92,7 @@ class StreamRun:
         self._end = end
         self.finished = False
         self.emitted = 0
+        self.times = StepTimes()
         self.frames: set[_Frame] = set()  # those in which steps may still run
         self._works: set[Work] = set()
         self._nested: set[StreamRun] = set()
@@ -217,13 +220,14 @@ class StreamRun:
             if done.response.error is None:
                 frame.releases.append(done.release)
                 target.stats.success(batch, elapsed, done.queue_ns, done.compute_ns)
+                self.times.add(done.compute_ns)
                 frame.running -= 1
                 frame.produced(step, {o.name: o for o in done.response.outputs})
                 return
             done.release()
-            error = self._step_error(target, done)
+            error = self._step_error(done)
         count_failure(target, elapsed, error)
-        self.fail(error)
+        self.fail(in_ensemble(self.mv.name, error))
 
     def _streamed(
         self, frame: _Frame, step: StepPlan, target: ModelVersion, work: Work, item: _Item
@@ -234,21 +238,21 @@ class StreamRun:
                 item.release()
             elif item.response.error is not None:
                 item.release()
-                self.fail(self._step_error(target, item))
+                self.fail(self._step_error(item))
             else:
                 outputs = {o.name: o for o in item.response.outputs}
                 frame.open(step, outputs, item.release)
         elif isinstance(item, BaseException):  # its stub died
-            self.fail(item)
+            self.fail(in_ensemble(self.mv.name, item))
         else:  # its final flag: every response of it has run on
             self._works.discard(work)
             if not self.finished:
                 frame.running -= 1
                 frame.settle()
 
-    def _step_error(self, target: ModelVersion, done: Completion) -> ModelError:
+    def _step_error(self, done: Completion) -> ModelError:
         assert done.response.error is not None
-        return step_error(self.mv.name, target.name, done.response.error)
+        return step_error(self.mv.name, done.response.error)
 
     def _start_nested(
         self,
@@ -308,7 +312,8 @@ class StreamRun:
             count_failure(target, elapsed, error)
             self.fail(error)
             return
-        target.stats.success(batch, elapsed, 0, (0, 0, 0))
+        count_success(target, batch, elapsed, run.times)
+        self.times.add(run.times.total())
         if not self.finished:
             frame.running -= 1
             frame.settle()

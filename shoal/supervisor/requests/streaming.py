@@ -23,6 +23,7 @@ from shoal.supervisor.drain import DrainGate
 from shoal.supervisor.extensions.trace_settings import TraceSettings
 from shoal.supervisor.instances.decoupled import new_stream
 from shoal.supervisor.models import ensemble_stream
+from shoal.supervisor.models._ensemble_outcomes import count_success
 from shoal.supervisor.models.ensemble import EnsembleRunner
 from shoal.supervisor.requests import classification, staging, traced
 from shoal.supervisor.requests.responses import response_of
@@ -182,7 +183,7 @@ def _start_ensemble(
     def end(error: BaseException | None) -> None:
         elapsed = time.monotonic_ns() - started
         if error is None:
-            mv.stats.success(batch, elapsed, 0, (0, 0, 0))
+            count_success(mv, batch, elapsed, run.times)
         else:
             if not isinstance(error, ShoalError):  # a step's request cancelled by another
                 error = Cancelled(f"in ensemble '{mv.name}', a step's request was cancelled")

@@ -1,0 +1,81 @@
+"""What an ensemble's steps are sent, how an ensemble request's end is counted and how its
+steps' errors are answered, for plain and streamed ensembles alike."""
+
+from __future__ import annotations
+
+import copy
+
+from shoal.core.errors import ErrorCode, ModelError, ShoalError
+from shoal.ipc.records import RequestRecord
+from shoal.ipc.tensor import TensorDesc
+from shoal.supervisor.extensions.statistics import ComputeNs
+from shoal.supervisor.models._ensemble_plan import StepPlan
+from shoal.supervisor.models.version import ModelVersion
+
+
+class StepTimes:
+    """The compute times of one ensemble request's steps, a nested ensemble's steps included:
+    Triton reports their sums as the ensemble's own compute times."""
+
+    __slots__ = ("infer_ns", "input_ns", "output_ns")
+
+    def __init__(self) -> None:
+        self.input_ns = 0
+        self.infer_ns = 0
+        self.output_ns = 0
+
+    def add(self, compute: ComputeNs) -> None:
+        self.input_ns += compute[0]
+        self.infer_ns += compute[1]
+        self.output_ns += compute[2]
+
+    def total(self) -> ComputeNs:
+        return (self.input_ns, self.infer_ns, self.output_ns)
+
+
+def count_success(target: ModelVersion, batch: int, elapsed: int, times: StepTimes) -> None:
+    """An ensemble request answered: as in Triton, one execution of its batch size (at least 1)
+    whose compute times are its steps' (clients read an ensemble's execution_count and
+    batch_stats as a model's)."""
+    compute = times.total()
+    target.stats.execution(max(1, batch), compute)
+    target.stats.success(batch, elapsed, 0, compute)
+
+
+def count_failure(target: ModelVersion, elapsed: int, error: BaseException | None) -> None:
+    if isinstance(error, ShoalError):
+        target.stats.failure(elapsed, error.reason)
+
+
+def step_error(ensemble: str, error: tuple[str, str]) -> ModelError:
+    """A step model's error response, as the ensemble's error (its code kept)."""
+    code, message = error
+    return ModelError(
+        f"in ensemble '{ensemble}', {message}", ErrorCode.__members__.get(code, ErrorCode.INTERNAL)
+    )
+
+
+def in_ensemble(ensemble: str, error: BaseException) -> BaseException:
+    """A step's failure as the ensemble's, in Triton's words: "in ensemble 'e', " before the
+    step's message (clients match it: "in ensemble 'e', inference request for sequence 7 to
+    model 'm' must specify the START flag..."), the step's error class and code kept."""
+    prefix = f"in ensemble '{ensemble}', "
+    if not isinstance(error, ShoalError) or error.message.startswith(prefix):
+        return error
+    wrapped = copy.copy(error)
+    wrapped.message = prefix + error.message
+    wrapped.args = (wrapped.message,)
+    return wrapped
+
+
+def step_record(base: RequestRecord, step: StepPlan, inputs: list[TensorDesc]) -> RequestRecord:
+    """The request of one step: the ensemble request's id, flags and parameters."""
+    return RequestRecord(
+        request_id=base.request_id,
+        correlation_id=base.correlation_id,
+        flags=base.flags,
+        parameters=base.parameters,
+        requested_outputs=list(step.requested),
+        inputs=inputs,
+        timeout_us=base.timeout_us,
+    )
