@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
@@ -189,4 +190,43 @@ def test_a_step_refused_by_its_scheduler_fails_worded_as_triton(server, flags, e
             "ens_seq", [_seq_in(value)], sequence_id=9, sequence_start=start, sequence_end=end
         )
     assert result.as_numpy("OUT").tolist() == [[6]]
+    client.close()
+
+
+def test_an_ensemble_response_carries_the_sequence_id_and_flags(server):
+    # Triton's ensemble scheduler sets them on every response its steps made the outputs of;
+    # clients of a sequence read sequence_start/sequence_end back (Triton's ensemble QA does).
+    http = httpclient.InferenceServerClient(server.url)
+    http.load_model("ens_seq")
+    seen = []
+    for start, end in ((True, False), (False, True)):
+        result = http.infer(
+            "ens_seq", [_seq_in(1)], sequence_id=11, sequence_start=start, sequence_end=end
+        )
+        seen.append(result.get_response()["parameters"])
+    assert seen == [
+        {"sequence_id": 11, "sequence_start": True, "sequence_end": False},
+        {"sequence_id": 11, "sequence_start": False, "sequence_end": True},
+    ]
+    plain = http.infer("ens_diamond", [_x([1, 2, 3, 4])]).get_response()["parameters"]
+    assert plain == {"sequence_id": 0, "sequence_start": False, "sequence_end": False}
+    http.close()
+    with grpcclient.InferenceServerClient(server.grpc_url) as grpc:
+        inp = grpcclient.InferInput("IN", [1, 1], "INT32")
+        inp.set_data_from_numpy(np.array([[1]], dtype=np.int32))
+        result = grpc.infer("ens_seq", [inp], sequence_id=12, sequence_start=True)
+        params = result.get_response().parameters
+        assert params["sequence_id"].int64_param == 12
+        assert params["sequence_start"].bool_param and not params["sequence_end"].bool_param
+
+
+def test_an_output_no_step_made_is_left_out_of_the_response(server):
+    client = httpclient.InferenceServerClient(server.url)
+    client.load_model("ens_partial")
+    x = httpclient.InferInput("X", [3], "INT32")
+    x.set_data_from_numpy(np.array([1, 2, 3], dtype=np.int32))
+    wanted = [httpclient.InferRequestedOutput(name) for name in ("SUM", "DIFF")]
+    result = client.infer("ens_partial", [x], outputs=wanted)
+    assert result.as_numpy("SUM").tolist() == [2, 4, 6]
+    assert result.as_numpy("DIFF") is None
     client.close()

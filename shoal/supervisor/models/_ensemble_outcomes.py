@@ -4,13 +4,41 @@ steps' errors are answered, for plain and streamed ensembles alike."""
 from __future__ import annotations
 
 import copy
+import logging
+from collections.abc import Container
 
 from shoal.core.errors import ErrorCode, ModelError, ShoalError
+from shoal.core.types import ParamValue
 from shoal.ipc.records import RequestRecord
 from shoal.ipc.tensor import TensorDesc
 from shoal.supervisor.extensions.statistics import ComputeNs
 from shoal.supervisor.models._ensemble_plan import StepPlan
 from shoal.supervisor.models.version import ModelVersion
+
+log = logging.getLogger("shoal")
+
+#: The request flags of a sequence's first and last requests.
+_SEQUENCE_START = 1
+_SEQUENCE_END = 2
+
+
+def made_outputs(ensemble: str, wanted: list[str], tensors: Container[str]) -> list[str]:
+    """The requested outputs that the steps made. As in Triton, one that no step made (a step
+    model that left out an output it declares) is left out of the response, not an error."""
+    for name in wanted:
+        if name not in tensors:
+            log.debug("Composing models did not output tensor %s (ensemble '%s')", name, ensemble)
+    return [name for name in wanted if name in tensors]
+
+
+def sequence_parameters(record: RequestRecord) -> dict[str, ParamValue]:
+    """The parameters of an ensemble's response: as Triton's ensemble scheduler, the sequence id
+    and flags of the step requests that made its outputs (the request's own)."""
+    return {
+        "sequence_id": record.correlation_id,
+        "sequence_start": bool(record.flags & _SEQUENCE_START),
+        "sequence_end": bool(record.flags & _SEQUENCE_END),
+    }
 
 
 class StepTimes:

@@ -33,6 +33,8 @@ from shoal.supervisor.models._ensemble_outcomes import (
     count_failure,
     count_success,
     in_ensemble,
+    made_outputs,
+    sequence_parameters,
     step_error,
     step_record,
 )
@@ -107,6 +109,7 @@ class EnsembleRunner:
             model_version=str(mv.version),
             id=request.id,
             outputs=outputs,
+            parameters=sequence_parameters(record),
             _release=release,
         )
 
@@ -127,9 +130,8 @@ class EnsembleRunner:
         try:
             graph.start()
             tensors = await done
-            return [
-                self.output(mv, tensors, name) for name in record.requested_outputs
-            ], graph.times
+            made = made_outputs(mv.name, record.requested_outputs, tensors)
+            return [self.output(mv, tensors, name) for name in made], graph.times
         except BaseException:
             graph.abort()
             release()

@@ -23,7 +23,11 @@ from shoal.supervisor.drain import DrainGate
 from shoal.supervisor.extensions.trace_settings import TraceSettings
 from shoal.supervisor.instances.decoupled import new_stream
 from shoal.supervisor.models import ensemble_stream
-from shoal.supervisor.models._ensemble_outcomes import count_success
+from shoal.supervisor.models._ensemble_outcomes import (
+    count_success,
+    made_outputs,
+    sequence_parameters,
+)
 from shoal.supervisor.models.ensemble import EnsembleRunner
 from shoal.supervisor.requests import classification, staging, traced
 from shoal.supervisor.requests.responses import response_of
@@ -166,12 +170,13 @@ def _start_ensemble(
     batch = staging.batch_size(mv.summary, request)
 
     def emit(tensors: dict[str, TensorDesc], release: Callable[[], None]) -> None:
-        outputs = [runner.output(mv, tensors, name) for name in record.requested_outputs]
+        made = made_outputs(mv.name, record.requested_outputs, tensors)
         response = InferResponse(
             model_name=mv.name,
             model_version=str(mv.version),
             id=request.id,
-            outputs=outputs,
+            outputs=[runner.output(mv, tensors, name) for name in made],
+            parameters=sequence_parameters(record),
             _release=release,
         )
         if (cause := stalled(queue)) is not None:  # a client that stopped reading

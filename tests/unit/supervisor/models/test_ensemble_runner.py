@@ -140,7 +140,7 @@ def test_a_failed_step_fails_the_request_names_the_ensemble_and_stops_the_others
         request = _start(models, "ens_diamond", freed)
         await models.until(2)
         models.answer("identity", error=("INVALID_ARG", "boom"))
-        with pytest.raises(ModelError, match="^in ensemble 'ens_diamond', boom$"):
+        with pytest.raises(ModelError, match=r"^in ensemble 'ens_diamond', boom$"):
             await request
         scale = models.submitted[0][1]
         assert scale.future.cancelled()  # dropped from its queue, as a client's cancel would
