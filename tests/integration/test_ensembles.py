@@ -230,3 +230,19 @@ def test_an_output_no_step_made_is_left_out_of_the_response(server):
     assert result.as_numpy("SUM").tolist() == [2, 4, 6]
     assert result.as_numpy("DIFF") is None
     client.close()
+
+
+def test_a_request_runs_only_the_steps_its_outputs_need(server):
+    client = httpclient.InferenceServerClient(server.url)
+    client.load_model("ens_split")
+    steps = ("ens_scale", "identity")
+    before = {m: _success(client, m) for m in steps}
+    x = np.array([1, 2, 3, 4], dtype=np.float32)
+    one = [httpclient.InferRequestedOutput("SCALED")]
+    result = client.infer("ens_split", [_x(x)], outputs=one)
+    np.testing.assert_array_equal(result.as_numpy("SCALED"), 2 * x)
+    assert {m: _success(client, m) - before[m] for m in steps} == {"ens_scale": 1, "identity": 0}
+    result = client.infer("ens_split", [_x(x)])  # every output: both steps
+    np.testing.assert_array_equal(result.as_numpy("SAME"), x)
+    assert {m: _success(client, m) - before[m] for m in steps} == {"ens_scale": 2, "identity": 1}
+    client.close()

@@ -7,12 +7,12 @@ import copy
 import logging
 from collections.abc import Container
 
-from shoal.core.errors import ErrorCode, ModelError, ShoalError
+from shoal.core.errors import ErrorCode, InvalidArgument, ModelError, ShoalError
 from shoal.core.types import ParamValue
 from shoal.ipc.records import RequestRecord
 from shoal.ipc.tensor import TensorDesc
 from shoal.supervisor.extensions.statistics import ComputeNs
-from shoal.supervisor.models._ensemble_plan import StepPlan
+from shoal.supervisor.models._ensemble_plan import StepPlan, input_datatypes
 from shoal.supervisor.models.version import ModelVersion
 
 log = logging.getLogger("shoal")
@@ -107,3 +107,25 @@ def step_record(base: RequestRecord, step: StepPlan, inputs: list[TensorDesc]) -
         inputs=inputs,
         timeout_us=base.timeout_us,
     )
+
+
+def step_inputs(
+    ensemble: str, step: StepPlan, target: ModelVersion, tensors: dict[str, TensorDesc]
+) -> list[TensorDesc]:
+    """A step's inputs, read from the ensemble's ``tensors`` and checked against its model."""
+    inputs = []
+    datatypes = input_datatypes(step, target)
+    for (name, source_name), expected in zip(step.inputs, datatypes, strict=True):
+        source = tensors[source_name]
+        if expected is None:
+            raise InvalidArgument(
+                f"ensemble '{ensemble}' maps tensor '{source_name}' to input '{name}', "
+                f"which model '{target.name}' does not have"
+            )
+        if expected != source.datatype:
+            raise InvalidArgument(
+                f"ensemble '{ensemble}': tensor '{source_name}' is {source.datatype} "
+                f"but input '{name}' of model '{target.name}' expects {expected}"
+            )
+        inputs.append(TensorDesc(name, source.datatype, source.shape, source.location))
+    return inputs

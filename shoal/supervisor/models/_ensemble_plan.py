@@ -44,6 +44,36 @@ class EnsemblePlan:
     steps: tuple[StepPlan, ...]
     #: ensemble tensor -> the steps that read it, in step order.
     consumers: dict[str, tuple[StepPlan, ...]] = field(default_factory=dict)
+    #: requested outputs -> the steps that make them (:func:`needed_steps`).
+    needed: dict[tuple[str, ...], frozenset[int]] = field(default_factory=dict)
+
+
+#: How many sets of requested outputs a plan remembers the needed steps of.
+_NEEDED_KEPT = 64
+
+
+def needed_steps(plan: EnsemblePlan, wanted: tuple[str, ...]) -> frozenset[int]:
+    """The indexes of the steps that make the ``wanted`` tensors, directly or through the
+    tensors they read. As Triton's ensemble scheduler, a request runs only those: a step whose
+    outputs feed none of the requested outputs is skipped."""
+    known = plan.needed.get(wanted)
+    if known is not None:
+        return known
+    producers: dict[str, list[StepPlan]] = {}
+    for step in plan.steps:
+        for tensor in step.output_map.values():
+            producers.setdefault(tensor, []).append(step)
+    needed: set[int] = set()
+    todo = list(wanted)
+    while todo:
+        for step in producers.get(todo.pop(), ()):
+            if step.index not in needed:
+                needed.add(step.index)
+                todo.extend(source for _, source in step.inputs)
+    result = frozenset(needed)
+    if len(plan.needed) < _NEEDED_KEPT:
+        plan.needed[wanted] = result
+    return result
 
 
 def plan_of(config: ModelConfig) -> EnsemblePlan:

@@ -36,9 +36,15 @@ from shoal.supervisor.models._ensemble_outcomes import (
     made_outputs,
     sequence_parameters,
     step_error,
+    step_inputs,
     step_record,
 )
-from shoal.supervisor.models._ensemble_plan import EnsemblePlan, StepPlan, input_datatypes, plan_of
+from shoal.supervisor.models._ensemble_plan import (
+    EnsemblePlan,
+    StepPlan,
+    needed_steps,
+    plan_of,
+)
 from shoal.supervisor.models.version import ModelVersion
 from shoal.supervisor.requests import traced
 from shoal.supervisor.requests.staging import batch_of, inline_bytes, spill_inline
@@ -125,7 +131,10 @@ class EnsembleRunner:
         steps still queued are dropped and everything held is released."""
         done: asyncio.Future[dict[str, TensorDesc]] = asyncio.get_running_loop().create_future()
         inputs = {desc.name: desc for desc in record.inputs}
-        graph = _Graph(self, mv, record, inputs, completions, (), functools.partial(_settle, done))
+        wanted = tuple(record.requested_outputs)
+        graph = _Graph(
+            self, mv, record, inputs, wanted, completions, (), functools.partial(_settle, done)
+        )
         graph.trace = trace
         try:
             graph.start()
@@ -186,6 +195,7 @@ class _Graph:
         mv: ModelVersion,
         base: RequestRecord,
         tensors: dict[str, TensorDesc],
+        wanted: tuple[str, ...],
         completions: list[Completion],
         chain: tuple[str, ...],
         on_done: OnDone,
@@ -198,8 +208,10 @@ class _Graph:
         self._completions = completions
         self._chain = (*chain, mv.name)  # this ensemble and those it is nested in
         self._on_done = on_done
-        #: Per step: input tensors still missing; -1 once the step has started.
-        self._missing = [step.needs for step in self._plan.steps]
+        #: Per step: input tensors still missing; -1 once the step has started, or for a step
+        #: whose outputs the request does not need.
+        needed = needed_steps(self._plan, wanted)
+        self._missing = [s.needs if s.index in needed else -1 for s in self._plan.steps]
         self._running: dict[int, asyncio.Future[Completion] | _Graph] = {}
         self._finished = False
         #: The trace of the request (or nested step) this graph runs; its steps' are children.
@@ -374,6 +386,7 @@ class _Graph:
             target,
             self._base,
             {desc.name: desc for desc in inputs},
+            step.requested,
             self._completions,
             self._chain,
             done,
@@ -410,28 +423,6 @@ class _Graph:
         self.times.add(times.total())
         if not self._finished:
             self._produced(step, [(name, tensors[name]) for name in step.requested])
-
-
-def step_inputs(
-    ensemble: str, step: StepPlan, target: ModelVersion, tensors: _Tensors
-) -> list[TensorDesc]:
-    """A step's inputs, read from the ensemble's ``tensors`` and checked against its model."""
-    inputs = []
-    datatypes = input_datatypes(step, target)
-    for (name, source_name), expected in zip(step.inputs, datatypes, strict=True):
-        source = tensors[source_name]
-        if expected is None:
-            raise InvalidArgument(
-                f"ensemble '{ensemble}' maps tensor '{source_name}' to input '{name}', "
-                f"which model '{target.name}' does not have"
-            )
-        if expected != source.datatype:
-            raise InvalidArgument(
-                f"ensemble '{ensemble}': tensor '{source_name}' is {source.datatype} "
-                f"but input '{name}' of model '{target.name}' expects {expected}"
-            )
-        inputs.append(TensorDesc(name, source.datatype, source.shape, source.location))
-    return inputs
 
 
 def _missing_outputs(step: StepPlan, target: ModelVersion, tensors: _Tensors) -> ShoalError | None:

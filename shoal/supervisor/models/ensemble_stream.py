@@ -37,10 +37,11 @@ from shoal.supervisor.models._ensemble_outcomes import (
     count_success,
     in_ensemble,
     step_error,
+    step_inputs,
     step_record,
 )
 from shoal.supervisor.models._ensemble_plan import StepPlan
-from shoal.supervisor.models.ensemble import EnsembleRunner, step_inputs
+from shoal.supervisor.models.ensemble import EnsembleRunner
 from shoal.supervisor.models.version import ModelVersion
 from shoal.supervisor.requests import traced
 from shoal.supervisor.requests.staging import batch_of, inline_bytes, spill_inline
