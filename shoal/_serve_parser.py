@@ -57,6 +57,7 @@ _MODEL_FLAGS: tuple[Flag, ...] = (
     ),
     _flag(
         "--model-control-mode",
+        type=str.lower,  # any case, as Triton (its own QA passes EXPLICIT)
         choices=["none", "explicit", "poll"],
         default="none",
         help="none: load every model at start; explicit: load --load-model names (* for all) "

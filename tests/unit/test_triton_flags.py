@@ -54,6 +54,8 @@ HONOURED = [
     (("--metrics-config=summary_latencies=false",), "counter_latencies", True),
     (("--metrics-config=summary_quantiles=0.5:0.05,0.9:0.01",), "counter_latencies", True),
     (("--metrics-config=histogram_latencies=false",), "counter_latencies", True),
+    (("--model-control-mode=EXPLICIT",), "model_control_mode", "explicit"),
+    (("--model-control-mode", "Poll"), "model_control_mode", "poll"),
 ]
 
 
