@@ -67,6 +67,7 @@ class SequenceTensors:
         self._state_inputs = {s.output_name: s.input_name for s in self._states}
         corrid = batching.control("CONTROL_SEQUENCE_CORRID")
         self.corrid_datatype = corrid.datatype if corrid is not None else None
+        self._corrid_name = corrid.tensor_name if corrid is not None else ""
 
     # -- controls ---------------------------------------------------------------------------
 
@@ -92,11 +93,19 @@ class SequenceTensors:
         """A zero-filled input-arena block (the data of a null request)."""
         return self._stage("", "UINT8", (nbytes,), bytes(nbytes))[1]
 
-    def corrid_mismatch(self, corr: int | str) -> str | None:
-        """Why ``corr`` cannot be written into the CORRID control, if it cannot."""
-        if self.corrid_datatype in (None, "BYTES") or isinstance(corr, int):
+    def corrid_mismatch(self, corr: int | str, model: str) -> str | None:
+        """Why ``corr`` cannot be the CORRID control's value, in Triton's rule and words: a
+        string id needs a TYPE_STRING control, a numeric id an integer one."""
+        expected = self.corrid_datatype
+        if expected is None:
             return None
-        return f"has a string correlation ID, but its CORRID control is {self.corrid_datatype}"
+        given = "BYTES" if isinstance(corr, str) else "UINT64"
+        if expected in (("BYTES",) if given == "BYTES" else _INTEGER_CORRIDS):
+            return None
+        return (
+            f"sequence batching control '{self._corrid_name}' data-type is '{given}', but "
+            f"model '{model}' expects '{expected}'"
+        )
 
     # -- implicit state ---------------------------------------------------------------------
 
@@ -190,6 +199,10 @@ def _zeros(datatype: str, dims: tuple[int, ...]) -> bytes:
     size = byte_size(datatype, dims)
     # BYTES: every element an empty string (a zero 4-byte length).
     return bytes(4 * element_count(dims) if size is None else size)
+
+
+#: The CORRID control datatypes that take a numeric correlation id (Triton's).
+_INTEGER_CORRIDS = ("UINT64", "INT64", "UINT32", "INT32")
 
 
 def _corrid_array(datatype: str, corr: int | str) -> np.ndarray:

@@ -236,6 +236,9 @@ class SequenceBatcher:
         corr = record.correlation_id
         if self._closed:
             return Unavailable("the model is unloading")
+        mismatch = self.tensors.corrid_mismatch(corr, self.model)  # Triton checks it first
+        if mismatch is not None:
+            return InvalidArgument(mismatch)
         if work.batch_size > 1:
             return InvalidArgument(
                 f"inference request to model '{self.model}' must specify batch-size 1 due to "
@@ -251,9 +254,6 @@ class SequenceBatcher:
                 f"inference request for sequence {corr} to model '{self.model}' must specify "
                 "the START flag on the first request of the sequence"
             )
-        mismatch = self.tensors.corrid_mismatch(corr)
-        if mismatch is not None:
-            return InvalidArgument(f"inference request to model '{self.model}' {mismatch}")
         return None
 
     def _arm_reaper(self, when_ns: int) -> None:

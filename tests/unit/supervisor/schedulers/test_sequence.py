@@ -166,7 +166,11 @@ def test_requests_the_sequence_batcher_rejects(tmp_path):
         error = await _error(two)
         assert "must specify batch-size 1 due to requirements of sequence batcher" in str(error)
         error = await _error(s.submit("abc", START))  # the CORRID control is UINT64
-        assert error.code is ErrorCode.INVALID_ARG and "string correlation ID" in str(error)
+        assert error.code is ErrorCode.INVALID_ARG
+        assert str(error) == (  # Triton's words
+            "sequence batching control 'CORRID' data-type is 'BYTES', but model 'm' expects "
+            "'UINT64'"
+        )
         await s.close()
 
     run(scenario())
@@ -181,6 +185,11 @@ def test_string_correlation_ids(tmp_path):
         assert s.controls(a)["CORRID"] == b"alpha"
         inst.finish()
         assert (await result(a))["CORRID"].tolist() == [[b"alpha"]]
+        error = await _error(s.submit(7, START))  # a numeric id: refused, as Triton does
+        assert str(error) == (
+            "sequence batching control 'CORRID' data-type is 'UINT64', but model 'm' expects "
+            "'BYTES'"
+        )
         await s.close()
 
     run(scenario())
