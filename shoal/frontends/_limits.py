@@ -2,7 +2,9 @@
 one connection may cost (header size, header and body read timeouts).
 
 Triton answers an oversized request with HTTP 400 and a message that names the limit and the flag
-that raises it; clients and tests match on "exceeds the maximum allowed value".
+that raises it; clients and tests match on "exceeds the maximum allowed value", and for a JSON-only
+body on Triton's own words for it, "request JSON size of N bytes exceeds the maximum allowed input
+size of M bytes".
 """
 
 from __future__ import annotations
@@ -41,6 +43,11 @@ class ConnectionLimits:
 def too_large(limit: int, size: int | None = None, *, what: str = "Request") -> InvalidArgument:
     """The error for a body over ``limit`` bytes (``size`` when it is known)."""
     size_text = "" if size is None else f" of {size} bytes"
+    if what == "Request JSON":  # Triton's words (http_server.cc EVBufferToJson)
+        return InvalidArgument(
+            f"request JSON size{size_text} exceeds the maximum allowed input size of {limit} "
+            "bytes. Use --http-max-input-size to increase the limit."
+        )
     return InvalidArgument(
         f"{what} size{size_text} exceeds the maximum allowed value of {limit} bytes. "
         "Use --http-max-input-size to increase the limit."

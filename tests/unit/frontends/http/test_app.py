@@ -386,7 +386,7 @@ class TestSizeLimit:
         }
         reply = http(small_url, "POST", "/v2/models/echo/infer", json=document)
         assert reply.status_code == 400
-        assert reply.json()["error"].startswith("Request JSON size of ")
+        assert reply.json()["error"].startswith("request JSON size of ")
 
     def test_chunked_request_over_the_limit(self, small_url: str) -> None:
         chunks = iter([b"x" * 3000, b"x" * 3000])
@@ -394,8 +394,8 @@ class TestSizeLimit:
         assert reply.status_code == 400
         message = reply.json()["error"]
         # The size is named when the server happened to receive both chunks at once.
-        assert message.startswith("Request JSON size ")
-        assert f"exceeds the maximum allowed value of {LIMIT} bytes" in message
+        assert message.startswith("request JSON size ")
+        assert f"exceeds the maximum allowed input size of {LIMIT} bytes" in message
 
     def test_compressed_request_inflating_over_the_limit(self, small_url: str) -> None:
         body = json.dumps({"inputs": [], "padding": " " * 10_000}).encode()

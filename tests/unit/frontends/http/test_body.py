@@ -58,7 +58,7 @@ def test_content_length_over_the_limit_is_refused_before_reading() -> None:
         read(receive, "200", what="Request JSON")
     assert receive.read == 0
     assert info.value.message == (
-        "Request JSON size of 200 bytes exceeds the maximum allowed value of 100 bytes. "
+        "request JSON size of 200 bytes exceeds the maximum allowed input size of 100 bytes. "
         "Use --http-max-input-size to increase the limit."
     )
 
