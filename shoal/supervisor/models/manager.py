@@ -154,12 +154,13 @@ class ModelRepositoryManager:
 
     def _check_control_allowed(self) -> None:
         if self.options.model_control_mode != "explicit":
-            # Triton's code and words (whatever the mode), then what to do about it.
+            # Triton's code and words whatever the mode (clients match them), then what to do.
+            words = "explicit model load / unload is not allowed if polling is enabled"
             raise Unavailable(
-                "explicit model load / unload is not allowed if polling is enabled"
+                words
                 if self.options.model_control_mode == "poll"
-                else "explicit model load / unload is not allowed: the server runs with "
-                "--model-control-mode=none; start it with --model-control-mode=explicit"
+                else f"{words} (this server runs with --model-control-mode=none: start it "
+                "with --model-control-mode=explicit)"
             )
 
     async def load(
