@@ -237,7 +237,7 @@ def test_json_nested_a_thousand_deep_is_refused(server, path):
         sock.sendall(head.encode() + body)
         status, answer = read_response(sock)
     assert status == 400, answer
-    assert "nests deeper than 100 levels" in json.loads(answer)["error"]
+    assert "JSON nesting depth exceeds maximum allowed limit (100)" in json.loads(answer)["error"]
 
 
 def test_pipelined_requests_past_the_head_limit_together_are_all_served(server):

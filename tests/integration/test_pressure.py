@@ -303,7 +303,9 @@ def _raw_exchange(server: ShoalServer, request: bytes, timeout: float = 10.0) ->
 
 
 #: Triton's words for a JSON-only body over the limit, and for any other body.
-_JSON_TOO_LARGE = "request JSON size of {size} bytes exceeds the maximum allowed input size of {limit}"
+_JSON_TOO_LARGE = (
+    "request JSON size of {size} bytes exceeds the maximum allowed input size of {limit}"
+)
 _TOO_LARGE = "size of {size} bytes exceeds the maximum allowed value of {limit}"
 
 

@@ -226,7 +226,7 @@ def check_depth(data: bytes | bytearray | memoryview) -> None:
     folded = np.frombuffer(structure, np.uint8) | 0x20  # "[" and "]" become "{" and "}"
     steps = (folded == _OPEN).astype(np.int64) * 2 - 1
     if int(np.cumsum(steps).max()) > MAX_DEPTH:
-        raise JsonDecodeError(f"the JSON nests deeper than {MAX_DEPTH} levels")
+        raise JsonDecodeError(f"JSON nesting depth exceeds maximum allowed limit ({MAX_DEPTH})")
 
 
 def _structure(data: bytes | bytearray) -> bytes | bytearray:

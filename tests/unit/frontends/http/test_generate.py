@@ -241,7 +241,9 @@ class TestRequest:
     @pytest.mark.parametrize("route", ROUTES)
     def test_oversized_body(self, base: str, route: str) -> None:
         response = post(base, "echo", route, {"TEXT": "x" * 5000})
-        assert "request JSON size of 5012 bytes exceeds the maximum allowed input size" in error_of(response, 400)
+        assert "request JSON size of 5012 bytes exceeds the maximum allowed input size" in error_of(
+            response, 400
+        )
 
     def test_only_post(self, base: str) -> None:
         response = requests.get(f"{base}/v2/models/echo/generate", timeout=10)

@@ -66,7 +66,9 @@ def test_depth_beyond_the_limit_is_refused_whatever_the_parser(
     monkeypatch.setattr(_json, "_std_loads", lambda data: ["parsed by the fallback"])
     monkeypatch.setattr(_json, "_ORJSON", None)
     for depth in (_json.MAX_DEPTH + 1, 1000, 2000):
-        with pytest.raises(_json.JsonDecodeError, match="nests deeper than 100 levels"):
+        with pytest.raises(
+            _json.JsonDecodeError, match=r"JSON nesting depth exceeds maximum allowed limit \(100\)"
+        ):
             _json.loads(_nested(depth))
     assert _json.loads(_nested(_json.MAX_DEPTH)) == ["parsed by the fallback"]
 
@@ -74,9 +76,9 @@ def test_depth_beyond_the_limit_is_refused_whatever_the_parser(
 def test_depth_is_measured_at_the_limit() -> None:
     assert _json.loads(_nested(_json.MAX_DEPTH)) is not None
     deep_object = b'{"a":' * 101 + b"1" + b"}" * 101
-    with pytest.raises(_json.JsonDecodeError, match="nests deeper"):
+    with pytest.raises(_json.JsonDecodeError, match="JSON nesting depth exceeds"):
         _json.loads(deep_object)
-    with pytest.raises(_json.JsonDecodeError, match="nests deeper"):
+    with pytest.raises(_json.JsonDecodeError, match="JSON nesting depth exceeds"):
         _json.loads(memoryview(b"[" + _nested(100) + b"]"))
     # Many brackets, little depth: a large tensor written as nested rows.
     rows = json.dumps({"data": [[1, 2]] * 5000}).encode()
@@ -87,7 +89,7 @@ def test_brackets_inside_strings_do_not_count() -> None:
     text = "[" * 500 + '\\"' + "{" * 500  # an escaped backslash, then a quote that ends it
     document = json.dumps({"s": text, "t": '"[[[[' * 50, "d": [[1]]}).encode()
     assert _json.loads(document)["d"] == [[1]]
-    with pytest.raises(_json.JsonDecodeError, match="nests deeper"):
+    with pytest.raises(_json.JsonDecodeError, match="JSON nesting depth exceeds"):
         _json.loads(json.dumps({"s": "[" * 500, "d": [[[1]]]}).encode()[:-2] + _nested(101) + b"}")
 
 
@@ -156,7 +158,7 @@ def test_depth_agrees_with_the_parsed_document(seed: int) -> None:
     assert _depth(value) == depth
     body = json.dumps(value).encode()
     if depth > _json.MAX_DEPTH:
-        with pytest.raises(_json.JsonDecodeError, match="nests deeper"):
+        with pytest.raises(_json.JsonDecodeError, match="JSON nesting depth exceeds"):
             _json.check_depth(body)
     else:
         _json.check_depth(body)
