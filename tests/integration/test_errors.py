@@ -101,6 +101,24 @@ def test_unknown_output(client):
     )
 
 
+@pytest.mark.parametrize("protocol", [httpclient, grpcclient], ids=["http", "grpc"])
+def test_an_output_asked_for_twice_is_refused(bundled_server, protocol):
+    """Triton refuses a request naming one output twice (its words), on both protocols."""
+    url = bundled_server.url if protocol is httpclient else bundled_server.grpc_url
+    client = protocol.InferenceServerClient(url)
+    inputs = []
+    for name in ("INPUT0", "INPUT1"):
+        tensor = protocol.InferInput(name, [4], "FP32")
+        tensor.set_data_from_numpy(np.ones(4, np.float32))
+        inputs.append(tensor)
+    twice = [protocol.InferRequestedOutput("OUTPUT0") for _ in range(2)]
+    _expect_error(
+        lambda: client.infer("add_sub", inputs, outputs=twice),
+        "output 'OUTPUT0' already exists in request",
+    )
+    client.close()
+
+
 def test_input_errors_read_as_tritons(client):
     """Triton 2.51's texts, prefix and order (checked against it on the same models)."""
     a, b = _fp32("INPUT0", np.ones(5)), _fp32("INPUT1", np.ones(5))

@@ -322,8 +322,12 @@ def _plain_value(name: str, value: object) -> bool:
 
 
 def _plain_outputs(request: InferRequest, snapshot: Snapshot) -> bool:
-    """Outputs the model has, none in client shared memory or asking for classes."""
-    for output in request.outputs:
+    """Outputs the model has, each named once, none in client shared memory or asking for
+    classes."""
+    outputs = request.outputs
+    if len(outputs) > 1 and len({output.name for output in outputs}) < len(outputs):
+        return False  # the core refuses it in Triton's words
+    for output in outputs:
         if output.name not in snapshot.output_names:
             return False
         params = output.parameters

@@ -219,7 +219,11 @@ def check_outputs(model: ModelSummary, request: InferRequest) -> list[str]:
     if not request.outputs:
         return list(model.outputs)
     names = model.output_names
+    asked: set[str] = set()
     for output in request.outputs:
+        if output.name in asked:  # Triton's check and words (InferenceRequest::AddRequestedOutput)
+            raise InvalidArgument(f"output '{output.name}' already exists in request")
+        asked.add(output.name)
         if output.name not in names:
             raise InvalidArgument(
                 f"unexpected inference output '{output.name}' for model '{model.name}'"
