@@ -76,7 +76,7 @@ INTS = np.arange(8, dtype=np.int32).tobytes()
 #: Requests for model "m" (batched): (request, whether the relay takes it).
 BATCHED_CASES = [
     (_req("m", _fp32("A", (1, 2))), True),
-    (_req("m", _fp32("A", (3, 2)), outputs=["Z", "Y", "Z"], id="r-1"), True),
+    (_req("m", _fp32("A", (3, 2)), outputs=["Z", "Y"], id="r-1"), True),
     (
         _req(
             "m",
@@ -102,6 +102,7 @@ BATCHED_CASES = [
     (_req("m", InferInput("A", "FP32", (1, 2), b"\0" * 7)), False),
     (_req("m", _fp32("A", (1, 2)), InferInput("S", "BYTES", (1, 3), STRINGS)), False),
     (_req("m", _fp32("A", (1, 2)), outputs=["W"]), False),
+    (_req("m", _fp32("A", (1, 2)), outputs=["Z", "Y", "Z"]), False),  # an output named twice
     (_req("m", _fp32("A", (1, 2)), id="bad\udc00"), False),
     (_req("m", _fp32("A", (1, 2)), parameters={"x\udc00": 1}), False),
     (_req("m", _fp32("A", (1, 2)), parameters={"x": "\udc00"}), False),
