@@ -119,6 +119,22 @@ def test_an_output_asked_for_twice_is_refused(bundled_server, protocol):
     client.close()
 
 
+@pytest.mark.parametrize(
+    ("first_dim", "words"),
+    [
+        (2**4, "shape [16,1152921504606846978] causes total element count to exceed maximum size"),
+        (2**2, "byte size overflow for input 'INPUT0': element count (4611686018427387912) * data"),
+    ],
+)
+def test_json_shapes_past_int64_are_refused_before_the_data(bundled_server, first_dim, words):
+    """Elements, or bytes, an int64 cannot count: Triton's words, not a data/shape mismatch."""
+    tensor = {"name": "INPUT0", "datatype": "FP32", "shape": [first_dim, 2**60 + 2], "data": [1.0]}
+    body = json.dumps({"inputs": [tensor]}).encode()
+    status, answer = _post(f"http://{bundled_server.url}/v2/models/add_sub/infer", body)
+    assert status == 400
+    assert words in answer["error"]
+
+
 def test_input_errors_read_as_tritons(client):
     """Triton 2.51's texts, prefix and order (checked against it on the same models)."""
     a, b = _fp32("INPUT0", np.ones(5)), _fp32("INPUT1", np.ones(5))

@@ -35,6 +35,8 @@ _FLOAT_TYPES = frozenset(("FP16", "FP32", "FP64"))
 #: What a JSON value of each kind of datatype must be, for error messages.
 _EXPECTED = {"BOOL": "a boolean", "BYTES": "a string"}
 
+_INT64_MAX = 2**63 - 1
+
 # Marks "no offending value found"; None cannot, since JSON null is a possible offender.
 _NOTHING = object()
 
@@ -48,6 +50,7 @@ def array_from_json(name: str, datatype: str, shape: tuple[int, ...], data: Any)
     emptied as it is converted (the caller's document gives it up): its values are freed in
     slices, not all in one call when the document goes.
     """
+    _check_size(name, datatype, shape)
     if isinstance(data, NumberArray):
         values = _from_pieces(name, datatype, data.pieces)
         if values is not None:
@@ -58,6 +61,25 @@ def array_from_json(name: str, datatype: str, shape: tuple[int, ...], data: Any)
     finally:
         if isinstance(data, list) and len(data) > _SLICE:
             _free_in_slices(data)
+
+
+def _check_size(name: str, datatype: str, shape: tuple[int, ...]) -> None:
+    """Triton's checks (and words) of a JSON input's shape before its data is read: elements,
+    and bytes, that an int64 cannot count."""
+    count = element_count(shape)
+    dims = ",".join(map(str, shape))
+    if count > _INT64_MAX:
+        raise InvalidArgument(
+            f"invalid shape for input '{name}': shape [{dims}] causes total element count to "
+            f"exceed maximum size of {_INT64_MAX}"
+        )
+    dtype = NUMPY_DTYPES.get(datatype)
+    size = 0 if dtype is None or datatype == "BYTES" else np.dtype(dtype).itemsize
+    if size > 1 and count > _INT64_MAX // size:
+        raise InvalidArgument(
+            f"byte size overflow for input '{name}': element count ({count}) * data type size "
+            f"({size}) exceeds maximum allowed size ({_INT64_MAX})"
+        )
 
 
 def _array_from_json(name: str, datatype: str, shape: tuple[int, ...], data: Any) -> np.ndarray:
