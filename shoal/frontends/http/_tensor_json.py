@@ -265,9 +265,18 @@ def _bad_value(name: str, datatype: str, data: list[Any]) -> InvalidArgument:
     offender = next(offenders, _NOTHING)
     got = "" if offender is _NOTHING else f", got {_json_repr(offender)}"
     return InvalidArgument(
-        f"Unable to parse 'data' for input '{name}': expected {expected} for datatype "
-        f"{datatype}{got}"
+        f"Unable to parse 'data' for input '{name}': {_triton_words(datatype)}: expected "
+        f"{expected} for datatype {datatype}{got}"
     )
+
+
+def _triton_words(datatype: str) -> str:
+    """What Triton's JSON reader says of a value of the wrong kind (clients match it)."""
+    if datatype in _INTEGER_TYPES:
+        kind = "unsigned-integer" if datatype.startswith("U") else "signed-integer"
+    else:
+        kind = {"BOOL": "boolean", "BYTES": "string"}.get(datatype, "number")
+    return f"attempt to access JSON non-{kind} as {'double' if kind == 'number' else kind}"
 
 
 def _json_repr(value: Any) -> str:
@@ -277,7 +286,7 @@ def _json_repr(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, str):
         return f'"{value[:40]}"'
-    return type(value).__name__ if isinstance(value, dict) else repr(value)
+    return "an object" if isinstance(value, dict) else repr(value)
 
 
 def json_from_output(name: str, datatype: str, shape: tuple[int, ...], data: memoryview) -> Any:

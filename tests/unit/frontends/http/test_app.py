@@ -249,7 +249,8 @@ class TestRawRequests:
         reply = http(url, "POST", "/v2/models/echo/infer", json=document)
         assert reply.status_code == 400
         assert reply.json() == {
-            "error": "Unable to parse 'data' for input 'X': expected an integer for datatype "
+            "error": "Unable to parse 'data' for input 'X': attempt to access JSON "
+            "non-signed-integer as signed-integer: expected an integer for datatype "
             'INT32, got "a"'
         }
 

@@ -356,27 +356,28 @@ class TestInputErrors:
         assert f"input 'X': shape {shape}" in message
 
     @pytest.mark.parametrize(
-        ("datatype", "data", "expected", "got"),
+        ("datatype", "data", "triton", "expected", "got"),
         [
-            ("INT32", [1, "abc"], "an integer", '"abc"'),
-            ("INT32", [1, 2.5], "an integer", "2.5"),
-            ("INT64", [True, False], "an integer", "true"),
-            ("UINT64", [1, None], "an integer", "null"),
-            ("BOOL", [1, 0], "a boolean", "1"),
-            ("FP32", [1.0, None], "a number", "null"),
-            ("FP16", [False], "a number", "false"),
-            ("FP64", ["1.0"], "a number", '"1.0"'),
-            ("BYTES", ["a", 1], "a string", "1"),
-            ("BYTES", [{"a": 1}], "a string", "dict"),
+            ("INT32", [1, "abc"], "non-signed-integer as signed-integer", "an integer", '"abc"'),
+            ("INT32", [1, 2.5], "non-signed-integer as signed-integer", "an integer", "2.5"),
+            ("INT64", [True, False], "non-signed-integer as signed-integer", "an integer", "true"),
+            ("UINT64", [1, None], "non-unsigned-integer as unsigned-integer", "an integer", "null"),
+            ("BOOL", [1, 0], "non-boolean as boolean", "a boolean", "1"),
+            ("FP32", [1.0, None], "non-number as double", "a number", "null"),
+            ("FP16", [False], "non-number as double", "a number", "false"),
+            ("FP64", ["1.0"], "non-number as double", "a number", '"1.0"'),
+            ("BYTES", ["a", 1], "non-string as string", "a string", "1"),
+            ("BYTES", [{"a": 1}], "non-string as string", "a string", "an object"),
         ],
     )
     def test_value_of_the_wrong_type_names_input_and_value(
-        self, datatype: str, data: list[Any], expected: str, got: str
+        self, datatype: str, data: list[Any], triton: str, expected: str, got: str
     ) -> None:
+        """Triton's words first (its JSON reader's: clients match them), then which value."""
         message = spec_error(json_input("X", datatype, [len(data)], data))
         assert message == (
-            f"Unable to parse 'data' for input 'X': expected {expected} for datatype "
-            f"{datatype}, got {got}"
+            f"Unable to parse 'data' for input 'X': attempt to access JSON {triton}: expected "
+            f"{expected} for datatype {datatype}, got {got}"
         )
 
     @pytest.mark.parametrize(
