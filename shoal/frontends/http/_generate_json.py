@@ -60,14 +60,14 @@ def decode_generate_request(
     raw_parameters: dict[str, Any] = {}
     for key, value in _members(document, specs):
         if key == PARAMETERS:
-            for nested_key, nested_value in _members(_nested(value, specs), specs):
-                _assign(nested_key, nested_value, specs, tensors, raw_parameters)
+            _assign_nested(_nested(value, specs), specs, tensors, raw_parameters)
         else:
             _assign(key, value, specs, tensors, raw_parameters)
     parameters, _ = request_parameters(raw_parameters)  # outputs are JSON whatever it asks
     return InferRequest(
         model_name=model_name,
         model_version=model_version,
+        id=_request_id(document),
         inputs=list(tensors.values()),
         parameters=parameters,
     )
@@ -117,6 +117,15 @@ def fit_shape(name: str, dims: Sequence[int], count: int) -> tuple[int, ...]:
     return tuple(shape)
 
 
+def _request_id(document: _Object) -> str:
+    """The request's id: its ``id`` member, which stays a parameter too (as in Triton), and
+    comes back in each response where it is not empty."""
+    request_id = document.get("id", "")
+    if not isinstance(request_id, str):
+        raise InvalidArgument("Unable to parse 'id': attempt to access JSON non-string as string")
+    return request_id
+
+
 def _parse(body: bytes | bytearray) -> _Object:
     try:
         document = json.loads(body, object_pairs_hook=_object)
@@ -156,6 +165,23 @@ def _nested(value: Any, specs: Mapping[str, TensorMetadata]) -> _Object:
     if not isinstance(value, _Object):
         raise InvalidArgument(f"Expected JSON object for keyword: '{PARAMETERS}'")
     return value
+
+
+def _assign_nested(
+    nested: _Object,
+    specs: Mapping[str, TensorMetadata],
+    tensors: dict[str, InferInput],
+    parameters: dict[str, Any],
+) -> None:
+    """The ``parameters`` object's members; what is wrong with one is said as Triton says it,
+    after "Converting keyword: 'parameters': "."""
+    try:
+        for key, value in _members(nested, specs):
+            _assign(key, value, specs, tensors, parameters)
+            if key not in specs:
+                request_parameters({key: value})  # checked here, to be named as nested
+    except InvalidArgument as exc:
+        raise InvalidArgument(f"Converting keyword: '{PARAMETERS}': {exc.message}") from None
 
 
 def _assign(

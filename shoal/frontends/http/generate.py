@@ -113,16 +113,25 @@ class GenerateEndpoint:
         responses = self._core.infer_stream(request)
         try:
             try:
-                first = await _next_body(responses)
-            except ShoalError as exc:
+                first = await _next_response(responses)
+            except ShoalError as exc:  # refused before the model ran: plain JSON
                 await _send_error(send, exc)
                 return
             except Exception:
                 await _send_error(send, unexpected("a generate_stream request"))
                 return
-            await _start(send, 200, [("content-type", EVENT_STREAM_TYPE)])
+            status, event = 200, b""
             if first is not None:
-                await _send_chunk(send, sse_event(first))
+                try:
+                    event = sse_event(_encoded(first))
+                except ShoalError as exc:
+                    # The model's error as its first response: Triton's stream, with the
+                    # error's status and the error as its only event.
+                    status, event = error_parts(exc)[0], sse_event(error_json(exc.message))
+            await _start(send, status, [("content-type", EVENT_STREAM_TYPE)])
+            if event:
+                await _send_chunk(send, event)
+            if status == 200 and first is not None:
                 await _send_rest(responses, send)
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
@@ -148,10 +157,19 @@ async def _send_rest(responses: AsyncIterator[InferResponse], send: Send) -> Non
 
 async def _next_body(responses: AsyncIterator[InferResponse]) -> bytes | None:
     """The next response encoded (and released), or None at the end."""
+    response = await _next_response(responses)
+    return None if response is None else _encoded(response)
+
+
+async def _next_response(responses: AsyncIterator[InferResponse]) -> InferResponse | None:
     try:
-        response = await anext(responses)
+        return await anext(responses)
     except StopAsyncIteration:
         return None
+
+
+def _encoded(response: InferResponse) -> bytes:
+    """The response encoded, and released; its error raised when it is an error response."""
     if response.error is not None:  # the model's error response: the last event
         response.release()
         raise response.error

@@ -54,7 +54,8 @@ class GenerateCore(EchoCore):
     """``EchoCore`` whose models have generate-style inputs, plus the streaming model "stream".
 
     "stream" answers COUNT responses; request parameters make it raise InvalidArgument
-    ("fail_at": index) or RuntimeError ("crash_at": index) instead of a response, or wait for
+    ("fail_at": index) or RuntimeError ("crash_at": index) instead of a response, answer an
+    error response as a decoupled model sends one ("error_at": index), or wait for
     ever after its responses ("hang": true). ``closed`` is set when its iterator is finished or
     closed, however that happens.
     """
@@ -83,6 +84,10 @@ class GenerateCore(EchoCore):
                     raise InvalidArgument(f"the model failed at response {index}")
                 if request.parameters.get("crash_at") == index:
                     raise RuntimeError("a bug in the model")
+                if request.parameters.get("error_at") == index:
+                    error = InvalidArgument(f"the model answered an error at {index}")
+                    yield InferResponse("stream", "1", error=error)
+                    return
                 await asyncio.sleep(0)  # let the loop run between responses, as a real model
                 yield self._index(index)
             if request.parameters.get("hang"):
@@ -212,7 +217,10 @@ class TestRequest:
             ('{"parameters": {"COUNT": 1, "COUNT": 2}}', "input 'COUNT' already exists"),
             ('{"parameters": 1}', "Expected JSON object for keyword: 'parameters'"),
             ('{"PARAMS": {"a": 0}}', "parameter 'PARAMS' has invalid type"),
-            ('{"parameters": {"nested": [1]}}', "parameter 'nested' has invalid type"),
+            (
+                '{"parameters": {"nested": [1]}}',
+                "Converting keyword: 'parameters': parameter 'nested' has invalid type",
+            ),
             ('{"triton_x": 1}', "reserved for Triton usage"),
             ('{"TEXT": 123}', "'TEXT': attempt to access JSON non-string as string: expected"),
             ('{"TEXT": {"a": 1}}', "attempt to access JSON non-string as string"),
@@ -252,6 +260,14 @@ class TestRequest:
 
 
 class TestGenerate:
+    def test_the_id_member_is_the_request_id(self, base: str) -> None:
+        """As Triton: ``id`` names the request, and each response carries it back."""
+        response = post(base, "echo", "generate", {"TEXT": "hi", "id": "42"})
+        assert response.status_code == 200
+        assert response.json()["id"] == "42"
+        refused = post(base, "echo", "generate", {"TEXT": "hi", "id": 42})
+        assert error_of(refused, 400).startswith("Unable to parse 'id'")
+
     def test_one_response_of_a_streaming_model(self, base: str, gen_core: GenerateCore) -> None:
         response = post(base, "stream", "generate", {"COUNT": 1})
         assert response.status_code == 200, response.text
@@ -323,7 +339,17 @@ class TestGenerateStream:
         assert response.status_code == 200
         assert events(response)[1:] == [{"error": CRASH_MESSAGE}]
 
-    def test_error_before_the_first_response_is_plain_json(self, base: str) -> None:
+    def test_an_error_as_the_first_response_is_the_only_event_with_its_status(
+        self, base: str
+    ) -> None:
+        """As Triton: the stream starts with the error's status, the error its only event."""
+        body = {"COUNT": 3, "error_at": 0}
+        response = post(base, "stream", "generate_stream", body)
+        assert response.status_code == 400
+        assert events(response) == [{"error": "the model answered an error at 0"}]
+
+    def test_an_error_raised_before_the_first_response_is_plain_json(self, base: str) -> None:
+        """A request refused (or a model failing) before any response: JSON, not a stream."""
         body = {"COUNT": 3, "fail_at": 0}
         response = post(base, "stream", "generate_stream", body)
         assert error_of(response, 400) == "the model failed at response 0"
