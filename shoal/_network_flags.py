@@ -220,13 +220,20 @@ def add_limit_flags(serve: argparse.ArgumentParser) -> None:
     """What one request and one client connection may cost (docs/hardening.md)."""
     serve.add_argument(
         "--http-max-input-size",
-        type=int,
+        type=_max_input_size,
         default=64 * MIB,
         metavar="BYTES",
         help="the largest HTTP request body accepted (larger ones get 400)",
     )
     for flag, kind, default, text in (*_HTTP_LIMITS, *_GRPC_LIMITS, *_GRPC_KEEPALIVE):
         serve.add_argument(flag, type=kind, default=default, help=text)
+
+
+def _max_input_size(text: str) -> int:
+    size = int(text)
+    if size <= 0:  # Triton's check and words
+        raise argparse.ArgumentTypeError("Error: --http-max-input-size must be greater than 0.")
+    return size
 
 
 def add_restriction_flags(serve: argparse.ArgumentParser) -> None:

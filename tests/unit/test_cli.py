@@ -71,3 +71,14 @@ def test_exit_on_error_defaults_to_true_as_triton() -> None:
     assert args.exit_on_error is True
     args = build_parser().parse_args(["serve", "--model-repository", "r", "--exit-on-error=false"])
     assert args.exit_on_error is False
+
+
+@pytest.mark.parametrize("size", ["0", "-1024"])
+def test_http_max_input_size_must_be_positive_as_triton(
+    size: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(
+            ["serve", "--model-repository", "r", f"--http-max-input-size={size}"]
+        )
+    assert "Error: --http-max-input-size must be greater than 0." in capsys.readouterr().err
