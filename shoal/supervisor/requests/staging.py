@@ -218,17 +218,13 @@ def check_outputs(model: ModelSummary, request: InferRequest) -> list[str]:
     """The output names the model must produce (all of them when the client named none)."""
     if not request.outputs:
         return list(model.outputs)
-    names = model.output_names
-    asked: set[str] = set()
-    for output in request.outputs:
-        if output.name in asked:  # Triton's check and words (InferenceRequest::AddRequestedOutput)
-            raise InvalidArgument(f"output '{output.name}' already exists in request")
-        asked.add(output.name)
-        if output.name not in names:
-            raise InvalidArgument(
-                f"unexpected inference output '{output.name}' for model '{model.name}'"
-            )
-    return [o.name for o in request.outputs]
+    asked = [output.name for output in request.outputs]
+    for index, name in enumerate(asked):
+        if name in asked[:index]:  # Triton's check and words (AddRequestedOutput)
+            raise InvalidArgument(f"output '{name}' already exists in request")
+        if name not in model.output_names:
+            raise InvalidArgument(f"unexpected inference output '{name}' for model '{model.name}'")
+    return asked
 
 
 def _model_shape(model: ModelSummary, rule: InputRule, shape: tuple[int, ...]) -> tuple[int, ...]:
