@@ -124,9 +124,10 @@ cp -r "$EXAMPLES/simple_identity" "$LIMIT/"
 start_server() {  # start_server NAME ARGS...: starts shoal, waits until ready (or exited)
     local log=$OUT/server.$1.log
     shift
-    PYTHONPATH=$ROOT "$SHOAL_PYTHON" -m shoal serve --http-address 127.0.0.1 \
+    # From ROOT: "python -m" puts the current folder first on the import path.
+    (cd "$ROOT" && PYTHONPATH=$ROOT exec "$SHOAL_PYTHON" -m shoal serve --http-address 127.0.0.1 \
         --grpc-address 127.0.0.1 --metrics-address 127.0.0.1 --http-port "$HTTP_PORT" \
-        --grpc-port "$GRPC_PORT" --metrics-port "$METRICS_PORT" "$@" >"$log" 2>&1 &
+        --grpc-port "$GRPC_PORT" --metrics-port "$METRICS_PORT" "$@") >"$log" 2>&1 &
     SERVER_PID=$!
     SERVER_LOG=$log
     for _ in $(seq 600); do
