@@ -252,3 +252,19 @@ def test_pipelined_requests_past_the_head_limit_together_are_all_served(server):
             assert chunk, f"closed after {answers.count(b'HTTP/1.1 ')} answers"
             answers += chunk
     assert answers.count(b"HTTP/1.1 200 OK\r\n") == 400
+
+
+@pytest.mark.parametrize("chunks", [1 << 16, (1 << 16) + 1])
+def test_a_body_of_more_than_65536_chunks_is_refused(server, chunks):
+    """Triton's limit and words: a body of many tiny chunks costs per chunk what no limit on
+    bytes sees. 65,536 are read (the request then fails as any body of bad JSON)."""
+    head = (
+        "POST /v2/models/identity/infer HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+    )
+    with _connect(server) as sock:
+        sock.sendall(head.encode() + b"1\r\n[\r\n" * chunks + b"0\r\n\r\n")
+        status, answer = read_response(sock)
+    assert status == 400, answer
+    refused = "Chunked request body exceeds maximum of 65536 non-empty chunks."
+    assert (refused in answer.decode()) == (chunks > 1 << 16), answer
+    _infer(server)

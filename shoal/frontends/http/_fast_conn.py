@@ -48,6 +48,8 @@ class FastConnection:
         self.head_started = now
         #: A request body is due.
         self.in_body = False
+        #: The chunks of the chunked request body being read (its last, empty, one too).
+        self.chunks = 0
         #: When the transport's buffer went over its high-water mark (0: it is under it), or
         #: when the client last took some of it since; what the buffer held then.
         self.write_paused = 0.0

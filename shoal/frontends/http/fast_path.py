@@ -34,6 +34,9 @@ from shoal.frontends.http._response import Body, LentBody, body_length
 
 log = logging.getLogger("shoal")
 
+#: The most non-empty chunks a chunked request body may have (Triton's ``kMaxChunkedChunks``).
+MAX_CHUNKS: Final = 1 << 16
+
 
 class FastInferHttpToolsProtocol(CoalescingHttpToolsProtocol):
     """Serves ``POST .../infer`` straight from the HTTP parser's callbacks: no ASGI scope, no
@@ -269,8 +272,21 @@ class FastInferHttpToolsProtocol(CoalescingHttpToolsProtocol):
                 self.timeout_keep_alive - idle, self._keep_alive_check
             )
 
+    def on_chunk_header(self) -> None:
+        """Triton's limit on the chunks of a body (``kMaxChunkedChunks``), and its words: many
+        tiny chunks cost per chunk what no limit on bytes sees."""
+        fast = self._fast
+        fast.chunks += 1
+        if fast.chunks == MAX_CHUNKS + 2:  # past the last allowed one and the empty last one
+            self._refuse(
+                400,
+                f"Chunked request body exceeds maximum of {MAX_CHUNKS} non-empty chunks. "
+                "Send fewer or larger HTTP chunks.",
+            )
+
     def on_message_begin(self) -> None:
         fast = self._fast
+        fast.chunks = 0
         fast.url = b""
         fast.expect_100_continue = False
         fast.headers = []
