@@ -268,3 +268,22 @@ def test_a_body_of_more_than_65536_chunks_is_refused(server, chunks):
     refused = "Chunked request body exceeds maximum of 65536 non-empty chunks."
     assert (refused in answer.decode()) == (chunks > 1 << 16), answer
     _infer(server)
+
+
+def test_a_body_framed_by_both_lengths_is_read_chunked_and_the_connection_closed(server):
+    """Content-Length and Transfer-Encoding: chunked (a client adding the header by hand): the
+    body is the chunks, as Triton reads it, and the connection ends after the answer (RFC 9112
+    6.3: what follows on it could be framed either way)."""
+    body = json.dumps(
+        {"inputs": [{"name": "IN_INT32", "datatype": "INT32", "shape": [1], "data": [7]}]}
+    ).encode()
+    chunked = f"{len(body):X}\r\n".encode() + body + b"\r\n0\r\n\r\n"
+    head = (
+        "POST /v2/models/identity/infer HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+        f"Content-Length: {len(chunked)}\r\n\r\n"
+    )
+    with _connect(server) as sock:
+        sock.sendall(head.encode() + chunked)
+        answer = _closed(sock)
+    assert answer.startswith(b"HTTP/1.1 200 "), answer
+    assert json.loads(answer.partition(b"\r\n\r\n")[2])["outputs"][0]["data"] == [7]

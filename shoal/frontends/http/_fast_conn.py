@@ -18,7 +18,7 @@ import contextlib
 import socket
 import struct
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Final
 
 from shoal.frontends._limits import ConnectionLimits
 from shoal.frontends.http._coalescing import CoalescingTransport
@@ -103,3 +103,14 @@ def reset_connection(transport: Any) -> None:
         with contextlib.suppress(OSError):
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     transport.abort()
+
+
+#: The HTTP parser's leniencies: uvicorn's, and a body framed by both Content-Length and
+#: Transfer-Encoding read chunked (RFC 9112 6.3; Triton reads it so) rather than refused.
+LENIENCIES: Final = {"lenient_data_after_close": True, "lenient_chunked_length": True}
+
+
+def is_framed_twice(headers: list[tuple[bytes, bytes]]) -> bool:
+    """Whether a request head has both Content-Length and Transfer-Encoding (lowercase names)."""
+    names = {name for name, _ in headers}
+    return b"transfer-encoding" in names and b"content-length" in names

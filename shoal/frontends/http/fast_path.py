@@ -23,7 +23,12 @@ from shoal.frontends._limits import ConnectionLimits
 from shoal.frontends.http import _json
 from shoal.frontends.http._body_reader import DIRECT_BODY, POOL, BodyBuffer, BodyReader
 from shoal.frontends.http._coalescing import CoalescingHttpToolsProtocol
-from shoal.frontends.http._fast_conn import FastConnection, reset_connection
+from shoal.frontends.http._fast_conn import (
+    LENIENCIES,
+    FastConnection,
+    is_framed_twice,
+    reset_connection,
+)
 from shoal.frontends.http._fast_request import (
     FastRequest,
     Stepped,
@@ -59,6 +64,7 @@ class FastInferHttpToolsProtocol(CoalescingHttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
+        self.parser.set_dangerous_leniencies(**LENIENCIES)
         limits: ConnectionLimits = getattr(self.config, "connection_limits", _DEFAULT_LIMITS)
         self._fast = FastConnection(self, limits, self.loop.time())
         self._watch: asyncio.TimerHandle | None = self.loop.call_later(
@@ -124,7 +130,7 @@ class FastInferHttpToolsProtocol(CoalescingHttpToolsProtocol):
         if cycle.buffer.complete:
             self.transport.set_protocol(self)
             self.parser = fast.parser = httptools.HttpRequestParser(self)
-            self.parser.set_dangerous_leniencies(lenient_data_after_close=True)  # as uvicorn
+            self.parser.set_dangerous_leniencies(**LENIENCIES)
             self.on_message_complete()
 
     def _feed_head_end(self, data: bytes) -> bool:
@@ -307,11 +313,18 @@ class FastInferHttpToolsProtocol(CoalescingHttpToolsProtocol):
         # The ASGI way: build the scope uvicorn's on_message_begin would have built, with the
         # head as uvicorn's own attributes (its code reads them).
         super().on_message_begin()
-        self.url, self.headers = fast.url, fast.headers
+        headers = fast.headers
+        # Both Content-Length and Transfer-Encoding: the body is read chunked (RFC 9112 6.3, as
+        # Triton), its Content-Length dropped, and the connection closed after the answer.
+        framed_twice = is_framed_twice(headers)
+        if framed_twice:
+            headers = [(name, value) for name, value in headers if name != b"content-length"]
+        self.url, self.headers = fast.url, headers
         self.expect_100_continue = fast.expect_100_continue
-        self.scope["headers"] = fast.headers
+        self.scope["headers"] = headers
         super().on_headers_complete()
-        if getattr(fast.config, "last_responses", False) and self.cycle is not None:
+        last = framed_twice or getattr(fast.config, "last_responses", False)
+        if last and self.cycle is not None:
             self.cycle.keep_alive = False
 
     def on_body(self, body: bytes) -> None:
