@@ -31,7 +31,7 @@ if [ -z "$SHOAL_PY" ]; then
   done
   SHOAL_PY="${SHOAL_PY:-python3}"
 fi
-SUITES_ALL="shared_memory input_validation optional_input parameters infer infer_zero"
+SUITES_ALL="shared_memory input_validation optional_input parameters infer infer_zero nan_inf output_name"
 
 WORK="$(mktemp -d /tmp/l0io.XXXXXX)"
 QA="$WORK/qa"
@@ -347,6 +347,28 @@ suite_infer_zero() {  # the QA's ONNX identity models, served by shoal's onnxrun
     python_identity "$nop"  # the ensembles' pass-through steps (Triton's identity backend)
   done
   run_each "$key" "$d" "$d/models" "" "BACKENDS=onnx" infer_zero_test InferZeroTest
+}
+
+suite_nan_inf() {  # its own python model
+  local d="$QA/L0_nan_inf"
+  # np.NINF is gone from NumPy 2 (Triton's container still has NumPy 1): the same value
+  sed -i 's/np\.NINF/-np.inf/g' "$d/models/nan_inf_output/1/model.py"
+  run_each L0_nan_inf/nan_inf_test.py "$d" "$d/models" "" "" nan_inf_test NanInfTest
+}
+
+suite_output_name() {  # the QA's ONNX identity model, served by shoal's onnxruntime backend
+  local d="$QA/L0_output_name" key=L0_output_name/output_name_test.py
+  (cd "$QA/common" && "$SHOAL_PY" gen_qa_identity_models.py --onnx --models_dir="$d/all") \
+    >"$d/gen.log" 2>&1 || { echo "gen_qa_identity_models.py failed: $d/gen.log" >&2; FAILED[$key]=1; return; }
+  mkdir -p "$d/models" && mv "$d/all/onnx_nobatch_zero_1_float32" "$d/models/"
+  local trial  # the TorchScript and TensorRT ones as python identities of the same config
+  for trial in libtorch plan; do
+    mkdir -p "$d/models/${trial}_nobatch_zero_1_float32"
+    sed "s/onnx_/${trial}_/" "$d/models/onnx_nobatch_zero_1_float32/config.pbtxt" \
+      >"$d/models/${trial}_nobatch_zero_1_float32/config.pbtxt"
+    python_identity "$d/models/${trial}_nobatch_zero_1_float32"
+  done
+  run_each "$key" "$d" "$d/models" "" "" output_name_test OutputNameValidationTest
 }
 
 main() {
