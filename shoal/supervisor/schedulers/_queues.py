@@ -8,6 +8,7 @@ requests (``DELAY``), where it stays without a deadline.
 
 from __future__ import annotations
 
+import bisect
 import collections
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -124,14 +125,20 @@ class PriorityQueue:
     ) -> None:
         self.levels = levels
         self.default_level = default_level if levels else 0
-        numbers = range(1, levels + 1) if levels else (0,)
-        self._queues = {
-            level: PolicyQueue(level_policies.get(level, default_policy)) for level in numbers
-        }
-        #: The levels in the order they are served.
-        self._ordered = [self._queues[level] for level in sorted(self._queues)]
+        self._default_policy = default_policy
+        self._policies = level_policies
+        self._queues: dict[int, PolicyQueue] = {}
+        #: The levels that have a queue, ascending, and their queues in that order (the order
+        #: they are served).
+        self._numbers: list[int] = []
+        self._ordered: list[PolicyQueue] = []
         # Levels without timeouts need no scan for the closest deadline on every request.
-        self._timed = [q for q in self._queues.values() if q.gives_deadlines]
+        self._timed: list[PolicyQueue] = []
+        # As in Triton, only the levels a policy names are kept from the start; any other level
+        # gets its queue with its first request and loses it when empty: priority_levels may be
+        # 2**64-1, and a client sending many distinct priorities leaves nothing behind.
+        for level in sorted(level_policies) if levels else [0]:
+            self._add(level)
 
     def __len__(self) -> int:
         count = 0
@@ -150,8 +157,41 @@ class PriorityQueue:
             return self.default_level
         return priority
 
+    @property
+    def held_levels(self) -> list[int]:
+        """The levels that have a queue now, ascending."""
+        return list(self._numbers)
+
     def queue(self, level: int) -> PolicyQueue:
-        return self._queues[level]
+        queue = self._queues.get(level)
+        if queue is None:
+            queue = self._add(level)
+        return queue
+
+    def _add(self, level: int) -> PolicyQueue:
+        queue = PolicyQueue(self._policies.get(level, self._default_policy))
+        index = bisect.bisect(self._numbers, level)
+        self._numbers.insert(index, level)
+        self._ordered.insert(index, queue)
+        self._queues[level] = queue
+        if queue.gives_deadlines:
+            self._timed.append(queue)
+        return queue
+
+    def _prune(self) -> None:
+        """Drop the queues of empty levels that no policy names."""
+        if len(self._queues) <= len(self._policies) or not self.levels:
+            return
+        for index in range(len(self._numbers) - 1, -1, -1):
+            level = self._numbers[index]
+            queue = self._ordered[index]
+            if level in self._policies or queue.waiting or queue.delayed:
+                continue
+            del self._numbers[index]
+            del self._ordered[index]
+            del self._queues[level]
+            if queue in self._timed:
+                self._timed.remove(queue)
 
     def __iter__(self) -> Iterator[Entry]:
         """Every queued request in the order batches take them."""
@@ -162,6 +202,8 @@ class PriorityQueue:
         rejected: list[Entry] = []
         for queue in self._timed:  # only their requests have deadlines
             rejected += queue.expire(now_ns)
+        if rejected:
+            self._prune()
         return rejected
 
     def closest_deadline(self) -> int | None:
@@ -175,15 +217,19 @@ class PriorityQueue:
         for queue in self._ordered:
             count = queue.remove_first(count)
             if not count:
-                return
+                break
+        self._prune()
 
     def remove(self, entries: list[Entry]) -> None:
         for entry in entries:
             self._queues[entry.level].remove(entry)
+        if entries:
+            self._prune()
 
     def drain(self) -> list[Entry]:
         entries = list(self)
         for queue in self._queues.values():
             queue.waiting.clear()
             queue.delayed.clear()
+        self._prune()
         return entries
