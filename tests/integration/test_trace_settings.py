@@ -69,6 +69,9 @@ def test_global_and_model_settings(bundled_server, protocol):
         assert cleared["trace_count"] == "-1" and cleared["trace_rate"] == "20"
         assert cleared["log_frequency"] == "2"
         assert _get(client, "add_sub") == cleared
+        # Clearing a global setting gives back its value at start, as in Triton.
+        assert _update(client, {"trace_rate": None, "trace_count": None})["trace_rate"] == "1000"
+        assert _get(client, "add_sub")["trace_count"] == "-1"
     finally:
         _update(client, {"log_frequency": None}, model="add_sub")
         _update(client, {"trace_level": ["OFF"], "trace_rate": "1000"})
@@ -84,7 +87,6 @@ def test_global_and_model_settings(bundled_server, protocol):
         ({"trace_count": "many"}, "", "'trace_count' must be an integer"),
         ({"trace_colour": "red"}, "", "unknown trace setting 'trace_colour'"),
         ({"trace_file": "/tmp/x.json"}, "", "trace file location can not be updated"),
-        ({"trace_rate": None}, "", "can only be cleared for a model"),
         ({"trace_rate": "1"}, "no_such_model", "'no_such_model' is not found"),
         # Triton's answer without a trace file (shoal has none: it writes no traces).
         ({"trace_level": ["TIMESTAMPS"]}, "", "trace file name is not given"),

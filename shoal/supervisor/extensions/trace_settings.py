@@ -8,7 +8,8 @@ Values have Triton's string forms: ``trace_level`` is a list
 (``["OFF"]`` or some of ``["TIMESTAMPS", "TENSORS"]``), every other setting one string.
 
 A model's settings start as a copy of the global ones the first time they are updated; a setting
-cleared with ``None`` (JSON ``null``, an empty gRPC value) follows the global one again.
+cleared with ``None`` (JSON ``null``, an empty gRPC value) follows the global one again, and a
+cleared global setting goes back to its value at start (``--trace-config``), as in Triton.
 """
 
 from __future__ import annotations
@@ -55,6 +56,8 @@ class TraceSettings:
     ) -> None:
         """``initial``: the global settings ``--trace-config`` gave (checked by the CLI)."""
         self._global: dict[str, TraceValue] = {**DEFAULTS, **(initial or {})}
+        #: What a cleared global setting goes back to (Triton's ``global_default_``).
+        self._startup: Mapping[str, TraceValue] = dict(self._global)
         self._models: dict[str, dict[str, TraceValue]] = {}
         self._known_model = known_model
         #: Trace files by path (a file named by several settings is one, its index shared).
@@ -234,11 +237,7 @@ class TraceSettings:
                 f"unknown trace setting '{key}'; expected one of {', '.join(DEFAULTS)}"
             )
         if value is None:
-            if not model:
-                raise InvalidArgument(
-                    f"trace setting '{key}' can only be cleared for a model: give a value"
-                )
-            return None
+            return None if model else self._startup[key]
         if key in _FIXED:
             if value != self.current(model)[key]:
                 raise Unsupported(_FIXED[key])

@@ -32,6 +32,15 @@ def test_a_model_follows_the_global_settings_until_it_sets_its_own():
     assert settings.current("m") == settings.current()
 
 
+def test_a_cleared_global_setting_goes_back_to_its_value_at_start_as_in_triton():
+    settings = TraceSettings(initial={"trace_rate": "6", "trace_count": "4"})
+    settings.update({"trace_rate": "56", "trace_count": "78", "log_frequency": "3"})
+    assert settings.current("m")["trace_rate"] == "56"
+    cleared = settings.update({"trace_rate": None, "trace_count": None, "log_frequency": None})
+    assert cleared == {**DEFAULTS, "trace_rate": "6", "trace_count": "4"}
+    assert settings.current("m") == cleared  # a model without its own follows the global ones
+
+
 def test_levels_are_read_in_tritons_order_and_off_with_another_means_that_one():
     assert _level(["TENSORS", "TIMESTAMPS"]) == ["TIMESTAMPS", "TENSORS"]
     assert _level(["OFF", "TIMESTAMPS"]) == ["TIMESTAMPS"]
