@@ -87,7 +87,7 @@ def test_global_and_model_settings(bundled_server, protocol):
         ({"trace_count": "many"}, "", "'trace_count' must be an integer"),
         ({"trace_colour": "red"}, "", "unknown trace setting 'trace_colour'"),
         ({"trace_file": "/tmp/x.json"}, "", "trace file location can not be updated"),
-        ({"trace_rate": "1"}, "no_such_model", "'no_such_model' is not found"),
+        ({"trace_rate": "1"}, "no_such_model", "Request for unknown model : no_such_model$"),
         # Triton's answer without a trace file (shoal has none: it writes no traces).
         ({"trace_level": ["TIMESTAMPS"]}, "", "trace file name is not given"),
         ({"trace_level": ["TENSORS"]}, "add_sub", "trace file name is not given"),

@@ -229,7 +229,8 @@ class TraceSettings:
 
     def _check_model(self, model: str) -> None:
         if model and not self._known_model(model):
-            raise InvalidArgument(f"Request for unknown model: '{model}' is not found")
+            # Triton's words for the trace extension (http_server.cc, grpc_server.cc)
+            raise InvalidArgument(f"Request for unknown model : {model}")
 
     def _value(self, key: str, value: TraceChange, model: str) -> TraceValue | None:
         if key not in DEFAULTS:
