@@ -22,8 +22,9 @@ ADMIN = "--{}=model-repository:admin-key=admin-value"
 HTTP_ADMIN = {"admin-key": "admin-value"}
 GRPC_ADMIN = {"triton-grpc-protocol-admin-key": "admin-value"}
 
-DEFAULT_LINE = re.compile(r"^[IWE]\d{4} \d\d:\d\d:\d\d\.\d{6} \d+ shoal[\w.]*\] ", re.M)
-ISO8601_LINE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ [IWE] \d+ shoal[\w.]*\] ", re.M)
+# Triton's lines: level, time, pid, then the source file and line.
+DEFAULT_LINE = re.compile(r"^[IWE]\d{4} \d\d:\d\d:\d\d\.\d{6} \d+ [\w.]+\.py:\d+\] ", re.M)
+ISO8601_LINE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ [IWE] \d+ [\w.]+\.py:\d+\] ", re.M)
 
 
 def _wait_for(read: Callable[[], str], text: str, timeout: float = 30.0) -> str:
@@ -97,6 +98,7 @@ def test_log_file_takes_the_server_log_and_the_models_output(tmp_path: Path) -> 
         content = _wait_for(log_file.read_text, "slow: executing")
         executing = next(line for line in content.splitlines() if "slow: executing" in line)
         assert ISO8601_LINE.match(executing), executing
+        assert " model.py:" in executing, executing  # the model's own line, as in Triton
         assert server.stop() == 0
         # Only the machine-readable lines stay on stdout.
         assert "SHOAL_LISTENING http" in server.output

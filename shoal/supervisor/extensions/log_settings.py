@@ -24,10 +24,13 @@ LOG_FORMATS = ("default", "ISO8601")
 class TritonFormatter(logging.Formatter):
     """Log lines with Triton's prefixes, timestamps in UTC as Triton's:
 
-    * ``default``: ``I0215 21:04:11.572305 4242 shoal.supervisor] message``
-    * ``ISO8601``: ``2024-02-15T21:04:11Z I 4242 shoal.supervisor] message``
+    * ``default``: ``I0215 21:04:11.572305 4242 server.py:123] message``
+    * ``ISO8601``: ``2024-02-15T21:04:11Z I 4242 server.py:123] message``
 
-    (level letter, time, process id, logger name). ``log_format`` may change while serving.
+    (level letter, time, process id, source file and line: a model's own log lines name its
+    ``model.py`` line, given as the record's ``source``). Log tools that parse Triton's lines
+    (its L0_logging regexes among them) read ``file:line]``. ``log_format`` may change while
+    serving.
     """
 
     def __init__(self, log_format: str = "default") -> None:
@@ -41,7 +44,8 @@ class TritonFormatter(logging.Formatter):
             prefix = f"{when:%Y-%m-%dT%H:%M:%SZ} {level}"
         else:
             prefix = f"{level}{when:%m%d %H:%M:%S.%f}"
-        return f"{prefix} {record.process} {record.name}] {record.message}"
+        source = getattr(record, "source", None) or f"{record.filename}:{record.lineno}"
+        return f"{prefix} {record.process} {source}] {record.message}"
 
 
 def shoal_level(verbose: int, info: bool, warning: bool, error: bool) -> int:

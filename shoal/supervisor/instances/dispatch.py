@@ -4,6 +4,7 @@ supervisor: the BLS and control routers, the segment directory) whose job it is.
 from __future__ import annotations
 
 import logging
+import os
 from typing import Final
 
 from shoal.ipc import messages as msg
@@ -110,8 +111,11 @@ class UpMessages:
     def _lifecycle_message(self, message: msg.Message) -> None:
         match message:
             case msg.Log(level=level, message=text, filename=filename, line=line):
-                where = f" ({filename}:{line})" if filename else ""
-                log.log(_LOG_LEVELS.get(level, logging.INFO), "[%s]%s %s", self._name, where, text)
+                # The model's file and line are the line's source, as in Triton's python backend.
+                where = {"source": f"{os.path.basename(filename)}:{line}"} if filename else None
+                log.log(
+                    _LOG_LEVELS.get(level, logging.INFO), "[%s] %s", self._name, text, extra=where
+                )
             case msg.Readiness(ready=ready, error=error):
                 self._handshake.readiness(ready, error)
             case msg.Ready(error=error, concurrent=concurrent, user_ready=user, traceback=trace):

@@ -77,7 +77,7 @@ def test_bad_changes_are_refused_and_change_nothing(changes, error, message):
 def test_unchanged_fixed_settings_are_accepted_and_models_must_exist():
     settings = TraceSettings(lambda name: name == "known")
     assert settings.update({"trace_file": "", "trace_mode": "triton"}) == dict(DEFAULTS)
-    with pytest.raises(InvalidArgument, match="Request for unknown model : other$"):
+    with pytest.raises(InvalidArgument, match=r"Request for unknown model : other$"):
         settings.current("other")
     assert settings.current("known") == dict(DEFAULTS)
 

@@ -95,7 +95,8 @@ def test_the_models_log_lines_carry_the_instance_and_where(caplog):
             parts.up.dispatch(parts.stub, msg.Execute(1, []))  # never sent up
         warning, unexpected = caplog.records[-2:]
         assert warning.levelno == logging.WARNING
-        assert warning.getMessage() == "[m_0] (model.py:12) low on memory"
+        assert warning.getMessage() == "[m_0] low on memory"
+        assert warning.source == "model.py:12"  # the log line's file:line, as in Triton
         assert unexpected.levelno == logging.ERROR
         assert "unexpected message Execute" in unexpected.getMessage()
         parts.close()
