@@ -32,6 +32,7 @@ cleanup() {
 trap cleanup EXIT
 
 git -C "$MIRROR" archive HEAD qa/common qa/L0_http qa/python_models/generate_models \
+    qa/python_models/string qa/python_models/string_identity \
     qa/L0_large_payload qa/L0_data_compression qa/L0_json qa/L0_nullchar_string \
     qa/L0_string_io qa/L0_scalar_io docs/examples/model_repository | tar -x -C "$WORK"
 QA=$WORK/qa
@@ -119,6 +120,20 @@ sed -i -e 's/TYPE_STRING/TYPE_INT64/' -e 's/simple_identity/simple_identity_int6
 LIMIT=$WORK/http_input_size_limit_test_models
 identity_model "$LIMIT" onnx_zero_1_float32 TYPE_FP32 "-1" 1
 cp -r "$EXAMPLES/simple_identity" "$LIMIT/"
+
+# L0_string_io's and L0_nullchar_string's repositories in one.
+STRINGS=$WORK/string_models
+identity_model "$STRINGS" onnx_zero_1_object TYPE_STRING "-1" 1
+identity_model "$STRINGS" libtorch_nobatch_zero_1_object TYPE_STRING "-1" 1
+sed -i -e 's/max_batch_size: 8/max_batch_size: 0/' -e 's/PUT0/PUT__0/g' \
+    "$STRINGS/libtorch_nobatch_zero_1_object/config.pbtxt"  # libtorch's tensor names
+mkdir -p "$STRINGS/string_identity/1" "$STRINGS/python_string/1"
+cp "$QA/python_models/string_identity/config.pbtxt" "$STRINGS/string_identity/"
+cp "$QA/python_models/string_identity/model.py" "$STRINGS/string_identity/1/"
+sed -i 's/\[ 1 \]/[ 8 ]/' "$STRINGS/string_identity/config.pbtxt"
+cp "$QA/python_models/string/config.pbtxt" "$STRINGS/python_string/"
+cp "$QA/python_models/string/model.py" "$STRINGS/python_string/1/"
+sed -i 's/name: "string"/name: "python_string"/' "$STRINGS/python_string/config.pbtxt"
 
 # ---- server -----------------------------------------------------------------------------
 start_server() {  # start_server NAME ARGS...: starts shoal, waits until ready (or exited)
@@ -227,6 +242,21 @@ if wanted http_request_many_chunks; then
         && run_tests L0_http http_request_many_chunks.py
     stop_server
 fi
+# ---- qa/L0_string_io, qa/L0_nullchar_string ----------------------------------------------
+if wanted string; then
+    start_server strings --model-repository "$STRINGS" && {
+        run_tests L0_string_io string_client_test.py
+        for model in python_string libtorch_nobatch_zero_1_object; do
+            verdict=failed
+            (cd "$QA/L0_nullchar_string" && timeout 300 "$PY" nullchar_string_client.py \
+                -m "$model" -u "localhost:$HTTP_PORT" -v) >"$OUT/nullchar_$model.log" 2>&1 \
+                && verdict=passed
+            printf '%-55s %s\n' "L0_nullchar_string/nullchar_string_client.py -m $model" "$verdict"
+        done
+    }
+    stop_server
+fi
+
 # test.sh's checks of servers that must not start, and of the words they say.
 refused_start() {  # refused_start NAME WORDS ARGS...
     local name=$1 words=$2 verdict=failed
