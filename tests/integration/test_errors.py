@@ -113,8 +113,8 @@ def test_an_output_asked_for_twice_is_refused(bundled_server, protocol):
         inputs.append(tensor)
     twice = [protocol.InferRequestedOutput("OUTPUT0") for _ in range(2)]
     _expect_error(
-        lambda: client.infer("add_sub", inputs, outputs=twice),
-        "output 'OUTPUT0' already exists in request",
+        lambda: client.infer("add_sub", inputs, outputs=twice, request_id="r-2"),
+        "[request id: r-2] output 'OUTPUT0' already exists in request",
     )
     client.close()
 
@@ -133,6 +133,28 @@ def test_json_shapes_past_int64_are_refused_before_the_data(bundled_server, firs
     status, answer = _post(f"http://{bundled_server.url}/v2/models/add_sub/infer", body)
     assert status == 400
     assert words in answer["error"]
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_a_version_that_is_not_a_number_is_invalid_argument(bundled_server, protocol):
+    """Triton reads the version before it looks for the model: INVALID_ARGUMENT with its text
+    (the gRPC frontend answered NOT_FOUND, "version wrong is not found")."""
+    client_module = httpclient if protocol == "http" else grpcclient
+    url = bundled_server.url if protocol == "http" else bundled_server.grpc_url
+    client = client_module.InferenceServerClient(url)
+    inputs = []
+    for name in ("INPUT0", "INPUT1"):
+        tensor = client_module.InferInput(name, [4], "FP32")
+        tensor.set_data_from_numpy(np.ones(4, np.float32))
+        inputs.append(tensor)
+    for model in ("add_sub", "no_such_model"):
+        error = _expect_error(
+            lambda model=model: client.infer(model, inputs, model_version="wrong"),
+            "failed to get model version from specified version string 'wrong', "
+            "version should be an integral value > 0",
+        )
+        assert error.status() == ("400" if protocol == "http" else "StatusCode.INVALID_ARGUMENT")
+    client.close()
 
 
 def test_input_errors_read_as_tritons(client):
@@ -203,6 +225,13 @@ def test_load_and_unload_without_explicit_mode_are_unavailable(bundled_server):
         "explicit model load / unload is not allowed if polling is enabled"
     )
     assert "--model-control-mode=explicit" in body["error"]
+    # and on gRPC.
+    client = grpcclient.InferenceServerClient(bundled_server.grpc_url)
+    with pytest.raises(InferenceServerException) as info:
+        client.unload_model("add_sub")
+    assert info.value.status() == "StatusCode.UNAVAILABLE"
+    assert "explicit model load / unload is not allowed if polling is enabled" in str(info.value)
+    client.close()
 
 
 def test_byte_size_mismatch(bundled_server):

@@ -221,7 +221,7 @@ def check_outputs(model: ModelSummary, request: InferRequest) -> list[str]:
     asked = [output.name for output in request.outputs]
     for index, name in enumerate(asked):
         if name in asked[:index]:  # Triton's check and words (AddRequestedOutput)
-            raise InvalidArgument(f"output '{name}' already exists in request")
+            raise request_error(request, f"output '{name}' already exists in request")
         if name not in model.output_names:
             raise InvalidArgument(f"unexpected inference output '{name}' for model '{model.name}'")
     return asked
