@@ -8,14 +8,15 @@
 #
 #   scripts/triton_l0/l0grpc.sh [SUITE...]      (default: every suite; SUITE = L0_grpc ...)
 #
-# Environment: SERVER_MIRROR, CLIENT_MIRROR (bare git snapshots of triton-inference-server/server
-# and /client), SHOAL_PYTHON (runs shoal), QA_PYTHON (has tritonclient, pytest, pytest-timeout),
+# Environment: SERVER_MIRROR, CLIENT_MIRROR, PYBE_MIRROR (bare git snapshots of
+# triton-inference-server/server, /client and /python_backend), SHOAL_PYTHON (runs shoal), QA_PYTHON (has tritonclient, pytest, pytest-timeout),
 # FRONTEND_WORKERS (passed to --frontend-workers, default 1), KEEP=1 keeps the work directory.
 set -u
 
-ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+ROOT=${SHOAL_ROOT:-$(cd "$(dirname "$0")/../.." && pwd)}
 SERVER_MIRROR=${SERVER_MIRROR:-/work/.mirror/triton-inference-server+server/repo}
 CLIENT_MIRROR=${CLIENT_MIRROR:-/work/.mirror/triton-inference-server+client/repo}
+PYBE_MIRROR=${PYBE_MIRROR:-/work/.mirror/triton-inference-server+python_backend/repo}
 SHOAL_PYTHON=${SHOAL_PYTHON:-/work/main/.venv/bin/python}
 QA_PYTHON=${QA_PYTHON:-$HOME/.cache/shoal-triton-qa/venv/bin/python}
 FRONTEND_WORKERS=${FRONTEND_WORKERS:-1}
@@ -240,10 +241,231 @@ suite_L0_grpc() {
     stop_server
 }
 
+# identity_int32 (Triton's C++ identity backend) as a Python model.
+identity_int32_model() {
+    mkdir -p "$1/identity_int32/1"
+    cp "$WORK/qa/L0_decoupled/models/identity_int32/config.pbtxt" "$1/identity_int32/"
+    sed -i 's/^backend: .*/backend: "python"/' "$1/identity_int32/config.pbtxt"
+    cat >"$1/identity_int32/1/model.py" <<'PY'
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            data = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", data)]))
+        return responses
+PY
+}
+
+# L0_decoupled's repository: repeat_int32 and square_int32 are the Python backend's decoupled
+# examples (Triton's "python" trial; the "custom" trial runs the same protocol through C++
+# backends), identity_int32 and libtorch_nobatch_int32_int32_int32 Python stand-ins (OUTPUT__0 =
+# INPUT0 - INPUT1, OUTPUT__1 = INPUT0 + INPUT1), and Triton's ensembles over them.
+decoupled_models() {
+    local dest=$1 pb="$PYBE_MIRROR"
+    mkdir -p "$dest/repeat_int32/1" "$dest/square_int32/1"
+    git -C "$pb" show HEAD:examples/decoupled/repeat_config.pbtxt >"$dest/repeat_int32/config.pbtxt"
+    git -C "$pb" show HEAD:examples/decoupled/repeat_model.py >"$dest/repeat_int32/1/model.py"
+    git -C "$pb" show HEAD:examples/decoupled/square_config.pbtxt >"$dest/square_int32/config.pbtxt"
+    git -C "$pb" show HEAD:examples/decoupled/square_model.py >"$dest/square_int32/1/model.py"
+    identity_int32_model "$dest"
+    for m in fan_repeat nested_square repeat_square sequence_repeat simple_repeat; do
+        cp -r "$WORK/qa/L0_decoupled/models/$m" "$dest/"
+        mkdir -p "$dest/$m/1"
+    done
+    local torch="$dest/libtorch_nobatch_int32_int32_int32"
+    mkdir -p "$torch/1"
+    cat >"$torch/config.pbtxt" <<'PBTXT'
+name: "libtorch_nobatch_int32_int32_int32"
+backend: "python"
+max_batch_size: 0
+input [
+  { name: "INPUT0" data_type: TYPE_INT32 dims: [ 1 ] },
+  { name: "INPUT1" data_type: TYPE_INT32 dims: [ 1 ] }
+]
+output [
+  { name: "OUTPUT__0" data_type: TYPE_INT32 dims: [ 1 ] },
+  { name: "OUTPUT__1" data_type: TYPE_INT32 dims: [ 1 ] }
+]
+PBTXT
+    cat >"$torch/1/model.py" <<'PY'
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            a = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            b = pb_utils.get_input_tensor_by_name(request, "INPUT1").as_numpy()
+            outputs = [pb_utils.Tensor("OUTPUT__0", a - b), pb_utils.Tensor("OUTPUT__1", a + b)]
+            responses.append(pb_utils.InferenceResponse(outputs))
+        return responses
+PY
+}
+
+suite_L0_decoupled() {
+    local qa="$WORK/qa/L0_decoupled" models="$WORK/models_decoupled"
+    decoupled_models "$models"
+    local tests="test_one_to_none test_one_to_one test_one_to_many test_no_streaming"
+    tests="$tests test_response_order test_wrong_shape test_one_to_multi_many"
+    start_server "$WORK/logs/server_decoupled.log" "$models" || return
+    run_tests "L0_decoupled/decoupled_test.py DecoupledTest" "$qa" decoupled_test.py \
+        $(printf 'DecoupledTest.%s ' $tests)
+    stop_server
+    # Again with --grpc-max-response-pool-size=1, without test_one_to_many and
+    # test_one_to_multi_many (minutes of waiting by design; the flag does not change shoal).
+    start_server "$WORK/logs/server_decoupled_pool1.log" "$models" \
+        --grpc-max-response-pool-size=1 || return
+    tests="test_one_to_none test_one_to_one test_no_streaming test_response_order test_wrong_shape"
+    run_tests "L0_decoupled/decoupled_test.py DecoupledTest (response pool 1)" "$qa" \
+        decoupled_test.py $(printf 'DecoupledTest.%s ' $tests)
+    stop_server
+    # NonDecoupledTest: Triton's C++ repeat backend serves one response per request when not
+    # decoupled; the Python example refuses to load so: not run (its stand-in would be ours).
+}
+
+# identity_model DIR NAME DATATYPE MAX_BATCH DELAY_MS [CONFIG LINES]: Triton's C++ "identity"
+# test backend (OUTPUTn = INPUTn, execute_delay_ms waited once per execute) as a Python model.
+identity_model() {
+    local dir="$1/$2"
+    mkdir -p "$dir/1"
+    cat >"$dir/config.pbtxt" <<PBTXT
+name: "$2"
+backend: "python"
+max_batch_size: $4
+input [{ name: "INPUT0" data_type: $3 dims: [ -1 ] }]
+output [{ name: "OUTPUT0" data_type: $3 dims: [ -1 ] }]
+parameters [{ key: "execute_delay_ms" value: { string_value: "$5" } }]
+${6:-}
+PBTXT
+    cat >"$dir/1/model.py" <<'PY'
+import json
+import time
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        parameters = json.loads(args["model_config"]).get("parameters", {})
+        delay = parameters.get("execute_delay_ms", {}).get("string_value", "0")
+        self.delay = int(delay) / 1000
+
+    def execute(self, requests):
+        time.sleep(self.delay)
+        responses = []
+        for request in requests:
+            outputs = [
+                pb_utils.Tensor(t.name().replace("INPUT", "OUTPUT"), t.as_numpy())
+                for t in request.inputs()
+            ]
+            responses.append(pb_utils.InferenceResponse(outputs))
+        return responses
+PY
+}
+
+suite_L0_client_timeout() {
+    local qa="$WORK/qa/L0_client_timeout" models="$WORK/models_timeout"
+    identity_model "$models" custom_identity_int32 TYPE_INT32 1024 3000
+    start_server "$WORK/logs/server_timeout.log" "$models" || return
+    run_tests "L0_client_timeout/client_infer_timeout_test.py" "$qa" \
+        client_infer_timeout_test.py ClientInferTimeoutTest
+    stop_server
+    # client_non_infer_timeout_test.py needs TRITONSERVER_SERVER_DELAY_GRPC_RESPONSE_SEC, a
+    # Triton build's test hook that delays every non-infer answer: not run.
+}
+
+suite_L0_request_cancellation() {
+    local qa="$WORK/qa/L0_request_cancellation" models="$WORK/models_cancel"
+    identity_model "$models" custom_identity_int32 TYPE_INT32 1024 10000
+    start_server "$WORK/logs/server_cancel.log" "$models" || return
+    # The other cases need Triton's TRITONSERVER_DELAY_GRPC_* test hooks.
+    run_tests "L0_request_cancellation/grpc_cancellation_test.py" "$qa" \
+        grpc_cancellation_test.py GrpcCancellationTest.test_grpc_async_infer \
+        GrpcCancellationTest.test_grpc_stream_infer GrpcCancellationTest.test_aio_grpc_async_infer \
+        GrpcCancellationTest.test_aio_grpc_stream_infer
+    stop_server
+    local sched="$WORK/models_scheduler"
+    identity_model "$sched" dynamic_batch TYPE_FP32 2 6000 \
+        'instance_group [{ count: 1 kind: KIND_CPU }]
+dynamic_batching { max_queue_delay_microseconds: 600000 }'
+    identity_model "$sched" sequence_direct TYPE_FP32 1 6000 \
+        'instance_group [{ count: 1 kind: KIND_CPU }]
+sequence_batching { direct { } max_sequence_idle_microseconds: 6000000 }'
+    identity_model "$sched" sequence_oldest TYPE_FP32 1 6000 \
+        'instance_group [{ count: 1 kind: KIND_CPU }]
+sequence_batching { oldest { max_candidate_sequences: 1 } max_sequence_idle_microseconds: 6000000 }'
+    mkdir -p "$sched/ensemble_model/1"
+    cat >"$sched/ensemble_model/config.pbtxt" <<'PBTXT'
+name: "ensemble_model"
+platform: "ensemble"
+max_batch_size: 1
+input [{ name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] }]
+output [{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] }]
+ensemble_scheduling { step [
+  { model_name: "dynamic_batch" model_version: -1 input_map { key: "INPUT0" value: "INPUT0" }
+    output_map { key: "OUTPUT0" value: "out" } },
+  { model_name: "dynamic_batch" model_version: -1 input_map { key: "INPUT0" value: "out" }
+    output_map { key: "OUTPUT0" value: "OUTPUT0" } }
+] }
+PBTXT
+    start_server "$WORK/logs/server_scheduler.log" "$sched" || return
+    run_tests "L0_request_cancellation/scheduler_test.py" "$qa" scheduler_test.py
+    stop_server
+}
+
+# Tests of one file that each need a fresh server: run_each NAME DIR FILE CLASS REPO FLAGS -- TESTS
+run_each() {
+    local name=$1 dir=$2 file=$3 class=$4 repo=$5
+    shift 5
+    local flags=()
+    while [ "$1" != "--" ]; do flags+=("$1"); shift; done
+    shift
+    local passed=0 total=0 t log
+    for t in "$@"; do
+        total=$((total + 1))
+        start_server "$WORK/logs/server_$t.log" "$repo" "${flags[@]}" || continue
+        log="$WORK/logs/$(basename "$file" .py).$t.log"
+        (cd "$dir" && SERVER_PID=$SERVER_PID PYTHONPATH="$WORK/qa/common" timeout 300 \
+            "$QA_PYTHON" "$file" "$class.$t") >"$log" 2>&1
+        if grep -qE '^OK' "$log"; then passed=$((passed + 1)); else echo "    FAILED $t"; fi
+        if kill -0 "$SERVER_PID" 2>/dev/null; then stop_server; else wait "$SERVER_PID"; SERVER_PID=0; fi
+    done
+    local line="$name: $passed/$total passed"
+    SUMMARY+=("$line")
+    echo "$line"
+}
+
+suite_L0_grpc_state_cleanup() {
+    local qa="$WORK/qa/L0_grpc_state_cleanup" models="$WORK/models_cleanup"
+    decoupled_models "$WORK/models_cleanup_all"
+    mkdir -p "$models"
+    cp -r "$WORK/models_cleanup_all/repeat_int32" "$models/"
+    identity_model "$models" custom_zero_1_float32 TYPE_FP32 1 1000
+    run_each "L0_grpc_state_cleanup/cleanup_test.py" "$qa" cleanup_test.py CleanUpTest "$models" -- \
+        test_simple_infer test_simple_infer_cancellation test_simple_infer_timeout \
+        test_streaming_infer test_streaming_timeout test_streaming_cancellation \
+        test_decoupled_infer test_decoupled_cancellation test_decoupled_timeout \
+        test_simple_infer_shutdownserver test_streaming_infer_shutdownserver \
+        test_decoupled_infer_shutdownserver test_decoupled_infer_with_params_shutdownserver
+    run_each "L0_grpc_state_cleanup/cleanup_test.py (restricted inference)" "$qa" cleanup_test.py \
+        CleanUpTest "$models" --grpc-restricted-protocol=inference:infer-key=infer-value -- \
+        test_simple_infer_error_status test_streaming_error_status test_decoupled_error_status
+    # test_non_decoupled_streaming_multi_response needs Triton's C++ repeat backend serving a
+    # non-decoupled model (the Python example refuses to load so); test_decoupled_infer_complete
+    # needs the TRITONSERVER_DELAY_GRPC_COMPLETE test hook; StateNew/StateRelease log lines are
+    # Triton's own: not run.
+}
+
 main() {
     extract
     local suites=("$@")
-    [ ${#suites[@]} -gt 0 ] || suites=(L0_grpc)
+    [ ${#suites[@]} -gt 0 ] || suites=(L0_grpc L0_grpc_state_cleanup L0_decoupled L0_client_timeout
+        L0_request_cancellation)
     for s in "${suites[@]}"; do "suite_$s"; done
     echo "== summary (shoal $(git -C "$ROOT" rev-parse --short HEAD), frontend workers $FRONTEND_WORKERS)"
     printf '%s\n' "${SUMMARY[@]}"
@@ -251,4 +473,4 @@ main() {
     return 0
 }
 
-main "$@"
+main "$@"; exit $?  # on one line: bash reads a script as it runs it, and it may be edited

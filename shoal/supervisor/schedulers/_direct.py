@@ -111,7 +111,8 @@ class DirectStrategy:
         return batch
 
     def _settle(self, slot: Slot) -> None:
-        """Release the slot at a force-end; drop requests whose client went away."""
+        """Release the slot at a force-end; cancel the sequence of a request whose client went
+        away."""
         while slot.queue:
             front = slot.queue[0]
             if isinstance(front, ForceEnd):
@@ -119,9 +120,7 @@ class DirectStrategy:
                 self._core.release(slot)
             elif front.abandoned:
                 slot.queue.popleft()
-                self._core.free_work(front)
-                if front.record.flags & FLAG_END:
-                    self._core.release(slot)
+                self._core.cancel_sequence(slot, front)
             else:
                 return
 

@@ -60,8 +60,9 @@ class OldestStrategy:
                 self._core.release(slot)
                 continue
             if item.abandoned:
-                self._core.free_work(item)
-            elif self._core.prepare(item, slot):
+                self._core.cancel_sequence(slot, item)
+                continue
+            if self._core.prepare(item, slot):
                 slot.in_flight = True
                 if not item.watched:  # a rescheduled request comes through here again
                     item.watched = True

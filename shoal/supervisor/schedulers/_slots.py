@@ -100,6 +100,11 @@ class SequenceCore(Protocol):
         """The sequence in ``slot`` ended or was released: pass the slot on."""
         ...
 
+    def cancel_sequence(self, slot: Slot, cancelled: Work) -> None:
+        """``cancelled``, just taken from the front of ``slot``, was abandoned by its client:
+        the whole sequence is cancelled."""
+        ...
+
     def changed(self) -> None:
         """Queues changed: wake waiting instances and recheck emptiness."""
         ...

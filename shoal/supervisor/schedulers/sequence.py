@@ -23,7 +23,7 @@ import itertools
 import logging
 
 from shoal.config import ModelConfig
-from shoal.core.errors import InvalidArgument, Rejected, ShoalError, Unavailable
+from shoal.core.errors import Cancelled, InvalidArgument, Rejected, ShoalError, Unavailable
 from shoal.supervisor.schedulers._batching import BatchSettings, sequence_settings, shape_rules
 from shoal.supervisor.schedulers._controls import FLAG_END, FLAG_START, SequenceTensors
 from shoal.supervisor.schedulers._direct import DirectStrategy
@@ -221,6 +221,31 @@ class SequenceBatcher:
         now = self.clock.now_ns()
         self.table.release(slot, now)
         self._arm_reaper(now + self._idle_ns)
+
+    def cancel_sequence(self, slot: Slot, cancelled: Work) -> None:
+        # As Triton: a cancelled request cancels its sequence; the requests queued behind it
+        # answer CANCELLED and the slot goes to the next sequence (a later request of this one
+        # needs START again).
+        corr = cancelled.record.correlation_id
+        self.free_work(cancelled)
+        while slot.queue:
+            work = slot.queue[0]
+            if not isinstance(work, Work):
+                break
+            slot.queue.popleft()
+            if work.abandoned:
+                self.free_work(work)
+                continue
+            error = Cancelled(
+                f"inference request for sequence {corr} to model '{self.model}' was cancelled: "
+                "an earlier request of its sequence was cancelled"
+            )
+            fail_work(work, error, self.free_work)
+        if self.table.assigned.get(corr) is slot:
+            del self.table.assigned[corr]
+            self.table.last_seen.pop(corr, None)
+        if not slot.queue:  # else the force-end queued next releases it
+            self.release(slot)
 
     def changed(self) -> None:
         if self.pending:

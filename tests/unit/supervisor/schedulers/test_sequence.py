@@ -392,3 +392,57 @@ def test_iterative_sequence_takes_rescheduled_requests_back_into_their_slot(tmp_
         await s.close()
 
     run(scenario())
+
+
+@pytest.mark.parametrize("strategy", ["direct { }", "oldest { max_candidate_sequences: 1 }"])
+def test_a_cancelled_request_cancels_its_sequence(tmp_path, strategy):
+    """As Triton: the requests queued behind a cancelled one answer CANCELLED, the slot goes to
+    the next sequence, and the cancelled sequence needs START again."""
+
+    async def scenario():
+        s = Setup(tmp_path, _config(1, strategy))
+        (inst,) = s.instances
+        a1 = s.submit(1, START)
+        assert await inst.take() == [a1]
+        a2, a3 = s.submit(1), s.submit(1)
+        b1, b2 = s.submit(2, START), s.submit(2)  # no free slot: backlog
+        a2.cancel()
+        inst.finish()
+        await result(a1)  # the running request is not touched
+        assert await inst.take() == [b1]  # sequence 1's slot went to the backlog
+        error = await _error(a3)
+        assert error.code is ErrorCode.CANCELLED
+        assert "sequence 1 to model 'm' was cancelled" in str(error)
+        inst.finish()
+        assert await inst.take() == [b2]
+        inst.finish()
+        await result(b1)
+        await result(b2)
+        error = await _error(s.submit(1))
+        assert "must specify the START flag" in str(error)
+        await s.close()
+
+    run(scenario())
+
+
+def test_a_cancelled_backlogged_request_cancels_its_sequence(tmp_path):
+    async def scenario():
+        s = Setup(tmp_path, _config(1, "direct { }"))
+        (inst,) = s.instances
+        a1 = s.submit(1, START)
+        assert await inst.take() == [a1]
+        b1, b2 = s.submit(2, START), s.submit(2)  # backlogged behind sequence 1
+        c1 = s.submit(3, START)
+        b1.cancel()
+        a2 = s.submit(1, END)
+        inst.finish()
+        assert await inst.take() == [a2]
+        inst.finish()
+        assert await inst.take() == [c1]  # sequence 2 was cancelled as its slot came
+        assert (await _error(b2)).code is ErrorCode.CANCELLED
+        inst.finish()
+        for work in (a1, a2, c1):
+            await result(work)
+        await s.close()
+
+    run(scenario())
