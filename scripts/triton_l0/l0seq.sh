@@ -106,7 +106,8 @@ make_shims() {
   cat >"$WORK/bin/tritonserver" <<EOF
 #!/usr/bin/env bash
 echo \$\$ >>"$WORK/server.pids"
-cd "$ROOT" && PYTHONPATH="$ROOT" exec "$SHOAL_PY" -m shoal serve "\$@" --http-address 127.0.0.1 \
+cd "$ROOT" && PYTHONPATH="$ROOT" exec "$SHOAL_PY" -m shoal serve \
+  --backend-directory "$WORK/backends" "\$@" --http-address 127.0.0.1 \
   --grpc-address 127.0.0.1 --metrics-address 127.0.0.1 --http-port $HTTP_PORT \
   --grpc-port $GRPC_PORT --metrics-port $METRICS_PORT
 EOF
@@ -269,6 +270,7 @@ suite_corrid() {
   # test.sh's CORRID data-type part (python add_sub). Its test_skip_batch needs the dyna
   # sequence models of plan/onnx/libtorch and TRITONSERVER_DELAY_SCHEDULER: not run.
   local dir="$QA/L0_sequence_corrid_batcher" repo="$WORK/corrid_data_type" type
+  export NO_BATCHING=0 MODEL_INSTANCES=4  # what test.sh's earlier loop left exported
   mkdir -p "$repo/add_sub/1" && cp "$QA/python_models/add_sub/model.py" "$repo/add_sub/1/"
   for type in TYPE_STRING TYPE_UINT32 TYPE_INT32 TYPE_UINT64 TYPE_INT64; do
     cp "$QA/python_models/add_sub/config.pbtxt" "$repo/add_sub/"
@@ -283,10 +285,15 @@ suite_corrid() {
 }
 
 suite_iterative() {
-  # The model.py Triton's CI puts beside the config; the client needs sseclient-py in QA_PYTHON
-  # (test.sh pip-installs it: left out here).
-  local model="$QA/L0_iterative_sequence/models/iterative_sequence"
-  mkdir -p "$model/1" && cp "$QA/python_models/iterative_sequence/model.py" "$model/1/"
+  # The model is Triton's C++ iterative_sequence test backend (the tests load it again with
+  # configs naming that backend): qa/python_models' iterative_sequence, its python twin with
+  # IN/OUT for INPUT/OUTPUT, becomes a python-based backend of that name in the shim's
+  # --backend-directory. The client needs sseclient-py in QA_PYTHON (test.sh pip-installs it:
+  # left out here).
+  local backend="$WORK/backends/iterative_sequence"
+  mkdir -p "$backend" "$QA/L0_iterative_sequence/models/iterative_sequence/1"
+  sed 's/"IN"/"INPUT"/g; s/"OUT"/"OUTPUT"/g' "$QA/python_models/iterative_sequence/model.py" \
+    >"$backend/model.py"
   sed -i '/^pip install/d' "$QA/L0_iterative_sequence/test.sh"
   run_testsh L0_iterative_sequence
 }
