@@ -161,4 +161,7 @@ def configure_logging(options: ServerOptions) -> None:
     level = shoal_level(
         options.log_verbose, options.log_info, options.log_warning, options.log_error
     )
-    logging.basicConfig(handlers=[handler], level=level)
+    # Verbose is shoal's own lines, as Triton's: libraries' debug lines (hpack's, a few per
+    # header of every gRPC call; grpcio's) would bury them and cost each request.
+    logging.basicConfig(handlers=[handler], level=max(level, logging.INFO))
+    logging.getLogger("shoal").setLevel(level)

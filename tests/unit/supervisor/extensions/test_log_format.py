@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -33,3 +35,23 @@ def test_lines_name_the_source_file_and_line(log_format, shape):
 def test_a_models_line_names_its_model_file():
     line = TritonFormatter().format(_record("model.py:7"))
     assert DEFAULT.match(line) and " model.py:7] hi" in line, line
+
+
+@pytest.mark.timeout(60)
+def test_verbose_logs_shoals_debug_lines_and_not_the_libraries():
+    """--log-verbose printed hpack's debug lines, a few per header of every gRPC call."""
+    code = (
+        "import logging\n"
+        "from shoal.supervisor.extensions.log_settings import configure_logging\n"
+        "from shoal.supervisor.options import ServerOptions\n"
+        "configure_logging(ServerOptions(model_repositories=('r',), log_verbose=1))\n"
+        "logging.getLogger('hpack.hpack').debug('library debug')\n"
+        "logging.getLogger('grpc._cython').info('library info')\n"
+        "logging.getLogger('shoal.server').debug('shoal debug')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=50, check=True
+    )
+    assert "shoal debug" in done.stderr
+    assert "library info" in done.stderr  # a library's info lines stay, as before
+    assert "library debug" not in done.stderr
