@@ -147,11 +147,19 @@ def test_a_version_that_is_not_a_number_is_invalid_argument(bundled_server, prot
         tensor = client_module.InferInput(name, [4], "FP32")
         tensor.set_data_from_numpy(np.ones(4, np.float32))
         inputs.append(tensor)
-    for model in ("add_sub", "no_such_model"):
+    # 5,000 digits: past Python's int() limit, which answered 500 with a traceback.
+    for model, version in [
+        ("add_sub", "wrong"),
+        ("no_such_model", "wrong"),
+        ("add_sub", "9" * 5000),
+    ]:
         error = _expect_error(
-            lambda model=model: client.infer(model, inputs, model_version="wrong"),
-            "failed to get model version from specified version string 'wrong', "
-            "version should be an integral value > 0",
+            lambda model=model, version=version: client.infer(model, inputs, model_version=version),
+            # (a gRPC status message is cut at 4 KiB: the long one is checked to its version)
+            f"failed to get model version from specified version string '{version}' "
+            "(details: stol), version should be an integral value > 0"
+            if len(version) < 100
+            else f"failed to get model version from specified version string '{version[:100]}",
         )
         assert error.status() == ("400" if protocol == "http" else "StatusCode.INVALID_ARGUMENT")
     client.close()

@@ -23,10 +23,10 @@ from shoal.core import (
     CoreAPI,
     InferResponse,
     InternalError,
-    InvalidArgument,
     ShoalError,
     Unsupported,
 )
+from shoal.core.versions import check_version
 from shoal.frontends._forwarding import HeaderForward
 from shoal.frontends.grpc import _extensions as ext
 from shoal.frontends.grpc._infer import (
@@ -49,11 +49,7 @@ def unexpected(what: str) -> InternalError:
 
 
 def _model_version(version: str) -> str:
-    if version and not (version.isascii() and version.isdigit()):
-        raise InvalidArgument(
-            f"failed to get model version from specified version string '{version}', "
-            "version should be an integral value > 0"
-        )
+    check_version(version)
     return version
 
 

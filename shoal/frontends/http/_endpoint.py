@@ -19,9 +19,9 @@ from shoal.core import (
     DecoupledInfer,
     ErrorCode,
     InternalError,
-    InvalidArgument,
     ShoalError,
 )
+from shoal.core.versions import check_version
 from shoal.frontends.http import _json
 from shoal.frontends.http._body import ClientDisconnected
 from shoal.frontends.http._compression import SUPPORTED_ENCODINGS, UnsupportedEncoding
@@ -99,13 +99,3 @@ def model_ref(path_params: Mapping[str, Any]) -> tuple[str, str]:
     version: str = path_params.get("model_version", "")
     check_version(version)
     return path_params["model_name"], version
-
-
-def check_version(version: str) -> None:
-    """Refuse a version string that is not a number ("": none given, fine); :func:`model_ref`
-    without its mapping, for the infer fast path, which has the two strings already."""
-    if version and not (version.isascii() and version.isdigit()):
-        raise InvalidArgument(
-            f"failed to get model version from specified version string '{version}', "
-            "version should be an integral value > 0"
-        )

@@ -24,6 +24,7 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from shoal.core import CoreAPI, InferResponse, ShoalError
+from shoal.core.versions import check_version
 from shoal.frontends._forwarding import HeaderForward
 from shoal.frontends._limits import ConnectionLimits
 from shoal.frontends._restricted import Restrictions, restrict_routes
@@ -35,7 +36,6 @@ from shoal.frontends.http._endpoint import (
     JSON_TYPE,
     Endpoint,
     Headers,
-    check_version,
     error_parts,
     guarded,
     json_response,

@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from shoal.core.errors import ErrorCode, InvalidArgument, NotFound, ShoalError, Unavailable
+from shoal.core.errors import ErrorCode, NotFound, ShoalError, Unavailable
+from shoal.core.versions import version_number
 from shoal.supervisor.models.version import ModelState, ModelVersion
 
 
@@ -36,7 +37,7 @@ class LoadedModels:
         versions = self.models.get(name)
         if versions is None:
             if version:
-                _version_number(version)  # Triton reads the version before it looks for the model
+                version_number(version)  # Triton reads the version before it looks for the model
             raise self._unknown(name)
         if version:
             return _exact(name, version, versions)
@@ -57,7 +58,7 @@ class LoadedModels:
 
 def _exact(name: str, version: str, versions: dict[int, ModelVersion]) -> ModelVersion:
     """Version ``version`` of ``name``, when it is ready."""
-    mv = versions.get(_version_number(version))
+    mv = versions.get(version_number(version))
     if mv is None:
         raise NotFound(f"Request for unknown model: '{name}' version {version} is not found")
     if not mv.ready:
@@ -66,20 +67,6 @@ def _exact(name: str, version: str, versions: dict[int, ModelVersion]) -> ModelV
             f"Request for unavailable model: '{name}' version {version} is not ready{detail}"
         )
     return mv
-
-
-def _version_number(version: str) -> int:
-    """``version`` as a number, or Triton's error for a version string that is not one."""
-    if version.isascii() and version.isdigit():
-        return int(version)
-    if version[:1] == "-" and version[1:].isascii() and version[1:].isdigit():
-        raise InvalidArgument(
-            f"invalid model version specified '{version}' , version should be an integral value > 0"
-        )
-    raise InvalidArgument(
-        f"failed to get model version from specified version string '{version}', "
-        "version should be an integral value > 0"
-    )
 
 
 def _latest_ready(name: str, versions: dict[int, ModelVersion]) -> ModelVersion:
