@@ -219,11 +219,13 @@ def check_outputs(model: ModelSummary, request: InferRequest) -> list[str]:
     if not request.outputs:
         return list(model.outputs)
     asked = [output.name for output in request.outputs]
-    for index, name in enumerate(asked):
-        if name in asked[:index]:  # Triton's check and words (AddRequestedOutput)
+    seen: set[str] = set()
+    for name in asked:
+        if name in seen:  # Triton's check and words (AddRequestedOutput)
             raise request_error(request, f"output '{name}' already exists in request")
         if name not in model.output_names:
             raise InvalidArgument(f"unexpected inference output '{name}' for model '{model.name}'")
+        seen.add(name)
     return asked
 
 
