@@ -23,7 +23,13 @@ from tests.stream_cancel import stop_stream_cancelling
 
 pytestmark = pytest.mark.timeout(180)
 
-MODELS = ("ens_stream", "ens_stream_nested", "ens_stream_cancel", "ens_flood")
+MODELS = (
+    "ens_stream",
+    "ens_stream_nested",
+    "ens_stream_cancel",
+    "ens_flood",
+    "ens_stream_optional",
+)
 #: Spaces past the inline budget: the text is staged in the input arena, which must empty.
 PADDING = b" " * (64 << 10)
 
@@ -55,9 +61,13 @@ class _Stream:
         self.items: queue.Queue = queue.Queue()
         self.client.start_stream(callback=lambda result, error: self.items.put((result, error)))
 
-    def send(self, model: str, inputs, request_id: str = "") -> None:
+    def send(self, model: str, inputs, request_id: str = "", outputs=None) -> None:
         self.client.async_stream_infer(
-            model, inputs, request_id=request_id, enable_empty_final_response=True
+            model,
+            inputs,
+            request_id=request_id,
+            outputs=outputs,
+            enable_empty_final_response=True,
         )
 
     def until_final(self):
@@ -323,3 +333,51 @@ def test_a_traced_stream_has_its_steps_as_children(tmp_path):
         assert step["request_id"] == "traced"
         assert step["timestamps"][:2] == ["REQUEST_START", "QUEUE_START"]
         assert step["timestamps"][-1] == "REQUEST_END"
+
+
+def _count(value: int) -> list[grpcclient.InferInput]:
+    count = grpcclient.InferInput("COUNT", [1], "INT32")
+    count.set_data_from_numpy(np.array([value], dtype=np.int32))
+    return [count]
+
+
+def _outputs(*names: str) -> list[grpcclient.InferRequestedOutput]:
+    return [grpcclient.InferRequestedOutput(name) for name in names]
+
+
+def _executions(server: ShoalServer, model: str) -> int:
+    client = httpclient.InferenceServerClient(server.url)
+    stats = client.get_inference_statistics(model)["model_stats"][0]
+    client.close()
+    return int(stats["execution_count"])
+
+
+def test_a_step_runs_without_the_output_its_producer_did_not_make(server):
+    # Each response of decoupled_repeat runs step 1, which makes no B_OUT: as in Triton,
+    # step 2 runs without that optional input and GONE is left out of every response.
+    stream = _Stream(server)
+    try:
+        stream.send("ens_stream_optional", _count(3), outputs=_outputs("OUT", "GONE", "NEG"))
+        results = stream.until_final()
+        assert _values(results, "OUT") == [0, 1, 2]
+        assert _values(results, "NEG") == [0, -1, -2]
+        assert all(r.as_numpy("GONE") is None for r in results)
+    finally:
+        stream.close()
+    wait_arena_empty(server)
+
+
+def test_a_step_no_requested_output_needs_does_not_run(server):
+    # NEG is made by negate_int32 alone: a request that does not ask for it does not run the
+    # step (Triton prunes it for every ensemble, decoupled ones too).
+    before = _executions(server, "negate_int32")
+    stream = _Stream(server)
+    try:
+        stream.send("ens_stream_optional", _count(3), outputs=_outputs("OUT"))
+        results = stream.until_final()
+        assert _values(results, "OUT") == [0, 1, 2]
+        assert all(r.as_numpy("NEG") is None for r in results)
+    finally:
+        stream.close()
+    assert _executions(server, "negate_int32") == before
+    wait_arena_empty(server)

@@ -246,3 +246,43 @@ def test_a_request_runs_only_the_steps_its_outputs_need(server):
     np.testing.assert_array_equal(result.as_numpy("SAME"), x)
     assert {m: _success(client, m) - before[m] for m in steps} == {"ens_scale": 2, "identity": 1}
     client.close()
+
+
+def _ints(name: str, values: list[int]) -> httpclient.InferInput:
+    tensor = httpclient.InferInput(name, [len(values)], "INT32")
+    tensor.set_data_from_numpy(np.asarray(values, dtype=np.int32))
+    return tensor
+
+
+@pytest.mark.parametrize("given", [("A",), ("B",), ("A", "B")])
+def test_a_step_runs_without_an_optional_input_not_given(server, given):
+    # As in Triton: an optional input the client leaves out, and then the output step 0 does
+    # not make, are absent; both steps run without them and the output is left out.
+    client = httpclient.InferenceServerClient(server.url)
+    client.load_model("ens_optional")
+    before = _success(client, "optional_pair")
+    values = {"A": [1, 2], "B": [7]}
+    result = client.infer("ens_optional", [_ints(name, values[name]) for name in given])
+    for name in ("A", "B"):
+        made = result.as_numpy(f"{name}_OUT")
+        if name in given:
+            assert made.tolist() == values[name]
+        else:
+            assert made is None
+    assert _success(client, "optional_pair") == before + 2
+    client.close()
+
+
+def test_an_absent_tensor_a_step_requires_fails_in_tritons_words(server):
+    client = httpclient.InferenceServerClient(server.url)
+    client.load_model("ens_optional_required")
+    with pytest.raises(InferenceServerException) as caught:
+        client.infer("ens_optional_required", [_ints("X", [1, 2])], request_id="r7")
+    assert (
+        "in ensemble 'ens_optional_required', [request id: r7] expected 2 inputs but got 1 "
+        "inputs for model 'sum_only'. Got input(s) ['A'], but missing required input(s) ['B']. "
+        "Please provide all required input(s)."
+    ) in str(caught.value)
+    result = client.infer("ens_optional_required", [_ints("X", [1, 2]), _ints("Y", [3, 4])])
+    assert result.as_numpy("SUM").tolist() == [4, 6]
+    client.close()

@@ -14,6 +14,7 @@ from shoal.ipc.tensor import TensorDesc
 from shoal.supervisor.extensions.statistics import ComputeNs
 from shoal.supervisor.models._ensemble_plan import StepPlan, input_datatypes
 from shoal.supervisor.models.version import ModelVersion
+from shoal.supervisor.requests.staging import missing_inputs
 
 log = logging.getLogger("shoal")
 
@@ -110,13 +111,23 @@ def step_record(base: RequestRecord, step: StepPlan, inputs: list[TensorDesc]) -
 
 
 def step_inputs(
-    ensemble: str, step: StepPlan, target: ModelVersion, tensors: dict[str, TensorDesc]
+    ensemble: str,
+    step: StepPlan,
+    target: ModelVersion,
+    tensors: dict[str, TensorDesc],
+    request_id: str,
 ) -> list[TensorDesc]:
-    """A step's inputs, read from the ensemble's ``tensors`` and checked against its model."""
+    """A step's inputs, read from the ensemble's ``tensors`` and checked against its model.
+
+    As in Triton, a tensor that is not there (an optional input the client did not give, an
+    output its step did not make) is left out of the step's request; the step fails only
+    where its model requires that input."""
     inputs = []
     datatypes = input_datatypes(step, target)
     for (name, source_name), expected in zip(step.inputs, datatypes, strict=True):
-        source = tensors[source_name]
+        source = tensors.get(source_name)
+        if source is None:
+            continue
         if expected is None:
             raise InvalidArgument(
                 f"ensemble '{ensemble}' maps tensor '{source_name}' to input '{name}', "
@@ -128,4 +139,9 @@ def step_inputs(
                 f"but input '{name}' of model '{target.name}' expects {expected}"
             )
         inputs.append(TensorDesc(name, source.datatype, source.shape, source.location))
+    if len(inputs) < len(step.inputs):
+        given = [t.name for t in inputs]
+        if any(name not in given for name in target.summary.required):
+            error = missing_inputs(target.summary, request_id, given)
+            raise in_ensemble(ensemble, error)
     return inputs

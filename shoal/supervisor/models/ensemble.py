@@ -205,6 +205,9 @@ class _Graph:
         self._base = base
         self._plan = runner.plan(mv)
         self.tensors = tensors
+        #: Tensors that will never be there (an optional input not given, an output its step
+        #: did not make): as in Triton, their consumers run without them.
+        self.absent: set[str] = set()
         self._completions = completions
         self._chain = (*chain, mv.name)  # this ensemble and those it is nested in
         self._on_done = on_done
@@ -223,14 +226,11 @@ class _Graph:
     def start(self) -> None:
         if self._finished:  # aborted before a deferred start
             return
-        self._count_given()
-        self._advance([step for step in self._plan.steps if self._missing[step.index] == 0])
-
-    def _count_given(self) -> None:
-        """Each tensor given at the start is one fewer that its consumers wait for."""
-        for name in self.tensors:
+        self.absent.update(t.name for t in self.mv.config.inputs if t.name not in self.tensors)
+        for name in (*self.tensors, *self.absent):  # one fewer that its consumers wait for
             for step in self._plan.consumers.get(name, ()):
                 self._missing[step.index] -= 1
+        self._advance([step for step in self._plan.steps if self._missing[step.index] == 0])
 
     def abort(self) -> None:
         """Stop without reporting: queued steps are dropped, running ones' results released."""
@@ -270,27 +270,32 @@ class _Graph:
             self._start(step)
 
     def _produced(self, step: StepPlan, outputs: list[tuple[str, TensorDesc]]) -> None:
-        """Store a finished step's outputs under their ensemble names; start what they free."""
+        """Store a finished step's outputs under their ensemble names (those it did not make
+        are absent); start what they free."""
+        made = {step.output_map[name]: desc for name, desc in outputs if name in step.output_map}
         ready = []
-        for name, desc in outputs:
-            target = step.output_map.get(name)
-            if target is None:
+        for target in step.output_map.values():
+            if target in self.tensors or target in self.absent:
                 continue
-            if target not in self.tensors:
-                for consumer in self._plan.consumers.get(target, ()):
-                    self._missing[consumer.index] -= 1
-                    if self._missing[consumer.index] == 0:
-                        ready.append(consumer)
-            self.tensors[target] = desc
+            desc = made.get(target)
+            if desc is None:
+                self.absent.add(target)
+            else:
+                self.tensors[target] = desc
+            for consumer in self._plan.consumers.get(target, ()):
+                self._missing[consumer.index] -= 1
+                if self._missing[consumer.index] == 0:
+                    ready.append(consumer)
         ready.sort(key=lambda s: s.index)
         self._advance(ready)
 
     def _stuck(self) -> str:
         waiting = [s for s in self._plan.steps if self._missing[s.index] >= 0]
         missing = sorted({t for s in waiting for _, t in s.inputs if t not in self.tensors})
-        return (
-            f"ensemble '{self.mv.name}' cannot run steps {[s.index for s in waiting]}: tensors "
-            f"{missing} were never produced (an optional input was not given?)"
+        return (  # Triton's words; absent tensors free their consumers, so never expected
+            f"in ensemble '{self.mv.name}', unexpected deadlock, at least one output is not set "
+            f"while no more ensemble steps can be made (steps {[s.index for s in waiting]} "
+            f"wait for tensors {missing})"
         )
 
     # -- one step ---------------------------------------------------------------------------
@@ -306,7 +311,7 @@ class _Graph:
                 f"ensemble '{self.mv.name}' loaded when its step model '{target.name}' was not "
                 "decoupled, and it is now: load the ensemble again"
             )
-        inputs = step_inputs(self.mv.name, step, target, self.tensors)
+        inputs = step_inputs(self.mv.name, step, target, self.tensors, self._base.request_id)
         started = time.monotonic_ns()
         batch = batch_of(target.summary.max_batch_size, [t.shape for t in inputs])
         if target.config.is_ensemble:
@@ -411,8 +416,6 @@ class _Graph:
         if isinstance(nested, _Graph) and nested.trace is not None:
             nested.trace.stamp("REQUEST_END")
             nested.trace.finish()
-        if tensors is not None:
-            error = _missing_outputs(step, target, tensors)
         elapsed = time.monotonic_ns() - started
         if error is not None or tensors is None:
             count_failure(target, elapsed, error)
@@ -422,11 +425,6 @@ class _Graph:
         count_success(target, batch, elapsed, times)
         self.times.add(times.total())
         if not self._finished:
-            self._produced(step, [(name, tensors[name]) for name in step.requested])
-
-
-def _missing_outputs(step: StepPlan, target: ModelVersion, tensors: _Tensors) -> ShoalError | None:
-    missing = [name for name in step.requested if name not in tensors]
-    if missing:
-        return InvalidArgument(f"ensemble '{target.name}' produced no tensor {missing}")
-    return None
+            # An output the nested ensemble did not make is absent, as a model's would be.
+            made = [(name, tensors[name]) for name in step.requested if name in tensors]
+            self._produced(step, made)

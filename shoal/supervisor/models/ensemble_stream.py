@@ -40,7 +40,7 @@ from shoal.supervisor.models._ensemble_outcomes import (
     step_inputs,
     step_record,
 )
-from shoal.supervisor.models._ensemble_plan import StepPlan
+from shoal.supervisor.models._ensemble_plan import StepPlan, needed_steps
 from shoal.supervisor.models.ensemble import EnsembleRunner
 from shoal.supervisor.models.version import ModelVersion
 from shoal.supervisor.requests import traced
@@ -102,7 +102,8 @@ class StreamRun:
 
     def start(self, inputs: _Tensors, on_free: Callable[[], None] | None = None) -> None:
         if not self.finished:
-            _Frame(self, None, inputs, on_free).start()
+            absent = {t.name for t in self.mv.config.inputs if t.name not in inputs}
+            _Frame(self, None, inputs, on_free).start(absent)
 
     def abort(self) -> None:
         """Stop without reporting: every running step is cancelled, every frame let go."""
@@ -152,7 +153,8 @@ class StreamRun:
     def emit(self, frame: _Frame) -> None:
         frame.refs += 1
         self.emitted += 1
-        self._emit({name: frame.tensors[name] for name in self.wanted}, frame.unref)
+        tensors = frame.tensors
+        self._emit({name: tensors[name] for name in self.wanted if name in tensors}, frame.unref)
 
     # -- steps ------------------------------------------------------------------------------
 
@@ -162,7 +164,7 @@ class StreamRun:
             raise InvalidArgument(
                 f"ensemble '{self.mv.name}' reaches itself through its step '{target.name}'"
             )
-        inputs = step_inputs(self.mv.name, step, target, frame.tensors)
+        inputs = step_inputs(self.mv.name, step, target, frame.tensors, self.base.request_id)
         started = time.monotonic_ns()
         batch = batch_of(target.summary.max_batch_size, [t.shape for t in inputs])
         frame.running += 1
@@ -342,19 +344,30 @@ class _Frame:
         self.sent = False
         self._on_free = on_free
         #: Per step: input tensors still missing here; -1 once the step has started.
-        self._missing = [step.needs for step in run.plan.steps]
+        #: A step whose outputs the request does not need never starts (Triton prunes it).
+        needed = needed_steps(run.plan, run.wanted)
+        self._missing = [s.needs if s.index in needed else -1 for s in run.plan.steps]
+        #: Tensors that will never be here (an optional input not given, an output its step did
+        #: not make): as in Triton, their consumers run without them.
+        self.absent: set[str] = set()
         run.frames.add(self)
         if parent is not None:
             parent.refs += 1
 
-    def start(self) -> None:
+    def start(self, absent: set[str]) -> None:
+        self.absent = absent
+        self._advance(self._arrived([*self.tensors, *absent]))
+
+    def _arrived(self, names: list[str]) -> list[StepPlan]:
+        """Each tensor now here (or known absent) is one fewer that its consumers wait for:
+        those that wait for none any more."""
         ready = []
-        for name in self.tensors:
+        for name in names:
             for step in self.run.plan.consumers.get(name, ()):
                 self._missing[step.index] -= 1
                 if self._missing[step.index] == 0:
                     ready.append(step)
-        self._advance(ready)
+        return ready
 
     def open(self, step: StepPlan, outputs: _Tensors, release: Callable[[], None]) -> None:
         """One response of decoupled ``step`` (run in this frame): a frame of its own."""
@@ -375,22 +388,22 @@ class _Frame:
         tensors = {step.output_map[n]: d for n, d in outputs.items() if n in step.output_map}
         child = _Frame(self.run, self, tensors, None)
         child.releases.append(release)
-        child.start()
+        child.start({t for t in step.output_map.values() if t not in tensors})
 
     def produced(self, step: StepPlan, outputs: _Tensors) -> None:
-        """A plain step's outputs, stored under their ensemble names; start what they free."""
-        ready = []
-        for name, desc in outputs.items():
-            target = step.output_map.get(name)
-            if target is None:
+        """A plain step's outputs, stored under their ensemble names (those it did not make
+        are absent); start what they free."""
+        arrived = []
+        for name, target in step.output_map.items():
+            if target in self.tensors or target in self.absent:
                 continue
-            if target not in self.tensors:
-                for consumer in self.run.plan.consumers.get(target, ()):
-                    self._missing[consumer.index] -= 1
-                    if self._missing[consumer.index] == 0:
-                        ready.append(consumer)
-            self.tensors[target] = desc
-        self._advance(ready)
+            desc = outputs.get(name)
+            if desc is None:
+                self.absent.add(target)
+            else:
+                self.tensors[target] = desc
+            arrived.append(target)
+        self._advance(self._arrived(arrived))
 
     def _advance(self, ready: list[StepPlan]) -> None:
         run = self.run
@@ -400,13 +413,16 @@ class _Frame:
                     return
                 self._missing[step.index] = -1
                 run.start_step(self, step)
-            if not (self.sent or run.finished) and all(n in self.tensors for n in run.wanted):
+            if not (self.sent or run.finished) and all(self._has(n) for n in run.wanted):
                 self.sent = True
                 run.emit(self)
         except Exception as error:  # a step that cannot start fails the request
             run.fail(error)
             return
         self.settle()
+
+    def _has(self, name: str) -> bool:
+        return name in self.tensors or name in self.absent
 
     def settle(self) -> None:
         """No step runs here any more: no other can start, the frame lets its blocks go."""

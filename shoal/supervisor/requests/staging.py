@@ -92,7 +92,7 @@ def check_inputs(model: ModelSummary, request: InferRequest) -> None:
     required = model.required
     count = len(request.inputs)
     if count < len(required) or count > len(rules):
-        raise _missing_inputs(model, request)
+        raise missing_inputs(model, request.id, [t.name for t in request.inputs])
     seen: set[str] = set()
     for tensor in request.inputs:
         rule = rules.get(tensor.name)
@@ -114,7 +114,7 @@ def check_inputs(model: ModelSummary, request: InferRequest) -> None:
             )
         _check_shape(model, rule, tensor, request)
     if len(seen) < len(rules) and any(name not in seen for name in required):
-        raise _missing_inputs(model, request)
+        raise missing_inputs(model, request.id, [t.name for t in request.inputs])
 
 
 def request_error(request: InferRequest, text: str) -> InvalidArgument:
@@ -126,9 +126,9 @@ def _names_text(names: Sequence[str]) -> str:
     return "[" + ",".join(f"'{name}'" for name in names) + "]"
 
 
-def _missing_inputs(model: ModelSummary, request: InferRequest) -> InvalidArgument:
+def missing_inputs(model: ModelSummary, request_id: str, given: list[str]) -> InvalidArgument:
+    """Triton's words for a request to ``model`` that gives the inputs named ``given``."""
     required = model.required
-    given = [t.name for t in request.inputs]
     missing = [name for name in required if name not in given]
     expected = f"{len(required)} inputs"
     if len(required) < len(model.inputs):  # Triton words it so where some inputs are optional
@@ -147,7 +147,7 @@ def _missing_inputs(model: ModelSummary, request: InferRequest) -> InvalidArgume
         else:
             twice = sorted({name for name in given if given.count(name) > 1})
             text += f"and input(s) {_names_text(twice)} more than once."
-    return request_error(request, text)
+    return InvalidArgument(f"[request id: {request_id or '<id_unknown>'}] {text}")
 
 
 #: No tensor may have more elements than this, even ignoring zero dimensions (NumPy cannot
