@@ -214,13 +214,15 @@ class InferenceService:
             lookup_ns = time.monotonic_ns() - lookup_started
         record, blocks = self.stage(mv, request, regions)
         if mv.is_ensemble:
+
+            def finish(response: InferResponse) -> None:  # before it counts as a success
+                if key is not None:
+                    cache_insert(self.cache, mv, key, response, lookup_ns)
+                if classes:
+                    classification.apply(response, mv.config, classes)
+
             batch = staging.batch_size(mv.summary, request)
-            response = await self.ensembles.run(mv, request, record, blocks, started, batch)
-            if key is not None:
-                cache_insert(self.cache, mv, key, response, lookup_ns)
-            if classes:
-                classification.apply(response, mv.config, classes)
-            return response
+            return await self.ensembles.run(mv, request, record, blocks, started, batch, finish)
         work = self._submit(mv, staging.batch_size(mv.summary, request), record, blocks, started)
         try:
             completion = await work.awaited()

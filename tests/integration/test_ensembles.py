@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+import urllib.request
+
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
@@ -16,7 +19,7 @@ pytestmark = pytest.mark.timeout(120)
 @pytest.fixture(scope="module")
 def server():
     args = ("--model-control-mode", "explicit", "--load-model", "ens_diamond")
-    with ShoalServer(BUNDLED, TEST_MODELS, extra_args=args) as srv:
+    with ShoalServer(BUNDLED, TEST_MODELS, extra_args=args, metrics=True) as srv:
         yield srv
 
 
@@ -285,4 +288,40 @@ def test_an_absent_tensor_a_step_requires_fails_in_tritons_words(server):
     ) in str(caught.value)
     result = client.infer("ens_optional_required", [_ints("X", [1, 2]), _ints("Y", [3, 4])])
     assert result.as_numpy("SUM").tolist() == [4, 6]
+    client.close()
+
+
+def _metric(server, family: str, model: str, labels: str = "") -> float:
+    url = f"http://127.0.0.1:{server.metrics_port}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as response:
+        text = response.read().decode()
+    found = re.search(rf'^{family}\{{model="{model}",{labels}version="1"\}} (\S+)$', text, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+def _floats(count: int) -> httpclient.InferInput:
+    tensor = httpclient.InferInput("X", [count], "FP32")
+    tensor.set_data_from_numpy(np.ones(count, dtype=np.float32))
+    return tensor
+
+
+def test_an_output_that_cannot_be_classified_counts_once_as_a_failure(server):
+    client = httpclient.InferenceServerClient(server.url)
+    client.load_model("ens_split")
+
+    def counts():
+        stats = _model_stats(client, "ens_split")["inference_stats"]
+        return (
+            int(stats["success"]["count"]),
+            int(stats["fail"]["count"]),
+            _metric(server, "nv_inference_request_success", "ens_split"),
+            _metric(server, "nv_inference_request_failure", "ens_split", 'reason="OTHER",'),
+        )
+
+    before = counts()
+    wanted = [httpclient.InferRequestedOutput("SCALED", class_count=1)]
+    with pytest.raises(InferenceServerException, match="classification output tensor too large"):
+        client.infer("ens_split", [_floats(1_000_001)], outputs=wanted)
+    after = counts()
+    assert [a - b for a, b in zip(after, before, strict=True)] == [0, 1, 0, 1]
     client.close()

@@ -99,9 +99,13 @@ class EnsembleRunner:
         blocks: list[Block],
         started: int = 0,
         batch: int = 1,
+        finish: Callable[[InferResponse], None] | None = None,
     ) -> InferResponse:
         """``record`` holds the staged client inputs; ``blocks`` are freed with the response;
-        ``started``, ``batch``: the request's start (and its trace's) and its batch size."""
+        ``started``, ``batch``: the request's start (and its trace's) and its batch size;
+        ``finish``: what the response goes through before it counts as a success (caching,
+        classification): where it raises, the request is one failure, counted by the caller
+        (the response given back by ``finish``)."""
         completions: list[Completion] = []
         release = functools.partial(self._release, completions, blocks)
         trace = None if self.tracing is None else traced.begin(self.tracing, mv, record, started)
@@ -109,8 +113,7 @@ class EnsembleRunner:
             outputs, times = await self._run_graph(mv, record, completions, release, trace)
         finally:
             traced.end(trace)
-        count_success(mv, batch, time.monotonic_ns() - started, times)
-        return InferResponse(
+        response = InferResponse(
             model_name=mv.name,
             model_version=str(mv.version),
             id=request.id,
@@ -118,6 +121,10 @@ class EnsembleRunner:
             parameters=sequence_parameters(record),
             _release=release,
         )
+        if finish is not None:
+            finish(response)
+        count_success(mv, batch, time.monotonic_ns() - started, times)
+        return response
 
     async def _run_graph(
         self,
