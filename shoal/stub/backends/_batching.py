@@ -35,7 +35,7 @@ class Batching:
 
     ``state_outputs`` are the sequence batcher's implicit-state outputs (requested by the
     supervisor though not in ``outputs``); ``scalar_outputs`` are rank-0 outputs that clients
-    see with ``dims: [1]``.
+    see in their configured dims (ones: ``[1]``, ``[1,1]``...).
     """
 
     model: str
@@ -139,7 +139,7 @@ class Batching:
         """The output in the shape the configuration gives the client (its ``dims``)."""
         spec = self.outputs.get(name)
         if name in self.scalar_outputs and value.ndim == 0:
-            return value.reshape(1)
+            return value.reshape(spec.dims if spec is not None else (1,))
         if spec is None or not spec.has_reshape:
             return value
         shape = ((batch,) if self.max_batch_size > 0 else ()) + spec.dims

@@ -135,8 +135,9 @@ def _check_shape(
             "variable first (batch) dimension: set max_batch_size: 0 or export the model with a "
             "dynamic batch axis"
         )
-    if max_batch_size == 0 and not got and not tensor.has_reshape and tensor.dims == (1,):
-        return  # a scalar: Triton lists it as dims [1]
+    if max_batch_size == 0 and not got:
+        _check_scalar(model, tensor)
+        return
     compatible = len(expected) == len(got) and all(
         e == g or e == -1 or g == -1 for e, g in zip(expected, got, strict=True)
     )
@@ -146,6 +147,18 @@ def _check_shape(
             f"unable to load model '{model}': {kind} '{tensor.name}' has shape "
             f"{_shape_text(got)} in the ONNX graph, but the configuration gives "
             f"{batch}{_shape_text(tensor.model_dims)}: fix dims (or reshape) in config.pbtxt"
+        )
+
+
+def _check_scalar(model: str, tensor: ConfigTensor) -> None:
+    """A rank-0 graph tensor of a model without batching is configured with ones only (``[1]``,
+    ``[1,1]``...): the request's one element is fed as the scalar, and a scalar output is sent
+    in the configured dims (Triton's onnxruntime backend, its words)."""
+    if any(d != 1 for d in tensor.model_dims):
+        raise OnnxModelError(
+            f"unable to load model '{model}', scalar tensor '{tensor.name}', should only provide "
+            "1 in the model configuration when the model doesn't support batching. Model "
+            f"configuration provided: {_shape_text(tensor.model_dims)}."
         )
 
 
