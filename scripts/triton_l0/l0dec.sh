@@ -48,10 +48,11 @@ trap cleanup EXIT
 start_server() {
     local log=$1 repo=$2
     shift 2
-    PYTHONPATH=$ROOT "$SHOAL_PYTHON" -m shoal serve --model-repository "$repo" \
+    # From ROOT: `python -m` puts the working directory first on sys.path, before PYTHONPATH.
+    (cd "$ROOT" && PYTHONPATH=$ROOT exec "$SHOAL_PYTHON" -m shoal serve --model-repository "$repo" \
         --http-address 127.0.0.1 --grpc-address 127.0.0.1 --metrics-address 127.0.0.1 \
         --http-port "$HTTP_PORT" --grpc-port "$GRPC_PORT" --metrics-port "$METRICS_PORT" \
-        --frontend-workers "$FRONTEND_WORKERS" "$@" >"$log" 2>&1 &
+        --frontend-workers "$FRONTEND_WORKERS" "$@") >"$log" 2>&1 &
     SERVER_PID=$!
     for _ in $(seq 600); do
         if curl -sf "http://127.0.0.1:$HTTP_PORT/v2/health/ready" >/dev/null; then return 0; fi
