@@ -2,6 +2,6 @@
 
 import sys
 
-from shoal.cli import main
+from shoal._launch import main
 
 sys.exit(main())

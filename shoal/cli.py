@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from shoal import _serve_flags, _triton_flags, perf
+from shoal import _early_log, _serve_flags, _triton_flags, perf
 from shoal._serve_parser import build_parser
 from shoal.supervisor.extensions.log_settings import configure_logging
 from shoal.supervisor.extensions.trace_settings import parse_trace_config
@@ -220,13 +220,18 @@ def _child_pids() -> list[int]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    if args.command == "serve":
-        options = options_from_args(args)
+    try:
+        args = build_parser().parse_args(argv)
+        options = options_from_args(args) if args.command == "serve" else None
+    except SystemExit:
+        _early_log.abandon()  # no server will log to it
+        raise
+    if options is not None:
         for warning in _triton_flags.warnings(args):
             print(f"shoal: warning: {warning}", file=sys.stderr)
         try:
-            configure_logging(options)
+            # the file the command opened before its imports (_launch.py)
+            configure_logging(options, _early_log.take(options.log_file))
         except OSError as error:
             print(f"shoal: cannot open the log file: {error}", file=sys.stderr)
             return 1

@@ -15,6 +15,7 @@ from shoal import _compiled
 from shoal._endpoints import announce, start_frontends, start_metrics, start_worker_frontends
 from shoal.ipc import busy_poll
 from shoal.supervisor.compose import build_service
+from shoal.supervisor.extensions.log_settings import LOG_BLOCK
 from shoal.supervisor.memory.gc_tuning import settle_after_start
 from shoal.supervisor.models.table import format_model_table
 from shoal.supervisor.options import ServerOptions
@@ -163,7 +164,8 @@ def _start_busy_poll(options: ServerOptions, loop: asyncio.AbstractEventLoop) ->
 async def _load(service: InferenceService, options: ServerOptions) -> bool:
     """Load the repository; False when a model failed and ``--exit-on-error`` says to exit."""
     failures = await service.load_repository()
-    log.info("models:\n%s", format_model_table(service.repository_index()))
+    # The table's lines stay as they are (Triton's tables are not escaped): one record.
+    log.info("models:", extra={LOG_BLOCK: format_model_table(service.repository_index())})
     if options.exit_on_error and failures:
         log.error(
             "exiting: %d model(s) failed to load: %s (--exit-on-error=true; start with "

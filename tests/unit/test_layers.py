@@ -32,6 +32,7 @@ ALLOWED: dict[str, set[str]] = {
     "_endpoints": {"core", "frontends", "supervisor"},
     "cli": {
         "cli",
+        "_early_log",
         "_serve_flags",
         "_serve_parser",
         "_triton_flags",
@@ -56,7 +57,10 @@ ALLOWED: dict[str, set[str]] = {
     "__init__": {"_compiled"},
     "_compiled": set(),
     "check_compiled": {"_compiled"},
-    "__main__": {"cli"},
+    # the entry point: the log file opened before the command line's imports
+    "_launch": {"_early_log", "cli"},
+    "_early_log": set(),
+    "__main__": {"_launch"},
 }
 
 # folders that are stricter than their package (entries are dotted prefixes)

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import datetime
 import logging
+import os
+import re
 import sys
+from typing import TextIO
 
 from shoal.core.errors import InvalidArgument, Unsupported
 from shoal.core.types import ParamValue
@@ -19,6 +22,37 @@ _BOOLS = ("log_info", "log_warning", "log_error")
 
 #: Triton's ``--log-format`` values.
 LOG_FORMATS = ("default", "ISO8601")
+
+#: Triton's switch: ``0`` prints messages as they are, anything else (or unset) escapes them.
+ESCAPE_VARIABLE = "TRITON_SERVER_ESCAPE_LOG_MESSAGES"
+
+#: A record's text printed as it is under its (escaped) message, as Triton prints its tables:
+#: ``log.info("models:", extra={LOG_BLOCK: table})``.
+LOG_BLOCK = "log_block"
+
+# What a JSON string must escape (quote, backslash, C0 controls), and what Triton's rapidjson
+# leaves raw but shoal escapes too: DEL and C1 controls (terminal escapes: 0x9b is a CSI),
+# the Unicode line separators some readers split lines on, and lone surrogates (undecodable
+# bytes of a header, which a UTF-8 log file could not take). Each stays valid JSON.
+_SPECIAL = re.compile(r'["\\\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]')
+_SHORT = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape(match: re.Match[str]) -> str:
+    char = match.group()
+    return _SHORT.get(char) or f"\\u{ord(char):04X}"
+
+
+def json_string(text: str) -> str:
+    """``text`` as a JSON string, as Triton escapes a log message (``TritonJson::SerializeString``:
+    rapidjson's escapes, ``\\u001B`` in upper case): one line that no text can end early."""
+    return '"' + _SPECIAL.sub(_escape, text) + '"'
+
+
+def escape_wanted() -> bool:
+    """Whether messages are escaped: Triton's default, unless ``TRITON_SERVER_ESCAPE_LOG_MESSAGES``
+    is ``0``."""
+    return os.environ.get(ESCAPE_VARIABLE) != "0"
 
 
 class TritonFormatter(logging.Formatter):
@@ -31,21 +65,50 @@ class TritonFormatter(logging.Formatter):
     ``model.py`` line, given as the record's ``source``). Log tools that parse Triton's lines
     (its L0_logging regexes among them) read ``file:line]``. ``log_format`` may change while
     serving.
+
+    With ``escape`` (Triton's default) the message, traceback included, is one JSON string: a
+    client's text in it (a model or input name) cannot start a line that reads as a record of
+    its own. A record's :data:`LOG_BLOCK` (a table) follows its escaped heading raw, on lines
+    of its own, as Triton prints its tables and protobuf dumps.
     """
 
-    def __init__(self, log_format: str = "default") -> None:
+    def __init__(self, log_format: str = "default", escape: bool = True) -> None:
         super().__init__()
         self.log_format = log_format
+        self.escape = escape
 
-    def formatMessage(self, record: logging.LogRecord) -> str:
+    def format(self, record: logging.LogRecord) -> str:
+        record.message = record.getMessage()
+        text = record.message
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self.formatException(record.exc_info)
+        if record.exc_text:
+            text = f"{text}\n{record.exc_text}"
+        if record.stack_info:
+            text = f"{text}\n{self.formatStack(record.stack_info)}"
+        block = getattr(record, LOG_BLOCK, None)
+        if self.escape and (text or block is None):
+            text = json_string(text)
+        if block is not None:
+            text = f"{text}\n{block}"
+        return f"{self._heading(record)}{text}"
+
+    def _heading(self, record: logging.LogRecord) -> str:
         when = datetime.datetime.fromtimestamp(record.created, datetime.timezone.utc)
-        level = record.levelname[:1]
+        level = _letter(record.levelno)
         if self.log_format == "ISO8601":
             prefix = f"{when:%Y-%m-%dT%H:%M:%SZ} {level}"
         else:
             prefix = f"{level}{when:%m%d %H:%M:%S.%f}"
         source = getattr(record, "source", None) or f"{record.filename}:{record.lineno}"
-        return f"{prefix} {record.process} {source}] {record.message}"
+        return f"{prefix} {record.process} {source}] "
+
+
+def _letter(levelno: int) -> str:
+    """Triton's three letters: its verbose lines are I lines (a D would match no reader)."""
+    if levelno >= logging.ERROR:
+        return "E"
+    return "W" if levelno >= logging.WARNING else "I"
 
 
 def shoal_level(verbose: int, info: bool, warning: bool, error: bool) -> int:
@@ -146,18 +209,21 @@ def _set_log_format(log_format: str) -> None:
             handler.formatter.log_format = log_format
 
 
-def _log_handler(options: ServerOptions) -> logging.Handler:
+def _log_handler(options: ServerOptions, opened: TextIO | None) -> logging.Handler:
+    if opened is not None:
+        return logging.StreamHandler(opened)
     if options.log_file:
         return logging.FileHandler(options.log_file, encoding="utf-8")
     return logging.StreamHandler(sys.stderr)
 
 
-def configure_logging(options: ServerOptions) -> None:
+def configure_logging(options: ServerOptions, opened: TextIO | None = None) -> None:
     """Triton-style lines on stderr, or appended to ``--log-file`` (OSError if it cannot be
-    opened), at the level the ``--log-verbose/info/warning/error`` flags give. The core and
-    every frontend worker configure their logging with it."""
-    handler = _log_handler(options)
-    handler.setFormatter(TritonFormatter(options.log_format))
+    opened; ``opened``: that file, opened already), at the level the
+    ``--log-verbose/info/warning/error`` flags give. The core and every frontend worker
+    configure their logging with it."""
+    handler = _log_handler(options, opened)
+    handler.setFormatter(TritonFormatter(options.log_format, escape_wanted()))
     level = shoal_level(
         options.log_verbose, options.log_info, options.log_warning, options.log_error
     )

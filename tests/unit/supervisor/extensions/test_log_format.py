@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import re
 import subprocess
 import sys
 
 import pytest
 
-from shoal.supervisor.extensions.log_settings import TritonFormatter
+from shoal.supervisor.extensions.log_settings import LOG_BLOCK, TritonFormatter
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -18,8 +20,10 @@ DEFAULT = re.compile(r"^[IWE]\d{4} \d{2}:\d{2}:\d{2}\.\d{6} \d+ [\w.]+:\d+\] (.*
 ISO8601 = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z [IWE] \d+ [\w.]+:\d+\] (.*)$")
 
 
-def _record(source: str | None = None) -> logging.LogRecord:
-    record = logging.LogRecord("shoal.x", logging.WARNING, "/a/b/server.py", 42, "hi", (), None)
+def _record(
+    source: str | None = None, message: str = "hi", level: int = logging.WARNING
+) -> logging.LogRecord:
+    record = logging.LogRecord("shoal.x", level, "/a/b/server.py", 42, message, (), None)
     if source is not None:
         record.source = source
     return record
@@ -29,12 +33,12 @@ def _record(source: str | None = None) -> logging.LogRecord:
 def test_lines_name_the_source_file_and_line(log_format, shape):
     line = TritonFormatter(log_format).format(_record())
     assert shape.match(line), line
-    assert " server.py:42] hi" in line
+    assert line.endswith(' server.py:42] "hi"'), line
 
 
 def test_a_models_line_names_its_model_file():
     line = TritonFormatter().format(_record("model.py:7"))
-    assert DEFAULT.match(line) and " model.py:7] hi" in line, line
+    assert DEFAULT.match(line) and line.endswith(' model.py:7] "hi"'), line
 
 
 @pytest.mark.timeout(60)
@@ -55,3 +59,80 @@ def test_verbose_logs_shoals_debug_lines_and_not_the_libraries():
     assert "shoal debug" in done.stderr
     assert "library info" in done.stderr  # a library's info lines stay, as before
     assert "library debug" not in done.stderr
+
+
+# A client's text (an input name) that would read as a record of its own, with a terminal
+# escape sequence: what Triton's L0_logging injects.
+FORGED = "I0205 18:34:18.707423 1 file.cc:123] INJECTED \x1b[31mRED\x1b[0m\x07"
+
+
+def test_a_message_is_one_json_string_that_no_client_text_can_end():
+    message = f"unexpected inference input '\n{FORGED}\n' for \"model\" \\ \u2028\x9b\udc80"
+    line = TritonFormatter().format(_record(message=message))
+    assert "\n" not in line and "\x1b" not in line and "\x9b" not in line
+    assert json.loads(DEFAULT.match(line).group(1)) == message
+    # rapidjson's escapes, as Triton writes them
+    assert "\\nI0205 18:34:18.707423 1 file.cc:123] INJECTED \\u001B[31mRED" in line
+
+
+def test_without_escaping_the_message_is_printed_as_it_is():
+    """TRITON_SERVER_ESCAPE_LOG_MESSAGES=0: what the escaping prevents."""
+    line = TritonFormatter(escape=False).format(_record(message=f"name '\n{FORGED}\n'"))
+    assert line.endswith(f"] name '\n{FORGED}\n'"), line
+    assert FORGED in line.splitlines()
+
+
+def test_a_traceback_is_part_of_the_escaped_message():
+    try:
+        raise RuntimeError("boom\nI0101 00:00:00.000000 1 x.py:1] fake")
+    except RuntimeError:
+        record = logging.LogRecord(
+            "shoal.x", logging.ERROR, "/a/server.py", 3, "failed", (), sys.exc_info()
+        )
+    escaped = TritonFormatter().format(record)
+    assert len(escaped.splitlines()) == 1, escaped
+    text = json.loads(DEFAULT.match(escaped).group(1))
+    assert text.startswith("failed\nTraceback") and "RuntimeError: boom\nI0101" in text
+    record.exc_text = None
+    raw = TritonFormatter(escape=False).format(record)
+    assert raw.splitlines()[-1] == "I0101 00:00:00.000000 1 x.py:1] fake"
+
+
+def test_a_table_follows_its_escaped_heading_unescaped():
+    table = "+---+\n| a |\n+---+"
+    record = _record(message="models:", level=logging.INFO)
+    setattr(record, LOG_BLOCK, table)
+    assert TritonFormatter().format(record).endswith('] "models:"\n' + table)
+    assert TritonFormatter(escape=False).format(record).endswith("] models:\n" + table)
+    record = _record(message="", level=logging.INFO)  # no heading: Triton's own tables
+    setattr(record, LOG_BLOCK, table)
+    assert TritonFormatter().format(record).endswith("] \n" + table)
+
+
+def test_verbose_lines_are_info_lines_as_in_triton():
+    """Triton has three letters (its QA checks them); debug lines read D before."""
+    letters = [
+        TritonFormatter().format(_record(level=level))[0]
+        for level in (logging.DEBUG, logging.INFO, logging.WARNING, logging.ERROR, logging.CRITICAL)
+    ]
+    assert letters == ["I", "I", "W", "E", "E"]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("value", "escaped"), [(None, True), ("1", True), ("0", False)])
+def test_the_environment_variable_turns_escaping_off(value, escaped):
+    code = (
+        "import logging\n"
+        "from shoal.supervisor.extensions.log_settings import configure_logging\n"
+        "from shoal.supervisor.options import ServerOptions\n"
+        "configure_logging(ServerOptions(model_repositories=('r',)))\n"
+        "logging.getLogger('shoal.server').info('say \"hi\"')\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_SERVER_ESCAPE_LOG_MESSAGES"}
+    if value is not None:
+        env["TRITON_SERVER_ESCAPE_LOG_MESSAGES"] = value
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=50, env=env
+    )
+    expected = '] "say \\"hi\\""' if escaped else '] say "hi"'
+    assert done.stderr.rstrip("\n").endswith(expected), done.stderr
