@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Callable, Iterator
@@ -136,3 +137,53 @@ def test_log_levels_can_be_turned_off() -> None:
     )
     assert "SHOAL_LISTENING http" in output
     assert "shoal is ready" not in output  # an info line
+
+
+# An input name that reads as a record of its own (with a terminal escape), as Triton's
+# L0_logging injects it; a refused request's verbose "Infer failed" line holds it.
+FORGED = "I0205 18:34:18.707423 1 file.cc:123] THIS ENTRY WAS INJECTED \x1b[31mRED\x1b[0m"
+
+
+def _refused_with_a_forged_input_name(server: ShoalServer) -> None:
+    name = f"\n{FORGED}\n{FORGED}"
+    data = np.zeros(4, dtype=np.float32)
+    for module, url in ((httpclient, server.url), (grpcclient, server.grpc_url)):
+        client = module.InferenceServerClient(url)
+        try:
+            tensor = module.InferInput(name, [4], "FP32")
+            tensor.set_data_from_numpy(data)
+            with pytest.raises(InferenceServerException, match="THIS ENTRY WAS INJECTED"):
+                client.infer("add_sub", [tensor])
+        finally:
+            client.close()
+
+
+@pytest.mark.parametrize("escaped", [True, False], ids=["escaped", "unescaped"])
+def test_a_clients_text_cannot_forge_a_log_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, escaped: bool
+) -> None:
+    """Messages are JSON strings, as Triton's: TRITON_SERVER_ESCAPE_LOG_MESSAGES=0 prints them
+    as they are, and the forged line is there."""
+    if not escaped:
+        monkeypatch.setenv("TRITON_SERVER_ESCAPE_LOG_MESSAGES", "0")
+    log_file = tmp_path / "server.log"
+    flags = ("--model-control-mode=explicit", "--load-model=add_sub", "--log-verbose", "1")
+    with ShoalServer(BUNDLED, extra_args=(*flags, "--log-file", str(log_file))) as server:
+        _wait_for(log_file.read_text, "shoal is ready")
+        _refused_with_a_forged_input_name(server)
+        deadline = time.monotonic() + 30
+        while log_file.read_text().count("Infer failed") < 2:  # HTTP's and gRPC's
+            assert time.monotonic() < deadline, log_file.read_text()
+            time.sleep(0.02)  # polling a file, not waiting on time
+    lines = log_file.read_text().splitlines()
+    if not escaped:
+        assert lines.count(FORGED) == 2, lines  # one forged line per refused request
+        return
+    assert FORGED not in lines and not any("\x1b" in line for line in lines), lines
+    failed = [line for line in lines if "Infer failed" in line]
+    for line in failed:
+        assert DEFAULT_LINE.match(line) and line.startswith("I"), line  # a verbose line
+        message = json.loads(line.split("] ", 1)[1])
+        assert message.startswith("[request id: <id_unknown>] Infer failed: ")
+        assert f"'\n{FORGED}\n{FORGED}'" in message
+    assert len(failed) == 2, lines

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from shoal.core import CoreAPI, InferResponse, ShoalError
+from shoal.frontends._failed_log import infer_failed
 from shoal.frontends._forwarding import HeaderForward
 from shoal.frontends._restricted import GRPC_GROUPS, Restrictions
 from shoal.frontends.grpc._infer import DecodedInfer, decode_infer_request, encode_infer_response
@@ -56,12 +57,14 @@ class InferCall:
         """The reply to the serialized request ``data``; an error ends the call through
         ``context.abort`` with its status, as every guarded method does. One coroutine, the
         guard and the inference in it: each level is entered and resumed on every step."""
+        request_id = ""
         try:
             restrictions = self._restrictions
             if restrictions.restricts(_GROUP):
                 restrictions.check(_GROUP, context.invocation_metadata() or ())
             decoded = decode_infer_request(data)
             request = decoded.request
+            request_id = request.id
             forward = self._forward
             if forward is not None:
                 forwarded = forward.matching(context.invocation_metadata() or ())
@@ -77,6 +80,7 @@ class InferCall:
             error = exc
         except Exception:
             error = unexpected("ModelInfer")
+        infer_failed(request_id, error.message)
         await context.abort(GRPC_STATUS.get(error.code, Status.INTERNAL), error.message)
         raise AssertionError("abort returned")  # it raises: the call ends with the status
 

@@ -27,6 +27,7 @@ from shoal.core import (
     Unsupported,
 )
 from shoal.core.versions import check_version
+from shoal.frontends._failed_log import infer_failed
 from shoal.frontends._forwarding import HeaderForward
 from shoal.frontends.grpc import _extensions as ext
 from shoal.frontends.grpc._infer import (
@@ -126,10 +127,16 @@ class Servicer:
         self, data: bytes | bytearray | memoryview, forwarded: dict[str, str] | None = None
     ) -> bytes:
         """``forwarded``: the call's metadata :attr:`forward` picked, added to the parameters."""
-        decoded = decode_infer_request(data)
-        if forwarded:
-            decoded.request.parameters.update(forwarded)
-        response = await self._core.infer(decoded.request)
+        request_id = ""
+        try:
+            decoded = decode_infer_request(data)
+            request_id = decoded.request.id
+            if forwarded:
+                decoded.request.parameters.update(forwarded)
+            response = await self._core.infer(decoded.request)
+        except ShoalError as exc:
+            infer_failed(request_id, exc.message)
+            raise
         try:
             return b"".join(encode_infer_response(response, decoded))
         finally:

@@ -12,6 +12,7 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -22,6 +23,7 @@ from shoal.core import (
     ShoalError,
 )
 from shoal.core.versions import check_version
+from shoal.frontends._failed_log import infer_failed
 from shoal.frontends.http import _json
 from shoal.frontends.http._body import ClientDisconnected
 from shoal.frontends.http._compression import SUPPORTED_ENCODINGS, UnsupportedEncoding
@@ -60,6 +62,20 @@ def error_parts(error: ShoalError) -> tuple[int, Headers, bytes]:
         headers.append(("accept-encoding", SUPPORTED_ENCODINGS))  # as Triton does
     message = error.http_message if isinstance(error, DecoupledInfer) else error.message
     return HTTP_STATUS.get(error.code, 500), headers, _json.dumps({"error": message})
+
+
+def infer_error_parts(request_id: str, error: ShoalError) -> tuple[int, Headers, bytes]:
+    """:func:`error_parts` of a failed inference request, logged at verbose level as Triton's
+    ``HandleInfer`` logs it; ``request_id``: "" before the request's id was read."""
+    infer_failed(request_id, error.message)
+    return error_parts(error)
+
+
+async def http_exception(request: Request, exc: Exception) -> Response:
+    """Routing errors (404 unknown path, 405 wrong method) in the same JSON form as Triton's."""
+    assert isinstance(exc, HTTPException)
+    body = _json.dumps({"error": exc.detail})
+    return Response(body, status_code=exc.status_code, headers=exc.headers, media_type=JSON_TYPE)
 
 
 def unexpected(what: str) -> InternalError:

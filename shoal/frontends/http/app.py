@@ -38,6 +38,8 @@ from shoal.frontends.http._endpoint import (
     Headers,
     error_parts,
     guarded,
+    http_exception,
+    infer_error_parts,
     json_response,
     model_ref,
     unexpected,
@@ -80,7 +82,7 @@ def build_http_app(
         infer=None if restricted or forward else infer,
         forwards_headers=forward is not None,
         routes=restrict_routes(routes, restrictions),
-        exception_handlers={HTTPException: _http_exception},
+        exception_handlers={HTTPException: http_exception},
     )
 
 
@@ -130,13 +132,6 @@ class _App(Starlette):
                 await self._infer(scope, receive, send)
                 return
         await super().__call__(scope, receive, send)
-
-
-async def _http_exception(request: Request, exc: Exception) -> Response:
-    """Routing errors (404 unknown path, 405 wrong method) in the same JSON form as Triton's."""
-    assert isinstance(exc, HTTPException)
-    body = _json.dumps({"error": exc.detail})
-    return Response(body, status_code=exc.status_code, headers=exc.headers, media_type=JSON_TYPE)
 
 
 # --- health and metadata ----------------------------------------------------------------------
@@ -252,6 +247,7 @@ class _InferEndpoint:
         One coroutine for the usual request (a small body, no compression): each level of
         ``await`` costs every request on its way in and again when it resumes; the slower
         ways are coroutines of their own, awaited only where they apply."""
+        request_id = ""
         try:
             check_version(version)
             encoding = codec.request_encoding(headers.get("content-encoding"))
@@ -272,6 +268,7 @@ class _InferEndpoint:
                 lines = headers.items() if forwarded is None else forwarded
                 decoded.request.parameters.update(self._forward.matching(lines))
             request = decoded.request
+            request_id = request.id
             if front is not None:
                 request.trace_id = -1  # the frontend hands its timestamps (trace_files.py)
             try:
@@ -288,9 +285,9 @@ class _InferEndpoint:
                 out_headers, out = await compressed(out_headers, out, accept)
             return 200, out_headers, out
         except ShoalError as exc:
-            return error_parts(exc)
+            return infer_error_parts(request_id, exc)
         except Exception:
-            return error_parts(unexpected("an inference request"))
+            return infer_error_parts(request_id, unexpected("an inference request"))
 
 
 def _encoded(
