@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import queue
 import re
 import time
 from collections.abc import Callable, Iterator
@@ -156,6 +157,17 @@ def _refused_with_a_forged_input_name(server: ShoalServer) -> None:
                 client.infer("add_sub", [tensor])
         finally:
             client.close()
+    client = grpcclient.InferenceServerClient(server.grpc_url)  # and a ModelStreamInfer request
+    answers: queue.Queue[object] = queue.Queue()
+    streamed = grpcclient.InferInput(name, [4], "FP32")
+    streamed.set_data_from_numpy(data)
+    try:
+        client.start_stream(callback=lambda result, error: answers.put(error))
+        client.async_stream_infer("add_sub", [streamed])
+        assert "THIS ENTRY WAS INJECTED" in str(answers.get(timeout=30))
+    finally:
+        client.stop_stream()
+        client.close()
 
 
 @pytest.mark.parametrize("escaped", [True, False], ids=["escaped", "unescaped"])
@@ -172,12 +184,12 @@ def test_a_clients_text_cannot_forge_a_log_line(
         _wait_for(log_file.read_text, "shoal is ready")
         _refused_with_a_forged_input_name(server)
         deadline = time.monotonic() + 30
-        while log_file.read_text().count("Infer failed") < 2:  # HTTP's and gRPC's
+        while log_file.read_text().count("Infer failed") < 3:  # HTTP's and gRPC's
             assert time.monotonic() < deadline, log_file.read_text()
             time.sleep(0.02)  # polling a file, not waiting on time
     lines = log_file.read_text().splitlines()
     if not escaped:
-        assert lines.count(FORGED) == 2, lines  # one forged line per refused request
+        assert lines.count(FORGED) == 3, lines  # one forged line per refused request
         return
     assert FORGED not in lines and not any("\x1b" in line for line in lines), lines
     failed = [line for line in lines if "Infer failed" in line]
@@ -186,4 +198,4 @@ def test_a_clients_text_cannot_forge_a_log_line(
         message = json.loads(line.split("] ", 1)[1])
         assert message.startswith("[request id: <id_unknown>] Infer failed: ")
         assert f"'\n{FORGED}\n{FORGED}'" in message
-    assert len(failed) == 2, lines
+    assert len(failed) == 3, lines

@@ -321,6 +321,7 @@ def _stream_failure(exc: Exception, decoded: DecodedInfer | None, close_on_error
     """The reply to a stream request that failed (called in the ``except`` that caught ``exc``),
     unless the failure ends the stream (``close_on_error``): then it raises."""
     error = exc if isinstance(exc, ShoalError) else unexpected("a streaming inference request")
+    infer_failed("" if decoded is None else decoded.request.id, error.message)
     if close_on_error:
         raise error
     return stream_error(error.message, None if decoded is None else decoded.request)
