@@ -169,6 +169,15 @@ _HONOURED = (
         help="load <model>/configs/<NAME>.pbtxt instead of <model>/config.pbtxt where it exists",
     ),
     _flag(
+        "--model-load-thread-count",
+        type=_int,
+        default=4,
+        metavar="N",
+        help="start at most N model versions at once when loading the repository (at start, "
+        "by polling, an ensemble's steps; below 1 means 1). Loads asked for by a client or a "
+        "model are not held back",
+    ),
+    _flag(
         "--model-load-retry-count",
         type=parse_count,
         default=0,
@@ -227,7 +236,6 @@ _IGNORED_FLAGS = tuple(
         ("--buffer-manager-thread-count", _int, "N", _IGNORED),
         ("--grpc-infer-thread-count", _infer_threads, "N", _IGNORED),
         ("--grpc-max-response-pool-size", _pool_size, "N", _IGNORED),
-        ("--model-load-thread-count", _int, "N", f"{_IGNORED} (models load concurrently)"),
         ("--model-load-gpu-limit", _pair(_int, _float, ":"), "DEVICE:FRACTION", _IGNORED),
         ("--cuda-virtual-address-size", _pair(_int, _int, ":"), "DEVICE:BYTES", _IGNORED),
         ("--host-policy", _host_policy, "NAME,SETTING=VALUE", _IGNORED),
@@ -311,6 +319,7 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
         "strict_model_config": args.strict_model_config or args.disable_auto_complete_config,
         "model_config_name": args.model_config_name or "",
         "model_load_retry_count": args.model_load_retry_count,
+        "model_load_thread_count": args.model_load_thread_count,
         "reuse_http_port": args.reuse_http_port,
         "reuse_grpc_port": args.reuse_grpc_port,
         "http_header_forward_pattern": args.http_header_forward_pattern,

@@ -71,6 +71,8 @@ class ServerOptions:
     model_config_name: str = ""
     #: ``--model-load-retry-count``: further attempts after a model failed to load.
     model_load_retry_count: int = 0
+    #: ``--model-load-thread-count``: versions of the repository's models started at once.
+    model_load_thread_count: int = 4
     strict_readiness: bool = True
     exit_on_error: bool = True
     exit_timeout_secs: float = 30.0

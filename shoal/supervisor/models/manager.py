@@ -179,20 +179,20 @@ class ModelRepositoryManager:
         try:
             if not _startup and not files:
                 await self._sync_model(name)
-            await self._load_retrying(name, config_json, files)
+            await self._load_retrying(name, config_json, files, bounded=_startup)
         finally:
             self._loading.discard(name)
         await self._reload_orphans()
 
     async def _load_retrying(
-        self, name: str, config_json: str | None, files: dict[str, bytes] | None
+        self, name: str, config_json: str | None, files: dict[str, bytes] | None, bounded: bool
     ) -> None:
         """``--model-load-retry-count``: a model that failed to load is tried again (a model
         whose initialize waits on something still starting), the last failure is the answer."""
         retries = self.options.model_load_retry_count
         for attempt in range(retries + 1):
             try:
-                await self._load_locked(name, config_json, files)
+                await self._load_locked(name, config_json, files, bounded)
                 return
             except Exception as error:
                 if attempt == retries:
@@ -209,11 +209,11 @@ class ModelRepositoryManager:
             raise InvalidArgument(f"failed to load '{name}': {error}") from None
 
     async def _load_locked(
-        self, name: str, config_json: str | None, files: dict[str, bytes] | None
+        self, name: str, config_json: str | None, files: dict[str, bytes] | None, bounded: bool
     ) -> None:
         async with self._locks.setdefault(name, asyncio.Lock()):
             new = await self._new_versions(name, config_json, files)
-            await asyncio.gather(*(self.loader.start(mv) for mv in new))
+            await asyncio.gather(*(self.loader.start(mv, bounded=bounded) for mv in new))
             await self._fail_unless_ready(name, new)
             await self._swap_in(name, new)
 
