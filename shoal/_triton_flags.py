@@ -17,10 +17,13 @@ from shoal.frontends._forwarding import compile_header_pattern
 #: The ``--metrics-config`` settings Triton knows, and the value each has in shoal.
 _METRICS_SETTINGS = {
     "counter_latencies": "true or false: the nv_inference_*_duration_us counters",
-    "summary_latencies": "false only: shoal exports no latency summaries",
-    "histogram_latencies": "false only: shoal exports no latency histograms",
-    "summary_quantiles": "accepted; no effect without summaries",
+    "summary_latencies": "true or false: the nv_inference_*_summary_us summaries",
+    "histogram_latencies": "true or false: the nv_inference_first_response_histogram_ms histogram",
+    "summary_quantiles": "<quantile>:<error>,...: the summaries' quantiles",
 }
+#: The leading number of a text, as C++'s ``std::stod`` reads it (Triton parses quantiles so:
+#: ``0.0.1`` is 0.0).
+_LEADING_NUMBER = re.compile(r"\s*[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
 
 #: The deprecated ``--trace-*`` flags and the ``--trace-config`` entry each one stands for.
 _TRACE_FLAGS = (
@@ -128,12 +131,39 @@ def _metrics_setting(text: str) -> tuple[str, str]:
             f"unknown setting '{key}'; known: {', '.join(_METRICS_SETTINGS)}"
         )
     if key in ("counter_latencies", "summary_latencies", "histogram_latencies"):
-        enabled = parse_bool(value)
-        if enabled and key != "counter_latencies":
-            raise argparse.ArgumentTypeError(
-                f"{key}=true is not supported: {_METRICS_SETTINGS[key]}"
-            )
+        parse_bool(value)
+    elif key == "summary_quantiles":
+        parse_quantiles(value)
     return key, value
+
+
+def parse_quantiles(text: str) -> tuple[tuple[float, float], ...]:
+    """``summary_quantiles``: ``<quantile>:<error>`` pairs separated by commas. Each number is
+    read as Triton reads it (its leading number); a pair without one, or a quantile outside
+    0..1, is refused (Triton logs it and leaves the pair out)."""
+    pairs = []
+    for pair in text.split(","):
+        quantile, colon, error = pair.partition(":")
+        if not colon:
+            raise argparse.ArgumentTypeError(
+                f"summary_quantiles: no ':' in '{pair}': expected <quantile>:<error>"
+            )
+        q, e = _leading_number(quantile, pair), _leading_number(error, pair)
+        if not 0.0 <= q <= 1.0:
+            raise argparse.ArgumentTypeError(
+                f"summary_quantiles: quantile {quantile} in '{pair}' must be between 0 and 1"
+            )
+        pairs.append((q, e))
+    return tuple(pairs)
+
+
+def _leading_number(text: str, pair: str) -> float:
+    match = _LEADING_NUMBER.match(text)
+    if match is None:
+        raise argparse.ArgumentTypeError(
+            f"summary_quantiles: '{text}' in '{pair}' is not a number: expected <quantile>:<error>"
+        )
+    return float(match.group())
 
 
 def _flag(*names: str, **settings: Any) -> tuple[tuple[str, ...], dict[str, Any]]:
@@ -214,7 +244,10 @@ _HONOURED = (
         default=[],
         metavar="SETTING=VALUE",
         help="counter_latencies=false drops the nv_inference_*_duration_us counters; "
-        "summary_latencies and histogram_latencies take false only (repeatable)",
+        "summary_latencies=true adds the nv_inference_*_summary_us summaries, with "
+        "summary_quantiles=<quantile>:<error>,... (default 0.5:0.05,0.9:0.01,0.95:0.001,"
+        "0.99:0.001,0.999:0.001); histogram_latencies=true adds "
+        "nv_inference_first_response_histogram_ms (repeatable)",
     ),
     *(
         _flag(
@@ -325,4 +358,9 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
         "http_header_forward_pattern": args.http_header_forward_pattern,
         "grpc_header_forward_pattern": args.grpc_header_forward_pattern,
         "counter_latencies": parse_bool(metrics.get("counter_latencies", "true")),
+        "summary_latencies": parse_bool(metrics.get("summary_latencies", "false")),
+        "histogram_latencies": parse_bool(metrics.get("histogram_latencies", "false")),
+        "summary_quantiles": (
+            parse_quantiles(metrics["summary_quantiles"]) if "summary_quantiles" in metrics else ()
+        ),
     }

@@ -13,6 +13,7 @@ from shoal.ipc.arena import OwnedArena, remove_stale_segments
 from shoal.supervisor.calls.bls import BlsRouter
 from shoal.supervisor.calls.control import ControlRouter, ModelControl
 from shoal.supervisor.extensions.custom_metrics import CustomMetrics
+from shoal.supervisor.extensions.latency_families import DEFAULT_QUANTILES, LatencySettings
 from shoal.supervisor.extensions.log_settings import LogSettings
 from shoal.supervisor.extensions.trace_settings import TraceSettings
 from shoal.supervisor.instances.instance import MakeStub
@@ -60,6 +61,7 @@ def build_service(options: ServerOptions, make_stub: MakeStub = StubProcess) -> 
             bls=bls,
             control=ControlRouter(models, custom_metrics, directory),
             trace_overhead=options.trace_overhead,
+            latencies=latency_settings(options),
             response_cache=cache is not None,
             rate_limiter=rate_limiter,
             make_stub=make_stub,
@@ -92,4 +94,15 @@ def _input_arena(options: ServerOptions, loaded: LoadedModels) -> OwnedArena:
         growth_bytes=arenas.growth_bytes,
         limit_bytes=arenas.limit_bytes,
         on_new_segment=loaded.announce_segment,
+    )
+
+
+def latency_settings(options: ServerOptions) -> LatencySettings | None:
+    """``--metrics-config``'s summaries and histograms (None: neither, the default)."""
+    if not (options.summary_latencies or options.histogram_latencies):
+        return None
+    return LatencySettings(
+        options.summary_latencies,
+        options.histogram_latencies,
+        options.summary_quantiles or DEFAULT_QUANTILES,
     )

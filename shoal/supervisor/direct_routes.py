@@ -159,6 +159,8 @@ class DirectRoutes:
             return None
         if self._tracing.traced(mv.name) or mv.stats.overhead is not None:
             return None  # a trace, or --trace-overhead's stages: the core's path to time
+        if mv.stats.latencies is not None:
+            return None  # latency summaries or histograms: observed per request by the core
         # A GPU instance may answer in GPU memory, which only the core hands on.
         if any(group.kind != "KIND_CPU" for group in mv.config.instance_groups):
             return None

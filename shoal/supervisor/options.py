@@ -59,6 +59,12 @@ class ServerOptions:
     allow_cpu_metrics: bool = True
     #: ``--metrics-config counter_latencies``: export the nv_inference_*_duration_us counters.
     counter_latencies: bool = True
+    #: ``--metrics-config summary_latencies`` / ``histogram_latencies``: Triton's latency
+    #: summaries and first-response histogram (off by default, as in Triton).
+    summary_latencies: bool = False
+    histogram_latencies: bool = False
+    #: ``--metrics-config summary_quantiles``: (quantile, error) pairs; () is Triton's default.
+    summary_quantiles: tuple[tuple[float, float], ...] = ()
     #: ``--allow-client-shm``: clients may register and unregister shared-memory regions.
     allow_client_shm: bool = True
     #: ``--id``: the server's name in its metadata.

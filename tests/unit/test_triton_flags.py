@@ -56,6 +56,22 @@ HONOURED = [
     (("--metrics-config=summary_latencies=false",), "counter_latencies", True),
     (("--metrics-config=summary_quantiles=0.5:0.05,0.9:0.01",), "counter_latencies", True),
     (("--metrics-config=histogram_latencies=false",), "counter_latencies", True),
+    ((), "summary_latencies", False),
+    ((), "histogram_latencies", False),
+    ((), "summary_quantiles", ()),
+    (("--metrics-config", "summary_latencies=true"), "summary_latencies", True),
+    (("--metrics-config=histogram_latencies=1",), "histogram_latencies", True),
+    (
+        ("--metrics-config=summary_quantiles=0.5:0.05,0.9:0.01",),
+        "summary_quantiles",
+        ((0.5, 0.05), (0.9, 0.01)),
+    ),
+    # Triton's own QA passes "0.0.1": std::stod reads its leading number, 0.0.
+    (
+        ("--metrics-config=summary_quantiles=0.1:0.0.1,0.75:1e-2",),
+        "summary_quantiles",
+        ((0.1, 0.0), (0.75, 0.01)),
+    ),
     (("--model-control-mode=EXPLICIT",), "model_control_mode", "explicit"),
     (("--model-control-mode", "Poll"), "model_control_mode", "poll"),
 ]
@@ -162,8 +178,10 @@ REFUSED = [
     ("--model-load-retry-count", "-1", "integer >= 0"),
     ("--reuse-http-port", "yes please", "expected true or false"),
     ("--http-header-forward-pattern", "(", "not a regular expression"),
-    ("--metrics-config", "summary_latencies=true", "summary_latencies=true is not supported"),
-    ("--metrics-config", "histogram_latencies=true", "no latency histograms"),
+    ("--metrics-config", "summary_latencies=maybe", "expected true or false"),
+    ("--metrics-config", "summary_quantiles=0.5", "no ':' in '0.5'"),
+    ("--metrics-config", "summary_quantiles=0.5:0.05,p99:0.001", "'p99' in 'p99:0.001'"),
+    ("--metrics-config", "summary_quantiles=1.5:0.01", "quantile 1.5 in '1.5:0.01' must be"),
     ("--metrics-config", "latency=true", "unknown setting 'latency'"),
     ("--metrics-config", "counter_latencies", "<setting>=<value>"),
 ]

@@ -381,6 +381,7 @@ def _count(target: ModelVersion, work: Work, completion: Completion) -> None:
     elapsed = time.monotonic_ns() - work.enqueued_ns
     if completion.response.error is None:
         target.stats.success(work.batch_size, elapsed, completion.queue_ns, completion.compute_ns)
+        target.stats.first_response(elapsed)
     else:
         target.stats.failure(elapsed, ModelError.reason)
 

@@ -235,10 +235,20 @@ def _escape_label(value: str) -> str:
     return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
 
 
+#: A histogram's and a summary's own labels, printed after the others (as Triton does:
+#: clients match ``{model="m",version="1",le="100"}``).
+_LAST_LABELS = ("le", "quantile")
+
+
+def _label_order(item: tuple[str, str]) -> tuple[bool, str]:
+    return item[0] in _LAST_LABELS, item[0]
+
+
 def _format_labels(labels: dict[str, str]) -> str:
     if not labels:
         return ""
-    pairs = ",".join(f'{k}="{_escape_label(v)}"' for k, v in sorted(labels.items()))
+    ordered = sorted(labels.items(), key=_label_order)
+    pairs = ",".join(f'{k}="{_escape_label(v)}"' for k, v in ordered)
     return "{" + pairs + "}"
 
 

@@ -24,6 +24,7 @@ from shoal.supervisor.extensions._metrics_families import (
     triton_families,
 )
 from shoal.supervisor.extensions._metrics_rss import RssProbe
+from shoal.supervisor.extensions.latency_families import VersionLatencies, latency_families
 from shoal.supervisor.memory.cuda_pools import CudaPools
 from shoal.supervisor.models.version import ModelVersion
 from shoal.supervisor.service import InferenceService
@@ -49,6 +50,7 @@ class ServiceCollector:
     def collect(self) -> Iterator[Metric]:
         versions = self._ready_versions()
         yield from triton_families(self._models(versions), self._latencies)
+        yield from latency_families(_latencies(versions))
         yield from shoal_families(self._instances(versions), self._arenas())
         yield from _stage_families(versions)
         yield from _cuda_pool_families(self._service.directory.cuda)
@@ -91,6 +93,17 @@ class ServiceCollector:
                 )
         self._rss.keep_only(pids)
         return samples
+
+
+def _latencies(
+    versions: dict[tuple[str, str], ModelVersion],
+) -> list[tuple[dict[str, str], VersionLatencies]]:
+    """The versions' summaries and histograms (``--metrics-config``), with their labels."""
+    return [
+        ({"model": name, "version": version}, mv.stats.latencies)
+        for (name, version), mv in sorted(versions.items())
+        if mv.stats.latencies is not None
+    ]
 
 
 def _pending(mv: ModelVersion | None) -> int:

@@ -12,6 +12,7 @@ import time
 
 from shoal.core.types import BatchStatistics, ModelStatistics, ResponseStatistics, StatDuration
 from shoal.ipc import stat_counters as sc
+from shoal.supervisor.extensions.latency_families import VersionLatencies
 
 #: (compute_input, compute_infer, compute_output) nanoseconds of one execution.
 ComputeNs = tuple[int, int, int]
@@ -29,6 +30,10 @@ class StatsRecorder:
         self.overhead: dict[str, list[int]] | None = None
         #: The workers' rows counting this version's direct requests: (rows, row, generation).
         self._direct: list[tuple[sc.CounterRows, int, int]] = []
+        #: ``--metrics-config summary_latencies`` / ``histogram_latencies``: the version's
+        #: summaries and histogram, fed the durations recorded here (None: both off). Its
+        #: requests then take the core's path, never a worker's direct one, which only counts.
+        self.latencies: VersionLatencies | None = None
 
     def add_direct(self, rows: sc.CounterRows, row: int, generation: int) -> None:
         """A worker counts this version's direct requests in ``row`` of ``rows``."""
@@ -86,6 +91,16 @@ class StatsRecorder:
         infer.compute_input.add(compute[0])
         infer.compute_infer.add(compute[1])
         infer.compute_output.add(compute[2])
+        latencies = self.latencies
+        if latencies is not None:
+            latencies.success(total_ns, queue_ns, compute)
+
+    def first_response(self, ns: int) -> None:
+        """A request's first response went out ``ns`` after the request arrived (the
+        first-response histogram's observation; a response of every request, success or not)."""
+        latencies = self.latencies
+        if latencies is not None:
+            latencies.first_response(ns)
 
     def cache_hit(self, total_ns: int, queue_ns: int, hit_ns: int) -> None:
         """A request answered from the response cache: a success with its queue time (until
@@ -95,11 +110,18 @@ class StatsRecorder:
         infer.queue.add(queue_ns)
         infer.cache_hit.add(hit_ns)
         self._stats.last_inference = time.time_ns() // 1_000_000
+        latencies = self.latencies
+        if latencies is not None:
+            latencies.cache_hit(queue_ns, hit_ns)
+            latencies.first_response(total_ns)
 
     def cache_miss(self, miss_ns: int) -> None:
         """A request not in the cache ran and was inserted: the lookup and insertion time
         (inside its request duration, as in Triton)."""
         self._stats.inference_stats.cache_miss.add(miss_ns)
+        latencies = self.latencies
+        if latencies is not None:
+            latencies.cache_miss(miss_ns)
 
     def response(
         self, index: int, outcome: str, since_previous_ns: int, since_start_ns: int
@@ -125,6 +147,9 @@ class StatsRecorder:
         reasons = self._stats.failure_reasons
         reasons[reason] = reasons.get(reason, 0) + 1
         self._stats.last_inference = time.time_ns() // 1_000_000
+        latencies = self.latencies
+        if latencies is not None and latencies.one_response:  # its error is its response
+            latencies.first_response(total_ns)
 
     def snapshot(self) -> ModelStatistics:
         stats = copy.deepcopy(self._stats)

@@ -238,6 +238,8 @@ class Answers:
         else:
             outcome = "success"
         self._stats.response(stream.responses, outcome, now - previous, now - start)
+        if stream.responses == 0 and body is not None and self._stats.latencies is not None:
+            self._stats.first_response(now - stream.work.enqueued_ns)
         stream.responses += 1
         stream.last_ns = now
 

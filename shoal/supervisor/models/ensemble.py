@@ -123,7 +123,9 @@ class EnsembleRunner:
         )
         if finish is not None:
             finish(response)
-        count_success(mv, batch, time.monotonic_ns() - started, times)
+        elapsed = time.monotonic_ns() - started
+        count_success(mv, batch, elapsed, times)
+        mv.stats.first_response(elapsed)  # its one response
         return response
 
     async def _run_graph(
@@ -376,6 +378,7 @@ class _Graph:
             self._completions.append(done)
             elapsed = time.monotonic_ns() - started
             target.stats.success(batch, elapsed, done.queue_ns, done.compute_ns)
+            target.stats.first_response(elapsed)
             self.times.add(done.compute_ns)
             self._produced(step, [(o.name, o) for o in done.response.outputs])
             return None
@@ -430,6 +433,7 @@ class _Graph:
             return
         times = nested.times if isinstance(nested, _Graph) else StepTimes()
         count_success(target, batch, elapsed, times)
+        target.stats.first_response(elapsed)
         self.times.add(times.total())
         if not self._finished:
             # An output the nested ensemble did not make is absent, as a model's would be.

@@ -223,6 +223,7 @@ class StreamRun:
             if done.response.error is None:
                 frame.releases.append(done.release)
                 target.stats.success(batch, elapsed, done.queue_ns, done.compute_ns)
+                target.stats.first_response(elapsed)
                 self.times.add(done.compute_ns)
                 frame.running -= 1
                 frame.produced(step, {o.name: o for o in done.response.outputs})

@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator
 from shoal.core.errors import InvalidArgument, ShoalError, Unavailable
 from shoal.ipc.arena import Block
 from shoal.protos import model_config_pb2 as pb
+from shoal.supervisor.extensions.latency_families import LatencySettings, for_version
 from shoal.supervisor.instances.instance import (
     BlsHandler,
     ControlHandler,
@@ -54,6 +55,7 @@ class ModelLoader:
         bls: BlsHandler,
         control: ControlHandler,
         trace_overhead: bool = False,
+        latencies: LatencySettings | None = None,
         response_cache: bool = False,
         rate_limiter: RateLimiter | None = None,
         make_stub: MakeStub = StubProcess,
@@ -73,6 +75,8 @@ class ModelLoader:
         self.control = control
         #: ``--trace-overhead``: every version records its per-stage times.
         self.trace_overhead = trace_overhead
+        #: ``--metrics-config`` summaries or histograms: every version gets its families.
+        self.latencies = latencies
         #: The server has a response cache (``--cache-config``).
         self.response_cache = response_cache
         #: ``--rate-limit execution_count``: every instance runs under it.
@@ -97,6 +101,8 @@ class ModelLoader:
     async def _start(self, mv: ModelVersion) -> None:
         if self.trace_overhead:
             mv.stats.overhead = {}
+        if self.latencies is not None:
+            mv.stats.latencies = for_version(self.latencies, mv.config, self.response_cache)
         started = time.monotonic()
         if not await self._prepare(mv):
             return

@@ -54,6 +54,8 @@ def record_success(mv: ModelVersion, work: Work, completion: Completion, started
     finished = time.monotonic_ns()
     stats = mv.stats
     stats.success(work.batch_size, finished - started, completion.queue_ns, completion.compute_ns)
+    if stats.latencies is not None:  # its one response is its first
+        stats.first_response(finished - started)
     if stats.overhead is not None:
         stats.answered_stages(
             work.dispatched_ns - work.enqueued_ns,

@@ -170,6 +170,8 @@ def _start_ensemble(
     batch = staging.batch_size(mv.summary, request)
 
     def emit(tensors: dict[str, TensorDesc], release: Callable[[], None]) -> None:
+        if run.emitted == 1:
+            mv.stats.first_response(time.monotonic_ns() - started)
         made = made_outputs(mv.name, record.requested_outputs, tensors)
         response = InferResponse(
             model_name=mv.name,

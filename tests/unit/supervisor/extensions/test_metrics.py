@@ -249,7 +249,7 @@ def _version(name, version, *, ready=True, pending=0, instances=()):
         ready=ready,
         scheduler=SimpleNamespace(pending=pending),
         instances=list(instances),
-        stats=SimpleNamespace(overhead=None),  # not traced (--trace-overhead)
+        stats=SimpleNamespace(overhead=None, latencies=None),  # no --trace-overhead, summaries
     )
 
 
