@@ -90,6 +90,22 @@ class CudaRegionClosed:
 
 
 @dataclass(slots=True)
+class RegionClosed:
+    """A client's system shared-memory registration ``region`` (``"<generation>:<key>"``, as
+    locations name it) is gone and no request holds it: a stub that opened the object closes
+    it, so that the object the client unlinks is not kept alive."""
+
+    region: str
+
+    def fields(self) -> list[Any]:
+        return [self.region]
+
+    @classmethod
+    def from_fields(cls, f: list[Any]) -> RegionClosed:
+        return cls(f[0])
+
+
+@dataclass(slots=True)
 class SegmentAnnounce:
     """Sent on the Unix socket together with one segment fd (not through the rings)."""
 

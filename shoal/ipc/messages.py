@@ -30,6 +30,7 @@ from shoal.ipc.direct_messages import DirectAttach, DirectChannelAnnounce, Direc
 from shoal.ipc.memory_messages import (
     CudaChunkRetired,
     CudaRegionClosed,
+    RegionClosed,
     Release,
     SegmentAnnounce,
     SegmentRetired,
@@ -82,6 +83,7 @@ __all__ = [
     "Readiness",
     "ReadinessCheck",
     "Ready",
+    "RegionClosed",
     "Release",
     "RequestRecord",
     "Response",
@@ -114,6 +116,7 @@ class Kind(enum.IntEnum):
     SEGMENT_RETIRED = 30  # both directions
     CUDA_CHUNK_RETIRED = 31
     CUDA_REGION_CLOSED = 32
+    REGION_CLOSED = 33
     BLS_CANCEL = 19
     READINESS_CHECK = 8
     READINESS = 20
@@ -141,6 +144,7 @@ Message = (
     | SegmentRetired
     | CudaChunkRetired
     | CudaRegionClosed
+    | RegionClosed
     | ReadinessCheck
     | Readiness
     | DirectAttach
@@ -161,6 +165,7 @@ _KINDS: Final[dict[type, Kind]] = {
     SegmentRetired: Kind.SEGMENT_RETIRED,
     CudaChunkRetired: Kind.CUDA_CHUNK_RETIRED,
     CudaRegionClosed: Kind.CUDA_REGION_CLOSED,
+    RegionClosed: Kind.REGION_CLOSED,
     Response: Kind.RESPONSE,
     BlsCall: Kind.BLS_CALL,
     BlsReply: Kind.BLS_REPLY,

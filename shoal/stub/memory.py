@@ -98,6 +98,20 @@ class RegionShrunk(ValueError):
     the client's doing)."""
 
 
+class _OpenRegion:
+    """A client's object this stub opened, and the threads using its fd right now."""
+
+    __slots__ = ("closed", "fd", "size", "users")
+
+    def __init__(self, fd: int, size: int) -> None:
+        self.fd = fd
+        #: The object's size when it was opened (the registered window lies within it).
+        self.size = size
+        self.users = 0
+        #: Forgotten while in use: the last user closes the fd.
+        self.closed = False
+
+
 class ClientRegions:
     """Clients' registered shared-memory regions, opened on first use and cached.
 
@@ -107,20 +121,27 @@ class ClientRegions:
     end would kill this stub with SIGBUS (while the model reads an input, say). Inputs are read
     with ``preadv`` into the stub's own memory and outputs written with ``pwrite``; neither can
     fault. A window the object no longer holds fails the request (:class:`RegionShrunk`).
+
+    The supervisor says when a registration is gone and no request holds it (:meth:`forget`):
+    its fd is closed then, so that an object the client unlinks is freed. An fd is closed only
+    once no thread reads or writes through it (BLS callers and decoupled senders run beside
+    the loop that forgets), so a closed number, reused by another open, is never written.
     """
 
     _KEEP = 64
 
     def __init__(self) -> None:
-        #: region -> (fd, the object's size when it was opened).
-        self._fds: collections.OrderedDict[str, tuple[int, int]] = collections.OrderedDict()
+        self._open: collections.OrderedDict[str, _OpenRegion] = collections.OrderedDict()
         self._lock = threading.Lock()
 
     def view(self, location: RegionLocation) -> memoryview:
         """A copy of the window, the stub's own (the model may write it)."""
-        fd = self._checked(location)
         copy = memoryview(np.empty(location.nbytes, np.uint8))  # type: ignore[arg-type]
-        got = os.preadv(fd, [copy], location.offset) if location.nbytes else 0
+        entry = self._checked(location)
+        try:
+            got = os.preadv(entry.fd, [copy], location.offset) if location.nbytes else 0
+        finally:
+            self._done(entry)
         if got < location.nbytes:  # shrunk after the check: the bytes are not all there
             raise self._shrunk(location, location.offset + got)
         return copy
@@ -132,24 +153,38 @@ class ClientRegions:
     def write(self, location: RegionLocation, data: memoryview) -> None:
         """Write ``data`` at the start of the window (the caller checked that it fits). Should
         the object shrink after the check, ``pwrite`` grows it back: it cannot fault."""
-        _pwrite_all(self._checked(location), data.cast("B"), location.offset)
+        entry = self._checked(location)
+        try:
+            _pwrite_all(entry.fd, data.cast("B"), location.offset)
+        finally:
+            self._done(entry)
 
-    def _checked(self, location: RegionLocation) -> int:
-        """The region's fd, once the window is checked against the registered size and the
-        object's size now."""
+    def _checked(self, location: RegionLocation) -> _OpenRegion:
+        """The region, in use until :meth:`_done`, once the window is checked against the
+        registered size and the object's size now."""
         with self._lock:
-            entry = self._fds.get(location.region)
+            entry = self._open.get(location.region)
             if entry is None:
-                entry = self._open(location.region)
-            self._fds.move_to_end(location.region)
-        fd, size = entry
-        end = location.offset + location.nbytes
-        if location.offset < 0 or end > size:
-            raise ValueError(f"{location} lies outside the {size}-byte region")
-        now = os.fstat(fd).st_size
-        if end > now:
-            raise self._shrunk(location, now)
-        return fd
+                entry = self._opened(location.region)
+            self._open.move_to_end(location.region)
+            entry.users += 1
+        try:
+            end = location.offset + location.nbytes
+            if location.offset < 0 or end > entry.size:
+                raise ValueError(f"{location} lies outside the {entry.size}-byte region")
+            now = os.fstat(entry.fd).st_size
+            if end > now:
+                raise self._shrunk(location, now)
+        except BaseException:
+            self._done(entry)
+            raise
+        return entry
+
+    def _done(self, entry: _OpenRegion) -> None:
+        with self._lock:
+            entry.users -= 1
+            if entry.users == 0 and entry.closed:
+                os.close(entry.fd)
 
     @staticmethod
     def _shrunk(location: RegionLocation, size: int) -> RegionShrunk:
@@ -159,20 +194,35 @@ class ClientRegions:
             f"{location.offset + location.nbytes} are gone"
         )
 
-    def _open(self, region: str) -> tuple[int, int]:
+    def _opened(self, region: str) -> _OpenRegion:
         key = region.split(":", 1)[1]
         shm = posix_ipc.SharedMemory(key)
-        self._fds[region] = entry = (shm.fd, shm.size)
-        while len(self._fds) > self._KEEP:
-            _, (old, _size) = self._fds.popitem(last=False)
-            os.close(old)
+        self._open[region] = entry = _OpenRegion(shm.fd, shm.size)
+        while len(self._open) > self._KEEP:
+            self._close(self._open.popitem(last=False)[1])
         return entry
+
+    def _close(self, entry: _OpenRegion) -> None:
+        """(Holding the lock.) Close now, or when its last user is done."""
+        entry.closed = True
+        if entry.users == 0:
+            os.close(entry.fd)
+
+    def forget(self, region: str) -> None:
+        """The registration is gone (``RegionClosed``): close the object if opened here."""
+        with self._lock:
+            entry = self._open.pop(region, None)
+            if entry is not None:
+                self._close(entry)
+
+    def __len__(self) -> int:
+        return len(self._open)
 
     def close(self) -> None:
         with self._lock:
-            for fd, _size in self._fds.values():
-                os.close(fd)
-            self._fds.clear()
+            for entry in self._open.values():
+                self._close(entry)
+            self._open.clear()
 
 
 def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:

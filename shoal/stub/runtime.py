@@ -340,6 +340,8 @@ class StubRuntime:
                     readiness.start_check(self.model, executor.await_result, self._send)
                 case msg.CudaRegionClosed(device=device, handle=handle):
                     self._forget_cuda_region(device, handle)
+                case msg.RegionClosed(region=region):
+                    self.regions.forget(region)
                 case msg.Finalize():
                     self._finish()
                     return 0

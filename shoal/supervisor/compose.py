@@ -76,7 +76,9 @@ def build_service(options: ServerOptions, make_stub: MakeStub = StubProcess) -> 
         ensembles=EnsembleRunner(loaded, directory, free_inputs, tracing),
         custom_metrics=custom_metrics,
         cache=cache,
-        shm=SharedMemoryRegistry(allow_client=options.allow_client_shm),
+        shm=SharedMemoryRegistry(
+            allow_client=options.allow_client_shm, tell_stubs=directory.broadcast
+        ),
         log_settings=LogSettings.from_options(options),
         trace_settings=tracing,
     )

@@ -26,7 +26,6 @@ from shoal.core.types import (
     ServerMetadata,
     SharedMemoryRegion,
 )
-from shoal.ipc import messages as msg
 from shoal.ipc.arena import Block, OwnedArena
 from shoal.ipc.records import RequestRecord
 from shoal.supervisor import direct_routes
@@ -49,6 +48,7 @@ from shoal.supervisor.requests.cached import cache_hit, cache_insert
 from shoal.supervisor.requests.checked import Regions, Staged, Stager
 from shoal.supervisor.requests.client_shm import (
     ClientRegion,
+    held_regions,
     read_shm_inputs,
     write_shm_outputs,
 )
@@ -172,6 +172,7 @@ class InferenceService:
 
     async def infer(self, request: InferRequest) -> InferResponse:
         self.gate.enter(request.model_name)
+        held = held_regions(self.shm, request)
         try:
             mv = self.resolve(request)
             started = time.monotonic_ns()
@@ -182,6 +183,7 @@ class InferenceService:
                 mv.stats.failure(time.monotonic_ns() - started, reason)
                 raise
         finally:
+            self.shm.release(held)
             self.gate.leave()
 
     def resolve(self, request: InferRequest) -> ModelVersion:
@@ -305,6 +307,7 @@ class InferenceService:
         else:
             done(response, None)
         finally:
+            self.shm.release(call.held)
             self.gate.leave()
 
     def _plain_version(self, request: InferRequest) -> ModelVersion | None:
@@ -397,8 +400,7 @@ class InferenceService:
         self.shm.register_cuda(name, raw_handle, device_id, byte_size)
 
     def unregister_cuda_shm(self, name: str = "") -> None:
-        for device, handle in self.shm.unregister_cuda(name):
-            self.directory.broadcast(msg.CudaRegionClosed(device, handle))
+        self.shm.unregister_cuda(name)
 
     def cuda_shm_status(self, name: str = "") -> list[CudaSharedMemoryRegion]:
         return self.shm.cuda_status(name)
@@ -422,8 +424,7 @@ class InferenceService:
 
 
 class _Completed:
-    """A :meth:`InferenceService.start_infer` request's callback: one object, where a compiled
-    closure is two (its environment and the function) with every captured name in both."""
+    """:meth:`InferenceService.start_infer`'s callback: one object (a compiled closure is two)."""
 
     def __init__(
         self,
@@ -445,6 +446,7 @@ class _Completed:
         self.done = done
         #: Where the completion goes instead of a response to ``done`` (None: ``done``).
         self.relay = relay
+        self.held = held_regions(service.shm, request)  # until answered (staged this turn)
 
     def __call__(self, promise: Promise) -> None:
         self.service.completed(self, promise)

@@ -26,12 +26,16 @@ from shoal.supervisor.memory.windows import window_fault
 
 
 @dataclass
-class _Opened:
+class CudaRegistration:
     region: CudaSharedMemoryRegion
     pointer: int
     handle: bytes
     #: Unique per registration, so that a stub never reuses its handle of an older one.
     generation: int
+    #: Requests in flight that hold it (``SharedMemoryRegistry.hold``).
+    users: int = 0
+    #: Unregistered while held: closed when the last of them ends.
+    unregistered: bool = False
 
 
 class CudaSharedMemoryRegistry:
@@ -49,7 +53,7 @@ class CudaSharedMemoryRegistry:
         opener: Callable[[int, bytes], int] = open_ipc_handle,
         closer: Callable[[int, int], None] = close_ipc_handle,
     ) -> None:
-        self._regions: dict[str, _Opened] = {}
+        self._regions: dict[str, CudaRegistration] = {}
         self._generations = itertools.count(1)
         self._device_count = device_count
         self._opener = opener
@@ -67,7 +71,8 @@ class CudaSharedMemoryRegistry:
                 f"failed to register CUDA shared memory region '{name}': {error}"
             ) from None
         region = CudaSharedMemoryRegion(name, device_id, byte_size)
-        self._regions[name] = _Opened(region, pointer, bytes(raw_handle), next(self._generations))
+        generation = next(self._generations)
+        self._regions[name] = CudaRegistration(region, pointer, bytes(raw_handle), generation)
 
     def _check_registration(
         self, name: str, raw_handle: bytes, device_id: int, byte_size: int, taken: bool
@@ -92,19 +97,31 @@ class CudaSharedMemoryRegistry:
                 f"must name one of the {devices} visible GPUs and byte_size must not be negative"
             )
 
-    def unregister(self, name: str = "") -> list[tuple[int, bytes]]:
-        """Close ``name`` (every region when empty); returns the (device, handle) of each,
-        for the stubs that may have opened them too."""
-        names = [name] if name else list(self._regions)
-        closed = [self._close(each) for each in names]
-        return [c for c in closed if c is not None]
+    def unregister(self, name: str = "") -> list[CudaRegistration]:
+        """Close ``name`` (every region when empty) now, or mark it when requests in flight
+        hold it (closed when the last ends, as in Triton); returns those closed, for the
+        stubs that may have opened them too."""
+        closed = []
+        for each in [name] if name else list(self._regions):
+            entry = self._regions.get(each)
+            if entry is None:
+                continue
+            if entry.users:
+                entry.unregistered = True
+            else:
+                self.drop(entry)
+                closed.append(entry)
+        return closed
 
-    def _close(self, name: str) -> tuple[int, bytes] | None:
-        entry = self._regions.pop(name, None)
-        if entry is None:
-            return None
+    def drop(self, entry: CudaRegistration) -> None:
+        """Forget a registration and close its handle (once)."""
+        if self._regions.get(entry.region.name) is not entry:
+            return
+        del self._regions[entry.region.name]
         self._closer(entry.region.device_id, entry.pointer)
-        return entry.region.device_id, entry.handle
+
+    def entry(self, name: str) -> CudaRegistration | None:
+        return self._regions.get(name)
 
     def status(self, name: str = "") -> list[CudaSharedMemoryRegion]:
         if not name:
@@ -113,6 +130,9 @@ class CudaSharedMemoryRegistry:
         if entry is None:
             raise NotFound(f"Unable to find cuda shared memory region: '{name}'")
         return [entry.region]
+
+    def __len__(self) -> int:
+        return len(self._regions)
 
     def __contains__(self, name: object) -> bool:
         return name in self._regions
@@ -136,7 +156,7 @@ class CudaSharedMemoryRegistry:
         key = f"{entry.generation}:{name}"
         return CudaRegionLocation(key, entry.region.device_id, offset, byte_size, entry.handle)
 
-    def _opened(self, name: str, what: str) -> _Opened:
+    def _opened(self, name: str, what: str) -> CudaRegistration:
         entry = self._regions.get(name)
         if entry is None:
             raise InvalidArgument(f"Unable to find cuda shared memory region: '{name}' ({what})")
@@ -160,4 +180,5 @@ class CudaSharedMemoryRegistry:
                 cuda.memcpy(pointer, host.ctypes.data, data.nbytes, cuda.MEMCPY_HOST_TO_DEVICE)
 
     def close(self) -> None:
-        self.unregister()
+        for entry in list(self._regions.values()):
+            self.drop(entry)

@@ -32,7 +32,7 @@ INPUT_ARENA_ID = 0
 #: A segment index that means every segment of the arena (a stub that exited).
 WHOLE_ARENA = -1
 #: What the directory tells stubs about memory going away.
-_News = msg.SegmentRetired | msg.CudaChunkRetired | msg.CudaRegionClosed
+_News = msg.SegmentRetired | msg.CudaChunkRetired | msg.CudaRegionClosed | msg.RegionClosed
 
 
 class SegmentDirectory:
@@ -146,7 +146,7 @@ class SegmentDirectory:
             for _, gone in list(self._watchers.values()):
                 gone(arena_id, index)
 
-    def broadcast(self, message: msg.CudaRegionClosed) -> None:
+    def broadcast(self, message: msg.CudaRegionClosed | msg.RegionClosed) -> None:
         """Tell every live stub (news that only some may need, and that is rare)."""
         for proc in list(self._owners.values()):
             self._send(proc, message)

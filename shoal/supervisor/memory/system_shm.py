@@ -8,20 +8,27 @@ checks) or writes (an ensemble's outputs) goes through ``pread``/``pwrite``, whi
 object as a short count instead; and every window is checked against the object's size now
 (``fstat``), not only against the size it had when registered: a request for a window the object
 no longer holds fails with INVALID_ARGUMENT naming the region.
+
+A region is held by each request in flight that names it (:meth:`SharedMemoryRegistry.hold`,
+Triton's reference count): unregistering one that is held marks it instead, and it stays
+listed, usable and its name taken, as in Triton, until the last of those requests ends; then
+its fd is closed and the stubs that opened it are told to close theirs.
 """
 
 from __future__ import annotations
 
 import itertools
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import posix_ipc
 
 from shoal.core.errors import ErrorCode, InvalidArgument, NotFound, ShoalError, Unsupported
 from shoal.core.types import CudaSharedMemoryRegion, SharedMemoryRegion
+from shoal.ipc import messages as msg
 from shoal.ipc.tensor import RegionLocation
-from shoal.supervisor.memory.cuda_shm import CudaSharedMemoryRegistry
+from shoal.supervisor.memory.cuda_shm import CudaRegistration, CudaSharedMemoryRegistry
 from shoal.supervisor.memory.windows import window_fault
 
 #: Triton's words for a register or unregister call while ``--allow-client-shm=false``.
@@ -44,6 +51,16 @@ class _Opened:
     #: Unique per registration: a stub's cached mapping of an older registration of the same
     #: key (the client may have re-created the object) is never reused for a new one.
     generation: int
+    #: Requests in flight that hold it (:meth:`SharedMemoryRegistry.hold`).
+    users: int = 0
+    #: Unregistered while held: dropped when the last of them ends.
+    unregistered: bool = False
+    #: Its location went to a stub, which may hold the object open until told it is gone.
+    handed: bool = False
+
+
+#: What a request holds until it ends: its regions of either kind.
+Held = list["_Opened | CudaRegistration"]
 
 
 class SharedMemoryRegistry:
@@ -55,12 +72,18 @@ class SharedMemoryRegistry:
     """
 
     def __init__(
-        self, cuda: CudaSharedMemoryRegistry | None = None, *, allow_client: bool = True
+        self,
+        cuda: CudaSharedMemoryRegistry | None = None,
+        *,
+        allow_client: bool = True,
+        tell_stubs: Callable[[msg.RegionClosed | msg.CudaRegionClosed], None] | None = None,
     ) -> None:
         self._regions: dict[str, _Opened] = {}
         self._generations = itertools.count(1)
         self.cuda = cuda if cuda is not None else CudaSharedMemoryRegistry()
         self.allow_client = allow_client
+        #: How a dropped region reaches the stubs (every live one; None: no stubs, in tests).
+        self._tell_stubs = tell_stubs
 
     def _check_allowed(self) -> None:
         if not self.allow_client:
@@ -97,9 +120,10 @@ class SharedMemoryRegistry:
         self._check_allowed()
         self.cuda.register(name, raw_handle, device_id, byte_size, taken=name in self._regions)
 
-    def unregister_cuda(self, name: str = "") -> list[tuple[int, bytes]]:
+    def unregister_cuda(self, name: str = "") -> None:
         self._check_allowed()
-        return self.cuda.unregister(name)
+        for entry in self.cuda.unregister(name):
+            self._cuda_dropped(entry)
 
     def cuda_status(self, name: str = "") -> list[CudaSharedMemoryRegion]:
         return self.cuda.status(name)
@@ -109,14 +133,55 @@ class SharedMemoryRegistry:
             raise AlreadyExists(f"shared memory region '{name}' already in manager")
 
     def unregister(self, name: str = "") -> None:
+        """Drop ``name`` (every system region when empty) now, or when the last request
+        holding it ends: until then it stays listed and usable, as in Triton."""
         self._check_allowed()
-        self._unmap([name] if name else list(self._regions))
+        for each in [name] if name else list(self._regions):
+            entry = self._regions.get(each)
+            if entry is None:
+                continue
+            if entry.users:
+                entry.unregistered = True
+            else:
+                self._drop(entry)
 
-    def _unmap(self, names: list[str]) -> None:
-        for each in names:
-            entry = self._regions.pop(each, None)
-            if entry is not None:
-                os.close(entry.fd)
+    def _drop(self, entry: _Opened) -> None:
+        if self._regions.get(entry.region.name) is not entry:
+            return  # dropped already (at shutdown, with requests still holding it)
+        del self._regions[entry.region.name]
+        os.close(entry.fd)
+        if entry.handed and self._tell_stubs is not None:
+            self._tell_stubs(msg.RegionClosed(_stub_name(entry)))
+
+    def _cuda_dropped(self, entry: CudaRegistration) -> None:
+        if self._tell_stubs is not None:
+            self._tell_stubs(msg.CudaRegionClosed(entry.region.device_id, entry.handle))
+
+    def any_registered(self) -> bool:
+        return bool(self._regions) or bool(self.cuda)
+
+    def hold(self, name: str, held: Held) -> None:
+        """Keep region ``name`` (when registered) for a request until :meth:`release`."""
+        entry: _Opened | CudaRegistration | None = self._regions.get(name)
+        if entry is None:
+            entry = self.cuda.entry(name)
+            if entry is None:
+                return  # the request fails on it, naming it, where it is used
+        entry.users += 1
+        held.append(entry)
+
+    def release(self, held: Held) -> None:
+        """A request ended (answered, failed or cancelled): drop what it alone still held."""
+        for entry in held:
+            entry.users -= 1
+            if entry.users or not entry.unregistered:
+                continue
+            if isinstance(entry, _Opened):
+                self._drop(entry)
+            else:
+                self.cuda.drop(entry)
+                self._cuda_dropped(entry)
+        held.clear()
 
     def status(self, name: str = "") -> list[SharedMemoryRegion]:
         if not name:
@@ -151,8 +216,8 @@ class SharedMemoryRegistry:
     def location(self, name: str, offset: int, byte_size: int, *, what: str) -> RegionLocation:
         """Where a window of a region is, for a stub to map it itself (no copy)."""
         entry, start = self._present(name, offset, byte_size, what)
-        key = "/" + entry.region.key.lstrip("/")
-        return RegionLocation(f"{entry.generation}:{key}", start, byte_size)
+        entry.handed = True
+        return RegionLocation(_stub_name(entry), start, byte_size)
 
     def _present(self, name: str, offset: int, byte_size: int, what: str) -> tuple[_Opened, int]:
         """The registration and the absolute start of a window that fits the registered region
@@ -187,8 +252,15 @@ class SharedMemoryRegistry:
         )
 
     def close(self) -> None:
-        self._unmap(list(self._regions))
+        """At shutdown, after the stubs: close every region, held or not."""
+        for entry in list(self._regions.values()):
+            self._drop(entry)
         self.cuda.close()
+
+
+def _stub_name(entry: _Opened) -> str:
+    """How stubs name a registration: its generation and the object's POSIX name."""
+    return f"{entry.generation}:/{entry.region.key.lstrip('/')}"
 
 
 def _open(key: str, posix_name: str) -> posix_ipc.SharedMemory:

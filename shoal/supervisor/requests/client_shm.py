@@ -14,7 +14,7 @@ from shoal.core.errors import InvalidArgument
 from shoal.core.types import InferOutput, InferRequest, InferResponse, ParamValue
 from shoal.ipc.dtypes import byte_size
 from shoal.ipc.tensor import CudaRegionLocation, RegionLocation
-from shoal.supervisor.memory.system_shm import SharedMemoryRegistry
+from shoal.supervisor.memory.system_shm import Held, SharedMemoryRegistry
 
 REGION = "shared_memory_region"
 OFFSET = "shared_memory_offset"
@@ -31,6 +31,26 @@ def _window(params: dict[str, ParamValue], what: str) -> tuple[str, int, int]:
 
 
 ClientRegion = RegionLocation | CudaRegionLocation
+
+#: What a request holds when no region is registered (never appended to).
+_NONE_HELD: Held = []
+
+
+def held_regions(registry: SharedMemoryRegistry, request: InferRequest) -> Held:
+    """The registered regions a request names, held until it ends (the caller releases them
+    with ``registry.release``): one the client unregisters meanwhile stays until then."""
+    if not registry.any_registered():  # most servers: no region, no loop over tensors
+        return _NONE_HELD
+    held: Held = []
+    for tensor in request.inputs:
+        region = tensor.parameters.get(REGION) if tensor.parameters else None
+        if isinstance(region, str):
+            registry.hold(region, held)
+    for output in request.outputs:
+        region = output.parameters.get(REGION) if output.parameters else None
+        if isinstance(region, str):
+            registry.hold(region, held)
+    return held
 
 
 def read_shm_inputs(

@@ -22,6 +22,7 @@ from shoal.ipc.tensor import TensorDesc
 from shoal.supervisor.drain import DrainGate
 from shoal.supervisor.extensions.trace_settings import TraceSettings
 from shoal.supervisor.instances.decoupled import new_stream
+from shoal.supervisor.memory.system_shm import SharedMemoryRegistry
 from shoal.supervisor.models import ensemble_stream
 from shoal.supervisor.models._ensemble_outcomes import (
     count_success,
@@ -30,6 +31,7 @@ from shoal.supervisor.models._ensemble_outcomes import (
 )
 from shoal.supervisor.models.ensemble import EnsembleRunner
 from shoal.supervisor.requests import classification, staging, traced
+from shoal.supervisor.requests.client_shm import held_regions
 from shoal.supervisor.requests.responses import response_of
 from shoal.supervisor.work import Completion, Work
 
@@ -57,6 +59,9 @@ class StreamingService(Protocol):
     @property
     def tracing(self) -> TraceSettings: ...
 
+    @property
+    def shm(self) -> SharedMemoryRegistry: ...
+
 
 async def responses(
     service: StreamingService, request: InferRequest
@@ -67,6 +72,7 @@ async def responses(
         yield await service.infer(request)
         return
     service.gate.enter(request.model_name)
+    held = held_regions(service.shm, request)
     try:
         # aclosing: a client that goes away closes the inner stream (and cancels) at once.
         inner = (
@@ -76,6 +82,7 @@ async def responses(
             async for response in each:
                 yield response
     finally:
+        service.shm.release(held)
         service.gate.leave()
 
 

@@ -51,3 +51,33 @@ def test_an_output_is_written_in_place(region):
     regions, name, fd = region
     regions.write(RegionLocation(name, 8, 16), memoryview(np.arange(4, dtype=np.float32)).cast("B"))
     assert np.frombuffer(os.pread(fd, 16, 8), np.float32).tolist() == [0, 1, 2, 3]
+
+
+def _fds_on(key: str) -> int:
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            count += os.readlink(f"/proc/self/fd/{fd}") == f"/dev/shm{key}"
+        except FileNotFoundError:  # the listing's own fd, closed since
+            pass
+    return count
+
+
+def test_a_forgotten_registration_is_closed(region):
+    regions, name, _fd = region
+    key = name.split(":", 1)[1]
+    regions.view(RegionLocation(name, 0, 8))
+    assert _fds_on(key) == 2  # the test's and the stub's
+    regions.forget(name)
+    assert _fds_on(key) == 1 and len(regions) == 0
+    regions.forget(name)  # told twice, or about one never opened here: nothing happens
+
+
+def test_a_region_forgotten_while_in_use_is_closed_by_its_last_user(region):
+    regions, name, _fd = region
+    key = name.split(":", 1)[1]
+    entry = regions._checked(RegionLocation(name, 0, 8))  # a BLS thread between check and pread
+    regions.forget(name)
+    assert os.fstat(entry.fd).st_size == 4096, "still open for the thread using it"
+    regions._done(entry)
+    assert _fds_on(key) == 1

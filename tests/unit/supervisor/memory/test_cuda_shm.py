@@ -164,8 +164,8 @@ def test_unregistering_says_which_allocations_the_stubs_should_close() -> None:
     registry, _ = with_gpus()
     registry.register("a", HANDLE, 1, 64)
     registry.register("b", bytes(64), 0, 64)
-    assert registry.unregister("a") == [(1, HANDLE)]
-    assert registry.unregister() == [(0, bytes(64))]
+    assert [(e.region.device_id, e.handle) for e in registry.unregister("a")] == [(1, HANDLE)]
+    assert [(e.region.device_id, e.handle) for e in registry.unregister()] == [(0, bytes(64))]
     assert registry.unregister("a") == []
 
 
