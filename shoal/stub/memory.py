@@ -112,11 +112,19 @@ class _OpenRegion:
         self.closed = False
 
 
+class RegionReplaced(ValueError):
+    """The object a location names is not the one registered any more (INVALID_ARG)."""
+
+
 class ClientRegions:
     """Clients' registered shared-memory regions, opened on first use and cached.
 
-    Locations name a region as ``"<registration>:<key>"``: a new registration of the same key
-    (the client may have re-created it) is opened afresh. The stub never maps a client's
+    Locations name a region as ``"<registration>:<pid>:<fd>:<inode>:<key>"``: a new
+    registration of the same key (the client may have re-created it) is opened afresh, through
+    the core's own fd of the registered object (``/proc/<pid>/fd/<fd>``): the object the client
+    registered, even when its name was unlinked or taken by another since (by the key when the
+    core's fd cannot be reached: another user's ``/proc``, say). Whatever is opened must be
+    that inode, or the request fails (:class:`RegionReplaced`). The stub never maps a client's
     object: the client may shrink it at any moment, and a mapping touched past the object's
     end would kill this stub with SIGBUS (while the model reads an input, say). Inputs are read
     with ``preadv`` into the stub's own memory and outputs written with ``pwrite``; neither can
@@ -189,15 +197,25 @@ class ClientRegions:
     @staticmethod
     def _shrunk(location: RegionLocation, size: int) -> RegionShrunk:
         return RegionShrunk(
-            f"the client's shared-memory object '{location.region.split(':', 1)[1]}' was "
+            f"the client's shared-memory object '{location.region.split(':', 4)[-1]}' was "
             f"shrunk to {size} bytes: bytes {location.offset} to "
             f"{location.offset + location.nbytes} are gone"
         )
 
     def _opened(self, region: str) -> _OpenRegion:
-        key = region.split(":", 1)[1]
-        shm = posix_ipc.SharedMemory(key)
-        self._open[region] = entry = _OpenRegion(shm.fd, shm.size)
+        _generation, pid, fd, inode, key = region.split(":", 4)
+        try:
+            opened = os.open(f"/proc/{pid}/fd/{fd}", os.O_RDWR | os.O_CLOEXEC)
+        except OSError:
+            opened = posix_ipc.SharedMemory(key).fd
+        stat = os.fstat(opened)
+        if stat.st_ino != int(inode):
+            os.close(opened)
+            raise RegionReplaced(
+                f"the client's shared-memory object '{key}' is no longer the one registered "
+                "(it was unregistered, or removed and made anew)"
+            )
+        self._open[region] = entry = _OpenRegion(opened, stat.st_size)
         while len(self._open) > self._KEEP:
             self._close(self._open.popitem(last=False)[1])
         return entry

@@ -11,7 +11,7 @@ from shoal.ipc.records import RequestRecord, ResponseRecord
 from shoal.ipc.tensor import CudaRegionLocation, InlineBytes, RegionLocation, TensorDesc
 from shoal.stub.execute_checks import failure_text
 from shoal.stub.gpu_tensors import CudaPoolRefused
-from shoal.stub.memory import RegionShrunk, RegionTooSmall
+from shoal.stub.memory import RegionReplaced, RegionShrunk, RegionTooSmall
 from shoal.stub.tensors_out import TensorWriter, Written
 
 
@@ -84,7 +84,7 @@ class ResponseRecorder:
         """This response fails (the arena is full, a CUDA error, say), not the stub."""
         if isinstance(error, ArenaExhausted | CudaPoolRefused):
             return self._error("RESOURCE_EXHAUSTED", str(error))
-        if isinstance(error, RegionTooSmall | RegionShrunk):
+        if isinstance(error, RegionTooSmall | RegionShrunk | RegionReplaced):
             return ResponseRecord(error=("INVALID_ARG", str(error)))
         if isinstance(error, TypeError | ValueError):
             return self._error("INTERNAL", str(error))

@@ -19,12 +19,20 @@ from __future__ import annotations
 
 import itertools
 import os
+import resource
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import posix_ipc
 
-from shoal.core.errors import ErrorCode, InvalidArgument, NotFound, ShoalError, Unsupported
+from shoal.core.errors import (
+    ErrorCode,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+    ShoalError,
+    Unsupported,
+)
 from shoal.core.types import CudaSharedMemoryRegion, SharedMemoryRegion
 from shoal.ipc import messages as msg
 from shoal.ipc.tensor import RegionLocation
@@ -35,6 +43,21 @@ from shoal.supervisor.memory.windows import window_fault
 CLIENT_SHM_DISABLED = (
     "Client shared memory is disabled. Start the server with '--allow-client-shm=true' to enable."
 )
+
+
+def registration_limit() -> int:
+    """How many regions (both kinds) may be registered at once: each system region keeps an
+    fd open, and a server out of fds accepts no connection and restarts no stub. Half the
+    open-file limit (raised to the hard one at start) stays for those; and at most 65,530,
+    what Triton's mappings of its regions meet first (Linux's default ``vm.max_map_count``),
+    which also bounds the registry's memory."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY:
+        return MAX_REGIONS
+    return max(16, min(MAX_REGIONS, soft // 2))
+
+
+MAX_REGIONS = 65530
 
 
 class AlreadyExists(ShoalError):
@@ -51,6 +74,8 @@ class _Opened:
     #: Unique per registration: a stub's cached mapping of an older registration of the same
     #: key (the client may have re-created the object) is never reused for a new one.
     generation: int
+    #: The object's inode, which names it whatever its name is now (:func:`_stub_name`).
+    inode: int
     #: Requests in flight that hold it (:meth:`SharedMemoryRegistry.hold`).
     users: int = 0
     #: Unregistered while held: dropped when the last of them ends.
@@ -93,6 +118,7 @@ class SharedMemoryRegistry:
         self._check_allowed()
         _check_reserved(name, key)  # Triton's order: the key, the name, the object's bounds
         self._check_new(name)
+        self._check_room(name)
         if offset < 0 or byte_size < 0:
             raise InvalidArgument(
                 f"shared memory region '{name}': offset and byte_size must not be negative "
@@ -103,7 +129,8 @@ class SharedMemoryRegistry:
         _check_key(name, key, posix_name)
         shm = _open(key, posix_name)
         try:
-            _check_size(name, key, offset, byte_size, os.fstat(shm.fd).st_size)
+            stat = os.fstat(shm.fd)
+            _check_size(name, key, offset, byte_size, stat.st_size)
             if byte_size == 0:  # Triton maps byte_size bytes, and mmap refuses a length of 0
                 raise InvalidArgument(
                     f"failed to register shared memory region '{name}': byte_size must be "
@@ -113,11 +140,12 @@ class SharedMemoryRegistry:
             shm.close_fd()
             raise
         region = SharedMemoryRegion(name, key, offset, byte_size)
-        self._regions[name] = _Opened(region, shm.fd, next(self._generations))
+        self._regions[name] = _Opened(region, shm.fd, next(self._generations), stat.st_ino)
 
     def register_cuda(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> None:
         """Register a client's CUDA IPC handle (INVALID_ARGUMENT without GPUs, as Triton)."""
         self._check_allowed()
+        self._check_room(name)
         self.cuda.register(name, raw_handle, device_id, byte_size, taken=name in self._regions)
 
     def unregister_cuda(self, name: str = "") -> None:
@@ -127,6 +155,14 @@ class SharedMemoryRegistry:
 
     def cuda_status(self, name: str = "") -> list[CudaSharedMemoryRegion]:
         return self.cuda.status(name)
+
+    def _check_room(self, name: str) -> None:
+        limit = registration_limit()  # (now: an operator may lower it while serving)
+        if len(self._regions) + len(self.cuda) >= limit:
+            raise ResourceExhausted(
+                f"failed to register shared memory region '{name}': {limit} regions are "
+                "registered, the most this server holds at once; unregister some first"
+            )
 
     def _check_new(self, name: str) -> None:
         if name in self._regions or name in self.cuda:
@@ -259,8 +295,14 @@ class SharedMemoryRegistry:
 
 
 def _stub_name(entry: _Opened) -> str:
-    """How stubs name a registration: its generation and the object's POSIX name."""
-    return f"{entry.generation}:/{entry.region.key.lstrip('/')}"
+    """How stubs name a registration: ``"<generation>:<pid>:<fd>:<inode>:<key>"``. A stub opens
+    the object through this process's fd (``/proc/<pid>/fd/<fd>``): the one registered, even
+    when the client has unlinked its name since or another object took it (as Triton's mapping
+    of it). The fd is open while a request that holds it is in flight; the inode lets the stub
+    refuse whatever else it finds there (a cancelled request's Execute read late, after the
+    number was reused)."""
+    key = "/" + entry.region.key.lstrip("/")
+    return f"{entry.generation}:{os.getpid()}:{entry.fd}:{entry.inode}:{key}"
 
 
 def _open(key: str, posix_name: str) -> posix_ipc.SharedMemory:
@@ -268,6 +310,8 @@ def _open(key: str, posix_name: str) -> posix_ipc.SharedMemory:
         return posix_ipc.SharedMemory(posix_name)
     except (posix_ipc.ExistentialError, posix_ipc.PermissionsError, ValueError) as error:
         raise InvalidArgument(f"Unable to open shared memory region: '{key}': {error}") from None
+    except OSError as error:  # posix_ipc's word for out of fds (the process's or the system's)
+        raise ResourceExhausted(f"Unable to open shared memory region: '{key}': {error}") from None
 
 
 def _check_size(name: str, key: str, offset: int, byte_size: int, size: int) -> None:

@@ -10,7 +10,7 @@ import posix_ipc
 import pytest
 
 from shoal.ipc.tensor import RegionLocation
-from shoal.stub.memory import ClientRegions, RegionShrunk
+from shoal.stub.memory import ClientRegions, RegionReplaced, RegionShrunk
 
 
 @pytest.fixture
@@ -19,7 +19,8 @@ def region():
     shm = posix_ipc.SharedMemory(key, posix_ipc.O_CREX, size=4096)
     os.pwrite(shm.fd, bytes(range(256)) * 16, 0)
     regions = ClientRegions()
-    yield regions, f"7:{key}", shm.fd
+    # named as the core names it: this process plays the core, which holds the object open
+    yield regions, f"7:{os.getpid()}:{shm.fd}:{os.fstat(shm.fd).st_ino}:{key}", shm.fd
     regions.close()
     shm.close_fd()
     shm.unlink()
@@ -65,7 +66,7 @@ def _fds_on(key: str) -> int:
 
 def test_a_forgotten_registration_is_closed(region):
     regions, name, _fd = region
-    key = name.split(":", 1)[1]
+    key = name.split(":", 4)[-1]
     regions.view(RegionLocation(name, 0, 8))
     assert _fds_on(key) == 2  # the test's and the stub's
     regions.forget(name)
@@ -75,9 +76,30 @@ def test_a_forgotten_registration_is_closed(region):
 
 def test_a_region_forgotten_while_in_use_is_closed_by_its_last_user(region):
     regions, name, _fd = region
-    key = name.split(":", 1)[1]
+    key = name.split(":", 4)[-1]
     entry = regions._checked(RegionLocation(name, 0, 8))  # a BLS thread between check and pread
     regions.forget(name)
     assert os.fstat(entry.fd).st_size == 4096, "still open for the thread using it"
     regions._done(entry)
     assert _fds_on(key) == 1
+
+
+def test_the_registered_object_is_read_after_its_name_was_unlinked_and_taken(region):
+    regions, name, fd = region
+    key = name.split(":", 4)[-1]
+    posix_ipc.unlink_shared_memory(key)
+    other = posix_ipc.SharedMemory(key, posix_ipc.O_CREX, size=4096)  # the name, taken anew
+    try:
+        os.pwrite(other.fd, b"\xee" * 16, 0)
+        assert bytes(regions.view(RegionLocation(name, 0, 4))) == bytes(range(4))
+        regions.write(RegionLocation(name, 0, 2), memoryview(b"ok"))
+        assert os.pread(fd, 2, 0) == b"ok" and os.pread(other.fd, 2, 0) == b"\xee\xee"
+        # Where the core's fd cannot be reached, the key is opened, and its new object refused.
+        _gen, _pid, fd_number, inode, _key = name.split(":", 4)
+        by_key = f"8:0:{fd_number}:{inode}:{key}"
+        with pytest.raises(RegionReplaced, match="no longer the one registered"):
+            regions.view(RegionLocation(by_key, 0, 4))
+    finally:
+        other.close_fd()
+        other.unlink()
+        posix_ipc.SharedMemory(key, posix_ipc.O_CREAT, size=4096).close_fd()  # for the fixture

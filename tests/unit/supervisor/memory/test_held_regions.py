@@ -59,7 +59,7 @@ def test_an_unregistered_region_stays_until_its_last_request_ends(key):
     registry.register("in", key, 0, 32)
     registry.register("out", key, 32, 32)
     first = held_regions(registry, _request("in", "out"))
-    registry.location("in", 0, 8, what="input 'IN'")  # a stub was given it
+    handed = registry.location("in", 0, 8, what="input 'IN'")  # a stub was given it
     registry.unregister()
     assert [r.name for r in registry.status()] == ["in", "out"], "listed while in use"
     with pytest.raises(ShoalError) as taken:
@@ -74,7 +74,7 @@ def test_an_unregistered_region_stays_until_its_last_request_ends(key):
     assert registry.status() == []
     with pytest.raises(NotFound, match="Unable to find system shared memory region: 'in'"):
         registry.status("in")
-    assert told == [msg.RegionClosed(f"1:{key}")]
+    assert told == [msg.RegionClosed(handed.region)]
     assert not any(target.startswith(f"/dev/shm{key}") for target in _open_files())
     registry.register("in", key, 0, 8)  # the name is free again
     registry.close()
