@@ -46,12 +46,7 @@ from shoal.supervisor.requests import classification, packed, staging, streaming
 from shoal.supervisor.requests.answers import Answer, in_task, nothing
 from shoal.supervisor.requests.cached import cache_hit, cache_insert
 from shoal.supervisor.requests.checked import Regions, Staged, Stager
-from shoal.supervisor.requests.client_shm import (
-    ClientRegion,
-    held_regions,
-    read_shm_inputs,
-    write_shm_outputs,
-)
+from shoal.supervisor.requests.client_shm import held_regions, read_shm_inputs, write_shm_outputs
 from shoal.supervisor.requests.relayed import Relay, record_success, relay_completed, relays
 from shoal.supervisor.requests.response_cache import ResponseCache, request_key
 from shoal.supervisor.requests.responses import response_of
@@ -204,7 +199,7 @@ class InferenceService:
             raise DecoupledInfer(mv.name)
         classes = staging.classes_asked(request, mv.config)
         key: bytes | None = None
-        regions: dict[str, ClientRegion] | None = None
+        regions: Regions = None
         lookup_ns = 0
         if self.cache is not None and mv.config.response_cache and not mv.config.sequence_batching:
             lookup_started = time.monotonic_ns()
@@ -424,7 +419,8 @@ class InferenceService:
 
 
 class _Completed:
-    """:meth:`InferenceService.start_infer`'s callback: one object (a compiled closure is two)."""
+    """A :meth:`InferenceService.start_infer` request's callback: one object, where a compiled
+    closure is two (its environment and the function) with every captured name in both."""
 
     def __init__(
         self,
@@ -446,7 +442,8 @@ class _Completed:
         self.done = done
         #: Where the completion goes instead of a response to ``done`` (None: ``done``).
         self.relay = relay
-        self.held = held_regions(service.shm, request)  # until answered (staged this turn)
+        #: Its client regions, held until it is answered (staged in this same loop turn).
+        self.held = held_regions(service.shm, request)
 
     def __call__(self, promise: Promise) -> None:
         self.service.completed(self, promise)
