@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import bisect
 import logging
-from collections.abc import Iterable, Iterator, Sequence
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from prometheus_client.metrics_core import Metric
@@ -102,23 +103,6 @@ class LatencySettings:
         return self.summaries or self.histograms
 
 
-class _Summary:
-    """One version's summary of one duration: count and sum since load, quantiles over the
-    last minute."""
-
-    __slots__ = ("count", "total", "window")
-
-    def __init__(self) -> None:
-        self.count = 0
-        self.total = 0
-        self.window = WindowedQuantiles()
-
-    def observe(self, us: int) -> None:
-        self.count += 1
-        self.total += us
-        self.window.observe(us)
-
-
 class _Histogram:
     """Counts of the observations at or below each bound (the last, +Inf, implied)."""
 
@@ -152,6 +136,7 @@ class VersionLatencies:
         cached: bool,
         buckets: tuple[float, ...] = DEFAULT_BUCKETS,
         decoupled: bool = False,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         #: Each request has one response (not a decoupled model): a failure's error is its
         #: first response.
@@ -161,35 +146,46 @@ class VersionLatencies:
         if settings.summaries:
             wanted = {"queue", "compute_input", "compute_infer", "compute_output"}
             wanted |= {"cache_hit", "cache_miss"} if cached else {"request"}
-        self.summaries = {key: _Summary() for key, _, _ in _SUMMARIES if key in wanted}
+        self._clock = clock
+        self.summaries = {
+            key: WindowedQuantiles(clock=clock) for key, _, _ in _SUMMARIES if key in wanted
+        }
         self._request = self.summaries.get("request")
         self._queue = self.summaries.get("queue")
-        self._compute = [self.summaries.get(k) for k in ("compute_input", "compute_infer")]
-        self._compute.append(self.summaries.get("compute_output"))
+        self._compute = None
+        if settings.summaries:  # input, infer and output: all three or none
+            summaries = self.summaries
+            stages = (summaries["compute_input"], summaries["compute_infer"])
+            self._compute = (*stages, summaries["compute_output"])
         self.histogram = _Histogram(buckets) if settings.histograms else None
 
     def success(self, total_ns: int, queue_ns: int, compute: tuple[int, int, int]) -> None:
         """A request answered without error, after running the model."""
-        if self._queue is None:
+        queue = self._queue
+        if queue is None:
             return
+        now = self._clock()
         if self._request is not None:
-            self._request.observe(total_ns // 1000)
-        self._queue.observe(queue_ns // 1000)
-        for summary, ns in zip(self._compute, compute, strict=True):
-            if summary is not None:
-                summary.observe(ns // 1000)
+            self._request.observe(total_ns // 1000, now)
+        queue.observe(queue_ns // 1000, now)
+        if self._compute is not None:
+            stage_input, stage_infer, stage_output = self._compute
+            stage_input.observe(compute[0] // 1000, now)
+            stage_infer.observe(compute[1] // 1000, now)
+            stage_output.observe(compute[2] // 1000, now)
 
     def cache_hit(self, queue_ns: int, hit_ns: int) -> None:
         """A request answered from the response cache."""
+        now = self._clock()
         if self._queue is not None:
-            self._queue.observe(queue_ns // 1000)
+            self._queue.observe(queue_ns // 1000, now)
         if (summary := self.summaries.get("cache_hit")) is not None:
-            summary.observe(hit_ns // 1000)
+            summary.observe(hit_ns // 1000, now)
 
     def cache_miss(self, miss_ns: int) -> None:
         """A request's lookup and insertion in the response cache after a miss."""
         if (summary := self.summaries.get("cache_miss")) is not None:
-            summary.observe(miss_ns // 1000)
+            summary.observe(miss_ns // 1000, self._clock())
 
     def first_response(self, ns: int) -> None:
         """The request's first response was sent ``ns`` after it arrived."""
@@ -249,12 +245,15 @@ def latency_families(
 
 
 def _add_summary(
-    family: Metric, labels: dict[str, str], summary: _Summary, quantiles: tuple[float, ...]
+    family: Metric,
+    labels: dict[str, str],
+    summary: WindowedQuantiles,
+    quantiles: tuple[float, ...],
 ) -> None:
     name = family.name
     family.add_sample(f"{name}_count", labels, summary.count)
     family.add_sample(f"{name}_sum", labels, summary.total)
-    for q, value in zip(quantiles, summary.window.quantiles(quantiles), strict=True):
+    for q, value in zip(quantiles, summary.quantiles(quantiles), strict=True):
         family.add_sample(name, {**labels, "quantile": _bound_text(q)}, value)
 
 

@@ -35,14 +35,16 @@ AGE_BUCKETS = 5
 SUB_BUCKETS = 128
 _SUB_BITS = SUB_BUCKETS.bit_length() - 1
 _EXACT = 2 * SUB_BUCKETS
+#: A value of bit length ``b`` (above the exact range) is shifted right by ``b - _SHIFT_BASE``.
+_SHIFT_BASE = _SUB_BITS + 1
 
 
 def bucket_index(value: int) -> int:
     """The bucket of a non-negative integer (negative values count as 0)."""
     if value < _EXACT:
         return value if value > 0 else 0
-    shift = value.bit_length() - _SUB_BITS - 1
-    return SUB_BUCKETS * shift + (value >> shift)
+    shift = value.bit_length() - _SHIFT_BASE
+    return (shift << _SUB_BITS) + (value >> shift)
 
 
 def bucket_bounds(index: int) -> tuple[int, int]:
@@ -60,7 +62,9 @@ def _middle(index: int) -> int:
 
 
 class WindowedQuantiles:
-    """Counts of the values observed in the last ``max_age_s`` seconds, by bucket."""
+    """Counts of the values observed in the last ``max_age_s`` seconds, by bucket; ``count``
+    and ``total`` of every value observed since it was made (a summary's ``_count`` and
+    ``_sum``)."""
 
     def __init__(
         self,
@@ -72,15 +76,25 @@ class WindowedQuantiles:
         self._span = max_age_s / age_buckets
         #: The sub-windows, oldest first; each a bucket -> count map.
         self._windows: list[dict[int, int]] = [{} for _ in range(age_buckets)]
+        self._newest = self._windows[-1]
         #: When the newest sub-window (the last) ends: observations after it rotate.
         self._ends = clock() + self._span
+        self.count = 0
+        self.total = 0
 
-    def observe(self, value: int) -> None:
-        now = self._clock()
+    def observe(self, value: int, now: float) -> None:
+        """Count ``value`` at ``now`` (the clock's reading: one per request, for all of its
+        summaries). Per request and per summary: kept to a few operations, inlined."""
+        self.count += 1
+        self.total += value
         if now >= self._ends:
             self._rotate(now)
-        counts = self._windows[-1]
-        index = bucket_index(value)
+        if value < _EXACT:
+            index = value if value > 0 else 0
+        else:
+            shift = value.bit_length() - _SHIFT_BASE
+            index = (shift << _SUB_BITS) + (value >> shift)
+        counts = self._newest
         counts[index] = counts.get(index, 0) + 1
 
     def _rotate(self, now: float) -> None:
@@ -90,6 +104,7 @@ class WindowedQuantiles:
         for _ in range(steps):
             windows.pop(0)
             windows.append({})
+        self._newest = windows[-1]
         self._ends += steps * self._span
         if now >= self._ends:  # idle longer than the window: everything was dropped
             self._ends = now + self._span

@@ -46,9 +46,10 @@ def test_buckets_tile_the_integers_with_a_relative_width_under_1_128() -> None:
 
 
 def test_values_below_256_are_exact() -> None:
-    window = WindowedQuantiles(clock=FakeClock())
+    clock = FakeClock()
+    window = WindowedQuantiles(clock=clock)
     for value in range(1, 201):
-        window.observe(value)
+        window.observe(value, clock.now)
     assert window.quantiles([0.5, 0.9, 0.99, 1.0]) == [100.0, 180.0, 198.0, 200.0]
 
 
@@ -57,9 +58,10 @@ def test_every_quantile_is_within_0_4_percent_of_the_exact_one(seed: int) -> Non
     rng = random.Random(seed)
     # Latencies over six decades, heavy-tailed as real ones are.
     values = [int(rng.lognormvariate(8, 2.5)) for _ in range(50_000)]
-    window = WindowedQuantiles(clock=FakeClock())
+    clock = FakeClock()
+    window = WindowedQuantiles(clock=clock)
     for value in values:
-        window.observe(value)
+        window.observe(value, clock.now)
     for q, estimate in zip(TRITON_QUANTILES, window.quantiles(TRITON_QUANTILES), strict=True):
         exact = _exact(values, q)
         assert abs(estimate - exact) <= exact / 256, (q, estimate, exact)
@@ -67,12 +69,13 @@ def test_every_quantile_is_within_0_4_percent_of_the_exact_one(seed: int) -> Non
 
 def test_memory_does_not_grow_with_the_number_of_observations() -> None:
     rng = random.Random(7)
-    window = WindowedQuantiles(clock=FakeClock())
+    clock = FakeClock()
+    window = WindowedQuantiles(clock=clock)
     for _ in range(200_000):
-        window.observe(rng.randrange(1, 10**9))  # 1 us to 16 minutes
+        window.observe(rng.randrange(1, 10**9), clock.now)  # 1 us to 16 minutes
     held = window.bucket_count()
     for _ in range(200_000):
-        window.observe(rng.randrange(1, 10**9))
+        window.observe(rng.randrange(1, 10**9), clock.now)
     # Bounded by the value range (30 powers of two of 128 buckets), not the count.
     assert held <= 30 * 128 + 256
     assert window.bucket_count() <= 30 * 128 + 256
@@ -83,21 +86,22 @@ def test_the_window_forgets_what_is_older_than_a_minute() -> None:
     window = WindowedQuantiles(clock=clock)
     assert all(math.isnan(v) for v in window.quantiles([0.5, 0.99]))  # nothing yet
     for _ in range(100):
-        window.observe(5000)
+        window.observe(5000, clock.now)
     clock.now += MAX_AGE_S / AGE_BUCKETS  # the next sub-window
     for _ in range(100):
-        window.observe(100)
+        window.observe(100, clock.now)
     assert window.quantiles([0.25, 0.75]) == [100.0, pytest.approx(5000, rel=1 / 256)]
     # The first sub-window leaves the window a minute after it began; the second stays.
     clock.now += MAX_AGE_S - MAX_AGE_S / AGE_BUCKETS
     assert window.quantiles([0.25, 0.75]) == [100.0, 100.0]
     clock.now += 10 * MAX_AGE_S  # idle: everything leaves
     assert all(math.isnan(v) for v in window.quantiles([0.5]))
-    window.observe(42)
+    window.observe(42, clock.now)
     assert window.quantiles([0.5]) == [42.0]
 
 
 def test_negative_values_count_as_zero() -> None:
-    window = WindowedQuantiles(clock=FakeClock())
-    window.observe(-5)
+    clock = FakeClock()
+    window = WindowedQuantiles(clock=clock)
+    window.observe(-5, clock.now)
     assert window.quantiles([0.5]) == [0.0]
