@@ -1,6 +1,6 @@
 """ModelStreamInfer's ``triton_final_response`` as Triton 2.51 sends it (checked side by side):
 on every response, True only on the last; an empty final response only when the client asks
-for it and the model ended with the final flag alone."""
+for it and the model ended with the final flag alone. The order of a stream's answers."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.timeout(120)
 @pytest.fixture(scope="module")
 def server():
     args = ("--model-control-mode", "explicit")
-    args += ("--load-model", "decoupled_repeat", "--load-model", "add_sub")
+    args += ("--load-model", "decoupled_repeat", "--load-model", "add_sub", "--load-model", "slow")
     with ShoalServer(BUNDLED, TEST_MODELS, extra_args=args) as running:
         yield running
 
@@ -80,3 +80,30 @@ def test_a_model_that_is_not_decoupled_answers_once_final(server):
     for flag in (False, True):
         got = _stream(server, "add_sub", _add_sub_inputs(), 1, enable_empty_final_response=flag)
         assert got[0][1] is True and got[0][0] is not None
+
+
+def _seconds(value: float) -> list:
+    seconds = grpcclient.InferInput("SECONDS", [1], "FP32")
+    seconds.set_data_from_numpy(np.array([value], np.float32))
+    return [seconds]
+
+
+def test_answers_come_in_request_order_and_a_decoupled_models_as_they_come(server):
+    # As Triton's stream writes them: the answer of a model that is not decoupled waits for
+    # those of the requests sent before it (add_sub's for slow's); a decoupled model's
+    # responses neither wait nor are waited for.
+    results: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(callback=lambda result, error: results.put((result, error)))
+    try:
+        client.async_stream_infer("slow", _seconds(2.0), request_id="slow")
+        client.async_stream_infer("add_sub", _add_sub_inputs(), request_id="quick")
+        client.async_stream_infer("decoupled_repeat", _count(2), request_id="decoupled")
+        got = []
+        for _ in range(4):
+            result, error = results.get(timeout=30)
+            assert error is None, error
+            got.append(result.get_response().id)
+    finally:
+        client.stop_stream()
+    assert got == ["decoupled", "decoupled", "slow", "quick"]

@@ -1,9 +1,11 @@
-"""The ModelStreamInfer exchange: many requests in, their answers out as they come.
+"""The ModelStreamInfer exchange: many requests in, their answers out.
 
 A request has one answer, or any number for a decoupled model.
 
-Requests are answered concurrently. An answer is written as soon as its request completes, so a
-slow request does not hold back the answers of later, quicker ones. The stream ends once the client
+Requests are answered concurrently. As in Triton, the answer of a request to a model that is not
+decoupled (``answer`` returns it :class:`InOrder`) is written once those of the earlier such
+requests are: a client reads them in the order it sent them. A decoupled model's answers are
+written as they come, neither waiting nor waited for. The stream ends once the client
 has closed its side and every request has been answered. If the stream ends early (the client
 cancels, the server stops), every request still running is cancelled.
 
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Awaitable, Callable
 
 #: Answers waiting to be written past which a decoupled request's next answers are not taken
@@ -27,14 +30,35 @@ from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Awaita
 #: piling up here.
 WAITING_MAX = 64
 
-#: One answer (an awaitable) or several (an async iterator) for a request message.
-Answer = Callable[[bytes | bytearray | memoryview], Awaitable[bytes] | AsyncIterator[bytes]]
+#: Requests answered in order that a stream holds at most (running, or answered and waiting for
+#: an earlier one): past it the stream reads no more requests until the oldest is written, so
+#: a slow request cannot make the answers of the quick ones behind it pile up without bound.
+IN_ORDER_MAX = 1024
+
+
+class InOrder:
+    """The answers of a request that are written in the order the requests came, after those
+    of the earlier requests answered so."""
+
+    __slots__ = ("done", "replies", "source")
+
+    def __init__(self, source: AsyncIterator[bytes]) -> None:
+        self.source = source
+        self.replies: list[bytes] = []  # made, waiting for the earlier requests' answers
+        self.done = False
+
+
+#: One answer (an awaitable) or several (an async iterator) for a request message, written as
+#: they come; or answers written in the requests' order (:class:`InOrder`).
+Answered = Awaitable[bytes] | AsyncIterator[bytes] | InOrder
+Answer = Callable[[bytes | bytearray | memoryview], Answered]
 
 
 async def answer_stream(
     requests: AsyncIterable[bytes], answer: Answer, closing: asyncio.Event | None = None
 ) -> AsyncGenerator[bytes, None]:
-    """Yield the answer of every request of ``requests``, in order of completion."""
+    """Yield the answers of every request of ``requests``: those :class:`InOrder` in the order
+    of their requests, the others as they come."""
     stream = _Stream(answer)
     tasks = [asyncio.create_task(stream.read(requests), name="shoal-grpc-stream-reader")]
     if closing is not None:
@@ -47,7 +71,7 @@ async def answer_stream(
 
 
 class _Stream:
-    """The requests read, their answers as they complete, and when the stream is over."""
+    """The requests read, their answers, and when the stream is over."""
 
     def __init__(self, answer: Answer) -> None:
         self._answer = answer
@@ -60,14 +84,23 @@ class _Stream:
         self._reading = True
         self._room = asyncio.Event()  # clear while WAITING_MAX answers wait
         self._room.set()
+        #: The requests answered in order whose answers are not all written, oldest first.
+        self._in_order: deque[InOrder] = deque()
+        self._order_room = asyncio.Event()  # clear while IN_ORDER_MAX such requests are held
 
     async def read(self, requests: AsyncIterable[bytes]) -> None:
         try:
             async for message in requests:
+                answered = self._answer(message)
                 self._unanswered += 1
-                task = asyncio.create_task(self._answer_one(message), name="shoal-grpc-stream")
+                if isinstance(answered, InOrder):
+                    self._in_order.append(answered)
+                task = asyncio.create_task(self._answer_one(answered), name="shoal-grpc-stream")
                 self.running.add(task)
                 task.add_done_callback(self.running.discard)
+                if len(self._in_order) >= IN_ORDER_MAX:
+                    self._order_room.clear()
+                    await self._order_room.wait()
         except Exception as exc:
             self._done.put_nowait(exc)
         else:
@@ -87,10 +120,12 @@ class _Stream:
         if not self._reading and self._unanswered == 0:
             self._done.put_nowait(None)
 
-    async def _answer_one(self, message: bytes | bytearray | memoryview) -> None:
+    async def _answer_one(self, answer: Answered) -> None:
         try:
-            answer = self._answer(message)
-            if inspect.isawaitable(answer):
+            if isinstance(answer, InOrder):
+                async for reply in answer.source:
+                    answer.replies.append(reply)
+            elif inspect.isawaitable(answer):
                 self._done.put_nowait(await answer)
             else:
                 async for reply in answer:
@@ -100,8 +135,20 @@ class _Stream:
                         await self._room.wait()
         except Exception as exc:
             self._done.put_nowait(exc)
+        if isinstance(answer, InOrder):
+            answer.done = True
+            self._write_in_order()
         self._unanswered -= 1
         self._end_if_answered()
+
+    def _write_in_order(self) -> None:
+        """The answers of the oldest requests answered in order, as far as all are made."""
+        waiting = self._in_order
+        while waiting and waiting[0].done:
+            for reply in waiting.popleft().replies:
+                self._done.put_nowait(reply)
+        if len(waiting) < IN_ORDER_MAX:
+            self._order_room.set()
 
     async def replies(self) -> AsyncIterator[bytes]:
         while True:

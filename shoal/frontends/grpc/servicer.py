@@ -21,6 +21,7 @@ from google.protobuf import json_format
 
 from shoal.core import (
     CoreAPI,
+    InferRequest,
     InferResponse,
     InternalError,
     ShoalError,
@@ -37,10 +38,13 @@ from shoal.frontends.grpc._infer import (
     stream_error,
     stream_response_chunks,
 )
-from shoal.frontends.grpc._stream import Answer, answer_stream
+from shoal.frontends.grpc._stream import Answer, InOrder, answer_stream
 from shoal.protos import grpc_service_pb2 as pb
 
 _logger = logging.getLogger("shoal.frontends.grpc")
+
+#: Models a stream remembers whether each is decoupled (past it, it asks the core each time).
+_MODELS_KNOWN = 256
 
 
 def unexpected(what: str) -> InternalError:
@@ -152,36 +156,52 @@ class Servicer:
         """``close_on_error`` (the client's ``triton_grpc_error: true`` metadata, as in Triton):
         the first error ends the whole stream with its gRPC status, instead of travelling in
         a response's ``error_message``. ``forwarded``: parameters every request gets."""
-        answer: Answer = self._stream_answer_or_close if close_on_error else self._stream_answer
-        if forwarded:
-            answer = functools.partial(
-                self._stream_answer, close_on_error=close_on_error, forwarded=forwarded
-            )
+        decoupled: dict[tuple[str, str], bool] = {}  # per model named, looked up once
+        answer: Answer = functools.partial(
+            self._stream_answer, decoupled, close_on_error, forwarded
+        )
         return answer_stream(requests, answer, self._closing)
 
-    async def _stream_answer_or_close(
-        self, data: bytes | bytearray | memoryview
-    ) -> AsyncIterator[bytes]:
-        async for reply in self._stream_answer(data, close_on_error=True):
-            yield reply
-
-    async def _stream_answer(
+    def _stream_answer(
         self,
+        decoupled: dict[tuple[str, str], bool],
+        close_on_error: bool,
+        forwarded: dict[str, str] | None,
         data: bytes | bytearray | memoryview,
-        *,
-        close_on_error: bool = False,
-        forwarded: dict[str, str] | None = None,
+    ) -> AsyncIterator[bytes] | InOrder:
+        """The replies to one request: as in Triton, those of a model that is not decoupled
+        are written in the order of the stream's requests, a decoupled model's as they come."""
+        try:
+            decoded = decode_infer_request(data)
+        except Exception as exc:
+            return InOrder(_one(_stream_failure(exc, None, close_on_error)))
+        if forwarded:
+            decoded.request.parameters.update(forwarded)
+        replies = self._stream_replies(decoded, close_on_error)
+        return replies if self._decoupled(decoupled, decoded.request) else InOrder(replies)
+
+    def _decoupled(self, known: dict[tuple[str, str], bool], request: InferRequest) -> bool:
+        key = (request.model_name, request.model_version)
+        decoupled = known.get(key)
+        if decoupled is None:
+            try:
+                policy = self._core.model_config(*key).get("model_transaction_policy") or {}
+                decoupled = bool(policy.get("decoupled", False))
+            except ShoalError:  # no such model: its answer (the error) comes in order
+                decoupled = False
+            if len(known) < _MODELS_KNOWN:
+                known[key] = decoupled
+        return decoupled
+
+    async def _stream_replies(
+        self, decoded: DecodedInfer, close_on_error: bool
     ) -> AsyncIterator[bytes]:
         """Every response of one request (several for a decoupled model), each sent as soon as
         the model sends it, with ``triton_final_response`` saying whether it is the last. A
         decoupled model that ends with the final flag alone ends the stream with an empty
         response only if the client asked for one (``enable_empty_final_response``), as in
         Triton."""
-        decoded: DecodedInfer | None = None
         try:
-            decoded = decode_infer_request(data)
-            if forwarded:
-                decoded.request.parameters.update(forwarded)
             ended = False
             async for response in self._core.infer_stream(decoded.request):
                 ended = response.final
@@ -315,6 +335,10 @@ class Servicer:
             with _extension_call("the logging extension"):
                 settings = self._core.log_settings()
         return ext.log_settings_response(settings)
+
+
+async def _one(reply: bytes) -> AsyncIterator[bytes]:
+    yield reply
 
 
 def _stream_failure(exc: Exception, decoded: DecodedInfer | None, close_on_error: bool) -> bytes:

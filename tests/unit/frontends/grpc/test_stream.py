@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import queue
+import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -11,7 +12,8 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from shoal.frontends.grpc._stream import answer_stream
+from shoal.frontends.grpc import _stream as stream_module
+from shoal.frontends.grpc._stream import InOrder, answer_stream
 from shoal.frontends.grpc.aio import GrpcServer
 from tests.stream_cancel import stop_stream_cancelling
 from tests.unit.frontends.doubles import LoopThread
@@ -99,17 +101,22 @@ def test_a_failed_request_is_reported_and_the_stream_goes_on(streaming: Any) -> 
     assert error is None and result.get_response().id == "good"
 
 
-def test_a_quick_request_is_answered_before_a_slow_earlier_one(
+def test_answers_come_in_the_order_of_their_requests(
     streaming: Any, stream_core: FullCore, loop_thread: LoopThread
 ) -> None:
+    # As Triton writes a stream's answers of models that are not decoupled: a quick request's
+    # answer waits for the slow one sent before it.
     client, results = streaming
     client.async_stream_infer(GATED, [_input([1])], request_id="slow")
     client.async_stream_infer("echo", [_input([2])], request_id="quick")
-    assert _next(results)[0].get_response().id == "quick"
+    deadline = time.monotonic() + 10
+    while stream_core.issued < 1 and time.monotonic() < deadline:
+        time.sleep(0.01)  # polling the core double for the quick request's answer
+    assert stream_core.issued == 1
     assert results.empty()
     assert stream_core.gate is not None
     loop_thread.call(stream_core.gate.set)
-    assert _next(results)[0].get_response().id == "slow"
+    assert [_next(results)[0].get_response().id for _ in range(2)] == ["slow", "quick"]
 
 
 def test_every_stream_response_says_whether_it_is_the_last(streaming: Any) -> None:
@@ -208,6 +215,62 @@ def test_answers_come_in_order_of_completion() -> None:
             gates[message].set()
             assert await anext(replies) == b"re:" + message
         assert await anext(replies, None) is None
+
+    asyncio.run(run())
+
+
+def test_in_order_answers_wait_for_the_earlier_ones_and_the_others_do_not() -> None:
+    async def run() -> None:
+        gates = {message: asyncio.Event() for message in (b"a", b"b", b"free")}
+
+        async def replies(message: bytes) -> AsyncIterator[bytes]:
+            await gates[message].wait()
+            yield b"re:" + message
+
+        def answer(message: bytes) -> AsyncIterator[bytes] | InOrder:
+            return replies(message) if message == b"free" else InOrder(replies(message))
+
+        stream = answer_stream(_messages(b"a", b"b", b"free"), answer)
+        gates[b"b"].set()
+        gates[b"free"].set()
+        assert await anext(stream) == b"re:free"  # (b's answer waits for a's)
+        gates[b"a"].set()
+        assert [await anext(stream), await anext(stream)] == [b"re:a", b"re:b"]
+        assert await anext(stream, None) is None
+
+    asyncio.run(run())
+
+
+def test_a_slow_in_order_request_stops_the_reading_past_in_order_max(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(stream_module, "IN_ORDER_MAX", 3)
+
+    async def run() -> None:
+        head = asyncio.Event()
+        read = 0
+
+        async def requests() -> AsyncIterator[bytes]:
+            nonlocal read
+            for index in range(10):
+                read += 1
+                yield b"slow" if index == 0 else b"quick"
+
+        async def replies(message: bytes) -> AsyncIterator[bytes]:
+            if message == b"slow":
+                await head.wait()
+            yield message
+
+        stream = answer_stream(requests(), lambda message: InOrder(replies(message)))
+        waiting = asyncio.ensure_future(anext(stream))
+        for _ in range(20):
+            await asyncio.sleep(0)  # (turns of the loop: the reader and the answers run)
+        assert read == 3 and not waiting.done()
+        head.set()
+        assert [await waiting] + [await anext(stream) for _ in range(9)] == [b"slow"] + [
+            b"quick"
+        ] * 9
+        assert read == 10 and await anext(stream, None) is None
 
     asyncio.run(run())
 
