@@ -309,33 +309,44 @@ class TritonPythonModel:
 PY
 }
 
-suite_L0_decoupled() {
-    local qa="$WORK/qa/L0_decoupled" models="$WORK/models_decoupled"
-    decoupled_models "$models"
-    local tests="test_one_to_none test_one_to_one test_no_streaming test_response_order"
-    tests="$tests test_wrong_shape"
-    start_server "$WORK/logs/server_decoupled.log" "$models" || return
-    run_tests "L0_decoupled/decoupled_test.py DecoupledTest" "$qa" decoupled_test.py \
-        $(printf 'DecoupledTest.%s ' $tests)
-    # test_one_to_many and test_one_to_multi_many wait by design, in Triton as here: the repeat
-    # model holds its one instance for WAIT (up to 10 s, 20 s) per request, five requests, each
-    # case twice (with and without empty final responses): ~175 s a trial, six trials. Each
-    # gets its own bound; DECOUPLED_LONG=0 leaves them out. TRITONSERVER_DELAY_GRPC_RESPONSE
-    # is Triton's hook delaying each gRPC answer (the test asserts it is set); shoal has none.
-    if [ "${DECOUPLED_LONG:-1}" = "1" ]; then
-        TEST_TIMEOUT=2400 run_tests "L0_decoupled/decoupled_test.py test_one_to_many" "$qa" \
-            decoupled_test.py DecoupledTest.test_one_to_many
-        TRITONSERVER_DELAY_GRPC_RESPONSE=2000 TEST_TIMEOUT=3000 run_tests \
-            "L0_decoupled/decoupled_test.py test_one_to_multi_many" "$qa" decoupled_test.py \
-            DecoupledTest.test_one_to_multi_many
+# One test of decoupled_test.py in its own run: decoupled_test NAME QA TEST.
+decoupled_test() {
+    local name=$1 qa=$2 t=$3
+    if [ "$t" = test_one_to_multi_many ]; then
+        # The test asserts TRITONSERVER_DELAY_GRPC_RESPONSE is set: Triton's hook delaying each
+        # gRPC answer, set for the client only (shoal has no such delay).
+        TRITONSERVER_DELAY_GRPC_RESPONSE=2000 TEST_TIMEOUT=3000 run_tests "$name $t" "$qa" \
+            decoupled_test.py "DecoupledTest.$t"
+    else
+        TEST_TIMEOUT=1800 run_tests "$name $t" "$qa" decoupled_test.py "DecoupledTest.$t"
     fi
+}
+
+# L0_decoupled as its test.sh runs it, one test at a time. Most wait by design, in Triton as
+# here: the repeat model holds its one instance for each request's WAIT and sends each answer
+# after its DELAY, six trials, each case twice (with and without empty final responses):
+# test_one_to_many ~18 min, test_response_order ~14 min, test_one_to_multi_many longer.
+# DECOUPLED_TESTS picks tests (default: test.sh's); DECOUPLED_POOL1=0 leaves out the second
+# server (--grpc-max-response-pool-size=1), DECOUPLED_NON=0 the NonDecoupledTest one.
+suite_L0_decoupled() {
+    local qa="$WORK/qa/L0_decoupled" models="$WORK/models_decoupled" t
+    decoupled_models "$models"
+    local tests="${DECOUPLED_TESTS:-test_one_to_none test_one_to_one test_one_to_many \
+test_no_streaming test_response_order test_wrong_shape test_one_to_multi_many}"
+    start_server "$WORK/logs/server_decoupled.log" "$models" || return
+    for t in $tests; do decoupled_test "L0_decoupled/decoupled_test.py" "$qa" "$t"; done
     stop_server
-    # Again with --grpc-max-response-pool-size=1 (accepted; it does not change shoal).
-    start_server "$WORK/logs/server_decoupled_pool1.log" "$models" \
-        --grpc-max-response-pool-size=1 || return
-    run_tests "L0_decoupled/decoupled_test.py DecoupledTest (response pool 1)" "$qa" \
-        decoupled_test.py $(printf 'DecoupledTest.%s ' $tests)
-    stop_server
+    if [ "${DECOUPLED_POOL1:-1}" = "1" ]; then
+        # Accepted; it does not change shoal. test.sh runs all but test_one_to_multi_many.
+        start_server "$WORK/logs/server_decoupled_pool1.log" "$models" \
+            --grpc-max-response-pool-size=1 || return
+        for t in $tests; do
+            [ "$t" = test_one_to_multi_many ] ||
+                decoupled_test "L0_decoupled/decoupled_test.py (response pool 1)" "$qa" "$t"
+        done
+        stop_server
+    fi
+    [ "${DECOUPLED_NON:-1}" = "1" ] || return 0
     # NonDecoupledTest: Triton's C++ repeat backend as a model that is not decoupled sends its
     # response and then the FINAL flag apart; the frontends must give the client one response.
     # Stand-in: the Python repeat example without its refusal to load so (a default-mode Python
