@@ -218,14 +218,13 @@ def check_outputs(model: ModelSummary, request: InferRequest) -> list[str]:
     """The output names the model must produce (all of them when the client named none)."""
     if not request.outputs:
         return list(model.outputs)
-    asked = [output.name for output in request.outputs]
-    seen: set[str] = set()
-    for name in asked:
-        if name in seen:  # Triton's check and words (AddRequestedOutput)
+    asked: list[str] = []
+    for name in (output.name for output in request.outputs):
+        if name in asked:  # Triton's check and words (AddRequestedOutput)
             raise request_error(request, f"output '{name}' already exists in request")
         if name not in model.output_names:
             raise InvalidArgument(f"unexpected inference output '{name}' for model '{model.name}'")
-        seen.add(name)
+        asked.append(name)
     return asked
 
 
