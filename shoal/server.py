@@ -162,8 +162,17 @@ def _start_busy_poll(options: ServerOptions, loop: asyncio.AbstractEventLoop) ->
 
 
 async def _load(service: InferenceService, options: ServerOptions) -> bool:
-    """Load the repository; False when a model failed and ``--exit-on-error`` says to exit."""
-    failures = await service.load_repository()
+    """Load the repository; False when a model failed and ``--exit-on-error`` says to exit.
+    A repository that cannot be read with ``--exit-on-error=false`` leaves the server up and
+    not live, as Triton does (its health says so, its metadata still answers)."""
+    try:
+        failures = await service.load_repository()
+    except FileNotFoundError as error:  # a --model-repository that is not a directory
+        if options.exit_on_error:
+            raise
+        log.error("%s", error)
+        service.live = False
+        return True
     # The table's lines stay as they are (Triton's tables are not escaped): one record.
     log.info("models:", extra={LOG_BLOCK: format_model_table(service.repository_index())})
     if options.exit_on_error and failures:

@@ -86,7 +86,8 @@ class InferenceService:
         self.logging = log_settings
         self.tracing = trace_settings
         self.stager = Stager(shm, input_arena, trace_settings, directory)
-        self._live = True
+        #: Not live: shutting down, or the repository unreadable with --exit-on-error=false.
+        self.live = True
         self.gate = DrainGate()
         #: Its loop once it loads models: futures made without get_running_loop's getpid.
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -113,7 +114,7 @@ class InferenceService:
 
     async def shutdown(self, timeout: float) -> None:
         """Stop every model (finalize, then signals) and free the arenas and regions."""
-        self._live = False
+        self.live = False
         await self.repository.shutdown(timeout)
         self.shm.close()
         self.directory.cuda.close()  # after the stubs: they closed their handles by exiting
@@ -124,12 +125,12 @@ class InferenceService:
     def is_live(self) -> bool:
         if self.gate.closed:
             raise Unavailable(EXITING)
-        return self._live
+        return self.live
 
     def is_ready(self) -> bool:
         if self.gate.closed:
             raise Unavailable(EXITING)
-        if not self._live:
+        if not self.live:
             return False
         return not self.options.strict_readiness or self.repository.all_ready()
 

@@ -8,10 +8,14 @@ import re
 import shutil
 import subprocess
 import sys
+import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
@@ -142,3 +146,42 @@ def test_a_failed_reload_keeps_the_model_and_the_server_ready() -> None:
             assert index["add_sub"]["state"] == "READY"
         finally:
             client.close()
+
+
+class _NotLiveServer(ShoalServer):
+    """A server expected to come up not live: started once its metadata answers."""
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + self.timeout
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://{self.url}/v2", timeout=2):
+                    return
+            except (urllib.error.URLError, ConnectionError):
+                time.sleep(0.02)  # polling the endpoint, not waiting on time
+        raise TimeoutError(f"shoal serve did not answer within {self.timeout}s:\n{self.output}")
+
+
+@pytest.mark.parametrize("missing_first", [True, False])
+def test_an_unreadable_repository_without_exit_on_error_serves_not_live(
+    tmp_path: Path, missing_first: bool
+) -> None:
+    # Triton with --exit-on-error=false: its endpoints start, health says neither live nor ready
+    # (SERVER_FAILED_TO_INITIALIZE, whatever --strict-readiness), metadata answers, nothing loads.
+    repo, _ = _repository(tmp_path, "init_fail")
+    missing = tmp_path / "missing"
+    repos = (missing, repo) if missing_first else (repo, missing)
+    with _NotLiveServer(*repos, extra_args=("--strict-readiness", "false")) as server:
+        http = httpclient.InferenceServerClient(server.url)
+        grpc = grpcclient.InferenceServerClient(server.grpc_url)
+        try:
+            for client in (http, grpc):
+                assert not client.is_server_live()
+                assert not client.is_server_ready()
+                assert not client.is_model_ready("add_sub")
+            assert http.get_server_metadata()["name"] == "triton"
+            assert grpc.get_server_metadata().name == "triton"
+        finally:
+            http.close()
+            grpc.close()
+        assert f"model repository '{missing}' is not a directory" in server.output
