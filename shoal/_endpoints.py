@@ -25,6 +25,7 @@ def announce(protocol: str, host: str, port: int) -> None:
 
 async def start_metrics(service: InferenceService, options: ServerOptions) -> HttpServer:
     """Serve ``/metrics`` on its own port; the values are computed from ``service`` per scrape."""
+    from shoal.frontends._serving import address_in_use
     from shoal.frontends.http.app import AddressInUseError, HttpServer
     from shoal.frontends.http.metrics import build_metrics_app
     from shoal.supervisor.extensions.metrics import MetricsExporter
@@ -40,9 +41,7 @@ async def start_metrics(service: InferenceService, options: ServerOptions) -> Ht
     try:
         bound = await server.start(host, port)
     except AddressInUseError as exc:
-        raise AddressInUseError(
-            exc.errno, f"the metrics address {host}:{port} is already in use"
-        ) from exc
+        raise address_in_use("metrics", host, port) from exc
     announce("metrics", host, bound)
     return server
 

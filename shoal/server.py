@@ -235,7 +235,7 @@ def _listening(host: str, port: int, what: str, reuse_port: bool) -> socket.sock
 def _port_reservation(host: str, port: int) -> socket.socket:
     """A bound, not listening socket that holds a port for grpcio's SO_REUSEPORT listeners (a
     free port when ``port`` is 0)."""
-    from shoal.frontends._serving import AddressInUseError
+    from shoal.frontends._serving import address_in_use
 
     family, kind, proto, _, address = socket.getaddrinfo(
         host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
@@ -246,9 +246,7 @@ def _port_reservation(host: str, port: int) -> socket.socket:
         sock.bind(address)
     except OSError as exc:
         sock.close()
-        raise AddressInUseError(
-            exc.errno, f"the gRPC address {host}:{port} is already in use"
-        ) from exc
+        raise address_in_use("gRPC", host, port) from exc
     return sock
 
 

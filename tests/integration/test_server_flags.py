@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 import queue
 import re
+import socket
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -16,7 +19,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.integration.server import BUNDLED, TEST_MODELS, ShoalServer
+from tests.integration.server import BUNDLED, FRONTEND_WORKERS, REPO_ROOT, TEST_MODELS, ShoalServer
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -199,3 +202,32 @@ def test_a_clients_text_cannot_forge_a_log_line(
         assert message.startswith("[request id: <id_unknown>] Infer failed: ")
         assert f"'\n{FORGED}\n{FORGED}'" in message
     assert len(failed) == 3, lines
+
+
+@pytest.mark.parametrize("flag, name", [("http", "HTTP"), ("grpc", "GRPC"), ("metrics", "Metrics")])
+def test_a_port_in_use_is_logged_in_tritons_words(flag: str, name: str) -> None:
+    # Scripts (and Triton's own QA) grep the log for tritonserver's line when a port is taken.
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        args = [sys.executable, "-m", "shoal", "serve", "--model-repository", str(BUNDLED)]
+        args += ["--model-control-mode", "explicit", "--allow-metrics", "true"]
+        args += ["--frontend-workers", FRONTEND_WORKERS]  # the workers bind in the core too
+        for endpoint in ("http", "grpc", "metrics"):
+            args += [f"--{endpoint}-address", "127.0.0.1"]
+            args += [f"--{endpoint}-port", str(port if endpoint == flag else 0)]
+        done = subprocess.run(
+            args,
+            capture_output=True,
+            text=True,
+            timeout=90,
+            cwd=REPO_ROOT,
+            stdin=subprocess.DEVNULL,
+        )
+    log = done.stdout + done.stderr
+    assert done.returncode == 1, log
+    line = (
+        f"] failed to start {name} service: Unavailable - Socket '127.0.0.1:{port}' already in use"
+    )
+    assert re.search(rf"^E.*{re.escape(line)}$", log, re.M), log

@@ -27,7 +27,7 @@ import grpc.aio  # type: ignore[import-untyped]
 from shoal.core import CoreAPI
 from shoal.frontends._forwarding import HeaderForward
 from shoal.frontends._restricted import Restrictions
-from shoal.frontends._serving import AddressInUseError
+from shoal.frontends._serving import AddressInUseError, address_in_use
 from shoal.frontends.grpc.methods import (
     MAX_MESSAGE_BYTES,
     SERVICE_NAME,
@@ -223,8 +223,6 @@ def _bind_error(host: str, port: int) -> OSError:
             probe.bind(address)
     except OSError as exc:
         if exc.errno == errno.EADDRINUSE:
-            return AddressInUseError(
-                errno.EADDRINUSE, f"the gRPC address {host}:{port} is already in use"
-            )
+            return address_in_use("gRPC", host, port)
         return OSError(f"cannot bind the gRPC server to {host}:{port}: {exc}")
     return OSError(f"cannot bind the gRPC server to {host}:{port}")

@@ -466,7 +466,10 @@ def test_address_in_use_is_a_clear_error(loop_thread: LoopThread) -> None:
         server = GrpcServer(FullCore())
         with pytest.raises(AddressInUseError) as info:
             loop_thread.run(server.start("127.0.0.1", port))
-    assert f"the gRPC address 127.0.0.1:{port} is already in use" in str(info.value)
+    # Triton's log line, word for word (its QA greps for it).
+    socket_in_use = f"Socket '127.0.0.1:{port}' already in use"
+    expected = f"failed to start GRPC service: Unavailable - {socket_in_use}"
+    assert str(info.value) == expected
 
 
 def test_a_second_server_on_the_same_port_is_refused(loop_thread: LoopThread) -> None:

@@ -40,7 +40,9 @@ def test_address_in_use_is_a_clear_error(loop_thread: LoopThread) -> None:
         server = HttpServer(build_http_app(EchoCore()))
         with pytest.raises(AddressInUseError) as info:
             loop_thread.run(server.start("127.0.0.1", port))
-    assert f"127.0.0.1:{port} is already in use" in str(info.value)
+    socket_in_use = f"Socket '127.0.0.1:{port}' already in use"
+    expected = f"failed to start HTTP service: Unavailable - {socket_in_use}"
+    assert str(info.value) == expected
     assert isinstance(info.value, OSError)
 
 
