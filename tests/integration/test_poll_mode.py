@@ -53,3 +53,44 @@ def test_poll_mode_follows_the_repository(tmp_path):
             "string_upper leaves the repository index",
         )
         client.close()
+
+
+def _metadata_error(client: httpclient.InferenceServerClient, name: str) -> str:
+    try:
+        client.get_model_metadata(name)
+    except InferenceServerException as error:
+        return str(error.message())
+    return ""
+
+
+def test_a_model_removed_from_the_repository_has_no_available_versions(tmp_path):
+    # Triton unloads it and keeps it in its table: requests for it say it has no version
+    # (Triton's QA checks those words), where a name never seen is "not found".
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    shutil.copytree(BUNDLED / "add_sub", repo / "add_sub")
+    shutil.copytree(BUNDLED / "string_upper", repo / "string_upper")
+    args = ("--model-control-mode", "poll", "--repository-poll-secs", "0.2")
+    with ShoalServer(repo, extra_args=args) as server:
+        client = httpclient.InferenceServerClient(server.url)
+        try:
+            assert client.is_model_ready("string_upper")
+            shutil.rmtree(repo / "string_upper")
+            _wait_until(
+                lambda: (
+                    "string_upper" not in {m["name"] for m in client.get_model_repository_index()}
+                ),
+                "string_upper leaves the repository index",
+            )
+            expected = "Request for unknown model: 'string_upper' has no available versions"
+            assert _metadata_error(client, "string_upper") == expected
+            with pytest.raises(InferenceServerException, match="'never_there' is not found"):
+                client.get_model_metadata("never_there")
+            assert client.is_server_ready()
+            assert client.is_model_ready("add_sub")
+
+            shutil.copytree(BUNDLED / "string_upper", repo / "string_upper")
+            _wait_until(lambda: client.is_model_ready("string_upper"), "string_upper is back")
+            assert client.get_model_metadata("string_upper")["name"] == "string_upper"
+        finally:
+            client.close()

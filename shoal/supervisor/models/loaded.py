@@ -21,6 +21,9 @@ class LoadedModels:
     def __init__(self) -> None:
         self.models: dict[str, dict[int, ModelVersion]] = {}
         self.failed: dict[str, str] = {}
+        #: Models unloaded because their directory left the repository (poll mode): Triton keeps
+        #: them in its table, so a request says they have no version, not that they are unknown.
+        self.removed: set[str] = set()
 
     def versions(self) -> Iterator[ModelVersion]:
         for versions in self.models.values():
@@ -53,6 +56,8 @@ class LoadedModels:
                 f"Request for unknown model: '{name}' is not found: {self.failed[name]}",
                 ErrorCode.UNAVAILABLE,
             )
+        if name in self.removed:
+            return NotFound(f"Request for unknown model: '{name}' has no available versions")
         return NotFound(f"Request for unknown model: '{name}' is not found")
 
 

@@ -138,6 +138,7 @@ class ModelRepositoryManager:
             await self._unload_locked(name)
         self.models.pop(name, None)
         self.failed.pop(name, None)
+        self.loaded.removed.add(name)
 
     async def _load_quietly(self, name: str) -> str | None:
         """Load ``name``; returns why it failed (logged once), or None."""
