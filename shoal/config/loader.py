@@ -136,7 +136,7 @@ def detect_backend(model_dir: Path, default_model_filename: str = "") -> str | N
     """The backend of a model that names none, from its model file (``model.py`` -> python)."""
     if default_model_filename:
         return _SUFFIX_BACKENDS.get(Path(default_model_filename).suffix)
-    newest_first = reversed(list_versions(model_dir))
+    newest_first = reversed(list_versions(model_dir, warn=False))  # the load warns
     found = (_backend_in(model_dir / str(version)) for version in newest_first)
     return next((backend for backend in found if backend is not None), None)
 

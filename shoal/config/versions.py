@@ -2,22 +2,41 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from pathlib import Path
 
 from .errors import ConfigError
 from .model_config import VersionPolicy
 
+log = logging.getLogger("shoal")
 
-def list_versions(model_dir: str | Path) -> list[int]:
+#: Subdirectories of a model directory that are not versions (Triton's skip list, plus Python's
+#: byte-code cache): passed over without a word.
+_NOT_VERSIONS = frozenset({"warmup", "initial_state", "configs", "__pycache__"})
+
+
+def list_versions(model_dir: str | Path, *, warn: bool = True) -> list[int]:
     """The versions in ``model_dir``: its subdirectories named by a number, ascending.
 
-    Other entries (files, hidden or non-numeric directories) are ignored, as Triton ignores them.
+    Other entries are ignored, as Triton ignores them: files, hidden directories, and with
+    Triton's warning (``warn``) directories named otherwise or by a number with a leading zero
+    (``003`` is not version 3: Triton would load none of it).
     """
     versions: set[int] = set()
     for entry in Path(model_dir).iterdir():
-        if entry.name.isascii() and entry.name.isdigit() and entry.is_dir():
-            versions.add(int(entry.name))
+        name = entry.name
+        if name.startswith(".") or name in _NOT_VERSIONS or not entry.is_dir():
+            continue
+        if not (name.isascii() and name.isdigit()):
+            reason = "fails to convert to integral number"
+        elif len(name) > 1 and name[0] == "0":
+            reason = "contains leading zeros in its directory name"
+        else:
+            versions.add(int(name))
+            continue
+        if warn:
+            log.warning("ignore version directory '%s' which %s", name, reason)
     return sorted(versions)
 
 

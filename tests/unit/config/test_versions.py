@@ -2,17 +2,29 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from shoal.config import ConfigError, list_versions, select_versions
 
 
-def test_list_versions_takes_numeric_directories_only(tmp_path):
-    for name in ("1", "3", "10", "02", "latest", ".5", "x1"):
+def test_list_versions_takes_numeric_directories_only(tmp_path, caplog):
+    for name in ("0", "1", "3", "10", "02", "latest", ".5", "x1", "warmup", "__pycache__"):
         (tmp_path / name).mkdir()
     (tmp_path / "7").write_text("a file, not a version")
     (tmp_path / "config.pbtxt").write_text("")
-    assert list_versions(tmp_path) == [1, 2, 3, 10]
+    with caplog.at_level(logging.WARNING, logger="shoal"):
+        assert list_versions(tmp_path) == [0, 1, 3, 10]
+    # Triton's warnings, word for word: "02" is not version 2 (Triton serves none of it).
+    assert sorted(caplog.messages) == [
+        "ignore version directory '02' which contains leading zeros in its directory name",
+        "ignore version directory 'latest' which fails to convert to integral number",
+        "ignore version directory 'x1' which fails to convert to integral number",
+    ]
+    caplog.clear()
+    assert list_versions(tmp_path, warn=False) == [0, 1, 3, 10]
+    assert not caplog.messages
 
 
 def test_list_versions_of_empty_model(tmp_path):
