@@ -55,9 +55,9 @@ def test_poll_mode_follows_the_repository(tmp_path):
         client.close()
 
 
-def _metadata_error(client: httpclient.InferenceServerClient, name: str) -> str:
+def _metadata_error(client: httpclient.InferenceServerClient, name: str, version: str = "") -> str:
     try:
-        client.get_model_metadata(name)
+        client.get_model_metadata(name, version)
     except InferenceServerException as error:
         return str(error.message())
     return ""
@@ -92,5 +92,38 @@ def test_a_model_removed_from_the_repository_has_no_available_versions(tmp_path)
             shutil.copytree(BUNDLED / "string_upper", repo / "string_upper")
             _wait_until(lambda: client.is_model_ready("string_upper"), "string_upper is back")
             assert client.get_model_metadata("string_upper")["name"] == "string_upper"
+        finally:
+            client.close()
+
+
+def test_a_version_removed_from_the_model_directory_stays_listed_unloaded(tmp_path):
+    # Triton keeps a version whose directory left in its table: the index lists it unloaded and
+    # a request for it is "not at ready state" (Triton's QA checks those words), not "not found".
+    repo = tmp_path / "repo"
+    shutil.copytree(BUNDLED / "add_sub", repo / "add_sub")
+    shutil.copytree(repo / "add_sub" / "1", repo / "add_sub" / "2")
+    config = repo / "add_sub" / "config.pbtxt"
+    config.write_text(config.read_text() + "\nversion_policy: { all { } }\n")
+    args = ("--model-control-mode", "poll", "--repository-poll-secs", "0.2")
+    with ShoalServer(repo, extra_args=args) as server:
+        client = httpclient.InferenceServerClient(server.url)
+        try:
+            assert client.is_model_ready("add_sub", "1") and client.is_model_ready("add_sub", "2")
+            shutil.rmtree(repo / "add_sub" / "1")
+            unloaded = {"name": "add_sub", "version": "1", "state": "UNAVAILABLE"}
+            _wait_until(
+                lambda: any(
+                    unloaded.items() <= entry.items() and entry.get("reason") == "unloaded"
+                    for entry in client.get_model_repository_index()
+                ),
+                "version 1 is listed unloaded",
+            )
+            _wait_until(lambda: client.is_model_ready("add_sub", "2"), "version 2 serves")
+            expected = "Request for unknown model: 'add_sub' version 1 is not at ready state"
+            assert _metadata_error(client, "add_sub", "1").startswith(expected)
+            with pytest.raises(InferenceServerException, match="version is not available"):
+                client.get_inference_statistics("add_sub", "1")
+            assert client.is_server_ready()
+            assert client.get_model_metadata("add_sub")["versions"] == ["2"]
         finally:
             client.close()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from shoal.config import TensorConfig
-from shoal.core.errors import InvalidArgument, NotFound
+from shoal.core.errors import InvalidArgument, NotFound, Unavailable
 from shoal.core.types import ModelMetadata, ModelStatistics, TensorMetadata
 from shoal.supervisor.models.manager import ModelRepositoryManager
 
@@ -40,7 +40,7 @@ def statistics(
     if version:
         try:
             return [repo.resolve(name, version).stats.snapshot()]
-        except NotFound:  # Triton's answer here (metadata and config answer NotFound)
+        except (NotFound, Unavailable):  # Triton's answer for a version not ready too
             raise InvalidArgument(
                 f"requested model version is not available for model '{name}'"
             ) from None

@@ -68,8 +68,8 @@ def _exact(name: str, version: str, versions: dict[int, ModelVersion]) -> ModelV
         raise NotFound(f"Request for unknown model: '{name}' version {version} is not found")
     if not mv.ready:
         detail = f": {mv.reason}" if mv.reason else ""
-        raise Unavailable(
-            f"Request for unavailable model: '{name}' version {version} is not ready{detail}"
+        raise Unavailable(  # Triton's words (clients match them), then why
+            f"Request for unknown model: '{name}' version {version} is not at ready state{detail}"
         )
     return mv
 

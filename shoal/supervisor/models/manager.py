@@ -229,9 +229,13 @@ class ModelRepositoryManager:
         return new
 
     async def _swap_in(self, name: str, new: list[ModelVersion]) -> None:
-        """Serve ``new`` in place of the versions of ``name`` that served, then retire those."""
+        """Serve ``new`` in place of the versions of ``name`` that served, then retire those.
+        A version that is not among ``new`` (its directory left, or the policy dropped it) stays
+        listed unloaded, as Triton keeps it: asked for, it is "not at ready state"."""
         old = self.models.get(name, {})
-        self.models[name] = {mv.version: mv for mv in new}
+        table = dict(old)
+        table.update((mv.version, mv) for mv in new)
+        self.models[name] = table
         self.failed.pop(name, None)
         await asyncio.gather(*(self._retire(mv) for mv in old.values()))
 
