@@ -185,3 +185,22 @@ def test_an_unreadable_repository_without_exit_on_error_serves_not_live(
             http.close()
             grpc.close()
         assert f"model repository '{missing}' is not a directory" in server.output
+
+
+def test_a_failed_explicit_load_answers_in_tritons_words(tmp_path: Path) -> None:
+    repo, expected = _repository(tmp_path, "init_fail")
+    args = ("--model-control-mode", "explicit", "--load-model", "add_sub")
+    with ShoalServer(repo, extra_args=args) as server:
+        for client in (
+            httpclient.InferenceServerClient(server.url),
+            grpcclient.InferenceServerClient(server.grpc_url),
+        ):
+            try:
+                with pytest.raises(InferenceServerException) as info:
+                    client.load_model("init_fail")
+            finally:
+                client.close()
+            message = info.value.message()
+            # Triton's "load failed for model 'm': ...", then the version and its reason.
+            assert message.startswith("load failed for model 'init_fail': "), message
+            assert "failed to load 'init_fail' version 1: " + expected in message, message

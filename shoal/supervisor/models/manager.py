@@ -268,7 +268,8 @@ class ModelRepositoryManager:
         reason = "; ".join(mv.reason for mv in broken)
         if not self._ready(name):
             self.models[name] = {mv.version: mv for mv in new}
-        raise _LoggedLoadFailure(reason)
+        # Triton's words first (clients match them), then which version failed and why.
+        raise _LoggedLoadFailure(f"load failed for model '{name}': {reason}")
 
     def _record_failure(self, name: str, reason: str) -> None:
         """``name`` failed to load. A failed reload keeps the version that serves, as Triton
