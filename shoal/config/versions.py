@@ -46,8 +46,8 @@ def select_versions(
     """The versions ``policy`` serves out of ``available``, ascending.
 
     ``("latest", n)`` serves the ``n`` highest, ``("all",)`` all of them, ``("specific", vs)``
-    exactly ``vs``. Raises :class:`ConfigError` when a specific version does not exist or the
-    policy selects nothing.
+    those of ``vs`` that exist (the others logged). Raises :class:`ConfigError` when the policy
+    selects nothing.
     """
     versions = sorted(set(available))
     model = f"model '{model_name}'" if model_name else "the model"
@@ -73,14 +73,16 @@ __all__ = ["list_versions", "select_versions"]
 
 
 def _specific(wanted: tuple[int, ...], versions: list[int], model: str, found: str) -> list[int]:
-    """The versions a specific policy lists, when the model directory has every one."""
+    """The versions a specific policy lists that the model directory has. A listed version
+    without its directory is logged and the others load, as in Triton (none left: no version
+    to serve, raised by the caller)."""
     missing = sorted(set(wanted) - set(versions))
-    if missing:
-        names = ", ".join(map(str, missing))
-        plural = "s" if len(missing) > 1 else ""
-        raise ConfigError(
-            f"version_policy of {model} lists version{plural} {names}, which the model "
-            f"directory does not have (versions found: {found}): add the version "
-            "directory or change version_policy"
+    for version in missing:
+        log.error(
+            "version %d is specified for %s, but the version directory is not present "
+            "(versions found: %s): add the version directory or change version_policy",
+            version,
+            model,
+            found,
         )
-    return sorted(set(wanted))
+    return sorted(set(wanted) & set(versions))

@@ -46,12 +46,22 @@ def test_select_versions(policy, expected):
     assert select_versions(policy, [3, 1, 10]) == expected
 
 
-def test_specific_version_that_does_not_exist_is_named():
-    with pytest.raises(ConfigError) as info:
-        select_versions(("specific", (1, 4, 5)), [1, 2], model_name="add_sub")
-    message = info.value.message
-    assert "version_policy of model 'add_sub' lists versions 4, 5" in message
-    assert "(versions found: 1, 2)" in message
+def test_a_specific_version_that_does_not_exist_is_logged_and_the_others_serve(caplog):
+    # As Triton: it loads the listed versions it finds and logs each missing one.
+    with caplog.at_level(logging.ERROR, logger="shoal"):
+        assert select_versions(("specific", (1, 4, 5)), [1, 2], model_name="add_sub") == [1]
+    assert caplog.messages == [
+        f"version {v} is specified for model 'add_sub', but the version directory is not present"
+        " (versions found: 1, 2): add the version directory or change version_policy"
+        for v in (4, 5)
+    ]
+
+
+def test_a_specific_policy_with_no_version_found_has_nothing_to_serve():
+    with pytest.raises(
+        ConfigError, match=r"model 'm' has no version to serve \(versions found: 2\)"
+    ):
+        select_versions(("specific", (1, 3)), [2], model_name="m")
 
 
 @pytest.mark.parametrize("policy", [("latest", 1), ("all",)])
