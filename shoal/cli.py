@@ -83,7 +83,8 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
 
 def _model_options(args: argparse.Namespace) -> dict[str, Any]:
     return {
-        "model_repositories": tuple(args.model_repository),
+        # A repository named twice is read once, as Triton keeps them in a set.
+        "model_repositories": tuple(dict.fromkeys(args.model_repository)),
         "model_repository_cache": args.model_repository_cache,
         "model_control_mode": args.model_control_mode,
         "repository_poll_secs": args.repository_poll_secs,

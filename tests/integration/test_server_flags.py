@@ -231,3 +231,13 @@ def test_a_port_in_use_is_logged_in_tritons_words(flag: str, name: str) -> None:
         f"] failed to start {name} service: Unavailable - Socket '127.0.0.1:{port}' already in use"
     )
     assert re.search(rf"^E.*{re.escape(line)}$", log, re.M), log
+
+
+def test_a_repository_named_twice_is_read_once() -> None:
+    # Triton keeps the repositories in a set: its models are not "in two repositories".
+    with ShoalServer(BUNDLED, BUNDLED, exit_on_error=True) as server:
+        client = httpclient.InferenceServerClient(server.url)
+        try:
+            assert client.is_server_ready() and client.is_model_ready("add_sub")
+        finally:
+            client.close()
