@@ -204,3 +204,11 @@ def test_a_failed_explicit_load_answers_in_tritons_words(tmp_path: Path) -> None
             # Triton's "load failed for model 'm': ...", then the version and its reason.
             assert message.startswith("load failed for model 'init_fail': "), message
             assert "failed to load 'init_fail' version 1: " + expected in message, message
+
+
+def test_a_startup_model_not_in_the_repository_is_logged_in_tritons_words(tmp_path: Path) -> None:
+    repo, _ = _repository(tmp_path, "init_fail")
+    done = _serve(repo, "--model-control-mode", "explicit", "--load-model", "does-not-exist")
+    log = done.stdout + done.stderr
+    assert done.returncode == 1, log
+    assert "failed to poll model 'does-not-exist': model not found in any model repository." in log

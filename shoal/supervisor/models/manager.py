@@ -317,6 +317,8 @@ class ModelRepositoryManager:
         sources, _ = scan(self.sources.local_paths)
         source = sources.get(name)
         if source is None:
+            # Triton's two lines: why in the log, the summary to the client.
+            log.error("failed to poll model '%s': model not found in any model repository.", name)
             raise InvalidArgument(f"failed to load '{name}', failed to poll from model repository")
         return source.path
 
