@@ -227,10 +227,9 @@ def test_a_port_in_use_is_logged_in_tritons_words(flag: str, name: str) -> None:
         )
     log = done.stdout + done.stderr
     assert done.returncode == 1, log
-    line = (
-        f"] failed to start {name} service: Unavailable - Socket '127.0.0.1:{port}' already in use"
-    )
-    assert re.search(rf"^E.*{re.escape(line)}$", log, re.M), log
+    text = f"failed to start {name} service: Unavailable - Socket '127.0.0.1:{port}' already in use"
+    # An error line with the message as Triton writes it by default (a JSON string).
+    assert re.search(rf'^E.*\] "{re.escape(text)}"$', log, re.M), log
 
 
 def test_a_repository_named_twice_is_read_once() -> None:
