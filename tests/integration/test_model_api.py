@@ -38,9 +38,9 @@ def test_custom_metrics_are_exported(server):
         text = r.read().decode()
     assert re.search(r'^custom_requests\{model="custom_metrics"\} 3(\.0)?$', text, re.M), text
     assert re.search(r'^custom_last_value\{model="custom_metrics"\} 50(\.0)?$', text, re.M)
-    # Bounds as Triton writes them: le="1", not le="1.0".
-    assert re.search(r'^custom_x_bucket\{le="1",model="custom_metrics"\} 1(\.0)?$', text, re.M)
-    assert re.search(r'^custom_x_bucket\{le="10",model="custom_metrics"\} 2(\.0)?$', text, re.M)
+    # Bounds as Triton (prometheus-cpp) writes them: le="1", not le="1.0", after the labels.
+    assert re.search(r'^custom_x_bucket\{model="custom_metrics",le="1"\} 1(\.0)?$', text, re.M)
+    assert re.search(r'^custom_x_bucket\{model="custom_metrics",le="10"\} 2(\.0)?$', text, re.M)
     assert re.search(r'^custom_x_count\{model="custom_metrics"\} 3(\.0)?$', text, re.M)
     client.close()
 
