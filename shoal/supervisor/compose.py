@@ -65,7 +65,6 @@ def build_service(options: ServerOptions, make_stub: MakeStub = StubProcess) -> 
             response_cache=cache is not None,
             rate_limiter=rate_limiter,
             make_stub=make_stub,
-            load_slots=options.model_load_thread_count,
         )
 
     service = InferenceService(

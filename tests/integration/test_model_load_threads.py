@@ -10,6 +10,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import tritonclient.http as httpclient
 
 from tests.integration.server import ShoalServer
 
@@ -98,3 +99,44 @@ def test_models_start_together_up_to_the_thread_count(tmp_path: Path) -> None:
     with ShoalServer(repo, extra_args=("--model-load-thread-count", "3"), timeout=120):
         pass
     assert _seen(marks, 3) == [3, 3, 3]
+
+
+LOADS_Z = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        pb_utils.load_model(model_name="z")
+
+    def execute(self, requests):
+        return [
+            pb_utils.InferenceResponse([pb_utils.get_input_tensor_by_name(r, "IN")])
+            for r in requests
+        ]
+"""
+
+
+def test_a_model_loading_another_in_initialize_does_not_wait_for_a_slot(tmp_path: Path) -> None:
+    # 'a' holds the only slot while its initialize loads 'z', whose own start-up load waits for
+    # that slot: the load 'a' asked for must not wait behind it.
+    repo, marks = _repository(tmp_path, models=0, wait_for=0)
+    for name, source in (
+        ("a", LOADS_Z),
+        ("z", LOADS_Z.replace('pb_utils.load_model(model_name="z")', "pass")),
+    ):
+        (repo / name / "1").mkdir(parents=True)
+        (repo / name / "config.pbtxt").write_text(CONFIG.format(name=name, marks=marks, wait_for=0))
+        (repo / name / "1" / "model.py").write_text(textwrap.dedent(source))
+    flags = (
+        "--model-load-thread-count",
+        "1",
+        "--model-control-mode",
+        "explicit",
+        "--load-model",
+        "*",
+    )
+    with ShoalServer(repo, extra_args=flags, timeout=90) as server:
+        client = httpclient.InferenceServerClient(server.url)
+        assert client.is_model_ready("a") and client.is_model_ready("z")
+        client.close()

@@ -62,6 +62,9 @@ class ModelRepositoryManager:
         self._fingerprints: dict[str, Fingerprint] = {}
         self._poller: asyncio.Task[None] | None = None
         self._loading: set[str] = set()
+        # Taken before any model's lock, never inside a load (one a model's initialize asks
+        # for, an ensemble's steps): a load that holds a lock never waits for a slot.
+        self._load_slots = asyncio.Semaphore(max(1, options.model_load_thread_count))
         # Models loaded only because an ensemble needed them (unload_dependents unloads them).
         self._composing: set[str] = set()
         # Ensembles unloaded because a step model was: loaded again when it is, as Triton does.
@@ -141,9 +144,10 @@ class ModelRepositoryManager:
         self.loaded.removed.add(name)
 
     async def _load_quietly(self, name: str) -> str | None:
-        """Load ``name``; returns why it failed (logged once), or None."""
+        """Load ``name`` (``--model-load-thread-count`` at once); why it failed, or None."""
         try:
-            await self.load(name, _startup=True)
+            async with self._load_slots:
+                await self.load(name, _startup=True)
         except _LoggedLoadFailure as error:
             return str(error)
         except Exception as error:  # one model's failure must not stop the others
@@ -180,20 +184,20 @@ class ModelRepositoryManager:
         try:
             if not _startup and not files:
                 await self._sync_model(name)
-            await self._load_retrying(name, config_json, files, bounded=_startup)
+            await self._load_retrying(name, config_json, files)
         finally:
             self._loading.discard(name)
         await self._reload_orphans()
 
     async def _load_retrying(
-        self, name: str, config_json: str | None, files: dict[str, bytes] | None, bounded: bool
+        self, name: str, config_json: str | None, files: dict[str, bytes] | None
     ) -> None:
         """``--model-load-retry-count``: a model that failed to load is tried again (a model
         whose initialize waits on something still starting), the last failure is the answer."""
         retries = self.options.model_load_retry_count
         for attempt in range(retries + 1):
             try:
-                await self._load_locked(name, config_json, files, bounded)
+                await self._load_locked(name, config_json, files)
                 return
             except Exception as error:
                 if attempt == retries:
@@ -210,11 +214,11 @@ class ModelRepositoryManager:
             raise InvalidArgument(f"failed to load '{name}': {error}") from None
 
     async def _load_locked(
-        self, name: str, config_json: str | None, files: dict[str, bytes] | None, bounded: bool
+        self, name: str, config_json: str | None, files: dict[str, bytes] | None
     ) -> None:
         async with self._locks.setdefault(name, asyncio.Lock()):
             new = await self._new_versions(name, config_json, files)
-            await asyncio.gather(*(self.loader.start(mv, bounded=bounded) for mv in new))
+            await asyncio.gather(*(self.loader.start(mv) for mv in new))
             await self._fail_unless_ready(name, new)
             await self._swap_in(name, new)
 

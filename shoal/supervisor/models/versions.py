@@ -59,13 +59,8 @@ class ModelLoader:
         response_cache: bool = False,
         rate_limiter: RateLimiter | None = None,
         make_stub: MakeStub = StubProcess,
-        load_slots: int = 4,
     ) -> None:
         self._directory = directory
-        #: ``--model-load-thread-count``: how many versions of the repository's models start
-        #: at once (each spawns its stubs, which import their frameworks: a repository of a
-        #: hundred models started all at once would hold a hundred imports' memory at once).
-        self._load_slots = asyncio.Semaphore(max(1, load_slots))
         #: Starts each instance's stub: a process, or the loopback kind in tests.
         self._make_stub = make_stub
         self._arenas = arenas
@@ -85,20 +80,8 @@ class ModelLoader:
         #: (``direct_routes.DirectRoutes.revoke``; None: no direct dispatch).
         self.revoke_routes: Callable[[ModelVersion], Awaitable[None]] | None = None
 
-    async def start(self, mv: ModelVersion, *, bounded: bool = False) -> None:
-        """Bring up every instance; on failure the version is UNAVAILABLE with the reason.
-
-        ``bounded``: the version waits for one of the load slots (the repository's loads at
-        start, by polling and an ensemble's steps). A client's or a model's own load call is
-        not bounded: a model whose ``initialize`` loads another model would otherwise wait,
-        holding its slot, for a slot that models like it hold."""
-        if not bounded:
-            await self._start(mv)
-            return
-        async with self._load_slots:
-            await self._start(mv)
-
-    async def _start(self, mv: ModelVersion) -> None:
+    async def start(self, mv: ModelVersion) -> None:
+        """Bring up every instance; on failure the version is UNAVAILABLE with the reason."""
         if self.trace_overhead:
             mv.stats.overhead = {}
         if self.latencies is not None:
