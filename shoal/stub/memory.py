@@ -141,6 +141,9 @@ class ClientRegions:
     def __init__(self) -> None:
         self._open: collections.OrderedDict[str, _OpenRegion] = collections.OrderedDict()
         self._lock = threading.Lock()
+        # POSIX shared memory lives on /dev/shm's file system: an inode number alone could be
+        # matched by a file elsewhere that took the core's fd number after the region closed.
+        self._device = os.stat("/dev/shm").st_dev
 
     def view(self, location: RegionLocation) -> memoryview:
         """A copy of the window, the stub's own (the model may write it)."""
@@ -209,7 +212,7 @@ class ClientRegions:
         except OSError:
             opened = posix_ipc.SharedMemory(key).fd
         stat = os.fstat(opened)
-        if stat.st_ino != int(inode):
+        if stat.st_ino != int(inode) or stat.st_dev != self._device:
             os.close(opened)
             raise RegionReplaced(
                 f"the client's shared-memory object '{key}' is no longer the one registered "

@@ -8,6 +8,7 @@ open-file limit: a client registering without end gets 503 while everyone else i
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 from collections.abc import Iterator
@@ -45,12 +46,13 @@ def client(server: ShoalServer) -> Iterator[httpclient.InferenceServerClient]:
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_a_registered_object_is_used_after_its_name_is_unlinked_and_taken(server, client, protocol):
     first = posix_ipc.SharedMemory(KEY, posix_ipc.O_CREX, size=128)
-    os.pwrite(first.fd, VALUES.tobytes(), 0)
-    client.register_system_shared_memory("r", KEY, 128)
-    first.unlink()  # the client removes its name (the object lives on)
-    taker = posix_ipc.SharedMemory(KEY, posix_ipc.O_CREX, size=128)  # and another takes it
-    os.pwrite(taker.fd, np.full(32, 7, dtype=np.float32).tobytes(), 0)
+    taker = None
     try:
+        os.pwrite(first.fd, VALUES.tobytes(), 0)
+        client.register_system_shared_memory("r", KEY, 128)
+        first.unlink()  # the client removes its name (the object lives on)
+        taker = posix_ipc.SharedMemory(KEY, posix_ipc.O_CREX, size=128)  # and another takes it
+        os.pwrite(taker.fd, np.full(32, 7, dtype=np.float32).tobytes(), 0)
         module = httpclient if protocol == "http" else grpcclient
         other = client if protocol == "http" else grpcclient.InferenceServerClient(server.grpc_url)
         tensor = module.InferInput("IN_FP32", [16], "FP32")
@@ -62,8 +64,12 @@ def test_a_registered_object_is_used_after_its_name_is_unlinked_and_taken(server
         assert os.pread(taker.fd, 128, 0) == np.full(32, 7, np.float32).tobytes(), "untouched"
     finally:
         first.close_fd()
-        taker.close_fd()
-        taker.unlink()
+        if taker is None:  # failed before another took the name: it may still be the first's
+            with contextlib.suppress(posix_ipc.ExistentialError):
+                first.unlink()
+        else:
+            taker.close_fd()
+            taker.unlink()
 
 
 def test_registrations_are_bounded_by_the_open_file_limit(server, client):

@@ -103,3 +103,17 @@ def test_the_registered_object_is_read_after_its_name_was_unlinked_and_taken(reg
         other.close_fd()
         other.unlink()
         posix_ipc.SharedMemory(key, posix_ipc.O_CREAT, size=4096).close_fd()  # for the fixture
+
+
+def test_a_file_elsewhere_with_the_registered_inode_number_is_refused(region, tmp_path):
+    regions, name, _fd = region
+    key = name.split(":", 4)[-1]
+    other = tmp_path / "not_shared_memory"
+    other.write_bytes(b"\0" * 4096)
+    with open(other, "r+b") as f:
+        # The core's fd number now names a file on another file system whose inode number is
+        # given as the registered one: only the device tells them apart.
+        forged = f"9:{os.getpid()}:{f.fileno()}:{os.fstat(f.fileno()).st_ino}:{key}"
+        with pytest.raises(RegionReplaced, match="no longer the one registered"):
+            regions.write(RegionLocation(forged, 0, 2), memoryview(b"ok"))
+    assert other.read_bytes()[:2] == b"\0\0"
