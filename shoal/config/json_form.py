@@ -53,14 +53,16 @@ def json_to_config(data: Mapping[str, Any]) -> pb.ModelConfig:
     """Parse Triton's JSON form (as :func:`config_to_json` writes it, or as a client sends it
     in a load request's ``config`` parameter) into a ModelConfig message.
 
-    64-bit integers may be numbers or strings and enum names are matched ignoring case, as
-    Triton does. Unknown fields are errors. Defaults are not filled and nothing is validated.
+    64-bit integers may be numbers or strings, enum names are matched ignoring case and a
+    repeated field may be given one element instead of a list of one, as Triton's parser
+    (protobuf's ``JsonStringToMessage``, which keeps that legacy syntax) takes them. Unknown
+    fields are errors. Defaults are not filled and nothing is validated.
     """
     if not isinstance(data, Mapping):
         raise ConfigError(f"a model configuration must be a JSON object, not {type(data).__name__}")
     message = pb.ModelConfig()
     try:
-        json_format.ParseDict(_upper_enums(data, _MODEL_CONFIG), message)
+        json_format.ParseDict(_as_protobuf(data, _MODEL_CONFIG), message)
     except json_format.ParseError as exc:
         detail = str(exc).replace(pb.DESCRIPTOR.package + ".", "")
         raise ConfigError(f"the configuration JSON does not fit ModelConfig: {detail}") from None
@@ -102,7 +104,9 @@ def _scalar(field: FieldDescriptor, value: Any) -> Any:
     return value
 
 
-def _upper_enums(data: Mapping[str, Any], descriptor: Descriptor) -> dict[str, Any]:
+def _as_protobuf(data: Mapping[str, Any], descriptor: Descriptor) -> dict[str, Any]:
+    """``data`` as Python's strict parser takes it: enum names upper-cased, one element given
+    for a repeated field made a list of one."""
     result = dict(data)
     for name, value in data.items():
         field = descriptor.fields_by_name.get(name)
@@ -111,8 +115,9 @@ def _upper_enums(data: Mapping[str, Any], descriptor: Descriptor) -> dict[str, A
         value_field = _map_value(field)
         if value_field is not None and isinstance(value, Mapping):
             result[name] = {key: _upper_value(value_field, item) for key, item in value.items()}
-        elif field.is_repeated and isinstance(value, list):
-            result[name] = [_upper_value(field, item) for item in value]
+        elif field.is_repeated and value_field is None and value is not None:
+            items = value if isinstance(value, list) else [value]
+            result[name] = [_upper_value(field, item) for item in items]
         else:
             result[name] = _upper_value(field, value)
     return result
@@ -120,7 +125,7 @@ def _upper_enums(data: Mapping[str, Any], descriptor: Descriptor) -> dict[str, A
 
 def _upper_value(field: FieldDescriptor, value: Any) -> Any:
     if field.message_type is not None and isinstance(value, Mapping):
-        return _upper_enums(value, field.message_type)
+        return _as_protobuf(value, field.message_type)
     if field.enum_type is not None and isinstance(value, str):
         return value.upper()
     return value

@@ -211,3 +211,24 @@ def test_json_to_config_rejects_wrong_types():
         json_to_config({"max_batch_size": "lots"})
     with pytest.raises(ConfigError, match="must be a JSON object"):
         json_to_config([1, 2])  # type: ignore[arg-type]
+
+
+def test_json_to_config_takes_one_element_for_a_repeated_field():
+    # Triton's parser (protobuf's JsonStringToMessage, legacy syntax) reads a lone element of a
+    # repeated field as a list of one; L0_lifecycle loads with "instance_group": {...}.
+    config = json_to_config(
+        {
+            "instance_group": {"kind": "kind_cpu", "count": 5},
+            "input": {"name": "I", "data_type": "TYPE_FP32", "dims": 4},
+            "output": [{"name": "O", "data_type": "TYPE_FP32", "dims": [4]}],
+        }
+    )
+    assert len(config.instance_group) == 1
+    assert config.instance_group[0].kind == pb.ModelInstanceGroup.KIND_CPU
+    assert config.instance_group[0].count == 5
+    assert [i.name for i in config.input] == ["I"]
+    assert list(config.input[0].dims) == [4]
+    assert list(config.output[0].dims) == [4]
+    # a map is not a repeated field: it still takes an object only
+    with pytest.raises(ConfigError, match="parameters"):
+        json_to_config({"parameters": [{"k": {"string_value": "v"}}]})
