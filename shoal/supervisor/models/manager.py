@@ -13,16 +13,13 @@ import shutil
 from collections.abc import Callable, Iterator
 
 from shoal import config as model_config
-from shoal.core.errors import (
-    InvalidArgument,
-    ShoalError,
-    Unavailable,
-)
+from shoal.core.errors import InvalidArgument, ShoalError, Unavailable
 from shoal.core.types import RepositoryEntry
 from shoal.supervisor.calls.control import ModelControl
 from shoal.supervisor.models._step_models import settle_ensemble
 from shoal.supervisor.models.index import repository_index
 from shoal.supervisor.models.loaded import LoadedModels
+from shoal.supervisor.models.overrides import KeptOverrides
 from shoal.supervisor.models.preparation import check_model_name, parse_override, prepare_versions
 from shoal.supervisor.models.remote_repository import RemoteRepositoryError, RepositorySources
 from shoal.supervisor.models.repository import Fingerprint, ModelSource, fingerprint, scan
@@ -59,6 +56,7 @@ class ModelRepositoryManager:
         self.failed = loaded.failed
         self._locks: dict[str, asyncio.Lock] = {}
         self._scratch: dict[str, str] = {}  # model name -> temp dir holding uploaded files
+        self._overrides = KeptOverrides()
         self._fingerprints: dict[str, Fingerprint] = {}
         self._poller: asyncio.Task[None] | None = None
         self._loading: set[str] = set()
@@ -227,6 +225,7 @@ class ModelRepositoryManager:
     ) -> list[ModelVersion]:
         """The versions ``name`` loads as, checked against the models they depend on."""
         path = self._model_path(name, config_json, files)
+        config_json = self._overrides.resolve(name, path, config_json, bool(files))
         new = await self._prepare(name, path, parse_override(name, config_json))
         await self._load_composing(name, new)
         self._check_ensembles(name, new)
@@ -241,6 +240,7 @@ class ModelRepositoryManager:
         table.update((mv.version, mv) for mv in new)
         self.models[name] = table
         self.failed.pop(name, None)
+        self._overrides.served(name)
         await asyncio.gather(*(self._retire(mv) for mv in old.values()))
 
     async def _prepare(
@@ -327,8 +327,7 @@ class ModelRepositoryManager:
         return source.path
 
     def _write_files(self, name: str, files: dict[str, bytes]) -> str:
-        """Write uploaded files to a scratch directory of their own, replacing the previous
-        one of ``name`` (removed when the model is unloaded)."""
+        """Write uploaded files to a new scratch directory of ``name`` (gone at its unload)."""
         root, model_dir = write_model_files(name, files)
         self._remove_scratch(name)
         self._scratch[name] = root
@@ -412,6 +411,7 @@ class ModelRepositoryManager:
                 return
             await asyncio.gather(*(self._retire(mv) for mv in versions.values()))
             self._remove_scratch(name)
+            self._overrides.forget(name)
 
     async def shutdown(self, timeout: float) -> None:
         if self._poller is not None:
