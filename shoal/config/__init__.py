@@ -33,7 +33,7 @@ from .sequence import (
     SequenceInitialState,
     SequenceState,
 )
-from .versions import list_versions, select_versions
+from .versions import NoVersionToServe, list_versions, select_versions
 
 __all__ = [
     "CONFIG_FILENAME",
@@ -46,6 +46,7 @@ __all__ = [
     "InstanceGroupConfig",
     "InstanceSpec",
     "ModelConfig",
+    "NoVersionToServe",
     "QueuePolicy",
     "SequenceBatchingConfig",
     "SequenceControl",

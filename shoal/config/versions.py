@@ -40,14 +40,19 @@ def list_versions(model_dir: str | Path, *, warn: bool = True) -> list[int]:
     return sorted(versions)
 
 
+class NoVersionToServe(ConfigError):
+    """The version policy selects no version of the model. Triton keeps such a model in its
+    table with no version, so requests for it hear that it has no available versions."""
+
+
 def select_versions(
     policy: VersionPolicy, available: Iterable[int], *, model_name: str | None = None
 ) -> list[int]:
     """The versions ``policy`` serves out of ``available``, ascending.
 
     ``("latest", n)`` serves the ``n`` highest, ``("all",)`` all of them, ``("specific", vs)``
-    those of ``vs`` that exist (the others logged). Raises :class:`ConfigError` when the policy
-    selects nothing.
+    those of ``vs`` that exist (the others logged). Raises :class:`NoVersionToServe` when the
+    policy selects nothing.
     """
     versions = sorted(set(available))
     model = f"model '{model_name}'" if model_name else "the model"
@@ -62,14 +67,14 @@ def select_versions(
         case _:
             raise ConfigError(f"unknown version policy {policy!r}")
     if not selected:
-        raise ConfigError(
+        raise NoVersionToServe(
             f"{model} has no version to serve (versions found: {found}): add a numbered version "
             "directory such as 1/ holding the model files"
         )
     return selected
 
 
-__all__ = ["list_versions", "select_versions"]
+__all__ = ["NoVersionToServe", "list_versions", "select_versions"]
 
 
 def _specific(wanted: tuple[int, ...], versions: list[int], model: str, found: str) -> list[int]:

@@ -24,10 +24,21 @@ class LoadedModels:
         #: Models unloaded because their directory left the repository (poll mode): Triton keeps
         #: them in its table, so a request says they have no version, not that they are unknown.
         self.removed: set[str] = set()
+        #: Failed models whose configuration was read but that have no version to serve: Triton
+        #: lists them with no version, so a request says so rather than that they are unknown.
+        self.versionless: set[str] = set()
 
     def versions(self) -> Iterator[ModelVersion]:
         for versions in self.models.values():
             yield from versions.values()
+
+    def fail(self, name: str, reason: str, versionless: bool = False) -> None:
+        """``name`` failed to load, for ``reason``."""
+        self.failed[name] = reason
+        if versionless:
+            self.versionless.add(name)
+        else:
+            self.versionless.discard(name)
 
     def announce_segment(self, segment: Any) -> None:
         """A new input-arena segment: every live stub must be able to map it."""
@@ -51,6 +62,11 @@ class LoadedModels:
         return _latest_ready(name, versions)
 
     def _unknown(self, name: str) -> ShoalError:
+        if name in self.failed and name in self.versionless:
+            return NotFound(  # Triton's code and words, then why
+                f"Request for unknown model: '{name}' has no available versions: "
+                f"{self.failed[name]}"
+            )
         if name in self.failed:
             return Unavailable(
                 f"Request for unknown model: '{name}' is not found: {self.failed[name]}",

@@ -251,7 +251,7 @@ class ModelRepositoryManager:
         except model_config.ConfigError as error:
             log.error("failed to load '%s': %s", name, error)
             reason = without_repository(str(error), path)
-            self._record_failure(name, reason)
+            self._record_failure(name, reason, isinstance(error, model_config.NoVersionToServe))
             raise _LoggedLoadFailure(f"failed to load '{name}': {reason}") from None
 
     def _check_ensembles(self, name: str, new: list[ModelVersion]) -> None:
@@ -275,12 +275,12 @@ class ModelRepositoryManager:
         # Triton's words first (clients match them), then which version failed and why.
         raise _LoggedLoadFailure(f"load failed for model '{name}': {reason}")
 
-    def _record_failure(self, name: str, reason: str) -> None:
+    def _record_failure(self, name: str, reason: str, versionless: bool = False) -> None:
         """``name`` failed to load. A failed reload keeps the version that serves, as Triton
         does: the model and the server stay ready (model-analyzer reloads configurations, some
         of which cannot load here, through a server it expects to stay ready)."""
         if not self._ready(name):
-            self.failed[name] = reason
+            self.loaded.fail(name, reason, versionless)
 
     async def _load_composing(self, name: str, versions: list[ModelVersion]) -> None:
         """An ensemble's step models are loaded with it (explicit mode), as Triton does."""

@@ -1,6 +1,7 @@
-"""A load's ``config`` override outlives the load, as in Triton: a later load without one keeps
-it while no file of the model is newer than the override, and reads the directory again once
-one is (L0_lifecycle's test_model_config_overwite)."""
+"""Triton's model-lifecycle rules that its L0_lifecycle QA checks: a load's ``config`` override
+outlives the load (a later load without one keeps it while no file of the model is newer than
+the override, test_model_config_overwite); a model with no version directory is listed with no
+version (test_parse_error_model_no_version)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ import time
 from pathlib import Path
 
 import pytest
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
 
 from tests.integration.server import ShoalServer
 
@@ -96,3 +99,37 @@ def test_an_unload_forgets_the_override(repo):
         client.load_model("ident")
         assert _count(client) == 1
         client.close()
+
+
+def _wait_for_failure(client: httpclient.InferenceServerClient, name: str) -> None:
+    """Until the start-up load of ``name`` has failed (the server is live before it has)."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        entries = {e["name"]: e for e in client.get_model_repository_index()}
+        if entries.get(name, {}).get("reason"):
+            return
+        time.sleep(0.05)  # polling the index, not waiting on time
+    raise TimeoutError(f"the load of '{name}' did not fail within 60 s")
+
+
+def test_a_model_without_a_version_directory_has_no_available_versions(repo):
+    (repo / "versionless").mkdir()
+    (repo / "versionless" / "config.pbtxt").write_text(CONFIG.replace('"ident"', '"versionless"'))
+    with ShoalServer(repo) as server:
+        client = httpclient.InferenceServerClient(server.url)
+        _wait_for_failure(client, "versionless")
+        assert not client.is_model_ready("versionless")
+        assert not client.is_server_ready()
+        words = "Request for unknown model: 'versionless' has no available versions"
+        with pytest.raises(InferenceServerException) as info:
+            client.get_model_metadata("versionless")
+        assert words in info.value.message(), info.value.message()
+        assert info.value.status() == "404"
+        grpc = grpcclient.InferenceServerClient(server.grpc_url)
+        with pytest.raises(InferenceServerException) as info:
+            grpc.get_model_metadata("versionless")
+        assert words in info.value.message(), info.value.message()
+        assert info.value.status() == "StatusCode.NOT_FOUND"
+        assert client.is_model_ready("ident")
+        client.close()
+        grpc.close()
