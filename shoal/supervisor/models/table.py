@@ -29,5 +29,5 @@ def format_model_table(entries: Sequence[RepositoryEntry]) -> str:
     def line(row: tuple[str, str, str]) -> str:
         return "| " + " | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) + " |"
 
-    body = [line(row) for row in rows[1:]] or ["| (no models)".ljust(len(rule) - 1) + "|"]
-    return "\n".join([rule, line(rows[0]), rule, *body, rule])
+    # No models: the header and the closing rule only, as Triton's TablePrinter writes it.
+    return "\n".join([rule, line(rows[0]), rule, *map(line, rows[1:]), rule])
