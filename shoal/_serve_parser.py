@@ -226,7 +226,8 @@ _LOGGING_FLAGS: tuple[Flag, ...] = (
         "--log-file",
         default="",
         metavar="FILE",
-        help="append the server log (and the models' output) to this file instead of stderr",
+        help="append the server log (and the models' output) to this file instead of stdout "
+        "(INFO and verbose lines) and stderr (warnings and errors)",
     ),
 )
 

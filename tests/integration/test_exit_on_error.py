@@ -99,7 +99,8 @@ def test_the_traceback_is_logged_once_with_the_models_frames_only(
     tmp_path: Path, broken: str
 ) -> None:
     repo, _ = _repository(tmp_path, broken)
-    log = _serve(repo).stderr
+    done = _serve(repo)
+    log = done.stdout + done.stderr  # INFO lines on stdout, the traceback on stderr
     assert log.count("Traceback (most recent call last)") == 1, log
     assert log.count(f"failed to load '{broken}' version 1") == 1, log
     assert f"{repo}/{broken}/1/model.py" in log  # the operator sees where

@@ -209,19 +209,31 @@ def _set_log_format(log_format: str) -> None:
             handler.formatter.log_format = log_format
 
 
+class ConsoleHandler(logging.StreamHandler[TextIO]):
+    """Triton's console without ``--log-file``: INFO and verbose lines on stdout, warnings and
+    errors on stderr (common's ``Logger::Log``), as are records marked ``stderr`` (a stub's
+    stderr, which a Triton stub writes to the server's own stderr)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        on_stderr = record.levelno >= logging.WARNING or getattr(record, "stderr", False)
+        # Looked up at each line, not kept: whoever replaces sys.stdout/err is followed.
+        self.stream = sys.stderr if on_stderr else sys.stdout
+        super().emit(record)
+
+
 def _log_handler(options: ServerOptions, opened: TextIO | None) -> logging.Handler:
     if opened is not None:
         return logging.StreamHandler(opened)
     if options.log_file:
         return logging.FileHandler(options.log_file, encoding="utf-8")
-    return logging.StreamHandler(sys.stderr)
+    return ConsoleHandler()
 
 
 def configure_logging(options: ServerOptions, opened: TextIO | None = None) -> None:
-    """Triton-style lines on stderr, or appended to ``--log-file`` (OSError if it cannot be
-    opened; ``opened``: that file, opened already), at the level the
-    ``--log-verbose/info/warning/error`` flags give. The core and every frontend worker
-    configure their logging with it."""
+    """Triton-style lines on stdout and stderr (:class:`ConsoleHandler`), or appended to
+    ``--log-file`` (OSError if it cannot be opened; ``opened``: that file, opened already), at
+    the level the ``--log-verbose/info/warning/error`` flags give. The core and every frontend
+    worker configure their logging with it."""
     handler = _log_handler(options, opened)
     handler.setFormatter(TritonFormatter(options.log_format, escape_wanted()))
     level = shoal_level(

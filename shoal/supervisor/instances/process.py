@@ -70,6 +70,7 @@ class StubProcess:
         self._pidfd = -1
         self._pipes: list[int] = []
         self._partial: dict[int, bytes] = {}
+        self._stderr_fd = -1
         #: Segments of other arenas this stub has been given (it owns its output arena's), and
         #: CUDA pool chunks (device, chunk) whose IPC handle it has been given.
         self.announced: set[tuple[int, int]] = set()
@@ -131,6 +132,8 @@ class StubProcess:
         for pipe in (self._proc.stdout, self._proc.stderr):
             assert pipe is not None
             self._forward_pipe(loop, pipe.fileno())
+        assert self._proc.stderr is not None
+        self._stderr_fd = self._proc.stderr.fileno()
 
     def _argv(self, fds: list[int]) -> list[str]:
         """``python -m shoal.stub`` with its socket and ring fds (``fds``)."""
@@ -176,12 +179,17 @@ class StubProcess:
         if rest:
             self._partial[fd] = rest
         for line in lines:
-            log.info("[%s] %s", self.launch.instance_name, line.decode(errors="replace"))
+            self._log_line(fd, line)
 
     def _flush_partial(self, fd: int) -> None:
         rest = self._partial.pop(fd, b"")
         if rest:
-            log.info("[%s] %s", self.launch.instance_name, rest.decode(errors="replace"))
+            self._log_line(fd, rest)
+
+    def _log_line(self, fd: int, line: bytes) -> None:
+        # A Triton stub writes to the server's own stdout and stderr: its stderr stays stderr.
+        extra = {"stderr": fd == self._stderr_fd}
+        log.info("[%s] %s", self.launch.instance_name, line.decode(errors="replace"), extra=extra)
 
     def _reap(self, loop: asyncio.AbstractEventLoop, on_exit: Callable[[int], None]) -> None:
         loop.remove_reader(self._pidfd)
@@ -207,7 +215,7 @@ class StubProcess:
             self._partial[fd] = self._partial.get(fd, b"") + chunk
         data = self._partial.pop(fd, b"")
         for line in data.splitlines():
-            log.info("[%s] %s", self.launch.instance_name, line.decode(errors="replace"))
+            self._log_line(fd, line)
 
     def watch_up(self, loop: asyncio.AbstractEventLoop, ready: Callable[[], object]) -> None:
         self.channel.watch_up(loop, ready)

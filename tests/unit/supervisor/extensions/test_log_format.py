@@ -56,9 +56,36 @@ def test_verbose_logs_shoals_debug_lines_and_not_the_libraries():
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=50, check=True
     )
-    assert "shoal debug" in done.stderr
-    assert "library info" in done.stderr  # a library's info lines stay, as before
-    assert "library debug" not in done.stderr
+    assert "shoal debug" in done.stdout
+    assert "library info" in done.stdout  # a library's info lines stay, as before
+    assert "library debug" not in done.stdout + done.stderr
+
+
+@pytest.mark.timeout(60)
+def test_info_lines_go_to_stdout_and_warnings_and_errors_to_stderr_as_in_triton():
+    """Without --log-file Triton writes INFO (and verbose) lines to stdout, WARNING and ERROR
+    to stderr (common's Logger::Log); a stub's stderr, relayed marked, stays on stderr."""
+    code = (
+        "import logging\n"
+        "from shoal.supervisor.extensions.log_settings import configure_logging\n"
+        "from shoal.supervisor.options import ServerOptions\n"
+        "configure_logging(ServerOptions(model_repositories=('r',), log_verbose=1))\n"
+        "log = logging.getLogger('shoal.server')\n"
+        "log.debug('a verbose line')\n"
+        "log.info('an info line')\n"
+        "log.warning('a warning line')\n"
+        "log.error('an error line')\n"
+        "log.info('[m_0] from the stub stderr', extra={'stderr': True})\n"
+        "log.info('[m_0] from the stub stdout', extra={'stderr': False})\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=50, check=True
+    )
+    out, err = done.stdout, done.stderr
+    for text in ("a verbose line", "an info line", "from the stub stdout"):
+        assert text in out and text not in err, (out, err)
+    for text in ("a warning line", "an error line", "from the stub stderr"):
+        assert text in err and text not in out, (out, err)
 
 
 # A client's text (an input name) that would read as a record of its own, with a terminal
@@ -135,4 +162,4 @@ def test_the_environment_variable_turns_escaping_off(value, escaped):
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=50, env=env
     )
     expected = '] "say \\"hi\\""' if escaped else '] say "hi"'
-    assert done.stderr.rstrip("\n").endswith(expected), done.stderr
+    assert done.stdout.rstrip("\n").endswith(expected), done.stdout
