@@ -34,6 +34,15 @@ _TRACE_FLAGS = (
     ("trace_log_frequency", "--trace-log-frequency", "triton,log-frequency="),
 )
 
+#: The placeholder of each one's --trace-config form in tritonserver's deprecation warning.
+_TRACE_FLAG_FORMS = {
+    "trace_file": "triton,file=<filepath>",
+    "trace_level": "level=<OFF|TIMESTAMPS|TENSORS>",
+    "trace_rate": "rate=<rate value>",
+    "trace_count": "count=<count value>",
+    "trace_log_frequency": "triton,log-frequency=<log frequency value>",
+}
+
 #: What Triton's deprecated ``--trace-level`` takes beyond ``--trace-config level=``'s values.
 _TRACE_LEVEL_WORDS = {
     "false": "OFF",
@@ -336,12 +345,31 @@ def trace_entries(args: argparse.Namespace) -> list[str]:
 
 
 def warnings(args: argparse.Namespace) -> list[str]:
-    """What tritonserver warns about these flags at start, worded for shoal."""
-    return [
-        f"'{flag}' has been deprecated: use '--trace-config {entry}<value>' instead"
-        for attribute, flag, entry in _TRACE_FLAGS
-        if getattr(args, attribute) is not None
-    ]
+    """What tritonserver prints on stderr at start for these deprecated flags, in its words
+    (scripts grep them), once per use as it does."""
+    lines = []
+    for attribute, flag, _ in _TRACE_FLAGS:
+        value = getattr(args, attribute)
+        if value is None:
+            continue
+        uses = len(value) if isinstance(value, list) else 1
+        lines += [
+            f"Warning: '{flag}' has been deprecated and will be removed in future releases. "
+            f"Please use '--trace-config {_TRACE_FLAG_FORMS[attribute]} instead."
+        ] * uses
+    if args.strict_model_config is not None:
+        lines.append(
+            "Warning: '--strict-model-config' has been deprecated! "
+            "Please use '--disable-auto-complete-config' instead."
+        )
+    if args.response_cache_byte_size is not None:
+        lines.append(
+            "Warning: '--response-cache-byte-size' has been deprecated! This will default to "
+            "the 'local' cache implementation with the provided byte size for its config. "
+            "Please use '--cache-config' instead. The equivalent --cache-config CLI args would "
+            f"be: '--cache-config=local,size={args.response_cache_byte_size}'"
+        )
+    return lines
 
 
 def options(args: argparse.Namespace) -> dict[str, Any]:

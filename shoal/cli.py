@@ -229,7 +229,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise
     if options is not None:
         for warning in _triton_flags.warnings(args):
-            print(f"shoal: warning: {warning}", file=sys.stderr)
+            print(warning, file=sys.stderr)
         try:
             # the file the command opened before its imports (_launch.py)
             configure_logging(options, _early_log.take(options.log_file))

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from shoal import _triton_flags
 from shoal._serve_parser import build_parser
 from shoal.cli import options_from_args
 from shoal.config.loader import config_path, read_config
@@ -130,6 +131,43 @@ def test_repeated_trace_levels_add_up_and_an_off_turns_tracing_off() -> None:
 def test_a_bad_deprecated_trace_value_stops_the_server() -> None:
     with pytest.raises(SystemExit, match="rate"):
         _options("--trace-rate=often")
+
+
+def _warnings(*flags: str) -> list[str]:
+    args = build_parser().parse_args(["serve", "--model-repository", "r", *flags])
+    return _triton_flags.warnings(args)
+
+
+def test_deprecated_flags_warn_in_tritonservers_words_once_per_use() -> None:
+    # Triton's QA (L0_cmdline_trace) greps these lines, one per flag given.
+    lines = _warnings(
+        *("--trace-file=t.json", "--trace-rate=100", "--trace-level=TIMESTAMPS"),
+        *("--trace-level=TENSORS", "--trace-log-frequency=50", "--trace-count=100"),
+        *("--strict-model-config=false", "--response-cache-byte-size=1024"),
+    )
+    assert lines == [
+        "Warning: '--trace-file' has been deprecated and will be removed in future releases. "
+        "Please use '--trace-config triton,file=<filepath> instead.",
+        *[
+            "Warning: '--trace-level' has been deprecated and will be removed in future "
+            "releases. Please use '--trace-config level=<OFF|TIMESTAMPS|TENSORS> instead."
+        ]
+        * 2,
+        "Warning: '--trace-rate' has been deprecated and will be removed in future releases. "
+        "Please use '--trace-config rate=<rate value> instead.",
+        "Warning: '--trace-count' has been deprecated and will be removed in future releases. "
+        "Please use '--trace-config count=<count value> instead.",
+        "Warning: '--trace-log-frequency' has been deprecated and will be removed in future "
+        "releases. Please use '--trace-config triton,log-frequency=<log frequency value> "
+        "instead.",
+        "Warning: '--strict-model-config' has been deprecated! Please use "
+        "'--disable-auto-complete-config' instead.",
+        "Warning: '--response-cache-byte-size' has been deprecated! This will default to the "
+        "'local' cache implementation with the provided byte size for its config. Please use "
+        "'--cache-config' instead. The equivalent --cache-config CLI args would be: "
+        "'--cache-config=local,size=1024'",
+    ]
+    assert _warnings("--trace-config", "rate=5", "--disable-auto-complete-config") == []
 
 
 #: Accepted, no effect, with Triton's value forms.
