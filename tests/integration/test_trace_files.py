@@ -275,6 +275,53 @@ def test_tensors_level_writes_inputs_and_outputs(repo, tmp_path, protocol):
                 np.testing.assert_array_equal(tensors[key], array)
 
 
+def test_tensors_level_traces_an_ensembles_own_and_its_nested_ensembles_tensors(tmp_path):
+    # As Triton's (L0_cmdline_trace): the ensemble's request and a nested ensemble's each
+    # trace their inputs when queued and their outputs when answered, beside their steps'.
+    repo = tmp_path / "models"
+    for source in (BUNDLED / "add_sub", BUNDLED / "identity"):
+        shutil.copytree(source, repo / source.name)
+    for name in ("ens_nested", "ens_diamond", "ens_scale"):
+        shutil.copytree(TEST_MODELS / name, repo / name)
+    trace_file = tmp_path / "trace.json"
+    config = ("level=TIMESTAMPS", "level=TENSORS", "rate=1")
+    x = np.array([1.0, 2.0, 3.0, 4.0], dtype=np.float32)
+    with _server(repo, trace_file, *config) as server:
+        client = httpclient.InferenceServerClient(server.url)
+        try:
+            given = httpclient.InferInput("X", [4], "FP32")
+            given.set_data_from_numpy(x)
+            result = client.infer("ens_nested", [given], request_id="nested")
+            total, spread = result.as_numpy("TOTAL"), result.as_numpy("SPREAD")
+        finally:
+            client.close()
+    with open(trace_file) as f:
+        entries = json.load(f)
+    models = {e["id"]: e["model_name"] for e in entries if "model_name" in e}
+    traced: dict[str, dict[tuple[str, str], np.ndarray]] = {}
+    for entry in entries:
+        if "activity" in entry:
+            tensors = traced.setdefault(models[entry["id"]], {})
+            tensors[(entry["activity"], entry["tensor"]["name"])] = _array(entry["tensor"])
+    outer = traced["ens_nested"]
+    assert sorted(outer) == [
+        ("TENSOR_BACKEND_OUTPUT", "SPREAD"),
+        ("TENSOR_BACKEND_OUTPUT", "TOTAL"),
+        ("TENSOR_QUEUE_INPUT", "X"),
+    ]
+    np.testing.assert_array_equal(outer[("TENSOR_QUEUE_INPUT", "X")], x)
+    np.testing.assert_array_equal(outer[("TENSOR_BACKEND_OUTPUT", "TOTAL")], total)
+    np.testing.assert_array_equal(outer[("TENSOR_BACKEND_OUTPUT", "SPREAD")], spread)
+    inner = traced["ens_diamond"]
+    assert sorted(inner) == [
+        ("TENSOR_BACKEND_OUTPUT", "DIFF"),
+        ("TENSOR_BACKEND_OUTPUT", "SUM"),
+        ("TENSOR_QUEUE_INPUT", "X"),
+    ]
+    np.testing.assert_array_equal(inner[("TENSOR_QUEUE_INPUT", "X")], x)
+    assert "add_sub" in traced  # the steps' own, as before
+
+
 def test_a_bls_call_given_its_callers_trace_is_a_child_trace(tmp_path):
     repo = tmp_path / "models"
     (repo / "traced" / "1").mkdir(parents=True)

@@ -48,6 +48,7 @@ from shoal.supervisor.models._ensemble_plan import (
 from shoal.supervisor.models.version import ModelVersion
 from shoal.supervisor.requests import traced
 from shoal.supervisor.requests.staging import batch_of, inline_bytes, spill_inline
+from shoal.supervisor.requests.traced_tensors import trace_named
 from shoal.supervisor.work import Completion, Work
 
 _Tensors = dict[str, TensorDesc]
@@ -109,6 +110,9 @@ class EnsembleRunner:
         completions: list[Completion] = []
         release = functools.partial(self._release, completions, blocks)
         trace = None if self.tracing is None else traced.begin(self.tracing, mv, record, started)
+        # An ensemble's own request traces its tensors as a model's does, as in Triton.
+        inputs = {desc.name: desc for desc in record.inputs}
+        trace_named(trace, "TENSOR_QUEUE_INPUT", inputs, self.input_view)
         try:
             outputs, times = await self._run_graph(mv, record, completions, release, trace)
         finally:
@@ -149,6 +153,8 @@ class EnsembleRunner:
             graph.start()
             tensors = await done
             made = made_outputs(mv.name, record.requested_outputs, tensors)
+            outputs = {name: tensors[name] for name in made}
+            trace_named(trace, "TENSOR_BACKEND_OUTPUT", outputs, self.input_view)
             return [self.output(mv, tensors, name) for name in made], graph.times
         except BaseException:
             graph.abort()
@@ -409,6 +415,7 @@ class _Graph:
         if self.trace is not None:
             child.trace = self.trace.child(target.name, target.version, self._base.request_id)
             child.trace.stamp("REQUEST_START", started)
+            trace_named(child.trace, "TENSOR_QUEUE_INPUT", child.tensors, self._runner.input_view)
         self._running[step.index] = child
         # Started on the next turn, so that its end never runs inside this graph's _advance.
         asyncio.get_running_loop().call_soon(child.start)
@@ -424,6 +431,8 @@ class _Graph:
     ) -> None:
         nested = self._running.pop(step.index, None)
         if isinstance(nested, _Graph) and nested.trace is not None:
+            out = {n: tensors[n] for n in step.requested if n in tensors} if tensors else {}
+            trace_named(nested.trace, "TENSOR_BACKEND_OUTPUT", out, self._runner.input_view)
             nested.trace.stamp("REQUEST_END")
             nested.trace.finish()
         elapsed = time.monotonic_ns() - started

@@ -41,6 +41,17 @@ def trace_outputs(trace: Trace, response: ResponseRecord, view: Viewer) -> None:
         _trace_tensor(trace, "TENSOR_BACKEND_OUTPUT", desc, view)
 
 
+def trace_named(
+    trace: Trace | None, activity: str, tensors: dict[str, TensorDesc], view: Viewer
+) -> None:
+    """``activity`` for each tensor under its given name, if ``trace`` traces tensors (an
+    ensemble's inputs and outputs: descriptors may carry a composing model's names)."""
+    if trace is None or not trace.tensors:
+        return
+    for name, desc in tensors.items():
+        _trace_tensor(trace, activity, desc, view, name)
+
+
 def _inputs(record: RequestRecord) -> list[TensorDesc]:
     """A request's inputs: its record's, or those in the head a frontend worker packed (the
     record's wire form, ``RequestRecord.to_wire``, up to its timeout: inputs are the sixth)."""
@@ -57,7 +68,9 @@ def _inputs(record: RequestRecord) -> list[TensorDesc]:
         return []
 
 
-def _trace_tensor(trace: Trace, activity: str, desc: TensorDesc, view: Viewer) -> None:
+def _trace_tensor(
+    trace: Trace, activity: str, desc: TensorDesc, view: Viewer, name: str | None = None
+) -> None:
     location = desc.location
     data = None
     if type(location) is InlineBytes:
@@ -69,7 +82,7 @@ def _trace_tensor(trace: Trace, activity: str, desc: TensorDesc, view: Viewer) -
             data = None
     shape = ",".join(str(d) for d in desc.shape)
     text = "" if data is None else values(desc.datatype, data)
-    trace.tensor(activity, desc.name, desc.datatype, shape, text)
+    trace.tensor(activity, desc.name if name is None else name, desc.datatype, shape, text)
 
 
 def values(datatype: str, data: memoryview) -> str:
