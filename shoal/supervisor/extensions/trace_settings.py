@@ -22,6 +22,7 @@ from typing import Any, Final
 
 from shoal.core.errors import InvalidArgument, Unsupported
 from shoal.core.types import TraceChange, TraceValue
+from shoal.supervisor.extensions.otel_settings import check_batch_span_settings
 from shoal.supervisor.extensions.trace_files import Trace, TraceFile, TraceLog, next_id
 
 LEVELS = ("TIMESTAMPS", "TENSORS")
@@ -312,12 +313,16 @@ _CONFIG_KEYS = {
 def parse_trace_config(entries: Sequence[str]) -> dict[str, TraceValue]:
     """The global settings of Triton's ``--trace-config [<mode>,]<key>=<value>`` flags (``level``
     may repeat); ValueError names a malformed one. OpenTelemetry's exporter settings
-    (``opentelemetry,url=...``, ``resource=...``) are accepted and unused: shoal exports none."""
+    (``opentelemetry,url=...``, ``resource=...``) are accepted and unused: shoal exports none;
+    in OpenTelemetry mode its batch span settings are checked as tritonserver checks them."""
     settings: dict[str, TraceValue] = {}
     levels: list[str] = []
+    exporter: dict[str, str] = {}
     for entry in entries:
         parsed = _config_entry(entry)
         if parsed is None:
+            key, _, value = entry.rpartition(",")[2].partition("=")
+            exporter[key] = value
             continue
         name, value = parsed
         try:
@@ -329,6 +334,8 @@ def parse_trace_config(entries: Sequence[str]) -> dict[str, TraceValue]:
             raise ValueError(f"--trace-config {entry}: {error.message}") from None
     if levels:
         settings["trace_level"] = _flag_level(levels)
+    if settings.get("trace_mode") == "opentelemetry":
+        check_batch_span_settings(exporter)
     return settings
 
 
