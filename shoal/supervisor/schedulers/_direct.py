@@ -56,6 +56,16 @@ class DirectStrategy:
     def source(self, instance: int) -> BatchSource:
         return self._sources[instance]
 
+    def add_instance(self) -> None:
+        instance = len(self._sources)
+        self._held.append(collections.deque())
+        self._alarms.append(Alarm(self._core.clock, self._core.waker.notify))
+        self._sources.append(_DirectSource(self, instance))
+
+    def holds(self, instance: int) -> bool:
+        """A batch cut for ``instance`` waits to be taken again."""
+        return bool(self._held[instance])
+
     def enqueued(self, slot: Slot) -> None:
         """A request (or a force-end) was queued in ``slot``; the core wakes the instances."""
 

@@ -26,9 +26,18 @@ class OldestStrategy:
 
     def __init__(self, core: SequenceCore, instances: int, settings: BatchSettings) -> None:
         self._core = core
+        self._settings = settings
         self._batchers = [
             DynamicBatcher(settings, core.free_work, core.clock) for _ in range(instances)
         ]
+
+    def add_instance(self) -> None:
+        core = self._core
+        self._batchers.append(DynamicBatcher(self._settings, core.free_work, core.clock))
+
+    def holds(self, instance: int) -> bool:
+        """A request waits in ``instance``'s batcher."""
+        return self._batchers[instance].pending > 0
 
     def source(self, instance: int) -> BatchSource:
         return self._batchers[instance]

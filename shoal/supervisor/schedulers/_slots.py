@@ -114,13 +114,41 @@ class SlotTable:
     """Slots, backlog and last-request times of a sequence batcher."""
 
     def __init__(self, instances: int, slots_per_instance: int) -> None:
+        self._per_instance = slots_per_instance
         self.slots = [[Slot(i, s) for s in range(slots_per_instance)] for i in range(instances)]
+        #: Instances an in-place update removes: no sequence starts on them any more.
+        self.retiring: set[int] = set()
         self._free = [(s, i) for i in range(instances) for s in range(slots_per_instance)]
         heapq.heapify(self._free)
         self.assigned: dict[CorrId, Slot] = {}
         self.backlog: collections.deque[Backlog] = collections.deque()
         self._backlog_of: dict[CorrId, Backlog] = {}
         self.last_seen: dict[CorrId, int] = {}
+
+    def add_instance(self) -> int:
+        """Slots for one more instance (an in-place update adds it), taken by no sequence
+        until :meth:`open`; its number."""
+        instance = len(self.slots)
+        self.slots.append([Slot(instance, s) for s in range(self._per_instance)])
+        return instance
+
+    def open(self, instance: int, now_ns: int) -> list[Slot]:
+        """The instance is ready: its slots go to backlogged sequences (returned) or wait."""
+        for slot in self.slots[instance]:
+            self.release(slot, now_ns)
+        return [slot for slot in self.slots[instance] if slot.queue]
+
+    def retire(self, instance: int) -> None:
+        """Start no sequence on ``instance`` any more; those it holds go on to their end."""
+        self.retiring.add(instance)
+        self._free = [free for free in self._free if free[1] != instance]
+        heapq.heapify(self._free)
+
+    def holds(self, instance: int) -> bool:
+        """Whether a sequence still has ``instance``'s slot, or a request waits or runs there."""
+        if any(slot.instance == instance for slot in self.assigned.values()):
+            return True
+        return any(slot.queue or slot.in_flight for slot in self.slots[instance])
 
     def known(self, corr: CorrId) -> bool:
         return corr in self.assigned or corr in self._backlog_of
@@ -162,6 +190,8 @@ class SlotTable:
     def release(self, slot: Slot, now_ns: int) -> None:
         """The sequence in ``slot`` is over: give the slot to the oldest backlogged sequence,
         whose idle time starts now."""
+        if slot.instance in self.retiring:
+            return  # (its instance stops once it holds nothing)
         if not self.backlog:
             heapq.heappush(self._free, (slot.index, slot.instance))
             return

@@ -132,6 +132,31 @@ class SequenceBatcher:
     def pending(self) -> int:
         return self.table.pending + self._strategy.pending
 
+    # -- an in-place instance update --------------------------------------------------------
+
+    def add_instance(self) -> int:
+        """Slots and a source for one more instance, given no sequence until
+        :meth:`open_instance`; its number (``source``)."""
+        self._strategy.add_instance()
+        return self.table.add_instance()
+
+    def open_instance(self, instance: int) -> None:
+        """The added ``instance`` runs: sequences may start on it."""
+        for slot in self.table.open(instance, self.clock.now_ns()):  # backlogged sequences
+            self._strategy.enqueued(slot)
+        self.changed()
+
+    def retire_instance(self, instance: int) -> None:
+        """Start no sequence on ``instance`` any more (:meth:`released` tells when it may
+        stop). Triton keeps such an instance for as long as its sequences last."""
+        self.table.retire(instance)
+
+    async def released(self, instance: int) -> None:
+        """Return once the sequences ``instance`` holds have ended and their requests have
+        left for it (or the batcher closed)."""
+        while not self._closed and (self.table.holds(instance) or self._strategy.holds(instance)):
+            await self.waker.wait()
+
     async def wait_empty(self) -> None:
         while True:
             if self.table.pending == 0:

@@ -446,3 +446,45 @@ def test_a_cancelled_backlogged_request_cancels_its_sequence(tmp_path):
         await s.close()
 
     run(scenario())
+
+
+@pytest.mark.parametrize("strategy", ["direct { }", "oldest { max_candidate_sequences: 1 }"])
+def test_an_update_adds_an_instance_and_retires_one_after_its_sequence(tmp_path, strategy):
+    async def scenario():
+        s = Setup(tmp_path, _config(1, strategy), instances=1)
+        (old,) = s.instances
+        a1 = s.submit(1, START)
+        assert await old.take() == [a1]
+        old.finish()
+        # An added instance takes no sequence until it is opened, then the backlogged one.
+        added = s.scheduler.add_instance()
+        b1 = s.submit(2, START)
+        new = Loopback(s.scheduler.source(added), s.arenas)
+        s.instances.append(new)
+        assert await new.nothing_pulled()
+        s.scheduler.open_instance(added)
+        assert await new.take() == [b1]
+        new.finish()
+        # The old instance, retired, keeps its sequence to its end and takes no new one.
+        s.scheduler.retire_instance(0)
+        released = asyncio.ensure_future(s.scheduler.released(0))
+        c1 = s.submit(3, START)  # backlogged: the new instance holds sequence 2
+        a2 = s.submit(1)
+        assert await old.take() == [a2]
+        old.finish()
+        assert not released.done()
+        a3 = s.submit(1, END)
+        assert await old.take() == [a3]
+        old.finish()
+        await asyncio.wait_for(released, 2)
+        assert await old.nothing_pulled()
+        b2 = s.submit(2, END)
+        assert await new.take() == [b2]
+        new.finish()
+        assert await new.take() == [c1]  # the slot of the ended sequence, not the retired one
+        new.finish()
+        for work in (a1, a2, a3, b1, b2, c1):
+            await result(work)
+        await s.close()
+
+    run(scenario())
