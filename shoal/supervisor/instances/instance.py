@@ -107,6 +107,8 @@ class StubInstance:
         self._lifecycle = StubLifecycle(scope, spec, links.make_stub, (self._handshake, up, self))
         self._worker: asyncio.Task[None] | None = None
         self._on_died: Callable[[int, ShoalError], None] | None = None
+        #: Its number in its version's scheduler (``Scheduler.source``).
+        self.source_index = 0
         #: The BLS calls its stub (of pid ``_calling_pid``) waits on.
         self._calls_open = 0
         self._calling_pid = 0
@@ -240,6 +242,20 @@ class StubInstance:
             self._worker.cancel()
         await self._lifecycle.stop(timeout)
         self._ledger.release_grants()
+
+    async def retire(self, timeout: float) -> None:
+        """Leave the scheduler, let the batches in the stub finish (within ``timeout``), then
+        :meth:`stop`: an instance an in-place update removes fails none of its requests. A
+        batch its work loop held but had not sent goes back to the scheduler (``Handoff``)."""
+        worker = self._worker
+        if worker is not None:
+            worker.cancel()
+            await asyncio.gather(worker, return_exceptions=True)
+        try:
+            await asyncio.wait_for(self._ledger.idle.wait(), timeout)
+        except asyncio.TimeoutError:
+            pass  # what is still running fails with the stub's exit, as in an unload
+        await self.stop(timeout)
 
     # -- the completions' blocks (a work.OutputOwner) ----------------------------------------
 

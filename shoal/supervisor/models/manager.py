@@ -18,6 +18,7 @@ from shoal.core.types import RepositoryEntry
 from shoal.supervisor.calls.control import ModelControl
 from shoal.supervisor.models._step_models import settle_ensemble
 from shoal.supervisor.models.index import repository_index
+from shoal.supervisor.models.instance_update import update_in_place
 from shoal.supervisor.models.loaded import LoadedModels
 from shoal.supervisor.models.overrides import KeptOverrides
 from shoal.supervisor.models.preparation import check_model_name, parse_override, prepare_versions
@@ -216,9 +217,11 @@ class ModelRepositoryManager:
     ) -> None:
         async with self._locks.setdefault(name, asyncio.Lock()):
             new = await self._new_versions(name, config_json, files)
+            kept = await update_in_place(self.loader, self.models.get(name, {}).values(), new)
+            new = [mv for mv in new if all(mv.version != k.version for k in kept)]
             await asyncio.gather(*(self.loader.start(mv) for mv in new))
             await self._fail_unless_ready(name, new)
-            await self._swap_in(name, new)
+            await self._swap_in(name, new, kept)
 
     async def _new_versions(
         self, name: str, config_json: str | None, files: dict[str, bytes] | None
@@ -231,17 +234,17 @@ class ModelRepositoryManager:
         self._check_ensembles(name, new)
         return new
 
-    async def _swap_in(self, name: str, new: list[ModelVersion]) -> None:
-        """Serve ``new`` in place of the versions of ``name`` that served, then retire those.
-        A version that is not among ``new`` (its directory left, or the policy dropped it) stays
-        listed unloaded, as Triton keeps it: asked for, it is "not at ready state"."""
+    async def _swap_in(self, name: str, new: list[ModelVersion], kept: list[ModelVersion]) -> None:
+        """Serve ``new`` in place of the versions of ``name`` that served, then retire those
+        not ``kept`` (updated in place). A version that is not among ``new`` (its directory
+        left, or the policy dropped it) stays listed unloaded, as Triton keeps it."""
         old = self.models.get(name, {})
         table = dict(old)
         table.update((mv.version, mv) for mv in new)
         self.models[name] = table
         self.failed.pop(name, None)
         self._overrides.served(name)
-        await asyncio.gather(*(self._retire(mv) for mv in old.values()))
+        await asyncio.gather(*(self._retire(mv) for mv in old.values() if mv not in kept))
 
     async def _prepare(
         self, name: str, path: str, override: dict[str, object] | None
@@ -395,13 +398,8 @@ class ModelRepositoryManager:
 
     def _direct_steps(self, name: str) -> list[str]:
         """The step models of the loaded ensemble ``name`` (none for another model)."""
-        return sorted(
-            {
-                s.model_name
-                for mv in self.models.get(name, {}).values()
-                for s in mv.config.ensemble_steps
-            }
-        )
+        versions = self.models.get(name, {}).values()
+        return sorted({s.model_name for mv in versions for s in mv.config.ensemble_steps})
 
     async def _unload_locked(self, name: str) -> None:
         async with self._locks.setdefault(name, asyncio.Lock()):

@@ -49,6 +49,13 @@ class ModelVersion:
     #: Why no instance is live while every restart keeps failing (None when one is live or
     #: about to be): requests are refused with it instead of waiting for an instance.
     down: str | None = None
+    #: Its version directory's files when it loaded (``instance_update.version_files``).
+    files: tuple[object, ...] = ()
+    #: Each instance's signature, in ``instances``' order, once an in-place update has made
+    #: that order differ from the configuration's (``instance_update``); empty before.
+    instance_keys: list[bytes] = field(default_factory=list)
+    #: Instances an update removed that still hold sequences (stopped when those end).
+    retiring: list[StubInstance] = field(default_factory=list)
     #: ``config.is_ensemble``, and neither an ensemble nor decoupled: asked on every request,
     #: read once here (the config's properties are interpreted calls; it never changes).
     is_ensemble: bool = field(init=False)

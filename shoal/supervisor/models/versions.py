@@ -63,7 +63,7 @@ class ModelLoader:
         self._directory = directory
         #: Starts each instance's stub: a process, or the loopback kind in tests.
         self._make_stub = make_stub
-        self._arenas = arenas
+        self.arenas = arenas
         self._free_inputs = free_inputs
         #: Serve the BLS, model-control and custom-metric calls of every instance.
         self.bls = bls
@@ -103,7 +103,7 @@ class ModelLoader:
 
     async def _start_stubs(self, mv: ModelVersion) -> bool:
         """Plan, create and start the version's instances; False: the version failed."""
-        specs = instance_specs(mv, self._arenas)
+        specs = instance_specs(mv, self.arenas)
         planned = self._plan(mv, specs)
         if planned is None or not self._create_instances(mv, specs, planned[0]):
             return False
@@ -157,7 +157,7 @@ class ModelLoader:
             return False
         send_ahead = self._sends_ahead(specs, scheduler)
         mv.instances = [
-            StubInstance(spec, self._links(mv, gates.get(spec.instance_name), send_ahead))
+            StubInstance(spec, self.links(mv, gates.get(spec.instance_name), send_ahead))
             for spec in specs
         ]
         return True
@@ -169,7 +169,7 @@ class ModelLoader:
         lone = len(specs) == 1 and isinstance(scheduler, DefaultScheduler)
         return lone and self.rate_limiter is None
 
-    def _links(
+    def links(
         self, mv: ModelVersion, gate: LimitedInstance | None, send_ahead: bool
     ) -> InstanceLinks:
         """What one instance of ``mv`` is connected to."""
@@ -191,7 +191,9 @@ class ModelLoader:
         self, mv: ModelVersion, scheduler: Scheduler, samples: list[warmup.WarmupSample]
     ) -> bool:
         """Start every instance (each warms up first); on a failure, stop them all."""
-        warm_up = self._warm_up(mv.name, samples) if samples else None
+        warm_up = self.warm_up_with(mv.name, samples) if samples else None
+        for n, instance in enumerate(mv.instances):
+            instance.source_index = n
         results = await asyncio.gather(
             *(i.start(scheduler.source(n), warm_up) for n, i in enumerate(mv.instances)),
             return_exceptions=True,
@@ -228,7 +230,7 @@ class ModelLoader:
         mv.rate_limited = members
         return by_name
 
-    def _warm_up(
+    def warm_up_with(
         self, model: str, samples: list[warmup.WarmupSample]
     ) -> Callable[[StubInstance], Awaitable[None]]:
         """What each instance runs before it is ready: every warmup sample."""
@@ -284,7 +286,7 @@ class ModelLoader:
         if mv.scheduler is not None:
             error = Unavailable(f"model '{mv.name}' is unloading; the request was not run")
             self._fail_all(mv.scheduler.close(), error)
-        await asyncio.gather(*(i.stop(timeout) for i in mv.instances))
+        await asyncio.gather(*(i.stop(timeout) for i in [*mv.instances, *mv.retiring]))
         self._leave_rate_limiter(mv)
         mv.state = ModelState.UNAVAILABLE
         mv.reason = "unloaded"
