@@ -29,7 +29,8 @@ import triton_python_backend_utils as pb_utils
 
 class TritonPythonModel:
     def initialize(self, args):
-        self._events = os.path.join(args["model_repository"], "events.txt")
+        # Beside the model's directory: a file in it would be a change of the model.
+        self._events = os.path.join(os.path.dirname(args["model_repository"]), "events.txt")
         self._served = 0
         self._note("initialize")
 
@@ -84,7 +85,7 @@ def model(tmp_path: Path) -> Path:
 
 
 def _events(model: Path) -> list[tuple[str, int]]:
-    path = model / "events.txt"
+    path = model.parent / "events.txt"
     lines = path.read_text().split() if path.exists() else []
     return [(lines[i], int(lines[i + 1])) for i in range(0, len(lines), 2)]
 
@@ -206,16 +207,18 @@ def test_removing_an_instance_finalizes_only_it(model: Path) -> None:
         client.close()
 
 
-@pytest.mark.parametrize("change", ["config", "model file"])
+@pytest.mark.parametrize("change", ["config", "version file", "model directory file"])
 def test_any_other_change_reloads_every_instance(model: Path, change: str) -> None:
     _write_config(model, _cpu(2))
+    (model / "helper.py").write_text("# a module model.py could import\n")
     with _serve(model) as server:
         client = httpclient.InferenceServerClient(server.url)
         before = _answering(server, 2)
         if change == "config":
             _write_config(model, _cpu(3), 'parameters { key: "k" value { string_value: "v" } }')
         else:
-            with open(model / "1" / "model.py", "a") as file:
+            changed = model / ("1/model.py" if change == "version file" else "helper.py")
+            with open(changed, "a") as file:
                 file.write("\n# changed\n")
             _write_config(model, _cpu(3))
         client.load_model("counted")

@@ -106,10 +106,21 @@ def plan_update(current: list[tuple[str, bytes]], wanted: list[Wanted]) -> Insta
 
 
 def version_files(mv: ModelVersion) -> tuple[object, ...]:
-    """What tells whether a version's files changed since it loaded: its directory, and the
-    names, sizes and times of its files (Triton compares its version directory's times)."""
-    directory = os.path.join(os.path.abspath(mv.config.path), str(mv.version))
-    return (directory, *fingerprint(directory))
+    """What tells whether a version's files changed since it loaded: as Triton's
+    ``IsModelVersionModified``, its version directory's files and the model directory's other
+    files (a module its ``model.py`` imports), not the configuration nor other versions."""
+    model_dir = os.path.abspath(mv.config.path)
+    own = str(mv.version)
+    files = []
+    for entry in fingerprint(model_dir):
+        top = entry[0].split(os.sep, 1)[0]
+        if top == own or not (top.isdigit() or top in _CONFIGURATION):
+            files.append(entry)
+    return (model_dir, *files)
+
+
+#: A model directory's configuration: its changes are what an update compares.
+_CONFIGURATION = ("config.pbtxt", "configs")
 
 
 def _without_instances(config: pb.ModelConfig) -> pb.ModelConfig:

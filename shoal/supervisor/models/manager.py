@@ -222,6 +222,7 @@ class ModelRepositoryManager:
             await asyncio.gather(*(self.loader.start(mv) for mv in new))
             await self._fail_unless_ready(name, new)
             await self._swap_in(name, new, kept)
+            log.info("successfully loaded '%s'", name)  # Triton's line, once per load
 
     async def _new_versions(
         self, name: str, config_json: str | None, files: dict[str, bytes] | None

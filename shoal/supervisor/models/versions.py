@@ -91,11 +91,11 @@ class ModelLoader:
             return
         if mv.config.is_ensemble:  # runs in the supervisor: no stub, no scheduler
             mv.state = ModelState.READY
-            log.info("successfully loaded ensemble '%s' version %d", mv.name, mv.version)
+            log.info("loaded ensemble '%s' version %d", mv.name, mv.version)
         elif await self._start_stubs(mv):
             mv.state = ModelState.READY
             log.info(
-                "successfully loaded '%s' version %d in %.2f s",
+                "loaded '%s' version %d in %.2f s",
                 mv.name,
                 mv.version,
                 time.monotonic() - started,
