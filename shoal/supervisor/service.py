@@ -35,18 +35,17 @@ from shoal.supervisor.extensions.custom_metrics import CustomMetrics
 from shoal.supervisor.extensions.log_settings import LogSettings
 from shoal.supervisor.extensions.trace_settings import TraceChange, TraceSettings, TraceValue
 from shoal.supervisor.memory.segments import SegmentDirectory
-from shoal.supervisor.memory.system_shm import SharedMemoryRegistry
+from shoal.supervisor.memory.system_shm import Held, SharedMemoryRegistry
 from shoal.supervisor.models import describe
 from shoal.supervisor.models.ensemble import EnsembleRunner
 from shoal.supervisor.models.manager import ModelRepositoryManager
 from shoal.supervisor.models.version import ModelVersion
 from shoal.supervisor.options import ServerOptions
 from shoal.supervisor.promise import Promise, Settled
-from shoal.supervisor.requests import classification, packed, staging, streaming, traced
+from shoal.supervisor.requests import classification, client_shm, packed, staging, streaming, traced
 from shoal.supervisor.requests.answers import Answer, in_task, nothing
 from shoal.supervisor.requests.cached import cache_hit, cache_insert
 from shoal.supervisor.requests.checked import Regions, Staged, Stager
-from shoal.supervisor.requests.client_shm import held_regions, read_shm_inputs, write_shm_outputs
 from shoal.supervisor.requests.relayed import Relay, record_success, relay_completed, relays
 from shoal.supervisor.requests.response_cache import ResponseCache, request_key
 from shoal.supervisor.requests.responses import response_of
@@ -168,12 +167,12 @@ class InferenceService:
 
     async def infer(self, request: InferRequest) -> InferResponse:
         self.gate.enter(request.model_name)
-        held = held_regions(self.shm, request)
+        held = client_shm.held_regions(self.shm, request)
         try:
             mv = self.resolve(request)
             started = time.monotonic_ns()
             try:
-                return await self._infer(mv, request)
+                return await self._infer(mv, request, held)
             except (ShoalError, asyncio.CancelledError) as error:  # (cancelled: the client left)
                 reason = error.reason if isinstance(error, ShoalError) else Cancelled.reason
                 mv.stats.failure(time.monotonic_ns() - started, reason)
@@ -194,7 +193,7 @@ class InferenceService:
         """Every response of a request: one for most models, any number for a decoupled one."""
         return streaming.responses(self, request)
 
-    async def _infer(self, mv: ModelVersion, request: InferRequest) -> InferResponse:
+    async def _infer(self, mv: ModelVersion, request: InferRequest, held: Held) -> InferResponse:
         started = time.monotonic_ns()
         if mv.config.decoupled:
             raise DecoupledInfer(mv.name)
@@ -204,7 +203,7 @@ class InferenceService:
         lookup_ns = 0
         if self.cache is not None and mv.config.response_cache and not mv.config.sequence_batching:
             lookup_started = time.monotonic_ns()
-            regions = read_shm_inputs(self.shm, request)
+            regions = client_shm.read_shm_inputs(self.shm, request)
             key = request_key(request, mv.name, mv.version)
             cached = self.cache.get(key) if key is not None else None
             if cached is not None:
@@ -227,6 +226,8 @@ class InferenceService:
         except asyncio.CancelledError:
             work.cancel()
             raise
+        finally:  # (answered: the stub is done with it; else it may not be)
+            client_shm.keep_inside(self.shm, work, held)
         return self._answer(mv, request, work, completion, started, classes, key, lookup_ns)
 
     def start_infer(
@@ -303,7 +304,7 @@ class InferenceService:
         else:
             done(response, None)
         finally:
-            self.shm.release(call.held)
+            client_shm.let_go(self.shm, call.work, call.held)
             self.gate.leave()
 
     def _plain_version(self, request: InferRequest) -> ModelVersion | None:
@@ -359,7 +360,7 @@ class InferenceService:
         try:
             if classes:
                 classification.classify(response, mv.config, classes)
-            write_shm_outputs(self.shm, request, response)
+            client_shm.write_shm_outputs(self.shm, request, response)
         except ShoalError:
             response.release()
             raise
@@ -443,8 +444,7 @@ class _Completed:
         self.done = done
         #: Where the completion goes instead of a response to ``done`` (None: ``done``).
         self.relay = relay
-        #: Its client regions, held until it is answered (staged in this same loop turn).
-        self.held = held_regions(service.shm, request)
+        self.held = client_shm.held_regions(service.shm, request)  # (staged this loop turn)
 
     def __call__(self, promise: Promise) -> None:
         self.service.completed(self, promise)

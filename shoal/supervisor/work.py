@@ -150,6 +150,12 @@ class Work:
     #: Answered through a frontend worker's relay (``requests/relayed.py``): the core may
     #: hand the worker the stub's response record undecoded.
     relayed: bool = False
+    #: Set while the work is inside a stub: from its batch's dispatch until the stub answered
+    #: or failed the batch, died, or stopped (the ledger's ``InFlight``).
+    inside: bool = False
+    #: Called once it is no longer inside a stub, where its requester ended first (cancelled,
+    #: timed out): the request's client regions are let go then (``client_shm.keep_inside``).
+    on_leave: Callable[[], None] | None = None
 
     def __init__(
         self,
@@ -182,6 +188,15 @@ class Work:
         self.watched = False
         self.iteration = None
         self.relayed = False
+        self.inside = False
+        self.on_leave = None
+
+    def left(self) -> None:
+        """It is no longer inside a stub (answered, failed, its stub gone)."""
+        self.inside = False
+        on_leave, self.on_leave = self.on_leave, None
+        if on_leave is not None:
+            on_leave()
 
     def cancel(self) -> None:
         """The client went away: drop the work if queued, flag it to the model if running."""

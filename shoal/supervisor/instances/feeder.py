@@ -178,6 +178,7 @@ class Feeder:
         now = time.monotonic_ns()
         for work in batch:
             work.dispatched_ns = now
+            work.inside = True
             if not work.record.key:
                 work.record.key = next(_request_keys)
             work.on_cancel = CancelHook(self._outbox, proc, work.record.key)

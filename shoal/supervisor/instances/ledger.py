@@ -96,7 +96,9 @@ class InFlight:
         self.grant = grant
 
     def close(self) -> None:
-        """Stop its timers, give its slot and its grant back."""
+        """Stop its timers, give its slot and its grant back; its requests left the stub."""
+        for work in self.batch:
+            work.left()
         if self.timer is not None:
             self.timer.cancel()
         if self.queue_timer is not None:
@@ -201,10 +203,13 @@ class InFlightLedger:
         return hung
 
     def release_grants(self) -> None:
-        """The instance stopped: the executions of batches still recorded are over."""
+        """The instance stopped: the executions of batches still recorded are over, and their
+        requests are out of the stub."""
         for entry in self._batches.values():
             if entry.grant is not None:
                 entry.grant.release()
+            for work in entry.batch:
+                work.left()
 
     def _started(self, proc: StubChannel) -> None:
         head_id, head = next(iter(self._batches.items()))

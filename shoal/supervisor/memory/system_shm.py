@@ -11,8 +11,9 @@ no longer holds fails with INVALID_ARGUMENT naming the region.
 
 A region is held by each request in flight that names it (:meth:`SharedMemoryRegistry.hold`,
 Triton's reference count): unregistering one that is held marks it instead, and it stays
-listed, usable and its name taken, as in Triton, until the last of those requests ends; then
-its fd is closed and the stubs that opened it are told to close theirs.
+listed, usable and its name taken, as in Triton, until the last of those requests ends (one
+cancelled while a stub runs it: once the stub is done with it); then its fd is closed and the
+stubs that opened it are told to close theirs.
 """
 
 from __future__ import annotations

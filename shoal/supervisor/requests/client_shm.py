@@ -10,11 +10,14 @@ supervisor reads and writes system regions with ``pread``/``pwrite``, never thro
 
 from __future__ import annotations
 
+import functools
+
 from shoal.core.errors import InvalidArgument
 from shoal.core.types import InferOutput, InferRequest, InferResponse, ParamValue
 from shoal.ipc.dtypes import byte_size
 from shoal.ipc.tensor import CudaRegionLocation, RegionLocation
 from shoal.supervisor.memory.system_shm import Held, SharedMemoryRegistry
+from shoal.supervisor.work import Work
 
 REGION = "shared_memory_region"
 OFFSET = "shared_memory_offset"
@@ -51,6 +54,24 @@ def held_regions(registry: SharedMemoryRegistry, request: InferRequest) -> Held:
         if isinstance(region, str):
             registry.hold(region, held)
     return held
+
+
+def keep_inside(registry: SharedMemoryRegistry, work: Work, held: Held) -> None:
+    """A request ended (cancelled, timed out) while its work is still inside a stub, which may
+    still read its inputs from the client's regions or write its outputs there: the regions
+    stay held until the stub is done with it (Triton holds them until the backend releases the
+    request). ``held`` is emptied, so that the requester's own release lets go of nothing."""
+    if not held or not work.inside:
+        return
+    kept = held.copy()
+    held.clear()
+    work.on_leave = functools.partial(registry.release, kept)
+
+
+def let_go(registry: SharedMemoryRegistry, work: Work, held: Held) -> None:
+    """A request ended: release its regions now, or when its work leaves its stub."""
+    keep_inside(registry, work, held)
+    registry.release(held)
 
 
 def read_shm_inputs(

@@ -22,7 +22,7 @@ from shoal.ipc.tensor import TensorDesc
 from shoal.supervisor.drain import DrainGate
 from shoal.supervisor.extensions.trace_settings import TraceSettings
 from shoal.supervisor.instances.decoupled import new_stream
-from shoal.supervisor.memory.system_shm import SharedMemoryRegistry
+from shoal.supervisor.memory.system_shm import Held, SharedMemoryRegistry
 from shoal.supervisor.models import ensemble_stream
 from shoal.supervisor.models._ensemble_outcomes import (
     count_success,
@@ -31,7 +31,7 @@ from shoal.supervisor.models._ensemble_outcomes import (
 )
 from shoal.supervisor.models.ensemble import EnsembleRunner
 from shoal.supervisor.requests import classification, staging, traced
-from shoal.supervisor.requests.client_shm import held_regions
+from shoal.supervisor.requests.client_shm import held_regions, keep_inside
 from shoal.supervisor.requests.responses import response_of
 from shoal.supervisor.work import Completion, Work
 
@@ -76,7 +76,9 @@ async def responses(
     try:
         # aclosing: a client that goes away closes the inner stream (and cancels) at once.
         inner = (
-            _ensemble(service, mv, request) if mv.is_ensemble else _decoupled(service, mv, request)
+            _ensemble(service, mv, request)
+            if mv.is_ensemble
+            else _decoupled(service, mv, request, held)
         )
         async with contextlib.aclosing(inner) as each:
             async for response in each:
@@ -87,7 +89,7 @@ async def responses(
 
 
 async def _decoupled(
-    service: StreamingService, mv: ModelVersion, request: InferRequest
+    service: StreamingService, mv: ModelVersion, request: InferRequest, held: Held
 ) -> AsyncGenerator[InferResponse, None]:
     classes = classification.requested(request, mv.config) if request.outputs else {}
     started = time.monotonic_ns()
@@ -117,6 +119,7 @@ async def _decoupled(
         work.closed = True  # later responses are released as they come
         if not finished:
             work.cancel()
+            keep_inside(service.shm, work, held)  # until its execute returns
         while not stream.empty():
             left = stream.get_nowait()
             if isinstance(left, Completion):

@@ -13,7 +13,8 @@ from shoal.core.types import InferInput, InferRequest, RequestedOutput
 from shoal.ipc import messages as msg
 from shoal.supervisor.memory.cuda_shm import CudaSharedMemoryRegistry
 from shoal.supervisor.memory.system_shm import SharedMemoryRegistry
-from shoal.supervisor.requests.client_shm import held_regions
+from shoal.supervisor.requests.client_shm import held_regions, let_go
+from shoal.supervisor.work import Work
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -118,3 +119,20 @@ def test_shutdown_closes_held_regions_once(key):
     registry.close()
     registry.release(held)  # a request answered after shutdown: nothing closed twice
     assert registry.status() == []
+
+
+@pytest.mark.parametrize("inside", [True, False])
+def test_a_request_that_ends_while_its_stub_runs_it_holds_until_the_stub_is_done(key, inside):
+    """Cancelled or timed out while its work is inside a stub: the region stays listed until
+    the ledger says the work left (Triton: until the backend releases the request)."""
+    registry = SharedMemoryRegistry()
+    registry.register("in", key, 0, 32)
+    held = held_regions(registry, _request("in"))
+    work = Work(None, [], None)  # type: ignore[arg-type]
+    work.inside = inside
+    registry.unregister("in")
+    let_go(registry, work, held)
+    assert [r.name for r in registry.status()] == (["in"] if inside else [])
+    work.left()
+    assert registry.status() == []
+    assert not work.inside and work.on_leave is None

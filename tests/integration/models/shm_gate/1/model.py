@@ -7,8 +7,9 @@ import triton_python_backend_utils as pb_utils
 
 class TritonPythonModel:
     """OUT = IN + 1, once the file named by the request's "gate" parameter exists; the file
-    named by "started" is made first, so that a test knows the request is executing. With
-    "crash", the stub exits at the gate instead."""
+    named by "started" is made first, so that a test knows the request is executing, and the
+    one named by "cancelled" once the model sees the request cancelled (it still waits for the
+    gate, then answers). With "crash", the stub exits at the gate instead."""
 
     def execute(self, requests):
         responses = []
@@ -19,7 +20,11 @@ class TritonPythonModel:
                 open(params["started"], "a").close()
             gate = params.get("gate")
             deadline = time.monotonic() + 60
+            seen = params.get("cancelled")
             while gate and not os.path.exists(gate) and time.monotonic() < deadline:
+                if seen and request.is_cancelled():
+                    open(seen, "a").close()
+                    seen = None
                 time.sleep(0.005)  # the model polls its gate file
             if params.get("crash"):
                 os._exit(3)
