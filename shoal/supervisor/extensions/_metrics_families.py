@@ -244,15 +244,30 @@ def _label_order(item: tuple[str, str]) -> tuple[bool, str]:
     return item[0] in _LAST_LABELS, item[0]
 
 
+#: Label sets already formatted: the same ones come back at every scrape (each version's, with
+#: each quantile and bound), and formatting them anew was most of a scrape of many versions.
+_FORMATTED: dict[tuple[tuple[str, str], ...], str] = {}
+#: Past this many, the cache starts over (versions come and go; labels can be anything).
+_FORMATTED_MAX = 200_000
+
+
 def _format_labels(labels: dict[str, str]) -> str:
     if not labels:
         return ""
-    ordered = sorted(labels.items(), key=_label_order)
-    pairs = ",".join(f'{k}="{_escape_label(v)}"' for k, v in ordered)
-    return "{" + pairs + "}"
+    key = tuple(labels.items())
+    text = _FORMATTED.get(key)
+    if text is None:
+        ordered = sorted(key, key=_label_order)
+        text = "{" + ",".join(f'{k}="{_escape_label(v)}"' for k, v in ordered) + "}"
+        if len(_FORMATTED) >= _FORMATTED_MAX:
+            _FORMATTED.clear()
+        _FORMATTED[key] = text
+    return text
 
 
 def _format_value(value: float) -> str:
+    if type(value) is int:  # (most samples: counts and sums)
+        return str(value)
     if math.isnan(value):
         return "NaN"
     if math.isinf(value):

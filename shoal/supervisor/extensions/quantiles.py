@@ -22,6 +22,8 @@ prometheus-cpp's rotating buckets give), NaN when none has an observation.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -79,6 +81,14 @@ class WindowedQuantiles:
         self._newest = self._windows[-1]
         #: When the newest sub-window (the last) ends: observations after it rotate.
         self._ends = clock() + self._span
+        #: The sub-windows' counts added up, kept as they change: a scrape reads them without
+        #: merging (1,000 versions' summaries merged per scrape took seconds of the loop).
+        self._merged: dict[int, int] = {}
+        #: The buckets of ``_merged`` in order (one is added or removed as it fills or empties).
+        self._order: list[int] = []
+        self._in_window = 0
+        #: The last quantiles read and what was asked, until the next observation or rotation.
+        self._answers: tuple[tuple[float, ...], list[float]] | None = None
         self.count = 0
         self.total = 0
 
@@ -96,14 +106,31 @@ class WindowedQuantiles:
             index = (shift << _SUB_BITS) + (value >> shift)
         counts = self._newest
         counts[index] = counts.get(index, 0) + 1
+        merged = self._merged
+        before = merged.get(index, 0)
+        if not before:
+            bisect.insort(self._order, index)
+        merged[index] = before + 1
+        self._in_window += 1
+        self._answers = None
 
     def _rotate(self, now: float) -> None:
         """Drop the sub-windows older than the window, and start a new newest one."""
         windows = self._windows
         steps = min(len(windows), int((now - self._ends) // self._span) + 1)
+        merged = self._merged
         for _ in range(steps):
-            windows.pop(0)
+            for index, count in windows.pop(0).items():
+                left = merged[index] - count
+                if left:
+                    merged[index] = left
+                else:
+                    del merged[index]
+                    order = self._order
+                    del order[bisect.bisect_left(order, index)]
+                self._in_window -= count
             windows.append({})
+        self._answers = None
         self._newest = windows[-1]
         self._ends += steps * self._span
         if now >= self._ends:  # idle longer than the window: everything was dropped
@@ -115,23 +142,26 @@ class WindowedQuantiles:
         now = self._clock()
         if now >= self._ends:
             self._rotate(now)
-        merged: dict[int, int] = {}
-        for counts in self._windows:
-            for index, count in counts.items():
-                merged[index] = merged.get(index, 0) + count
-        total = sum(merged.values())
+        asked = tuple(wanted)
+        answers = self._answers
+        if answers is not None and answers[0] == asked:
+            return list(answers[1])
+        computed = self._computed(asked)
+        self._answers = (asked, computed)
+        return list(computed)
+
+    def _computed(self, wanted: tuple[float, ...]) -> list[float]:
+        total = self._in_window
         if total == 0:
             return [math.nan] * len(wanted)
-        ordered = sorted(merged.items())
+        # Running counts by bucket, in bucket order; each quantile's bucket found by bisection
+        # (both in C: a summary holds hundreds of buckets, and a scrape reads thousands).
+        indexes = self._order
+        running = list(itertools.accumulate(map(self._merged.__getitem__, indexes)))
         answers = []
         for q in wanted:
             rank = max(1, math.ceil(min(max(q, 0.0), 1.0) * total))
-            seen = 0
-            for index, count in ordered:
-                seen += count
-                if seen >= rank:
-                    answers.append(float(_middle(index)))
-                    break
+            answers.append(float(_middle(indexes[bisect.bisect_left(running, rank)])))
         return answers
 
     def bucket_count(self) -> int:

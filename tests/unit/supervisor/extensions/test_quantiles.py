@@ -105,3 +105,36 @@ def test_negative_values_count_as_zero() -> None:
     window = WindowedQuantiles(clock=clock)
     window.observe(-5, clock.now)
     assert window.quantiles([0.5]) == [0.0]
+
+
+def _reported(value: int) -> float:
+    low, high = bucket_bounds(bucket_index(value))
+    return float((low + high) // 2)
+
+
+@pytest.mark.parametrize("seed", [3, 4])
+def test_counts_kept_across_rotations_and_reads_match_the_window(seed: int) -> None:
+    """The window's counts are kept as observations come and sub-windows leave, and a read is
+    reused until the next change: each read equals one computed from the observations still
+    in the window, whatever the order of the quantiles asked."""
+    rng = random.Random(seed)
+    clock = FakeClock()
+    window = WindowedQuantiles(clock=clock)
+    span = MAX_AGE_S / AGE_BUCKETS
+    seen: list[tuple[float, int]] = []
+    wanted = (0.99, 0.5, 0.0, 0.9, 1.0, 0.25)
+    for _ in range(40):
+        for _ in range(rng.randrange(0, 60)):
+            value = int(rng.lognormvariate(7, 2))
+            window.observe(value, clock.now)
+            seen.append((clock.now, value))
+        for _ in range(2):  # the second read is the first one kept
+            got = window.quantiles(wanted)
+            # A sub-window starting at `start` is read while now < start + MAX_AGE_S.
+            starts = 1000.0 + span * ((clock.now - 1000.0) // span) - MAX_AGE_S + span
+            values = [v for at, v in seen if at >= starts]
+            if not values:
+                assert all(math.isnan(v) for v in got)
+            else:
+                assert got == [_reported(_exact(values, q)) for q in wanted]
+        clock.now += rng.choice([0.5, span / 2, span, 2 * span, 4 * span])
