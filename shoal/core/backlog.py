@@ -7,6 +7,15 @@ as fast as it can behind a faster model from one that reads nothing. So a stream
 when :data:`BACKLOG_MAX` answers wait and its reader took none for :data:`STALL_SECONDS`, or
 when :data:`BACKLOG_HARD_MAX` wait whatever it does. The core (the stream of a request) and a
 frontend worker (the stream of a call) decide the same way.
+
+A take is the reader's progress at the socket: the frontends take a stream's next answer only
+once the bytes of those before it have room to leave (``writable`` of the HTTP/2 stream, the
+SSE writer's drain), so the takes stop exactly while the client's window stays shut. A client
+that reads steadily but slowly opens its window in bursts: grpc and h2 clients give half a
+window back at a time, seconds apart on a slow link or behind a busy application. So the time
+allowed without a take is not a second but :data:`STALL_SECONDS`, long enough for those bursts
+and short of the connection's send timeout; what a reader that reads nothing holds meanwhile is
+bounded by :data:`BACKLOG_HARD_MAX` (docs/decisions.md, "slow stream readers").
 """
 
 from __future__ import annotations
@@ -26,8 +35,10 @@ __all__ = [
 
 #: Answers that may wait before the reader's progress is looked at.
 BACKLOG_MAX: Final = 8192
-#: How long a reader with :data:`BACKLOG_MAX` answers waiting may take none of them.
-STALL_SECONDS: Final = 1.0
+#: How long a reader with :data:`BACKLOG_MAX` answers waiting may take none of them: longer
+#: than a slow reader's window stays shut between two bursts (it was 1 s: readers at ~150
+#: answers/s were cut after a few thousand answers).
+STALL_SECONDS: Final = 10.0
 #: Answers that may wait however the reader progresses (a reader slower than the model by
 #: 65,536 answers is not one a server can keep up with: ~2 KiB each waits in memory).
 BACKLOG_HARD_MAX: Final = 8 * BACKLOG_MAX

@@ -37,7 +37,7 @@ def test_a_full_backlog_is_stalled_only_once_nothing_was_taken_for_the_stall_tim
     queue = _full()
     assert stalled(queue) is None  # just made: its reader had no time yet
     queue.taken_at -= STALL_SECONDS
-    assert stalled(queue) == "(which took none for 1 s)"
+    assert stalled(queue) == f"(which took none for {STALL_SECONDS:g} s)"
 
 
 def test_any_take_makes_a_full_backlog_live_again() -> None:
