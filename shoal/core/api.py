@@ -61,6 +61,11 @@ class InferenceAPI(Protocol):
         """Metadata of a loaded model; NotFound / Unavailable otherwise."""
         ...
 
+    async def model_decoupled(self, name: str, version: str = "") -> bool:
+        """Whether the model version a request names is decoupled now (False for none).
+        Asynchronous: a frontend worker asks the core without holding its event loop."""
+        ...
+
     def model_config(self, name: str, version: str = "") -> JsonDict:
         """The model's configuration in Triton's JSON form."""
         ...

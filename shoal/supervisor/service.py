@@ -1,7 +1,4 @@
-"""The inference service: the implementation of :class:`~shoal.core.api.CoreAPI`.
-
-Its parts are built and wired by :mod:`shoal.supervisor.compose`.
-"""
+"""The inference service: :class:`~shoal.core.api.CoreAPI` implemented (``compose`` wires it)."""
 
 from __future__ import annotations
 
@@ -155,6 +152,9 @@ class InferenceService:
 
     def model_metadata(self, name: str, version: str = "") -> ModelMetadata:
         return describe.metadata(self.repository, name, version)
+
+    async def model_decoupled(self, name: str, version: str = "") -> bool:
+        return describe.decoupled(self.repository, name, version)
 
     def model_config(self, name: str, version: str = "") -> JsonDict:
         versions = self.repository.models.get(name)

@@ -5,7 +5,9 @@ A request has one answer, or any number for a decoupled model.
 Requests are answered concurrently. As in Triton, the answer of a request to a model that is not
 decoupled (``answer`` returns it :class:`InOrder`) is written once those of the earlier such
 requests are: a client reads them in the order it sent them. A decoupled model's answers are
-written as they come, neither waiting nor waited for. The stream ends once the client
+written as they come, neither waiting nor waited for. Where ``answer`` does not know yet
+whether the model is decoupled, its :class:`InOrder` holds its place until the answer to that
+question comes (``decoupled``), and lets it go if it is. The stream ends once the client
 has closed its side and every request has been answered. If the stream ends early (the client
 cancels, the server stops), every request still running is cancelled.
 
@@ -40,10 +42,18 @@ class InOrder:
     """The answers of a request that are written in the order the requests came, after those
     of the earlier requests answered so."""
 
-    __slots__ = ("done", "replies", "source")
+    __slots__ = ("decoupled", "done", "replies", "source")
 
-    def __init__(self, source: AsyncIterator[bytes]) -> None:
+    def __init__(
+        self,
+        source: AsyncIterator[bytes],
+        decoupled: Callable[[], Awaitable[bool]] | None = None,
+    ) -> None:
         self.source = source
+        #: Asks whether the request's model is decoupled, when that was not known as the
+        #: request was read: its answers are then written as they come, and the later requests'
+        #: stop waiting for them.
+        self.decoupled = decoupled
         self.replies: list[bytes] = []  # made, waiting for the earlier requests' answers
         self.done = False
 
@@ -123,16 +133,17 @@ class _Stream:
     async def _answer_one(self, answer: Answered) -> None:
         try:
             if isinstance(answer, InOrder):
-                async for reply in answer.source:
-                    answer.replies.append(reply)
+                if answer.decoupled is not None and await answer.decoupled():
+                    self._in_order.remove(answer)
+                    self._write_in_order()  # the later requests' answers wait no more for it
+                    await self._as_they_come(answer.source)
+                else:
+                    async for reply in answer.source:
+                        answer.replies.append(reply)
             elif inspect.isawaitable(answer):
                 self._done.put_nowait(await answer)
             else:
-                async for reply in answer:
-                    self._done.put_nowait(reply)
-                    if self._done.qsize() >= WAITING_MAX:
-                        self._room.clear()
-                        await self._room.wait()
+                await self._as_they_come(answer)
         except Exception as exc:
             self._done.put_nowait(exc)
         if isinstance(answer, InOrder):
@@ -140,6 +151,13 @@ class _Stream:
             self._write_in_order()
         self._unanswered -= 1
         self._end_if_answered()
+
+    async def _as_they_come(self, replies: AsyncIterator[bytes]) -> None:
+        async for reply in replies:
+            self._done.put_nowait(reply)
+            if self._done.qsize() >= WAITING_MAX:
+                self._room.clear()
+                await self._room.wait()
 
     def _write_in_order(self) -> None:
         """The answers of the oldest requests answered in order, as far as all are made."""

@@ -15,13 +15,13 @@ import asyncio
 import contextlib
 import functools
 import logging
+import time
 from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Iterator
 
 from google.protobuf import json_format
 
 from shoal.core import (
     CoreAPI,
-    InferRequest,
     InferResponse,
     InternalError,
     ShoalError,
@@ -45,6 +45,9 @@ _logger = logging.getLogger("shoal.frontends.grpc")
 
 #: Models a stream remembers whether each is decoupled (past it, it asks the core each time).
 _MODELS_KNOWN = 256
+#: How long a stream trusts what it was told of a model's being decoupled before it asks the
+#: core again: a model reloaded decoupled (or not) is served so within it.
+_KNOWN_SECS = 1.0
 
 
 def unexpected(what: str) -> InternalError:
@@ -156,7 +159,7 @@ class Servicer:
         """``close_on_error`` (the client's ``triton_grpc_error: true`` metadata, as in Triton):
         the first error ends the whole stream with its gRPC status, instead of travelling in
         a response's ``error_message``. ``forwarded``: parameters every request gets."""
-        decoupled: dict[tuple[str, str], bool] = {}  # per model named, looked up once
+        decoupled: dict[tuple[str, str], tuple[bool, float]] = {}  # and until when it holds
         answer: Answer = functools.partial(
             self._stream_answer, decoupled, close_on_error, forwarded
         )
@@ -164,7 +167,7 @@ class Servicer:
 
     def _stream_answer(
         self,
-        decoupled: dict[tuple[str, str], bool],
+        decoupled: dict[tuple[str, str], tuple[bool, float]],
         close_on_error: bool,
         forwarded: dict[str, str] | None,
         data: bytes | bytearray | memoryview,
@@ -178,19 +181,22 @@ class Servicer:
         if forwarded:
             decoded.request.parameters.update(forwarded)
         replies = self._stream_replies(decoded, close_on_error)
-        return replies if self._decoupled(decoupled, decoded.request) else InOrder(replies)
+        key = (decoded.request.model_name, decoded.request.model_version)
+        known = decoupled.get(key)
+        if known is not None and time.monotonic() < known[1]:
+            return replies if known[0] else InOrder(replies)
+        # Asked without holding the event loop (a worker's question travels to the core).
+        return InOrder(replies, functools.partial(self._decoupled, decoupled, key))
 
-    def _decoupled(self, known: dict[tuple[str, str], bool], request: InferRequest) -> bool:
-        key = (request.model_name, request.model_version)
-        decoupled = known.get(key)
-        if decoupled is None:
-            try:
-                policy = self._core.model_config(*key).get("model_transaction_policy") or {}
-                decoupled = bool(policy.get("decoupled", False))
-            except ShoalError:  # no such model: its answer (the error) comes in order
-                decoupled = False
-            if len(known) < _MODELS_KNOWN:
-                known[key] = decoupled
+    async def _decoupled(
+        self, known: dict[tuple[str, str], tuple[bool, float]], key: tuple[str, str]
+    ) -> bool:
+        try:
+            decoupled = await self._core.model_decoupled(*key)
+        except ShoalError:  # the core is going away: the request's answer (its error) in order
+            decoupled = False
+        if len(known) < _MODELS_KNOWN or key in known:
+            known[key] = (decoupled, time.monotonic() + _KNOWN_SECS)
         return decoupled
 
     async def _stream_replies(

@@ -265,6 +265,10 @@ class RemoteCore(CoreAPI):
         (ready,), _ = await self._async("model_ready_now", [name, version], [])
         return bool(ready)
 
+    async def model_decoupled(self, name: str, version: str = "") -> bool:
+        (decoupled,), _ = await self._async("model_decoupled", [name, version], [])
+        return bool(decoupled)
+
     def model_metadata(self, name: str, version: str = "") -> ModelMetadata:
         metadata = self._sync("model_metadata", name, version)
         return cast("ModelMetadata", _decoded(ModelMetadata, metadata))

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 #: The core API's asynchronous methods, other than inference, a worker may call by name.
-ASYNC_METHODS: frozenset[str] = frozenset({"load_model", "unload_model", "model_ready_now"})
+ASYNC_METHODS: frozenset[str] = frozenset(
+    {"load_model", "unload_model", "model_ready_now", "model_decoupled"}
+)
 
 #: The direct dispatch calls a worker makes on its control socket (``host._Link``).
 DIRECT_METHODS: frozenset[str] = frozenset({"direct_route", "direct_segment", "direct_inputs"})

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from shoal.config import TensorConfig
-from shoal.core.errors import InvalidArgument, NotFound, Unavailable
+from shoal.core.errors import InvalidArgument, NotFound, ShoalError, Unavailable
 from shoal.core.types import ModelMetadata, ModelStatistics, TensorMetadata
 from shoal.supervisor.models.manager import ModelRepositoryManager
 
@@ -52,3 +52,12 @@ def _every_model(repo: ModelRepositoryManager, version: str) -> list[ModelStatis
     if version:
         raise InvalidArgument("a model version was given without a model name")
     return [mv.stats.snapshot() for mv in repo.versions() if mv.ready]
+
+
+def decoupled(repo: ModelRepositoryManager, name: str, version: str = "") -> bool:
+    """Whether the model version a request names is decoupled now (False when there is none:
+    the request's error is its one answer)."""
+    try:
+        return repo.resolve(name, version).config.decoupled
+    except ShoalError:
+        return False

@@ -151,6 +151,10 @@ class BaseEchoCore(NoExtensions):
     async def model_ready_now(self, name: str, version: str = "") -> bool:
         return self.model_ready(name, version)
 
+    async def model_decoupled(self, name: str, version: str = "") -> bool:
+        policy = self.model_config(name, version).get("model_transaction_policy") or {}
+        return bool(policy.get("decoupled", False))
+
     def model_metadata(self, name: str, version: str = "") -> ModelMetadata:
         self._check_model(name)
         tensor = TensorMetadata("INPUT0", "FP32", (-1, 3))

@@ -241,6 +241,50 @@ def test_in_order_answers_wait_for_the_earlier_ones_and_the_others_do_not() -> N
     asyncio.run(run())
 
 
+def test_a_request_found_decoupled_only_later_lets_the_later_ones_go() -> None:
+    """``a``'s model is asked about (a worker asks the core) while ``b`` waits in order behind
+    it: found decoupled, ``a`` stops holding ``b`` back, and its own answers are written as
+    they come, before it ends; found not decoupled, ``c`` is held in order as any other."""
+
+    async def run() -> None:
+        told = {message: asyncio.Event() for message in (b"a", b"c")}
+        gates = {message: asyncio.Event() for message in (b"a", b"b", b"c", b"d")}
+
+        async def replies(message: bytes) -> AsyncIterator[bytes]:
+            yield b"re:" + message
+            await gates[message].wait()
+            yield b"end:" + message
+
+        def answer(message: bytes) -> InOrder:
+            if message not in told:
+                return InOrder(replies(message))
+
+            async def decoupled() -> bool:
+                await told[message].wait()
+                return message == b"a"
+
+            return InOrder(replies(message), decoupled)
+
+        stream = answer_stream(_messages(b"a", b"b", b"c", b"d"), answer)
+        gates[b"b"].set()
+        told[b"a"].set()
+        assert [await anext(stream) for _ in range(3)] == [b"re:a", b"re:b", b"end:b"]
+        gates[b"d"].set()
+        told[b"c"].set()
+        gates[b"c"].set()
+        assert [await anext(stream) for _ in range(4)] == [
+            b"re:c",
+            b"end:c",
+            b"re:d",
+            b"end:d",
+        ]
+        gates[b"a"].set()
+        assert await anext(stream) == b"end:a"
+        assert await anext(stream, None) is None
+
+    asyncio.run(run())
+
+
 def test_a_slow_in_order_request_stops_the_reading_past_in_order_max(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
