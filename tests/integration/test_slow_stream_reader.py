@@ -1,12 +1,12 @@
-"""A client that reads a decoupled stream steadily but slowly (token streaming over a slow
-link) gets every answer, with frontend workers and without (``SHOAL_TEST_FRONTEND_WORKERS``).
+"""A client that reads a decoupled stream but whose window stays shut for seconds at times (a
+slow link, a busy application, window updates granted in large steps) gets every answer, with
+frontend workers and without (``SHOAL_TEST_FRONTEND_WORKERS``).
 
-The client here is HTTP/2 by hand (``tests/h2client.py``): it gives its stream's window back
-as its application reads, half a window at a time, as HTTP/2 clients do, so the server sees the
-window open in bursts more than a second apart while thousands of answers wait for it
-(``core/backlog.py``). tritonclient's gRPC core reads the socket into memory whatever its
-application does, so the server never sees it slow. A client that stops reading is still cut
-(``test_attacks_workers.py``, ``test_stream_backlog.py``).
+The client here is HTTP/2 by hand (``tests/h2client.py``), so that the gap is the test's, not
+the grpc library's: its stream's window stays shut for :data:`PAUSE` seconds while the model
+sends thousands of answers more than the server's buffers hold, then it reads them all
+(``core/backlog.py``). A client that stops reading is still cut (``test_attacks_workers.py``,
+``test_stream_backlog.py``).
 """
 
 from __future__ import annotations
