@@ -80,7 +80,7 @@ _MODEL_FLAGS: tuple[Flag, ...] = (
     _flag(
         "--strict-model-config",
         type=parse_bool,
-        default=None,
+        default=None,  # absent, so that its deprecation warning names it only when given
         metavar="BOOL",
         help="require a config.pbtxt in every model (false: complete a missing or partial "
         "one from the model's files, as tritonserver does)",

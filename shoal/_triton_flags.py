@@ -362,6 +362,11 @@ def warnings(args: argparse.Namespace) -> list[str]:
             "Warning: '--strict-model-config' has been deprecated! "
             "Please use '--disable-auto-complete-config' instead."
         )
+    if args.disable_auto_complete_config and args.strict_model_config is False:
+        lines.append(
+            "Warning: Overriding deprecated '--strict-model-config' from "
+            "False to True in favor of '--disable-auto-complete-config'!"
+        )
     if args.response_cache_byte_size is not None:
         lines.append(
             "Warning: '--response-cache-byte-size' has been deprecated! This will default to "

@@ -85,6 +85,31 @@ def test_honoured_flags_reach_the_options(
     assert getattr(_options(*flags), field) == value
 
 
+def _triton_warnings(*flags: str) -> list[str]:
+    args = build_parser().parse_args(["serve", "--model-repository", "r", *flags])
+    return _triton_flags.warnings(args)
+
+
+def test_strict_model_config_warns_in_tritonservers_words() -> None:
+    # Triton's L0_model_config greps stderr for these lines
+    deprecated = (
+        "Warning: '--strict-model-config' has been deprecated! "
+        "Please use '--disable-auto-complete-config' instead."
+    )
+    overriding = (
+        "Warning: Overriding deprecated '--strict-model-config' from "
+        "False to True in favor of '--disable-auto-complete-config'!"
+    )
+    assert _triton_warnings() == []
+    assert _triton_warnings("--disable-auto-complete-config") == []
+    assert _triton_warnings("--strict-model-config=true") == [deprecated]
+    assert _triton_warnings("--strict-model-config=true", "--disable-auto-complete-config") == [
+        deprecated
+    ]
+    both = _triton_warnings("--disable-auto-complete-config", "--strict-model-config=false")
+    assert both == [deprecated, overriding]
+
+
 def _trace(*flags: str) -> dict[str, object]:
     return dict(_options(*flags).trace_settings)
 
