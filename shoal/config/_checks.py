@@ -9,7 +9,7 @@ from .errors import ConfigError, FieldPath
 WILDCARD_DIM = -1
 
 
-def check_dims(dims: Sequence[int], what: str, where: FieldPath) -> None:
+def check_dims(dims: Sequence[int], what: str, where: FieldPath, triton: str = "") -> None:
     """Every dimension must be >= 1, or -1 for a variable size."""
     for dim in dims:
         if dim < 1 and dim != WILDCARD_DIM:
@@ -17,6 +17,7 @@ def check_dims(dims: Sequence[int], what: str, where: FieldPath) -> None:
                 f"{what} {shape_text(dims)}: every dimension must be an integer >= 1, or -1 for "
                 f"a variable-size dimension; change {dim}",
                 field_path=where,
+                triton=triton,
             )
 
 

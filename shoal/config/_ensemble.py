@@ -50,6 +50,8 @@ def _check_ensemble_scheduling(config: pb.ModelConfig, model: str) -> None:
             f"{model} has ensemble_scheduling but platform '{config.platform}': set "
             'platform: "ensemble" (and no backend) or remove ensemble_scheduling',
             field_path=("platform",) if config.platform else ("ensemble_scheduling",),
+            triton=f"ensemble scheduling cannot be set for model '{config.name}' whose platform "
+            "is not ensemble",
         )
     if not config.HasField("ensemble_scheduling"):
         raise ConfigError(

@@ -18,11 +18,12 @@ _WHERE: FieldPath = ("sequence_batching",)
 
 
 def validate_sequence_batching(
-    batching: pb.ModelSequenceBatching, max_batch_size: int, model: str
+    batching: pb.ModelSequenceBatching, max_batch_size: int, name: str
 ) -> None:
-    """Raise :class:`ConfigError` for the first problem in ``batching``."""
-    _check_control_inputs(batching, model)
-    _check_controls(batching, model)
+    """Raise :class:`ConfigError` for the first problem in ``batching`` of model ``name``."""
+    model = f"model '{name}'"
+    _check_control_inputs(batching, model, name)
+    _check_controls(batching, model, name)
     for index, state in enumerate(batching.state):
         _check_state(state, model, (*_WHERE, "state", index))
     if batching.HasField("oldest"):
@@ -35,24 +36,26 @@ def validate_sequence_batching(
         )
 
 
-def _check_controls(batching: pb.ModelSequenceBatching, model: str) -> None:
+def _check_controls(batching: pb.ModelSequenceBatching, model: str, name: str) -> None:
     """Each control is well formed, and each kind has one tensor."""
     seen_kinds: dict[int, str] = {}
     for index, control_input in enumerate(batching.control_input):
         for position, control in enumerate(control_input.control):
             where = (*_WHERE, "control_input", index, "control", position)
-            label = f"{_Control.Kind.Name(control.kind)} control '{control_input.name}' of {model}"
+            kind = _Control.Kind.Name(control.kind)
+            label = f"{kind} control '{control_input.name}' of {model}"
             if control.kind in seen_kinds:
                 raise ConfigError(
-                    f"{model} has two {_Control.Kind.Name(control.kind)} control tensors "
+                    f"{model} has two {kind} control tensors "
                     f"('{seen_kinds[control.kind]}' and '{control_input.name}'): keep one",
                     field_path=where,
+                    triton=f"sequence batching specifies multiple {kind} tensors for {name}",
                 )
             seen_kinds[control.kind] = control_input.name
-            _check_control(control, label, where)
+            _check_control(control, label, where, f"for {kind} for {name}")
 
 
-def _check_control_inputs(batching: pb.ModelSequenceBatching, model: str) -> None:
+def _check_control_inputs(batching: pb.ModelSequenceBatching, model: str, name: str) -> None:
     names: set[str] = set()
     for index, control_input in enumerate(batching.control_input):
         where = (*_WHERE, "control_input", index)
@@ -67,6 +70,8 @@ def _check_control_inputs(batching: pb.ModelSequenceBatching, model: str) -> Non
                 f"sequence_batching control tensor '{control_input.name}' of {model} is listed "
                 "in more than one control_input: use one tensor per control",
                 field_path=where,
+                triton=f"sequence batching control tensor '{control_input.name}' is specified "
+                f"for multiple control kinds for {name}",
             )
         names.add(control_input.name)
         if not control_input.control:
@@ -77,7 +82,9 @@ def _check_control_inputs(batching: pb.ModelSequenceBatching, model: str) -> Non
             )
 
 
-def _check_control(control: pb.ModelSequenceBatching.Control, label: str, where: FieldPath) -> None:
+def _check_control(
+    control: pb.ModelSequenceBatching.Control, label: str, where: FieldPath, suffix: str
+) -> None:
     lists = {
         "int32_false_true": len(control.int32_false_true),
         "fp32_false_true": len(control.fp32_false_true),
@@ -93,6 +100,8 @@ def _check_control(control: pb.ModelSequenceBatching.Control, label: str, where:
             "bool_false_true, with two values: the false value then the true value "
             "(e.g. int32_false_true: [ 0, 1 ])",
             field_path=where,
+            triton="sequence batching must specify either 'int32_false_true', 'fp32_false_true' "
+            f"or 'bool_false_true' {suffix}",
         )
 
 

@@ -47,6 +47,7 @@ DEFAULT_MODEL_FILENAMES: dict[str, str] = {
     "onnxruntime": "model.onnx",
     "pytorch": "model.pt",
 }
+_FILENAME_BACKENDS = {name: backend for backend, name in DEFAULT_MODEL_FILENAMES.items()}
 _MULTI_CPU_INSTANCE_BACKENDS = frozenset({"onnxruntime", "tensorflow"})
 _Kind = pb.ModelInstanceGroup
 
@@ -96,6 +97,9 @@ def _fill_backend(config: pb.ModelConfig, detected_backend: str | None) -> None:
         config.backend = detected_backend
     if not config.backend and config.platform in PLATFORM_BACKENDS:
         config.backend = PLATFORM_BACKENDS[config.platform]
+    # Triton's auto-complete: a default_model_filename of a backend's model file names it
+    if not config.backend and config.platform not in PLATFORM_BACKENDS:
+        config.backend = _FILENAME_BACKENDS.get(config.default_model_filename, "")
     if not config.platform and config.backend in _BACKEND_PLATFORMS:
         config.platform = _BACKEND_PLATFORMS[config.backend]
 

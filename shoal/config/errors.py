@@ -27,7 +27,8 @@ class ConfigError(ValueError):
     not recoverable for that model: the message says what to change, and the model loads once the
     configuration is fixed. ``path``, ``line`` and ``column`` locate the problem in the file when
     it came from one (lines and columns count from 1); ``field`` is the dotted field path, such as
-    ``input[1].dims``, when the problem is one field's value.
+    ``input[1].dims``, when the problem is one field's value. ``triton`` is tritonserver's message
+    for the same problem, which the message then starts with.
     """
 
     def __init__(
@@ -38,8 +39,10 @@ class ConfigError(ValueError):
         line: int | None = None,
         column: int | None = None,
         field_path: FieldPath = (),
+        triton: str = "",
     ) -> None:
-        self.message = message
+        # Triton's own words first where it has some: clients and Triton's QA match them
+        self.message = f"{triton}: {message}" if triton else message
         self.path = None if path is None else str(path)
         self.line = line
         self.column = column

@@ -528,4 +528,7 @@ def test_errors_without_a_file_have_no_line(tmp_path):
     with pytest.raises(ConfigError) as info:
         load_model_config(model_dir, override={"backend": "python", "max_batch_size": -3})
     assert (info.value.path, info.value.line) == (str(model_dir), None)
-    assert str(info.value).startswith(f"{model_dir}: model 'm' has max_batch_size -3")
+    assert str(info.value).startswith(
+        f"{model_dir}: 'max_batch_size' must be non-negative value for m: "
+        "model 'm' has max_batch_size -3"
+    )
