@@ -23,24 +23,26 @@ class _Tensor:
 def validate_ensemble(config: pb.ModelConfig, model: str) -> None:
     """Raise :class:`ConfigError` for the first problem in an ensemble's configuration."""
     _check_shape(config, model)
-    tensors = _build_graph(config.ensemble_scheduling.step, model)
+    tensors = _build_graph(config.ensemble_scheduling.step, model, config.name)
     _check_flow(config, tensors, model)
 
 
 def _check_shape(config: pb.ModelConfig, model: str) -> None:
     _check_ensemble_scheduling(config, model)
-    for name in ("instance_group", "model_warmup"):
-        if getattr(config, name):
+    triton = {
+        "instance_group": "instance group should not be specified",
+        "optimization": "optimization should not be specified",
+        "model_warmup": "model_warmup can not be specified",
+    }
+    for name, words in triton.items():
+        present = config.HasField(name) if name == "optimization" else bool(getattr(config, name))
+        if present:
             raise ConfigError(
                 f"{model} is an ensemble and cannot have {name}: remove it (each step's model "
                 "has its own)",
                 field_path=(name,),
+                triton=f"{words} for ensemble '{config.name}'",
             )
-    if config.HasField("optimization"):
-        raise ConfigError(
-            f"{model} is an ensemble and cannot have optimization: remove it",
-            field_path=("optimization",),
-        )
 
 
 def _check_ensemble_scheduling(config: pb.ModelConfig, model: str) -> None:
@@ -58,31 +60,39 @@ def _check_ensemble_scheduling(config: pb.ModelConfig, model: str) -> None:
             f'{model} has platform "ensemble" but no ensemble_scheduling: add '
             "ensemble_scheduling { step [ ... ] } with the steps to run",
             field_path=("platform",),
+            triton=f"ensemble scheduling must be set for ensemble {config.name} whose platform "
+            "is ensemble",
         )
     if not config.ensemble_scheduling.step:
         raise ConfigError(
             f"{model} is an ensemble without steps: add step [ ... ] to ensemble_scheduling",
             field_path=("ensemble_scheduling",),
+            triton=f"must specify 'step' for ensemble '{config.name}'",
         )
 
 
-def _build_graph(steps: Sequence[pb.ModelEnsembling.Step], model: str) -> dict[str, _Tensor]:
+def _build_graph(
+    steps: Sequence[pb.ModelEnsembling.Step], model: str, name: str
+) -> dict[str, _Tensor]:
     tensors: dict[str, _Tensor] = {}
     for index, step in enumerate(steps):
         where = (*_STEPS, index)
-        for name in ("model_name", "input_map", "output_map"):
-            if not getattr(step, name):
+        for part in ("model_name", "input_map", "output_map"):
+            if not getattr(step, part):
                 raise ConfigError(
-                    f"step {index} of ensemble {model} has no {name}: add it", field_path=where
+                    f"step {index} of ensemble {model} has no {part}: add it",
+                    field_path=where,
+                    triton=f"must specify '{part}' in step {index} of ensemble '{name}'",
                 )
+        # Triton adds a step's outputs to the graph before its inputs
+        _add_outputs(tensors, step, index, model, name)
         for tensor_name in step.input_map.values():
             tensors.setdefault(tensor_name, _Tensor()).consumers.append(index)
-        _add_outputs(tensors, step, index, model)
     return tensors
 
 
 def _add_outputs(
-    tensors: dict[str, _Tensor], step: pb.ModelEnsembling.Step, index: int, model: str
+    tensors: dict[str, _Tensor], step: pb.ModelEnsembling.Step, index: int, model: str, name: str
 ) -> None:
     for tensor_name in step.output_map.values():
         tensor = tensors.setdefault(tensor_name, _Tensor())
@@ -92,6 +102,8 @@ def _add_outputs(
                 f"{tensor.producer} and {index}: each tensor must have one producer; rename "
                 "one of them in output_map",
                 field_path=(*_STEPS, index, "output_map"),
+                triton=f"ensemble tensor '{tensor_name}' can appear in an output map only once "
+                f"for ensemble '{name}' step {index}",
             )
         tensor.producer = index
 
@@ -105,10 +117,44 @@ def _check_flow(config: pb.ModelConfig, tensors: dict[str, _Tensor], model: str)
                 f"ensemble output '{model_output.name}' of {model} is not written by any step: "
                 "map a step's output to it in output_map",
                 field_path=("output", index),
+                triton=f"ensemble output '{model_output.name}' for ensemble {config.name}' is "
+                "not used",
             )
+        if not tensors[model_output.name].ready:
+            _not_written(config, tensors, model_output.name, model)
     outputs = {model_output.name for model_output in config.output}
     for name, tensor in tensors.items():
-        _check_tensor(name, tensor, name in outputs, model)
+        if name not in outputs:
+            _check_tensor(name, tensor, model, config.name)
+
+
+def _not_written(
+    config: pb.ModelConfig, tensors: dict[str, _Tensor], output: str, model: str
+) -> None:
+    """Triton's words for an output no step can compute, naming the first tensor upstream that
+    nothing connects."""
+    steps = config.ensemble_scheduling.step
+    source, seen = output, {output}
+    while (producer := tensors[source].producer) is not None:
+        missing = [
+            name
+            for name in steps[producer].input_map.values()
+            if not tensors[name].ready and name not in seen
+        ]
+        if not missing:
+            break
+        source = missing[0]
+        seen.add(source)
+    words = f"output '{output}' for ensemble '{config.name}' is not written"
+    if source != output:
+        words += f": at least one of its depending tensors, '{source}', is not connected"
+    raise ConfigError(
+        f"ensemble output '{output}' of {model} cannot be computed: '{source}' is neither an "
+        "ensemble input nor written by a step that can run (check the names in input_map and "
+        "output_map)",
+        field_path=("output", [o.name for o in config.output].index(output)),
+        triton=words,
+    )
 
 
 def _check_inputs_used(config: pb.ModelConfig, tensors: dict[str, _Tensor], model: str) -> None:
@@ -119,12 +165,15 @@ def _check_inputs_used(config: pb.ModelConfig, tensors: dict[str, _Tensor], mode
                 f"ensemble input '{model_input.name}' of {model} is not used by any step: map it "
                 "in a step's input_map or remove the input",
                 field_path=("input", index),
+                triton=f"ensemble input '{model_input.name}' for ensemble {config.name}' is not "
+                "used",
             )
         tensors[model_input.name].ready = True
 
 
-def _check_tensor(name: str, tensor: _Tensor, is_output: bool, model: str) -> None:
-    """A tensor can be computed, and someone reads it."""
+def _check_tensor(name: str, tensor: _Tensor, model: str, ensemble: str) -> None:
+    """A tensor that is not an ensemble output can be computed, and someone reads it."""
+    triton = f"ensemble tensor '{name}' is unused in ensemble '{ensemble}'"
     if not tensor.ready:
         step = tensor.consumers[0] if tensor.producer is None else tensor.producer
         raise ConfigError(
@@ -132,13 +181,15 @@ def _check_tensor(name: str, tensor: _Tensor, is_output: bool, model: str) -> No
             "but it is neither an ensemble input nor written by a step that can run (check "
             "the names in input_map and output_map)",
             field_path=(*_STEPS, step),
+            triton=triton,
         )
-    if not tensor.consumers and not is_output:
+    if not tensor.consumers:
         raise ConfigError(
             f"ensemble tensor '{name}' of {model} is written by step {tensor.producer} but "
             "no step reads it and it is not an ensemble output: use it or remove it from "
             "output_map",
             field_path=(*_STEPS, tensor.producer or 0, "output_map"),
+            triton=triton,
         )
 
 

@@ -241,3 +241,41 @@ def test_metric_control_with_identifier_and_buckets_loads(tmp_path):
     )
     model_dir = make_model(tmp_path, "m", text + IO)
     assert load_model_config(model_dir).name == "m"
+
+
+_STEP = 'step [ { model_name: "a" model_version: -1 input_map { key: "x" value: "IN" } '
+_ENSEMBLE_CASES = [
+    (
+        "ensemble with instance groups",
+        f"instance_group [ {{ count: 1 }} ]\nensemble_scheduling {{ {_STEP}"
+        'output_map { key: "y" value: "OUT" } } ] }',
+        "instance group should not be specified for ensemble 'm'",
+    ),
+    (
+        "ensemble without steps",
+        "ensemble_scheduling { }",
+        "must specify 'step' for ensemble 'm'",
+    ),
+    (
+        "ensemble step without output_map",
+        f"ensemble_scheduling {{ {_STEP} }} ] }}",
+        "must specify 'output_map' in step 0 of ensemble 'm'",
+    ),
+    (
+        "ensemble tensor nobody reads",
+        f'ensemble_scheduling {{ {_STEP} output_map {{ key: "y" value: "OUT" }} '
+        'output_map { key: "z" value: "spare" } } ] }',
+        "ensemble tensor 'spare' is unused in ensemble 'm'",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("config", "words"), [c[1:] for c in _ENSEMBLE_CASES], ids=[c[0] for c in _ENSEMBLE_CASES]
+)
+def test_tritons_words_for_an_ensemble(tmp_path, config, words):
+    text = 'platform: "ensemble"\nmax_batch_size: 4\n' + config + IO
+    model_dir = make_model(tmp_path, "m", text, model_file=None)
+    with pytest.raises(ConfigError) as info:
+        load_model_config(model_dir)
+    assert words in info.value.message

@@ -478,8 +478,10 @@ ENSEMBLE_CASES = [
         _ensemble(
             _step("a", {"x": "IN", "w": "missing"}, {"y": "OUT"}),
         ),
-        "ensemble_scheduling.step[0]",
-        "ensemble tensor 'missing' of model 'm' cannot be computed: step 0 needs it",
+        "output[0]",
+        # Triton's words and order: the output first, then the tensor upstream
+        "output 'OUT' for ensemble 'm' is not written: at least one of its depending tensors, "
+        "'missing', is not connected",
     ),
     (
         "tensor nobody reads",
