@@ -12,6 +12,7 @@
 #   SHOAL_ARGS=...  flags added to every server (e.g. '--frontend-workers 2')
 #   KEEP=1          keep the temporary directory (server logs) and print its path
 #   VERBOSE=1       print each failed case's error lines
+#   NOAUTOFILL_FLAGS  the flags noautofill_platform runs with (default: test.sh's two, in turn)
 set -uo pipefail
 
 ROOT="${SHOAL_ROOT:-$(cd "$(dirname "$0")/../.." && pwd)}"
@@ -66,7 +67,8 @@ def start(models: str, args: list[str], log: str):
     cmd = [shoal_py, "-m", "shoal", "serve", f"--model-repository={models}",
            "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1",
            "--metrics-address", "127.0.0.1", "--http-port", str(http),
-           "--grpc-port", str(grpc), "--metrics-port", str(metrics), *extra.split(), *args]
+           "--grpc-port", str(grpc), "--metrics-port", str(metrics),
+           "--backend-directory", os.path.join(work, "backends"), *extra.split(), *args]
     out = open(log, "w")
     proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
                             env=dict(os.environ, PYTHONPATH=root))
@@ -193,7 +195,9 @@ for target in sorted(os.listdir("special_cases")):
     must_fail("special_cases", f"special_cases/{target}", models, f"{models}/{target}", args)
 
 # Triton's trials are TensorRT, ONNX Runtime and LibTorch: shoal serves ONNX only.
-for flag in ("--strict-model-config=true", "--disable-auto-complete-config"):
+for flag in os.environ.get(
+    "NOAUTOFILL_FLAGS", "--strict-model-config=true --disable-auto-complete-config"
+).split():
     for target in sorted(os.listdir("noautofill_platform")):
         models = fresh(f"noautofill_platform/{target}")
         config = f"{models}/{target}/config.pbtxt"
@@ -244,6 +248,33 @@ for group, (ok_, total) in sorted(results.items()):
     print(f"L0_model_config {group}: {ok_}/{total} passed")
 EOF
 
+make_backends() {
+  # Triton's C++ identity test backend (L0_config_json's max_priority_level, L0_model_config's
+  # ensembles' steps and `*.identity` models): a python identity.
+  mkdir -p "$WORK/backends/identity"
+  cat >"$WORK/backends/identity/model.py" <<'EOF'
+import json
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        self.names = [(i["name"], o["name"]) for i, o in zip(config["input"], config["output"])]
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            outs = [
+                pb_utils.Tensor(o, pb_utils.get_input_tensor_by_name(request, i).as_numpy())
+                for i, o in self.names
+            ]
+            responses.append(pb_utils.InferenceResponse(outs))
+        return responses
+EOF
+}
+
 suite_model_config() {
   local d="$QA/L0_model_config" m p
   # test.sh's preparation, for the models a python or ONNX model stands in for.
@@ -279,6 +310,7 @@ suite_model_config() {
     cp "$QA/python_models/async_execute_decouple/model.py" "$p/1/"
     cat "$QA/python_models/async_execute_decouple/config.pbtxt" "$p/partial.pbtxt" >"$p/config.pbtxt"
   done
+  make_backends
   "$SHOAL_PY" "$WORK/driver.py" "$ROOT" "$SHOAL_PY" "$PY" "$WORK" "${SHOAL_ARGS:-}" "${ONLY:-}"
 }
 
@@ -314,29 +346,6 @@ PYTHONPATH="$ROOT" exec "$SHOAL_PY" -m shoal serve --backend-directory "$WORK/ba
   --http-port $BASE --grpc-port $((BASE + 1)) --metrics-port $((BASE + 2)) ${SHOAL_ARGS:-} "\$@"
 EOF
   chmod +x "$WORK/bin/tritonserver"
-  # Triton's C++ identity test backend (L0_config_json's max_priority_level): a python identity.
-  mkdir -p "$WORK/backends/identity"
-  cat >"$WORK/backends/identity/model.py" <<'EOF'
-import json
-
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def initialize(self, args):
-        config = json.loads(args["model_config"])
-        self.names = [(i["name"], o["name"]) for i, o in zip(config["input"], config["output"])]
-
-    def execute(self, requests):
-        responses = []
-        for request in requests:
-            outs = [
-                pb_utils.Tensor(o, pb_utils.get_input_tensor_by_name(request, i).as_numpy())
-                for i, o in self.names
-            ]
-            responses.append(pb_utils.InferenceResponse(outs))
-        return responses
-EOF
   local n files
   files=$(find "$QA/common" "$QA"/L0_custom_model_config "$QA"/L0_config_json "$QA"/L0_socket \
     -type f \( -name '*.sh' -o -name '*.py' \))
@@ -401,11 +410,16 @@ for suite in "${SUITES[@]}"; do
   case "$suite" in
     model_config) suite_model_config ;;
     custom_config | config_json | socket)
-      [ -e "$WORK/bin/tritonserver" ] || { make_shims; make_data; }
+      [ -e "$WORK/bin/tritonserver" ] || { make_shims; make_data; make_backends; }
       case "$suite" in
         custom_config) suite_testsh L0_custom_model_config ;;
         config_json) suite_testsh L0_config_json ;;
-        socket) suite_testsh L0_socket ;;
+        socket)
+          # its `simple` (ONNX, no version directory in the snapshot): a python add/sub
+          mkdir -p "$QA/L0_socket/models/simple/1"
+          cp "$QA/python_models/add_sub/model.py" "$QA/L0_socket/models/simple/1/"
+          sed -i 's/^platform: .*/backend: "python"/' "$QA/L0_socket/models/simple/config.pbtxt"
+          suite_testsh L0_socket ;;
       esac ;;
     *) echo "unknown suite: $suite" >&2 ;;
   esac

@@ -96,8 +96,19 @@ def _check_backend(config: pb.ModelConfig, model: str) -> None:
             f'{model} does not say what runs it: add backend: "python" (for a model.py) to '
             'its config.pbtxt, or platform: "ensemble" for an ensemble',
             field_path=("backend",),
+            triton=f"Invalid model name: Could not determine backend for model '{config.name}' "
+            "with no backend in model configuration. Expected model name of the form "
+            "'model.<backend_name>'.",
         )
     platform_backend = PLATFORM_BACKENDS.get(config.platform)
+    if config.platform == ENSEMBLE_PLATFORM and config.backend:
+        raise ConfigError(
+            f"{model} is an ensemble and names backend '{config.backend}': remove the backend "
+            "(each step's model has its own)",
+            field_path=("backend",),
+            triton=f"Ensemble model '{config.name}' must have platform type 'ensemble' and "
+            "empty backend type",
+        )
     if not config.backend and config.platform != ENSEMBLE_PLATFORM:
         raise ConfigError(
             f"unexpected platform type '{config.platform}' for {config.name}: {model} names "

@@ -109,8 +109,11 @@ def decoupled_flow(config: ModelConfig, decoupled_of: DecoupledOf) -> bool:
 def _check_cycles(config: ModelConfig, steps_of: StepsOf) -> None:
     path = _path_back(config.name, [s.model_name for s in config.ensemble_steps], steps_of)
     if path is not None:
-        chain = " -> ".join(f"'{name}'" for name in (config.name, *path))
+        names = (config.name, *path)
+        chain = " -> ".join(f"'{name}'" for name in names)
         raise EnsembleProblem(
+            f"circular dependency between ensembles: {config.name} -> ... -> {names[-2]} -> "
+            f"{config.name}: "  # Triton's words first
             f"ensemble '{config.name}' contains itself ({chain}): an ensemble cannot be a step "
             "of itself, directly or through nested ensembles"
         )

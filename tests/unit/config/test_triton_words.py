@@ -66,6 +66,21 @@ CASES = [
         "platform",
     ),
     (
+        "ensemble with a backend",
+        'platform: "ensemble"\nbackend: "onnxruntime"',
+        None,
+        "Ensemble model 'm' must have platform type 'ensemble' and empty backend type",
+        "backend",
+    ),
+    (
+        "no backend, no model file, no dot in the name",
+        "max_batch_size: 1",
+        None,
+        "Invalid model name: Could not determine backend for model 'm' with no backend in "
+        "model configuration. Expected model name of the form 'model.<backend_name>'.",
+        "backend",
+    ),
+    (
         "unknown platform, no backend",
         'platform: "onnxruntim"',
         "model.onnx",
@@ -279,3 +294,10 @@ def test_tritons_words_for_an_ensemble(tmp_path, config, words):
     with pytest.raises(ConfigError) as info:
         load_model_config(model_dir)
     assert words in info.value.message
+
+
+def test_a_dotted_model_name_names_its_backend(tmp_path):
+    # Triton's custom-backend convention: model "<anything>.<backend>"
+    model_dir = make_model(tmp_path, "any.identity", IO, model_file=None)
+    config = load_model_config(model_dir)
+    assert (config.backend, config.default_model_filename) == ("identity", "model.identity")

@@ -50,6 +50,12 @@ def test_a_nested_ensemble_is_checked_like_a_model():
     ("name", "message"),
     [
         ("ens_cycle_a", "ensemble 'ens_cycle_a' contains itself ('ens_cycle_a' -> 'ens_cycle_b'"),
+        # Triton's words (L0_model_config's circular_dependency)
+        (
+            "ens_cycle_a",
+            "circular dependency between ensembles: ens_cycle_a -> ... -> ens_cycle_b -> "
+            "ens_cycle_a",
+        ),
         ("ens_bad_shape", "tensor 'X' has shape [3] but 'X' of model 'ens_diamond' has shape [4]"),
         ("ens_bad_dtype", "tensor 'X' is INT32 but 'INPUT0' of model 'add_sub' is FP32"),
         ("ens_inner_unknown", "uses model 'no_such_model', which is in no model repository"),
