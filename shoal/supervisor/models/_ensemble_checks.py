@@ -86,6 +86,8 @@ def decoupled_flow(config: ModelConfig, decoupled_of: DecoupledOf) -> bool:
             seen = {streams[t] for t in step.input_map.values()}
             if len(seen) > 1:
                 raise EnsembleProblem(
+                    f"in ensemble {config.name}, step of model '{step.model_name}' receives "
+                    "inputs originated from different decoupled models: "  # Triton's words
                     f"in ensemble '{config.name}', step {index} of model '{step.model_name}' "
                     "receives inputs originated from different decoupled models: each "
                     "response of a decoupled step runs the steps that read its outputs, so a "
@@ -99,6 +101,9 @@ def decoupled_flow(config: ModelConfig, decoupled_of: DecoupledOf) -> bool:
                 streams[tensor] = stream
     if len({streams[t.name] for t in config.outputs if t.name in streams}) > 1:
         raise EnsembleProblem(
+            # Triton's words: it checks the outputs as a step of the ensemble itself
+            f"in ensemble {config.name}, step of model '{config.name}' receives inputs "
+            "originated from different decoupled models: "
             f"in ensemble '{config.name}', its outputs receive inputs originated from "
             "different decoupled models: each response of the ensemble is made of the "
             "outputs of one decoupled step's response (or of none)"

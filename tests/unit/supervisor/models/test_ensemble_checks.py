@@ -191,6 +191,9 @@ ensemble_scheduling {{ step [
         ({"rep"}, "in ensemble 'mixed', step 1 of model 'mix' receives inputs originated from "),
         ({"rep", "mix"}, "step 1 of model 'mix' receives inputs originated from different"),
         ({"plain", "mix"}, "in ensemble 'mixed', its outputs receive inputs originated from"),
+        # Triton's words (L0_model_config's invalid_decoupled_branching and _2)
+        ({"rep"}, "in ensemble mixed, step of model 'mix' receives inputs originated from "),
+        ({"plain", "mix"}, "in ensemble mixed, step of model 'mixed' receives inputs originated"),
     ],
 )
 def test_a_step_reads_the_responses_of_one_decoupled_step(tmp_path, decoupled, message):
