@@ -139,7 +139,7 @@ def test_merge_compares_dims_as_integers():
 @pytest.mark.parametrize("method,kind", [("add_input", "input"), ("add_output", "output")])
 def test_merge_conflicting_data_type_raises(method, kind):
     model_config = config(**{kind: [{"name": "X", "data_type": "TYPE_INT32", "dims": [1]}]})
-    with pytest.raises(ValueError, match="data_type"):
+    with pytest.raises(ValueError, match="configuration expects datatype TYPE_INT32"):
         getattr(model_config, method)({"name": "X", "data_type": "TYPE_FP32", "dims": [1]})
 
 
@@ -184,3 +184,63 @@ def test_transaction_policy_conflict_raises():
     model_config = config(model_transaction_policy={"decoupled": False})
     with pytest.raises(ValueError, match="decoupled"):
         model_config.set_model_transaction_policy({"decoupled": True})
+
+
+# The Python backend's own words (triton_python_backend_utils.ModelConfig), which Triton's
+# L0_model_config autofill_noplatform/python cases match
+TRITON_WORDS = [
+    (
+        lambda c: c.set_max_batch_size(4),
+        {"max_batch_size": 6},
+        "configuration specified max_batch_size 6, but in auto-complete-config function for "
+        "model 'm' specified max_batch_size 4",
+    ),
+    (
+        lambda c: c.set_dynamic_batching(),
+        {"sequence_batching": {}},
+        "Configuration specified scheduling_choice as 'sequence_batching', but "
+        "auto-complete-config function for model 'm' tries to set scheduling_choice as "
+        "'dynamic_batching'",
+    ),
+    (
+        lambda c: c.add_input({"name": "I", "dims": [1]}),
+        {},
+        "input 'I' in auto-complete-config function for model 'm' is missing 'data_type' property.",
+    ),
+    (
+        lambda c: c.add_output({"data_type": "TYPE_FP32", "dims": [1]}),
+        {},
+        "output in auto-complete-config function for model 'm' is missing 'name' property.",
+    ),
+    (
+        lambda c: c.add_input({"name": "I", "data_type": "TYPE_FP32", "dims": [1], "x": 1}),
+        {},
+        "input 'I' in auto-complete-config function for model 'm' contains property other "
+        "than 'name', 'data_type', 'dims' and 'optional'.",
+    ),
+    (
+        lambda c: c.add_output({"name": "O", "data_type": "TYPE_FP32", "dims": [4]}),
+        {"output": [{"name": "O", "data_type": "TYPE_FP32", "dims": [16]}]},
+        "model 'm', tensor 'O': the model expects dims [4] but the model configuration "
+        "specifies dims [16]",
+    ),
+    (
+        lambda c: c.set_model_transaction_policy({"decoupled": True, "other": 1}),
+        {},
+        "model transaction property in auto-complete-config function for model 'm' contains "
+        "property other than 'decoupled'.",
+    ),
+    (
+        lambda c: c.set_model_transaction_policy({"decoupled": True}),
+        {"model_transaction_policy": {"decoupled": False}},
+        "trying to change decoupled property in auto-complete-config for model 'm', which is "
+        "already set to 'False'.",
+    ),
+]
+
+
+@pytest.mark.parametrize(("call", "fields", "words"), TRITON_WORDS)
+def test_refusals_start_with_the_python_backends_words(call, fields, words):
+    with pytest.raises(ValueError) as info:
+        call(config(**fields))
+    assert str(info.value).startswith(words)
