@@ -80,10 +80,14 @@ def check_tensors(
     """
     by_name = {t.name: t for t in graph}
     names = ", ".join(t.name for t in graph) or "none"
+    if kind == "input":
+        _check_count(model, configured, graph, set(unlisted))
     for tensor in configured:
         found = by_name.get(tensor.name)
         if found is None:
             raise OnnxModelError(
+                # Triton's onnxruntime backend's words first
+                f"unexpected inference {kind} '{tensor.name}', allowed {kind}s are: {names}: "
                 f"unable to load model '{model}': configuration has {kind} '{tensor.name}', "
                 f"which the ONNX graph does not have (its {kind}s: {names})"
             )
@@ -104,6 +108,28 @@ def _check_datatype(model: str, kind: str, tensor: ConfigTensor, found: GraphTen
             f"unable to load model '{model}', configuration expects datatype "
             f"{config_type(tensor.datatype)} for {kind} '{tensor.name}', model provides "
             f"{config_type(found.datatype)}"
+        )
+
+
+def _check_count(
+    model: str, configured: Sequence[ConfigTensor], graph: Sequence[GraphTensor], optional: set[str]
+) -> None:
+    """Triton's onnxruntime backend counts the inputs before it compares their names."""
+    in_graph = {t.name for t in graph}
+    extra = [c.name for c in configured if c.name not in in_graph]
+    listed = {c.name for c in configured}
+    missing = [t.name for t in graph if t.name not in listed and t.name not in optional]
+    if len(configured) != len(graph) and (extra or missing):
+        what = (
+            f"configuration has input(s) {', '.join(repr(e) for e in extra)}, which the ONNX "
+            "graph does not have"
+            if extra
+            else f"the ONNX graph has input(s) {', '.join(repr(m) for m in missing)} that the "
+            "configuration does not list"
+        )
+        raise OnnxModelError(
+            f"unable to load model '{model}', configuration expects {len(configured)} inputs, "
+            f"model provides {len(graph)}: {what}"
         )
 
 
@@ -143,7 +169,16 @@ def _check_shape(
     )
     if not compatible:
         batch = "[-1] + " if max_batch_size > 0 else ""
+        specified = (
+            f"{len(expected)} dimensions (an initial batch dimension because max_batch_size > 0 "
+            "followed by the explicit tensor shape, making complete shape "
+            f"{_shape_text(expected)})"
+            if max_batch_size > 0
+            else f"{len(expected)} dimensions (shape {_shape_text(expected)})"
+        )
         raise OnnxModelError(
+            f"model '{model}', tensor '{tensor.name}': the model expects {len(got)} dimensions "
+            f"(shape {_shape_text(got)}) but the model configuration specifies {specified}: "
             f"unable to load model '{model}': {kind} '{tensor.name}' has shape "
             f"{_shape_text(got)} in the ONNX graph, but the configuration gives "
             f"{batch}{_shape_text(tensor.model_dims)}: fix dims (or reshape) in config.pbtxt"

@@ -315,6 +315,20 @@ def test_a_bad_graph_is_a_load_error_naming_the_model(tmp_path):
             {"max_batch_size": 4},
             "needs a variable first (batch) dimension",
         ),
+        # Triton's onnxruntime backend's words, which its L0_model_config matches
+        (
+            {"input": [tensor("INPUT0", "TYPE_FP32", [4]), tensor("OTHER", "TYPE_FP32", [4])]},
+            "unexpected inference input 'OTHER', allowed inputs are: INPUT0, INPUT1",
+        ),
+        (
+            {"input": [tensor("INPUT0", "TYPE_FP32", [4])]},
+            "unable to load model 'add', configuration expects 1 inputs, model provides 2",
+        ),
+        (
+            {"output": [tensor("OUTPUT0", "TYPE_FP32", [4, 1])]},
+            "tensor 'OUTPUT0': the model expects 1 dimensions (shape [4]) but the model "
+            "configuration specifies 2 dimensions (shape [4,1])",
+        ),
     ],
 )
 def test_a_configuration_that_does_not_fit_the_graph_is_a_load_error(tmp_path, change, message):
