@@ -12,6 +12,7 @@
 #   SHOAL_ARGS=...  flags added to every server (e.g. '--frontend-workers 2')
 #   KEEP=1          keep the temporary directory (server logs) and print its path
 #   VERBOSE=1       print each failed case's error lines
+#   SOCKET_SLEEP    L0_socket's wait for a server to come up (test.sh's 15 s)
 #   NOAUTOFILL_FLAGS  the flags noautofill_platform runs with (default: test.sh's two, in turn)
 set -uo pipefail
 
@@ -419,6 +420,8 @@ for suite in "${SUITES[@]}"; do
           mkdir -p "$QA/L0_socket/models/simple/1"
           cp "$QA/python_models/add_sub/model.py" "$QA/L0_socket/models/simple/1/"
           sed -i 's/^platform: .*/backend: "python"/' "$QA/L0_socket/models/simple/config.pbtxt"
+          # test.sh gives each server 15 s to come up; on a loaded machine shoal may need more
+          sed -i "s/^\( *\)sleep 15$/\1sleep ${SOCKET_SLEEP:-15}/" "$QA/L0_socket/test.sh"
           suite_testsh L0_socket ;;
       esac ;;
     *) echo "unknown suite: $suite" >&2 ;;
