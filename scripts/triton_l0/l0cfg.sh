@@ -422,6 +422,7 @@ for suite in "${SUITES[@]}"; do
           sed -i 's/^platform: .*/backend: "python"/' "$QA/L0_socket/models/simple/config.pbtxt"
           # test.sh gives each server 15 s to come up; on a loaded machine shoal may need more
           sed -i "s/^\( *\)sleep 15$/\1sleep ${SOCKET_SLEEP:-15}/" "$QA/L0_socket/test.sh"
+          sed -i "s/^SERVER_TIMEOUT=15$/SERVER_TIMEOUT=${SOCKET_SLEEP:-15}/" "$QA/L0_socket/test.sh"
           suite_testsh L0_socket ;;
       esac ;;
     *) echo "unknown suite: $suite" >&2 ;;
