@@ -107,6 +107,6 @@ def test_too_few_copies_fail_the_load_naming_the_resource(tmp_path):
         with pytest.raises(InferenceServerException) as failed:
             client.load_model("greedy")
         text = str(failed.value)
-        assert "Resource count for 'r1' is limited to 1" in text
-        assert "instance 'greedy_0_0' of model 'greedy': it needs 2" in text
+        assert 'Resource count for "r1" is limited to 1' in text
+        assert "the minimum required count is 2 (instance 'greedy_0_0' of model 'greedy'" in text
         client.close()

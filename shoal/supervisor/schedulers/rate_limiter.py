@@ -10,8 +10,10 @@ answered or fails. A head whose resources are busy holds the others back, so a b
 not starved by small ones.
 
 Copies of a resource: ``--rate-limit-resource <name>:<count>[:<device>]`` (a device-less count
-applies to every device), else the most any registered instance asks for, so every instance can
-run. A flag that leaves fewer copies than an instance needs fails that model's load.
+applies to every device; a resource named only for other devices has none on this one), else the
+most any registered instance asks for, so every instance can run. A flag that leaves fewer copies
+than an instance needs fails that model's load, and so does a name declared global by one
+instance and per device by another.
 """
 
 from __future__ import annotations
@@ -100,14 +102,17 @@ class RateLimiter:
             if r.count > 0
         )
         member = LimitedInstance(self, instance, device, needs, max(1, group.priority))
+        where = f"instance '{instance}' of model '{model}'"
+        self._check_scopes(member, where)
         for (name, pool_device), count in member.pools():
             limit = self._explicit_count(name, pool_device)
             if limit is not None and limit < count:
-                where = "" if pool_device is None else f" on device {pool_device}"
+                pool = "globally" if pool_device is None else f"on device {pool_device}"
+                # Triton's words first (its QA greps for them), then which instance it was.
                 raise InvalidArgument(
-                    f"Resource count for '{name}' is limited to {limit}{where} "
-                    f"(--rate-limit-resource), which will prevent scheduling instance "
-                    f"'{instance}' of model '{model}': it needs {count}"
+                    f'Resource count for "{name}" is limited to {limit} which will prevent '
+                    "scheduling of one or more model instances, the minimum required count "
+                    f"is {count} ({where} needs {count} {pool}; --rate-limit-resource)"
                 )
         self._members.append(member)
         return member
@@ -131,11 +136,30 @@ class RateLimiter:
         )
 
     def _explicit_count(self, name: str, device: int | None) -> int | None:
-        if device is None:  # a global resource: any device's count is its count
-            counts = [c for (n, _), c in self._explicit.items() if n == name]
-            return min(counts) if counts else None
-        count = self._explicit.get((name, device))
-        return count if count is not None else self._explicit.get((name, None))
+        """The flags' copies of a resource; None when no flag names it. As in Triton, a
+        resource the flags name only for other devices has none on this one, and a global
+        resource has the most any flag gives it, whatever its device."""
+        named = [
+            (flag_device, count) for (n, flag_device), count in self._explicit.items() if n == name
+        ]
+        if not named:
+            return None
+        if device is None:
+            return max(count for _, count in named)
+        return max((count for d, count in named if d is None or d == device), default=0)
+
+    def _check_scopes(self, member: LimitedInstance, where: str) -> None:
+        """A resource is either global or per device across every loaded model (Triton's
+        check: one name cannot be both one pool and a pool per device)."""
+        known = [need for other in self._members for need in other.needs] + list(member.needs)
+        for need in member.needs:
+            if any(o.name == need.name and o.is_global != need.is_global for o in known):
+                scope = "global" if need.is_global else "per device"
+                raise InvalidArgument(
+                    f'Resource "{need.name}" is present as both global and device-specific '
+                    f"resource in the model configuration. ({where} declares it {scope}; "
+                    "another instance the other way)"
+                )
 
     # -- grants -------------------------------------------------------------------------------
 

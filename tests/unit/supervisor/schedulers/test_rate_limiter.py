@@ -42,8 +42,40 @@ def test_flag_counts_per_device_and_for_every_device():
     assert limiter.capacity(("r1", 0)) == limiter.capacity(("r1", 3)) == 10
     assert (limiter.capacity(("r2", 0)), limiter.capacity(("r2", 1))) == (5, 8)
     assert limiter.capacity(("r3", None)) == 2
-    with pytest.raises(InvalidArgument, match="'r2' is limited to 5 on device 0"):
+    with pytest.raises(InvalidArgument) as refused:
         limiter.register("m", "m_0", 0, _group(("R2", 6, False)))
+    # Triton's words (its L0_rate_limiter greps for them), then the instance and the pool.
+    assert str(refused.value).startswith(
+        'Resource count for "r2" is limited to 5 which will prevent scheduling of one or more '
+        "model instances, the minimum required count is 6 (instance 'm_0' of model 'm' needs 6 "
+        "on device 0"
+    )
+
+
+def test_a_resource_flagged_for_other_devices_only_has_no_copies_here():
+    limiter = RateLimiter({("R1", 10): 10, ("G", 0): 1, ("G", 1): 3})
+    with pytest.raises(InvalidArgument, match=r'"r1" is limited to 0 .* count is 4'):
+        limiter.register("m", "m_0", 0, _group(("R1", 4, False)))
+    assert limiter.capacity(("r1", 10)) == 10
+    # A global resource has the most any flag gives it, whatever the flag's device (Triton).
+    assert limiter.capacity(("g", None)) == 3
+    limiter.register("m", "m_0", 0, _group(("G", 3, True)))
+
+
+def test_one_name_cannot_be_global_and_per_device():
+    limiter = RateLimiter({})
+    limiter.register("a", "a_0", 0, _group(("R2", 2, True)))
+    with pytest.raises(InvalidArgument) as refused:
+        limiter.register("b", "b_0", 0, _group(("R1", 1, False), ("R2", 2, False)))
+    assert str(refused.value).startswith(
+        'Resource "r2" is present as both global and device-specific resource in the model '
+        "configuration. (instance 'b_0' of model 'b' declares it per device"
+    )
+    with pytest.raises(InvalidArgument, match="both global and device-specific"):
+        limiter.register("c", "c_0", 0, _group(("R3", 1, False), ("R3", 1, True)))
+    # The refused instances took no place: their other resources keep their own counts.
+    assert limiter.capacity(("r1", 0)) == 0
+    limiter.register("d", "d_0", 0, _group(("R2", 1, True)))
 
 
 def test_grants_wait_for_resources_and_follow_weighted_counts():
