@@ -124,7 +124,9 @@ def test_every_instance_runs_every_sample_before_the_model_is_ready(tmp_path):
         assert seen[4]["F"] == {"shape": [3, 4], "values": [0.0, 1.0, 2.0, 3.0] * 3}
         assert seen[4]["S"] == {"shape": [3, 2], "values": ["ab", "xyz"] * 3}
         # Each of the two instances ran the samples (Triton's log line), none counted.
-        runs = re.findall(r"(warm_0_\d) instance is running warmup sample '(\w+)'", server.output)
+        runs = re.findall(
+            r"model 'warm' instance (warm_0_\d) is running warmup sample '(\w+)'", server.output
+        )
         assert sorted(set(runs)) == [
             (f"warm_0_{i}", s) for i in (0, 1) for s in ("file", "random", "zeros")
         ]
@@ -165,8 +167,9 @@ def test_a_failing_sample_fails_the_load_naming_model_and_sample(tmp_path):
         with pytest.raises(InferenceServerException) as failed:
             client.load_model("cold")
         text = str(failed.value)
-        assert "model 'cold' instance 'cold_0'" in text
-        assert "warmup sample 'first' failed: not ready for warmup first" in text
+        # Triton's words (L0_warmup greps for them), then the instance.
+        assert "failed to run warmup sample 'first': not ready for warmup first; " in text
+        assert "(instance 'cold_0' of model 'cold')" in text
         assert not client.is_model_ready("cold")
         with pytest.raises(InferenceServerException, match="input_data_file 'nope'"):
             client.load_model("no_file")

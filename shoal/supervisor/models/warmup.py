@@ -196,35 +196,41 @@ async def warm_up(
     for sample in samples:
         for run in range(1, sample.runs + 1):
             log.info(
-                "%s instance is running warmup sample '%s' for iteration %d",
+                "model '%s' instance %s is running warmup sample '%s' for iteration %d",
+                model,
                 instance,
                 sample.name,
                 run,
             )
-            failure = await _run_once(sample, stage, free, run_now)
-            if failure is not None:
-                raise WarmupError(_failed(model, instance, sample, failure))
+            failures = await _run_once(sample, stage, free, run_now)
+            if failures:
+                raise WarmupError(_failed(model, instance, sample, failures))
 
 
 async def _run_once(
     sample: WarmupSample, stage: StageTensor, free: Callable[[list[Block]], None], run_now: RunNow
-) -> str | None:
-    """Run the sample once; why it failed, or None."""
+) -> list[str]:
+    """Run the sample once; why it failed (each failed response's message), or nothing."""
     try:
         work = work_for(sample, stage, free)
         completions = await run_now([work])  # the instance owns the inputs from here
     except ShoalError as error:
-        return str(error)
+        return [str(error)]
     failures = []
     for completion in completions:
         if completion.response.error is not None:
             failures.append(completion.response.error[1])
         completion.release()
-    return failures[0] if failures else None
+    return failures
 
 
-def _failed(model: str, instance: str, sample: WarmupSample, why: str) -> str:
-    return f"model '{model}' instance '{instance}': warmup sample '{sample.name}' failed: {why}"
+def _failed(model: str, instance: str, sample: WarmupSample, why: list[str]) -> str:
+    # Triton's words ("<error>; " per failed response; its QA greps for them), then where.
+    errors = "".join(f"{error}; " for error in why)
+    return (
+        f"failed to run warmup sample '{sample.name}': {errors}"
+        f"(instance '{instance}' of model '{model}')"
+    )
 
 
 __all__ = [
