@@ -109,6 +109,11 @@ async def _python_auto_complete(
         return proto
     environment = await _environment(name, path, proto, model_file)
     python, env = (sys.executable, None) if environment is None else environment
+    if not proto.name:  # Triton names the config after its directory before the backend sees it
+        named = pb.ModelConfig()
+        named.CopyFrom(proto)
+        named.name = name
+        proto = named
     return await auto_complete(model_file, proto, python, runtime=runtime, env=env)
 
 
