@@ -14,15 +14,15 @@ pytestmark = pytest.mark.timeout(30)
     ("given", "environ", "message"),
     [
         ({}, {"OTEL_BSP_MAX_QUEUE_SIZE": "bad_value"}, '"OTEL_BSP_MAX_QUEUE_SIZE"'),
-        ({}, {"OTEL_BSP_SCHEDULE_DELAY": "-1"}, '"OTEL_BSP_SCHEDULE_DELAY"'),
-        ({}, {"OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "1.5"}, '"OTEL_BSP_MAX_EXPORT_BATCH_SIZE"'),
+        ({}, {"OTEL_BSP_SCHEDULE_DELAY": "-"}, '"OTEL_BSP_SCHEDULE_DELAY"'),
+        ({}, {"OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "x1"}, '"OTEL_BSP_MAX_EXPORT_BATCH_SIZE"'),
         (
             {"bsp_max_queue_size": "bad_value"},
             {},
             '"--trace-config opentelemetry,bsp_max_queue_size"',
         ),
         (
-            {"bsp_schedule_delay": str(2**32)},
+            {"bsp_schedule_delay": str(2**64)},
             {"OTEL_BSP_SCHEDULE_DELAY": "5"},
             '"--trace-config opentelemetry,bsp_schedule_delay".\nProvided option value is out',
         ),
@@ -36,6 +36,9 @@ def test_a_bad_batch_span_setting_is_a_bad_option(given, environ, message):
 
 def test_good_or_overridden_settings_pass():
     check_batch_span_settings({"bsp_max_queue_size": "2048"}, {"OTEL_BSP_SCHEDULE_DELAY": "10"})
+    # read as std::stoul reads them: the leading number, 64 bits
+    given = {"bsp_max_queue_size": "12abc", "bsp_schedule_delay": " 1.5"}
+    check_batch_span_settings({**given, "bsp_max_export_batch_size": str(2**32)}, {})
     # the flag wins over a bad variable, as in tritonserver
     check_batch_span_settings({"bsp_max_queue_size": "1"}, {"OTEL_BSP_MAX_QUEUE_SIZE": "x"})
 
