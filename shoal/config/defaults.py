@@ -95,11 +95,12 @@ def _fill_name(config: pb.ModelConfig, model_name: str) -> None:
 def _fill_backend(config: pb.ModelConfig, detected_backend: str | None) -> None:
     if not config.backend and not config.platform and detected_backend:
         config.backend = detected_backend
-    # Triton's custom-backend naming: a model named "<anything>.<backend>" runs on <backend>
-    if not config.backend and not config.platform and "." in config.name:
+    # Triton's custom-backend naming: a model named "<anything>.<backend>" runs on <backend>,
+    # only where the config says nothing of its backend, platform or file
+    custom = not (config.backend or config.platform or config.default_model_filename)
+    if custom and "." in config.name:
         config.backend = config.name.split(".", 1)[1]
-        if not config.default_model_filename:
-            config.default_model_filename = f"model.{config.backend}"
+        config.default_model_filename = f"model.{config.backend}"
     if not config.backend and config.platform in PLATFORM_BACKENDS:
         config.backend = PLATFORM_BACKENDS[config.platform]
     # Triton's auto-complete: a default_model_filename of a backend's model file names it

@@ -301,3 +301,13 @@ def test_a_dotted_model_name_names_its_backend(tmp_path):
     model_dir = make_model(tmp_path, "any.identity", IO, model_file=None)
     config = load_model_config(model_dir)
     assert (config.backend, config.default_model_filename) == ("identity", "model.identity")
+
+
+def test_a_dotted_name_says_nothing_where_the_config_names_a_model_file(tmp_path):
+    # Triton reads the backend from the name only when the config gives no backend, platform
+    # or default_model_filename (model_config_utils.cc's custom-backend case)
+    text = 'default_model_filename: "weights.bin"\n' + IO
+    model_dir = make_model(tmp_path, "any.identity", text, model_file=None)
+    with pytest.raises(ConfigError) as info:
+        load_model_config(model_dir)
+    assert "backend" in info.value.message
