@@ -48,7 +48,7 @@ from shoal.supervisor.models._ensemble_plan import (
 from shoal.supervisor.models.version import ModelVersion
 from shoal.supervisor.requests import traced
 from shoal.supervisor.requests.staging import batch_of, inline_bytes, spill_inline
-from shoal.supervisor.requests.traced_tensors import trace_named
+from shoal.supervisor.requests.traced_tensors import trace_inputs, trace_named
 from shoal.supervisor.work import Completion, Work
 
 _Tensors = dict[str, TensorDesc]
@@ -110,9 +110,8 @@ class EnsembleRunner:
         completions: list[Completion] = []
         release = functools.partial(self._release, completions, blocks)
         trace = None if self.tracing is None else traced.begin(self.tracing, mv, record, started)
-        # An ensemble's own request traces its tensors as a model's does, as in Triton.
-        inputs = {desc.name: desc for desc in record.inputs}
-        trace_named(trace, "TENSOR_QUEUE_INPUT", inputs, self.input_view)
+        if trace is not None and trace.tensors:  # as a model's request does, as in Triton
+            trace_inputs(trace, record, self.input_view)
         try:
             outputs, times = await self._run_graph(mv, record, completions, release, trace)
         finally:
@@ -153,8 +152,9 @@ class EnsembleRunner:
             graph.start()
             tensors = await done
             made = made_outputs(mv.name, record.requested_outputs, tensors)
-            outputs = {name: tensors[name] for name in made}
-            trace_named(trace, "TENSOR_BACKEND_OUTPUT", outputs, self.input_view)
+            if trace is not None and trace.tensors:
+                outputs = {name: tensors[name] for name in made}
+                trace_named(trace, "TENSOR_BACKEND_OUTPUT", outputs, self.input_view)
             return [self.output(mv, tensors, name) for name in made], graph.times
         except BaseException:
             graph.abort()

@@ -9,9 +9,10 @@ and its device); the others start (``initialize``), and the existing ones left o
 state: no request fails or waits for the update, and no ``initialize`` runs again. Any other
 change loads the version anew and swaps it in.
 
-Here the kept instances stay in their version's scheduler, so only versions whose scheduler
-hands one queue to every instance (the default scheduler, the dynamic batcher) are updated in
-place; a sequence batcher pins sequences to instances, and its version is reloaded whole.
+Here the kept instances stay in their version's scheduler: the default scheduler, the dynamic
+batcher (one queue for every instance) and the sequence batcher (slots per instance: an added
+instance gets slots of its own, a removed one takes no new sequence and stops once the
+sequences it holds have ended) are updated in place; an ensemble is reloaded whole.
 """
 
 from __future__ import annotations
