@@ -11,8 +11,10 @@ import pytest
 from shoal.core.errors import ErrorCode, NotFound, ShoalError
 from shoal.core.types import InferInput, InferRequest, RequestedOutput
 from shoal.ipc import messages as msg
+from shoal.ipc.records import RequestRecord
 from shoal.supervisor.memory.cuda_shm import CudaSharedMemoryRegistry
 from shoal.supervisor.memory.system_shm import SharedMemoryRegistry
+from shoal.supervisor.promise import Promise, Settled
 from shoal.supervisor.requests.client_shm import held_regions, let_go
 from shoal.supervisor.work import Work
 
@@ -128,7 +130,8 @@ def test_a_request_that_ends_while_its_stub_runs_it_holds_until_the_stub_is_done
     registry = SharedMemoryRegistry()
     registry.register("in", key, 0, 32)
     held = held_regions(registry, _request("in"))
-    work = Work(None, [], None)  # type: ignore[arg-type]
+    # real arguments: the compiled Work (the CI build) checks their types
+    work = Work(RequestRecord("m", 0, 0, {}, [], [], 0), [], Promise(Settled()))
     work.inside = inside
     registry.unregister("in")
     let_go(registry, work, held)
